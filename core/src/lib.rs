@@ -1,0 +1,8 @@
+//! keyfence: keep private keys inside a policy.
+//!
+//! This crate is the core library. Its policy language lives in
+//! [`keyfence_policy`] and is re-exported as [`policy`].
+
+#![warn(missing_docs)]
+
+pub use keyfence_policy as policy;

@@ -1,0 +1,63 @@
+//! Canonical text of a compiled policy.
+
+use std::fmt;
+
+use crate::circuit::{GateKind, Policy};
+use crate::lexer::is_ident_byte;
+
+/// Writes `word` bare when it lexes back as a single identifier, else as a
+/// double-quoted string with `"` and `\` escaped.
+pub(crate) fn write_word(word: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let bare = !word.is_empty()
+        && word.bytes().all(is_ident_byte)
+        && !matches!(word, "and" | "or" | "not");
+    if bare {
+        return f.write_str(word);
+    }
+    f.write_str("\"")?;
+    for c in word.chars() {
+        if c == '"' || c == '\\' {
+            f.write_str("\\")?;
+        }
+        write!(f, "{c}")?;
+    }
+    f.write_str("\"")
+}
+
+/// Writes the sub-circuit driving `wire`. `parent` is the kind of the gate
+/// it feeds and whether it is that gate's second input: a sub-expression
+/// needs parentheses when it binds looser than its parent (`or` under
+/// `and`), or when it is the right operand of the same operator, because
+/// the operators are left associative and the numbering of gates must
+/// survive a re-parse.
+pub(crate) fn write_wire(
+    p: &Policy,
+    wire: usize,
+    parent: Option<(GateKind, bool)>,
+    f: &mut fmt::Formatter<'_>,
+) -> fmt::Result {
+    let Some(g) = p.gate_driving(wire) else {
+        let leaf = &p.leaves()[wire];
+        if !leaf.positive {
+            f.write_str("not ")?;
+        }
+        write_word(&leaf.label, f)?;
+        f.write_str(": ")?;
+        return write_word(&leaf.value, f);
+    };
+    let parens = match parent {
+        Some((GateKind::And, _)) if g.kind == GateKind::Or => true,
+        Some((k, true)) if k == g.kind => true,
+        _ => false,
+    };
+    if parens {
+        f.write_str("(")?;
+    }
+    write_wire(p, g.in0, Some((g.kind, false)), f)?;
+    write!(f, " {} ", g.kind.keyword())?;
+    write_wire(p, g.in1, Some((g.kind, true)), f)?;
+    if parens {
+        f.write_str(")")?;
+    }
+    Ok(())
+}

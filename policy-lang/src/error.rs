@@ -1,0 +1,141 @@
+//! Parse errors that point at the offending byte of the policy text.
+
+use std::fmt;
+
+/// What went wrong while parsing a policy.
+///
+/// Every variant names what the parser expected, so that a message can be
+/// shown to the person who wrote the policy without further context.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ParseErrorKind {
+    /// A byte that cannot start any token (only `[A-Za-z0-9_]`, `:`, `(`,
+    /// `)`, `"` and whitespace can).
+    UnexpectedChar(char),
+    /// A double-quoted string that never closes.
+    UnterminatedString,
+    /// A backslash escape other than `\"` and `\\` inside a quoted string.
+    InvalidEscape(char),
+    /// A control character inside a quoted string.
+    ControlCharInString,
+    /// A quoted label or value with nothing in it.
+    EmptyString,
+    /// A token appeared where something else was required.
+    Unexpected {
+        /// The token that was found, rendered for humans (`` `)` ``, `end of input`).
+        found: String,
+        /// What the grammar allows at this point.
+        expected: &'static str,
+    },
+    /// A `)` with no open `(` before it (text after a complete policy).
+    UnmatchedClose,
+    /// Parentheses and `not` nested deeper than [`crate::MAX_DEPTH`].
+    TooDeep {
+        /// The limit that was exceeded.
+        limit: usize,
+    },
+    /// More leaves than any policy that fits the ciphertext format can have.
+    TooManyLeaves {
+        /// The limit that was exceeded.
+        limit: usize,
+    },
+    /// The policy parses, but its encoding would overflow the 16-bit length
+    /// field of the ciphertext format, so nothing encrypted under it could
+    /// ever be decrypted (CIRCL issue 695).
+    TooLarge {
+        /// Size of the encoded policy in bytes.
+        encoded: usize,
+        /// The largest size the format can carry.
+        limit: usize,
+    },
+}
+
+impl fmt::Display for ParseErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnexpectedChar(c) => write!(
+                f,
+                "unexpected character {c:?}: labels and values are [A-Za-z0-9_]+ or a \"quoted string\""
+            ),
+            Self::UnterminatedString => f.write_str("unterminated quoted string: expected a closing `\"`"),
+            Self::InvalidEscape(c) => {
+                write!(f, "invalid escape `\\{c}` in quoted string: only `\\\"` and `\\\\` are allowed")
+            }
+            Self::ControlCharInString => f.write_str("control character in quoted string"),
+            Self::EmptyString => f.write_str("empty label or value: expected at least one character"),
+            Self::Unexpected { found, expected } => write!(f, "unexpected {found}: expected {expected}"),
+            Self::UnmatchedClose => {
+                f.write_str("unexpected `)`: no `(` is open here (the policy already ended)")
+            }
+            Self::TooDeep { limit } => {
+                write!(f, "policy nested too deeply: at most {limit} levels of parentheses and `not`")
+            }
+            Self::TooManyLeaves { limit } => write!(
+                f,
+                "policy too large: more than {limit} `label: value` terms cannot fit the ciphertext format"
+            ),
+            Self::TooLarge { encoded, limit } => write!(
+                f,
+                "policy too large: it encodes to {encoded} bytes but the ciphertext format holds at most {limit}"
+            ),
+        }
+    }
+}
+
+/// A policy that could not be parsed, with the byte offset of the problem.
+///
+/// `Display` gives a one-line message; [`ParseError::render`] adds the
+/// policy text with a caret under the offending byte:
+///
+/// ```
+/// let err = keyfence_policy::parse("country: US) and region: EU").unwrap_err();
+/// assert_eq!(err.offset(), 11);
+/// assert!(err.render("country: US) and region: EU").ends_with("           ^"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseError {
+    offset: usize,
+    kind: ParseErrorKind,
+}
+
+impl ParseError {
+    pub(crate) fn new(offset: usize, kind: ParseErrorKind) -> Self {
+        Self { offset, kind }
+    }
+
+    /// Byte offset into the policy text where the problem was found.
+    pub fn offset(&self) -> usize {
+        self.offset
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> &ParseErrorKind {
+        &self.kind
+    }
+
+    /// The message, the policy text, and a caret under the offending byte.
+    ///
+    /// Tabs and newlines in the text are shown as spaces so the caret lines
+    /// up; the column is counted in characters, not bytes, so multi-byte
+    /// UTF-8 inside quoted strings does not push it right.
+    pub fn render(&self, source: &str) -> String {
+        let shown: String = source
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        let cut = self.offset.min(source.len());
+        let column = source
+            .get(..cut)
+            .map(|s| s.chars().count())
+            .unwrap_or(cut);
+        format!("{self}\n  {shown}\n  {}^", " ".repeat(column))
+    }
+}
+
+impl fmt::Display for ParseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid policy at byte {}: {}", self.offset, self.kind)
+    }
+}
+
+impl std::error::Error for ParseError {}

