@@ -6,3 +6,5 @@
 #![warn(missing_docs)]
 
 pub use keyfence_policy as policy;
+
+pub mod abe;

@@ -2,8 +2,10 @@
 //! ciphertext.
 //!
 //! The ciphertext format (CIRCL tkn20 `v1.3.8`) stores the policy behind a
-//! 16-bit length prefix, after the Boneh-Katz transform has added one
-//! internal term and one `and` gate. CIRCL does not check this, so a large
+//! 16-bit length prefix. (It stores the policy as written: the term the
+//! Boneh-Katz transform adds is rebuilt by the decryptor from the
+//! ciphertext's id, so it costs nothing here.) CIRCL does not check the
+//! length, so a large
 //! enough policy encrypts to a ciphertext whose policy field wraps around
 //! and that nothing can decrypt (CIRCL issue 695). keyfence computes the
 //! encoded size while parsing and refuses such policies up front.
@@ -15,9 +17,6 @@ pub const MAX_DEPTH: usize = 64;
 
 /// Largest encoded policy the ciphertext format can carry (16-bit length).
 pub const MAX_ENCODED_POLICY: usize = u16::MAX as usize;
-
-/// The label of the term the Boneh-Katz transform appends to every policy.
-pub const BK_LABEL: &str = "internal-boneh-katz-transform-attribute";
 
 /// Bytes of a serialized BLS12-381 scalar (the hashed attribute value each
 /// encoded term carries).
@@ -37,16 +36,16 @@ pub(crate) const fn term_cost(label_len: usize, value_len: usize) -> usize {
     PER_TERM + label_len + value_len + PER_GATE
 }
 
-/// Encoded size of the policy field for a policy whose terms cost
-/// `terms_cost` in total (a sum of [`term_cost`]); includes the
-/// Boneh-Katz term, whose `and` gate is the one `term_cost` over-counts.
+/// Encoded size of the policy field for a policy of at least one term
+/// whose terms cost `terms_cost` in total (a sum of [`term_cost`]); `n`
+/// terms need `n - 1` gates, so one gate is over-counted.
 pub(crate) const fn encoded_size(terms_cost: usize) -> usize {
-    FIXED + terms_cost + PER_TERM + BK_LABEL.len()
+    FIXED + terms_cost - PER_GATE
 }
 
 /// Most terms a policy can have and still fit [`MAX_ENCODED_POLICY`]
 /// (every label and value at least one byte long).
-pub const MAX_LEAVES: usize = (MAX_ENCODED_POLICY - encoded_size(0)) / term_cost(1, 1);
+pub const MAX_LEAVES: usize = (MAX_ENCODED_POLICY + PER_GATE - FIXED) / term_cost(1, 1);
 
 #[cfg(test)]
 mod tests {
@@ -54,7 +53,7 @@ mod tests {
 
     #[test]
     fn max_leaves_is_tight() {
-        assert_eq!(MAX_LEAVES, 1308);
+        assert_eq!(MAX_LEAVES, 1310);
         assert!(encoded_size(MAX_LEAVES * term_cost(1, 1)) <= MAX_ENCODED_POLICY);
         assert!(encoded_size((MAX_LEAVES + 1) * term_cost(1, 1)) > MAX_ENCODED_POLICY);
     }

@@ -1,0 +1,141 @@
+//! The Boneh-Katz transform (Boneh, Katz, CT-RSA 2005; applied to ABE as in
+//! Yamada et al., PKC 2011) that makes the CPA-secure TKN20 KEM a CCA-secure
+//! encryption scheme, as CIRCL's tkn20 does it.
+//!
+//! Encrypt: draw a 72-byte seed; `id = BLAKE2b-256("id computation hash" ||
+//! seed)`, `mac_key = BLAKE2b-256("key computation hash" || seed)`. Encrypt
+//! under `policy AND internal-bk-attribute: id` (every key holds that
+//! attribute as a wildcard). Encrypt `seed || message` with the BLAKE2Xb
+//! keystream keyed by `BLAKE2b-256(encoded Gt element)`. MAC the header and
+//! the encrypted envelope with `BLAKE2b-256` keyed by `mac_key`.
+//!
+//! Decrypt: recover the Gt element, decrypt the envelope, re-derive `id`
+//! and `mac_key` from the seed inside, and accept only if both the id and
+//! the MAC match (compared in constant time, without saying which failed).
+//!
+//! Layout (`v1.3.8`): `"v1.3.8" | u16 len | id | u32 len | macData | u16 len
+//! | tag`, with `macData = u32 len | header | u32 len | envelope`. Without
+//! the version prefix, the older layout uses u16 lengths throughout.
+
+use rand_core::{CryptoRng, RngCore};
+use subtle::ConstantTimeEq;
+use zeroize::Zeroizing;
+
+use super::blake2x::{blake2b_256, Xof};
+use super::encoding::{put_bytes16, put_bytes32, Reader};
+use super::error::{malformed, AbeError, Result};
+use super::group::{gt_to_bytes, scalar_reduce_be};
+use super::keys::{AttributeKey, PublicKey};
+use super::policy::AbePolicy;
+use super::tkn::{decapsulate, encapsulate, LazyHeader};
+
+/// The version prefix of the current ciphertext format.
+pub const VERSION: &[u8] = b"v1.3.8";
+const SEED_LEN: usize = 72;
+const CT: &str = "ciphertext";
+
+fn expand_seed(seed: &[u8]) -> ([u8; 32], Zeroizing<[u8; 32]>) {
+    let id = blake2b_256(&[], &[b"id computation hash", seed]);
+    let mac_key = Zeroizing::new(blake2b_256(&[], &[b"key computation hash", seed]));
+    (id, mac_key)
+}
+
+fn keystream_xor(key: &[u8; 32], data: &mut [u8]) {
+    let mut ks = Zeroizing::new(vec![0u8; data.len()]);
+    Xof::new(key).finish().fill(&mut ks);
+    for (d, k) in data.iter_mut().zip(ks.iter()) {
+        *d ^= k;
+    }
+}
+
+pub(crate) fn encrypt<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    pk: &PublicKey,
+    policy: &AbePolicy,
+    msg: &[u8],
+) -> Result<Vec<u8>> {
+    let mut seed = Zeroizing::new([0u8; SEED_LEN]);
+    rng.fill_bytes(&mut seed[..]);
+    let (id, mac_key) = expand_seed(&seed[..]);
+    let bk_policy = policy.with_bk(scalar_reduce_be(&id));
+    let (header, key) = encapsulate(rng, pk, &bk_policy);
+    let c1 = header.encode(policy)?;
+
+    let mut env = Zeroizing::new(Vec::with_capacity(SEED_LEN + msg.len()));
+    env.extend_from_slice(&seed[..]);
+    env.extend_from_slice(msg);
+    let sym = Zeroizing::new(blake2b_256(&[], &[&gt_to_bytes(&key)]));
+    keystream_xor(&sym, &mut env);
+
+    let mut mac_data = Vec::with_capacity(8 + c1.len() + env.len());
+    put_bytes32(&mut mac_data, &c1, "header")?;
+    put_bytes32(&mut mac_data, &env, "envelope")?;
+    let tag = blake2b_256(&mac_key[..], &[&mac_data]);
+
+    let mut out = Vec::with_capacity(VERSION.len() + 40 + mac_data.len() + 34);
+    out.extend_from_slice(VERSION);
+    put_bytes16(&mut out, &id, "id")?;
+    put_bytes32(&mut out, &mac_data, "mac data")?;
+    put_bytes16(&mut out, &tag, "tag")?;
+    Ok(out)
+}
+
+/// The framing of a ciphertext, split but not yet decrypted.
+pub(crate) struct Parsed<'a> {
+    pub(crate) id: &'a [u8],
+    pub(crate) mac_data: &'a [u8],
+    pub(crate) tag: &'a [u8],
+    pub(crate) header: LazyHeader<'a>,
+    pub(crate) env: &'a [u8],
+}
+
+pub(crate) fn parse(ct: &[u8]) -> Result<Parsed<'_>> {
+    let (body, wide) = match ct.strip_prefix(VERSION) {
+        Some(rest) => (rest, true),
+        None => (ct, false),
+    };
+    let mut r = Reader::new(body, CT);
+    let id = r.bytes16(&|| "id".into())?;
+    if id.len() != 32 {
+        return Err(malformed(CT, "id", format!("must be 32 bytes, found {}", id.len())));
+    }
+    let mac_data = if wide { r.bytes32(&|| "macData".into())? } else { r.bytes16(&|| "macData".into())? };
+    let tag = r.bytes16(&|| "tag".into())?;
+    if tag.len() != 32 {
+        return Err(malformed(CT, "tag", format!("must be 32 bytes, found {}", tag.len())));
+    }
+    r.finish("end")?;
+    let mut m = Reader::new(mac_data, CT);
+    let (c1, env) = if wide {
+        (m.bytes32(&|| "header".into())?, m.bytes32(&|| "envelope".into())?)
+    } else {
+        (m.bytes16(&|| "header".into())?, m.bytes16(&|| "envelope".into())?)
+    };
+    m.finish("macData")?;
+    if env.len() < SEED_LEN {
+        return Err(malformed(CT, "envelope", format!("shorter than the {SEED_LEN}-byte seed")));
+    }
+    let header = LazyHeader::parse(c1)?;
+    Ok(Parsed { id, mac_data, tag, header, env })
+}
+
+pub(crate) fn bk_policy(p: &Parsed<'_>) -> AbePolicy {
+    let id: [u8; 32] = p.id.try_into().expect("checked length");
+    p.header.policy.with_bk(scalar_reduce_be(&id))
+}
+
+pub(crate) fn decrypt(key: &AttributeKey, ct: &[u8]) -> Result<Zeroizing<Vec<u8>>> {
+    let p = parse(ct)?;
+    let policy = bk_policy(&p);
+    let elem = decapsulate(&p.header, &policy, key)?;
+    let sym = Zeroizing::new(blake2b_256(&[], &[&gt_to_bytes(&elem)]));
+    let mut env = Zeroizing::new(p.env.to_vec());
+    keystream_xor(&sym, &mut env);
+    let (id, mac_key) = expand_seed(&env[..SEED_LEN]);
+    let tag = blake2b_256(&mac_key[..], &[p.mac_data]);
+    let ok = id.ct_eq(p.id) & tag.ct_eq(p.tag);
+    if !bool::from(ok) {
+        return Err(AbeError::IntegrityCheckFailed);
+    }
+    Ok(Zeroizing::new(env[SEED_LEN..].to_vec()))
+}

@@ -1,0 +1,56 @@
+//! Errors of the CP-ABE layer.
+
+use keyfence_policy::ParseError;
+
+/// What went wrong in a CP-ABE operation.
+///
+/// Messages name the object and the field at fault (`ciphertext field
+/// c3[4]: point is not in the G1 subgroup`) and never contain key material.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AbeError {
+    /// Bytes that do not decode as the named object.
+    #[error("malformed {object}: field {field}: {reason}")]
+    Malformed {
+        /// `public key`, `master secret key`, `attribute key` or `ciphertext`.
+        object: &'static str,
+        /// The field at fault, e.g. `c3[4]` or `policy.wires[2].label`.
+        field: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The key's attributes do not satisfy the ciphertext's policy.
+    #[error("attributes do not satisfy the policy")]
+    NotSatisfied,
+    /// The ciphertext failed its integrity check: it was modified, or it
+    /// was made for another public key.
+    #[error("decryption failed: the ciphertext was tampered with or does not match this key's authority")]
+    IntegrityCheckFailed,
+    /// The policy text does not parse.
+    #[error("{0}")]
+    Policy(#[from] ParseError),
+    /// A policy or attribute uses a label keyfence reserves.
+    #[error("label {0:?} is reserved for the Boneh-Katz transform")]
+    ReservedLabel(String),
+    /// An attribute label or value is too long for the format's 16-bit
+    /// length fields.
+    #[error("attribute {0:?} is too long for the key format (at most 65535 bytes)")]
+    AttributeTooLong(String),
+    /// Too many attributes for the key format.
+    #[error("too many attributes: {0} (the key format holds at most 65534)")]
+    TooManyAttributes(usize),
+    /// The random number generator failed.
+    #[error("random number generator failed: {0}")]
+    Rng(String),
+}
+
+pub(crate) fn malformed(object: &'static str, field: impl Into<String>, reason: impl Into<String>) -> AbeError {
+    AbeError::Malformed {
+        object,
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+/// Result of a CP-ABE operation.
+pub type Result<T, E = AbeError> = std::result::Result<T, E>;

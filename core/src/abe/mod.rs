@@ -1,0 +1,165 @@
+//! Ciphertext-policy attribute-based encryption: TKN20 with negation and
+//! repeated attributes, made CCA-secure by the Boneh-Katz transform, over
+//! BLS12-381, byte-compatible with Cloudflare CIRCL's `abe/cpabe/tkn20`
+//! v1.6.5 (keys and `v1.3.8` ciphertexts, both ways).
+//!
+//! ```
+//! use keyfence::abe;
+//! use keyfence::policy::Attributes;
+//!
+//! let (pk, msk) = abe::setup()?;
+//! let key = abe::keygen(&msk, &"country=FR,region=EU".parse::<Attributes>()?)?;
+//! let ct = abe::encrypt(&pk, "country: US or region: EU", b"secret")?;
+//! assert_eq!(&abe::decrypt(&key, &ct)?[..], b"secret");
+//!
+//! let us_key = abe::keygen(&msk, &"country=DE,region=NA".parse::<Attributes>()?)?;
+//! assert!(matches!(abe::decrypt(&us_key, &ct), Err(abe::AbeError::NotSatisfied)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! See `docs/abe.md` for the scheme, the format and its security
+//! properties.
+
+mod bk;
+mod blake2x;
+mod encoding;
+mod error;
+mod group;
+mod keys;
+mod matrix;
+mod oracle;
+mod policy;
+mod tkn;
+
+use std::collections::BTreeMap;
+
+use keyfence_policy::{Attributes, Policy};
+use rand_core::{CryptoRng, OsRng, RngCore};
+use zeroize::Zeroizing;
+
+pub use bk::VERSION;
+pub use error::{AbeError, Result};
+pub use keys::{AttributeKey, MasterSecretKey, PublicKey};
+
+use policy::{AbePolicy, BK_LABEL};
+
+/// Generates an authority's public key and master secret key from the
+/// operating system's random source.
+///
+/// # Errors
+/// [`AbeError::Rng`] only if the random source is broken.
+pub fn setup() -> Result<(PublicKey, MasterSecretKey)> {
+    setup_with_rng(&mut OsRng)
+}
+
+/// [`setup`] with an explicit random source (for known-answer tests: the
+/// same bytes CIRCL reads give the same keys).
+///
+/// # Errors
+/// As [`setup`].
+pub fn setup_with_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(PublicKey, MasterSecretKey)> {
+    tkn::setup(rng)
+}
+
+/// Issues an attribute key for `attrs`.
+///
+/// # Errors
+/// [`AbeError::ReservedLabel`] if an attribute uses the Boneh-Katz label,
+/// [`AbeError::AttributeTooLong`] / [`AbeError::TooManyAttributes`] if the
+/// key would not fit the format.
+pub fn keygen(msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
+    keygen_with_rng(&mut OsRng, msk, attrs)
+}
+
+/// [`keygen`] with an explicit random source.
+///
+/// # Errors
+/// As [`keygen`].
+pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    msk: &MasterSecretKey,
+    attrs: &Attributes,
+) -> Result<AttributeKey> {
+    if attrs.len() + 1 > usize::from(u16::MAX) {
+        return Err(AbeError::TooManyAttributes(attrs.len()));
+    }
+    let mut hashed = BTreeMap::new();
+    for (label, value) in attrs.iter() {
+        if label == BK_LABEL {
+            return Err(AbeError::ReservedLabel(label.into()));
+        }
+        if label.len() > usize::from(u16::MAX) {
+            return Err(AbeError::AttributeTooLong(label.into()));
+        }
+        hashed.insert(label.to_owned(), oracle::hash_value(value));
+    }
+    tkn::keygen(rng, msk, &hashed)
+}
+
+/// Encrypts `msg` so that only keys whose attributes satisfy `policy` can
+/// decrypt it.
+///
+/// # Errors
+/// [`AbeError::Policy`] if the policy does not parse (with the position),
+/// including policies too large for the format; [`AbeError::ReservedLabel`]
+/// for the Boneh-Katz label.
+pub fn encrypt(pk: &PublicKey, policy: &str, msg: &[u8]) -> Result<Vec<u8>> {
+    encrypt_policy_with_rng(&mut OsRng, pk, &keyfence_policy::parse(policy)?, msg)
+}
+
+/// Encrypts under an already parsed policy, with an explicit random source.
+///
+/// # Errors
+/// As [`encrypt`].
+pub fn encrypt_policy_with_rng<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    pk: &PublicKey,
+    policy: &Policy,
+    msg: &[u8],
+) -> Result<Vec<u8>> {
+    let p = AbePolicy::from_policy(policy)?;
+    bk::encrypt(rng, pk, &p, msg)
+}
+
+/// Decrypts `ciphertext` with `key`.
+///
+/// The plaintext comes back in a buffer that is wiped when dropped.
+///
+/// # Errors
+/// [`AbeError::Malformed`] naming the field for bytes that are not a
+/// ciphertext (truncated, extended, invalid point); [`AbeError::NotSatisfied`]
+/// if the key's attributes do not satisfy the policy;
+/// [`AbeError::IntegrityCheckFailed`] if the ciphertext was modified or
+/// made for another authority. Never a wrong plaintext.
+pub fn decrypt(key: &AttributeKey, ciphertext: &[u8]) -> Result<Zeroizing<Vec<u8>>> {
+    bk::decrypt(key, ciphertext)
+}
+
+/// Whether a key with `attrs` could decrypt `ciphertext`, answered from the
+/// policy alone, without cryptography (so a caller can forward the
+/// ciphertext to a machine that can).
+///
+/// # Errors
+/// [`AbeError::Malformed`] if the bytes are not a ciphertext.
+pub fn could_decrypt(attrs: &Attributes, ciphertext: &[u8]) -> Result<bool> {
+    let p = bk::parse(ciphertext)?;
+    let pol = p.header.policy.to_policy()?;
+    Ok(pol.eval(attrs))
+}
+
+/// The policy a ciphertext was encrypted under.
+///
+/// ```
+/// # let (pk, _) = keyfence::abe::setup()?;
+/// let ct = keyfence::abe::encrypt(&pk, "region: EU and not country: FR", b"x")?;
+/// let p = keyfence::abe::policy_of(&ct)?;
+/// assert_eq!(p.to_string(), "region: EU and not country: FR");
+/// assert_eq!(p.attribute_pairs(), vec![("region", "EU"), ("country", "FR")]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// [`AbeError::Malformed`] if the bytes are not a ciphertext.
+pub fn policy_of(ciphertext: &[u8]) -> Result<Policy> {
+    bk::parse(ciphertext)?.header.policy.to_policy()
+}

@@ -1,0 +1,458 @@
+//! The TKN20 scheme (Tomida, Kawahara, Nishimaki, PKC 2020, eprint
+//! 2019/966) as CIRCL instantiates it: DLIN (k = 2) over BLS12-381, with
+//! negated and repeated attributes.
+//!
+//! Shapes: `A` 3x2 (DLIN), `B` 4x2 (two columns of a random 4x4 `Bbar`),
+//! `W` 3x4, `k` 4x1. Public key `[B]_2`, `[WB]_1`, `[B^T k]_T`; master
+//! secret `A`, `W^T A`, `B*` and `B*_12` (column pairs of `Bbar^{-T}`),
+//! `k`, and a PRF key. Every draw from the random source happens in CIRCL's
+//! order, so the same random bytes give byte-identical keys and
+//! ciphertexts (the known-answer tests rely on it).
+
+use std::collections::BTreeMap;
+
+use blstrs::{G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
+use ff::Field;
+use group::prime::PrimeCurveAffine;
+use group::{Curve, Group};
+use rand_core::{CryptoRng, RngCore};
+
+use super::encoding::{put_bytes16, put_u16, Reader};
+use super::error::{malformed, AbeError, Result};
+use super::group::{random_scalar, Wiped};
+use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
+use super::matrix::{self, Mat, SecretMat};
+use super::oracle::{label_matrices, prf};
+use super::policy::{AbePolicy, BK_LABEL};
+
+fn random_mat<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, rows: usize, cols: usize) -> Mat<Scalar> {
+    let mut e = Vec::with_capacity(rows * cols);
+    for _ in 0..rows * cols {
+        e.push(random_scalar(rng));
+    }
+    Mat { rows, cols, e }
+}
+
+fn g1_exp(m: &Mat<Scalar>) -> Mat<G1Affine> {
+    let proj: Vec<G1Projective> = m.e.iter().map(|s| G1Projective::generator() * s).collect();
+    let mut aff = vec![G1Affine::default(); proj.len()];
+    G1Projective::batch_normalize(&proj, &mut aff);
+    Mat { rows: m.rows, cols: m.cols, e: aff }
+}
+
+fn g2_exp(m: &Mat<Scalar>) -> Mat<G2Affine> {
+    let proj: Vec<G2Projective> = m.e.iter().map(|s| G2Projective::generator() * s).collect();
+    let mut aff = vec![G2Affine::default(); proj.len()];
+    G2Projective::batch_normalize(&proj, &mut aff);
+    Mat { rows: m.rows, cols: m.cols, e: aff }
+}
+
+/// Generates a public key and master secret key.
+pub(crate) fn setup<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(PublicKey, MasterSecretKey)> {
+    let a0 = random_scalar(rng);
+    let a3 = random_scalar(rng);
+    let a = Mat { rows: 3, cols: 2, e: vec![a0, Scalar::ZERO, Scalar::ZERO, a3, Scalar::ONE, Scalar::ONE] };
+    let bbar = random_mat(rng, 4, 4);
+    let w = random_mat(rng, 3, 4);
+    let k = random_mat(rng, 4, 1);
+    let mut prf_key = vec![0u8; 16];
+    rng.fill_bytes(&mut prf_key);
+
+    let b = matrix::colsel(&bbar, &[0, 1]);
+    let wb = matrix::mul(&w, &b);
+    let btk = matrix::mul(&matrix::transpose(&b), &k);
+    let gt = Gt::generator();
+    let pk = PublicKey { b2: g2_exp(&b), wb1: g1_exp(&wb), btk: btk.map(|s| gt * s) };
+
+    let wta = matrix::mul(&matrix::transpose(&w), &a);
+    let inv = matrix::inverse(&matrix::transpose(&bbar))
+        .ok_or_else(|| AbeError::Rng("sampled a singular matrix; the random source is broken".into()))?;
+    let msk = MasterSecretKey {
+        a: SecretMat::secret(&a),
+        wta: SecretMat::secret(&wta),
+        bstar: SecretMat::secret(&matrix::colsel(&inv, &[0, 1])),
+        bstar12: SecretMat::secret(&matrix::colsel(&inv, &[2, 3])),
+        k: SecretMat::secret(&k),
+        prf_key,
+    };
+    Ok((pk, msk))
+}
+
+/// Issues a key for `attrs` (label -> hashed value), adding the
+/// Boneh-Katz wildcard attribute.
+pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    msk: &MasterSecretKey,
+    attrs: &BTreeMap<String, Scalar>,
+) -> Result<AttributeKey> {
+    let mut all: BTreeMap<String, KeyAttr> =
+        attrs.iter().map(|(l, v)| (l.clone(), KeyAttr { wild: false, value: *v })).collect();
+    all.insert(BK_LABEL.into(), KeyAttr { wild: true, value: Scalar::ZERO });
+
+    let s = [random_scalar(rng), random_scalar(rng)];
+    let a_s: [Scalar; 3] = std::array::from_fn(|t| msk.a.get(t, 0) * s[0] + msk.a.get(t, 1) * s[1]);
+    let k1 = g2_exp(&Mat { rows: 3, cols: 1, e: a_s.to_vec() });
+    let k2s = Mat::from_fn(4, 1, |m, _| msk.wta.get(m, 0) * s[0] + msk.wta.get(m, 1) * s[1] + msk.k.get(m, 0));
+    let k2 = g1_exp(&k2s).map(Wiped);
+
+    let mut k3 = BTreeMap::new();
+    let mut k3wild = BTreeMap::new();
+    for (label, attr) in &all {
+        let u = label_matrices(label.as_bytes());
+        let (v0, v1) = prf(&msk.prf_key, label.as_bytes());
+        if attr.wild {
+            k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, None, &v0, None));
+            k3wild.insert(label.clone(), k3_component(msk, &a_s, &u.u1, None, &v1, None));
+        } else {
+            let y = attr.value;
+            k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, Some(&u.u1), &v0, Some((&v1, y))));
+        }
+    }
+    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild, k1_prepared: Default::default() })
+}
+
+/// `B* (y U0 + U1)^T As + [B*_12 (y V0 + V1)^T As]_1`, or without the
+/// `U1`/`V1` terms for a wildcard component. Computed as
+/// `Q_l = sum_t As_t (y U0 + U1)_{t,l}`, then `B* Q`: two 6-point and four
+/// 3-point multi-scalar multiplications instead of 4x3x2 products.
+fn k3_component(
+    msk: &MasterSecretKey,
+    a_s: &[Scalar; 3],
+    u0: &Mat<G1Affine>,
+    u1: Option<&Mat<G1Affine>>,
+    v0: &Mat<Scalar>,
+    v1y: Option<(&Mat<Scalar>, Scalar)>,
+) -> Mat<Wiped<G1Affine>> {
+    let y = v1y.map_or(Scalar::ONE, |(_, y)| y);
+    let q: Vec<G1Projective> = (0..2)
+        .map(|l| {
+            let mut pts = Vec::with_capacity(6);
+            let mut sc = Vec::with_capacity(6);
+            for t in 0..3 {
+                pts.push(G1Projective::from(u0.at(t, l)));
+                sc.push(a_s[t] * y);
+                if let Some(u1) = u1 {
+                    pts.push(G1Projective::from(u1.at(t, l)));
+                    sc.push(a_s[t]);
+                }
+            }
+            G1Projective::multi_exp(&pts, &sc)
+        })
+        .collect();
+    // (y V0 + V1)^T As, a 2-vector of scalars.
+    let vs: [Scalar; 2] = std::array::from_fn(|l| {
+        (0..3)
+            .map(|t| {
+                let v = v0.at(t, l) * y + v1y.map_or(Scalar::ZERO, |(v1, _)| v1.at(t, l));
+                v * a_s[t]
+            })
+            .sum()
+    });
+    let rows: Vec<G1Projective> = (0..4)
+        .map(|m| {
+            let z = msk.bstar12.get(m, 0) * vs[0] + msk.bstar12.get(m, 1) * vs[1];
+            G1Projective::multi_exp(
+                &[q[0], q[1], G1Projective::generator()],
+                &[msk.bstar.get(m, 0), msk.bstar.get(m, 1), z],
+            )
+        })
+        .collect();
+    let mut aff = vec![G1Affine::default(); 4];
+    G1Projective::batch_normalize(&rows, &mut aff);
+    Mat { rows: 4, cols: 1, e: aff.into_iter().map(Wiped).collect() }
+}
+
+/// A ciphertext header: the policy and the group elements.
+pub(crate) struct Header {
+    pub(crate) policy: AbePolicy,
+    pub(crate) c1: Mat<G2Affine>,
+    pub(crate) c2: Vec<Mat<G2Affine>>,
+    pub(crate) c3: Vec<Mat<G1Affine>>,
+    pub(crate) c3neg: Vec<Option<Mat<G1Affine>>>,
+}
+
+/// Encrypts a fresh Gt element to `policy` (already augmented by the
+/// Boneh-Katz transform). Returns the header and the element.
+pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    pk: &PublicKey,
+    policy: &AbePolicy,
+) -> (Header, Gt) {
+    let (pi, d) = policy.occurrences();
+    let r = [random_scalar(rng), random_scalar(rng)];
+    let ri: Vec<[Scalar; 2]> = (0..d).map(|_| [random_scalar(rng), random_scalar(rng)]).collect();
+
+    // Secret shares of r over the formula, drawn in CIRCL's gate order.
+    let n = policy.gates.len();
+    let mut shares = vec![[Scalar::ZERO; 2]; 2 * n + 1];
+    shares[2 * n] = r;
+    for g in policy.circl_order().iter().rev() {
+        let out = shares[g.out];
+        match g.kind {
+            keyfence_policy::GateKind::And => {
+                let a = [random_scalar(rng), random_scalar(rng)];
+                shares[g.in0] = a;
+                shares[g.in1] = [out[0] - a[0], out[1] - a[1]];
+            }
+            keyfence_policy::GateKind::Or => {
+                shares[g.in0] = out;
+                shares[g.in1] = out;
+            }
+        }
+    }
+
+    let b2 = |m: usize, l: usize| G2Projective::from(pk.b2.at(m, l));
+    let g2col = |v: &[Scalar; 2]| -> Mat<G2Affine> {
+        let rows: Vec<G2Projective> = (0..4).map(|m| G2Projective::multi_exp(&[b2(m, 0), b2(m, 1)], v)).collect();
+        let mut aff = vec![G2Affine::default(); 4];
+        G2Projective::batch_normalize(&rows, &mut aff);
+        Mat { rows: 4, cols: 1, e: aff }
+    };
+    let c1 = g2col(&r);
+    let c2: Vec<Mat<G2Affine>> = ri.iter().map(g2col).collect();
+    let key = pk.btk.e[0] * r[0] + pk.btk.e[1] * r[1];
+
+    let wb = |m: usize, l: usize| G1Projective::from(pk.wb1.at(m, l));
+    let mut c3 = Vec::with_capacity(policy.wires.len());
+    let mut c3neg = Vec::with_capacity(policy.wires.len());
+    for (i, w) in policy.wires.iter().enumerate() {
+        let u = label_matrices(w.label.as_bytes());
+        let (u0, u1) = (|m, l| G1Projective::from(u.u0.at(m, l)), |m, l| G1Projective::from(u.u1.at(m, l)));
+        let rj = ri[pi[i]];
+        let rs = shares[i];
+        let y = w.value;
+        let row3 = |f: &dyn Fn(usize) -> G1Projective| -> Mat<G1Affine> {
+            let rows: Vec<G1Projective> = (0..3).map(f).collect();
+            let mut aff = vec![G1Affine::default(); 3];
+            G1Projective::batch_normalize(&rows, &mut aff);
+            Mat { rows: 3, cols: 1, e: aff }
+        };
+        if w.positive {
+            c3.push(row3(&|m| {
+                G1Projective::multi_exp(
+                    &[u0(m, 0), u0(m, 1), u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)],
+                    &[y * rj[0], y * rj[1], rj[0], rj[1], rs[0], rs[1]],
+                )
+            }));
+            c3neg.push(None);
+        } else {
+            c3.push(row3(&|m| {
+                G1Projective::multi_exp(&[u0(m, 0), u0(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], -rs[0], -rs[1]])
+            }));
+            c3neg.push(Some(row3(&|m| {
+                G1Projective::multi_exp(&[u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], y * rs[0], y * rs[1]])
+            })));
+        }
+    }
+    (Header { policy: policy.clone(), c1, c2, c3, c3neg }, key)
+}
+
+impl Header {
+    /// CIRCL's encoding, with `policy` (the policy as written, without the
+    /// Boneh-Katz term) in the policy field.
+    pub(crate) fn encode(&self, policy: &AbePolicy) -> Result<Vec<u8>> {
+        let mut out = Vec::new();
+        put_bytes16(&mut out, &policy.encode()?, "policy")?;
+        put_bytes16(&mut out, &matrix::encode_g2(&self.c1), "c1")?;
+        put_u16(&mut out, self.c2.len(), "c2 count")?;
+        for c in &self.c2 {
+            put_bytes16(&mut out, &matrix::encode_g2(c), "c2")?;
+        }
+        put_u16(&mut out, self.c3.len(), "c3 count")?;
+        for c in &self.c3 {
+            put_bytes16(&mut out, &matrix::encode_g1(c), "c3")?;
+        }
+        for c in &self.c3neg {
+            match c {
+                Some(c) => put_bytes16(&mut out, &matrix::encode_g1(c), "c3neg")?,
+                None => put_u16(&mut out, 0, "c3neg")?,
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// A header whose group elements are decoded only when decryption needs
+/// them: a key that uses one branch of a 50-way `or` checks 2 of its 51
+/// points, not all of them. The bytes left undecoded are still covered by
+/// the ciphertext's MAC, so tampering with them is detected all the same.
+pub(crate) struct LazyHeader<'a> {
+    /// The policy as written (no Boneh-Katz term).
+    pub(crate) policy: AbePolicy,
+    c1: &'a [u8],
+    c2: Vec<&'a [u8]>,
+    c3: Vec<&'a [u8]>,
+    c3neg: Vec<&'a [u8]>,
+}
+
+const CT: &str = "ciphertext";
+
+impl<'a> LazyHeader<'a> {
+    pub(crate) fn parse(bytes: &'a [u8]) -> Result<Self> {
+        let mut r = Reader::new(bytes, CT);
+        let policy = AbePolicy::decode(r.bytes16(&|| "policy".into())?)?;
+        let c1 = r.bytes16(&|| "c1".into())?;
+        let n2 = r.u16(&|| "c2.count".into())?;
+        let mut c2 = Vec::with_capacity(n2);
+        for i in 0..n2 {
+            c2.push(r.bytes16(&|| format!("c2[{i}]"))?);
+        }
+        let n3 = r.u16(&|| "c3.count".into())?;
+        let mut c3 = Vec::with_capacity(n3);
+        for i in 0..n3 {
+            c3.push(r.bytes16(&|| format!("c3[{i}]"))?);
+        }
+        let mut c3neg = Vec::with_capacity(n3);
+        for i in 0..n3 {
+            c3neg.push(r.bytes16(&|| format!("c3neg[{i}]"))?);
+        }
+        r.finish("header")?;
+        // Shapes that do not depend on the key are checked up front.
+        let wires = policy.wires.len() + 1;
+        if n3 != wires {
+            return Err(malformed(CT, "c3.count", format!("{n3} entries for {wires} policy wires")));
+        }
+        let (_, d) = policy.occurrences();
+        if n2 != d.max(1) {
+            return Err(malformed(CT, "c2.count", format!("{n2} entries, the policy needs {}", d.max(1))));
+        }
+        for (i, w) in policy.wires.iter().enumerate() {
+            if w.positive != c3neg[i].is_empty() {
+                return Err(malformed(CT, format!("c3neg[{i}]"), "present for a positive wire or missing for a negated one"));
+            }
+        }
+        if !c3neg[wires - 1].is_empty() {
+            return Err(malformed(CT, format!("c3neg[{}]", wires - 1), "present for the positive Boneh-Katz wire"));
+        }
+        Ok(Self { policy, c1, c2, c3, c3neg })
+    }
+}
+
+fn dec_g1_col(b: &[u8], rows: usize, field: &str) -> Result<Vec<G1Affine>> {
+    let m = matrix::decode_g1(b, (rows, 1), CT, field)?;
+    Ok(m.e)
+}
+
+/// Recovers the encapsulated Gt element with `key`. `policy` is the
+/// header's policy augmented with the Boneh-Katz term.
+pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &AttributeKey) -> Result<Gt> {
+    let (pi, d) = policy.occurrences();
+    let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
+        None => false,
+        Some(a) => a.wild || ((a.value == w.value) == w.positive),
+    };
+    let used = policy.satisfying(holds).ok_or(AbeError::NotSatisfied)?;
+
+    // Per copy j: p1[j] (3 rows, ciphertext side), p2[j] (4 rows, key side),
+    // accumulated as sums of plain points plus one multi-scalar
+    // multiplication per row for the terms that carry a scalar.
+    struct Acc {
+        plain: Vec<G1Projective>,
+        pts: Vec<Vec<G1Projective>>,
+        sc: Vec<Vec<Scalar>>,
+    }
+    impl Acc {
+        fn new(rows: usize) -> Self {
+            Acc { plain: vec![G1Projective::identity(); rows], pts: vec![Vec::new(); rows], sc: vec![Vec::new(); rows] }
+        }
+        fn add(&mut self, col: &[G1Affine], s: Option<Scalar>) {
+            for (m, p) in col.iter().enumerate() {
+                match s {
+                    None => self.plain[m] += p,
+                    Some(s) => {
+                        self.pts[m].push(G1Projective::from(p));
+                        self.sc[m].push(s);
+                    }
+                }
+            }
+        }
+        fn total(&self) -> Vec<G1Projective> {
+            (0..self.plain.len())
+                .map(|m| {
+                    if self.pts[m].is_empty() {
+                        self.plain[m]
+                    } else {
+                        self.plain[m] + G1Projective::multi_exp(&self.pts[m], &self.sc[m])
+                    }
+                })
+                .collect()
+        }
+    }
+    let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+    let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+    let k3 = |label: &str| -> Result<Vec<G1Affine>> {
+        key.k3.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
+            malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
+        })
+    };
+    let k3wild = |label: &str| -> Result<Vec<G1Affine>> {
+        key.k3wild.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
+            malformed("attribute key", format!("k3wild[{label:?}]"), "missing wildcard key material")
+        })
+    };
+    for &i in &used {
+        let w = &policy.wires[i];
+        let j = pi[i];
+        let attr = key.attrs[&w.label];
+        let c3 = dec_g1_col(hdr.c3[i], 3, &format!("c3[{i}]"))?;
+        let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
+        let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
+        if w.positive {
+            a1.add(&c3, None);
+            if attr.wild {
+                a2.add(&k3(&w.label)?, Some(w.value));
+                a2.add(&k3wild(&w.label)?, None);
+            } else {
+                a2.add(&k3(&w.label)?, None);
+            }
+        } else {
+            let c3neg = dec_g1_col(hdr.c3neg[i], 3, &format!("c3neg[{i}]"))?;
+            let y = if attr.wild { w.value + Scalar::ONE } else { attr.value };
+            let diff = Option::<Scalar>::from((w.value - y).invert())
+                .ok_or_else(|| malformed(CT, format!("policy.wires[{i}]"), "negated value equals the key's"))?;
+            a1.add(&c3, Some(diff * y));
+            a1.add(&c3neg, Some(diff));
+            if attr.wild {
+                a2.add(&k3(&w.label)?, Some(diff * y));
+                a2.add(&k3wild(&w.label)?, Some(diff));
+            } else {
+                a2.add(&k3(&w.label)?, Some(diff));
+            }
+        }
+    }
+
+    let mut g1s: Vec<G1Projective> = Vec::with_capacity(7 + 4 * d);
+    let mut g2s: Vec<G2Affine> = Vec::with_capacity(7 + 4 * d);
+    let mut ptot = vec![G1Projective::identity(); 3];
+    for j in 0..d {
+        let (Some(a1), Some(a2)) = (&p1[j], &p2[j]) else { continue };
+        for (m, v) in a1.total().into_iter().enumerate() {
+            ptot[m] += v;
+        }
+        let c2 = matrix::decode_g2(hdr.c2[j], (4, 1), CT, &format!("c2[{j}]"))?;
+        g1s.extend(a2.total());
+        g2s.extend(c2.e);
+    }
+    g1s.extend(ptot.iter().map(|p| -p));
+    g2s.extend(key.k1.e.iter().copied());
+    let c1 = matrix::decode_g2(hdr.c1, (4, 1), CT, "c1")?;
+    g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
+    g2s.extend(c1.e);
+
+    let mut g1a = vec![G1Affine::default(); g1s.len()];
+    G1Projective::batch_normalize(&g1s, &mut g1a);
+    // A pair with the identity contributes 1 to the product; blst's loop
+    // wants finite points, so such pairs are left out.
+    let (ps, qs): (Vec<blst::blst_p1_affine>, Vec<blst::blst_p2_affine>) = g1a
+        .iter()
+        .zip(&g2s)
+        .filter(|(p, q)| !bool::from(p.is_identity()) && !bool::from(q.is_identity()))
+        .map(|(p, q)| (*p.as_ref(), *q.as_ref()))
+        .unzip();
+    let f = if ps.is_empty() {
+        return Ok(Gt::identity());
+    } else {
+        blst::blst_fp12::miller_loop_n(&qs, &ps).final_exp()
+    };
+    Ok(super::group::gt_from_fp12(&f))
+}
