@@ -163,3 +163,6 @@ pub fn could_decrypt(attrs: &Attributes, ciphertext: &[u8]) -> Result<bool> {
 pub fn policy_of(ciphertext: &[u8]) -> Result<Policy> {
     bk::parse(ciphertext)?.header.policy.to_policy()
 }
+
+#[cfg(test)]
+mod tests;

@@ -336,12 +336,24 @@ fn dec_g1_col(b: &[u8], rows: usize, field: &str) -> Result<Vec<G1Affine>> {
 /// Recovers the encapsulated Gt element with `key`. `policy` is the
 /// header's policy augmented with the Boneh-Katz term.
 pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &AttributeKey) -> Result<Gt> {
-    let (pi, d) = policy.occurrences();
     let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
         None => false,
         Some(a) => a.wild || ((a.value == w.value) == w.positive),
     };
     let used = policy.satisfying(holds).ok_or(AbeError::NotSatisfied)?;
+    decapsulate_with(hdr, policy, key, &used)
+}
+
+/// The decryption equation over the given set of wires. Only
+/// [`decapsulate`] calls it with a satisfying set; tests call it with
+/// others to show that no other set recovers the key.
+pub(crate) fn decapsulate_with(
+    hdr: &LazyHeader<'_>,
+    policy: &AbePolicy,
+    key: &AttributeKey,
+    used: &[usize],
+) -> Result<Gt> {
+    let (pi, d) = policy.occurrences();
 
     // Per copy j: p1[j] (3 rows, ciphertext side), p2[j] (4 rows, key side),
     // accumulated as sums of plain points plus one multi-scalar
@@ -390,10 +402,10 @@ pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &Attrib
             malformed("attribute key", format!("k3wild[{label:?}]"), "missing wildcard key material")
         })
     };
-    for &i in &used {
+    for &i in used {
         let w = &policy.wires[i];
         let j = pi[i];
-        let attr = key.attrs[&w.label];
+        let attr = *key.attrs.get(&w.label).ok_or(AbeError::NotSatisfied)?;
         let c3 = dec_g1_col(hdr.c3[i], 3, &format!("c3[{i}]"))?;
         let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
         let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
