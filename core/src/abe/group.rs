@@ -89,7 +89,7 @@ pub(crate) fn g2_to_bytes(p: &G2Affine) -> [u8; G2_LEN] {
 pub(crate) fn g1_from_bytes(b: &[u8]) -> Result<G1Affine, &'static str> {
     let arr: &[u8; G1_LEN] = b.try_into().map_err(|_| "a G1 point is 96 bytes")?;
     let p = Option::<G1Affine>::from(G1Affine::from_uncompressed_unchecked(arr))
-        .ok_or("not a valid G1 point encoding")?;
+        .ok_or("not a point on the G1 curve (or bad encoding flags)")?;
     if !bool::from(p.is_on_curve()) {
         return Err("point is not on the G1 curve");
     }
@@ -103,7 +103,7 @@ pub(crate) fn g1_from_bytes(b: &[u8]) -> Result<G1Affine, &'static str> {
 pub(crate) fn g2_from_bytes(b: &[u8]) -> Result<G2Affine, &'static str> {
     let arr: &[u8; G2_LEN] = b.try_into().map_err(|_| "a G2 point is 192 bytes")?;
     let p = Option::<G2Affine>::from(G2Affine::from_uncompressed_unchecked(arr))
-        .ok_or("not a valid G2 point encoding")?;
+        .ok_or("not a point on the G2 curve (or bad encoding flags)")?;
     if !bool::from(p.is_on_curve()) {
         return Err("point is not on the G2 curve");
     }

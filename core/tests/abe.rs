@@ -1,0 +1,185 @@
+//! CP-ABE behaviour: correctness over negations and repeated labels, and
+//! the CCA and input-validation properties (every modified ciphertext is an
+//! error, never another plaintext).
+
+use blstrs::{Fp, G1Affine};
+use ff::Field;
+use keyfence::abe::{self, AbeError, AttributeKey};
+use keyfence::policy::{Attributes, ParseErrorKind};
+use std::sync::OnceLock;
+
+fn authority() -> &'static (abe::PublicKey, abe::MasterSecretKey) {
+    static A: OnceLock<(abe::PublicKey, abe::MasterSecretKey)> = OnceLock::new();
+    A.get_or_init(|| abe::setup().unwrap())
+}
+
+fn key(attrs: &str) -> AttributeKey {
+    abe::keygen(&authority().1, &attrs.parse::<Attributes>().unwrap()).unwrap()
+}
+
+fn enc(policy: &str, msg: &[u8]) -> Vec<u8> {
+    abe::encrypt(&authority().0, policy, msg).unwrap()
+}
+
+#[test]
+fn decrypts_exactly_when_the_policy_holds() {
+    let cases: &[(&str, &str, bool)] = &[
+        ("country: US or region: EU", "country=FR,region=EU", true),
+        ("country: US or region: EU", "country=FR,region=NA", false),
+        ("not region: EU", "region=NA", true),
+        ("not region: EU", "region=EU", false),
+        ("not region: EU", "country=US", false),
+        ("region: EU and not country: FR", "region=EU,country=DE", true),
+        ("region: EU and not country: FR", "region=EU,country=FR", false),
+        ("a: 1 or a: 2 or a: 3", "a=3", true),
+        ("(a: 1 or b: 1) and (a: 2 or b: 2)", "a=1,b=2", true),
+        ("(a: 1 or b: 1) and (a: 2 or b: 2)", "a=1,b=1", false),
+        ("not a: 1 and not a: 2 and a: 3", "a=3", true),
+        ("not a: 1 and not a: 2 and a: 3", "a=2", false),
+        ("city: \"São Paulo\" and team: \"red-1\"", "city=São Paulo,team=red-1", true),
+    ];
+    for (i, (policy, attrs, ok)) in cases.iter().enumerate() {
+        let msg = format!("secret {i}");
+        let ct = enc(policy, msg.as_bytes());
+        let k = key(attrs);
+        let a: Attributes = attrs.parse().unwrap();
+        assert_eq!(abe::could_decrypt(&a, &ct).unwrap(), *ok, "could_decrypt {policy} / {attrs}");
+        match abe::decrypt(&k, &ct) {
+            Ok(m) => assert!(*ok && m[..] == *msg.as_bytes(), "{policy} / {attrs}"),
+            Err(AbeError::NotSatisfied) => assert!(!ok, "{policy} / {attrs} should decrypt"),
+            Err(e) => panic!("{policy} / {attrs}: unexpected {e}"),
+        }
+    }
+}
+
+#[test]
+fn not_satisfied_has_a_clear_message() {
+    let e = abe::decrypt(&key("region=NA"), &enc("region: EU", b"x")).unwrap_err();
+    assert_eq!(e.to_string(), "attributes do not satisfy the policy");
+}
+
+#[test]
+fn every_modified_byte_is_rejected() {
+    let ct = enc("region: EU or not country: FR", b"a short message");
+    let k = key("region=EU,country=FR");
+    assert_eq!(&abe::decrypt(&k, &ct).unwrap()[..], b"a short message");
+    for i in 0..ct.len() {
+        let mut bad = ct.clone();
+        bad[i] ^= 0x01;
+        assert!(abe::decrypt(&k, &bad).is_err(), "flipping bit 0 of byte {i} was accepted");
+    }
+}
+
+#[test]
+fn truncated_or_extended_ciphertexts_are_rejected() {
+    let ct = enc("region: EU", b"message");
+    let k = key("region=EU");
+    for n in 0..ct.len() {
+        assert!(abe::decrypt(&k, &ct[..n]).is_err(), "truncated to {n} bytes was accepted");
+    }
+    let mut long = ct.clone();
+    long.push(0);
+    let e = abe::decrypt(&k, &long).unwrap_err();
+    assert!(e.to_string().contains("trailing"), "{e}");
+}
+
+#[test]
+fn errors_name_the_field() {
+    let ct = enc("region: EU", b"message");
+    let e = abe::decrypt(&key("region=EU"), &ct[..20]).unwrap_err();
+    assert!(e.to_string().starts_with("malformed ciphertext: field id: truncated"), "{e}");
+    let e = abe::PublicKey::from_bytes(&[1, 0, 0]).unwrap_err();
+    assert!(e.to_string().starts_with("malformed public key: field b2"), "{e}");
+    let e = AttributeKey::from_bytes(b"").unwrap_err();
+    assert!(e.to_string().starts_with("malformed attribute key: field attributes"), "{e}");
+}
+
+/// Offset of the first encoded c3 matrix's first point: a 3x1 G1 matrix
+/// is `u16 292 | u16 3 | u16 1 | 3 points`.
+fn first_c3_point(ct: &[u8]) -> usize {
+    let pat = [0x24, 0x01, 3, 0, 1, 0];
+    ct.windows(6).position(|w| w == pat).expect("a c3 entry") + 6
+}
+
+/// A point on the G1 curve outside the prime-order subgroup.
+fn point_outside_subgroup() -> [u8; 96] {
+    let mut x = Fp::ONE;
+    loop {
+        let rhs = x.square() * x + Fp::from(4u64);
+        if let Some(y) = Option::<Fp>::from(rhs.sqrt()) {
+            let mut b = [0u8; 96];
+            b[..48].copy_from_slice(&x.to_bytes_be());
+            b[48..].copy_from_slice(&y.to_bytes_be());
+            let p = Option::<G1Affine>::from(G1Affine::from_uncompressed_unchecked(&b)).unwrap();
+            assert!(bool::from(p.is_on_curve()));
+            if !bool::from(p.is_torsion_free()) {
+                return b;
+            }
+        }
+        x += Fp::ONE;
+    }
+}
+
+#[test]
+fn points_off_the_curve_or_subgroup_are_rejected() {
+    let ct = enc("region: EU", b"message");
+    let k = key("region=EU");
+    let at = first_c3_point(&ct);
+    let mut bad = ct.clone();
+    bad[at..at + 96].copy_from_slice(&point_outside_subgroup());
+    let e = abe::decrypt(&k, &bad).unwrap_err();
+    assert_eq!(e.to_string(), "malformed ciphertext: field c3[0][0,0]: point is not in the G1 subgroup");
+    let mut bad = ct.clone();
+    bad[at + 95] ^= 1;
+    let e = abe::decrypt(&k, &bad).unwrap_err();
+    assert_eq!(e.to_string(), "malformed ciphertext: field c3[0][0,0]: not a point on the G1 curve (or bad encoding flags)");
+}
+
+#[test]
+fn oversized_policies_are_refused_at_encryption() {
+    // CIRCL issue 695: this encodes past the 16-bit policy length.
+    let policy = (0..400).map(|i| format!("a{i}: {}", "v".repeat(120))).collect::<Vec<_>>().join(" or ");
+    match abe::encrypt(&authority().0, &policy, b"x") {
+        Err(AbeError::Policy(e)) => assert!(matches!(e.kind(), ParseErrorKind::TooLarge { .. })),
+        other => panic!("expected a too-large error, got {other:?}"),
+    }
+}
+
+#[test]
+fn the_bk_label_is_reserved() {
+    let policy = "\"internal-boneh-katz-transform-attribute\": x";
+    assert!(matches!(abe::encrypt(&authority().0, policy, b"x"), Err(AbeError::ReservedLabel(_))));
+    let attrs: Attributes = [("internal-boneh-katz-transform-attribute", "x")].into_iter().collect();
+    assert!(matches!(abe::keygen(&authority().1, &attrs), Err(AbeError::ReservedLabel(_))));
+}
+
+#[test]
+fn keys_round_trip_and_hide_their_material() {
+    let (pk, msk) = authority();
+    assert_eq!(abe::PublicKey::from_bytes(&pk.to_bytes()).unwrap(), *pk);
+    assert_eq!(abe::MasterSecretKey::from_bytes(&msk.to_bytes()).unwrap(), *msk);
+    let k = key("region=EU,country=DE");
+    let again = AttributeKey::from_bytes(&k.to_bytes()).unwrap();
+    assert_eq!(again, k);
+    assert_ne!(key("region=EU,country=DE"), k, "fresh randomness per key");
+    assert_eq!(k.labels().collect::<Vec<_>>(), vec!["country", "region"]);
+    assert_eq!(format!("{msk:?}"), "MasterSecretKey { .. }");
+    let dbg = format!("{k:?}");
+    assert_eq!(dbg, "AttributeKey { labels: [\"country\", \"region\"], .. }");
+}
+
+#[test]
+fn a_key_from_another_authority_fails_cleanly() {
+    let (_, other_msk) = abe::setup().unwrap();
+    let stranger = abe::keygen(&other_msk, &"region=EU".parse().unwrap()).unwrap();
+    let e = abe::decrypt(&stranger, &enc("region: EU", b"x")).unwrap_err();
+    assert!(matches!(e, AbeError::IntegrityCheckFailed), "{e}");
+}
+
+#[test]
+fn policy_and_pairs_come_back_out() {
+    let ct = enc("(region: EU or region: UK) and not country: FR", b"x");
+    let p = abe::policy_of(&ct).unwrap();
+    assert_eq!(p.to_string(), "(region: EU or region: UK) and not country: FR");
+    assert_eq!(p.attribute_pairs(), vec![("region", "EU"), ("region", "UK"), ("country", "FR")]);
+}
