@@ -1,66 +1,109 @@
-// Command circl-oracle drives Cloudflare CIRCL's tkn20 (v1.6.5) for
-// keyfence's interoperability, differential and benchmark tests. Every key
-// and ciphertext file is in CIRCL's own binary format. With --seed, random
-// bytes come from SHAKE256(seed) so runs are reproducible and keyfence can
-// feed the same bytes to its own implementation.
+// Command circl-oracle drives Cloudflare CIRCL's CP-ABE scheme
+// (github.com/cloudflare/circl/abe/cpabe/tkn20, pinned at v1.6.5) from the
+// command line, so that keyfence's Rust tests can check byte compatibility,
+// run differential tests of the policy language, and compare speed.
+//
+// Every key and ciphertext file holds raw bytes in CIRCL's own
+// MarshalBinary format. Errors go to stderr and exit with status 1.
+//
+// With --seed HEX, the randomness CIRCL consumes is SHAKE256(seed bytes),
+// read as one stream; the same seed always gives the same bytes, and a
+// second implementation fed the same stream must produce identical output.
+// Without --seed, CIRCL uses crypto/rand.
 package main
 
 import (
-	"bufio"
 	"crypto/sha3"
 	"encoding/hex"
-	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"math/rand"
 	"os"
-		"sort"
 	"strings"
-	"time"
-
-	"github.com/cloudflare/circl/abe/cpabe/tkn20"
 )
+
+const usage = `usage: circl-oracle COMMAND [flags]
+
+commands:
+  setup    --pk FILE --msk FILE [--seed HEX]
+  keygen   --msk FILE --attrs 'k=v,k=v' --out FILE [--seed HEX]
+  encrypt  --pk FILE --policy POLICY --in FILE --out FILE [--seed HEX]
+  decrypt  --key FILE --in FILE --out FILE
+  inspect  --in FILE
+  policy-eval                      JSON lines on stdin -> verdicts on stdout
+  gen-policy-cases --n N --seed S  random JSON-line cases for policy-eval
+  bench    [--cases small,and50,or50,and50neg25] [--iters N] [--json]
+
+Run 'circl-oracle COMMAND -h' for the flags of one command.
+`
+
+// commands maps each subcommand to its implementation; each receives the
+// arguments after the command name.
+var commands = map[string]func(args []string) error{
+	"setup":            cmdSetup,
+	"keygen":           cmdKeygen,
+	"encrypt":          cmdEncrypt,
+	"decrypt":          cmdDecrypt,
+	"inspect":          cmdInspect,
+	"policy-eval":      cmdPolicyEval,
+	"gen-policy-cases": cmdGenPolicyCases,
+	"bench":            cmdBench,
+}
 
 func main() {
 	if len(os.Args) < 2 {
-		fail("usage: circl-oracle setup|keygen|encrypt|decrypt|inspect|policy-eval|gen-policy-cases|bench ...")
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(1)
 	}
-	cmd, args := os.Args[1], os.Args[2:]
-	var err error
-	switch cmd {
-	case "setup":
-		err = setup(args)
-	case "keygen":
-		err = keygen(args)
-	case "encrypt":
-		err = encrypt(args)
-	case "decrypt":
-		err = decrypt(args)
-	case "inspect":
-		err = inspect(args)
-	case "policy-eval":
-		err = policyEval(os.Stdin, os.Stdout)
-	case "gen-policy-cases":
-		err = genCases(args)
-	case "bench":
-		err = bench(args)
-	default:
-		err = fmt.Errorf("unknown command %q", cmd)
+	name := os.Args[1]
+	if name == "-h" || name == "--help" || name == "help" {
+		fmt.Print(usage)
+		return
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "circl-oracle: unknown command %q\n\n%s", name, usage)
+		os.Exit(1)
+	}
+	err := cmd(os.Args[2:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
 	}
 	if err != nil {
-		fail(err.Error())
+		fmt.Fprintf(os.Stderr, "circl-oracle %s: %v\n", name, err)
+		os.Exit(1)
 	}
 }
 
-func fail(msg string) {
-	fmt.Fprintln(os.Stderr, "circl-oracle:", msg)
-	os.Exit(1)
+// newFlags returns a flag set for command name that reports errors to the
+// caller instead of exiting with flag's own status code.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("circl-oracle "+name, flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	return fs
 }
 
-// source returns SHAKE256(seed) as a reader, or nil (CIRCL then uses
-// crypto/rand) when no seed is given.
-func source(seedHex string) (io.Reader, error) {
+// parseFlags parses args into fs, rejects positional arguments, and checks
+// that every flag named in required was given a non-empty value.
+func parseFlags(fs *flag.FlagSet, args []string, required ...string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	for _, name := range required {
+		if fs.Lookup(name).Value.String() == "" {
+			return fmt.Errorf("--%s is required", name)
+		}
+	}
+	return nil
+}
+
+// randomness returns the reader CIRCL should draw from: SHAKE256 of the
+// hex-decoded seed, or nil (meaning crypto/rand) when seedHex is empty.
+func randomness(seedHex string) (io.Reader, error) {
 	if seedHex == "" {
 		return nil, nil
 	}
@@ -68,321 +111,56 @@ func source(seedHex string) (io.Reader, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--seed: %v", err)
 	}
-	h := sha3.NewSHAKE256()
-	h.Write(seed)
-	return h, nil
+	xof := sha3.NewSHAKE256()
+	xof.Write(seed)
+	return xof, nil
 }
 
+// parseAttrs reads "label=value,label=value" into a map. Spaces around
+// labels and values are trimmed; an empty string means no attributes.
 func parseAttrs(s string) (map[string]string, error) {
-	m := map[string]string{}
+	attrs := make(map[string]string)
 	if strings.TrimSpace(s) == "" {
-		return m, nil
+		return attrs, nil
 	}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok {
-			return nil, fmt.Errorf("attribute %q is not label=value", kv)
-		}
-		m[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	return m, nil
-}
-
-type marshaler interface{ MarshalBinary() ([]byte, error) }
-
-func write(path string, m marshaler) error {
-	b, err := m.MarshalBinary()
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(path, b, 0o600)
-}
-
-func setup(args []string) error {
-	fs := flag.NewFlagSet("setup", flag.ExitOnError)
-	pkPath := fs.String("pk", "", "public key output")
-	mskPath := fs.String("msk", "", "master secret key output")
-	seed := fs.String("seed", "", "hex seed for reproducible randomness")
-	fs.Parse(args)
-	rnd, err := source(*seed)
-	if err != nil {
-		return err
-	}
-	pk, msk, err := tkn20.Setup(rnd)
-	if err != nil {
-		return err
-	}
-	if err := write(*pkPath, &pk); err != nil {
-		return err
-	}
-	return write(*mskPath, &msk)
-}
-
-func keygen(args []string) error {
-	fs := flag.NewFlagSet("keygen", flag.ExitOnError)
-	mskPath := fs.String("msk", "", "master secret key")
-	attrsArg := fs.String("attrs", "", "label=value,...")
-	out := fs.String("out", "", "attribute key output")
-	seed := fs.String("seed", "", "hex seed")
-	fs.Parse(args)
-	rnd, err := source(*seed)
-	if err != nil {
-		return err
-	}
-	b, err := os.ReadFile(*mskPath)
-	if err != nil {
-		return err
-	}
-	var msk tkn20.SystemSecretKey
-	if err := msk.UnmarshalBinary(b); err != nil {
-		return fmt.Errorf("master secret key: %v", err)
-	}
-	m, err := parseAttrs(*attrsArg)
-	if err != nil {
-		return err
-	}
-	var attrs tkn20.Attributes
-	attrs.FromMap(m)
-	key, err := msk.KeyGen(rnd, attrs)
-	if err != nil {
-		return err
-	}
-	return write(*out, &key)
-}
-
-func encrypt(args []string) error {
-	fs := flag.NewFlagSet("encrypt", flag.ExitOnError)
-	pkPath := fs.String("pk", "", "public key")
-	policyArg := fs.String("policy", "", "policy")
-	in := fs.String("in", "", "plaintext file")
-	out := fs.String("out", "", "ciphertext output")
-	seed := fs.String("seed", "", "hex seed")
-	fs.Parse(args)
-	rnd, err := source(*seed)
-	if err != nil {
-		return err
-	}
-	b, err := os.ReadFile(*pkPath)
-	if err != nil {
-		return err
-	}
-	var pk tkn20.PublicKey
-	if err := pk.UnmarshalBinary(b); err != nil {
-		return fmt.Errorf("public key: %v", err)
-	}
-	var pol tkn20.Policy
-	if err := pol.FromString(*policyArg); err != nil {
-		return fmt.Errorf("policy: %v", err)
-	}
-	msg, err := os.ReadFile(*in)
-	if err != nil {
-		return err
-	}
-	ct, err := pk.Encrypt(rnd, pol, msg)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(*out, ct, 0o600)
-}
-
-func decrypt(args []string) error {
-	fs := flag.NewFlagSet("decrypt", flag.ExitOnError)
-	keyPath := fs.String("key", "", "attribute key")
-	in := fs.String("in", "", "ciphertext")
-	out := fs.String("out", "", "plaintext output")
-	fs.Parse(args)
-	b, err := os.ReadFile(*keyPath)
-	if err != nil {
-		return err
-	}
-	var key tkn20.AttributeKey
-	if err := key.UnmarshalBinary(b); err != nil {
-		return fmt.Errorf("attribute key: %v", err)
-	}
-	ct, err := os.ReadFile(*in)
-	if err != nil {
-		return err
-	}
-	pt, err := key.Decrypt(ct)
-	if err != nil {
-		return err
-	}
-	return os.WriteFile(*out, pt, 0o600)
-}
-
-func inspect(args []string) error {
-	fs := flag.NewFlagSet("inspect", flag.ExitOnError)
-	in := fs.String("in", "", "ciphertext")
-	fs.Parse(args)
-	ct, err := os.ReadFile(*in)
-	if err != nil {
-		return err
-	}
-	var pol tkn20.Policy
-	if err := pol.ExtractFromCiphertext(ct); err != nil {
-		return err
-	}
-	fmt.Println(pol.String())
-	return nil
-}
-
-type evalCase struct {
-	Policy string            `json:"policy"`
-	Attrs  map[string]string `json:"attrs"`
-}
-
-type evalResult struct {
-	OK        bool   `json:"ok"`
-	Satisfied bool   `json:"satisfied"`
-	Error     string `json:"error,omitempty"`
-}
-
-// policyEval answers, for each JSON line, whether CIRCL parses the policy
-// and whether the attributes satisfy it (CIRCL's own Satisfaction).
-func policyEval(r io.Reader, w io.Writer) error {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<24)
-	enc := json.NewEncoder(w)
-	for sc.Scan() {
-		var c evalCase
-		if err := json.Unmarshal(sc.Bytes(), &c); err != nil {
-			return err
-		}
-		var pol tkn20.Policy
-		if err := pol.FromString(c.Policy); err != nil {
-			enc.Encode(evalResult{OK: false, Error: err.Error()})
-			continue
-		}
-		var attrs tkn20.Attributes
-		attrs.FromMap(c.Attrs)
-		enc.Encode(evalResult{OK: true, Satisfied: pol.Satisfaction(attrs)})
-	}
-	return sc.Err()
-}
-
-// genCases writes random policies in CIRCL's grammar with random attribute
-// maps: small alphabets so that repeated labels and negations are common.
-func genCases(args []string) error {
-	fs := flag.NewFlagSet("gen-policy-cases", flag.ExitOnError)
-	n := fs.Int("n", 1000, "number of cases")
-	seed := fs.Int64("seed", 1, "seed")
-	fs.Parse(args)
-	rng := rand.New(rand.NewSource(*seed))
-	labels := []string{"a", "b", "c", "region", "tier"}
-	values := []string{"x", "y", "z", "EU", "1"}
-	var gen func(depth int) string
-	gen = func(depth int) string {
-		k := rng.Intn(10)
+	for _, pair := range strings.Split(s, ",") {
+		label, value, ok := strings.Cut(pair, "=")
+		label, value = strings.TrimSpace(label), strings.TrimSpace(value)
 		switch {
-		case depth >= 5 || k < 4:
-			lit := labels[rng.Intn(len(labels))] + ": " + values[rng.Intn(len(values))]
-			if rng.Intn(4) == 0 {
-				lit = "not " + lit
-			}
-			return lit
-		case k < 6:
-			return "not (" + gen(depth+1) + ")"
-		case k < 8:
-			return gen(depth+1) + " and " + gen(depth+1)
-		default:
-			return "(" + gen(depth+1) + ") or " + gen(depth+1)
+		case !ok:
+			return nil, fmt.Errorf("--attrs: %q is not label=value", pair)
+		case label == "":
+			return nil, fmt.Errorf("--attrs: empty label in %q", pair)
 		}
-	}
-	enc := json.NewEncoder(os.Stdout)
-	for i := 0; i < *n; i++ {
-		attrs := map[string]string{}
-		for _, l := range labels {
-			if rng.Intn(3) > 0 {
-				attrs[l] = values[rng.Intn(len(values))]
-			}
+		if _, dup := attrs[label]; dup {
+			return nil, fmt.Errorf("--attrs: label %q given twice", label)
 		}
-		enc.Encode(evalCase{Policy: gen(0), Attrs: attrs})
+		attrs[label] = value
 	}
-	return nil
+	return attrs, nil
 }
 
-type benchCase struct {
-	name, policy string
-	attrs        map[string]string
-}
+// unmarshaler is what every CIRCL key type implements.
+type unmarshaler interface{ UnmarshalBinary([]byte) error }
 
-func clauses(n int, neg bool, op string) (string, map[string]string) {
-	parts := make([]string, n)
-	attrs := map[string]string{}
-	for i := 0; i < n; i++ {
-		attrs[fmt.Sprintf("a%d", i)] = fmt.Sprintf("v%d", i)
-		if neg && i%2 == 1 {
-			parts[i] = fmt.Sprintf("not a%d: x%d", i, i)
-		} else {
-			parts[i] = fmt.Sprintf("a%d: v%d", i, i)
-		}
-	}
-	return strings.Join(parts, op), attrs
-}
-
-func benchCases() []benchCase {
-	and50, a := clauses(50, false, " and ")
-	or50, _ := clauses(50, false, " or ")
-	neg, _ := clauses(50, true, " and ")
-	return []benchCase{
-		{"small", "country: US or region: EU", map[string]string{"country": "FR", "region": "EU"}},
-		{"and50", and50, a},
-		{"or50", or50, a},
-		{"and50neg25", neg, a},
-	}
-}
-
-func median(d []time.Duration) float64 {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return float64(d[len(d)/2].Nanoseconds()) / 1e6
-}
-
-// bench times CIRCL on the benchmark cases and prints one JSON object per
-// case: median milliseconds of keygen, encrypt and decrypt.
-func bench(args []string) error {
-	fs := flag.NewFlagSet("bench", flag.ExitOnError)
-	iters := fs.Int("iters", 20, "iterations per operation")
-	fs.Parse(args)
-	msg := []byte("a 23-byte test message!")
-	pk, msk, err := tkn20.Setup(nil)
+// readInto loads a file in CIRCL's binary format into v; what names the
+// file's role in error messages.
+func readInto(path, what string, v unmarshaler) error {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return err
 	}
-	enc := json.NewEncoder(os.Stdout)
-	for _, c := range benchCases() {
-		var pol tkn20.Policy
-		if err := pol.FromString(c.policy); err != nil {
-			return err
-		}
-		var attrs tkn20.Attributes
-		attrs.FromMap(c.attrs)
-		var kg, en, de []time.Duration
-		var key tkn20.AttributeKey
-		var ct []byte
-		for i := 0; i < *iters; i++ {
-			t := time.Now()
-			key, err = msk.KeyGen(nil, attrs)
-			kg = append(kg, time.Since(t))
-			if err != nil {
-				return err
-			}
-			t = time.Now()
-			ct, err = pk.Encrypt(nil, pol, msg)
-			en = append(en, time.Since(t))
-			if err != nil {
-				return err
-			}
-			t = time.Now()
-			pt, err := key.Decrypt(ct)
-			de = append(de, time.Since(t))
-			if err != nil || string(pt) != string(msg) {
-				return fmt.Errorf("%s: decryption failed: %v", c.name, err)
-			}
-		}
-		enc.Encode(map[string]any{
-			"case": c.name, "keygen_ms": median(kg), "encrypt_ms": median(en),
-			"decrypt_ms": median(de), "ct_overhead": len(ct) - len(msg),
-		})
+	if err := v.UnmarshalBinary(b); err != nil {
+		return fmt.Errorf("%s %s: %v", what, path, err)
 	}
 	return nil
+}
+
+// writeFrom stores v's binary form at path with permissions perm.
+func writeFrom(path string, v interface{ MarshalBinary() ([]byte, error) }, perm os.FileMode) error {
+	b, err := v.MarshalBinary()
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, perm)
 }

@@ -1,5 +1,7 @@
 //! `keyfence`: the command line of the keyfence library.
 
+mod abe_cmd;
+mod bench_cmd;
 mod demo;
 mod policy_cmd;
 
@@ -19,6 +21,12 @@ enum Command {
     /// Work with policies.
     #[command(subcommand)]
     Policy(policy_cmd::PolicyCmd),
+    /// CP-ABE: setup, keygen, encrypt, decrypt, inspect (CIRCL's formats).
+    #[command(subcommand)]
+    Abe(abe_cmd::AbeCmd),
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(bench_cmd::BenchCmd),
     /// Run the end-to-end demonstration.
     Demo,
 }
@@ -27,6 +35,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policy(cmd) => policy_cmd::run(cmd),
+        Command::Abe(cmd) => abe_cmd::run(cmd),
+        Command::Bench(cmd) => bench_cmd::run(cmd),
         Command::Demo => demo::run(),
     };
     match result {

@@ -124,10 +124,10 @@ pub(crate) fn bk_policy(p: &Parsed<'_>) -> AbePolicy {
     p.header.policy.with_bk(scalar_reduce_be(&id))
 }
 
-pub(crate) fn decrypt(key: &AttributeKey, ct: &[u8]) -> Result<Zeroizing<Vec<u8>>> {
+pub(crate) fn decrypt(key: &AttributeKey, ct: &[u8], threads: usize) -> Result<Zeroizing<Vec<u8>>> {
     let p = parse(ct)?;
     let policy = bk_policy(&p);
-    let elem = decapsulate(&p.header, &policy, key)?;
+    let elem = decapsulate(&p.header, &policy, key, threads)?;
     let sym = Zeroizing::new(blake2b_256(&[], &[&gt_to_bytes(&elem)]));
     let mut env = Zeroizing::new(p.env.to_vec());
     keystream_xor(&sym, &mut env);

@@ -17,11 +17,31 @@ use super::matrix::{self, Mat, SecretMat};
 ///
 /// Encoded as CIRCL's `tkn20.PublicKey`; [`PublicKey::from_bytes`] checks
 /// every point is on its curve and in its subgroup.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct PublicKey {
     pub(crate) b2: Mat<G2Affine>,
     pub(crate) wb1: Mat<G1Affine>,
     pub(crate) btk: Mat<Gt>,
+    /// Fixed-base tables (about 2 MB), built on the first encryption.
+    pub(crate) tables: std::sync::Arc<OnceLock<super::fixed_base::PublicTables>>,
+}
+
+impl PartialEq for PublicKey {
+    fn eq(&self, other: &Self) -> bool {
+        self.b2 == other.b2 && self.wb1 == other.wb1 && self.btk == other.btk
+    }
+}
+
+impl Eq for PublicKey {}
+
+impl PublicKey {
+    pub(crate) fn new(b2: Mat<G2Affine>, wb1: Mat<G1Affine>, btk: Mat<Gt>) -> Self {
+        Self { b2, wb1, btk, tables: Default::default() }
+    }
+
+    pub(crate) fn tables(&self) -> &super::fixed_base::PublicTables {
+        self.tables.get_or_init(|| super::fixed_base::PublicTables::new(self))
+    }
 }
 
 impl PublicKey {
@@ -47,7 +67,7 @@ impl PublicKey {
         let wb1 = matrix::decode_g1(r.bytes16(&|| "wb1".into())?, (3, 2), O, "wb1")?;
         let btk = matrix::decode_gt(r.bytes16(&|| "btk".into())?, (2, 1), O, "btk")?;
         r.finish("end")?;
-        Ok(Self { b2, wb1, btk })
+        Ok(Self::new(b2, wb1, btk))
     }
 }
 

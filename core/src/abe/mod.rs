@@ -24,10 +24,12 @@ mod bk;
 mod blake2x;
 mod encoding;
 mod error;
+mod fixed_base;
 mod group;
 mod keys;
 mod matrix;
 mod oracle;
+mod parallel;
 mod policy;
 mod tkn;
 
@@ -131,8 +133,20 @@ pub fn encrypt_policy_with_rng<R: RngCore + CryptoRng + ?Sized>(
 /// if the key's attributes do not satisfy the policy;
 /// [`AbeError::IntegrityCheckFailed`] if the ciphertext was modified or
 /// made for another authority. Never a wrong plaintext.
+///
+/// Decryption validates every ciphertext point it uses and spreads that
+/// work and the pairing over up to four cores with scoped threads (none
+/// outlives the call); [`decrypt_with_threads`] sets the number.
 pub fn decrypt(key: &AttributeKey, ciphertext: &[u8]) -> Result<Zeroizing<Vec<u8>>> {
-    bk::decrypt(key, ciphertext)
+    bk::decrypt(key, ciphertext, parallel::default_threads())
+}
+
+/// [`decrypt`] on at most `threads` threads (1: the calling thread only).
+///
+/// # Errors
+/// As [`decrypt`].
+pub fn decrypt_with_threads(key: &AttributeKey, ciphertext: &[u8], threads: usize) -> Result<Zeroizing<Vec<u8>>> {
+    bk::decrypt(key, ciphertext, threads.max(1))
 }
 
 /// Whether a key with `attrs` could decrypt `ciphertext`, answered from the
@@ -166,3 +180,4 @@ pub fn policy_of(ciphertext: &[u8]) -> Result<Policy> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)] mod prof;

@@ -26,7 +26,7 @@ fn satisfying_keys_recover_the_element() {
     let (hdr, bk, real) = encapsulated(&pk, "a: x and (b: y or not c: z)");
     let lazy = LazyHeader::parse(&hdr).unwrap();
     for attrs in ["a=x,b=y", "a=x,c=q", "a=x,b=y,c=q"] {
-        assert_eq!(decapsulate(&lazy, &bk, &key(&msk, attrs)).unwrap(), real, "{attrs}");
+        assert_eq!(decapsulate(&lazy, &bk, &key(&msk, attrs), 1).unwrap(), real, "{attrs}");
     }
 }
 
@@ -41,12 +41,12 @@ fn the_bk_wire_alone_does_not_recover_the_element() {
     let bk_wire = bk.wires.iter().position(|w| w.label == BK_LABEL).unwrap();
     for attrs in ["c=q", "a=x"] {
         let k = key(&msk, attrs);
-        let forged = decapsulate_with(&lazy, &bk, &k, &[bk_wire]).unwrap();
+        let forged = decapsulate_with(&lazy, &bk, &k, &[bk_wire], 1).unwrap();
         assert_ne!(forged, real, "{attrs}: the wildcard wire alone opened the ciphertext");
     }
     // One side of the user's AND plus the wildcard is not enough either.
     let k = key(&msk, "a=x");
-    let forged = decapsulate_with(&lazy, &bk, &k, &[0, bk_wire]).unwrap();
+    let forged = decapsulate_with(&lazy, &bk, &k, &[0, bk_wire], 1).unwrap();
     assert_ne!(forged, real);
 }
 
@@ -57,13 +57,13 @@ fn two_keys_cannot_be_combined() {
     let lazy = LazyHeader::parse(&hdr).unwrap();
     let k1 = key(&msk, "a=x");
     let k2 = key(&msk, "b=y");
-    assert!(decapsulate(&lazy, &bk, &k1).is_err());
-    assert!(decapsulate(&lazy, &bk, &k2).is_err());
+    assert!(decapsulate(&lazy, &bk, &k1, 1).is_err());
+    assert!(decapsulate(&lazy, &bk, &k2, 1).is_err());
     // Splice k2's component for `b` into k1: the per-key randomness does
     // not match, so the result is garbage.
     let mut franken = k1.clone();
     franken.attrs.insert("b".into(), k2.attrs["b"]);
     franken.k3.insert("b".into(), k2.k3["b"].clone());
-    let forged = decapsulate(&lazy, &bk, &franken).unwrap();
+    let forged = decapsulate(&lazy, &bk, &franken, 1).unwrap();
     assert_ne!(forged, real, "two keys were combined");
 }

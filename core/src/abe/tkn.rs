@@ -18,11 +18,13 @@ use group::{Curve, Group};
 use rand_core::{CryptoRng, RngCore};
 
 use super::encoding::{put_bytes16, put_u16, Reader};
+use super::fixed_base;
 use super::error::{malformed, AbeError, Result};
 use super::group::{random_scalar, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
+use super::parallel::par_map;
 use super::policy::{AbePolicy, BK_LABEL};
 
 fn random_mat<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, rows: usize, cols: usize) -> Mat<Scalar> {
@@ -62,7 +64,7 @@ pub(crate) fn setup<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(Pub
     let wb = matrix::mul(&w, &b);
     let btk = matrix::mul(&matrix::transpose(&b), &k);
     let gt = Gt::generator();
-    let pk = PublicKey { b2: g2_exp(&b), wb1: g1_exp(&wb), btk: btk.map(|s| gt * s) };
+    let pk = PublicKey::new(g2_exp(&b), g1_exp(&wb), btk.map(|s| gt * s));
 
     let wta = matrix::mul(&matrix::transpose(&w), &a);
     let inv = matrix::inverse(&matrix::transpose(&bbar))
@@ -201,16 +203,18 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
         }
     }
 
-    let b2 = |m: usize, l: usize| G2Projective::from(pk.b2.at(m, l));
+    let tables = pk.tables();
     let g2col = |v: &[Scalar; 2]| -> Mat<G2Affine> {
-        let rows: Vec<G2Projective> = (0..4).map(|m| G2Projective::multi_exp(&[b2(m, 0), b2(m, 1)], v)).collect();
+        let rows: Vec<G2Projective> = (0..4)
+            .map(|m| fixed_base::g2_mul(&tables.b2[m * 2], &v[0]) + fixed_base::g2_mul(&tables.b2[m * 2 + 1], &v[1]))
+            .collect();
         let mut aff = vec![G2Affine::default(); 4];
         G2Projective::batch_normalize(&rows, &mut aff);
         Mat { rows: 4, cols: 1, e: aff }
     };
     let c1 = g2col(&r);
     let c2: Vec<Mat<G2Affine>> = ri.iter().map(g2col).collect();
-    let key = pk.btk.e[0] * r[0] + pk.btk.e[1] * r[1];
+    let key = Gt::from(fixed_base::gt_pow(&tables.btk[0], &r[0]) * fixed_base::gt_pow(&tables.btk[1], &r[1]));
 
     let wb = |m: usize, l: usize| G1Projective::from(pk.wb1.at(m, l));
     let mut c3 = Vec::with_capacity(policy.wires.len());
@@ -279,9 +283,9 @@ impl Header {
 pub(crate) struct LazyHeader<'a> {
     /// The policy as written (no Boneh-Katz term).
     pub(crate) policy: AbePolicy,
-    c1: &'a [u8],
-    c2: Vec<&'a [u8]>,
-    c3: Vec<&'a [u8]>,
+    pub(crate) c1: &'a [u8],
+    pub(crate) c2: Vec<&'a [u8]>,
+    pub(crate) c3: Vec<&'a [u8]>,
     c3neg: Vec<&'a [u8]>,
 }
 
@@ -328,20 +332,15 @@ impl<'a> LazyHeader<'a> {
     }
 }
 
-fn dec_g1_col(b: &[u8], rows: usize, field: &str) -> Result<Vec<G1Affine>> {
-    let m = matrix::decode_g1(b, (rows, 1), CT, field)?;
-    Ok(m.e)
-}
-
 /// Recovers the encapsulated Gt element with `key`. `policy` is the
 /// header's policy augmented with the Boneh-Katz term.
-pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &AttributeKey) -> Result<Gt> {
+pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &AttributeKey, threads: usize) -> Result<Gt> {
     let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
         None => false,
         Some(a) => a.wild || ((a.value == w.value) == w.positive),
     };
     let used = policy.satisfying(holds).ok_or(AbeError::NotSatisfied)?;
-    decapsulate_with(hdr, policy, key, &used)
+    decapsulate_with(hdr, policy, key, &used, threads)
 }
 
 /// The decryption equation over the given set of wires. Only
@@ -352,119 +351,174 @@ pub(crate) fn decapsulate_with(
     policy: &AbePolicy,
     key: &AttributeKey,
     used: &[usize],
+    threads: usize,
 ) -> Result<Gt> {
     let (pi, d) = policy.occurrences();
 
-    // Per copy j: p1[j] (3 rows, ciphertext side), p2[j] (4 rows, key side),
-    // accumulated as sums of plain points plus one multi-scalar
-    // multiplication per row for the terms that carry a scalar.
-    struct Acc {
-        plain: Vec<G1Projective>,
-        pts: Vec<Vec<G1Projective>>,
-        sc: Vec<Vec<Scalar>>,
+    // Validate every ciphertext element the key needs, in parallel: these
+    // subgroup checks are most of the cost of a large policy.
+    enum Job<'b> {
+        G1(&'b [u8], String),
+        G2(&'b [u8], String),
     }
-    impl Acc {
-        fn new(rows: usize) -> Self {
-            Acc { plain: vec![G1Projective::identity(); rows], pts: vec![Vec::new(); rows], sc: vec![Vec::new(); rows] }
+    enum Point {
+        G1(Vec<G1Affine>),
+        G2(Vec<G2Affine>),
+    }
+    let mut jobs = Vec::new();
+    let mut copies = vec![false; d];
+    for &i in used {
+        jobs.push(Job::G1(hdr.c3[i], format!("c3[{i}]")));
+        if !policy.wires[i].positive {
+            jobs.push(Job::G1(hdr.c3neg[i], format!("c3neg[{i}]")));
         }
-        fn add(&mut self, col: &[G1Affine], s: Option<Scalar>) {
-            for (m, p) in col.iter().enumerate() {
-                match s {
-                    None => self.plain[m] += p,
-                    Some(s) => {
-                        self.pts[m].push(G1Projective::from(p));
-                        self.sc[m].push(s);
-                    }
-                }
-            }
-        }
-        fn total(&self) -> Vec<G1Projective> {
-            (0..self.plain.len())
-                .map(|m| {
-                    if self.pts[m].is_empty() {
-                        self.plain[m]
-                    } else {
-                        self.plain[m] + G1Projective::multi_exp(&self.pts[m], &self.sc[m])
-                    }
-                })
-                .collect()
+        copies[pi[i]] = true;
+    }
+    for (j, &c) in copies.iter().enumerate() {
+        if c {
+            jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
         }
     }
+    jobs.push(Job::G2(hdr.c1, "c1".into()));
+    let decoded = par_map(&jobs, threads, |job| match job {
+        Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
+        Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| Point::G2(m.e)),
+    });
+    let mut decoded = decoded.into_iter();
+    let mut next_g1 = || -> Result<Vec<G1Affine>> {
+        match decoded.next() {
+            Some(Ok(Point::G1(p))) => Ok(p),
+            Some(Err(e)) => Err(e),
+            _ => unreachable!("jobs are consumed in the order they were made"),
+        }
+    };
+
+    // Per copy j: p1[j] (3 rows, ciphertext side) and p2[j] (4 rows, key
+    // side), as sums of plain points plus, for terms that carry a scalar
+    // (negations, wildcards), one multi-scalar multiplication per row.
     let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
     let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
-    let k3 = |label: &str| -> Result<Vec<G1Affine>> {
-        key.k3.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
+    let k3 = |label: &str, wild: bool| -> Result<Vec<G1Affine>> {
+        let map = if wild { &key.k3wild } else { &key.k3 };
+        map.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
             malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
-        })
-    };
-    let k3wild = |label: &str| -> Result<Vec<G1Affine>> {
-        key.k3wild.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
-            malformed("attribute key", format!("k3wild[{label:?}]"), "missing wildcard key material")
         })
     };
     for &i in used {
         let w = &policy.wires[i];
         let j = pi[i];
         let attr = *key.attrs.get(&w.label).ok_or(AbeError::NotSatisfied)?;
-        let c3 = dec_g1_col(hdr.c3[i], 3, &format!("c3[{i}]"))?;
+        let c3 = next_g1()?;
         let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
         let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
         if w.positive {
             a1.add(&c3, None);
             if attr.wild {
-                a2.add(&k3(&w.label)?, Some(w.value));
-                a2.add(&k3wild(&w.label)?, None);
+                a2.add(&k3(&w.label, false)?, Some(w.value));
+                a2.add(&k3(&w.label, true)?, None);
             } else {
-                a2.add(&k3(&w.label)?, None);
+                a2.add(&k3(&w.label, false)?, None);
             }
         } else {
-            let c3neg = dec_g1_col(hdr.c3neg[i], 3, &format!("c3neg[{i}]"))?;
+            let c3neg = next_g1()?;
             let y = if attr.wild { w.value + Scalar::ONE } else { attr.value };
             let diff = Option::<Scalar>::from((w.value - y).invert())
                 .ok_or_else(|| malformed(CT, format!("policy.wires[{i}]"), "negated value equals the key's"))?;
             a1.add(&c3, Some(diff * y));
             a1.add(&c3neg, Some(diff));
             if attr.wild {
-                a2.add(&k3(&w.label)?, Some(diff * y));
-                a2.add(&k3wild(&w.label)?, Some(diff));
+                a2.add(&k3(&w.label, false)?, Some(diff * y));
+                a2.add(&k3(&w.label, true)?, Some(diff));
             } else {
-                a2.add(&k3(&w.label)?, Some(diff));
+                a2.add(&k3(&w.label, false)?, Some(diff));
             }
         }
     }
-
-    let mut g1s: Vec<G1Projective> = Vec::with_capacity(7 + 4 * d);
-    let mut g2s: Vec<G2Affine> = Vec::with_capacity(7 + 4 * d);
-    let mut ptot = vec![G1Projective::identity(); 3];
-    for j in 0..d {
-        let (Some(a1), Some(a2)) = (&p1[j], &p2[j]) else { continue };
-        for (m, v) in a1.total().into_iter().enumerate() {
-            ptot[m] += v;
+    let mut g2_points = Vec::new();
+    for r in decoded {
+        match r? {
+            Point::G2(p) => g2_points.push(p),
+            Point::G1(_) => unreachable!("G2 jobs come last"),
         }
-        let c2 = matrix::decode_g2(hdr.c2[j], (4, 1), CT, &format!("c2[{j}]"))?;
-        g1s.extend(a2.total());
-        g2s.extend(c2.e);
     }
+    let c1 = g2_points.pop().expect("c1 is the last job");
+
+    // Totals of every row, the multi-scalar multiplications in parallel.
+    let accs: Vec<&Acc> = p1.iter().chain(p2.iter()).flatten().collect();
+    let rows: Vec<(usize, usize)> = accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
+    let totals = par_map(&rows, threads, |&(a, m)| accs[a].row(m));
+    let mut totals = totals.into_iter();
+    let n1: usize = p1.iter().flatten().count();
+    let mut ptot = [G1Projective::identity(); 3];
+    for _ in 0..n1 {
+        for t in ptot.iter_mut() {
+            *t += totals.next().expect("row");
+        }
+    }
+    let mut g1s: Vec<G1Projective> = totals.collect();
+    let mut g2s: Vec<G2Affine> = g2_points.into_iter().flatten().collect();
     g1s.extend(ptot.iter().map(|p| -p));
     g2s.extend(key.k1.e.iter().copied());
-    let c1 = matrix::decode_g2(hdr.c1, (4, 1), CT, "c1")?;
     g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
-    g2s.extend(c1.e);
+    g2s.extend(c1);
 
     let mut g1a = vec![G1Affine::default(); g1s.len()];
     G1Projective::batch_normalize(&g1s, &mut g1a);
     // A pair with the identity contributes 1 to the product; blst's loop
     // wants finite points, so such pairs are left out.
-    let (ps, qs): (Vec<blst::blst_p1_affine>, Vec<blst::blst_p2_affine>) = g1a
+    let pairs: Vec<(blst::blst_p1_affine, blst::blst_p2_affine)> = g1a
         .iter()
         .zip(&g2s)
         .filter(|(p, q)| !bool::from(p.is_identity()) && !bool::from(q.is_identity()))
         .map(|(p, q)| (*p.as_ref(), *q.as_ref()))
-        .unzip();
-    let f = if ps.is_empty() {
+        .collect();
+    if pairs.is_empty() {
         return Ok(Gt::identity());
-    } else {
-        blst::blst_fp12::miller_loop_n(&qs, &ps).final_exp()
-    };
-    Ok(super::group::gt_from_fp12(&f))
+    }
+    // One shared-squaring Miller loop per thread over a share of the pairs.
+    let per = pairs.len().div_ceil(threads.clamp(1, 2));
+    let chunks: Vec<&[(blst::blst_p1_affine, blst::blst_p2_affine)]> = pairs.chunks(per).collect();
+    let loops = par_map(&chunks, threads, |c| {
+        let (ps, qs): (Vec<_>, Vec<_>) = c.iter().copied().unzip();
+        blst::blst_fp12::miller_loop_n(&qs, &ps)
+    });
+    let mut f = loops[0];
+    for l in &loops[1..] {
+        f *= *l;
+    }
+    Ok(super::group::gt_from_fp12(&f.final_exp()))
+}
+
+/// A column of G1 sums: plain points added as they come, scalar terms
+/// gathered for one multi-scalar multiplication per row.
+struct Acc {
+    plain: Vec<G1Projective>,
+    pts: Vec<Vec<G1Projective>>,
+    sc: Vec<Vec<Scalar>>,
+}
+
+impl Acc {
+    fn new(rows: usize) -> Self {
+        Acc { plain: vec![G1Projective::identity(); rows], pts: vec![Vec::new(); rows], sc: vec![Vec::new(); rows] }
+    }
+
+    fn add(&mut self, col: &[G1Affine], s: Option<Scalar>) {
+        for (m, p) in col.iter().enumerate() {
+            match s {
+                None => self.plain[m] += p,
+                Some(s) => {
+                    self.pts[m].push(G1Projective::from(p));
+                    self.sc[m].push(s);
+                }
+            }
+        }
+    }
+
+    fn row(&self, m: usize) -> G1Projective {
+        match self.pts[m].len() {
+            0 => self.plain[m],
+            1 => self.plain[m] + self.pts[m][0] * self.sc[m][0],
+            _ => self.plain[m] + G1Projective::multi_exp(&self.pts[m], &self.sc[m]),
+        }
+    }
 }

@@ -1,0 +1,92 @@
+//! `keyfence bench ...`: the performance figures the issues set targets for.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::Subcommand;
+use keyfence::abe;
+use keyfence::policy::{parse, Attributes};
+
+#[derive(Subcommand)]
+pub enum BenchCmd {
+    /// CP-ABE on CIRCL's benchmark shapes: median keygen, encrypt and
+    /// decrypt times and the ciphertext overhead.
+    Abe {
+        /// One JSON object per line: case, keygen_ms, encrypt_ms,
+        /// decrypt_ms, ct_overhead.
+        #[arg(long)]
+        json: bool,
+        /// Iterations per operation.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Threads for decryption (default: the available cores, at most 4).
+        #[arg(long)]
+        threads: Option<usize>,
+    },
+}
+
+/// CIRCL's benchmark shapes: (name, policy, key attributes).
+pub fn abe_cases() -> Vec<(&'static str, String, Attributes)> {
+    let clauses = |neg: bool, op: &str| {
+        (0..50)
+            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
+            .collect::<Vec<_>>()
+            .join(op)
+    };
+    let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
+    vec![
+        ("small", "country: US or region: EU".into(), "country=FR,region=EU".parse().expect("attrs")),
+        ("and50", clauses(false, " and "), all.clone()),
+        ("or50", clauses(false, " or "), all.clone()),
+        ("and50neg25", clauses(true, " and "), all),
+    ]
+}
+
+fn median_ms(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
+    match cmd {
+        BenchCmd::Abe { json, iters, threads } => {
+            let msg = b"a 23-byte test message!";
+            let (pk, msk) = abe::setup()?;
+            if !json {
+                println!("{:<12} {:>10} {:>11} {:>11} {:>12}", "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "ct_overhead");
+            }
+            for (name, policy, attrs) in abe_cases() {
+                let p = parse(&policy)?;
+                let (mut kg, mut en, mut de) = (Vec::new(), Vec::new(), Vec::new());
+                let mut overhead = 0;
+                for _ in 0..iters.max(1) {
+                    let t = Instant::now();
+                    let key = abe::keygen(&msk, &attrs)?;
+                    kg.push(t.elapsed().as_secs_f64() * 1e3);
+                    let t = Instant::now();
+                    let ct = abe::encrypt_policy_with_rng(&mut rand_core::OsRng, &pk, &p, msg)?;
+                    en.push(t.elapsed().as_secs_f64() * 1e3);
+                    let t = Instant::now();
+                    let pt = match threads {
+                        Some(t) => abe::decrypt_with_threads(&key, &ct, t)?,
+                        None => abe::decrypt(&key, &ct)?,
+                    };
+                    de.push(t.elapsed().as_secs_f64() * 1e3);
+                    anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext");
+                    overhead = ct.len() - msg.len();
+                }
+                let (kg, en, de) = (median_ms(kg), median_ms(en), median_ms(de));
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "ct_overhead": overhead})
+                    );
+                } else {
+                    println!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {overhead:>12}");
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

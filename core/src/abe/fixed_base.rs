@@ -1,0 +1,131 @@
+//! Fixed-base exponentiation tables for the public key's bases.
+//!
+//! Every encryption multiplies the same public points (`[B]_2`, `[WB]_1`)
+//! and raises the same Gt elements (`[B^T k]_T`) by fresh secret scalars.
+//! A table of `k * 16^i * base` for every 4-bit window `i` turns a
+//! 255-doubling scalar multiplication into 64 additions. Lookups scan the
+//! whole 16-entry row with constant-time selection, because the scalars
+//! are the encryptor's secret randomness.
+
+use blstrs::{Fp12, G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
+use ff::Field;
+use group::{Curve, Group};
+use subtle::{ConditionallySelectable, ConstantTimeEq};
+
+const WINDOWS: usize = 64;
+
+fn nibble(bytes: &[u8; 32], i: usize) -> u8 {
+    (bytes[i / 2] >> (4 * (i % 2))) & 0x0f
+}
+
+/// A table for one base point of a curve group.
+pub(crate) struct Table<A> {
+    rows: Vec<[A; 16]>,
+}
+
+macro_rules! curve_table {
+    ($proj:ty, $aff:ty, $new:ident, $mul:ident) => {
+        pub(crate) fn $new(base: &$aff) -> Table<$aff> {
+            let mut rows = Vec::with_capacity(WINDOWS);
+            let mut w = <$proj>::from(base);
+            for _ in 0..WINDOWS {
+                let mut proj = [<$proj>::identity(); 16];
+                for k in 1..16 {
+                    proj[k] = proj[k - 1] + w;
+                }
+                let mut aff = [<$aff>::default(); 16];
+                <$proj>::batch_normalize(&proj, &mut aff);
+                rows.push(aff);
+                w = proj[15] + w;
+            }
+            Table { rows }
+        }
+
+        pub(crate) fn $mul(t: &Table<$aff>, s: &Scalar) -> $proj {
+            let bytes = s.to_bytes_le();
+            let mut acc = <$proj>::identity();
+            for (i, row) in t.rows.iter().enumerate() {
+                let n = nibble(&bytes, i);
+                let mut pick = row[0];
+                for (k, e) in row.iter().enumerate().skip(1) {
+                    pick.conditional_assign(e, (k as u8).ct_eq(&n));
+                }
+                acc += &pick;
+            }
+            acc
+        }
+    };
+}
+
+curve_table!(G1Projective, G1Affine, g1_table, g1_mul);
+curve_table!(G2Projective, G2Affine, g2_table, g2_mul);
+
+/// A table for one Gt element (stored as Fp12; Gt's group law is Fp12
+/// multiplication).
+pub(crate) struct GtTable {
+    rows: Vec<[Fp12; 16]>,
+}
+
+pub(crate) fn gt_table(base: &Gt) -> GtTable {
+    let mut rows = Vec::with_capacity(WINDOWS);
+    let mut w: Fp12 = (*base).into();
+    for _ in 0..WINDOWS {
+        let mut row = [Fp12::ONE; 16];
+        for k in 1..16 {
+            row[k] = row[k - 1] * w;
+        }
+        w = row[15] * w;
+        rows.push(row);
+    }
+    GtTable { rows }
+}
+
+pub(crate) fn gt_pow(t: &GtTable, s: &Scalar) -> Fp12 {
+    let bytes = s.to_bytes_le();
+    let mut acc = Fp12::ONE;
+    for (i, row) in t.rows.iter().enumerate() {
+        let n = nibble(&bytes, i);
+        let mut pick = row[0];
+        for (k, e) in row.iter().enumerate().skip(1) {
+            pick.conditional_assign(e, (k as u8).ct_eq(&n));
+        }
+        acc *= pick;
+    }
+    acc
+}
+
+/// The tables of a public key, built on its first use for encryption.
+pub(crate) struct PublicTables {
+    pub(crate) b2: Vec<Table<G2Affine>>,
+    pub(crate) wb1: Vec<Table<G1Affine>>,
+    pub(crate) btk: Vec<GtTable>,
+}
+
+impl PublicTables {
+    pub(crate) fn new(pk: &super::keys::PublicKey) -> Self {
+        Self {
+            b2: pk.b2.e.iter().map(g2_table).collect(),
+            wb1: pk.wb1.e.iter().map(g1_table).collect(),
+            btk: pk.btk.e.iter().map(gt_table).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_agree_with_plain_multiplication() {
+        let mut rng = rand_core::OsRng;
+        let p = (G1Projective::generator() * Scalar::random(&mut rng)).to_affine();
+        let q = (G2Projective::generator() * Scalar::random(&mut rng)).to_affine();
+        let g = Gt::generator() * Scalar::random(&mut rng);
+        let (tp, tq, tg) = (g1_table(&p), g2_table(&q), gt_table(&g));
+        for s in [Scalar::ZERO, Scalar::ONE, -Scalar::ONE, Scalar::random(&mut rng)] {
+            assert_eq!(g1_mul(&tp, &s), p * s);
+            assert_eq!(g2_mul(&tq, &s), q * s);
+            assert_eq!(Gt::from(gt_pow(&tg, &s)), g * s);
+        }
+    }
+}
