@@ -1,0 +1,112 @@
+//! The `keyfence` command line, run as a user would.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn keyfence(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).output().expect("run keyfence")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+struct Dir(PathBuf);
+
+impl Dir {
+    fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("keyfence-cli-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+    fn p(&self, f: &str) -> String {
+        self.0.join(f).to_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn policy_check_prints_the_canonical_form_and_verdict() {
+    let o = keyfence(&["policy", "check", "country: US or (not region: EU)", "--attrs", "country=FR,region=APAC"]);
+    assert!(o.status.success());
+    assert_eq!(stdout(&o), "country: US or not region: EU\nsatisfied by {country=FR,region=APAC} (using not region: EU)\n");
+    let o = keyfence(&["policy", "check", "not (a: x or b: y)", "--attrs", "a=x", "--json"]);
+    assert_eq!(stdout(&o).trim(), r#"{"canonical":"not a: x and not b: y","satisfied":false}"#);
+    let o = keyfence(&["policy", "check", "a: x", "--json"]);
+    assert_eq!(stdout(&o).trim(), r#"{"canonical":"a: x","satisfied":null}"#);
+}
+
+#[test]
+fn a_malformed_policy_fails_with_a_caret() {
+    let o = keyfence(&["policy", "check", "country: US) and region: EU"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(
+        stderr(&o),
+        "invalid policy at byte 11: unexpected `)`: no `(` is open here (the policy already ended)\n  \
+         country: US) and region: EU\n             ^\n"
+    );
+    let o = keyfence(&["policy", "check", "a: x", "--attrs", "a"]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("invalid --attrs"), "{}", stderr(&o));
+}
+
+#[test]
+fn abe_round_trip_through_files() {
+    let d = Dir::new("abe");
+    assert!(keyfence(&["abe", "setup", "--out", &d.p("auth")]).status.success());
+    let ok = |args: &[&str]| {
+        let o = keyfence(args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    };
+    std::fs::write(d.p("msg"), b"the message").unwrap();
+    ok(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", "region=EU,country=DE", "--out", &d.p("eu.key")]);
+    ok(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", "region=NA", "--out", &d.p("na.key")]);
+    ok(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "region: EU and not country: FR", "--in", &d.p("msg"), "--out", &d.p("ct")]);
+    ok(&["abe", "decrypt", "--key", &d.p("eu.key"), "--in", &d.p("ct"), "--out", &d.p("pt")]);
+    assert_eq!(std::fs::read(d.p("pt")).unwrap(), b"the message");
+    let o = keyfence(&["abe", "inspect", &d.p("ct")]);
+    assert_eq!(stdout(&o), "region: EU and not country: FR\n");
+
+    let o = keyfence(&["abe", "decrypt", "--key", &d.p("na.key"), "--in", &d.p("ct"), "--out", &d.p("pt2")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("attributes do not satisfy the policy"), "{}", stderr(&o));
+    assert!(!std::path::Path::new(&d.p("pt2")).exists());
+
+    let o = keyfence(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "region: EU)", "--in", &d.p("msg"), "--out", &d.p("ct2")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains('^'));
+
+    let o = keyfence(&["abe", "decrypt", "--key", &d.p("msg"), "--in", &d.p("ct"), "--out", &d.p("pt3")]);
+    assert_ne!(o.status.code(), Some(0));
+    assert!(stderr(&o).contains("attribute key"), "{}", stderr(&o));
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(d.p("auth/msk.bin")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o077, 0, "the master secret key is readable by others");
+    }
+}
+
+#[test]
+fn bench_abe_prints_one_json_object_per_case() {
+    let o = keyfence(&["bench", "abe", "--json", "--iters", "1"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cases: Vec<serde_json::Value> = stdout(&o).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let names: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
+    assert_eq!(names, ["small", "and50", "or50", "and50neg25"]);
+    for c in &cases {
+        for k in ["keygen_ms", "encrypt_ms", "decrypt_ms"] {
+            assert!(c[k].as_f64().unwrap() > 0.0, "{c}");
+        }
+        assert!(c["ct_overhead"].as_u64().unwrap() > 2000);
+    }
+}
