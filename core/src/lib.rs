@@ -8,3 +8,7 @@
 pub use keyfence_policy as policy;
 
 pub mod abe;
+pub mod wrap;
+
+#[cfg(feature = "sign")]
+pub mod sign;

@@ -20,7 +20,7 @@ pub enum BenchCmd {
         /// Iterations per operation.
         #[arg(long, default_value_t = 20)]
         iters: usize,
-        /// Threads for decryption (default: the available cores, at most 4).
+        /// Threads for decryption (default 1, the library's default).
         #[arg(long)]
         threads: Option<usize>,
     },

@@ -4,6 +4,7 @@ mod abe_cmd;
 mod bench_cmd;
 mod demo;
 mod policy_cmd;
+mod wrap_cmd;
 
 use std::process::ExitCode;
 
@@ -24,6 +25,12 @@ enum Command {
     /// CP-ABE: setup, keygen, encrypt, decrypt, inspect (CIRCL's formats).
     #[command(subcommand)]
     Abe(abe_cmd::AbeCmd),
+    /// The authority: master keys, policy keys, wrapping and rotation.
+    #[command(subcommand)]
+    Authority(wrap_cmd::AuthorityCmd),
+    /// A machine: open envelopes, or check whether it could.
+    #[command(subcommand)]
+    Machine(wrap_cmd::MachineCmd),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
@@ -36,6 +43,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Abe(cmd) => abe_cmd::run(cmd),
+        Command::Authority(cmd) => wrap_cmd::authority(cmd),
+        Command::Machine(cmd) => wrap_cmd::machine(cmd),
         Command::Bench(cmd) => bench_cmd::run(cmd),
         Command::Demo => demo::run(),
     };

@@ -53,10 +53,6 @@ impl<'a> Reader<'a> {
         self.take(n, field)
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
-        self.buf.is_empty()
-    }
-
     /// Fails unless every byte was consumed: one object has one encoding.
     pub(crate) fn finish(self, field: &str) -> Result<()> {
         if self.buf.is_empty() {

@@ -1,13 +1,15 @@
 //! Fixed-base exponentiation tables for the public key's bases.
 //!
-//! Every encryption multiplies the same public points (`[B]_2`, `[WB]_1`)
-//! and raises the same Gt elements (`[B^T k]_T`) by fresh secret scalars.
+//! Every encryption multiplies the same public points (`[B]_2`) and
+//! raises the same Gt elements (`[B^T k]_T`) by fresh secret scalars.
 //! A table of `k * 16^i * base` for every 4-bit window `i` turns a
 //! 255-doubling scalar multiplication into 64 additions. Lookups scan the
 //! whole 16-entry row with constant-time selection, because the scalars
 //! are the encryptor's secret randomness.
 
-use blstrs::{Fp12, G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
+use blstrs::{Fp12, G2Affine, G2Projective, Gt, Scalar};
+#[cfg(test)]
+use blstrs::{G1Affine, G1Projective};
 use ff::Field;
 use group::{Curve, Group};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
@@ -57,6 +59,7 @@ macro_rules! curve_table {
     };
 }
 
+#[cfg(test)]
 curve_table!(G1Projective, G1Affine, g1_table, g1_mul);
 curve_table!(G2Projective, G2Affine, g2_table, g2_mul);
 
@@ -97,7 +100,6 @@ pub(crate) fn gt_pow(t: &GtTable, s: &Scalar) -> Fp12 {
 /// The tables of a public key, built on its first use for encryption.
 pub(crate) struct PublicTables {
     pub(crate) b2: Vec<Table<G2Affine>>,
-    pub(crate) wb1: Vec<Table<G1Affine>>,
     pub(crate) btk: Vec<GtTable>,
 }
 
@@ -105,7 +107,6 @@ impl PublicTables {
     pub(crate) fn new(pk: &super::keys::PublicKey) -> Self {
         Self {
             b2: pk.b2.e.iter().map(g2_table).collect(),
-            wb1: pk.wb1.e.iter().map(g1_table).collect(),
             btk: pk.btk.e.iter().map(gt_table).collect(),
         }
     }

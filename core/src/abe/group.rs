@@ -9,15 +9,15 @@
 
 use blstrs::{Fp, Fp12, G1Affine, G1Projective, G2Affine, Gt, Scalar};
 use ff::{Field, PrimeField};
-
+#[cfg(test)]
 use group::Group;
+
 use rand_core::{CryptoRng, RngCore};
 use zeroize::DefaultIsZeroes;
 
 pub(crate) const G1_LEN: usize = 96;
 pub(crate) const G2_LEN: usize = 192;
 pub(crate) const GT_LEN: usize = 576;
-pub(crate) const SCALAR_LEN: usize = 32;
 
 /// A `Copy` value that is overwritten with its default when zeroized:
 /// secret scalars and secret points are stored in this wrapper so that
@@ -29,6 +29,7 @@ pub(crate) struct Wiped<T>(pub(crate) T);
 impl<T: Copy + Default> DefaultIsZeroes for Wiped<T> {}
 
 /// The group order r, big-endian.
+#[cfg(test)]
 const ORDER_BE: [u8; 32] = [
     0x73, 0xed, 0xa7, 0x53, 0x29, 0x9d, 0x7d, 0x48, 0x33, 0x39, 0xd8, 0x08, 0x09, 0xa1, 0xd8, 0x05, 0x53, 0xbd, 0xa4,
     0x02, 0xff, 0xfe, 0x5b, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
@@ -88,6 +89,11 @@ pub(crate) fn g2_to_bytes(p: &G2Affine) -> [u8; G2_LEN] {
 /// Decodes a G1 point, checking curve and subgroup membership.
 pub(crate) fn g1_from_bytes(b: &[u8]) -> Result<G1Affine, &'static str> {
     let arr: &[u8; G1_LEN] = b.try_into().map_err(|_| "a G1 point is 96 bytes")?;
+    // blst would read a set compression flag as a 48-byte compressed point
+    // and ignore the rest: a second encoding of the same point.
+    if arr[0] & 0x80 != 0 {
+        return Err("compressed-point flag set in an uncompressed encoding");
+    }
     let p = Option::<G1Affine>::from(G1Affine::from_uncompressed_unchecked(arr))
         .ok_or("not a point on the G1 curve (or bad encoding flags)")?;
     if !bool::from(p.is_on_curve()) {
@@ -102,6 +108,9 @@ pub(crate) fn g1_from_bytes(b: &[u8]) -> Result<G1Affine, &'static str> {
 /// Decodes a G2 point, checking curve and subgroup membership.
 pub(crate) fn g2_from_bytes(b: &[u8]) -> Result<G2Affine, &'static str> {
     let arr: &[u8; G2_LEN] = b.try_into().map_err(|_| "a G2 point is 192 bytes")?;
+    if arr[0] & 0x80 != 0 {
+        return Err("compressed-point flag set in an uncompressed encoding");
+    }
     let p = Option::<G2Affine>::from(G2Affine::from_uncompressed_unchecked(arr))
         .ok_or("not a point on the G2 curve (or bad encoding flags)")?;
     if !bool::from(p.is_on_curve()) {
@@ -166,13 +175,14 @@ pub(crate) fn hash_to_g1(msg: &[u8], dst: &[u8]) -> G1Projective {
 }
 
 /// `e(g1, g2)`, the base of Gt exponents.
-pub(crate) fn gt_generator() -> Gt {
+#[cfg(test)]
+fn gt_generator() -> Gt {
     Gt::generator()
 }
 
-/// Whether a 32-byte string is the canonical encoding of some scalar; used
-/// to name the problem when it is not.
-pub(crate) fn is_canonical_scalar(b: &[u8]) -> bool {
+/// Whether a 32-byte string is the canonical encoding of some scalar.
+#[cfg(test)]
+fn is_canonical_scalar(b: &[u8]) -> bool {
     b.len() == 32 && b < &ORDER_BE[..]
 }
 
@@ -188,6 +198,22 @@ mod tests {
         let mut bad = b;
         bad[GT_LEN - 1] ^= 1;
         assert!(gt_from_bytes(&bad).is_err());
+    }
+
+    #[test]
+    fn uncompressed_encodings_are_canonical() {
+        use group::Curve;
+        let p = (blstrs::G1Projective::generator() * Scalar::from(7u64)).to_affine();
+        let mut b = g1_to_bytes(&p);
+        assert_eq!(g1_from_bytes(&b).unwrap(), p);
+        // The same point's compressed form, padded: must not decode.
+        let c = p.to_compressed();
+        b[..48].copy_from_slice(&c);
+        assert!(g1_from_bytes(&b).is_err());
+        let q = (blstrs::G2Projective::generator() * Scalar::from(7u64)).to_affine();
+        let mut b = g2_to_bytes(&q);
+        b[..96].copy_from_slice(&q.to_compressed());
+        assert!(g2_from_bytes(&b).is_err());
     }
 
     #[test]

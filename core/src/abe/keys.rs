@@ -22,7 +22,7 @@ pub struct PublicKey {
     pub(crate) b2: Mat<G2Affine>,
     pub(crate) wb1: Mat<G1Affine>,
     pub(crate) btk: Mat<Gt>,
-    /// Fixed-base tables (about 2 MB), built on the first encryption.
+    /// Fixed-base tables (about 2.2 MB), built on the first encryption.
     pub(crate) tables: std::sync::Arc<OnceLock<super::fixed_base::PublicTables>>,
 }
 
@@ -166,8 +166,6 @@ pub struct AttributeKey {
     pub(crate) k2: Mat<Wiped<G1Affine>>,
     pub(crate) k3: BTreeMap<String, Mat<Wiped<G1Affine>>>,
     pub(crate) k3wild: BTreeMap<String, Mat<Wiped<G1Affine>>>,
-    /// `k1` with its Miller-loop lines precomputed, made on first decrypt.
-    pub(crate) k1_prepared: OnceLock<Vec<blst::blst_p2_affine>>,
 }
 
 impl AttributeKey {
@@ -252,7 +250,7 @@ impl AttributeKey {
                 return Err(super::error::malformed(O, format!("k3[{label:?}]"), "missing key material for an attribute"));
             }
         }
-        Ok(Self { attrs, k1, k2, k3, k3wild, k1_prepared: OnceLock::new() })
+        Ok(Self { attrs, k1, k2, k3, k3wild })
     }
 }
 

@@ -6,11 +6,6 @@
 //! threads keep the work borrow-only and end before `decrypt` returns, so
 //! the library owns no long-lived threads.
 
-/// Threads a decryption uses by default: the available cores, at most 4.
-pub(crate) fn default_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get()).min(4)
-}
-
 /// `items.iter().map(f)`, in up to `threads` scoped threads, order kept.
 pub(crate) fn par_map<T: Sync, R: Send>(items: &[T], threads: usize, f: impl Fn(&T) -> R + Sync) -> Vec<R> {
     if threads <= 1 || items.len() < 2 {

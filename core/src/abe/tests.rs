@@ -6,7 +6,7 @@ use rand_core::OsRng;
 
 use super::oracle::hash_value;
 use super::policy::{AbePolicy, BK_LABEL};
-use super::tkn::{self, decapsulate, decapsulate_with, encapsulate, LazyHeader};
+use super::tkn::{decapsulate, decapsulate_with, encapsulate, LazyHeader};
 use super::{keygen, setup, AttributeKey, PublicKey};
 
 fn encapsulated(pk: &PublicKey, policy: &str) -> (Vec<u8>, AbePolicy, Gt) {

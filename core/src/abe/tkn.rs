@@ -110,7 +110,7 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
             k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, Some(&u.u1), &v0, Some((&v1, y))));
         }
     }
-    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild, k1_prepared: Default::default() })
+    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild })
 }
 
 /// `B* (y U0 + U1)^T As + [B*_12 (y V0 + V1)^T As]_1`, or without the
@@ -166,7 +166,6 @@ fn k3_component(
 
 /// A ciphertext header: the policy and the group elements.
 pub(crate) struct Header {
-    pub(crate) policy: AbePolicy,
     pub(crate) c1: Mat<G2Affine>,
     pub(crate) c2: Vec<Mat<G2Affine>>,
     pub(crate) c3: Vec<Mat<G1Affine>>,
@@ -248,7 +247,7 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
             })));
         }
     }
-    (Header { policy: policy.clone(), c1, c2, c3, c3neg }, key)
+    (Header { c1, c2, c3, c3neg }, key)
 }
 
 impl Header {
@@ -446,7 +445,9 @@ pub(crate) fn decapsulate_with(
     // Totals of every row, the multi-scalar multiplications in parallel.
     let accs: Vec<&Acc> = p1.iter().chain(p2.iter()).flatten().collect();
     let rows: Vec<(usize, usize)> = accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
-    let totals = par_map(&rows, threads, |&(a, m)| accs[a].row(m));
+    // Plain sums are already done; only scalar terms are worth a thread.
+    let heavy = accs.iter().any(|a| a.pts.iter().any(|p| p.len() > 1));
+    let totals = par_map(&rows, if heavy { threads } else { 1 }, |&(a, m)| accs[a].row(m));
     let mut totals = totals.into_iter();
     let n1: usize = p1.iter().flatten().count();
     let mut ptot = [G1Projective::identity(); 3];

@@ -1,0 +1,168 @@
+//! Runs CIRCL (through `vectors/circl-oracle bench`) and keyfence (`keyfence
+//! bench abe`) on the same machine, alternating round by round so that
+//! both see the same conditions, and prints the medians and the ratios
+//! CIRCL time / keyfence time. Writes the figures as JSON and an SVG chart.
+//!
+//! ```text
+//! cargo run --release -p keyfence-benches --bin compare_abe -- \
+//!     --keyfence target/release/keyfence --oracle target/circl-oracle \
+//!     [--rounds 5] [--iters 10] [--json OUT.json] [--svg OUT.svg]
+//! ```
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use serde_json::Value;
+
+const OPS: [&str; 3] = ["keygen_ms", "encrypt_ms", "decrypt_ms"];
+const CASES: [&str; 4] = ["small", "and50", "or50", "and50neg25"];
+/// The issue's targets: CIRCL time / keyfence time.
+const TARGETS: [f64; 3] = [4.0, 5.0, 5.0];
+
+struct Args {
+    keyfence: String,
+    oracle: String,
+    rounds: usize,
+    iters: usize,
+    json: Option<String>,
+    svg: Option<String>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        keyfence: "target/release/keyfence".into(),
+        oracle: "target/circl-oracle".into(),
+        rounds: 5,
+        iters: 10,
+        json: None,
+        svg: None,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
+        match flag.as_str() {
+            "--keyfence" => a.keyfence = val(),
+            "--oracle" => a.oracle = val(),
+            "--rounds" => a.rounds = val().parse().expect("--rounds"),
+            "--iters" => a.iters = val().parse().expect("--iters"),
+            "--json" => a.json = Some(val()),
+            "--svg" => a.svg = Some(val()),
+            other => panic!("unknown flag {other}"),
+        }
+    }
+    a
+}
+
+/// Runs one bench command; returns case -> object.
+fn run(cmd: &str, args: &[&str]) -> BTreeMap<String, Value> {
+    let out = Command::new(cmd).args(args).output().unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(out.status.success(), "{cmd} {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).expect("JSON line");
+            (v["case"].as_str().expect("case").to_owned(), v)
+        })
+        .collect()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let a = args();
+    let iters = a.iters.to_string();
+    // (implementation, case, op) -> samples (one median per round)
+    let mut samples: BTreeMap<(&str, String, &str), Vec<f64>> = BTreeMap::new();
+    let mut overhead: BTreeMap<(&str, String), u64> = BTreeMap::new();
+    for round in 0..a.rounds {
+        eprintln!("round {}/{}", round + 1, a.rounds);
+        let runs = [
+            ("circl", run(&a.oracle, &["bench", "--json", "--iters", &iters])),
+            ("keyfence", run(&a.keyfence, &["bench", "abe", "--json", "--iters", &iters])),
+            ("keyfence_2t", run(&a.keyfence, &["bench", "abe", "--json", "--iters", &iters, "--threads", "2"])),
+        ];
+        for (name, res) in runs {
+            for case in CASES {
+                let v = &res[case];
+                for op in OPS {
+                    samples.entry((name, case.into(), op)).or_default().push(v[op].as_f64().expect("ms"));
+                }
+                overhead.insert((name, case.into()), v["ct_overhead"].as_u64().expect("overhead"));
+            }
+        }
+    }
+    let m = |name: &'static str, case: &str, op: &'static str| median(samples[&(name, case.to_owned(), op)].clone());
+    println!("| case | operation | CIRCL ms | keyfence ms | ratio | keyfence ms, 2 threads | ratio | target |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let mut rows = Vec::new();
+    for case in CASES {
+        for (op, target) in OPS.iter().zip(TARGETS) {
+            let c = m("circl", case, op);
+            let k1 = m("keyfence", case, op);
+            let k = m("keyfence_2t", case, op);
+            println!(
+                "| {case} | {} | {c:.2} | {k1:.2} | {:.1}x | {k:.2} | {:.1}x | {target:.0}x |",
+                op.trim_end_matches("_ms"),
+                c / k1,
+                c / k
+            );
+            rows.push(serde_json::json!({
+                "case": case, "op": op.trim_end_matches("_ms"), "circl_ms": c,
+                "keyfence_ms": k1, "keyfence_2threads_ms": k,
+                "ratio": c / k1, "ratio_2threads": c / k, "target": target,
+            }));
+        }
+        let (oc, ok) = (overhead[&("circl", case.to_owned())], overhead[&("keyfence", case.to_owned())]);
+        println!("| {case} | ciphertext overhead (bytes) | {oc} | {ok} | {} | | | equal |", if oc == ok { "same" } else { "DIFFERENT" });
+        assert_eq!(oc, ok, "{case}: ciphertext sizes differ");
+    }
+    if let Some(p) = &a.json {
+        std::fs::write(p, serde_json::to_string_pretty(&rows).expect("json")).expect("write json");
+    }
+    if let Some(p) = &a.svg {
+        std::fs::write(p, svg(&rows)).expect("write svg");
+    }
+}
+
+/// A grouped bar chart of the ratios, one group per case, with each
+/// operation's target marked.
+fn svg(rows: &[Value]) -> String {
+    let (w, h, left, bottom, top) = (760.0, 360.0, 50.0, 60.0, 40.0);
+    let max = rows.iter().map(|r| r["ratio"].as_f64().unwrap().max(r["ratio_2threads"].as_f64().unwrap())).fold(10.0, f64::max).ceil();
+    let y = |v: f64| top + (h - top - bottom) * (1.0 - v / max);
+    let colors = ["#4e79a7", "#f28e2b", "#59a14f"];
+    let mut s = format!(
+        "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n\
+         <text x='{}' y='20' text-anchor='middle' font-size='14'>keyfence speed-up over CIRCL tkn20 (CIRCL time / keyfence time; dashed: 2 threads)</text>\n",
+        w / 2.0
+    );
+    for t in (0..=max as usize).step_by(2) {
+        let yy = y(t as f64);
+        s += &format!("<line x1='{left}' x2='{}' y1='{yy}' y2='{yy}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>{t}x</text>\n", w - 10.0, left - 5.0, yy + 4.0);
+    }
+    let group = (w - left - 10.0) / CASES.len() as f64;
+    for (ci, case) in CASES.iter().enumerate() {
+        let x0 = left + group * ci as f64 + 10.0;
+        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{case}</text>\n", x0 + group / 2.0 - 10.0, h - bottom + 18.0);
+        for (oi, op) in ["keygen", "encrypt", "decrypt"].iter().enumerate() {
+            let r = rows.iter().find(|r| r["case"] == *case && r["op"] == *op).unwrap();
+            let bw = (group - 30.0) / 3.0;
+            let x = x0 + oi as f64 * bw;
+            let (v, v1, t) = (r["ratio"].as_f64().unwrap(), r["ratio_2threads"].as_f64().unwrap(), r["target"].as_f64().unwrap());
+            s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='{}'/>\n", y(v), bw - 4.0, y(0.0) - y(v), colors[oi]);
+            s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='none' stroke='#333' stroke-dasharray='3,2'/>\n", y(v1), bw - 4.0, y(0.0) - y(v1));
+            s += &format!("<line x1='{x}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/>\n", x + bw - 4.0, y(t), y(t));
+            s += &format!("<text x='{}' y='{}' text-anchor='middle' font-size='10'>{v:.1}</text>\n", x + bw / 2.0 - 2.0, y(v) - 3.0);
+        }
+    }
+    for (oi, op) in ["keygen", "encrypt", "decrypt"].iter().enumerate() {
+        let x = left + 10.0 + oi as f64 * 110.0;
+        s += &format!("<rect x='{x}' y='{}' width='12' height='12' fill='{}'/><text x='{}' y='{}'>{op}</text>\n", h - 25.0, colors[oi], x + 16.0, h - 15.0);
+    }
+    s += &format!("<line x1='{}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/><text x='{}' y='{}'>target</text>\n", left + 350.0, left + 370.0, h - 19.0, h - 19.0, left + 375.0, h - 15.0);
+    s += "</svg>\n";
+    s
+}

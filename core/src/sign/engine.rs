@@ -1,0 +1,269 @@
+//! The engine: submission, routing to executors, deadlines, metrics.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::alg::Algorithm;
+use super::backend::{Backend, SoftwareBackend};
+use super::completion::{Notify, OpHandle, OpRecord, SignFuture, Work};
+use super::deadline::Deadlines;
+use super::error::SignError;
+use super::executor::{ClassConfig, Executor, OpClass};
+use super::fd::CompletionQueue;
+use super::key::PrivateKey;
+use super::metrics::EngineMetrics;
+use super::op::{Output, Request};
+
+/// How an [`Engine`] is sized. [`EngineConfig::default`] derives the sizes
+/// from the number of cores; adjust fields from there.
+///
+/// ```
+/// use keyfence::sign::EngineConfig;
+/// let mut config = EngineConfig::default();
+/// config.slow.threads = 64; // many remote operations in flight at once
+/// assert!(config.validate().is_ok());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// The RSA executor. Default: one thread per core, 256 queued per
+    /// thread (a few hundred milliseconds of RSA-2048 work).
+    pub rsa: ClassConfig,
+    /// The ECDSA/Ed25519 executor. Default: one thread per core, 4096 queued
+    /// per thread (about 100 ms of P-256 work).
+    pub ec: ClassConfig,
+    /// The slow executor (offload, remote, key process). Its threads mostly
+    /// wait, so there are more of them: default 4 per core, at least 8, and
+    /// 64 queued per thread. By Little's law, `threads / latency` is its
+    /// throughput: 8 threads at 200 ms serve 40 operations a second.
+    pub slow: ClassConfig,
+    /// The timeout of requests that do not set one. Default 2 s, an order
+    /// of magnitude above a loaded RSA-4096 signature, as the seeds advise.
+    pub default_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        EngineConfig {
+            rsa: ClassConfig { threads: cores, queue_capacity: 256 * cores },
+            ec: ClassConfig { threads: cores, queue_capacity: 4096 * cores },
+            slow: ClassConfig { threads: (4 * cores).max(8), queue_capacity: 64 * (4 * cores).max(8) },
+            default_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+impl EngineConfig {
+    /// The configuration of `class`.
+    pub fn class(&self, class: OpClass) -> &ClassConfig {
+        match class {
+            OpClass::Rsa => &self.rsa,
+            OpClass::Ec => &self.ec,
+            OpClass::Slow => &self.slow,
+        }
+    }
+
+    /// Checks the sizes: 1 to 4096 threads and at least one queue slot per
+    /// class, and a non-zero default timeout.
+    ///
+    /// # Errors
+    /// [`SignError::Config`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), SignError> {
+        for class in OpClass::ALL {
+            let c = self.class(class);
+            if !(1..=4096).contains(&c.threads) {
+                return Err(SignError::Config(format!("{class}.threads must be 1 to 4096, not {}", c.threads)));
+            }
+            if !(1..=1 << 24).contains(&c.queue_capacity) {
+                return Err(SignError::Config(format!(
+                    "{class}.queue_capacity must be 1 to 16777216, not {}",
+                    c.queue_capacity
+                )));
+            }
+        }
+        if self.default_timeout.is_zero() {
+            return Err(SignError::Config("default_timeout must not be zero".into()));
+        }
+        Ok(())
+    }
+}
+
+struct Core {
+    executors: Vec<Executor>,
+    deadlines: Deadlines,
+    backend: Arc<dyn Backend>,
+    config: EngineConfig,
+    shutdown: Arc<AtomicBool>,
+    next_id: AtomicU64,
+}
+
+impl Drop for Core {
+    fn drop(&mut self) {
+        // Workers answer what is still queued with `ShutDown`, then exit
+        // when the channels disconnect (the senders drop with `executors`).
+        // Running operations finish and deliver their results.
+        self.shutdown.store(true, Ordering::Release);
+    }
+}
+
+/// The asynchronous signing engine.
+///
+/// Submit a [`Request`] and get the result later, through a future
+/// ([`Engine::submit`]), a callback ([`Engine::submit_with_callback`]) or a
+/// pollable completion queue ([`Engine::submit_to_queue`]). Submitting never
+/// waits for work: it validates the request, puts it on its class's bounded
+/// queue or answers [`SignError::Overloaded`] at once, and registers the
+/// deadline. Each class ([`OpClass`]) has its own threads, so slow
+/// operations never delay fast ones.
+///
+/// Cheap to clone; the engine shuts down when the last clone is dropped
+/// (queued operations are answered [`SignError::ShutDown`]).
+///
+/// ```
+/// use std::sync::Arc;
+/// use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey};
+/// let engine = Engine::new(EngineConfig::default()).unwrap();
+/// let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
+/// let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"hello").unwrap().wait().unwrap();
+/// assert!(sig.len() >= 8);
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    core: Arc<Core>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").field("config", &self.core.config).field("backend", &self.core.backend.name()).finish()
+    }
+}
+
+impl Engine {
+    /// Starts an engine with the in-process BoringSSL backend
+    /// ([`SoftwareBackend`]).
+    ///
+    /// # Errors
+    /// [`SignError::Config`] for a bad configuration, [`SignError::Io`] if
+    /// threads cannot be started.
+    pub fn new(config: EngineConfig) -> Result<Self, SignError> {
+        Self::with_backend(config, Arc::new(SoftwareBackend))
+    }
+
+    /// Starts an engine whose requests run on `backend` unless they name
+    /// another.
+    ///
+    /// # Errors
+    /// As [`Engine::new`].
+    pub fn with_backend(config: EngineConfig, backend: Arc<dyn Backend>) -> Result<Self, SignError> {
+        config.validate()?;
+        let shutdown = Arc::new(AtomicBool::new(false));
+        let mut executors = Vec::with_capacity(OpClass::ALL.len());
+        for class in OpClass::ALL {
+            match Executor::start(class, *config.class(class), shutdown.clone()) {
+                Ok(e) => executors.push(e),
+                Err(e) => {
+                    // Let the threads already started exit.
+                    shutdown.store(true, Ordering::Release);
+                    return Err(e);
+                }
+            }
+        }
+        let deadlines = match Deadlines::start() {
+            Ok(d) => d,
+            Err(e) => {
+                shutdown.store(true, Ordering::Release);
+                return Err(e);
+            }
+        };
+        Ok(Engine {
+            core: Arc::new(Core { executors, deadlines, backend, config, shutdown, next_id: AtomicU64::new(1) }),
+        })
+    }
+
+    /// The configuration the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.core.config
+    }
+
+    fn submit_inner(&self, req: Request, notify: Notify) -> Result<Arc<OpRecord>, SignError> {
+        let core = &*self.core;
+        let backend = req.backend.unwrap_or_else(|| core.backend.clone());
+        let class = backend.class(&req.key, &req.op);
+        let exec = &core.executors[class.index()];
+        if let Err(e) = req.key.check(&req.op) {
+            exec.stats.error(e.kind());
+            return Err(e);
+        }
+        let timeout = req.timeout.unwrap_or(core.config.default_timeout);
+        let id = core.next_id.fetch_add(1, Ordering::Relaxed);
+        let work = Work { key: req.key, op: req.op, backend };
+        let record = Arc::new(OpRecord::new(id, Instant::now(), timeout, exec.stats.clone(), work, notify));
+        if let Err(e) = exec.try_push(record.clone()) {
+            // Never queued: the caller learns it here, and the callback (if
+            // any) is dropped uncalled with the record.
+            exec.stats.error(e.kind());
+            return Err(e);
+        }
+        exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
+        core.deadlines.watch(record.clone());
+        Ok(record)
+    }
+
+    /// Submits `req`; the result arrives through the returned future.
+    /// Dropping the future cancels the operation.
+    ///
+    /// # Errors
+    /// At once, without queueing: [`SignError::Overloaded`] when the class's
+    /// queue is full, [`SignError::ShutDown`], and the request errors of
+    /// [`PrivateKey::check`]. Later, through the future: the operation's
+    /// own errors, [`SignError::TimedOut`], [`SignError::Cancelled`].
+    pub fn submit(&self, req: Request) -> Result<SignFuture, SignError> {
+        Ok(SignFuture { record: self.submit_inner(req, Notify::Future)? })
+    }
+
+    /// Submits `req`; `callback` is called once with the result, on an
+    /// engine thread (a worker or the deadline thread) or on the thread that
+    /// cancels. Keep it short: hand the result to your own loop. If this
+    /// returns an error the callback is never called.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`], at once.
+    pub fn submit_with_callback<F>(&self, req: Request, callback: F) -> Result<OpHandle, SignError>
+    where
+        F: FnOnce(Result<Output, SignError>) + Send + 'static,
+    {
+        let record = self.submit_inner(req, Notify::Callback(Box::new(callback)))?;
+        Ok(OpHandle { record })
+    }
+
+    /// Submits `req`; the result is pushed onto `queue` with `user_data`,
+    /// and the queue's descriptor becomes readable.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`], at once.
+    pub fn submit_to_queue(&self, req: Request, queue: &CompletionQueue, user_data: u64) -> Result<OpHandle, SignError> {
+        let record = self.submit_inner(req, Notify::Queue(queue.shared.clone(), user_data))?;
+        Ok(OpHandle { record })
+    }
+
+    /// Shorthand: sign `msg` with `key` and `alg` under the default backend
+    /// and timeout.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`].
+    pub fn sign(&self, key: &Arc<PrivateKey>, alg: Algorithm, msg: &[u8]) -> Result<SignFuture, SignError> {
+        self.submit(Request::sign(key.clone(), alg, msg.to_vec()))
+    }
+
+    /// A snapshot of every class's counters and latency percentiles.
+    pub fn metrics(&self) -> EngineMetrics {
+        EngineMetrics { classes: self.core.executors.iter().map(Executor::metrics).collect() }
+    }
+
+    #[cfg(test)]
+    pub(crate) fn watched_deadlines(&self) -> usize {
+        self.core.deadlines.watched()
+    }
+}

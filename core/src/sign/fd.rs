@@ -1,0 +1,153 @@
+//! A completion queue with a pollable file descriptor, for event loops
+//! (epoll, kqueue-style loops, the C ABI) that integrate by fd.
+//!
+//! The descriptor is the read end of a Unix socket pair from the standard
+//! library, so no `unsafe` is needed. Completions are pushed onto an
+//! in-memory queue; the first push after a drain writes one byte, making the
+//! descriptor readable. A drain clears the flag, empties the socket and then
+//! takes the queue, so a completion is never left behind without the
+//! descriptor being readable (at worst there is one spurious wake-up).
+
+use std::collections::VecDeque;
+use std::io::{ErrorKind as IoErrorKind, Read, Write};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::error::SignError;
+use super::op::Output;
+
+/// One finished operation taken from a [`CompletionQueue`].
+#[derive(Debug)]
+pub struct Completion {
+    /// The token given at submission.
+    pub user_data: u64,
+    /// The operation's engine-wide id ([`OpHandle::id`](super::OpHandle::id)).
+    pub id: u64,
+    /// The signature or decryption, or why there is none.
+    pub result: Result<Output, SignError>,
+}
+
+pub(crate) struct CqShared {
+    items: Mutex<VecDeque<Completion>>,
+    signaled: AtomicBool,
+    reader: UnixStream,
+    writer: UnixStream,
+}
+
+impl CqShared {
+    pub(crate) fn push(&self, user_data: u64, id: u64, result: Result<Output, SignError>) {
+        self.items.lock().unwrap_or_else(|e| e.into_inner()).push_back(Completion { user_data, id, result });
+        if !self.signaled.swap(true, Ordering::AcqRel) {
+            // One byte per drain cycle at most, so the socket buffer never
+            // fills; a failed write could only mean the reader is gone.
+            let _ = (&self.writer).write(&[1]);
+        }
+    }
+}
+
+/// Completions delivered through a pollable file descriptor.
+///
+/// Submit with [`Engine::submit_to_queue`](super::Engine::submit_to_queue);
+/// register [`CompletionQueue::as_fd`] for readability in the event loop;
+/// when it is readable, call [`CompletionQueue::drain`]. One queue can
+/// serve many operations and engines; clones share the queue.
+///
+/// ```
+/// use std::sync::Arc;
+/// use keyfence::sign::{Algorithm, CompletionQueue, Engine, EngineConfig, KeyKind, PrivateKey, Request};
+/// let engine = Engine::new(EngineConfig::default()).unwrap();
+/// let key = Arc::new(PrivateKey::generate(KeyKind::Ed25519).unwrap());
+/// let cq = CompletionQueue::new().unwrap();
+/// engine.submit_to_queue(Request::sign(key, Algorithm::Ed25519, b"hi".to_vec()), &cq, 7).unwrap();
+/// let mut done = Vec::new();
+/// while done.is_empty() {
+///     // An event loop would wait for `cq.as_fd()` to become readable here.
+///     cq.drain_into(&mut done);
+/// }
+/// assert_eq!(done[0].user_data, 7);
+/// assert_eq!(done[0].result.as_ref().unwrap().len(), 64);
+/// ```
+#[derive(Clone)]
+pub struct CompletionQueue {
+    pub(crate) shared: Arc<CqShared>,
+}
+
+impl std::fmt::Debug for CompletionQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompletionQueue").field("fd", &self.as_raw_fd()).field("pending", &self.len()).finish()
+    }
+}
+
+impl CompletionQueue {
+    /// A new, empty queue.
+    ///
+    /// # Errors
+    /// [`SignError::Io`] if the socket pair cannot be created.
+    pub fn new() -> Result<Self, SignError> {
+        let io = |e: std::io::Error| SignError::Io(format!("completion queue socket pair: {e}"));
+        let (reader, writer) = UnixStream::pair().map_err(io)?;
+        reader.set_nonblocking(true).map_err(io)?;
+        writer.set_nonblocking(true).map_err(io)?;
+        Ok(CompletionQueue {
+            shared: Arc::new(CqShared {
+                items: Mutex::new(VecDeque::new()),
+                signaled: AtomicBool::new(false),
+                reader,
+                writer,
+            }),
+        })
+    }
+
+    /// Moves every completion that has arrived into `out` and returns how
+    /// many; never blocks. Afterwards the descriptor is readable again only
+    /// when new completions arrive.
+    pub fn drain_into(&self, out: &mut Vec<Completion>) -> usize {
+        let s = &self.shared;
+        s.signaled.store(false, Ordering::Release);
+        let mut buf = [0u8; 64];
+        loop {
+            match (&s.reader).read(&mut buf) {
+                Ok(0) => break,
+                Ok(_) => continue,
+                Err(e) if e.kind() == IoErrorKind::Interrupted => continue,
+                Err(_) => break, // WouldBlock: empty.
+            }
+        }
+        let mut items = s.items.lock().unwrap_or_else(|e| e.into_inner());
+        let n = items.len();
+        out.extend(items.drain(..));
+        n
+    }
+
+    /// [`CompletionQueue::drain_into`] into a new vector.
+    pub fn drain(&self) -> Vec<Completion> {
+        let mut out = Vec::new();
+        self.drain_into(&mut out);
+        out
+    }
+
+    /// Completions waiting to be drained.
+    pub fn len(&self) -> usize {
+        self.shared.items.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl AsFd for CompletionQueue {
+    /// The descriptor to poll for readability.
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.shared.reader.as_fd()
+    }
+}
+
+impl AsRawFd for CompletionQueue {
+    fn as_raw_fd(&self) -> RawFd {
+        self.shared.reader.as_raw_fd()
+    }
+}

@@ -1,0 +1,238 @@
+//! Per-class counters and latency histograms, updated lock-free on the hot
+//! path and read as snapshots through [`Engine::metrics`](super::Engine::metrics).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::time::Duration;
+
+use super::error::ErrorKind;
+use super::executor::OpClass;
+
+/// Sub-buckets per power of two: values are kept to within 1/32 (about 3%).
+const SUB_BITS: u32 = 5;
+const SUB: u64 = 1 << SUB_BITS;
+/// Enough buckets for any `u64` nanosecond count.
+const BUCKETS: usize = ((64 - SUB_BITS as usize) + 1) * SUB as usize;
+
+/// A log-linear histogram of nanosecond latencies with atomic buckets (the
+/// HdrHistogram layout at 5 significant bits): recording is one relaxed
+/// atomic add, so workers never contend on a lock to publish latency.
+pub(crate) struct Histogram {
+    buckets: Box<[AtomicU64]>,
+    max: AtomicU64,
+}
+
+impl Histogram {
+    pub(crate) fn new() -> Self {
+        Histogram { buckets: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(), max: AtomicU64::new(0) }
+    }
+
+    fn index(v: u64) -> usize {
+        if v < SUB {
+            return v as usize;
+        }
+        let msb = 63 - v.leading_zeros();
+        let shift = msb - SUB_BITS;
+        (((shift + 1) as u64 * SUB) + ((v >> shift) & (SUB - 1))) as usize
+    }
+
+    /// The middle of bucket `i`, the value reported for it.
+    fn value(i: usize) -> u64 {
+        let i = i as u64;
+        if i < SUB {
+            return i;
+        }
+        let shift = i / SUB - 1;
+        let low = (SUB + i % SUB) << shift;
+        low + ((1u64 << shift) >> 1)
+    }
+
+    pub(crate) fn record(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.buckets[Self::index(ns)].fetch_add(1, Relaxed);
+        self.max.fetch_max(ns, Relaxed);
+    }
+
+    pub(crate) fn summary(&self) -> LatencySummary {
+        let counts: Vec<u64> = self.buckets.iter().map(|b| b.load(Relaxed)).collect();
+        let total: u64 = counts.iter().sum();
+        let max = self.max.load(Relaxed);
+        let q = |p: f64| -> Duration {
+            if total == 0 {
+                return Duration::ZERO;
+            }
+            let rank = ((p * total as f64).ceil() as u64).clamp(1, total);
+            let mut seen = 0;
+            for (i, c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    // A bucket's midpoint can exceed the largest value seen.
+                    return Duration::from_nanos(Self::value(i).min(max));
+                }
+            }
+            Duration::from_nanos(max)
+        };
+        LatencySummary {
+            count: total,
+            p50: q(0.50),
+            p90: q(0.90),
+            p99: q(0.99),
+            p999: q(0.999),
+            max: Duration::from_nanos(max),
+        }
+    }
+}
+
+/// Latency percentiles of successfully completed operations, from
+/// submission to completion (queueing included), to within about 3%.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct LatencySummary {
+    /// Operations recorded.
+    pub count: u64,
+    /// Median.
+    pub p50: Duration,
+    /// 90th percentile.
+    pub p90: Duration,
+    /// 99th percentile.
+    pub p99: Duration,
+    /// 99.9th percentile.
+    pub p999: Duration,
+    /// Largest.
+    pub max: Duration,
+}
+
+/// The live counters of one executor class.
+pub(crate) struct ClassStats {
+    pub(crate) class: OpClass,
+    pub(crate) submitted: AtomicU64,
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) completed: AtomicU64,
+    pub(crate) errors: [AtomicU64; ErrorKind::ALL.len()],
+    pub(crate) latency: Histogram,
+}
+
+impl ClassStats {
+    pub(crate) fn new(class: OpClass) -> Self {
+        ClassStats {
+            class,
+            submitted: AtomicU64::new(0),
+            in_flight: AtomicUsize::new(0),
+            completed: AtomicU64::new(0),
+            errors: std::array::from_fn(|_| AtomicU64::new(0)),
+            latency: Histogram::new(),
+        }
+    }
+
+    pub(crate) fn error(&self, kind: ErrorKind) {
+        self.errors[kind.index()].fetch_add(1, Relaxed);
+    }
+}
+
+/// Errors counted by kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ErrorCounts {
+    counts: [u64; ErrorKind::ALL.len()],
+}
+
+impl ErrorCounts {
+    /// The count for `kind`.
+    pub fn get(&self, kind: ErrorKind) -> u64 {
+        self.counts[kind.index()]
+    }
+
+    /// All errors.
+    pub fn total(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// `(kind, count)` pairs in [`ErrorKind::ALL`] order.
+    pub fn iter(&self) -> impl Iterator<Item = (ErrorKind, u64)> + '_ {
+        ErrorKind::ALL.into_iter().map(|k| (k, self.get(k)))
+    }
+}
+
+/// A snapshot of one executor class.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassMetrics {
+    /// The class.
+    pub class: OpClass,
+    /// Worker threads.
+    pub workers: usize,
+    /// Queue capacity (beyond it, submissions are answered `Overloaded`).
+    pub queue_capacity: usize,
+    /// Operations waiting in the queue now (including ones that timed out or
+    /// were cancelled there and are not yet skipped by a worker).
+    pub queue_depth: usize,
+    /// Operations being performed now.
+    pub in_flight: usize,
+    /// Operations accepted since the engine started.
+    pub submitted: u64,
+    /// Operations completed successfully.
+    pub completed: u64,
+    /// Operations that ended in an error, by kind (`overloaded` counts
+    /// rejected submissions).
+    pub errors: ErrorCounts,
+    /// Latency of successful operations.
+    pub latency: LatencySummary,
+}
+
+impl ClassMetrics {
+    pub(crate) fn snapshot(stats: &ClassStats, workers: usize, queue_capacity: usize, queue_depth: usize) -> Self {
+        ClassMetrics {
+            class: stats.class,
+            workers,
+            queue_capacity,
+            queue_depth,
+            in_flight: stats.in_flight.load(Relaxed),
+            submitted: stats.submitted.load(Relaxed),
+            completed: stats.completed.load(Relaxed),
+            errors: ErrorCounts { counts: std::array::from_fn(|i| stats.errors[i].load(Relaxed)) },
+            latency: stats.latency.summary(),
+        }
+    }
+}
+
+/// A snapshot of every class of an engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EngineMetrics {
+    /// One entry per class, in [`OpClass::ALL`] order.
+    pub classes: Vec<ClassMetrics>,
+}
+
+impl EngineMetrics {
+    /// The snapshot of `class`.
+    pub fn class(&self, class: OpClass) -> &ClassMetrics {
+        &self.classes[class.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bucket_values_are_within_three_percent() {
+        for v in [0u64, 1, 31, 32, 33, 63, 64, 65, 1000, 12_345, 999_999, 1 << 40, u64::MAX / 3] {
+            let back = Histogram::value(Histogram::index(v));
+            let err = (back as f64 - v as f64).abs() / (v.max(1) as f64);
+            assert!(err <= 1.0 / 32.0, "{v} -> {back}");
+        }
+        assert!(Histogram::index(u64::MAX) < BUCKETS);
+    }
+
+    #[test]
+    fn percentiles_of_a_known_distribution() {
+        let h = Histogram::new();
+        for us in 1..=1000u64 {
+            h.record(Duration::from_micros(us));
+        }
+        let s = h.summary();
+        assert_eq!(s.count, 1000);
+        let near = |d: Duration, us: f64| ((d.as_secs_f64() * 1e6) - us).abs() <= us * 0.035;
+        assert!(near(s.p50, 500.0), "{:?}", s.p50);
+        assert!(near(s.p90, 900.0), "{:?}", s.p90);
+        assert!(near(s.p99, 990.0), "{:?}", s.p99);
+        assert!(near(s.p999, 999.0), "{:?}", s.p999);
+        assert_eq!(s.max, Duration::from_micros(1000));
+        assert_eq!(Histogram::new().summary(), LatencySummary::default());
+    }
+}

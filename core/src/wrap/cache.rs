@@ -1,0 +1,136 @@
+//! The machine's cache of opened policy keys.
+//!
+//! Opening a policy key is a CP-ABE decryption (milliseconds); opening a
+//! customer secret with it is one HPKE open (tens of microseconds). The
+//! cache keeps CP-ABE off the request path: bounded, with a time to live,
+//! keys wiped when evicted, and concurrent misses on the same policy key
+//! coalesced so the CP-ABE work happens once.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use zeroize::Zeroizing;
+
+use super::error::Result;
+
+/// Cache limits.
+#[derive(Debug, Clone, Copy)]
+pub struct CacheConfig {
+    /// Most policy keys held at once.
+    pub capacity: usize,
+    /// How long an opened policy key may be used before it is opened again.
+    pub ttl: Duration,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        Self { capacity: 1024, ttl: Duration::from_secs(300) }
+    }
+}
+
+/// Counters of the cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Opens served from the cache.
+    pub hits: u64,
+    /// Opens that had to open the policy key.
+    pub misses: u64,
+    /// Keys dropped for capacity or age.
+    pub evictions: u64,
+    /// Keys currently held.
+    pub entries: usize,
+}
+
+pub(crate) type KeyId = ([u8; 32], u32);
+
+struct Entry {
+    key: Zeroizing<[u8; 32]>,
+    at: Instant,
+}
+
+pub(crate) struct PolicyKeyCache {
+    cfg: CacheConfig,
+    map: Mutex<HashMap<KeyId, Entry>>,
+    inflight: Mutex<HashMap<KeyId, Arc<Mutex<()>>>>,
+    hits: AtomicU64,
+    misses: AtomicU64,
+    evictions: AtomicU64,
+}
+
+impl PolicyKeyCache {
+    pub(crate) fn new(cfg: CacheConfig) -> Self {
+        Self {
+            cfg,
+            map: Mutex::new(HashMap::new()),
+            inflight: Mutex::new(HashMap::new()),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            evictions: AtomicU64::new(0),
+        }
+    }
+
+    fn lookup(&self, id: &KeyId) -> Option<Zeroizing<[u8; 32]>> {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        match map.get(id) {
+            Some(e) if e.at.elapsed() < self.cfg.ttl => Some(e.key.clone()),
+            Some(_) => {
+                map.remove(id);
+                self.evictions.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            None => None,
+        }
+    }
+
+    /// The key for `id`, from the cache or from `load` (run once however
+    /// many callers miss at the same time).
+    pub(crate) fn get_or_load(&self, id: KeyId, load: impl FnOnce() -> Result<Zeroizing<[u8; 32]>>) -> Result<Zeroizing<[u8; 32]>> {
+        if let Some(k) = self.lookup(&id) {
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(k);
+        }
+        let gate = self.inflight.lock().unwrap_or_else(|e| e.into_inner()).entry(id).or_default().clone();
+        let _turn = gate.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = self.lookup(&id) {
+            // Another caller loaded it while this one waited.
+            self.hits.fetch_add(1, Ordering::Relaxed);
+            return Ok(k);
+        }
+        self.misses.fetch_add(1, Ordering::Relaxed);
+        let loaded = load();
+        if let Ok(k) = &loaded {
+            self.insert(id, k.clone());
+        }
+        self.inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        loaded
+    }
+
+    fn insert(&self, id: KeyId, key: Zeroizing<[u8; 32]>) {
+        let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let before = map.len();
+        map.retain(|_, e| e.at.elapsed() < self.cfg.ttl);
+        let mut evicted = before - map.len();
+        while map.len() >= self.cfg.capacity.max(1) {
+            let oldest = map.iter().min_by_key(|(_, e)| e.at).map(|(k, _)| *k).expect("non-empty");
+            map.remove(&oldest);
+            evicted += 1;
+        }
+        self.evictions.fetch_add(evicted as u64, Ordering::Relaxed);
+        map.insert(id, Entry { key, at: Instant::now() });
+    }
+
+    pub(crate) fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.hits.load(Ordering::Relaxed),
+            misses: self.misses.load(Ordering::Relaxed),
+            evictions: self.evictions.load(Ordering::Relaxed),
+            entries: self.map.lock().unwrap_or_else(|e| e.into_inner()).len(),
+        }
+    }
+
+    pub(crate) fn clear(&self) {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+}

@@ -1,0 +1,45 @@
+//! Policy-key hybrid wrapping (the Geo Key Manager v2 indirection).
+//!
+//! Customer secrets are not encrypted under CP-ABE one by one. Each
+//! distinct policy gets an X25519 *policy key*; secrets are sealed to it
+//! with HPKE (RFC 9180) into [`Envelope`]s, and the policy private key is
+//! sealed under CP-ABE with that policy, once per live master generation.
+//! Rotating the master key therefore re-seals a handful of policy keys and
+//! never touches the (possibly millions of) envelopes; machines cache
+//! opened policy keys so CP-ABE stays off the request path.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use keyfence::wrap::{Authority, CacheConfig, Machine, MemoryStore, Store};
+//!
+//! let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+//! let mut authority = Authority::init(store.clone())?;
+//! let env = authority.wrap("region: EU", b"-----BEGIN PRIVATE KEY-----...")?;
+//!
+//! let fra = Machine::new(authority.issue(&"region=EU,country=DE".parse()?)?, store.clone(), CacheConfig::default());
+//! assert_eq!(&fra.open(env.to_bytes())?[..], b"-----BEGIN PRIVATE KEY-----...");
+//!
+//! let report = authority.rotate_master()?;        // re-seals policy keys only
+//! assert_eq!(report.resealed, 1);
+//! fra.clear_cache();
+//! assert!(fra.open(env.to_bytes()).is_ok());       // old generation still decrypts
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! See `docs/wrapping.md` for the formats and the crash-safety argument.
+
+mod authority;
+mod cache;
+mod error;
+mod format;
+mod hpke;
+mod machine;
+mod sealed;
+mod store;
+
+pub use authority::{Authority, GenerationState, MasterRotation, PolicyRotation, Status};
+pub use cache::{CacheConfig, CacheStats};
+pub use error::{Result, WrapError};
+pub use format::{policy_id, Envelope, SUITE_X25519_CHACHA};
+pub use machine::{nearest_capable, Machine, MachineKey, Peer};
+pub use store::{FileStore, MemoryStore, Store, StoreError};

@@ -1,0 +1,247 @@
+//! Policy-key wrapping: sharing, errors, rotation, the cache, persistence.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyfence::policy::Attributes;
+use keyfence::wrap::{
+    nearest_capable, Authority, CacheConfig, Envelope, FileStore, GenerationState, Machine, MachineKey, MemoryStore, Peer,
+    Store, WrapError,
+};
+
+fn attrs(s: &str) -> Attributes {
+    s.parse().unwrap()
+}
+
+fn setup() -> (Arc<dyn Store>, Authority) {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let a = Authority::init(store.clone()).unwrap();
+    (store, a)
+}
+
+fn machine(a: &Authority, store: &Arc<dyn Store>, at: &str) -> Machine {
+    Machine::new(a.issue(&attrs(at)).unwrap(), store.clone(), CacheConfig::default())
+}
+
+#[test]
+fn secrets_under_one_policy_share_its_key() {
+    let (store, mut a) = setup();
+    let e1 = a.wrap("region: EU", b"secret one").unwrap();
+    let e2 = a.wrap("(region: EU)", b"secret two").unwrap();
+    let e3 = a.wrap("region: EU or country: US", b"secret three").unwrap();
+    assert_eq!(e1.policy_id, e2.policy_id, "same canonical policy, same policy key");
+    assert_ne!(e1.policy_id, e3.policy_id);
+    assert_ne!(e1.secret_id, e2.secret_id);
+    let s = a.status().unwrap();
+    assert_eq!((s.policies, s.policy_keys, s.envelopes), (2, 2, 3));
+    let m = machine(&a, &store, "region=EU,country=DE");
+    assert_eq!(&m.open(e1.to_bytes()).unwrap()[..], b"secret one");
+    assert_eq!(&m.open(e2.to_bytes()).unwrap()[..], b"secret two");
+    assert_eq!(&m.open(e3.to_bytes()).unwrap()[..], b"secret three");
+    let st = m.cache_stats();
+    assert_eq!((st.misses, st.hits, st.entries), (2, 1, 2), "one CP-ABE decryption per policy key");
+}
+
+#[test]
+fn each_failure_is_its_own_error() {
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU and not country: FR", b"k").unwrap();
+
+    // Wrong machine.
+    let us = machine(&a, &store, "region=NA,country=US");
+    assert!(!us.could_open(&env));
+    assert!(matches!(us.open(env.to_bytes()), Err(WrapError::NotAuthorized { .. })));
+
+    // Tampered envelope: every byte of the ciphertext part.
+    let m = machine(&a, &store, "region=EU,country=DE");
+    let bytes = env.to_bytes().to_vec();
+    for i in [bytes.len() - 1, bytes.len() - 20, 10, 60] {
+        let mut bad = bytes.clone();
+        bad[i] ^= 1;
+        let e = m.open(&bad).unwrap_err();
+        assert!(matches!(e, WrapError::Tampered { .. } | WrapError::Malformed { .. }), "byte {i}: {e}");
+    }
+    let mut bad = bytes.clone();
+    bad[bytes.len() - 1] ^= 1;
+    assert!(matches!(m.open(&bad), Err(WrapError::Tampered { object: "envelope" })));
+    assert!(matches!(m.open(&bytes[..bytes.len() - 1]), Err(WrapError::Malformed { .. })));
+
+    // Unknown policy key: a machine reading another authority's store.
+    let (other_store, other) = setup();
+    let stranger = machine(&other, &other_store, "region=EU,country=DE");
+    assert!(matches!(stranger.open(env.to_bytes()), Err(WrapError::UnknownPolicyKey { .. })));
+
+    // Retired generation: a key from generation 1 after two rotations.
+    let old = a.issue(&attrs("region=EU,country=DE")).unwrap();
+    a.rotate_master().unwrap();
+    a.rotate_master().unwrap();
+    let old = Machine::new(old, store.clone(), CacheConfig::default());
+    match old.open(env.to_bytes()) {
+        Err(WrapError::RetiredGeneration { have, live }) => assert_eq!((have, live), (vec![1], vec![2, 3])),
+        other => panic!("expected a retired-generation error, got {other:?}"),
+    }
+    // Messages are distinct and say what happened.
+    let msgs: Vec<String> = [
+        us.open(env.to_bytes()).unwrap_err(),
+        m.open(&bad).unwrap_err(),
+        stranger.open(env.to_bytes()).unwrap_err(),
+        old.open(env.to_bytes()).unwrap_err(),
+    ]
+    .iter()
+    .map(|e| e.to_string())
+    .collect();
+    assert!(msgs[0].contains("do not satisfy"), "{}", msgs[0]);
+    assert!(msgs[1].contains("integrity"), "{}", msgs[1]);
+    assert!(msgs[2].contains("unknown policy key"), "{}", msgs[2]);
+    assert!(msgs[3].contains("retired"), "{}", msgs[3]);
+}
+
+#[test]
+fn master_rotation_reseals_policy_keys_and_leaves_envelopes_alone() {
+    let (store, mut a) = setup();
+    let envs: Vec<Envelope> = ["region: EU", "region: EU", "country: US or not region: EU", "tier: 1"]
+        .iter()
+        .enumerate()
+        .map(|(i, p)| a.wrap(p, format!("secret {i}").as_bytes()).unwrap())
+        .collect();
+    let before: Vec<Vec<u8>> = store.list("envelopes/").unwrap().iter().map(|k| store.get(k).unwrap().unwrap()).collect();
+    let gen1 = machine(&a, &store, "region=EU,country=DE,tier=1");
+
+    let r = a.rotate_master().unwrap();
+    assert_eq!((r.new_generation, r.resealed, r.retired), (2, 3, None), "three policies, three re-seals");
+    let after: Vec<Vec<u8>> = store.list("envelopes/").unwrap().iter().map(|k| store.get(k).unwrap().unwrap()).collect();
+    assert_eq!(before, after, "customer envelopes are untouched");
+    let status = a.status().unwrap();
+    assert_eq!(status.generations, vec![(1, GenerationState::DecryptOnly), (2, GenerationState::Active)]);
+
+    let gen2 = machine(&a, &store, "region=EU,country=DE,tier=1");
+    assert_eq!(gen2.attributes_generations(), vec![2, 1]);
+    for (i, e) in envs.iter().enumerate() {
+        let want = format!("secret {i}");
+        if e.policy.contains("country: US") {
+            continue;
+        }
+        assert_eq!(&gen1.open(e.to_bytes()).unwrap()[..], want.as_bytes(), "generation-1 key, decrypt-only");
+        assert_eq!(&gen2.open(e.to_bytes()).unwrap()[..], want.as_bytes());
+    }
+    let r = a.rotate_master().unwrap();
+    assert_eq!(r.retired, Some(1));
+    assert!(store.list("sealed/").unwrap().iter().all(|k| !k.ends_with("/1")), "retired copies deleted");
+}
+
+trait Gens {
+    fn attributes_generations(&self) -> Vec<u32>;
+}
+impl Gens for Machine {
+    fn attributes_generations(&self) -> Vec<u32> {
+        let dbg = format!("{self:?}");
+        let start = dbg.find("generations: [").unwrap() + 14;
+        dbg[start..].split(']').next().unwrap().split(", ").map(|g| g.parse().unwrap()).collect()
+    }
+}
+
+#[test]
+fn policy_key_rotation_rewraps_its_envelopes() {
+    let (store, mut a) = setup();
+    let e1 = a.wrap("region: EU", b"one").unwrap();
+    let e2 = a.wrap("region: EU", b"two").unwrap();
+    let other = a.wrap("region: NA", b"three").unwrap();
+    let r = a.rotate_policy_key("region: EU").unwrap();
+    assert_eq!((r.version, r.rewrapped), (2, 2));
+    let m = machine(&a, &store, "region=EU");
+    for (e, want) in [(&e1, "one"), (&e2, "two")] {
+        let now = store.get(&format!("envelopes/{}", hex(&e.secret_id))).unwrap().unwrap();
+        let now = Envelope::parse(&now).unwrap();
+        assert_eq!(now.key_version, 2);
+        assert_eq!(&m.open(now.to_bytes()).unwrap()[..], want.as_bytes());
+        // The old envelope's key is gone.
+        assert!(matches!(m.open(e.to_bytes()), Err(WrapError::UnknownPolicyKey { .. })));
+    }
+    assert_eq!(a.status().unwrap().policy_keys, 2);
+    let na = machine(&a, &store, "region=NA");
+    assert_eq!(&na.open(other.to_bytes()).unwrap()[..], b"three");
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+#[test]
+fn the_cache_expires_evicts_and_coalesces() {
+    let (store, mut a) = setup();
+    let envs: Vec<Envelope> = (0..3).map(|i| a.wrap(&format!("region: EU and tier: t{i}"), b"s").unwrap()).collect();
+    let key = a.issue(&attrs("region=EU,tier=t0")).unwrap();
+    let keys: Vec<MachineKey> = (0..3).map(|i| a.issue(&attrs(&format!("region=EU,tier=t{i}"))).unwrap()).collect();
+
+    let short = Machine::new(key, store.clone(), CacheConfig { capacity: 8, ttl: Duration::from_millis(50) });
+    short.open(envs[0].to_bytes()).unwrap();
+    short.open(envs[0].to_bytes()).unwrap();
+    std::thread::sleep(Duration::from_millis(80));
+    short.open(envs[0].to_bytes()).unwrap();
+    let s = short.cache_stats();
+    assert_eq!((s.hits, s.misses), (1, 2), "expired after its time to live");
+
+    // Capacity 1: alternating policy keys evict each other.
+    let one: Vec<Machine> = keys.iter().map(|k| Machine::new(k.clone(), store.clone(), CacheConfig { capacity: 1, ttl: Duration::from_secs(60) })).collect();
+    let _ = &one;
+    let wide = a.issue(&attrs("region=EU,tier=t0")).unwrap();
+    let m = Machine::new(wide, store.clone(), CacheConfig { capacity: 1, ttl: Duration::from_secs(60) });
+    let env_any = a.wrap("region: EU", b"x").unwrap();
+    m.open(envs[0].to_bytes()).unwrap();
+    m.open(env_any.to_bytes()).unwrap();
+    m.open(envs[0].to_bytes()).unwrap();
+    let s = m.cache_stats();
+    assert_eq!((s.misses, s.evictions, s.entries), (3, 2, 1));
+
+    // Eight threads missing on the same policy key do the CP-ABE work once.
+    let m = Arc::new(Machine::new(a.issue(&attrs("region=EU,tier=t1")).unwrap(), store.clone(), CacheConfig::default()));
+    let env = envs[1].to_bytes().to_vec();
+    let barrier = Arc::new(std::sync::Barrier::new(8));
+    let handles: Vec<_> = (0..8)
+        .map(|_| {
+            let (m, env, b) = (m.clone(), env.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                b.wait();
+                m.open(&env).unwrap();
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let s = m.cache_stats();
+    assert_eq!((s.misses, s.hits), (1, 7));
+}
+
+#[test]
+fn forwarding_picks_the_nearest_capable_peer() {
+    let (_, mut a) = setup();
+    let env = a.wrap("region: EU and not country: FR", b"k").unwrap();
+    let peers = vec![
+        Peer { name: "cdg1".into(), attributes: attrs("region=EU,country=FR"), latency: Duration::from_millis(2) },
+        Peer { name: "ams1".into(), attributes: attrs("region=EU,country=NL"), latency: Duration::from_millis(9) },
+        Peer { name: "fra1".into(), attributes: attrs("region=EU,country=DE"), latency: Duration::from_millis(5) },
+        Peer { name: "iad1".into(), attributes: attrs("region=NA,country=US"), latency: Duration::from_millis(1) },
+    ];
+    assert_eq!(nearest_capable(&env, &peers).map(|p| p.name.as_str()), Some("fra1"));
+    assert!(nearest_capable(&env, &peers[..1]).is_none());
+}
+
+#[test]
+fn the_file_store_persists_everything() {
+    let dir = std::env::temp_dir().join(format!("keyfence-wrap-{}", std::process::id()));
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&dir).unwrap());
+    let mut a = Authority::init(store.clone()).unwrap();
+    assert!(matches!(Authority::init(store.clone()), Err(WrapError::State(_))));
+    let env = a.wrap("region: EU", b"persisted").unwrap();
+    let key = a.issue(&attrs("region=EU")).unwrap();
+    drop(a);
+    let mut a = Authority::open(store.clone()).unwrap();
+    assert_eq!(a.status().unwrap().envelopes, 1);
+    a.rotate_master().unwrap();
+    let key = MachineKey::from_bytes(&key.to_bytes()).unwrap();
+    let m = Machine::new(key, store.clone(), CacheConfig::default());
+    assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"persisted");
+    assert!(format!("{:?}", m).contains("region=EU"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
