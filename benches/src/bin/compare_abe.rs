@@ -7,6 +7,7 @@
 //! cargo run --release -p keyfence-benches --bin compare_abe -- \
 //!     --keyfence target/release/keyfence --oracle target/circl-oracle \
 //!     [--rounds 5] [--iters 10] [--json OUT.json] [--svg OUT.svg]
+//! cargo run --release -p keyfence-benches --bin compare_abe -- --replot IN.json --svg OUT.svg
 //! ```
 
 use std::collections::BTreeMap;
@@ -26,6 +27,7 @@ struct Args {
     iters: usize,
     json: Option<String>,
     svg: Option<String>,
+    replot: Option<String>,
 }
 
 fn args() -> Args {
@@ -36,6 +38,7 @@ fn args() -> Args {
         iters: 10,
         json: None,
         svg: None,
+        replot: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -47,6 +50,7 @@ fn args() -> Args {
             "--iters" => a.iters = val().parse().expect("--iters"),
             "--json" => a.json = Some(val()),
             "--svg" => a.svg = Some(val()),
+            "--replot" => a.replot = Some(val()),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -73,6 +77,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     let a = args();
+    // Redraw the chart from saved figures without measuring again.
+    if let (Some(json), Some(out)) = (&a.replot, &a.svg) {
+        let rows: Vec<Value> = serde_json::from_str(&std::fs::read_to_string(json).expect("read json")).expect("json");
+        std::fs::write(out, svg(&rows)).expect("write svg");
+        return;
+    }
     let iters = a.iters.to_string();
     // (implementation, case, op) -> samples (one median per round)
     let mut samples: BTreeMap<(&str, String, &str), Vec<f64>> = BTreeMap::new();
@@ -136,7 +146,7 @@ fn svg(rows: &[Value]) -> String {
     let colors = ["#4e79a7", "#f28e2b", "#59a14f"];
     let mut s = format!(
         "<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' font-family='sans-serif' font-size='12'>\n\
-         <text x='{}' y='20' text-anchor='middle' font-size='14'>keyfence speed-up over CIRCL tkn20 (CIRCL time / keyfence time; dashed: 2 threads)</text>\n",
+         <text x='{}' y='20' text-anchor='middle' font-size='14'>keyfence speed-up over CIRCL tkn20 (CIRCL time / keyfence time; dashed: decrypt on 2 threads)</text>\n",
         w / 2.0
     );
     for t in (0..=max as usize).step_by(2) {
@@ -153,7 +163,10 @@ fn svg(rows: &[Value]) -> String {
             let x = x0 + oi as f64 * bw;
             let (v, v1, t) = (r["ratio"].as_f64().unwrap(), r["ratio_2threads"].as_f64().unwrap(), r["target"].as_f64().unwrap());
             s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='{}'/>\n", y(v), bw - 4.0, y(0.0) - y(v), colors[oi]);
-            s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='none' stroke='#333' stroke-dasharray='3,2'/>\n", y(v1), bw - 4.0, y(0.0) - y(v1));
+            // Threads only change decryption.
+            if *op == "decrypt" {
+                s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='none' stroke='#333' stroke-dasharray='3,2'/>\n", y(v1), bw - 4.0, y(0.0) - y(v1));
+            }
             s += &format!("<line x1='{x}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/>\n", x + bw - 4.0, y(t), y(t));
             s += &format!("<text x='{}' y='{}' text-anchor='middle' font-size='10'>{v:.1}</text>\n", x + bw / 2.0 - 2.0, y(v) - 3.0);
         }
