@@ -168,10 +168,15 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+fn open_machine(dir: &Path, key: &Path) -> Result<Machine> {
+    let key = MachineKey::from_bytes(&read(key)?).context("machine key")?;
+    Ok(Machine::new(key, store(dir)?, CacheConfig::default()))
+}
+
 pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {
     match cmd {
         MachineCmd::Open { store: dir, key, input, out } => {
-            let m = Machine::new(MachineKey::from_bytes(&read(&key)?)?, store(&dir)?, CacheConfig::default());
+            let m = open_machine(&dir, &key)?;
             match m.open(&read(&input)?) {
                 Ok(secret) => write_private(&out, &secret)?,
                 Err(e) => {
@@ -181,10 +186,10 @@ pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {
             }
         }
         MachineCmd::CouldOpen { store: dir, key, input } => {
-            let m = Machine::new(MachineKey::from_bytes(&read(&key)?)?, store(&dir)?, CacheConfig::default());
+            let m = open_machine(&dir, &key)?;
             let env = keyfence::wrap::Envelope::parse(&read(&input)?)?;
             if m.could_open(&env) {
-                println!("yes: {{{}}} satisfies `{}`", MachineKey::from_bytes(&read(&key)?)?.attributes(), env.policy);
+                println!("yes: {{{}}} satisfies `{}`", m.attributes(), env.policy);
                 return Ok(ExitCode::SUCCESS);
             }
             println!("no: this machine's attributes do not satisfy `{}`", env.policy);

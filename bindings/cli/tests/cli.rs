@@ -1,38 +1,8 @@
 //! The `keyfence` command line, run as a user would.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn keyfence(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).output().expect("run keyfence")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("keyfence-cli-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn p(&self, f: &str) -> String {
-        self.0.join(f).to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::{keyfence, stderr, stdout, Dir};
 
 #[test]
 fn policy_check_prints_the_canonical_form_and_verdict() {
@@ -64,8 +34,7 @@ fn abe_round_trip_through_files() {
     let d = Dir::new("abe");
     assert!(keyfence(&["abe", "setup", "--out", &d.p("auth")]).status.success());
     let ok = |args: &[&str]| {
-        let o = keyfence(args);
-        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        common::ok(args);
     };
     std::fs::write(d.p("msg"), b"the message").unwrap();
     ok(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", "region=EU,country=DE", "--out", &d.p("eu.key")]);

@@ -1,45 +1,17 @@
 //! `keyfence authority` / `keyfence machine` end to end, and a crash test:
 //! rotations killed at random moments lose nothing.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
+
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{keyfence as run, ok, Dir};
 use keyfence::wrap::{Authority, CacheConfig, FileStore, GenerationState, Machine, Store};
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_keyfence"))
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("run keyfence")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = run(args);
-    assert!(o.status.success(), "{args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-struct Dir(PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("keyfence-wrapcli-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn p(&self, f: &str) -> String {
-        self.0.join(f).to_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
 }
 
 #[test]

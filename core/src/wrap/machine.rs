@@ -112,6 +112,11 @@ impl Machine {
         Self { key, store, cache: PolicyKeyCache::new(cache) }
     }
 
+    /// This machine's attributes.
+    pub fn attributes(&self) -> &Attributes {
+        self.key.attributes()
+    }
+
     /// Whether this machine's attributes satisfy the envelope's policy;
     /// no cryptography, so a caller can decide to forward instead.
     pub fn could_open(&self, envelope: &Envelope) -> bool {
