@@ -66,11 +66,15 @@ impl MachineKey {
         const O: &str = "machine key";
         let mut c = Cursor::new(b, O, MACHINE_MAGIC)?;
         let mut attrs = Attributes::default();
+        let mut previous: Option<&str> = None;
         for _ in 0..c.u16("attribute count")? {
             let (l, v) = (c.text16("label")?, c.text16("value")?);
-            if attrs.insert(l, v).is_some() {
-                return Err(malformed(O, format!("label {l:?} appears twice")));
+            // Sorted and unique, so that one key has one encoding.
+            if previous.is_some_and(|p| p >= l) {
+                return Err(malformed(O, format!("label {l:?} is out of order or repeated")));
             }
+            previous = Some(l);
+            attrs.insert(l, v);
         }
         let n = c.u16("key count")?;
         let mut keys = Vec::new();
