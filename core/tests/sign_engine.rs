@@ -149,7 +149,9 @@ fn deadline_expires_queued_and_running_operations_and_releases_inputs() {
     let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
     let slow = Arc::new(LatencyBackend::new(Duration::from_millis(400)));
     let req = |t| {
-        Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![0; 1 << 20]).with_backend(slow.clone()).with_timeout(t)
+        Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![0; 1 << 20])
+            .with_backend(slow.clone())
+            .with_timeout(t)
     };
     // One slow worker: the first runs, the second waits in the queue.
     let t0 = Instant::now();

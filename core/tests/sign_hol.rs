@@ -6,8 +6,9 @@
 //! The "loaded" one has its slow class saturated with 200 ms operations for
 //! the whole test (every slow worker busy, the slow queue full, submissions
 //! answered `Overloaded`); the "idle" one has nothing else to do. ECDSA
-//! P-256 latency is sampled on both in alternating rounds, so drifting
-//! machine noise (this runs on a shared 2-core machine) hits both alike.
+//! P-256 latency is sampled on both alternately, one signature each in
+//! turn, so machine noise (this runs on a shared 2-core machine) hits both
+//! alike.
 //! The loaded p99 must stay within 1.5x of the idle p99, plus a small
 //! absolute floor for scheduler jitter at the microsecond scale.
 //!
@@ -54,13 +55,32 @@ fn p99(mut v: Vec<Duration>) -> Duration {
     v[(v.len() * 99).div_ceil(100) - 1]
 }
 
-fn sample(engine: &Engine, key: &Arc<PrivateKey>, out: &mut Vec<Duration>) {
+fn sign_once(engine: &Engine, key: &Arc<PrivateKey>, i: usize) -> Duration {
+    let msg = (i as u64).to_le_bytes();
+    let t = Instant::now();
+    let sig = engine.sign(key, Algorithm::EcdsaP256Sha256, &msg).unwrap().wait().unwrap();
+    let took = t.elapsed();
+    assert!(sig.len() >= 8);
+    took
+}
+
+/// One idle and one loaded sample at a time, so that bursts of machine
+/// noise (other processes on the shared cores) land on both alike.
+fn sample(
+    idle: &Engine,
+    loaded: &Engine,
+    key: &Arc<PrivateKey>,
+    idle_lat: &mut Vec<Duration>,
+    loaded_lat: &mut Vec<Duration>,
+) {
     for i in 0..SAMPLES_PER_ROUND {
-        let msg = (i as u64).to_le_bytes();
-        let t = Instant::now();
-        let sig = engine.sign(key, Algorithm::EcdsaP256Sha256, &msg).unwrap().wait().unwrap();
-        out.push(t.elapsed());
-        assert!(sig.len() >= 8);
+        if i % 2 == 0 {
+            idle_lat.push(sign_once(idle, key, i));
+            loaded_lat.push(sign_once(loaded, key, i));
+        } else {
+            loaded_lat.push(sign_once(loaded, key, i));
+            idle_lat.push(sign_once(idle, key, i));
+        }
     }
 }
 
@@ -109,14 +129,12 @@ fn saturated_slow_class_does_not_delay_ecdsa() {
 
     let (mut idle_lat, mut loaded_lat) = (Vec::new(), Vec::new());
     // Warm both engines' threads and caches before measuring.
-    sample(&idle, &key, &mut Vec::new());
-    sample(&loaded, &key, &mut Vec::new());
+    sample(&idle, &loaded, &key, &mut Vec::new(), &mut Vec::new());
     for _ in 0..ROUNDS {
-        sample(&idle, &key, &mut idle_lat);
         assert_saturated(&loaded);
-        sample(&loaded, &key, &mut loaded_lat);
-        assert_saturated(&loaded);
+        sample(&idle, &loaded, &key, &mut idle_lat, &mut loaded_lat);
     }
+    assert_saturated(&loaded);
 
     // Control: the same signature on the saturated slow executor waits
     // behind the 200 ms operations, so a shared queue would fail the bound.
@@ -172,7 +190,9 @@ fn retry_until_accepted(engine: &Engine, key: &Arc<PrivateKey>) -> keyfence::sig
             .with_backend(Arc::new(SharedQueueBackend));
         match engine.submit(req) {
             Ok(f) => return f,
-            Err(SignError::Overloaded { .. }) if Instant::now() < give_up => std::thread::sleep(Duration::from_micros(100)),
+            Err(SignError::Overloaded { .. }) if Instant::now() < give_up => {
+                std::thread::sleep(Duration::from_micros(100))
+            }
             Err(e) => panic!("control submission: {e}"),
         }
     }

@@ -24,6 +24,9 @@ pub enum BenchCmd {
         #[arg(long)]
         threads: Option<usize>,
     },
+    /// Signing: the engine against BoringSSL called directly, per algorithm
+    /// (operations per second with every core busy, p50/p99 latency).
+    Sign(crate::sign_cmd::BenchSignArgs),
 }
 
 /// CIRCL's benchmark shapes: (name, policy, key attributes).
@@ -50,6 +53,7 @@ fn median_ms(mut v: Vec<f64>) -> f64 {
 
 pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
     match cmd {
+        BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;

@@ -4,6 +4,7 @@ mod abe_cmd;
 mod bench_cmd;
 mod demo;
 mod policy_cmd;
+mod sign_cmd;
 mod wrap_cmd;
 
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Command {
     /// A machine: open envelopes, or check whether it could.
     #[command(subcommand)]
     Machine(wrap_cmd::MachineCmd),
+    /// Sign a file through the asynchronous signing engine.
+    Sign(sign_cmd::SignArgs),
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
@@ -45,6 +48,7 @@ fn main() -> ExitCode {
         Command::Abe(cmd) => abe_cmd::run(cmd),
         Command::Authority(cmd) => wrap_cmd::authority(cmd),
         Command::Machine(cmd) => wrap_cmd::machine(cmd),
+        Command::Sign(args) => sign_cmd::sign(args),
         Command::Bench(cmd) => bench_cmd::run(cmd),
         Command::Demo => demo::run(),
     };

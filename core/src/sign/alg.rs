@@ -179,10 +179,7 @@ impl Algorithm {
     /// [`SignError::UnknownTlsScheme`] for code points keyfence does not sign
     /// with (SHA-1, RSA-PSS with PSS keys, P-521, ...).
     pub fn from_tls_code(code: u16) -> Result<Self, SignError> {
-        Algorithm::ALL
-            .into_iter()
-            .find(|a| a.tls_code() == code)
-            .ok_or(SignError::UnknownTlsScheme(code))
+        Algorithm::ALL.into_iter().find(|a| a.tls_code() == code).ok_or(SignError::UnknownTlsScheme(code))
     }
 
     /// The hash, or `None` for Ed25519 (which hashes internally and cannot
@@ -199,9 +196,10 @@ impl Algorithm {
 
     pub(crate) fn family(self) -> Family {
         match self {
-            Algorithm::RsaPkcs1Md5Sha1 | Algorithm::RsaPkcs1Sha256 | Algorithm::RsaPkcs1Sha384 | Algorithm::RsaPkcs1Sha512 => {
-                Family::RsaPkcs1
-            }
+            Algorithm::RsaPkcs1Md5Sha1
+            | Algorithm::RsaPkcs1Sha256
+            | Algorithm::RsaPkcs1Sha384
+            | Algorithm::RsaPkcs1Sha512 => Family::RsaPkcs1,
             Algorithm::RsaPssSha256 | Algorithm::RsaPssSha384 | Algorithm::RsaPssSha512 => Family::RsaPss,
             Algorithm::EcdsaP256Sha256 => Family::EcdsaP256,
             Algorithm::EcdsaP384Sha384 => Family::EcdsaP384,

@@ -9,7 +9,8 @@
 use std::future::Future;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::pin::Pin;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering::{self, Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
@@ -62,6 +63,8 @@ pub(crate) struct OpRecord {
     pub(crate) deadline: Instant,
     pub(crate) timeout: Duration,
     pub(crate) stats: Arc<ClassStats>,
+    /// Set once the operation has ended, for lock-free polling.
+    pub(crate) done: AtomicBool,
     slot: Mutex<Slot>,
 }
 
@@ -75,16 +78,22 @@ impl OpRecord {
         notify: Notify,
     ) -> Self {
         // A timeout too large for `Instant` means "never": a century will do.
-        let deadline = submitted
-            .checked_add(timeout)
-            .unwrap_or_else(|| submitted + Duration::from_secs(100 * 365 * 24 * 3600));
+        let deadline =
+            submitted.checked_add(timeout).unwrap_or_else(|| submitted + Duration::from_secs(100 * 365 * 24 * 3600));
         OpRecord {
             id,
             submitted,
             deadline,
             timeout,
             stats,
-            slot: Mutex::new(Slot { phase: Phase::Queued, work: Some(work), notify: Some(notify), result: None, waker: None }),
+            done: AtomicBool::new(false),
+            slot: Mutex::new(Slot {
+                phase: Phase::Queued,
+                work: Some(work),
+                notify: Some(notify),
+                result: None,
+                waker: None,
+            }),
         }
     }
 
@@ -134,6 +143,7 @@ impl OpRecord {
         match notify {
             Some(Notify::Future) | None => {
                 slot.result = Some(result);
+                self.done.store(true, Ordering::Release);
                 let waker = slot.waker.take();
                 drop(slot);
                 drop(work);
@@ -142,6 +152,7 @@ impl OpRecord {
                 }
             }
             Some(Notify::Callback(cb)) => {
+                self.done.store(true, Ordering::Release);
                 drop(slot);
                 drop(work);
                 // A panicking callback must not take an engine thread down
@@ -149,6 +160,7 @@ impl OpRecord {
                 let _ = catch_unwind(AssertUnwindSafe(move || cb(result)));
             }
             Some(Notify::Queue(queue, user_data)) => {
+                self.done.store(true, Ordering::Release);
                 drop(slot);
                 drop(work);
                 queue.push(user_data, self.id, result);
@@ -157,6 +169,15 @@ impl OpRecord {
         true
     }
 }
+
+/// How long before an operation's expected completion [`SignFuture::wait`]
+/// asks to be woken: Linux's default timer slack (50 µs) plus what a halted
+/// virtual CPU takes to resume (about 20 µs), with a margin.
+const WAIT_WAKE_AHEAD: Duration = Duration::from_micros(120);
+
+/// How long past the expected completion [`SignFuture::wait`] polls before
+/// going back to sleep.
+const WAIT_SPIN: Duration = Duration::from_micros(100);
 
 /// A handle on a submitted operation: cancel it or ask whether it ended.
 /// Cheap to clone; holding it keeps no inputs alive once the operation ends.
@@ -234,6 +255,14 @@ impl SignFuture {
     /// without an async runtime (the command line, tests, benchmarks); an
     /// event loop should poll the future or use a callback or a
     /// [`CompletionQueue`](super::CompletionQueue) instead.
+    ///
+    /// A thread that slept through a whole RSA signature can take tens of
+    /// microseconds to wake (an idle virtual CPU halts), which would double
+    /// the engine's added latency. So when the executor has spare workers,
+    /// `wait` sleeps until shortly before the operation's typical completion
+    /// time and then polls until at most 100 µs past it; when the
+    /// executor is busy, that CPU belongs to the workers and `wait` just
+    /// sleeps.
     pub fn wait(mut self) -> Result<Output, SignError> {
         struct Unpark(std::thread::Thread);
         impl Wake for Unpark {
@@ -250,7 +279,26 @@ impl SignFuture {
             if let Poll::Ready(r) = Pin::new(&mut self).poll(&mut cx) {
                 return r;
             }
-            std::thread::park();
+            let stats = &self.record.stats;
+            let eta = match stats.service_estimate() {
+                Some(est) if stats.mostly_idle() => self.record.submitted + est,
+                _ => {
+                    std::thread::park();
+                    continue;
+                }
+            };
+            let now = Instant::now();
+            if now + WAIT_WAKE_AHEAD < eta {
+                // Unparked early if the result comes sooner.
+                std::thread::park_timeout(eta - WAIT_WAKE_AHEAD - now);
+            } else if now < eta + WAIT_SPIN {
+                let until = eta + WAIT_SPIN;
+                while !self.record.done.load(Ordering::Acquire) && Instant::now() < until {
+                    std::hint::spin_loop();
+                }
+            } else {
+                std::thread::park();
+            }
         }
     }
 }

@@ -14,7 +14,7 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 use super::completion::OpRecord;
-use super::error::SignError;
+use super::error::{ErrorKind, SignError};
 use super::metrics::{ClassMetrics, ClassStats};
 
 /// A class of operations with its own executor.
@@ -74,7 +74,7 @@ pub(crate) struct Executor {
 impl Executor {
     pub(crate) fn start(class: OpClass, config: ClassConfig, shutdown: Arc<AtomicBool>) -> Result<Self, SignError> {
         let (tx, rx) = crossbeam_channel::bounded::<Arc<OpRecord>>(config.queue_capacity);
-        let stats = Arc::new(ClassStats::new(class));
+        let stats = Arc::new(ClassStats::new(class, config.threads));
         for i in 0..config.threads {
             let (rx, stats, shutdown) = (rx.clone(), stats.clone(), shutdown.clone());
             std::thread::Builder::new()
@@ -87,13 +87,18 @@ impl Executor {
 
     /// Queues `record` without waiting.
     pub(crate) fn try_push(&self, record: Arc<OpRecord>) -> Result<(), SignError> {
-        match self.tx.try_send(record) {
-            Ok(()) => Ok(()),
+        // Counted before the push so that a worker's decrement never
+        // precedes it.
+        self.stats.queued.fetch_add(1, Ordering::Relaxed);
+        let refused = match self.tx.try_send(record) {
+            Ok(()) => return Ok(()),
             Err(TrySendError::Full(_)) => {
-                Err(SignError::Overloaded { class: self.class, capacity: self.config.queue_capacity })
+                SignError::Overloaded { class: self.class, capacity: self.config.queue_capacity }
             }
-            Err(TrySendError::Disconnected(_)) => Err(SignError::ShutDown),
-        }
+            Err(TrySendError::Disconnected(_)) => SignError::ShutDown,
+        };
+        self.stats.queued.fetch_sub(1, Ordering::Relaxed);
+        Err(refused)
     }
 
     pub(crate) fn metrics(&self) -> ClassMetrics {
@@ -106,6 +111,7 @@ impl Executor {
 /// than performed.
 fn work(rx: &Receiver<Arc<OpRecord>>, stats: &ClassStats, shutdown: &AtomicBool) {
     while let Ok(record) = rx.recv() {
+        stats.queued.fetch_sub(1, Ordering::Relaxed);
         if shutdown.load(Ordering::Acquire) {
             record.finish(Err(SignError::ShutDown));
             continue;
@@ -119,12 +125,24 @@ fn work(rx: &Receiver<Arc<OpRecord>>, stats: &ClassStats, shutdown: &AtomicBool)
             continue;
         }
         stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| work.backend.perform(&work.key, &work.op, record.deadline)))
             .unwrap_or_else(|_| {
                 Err(SignError::Backend { backend: work.backend.name().to_string(), reason: "panicked".into() })
             });
         stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        if result.is_ok() {
+            stats.record_service(started.elapsed());
+        }
         drop(work);
+        // A backend that gave up at the deadline races the deadline thread;
+        // either way the caller's deadline is what ended it.
+        let result = match result {
+            Err(e) if Instant::now() >= record.deadline && e.kind() != ErrorKind::Invalid => {
+                Err(SignError::TimedOut { timeout: record.timeout })
+            }
+            r => r,
+        };
         record.finish(result);
     }
 }

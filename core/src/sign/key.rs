@@ -7,7 +7,7 @@ use boring::ec::{EcGroup, EcKey};
 use boring::ecdsa::EcdsaSig;
 use boring::error::ErrorStack;
 use boring::nid::Nid;
-use boring::pkey::{Id, PKey, PKeyRef, Private};
+use boring::pkey::{Id, PKey, Private};
 use boring::rsa::{Padding, Rsa, RsaRef};
 use boring::sign::Signer;
 use foreign_types::ForeignTypeRef;
@@ -239,13 +239,6 @@ impl PrivateKey {
         self.pkey.public_key_to_der().map_err(SignError::crypto)
     }
 
-    /// The BoringSSL key, for the TLS integration inside this crate only: the
-    /// key must not leave keyfence's hands.
-    #[allow(dead_code)]
-    pub(crate) fn pkey(&self) -> &PKeyRef<Private> {
-        &self.pkey
-    }
-
     /// Checks that `op` can run with this key: algorithm family, digest
     /// length, ciphertext length. The engine calls this at submission so a
     /// bad request fails at once instead of after queueing.
@@ -469,10 +462,7 @@ mod tests {
                         assert!(verify(key, alg, msg, &by_digest), "{alg} by digest");
                     }
                 }
-                None => assert_eq!(
-                    key.sign_digest(alg, &[0; 32]).unwrap_err(),
-                    SignError::DigestNotSupported(alg)
-                ),
+                None => assert_eq!(key.sign_digest(alg, &[0; 32]).unwrap_err(), SignError::DigestNotSupported(alg)),
             }
         }
     }
@@ -506,7 +496,10 @@ mod tests {
     #[test]
     fn loading_rejects_garbage_and_unsupported_keys_and_debug_hides_the_key() {
         assert_eq!(PrivateKey::from_bytes(b"").unwrap_err(), KeyError::Parse);
-        assert_eq!(PrivateKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap_err(), KeyError::Parse);
+        assert_eq!(
+            PrivateKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap_err(),
+            KeyError::Parse
+        );
         assert_eq!(PrivateKey::from_der(&[0x30, 0x03, 0x02, 0x01]).unwrap_err(), KeyError::Parse);
         assert_eq!(PrivateKey::from_ed25519_seed(&[0; 31]).unwrap_err(), KeyError::Ed25519Length(31));
         assert_eq!(PrivateKey::generate(KeyKind::Rsa { bits: 1024 }).unwrap_err(), KeyError::RsaSize(1024));

@@ -103,27 +103,59 @@ pub struct LatencySummary {
 /// The live counters of one executor class.
 pub(crate) struct ClassStats {
     pub(crate) class: OpClass,
+    pub(crate) workers: usize,
     pub(crate) submitted: AtomicU64,
+    /// Operations pushed and not yet taken by a worker.
+    pub(crate) queued: AtomicUsize,
     pub(crate) in_flight: AtomicUsize,
     pub(crate) completed: AtomicU64,
     pub(crate) errors: [AtomicU64; ErrorKind::ALL.len()],
     pub(crate) latency: Histogram,
+    /// Moving average of how long the backend takes (nanoseconds), for
+    /// [`SignFuture::wait`](super::SignFuture::wait)'s wake-up timing.
+    service_ns: AtomicU64,
 }
 
 impl ClassStats {
-    pub(crate) fn new(class: OpClass) -> Self {
+    pub(crate) fn new(class: OpClass, workers: usize) -> Self {
         ClassStats {
             class,
+            workers,
             submitted: AtomicU64::new(0),
+            queued: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             completed: AtomicU64::new(0),
             errors: std::array::from_fn(|_| AtomicU64::new(0)),
             latency: Histogram::new(),
+            service_ns: AtomicU64::new(0),
         }
     }
 
     pub(crate) fn error(&self, kind: ErrorKind) {
         self.errors[kind.index()].fetch_add(1, Relaxed);
+    }
+
+    /// Folds one service time into the moving average (weight 1/8). Racing
+    /// updates may lose a sample, which an estimate can afford.
+    pub(crate) fn record_service(&self, d: Duration) {
+        let ns = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let old = self.service_ns.load(Relaxed);
+        let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
+        self.service_ns.store(new, Relaxed);
+    }
+
+    /// The typical service time, if any operation has completed.
+    pub(crate) fn service_estimate(&self) -> Option<Duration> {
+        match self.service_ns.load(Relaxed) {
+            0 => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    /// Whether the executor has spare workers: at most half of them busy or
+    /// about to be, counting the caller's own operation (queued or running).
+    pub(crate) fn mostly_idle(&self) -> bool {
+        self.queued.load(Relaxed) + self.in_flight.load(Relaxed) <= (self.workers / 2).max(1)
     }
 }
 

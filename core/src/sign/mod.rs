@@ -20,7 +20,7 @@
 //! - [`Backend`]: what performs an operation ([`SoftwareBackend`] in
 //!   process; [`LatencyBackend`] adds latency for tests; an isolated key
 //!   process and QAT offload are future backends).
-//! - `tls`: BoringSSL's private-key-method hook, so a TLS handshake
+//! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
 //! ```
@@ -46,6 +46,7 @@ mod fd;
 mod key;
 mod metrics;
 mod op;
+pub mod tls;
 
 pub use alg::{Algorithm, Hash};
 pub use backend::{Backend, LatencyBackend, SoftwareBackend};

@@ -1,0 +1,177 @@
+//! `keyfence sign`, run as a user would, its signatures checked by the
+//! `openssl` command line (keys made by `openssl` too, in the encodings
+//! people have: PKCS#8 and PKCS#1/SEC1, PEM and DER).
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::{keyfence, Dir};
+
+fn openssl(args: &[&str]) -> Output {
+    Command::new("openssl").args(args).output().expect("the openssl command line is needed for this test")
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Makes a key with openssl; returns the private key path and its public key
+/// (PEM) path.
+fn make_key(d: &Dir, name: &str, genargs: &[&str], der: bool) -> (String, String) {
+    let pem = d.p(&format!("{name}.pem"));
+    let mut args = genargs.to_vec();
+    args.extend(["-out", &pem]);
+    ok(&openssl(&args), &format!("openssl {genargs:?}"));
+    let public = d.p(&format!("{name}.pub.pem"));
+    ok(&openssl(&["pkey", "-in", &pem, "-pubout", "-out", &public]), "openssl pkey -pubout");
+    if der {
+        let der_path = d.p(&format!("{name}.der"));
+        // `-traditional` keeps PKCS#1 / SEC1 rather than PKCS#8.
+        let mut a = vec!["pkey", "-in", &pem, "-outform", "DER", "-out", &der_path];
+        if !name.starts_with("ed") {
+            a.push("-traditional");
+        }
+        ok(&openssl(&a), "openssl pkey -outform DER");
+        return (der_path, public);
+    }
+    (pem, public)
+}
+
+#[test]
+fn signatures_verify_with_openssl() {
+    let d = Dir::new("sign-openssl");
+    let msg = d.p("msg");
+    std::fs::write(&msg, b"keyfence sign, checked by openssl\n").unwrap();
+    let rsa = make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
+    let rsa_der = make_key(&d, "rsa1", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:3072"], true);
+    let p256 = make_key(&d, "p256", &["ecparam", "-name", "prime256v1", "-genkey", "-noout"], false); // SEC1 PEM
+    let p384 = make_key(&d, "p384", &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-384"], true);
+    let ed = make_key(&d, "ed25519", &["genpkey", "-algorithm", "ED25519"], false);
+    let cases: [(&str, &(String, String), &[&str]); 8] = [
+        ("rsa-pkcs1-sha256", &rsa, &["dgst", "-sha256"]),
+        ("rsa-pkcs1-sha384", &rsa, &["dgst", "-sha384"]),
+        (
+            "rsa-pss-sha256",
+            &rsa,
+            &["dgst", "-sha256", "-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"],
+        ),
+        ("rsa-pkcs1-sha256", &rsa_der, &["dgst", "-sha256"]),
+        (
+            "rsa-pss-sha256",
+            &rsa_der,
+            &["dgst", "-sha256", "-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"],
+        ),
+        ("ecdsa-p256-sha256", &p256, &["dgst", "-sha256"]),
+        ("ecdsa-p384-sha384", &p384, &["dgst", "-sha384"]),
+        ("ed25519", &ed, &["pkeyutl", "-rawin"]),
+    ];
+    for (i, (alg, (key, public), verify)) in cases.into_iter().enumerate() {
+        let sig = d.p(&format!("sig{i}"));
+        ok(
+            &keyfence(&["sign", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]),
+            &format!("keyfence sign {alg}"),
+        );
+        let mut args = verify.to_vec();
+        if verify[0] == "dgst" {
+            args.extend(["-verify", public, "-signature", &sig, &msg]);
+        } else {
+            args.extend(["-verify", "-pubin", "-inkey", public, "-sigfile", &sig, "-in", &msg]);
+        }
+        let o = openssl(&args);
+        ok(&o, &format!("openssl verification of {alg} with {key}"));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("Verified"), "{}", String::from_utf8_lossy(&o.stdout));
+
+        // A flipped message byte must not verify: the check is real.
+        let tampered = d.p("tampered");
+        let mut m = std::fs::read(&msg).unwrap();
+        m[0] ^= 1;
+        std::fs::write(&tampered, m).unwrap();
+        // The message path is the last argument in both forms.
+        let n = args.len();
+        args[n - 1] = &tampered;
+        assert!(!openssl(&args).status.success(), "{alg}: a tampered message verified");
+    }
+
+    // --digest: sign a digest made by openssl; the signature is the same
+    // RSA PKCS#1 v1.5 signature (deterministic) as signing the message.
+    let digest = d.p("digest");
+    ok(&openssl(&["dgst", "-sha256", "-binary", "-out", &digest, &msg]), "openssl dgst -binary");
+    let (s1, s2) = (d.p("by-msg"), d.p("by-digest"));
+    ok(&keyfence(&["sign", "--key", &rsa.0, "--alg", "rsa-pkcs1-sha256", "--in", &msg, "--out", &s1]), "sign msg");
+    ok(
+        &keyfence(&["sign", "--key", &rsa.0, "--alg", "rsa-pkcs1-sha256", "--in", &digest, "--out", &s2, "--digest"]),
+        "sign digest",
+    );
+    assert_eq!(std::fs::read(&s1).unwrap(), std::fs::read(&s2).unwrap());
+}
+
+#[test]
+fn errors_are_clear_and_exit_non_zero() {
+    let d = Dir::new("sign-errors");
+    let msg = d.p("msg");
+    std::fs::write(&msg, b"m").unwrap();
+    let (p256, _) =
+        make_key(&d, "p256", &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"], false);
+    let out = d.p("sig");
+    let err = |o: &Output| {
+        assert!(!o.status.success());
+        assert!(!std::path::Path::new(&out).exists(), "no signature file on failure");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let e = err(&keyfence(&["sign", "--key", &p256, "--alg", "rsa-pss-sha256", "--in", &msg, "--out", &out]));
+    assert!(e.contains("rsa-pss-sha256 cannot be used with a P-256 ECDSA key"), "{e}");
+    let e = err(&keyfence(&["sign", "--key", &p256, "--alg", "ecdsa-p384-sha384", "--in", &msg, "--out", &out]));
+    assert!(e.contains("cannot be used with a P-256 ECDSA key"), "{e}");
+    let e = err(&keyfence(&["sign", "--key", &p256, "--alg", "dsa-sha1", "--in", &msg, "--out", &out]));
+    assert!(e.contains("unknown signature algorithm `dsa-sha1`"), "{e}");
+    let e = err(&keyfence(&["sign", "--key", &msg, "--alg", "ed25519", "--in", &msg, "--out", &out]));
+    assert!(e.contains("not a private key"), "{e}");
+    let e = err(&keyfence(&["sign", "--key", &d.p("missing"), "--alg", "ed25519", "--in", &msg, "--out", &out]));
+    assert!(e.contains("reading") && e.contains("missing"), "{e}");
+    let e = err(&keyfence(&[
+        "sign",
+        "--key",
+        &p256,
+        "--alg",
+        "ecdsa-p256-sha256",
+        "--in",
+        &msg,
+        "--out",
+        &out,
+        "--digest",
+    ]));
+    assert!(e.contains("expects a 32-byte digest, got 1 bytes"), "{e}");
+    // The key never appears in an error.
+    let pem = std::fs::read_to_string(&p256).unwrap();
+    let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+    assert!(!e.contains(&body[..20]));
+}
+
+#[test]
+fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
+    let o =
+        keyfence(&["bench", "sign", "--json", "--seconds", "0.2", "--case", "ecdsa-p256-sha256", "--case", "ed25519"]);
+    ok(&o, "keyfence bench sign");
+    let lines: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 4);
+    for (v, (alg, path)) in lines.iter().zip([
+        ("ecdsa-p256-sha256", "raw"),
+        ("ecdsa-p256-sha256", "engine"),
+        ("ed25519", "raw"),
+        ("ed25519", "engine"),
+    ]) {
+        assert_eq!(v["alg"], alg);
+        assert_eq!(v["path"], path);
+        for k in ["ops_per_s", "p50_us", "p99_us"] {
+            assert!(v[k].as_f64().unwrap() > 0.0, "{v}");
+        }
+        assert!(v["p50_us"].as_f64() <= v["p99_us"].as_f64());
+    }
+}
