@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::alg::Algorithm;
-use super::backend::{Backend, SoftwareBackend};
+use super::backend::{Backend, Reply, SoftwareBackend};
 use super::completion::{Notify, OpHandle, OpRecord, SignFuture, Work};
 use super::deadline::Deadlines;
 use super::error::SignError;
@@ -189,17 +189,37 @@ impl Engine {
 
     fn submit_inner(&self, req: Request, notify: Notify) -> Result<Arc<OpRecord>, SignError> {
         let core = &*self.core;
-        let backend = req.backend.unwrap_or_else(|| core.backend.clone());
+        // A key held by an isolated key process can only be used there.
+        let backend = match req.key.home() {
+            Some(home) => home.clone(),
+            None => req.backend.unwrap_or_else(|| core.backend.clone()),
+        };
         let class = backend.class(&req.key, &req.op);
         let exec = &core.executors[class.index()];
         if let Err(e) = req.key.check(&req.op) {
             exec.stats.error(e.kind());
             return Err(e);
         }
+        let direct = match backend.admit(&req.key, &req.op) {
+            Ok(direct) => direct,
+            Err(e) => {
+                exec.stats.error(e.kind());
+                return Err(e);
+            }
+        };
         let timeout = req.timeout.unwrap_or(core.config.default_timeout);
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
         let work = Work { key: req.key, op: req.op, backend };
         let record = Arc::new(OpRecord::new(id, Instant::now(), timeout, exec.stats.clone(), work, notify));
+        if direct {
+            exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
+            core.deadlines.watch(record.clone());
+            if let Some(Work { key, op, backend }) = record.start() {
+                let reply = Reply::new(record.clone(), backend.clone());
+                backend.start(key, op, reply);
+            }
+            return Ok(record);
+        }
         if let Err(e) = exec.try_push(record.clone()) {
             // Never queued: the caller learns it here, and the callback (if
             // any) is dropped uncalled with the record.

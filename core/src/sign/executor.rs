@@ -13,8 +13,9 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use super::completion::OpRecord;
-use super::error::{ErrorKind, SignError};
+use super::backend::Reply;
+use super::completion::{OpRecord, Work};
+use super::error::SignError;
 use super::metrics::{ClassMetrics, ClassStats};
 
 /// A class of operations with its own executor.
@@ -124,25 +125,10 @@ fn work(rx: &Receiver<Arc<OpRecord>>, stats: &ClassStats, shutdown: &AtomicBool)
             record.finish(Err(SignError::TimedOut { timeout }));
             continue;
         }
-        stats.in_flight.fetch_add(1, Ordering::Relaxed);
-        let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| work.backend.perform(&work.key, &work.op, record.deadline)))
-            .unwrap_or_else(|_| {
-                Err(SignError::Backend { backend: work.backend.name().to_string(), reason: "panicked".into() })
-            });
-        stats.in_flight.fetch_sub(1, Ordering::Relaxed);
-        if result.is_ok() {
-            stats.record_service(started.elapsed());
-        }
-        drop(work);
-        // A backend that gave up at the deadline races the deadline thread;
-        // either way the caller's deadline is what ended it.
-        let result = match result {
-            Err(e) if Instant::now() >= record.deadline && e.kind() != ErrorKind::Invalid => {
-                Err(SignError::TimedOut { timeout: record.timeout })
-            }
-            r => r,
-        };
-        record.finish(result);
+        let Work { key, op, backend } = work;
+        let reply = Reply::new(record, backend.clone());
+        // A panicking backend drops the reply while unwinding, which answers
+        // the caller with an error; the worker lives on.
+        let _ = catch_unwind(AssertUnwindSafe(move || backend.start(key, op, reply)));
     }
 }

@@ -2,6 +2,8 @@
 //! BoringSSL operations the engine's executors run.
 
 use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use boring::ec::{EcGroup, EcKey};
 use boring::ecdsa::EcdsaSig;
@@ -14,6 +16,7 @@ use foreign_types::ForeignTypeRef;
 use zeroize::Zeroizing;
 
 use super::alg::{Algorithm, Family, Hash};
+use super::backend::Backend;
 use super::error::{KeyError, SignError};
 use super::op::{Input, Operation, Output};
 
@@ -100,14 +103,49 @@ enum Typed {
 /// assert!(sig.len() <= KeyKind::EcP256.max_output_len());
 /// ```
 pub struct PrivateKey {
-    pkey: PKey<Private>,
-    typed: Typed,
+    holder: Holder,
     kind: KeyKind,
 }
 
+/// Where the secret lives.
+enum Holder {
+    /// In this process's BoringSSL memory.
+    Local { pkey: PKey<Private>, typed: Typed },
+    /// Somewhere else (an isolated key process); this process holds only
+    /// an id, and the backend that can use it.
+    Remote(RemoteKey),
+}
+
+/// A handle on a key held outside this process: the backend that holds it,
+/// its id there, and the public key.
+pub(crate) struct RemoteKey {
+    pub(crate) backend: Arc<dyn Backend>,
+    pub(crate) id: u64,
+    pub(crate) public_der: Vec<u8>,
+    /// Called with `id` when the last handle goes, so the holder can
+    /// forget the key.
+    pub(crate) on_drop: Option<Box<dyn Fn(u64) + Send + Sync>>,
+}
+
+impl Drop for RemoteKey {
+    fn drop(&mut self) {
+        if let Some(f) = self.on_drop.take() {
+            f(self.id);
+        }
+    }
+}
+
+/// How long [`PrivateKey::perform`] waits for a key held elsewhere.
+const REMOTE_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
+
 impl fmt::Debug for PrivateKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PrivateKey").field("kind", &self.kind).finish_non_exhaustive()
+        let mut d = f.debug_struct("PrivateKey");
+        d.field("kind", &self.kind);
+        if let Holder::Remote(r) = &self.holder {
+            d.field("held_by", &r.backend.name()).field("id", &r.id);
+        }
+        d.finish_non_exhaustive()
     }
 }
 
@@ -222,7 +260,36 @@ impl PrivateKey {
             Id::ED25519 => (Typed::Ed25519, KeyKind::Ed25519),
             other => return Err(KeyError::UnsupportedType(format!("{other:?}"))),
         };
-        Ok(PrivateKey { pkey, typed, kind })
+        Ok(PrivateKey { holder: Holder::Local { pkey, typed }, kind })
+    }
+
+    /// A handle on a key that `backend` holds under `id`; operations on it
+    /// go to that backend.
+    pub(crate) fn remote(kind: KeyKind, remote: RemoteKey) -> Self {
+        PrivateKey { holder: Holder::Remote(remote), kind }
+    }
+
+    /// The backend that holds this key, if it is not in this process. The
+    /// engine runs such a key's operations there whatever the request says.
+    pub(crate) fn home(&self) -> Option<&Arc<dyn Backend>> {
+        match &self.holder {
+            Holder::Local { .. } => None,
+            Holder::Remote(r) => Some(&r.backend),
+        }
+    }
+
+    /// The id a remote backend gave this key.
+    pub(crate) fn remote_id(&self) -> Option<u64> {
+        match &self.holder {
+            Holder::Local { .. } => None,
+            Holder::Remote(r) => Some(r.id),
+        }
+    }
+
+    /// Whether the secret is in this process's memory (false for a key
+    /// held by an isolated key process).
+    pub fn is_local(&self) -> bool {
+        matches!(self.holder, Holder::Local { .. })
     }
 
     /// The key's kind.
@@ -236,7 +303,10 @@ impl PrivateKey {
     /// # Errors
     /// [`SignError::Crypto`] if BoringSSL cannot encode it.
     pub fn public_key_der(&self) -> Result<Vec<u8>, SignError> {
-        self.pkey.public_key_to_der().map_err(SignError::crypto)
+        match &self.holder {
+            Holder::Local { pkey, .. } => pkey.public_key_to_der().map_err(SignError::crypto),
+            Holder::Remote(r) => Ok(r.public_der.clone()),
+        }
     }
 
     /// Checks that `op` can run with this key: algorithm family, digest
@@ -279,8 +349,14 @@ impl PrivateKey {
     /// # Errors
     /// Those of [`PrivateKey::check`], and [`SignError::Crypto`] if
     /// BoringSSL fails.
+    ///
+    /// A key held elsewhere (an isolated key process) is used through its
+    /// backend, waiting up to 10 seconds.
     pub fn perform(&self, op: &Operation) -> Result<Output, SignError> {
         self.check(op)?;
+        if let Holder::Remote(r) = &self.holder {
+            return r.backend.perform(self, op, Instant::now() + REMOTE_SYNC_TIMEOUT);
+        }
         match op {
             Operation::Sign { alg, input: Input::Message(m) } => self.sign_checked(*alg, m, false),
             Operation::Sign { alg, input: Input::Digest(d) } => self.sign_checked(*alg, d, true),
@@ -294,10 +370,7 @@ impl PrivateKey {
     /// [`SignError::KeyMismatch`] if `alg` does not fit the key;
     /// [`SignError::Crypto`] if BoringSSL fails.
     pub fn sign(&self, alg: Algorithm, msg: &[u8]) -> Result<Output, SignError> {
-        if !self.kind.supports(alg) {
-            return Err(SignError::KeyMismatch { alg, key: self.kind });
-        }
-        self.sign_checked(alg, msg, false)
+        self.perform(&Operation::Sign { alg, input: Input::Message(msg.to_vec()) })
     }
 
     /// Signs a pre-computed digest with `alg` on the calling thread (not for
@@ -307,8 +380,7 @@ impl PrivateKey {
     /// Those of [`PrivateKey::check`]; [`SignError::Crypto`] if BoringSSL
     /// fails.
     pub fn sign_digest(&self, alg: Algorithm, digest: &[u8]) -> Result<Output, SignError> {
-        self.check(&Operation::Sign { alg, input: Input::Digest(digest.to_vec()) })?;
-        self.sign_checked(alg, digest, true)
+        self.perform(&Operation::Sign { alg, input: Input::Digest(digest.to_vec()) })
     }
 
     /// Raw RSA decryption (no padding removed), as the TLS RSA key exchange
@@ -319,16 +391,22 @@ impl PrivateKey {
     /// [`SignError::DecryptNeedsRsa`], [`SignError::CiphertextLength`];
     /// [`SignError::Crypto`] if the input is not smaller than the modulus.
     pub fn decrypt_raw(&self, ciphertext: &[u8]) -> Result<Output, SignError> {
-        self.check(&Operation::DecryptRaw { ciphertext: ciphertext.to_vec() })?;
-        self.decrypt_raw_checked(ciphertext)
+        self.perform(&Operation::DecryptRaw { ciphertext: ciphertext.to_vec() })
     }
 
     /// `input` is the message, or the digest when `prehashed`; the caller has
     /// checked that `alg` fits the key and the digest length.
     fn sign_checked(&self, alg: Algorithm, input: &[u8], prehashed: bool) -> Result<Output, SignError> {
+        let Holder::Local { pkey, typed } = &self.holder else {
+            // `perform` sends remote keys to their backend before this.
+            return Err(SignError::Backend {
+                backend: "software".into(),
+                reason: "the key is not in this process".into(),
+            });
+        };
         let Some(hash) = alg.hash() else {
             // Ed25519: the only algorithm without a separate hash.
-            let mut signer = Signer::new_without_digest(&self.pkey).map_err(SignError::crypto)?;
+            let mut signer = Signer::new_without_digest(pkey).map_err(SignError::crypto)?;
             return Ok(Zeroizing::new(signer.sign_oneshot_to_vec(input).map_err(SignError::crypto)?));
         };
         let digest_buf;
@@ -338,7 +416,7 @@ impl PrivateKey {
             digest_buf = hash.digest(input)?;
             &digest_buf[..]
         };
-        match (&self.typed, alg.family()) {
+        match (typed, alg.family()) {
             (Typed::Rsa(rsa), Family::RsaPkcs1) => rsa_sign_pkcs1(rsa, hash, digest),
             (Typed::Rsa(rsa), Family::RsaPss) => rsa_sign_pss(rsa, hash, digest),
             (Typed::Ec(ec), Family::EcdsaP256 | Family::EcdsaP384) => {
@@ -350,7 +428,7 @@ impl PrivateKey {
     }
 
     fn decrypt_raw_checked(&self, ciphertext: &[u8]) -> Result<Output, SignError> {
-        let Typed::Rsa(rsa) = &self.typed else {
+        let Holder::Local { typed: Typed::Rsa(rsa), .. } = &self.holder else {
             return Err(SignError::DecryptNeedsRsa(self.kind));
         };
         let mut out = Zeroizing::new(vec![0u8; rsa.size() as usize]);

@@ -18,8 +18,9 @@
 //!   ([`SignError::TimedOut`]); cancellation through [`OpHandle`];
 //!   per-class [`EngineMetrics`].
 //! - [`Backend`]: what performs an operation ([`SoftwareBackend`] in
-//!   process; [`LatencyBackend`] adds latency for tests; an isolated key
-//!   process and QAT offload are future backends).
+//!   process; [`LatencyBackend`] adds latency for tests); backends may
+//!   answer later through a [`Reply`]. [`isolated`] keeps keys in a
+//!   separate key process.
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -43,13 +44,14 @@ mod engine;
 mod error;
 mod executor;
 mod fd;
+pub mod isolated;
 mod key;
 mod metrics;
 mod op;
 pub mod tls;
 
 pub use alg::{Algorithm, Hash};
-pub use backend::{Backend, LatencyBackend, SoftwareBackend};
+pub use backend::{Backend, LatencyBackend, Reply, SoftwareBackend};
 pub use completion::{OpHandle, SignFuture};
 pub use engine::{Engine, EngineConfig};
 pub use error::{ErrorKind, KeyError, SignError};

@@ -1,0 +1,630 @@
+//! The key-process protocol, version 1: framing and message encoding.
+//!
+//! Both directions carry frames:
+//!
+//! ```text
+//! frame   = length:u32  kind:u8  id:u64  body        (big-endian)
+//! length  = 9 + len(body), at most MAX_FRAME
+//! ```
+//!
+//! Requests carry an id the client chooses; the reply to a request carries
+//! the same id, and replies come in any order (the key process answers each
+//! operation as soon as it is done). `docs/isolation.md` has the full
+//! message table. A frame whose length is out of range cannot be skipped
+//! safely, so the reader closes the connection; any other malformed frame
+//! gets an [`ErrorCode::Malformed`] reply.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use zeroize::Zeroizing;
+
+use crate::sign::{Algorithm, Input, KeyKind, Operation};
+
+/// The first bytes of both hellos.
+pub const MAGIC: [u8; 4] = *b"KFKP";
+/// The protocol version this library speaks.
+pub const VERSION: u16 = 1;
+/// Bytes of `kind` and `id` after the length.
+pub const HEADER: usize = 9;
+/// The largest frame (after the length word). Large enough for a key
+/// file or a message to sign, small enough that a hostile length cannot
+/// make the reader allocate much.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Frame kinds.
+pub mod kind {
+    /// Client hello: magic, version, max in flight. Server hello: magic,
+    /// version, pid, hardening flags.
+    pub const HELLO: u8 = 0x01;
+    /// Load a key under a client-chosen id.
+    pub const LOAD: u8 = 0x02;
+    /// Forget a key.
+    pub const UNLOAD: u8 = 0x03;
+    /// A private-key operation.
+    pub const OP: u8 = 0x04;
+    /// Drop privileges to a user and group.
+    pub const DROP_PRIVILEGES: u8 = 0x05;
+    /// Ask for the process's status.
+    pub const STATUS: u8 = 0x06;
+    /// Success; the body depends on the request.
+    pub const OK: u8 = 0x80;
+    /// Failure: code and message.
+    pub const ERR: u8 = 0x81;
+}
+
+/// Hardening the key process confirms in its hello.
+pub mod flags {
+    /// `PR_SET_DUMPABLE` is 0: no core dumps, no ptrace by same-uid peers.
+    pub const NOT_DUMPABLE: u32 = 1;
+    /// `RLIMIT_CORE` is 0.
+    pub const NO_CORE: u32 = 2;
+    /// The peer's credentials were checked: it is the parent, same user.
+    pub const PEER_CHECKED: u32 = 4;
+}
+
+/// Why the key process refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum ErrorCode {
+    /// The frame's body could not be decoded.
+    Malformed = 1,
+    /// No key under that id.
+    UnknownKey = 2,
+    /// The key could not be loaded (file, envelope or bytes).
+    Load = 3,
+    /// BoringSSL refused the operation.
+    Crypto = 4,
+    /// The deadline passed before the operation started.
+    TimedOut = 5,
+    /// More requests in flight than agreed in the hello.
+    Busy = 6,
+    /// The request is not valid for the key (algorithm, lengths).
+    Invalid = 7,
+    /// Dropping privileges failed.
+    Privileges = 8,
+    /// Anything else.
+    Internal = 9,
+}
+
+impl ErrorCode {
+    /// The code for a byte, `Internal` for unknown ones.
+    pub fn from_u8(b: u8) -> Self {
+        match b {
+            1 => ErrorCode::Malformed,
+            2 => ErrorCode::UnknownKey,
+            3 => ErrorCode::Load,
+            4 => ErrorCode::Crypto,
+            5 => ErrorCode::TimedOut,
+            6 => ErrorCode::Busy,
+            7 => ErrorCode::Invalid,
+            8 => ErrorCode::Privileges,
+            _ => ErrorCode::Internal,
+        }
+    }
+}
+
+/// Where the key process gets a key. Sources it can read again by itself
+/// (a file, an envelope) are reloaded after a restart.
+#[derive(Clone)]
+pub enum KeySource {
+    /// A PEM or DER key file, read by the key process.
+    File(PathBuf),
+    /// A keyfence envelope, opened by the key process with a machine key
+    /// against a file store: the secret exists only in the key process.
+    Envelope {
+        /// The store directory (`keyfence authority init --store`).
+        store: PathBuf,
+        /// The machine key file (`keyfence authority issue --out`).
+        machine_key: PathBuf,
+        /// The envelope file (`keyfence authority wrap --out`).
+        envelope: PathBuf,
+    },
+    /// Key bytes (PEM or DER) handed over once. The client does not keep
+    /// them, so such a key is lost when the key process restarts.
+    Bytes(Zeroizing<Vec<u8>>),
+}
+
+impl fmt::Debug for KeySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            KeySource::File(p) => f.debug_tuple("File").field(p).finish(),
+            KeySource::Envelope { store, machine_key, envelope } => f
+                .debug_struct("Envelope")
+                .field("store", store)
+                .field("machine_key", machine_key)
+                .field("envelope", envelope)
+                .finish(),
+            KeySource::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+        }
+    }
+}
+
+impl KeySource {
+    /// Whether the key process can load it again after a restart.
+    pub fn reloadable(&self) -> bool {
+        !matches!(self, KeySource::Bytes(_))
+    }
+}
+
+/// A decoded frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// One of [`kind`].
+    pub kind: u8,
+    /// The request id (0 for hellos).
+    pub id: u64,
+    /// The kind-specific body.
+    pub body: Vec<u8>,
+}
+
+/// A frame the reader cannot get past.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum FramingError {
+    /// The length word is below the header size or above [`MAX_FRAME`].
+    #[error("frame length {0} is outside 9..={MAX_FRAME}")]
+    Length(u32),
+}
+
+/// Appends a frame to `out`.
+pub fn encode(out: &mut Vec<u8>, kind: u8, id: u64, body: &[&[u8]]) {
+    let len = HEADER + body.iter().map(|b| b.len()).sum::<usize>();
+    out.extend_from_slice(&(len as u32).to_be_bytes());
+    out.push(kind);
+    out.extend_from_slice(&id.to_be_bytes());
+    for part in body {
+        out.extend_from_slice(part);
+    }
+}
+
+/// Accumulates bytes from a stream and yields whole frames.
+#[derive(Default)]
+pub struct Decoder {
+    buf: Vec<u8>,
+    start: usize,
+}
+
+impl Decoder {
+    /// An empty decoder.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends bytes read from the stream.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        }
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// The next whole frame, `None` if more bytes are needed.
+    ///
+    /// # Errors
+    /// [`FramingError`] when the length word is out of range; the stream
+    /// cannot be resynchronised after that.
+    pub fn next_frame(&mut self) -> Result<Option<Frame>, FramingError> {
+        let avail = &self.buf[self.start..];
+        if avail.len() < 4 {
+            self.compact();
+            return Ok(None);
+        }
+        let len = u32::from_be_bytes([avail[0], avail[1], avail[2], avail[3]]);
+        if (len as usize) < HEADER || len as usize > MAX_FRAME {
+            return Err(FramingError::Length(len));
+        }
+        if avail.len() < 4 + len as usize {
+            self.compact();
+            return Ok(None);
+        }
+        let frame = &avail[4..4 + len as usize];
+        let kind = frame[0];
+        let id = u64::from_be_bytes(frame[1..9].try_into().expect("8 bytes"));
+        let body = frame[9..].to_vec();
+        self.start += 4 + len as usize;
+        Ok(Some(Frame { kind, id, body }))
+    }
+
+    /// Drops consumed bytes once they are most of the buffer.
+    fn compact(&mut self) {
+        if self.start > 0 && self.start * 2 >= self.buf.len() {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+}
+
+/// A reader over a frame body; every getter fails on short input.
+pub struct Body<'a> {
+    b: &'a [u8],
+}
+
+/// A body that ended early or held a bad value; `what` names the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed {what}")]
+pub struct BodyError {
+    /// The field that could not be read.
+    pub what: &'static str,
+}
+
+impl<'a> Body<'a> {
+    /// A reader over `b`.
+    pub fn new(b: &'a [u8]) -> Self {
+        Body { b }
+    }
+
+    /// The next `n` bytes.
+    pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], BodyError> {
+        if self.b.len() < n {
+            return Err(BodyError { what });
+        }
+        let (head, tail) = self.b.split_at(n);
+        self.b = tail;
+        Ok(head)
+    }
+
+    /// A big-endian `u8`.
+    pub fn u8(&mut self, what: &'static str) -> Result<u8, BodyError> {
+        Ok(self.bytes(1, what)?[0])
+    }
+
+    /// A big-endian `u16`.
+    pub fn u16(&mut self, what: &'static str) -> Result<u16, BodyError> {
+        Ok(u16::from_be_bytes(self.bytes(2, what)?.try_into().expect("2 bytes")))
+    }
+
+    /// A big-endian `u32`.
+    pub fn u32(&mut self, what: &'static str) -> Result<u32, BodyError> {
+        Ok(u32::from_be_bytes(self.bytes(4, what)?.try_into().expect("4 bytes")))
+    }
+
+    /// A big-endian `u64`.
+    pub fn u64(&mut self, what: &'static str) -> Result<u64, BodyError> {
+        Ok(u64::from_be_bytes(self.bytes(8, what)?.try_into().expect("8 bytes")))
+    }
+
+    /// Bytes prefixed by a `u32` length.
+    pub fn var(&mut self, what: &'static str) -> Result<&'a [u8], BodyError> {
+        let n = self.u32(what)? as usize;
+        self.bytes(n, what)
+    }
+
+    /// Whatever is left.
+    pub fn rest(&mut self) -> &'a [u8] {
+        std::mem::take(&mut self.b)
+    }
+
+    /// Fails unless the body has been read to its end.
+    pub fn end(&self, what: &'static str) -> Result<(), BodyError> {
+        if self.b.is_empty() {
+            Ok(())
+        } else {
+            Err(BodyError { what })
+        }
+    }
+}
+
+fn var(out: &mut Vec<u8>, b: &[u8]) {
+    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+    out.extend_from_slice(b);
+}
+
+#[cfg(unix)]
+fn path_bytes(p: &std::path::Path) -> &[u8] {
+    use std::os::unix::ffi::OsStrExt;
+    p.as_os_str().as_bytes()
+}
+
+#[cfg(unix)]
+fn path_from(b: &[u8]) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    PathBuf::from(std::ffi::OsStr::from_bytes(b))
+}
+
+/// The body of a client hello.
+pub fn hello_request(max_in_flight: u32) -> Vec<u8> {
+    let mut b = MAGIC.to_vec();
+    b.extend_from_slice(&VERSION.to_be_bytes());
+    b.extend_from_slice(&max_in_flight.to_be_bytes());
+    b
+}
+
+/// Decodes a client hello: the agreed in-flight bound.
+///
+/// # Errors
+/// [`BodyError`] for a wrong magic, version or length.
+pub fn parse_hello_request(body: &[u8]) -> Result<u32, BodyError> {
+    let mut r = Body::new(body);
+    if r.bytes(4, "hello magic")? != MAGIC {
+        return Err(BodyError { what: "hello magic" });
+    }
+    if r.u16("hello version")? != VERSION {
+        return Err(BodyError { what: "hello version (this key process speaks version 1)" });
+    }
+    let max = r.u32("hello max_in_flight")?;
+    r.end("hello (trailing bytes)")?;
+    if max == 0 {
+        return Err(BodyError { what: "hello max_in_flight (zero)" });
+    }
+    Ok(max)
+}
+
+/// The body of the key process's hello.
+pub fn hello_reply(pid: u32, flags: u32) -> Vec<u8> {
+    let mut b = MAGIC.to_vec();
+    b.extend_from_slice(&VERSION.to_be_bytes());
+    b.extend_from_slice(&pid.to_be_bytes());
+    b.extend_from_slice(&flags.to_be_bytes());
+    b
+}
+
+/// Decodes the key process's hello: its pid and hardening flags.
+///
+/// # Errors
+/// [`BodyError`] for a wrong magic, version or length.
+pub fn parse_hello_reply(body: &[u8]) -> Result<(u32, u32), BodyError> {
+    let mut r = Body::new(body);
+    if r.bytes(4, "hello magic")? != MAGIC {
+        return Err(BodyError { what: "hello magic" });
+    }
+    if r.u16("hello version")? != VERSION {
+        return Err(BodyError { what: "hello version" });
+    }
+    let pid = r.u32("hello pid")?;
+    let flags = r.u32("hello flags")?;
+    r.end("hello (trailing bytes)")?;
+    Ok((pid, flags))
+}
+
+/// The body of a LOAD request.
+pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
+    let mut b = Zeroizing::new(key_id.to_be_bytes().to_vec());
+    match source {
+        KeySource::File(p) => {
+            b.push(1);
+            var(&mut b, path_bytes(p));
+        }
+        KeySource::Envelope { store, machine_key, envelope } => {
+            b.push(2);
+            var(&mut b, path_bytes(store));
+            var(&mut b, path_bytes(machine_key));
+            var(&mut b, path_bytes(envelope));
+        }
+        KeySource::Bytes(bytes) => {
+            b.push(3);
+            var(&mut b, bytes);
+        }
+    }
+    b
+}
+
+/// Decodes a LOAD request.
+///
+/// # Errors
+/// [`BodyError`] naming the field.
+pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
+    let mut r = Body::new(body);
+    let key_id = r.u64("load key id")?;
+    let source = match r.u8("load source")? {
+        1 => KeySource::File(path_from(r.var("load file path")?)),
+        2 => KeySource::Envelope {
+            store: path_from(r.var("load store path")?),
+            machine_key: path_from(r.var("load machine key path")?),
+            envelope: path_from(r.var("load envelope path")?),
+        },
+        3 => KeySource::Bytes(Zeroizing::new(r.var("load key bytes")?.to_vec())),
+        _ => return Err(BodyError { what: "load source (1 file, 2 envelope, 3 bytes)" }),
+    };
+    r.end("load (trailing bytes)")?;
+    Ok((key_id, source))
+}
+
+/// The body of a LOAD success: the key's kind and public key.
+pub fn loaded_reply(kind: KeyKind, public_der: &[u8]) -> Vec<u8> {
+    let (tag, bits) = match kind {
+        KeyKind::Rsa { bits } => (1u8, bits as u16),
+        KeyKind::EcP256 => (2, 256),
+        KeyKind::EcP384 => (3, 384),
+        KeyKind::Ed25519 => (4, 255),
+    };
+    let mut b = vec![tag];
+    b.extend_from_slice(&bits.to_be_bytes());
+    var(&mut b, public_der);
+    b
+}
+
+/// Decodes a LOAD success.
+///
+/// # Errors
+/// [`BodyError`] naming the field.
+pub fn parse_loaded_reply(body: &[u8]) -> Result<(KeyKind, Vec<u8>), BodyError> {
+    let mut r = Body::new(body);
+    let tag = r.u8("key kind")?;
+    let bits = r.u16("key bits")?;
+    let kind = match tag {
+        1 if (2048..=4096).contains(&bits) => KeyKind::Rsa { bits: u32::from(bits) },
+        2 => KeyKind::EcP256,
+        3 => KeyKind::EcP384,
+        4 => KeyKind::Ed25519,
+        _ => return Err(BodyError { what: "key kind" }),
+    };
+    let der = r.var("public key")?.to_vec();
+    r.end("loaded (trailing bytes)")?;
+    Ok((kind, der))
+}
+
+/// What an OP request asks for.
+const OP_SIGN_MESSAGE: u8 = 1;
+const OP_SIGN_DIGEST: u8 = 2;
+const OP_DECRYPT_RAW: u8 = 3;
+
+/// Appends an OP frame for `op` with key `key_id` to `out`: the work must
+/// start within `timeout` (rounded up to a microsecond, at most about 71
+/// minutes).
+pub fn encode_op(out: &mut Vec<u8>, id: u64, key_id: u64, timeout: Duration, op: &Operation) {
+    let us = u32::try_from(timeout.as_micros().max(1)).unwrap_or(u32::MAX);
+    let (code, alg, data): (u8, u16, &[u8]) = match op {
+        Operation::Sign { alg, input: Input::Message(m) } => (OP_SIGN_MESSAGE, alg.tls_code(), m),
+        Operation::Sign { alg, input: Input::Digest(d) } => (OP_SIGN_DIGEST, alg.tls_code(), d),
+        Operation::DecryptRaw { ciphertext } => (OP_DECRYPT_RAW, 0, ciphertext),
+    };
+    encode(out, kind::OP, id, &[&key_id.to_be_bytes(), &us.to_be_bytes(), &[code], &alg.to_be_bytes(), data]);
+}
+
+/// Decodes an OP request: key id, time allowed, operation.
+///
+/// # Errors
+/// [`BodyError`] naming the field.
+pub fn parse_op(body: &[u8]) -> Result<(u64, Duration, Operation), BodyError> {
+    let mut r = Body::new(body);
+    let key_id = r.u64("op key id")?;
+    let timeout = Duration::from_micros(u64::from(r.u32("op timeout")?));
+    let code = r.u8("op code")?;
+    let alg = r.u16("op algorithm")?;
+    let data = r.rest().to_vec();
+    let sign_alg = || Algorithm::from_tls_code(alg).map_err(|_| BodyError { what: "op algorithm" });
+    let op = match code {
+        OP_SIGN_MESSAGE => Operation::Sign { alg: sign_alg()?, input: Input::Message(data) },
+        OP_SIGN_DIGEST => Operation::Sign { alg: sign_alg()?, input: Input::Digest(data) },
+        OP_DECRYPT_RAW if alg == 0 => Operation::DecryptRaw { ciphertext: data },
+        _ => return Err(BodyError { what: "op code (1 sign message, 2 sign digest, 3 raw RSA decrypt)" }),
+    };
+    Ok((key_id, timeout, op))
+}
+
+/// The body of an ERR reply.
+pub fn error_body(code: ErrorCode, message: &str) -> Vec<u8> {
+    let mut b = vec![code as u8];
+    // Messages are for logs; keep them short whatever produced them.
+    let mut end = message.len().min(1024);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    b.extend_from_slice(&message.as_bytes()[..end]);
+    b
+}
+
+/// Decodes an ERR reply.
+pub fn parse_error(body: &[u8]) -> (ErrorCode, String) {
+    match body.split_first() {
+        Some((code, msg)) => (ErrorCode::from_u8(*code), String::from_utf8_lossy(msg).into_owned()),
+        None => (ErrorCode::Internal, "an empty error reply".into()),
+    }
+}
+
+/// The body of a STATUS reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Status {
+    /// The key process's pid.
+    pub pid: u32,
+    /// Its real user id.
+    pub uid: u32,
+    /// Its real group id.
+    pub gid: u32,
+    /// [`flags`] it confirms.
+    pub flags: u32,
+    /// Keys loaded.
+    pub keys: u32,
+    /// Operations in flight on this connection.
+    pub in_flight: u32,
+}
+
+impl Status {
+    /// Encodes the status.
+    pub fn encode(&self) -> Vec<u8> {
+        [self.pid, self.uid, self.gid, self.flags, self.keys, self.in_flight]
+            .iter()
+            .flat_map(|v| v.to_be_bytes())
+            .collect()
+    }
+
+    /// Decodes a status.
+    ///
+    /// # Errors
+    /// [`BodyError`] unless the body is six `u32`s.
+    pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
+        let mut r = Body::new(body);
+        let s = Status {
+            pid: r.u32("status pid")?,
+            uid: r.u32("status uid")?,
+            gid: r.u32("status gid")?,
+            flags: r.u32("status flags")?,
+            keys: r.u32("status keys")?,
+            in_flight: r.u32("status in_flight")?,
+        };
+        r.end("status (trailing bytes)")?;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_through_any_split() {
+        let mut wire = Vec::new();
+        encode(&mut wire, kind::HELLO, 0, &[&hello_request(64)]);
+        let op = Operation::Sign { alg: Algorithm::EcdsaP256Sha256, input: Input::Digest(vec![7; 32]) };
+        encode_op(&mut wire, 5, 9, Duration::from_millis(3), &op);
+        encode(&mut wire, kind::ERR, 6, &[&error_body(ErrorCode::Busy, "busy")]);
+        for split in 0..wire.len() {
+            let mut d = Decoder::new();
+            let mut frames = Vec::new();
+            for chunk in [&wire[..split], &wire[split..]] {
+                d.push(chunk);
+                while let Some(f) = d.next_frame().unwrap() {
+                    frames.push(f);
+                }
+            }
+            assert_eq!(frames.len(), 3, "split at {split}");
+            assert_eq!(parse_hello_request(&frames[0].body).unwrap(), 64);
+            assert_eq!(frames[1].id, 5);
+            assert_eq!(parse_op(&frames[1].body).unwrap(), (9, Duration::from_millis(3), op.clone()));
+            assert_eq!(parse_error(&frames[2].body), (ErrorCode::Busy, "busy".into()));
+        }
+    }
+
+    #[test]
+    fn bad_lengths_and_bodies_are_errors_not_panics() {
+        for len in [0u32, 8, MAX_FRAME as u32 + 1, u32::MAX] {
+            let mut d = Decoder::new();
+            d.push(&len.to_be_bytes());
+            assert_eq!(d.next_frame(), Err(FramingError::Length(len)));
+        }
+        assert!(parse_hello_request(b"KFKP\x00\x02\x00\x00\x00\x01").is_err(), "version 2");
+        assert!(parse_hello_request(b"XXXX\x00\x01\x00\x00\x00\x01").is_err(), "magic");
+        assert!(parse_hello_request(b"KFKP\x00\x01\x00\x00\x00\x00").is_err(), "zero in flight");
+        assert!(parse_load_request(&[0; 8]).is_err());
+        assert!(parse_load_request(&[0, 0, 0, 0, 0, 0, 0, 1, 9]).is_err(), "unknown source");
+        assert!(parse_load_request(&[0, 0, 0, 0, 0, 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff]).is_err(), "long path");
+        assert!(parse_op(&[0; 14]).is_err(), "short");
+        let mut bad_alg = vec![0; 12];
+        bad_alg.extend_from_slice(&[1, 0x12, 0x34]);
+        assert!(parse_op(&bad_alg).is_err(), "unknown algorithm");
+        assert!(parse_loaded_reply(&[1, 0x04, 0x00]).is_err(), "RSA-1024");
+        assert_eq!(parse_error(&[]).0, ErrorCode::Internal);
+    }
+
+    #[test]
+    fn every_source_round_trips() {
+        for source in [
+            KeySource::File("/etc/k.pem".into()),
+            KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() },
+            KeySource::Bytes(Zeroizing::new(vec![1, 2, 3])),
+        ] {
+            let (id, parsed) = parse_load_request(&load_request(77, &source)).unwrap();
+            assert_eq!(id, 77);
+            match (&parsed, &source) {
+                (KeySource::Bytes(a), KeySource::Bytes(b)) => assert_eq!(a[..], b[..]),
+                _ => assert_eq!(format!("{parsed:?}"), format!("{source:?}")),
+            }
+        }
+        assert_eq!(format!("{:?}", KeySource::Bytes(Zeroizing::new(vec![1; 5]))), "Bytes(5 bytes)");
+        for kind in [KeyKind::Rsa { bits: 3072 }, KeyKind::EcP256, KeyKind::EcP384, KeyKind::Ed25519] {
+            assert_eq!(parse_loaded_reply(&loaded_reply(kind, b"der")).unwrap(), (kind, b"der".to_vec()));
+        }
+    }
+}

@@ -1,0 +1,356 @@
+//! The key process: holds the private keys and answers operations over one
+//! connection.
+//!
+//! One reader thread decodes requests and hands each operation to the pool
+//! of its class (RSA, or EC/Ed25519), so a queue of RSA signatures never
+//! delays an ECDSA reply. Workers write their replies through a combining
+//! writer: at low load a reply goes out at once from the worker, under load
+//! replies that finish while one write is under way leave in the next
+//! single write.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use zeroize::Zeroizing;
+
+use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
+use super::sys;
+use super::writer::FrameWriter;
+use crate::sign::{PrivateKey, SignError};
+
+/// How the key process runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServeOptions {
+    /// Threads signing with RSA keys.
+    pub rsa_threads: usize,
+    /// Threads signing with EC and Ed25519 keys.
+    pub ec_threads: usize,
+    /// Refuse a peer that is not the parent process running as the same
+    /// user (always on in `keyfence-keyd`; tests that serve in-process turn
+    /// it off).
+    pub check_peer: bool,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true }
+    }
+}
+
+struct Job {
+    id: u64,
+    key: Arc<PrivateKey>,
+    op: crate::sign::Operation,
+    deadline: Instant,
+}
+
+struct Shared {
+    keys: RwLock<HashMap<u64, Arc<PrivateKey>>>,
+    writer: FrameWriter,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    flags: u32,
+}
+
+impl Shared {
+    fn ok(&self, id: u64, body: &[u8]) {
+        let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 4 + body.len()));
+        p::encode(&mut frame, kind::OK, id, &[body]);
+        self.writer.send(&frame);
+    }
+
+    fn err(&self, id: u64, code: ErrorCode, message: &str) {
+        let mut frame = Vec::new();
+        p::encode(&mut frame, kind::ERR, id, &[&p::error_body(code, message)]);
+        self.writer.send(&frame);
+    }
+
+    fn done(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Hardens the process and serves `stream` until the peer closes it.
+///
+/// Hardening: `PR_SET_DUMPABLE` 0 and `RLIMIT_CORE` 0 so that neither a
+/// core dump nor a same-user debugger can read the keys; with
+/// [`ServeOptions::check_peer`], the peer must be the parent process and
+/// the same user (`SO_PEERCRED`).
+///
+/// # Errors
+/// The I/O error that ended the connection, or a refused peer or hello.
+pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
+    let mut writer = None;
+    let result = serve_on(stream, options, &mut writer);
+    // The last frame (an error saying why the connection ends) must leave
+    // before the process does.
+    if let Some(shared) = writer {
+        shared.writer.close();
+    }
+    result
+}
+
+fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Shared>>) -> io::Result<()> {
+    let mut flags = 0;
+    if options.check_peer {
+        sys::check_peer_is_parent(&stream)?;
+        flags |= p::flags::PEER_CHECKED;
+    }
+    if sys::set_not_dumpable().is_ok() {
+        flags |= p::flags::NOT_DUMPABLE;
+    }
+    if sys::disable_core_dumps().is_ok() {
+        flags |= p::flags::NO_CORE;
+    }
+    let mut reader = stream.try_clone()?;
+    let shared = Arc::new(Shared {
+        keys: RwLock::new(HashMap::new()),
+        writer: FrameWriter::new(stream)?,
+        in_flight: AtomicUsize::new(0),
+        max_in_flight: AtomicUsize::new(0),
+        flags,
+    });
+    *out = Some(shared.clone());
+
+    let mut decoder = p::Decoder::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    // The hello comes first and fixes the in-flight bound; a peer that
+    // never sends one is not kept waiting on forever.
+    reader.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let hello = loop {
+        if let Some(frame) = decoder.next_frame().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))? {
+            break frame;
+        }
+        let n = reader.read(&mut buf)?;
+        if n == 0 {
+            return Ok(());
+        }
+        decoder.push(&buf[..n]);
+    };
+    if hello.kind != kind::HELLO {
+        shared.err(hello.id, ErrorCode::Malformed, "expected a hello first");
+        return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer did not start with a hello"));
+    }
+    let max = match p::parse_hello_request(&hello.body) {
+        Ok(max) => max,
+        Err(e) => {
+            shared.err(hello.id, ErrorCode::Malformed, &e.to_string());
+            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+        }
+    };
+    reader.set_read_timeout(None)?;
+    shared.max_in_flight.store(max as usize, Ordering::Relaxed);
+    let mut hello_frame = Vec::new();
+    p::encode(&mut hello_frame, kind::HELLO, 0, &[&p::hello_reply(std::process::id(), flags)]);
+    shared.writer.send(&hello_frame);
+
+    let (rsa_tx, rsa_rx) = crossbeam_channel::unbounded::<Job>();
+    let (ec_tx, ec_rx) = crossbeam_channel::unbounded::<Job>();
+    let mut workers = Vec::new();
+    for (rx, n, name) in [(&rsa_rx, options.rsa_threads, "rsa"), (&ec_rx, options.ec_threads, "ec")] {
+        for i in 0..n.max(1) {
+            let (rx, shared) = (rx.clone(), shared.clone());
+            workers
+                .push(std::thread::Builder::new().name(format!("keyd-{name}-{i}")).spawn(move || work(&rx, &shared))?);
+        }
+    }
+    drop((rsa_rx, ec_rx));
+
+    let result = read_loop(&mut reader, &mut decoder, &mut buf, &shared, &rsa_tx, &ec_tx);
+    drop((rsa_tx, ec_tx));
+    for w in workers {
+        let _ = w.join();
+    }
+    result
+}
+
+fn read_loop(
+    reader: &mut UnixStream,
+    decoder: &mut p::Decoder,
+    buf: &mut [u8],
+    shared: &Arc<Shared>,
+    rsa: &Sender<Job>,
+    ec: &Sender<Job>,
+) -> io::Result<()> {
+    loop {
+        loop {
+            match decoder.next_frame() {
+                Ok(Some(frame)) => dispatch(frame, shared, rsa, ec),
+                Ok(None) => break,
+                Err(e) => {
+                    // The stream cannot be resynchronised: say why, then close.
+                    shared.err(0, ErrorCode::Malformed, &e.to_string());
+                    return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+                }
+            }
+        }
+        let n = match reader.read(buf) {
+            Ok(0) => return Ok(()),
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        decoder.push(&buf[..n]);
+    }
+}
+
+fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<Job>) {
+    let id = frame.id;
+    match frame.kind {
+        kind::OP => {
+            let (key_id, timeout, op) = match p::parse_op(&frame.body) {
+                Ok(v) => v,
+                Err(e) => return shared.err(id, ErrorCode::Malformed, &e.to_string()),
+            };
+            let in_flight = shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            if in_flight >= shared.max_in_flight.load(Ordering::Relaxed) {
+                shared.done();
+                return shared.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
+            }
+            let key = shared.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).cloned();
+            let Some(key) = key else {
+                shared.done();
+                return shared.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}"));
+            };
+            if let Err(e) = key.check(&op) {
+                shared.done();
+                return shared.err(id, ErrorCode::Invalid, &e.to_string());
+            }
+            let pool = if key.kind().is_rsa() { rsa } else { ec };
+            let job = Job { id, key, op, deadline: Instant::now() + timeout };
+            if pool.send(job).is_err() {
+                shared.done();
+                shared.err(id, ErrorCode::Internal, "the key process is shutting down");
+            }
+        }
+        kind::LOAD => {
+            let (key_id, source) = match p::parse_load_request(&frame.body) {
+                Ok(v) => v,
+                Err(e) => return shared.err(id, ErrorCode::Malformed, &e.to_string()),
+            };
+            // Opening an envelope costs a CP-ABE decryption: off the reader.
+            let loader = shared.clone();
+            let spawned = std::thread::Builder::new().name("keyd-load".into()).spawn(move || {
+                let shared = loader;
+                match load(&source) {
+                    Ok(key) => {
+                        let body = key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der));
+                        match body {
+                            Ok(body) => {
+                                shared.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
+                                shared.ok(id, &body);
+                            }
+                            Err(e) => shared.err(id, ErrorCode::Load, &e.to_string()),
+                        }
+                    }
+                    Err(msg) => shared.err(id, ErrorCode::Load, &msg),
+                }
+            });
+            if spawned.is_err() {
+                shared.err(id, ErrorCode::Internal, "cannot start a thread to load the key");
+            }
+        }
+        kind::UNLOAD => {
+            let mut r = p::Body::new(&frame.body);
+            match r.u64("unload key id").and_then(|k| r.end("unload (trailing bytes)").map(|()| k)) {
+                Ok(key_id) => {
+                    let removed = shared.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&key_id);
+                    match removed {
+                        Some(_) => shared.ok(id, &[]),
+                        None => shared.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}")),
+                    }
+                }
+                Err(e) => shared.err(id, ErrorCode::Malformed, &e.to_string()),
+            }
+        }
+        kind::DROP_PRIVILEGES => {
+            let mut r = p::Body::new(&frame.body);
+            let parsed = (|| Ok::<_, p::BodyError>((r.u32("uid")?, r.u32("gid")?, r.end("drop (trailing bytes)")?)))();
+            match parsed {
+                // Changing credentials can reset the dumpable flag: set it
+                // again before answering.
+                Ok((uid, gid, ())) => match sys::drop_privileges(uid, gid).and_then(|()| sys::set_not_dumpable()) {
+                    Ok(()) => shared.ok(id, &[]),
+                    Err(e) => shared.err(id, ErrorCode::Privileges, &e.to_string()),
+                },
+                Err(e) => shared.err(id, ErrorCode::Malformed, &e.to_string()),
+            }
+        }
+        kind::STATUS => {
+            let (uid, gid) = sys::ids();
+            let status = p::Status {
+                pid: std::process::id(),
+                uid,
+                gid,
+                // Read again: a privilege drop may have changed it.
+                flags: if sys::is_dumpable() {
+                    shared.flags & !p::flags::NOT_DUMPABLE
+                } else {
+                    shared.flags | p::flags::NOT_DUMPABLE
+                },
+                keys: shared.keys.read().unwrap_or_else(|e| e.into_inner()).len() as u32,
+                in_flight: shared.in_flight.load(Ordering::Relaxed) as u32,
+            };
+            shared.ok(id, &status.encode());
+        }
+        other => shared.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
+    }
+}
+
+/// Loads a key from its source; the message names the source, never its
+/// contents.
+fn load(source: &KeySource) -> Result<PrivateKey, String> {
+    match source {
+        KeySource::File(path) => {
+            let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?);
+            PrivateKey::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+        }
+        KeySource::Envelope { store, machine_key, envelope } => {
+            use crate::wrap::{CacheConfig, FileStore, Machine, MachineKey};
+            let mk = Zeroizing::new(
+                std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?,
+            );
+            let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
+            let store = FileStore::open(store).map_err(|e| format!("{}: {e}", store.display()))?;
+            let machine = Machine::new(mk, Arc::new(store), CacheConfig::default());
+            let env = std::fs::read(envelope).map_err(|e| format!("reading {}: {e}", envelope.display()))?;
+            let secret = machine.open(&env).map_err(|e| format!("opening {}: {e}", envelope.display()))?;
+            PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in {}: {e}", envelope.display()))
+        }
+        KeySource::Bytes(bytes) => PrivateKey::from_bytes(bytes).map_err(|e| e.to_string()),
+    }
+}
+
+fn work(rx: &Receiver<Job>, shared: &Shared) {
+    while let Ok(job) = rx.recv() {
+        if Instant::now() >= job.deadline {
+            shared.done();
+            shared.err(job.id, ErrorCode::TimedOut, "the deadline passed before the operation started");
+            continue;
+        }
+        match job.key.perform(&job.op) {
+            Ok(out) => {
+                shared.done();
+                shared.ok(job.id, &out);
+            }
+            Err(SignError::Crypto(msg)) => {
+                shared.done();
+                shared.err(job.id, ErrorCode::Crypto, &msg);
+            }
+            Err(e) => {
+                shared.done();
+                shared.err(job.id, ErrorCode::Invalid, &e.to_string());
+            }
+        }
+    }
+}
+
+/// How long the reader waits for a hello before giving up on a peer that
+/// never speaks.
+pub(crate) const HELLO_TIMEOUT: Duration = Duration::from_secs(10);

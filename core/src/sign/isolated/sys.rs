@@ -1,0 +1,96 @@
+//! The few system calls the key process needs that the standard library
+//! does not offer: process hardening, peer credentials, privilege drop.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+
+/// `prctl(PR_SET_DUMPABLE, 0)`: no core dumps, and a process of the same
+/// user can no longer ptrace this one or read its `/proc/PID/mem`.
+pub(crate) fn set_not_dumpable() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_DUMPABLE takes one integer argument and
+    // touches no memory of ours; the trailing arguments are ignored zeros.
+    let rc = unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0 as libc::c_ulong, 0 as libc::c_ulong, 0, 0) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Whether the process is dumpable (for tests and the status reply).
+pub(crate) fn is_dumpable() -> bool {
+    // SAFETY: PR_GET_DUMPABLE reads a process attribute and writes no memory.
+    unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) != 0 }
+}
+
+/// `setrlimit(RLIMIT_CORE, 0)`, belt and braces with `PR_SET_DUMPABLE`.
+pub(crate) fn disable_core_dumps() -> io::Result<()> {
+    let limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a valid rlimit that outlives the call, which only
+    // reads it.
+    let rc = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &limit) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Refuses a peer that is not our parent running as our user. Over the
+/// socket pair the parent made, `SO_PEERCRED` reports the process that
+/// created the pair; anything else on the other end is not our client.
+pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<()> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: `cred` and `len` are valid for writes and `len` holds the
+    // size of `cred`, so the kernel writes within it; the descriptor is
+    // owned by `stream`, which outlives the call.
+    let rc = unsafe {
+        libc::getsockopt(
+            stream.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: getppid and getuid cannot fail and touch no memory.
+    let (ppid, uid) = unsafe { (libc::getppid(), libc::getuid()) };
+    if cred.pid != ppid || cred.uid != uid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("peer pid {} uid {} is not the parent {ppid} as uid {uid}", cred.pid, cred.uid),
+        ));
+    }
+    Ok(())
+}
+
+/// Drops to `uid`/`gid` for good: supplementary groups cleared, group then
+/// user set, and a check that root cannot be regained.
+pub(crate) fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: setgroups with a zero count reads no memory; setgid/setuid
+    // take integers. glibc applies both to every thread of the process.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::setgid(gid) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if libc::setuid(uid) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        if uid != 0 && libc::setuid(0) == 0 {
+            return Err(io::Error::new(io::ErrorKind::PermissionDenied, "root could be regained after the drop"));
+        }
+    }
+    Ok(())
+}
+
+/// The real user and group ids.
+pub(crate) fn ids() -> (u32, u32) {
+    // SAFETY: getuid and getgid cannot fail and touch no memory.
+    unsafe { (libc::getuid(), libc::getgid()) }
+}

@@ -1,0 +1,508 @@
+//! The isolated key process: keys held elsewhere, replies out of order,
+//! deadlines, bounded in-flight requests, malformed frames, hardening, and
+//! death under load followed by a restart that reloads the keys.
+
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boring::hash::MessageDigest;
+use boring::pkey::PKey;
+use boring::sign::Verifier;
+use keyfence::sign::isolated::protocol::{self as p, flags, kind, ErrorCode};
+use keyfence::sign::isolated::{serve, IsolatedConfig, KeyProcess, KeySource, ServeOptions};
+use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request, SignError};
+use zeroize::Zeroizing;
+
+const KEYD: &str = env!("CARGO_BIN_EXE_keyfence-keyd");
+
+fn config() -> IsolatedConfig {
+    let mut c = IsolatedConfig::with_command([KEYD]);
+    c.rsa_threads = 1;
+    c.ec_threads = 1;
+    c
+}
+
+struct Dir(PathBuf);
+impl Dir {
+    fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("keyfence-isolated-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+}
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a fresh key of `kind` as PKCS#8 PEM into `dir` and returns the
+/// path.
+fn key_file(dir: &Path, name: &str, kind: KeyKind) -> PathBuf {
+    let pkey = match kind {
+        KeyKind::Rsa { bits } => PKey::from_rsa(boring::rsa::Rsa::generate(bits).unwrap()).unwrap(),
+        KeyKind::EcP256 => {
+            let g = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap();
+            PKey::from_ec_key(boring::ec::EcKey::generate(&g).unwrap()).unwrap()
+        }
+        _ => PKey::generate(boring::pkey::Id::ED25519).unwrap(),
+    };
+    let path = dir.join(name);
+    std::fs::write(&path, pkey.private_key_to_pem_pkcs8().unwrap()).unwrap();
+    path
+}
+
+fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
+    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+    let mut v = match alg {
+        Algorithm::Ed25519 => Verifier::new_without_digest(&public).unwrap(),
+        _ => Verifier::new(MessageDigest::sha256(), &public).unwrap(),
+    };
+    v.verify_oneshot(sig, msg).unwrap_or(false)
+}
+
+#[test]
+fn keys_stay_in_the_key_process_and_sign_through_the_engine() {
+    let dir = Dir::new("basic");
+    let keys = KeyProcess::start(config()).unwrap();
+    let hardening = keys.hardening_flags().unwrap();
+    assert_eq!(hardening, flags::NOT_DUMPABLE | flags::NO_CORE | flags::PEER_CHECKED);
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let mut held = Vec::new();
+    for (name, kind, alg) in [
+        ("rsa.pem", KeyKind::Rsa { bits: 2048 }, Algorithm::RsaPkcs1Sha256),
+        ("p256.pem", KeyKind::EcP256, Algorithm::EcdsaP256Sha256),
+        ("ed.pem", KeyKind::Ed25519, Algorithm::Ed25519),
+    ] {
+        let key = keys.load(KeySource::File(key_file(&dir.0, name, kind))).unwrap();
+        assert!(!key.is_local());
+        assert_eq!(key.kind(), kind);
+        assert!(format!("{key:?}").contains("held_by: \"isolated\""), "{key:?}");
+        let sig = engine.sign(&key, alg, b"isolated").unwrap().wait().unwrap();
+        assert!(verifies(&key, alg, b"isolated", &sig), "{alg}");
+        // The synchronous path reaches the key process too.
+        let sig = key.sign(alg, b"sync").unwrap();
+        assert!(verifies(&key, alg, b"sync", &sig), "{alg} sync");
+        // Requests are checked here before they travel.
+        assert!(matches!(engine.sign(&key, Algorithm::EcdsaP384Sha384, b"x"), Err(SignError::KeyMismatch { .. })));
+        held.push(key);
+    }
+    let status = keys.status().unwrap();
+    assert_eq!(status.keys, 3);
+    assert_eq!(Some(status.pid), keys.pid());
+    assert_ne!(status.pid, std::process::id());
+    assert!(status.flags & flags::NOT_DUMPABLE != 0);
+}
+
+#[test]
+fn load_failures_name_the_source_not_the_secret() {
+    let dir = Dir::new("loadfail");
+    let keys = KeyProcess::start(config()).unwrap();
+    let missing = dir.0.join("missing.pem");
+    let err = keys.load(KeySource::File(missing.clone())).unwrap_err().to_string();
+    assert!(err.contains("missing.pem"), "{err}");
+    let garbage = dir.0.join("garbage.pem");
+    std::fs::write(&garbage, b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n").unwrap();
+    let err = keys.load(KeySource::File(garbage)).unwrap_err().to_string();
+    assert!(err.contains("not a private key"), "{err}");
+    assert!(!err.contains("c2VjcmV0"), "{err}");
+    assert_eq!(keys.status().unwrap().keys, 0);
+}
+
+#[test]
+fn a_slow_rsa_queue_does_not_delay_ecdsa_replies() {
+    let dir = Dir::new("order");
+    let keys = KeyProcess::start(config()).unwrap();
+    let rsa = keys.load(KeySource::File(key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 }))).unwrap();
+    let ec = keys.load(KeySource::File(key_file(&dir.0, "ec.pem", KeyKind::EcP256))).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let last_rsa = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let rsa_futs: Vec<_> = (0..12)
+        .map(|_| {
+            let last = last_rsa.clone();
+            engine
+                .submit_with_callback(Request::sign(rsa.clone(), Algorithm::RsaPkcs1Sha256, b"m".to_vec()), move |r| {
+                    r.unwrap();
+                    last.fetch_max(start.elapsed().as_micros() as u64, Ordering::Relaxed);
+                })
+                .unwrap()
+        })
+        .collect();
+    // 12 RSA-4096 signatures on one key-process thread take tens of ms;
+    // the ECDSA signature behind them comes back long before.
+    std::thread::sleep(Duration::from_millis(2));
+    engine.sign(&ec, Algorithm::EcdsaP256Sha256, b"m").unwrap().wait().unwrap();
+    let ec_done = start.elapsed().as_micros() as u64;
+    for f in &rsa_futs {
+        while !f.is_done() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let rsa_done = last_rsa.load(Ordering::Relaxed);
+    assert!(ec_done * 3 < rsa_done, "ECDSA at {ec_done} µs, RSA batch at {rsa_done} µs");
+}
+
+#[test]
+fn deadlines_reach_the_key_process() {
+    let dir = Dir::new("deadline");
+    let keys = KeyProcess::start(config()).unwrap();
+    let rsa = keys.load(KeySource::File(key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 }))).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    // 40 RSA-4096 signatures queue behind one key-process thread; the
+    // later ones cannot start within 20 ms and must time out, not sign.
+    let futs: Vec<_> = (0..40)
+        .map(|_| {
+            engine
+                .submit(
+                    Request::sign(rsa.clone(), Algorithm::RsaPkcs1Sha256, b"m".to_vec())
+                        .with_timeout(Duration::from_millis(20)),
+                )
+                .unwrap()
+        })
+        .collect();
+    let results: Vec<_> = futs.into_iter().map(|f| f.wait()).collect();
+    let timed_out = results.iter().filter(|r| matches!(r, Err(SignError::TimedOut { .. }))).count();
+    assert!(timed_out >= 30, "{timed_out} of 40 timed out");
+    // The key process dropped them rather than signing after the
+    // deadline: it is idle again at once.
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(keys.status().unwrap().in_flight, 0);
+    assert!(engine.sign(&rsa, Algorithm::RsaPkcs1Sha256, b"m").unwrap().wait().is_ok());
+}
+
+#[test]
+fn killing_the_key_process_under_load_fails_in_flight_work_then_restarts_with_the_keys() {
+    let dir = Dir::new("kill");
+    let keys = KeyProcess::start(config()).unwrap();
+    let rsa = keys.load(KeySource::File(key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 2048 }))).unwrap();
+    let ec = keys.load(KeySource::File(key_file(&dir.0, "ec.pem", KeyKind::EcP256))).unwrap();
+    let from_bytes = {
+        let pem = Zeroizing::new(std::fs::read(key_file(&dir.0, "b.pem", KeyKind::EcP256)).unwrap());
+        keys.load(KeySource::Bytes(pem)).unwrap()
+    };
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let first_pid = keys.pid().unwrap();
+
+    // Load from two threads, each keeping up to 64 operations in flight.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let died_messages = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let workers: Vec<_> = [rsa.clone(), ec.clone()]
+        .into_iter()
+        .map(|key| {
+            let (engine, stop, ok, failed, msgs) =
+                (engine.clone(), stop.clone(), ok.clone(), failed.clone(), died_messages.clone());
+            std::thread::spawn(move || {
+                let alg = if key.kind().is_rsa() { Algorithm::RsaPkcs1Sha256 } else { Algorithm::EcdsaP256Sha256 };
+                while !stop.load(Ordering::Relaxed) {
+                    let futs: Vec<_> = (0..64).filter_map(|_| engine.sign(&key, alg, b"load").ok()).collect();
+                    for f in futs {
+                        let t = Instant::now();
+                        match f.wait() {
+                            Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                            Err(e) => {
+                                // Failures are prompt, never a hang to the
+                                // 2 s deadline.
+                                assert!(t.elapsed() < Duration::from_secs(1), "{e} after {:?}", t.elapsed());
+                                msgs.lock().unwrap().push(e.to_string());
+                                failed.fetch_add(1, Ordering::Relaxed)
+                            }
+                        };
+                    }
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let before = ok.load(Ordering::Relaxed);
+    assert!(before > 0);
+    let killed = Command::new("kill").args(["-9", &first_pid.to_string()]).status().unwrap();
+    assert!(killed.success());
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.join().unwrap();
+    }
+
+    assert!(failed.load(Ordering::Relaxed) > 0, "in-flight operations must fail when the process dies");
+    let msgs = died_messages.lock().unwrap();
+    assert!(
+        msgs.iter().any(|m| m.contains(&format!("key process (pid {first_pid}) died"))),
+        "a clear error: {:?}",
+        msgs.first()
+    );
+    assert!(keys.wait_running(Duration::from_secs(5)));
+    assert_eq!(keys.restarts(), 1);
+    assert_ne!(keys.pid(), Some(first_pid));
+    assert!(keys.last_exit().unwrap().contains("signal: 9"), "{:?}", keys.last_exit());
+    // Later operations succeed with the reloaded keys...
+    for (key, alg) in [(&rsa, Algorithm::RsaPkcs1Sha256), (&ec, Algorithm::EcdsaP256Sha256)] {
+        let sig = engine.sign(key, alg, b"after").unwrap().wait().unwrap();
+        assert!(verifies(key, alg, b"after", &sig), "the same key, reloaded");
+    }
+    // ...except the key handed over as bytes, which this process never kept.
+    let err = engine.sign(&from_bytes, Algorithm::EcdsaP256Sha256, b"x").unwrap().wait().unwrap_err();
+    assert!(err.to_string().contains("lost when the key process restarted"), "{err}");
+    assert_eq!(keys.status().unwrap().keys, 2);
+}
+
+#[test]
+fn envelopes_are_opened_inside_the_key_process() {
+    use keyfence::wrap::{Authority, FileStore, Store};
+    let dir = Dir::new("envelope");
+    let store_dir = dir.0.join("store");
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&store_dir).unwrap());
+    let mut authority = Authority::init(store).unwrap();
+    let pem = std::fs::read(key_file(&dir.0, "customer.pem", KeyKind::EcP256)).unwrap();
+    let env = authority.wrap("region: EU", &pem).unwrap();
+    std::fs::write(dir.0.join("customer.kfe"), env.to_bytes()).unwrap();
+    for (name, attrs) in [("eu.key", "region=EU"), ("us.key", "region=US")] {
+        let mk = authority.issue(&attrs.parse().unwrap()).unwrap();
+        std::fs::write(dir.0.join(name), &mk.to_bytes()[..]).unwrap();
+    }
+    std::fs::remove_file(dir.0.join("customer.pem")).unwrap();
+
+    let keys = KeyProcess::start(config()).unwrap();
+    let source = |mk: &str| KeySource::Envelope {
+        store: store_dir.clone(),
+        machine_key: dir.0.join(mk),
+        envelope: dir.0.join("customer.kfe"),
+    };
+    let key = keys.load(source("eu.key")).unwrap();
+    let sig = key.sign(Algorithm::EcdsaP256Sha256, b"edge").unwrap();
+    assert!(verifies(&key, Algorithm::EcdsaP256Sha256, b"edge", &sig));
+    let err = keys.load(source("us.key")).unwrap_err().to_string();
+    assert!(err.contains("customer.kfe"), "{err}");
+}
+
+#[test]
+fn dropping_the_last_handle_unloads_the_key() {
+    let dir = Dir::new("unload");
+    let keys = KeyProcess::start(config()).unwrap();
+    let key = keys.load(KeySource::File(key_file(&dir.0, "k.pem", KeyKind::Ed25519))).unwrap();
+    assert_eq!(keys.status().unwrap().keys, 1);
+    drop(key);
+    // The unload travels before the status request on the same stream.
+    assert_eq!(keys.status().unwrap().keys, 0);
+}
+
+#[test]
+fn the_key_process_exits_when_its_owner_goes() {
+    let keys = KeyProcess::start(config()).unwrap();
+    let pid = keys.pid().unwrap();
+    drop(keys);
+    let proc_dir = PathBuf::from(format!("/proc/{pid}"));
+    let t = Instant::now();
+    while proc_dir.exists() && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!proc_dir.exists(), "key process {pid} still running");
+}
+
+#[test]
+fn privileges_drop_and_the_drop_survives_a_restart() {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipped: dropping privileges needs root");
+        return;
+    }
+    let dir = Dir::new("privs");
+    let path = key_file(&dir.0, "k.pem", KeyKind::EcP256);
+    let keys = KeyProcess::start(config()).unwrap();
+    let key = keys.load(KeySource::File(path)).unwrap();
+    keys.drop_privileges(65534, 65534).unwrap();
+    let s = keys.status().unwrap();
+    assert_eq!((s.uid, s.gid), (65534, 65534));
+    assert!(s.flags & flags::NOT_DUMPABLE != 0, "still not dumpable after the drop");
+    assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
+    // A dropped process cannot take root back: a second drop to 0 fails.
+    assert!(keys.drop_privileges(0, 0).is_err());
+
+    let pid = keys.pid().unwrap();
+    Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let t = Instant::now();
+    while keys.restarts() == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(keys.wait_running(Duration::from_secs(5)));
+    let s = keys.status().unwrap();
+    assert_eq!((s.uid, s.gid, s.keys), (65534, 65534, 1), "the key reloaded as root, then the drop replayed");
+    assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
+}
+
+/// A raw connection to a fresh `keyfence-keyd`, for protocol abuse.
+struct Raw {
+    stream: UnixStream,
+    child: std::process::Child,
+    decoder: p::Decoder,
+}
+
+impl Raw {
+    fn start() -> Self {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let child = Command::new(KEYD)
+            .args(["--rsa-threads", "1", "--ec-threads", "1"])
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .spawn()
+            .unwrap();
+        ours.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Raw { stream: ours, child, decoder: p::Decoder::new() }
+    }
+
+    fn hello(&mut self, max: u32) {
+        let mut f = Vec::new();
+        p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(max)]);
+        self.stream.write_all(&f).unwrap();
+        let reply = self.read().unwrap();
+        assert_eq!(reply.kind, kind::HELLO);
+        assert_eq!(p::parse_hello_reply(&reply.body).unwrap().0, self.child.id());
+    }
+
+    fn send(&mut self, kind: u8, id: u64, body: &[u8]) {
+        let mut f = Vec::new();
+        p::encode(&mut f, kind, id, &[body]);
+        self.stream.write_all(&f).unwrap();
+    }
+
+    /// The next frame, or `None` at end of stream.
+    fn read(&mut self) -> Option<p::Frame> {
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(f) = self.decoder.next_frame().unwrap() {
+                return Some(f);
+            }
+            match self.stream.read(&mut buf) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.decoder.push(&buf[..n]),
+            }
+        }
+    }
+
+    fn status_ok(&mut self) -> bool {
+        self.send(kind::STATUS, 999, &[]);
+        matches!(self.read(), Some(f) if f.kind == kind::OK && f.id == 999)
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn malformed_requests_get_error_replies_and_the_process_lives_on() {
+    let mut raw = Raw::start();
+    raw.hello(8);
+    let cases: Vec<(u8, Vec<u8>)> = vec![
+        (0x42, vec![]),                                                           // unknown kind
+        (kind::OP, vec![1, 2, 3]),                                                // short op
+        (kind::OP, [vec![0; 8], vec![0, 0, 0, 9], vec![1, 0x12, 0x34]].concat()), // unknown algorithm
+        (kind::LOAD, vec![0, 0, 0, 0, 0, 0, 0, 1, 7]),                            // unknown source
+        (kind::LOAD, [vec![0; 8], vec![1, 0xff, 0xff, 0xff, 0xff]].concat()),     // path longer than the frame
+        (kind::UNLOAD, vec![1]),                                                  // short id
+        (kind::HELLO, p::hello_request(8)),                                       // a second hello
+    ];
+    for (i, (k, body)) in cases.iter().enumerate() {
+        raw.send(*k, i as u64 + 1, body);
+        let reply = raw.read().expect("an error reply, not a closed connection");
+        assert_eq!((reply.kind, reply.id), (kind::ERR, i as u64 + 1), "case {i}");
+        assert_eq!(p::parse_error(&reply.body).0, ErrorCode::Malformed, "case {i}");
+    }
+    // An operation on a key that does not exist.
+    let mut op = Vec::new();
+    p::encode_op(
+        &mut op,
+        50,
+        77,
+        Duration::from_secs(1),
+        &keyfence::sign::Operation::DecryptRaw { ciphertext: vec![0; 256] },
+    );
+    raw.stream.write_all(&op).unwrap();
+    let reply = raw.read().unwrap();
+    assert_eq!(p::parse_error(&reply.body).0, ErrorCode::UnknownKey);
+    assert!(raw.status_ok(), "still serving");
+    assert!(raw.child.try_wait().unwrap().is_none());
+}
+
+#[test]
+fn an_impossible_frame_length_closes_the_connection() {
+    for len in [0u32, 3, (p::MAX_FRAME as u32) + 1, u32::MAX] {
+        let mut raw = Raw::start();
+        raw.hello(8);
+        raw.stream.write_all(&len.to_be_bytes()).unwrap();
+        raw.stream.write_all(&[0; 16]).unwrap();
+        let reply = raw.read().expect("a last error reply");
+        assert_eq!(p::parse_error(&reply.body).0, ErrorCode::Malformed);
+        assert!(raw.read().is_none(), "then the connection closes");
+        let status = raw.child.wait().unwrap();
+        assert!(status.code().is_some(), "exited by itself, not by a signal: {status}");
+    }
+}
+
+#[test]
+fn a_peer_without_a_hello_or_with_another_version_is_refused() {
+    let mut raw = Raw::start();
+    raw.send(kind::STATUS, 1, &[]);
+    let reply = raw.read().unwrap();
+    assert_eq!(p::parse_error(&reply.body).0, ErrorCode::Malformed);
+    assert!(raw.read().is_none());
+
+    let mut raw = Raw::start();
+    let mut body = p::hello_request(8);
+    body[5] = 2; // version 2
+    raw.send(kind::HELLO, 0, &body);
+    let reply = raw.read().unwrap();
+    assert_eq!(reply.kind, kind::ERR);
+    assert!(p::parse_error(&reply.body).1.contains("version"));
+    assert!(raw.read().is_none());
+}
+
+#[test]
+fn more_requests_than_agreed_are_refused_as_busy() {
+    let dir = Dir::new("busy");
+    let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
+    let mut raw = Raw::start();
+    raw.hello(2);
+    raw.send(kind::LOAD, 1, &p::load_request(5, &KeySource::File(path)));
+    assert_eq!(raw.read().unwrap().kind, kind::OK);
+    let mut burst = Vec::new();
+    for id in 10..20 {
+        let op = keyfence::sign::Operation::Sign {
+            alg: Algorithm::RsaPkcs1Sha256,
+            input: keyfence::sign::Input::Message(b"m".to_vec()),
+        };
+        p::encode_op(&mut burst, id, 5, Duration::from_secs(5), &op);
+    }
+    raw.stream.write_all(&burst).unwrap();
+    let replies: Vec<_> = (0..10).map(|_| raw.read().unwrap()).collect();
+    let busy = replies.iter().filter(|f| f.kind == kind::ERR && p::parse_error(&f.body).0 == ErrorCode::Busy).count();
+    let ok = replies.iter().filter(|f| f.kind == kind::OK).count();
+    assert!(busy >= 7 && ok >= 2 && busy + ok == 10, "busy {busy}, ok {ok}");
+}
+
+#[test]
+fn serve_refuses_a_peer_that_is_not_its_parent() {
+    // Both ends belong to this process, whose parent is not this process.
+    let (a, _b) = UnixStream::pair().unwrap();
+    let err = serve(a, &ServeOptions::default()).unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+}
+
+#[test]
+fn a_missing_key_process_program_is_a_clear_start_error() {
+    let err = KeyProcess::start(IsolatedConfig::with_command(["/nonexistent/keyfence-keyd"])).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/keyfence-keyd"), "{err}");
+    // A program that is not a key process: exits without a hello.
+    let err = KeyProcess::start(IsolatedConfig::with_command(["true"])).unwrap_err();
+    assert!(err.to_string().contains("did not start"), "{err}");
+}
