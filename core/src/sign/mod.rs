@@ -20,7 +20,8 @@
 //! - [`Backend`]: what performs an operation ([`SoftwareBackend`] in
 //!   process; [`LatencyBackend`] adds latency for tests); backends may
 //!   answer later through a [`Reply`]. [`isolated`] keeps keys in a
-//!   separate key process.
+//!   separate key process; [`offload`] sends RSA to an offload device (a
+//!   simulator in tests, Intel QAT discovery behind the `qat` feature).
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -47,6 +48,7 @@ mod fd;
 pub mod isolated;
 mod key;
 mod metrics;
+pub mod offload;
 mod op;
 pub mod tls;
 

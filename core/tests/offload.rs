@@ -1,0 +1,582 @@
+//! The offload backend on the simulated device: routing, batching,
+//! completions, the in-flight bound, deadlines, device failure in flight
+//! (fallback and clean failure), and the off/on/auto mode logic on a
+//! machine without QAT.
+
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use boring::hash::MessageDigest;
+use boring::pkey::PKey;
+use boring::sign::Verifier;
+use keyfence::sign::offload::{
+    Device, DeviceRequest, OffloadBackend, OffloadConfig, OffloadMode, OnDeviceError, Route, Routing, SimConfig,
+    SimControl, SimDevice,
+};
+use keyfence::sign::{
+    Algorithm, Backend, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey, Request,
+    SignError, SignFuture,
+};
+
+fn rsa_key() -> Arc<PrivateKey> {
+    static KEY: OnceLock<Arc<PrivateKey>> = OnceLock::new();
+    KEY.get_or_init(|| Arc::new(PrivateKey::generate(KeyKind::Rsa { bits: 2048 }).unwrap())).clone()
+}
+
+fn p256_key() -> Arc<PrivateKey> {
+    static KEY: OnceLock<Arc<PrivateKey>> = OnceLock::new();
+    KEY.get_or_init(|| Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap())).clone()
+}
+
+fn verify(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
+    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+    let mut v = match alg {
+        Algorithm::RsaPkcs1Sha256 | Algorithm::EcdsaP256Sha256 => Verifier::new(MessageDigest::sha256(), &public),
+        Algorithm::Ed25519 => Verifier::new_without_digest(&public),
+        other => panic!("the tests do not verify {other}"),
+    }
+    .unwrap();
+    v.verify_oneshot(sig, msg).unwrap_or(false)
+}
+
+fn sim(config: impl FnOnce(&mut SimConfig)) -> (Arc<SimDevice>, SimControl) {
+    let mut c = SimConfig::default();
+    config(&mut c);
+    let device = SimDevice::new(c).unwrap();
+    let control = device.control();
+    (Arc::new(device), control)
+}
+
+fn offload(device: Arc<SimDevice>, config: impl FnOnce(&mut OffloadConfig)) -> OffloadBackend {
+    let mut c = OffloadConfig::default();
+    config(&mut c);
+    OffloadBackend::with_device(device, c).unwrap()
+}
+
+fn engine_on(backend: &OffloadBackend) -> Engine {
+    Engine::with_backend(EngineConfig::default(), Arc::new(backend.clone())).unwrap()
+}
+
+fn msg(i: usize) -> Vec<u8> {
+    format!("message {i}").into_bytes()
+}
+
+fn submit_many(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, n: usize, timeout: Duration) -> Vec<SignFuture> {
+    (0..n).map(|i| engine.submit(Request::sign(key.clone(), alg, msg(i)).with_timeout(timeout)).unwrap()).collect()
+}
+
+fn wait_all(futures: Vec<SignFuture>) -> Vec<Result<Output, SignError>> {
+    futures.into_iter().map(SignFuture::wait).collect()
+}
+
+/// Waits until nothing is in flight at the device (completions run just
+/// after the caller is answered).
+fn wait_idle(backend: &OffloadBackend) {
+    let until = Instant::now() + Duration::from_secs(2);
+    while backend.stats().in_flight != 0 {
+        assert!(Instant::now() < until, "device slots leaked: {:?}", backend.stats());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Waits until the sim device has started its first batch.
+fn wait_first_batch(control: &SimControl) {
+    let until = Instant::now() + Duration::from_secs(2);
+    while control.stats().batches == 0 {
+        assert!(Instant::now() < until, "the device never started a batch");
+        std::thread::sleep(Duration::from_micros(200));
+    }
+}
+
+#[test]
+fn rsa_signatures_through_the_device_verify_equal_software_and_are_batched() {
+    let key = rsa_key();
+    let (device, control) = sim(|c| {
+        c.latency = Duration::from_millis(5);
+        c.batch_size = 8;
+    });
+    let backend = offload(device, |c| c.batch_window = Duration::from_millis(5));
+    let sign = Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: Input::Message(msg(0)) };
+    assert_eq!(backend.class(&key, &sign), OpClass::Slow);
+    assert_eq!(backend.route(&key, &sign), Route::Device);
+    let engine = engine_on(&backend);
+
+    let results = wait_all(submit_many(&engine, &key, Algorithm::RsaPkcs1Sha256, 32, Duration::from_secs(5)));
+    for (i, r) in results.into_iter().enumerate() {
+        let sig = r.unwrap();
+        assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig), "signature {i}");
+        // PKCS#1 v1.5 is deterministic: the device's signature is software's.
+        assert_eq!(*sig, *key.sign(Algorithm::RsaPkcs1Sha256, &msg(i)).unwrap(), "signature {i}");
+    }
+    // Raw decryption goes to the device too, and agrees with software.
+    let input = key.sign(Algorithm::RsaPkcs1Sha256, b"any value below the modulus").unwrap().to_vec();
+    let out = engine.submit(Request::decrypt_raw(key.clone(), input.clone())).unwrap().wait().unwrap();
+    assert_eq!(*out, *key.decrypt_raw(&input).unwrap());
+
+    wait_idle(&backend);
+    let stats = backend.stats();
+    assert_eq!((stats.submitted, stats.completed), (33, 33), "{stats:?}");
+    assert_eq!((stats.software, stats.fallbacks, stats.device_errors), (0, 0, 0), "{stats:?}");
+    assert!(stats.mean_batch_size() > 1.0, "no batching: {stats:?}");
+    assert!(stats.batches < 33, "{stats:?}");
+    assert!(control.stats().largest_batch <= 8, "{:?}", control.stats());
+    assert_eq!(control.stats().completed, 33);
+    assert_eq!(engine.metrics().class(OpClass::Slow).completed, 33);
+    assert_eq!(engine.metrics().class(OpClass::Rsa).completed, 0);
+}
+
+#[test]
+fn ecdsa_and_ed25519_follow_the_routing() {
+    let key = p256_key();
+    let op = Operation::Sign { alg: Algorithm::EcdsaP256Sha256, input: Input::Message(msg(0)) };
+
+    // Default routing: ECDSA stays in software, on the EC executor.
+    let (device, control) = sim(|_| {});
+    let backend = offload(device, |_| {});
+    assert_eq!(backend.route(&key, &op), Route::Software);
+    assert_eq!(backend.class(&key, &op), OpClass::Ec);
+    let engine = engine_on(&backend);
+    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 8, Duration::from_secs(5)))
+        .into_iter()
+        .enumerate()
+    {
+        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
+    }
+    assert_eq!((backend.stats().software, backend.stats().submitted), (8, 0));
+    assert_eq!(control.stats().accepted, 0);
+    assert_eq!(engine.metrics().class(OpClass::Ec).completed, 8);
+
+    // Routed to the device.
+    let (device, control) = sim(|_| {});
+    let backend = offload(device, |c| c.routing.ecdsa_p256 = Route::Device);
+    assert_eq!(backend.class(&key, &op), OpClass::Slow);
+    let engine = engine_on(&backend);
+    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 8, Duration::from_secs(5)))
+        .into_iter()
+        .enumerate()
+    {
+        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
+    }
+    assert_eq!((backend.stats().submitted, backend.stats().completed, backend.stats().software), (8, 8, 0));
+    assert_eq!(control.stats().completed, 8);
+
+    // Ed25519 routed to a device that does not do it: software.
+    let ed = Arc::new(PrivateKey::generate(KeyKind::Ed25519).unwrap());
+    let (device, control) = sim(|_| {});
+    let backend = offload(device, |c| c.routing = Routing::all(Route::Device));
+    let ed_op = Operation::Sign { alg: Algorithm::Ed25519, input: Input::Message(msg(0)) };
+    assert_eq!(backend.route(&ed, &ed_op), Route::Software);
+    assert_eq!(backend.class(&ed, &ed_op), OpClass::Ec);
+    let sig = engine_on(&backend).sign(&ed, Algorithm::Ed25519, &msg(0)).unwrap().wait().unwrap();
+    assert!(verify(&ed, Algorithm::Ed25519, &msg(0), &sig));
+    assert_eq!((backend.stats().software, control.stats().accepted), (1, 0));
+}
+
+#[test]
+fn device_failure_in_flight_falls_back_to_software() {
+    let key = rsa_key();
+    let (device, control) = sim(|c| {
+        c.latency = Duration::from_millis(50);
+        c.batch_size = 8;
+    });
+    let backend = offload(device, |c| c.on_device_error = OnDeviceError::Fallback);
+    let engine = engine_on(&backend);
+    let start = Instant::now();
+    let futures = submit_many(&engine, &key, Algorithm::RsaPkcs1Sha256, 32, Duration::from_secs(10));
+    wait_first_batch(&control);
+    control.fail();
+    let results = wait_all(futures);
+    let elapsed = start.elapsed();
+    for (i, r) in results.into_iter().enumerate() {
+        let sig = r.unwrap_or_else(|e| panic!("operation {i} failed: {e}"));
+        assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig), "signature {i}");
+    }
+    assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
+    wait_idle(&backend);
+    let stats = backend.stats();
+    assert!(stats.fallbacks > 0, "{stats:?}");
+    assert_eq!(stats.fallbacks, stats.device_errors, "{stats:?}");
+    assert_eq!(stats.completed + stats.fallbacks, 32, "{stats:?}");
+    assert_eq!(control.stats().resets, 1);
+}
+
+#[test]
+fn device_failure_in_flight_fails_cleanly_and_promptly() {
+    let key = rsa_key();
+    let (device, control) = sim(|c| {
+        c.latency = Duration::from_millis(50);
+        c.batch_size = 8;
+    });
+    let backend = offload(device, |c| c.on_device_error = OnDeviceError::Fail);
+    let engine = engine_on(&backend);
+    let futures = submit_many(&engine, &key, Algorithm::RsaPkcs1Sha256, 32, Duration::from_secs(10));
+    wait_first_batch(&control);
+    let failed_at = Instant::now();
+    control.fail();
+    let results = wait_all(futures);
+    let elapsed = failed_at.elapsed();
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Err(SignError::Backend { backend, reason }) => {
+                assert_eq!(backend, "offload", "operation {i}");
+                assert!(reason.contains("`sim`"), "operation {i}: {reason}");
+            }
+            other => panic!("operation {i}: expected a backend error, got {other:?}"),
+        }
+    }
+    // Nothing waited for the device, let alone the 10 s deadline.
+    assert!(elapsed < Duration::from_secs(1), "took {elapsed:?} after the failure");
+    wait_idle(&backend);
+    let stats = backend.stats();
+    assert_eq!((stats.failed, stats.fallbacks, stats.completed), (32, 0, 0), "{stats:?}");
+
+    // The device recovers; later operations go through it again.
+    control.recover();
+    let sig = engine.sign(&key, Algorithm::RsaPkcs1Sha256, &msg(1)).unwrap().wait().unwrap();
+    assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(1), &sig));
+    assert_eq!(backend.stats().completed, 1);
+}
+
+#[test]
+fn a_device_slower_than_the_deadline_times_out_promptly() {
+    let key = rsa_key();
+    let (device, _control) = sim(|c| c.latency = Duration::from_millis(200));
+    let backend = offload(device, |_| {});
+    let engine = engine_on(&backend);
+    let start = Instant::now();
+    let r = engine
+        .submit(Request::sign(key.clone(), Algorithm::RsaPkcs1Sha256, msg(0)).with_timeout(Duration::from_millis(50)))
+        .unwrap()
+        .wait();
+    let elapsed = start.elapsed();
+    assert!(matches!(r, Err(SignError::TimedOut { .. })), "{r:?}");
+    assert!(elapsed < Duration::from_millis(150), "took {elapsed:?}");
+
+    // The synchronous path gives up at its deadline too.
+    let op = Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: Input::Message(msg(0)) };
+    let start = Instant::now();
+    let r = backend.perform(&key, &op, start + Duration::from_millis(50));
+    let elapsed = start.elapsed();
+    assert!(matches!(r, Err(SignError::TimedOut { .. })), "{r:?}");
+    assert!(elapsed < Duration::from_millis(150), "took {elapsed:?}");
+    assert!(backend.stats().expired >= 1);
+}
+
+#[test]
+fn synchronous_perform_uses_the_device_and_handles_its_failure() {
+    let key = rsa_key();
+    let op = Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: Input::Message(msg(3)) };
+    let expected = key.sign(Algorithm::RsaPkcs1Sha256, &msg(3)).unwrap();
+    let deadline = || Instant::now() + Duration::from_secs(5);
+
+    let (device, control) = sim(|_| {});
+    let backend = offload(device, |_| {});
+    assert_eq!(*backend.perform(&key, &op, deadline()).unwrap(), *expected);
+    assert_eq!((backend.stats().submitted, backend.stats().completed), (1, 1));
+    assert_eq!(control.stats().completed, 1);
+    control.fail();
+    assert_eq!(*backend.perform(&key, &op, deadline()).unwrap(), *expected);
+    assert_eq!((backend.stats().device_errors, backend.stats().fallbacks), (1, 1));
+
+    let (device, control) = sim(|_| {});
+    let backend = offload(device, |c| c.on_device_error = OnDeviceError::Fail);
+    control.fail();
+    let r = backend.perform(&key, &op, deadline());
+    assert!(
+        matches!(&r, Err(SignError::Backend { backend, reason }) if backend == "offload" && reason.contains("`sim`")),
+        "{r:?}"
+    );
+    // Requests that are wrong for the key fail as they would in software.
+    let bad = Operation::Sign { alg: Algorithm::EcdsaP256Sha256, input: Input::Message(msg(0)) };
+    assert!(matches!(backend.perform(&key, &bad, deadline()), Err(SignError::KeyMismatch { .. })));
+}
+
+#[test]
+fn in_flight_requests_are_bounded_and_none_is_lost() {
+    let key = p256_key();
+    let (device, control) = sim(|c| {
+        c.latency = Duration::from_millis(20);
+        c.batch_size = 8;
+    });
+    let backend = offload(device, |c| {
+        c.max_in_flight = 2;
+        c.routing.ecdsa_p256 = Route::Device;
+    });
+    assert_eq!(backend.max_in_flight(), 2);
+    let engine = engine_on(&backend);
+
+    // Enough time for all: everything completes, two at a time.
+    let results = wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 12, Duration::from_secs(5)));
+    for (i, r) in results.into_iter().enumerate() {
+        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
+    }
+    wait_idle(&backend);
+    let stats = backend.stats();
+    assert_eq!(stats.completed, 12, "{stats:?}");
+    assert!(stats.peak_in_flight <= 2, "{stats:?}");
+    assert!(control.stats().peak_in_device <= 2, "{:?}", control.stats());
+    assert!(control.stats().largest_batch <= 2, "{:?}", control.stats());
+
+    // Not enough time for all: each one completes or times out, none is
+    // lost and none hangs.
+    let start = Instant::now();
+    let results = wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 12, Duration::from_millis(45)));
+    assert!(start.elapsed() < Duration::from_secs(1), "took {:?}", start.elapsed());
+    assert_eq!(results.len(), 12);
+    let mut timed_out = 0;
+    for (i, r) in results.into_iter().enumerate() {
+        match r {
+            Ok(sig) => assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &sig), "signature {i}"),
+            Err(SignError::TimedOut { .. }) => timed_out += 1,
+            Err(e) => panic!("operation {i}: {e}"),
+        }
+    }
+    assert!(timed_out > 0, "12 operations two at a time at 20 ms each cannot all finish in 45 ms");
+    wait_idle(&backend);
+    assert!(backend.stats().peak_in_flight <= 2);
+}
+
+#[test]
+fn transient_faults_fall_back_and_fail_after_stops_the_device() {
+    let key = p256_key();
+    let (device, control) = sim(|c| {
+        c.latency = Duration::from_millis(1);
+        c.fail_every = Some(3);
+    });
+    let backend = offload(device, |c| c.routing.ecdsa_p256 = Route::Device);
+    let engine = engine_on(&backend);
+    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 12, Duration::from_secs(5)))
+        .into_iter()
+        .enumerate()
+    {
+        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
+    }
+    wait_idle(&backend);
+    assert_eq!((backend.stats().fallbacks, backend.stats().completed), (4, 8), "{:?}", backend.stats());
+    assert!(!control.is_failed());
+
+    let (device, control) = sim(|c| {
+        c.latency = Duration::from_millis(1);
+        c.fail_after = Some(3);
+    });
+    let backend = offload(device, |c| {
+        c.routing.ecdsa_p256 = Route::Device;
+        c.on_device_error = OnDeviceError::Fail;
+    });
+    let engine = engine_on(&backend);
+    let results: Vec<_> =
+        (0..6).map(|i| engine.sign(&key, Algorithm::EcdsaP256Sha256, &msg(i)).unwrap().wait()).collect();
+    assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
+    assert!(results[3..].iter().all(|r| matches!(r, Err(SignError::Backend { .. }))), "{results:?}");
+    assert!(control.is_failed());
+}
+
+/// A device that loses every request, and one that panics: every operation
+/// is still answered.
+#[test]
+fn a_device_that_drops_or_panics_never_leaves_an_operation_hanging() {
+    struct Lossy {
+        panic: bool,
+    }
+    impl Device for Lossy {
+        fn name(&self) -> &str {
+            "lossy"
+        }
+        fn supports(&self, _kind: KeyKind, _op: &Operation) -> bool {
+            true
+        }
+        fn max_batch(&self) -> usize {
+            4
+        }
+        fn max_in_flight(&self) -> usize {
+            16
+        }
+        fn submit(&self, batch: Vec<DeviceRequest>) {
+            assert!(!self.panic, "the device panics (as intended by the test)");
+            drop(batch);
+        }
+    }
+    let key = p256_key();
+    for (panic, policy) in
+        [(false, OnDeviceError::Fallback), (true, OnDeviceError::Fallback), (false, OnDeviceError::Fail)]
+    {
+        let mut config = OffloadConfig::default();
+        config.routing.ecdsa_p256 = Route::Device;
+        config.on_device_error = policy;
+        let backend = OffloadBackend::with_device(Arc::new(Lossy { panic }), config).unwrap();
+        let engine = engine_on(&backend);
+        let results = wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 10, Duration::from_secs(5)));
+        for (i, r) in results.into_iter().enumerate() {
+            match policy {
+                OnDeviceError::Fallback => {
+                    assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}")
+                }
+                OnDeviceError::Fail => {
+                    assert!(matches!(&r, Err(SignError::Backend { reason, .. }) if reason.contains("`lossy`")), "{r:?}")
+                }
+            }
+        }
+        wait_idle(&backend);
+        assert_eq!(backend.stats().device_errors, 10);
+    }
+}
+
+#[test]
+fn modes_parse_and_auto_runs_in_software_without_qat() {
+    assert_eq!("auto".parse::<OffloadMode>().unwrap(), OffloadMode::Auto);
+    assert_eq!("on".parse::<OffloadMode>().unwrap(), OffloadMode::On);
+    assert_eq!("OFF".parse::<OffloadMode>().unwrap(), OffloadMode::Off);
+    let e = "fast".parse::<OffloadMode>().unwrap_err();
+    assert!(matches!(e, SignError::Config(_)), "{e:?}");
+    assert!(e.to_string().contains("`fast`") && e.to_string().contains("off, on or auto"), "{e}");
+
+    // This machine has no QAT (and maybe no `qat` feature): auto is software.
+    let mut config = OffloadConfig::default();
+    config.qat.library = "libqat-keyfence-test-absent.so.4".into();
+    let auto = OffloadBackend::start(OffloadMode::Auto, config.clone()).unwrap();
+    assert_eq!(auto.device_name(), None);
+    let reason = auto.software_reason().unwrap();
+    if cfg!(feature = "qat") {
+        assert!(
+            reason.contains("libqat-keyfence-test-absent.so.4 not found (install QATlib / intel-qatlib)"),
+            "{reason}"
+        );
+    } else {
+        assert!(reason.contains("lacks the `qat` cargo feature"), "{reason}");
+    }
+    let key = rsa_key();
+    let op = Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: Input::Message(msg(0)) };
+    assert_eq!(auto.class(&key, &op), OpClass::Rsa);
+    let engine = engine_on(&auto);
+    let sig = engine.sign(&key, Algorithm::RsaPkcs1Sha256, &msg(0)).unwrap().wait().unwrap();
+    assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(0), &sig));
+    assert_eq!((auto.stats().software, auto.stats().submitted), (1, 0));
+    assert_eq!(engine.metrics().class(OpClass::Rsa).completed, 1);
+
+    // On: a clear error at start.
+    let e = OffloadBackend::start(OffloadMode::On, config.clone()).unwrap_err();
+    if cfg!(feature = "qat") {
+        assert!(matches!(&e, SignError::Backend { backend, .. } if backend == "offload"), "{e:?}");
+        assert!(e.to_string().contains("not found (install QATlib / intel-qatlib)"), "{e}");
+    } else {
+        assert!(matches!(e, SignError::Config(_)), "{e:?}");
+        assert!(e.to_string().contains("lacks the `qat` cargo feature"), "{e}");
+    }
+    // The default library name, whatever this machine has: never a device
+    // in this build.
+    assert!(OffloadBackend::start(OffloadMode::On, OffloadConfig::default()).is_err());
+
+    let off = OffloadBackend::start(OffloadMode::Off, config).unwrap();
+    assert_eq!((off.device_name(), off.software_reason()), (None, Some("offload mode is off")));
+}
+
+#[test]
+fn bad_configurations_are_refused() {
+    let mut config = OffloadConfig::default();
+    config.batch_size = 0;
+    assert!(matches!(OffloadBackend::start(OffloadMode::Off, config), Err(SignError::Config(_))));
+    let mut config = OffloadConfig::default();
+    config.max_in_flight = 0;
+    let (device, _) = sim(|_| {});
+    assert!(matches!(OffloadBackend::with_device(device, config), Err(SignError::Config(_))));
+    let mut sim_config = SimConfig::default();
+    sim_config.engines = 0;
+    assert!(matches!(SimDevice::new(sim_config), Err(SignError::Config(_))));
+    assert!("gpu".parse::<Route>().is_err());
+}
+
+/// QAT discovery against stub libraries that export QATlib's entry points
+/// (built here with the system C compiler): the library is there but has no
+/// instance, cannot start, or has instances (and this build still has no
+/// QAT RSA path, so `on` fails and `auto` says why).
+#[cfg(feature = "qat")]
+mod qat {
+    use super::*;
+    use keyfence::sign::offload::qat::{probe, ProbeError};
+    use keyfence::sign::offload::QatConfig;
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+
+    const STUB: &str = r#"
+        #include <stddef.h>
+        #include <stdint.h>
+        int icp_sal_userStart(const char *name) { (void)name; return STUB_START; }
+        int icp_sal_userStop(void) { return 0; }
+        int cpaCyGetNumInstances(uint16_t *n) { *n = STUB_INSTANCES; return 0; }
+        int cpaCyGetInstances(uint16_t n, void **h) { (void)n; (void)h; return 0; }
+        int cpaCyStartInstance(void *h) { (void)h; return 0; }
+        int cpaCyStopInstance(void *h) { (void)h; return 0; }
+        int cpaCyRsaDecrypt(void) { return -6; }
+        int icp_sal_CyPollInstance(void *h, uint32_t q) { (void)h; (void)q; return 0; }
+        #ifndef STUB_NO_MEMORY
+        void *qaeMemAllocNUMA(size_t s, int node, size_t a) { (void)s; (void)node; (void)a; return NULL; }
+        void qaeMemFreeNUMA(void **p) { (void)p; }
+        #endif
+    "#;
+
+    fn stub(name: &str, defines: &[&str]) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("keyfence-qat-stub-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let src = dir.join(format!("{name}.c"));
+        let lib = dir.join(format!("{name}.so"));
+        std::fs::write(&src, STUB).unwrap();
+        let status = Command::new("cc")
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&lib)
+            .args(defines.iter().map(|d| format!("-D{d}")))
+            .arg(&src)
+            .status()
+            .expect("a C compiler (cc) builds the QATlib stubs");
+        assert!(status.success());
+        lib
+    }
+
+    fn config(lib: &Path) -> QatConfig {
+        let mut c = QatConfig::default();
+        c.library = lib.to_str().unwrap().into();
+        c.memory_libraries = vec![];
+        c
+    }
+
+    #[test]
+    fn qat_discovery_against_stub_libraries() {
+        let mut missing = QatConfig::default();
+        missing.library = "libqat-keyfence-test-absent.so.4".into();
+        let e = probe(&missing).unwrap_err();
+        assert!(matches!(e, ProbeError::LibraryMissing(_)), "{e:?}");
+        assert!(e.reason().contains("not found (install QATlib / intel-qatlib)"), "{e}");
+
+        let none = stub("none", &["STUB_START=0", "STUB_INSTANCES=0"]);
+        let e = probe(&config(&none)).unwrap_err();
+        assert!(matches!(e, ProbeError::NoInstance(_)), "{e:?}");
+        assert_eq!(e.reason(), "QATlib found but no QAT crypto instance");
+
+        let down = stub("down", &["STUB_START=-1", "STUB_INSTANCES=1"]);
+        let e = probe(&config(&down)).unwrap_err();
+        assert!(
+            e.reason().starts_with("QATlib found but no QAT crypto instance") && e.reason().contains("CPA_STATUS_FAIL"),
+            "{e}"
+        );
+
+        let nomem = stub("nomem", &["STUB_START=0", "STUB_INSTANCES=1", "STUB_NO_MEMORY"]);
+        let e = probe(&config(&nomem)).unwrap_err();
+        assert!(matches!(e, ProbeError::MissingSymbol(_)) && e.reason().contains("qaeMemAllocNUMA"), "{e:?}");
+
+        let two = stub("two", &["STUB_START=0", "STUB_INSTANCES=2"]);
+        let info = probe(&config(&two)).unwrap();
+        assert_eq!(info.instances, 2);
+
+        let mut offload_config = OffloadConfig::default();
+        offload_config.qat = config(&two);
+        let e = OffloadBackend::start(OffloadMode::On, offload_config.clone()).unwrap_err();
+        assert!(e.to_string().contains("2 crypto instance(s), but the QAT RSA path is not implemented"), "{e}");
+        let auto = OffloadBackend::start(OffloadMode::Auto, offload_config).unwrap();
+        assert_eq!(auto.device_name(), None);
+        assert!(auto.software_reason().unwrap().contains("not implemented"));
+
+        let mut offload_config = OffloadConfig::default();
+        offload_config.qat = config(&none);
+        let e = OffloadBackend::start(OffloadMode::On, offload_config).unwrap_err();
+        assert!(e.to_string().contains("QATlib found but no QAT crypto instance"), "{e}");
+    }
+}
