@@ -3,6 +3,7 @@
 mod abe_cmd;
 mod bench_cmd;
 mod demo;
+mod offload_sim;
 mod policy_cmd;
 mod sign_cmd;
 mod wrap_cmd;
@@ -42,6 +43,12 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // `keyfence key-process`: the isolated key process that `sign
+    // --isolated` and `bench sign` start, serving the socket on its
+    // standard input. Not for people, so not in the help.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "key-process") {
+        return keyfence::sign::isolated::key_process_main(std::env::args_os().skip(1));
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Policy(cmd) => policy_cmd::run(cmd),

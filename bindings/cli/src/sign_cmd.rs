@@ -13,6 +13,7 @@ use boring::pkey::{PKey, Private};
 use boring::rsa::Padding;
 use boring::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
+use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use zeroize::Zeroizing;
 
@@ -49,6 +50,19 @@ pub struct SignArgs {
     /// Give up after this many milliseconds.
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
+    /// Sign in an isolated key process: this process never reads the key
+    /// file; a separate `keyfence key-process` loads it and signs.
+    #[arg(long)]
+    isolated: bool,
+}
+
+/// A key process running this very binary (`keyfence key-process`).
+pub fn key_process(threads: usize) -> Result<KeyProcess> {
+    let exe = std::env::current_exe().context("finding the keyfence binary to start the key process")?;
+    let mut config = IsolatedConfig::with_command([exe.into_os_string(), "key-process".into()]);
+    config.rsa_threads = threads;
+    config.ec_threads = threads;
+    Ok(KeyProcess::start(config)?)
 }
 
 /// Runs `keyfence sign`.
@@ -60,11 +74,21 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
             CLI_ALGS.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
         );
     }
-    // The key file's bytes are secret: keep them in a zeroizing buffer.
-    let key_bytes =
-        Zeroizing::new(std::fs::read(&args.key).with_context(|| format!("reading {}", args.key.display()))?);
-    let key = PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", args.key.display()))?;
-    drop(key_bytes);
+    // Started first so that it outlives the key handle.
+    let keys = if args.isolated { Some(key_process(1)?) } else { None };
+    let key = match &keys {
+        Some(keys) => {
+            let path = std::path::absolute(&args.key).with_context(|| format!("resolving {}", args.key.display()))?;
+            let key = keys.load(KeySource::File(path)).with_context(|| format!("loading {}", args.key.display()))?;
+            Arc::try_unwrap(key).map_err(|_| anyhow::anyhow!("the key handle is shared"))?
+        }
+        None => {
+            // The key file's bytes are secret: keep them in a zeroizing buffer.
+            let key_bytes =
+                Zeroizing::new(std::fs::read(&args.key).with_context(|| format!("reading {}", args.key.display()))?);
+            PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", args.key.display()))?
+        }
+    };
     if !key.kind().supports(alg) {
         bail!("{alg} cannot be used with {} key ({})", key.kind(), args.key.display());
     }
@@ -87,13 +111,17 @@ pub struct BenchSignArgs {
     /// Seconds per measurement (throughput and latency, per path).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
-    /// Signing threads for both paths (default: the available cores).
+    /// Signing threads for every path (default: the available cores).
     #[arg(long)]
     threads: Option<usize>,
     /// Only these cases (rsa2048-pkcs1-sha256, rsa2048-pss-sha256,
     /// ecdsa-p256-sha256, ecdsa-p384-sha384, ed25519); repeatable.
     #[arg(long = "case")]
     cases: Vec<String>,
+    /// Only these paths (raw, engine, isolated, offload-sim); repeatable.
+    /// `raw` is always measured: the others are compared with it.
+    #[arg(long = "path")]
+    paths: Vec<String>,
 }
 
 struct Case {
@@ -221,6 +249,15 @@ struct Figures {
     p99_us: f64,
 }
 
+/// The ways of signing that `bench sign` compares.
+const PATHS: [&str; 4] = ["raw", "engine", "isolated", "offload-sim"];
+
+/// One path's engine and key, or BoringSSL called directly.
+enum Path {
+    Raw,
+    Engine(Engine, Arc<PrivateKey>),
+}
+
 /// Runs `keyfence bench sign`.
 pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
@@ -233,90 +270,153 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
             bail!("unknown case {c}; known: {}", CASES.iter().map(|k| k.name).collect::<Vec<_>>().join(", "));
         }
     }
+    for p in &args.paths {
+        if !PATHS.contains(&p.as_str()) {
+            bail!("unknown path {p}; known: {}", PATHS.join(", "));
+        }
+    }
+    let wanted = |p: &str| p == "raw" || args.paths.is_empty() || args.paths.iter().any(|w| w == p);
     let mut config = EngineConfig::default();
     config.rsa.threads = threads;
     config.ec.threads = threads;
-    let engine = Engine::new(config)?;
+    let engine = Engine::new(config.clone())?;
+    let keys = if wanted("isolated") { Some(key_process(threads)?) } else { None };
+    let offload = if wanted("offload-sim") { Some(crate::offload_sim::engine(config.clone(), threads)?) } else { None };
+    let scratch = std::env::temp_dir().join(format!("keyfence-bench-sign-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let result = run_cases(&args, threads, dur, &engine, keys.as_ref(), offload.as_ref(), &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run_cases(
+    args: &BenchSignArgs,
+    threads: usize,
+    dur: Duration,
+    engine: &Engine,
+    keys: Option<&KeyProcess>,
+    offload: Option<&Engine>,
+    scratch: &std::path::Path,
+) -> Result<ExitCode> {
     if !args.json {
         println!("{threads} signing threads per path, {:.1} s per measurement", args.seconds);
         println!(
-            "{:<22} {:<7} {:>11} {:>9} {:>9}   {:>16} {:>15}",
-            "alg", "path", "ops_per_s", "p50_us", "p99_us", "engine/raw ops", "added p50_us"
+            "{:<22} {:<12} {:>11} {:>9} {:>9}   {:>12} {:>13}",
+            "alg", "path", "ops_per_s", "p50_us", "p99_us", "ops vs base", "added p50_us"
         );
     }
     for case in CASES.iter().filter(|c| args.cases.is_empty() || args.cases.iter().any(|n| n == c.name)) {
         let pkey = generate(case.kind)?;
-        let key = Arc::new(PrivateKey::from_der(&Zeroizing::new(pkey.private_key_to_der_pkcs8()?))?);
-        // Warm up both paths (threads, caches, CPU frequency).
-        raw_throughput(&pkey, case.alg, threads, Duration::from_millis(200))?;
-        engine_throughput(&engine, &key, case.alg, Duration::from_millis(200))?;
+        let der = Zeroizing::new(pkey.private_key_to_der_pkcs8()?);
+        let key = Arc::new(PrivateKey::from_der(&der)?);
+        let mut paths: Vec<(&str, Path)> = vec![("raw", Path::Raw)];
+        if args.paths.is_empty() || args.paths.iter().any(|p| p == "engine") {
+            paths.push(("engine", Path::Engine(engine.clone(), key.clone())));
+        }
+        if let Some(keys) = keys {
+            // The key process reads the key from a file, as in production.
+            let file = scratch.join(format!("{}.der", case.name));
+            std::fs::write(&file, &der[..])?;
+            let isolated = keys.load(KeySource::File(file.clone()))?;
+            std::fs::remove_file(&file)?;
+            paths.push(("isolated", Path::Engine(engine.clone(), isolated)));
+        }
+        if let Some(offload) = offload {
+            paths.push(("offload-sim", Path::Engine(offload.clone(), key.clone())));
+        }
+        let sign_once = |path: &Path| -> Result<()> {
+            match path {
+                Path::Raw => drop(std::hint::black_box(raw_sign(&pkey, case.alg)?)),
+                Path::Engine(e, k) => drop(std::hint::black_box(e.sign(k, case.alg, &MSG)?.wait()?)),
+            }
+            Ok(())
+        };
+        let throughput = |path: &Path, d: Duration| -> Result<(u64, Duration)> {
+            match path {
+                Path::Raw => {
+                    let t = Instant::now();
+                    let n = raw_throughput(&pkey, case.alg, threads, d)?;
+                    Ok((n, t.elapsed()))
+                }
+                Path::Engine(e, k) => engine_throughput(e, k, case.alg, d),
+            }
+        };
+        // Warm up every path (threads, caches, CPU frequency).
+        for (_, path) in &paths {
+            throughput(path, Duration::from_millis(200))?;
+        }
 
-        // Throughput with every core busy, alternating halves so that
-        // machine noise drifting over the run hits both paths alike.
-        let (mut raw_ops, mut raw_time, mut eng_ops, mut eng_time) = (0, Duration::ZERO, 0, Duration::ZERO);
+        // Throughput with every core busy, in alternating halves so that
+        // machine noise drifting over the run hits every path alike.
+        let mut totals = vec![(0u64, Duration::ZERO); paths.len()];
         for _ in 0..2 {
-            let t = Instant::now();
-            raw_ops += raw_throughput(&pkey, case.alg, threads, dur / 2)?;
-            raw_time += t.elapsed();
-            let (n, e) = engine_throughput(&engine, &key, case.alg, dur / 2)?;
-            eng_ops += n;
-            eng_time += e;
+            for (i, (_, path)) in paths.iter().enumerate() {
+                let (n, e) = throughput(path, dur / 2)?;
+                totals[i].0 += n;
+                totals[i].1 += e;
+            }
         }
 
         // Latency of one operation at a time, issued back to back, in
-        // alternating blocks of raw and engine operations (drift hits both).
-        // The caller blocks in `wait`, as a thread without an event loop
-        // would. (After the engine has been idle for a while, the first
-        // operation also pays for waking a parked worker: see
-        // docs/signing.md.)
+        // alternating blocks per path (drift hits all). The caller blocks
+        // in `wait`, as a thread without an event loop would. (After the
+        // engine has been idle for a while, the first operation also pays
+        // for waking a parked worker: see docs/signing.md.)
         const BLOCK: usize = 32;
-        let (mut raw_lat, mut eng_lat) = (Vec::new(), Vec::new());
+        let mut lat: Vec<Vec<Duration>> = vec![Vec::new(); paths.len()];
         let start = Instant::now();
-        while start.elapsed() < dur || raw_lat.len() < 4 * BLOCK {
-            for _ in 0..BLOCK {
-                let t = Instant::now();
-                std::hint::black_box(raw_sign(&pkey, case.alg)?);
-                raw_lat.push(t.elapsed());
-            }
-            for _ in 0..BLOCK {
-                let t = Instant::now();
-                std::hint::black_box(engine.sign(&key, case.alg, &MSG)?.wait()?);
-                eng_lat.push(t.elapsed());
+        while start.elapsed() < dur || lat[0].len() < 4 * BLOCK {
+            for (i, (_, path)) in paths.iter().enumerate() {
+                for _ in 0..BLOCK {
+                    let t = Instant::now();
+                    sign_once(path)?;
+                    lat[i].push(t.elapsed());
+                }
             }
         }
-        raw_lat.sort();
-        eng_lat.sort();
-        let raw = Figures {
-            ops_per_s: raw_ops as f64 / raw_time.as_secs_f64(),
-            p50_us: percentile(&raw_lat, 0.5),
-            p99_us: percentile(&raw_lat, 0.99),
-        };
-        let eng = Figures {
-            ops_per_s: eng_ops as f64 / eng_time.as_secs_f64(),
-            p50_us: percentile(&eng_lat, 0.5),
-            p99_us: percentile(&eng_lat, 0.99),
-        };
-        for (path, f) in [("raw", &raw), ("engine", &eng)] {
+        let figures: Vec<Figures> = lat
+            .iter_mut()
+            .zip(&totals)
+            .map(|(l, (n, t))| {
+                l.sort();
+                Figures {
+                    ops_per_s: *n as f64 / t.as_secs_f64(),
+                    p50_us: percentile(l, 0.5),
+                    p99_us: percentile(l, 0.99),
+                }
+            })
+            .collect();
+        // `engine` is compared with `raw`; `isolated` and `offload-sim`
+        // with the in-process engine when it was measured.
+        let engine_at = paths.iter().position(|(n, _)| *n == "engine");
+        for (i, ((name, _), f)) in paths.iter().zip(&figures).enumerate() {
             if args.json {
                 println!(
                     "{}",
                     serde_json::json!({
                         "alg": case.name,
-                        "path": path,
+                        "path": name,
                         "ops_per_s": (f.ops_per_s * 10.0).round() / 10.0,
                         "p50_us": (f.p50_us * 100.0).round() / 100.0,
                         "p99_us": (f.p99_us * 100.0).round() / 100.0,
                     })
                 );
             } else {
-                let extra = if path == "engine" {
-                    format!("{:>16.3} {:>15.1}", eng.ops_per_s / raw.ops_per_s, eng.p50_us - raw.p50_us)
-                } else {
-                    String::new()
+                let base = match (*name, engine_at) {
+                    ("raw", _) => None,
+                    ("engine", _) | (_, None) => Some((&figures[0], "raw")),
+                    (_, Some(e)) => Some((&figures[e], "engine")),
+                };
+                let extra = match base {
+                    Some((b, label)) if i > 0 => {
+                        format!("{:>6.3}x {:<6}{:>12.1}", f.ops_per_s / b.ops_per_s, label, f.p50_us - b.p50_us)
+                    }
+                    _ => String::new(),
                 };
                 println!(
-                    "{:<22} {:<7} {:>11.0} {:>9.1} {:>9.1}   {extra}",
-                    case.name, path, f.ops_per_s, f.p50_us, f.p99_us
+                    "{:<22} {:<12} {:>11.0} {:>9.1} {:>9.1}   {extra}",
+                    case.name, name, f.ops_per_s, f.p50_us, f.p99_us
                 );
             }
         }

@@ -160,13 +160,12 @@ fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
     ok(&o, "keyfence bench sign");
     let lines: Vec<serde_json::Value> =
         String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 4);
-    for (v, (alg, path)) in lines.iter().zip([
-        ("ecdsa-p256-sha256", "raw"),
-        ("ecdsa-p256-sha256", "engine"),
-        ("ed25519", "raw"),
-        ("ed25519", "engine"),
-    ]) {
+    let expected: Vec<(&str, &str)> = ["ecdsa-p256-sha256", "ed25519"]
+        .into_iter()
+        .flat_map(|alg| ["raw", "engine", "isolated", "offload-sim"].map(|path| (alg, path)))
+        .collect();
+    assert_eq!(lines.len(), expected.len());
+    for (v, (alg, path)) in lines.iter().zip(expected) {
         assert_eq!(v["alg"], alg);
         assert_eq!(v["path"], path);
         for k in ["ops_per_s", "p50_us", "p99_us"] {
@@ -174,4 +173,55 @@ fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
         }
         assert!(v["p50_us"].as_f64() <= v["p99_us"].as_f64());
     }
+    // --path narrows the run (raw stays: the others are compared with it).
+    let o = keyfence(&["bench", "sign", "--json", "--seconds", "0.2", "--case", "ed25519", "--path", "isolated"]);
+    ok(&o, "keyfence bench sign --path isolated");
+    let paths: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, ["raw", "isolated"]);
+    let o = keyfence(&["bench", "sign", "--path", "gpu"]);
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("unknown path gpu"));
+}
+
+#[test]
+fn isolated_signing_verifies_and_reports_key_process_errors() {
+    let d = Dir::new("sign-isolated");
+    let msg = d.p("msg");
+    std::fs::write(&msg, b"signed in a separate key process\n").unwrap();
+    let (rsa, rsa_pub) =
+        make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
+    let (p256, p256_pub) = make_key(&d, "p256", &["ecparam", "-name", "prime256v1", "-genkey", "-noout"], false);
+    for (alg, key, public, digest) in
+        [("rsa-pss-sha256", &rsa, &rsa_pub, true), ("ecdsa-p256-sha256", &p256, &p256_pub, false)]
+    {
+        let sig = d.p(&format!("{alg}.sig"));
+        ok(
+            &keyfence(&["sign", "--isolated", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]),
+            &format!("keyfence sign --isolated {alg}"),
+        );
+        let mut args = vec!["dgst", "-sha256"];
+        if digest {
+            args.extend(["-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"]);
+        }
+        args.extend(["-verify", public, "-signature", &sig, &msg]);
+        ok(&openssl(&args), &format!("openssl verification of isolated {alg}"));
+    }
+    // The key process reads the file, and its error names it.
+    let o = keyfence(&[
+        "sign",
+        "--isolated",
+        "--key",
+        &d.p("missing.pem"),
+        "--alg",
+        "ed25519",
+        "--in",
+        &msg,
+        "--out",
+        &d.p("x"),
+    ]);
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(e.contains("missing.pem") && e.contains("isolated"), "{e}");
 }
