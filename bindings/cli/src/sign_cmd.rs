@@ -79,21 +79,19 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
     let key = match &keys {
         Some(keys) => {
             let path = std::path::absolute(&args.key).with_context(|| format!("resolving {}", args.key.display()))?;
-            let key = keys.load(KeySource::File(path)).with_context(|| format!("loading {}", args.key.display()))?;
-            Arc::try_unwrap(key).map_err(|_| anyhow::anyhow!("the key handle is shared"))?
+            keys.load(KeySource::File(path)).with_context(|| format!("loading {}", args.key.display()))?
         }
         None => {
             // The key file's bytes are secret: keep them in a zeroizing buffer.
             let key_bytes =
                 Zeroizing::new(std::fs::read(&args.key).with_context(|| format!("reading {}", args.key.display()))?);
-            PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", args.key.display()))?
+            Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", args.key.display()))?)
         }
     };
     if !key.kind().supports(alg) {
         bail!("{alg} cannot be used with {} key ({})", key.kind(), args.key.display());
     }
     let input = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
-    let key = Arc::new(key);
     let req = if args.digest { Request::sign_digest(key, alg, input) } else { Request::sign(key, alg, input) }
         .with_timeout(Duration::from_millis(args.timeout_ms));
     let engine = Engine::new(EngineConfig::default())?;
@@ -188,7 +186,9 @@ fn raw_throughput(pkey: &PKey<Private>, alg: Algorithm, threads: usize, dur: Dur
                 })
             })
             .collect();
-        handles.into_iter().try_for_each(|h| h.join().expect("bench thread panicked"))
+        handles
+            .into_iter()
+            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked"))))
     })?;
     Ok(total.into_inner())
 }

@@ -82,7 +82,7 @@ pub(crate) fn encrypt<R: RngCore + CryptoRng + ?Sized>(
 
 /// The framing of a ciphertext, split but not yet decrypted.
 pub(crate) struct Parsed<'a> {
-    pub(crate) id: &'a [u8],
+    pub(crate) id: &'a [u8; 32],
     pub(crate) mac_data: &'a [u8],
     pub(crate) tag: &'a [u8],
     pub(crate) header: LazyHeader<'a>,
@@ -96,9 +96,8 @@ pub(crate) fn parse(ct: &[u8]) -> Result<Parsed<'_>> {
     };
     let mut r = Reader::new(body, CT);
     let id = r.bytes16(&|| "id".into())?;
-    if id.len() != 32 {
-        return Err(malformed(CT, "id", format!("must be 32 bytes, found {}", id.len())));
-    }
+    let id: &[u8; 32] =
+        id.try_into().map_err(|_| malformed(CT, "id", format!("must be 32 bytes, found {}", id.len())))?;
     let mac_data = if wide { r.bytes32(&|| "macData".into())? } else { r.bytes16(&|| "macData".into())? };
     let tag = r.bytes16(&|| "tag".into())?;
     if tag.len() != 32 {
@@ -120,8 +119,7 @@ pub(crate) fn parse(ct: &[u8]) -> Result<Parsed<'_>> {
 }
 
 pub(crate) fn bk_policy(p: &Parsed<'_>) -> AbePolicy {
-    let id: [u8; 32] = p.id.try_into().expect("checked length");
-    p.header.policy.with_bk(scalar_reduce_be(&id))
+    p.header.policy.with_bk(scalar_reduce_be(p.id))
 }
 
 pub(crate) fn decrypt(key: &AttributeKey, ct: &[u8], threads: usize) -> Result<Zeroizing<Vec<u8>>> {
@@ -133,7 +131,7 @@ pub(crate) fn decrypt(key: &AttributeKey, ct: &[u8], threads: usize) -> Result<Z
     keystream_xor(&sym, &mut env);
     let (id, mac_key) = expand_seed(&env[..SEED_LEN]);
     let tag = blake2b_256(&mac_key[..], &[p.mac_data]);
-    let ok = id.ct_eq(p.id) & tag.ct_eq(p.tag);
+    let ok = id.ct_eq(&p.id[..]) & tag.ct_eq(p.tag);
     if !bool::from(ok) {
         return Err(AbeError::IntegrityCheckFailed);
     }

@@ -42,14 +42,14 @@ pub enum AbeError {
     /// The random number generator failed.
     #[error("random number generator failed: {0}")]
     Rng(String),
+    /// An invariant of keyfence's own code did not hold: a bug, never the
+    /// input's fault. Reported instead of panicking.
+    #[error("internal error in keyfence (please report it): {0}")]
+    Internal(&'static str),
 }
 
 pub(crate) fn malformed(object: &'static str, field: impl Into<String>, reason: impl Into<String>) -> AbeError {
-    AbeError::Malformed {
-        object,
-        field: field.into(),
-        reason: reason.into(),
-    }
+    AbeError::Malformed { object, field: field.into(), reason: reason.into() }
 }
 
 /// Result of a CP-ABE operation.

@@ -18,8 +18,8 @@ use group::{Curve, Group};
 use rand_core::{CryptoRng, RngCore};
 
 use super::encoding::{put_bytes16, put_u16, Reader};
-use super::fixed_base;
 use super::error::{malformed, AbeError, Result};
+use super::fixed_base;
 use super::group::{random_scalar, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
 use super::matrix::{self, Mat, SecretMat};
@@ -243,7 +243,10 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
                 G1Projective::multi_exp(&[u0(m, 0), u0(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], -rs[0], -rs[1]])
             }));
             c3neg.push(Some(row3(&|m| {
-                G1Projective::multi_exp(&[u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], y * rs[0], y * rs[1]])
+                G1Projective::multi_exp(
+                    &[u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)],
+                    &[rj[0], rj[1], y * rs[0], y * rs[1]],
+                )
             })));
         }
     }
@@ -321,7 +324,11 @@ impl<'a> LazyHeader<'a> {
         }
         for (i, w) in policy.wires.iter().enumerate() {
             if w.positive != c3neg[i].is_empty() {
-                return Err(malformed(CT, format!("c3neg[{i}]"), "present for a positive wire or missing for a negated one"));
+                return Err(malformed(
+                    CT,
+                    format!("c3neg[{i}]"),
+                    "present for a positive wire or missing for a negated one",
+                ));
             }
         }
         if !c3neg[wires - 1].is_empty() {
@@ -388,7 +395,7 @@ pub(crate) fn decapsulate_with(
         match decoded.next() {
             Some(Ok(Point::G1(p))) => Ok(p),
             Some(Err(e)) => Err(e),
-            _ => unreachable!("jobs are consumed in the order they were made"),
+            _ => Err(AbeError::Internal("decoded points out of order")),
         }
     };
 
@@ -437,14 +444,15 @@ pub(crate) fn decapsulate_with(
     for r in decoded {
         match r? {
             Point::G2(p) => g2_points.push(p),
-            Point::G1(_) => unreachable!("G2 jobs come last"),
+            Point::G1(_) => return Err(AbeError::Internal("a G1 point among the G2 jobs")),
         }
     }
-    let c1 = g2_points.pop().expect("c1 is the last job");
+    let c1 = g2_points.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
 
     // Totals of every row, the multi-scalar multiplications in parallel.
     let accs: Vec<&Acc> = p1.iter().chain(p2.iter()).flatten().collect();
-    let rows: Vec<(usize, usize)> = accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
+    let rows: Vec<(usize, usize)> =
+        accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
     // Plain sums are already done; only scalar terms are worth a thread.
     let heavy = accs.iter().any(|a| a.pts.iter().any(|p| p.len() > 1));
     let totals = par_map(&rows, if heavy { threads } else { 1 }, |&(a, m)| accs[a].row(m));
@@ -453,7 +461,7 @@ pub(crate) fn decapsulate_with(
     let mut ptot = [G1Projective::identity(); 3];
     for _ in 0..n1 {
         for t in ptot.iter_mut() {
-            *t += totals.next().expect("row");
+            *t += totals.next().ok_or(AbeError::Internal("a row total is missing"))?;
         }
     }
     let mut g1s: Vec<G1Projective> = totals.collect();

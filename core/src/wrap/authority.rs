@@ -175,7 +175,13 @@ impl Authority {
             let msk_bytes = c.bytes32("master secret key")?;
             let msk = if msk_bytes.is_empty() { None } else { Some(MasterSecretKey::from_bytes(msk_bytes)?) };
             if state.is_live() != msk.is_some() {
-                return Err(malformed(O, format!("generation {number} is {state:?} but its master key is {}", if msk.is_some() { "present" } else { "missing" })));
+                return Err(malformed(
+                    O,
+                    format!(
+                        "generation {number} is {state:?} but its master key is {}",
+                        if msk.is_some() { "present" } else { "missing" }
+                    ),
+                ));
             }
             generations.push(Generation { number, state, pk, msk });
         }
@@ -224,11 +230,7 @@ impl Authority {
     /// replicated generation list.
     fn commit(&self) -> Result<()> {
         self.store.put(STATE_KEY, &self.encode()?)?;
-        let list: String = self
-            .generations
-            .iter()
-            .map(|g| format!("{} {}\n", g.number, g.state.code()))
-            .collect();
+        let list: String = self.generations.iter().map(|g| format!("{} {}\n", g.number, g.state.code())).collect();
         self.store.put(GENERATIONS_KEY, list.as_bytes())?;
         Ok(())
     }
@@ -281,7 +283,10 @@ impl Authority {
     pub fn issue(&self, attrs: &Attributes) -> Result<MachineKey> {
         let mut keys = Vec::new();
         for g in self.live() {
-            let msk = g.msk.as_ref().expect("live generations keep their master key");
+            let msk = g
+                .msk
+                .as_ref()
+                .ok_or_else(|| WrapError::State(format!("live generation {} has lost its master key", g.number)))?;
             keys.push((g.number, abe::keygen(msk, attrs)?));
         }
         keys.sort_by(|a, b| b.0.cmp(&a.0));
@@ -324,7 +329,7 @@ impl Authority {
     }
 
     fn seal_envelope(&self, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
-        let k = self.current(pid).expect("policy key exists");
+        let k = self.current(pid).ok_or_else(|| WrapError::State("the policy key to seal under is missing".into()))?;
         let header = |enc: &[u8]| Envelope::header(secret_id, pid, k.version, &k.policy, enc);
         let (_, mut bytes, ct) = hpke::seal(&k.public, &header, secret, &mut OsRng)?;
         put32(&mut bytes, &ct)?;

@@ -86,7 +86,11 @@ impl PolicyKeyCache {
 
     /// The key for `id`, from the cache or from `load` (run once however
     /// many callers miss at the same time).
-    pub(crate) fn get_or_load(&self, id: KeyId, load: impl FnOnce() -> Result<Zeroizing<[u8; 32]>>) -> Result<Zeroizing<[u8; 32]>> {
+    pub(crate) fn get_or_load(
+        &self,
+        id: KeyId,
+        load: impl FnOnce() -> Result<Zeroizing<[u8; 32]>>,
+    ) -> Result<Zeroizing<[u8; 32]>> {
         if let Some(k) = self.lookup(&id) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(k);
@@ -113,7 +117,7 @@ impl PolicyKeyCache {
         map.retain(|_, e| e.at.elapsed() < self.cfg.ttl);
         let mut evicted = before - map.len();
         while map.len() >= self.cfg.capacity.max(1) {
-            let oldest = map.iter().min_by_key(|(_, e)| e.at).map(|(k, _)| *k).expect("non-empty");
+            let Some(oldest) = map.iter().min_by_key(|(_, e)| e.at).map(|(k, _)| *k) else { break };
             map.remove(&oldest);
             evicted += 1;
         }

@@ -49,7 +49,13 @@ impl<'a> Cursor<'a> {
     }
 
     pub(crate) fn array<const N: usize>(&mut self, field: &str) -> Result<[u8; N]> {
-        Ok(self.take(N, field)?.try_into().expect("length checked"))
+        match self.buf.split_first_chunk::<N>() {
+            Some((a, rest)) => {
+                self.buf = rest;
+                Ok(*a)
+            }
+            None => Err(malformed(self.object, format!("truncated in field {field}"))),
+        }
     }
 
     pub(crate) fn u16(&mut self, field: &str) -> Result<u16> {
@@ -112,11 +118,11 @@ pub(crate) fn put32(out: &mut Vec<u8>, b: &[u8]) -> Result<()> {
 
 /// A policy's id: BLAKE2b-256 of its canonical text, domain-separated.
 pub fn policy_id(canonical: &str) -> [u8; 32] {
-    let h = blake2b_simd::Params::new()
-        .hash_length(32)
-        .personal(b"keyfence.pol.v1")
-        .hash(canonical.as_bytes());
-    h.as_bytes().try_into().expect("32 bytes")
+    let h = blake2b_simd::Params::new().hash_length(32).personal(b"keyfence.pol.v1").hash(canonical.as_bytes());
+    // The hash was asked for 32 bytes, so this fills the whole array.
+    let mut id = [0u8; 32];
+    id.iter_mut().zip(h.as_bytes()).for_each(|(o, b)| *o = *b);
+    id
 }
 
 pub(crate) fn hex(b: &[u8]) -> String {
@@ -173,7 +179,13 @@ impl Envelope {
         &self.bytes
     }
 
-    pub(crate) fn header(secret_id: &[u8; 16], policy_id: &[u8; 32], version: u32, policy: &str, enc: &[u8]) -> Result<Vec<u8>> {
+    pub(crate) fn header(
+        secret_id: &[u8; 16],
+        policy_id: &[u8; 32],
+        version: u32,
+        policy: &str,
+        enc: &[u8],
+    ) -> Result<Vec<u8>> {
         let mut h = Vec::with_capacity(100 + policy.len());
         h.extend_from_slice(ENVELOPE_MAGIC);
         h.extend_from_slice(&SUITE_X25519_CHACHA.to_le_bytes());

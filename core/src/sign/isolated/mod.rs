@@ -61,7 +61,7 @@ pub use server::{serve, ServeOptions};
 
 use self::protocol::{self as p, kind, ErrorCode, Frame};
 use self::writer::FrameWriter;
-use super::backend::{Backend, Reply};
+use super::backend::{Backend, Reply, SoftwareBackend};
 use super::error::SignError;
 use super::executor::OpClass;
 use super::key::{PrivateKey, RemoteKey};
@@ -416,12 +416,10 @@ impl Inner {
         // does, a child that dies before its hello is not seen to.
         drop(cmd);
         let pid = child.id();
-        let mut child = Some(child);
-        let kill = |child: &mut Option<Child>| {
-            if let Some(mut c) = child.take() {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
+        let mut child = child;
+        let kill = |child: &mut Child| {
+            let _ = child.kill();
+            let _ = child.wait();
         };
 
         let mut hello = Vec::new();
@@ -481,7 +479,7 @@ impl Inner {
         let conn = Arc::new(Conn {
             pid,
             flags,
-            child: Mutex::new(child.take().expect("child is set until here")),
+            child: Mutex::new(child),
             writer,
             pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
@@ -625,10 +623,9 @@ impl Inner {
         }
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 15 + op.input_len()));
         p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), op);
-        if !conn.writer.send(&frame) {
-            // The reader fails whatever is registered when it sees the
-            // connection end; nothing more to do here.
-        }
+        // If the write fails, the reader fails whatever is registered when
+        // it sees the connection end.
+        conn.writer.send(&frame);
     }
 }
 
@@ -649,12 +646,8 @@ impl Backend for Inner {
     /// RSA keys on the RSA executor, the others on the EC executor: the
     /// executor threads only write the request, so they stay free, and the
     /// classes stay apart as they are in the key process.
-    fn class(&self, key: &PrivateKey, _op: &Operation) -> OpClass {
-        if key.kind().is_rsa() {
-            OpClass::Rsa
-        } else {
-            OpClass::Ec
-        }
+    fn class(&self, key: &PrivateKey, op: &Operation) -> OpClass {
+        SoftwareBackend.class(key, op)
     }
 
     /// Started on the submitting thread when a key process is running and
@@ -784,21 +777,17 @@ fn restart(inner: &Arc<Inner>) {
     }
 }
 
-enum PendingKind {
-    OpCall,
-    Other,
-}
-
 /// Delivers one reply frame to whoever waits for it.
 fn deliver(conn: &Conn, frame: Frame) {
     let Some(pending) = conn.pending().remove(&frame.id) else {
         // A reply nobody waits for (an unload, or a call that gave up).
         return;
     };
-    let pending_kind = if matches!(pending, Pending::OpCall(_)) { PendingKind::OpCall } else { PendingKind::Other };
+    if matches!(pending, Pending::Op(_) | Pending::OpCall(_)) {
+        conn.release_slot();
+    }
     match pending {
         Pending::Op(reply) => {
-            conn.release_slot();
             if frame.kind == kind::OK {
                 reply.send(Ok(Zeroizing::new(frame.body)));
             } else {
@@ -807,9 +796,6 @@ fn deliver(conn: &Conn, frame: Frame) {
             }
         }
         Pending::OpCall(tx) | Pending::Call(tx) => {
-            if matches!(pending_kind, PendingKind::OpCall) {
-                conn.release_slot();
-            }
             if matches!(frame.kind, kind::OK | kind::ERR) {
                 let _ = tx.send(Ok(frame));
             } else {

@@ -220,9 +220,12 @@ impl Decoder {
             return Ok(None);
         }
         let frame = &avail[4..4 + len as usize];
-        let kind = frame[0];
-        let id = u64::from_be_bytes(frame[1..9].try_into().expect("8 bytes"));
-        let body = frame[9..].to_vec();
+        let mut header = Body::new(frame);
+        let (Ok(kind), Ok(id)) = (header.u8("kind"), header.u64("id")) else {
+            // `len` >= HEADER was checked above.
+            return Err(FramingError::Length(len));
+        };
+        let body = header.rest().to_vec();
         self.start += 4 + len as usize;
         Ok(Some(Frame { kind, id, body }))
     }
@@ -270,19 +273,25 @@ impl<'a> Body<'a> {
         Ok(self.bytes(1, what)?[0])
     }
 
+    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], BodyError> {
+        let (head, tail) = self.b.split_first_chunk::<N>().ok_or(BodyError { what })?;
+        self.b = tail;
+        Ok(*head)
+    }
+
     /// A big-endian `u16`.
     pub fn u16(&mut self, what: &'static str) -> Result<u16, BodyError> {
-        Ok(u16::from_be_bytes(self.bytes(2, what)?.try_into().expect("2 bytes")))
+        Ok(u16::from_be_bytes(self.array(what)?))
     }
 
     /// A big-endian `u32`.
     pub fn u32(&mut self, what: &'static str) -> Result<u32, BodyError> {
-        Ok(u32::from_be_bytes(self.bytes(4, what)?.try_into().expect("4 bytes")))
+        Ok(u32::from_be_bytes(self.array(what)?))
     }
 
     /// A big-endian `u64`.
     pub fn u64(&mut self, what: &'static str) -> Result<u64, BodyError> {
-        Ok(u64::from_be_bytes(self.bytes(8, what)?.try_into().expect("8 bytes")))
+        Ok(u64::from_be_bytes(self.array(what)?))
     }
 
     /// Bytes prefixed by a `u32` length.
