@@ -60,6 +60,36 @@ impl FrameWriter {
         if p.writing {
             return true;
         }
+        self.write_out(p)
+    }
+
+    /// Queues `frame` without writing it: the caller promises to call
+    /// [`send`](Self::send) or [`flush`](Self::flush) soon, and the frame
+    /// leaves with that write. Workers that go straight on to another job
+    /// use it to send two or more replies in one write.
+    pub(crate) fn queue(&self, frame: &[u8]) -> bool {
+        let mut p = self.lock();
+        if p.broken {
+            return false;
+        }
+        p.buf.extend_from_slice(frame);
+        true
+    }
+
+    /// Writes whatever is queued, unless another thread is writing (which
+    /// then writes it).
+    pub(crate) fn flush(&self) -> bool {
+        let p = self.lock();
+        if p.broken {
+            return false;
+        }
+        if p.writing || p.buf.is_empty() {
+            return true;
+        }
+        self.write_out(p)
+    }
+
+    fn write_out<'a>(&'a self, mut p: MutexGuard<'a, Pending>) -> bool {
         p.writing = true;
         loop {
             let mut out = std::mem::take(&mut p.spare);
