@@ -247,6 +247,29 @@ struct Figures {
     ops_per_s: f64,
     p50_us: f64,
     p99_us: f64,
+    cpu_us_per_op: f64,
+}
+
+/// CPU time (user and system, all threads) this process and the key
+/// process have used so far. On a shared machine throughput moves with
+/// the neighbours' load; CPU per operation barely does, so `bench sign`
+/// reports both. Linux only (`/proc`); zero elsewhere.
+fn cpu_time(keys: Option<&KeyProcess>) -> Duration {
+    // Fields 14 and 15 of /proc/PID/stat, in USER_HZ ticks (100 per
+    // second on every Linux architecture keyfence builds for).
+    let ticks = |pid: &str| -> u64 {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return 0 };
+        // The command name (field 2) may hold spaces: count after its ')'.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return 0 };
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        num(11) + num(12)
+    };
+    let mut total = ticks("self");
+    if let Some(pid) = keys.and_then(KeyProcess::pid) {
+        total += ticks(&pid.to_string());
+    }
+    Duration::from_millis(total * 10)
 }
 
 /// The ways of signing that `bench sign` compares.
@@ -302,8 +325,8 @@ fn run_cases(
     if !args.json {
         println!("{threads} signing threads per path, {:.1} s per measurement", args.seconds);
         println!(
-            "{:<22} {:<12} {:>11} {:>9} {:>9}   {:>12} {:>13}",
-            "alg", "path", "ops_per_s", "p50_us", "p99_us", "ops vs base", "added p50_us"
+            "{:<22} {:<12} {:>11} {:>9} {:>9} {:>8}   {:>12} {:>13} {:>10}",
+            "alg", "path", "ops_per_s", "p50_us", "p99_us", "cpu_us", "ops vs base", "added p50_us", "cpu vs base"
         );
     }
     for case in CASES.iter().filter(|c| args.cases.is_empty() || args.cases.iter().any(|n| n == c.name)) {
@@ -349,12 +372,14 @@ fn run_cases(
 
         // Throughput with every core busy, in alternating halves so that
         // machine noise drifting over the run hits every path alike.
-        let mut totals = vec![(0u64, Duration::ZERO); paths.len()];
+        let mut totals = vec![(0u64, Duration::ZERO, Duration::ZERO); paths.len()];
         for _ in 0..2 {
             for (i, (_, path)) in paths.iter().enumerate() {
+                let cpu = cpu_time(keys);
                 let (n, e) = throughput(path, dur / 2)?;
                 totals[i].0 += n;
                 totals[i].1 += e;
+                totals[i].2 += cpu_time(keys).saturating_sub(cpu);
             }
         }
 
@@ -378,9 +403,10 @@ fn run_cases(
         let figures: Vec<Figures> = lat
             .iter_mut()
             .zip(&totals)
-            .map(|(l, (n, t))| {
+            .map(|(l, (n, t, cpu))| {
                 l.sort();
                 Figures {
+                    cpu_us_per_op: cpu.as_secs_f64() * 1e6 / (*n).max(1) as f64,
                     ops_per_s: *n as f64 / t.as_secs_f64(),
                     p50_us: percentile(l, 0.5),
                     p99_us: percentile(l, 0.99),
@@ -400,6 +426,7 @@ fn run_cases(
                         "ops_per_s": (f.ops_per_s * 10.0).round() / 10.0,
                         "p50_us": (f.p50_us * 100.0).round() / 100.0,
                         "p99_us": (f.p99_us * 100.0).round() / 100.0,
+                        "cpu_us_per_op": (f.cpu_us_per_op * 100.0).round() / 100.0,
                     })
                 );
             } else {
@@ -410,13 +437,19 @@ fn run_cases(
                 };
                 let extra = match base {
                     Some((b, label)) if i > 0 => {
-                        format!("{:>6.3}x {:<6}{:>12.1}", f.ops_per_s / b.ops_per_s, label, f.p50_us - b.p50_us)
+                        format!(
+                            "{:>6.3}x {:<6}{:>12.1} {:>9.3}x",
+                            f.ops_per_s / b.ops_per_s,
+                            label,
+                            f.p50_us - b.p50_us,
+                            b.cpu_us_per_op / f.cpu_us_per_op
+                        )
                     }
                     _ => String::new(),
                 };
                 println!(
-                    "{:<22} {:<12} {:>11.0} {:>9.1} {:>9.1}   {extra}",
-                    case.name, name, f.ops_per_s, f.p50_us, f.p99_us
+                    "{:<22} {:<12} {:>11.0} {:>9.1} {:>9.1} {:>8.1}   {extra}",
+                    case.name, name, f.ops_per_s, f.p50_us, f.p99_us, f.cpu_us_per_op
                 );
             }
         }
