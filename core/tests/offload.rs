@@ -485,10 +485,10 @@ fn bad_configurations_are_refused() {
     assert!("gpu".parse::<Route>().is_err());
 }
 
-/// QAT discovery against stub libraries that export QATlib's entry points
-/// (built here with the system C compiler): the library is there but has no
-/// instance, cannot start, or has instances (and this build still has no
-/// QAT RSA path, so `on` fails and `auto` says why).
+/// QAT against stub libraries built here with the system C compiler:
+/// discovery (the library is there but has no instance, cannot start, lacks
+/// the allocator, or has instances that do not start), then the RSA path
+/// against a stub that implements `cpaCyRsaDecrypt` with OpenSSL.
 #[cfg(feature = "qat")]
 mod qat {
     use super::*;
@@ -503,28 +503,35 @@ mod qat {
         int icp_sal_userStart(const char *name) { (void)name; return STUB_START; }
         int icp_sal_userStop(void) { return 0; }
         int cpaCyGetNumInstances(uint16_t *n) { *n = STUB_INSTANCES; return 0; }
-        int cpaCyGetInstances(uint16_t n, void **h) { (void)n; (void)h; return 0; }
-        int cpaCyStartInstance(void *h) { (void)h; return 0; }
+        int cpaCyGetInstances(uint16_t n, void **h) { for (uint16_t i = 0; i < n; i++) h[i] = (void *)(uintptr_t)(i + 1); return 0; }
+        int cpaCyStartInstance(void *h) { (void)h; return -1; }
         int cpaCyStopInstance(void *h) { (void)h; return 0; }
+        int cpaCySetAddressTranslation(void *h, void *f) { (void)h; (void)f; return 0; }
         int cpaCyRsaDecrypt(void) { return -6; }
         int icp_sal_CyPollInstance(void *h, uint32_t q) { (void)h; (void)q; return 0; }
         #ifndef STUB_NO_MEMORY
         void *qaeMemAllocNUMA(size_t s, int node, size_t a) { (void)s; (void)node; (void)a; return NULL; }
         void qaeMemFreeNUMA(void **p) { (void)p; }
+        uint64_t qaeVirtToPhysNUMA(void *p) { return (uint64_t)(uintptr_t)p; }
         #endif
     "#;
 
     fn stub(name: &str, defines: &[&str]) -> PathBuf {
+        build(name, STUB, defines, &[])
+    }
+
+    fn build(name: &str, source: &str, defines: &[&str], libs: &[&str]) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("keyfence-qat-stub-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let src = dir.join(format!("{name}.c"));
         let lib = dir.join(format!("{name}.so"));
-        std::fs::write(&src, STUB).unwrap();
+        std::fs::write(&src, source).unwrap();
         let status = Command::new("cc")
-            .args(["-shared", "-fPIC", "-o"])
+            .args(["-shared", "-fPIC", "-O1", "-o"])
             .arg(&lib)
             .args(defines.iter().map(|d| format!("-D{d}")))
             .arg(&src)
+            .args(libs)
             .status()
             .expect("a C compiler (cc) builds the QATlib stubs");
         assert!(status.success());
@@ -566,17 +573,283 @@ mod qat {
         let info = probe(&config(&two)).unwrap();
         assert_eq!(info.instances, 2);
 
+        // This stub has instances, but every instance refuses to start.
         let mut offload_config = OffloadConfig::default();
         offload_config.qat = config(&two);
         let e = OffloadBackend::start(OffloadMode::On, offload_config.clone()).unwrap_err();
-        assert!(e.to_string().contains("2 crypto instance(s), but the QAT RSA path is not implemented"), "{e}");
+        assert!(e.to_string().contains("cannot start") && e.to_string().contains("CPA_STATUS_FAIL"), "{e}");
         let auto = OffloadBackend::start(OffloadMode::Auto, offload_config).unwrap();
         assert_eq!(auto.device_name(), None);
-        assert!(auto.software_reason().unwrap().contains("not implemented"));
+        assert!(auto.software_reason().unwrap().contains("cannot start"));
 
         let mut offload_config = OffloadConfig::default();
         offload_config.qat = config(&none);
         let e = OffloadBackend::start(OffloadMode::On, offload_config).unwrap_err();
         assert!(e.to_string().contains("QATlib found but no QAT crypto instance"), "{e}");
+    }
+
+    /// A QATlib stand-in with a working RSA path: `cpaCyRsaDecrypt` checks
+    /// the request the way the header describes it and queues it (a ring of
+    /// RING entries), `icp_sal_CyPollInstance` computes the queued CRT
+    /// exponentiations with OpenSSL and calls back. Variants: FAULT flips a
+    /// bit of every result, FULL refuses with CPA_STATUS_RETRY, FAIL calls
+    /// back with CPA_STATUS_FAIL. It counts pinned allocations, and how
+    /// many were handed back still holding non-zero bytes.
+    const RSA_STUB: &str = r#"
+        #include <pthread.h>
+        #include <stdint.h>
+        #include <stdlib.h>
+        #include <string.h>
+        #include <openssl/bn.h>
+        typedef struct { uint32_t len; uint8_t *data; } FB;
+        typedef struct { FB n, d; } Rep1;
+        typedef struct { FB p, q, dp, dq, qinv; } Rep2;
+        typedef struct { int version; int type; Rep1 r1; Rep2 r2; } Key;
+        typedef struct { Key *key; FB in; } Op;
+        typedef void (*Cb)(void *, int, void *, FB *);
+        #define RING 64
+        static struct { Cb cb; void *tag; const Op *op; FB *out; } ring[RING];
+        static int count, started, instances_started;
+        static long allocs, frees, dirty, ops;
+        static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+        int icp_sal_userStart(const char *name) { (void)name; started = 1; return 0; }
+        int icp_sal_userStop(void) { started = 0; return 0; }
+        int cpaCyGetNumInstances(uint16_t *n) { *n = 2; return 0; }
+        int cpaCyGetInstances(uint16_t n, void **h) { for (uint16_t i = 0; i < n; i++) h[i] = (void *)(uintptr_t)(i + 1); return 0; }
+        int cpaCyStartInstance(void *h) { (void)h; instances_started++; return 0; }
+        int cpaCyStopInstance(void *h) { (void)h; instances_started--; return 0; }
+        int cpaCySetAddressTranslation(void *h, void *f) { (void)h; return f ? 0 : -4; }
+        static int fb_ok(const FB *b, uint32_t len) { return b->data && b->len == len; }
+        int cpaCyRsaDecrypt(void *h, Cb cb, void *tag, const Op *op, FB *out) {
+            if (!started || !h || !cb || !op || !op->key || !out) return -4;
+            const Key *k = op->key;
+            uint32_t n = op->in.len, half = n / 2;
+            if (k->version != 1 || k->type != 2 || !fb_ok(&op->in, n) || !fb_ok(out, n)
+                || !fb_ok(&k->r2.p, half) || !fb_ok(&k->r2.q, half) || !fb_ok(&k->r2.dp, half)
+                || !fb_ok(&k->r2.dq, half) || !fb_ok(&k->r2.qinv, half)) return -4;
+        #ifdef FULL
+            return -2;
+        #endif
+            pthread_mutex_lock(&mu);
+            if (count == RING) { pthread_mutex_unlock(&mu); return -2; }
+            ring[count].cb = cb; ring[count].tag = tag; ring[count].op = op; ring[count].out = out;
+            count++;
+            pthread_mutex_unlock(&mu);
+            return 0;
+        }
+        static BIGNUM *bn(const FB *b) { return BN_bin2bn(b->data, (int)b->len, NULL); }
+        static int crt(const Op *op, FB *out) {
+            const Rep2 *r = &op->key->r2;
+            BN_CTX *ctx = BN_CTX_new();
+            BIGNUM *c = bn(&op->in), *p = bn(&r->p), *q = bn(&r->q), *dp = bn(&r->dp), *dq = bn(&r->dq),
+                   *qi = bn(&r->qinv), *m1 = BN_new(), *m2 = BN_new(), *h = BN_new(), *m = BN_new();
+            int ok = ctx && c && p && q && dp && dq && qi && m1 && m2 && h && m
+                && BN_nnmod(m1, c, p, ctx) && BN_mod_exp(m1, m1, dp, p, ctx)
+                && BN_nnmod(m2, c, q, ctx) && BN_mod_exp(m2, m2, dq, q, ctx)
+                && BN_mod_sub(h, m1, m2, p, ctx) && BN_mod_mul(h, h, qi, p, ctx)
+                && BN_mul(m, h, q, ctx) && BN_add(m, m, m2)
+                && BN_bn2binpad(m, out->data, (int)out->len) == (int)out->len;
+        #ifdef FAULT
+            out->data[out->len / 2] ^= 1;
+        #endif
+            BN_clear_free(c); BN_clear_free(p); BN_clear_free(q); BN_clear_free(dp); BN_clear_free(dq);
+            BN_clear_free(qi); BN_clear_free(m1); BN_clear_free(m2); BN_clear_free(h); BN_clear_free(m);
+            BN_CTX_free(ctx);
+            return ok;
+        }
+        int icp_sal_CyPollInstance(void *h, uint32_t quota) {
+            (void)h; (void)quota;
+            pthread_mutex_lock(&mu);
+            int n = count;
+            if (n == 0) { pthread_mutex_unlock(&mu); return -2; }
+            Cb cb[RING]; void *tag[RING]; const Op *op[RING]; FB *out[RING];
+            for (int i = 0; i < n; i++) { cb[i] = ring[i].cb; tag[i] = ring[i].tag; op[i] = ring[i].op; out[i] = ring[i].out; }
+            count = 0;
+            pthread_mutex_unlock(&mu);
+            for (int i = 0; i < n; i++) {
+                int status = crt(op[i], out[i]) ? 0 : -1;
+        #ifdef FAIL
+                status = -1;
+        #endif
+                __atomic_add_fetch(&ops, 1, __ATOMIC_SEQ_CST);
+                cb[i](tag[i], status, (void *)op[i], out[i]);
+            }
+            return 0;
+        }
+        typedef struct { size_t size; size_t pad[7]; } Hdr;
+        void *qaeMemAllocNUMA(size_t s, int node, size_t a) {
+            (void)node; (void)a;
+            Hdr *hd = aligned_alloc(64, sizeof(Hdr) + ((s + 63) / 64) * 64);
+            if (!hd) return NULL;
+            hd->size = s;
+            __atomic_add_fetch(&allocs, 1, __ATOMIC_SEQ_CST);
+            return hd + 1;
+        }
+        void qaeMemFreeNUMA(void **pp) {
+            if (!pp || !*pp) return;
+            Hdr *hd = (Hdr *)*pp - 1;
+            const uint8_t *b = *pp;
+            for (size_t i = 0; i < hd->size; i++) if (b[i]) { __atomic_add_fetch(&dirty, 1, __ATOMIC_SEQ_CST); break; }
+            __atomic_add_fetch(&frees, 1, __ATOMIC_SEQ_CST);
+            free(hd);
+            *pp = NULL;
+        }
+        uint64_t qaeVirtToPhysNUMA(void *p) { return (uint64_t)(uintptr_t)p; }
+        long stub_outstanding(void) { return allocs - frees; }
+        long stub_dirty_frees(void) { return dirty; }
+        long stub_ops(void) { return ops; }
+        int stub_instances_started(void) { return instances_started; }
+    "#;
+
+    fn rsa_stub(name: &str, defines: &[&str]) -> PathBuf {
+        build(name, RSA_STUB, defines, &["-lcrypto", "-lpthread"])
+    }
+
+    /// Reads one of the stub's counters.
+    fn counter(lib: &Path, name: &str) -> i64 {
+        // SAFETY: the stub was built above; its counters are
+        // `long f(void)` or `int f(void)` functions without side effects.
+        unsafe {
+            let lib = libloading::Library::new(lib).unwrap();
+            let mut sym = name.as_bytes().to_vec();
+            sym.push(0);
+            if name == "stub_instances_started" {
+                i64::from(lib.get::<unsafe extern "C" fn() -> i32>(&sym).unwrap()())
+            } else {
+                i64::from(lib.get::<unsafe extern "C" fn() -> std::ffi::c_long>(&sym).unwrap()())
+            }
+        }
+    }
+
+    fn qat_engine(lib: &Path, on_error: OnDeviceError) -> (OffloadBackend, Engine) {
+        let mut c = OffloadConfig::default();
+        c.qat = config(lib);
+        c.on_device_error = on_error;
+        let backend = OffloadBackend::start(OffloadMode::On, c).unwrap();
+        assert_eq!(backend.device_name(), Some("qat"));
+        let engine = engine_on(&backend);
+        (backend, engine)
+    }
+
+    fn verify_any(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
+        use boring::rsa::Padding;
+        let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+        let md = match alg {
+            Algorithm::RsaPkcs1Sha256 | Algorithm::RsaPssSha256 => MessageDigest::sha256(),
+            Algorithm::RsaPkcs1Sha384 => MessageDigest::sha384(),
+            other => panic!("the tests do not verify {other}"),
+        };
+        let mut v = Verifier::new(md, &public).unwrap();
+        if alg == Algorithm::RsaPssSha256 {
+            v.set_rsa_padding(Padding::PKCS1_PSS).unwrap();
+        }
+        v.verify_oneshot(sig, msg).unwrap_or(false)
+    }
+
+    #[test]
+    fn qat_rsa_path_signs_and_decrypts_through_a_stub_device() {
+        let lib = rsa_stub("rsa-good", &[]);
+        let (backend, engine) = qat_engine(&lib, OnDeviceError::Fail);
+        assert_eq!(counter(&lib, "stub_instances_started"), 2);
+        let key = rsa_key();
+        let mut futures = Vec::new();
+        for i in 0..24 {
+            let alg = [Algorithm::RsaPkcs1Sha256, Algorithm::RsaPssSha256, Algorithm::RsaPkcs1Sha384][i % 3];
+            futures.push((alg, msg(i), engine.sign(&key, alg, &msg(i)).unwrap()));
+        }
+        for (alg, m, f) in futures {
+            let sig = f.wait().unwrap();
+            assert!(verify_any(&key, alg, &m, &sig), "{alg} signature from the QAT path does not verify");
+        }
+        // Raw decryption: the device's answer is the plaintext integer.
+        let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+        let rsa = public.rsa().unwrap();
+        let mut plain = vec![0u8; 256];
+        plain[0] = 0;
+        plain[1] = 2;
+        plain[2..].fill(0x5a);
+        let mut ct = vec![0u8; 256];
+        rsa.public_encrypt(&plain, &mut ct, boring::rsa::Padding::NONE).unwrap();
+        let out = engine.submit(Request::new(key.clone(), Operation::DecryptRaw { ciphertext: ct })).unwrap();
+        assert_eq!(&out.wait().unwrap()[..], &plain[..]);
+        // A ciphertext not below the modulus is the operation's own error,
+        // not a device fault: no software retry hides it.
+        let e = engine
+            .submit(Request::new(key.clone(), Operation::DecryptRaw { ciphertext: vec![0xff; 256] }))
+            .unwrap()
+            .wait()
+            .unwrap_err();
+        assert!(e.to_string().contains("not smaller than the modulus"), "{e}");
+
+        let stats = backend.stats();
+        assert_eq!(stats.device_errors, 0, "{stats:?}");
+        assert_eq!(stats.fallbacks, 0, "{stats:?}");
+        assert!(counter(&lib, "stub_ops") >= 25, "the device did the work");
+        // Every pinned buffer (key material included) was wiped and freed.
+        assert_eq!(counter(&lib, "stub_outstanding"), 0);
+        assert_eq!(counter(&lib, "stub_dirty_frees"), 0);
+        // The batching thread lets go of the device when it sees the
+        // backend gone; the instances stop then.
+        drop(engine);
+        drop(backend);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while counter(&lib, "stub_instances_started") != 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_eq!(counter(&lib, "stub_instances_started"), 0, "instances stop with the device");
+    }
+
+    #[test]
+    fn a_faulty_qat_result_is_caught_by_the_public_key_check() {
+        // Without the check, these would be faulty CRT signatures, which
+        // reveal the key's factors to whoever sees one.
+        let lib = rsa_stub("rsa-fault", &["FAULT"]);
+        let (backend, engine) = qat_engine(&lib, OnDeviceError::Fallback);
+        let key = rsa_key();
+        for i in 0..6 {
+            let sig = engine.sign(&key, Algorithm::RsaPkcs1Sha256, &msg(i)).unwrap().wait().unwrap();
+            assert!(verify_any(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig));
+        }
+        let stats = backend.stats();
+        assert_eq!((stats.device_errors, stats.fallbacks), (6, 6), "{stats:?}");
+        assert_eq!(counter(&lib, "stub_outstanding"), 0);
+
+        let (_, failing) = qat_engine(&lib, OnDeviceError::Fail);
+        let e = failing.sign(&key, Algorithm::RsaPkcs1Sha256, b"x").unwrap().wait().unwrap_err();
+        assert!(e.to_string().contains("failed the public-key check"), "{e}");
+    }
+
+    #[test]
+    fn a_full_ring_and_failed_callbacks_fall_back_to_software() {
+        let key = rsa_key();
+        for (name, define, why) in
+            [("rsa-full", "FULL", "CPA_STATUS_RETRY"), ("rsa-fail", "FAIL", "completed the request with -1")]
+        {
+            let lib = rsa_stub(name, &[define]);
+            let (backend, engine) = qat_engine(&lib, OnDeviceError::Fallback);
+            for i in 0..4 {
+                let sig = engine.sign(&key, Algorithm::RsaPssSha256, &msg(i)).unwrap().wait().unwrap();
+                assert!(verify_any(&key, Algorithm::RsaPssSha256, &msg(i), &sig), "{name}");
+            }
+            let stats = backend.stats();
+            assert_eq!(stats.fallbacks, 4, "{name}: {stats:?}");
+            assert_eq!(counter(&lib, "stub_outstanding"), 0, "{name}");
+            assert_eq!(counter(&lib, "stub_dirty_frees"), 0, "{name}");
+
+            let (_, failing) = qat_engine(&lib, OnDeviceError::Fail);
+            let e = failing.sign(&key, Algorithm::RsaPssSha256, b"x").unwrap().wait().unwrap_err();
+            assert!(e.to_string().contains(why), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn ecdsa_stays_in_software_with_qat_on() {
+        let lib = rsa_stub("rsa-ec", &[]);
+        let (backend, engine) = qat_engine(&lib, OnDeviceError::Fail);
+        let key = p256_key();
+        let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"ec").unwrap().wait().unwrap();
+        assert!(verify(&key, Algorithm::EcdsaP256Sha256, b"ec", &sig));
+        assert_eq!(counter(&lib, "stub_ops"), 0);
+        assert_eq!(backend.stats().software, 1);
     }
 }

@@ -231,9 +231,9 @@ impl OffloadBackend {
     /// [`SignError::Config`] for a bad configuration, or in `On` mode when
     /// this build lacks the `qat` cargo feature; in `On` mode,
     /// [`SignError::Backend`] when there is no usable QAT device (QATlib
-    /// missing, no crypto instance, or, in this version, always: see the
-    /// [module documentation](super)); [`SignError::Io`] if a thread cannot
-    /// be started.
+    /// missing, no crypto instance, or an instance that does not start;
+    /// see the [module documentation](super)); [`SignError::Io`] if a
+    /// thread cannot be started.
     pub fn start(mode: OffloadMode, config: OffloadConfig) -> Result<Self, SignError> {
         config.validate()?;
         match mode {

@@ -39,24 +39,26 @@
 //!   [`SimDevice`], namely routing, batching, completions, the in-flight
 //!   bound, deadlines, device failure in flight with both [`OnDeviceError`]
 //!   settings, and the mode logic (`auto` without QAT runs in software, `on`
-//!   fails with a clear error). With the `qat` feature, QATlib discovery
-//!   is tested against a missing library and against stub libraries that
-//!   export QATlib's entry points (no instance; instances present).
-//! - Not tested: anything against real QATlib or a real device. QAT
-//!   discovery (`qat::probe`) opens `libqat.so.4`, checks that it exports
-//!   the entry points an RSA path needs, calls `icp_sal_userStart`,
-//!   counts crypto instances with `cpaCyGetNumInstances`, and calls
-//!   `icp_sal_userStop`. The function signatures were taken from QATlib's
-//!   public headers, not checked against a running device.
-//! - Not implemented: the QAT RSA path itself (CRT private key, flat
-//!   buffers from `qaeMemAllocNUMA`, `cpaCyRsaDecrypt` with a polling
-//!   thread on `icp_sal_CyPollInstance`). It needs the RSA CRT components
-//!   and PKCS#1/PSS encoding from [`PrivateKey`](crate::sign::PrivateKey),
-//!   which does not expose them yet. So even where QAT discovery succeeds,
-//!   mode `on` fails with "the QAT RSA path is not implemented in this
-//!   build" and `auto` runs in software, saying so. Everything else here
-//!   (routing, batching, bounds, fallback) is device-independent and is
-//!   what a QAT [`Device`] would plug into.
+//!   fails with a clear error). With the `qat` feature: QATlib discovery
+//!   against a missing library and against stub libraries (no instance,
+//!   cannot start, no allocator, instances present), and the QAT RSA path,
+//!   [`QatDevice`], against a stub QATlib that implements
+//!   `cpaCyRsaDecrypt` in software with OpenSSL and answers from
+//!   `icp_sal_CyPollInstance`: PKCS #1 v1.5, PSS and raw decryption
+//!   through the engine, verified with the public key; a device that
+//!   returns wrong results (caught by the public-key check, then software);
+//!   a full ring (`CPA_STATUS_RETRY`, then software); failed callbacks.
+//! - Not tested: anything against real QATlib or a real device. The
+//!   structure layouts and function signatures come from QATlib's public
+//!   headers (`cpa.h`, `cpa_cy_common.h`, `cpa_cy_im.h`, `cpa_cy_rsa.h`,
+//!   `icp_sal_user.h`, `icp_sal_poll.h`, `qae_mem.h`) and were checked
+//!   only against the stub, which was written from the same headers. How
+//!   QATlib behaves under load (ring sizes, response latency, the polling
+//!   interval that suits it) is unmeasured.
+//! - Not done: ECDSA on QAT (QAT has it; routing sends ECDSA to software
+//!   unless told otherwise, and [`QatDevice`] declines it, so it falls
+//!   back to software), and per-key caching of the pinned CRT components
+//!   (they are copied per request).
 //!
 //! ```
 //! use std::sync::Arc;
@@ -81,6 +83,8 @@ mod batcher;
 mod device;
 #[cfg(feature = "qat")]
 pub mod qat;
+#[cfg(feature = "qat")]
+mod qat_device;
 mod routing;
 mod sim;
 mod stats;
@@ -92,6 +96,8 @@ use std::time::Duration;
 
 pub use backend::OffloadBackend;
 pub use device::{CompletionFn, Device, DeviceCompletion, DeviceError, DeviceRequest};
+#[cfg(feature = "qat")]
+pub use qat_device::QatDevice;
 pub use routing::{Route, Routing};
 pub use sim::{SimConfig, SimControl, SimDevice, SimStats};
 pub use stats::OffloadStats;
@@ -282,11 +288,8 @@ pub(crate) enum QatUnavailable {
 /// The QAT device, if one can be used.
 #[cfg(feature = "qat")]
 pub(crate) fn open_qat(config: &QatConfig) -> Result<Arc<dyn Device>, QatUnavailable> {
-    match qat::probe(config) {
-        Ok(info) => Err(QatUnavailable::NoDevice(format!(
-            "QATlib ({}) reports {} crypto instance(s), but the QAT RSA path is not implemented in this build",
-            info.library, info.instances
-        ))),
+    match QatDevice::open(config) {
+        Ok(device) => Ok(device),
         Err(e) => Err(QatUnavailable::NoDevice(e.reason().to_string())),
     }
 }

@@ -11,9 +11,8 @@
 //! `lac/cpa_cy_im.h`, `lac/cpa_cy_rsa.h`, `icp_sal_user.h`,
 //! `icp_sal_poll.h`, `qae_mem.h`); this code has run against a missing
 //! library and against stub libraries exporting those entry points, never
-//! against QATlib with a device. The RSA path itself (submitting
-//! `cpaCyRsaDecrypt` and polling) is not implemented; see the
-//! [module documentation](super).
+//! against QATlib with a device. The RSA path that uses what the probe
+//! finds is [`QatDevice`](super::QatDevice).
 //!
 //! A successful probe leaves the library loaded for the life of the
 //! process: QATlib's code has run, and unloading it under threads or exit
@@ -43,12 +42,18 @@ type AnyFn = unsafe extern "C" fn();
 /// The entry points an RSA offload path needs, checked for presence:
 /// instance discovery and start (`cpa_cy_common.h`, `cpa_cy_im.h`), the
 /// RSA operation (`cpa_cy_rsa.h`) and the response poll (`icp_sal_poll.h`).
-const RSA_PATH_SYMBOLS: [&str; 5] =
-    ["cpaCyGetInstances", "cpaCyStartInstance", "cpaCyStopInstance", "cpaCyRsaDecrypt", "icp_sal_CyPollInstance"];
+const RSA_PATH_SYMBOLS: [&str; 6] = [
+    "cpaCyGetInstances",
+    "cpaCyStartInstance",
+    "cpaCyStopInstance",
+    "cpaCySetAddressTranslation",
+    "cpaCyRsaDecrypt",
+    "icp_sal_CyPollInstance",
+];
 
 /// QATlib's pinned-memory allocator (`qae_mem.h`), in libqat or in its
 /// memory driver library.
-const MEMORY_SYMBOLS: [&str; 2] = ["qaeMemAllocNUMA", "qaeMemFreeNUMA"];
+const MEMORY_SYMBOLS: [&str; 3] = ["qaeMemAllocNUMA", "qaeMemFreeNUMA", "qaeVirtToPhysNUMA"];
 
 /// QATlib keeps per-process state: one probe at a time.
 static PROBE: Mutex<()> = Mutex::new(());
@@ -103,7 +108,7 @@ impl fmt::Display for ProbeError {
 impl std::error::Error for ProbeError {}
 
 /// QATlib's name for a status code (`cpa.h`).
-fn status_name(status: CpaStatus) -> &'static str {
+pub(crate) fn status_name(status: CpaStatus) -> &'static str {
     match status {
         0 => "CPA_STATUS_SUCCESS",
         -1 => "CPA_STATUS_FAIL",
@@ -127,7 +132,7 @@ fn has_symbol(lib: &Library, name: &str) -> bool {
 }
 
 /// Opens `name` with `dlopen`.
-fn open(name: &str) -> Result<Library, libloading::Error> {
+pub(crate) fn open(name: &str) -> Result<Library, libloading::Error> {
     // SAFETY: opening a shared library runs its ELF constructors. The
     // libraries opened here are the configured QATlib and memory driver
     // libraries, whose constructors only set up their own state.
