@@ -103,7 +103,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
 /// `keyfence bench sign`.
 #[derive(Args)]
 pub struct BenchSignArgs {
-    /// One JSON object per line: alg, path, ops_per_s, p50_us, p99_us.
+    /// One JSON object per line: alg, path, ops_per_s, p50_us, p99_us, cpu_us_per_op.
     #[arg(long)]
     json: bool,
     /// Seconds per measurement (throughput and latency, per path).
