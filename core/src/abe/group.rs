@@ -55,10 +55,10 @@ pub(crate) fn random_scalar<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Sca
     loop {
         rng.fill_bytes(&mut buf);
         buf[0] &= 0x7f;
-        let s = Scalar::from_bytes_be(&buf);
-        if bool::from(s.is_some()) {
+        let s = Option::<Scalar>::from(Scalar::from_bytes_be(&buf));
+        if let Some(s) = s {
             zeroize::Zeroize::zeroize(&mut buf);
-            return s.unwrap() * montgomery_inverse();
+            return s * montgomery_inverse();
         }
     }
 }
@@ -71,8 +71,8 @@ pub(crate) fn scalar_from_be(b: &[u8]) -> Option<Scalar> {
 
 /// Any 32 bytes, big-endian, reduced modulo r (Go's `Scalar.SetBytes`).
 pub(crate) fn scalar_reduce_be(b: &[u8; 32]) -> Scalar {
-    let hi = u128::from_be_bytes(b[..16].try_into().expect("16 bytes"));
-    let lo = u128::from_be_bytes(b[16..].try_into().expect("16 bytes"));
+    let hi = u128::from_be_bytes(std::array::from_fn(|i| b[i]));
+    let lo = u128::from_be_bytes(std::array::from_fn(|i| b[16 + i]));
     let two64 = Scalar::from(u64::MAX) + Scalar::ONE;
     let two128 = two64 * two64;
     Scalar::from_u128(hi) * two128 + Scalar::from_u128(lo)
@@ -155,9 +155,9 @@ pub(crate) fn gt_from_bytes(b: &[u8]) -> Result<Gt, &'static str> {
         return Err("a Gt element is 576 bytes");
     }
     let mut f = blst::blst_fp12::default();
-    for k in 0..12 {
-        let arr: &[u8; 48] = b[k * 48..(k + 1) * 48].try_into().expect("48 bytes");
-        let c: Fp = Option::from(Fp::from_bytes_be(arr)).ok_or("coefficient is not below the field modulus")?;
+    for (k, chunk) in b.chunks_exact(48).enumerate() {
+        let arr: [u8; 48] = std::array::from_fn(|i| chunk[i]);
+        let c: Fp = Option::from(Fp::from_bytes_be(&arr)).ok_or("coefficient is not below the field modulus")?;
         let idx = 11 - k;
         let (j, i, e) = (idx / 6, (idx % 6) / 2, idx % 2);
         f.fp6[j].fp2[i].fp[e] = c.into();

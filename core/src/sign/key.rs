@@ -409,13 +409,8 @@ impl PrivateKey {
             let mut signer = Signer::new_without_digest(pkey).map_err(SignError::crypto)?;
             return Ok(Zeroizing::new(signer.sign_oneshot_to_vec(input).map_err(SignError::crypto)?));
         };
-        let digest_buf;
-        let digest = if prehashed {
-            input
-        } else {
-            digest_buf = hash.digest(input)?;
-            &digest_buf[..]
-        };
+        let digest = digest_of(hash, input, prehashed)?;
+        let digest = &digest[..];
         match (typed, alg.family()) {
             (Typed::Rsa(rsa), Family::RsaPkcs1) => rsa_sign_pkcs1(rsa, hash, digest),
             (Typed::Rsa(rsa), Family::RsaPss) => rsa_sign_pss(rsa, hash, digest),
@@ -506,13 +501,8 @@ impl PrivateKey {
             Operation::Sign { alg, input: Input::Digest(d) } => (*alg, d, true),
         };
         let Some(hash) = alg.hash() else { return Err(SignError::KeyMismatch { alg, key: self.kind }) };
-        let digest_buf;
-        let digest = if prehashed {
-            &input[..]
-        } else {
-            digest_buf = hash.digest(input)?;
-            &digest_buf[..]
-        };
+        let digest = digest_of(hash, input, prehashed)?;
+        let digest = &digest[..];
         let mut em = Zeroizing::new(vec![0u8; k]);
         match alg.family() {
             Family::RsaPkcs1 => {
@@ -526,9 +516,7 @@ impl PrivateKey {
                 em[k - t.len()..].copy_from_slice(&t);
             }
             Family::RsaPss => {
-                let Some(md) = hash.message_digest() else {
-                    return Err(SignError::Crypto("RSA-PSS is not defined over MD5+SHA-1".into()));
-                };
+                let md = pss_digest(hash)?;
                 // SAFETY: `rsa.as_ptr()` is a valid RSA* for the borrow;
                 // `em` has RSA_size bytes, the most the call writes;
                 // `digest` holds exactly the digest length of `md`, which
@@ -606,6 +594,17 @@ fn pkcs1_digest_info(hash: Hash, digest: &[u8]) -> Result<Zeroizing<Vec<u8>>, Si
     Ok(t)
 }
 
+/// The digest to sign: `input` itself when the caller hashed it, else its
+/// hash.
+fn digest_of(hash: Hash, input: &[u8], prehashed: bool) -> Result<std::borrow::Cow<'_, [u8]>, SignError> {
+    Ok(if prehashed { std::borrow::Cow::Borrowed(input) } else { std::borrow::Cow::Owned(hash.digest(input)?) })
+}
+
+/// The hash RSA-PSS uses for both the message and MGF1.
+fn pss_digest(hash: Hash) -> Result<boring::hash::MessageDigest, SignError> {
+    hash.message_digest().ok_or_else(|| SignError::Crypto("RSA-PSS is not defined over MD5+SHA-1".into()))
+}
+
 /// RSASSA-PKCS1-v1_5 over a digest. The safe `boring` API signs messages
 /// only; `RSA_sign` adds the DigestInfo (none for MD5+SHA-1, as TLS 1.0
 /// wants).
@@ -637,9 +636,7 @@ fn rsa_sign_pkcs1(rsa: &RsaRef<Private>, hash: Hash, digest: &[u8]) -> Result<Ou
 /// RSASSA-PSS over a digest, MGF1 with the same hash and a salt as long as
 /// the digest (what TLS 1.3 and rsa_pss_rsae_* require).
 fn rsa_sign_pss(rsa: &RsaRef<Private>, hash: Hash, digest: &[u8]) -> Result<Output, SignError> {
-    let Some(md) = hash.message_digest() else {
-        return Err(SignError::Crypto("RSA-PSS is not defined over MD5+SHA-1".into()));
-    };
+    let md = pss_digest(hash)?;
     let mut out = Zeroizing::new(vec![0u8; rsa.size() as usize]);
     let mut out_len: usize = 0;
     // SAFETY: as in `rsa_sign_pkcs1`; `md.as_ptr()` is a static EVP_MD;
