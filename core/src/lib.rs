@@ -8,7 +8,11 @@
 pub use keyfence_policy as policy;
 
 pub mod abe;
+pub mod codec;
+mod error;
 pub mod wrap;
+
+pub use error::ErrorCode;
 
 #[cfg(feature = "sign")]
 pub mod sign;

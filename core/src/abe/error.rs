@@ -2,6 +2,8 @@
 
 use keyfence_policy::ParseError;
 
+use crate::ErrorCode;
+
 /// What went wrong in a CP-ABE operation.
 ///
 /// Messages name the object and the field at fault (`ciphertext field
@@ -46,6 +48,26 @@ pub enum AbeError {
     /// input's fault. Reported instead of panicking.
     #[error("internal error in keyfence (please report it): {0}")]
     Internal(&'static str),
+}
+
+impl AbeError {
+    /// The stable code of this error (`docs/errors.md`).
+    ///
+    /// A malformed ciphertext is [`ErrorCode::InvalidCiphertext`], a
+    /// malformed key [`ErrorCode::InvalidKey`].
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            AbeError::Malformed { object: "ciphertext", .. } => ErrorCode::InvalidCiphertext,
+            AbeError::Malformed { .. } => ErrorCode::InvalidKey,
+            AbeError::NotSatisfied => ErrorCode::PolicyNotSatisfied,
+            AbeError::IntegrityCheckFailed => ErrorCode::InvalidCiphertext,
+            AbeError::Policy(e) => ErrorCode::from(e),
+            AbeError::ReservedLabel(_) => ErrorCode::ReservedLabel,
+            AbeError::AttributeTooLong(_) | AbeError::TooManyAttributes(_) => ErrorCode::LimitExceeded,
+            AbeError::Rng(_) => ErrorCode::Rng,
+            AbeError::Internal(_) => ErrorCode::Internal,
+        }
+    }
 }
 
 pub(crate) fn malformed(object: &'static str, field: impl Into<String>, reason: impl Into<String>) -> AbeError {
