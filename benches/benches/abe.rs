@@ -34,10 +34,10 @@ fn bench(c: &mut Criterion) {
         let policy = parse(&(0..n).map(|i| format!("a{i}: v{i}")).collect::<Vec<_>>().join(" and ")).unwrap();
         g.bench_with_input(BenchmarkId::new("keygen", n), &attrs, |b, a| b.iter(|| abe::keygen(&msk, a).unwrap()));
         g.bench_with_input(BenchmarkId::new("encrypt", n), &policy, |b, p| {
-            b.iter(|| abe::encrypt_policy_with_rng(&mut OsRng, &pk, p, MSG).unwrap())
+            b.iter(|| abe::encrypt_policy(&pk, p, MSG).unwrap())
         });
         let key = abe::keygen(&msk, &attrs).unwrap();
-        let ct = abe::encrypt_policy_with_rng(&mut OsRng, &pk, &policy, MSG).unwrap();
+        let ct = abe::encrypt_policy(&pk, &policy, MSG).unwrap();
         g.bench_with_input(BenchmarkId::new("decrypt_2_threads", n), &ct, |b, ct| {
             b.iter(|| abe::decrypt_with_threads(&key, ct, 2).unwrap())
         });
@@ -46,10 +46,10 @@ fn bench(c: &mut Criterion) {
     for (name, policy, attrs) in shapes() {
         let policy = parse(&policy).unwrap();
         let key = abe::keygen(&msk, &attrs).unwrap();
-        let ct = abe::encrypt_policy_with_rng(&mut OsRng, &pk, &policy, MSG).unwrap();
+        let ct = abe::encrypt_policy(&pk, &policy, MSG).unwrap();
         g.bench_function(BenchmarkId::new("keygen", name), |b| b.iter(|| abe::keygen(&msk, &attrs).unwrap()));
         g.bench_function(BenchmarkId::new("encrypt", name), |b| {
-            b.iter(|| abe::encrypt_policy_with_rng(&mut OsRng, &pk, &policy, MSG).unwrap())
+            b.iter(|| abe::encrypt_policy(&pk, &policy, MSG).unwrap())
         });
         g.bench_function(BenchmarkId::new("decrypt", name), |b| b.iter(|| abe::decrypt(&key, &ct).unwrap()));
     }

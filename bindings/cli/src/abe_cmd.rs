@@ -104,7 +104,7 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
                     return Ok(ExitCode::from(1));
                 }
             };
-            let ct = abe::encrypt_policy_with_rng(&mut rand_core::OsRng, &pk, &p, &read(&input)?)?;
+            let ct = abe::encrypt_policy(&pk, &p, &read(&input)?)?;
             fs::write(&out, ct).with_context(|| format!("cannot write {}", out.display()))?;
         }
         AbeCmd::Decrypt { key, input, out } => {

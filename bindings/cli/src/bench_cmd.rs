@@ -72,7 +72,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     let key = abe::keygen(&msk, &attrs)?;
                     kg.push(t.elapsed().as_secs_f64() * 1e3);
                     let t = Instant::now();
-                    let ct = abe::encrypt_policy_with_rng(&mut rand_core::OsRng, &pk, &p, msg)?;
+                    let ct = abe::encrypt_policy(&pk, &p, msg)?;
                     en.push(t.elapsed().as_secs_f64() * 1e3);
                     let t = Instant::now();
                     let pt = match threads {

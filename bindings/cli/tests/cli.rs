@@ -66,6 +66,20 @@ fn abe_round_trip_through_files() {
 }
 
 #[test]
+fn keygen_refuses_a_key_too_large_for_its_format_instead_of_writing_it() {
+    // 2,000 attributes with short labels need about 72 KB in the key's
+    // 16-bit attribute field: once written truncated, now refused.
+    let d = Dir::new("abe-limit");
+    common::ok(&["abe", "setup", "--out", &d.p("auth")]);
+    let attrs: Vec<String> = (0..2000).map(|i| format!("{}{i}=x", (b'a' + (i % 26) as u8) as char)).collect();
+    let o = keyfence(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", &attrs.join(","), "--out", &d.p("big.key")]);
+    assert_ne!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    assert!(err.contains("attribute key too large") && err.contains("65535"), "{err}");
+    assert!(!std::path::Path::new(&d.p("big.key")).exists(), "no key file is left behind");
+}
+
+#[test]
 fn bench_abe_prints_one_json_object_per_case() {
     let o = keyfence(&["bench", "abe", "--json", "--iters", "1"]);
     assert!(o.status.success(), "{}", stderr(&o));

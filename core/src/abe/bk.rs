@@ -22,8 +22,8 @@ use subtle::ConstantTimeEq;
 use zeroize::Zeroizing;
 
 use super::blake2x::{blake2b_256, Xof};
-use super::encoding::{put_bytes16, put_bytes32, Reader};
-use super::error::{malformed, AbeError, Result};
+use super::error::{codec, malformed, too_large, AbeError, Result};
+use crate::codec::{Order, Reader, Writer};
 use super::group::{gt_to_bytes, scalar_reduce_be};
 use super::keys::{AttributeKey, PublicKey};
 use super::policy::AbePolicy;
@@ -67,17 +67,15 @@ pub(crate) fn encrypt<R: RngCore + CryptoRng + ?Sized>(
     let sym = Zeroizing::new(blake2b_256(&[], &[&gt_to_bytes(&key)]));
     keystream_xor(&sym, &mut env);
 
-    let mut mac_data = Vec::with_capacity(8 + c1.len() + env.len());
-    put_bytes32(&mut mac_data, &c1, "header")?;
-    put_bytes32(&mut mac_data, &env, "envelope")?;
+    // A message near 4 GiB would overflow the u32 fields: refused, not cut.
+    let mut w = Writer::new(Order::Little);
+    w.bytes32(&c1).bytes32(&env);
+    let mac_data = w.finish().map_err(|e| too_large(CT, e))?;
     let tag = blake2b_256(&mac_key[..], &[&mac_data]);
 
-    let mut out = Vec::with_capacity(VERSION.len() + 40 + mac_data.len() + 34);
-    out.extend_from_slice(VERSION);
-    put_bytes16(&mut out, &id, "id")?;
-    put_bytes32(&mut out, &mac_data, "mac data")?;
-    put_bytes16(&mut out, &tag, "tag")?;
-    Ok(out)
+    let mut w = Writer::new(Order::Little);
+    w.raw(VERSION).bytes16(&id).bytes32(&mac_data).bytes16(&tag);
+    Ok(w.finish().map_err(|e| too_large(CT, e))?.to_vec())
 }
 
 /// The framing of a ciphertext, split but not yet decrypted.
@@ -94,23 +92,24 @@ pub(crate) fn parse(ct: &[u8]) -> Result<Parsed<'_>> {
         Some(rest) => (rest, true),
         None => (ct, false),
     };
-    let mut r = Reader::new(body, CT);
-    let id = r.bytes16(&|| "id".into())?;
+    let e = codec(CT);
+    let mut r = Reader::new(body, Order::Little);
+    let id = r.bytes16("id").map_err(&e)?;
     let id: &[u8; 32] =
         id.try_into().map_err(|_| malformed(CT, "id", format!("must be 32 bytes, found {}", id.len())))?;
-    let mac_data = if wide { r.bytes32(&|| "macData".into())? } else { r.bytes16(&|| "macData".into())? };
-    let tag = r.bytes16(&|| "tag".into())?;
+    let mac_data = if wide { r.bytes32("macData") } else { r.bytes16("macData") }.map_err(&e)?;
+    let tag = r.bytes16("tag").map_err(&e)?;
     if tag.len() != 32 {
         return Err(malformed(CT, "tag", format!("must be 32 bytes, found {}", tag.len())));
     }
-    r.finish("end")?;
-    let mut m = Reader::new(mac_data, CT);
+    r.finish().map_err(&e)?;
+    let mut m = Reader::new(mac_data, Order::Little);
     let (c1, env) = if wide {
-        (m.bytes32(&|| "header".into())?, m.bytes32(&|| "envelope".into())?)
+        (m.bytes32("header").map_err(&e)?, m.bytes32("envelope").map_err(&e)?)
     } else {
-        (m.bytes16(&|| "header".into())?, m.bytes16(&|| "envelope".into())?)
+        (m.bytes16("header").map_err(&e)?, m.bytes16("envelope").map_err(&e)?)
     };
-    m.finish("macData")?;
+    m.finish_as("macData").map_err(&e)?;
     if env.len() < SEED_LEN {
         return Err(malformed(CT, "envelope", format!("shorter than the {SEED_LEN}-byte seed")));
     }

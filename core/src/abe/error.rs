@@ -2,6 +2,7 @@
 
 use keyfence_policy::ParseError;
 
+use crate::codec::CodecError;
 use crate::ErrorCode;
 
 /// What went wrong in a CP-ABE operation.
@@ -38,9 +39,16 @@ pub enum AbeError {
     /// length fields.
     #[error("attribute {0:?} is too long for the key format (at most 65535 bytes)")]
     AttributeTooLong(String),
-    /// Too many attributes for the key format.
-    #[error("too many attributes: {0} (the key format holds at most 65534)")]
-    TooManyAttributes(usize),
+    /// An object would pass a limit of its binary format: an attribute key
+    /// whose attribute block outgrows its 16-bit length, a message too long
+    /// for the ciphertext's 32-bit fields.
+    #[error("{object} too large for its format: {reason}")]
+    TooLarge {
+        /// `attribute key` or `ciphertext`.
+        object: &'static str,
+        /// Which limit, and by how much.
+        reason: String,
+    },
     /// The random number generator failed.
     #[error("random number generator failed: {0}")]
     Rng(String),
@@ -63,7 +71,7 @@ impl AbeError {
             AbeError::IntegrityCheckFailed => ErrorCode::InvalidCiphertext,
             AbeError::Policy(e) => ErrorCode::from(e),
             AbeError::ReservedLabel(_) => ErrorCode::ReservedLabel,
-            AbeError::AttributeTooLong(_) | AbeError::TooManyAttributes(_) => ErrorCode::LimitExceeded,
+            AbeError::AttributeTooLong(_) | AbeError::TooLarge { .. } => ErrorCode::LimitExceeded,
             AbeError::Rng(_) => ErrorCode::Rng,
             AbeError::Internal(_) => ErrorCode::Internal,
         }
@@ -72,6 +80,18 @@ impl AbeError {
 
 pub(crate) fn malformed(object: &'static str, field: impl Into<String>, reason: impl Into<String>) -> AbeError {
     AbeError::Malformed { object, field: field.into(), reason: reason.into() }
+}
+
+/// Maps a field the shared codec could not read to [`AbeError::Malformed`]
+/// on `object`.
+pub(crate) fn codec(object: &'static str) -> impl Fn(CodecError) -> AbeError {
+    move |e| AbeError::Malformed { object, field: e.field.into_owned(), reason: e.problem.to_string() }
+}
+
+/// An object that would not fit its format, reported instead of written
+/// truncated.
+pub(crate) fn too_large(object: &'static str, e: CodecError) -> AbeError {
+    AbeError::TooLarge { object, reason: e.problem.to_string() }
 }
 
 /// Result of a CP-ABE operation.

@@ -8,8 +8,8 @@ use blstrs::{G1Affine, G2Affine, Gt, Scalar};
 use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
-use super::encoding::{put_bytes16, put_u16, Reader};
-use super::error::Result;
+use super::error::{codec, malformed, Result};
+use crate::codec::{Order, Reader, Writer};
 use super::group::{self, Wiped};
 use super::matrix::{self, Mat, SecretMat};
 
@@ -47,12 +47,12 @@ impl PublicKey {
 impl PublicKey {
     /// The CIRCL encoding of the key.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::new();
         // Matrices of fixed small shape always fit a u16 length.
-        let _ = put_bytes16(&mut out, &matrix::encode_g2(&self.b2), "b2");
-        let _ = put_bytes16(&mut out, &matrix::encode_g1(&self.wb1), "wb1");
-        let _ = put_bytes16(&mut out, &matrix::encode_gt(&self.btk), "btk");
-        out
+        let mut w = Writer::new(Order::Little);
+        w.bytes16(&matrix::encode_g2(&self.b2))
+            .bytes16(&matrix::encode_g1(&self.wb1))
+            .bytes16(&matrix::encode_gt(&self.btk));
+        w.into_bytes().to_vec()
     }
 
     /// Decodes a public key.
@@ -62,11 +62,12 @@ impl PublicKey {
     /// of the wrong shape, or not a valid group element.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         const O: &str = "public key";
-        let mut r = Reader::new(bytes, O);
-        let b2 = matrix::decode_g2(r.bytes16(&|| "b2".into())?, (4, 2), O, "b2")?;
-        let wb1 = matrix::decode_g1(r.bytes16(&|| "wb1".into())?, (3, 2), O, "wb1")?;
-        let btk = matrix::decode_gt(r.bytes16(&|| "btk".into())?, (2, 1), O, "btk")?;
-        r.finish("end")?;
+        let e = codec(O);
+        let mut r = Reader::new(bytes, Order::Little);
+        let b2 = matrix::decode_g2(r.bytes16("b2").map_err(&e)?, (4, 2), O, "b2")?;
+        let wb1 = matrix::decode_g1(r.bytes16("wb1").map_err(&e)?, (3, 2), O, "wb1")?;
+        let btk = matrix::decode_gt(r.bytes16("btk").map_err(&e)?, (2, 1), O, "btk")?;
+        r.finish().map_err(&e)?;
         Ok(Self::new(b2, wb1, btk))
     }
 }
@@ -94,14 +95,16 @@ pub struct MasterSecretKey {
 impl MasterSecretKey {
     /// The CIRCL encoding of the key, in a buffer wiped on drop.
     pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
-        let mut out = Zeroizing::new(Vec::new());
+        // Fixed shapes, and a prf key of at most 64 bytes (checked when
+        // built or decoded): every field fits its u16 length.
+        let mut w = Writer::new(Order::Little);
         for m in [&self.a, &self.wta, &self.bstar, &self.bstar12, &self.k] {
             let enc = Zeroizing::new(matrix::encode_zp(&m.map(|w| w.0)));
-            let _ = put_bytes16(&mut out, &enc, "matrix");
+            w.bytes16(&enc);
         }
         // CIRCL's prf key is 16 bytes; a longer one still round-trips.
-        let _ = put_bytes16(&mut out, &self.prf_key, "prf key");
-        out
+        w.bytes16(&self.prf_key);
+        w.into_bytes()
     }
 
     /// Decodes a master secret key.
@@ -110,9 +113,10 @@ impl MasterSecretKey {
     /// [`super::AbeError::Malformed`] naming the field at fault.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         const O: &str = "master secret key";
-        let mut r = Reader::new(bytes, O);
+        let e = codec(O);
+        let mut r = Reader::new(bytes, Order::Little);
         let mut m = |name: &'static str, shape| -> Result<SecretMat> {
-            let b = r.bytes16(&|| name.into())?;
+            let b = r.bytes16(name).map_err(&e)?;
             let z = matrix::decode_zp(b, shape, O, name)?;
             Ok(SecretMat::secret(&z))
         };
@@ -121,11 +125,11 @@ impl MasterSecretKey {
         let bstar = m("bstar", (4, 2))?;
         let bstar12 = m("bstar12", (4, 2))?;
         let k = m("k", (4, 1))?;
-        let prf_key = r.bytes16(&|| "prfKey".into())?.to_vec();
+        let prf_key = r.bytes16("prfKey").map_err(&e)?.to_vec();
         if prf_key.is_empty() || prf_key.len() > 64 {
-            return Err(r.err("prfKey", "must be 1 to 64 bytes (BLAKE2b key)"));
+            return Err(malformed(O, "prfKey", "must be 1 to 64 bytes (BLAKE2b key)"));
         }
-        r.finish("end")?;
+        r.finish().map_err(&e)?;
         Ok(Self { a, wta, bstar, bstar12, k, prf_key })
     }
 }
@@ -179,28 +183,39 @@ impl AttributeKey {
     }
 
     /// The CIRCL encoding of the key, in a buffer wiped on drop.
+    ///
+    /// Cannot fail: `keygen` and [`AttributeKey::from_bytes`] refuse any
+    /// key whose fields would not fit their length prefixes.
     pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
-        let mut out = Zeroizing::new(Vec::new());
-        let mut attrs = Vec::new();
-        let _ = put_u16(&mut attrs, self.attrs.len(), "attribute count");
-        for (label, a) in &self.attrs {
-            let _ = put_bytes16(&mut attrs, label.as_bytes(), "label");
-            attrs.push(u8::from(a.wild));
-            attrs.extend_from_slice(&a.value.to_bytes_be());
-        }
-        let _ = put_bytes16(&mut out, &attrs, "attributes");
-        let _ = put_bytes16(&mut out, &matrix::encode_g2(&self.k1), "k1");
-        let k2 = Zeroizing::new(matrix::encode_g1(&self.k2.map(|w| w.0)));
-        let _ = put_bytes16(&mut out, &k2, "k2");
+        let mut w = Writer::new(Order::Little);
+        w.bytes16(&self.attribute_block());
+        w.bytes16(&matrix::encode_g2(&self.k1));
+        w.bytes16(&Zeroizing::new(matrix::encode_g1(&self.k2.map(|w| w.0))));
         for map in [&self.k3, &self.k3wild] {
-            let _ = put_u16(&mut out, map.len(), "k3 count");
+            w.len16(map.len());
             for (label, m) in map {
-                let _ = put_bytes16(&mut out, label.as_bytes(), "label");
-                let enc = Zeroizing::new(matrix::encode_g1(&m.map(|w| w.0)));
-                let _ = put_bytes16(&mut out, &enc, "k3");
+                w.bytes16(label.as_bytes());
+                w.bytes16(&Zeroizing::new(matrix::encode_g1(&m.map(|w| w.0))));
             }
         }
-        out
+        w.into_bytes()
+    }
+
+    /// The `attributes` field: count, then label, wildcard flag and hashed
+    /// value of each attribute.
+    fn attribute_block(&self) -> Zeroizing<Vec<u8>> {
+        let mut w = Writer::new(Order::Little);
+        w.len16(self.attrs.len());
+        for (label, a) in &self.attrs {
+            w.bytes16(label.as_bytes()).u8(u8::from(a.wild)).raw(&a.value.to_bytes_be());
+        }
+        w.into_bytes()
+    }
+
+    /// Bytes of the `attributes` field for these labels (the Boneh-Katz
+    /// attribute included), which must fit its 16-bit length.
+    pub(crate) fn attribute_block_len<'a>(labels: impl Iterator<Item = &'a str>) -> usize {
+        2 + labels.map(|l| 2 + l.len() + 1 + 32).sum::<usize>()
     }
 
     /// Decodes an attribute key.
@@ -210,40 +225,44 @@ impl AttributeKey {
     /// wrong shape, invalid point, duplicate label, or trailing bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         const O: &str = "attribute key";
-        let mut r = Reader::new(bytes, O);
-        let attr_bytes = r.bytes16(&|| "attributes".into())?;
-        let mut ar = Reader::new(attr_bytes, O);
-        let n = ar.u16(&|| "attributes.count".into())?;
+        let e = codec(O);
+        let mut r = Reader::new(bytes, Order::Little);
+        let attr_bytes = r.bytes16("attributes").map_err(&e)?;
+        let mut ar = Reader::new(attr_bytes, Order::Little);
+        let n = ar.u16("attributes.count").map_err(&e)?;
         let mut attrs = BTreeMap::new();
         for i in 0..n {
-            let label = utf8(ar.bytes16(&|| format!("attributes[{i}].label"))?, O, &format!("attributes[{i}].label"))?;
-            let wild = match ar.u8(&|| format!("attributes[{i}].wild"))? {
+            let label_bytes = ar.bytes16(|| format!("attributes[{i}].label")).map_err(&e)?;
+            let label = utf8(label_bytes, O, &format!("attributes[{i}].label"))?;
+            let wild = match ar.u8(|| format!("attributes[{i}].wild")).map_err(&e)? {
                 0 => false,
                 1 => true,
-                _ => return Err(ar.err(format!("attributes[{i}].wild"), "must be 0 or 1")),
+                _ => return Err(malformed(O, format!("attributes[{i}].wild"), "must be 0 or 1")),
             };
-            let v = ar.take(32, &|| format!("attributes[{i}].value"))?;
+            let v = ar.take(32, || format!("attributes[{i}].value")).map_err(&e)?;
             let value = group::scalar_from_be(v)
-                .ok_or_else(|| ar.err(format!("attributes[{i}].value"), "scalar is not below the group order"))?;
+                .ok_or_else(|| malformed(O, format!("attributes[{i}].value"), "scalar is not below the group order"))?;
             if attrs.insert(label, KeyAttr { wild, value }).is_some() {
-                return Err(ar.err(format!("attributes[{i}].label"), "duplicate label"));
+                return Err(malformed(O, format!("attributes[{i}].label"), "duplicate label"));
             }
         }
-        ar.finish("attributes")?;
-        let k1 = matrix::decode_g2(r.bytes16(&|| "k1".into())?, (3, 1), O, "k1")?;
-        let k2 = matrix::decode_g1(r.bytes16(&|| "k2".into())?, (4, 1), O, "k2")?.map(Wiped);
+        ar.finish_as("attributes").map_err(&e)?;
+        let k1 = matrix::decode_g2(r.bytes16("k1").map_err(&e)?, (3, 1), O, "k1")?;
+        let k2 = matrix::decode_g1(r.bytes16("k2").map_err(&e)?, (4, 1), O, "k2")?.map(Wiped);
         let mut maps = [BTreeMap::new(), BTreeMap::new()];
         for (which, map) in ["k3", "k3wild"].iter().zip(maps.iter_mut()) {
-            let n = r.u16(&|| format!("{which}.count"))?;
+            let n = r.u16(|| format!("{which}.count")).map_err(&e)?;
             for i in 0..n {
-                let label = utf8(r.bytes16(&|| format!("{which}[{i}].label"))?, O, &format!("{which}[{i}].label"))?;
-                let m = matrix::decode_g1(r.bytes16(&|| format!("{which}[{i}]"))?, (4, 1), O, &format!("{which}[{i}]"))?;
+                let label_bytes = r.bytes16(|| format!("{which}[{i}].label")).map_err(&e)?;
+                let label = utf8(label_bytes, O, &format!("{which}[{i}].label"))?;
+                let m = r.bytes16(|| format!("{which}[{i}]")).map_err(&e)?;
+                let m = matrix::decode_g1(m, (4, 1), O, &format!("{which}[{i}]"))?;
                 if map.insert(label, m.map(Wiped)).is_some() {
-                    return Err(r.err(format!("{which}[{i}].label"), "duplicate label"));
+                    return Err(malformed(O, format!("{which}[{i}].label"), "duplicate label"));
                 }
             }
         }
-        r.finish("end")?;
+        r.finish().map_err(&e)?;
         let [k3, k3wild] = maps;
         for (label, a) in &attrs {
             if !k3.contains_key(label) || (a.wild && !k3wild.contains_key(label)) {

@@ -5,8 +5,8 @@ use blstrs::{G1Affine, G2Affine, Gt, Scalar};
 use ff::Field;
 use zeroize::Zeroize;
 
-use super::encoding::Reader;
-use super::error::Result;
+use crate::codec::{Order, Reader};
+use super::error::{codec, malformed, Result};
 use super::group::{self, Wiped};
 
 /// A row-major matrix.
@@ -152,18 +152,19 @@ fn decode<T>(
     field: &str,
     entry: impl Fn(&[u8]) -> Result<T, &'static str>,
 ) -> Result<Mat<T>> {
-    let mut r = Reader::new(bytes, object);
-    let rows = r.u16(&|| format!("{field}.rows"))?;
-    let cols = r.u16(&|| format!("{field}.cols"))?;
+    let err = codec(object);
+    let mut r = Reader::new(bytes, Order::Little);
+    let rows = usize::from(r.u16(|| format!("{field}.rows")).map_err(&err)?);
+    let cols = usize::from(r.u16(|| format!("{field}.cols")).map_err(&err)?);
     if (rows, cols) != shape {
-        return Err(r.err(field, format!("expected a {}x{} matrix, found {rows}x{cols}", shape.0, shape.1)));
+        return Err(malformed(object, field, format!("expected a {}x{} matrix, found {rows}x{cols}", shape.0, shape.1)));
     }
     let mut e = Vec::with_capacity(rows * cols);
     for k in 0..rows * cols {
-        let b = r.take(width, &|| format!("{field}[{},{}]", k / cols, k % cols))?;
-        e.push(entry(b).map_err(|why| r.err(format!("{field}[{},{}]", k / cols, k % cols), why))?);
+        let b = r.take(width, || format!("{field}[{},{}]", k / cols, k % cols)).map_err(&err)?;
+        e.push(entry(b).map_err(|why| malformed(object, format!("{field}[{},{}]", k / cols, k % cols), why))?);
     }
-    r.finish(field)?;
+    r.finish_as(|| field.to_string()).map_err(&err)?;
     Ok(Mat { rows, cols, e })
 }
 

@@ -51,39 +51,67 @@ use policy::{AbePolicy, BK_LABEL};
 /// # Errors
 /// [`AbeError::Rng`] only if the random source is broken.
 pub fn setup() -> Result<(PublicKey, MasterSecretKey)> {
-    setup_with_rng(&mut OsRng)
+    tkn::setup(&mut OsRng)
 }
 
 /// [`setup`] with an explicit random source (for known-answer tests: the
-/// same bytes CIRCL reads give the same keys).
+/// same bytes CIRCL reads give the same keys). Behind the `testing`
+/// feature: production keys come from the operating system.
 ///
 /// # Errors
 /// As [`setup`].
+#[cfg(any(test, feature = "testing"))]
 pub fn setup_with_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(PublicKey, MasterSecretKey)> {
     tkn::setup(rng)
 }
 
 /// Issues an attribute key for `attrs`.
 ///
+/// ```
+/// # let (_, msk) = keyfence::abe::setup()?;
+/// // The key format's attribute field is 16-bit: about 1,800 one-letter
+/// // labels fit, 2,000 do not, and keygen says so instead of writing a
+/// // key that could not be read back.
+/// let many = keyfence::policy::Attributes::from_pairs((0..2000).map(|i| (format!("{i}"), "x")));
+/// let err = keyfence::abe::keygen(&msk, &many).unwrap_err();
+/// assert_eq!(err.code(), keyfence::ErrorCode::LimitExceeded);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
 /// # Errors
 /// [`AbeError::ReservedLabel`] if an attribute uses the Boneh-Katz label,
-/// [`AbeError::AttributeTooLong`] / [`AbeError::TooManyAttributes`] if the
-/// key would not fit the format.
+/// [`AbeError::AttributeTooLong`] for a label over 65,535 bytes,
+/// [`AbeError::TooLarge`] if the attributes together would not fit the key
+/// format's 16-bit attribute field.
 pub fn keygen(msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
-    keygen_with_rng(&mut OsRng, msk, attrs)
+    keygen_rng(&mut OsRng, msk, attrs)
 }
 
-/// [`keygen`] with an explicit random source.
+/// [`keygen`] with an explicit random source (known-answer tests; behind
+/// the `testing` feature).
 ///
 /// # Errors
 /// As [`keygen`].
+#[cfg(any(test, feature = "testing"))]
 pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(
     rng: &mut R,
     msk: &MasterSecretKey,
     attrs: &Attributes,
 ) -> Result<AttributeKey> {
-    if attrs.len() + 1 > usize::from(u16::MAX) {
-        return Err(AbeError::TooManyAttributes(attrs.len()));
+    keygen_rng(rng, msk, attrs)
+}
+
+fn keygen_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
+    let block = AttributeKey::attribute_block_len(attrs.iter().map(|(l, _)| l).chain([BK_LABEL]));
+    if block > usize::from(u16::MAX) {
+        return Err(AbeError::TooLarge {
+            object: "attribute key",
+            reason: format!(
+                "{} attributes encode to {block} bytes, and the key format's attribute field holds at most {}",
+                attrs.len(),
+                u16::MAX
+            ),
+        });
     }
     let mut hashed = BTreeMap::new();
     for (label, value) in attrs.iter() {
@@ -106,14 +134,44 @@ pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(
 /// including policies too large for the format; [`AbeError::ReservedLabel`]
 /// for the Boneh-Katz label.
 pub fn encrypt(pk: &PublicKey, policy: &str, msg: &[u8]) -> Result<Vec<u8>> {
-    encrypt_policy_with_rng(&mut OsRng, pk, &keyfence_policy::parse(policy)?, msg)
+    encrypt_policy(pk, &keyfence_policy::parse(policy)?, msg)
 }
 
-/// Encrypts under an already parsed policy, with an explicit random source.
+/// Encrypts under an already parsed policy, so that a caller who encrypts
+/// many messages under one policy (the wrapping authority) parses it once.
+///
+/// ```
+/// # let (pk, _) = keyfence::abe::setup()?;
+/// let policy = keyfence::policy::parse("region: EU")?;
+/// let ct = keyfence::abe::encrypt_policy(&pk, &policy, b"one")?;
+/// assert_eq!(keyfence::abe::policy_of(&ct)?, policy);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Errors
-/// As [`encrypt`].
+/// [`AbeError::ReservedLabel`] for the Boneh-Katz label;
+/// [`AbeError::TooLarge`] for a message too long for the format's 32-bit
+/// fields (about 4 GiB).
+pub fn encrypt_policy(pk: &PublicKey, policy: &Policy, msg: &[u8]) -> Result<Vec<u8>> {
+    encrypt_rng(&mut OsRng, pk, policy, msg)
+}
+
+/// [`encrypt_policy`] with an explicit random source (known-answer tests;
+/// behind the `testing` feature).
+///
+/// # Errors
+/// As [`encrypt_policy`].
+#[cfg(any(test, feature = "testing"))]
 pub fn encrypt_policy_with_rng<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    pk: &PublicKey,
+    policy: &Policy,
+    msg: &[u8],
+) -> Result<Vec<u8>> {
+    encrypt_rng(rng, pk, policy, msg)
+}
+
+fn encrypt_rng<R: RngCore + CryptoRng + ?Sized>(
     rng: &mut R,
     pk: &PublicKey,
     policy: &Policy,

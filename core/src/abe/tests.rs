@@ -67,3 +67,59 @@ fn two_keys_cannot_be_combined() {
     let forged = decapsulate(&lazy, &bk, &franken, 1).unwrap();
     assert_ne!(forged, real, "two keys were combined");
 }
+
+/// Labels whose attribute field (the Boneh-Katz attribute included) is
+/// exactly `u16::MAX + extra` bytes long.
+fn labels_filling_the_attribute_field(extra: usize) -> Vec<String> {
+    let bk_entry = AttributeKey::attribute_block_len([BK_LABEL].into_iter()) - 2;
+    let budget = usize::from(u16::MAX) - 2 - bk_entry + extra;
+    // Five-character labels cost 40 bytes each; the last one takes the rest.
+    let n = budget / 40;
+    let mut labels: Vec<String> = (0..n - 1).map(|i| format!("{i:05}")).collect();
+    labels.push("z".repeat(budget - (n - 1) * 40 - 35));
+    assert_eq!(AttributeKey::attribute_block_len(labels.iter().map(String::as_str).chain([BK_LABEL])), budget + 2 + bk_entry);
+    labels
+}
+
+#[test]
+fn attribute_keys_at_the_format_limit_round_trip_and_one_byte_more_is_refused() {
+    let (pk, msk) = setup().unwrap();
+    let labels = labels_filling_the_attribute_field(0);
+    let attrs = keyfence_policy::Attributes::from_pairs(labels.iter().map(|l| (l.as_str(), "v")));
+    let key = keygen(&msk, &attrs).unwrap();
+    let bytes = key.to_bytes();
+    let back = AttributeKey::from_bytes(&bytes).unwrap();
+    assert!(back == key, "the largest key reads back as itself");
+    let last = labels.last().unwrap();
+    let ct = super::encrypt(&pk, &format!("{last}: v and 00000: v"), b"at the edge").unwrap();
+    assert_eq!(&super::decrypt(&back, &ct).unwrap()[..], b"at the edge");
+
+    let over = labels_filling_the_attribute_field(1);
+    let attrs = keyfence_policy::Attributes::from_pairs(over.iter().map(|l| (l.as_str(), "v")));
+    let err = keygen(&msk, &attrs).unwrap_err();
+    assert!(matches!(err, super::AbeError::TooLarge { object: "attribute key", .. }), "{err}");
+    assert_eq!(err.code(), crate::ErrorCode::LimitExceeded);
+    assert!(err.to_string().contains("65535"), "{err}");
+}
+
+#[test]
+fn every_abe_error_has_its_code() {
+    use crate::ErrorCode as C;
+    let (pk, msk) = setup().unwrap();
+    let ct = super::encrypt(&pk, "a: x", b"m").unwrap();
+    let cases: Vec<(super::AbeError, C)> = vec![
+        (super::decrypt(&key(&msk, "a=y"), &ct).unwrap_err(), C::PolicyNotSatisfied),
+        (super::decrypt(&key(&msk, "a=x"), &ct[..ct.len() - 1]).unwrap_err(), C::InvalidCiphertext),
+        (AttributeKey::from_bytes(&[1]).unwrap_err(), C::InvalidKey),
+        (PublicKey::from_bytes(&[]).unwrap_err(), C::InvalidKey),
+        (super::encrypt(&pk, "a: x)", b"m").unwrap_err(), C::PolicySyntax),
+        (super::encrypt(&pk, &format!("\"{BK_LABEL}\": x"), b"m").unwrap_err(), C::ReservedLabel),
+        (super::AbeError::IntegrityCheckFailed, C::InvalidCiphertext),
+        (super::AbeError::AttributeTooLong("l".into()), C::LimitExceeded),
+        (super::AbeError::Rng("broken".into()), C::Rng),
+        (super::AbeError::Internal("invariant"), C::Internal),
+    ];
+    for (err, code) in cases {
+        assert_eq!(err.code(), code, "{err}");
+    }
+}

@@ -17,8 +17,8 @@ use group::prime::PrimeCurveAffine;
 use group::{Curve, Group};
 use rand_core::{CryptoRng, RngCore};
 
-use super::encoding::{put_bytes16, put_u16, Reader};
-use super::error::{malformed, AbeError, Result};
+use crate::codec::{Order, Reader, Writer};
+use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
 use super::group::{random_scalar, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
@@ -257,24 +257,26 @@ impl Header {
     /// CIRCL's encoding, with `policy` (the policy as written, without the
     /// Boneh-Katz term) in the policy field.
     pub(crate) fn encode(&self, policy: &AbePolicy) -> Result<Vec<u8>> {
-        let mut out = Vec::new();
-        put_bytes16(&mut out, &policy.encode()?, "policy")?;
-        put_bytes16(&mut out, &matrix::encode_g2(&self.c1), "c1")?;
-        put_u16(&mut out, self.c2.len(), "c2 count")?;
+        // The parser's policy limits keep every count and field below its
+        // u16 prefix; `finish` still refuses rather than truncate.
+        let mut w = Writer::new(Order::Little);
+        w.bytes16(&policy.encode()?);
+        w.bytes16(&matrix::encode_g2(&self.c1));
+        w.len16(self.c2.len());
         for c in &self.c2 {
-            put_bytes16(&mut out, &matrix::encode_g2(c), "c2")?;
+            w.bytes16(&matrix::encode_g2(c));
         }
-        put_u16(&mut out, self.c3.len(), "c3 count")?;
+        w.len16(self.c3.len());
         for c in &self.c3 {
-            put_bytes16(&mut out, &matrix::encode_g1(c), "c3")?;
+            w.bytes16(&matrix::encode_g1(c));
         }
         for c in &self.c3neg {
             match c {
-                Some(c) => put_bytes16(&mut out, &matrix::encode_g1(c), "c3neg")?,
-                None => put_u16(&mut out, 0, "c3neg")?,
-            }
+                Some(c) => w.bytes16(&matrix::encode_g1(c)),
+                None => w.u16(0),
+            };
         }
-        Ok(out)
+        w.finish().map(|b| b.to_vec()).map_err(|e| too_large(CT, e))
     }
 }
 
@@ -295,24 +297,25 @@ const CT: &str = "ciphertext";
 
 impl<'a> LazyHeader<'a> {
     pub(crate) fn parse(bytes: &'a [u8]) -> Result<Self> {
-        let mut r = Reader::new(bytes, CT);
-        let policy = AbePolicy::decode(r.bytes16(&|| "policy".into())?)?;
-        let c1 = r.bytes16(&|| "c1".into())?;
-        let n2 = r.u16(&|| "c2.count".into())?;
+        let e = codec(CT);
+        let mut r = Reader::new(bytes, Order::Little);
+        let policy = AbePolicy::decode(r.bytes16("policy").map_err(&e)?)?;
+        let c1 = r.bytes16("c1").map_err(&e)?;
+        let n2 = usize::from(r.u16("c2.count").map_err(&e)?);
         let mut c2 = Vec::with_capacity(n2);
         for i in 0..n2 {
-            c2.push(r.bytes16(&|| format!("c2[{i}]"))?);
+            c2.push(r.bytes16(|| format!("c2[{i}]")).map_err(&e)?);
         }
-        let n3 = r.u16(&|| "c3.count".into())?;
+        let n3 = usize::from(r.u16("c3.count").map_err(&e)?);
         let mut c3 = Vec::with_capacity(n3);
         for i in 0..n3 {
-            c3.push(r.bytes16(&|| format!("c3[{i}]"))?);
+            c3.push(r.bytes16(|| format!("c3[{i}]")).map_err(&e)?);
         }
         let mut c3neg = Vec::with_capacity(n3);
         for i in 0..n3 {
-            c3neg.push(r.bytes16(&|| format!("c3neg[{i}]"))?);
+            c3neg.push(r.bytes16(|| format!("c3neg[{i}]")).map_err(&e)?);
         }
-        r.finish("header")?;
+        r.finish_as("header").map_err(&e)?;
         // Shapes that do not depend on the key are checked up front.
         let wires = policy.wires.len() + 1;
         if n3 != wires {

@@ -1,7 +1,6 @@
 //! A policy private key sealed under CP-ABE with its policy, for one
 //! master generation: the object machines fetch and open.
 
-use rand_core::OsRng;
 use zeroize::Zeroizing;
 
 use super::error::{malformed, Result, WrapError};
@@ -44,7 +43,7 @@ pub(crate) fn seal(
 ) -> Result<Vec<u8>> {
     let p = keyfence_policy::parse(policy).map_err(AbeError::from)?;
     let pt = plaintext(policy_id, version, generation, public, private);
-    let ct = abe::encrypt_policy_with_rng(&mut OsRng, abe_pk, &p, &pt)?;
+    let ct = abe::encrypt_policy(abe_pk, &p, &pt)?;
     let mut out = Vec::with_capacity(60 + policy.len() + ct.len());
     out.extend_from_slice(SEALED_MAGIC);
     out.extend_from_slice(&SUITE_X25519_CHACHA.to_le_bytes());
