@@ -1,0 +1,111 @@
+//! The plumbing every exported function shares: the panic boundary and the
+//! conversions of C arguments, each refusing NULL with a result code.
+
+use std::ffi::{c_char, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::error::{self, keyfence_result, Error};
+
+/// Runs `f`, records its error for `keyfence_error_message`, and returns
+/// the code. A panic is caught here and reported as `KEYFENCE_PANIC`:
+/// unwinding into C is undefined behaviour.
+pub(crate) fn boundary(f: impl FnOnce() -> Result<(), Error>) -> keyfence_result {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => {
+            error::clear();
+            keyfence_result::KEYFENCE_OK
+        }
+        Ok(Err(e)) => error::set(e),
+        Err(_) => error::set(Error::new(
+            keyfence_result::KEYFENCE_PANIC,
+            "internal error: keyfence panicked (a bug; please report it)",
+        )),
+    }
+}
+
+/// A required argument was NULL.
+pub(crate) fn null(name: &str) -> Error {
+    Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is NULL"))
+}
+
+/// A NUL-terminated UTF-8 string argument.
+///
+/// # Safety
+/// `p` is NULL or points to a NUL-terminated string that stays valid and
+/// unchanged for `'a`.
+pub(crate) unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str, Error> {
+    if p.is_null() {
+        return Err(null(name));
+    }
+    // SAFETY: non-NULL, and the caller promises a NUL-terminated string.
+    let c = unsafe { CStr::from_ptr(p) };
+    c.to_str().map_err(|_| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is not UTF-8")))
+}
+
+/// A byte string argument as pointer and length; NULL is allowed only for
+/// an empty one.
+///
+/// # Safety
+/// `p` is NULL or points to `len` readable bytes that stay valid and
+/// unchanged for `'a`.
+pub(crate) unsafe fn slice<'a>(p: *const u8, len: usize, name: &str) -> Result<&'a [u8], Error> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    if p.is_null() {
+        return Err(null(name));
+    }
+    // SAFETY: non-NULL, and the caller promises `len` readable bytes.
+    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+}
+
+/// A shared reference to the object behind a handle.
+///
+/// # Safety
+/// `p` is NULL or a pointer this library returned for a `T` that has not
+/// been freed, and no other thread frees it during `'a`.
+pub(crate) unsafe fn borrow<'a, T>(p: *const T, name: &str) -> Result<&'a T, Error> {
+    // SAFETY: the caller's promise; NULL becomes `None`.
+    unsafe { p.as_ref() }.ok_or_else(|| null(name))
+}
+
+/// An exclusive reference to the object behind a handle.
+///
+/// # Safety
+/// As [`borrow`], and no other reference to the object is in use during
+/// `'a` (the handle is not shared between threads while this runs).
+#[allow(dead_code)] // the authority handle (mutable) uses it
+pub(crate) unsafe fn borrow_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T, Error> {
+    // SAFETY: the caller's promise; NULL becomes `None`.
+    unsafe { p.as_mut() }.ok_or_else(|| null(name))
+}
+
+/// Checks that an output pointer is not NULL before any work is done.
+pub(crate) fn out<T>(p: *mut T, name: &str) -> Result<*mut T, Error> {
+    if p.is_null() {
+        Err(null(name))
+    } else {
+        Ok(p)
+    }
+}
+
+/// Hands a new object to C through `*out`.
+///
+/// # Safety
+/// `out` is non-NULL (checked with [`out`]) and writable.
+pub(crate) unsafe fn give<T>(out: *mut *mut T, value: T) {
+    // SAFETY: the caller checked `out` and promises it is writable.
+    unsafe { out.write(Box::into_raw(Box::new(value))) };
+}
+
+/// Takes back and drops an object handed out by [`give`]; NULL is a no-op.
+///
+/// # Safety
+/// `p` is NULL or came from [`give`] with the same `T` and has not been
+/// freed.
+pub(crate) unsafe fn free<T>(p: *mut T) {
+    if !p.is_null() {
+        // SAFETY: the caller's promise: `p` is a live `Box<T>` we made.
+        drop(unsafe { Box::from_raw(p) });
+    }
+}
