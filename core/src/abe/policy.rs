@@ -199,3 +199,36 @@ fn in_ciphertext(e: CodecError) -> AbeError {
 fn too_long(what: &'static str) -> impl Fn(CodecError) -> AbeError {
     move |e| malformed("encoding", what, e.problem.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn quoted(s: &str) -> String {
+        format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+
+    proptest! {
+        // The parser's size limit is computed from policy-lang's byte
+        // costs; they must be what this encoder writes.
+        #[test]
+        fn the_encoder_writes_what_the_limits_count(
+            terms in proptest::collection::vec(("[a-c]{1,3}", "[a-z\"é ]{1,12}", any::<bool>(), any::<bool>()), 1..12)
+        ) {
+            let text = terms
+                .iter()
+                .enumerate()
+                .map(|(i, (l, v, neg, and))| {
+                    let op = if i == 0 { "" } else if *and { " and " } else { " or " };
+                    format!("{op}{}{l}: {}", if *neg { "not " } else { "" }, quoted(v))
+                })
+                .collect::<String>();
+            let p = keyfence_policy::parse(&text).unwrap();
+            let encoded = AbePolicy::from_policy(&p).unwrap().encode().unwrap();
+            prop_assert_eq!(encoded.len(), keyfence_policy::limits::encoded_len(&p));
+            let back = AbePolicy::decode(&encoded).unwrap().to_policy().unwrap();
+            prop_assert_eq!(back, p);
+        }
+    }
+}
