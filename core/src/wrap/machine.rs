@@ -224,3 +224,64 @@ pub struct Peer {
 pub fn nearest_capable<'a>(envelope: &Envelope, peers: &'a [Peer]) -> Option<&'a Peer> {
     peers.iter().filter(|p| envelope.policy.eval(&p.attributes)).min_by_key(|p| p.latency)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    fn small_key() -> &'static AttributeKey {
+        static K: OnceLock<AttributeKey> = OnceLock::new();
+        K.get_or_init(|| {
+            let (_, msk) = crate::abe::setup().unwrap();
+            crate::abe::keygen(&msk, &"region=EU".parse().unwrap()).unwrap()
+        })
+    }
+
+    /// `count` attributes, the first with a label of `label_len` bytes and
+    /// a value of `value_len` bytes.
+    fn attrs(count: usize, label_len: usize, value_len: usize) -> Attributes {
+        let mut a: Attributes = (1..count).map(|i| (format!("{i:x}"), "v")).collect();
+        a.insert("z".repeat(label_len), "w".repeat(value_len));
+        a
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(6))]
+        #[test]
+        fn machine_keys_at_the_limits_read_back(
+            count in (u16::MAX as usize - 3)..=(u16::MAX as usize),
+            label_len in (u16::MAX as usize - 3)..=(u16::MAX as usize),
+            value_len in (u16::MAX as usize - 3)..=(u16::MAX as usize),
+            generations in 1usize..3,
+        ) {
+            let keys = (0..generations).map(|g| (g as u32 + 1, small_key().clone())).collect();
+            let key = MachineKey::new(attrs(count, label_len, value_len), keys).unwrap();
+            let bytes = key.to_bytes();
+            let back = MachineKey::from_bytes(&bytes).unwrap();
+            prop_assert_eq!(back.attributes(), key.attributes());
+            prop_assert_eq!(back.generations(), key.generations());
+            prop_assert_eq!(&back.to_bytes()[..], &bytes[..]);
+        }
+    }
+
+    #[test]
+    fn one_past_each_limit_is_refused_when_built() {
+        let max = u16::MAX as usize;
+        let keys = || vec![(1, small_key().clone())];
+        for (a, what) in [
+            (attrs(max + 1, 1, 1), "attribute count"),
+            (attrs(1, max + 1, 1), "attribute label length"),
+            (attrs(1, 1, max + 1), "attribute value length"),
+        ] {
+            match MachineKey::new(a, keys()) {
+                Err(e @ WrapError::LimitExceeded { .. }) => {
+                    assert_eq!(e.code(), crate::ErrorCode::LimitExceeded);
+                    assert!(e.to_string().starts_with(what), "{e}");
+                }
+                other => panic!("expected {what} to be refused, got {other:?}"),
+            }
+        }
+    }
+}
