@@ -145,6 +145,49 @@ fn oversized_policies_are_refused_at_encryption() {
     }
 }
 
+/// Encrypts under `policy`, which must encode to exactly the format's
+/// largest policy field, checks that the field is that long and that a
+/// key satisfying `attrs` decrypts it.
+fn encrypts_at_the_edge(policy: &str, attrs: Attributes) {
+    let p = keyfence::policy::parse(policy).unwrap();
+    assert_eq!(keyfence::policy::limits::encoded_len(&p), keyfence::policy::MAX_ENCODED_POLICY);
+    let ct = enc(policy, b"at the edge");
+    // The policy field's u16 length, the formula's length and gate count.
+    let gates = p.gates().len();
+    let formula = 2 + 7 * gates;
+    let field = [0xff, 0xff, formula as u8, (formula >> 8) as u8, gates as u8, (gates >> 8) as u8];
+    assert!(ct.windows(6).any(|w| w == field), "the policy field is 65535 bytes");
+    let k = abe::keygen(&authority().1, &attrs).unwrap();
+    assert_eq!(&abe::decrypt(&k, &ct).unwrap()[..], b"at the edge");
+    assert_eq!(abe::policy_of(&ct).unwrap(), p);
+}
+
+/// The policy `terms(len)` builds with the value length that makes it
+/// encode to exactly the largest policy field (the size is linear in it).
+fn value_len_at_the_edge(terms: impl Fn(usize) -> String) -> usize {
+    let at_one = keyfence::policy::limits::encoded_len(&keyfence::policy::parse(&terms(1)).unwrap());
+    1 + keyfence::policy::MAX_ENCODED_POLICY - at_one
+}
+
+#[test]
+fn the_largest_policy_encrypts_and_one_byte_more_is_refused() {
+    let one = |n: usize| format!("a: {}", "v".repeat(n));
+    let many = |n: usize| {
+        let mut t: Vec<String> = (0..200).map(|i| format!("l{}: x{i}", i % 7)).collect();
+        t.push(format!("last: {}", "w".repeat(n)));
+        t.join(" or ")
+    };
+    edge_and_one_past(&one, &|n| Attributes::from_pairs([("a", "v".repeat(n))]));
+    edge_and_one_past(&many, &|_| Attributes::from_pairs([("l3", "x3")]));
+}
+
+fn edge_and_one_past(terms: &dyn Fn(usize) -> String, attrs: &dyn Fn(usize) -> Attributes) {
+    let n = value_len_at_the_edge(terms);
+    encrypts_at_the_edge(&terms(n), attrs(n));
+    let over = keyfence::policy::parse(&terms(n + 1)).unwrap_err();
+    assert_eq!(*over.kind(), ParseErrorKind::TooLarge { encoded: 65_536, limit: 65_535 }, "{over}");
+}
+
 #[test]
 fn the_bk_label_is_reserved() {
     let policy = "\"internal-boneh-katz-transform-attribute\": x";

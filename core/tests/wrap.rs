@@ -245,3 +245,72 @@ fn the_file_store_persists_everything() {
     assert!(format!("{:?}", m).contains("region=EU"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `a: "<m quotes><j x's>"`: its canonical text is 5 + 2m + j bytes.
+fn long_policy(m: usize, j: usize) -> (String, String) {
+    let value = format!("{}{}", "\"".repeat(m), "x".repeat(j));
+    let text = format!("a: \"{}{}\"", "\\\"".repeat(m), "x".repeat(j));
+    (text, value)
+}
+
+#[test]
+fn envelopes_at_the_policy_text_limit_read_back_and_one_past_is_refused() {
+    use proptest::test_runner::{Config, TestRunner};
+    use std::sync::Mutex;
+    let (store, a) = setup();
+    let a = Mutex::new(a);
+    let max = u16::MAX as usize;
+    let check = |(m, j): (usize, usize)| {
+        let (text, value) = long_policy(m, j);
+        let len = 5 + 2 * m + j;
+        let result = a.lock().unwrap().wrap(&text, b"long policy");
+        if len <= max {
+            let env = result.unwrap();
+            assert_eq!(env.policy.len(), len);
+            let parsed = Envelope::parse(env.to_bytes()).unwrap();
+            assert_eq!(parsed.policy, env.policy);
+            let key = a.lock().unwrap().issue(&Attributes::from_pairs([("a", value)])).unwrap();
+            let m = Machine::new(key, store.clone(), CacheConfig::default());
+            assert!(m.could_open(&parsed));
+            assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"long policy");
+        } else {
+            match result {
+                Err(WrapError::LimitExceeded { what: "policy text length", len: l, max: 65_535 }) => assert_eq!(l, len),
+                other => panic!("expected the policy text to be refused, got {other:?}"),
+            }
+        }
+        Ok::<(), proptest::test_runner::TestCaseError>(())
+    };
+    // Exactly at the limit and one byte past it, then around it.
+    check(((max - 5) / 2, 0)).unwrap();
+    check(((max - 5) / 2, 1)).unwrap();
+    let mut runner = TestRunner::new(Config { cases: 6, ..Config::default() });
+    runner.run(&((max - 5) / 2 - 1..=(max - 5) / 2 + 1, 0usize..3), check).unwrap();
+}
+
+#[test]
+fn issue_refuses_what_a_machine_key_cannot_hold() {
+    let (_, a) = setup();
+    let many: Attributes = (0..=u16::MAX as usize).map(|i| (format!("l{i}"), "v")).collect();
+    let e = a.issue(&many).unwrap_err();
+    assert!(matches!(e, WrapError::LimitExceeded { what: "attribute count", len: 65_536, .. }), "{e}");
+    assert_eq!(e.code(), keyfence::ErrorCode::LimitExceeded);
+    let long = Attributes::from_pairs([("region", "E".repeat(65_536))]);
+    assert!(matches!(a.issue(&long), Err(WrapError::LimitExceeded { what: "attribute value length", .. })));
+}
+
+#[test]
+fn errors_carry_their_codes() {
+    use keyfence::ErrorCode;
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    assert_eq!(Authority::open(store.clone()).unwrap_err().code(), ErrorCode::NoAuthority);
+    let mut a = Authority::init(store.clone()).unwrap();
+    assert_eq!(Authority::init(store.clone()).unwrap_err().code(), ErrorCode::AuthorityExists);
+    assert_eq!(a.rotate_policy_key("region: EU").unwrap_err().code(), ErrorCode::UnknownPolicyKey);
+    assert_eq!(a.wrap("region: EU or", b"x").unwrap_err().code(), ErrorCode::PolicySyntax);
+    let env = a.wrap("region: EU", b"x").unwrap();
+    let us = machine(&a, &store, "region=NA");
+    assert_eq!(us.open(env.to_bytes()).unwrap_err().code(), ErrorCode::PolicyNotSatisfied);
+    assert_eq!(Envelope::parse(&env.to_bytes()[1..]).unwrap_err().code(), ErrorCode::InvalidEnvelope);
+    assert_eq!(MachineKey::from_bytes(b"KFM1").unwrap_err().code(), ErrorCode::InvalidKey);
+}

@@ -41,6 +41,15 @@ pub enum AttributesError {
     },
 }
 
+impl AttributesError {
+    /// The stable name of this error's code, `INVALID_ATTRIBUTES` for every
+    /// variant: the name `keyfence::ErrorCode` gives it (listed in
+    /// `docs/errors.md`), for callers of this crate alone.
+    pub fn code(&self) -> &'static str {
+        "INVALID_ATTRIBUTES"
+    }
+}
+
 impl Attributes {
     /// An attribute set from `(label, value)` pairs; a later pair replaces
     /// an earlier one with the same label.

@@ -174,11 +174,9 @@ impl Policy {
     }
 
     fn number_occurrences(&mut self) {
-        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
-        for leaf in &mut self.leaves {
-            let c = seen.entry(leaf.label.clone()).or_insert(0);
-            leaf.occurrence = *c;
-            *c += 1;
+        let numbers = occurrence_numbers(self.leaves.iter().map(|l| l.label.as_str()));
+        for (leaf, n) in self.leaves.iter_mut().zip(numbers) {
+            leaf.occurrence = n;
         }
     }
 
@@ -223,23 +221,7 @@ impl Policy {
     /// first input unless the second needs strictly fewer leaves. Decryption
     /// works with exactly these leaves.
     pub fn satisfying_leaves(&self, attrs: &Attributes) -> Option<Vec<usize>> {
-        let mut sets: Vec<Option<Vec<usize>>> = vec![None; self.output_wire() + 1];
-        for (i, leaf) in self.leaves.iter().enumerate() {
-            if leaf.holds(attrs) {
-                sets[i] = Some(vec![i]);
-            }
-        }
-        for g in &self.gates {
-            let (a, b) = (&sets[g.in0], &sets[g.in1]);
-            sets[g.out] = match (g.kind, a, b) {
-                (GateKind::And, Some(a), Some(b)) => Some([a.as_slice(), b.as_slice()].concat()),
-                (GateKind::And, _, _) => None,
-                (GateKind::Or, Some(a), Some(b)) => Some(if b.len() < a.len() { b } else { a }.clone()),
-                (GateKind::Or, Some(x), None) | (GateKind::Or, None, Some(x)) => Some(x.clone()),
-                (GateKind::Or, None, None) => None,
-            };
-        }
-        let mut out = sets.pop().flatten()?;
+        let mut out = satisfying_wires(&self.gates, |i| self.leaves.get(i).is_some_and(|l| l.holds(attrs)))?;
         out.sort_unstable();
         Some(out)
     }
@@ -349,18 +331,6 @@ fn toposort(gates: &[Gate]) -> Result<Vec<Gate>, CircuitError> {
     }
     // Every input wire used once and every output set once, so the wires
     // form a forest; Kahn's algorithm finds any cycle.
-    let mut pending: Vec<usize> = gates
-        .iter()
-        .map(|g| [g.in0, g.in1].iter().filter(|&&w| w > n).count())
-        .collect();
-    let mut consumer = vec![usize::MAX; n];
-    for (i, g) in gates.iter().enumerate() {
-        for w in [g.in0, g.in1] {
-            if w > n {
-                consumer[w - n - 1] = i;
-            }
-        }
-    }
     let mut set = vec![false; 2 * n + 1];
     set[..=n].iter_mut().for_each(|w| *w = true);
     let in_order = gates.iter().all(|g| {
@@ -371,22 +341,117 @@ fn toposort(gates: &[Gate]) -> Result<Vec<Gate>, CircuitError> {
     if in_order {
         return Ok(gates.to_vec());
     }
+    let order = circl_order(gates);
+    if order.len() != n {
+        return Err(CircuitError::Cycle);
+    }
+    Ok(order)
+}
+
+/// The gates in CIRCL's topological order: breadth first from the gates
+/// whose inputs are all leaves, in index order, each gate queued once both
+/// its inputs are set. `gates` are in wire numbering (`n` gates, leaves
+/// `0..=n`) in any order.
+///
+/// The order in which an encryptor draws secret shares follows it, so
+/// known-answer tests against CIRCL need exactly this order. Gates that a
+/// cycle or an out-of-range wire keeps from ever becoming ready are left
+/// out, so a result shorter than `gates` means the circuit is malformed.
+///
+/// ```
+/// use keyfence_policy::{circl_order, parse};
+/// let p = parse("(a: 1 or b: 2) and (c: 3 or d: 4)").unwrap();
+/// let outs: Vec<usize> = circl_order(p.gates()).iter().map(|g| g.out).collect();
+/// assert_eq!(outs, vec![4, 5, 6]);
+/// ```
+pub fn circl_order(gates: &[Gate]) -> Vec<Gate> {
+    let n = gates.len();
+    // Gate `k`'s position among the gate outputs, `None` for a leaf or a
+    // wire past the circuit.
+    let gate_of = |w: usize| w.checked_sub(n + 1).filter(|&k| k < n);
+    let mut pending = vec![0usize; n];
+    let mut consumer = vec![None; n];
+    for (i, g) in gates.iter().enumerate() {
+        for w in [g.in0, g.in1] {
+            if let Some(k) = gate_of(w) {
+                consumer[k] = Some(i);
+                pending[i] += 1;
+            }
+        }
+    }
     let mut queue: std::collections::VecDeque<usize> = (0..n).filter(|&i| pending[i] == 0).collect();
     let mut order = Vec::with_capacity(n);
     while let Some(i) = queue.pop_front() {
         order.push(gates[i]);
-        let c = consumer[gates[i].out - n - 1];
-        if c != usize::MAX {
+        if let Some(c) = gate_of(gates[i].out).and_then(|k| consumer[k]) {
             pending[c] -= 1;
             if pending[c] == 0 {
                 queue.push_back(c);
             }
         }
     }
-    if order.len() != n {
-        return Err(CircuitError::Cycle);
+    order
+}
+
+/// CIRCL's choice of satisfying leaves: given which leaves hold, the wire
+/// numbers of a minimal set that makes the output wire hold, or `None` if
+/// it does not hold. An `and` takes both sides, an `or` its first input
+/// unless the second needs strictly fewer leaves. Decryption works with
+/// exactly these leaves.
+///
+/// `gates` (in wire numbering: `n` gates, leaves `0..=n`, output `2n`)
+/// must come in a topological order ([`Policy::gates`] or
+/// [`circl_order`]); the result lists the leaves in the order the `and`
+/// gates join them, not sorted.
+///
+/// ```
+/// use keyfence_policy::{parse, satisfying_wires};
+/// let p = parse("a: 1 or (b: 2 and c: 3)").unwrap();
+/// assert_eq!(satisfying_wires(p.gates(), |i| i != 0), Some(vec![1, 2]));
+/// assert_eq!(satisfying_wires(p.gates(), |i| i == 1), None);
+/// ```
+pub fn satisfying_wires(gates: &[Gate], holds: impl Fn(usize) -> bool) -> Option<Vec<usize>> {
+    let n = gates.len();
+    let mut sets: Vec<Option<Vec<usize>>> =
+        (0..=2 * n).map(|i| (i <= n && holds(i)).then(|| vec![i])).collect();
+    for g in gates {
+        // Each wire feeds exactly one gate, so its set can be moved out.
+        let a = sets.get_mut(g.in0).and_then(Option::take);
+        let b = sets.get_mut(g.in1).and_then(Option::take);
+        let out = match (g.kind, a, b) {
+            (GateKind::And, Some(mut a), Some(b)) => {
+                a.extend(b);
+                Some(a)
+            }
+            (GateKind::And, _, _) => None,
+            (GateKind::Or, Some(a), Some(b)) => Some(if b.len() < a.len() { b } else { a }),
+            (GateKind::Or, x, None) | (GateKind::Or, None, x) => x,
+        };
+        if let Some(slot) = sets.get_mut(g.out) {
+            *slot = out;
+        }
     }
-    Ok(order)
+    sets.get_mut(2 * n).and_then(Option::take)
+}
+
+/// The occurrence number of each label in turn: how many earlier labels
+/// are the same (0 for the first). The scheme gives each repeated copy of
+/// a label its own key slot (the paper's ρ numbering, from 0); this is
+/// [`Leaf::occurrence`].
+///
+/// ```
+/// assert_eq!(keyfence_policy::occurrence_numbers(["a", "b", "a", "a"]), vec![0, 0, 1, 2]);
+/// ```
+pub fn occurrence_numbers<'a>(labels: impl IntoIterator<Item = &'a str>) -> Vec<usize> {
+    let mut seen = std::collections::HashMap::<&str, usize>::new();
+    labels
+        .into_iter()
+        .map(|l| {
+            let c = seen.entry(l).or_insert(0);
+            *c += 1;
+            *c - 1
+        })
+        .collect()
 }
 
 impl fmt::Display for Policy {

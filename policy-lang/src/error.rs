@@ -113,6 +113,24 @@ impl ParseError {
         &self.kind
     }
 
+    /// The stable name of this error's code: `POLICY_TOO_LARGE` for a
+    /// policy that nests too deeply or does not fit the ciphertext format,
+    /// `POLICY_SYNTAX` for everything else. It is the name
+    /// `keyfence::ErrorCode` gives the same error (listed in
+    /// `docs/errors.md`), for callers of this crate alone.
+    ///
+    /// ```
+    /// assert_eq!(keyfence_policy::parse("a: b or").unwrap_err().code(), "POLICY_SYNTAX");
+    /// ```
+    pub fn code(&self) -> &'static str {
+        match self.kind {
+            ParseErrorKind::TooDeep { .. } | ParseErrorKind::TooManyLeaves { .. } | ParseErrorKind::TooLarge { .. } => {
+                "POLICY_TOO_LARGE"
+            }
+            _ => "POLICY_SYNTAX",
+        }
+    }
+
     /// The message, the policy text, and a caret under the offending byte.
     ///
     /// Tabs and newlines in the text are shown as spaces so the caret lines

@@ -43,6 +43,20 @@ pub(crate) const fn encoded_size(terms_cost: usize) -> usize {
     FIXED + terms_cost - PER_GATE
 }
 
+/// Bytes `policy` takes in a ciphertext's policy field (CIRCL's
+/// encoding, without the Boneh-Katz term). [`crate::parse`] refuses any
+/// policy for which this passes [`MAX_ENCODED_POLICY`]; the CP-ABE encoder
+/// is tested to produce exactly this many bytes.
+///
+/// ```
+/// let p = keyfence_policy::parse("a: xy").unwrap();
+/// assert_eq!(keyfence_policy::limits::encoded_len(&p), 50);
+/// ```
+pub fn encoded_len(policy: &crate::Policy) -> usize {
+    let terms: usize = policy.leaves().iter().map(|l| term_cost(l.label.len(), l.value.len())).sum();
+    encoded_size(terms)
+}
+
 /// Most terms a policy can have and still fit [`MAX_ENCODED_POLICY`]
 /// (every label and value at least one byte long).
 pub const MAX_LEAVES: usize = (MAX_ENCODED_POLICY + PER_GATE - FIXED) / term_cost(1, 1);

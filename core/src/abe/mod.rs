@@ -22,7 +22,6 @@
 
 mod bk;
 mod blake2x;
-mod encoding;
 mod error;
 mod fixed_base;
 mod group;

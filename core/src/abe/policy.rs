@@ -5,8 +5,8 @@
 use blstrs::Scalar;
 use keyfence_policy::{Gate, GateKind, Leaf, Policy};
 
-use super::encoding::{put_bytes16, put_u16, Reader};
-use super::error::{malformed, AbeError, Result};
+use super::error::{codec, malformed, AbeError, Result};
+use crate::codec::{CodecError, Order, Reader, Writer};
 use super::group;
 use super::oracle::hash_value;
 
@@ -60,105 +60,95 @@ impl AbePolicy {
             .map_err(|e| malformed("ciphertext", "policy.formula", e.to_string()))
     }
 
-    /// The copy index of every wire: how many earlier wires share its label.
+    /// The copy index of every wire (how many earlier wires share its
+    /// label) and the most copies of any one label.
     pub(crate) fn occurrences(&self) -> (Vec<usize>, usize) {
-        let mut seen = std::collections::HashMap::<&str, usize>::new();
-        let pi: Vec<usize> = self
-            .wires
-            .iter()
-            .map(|w| {
-                let c = seen.entry(&w.label).or_insert(0);
-                *c += 1;
-                *c - 1
-            })
-            .collect();
+        let pi = keyfence_policy::occurrence_numbers(self.wires.iter().map(|w| w.label.as_str()));
         let d = pi.iter().copied().max().map_or(0, |m| m + 1);
         (pi, d)
     }
 
     /// CIRCL's encoding (the policy field of a ciphertext).
+    ///
+    /// Parsed policies fit by construction (the parser refuses any whose
+    /// encoding would pass the field's 16-bit length); one assembled from
+    /// parts is checked here.
     pub(crate) fn encode(&self) -> Result<Vec<u8>> {
-        let mut f = Vec::with_capacity(2 + 7 * self.gates.len());
-        put_u16(&mut f, self.gates.len(), "policy gate count")?;
+        let mut f = Writer::new(Order::Little);
+        f.len16(self.gates.len());
         for g in &self.gates {
-            f.push(match g.kind {
+            f.u8(match g.kind {
                 GateKind::And => 0,
                 GateKind::Or => 1,
             });
             for w in [g.in0, g.in1, g.out] {
-                put_u16(&mut f, w, "policy wire number")?;
+                f.len16(w);
             }
         }
-        let mut out = Vec::new();
-        put_bytes16(&mut out, &f, "policy formula")?;
-        put_u16(&mut out, self.wires.len(), "policy wire count")?;
+        let formula = f.finish().map_err(too_long("policy formula"))?;
+        let mut out = Writer::new(Order::Little);
+        out.bytes16(&formula).len16(self.wires.len());
         for w in &self.wires {
-            let mut wb = Vec::with_capacity(41 + w.label.len() + w.raw.len());
-            put_bytes16(&mut wb, w.label.as_bytes(), "policy label")?;
-            put_bytes16(&mut wb, w.raw.as_bytes(), "policy value")?;
-            put_bytes16(&mut wb, &w.value.to_bytes_be(), "policy scalar")?;
-            wb.push(u8::from(w.positive));
-            put_bytes16(&mut out, &wb, "policy wire")?;
+            let mut wb = Writer::new(Order::Little);
+            wb.bytes16(w.label.as_bytes()).bytes16(w.raw.as_bytes()).bytes16(&w.value.to_bytes_be()).u8(u8::from(w.positive));
+            out.bytes16(&wb.finish().map_err(too_long("policy wire"))?);
         }
-        Ok(out)
+        let mut bytes = out.finish().map_err(too_long("policy"))?;
+        Ok(std::mem::take(&mut *bytes))
     }
 
     /// Decodes and validates the policy field of a ciphertext. Stricter
     /// than CIRCL: every length is exact, the hashed values must match the
     /// values' text, and the formula must be a well-formed circuit.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
-        const O: &str = "ciphertext";
-        let mut r = Reader::new(bytes, O);
-        let fbytes = r.bytes16(&|| "policy.formula".into())?;
-        let mut fr = Reader::new(fbytes, O);
-        let ng = fr.u16(&|| "policy.formula.gates".into())?;
+        let mut r = Reader::new(bytes, Order::Little);
+        let fbytes = r.bytes16("policy.formula").map_err(in_ciphertext)?;
+        let mut fr = Reader::new(fbytes, Order::Little);
+        let ng = usize::from(fr.u16("policy.formula.gates").map_err(in_ciphertext)?);
         let mut gates = Vec::with_capacity(ng);
         for i in 0..ng {
-            let kind = match fr.u8(&|| format!("policy.formula.gates[{i}].class"))? {
+            let kind = match fr.u8(|| format!("policy.formula.gates[{i}].class")).map_err(in_ciphertext)? {
                 0 => GateKind::And,
                 1 => GateKind::Or,
-                c => return Err(fr.err(format!("policy.formula.gates[{i}].class"), format!("unknown gate class {c}"))),
+                c => return Err(malformed(CT, format!("policy.formula.gates[{i}].class"), format!("unknown gate class {c}"))),
             };
-            let in0 = fr.u16(&|| format!("policy.formula.gates[{i}].in0"))?;
-            let in1 = fr.u16(&|| format!("policy.formula.gates[{i}].in1"))?;
-            let out = fr.u16(&|| format!("policy.formula.gates[{i}].out"))?;
+            let mut wire = |f: &'static str| fr.u16(|| format!("policy.formula.gates[{i}].{f}")).map(usize::from).map_err(in_ciphertext);
+            let (in0, in1, out) = (wire("in0")?, wire("in1")?, wire("out")?);
             gates.push(Gate { kind, in0, in1, out });
         }
-        fr.finish("policy.formula")?;
-        let nw = r.u16(&|| "policy.wires".into())?;
+        fr.finish_as("policy.formula").map_err(in_ciphertext)?;
+        let nw = usize::from(r.u16("policy.wires").map_err(in_ciphertext)?);
         if nw != ng + 1 {
-            return Err(r.err("policy.wires", format!("{nw} wires but {ng} gates need {}", ng + 1)));
+            return Err(malformed(CT, "policy.wires", format!("{nw} wires but {ng} gates need {}", ng + 1)));
         }
         let mut wires = Vec::with_capacity(nw);
         for i in 0..nw {
-            let wb = r.bytes16(&|| format!("policy.wires[{i}]"))?;
-            let mut wr = Reader::new(wb, O);
+            let wb = r.bytes16(|| format!("policy.wires[{i}]")).map_err(in_ciphertext)?;
+            let mut wr = Reader::new(wb, Order::Little);
             let field = |f: &str| format!("policy.wires[{i}].{f}");
-            let label = String::from_utf8(wr.bytes16(&|| field("label"))?.to_vec())
-                .map_err(|_| malformed(O, field("label"), "not UTF-8"))?;
-            let raw = String::from_utf8(wr.bytes16(&|| field("value"))?.to_vec())
-                .map_err(|_| malformed(O, field("value"), "not UTF-8"))?;
-            let sb = wr.bytes16(&|| field("scalar"))?;
+            let label = wr.text16(|| field("label")).map_err(in_ciphertext)?.to_owned();
+            let raw = wr.text16(|| field("value")).map_err(in_ciphertext)?.to_owned();
+            let sb = wr.bytes16(|| field("scalar")).map_err(in_ciphertext)?;
             let value = group::scalar_from_be(sb)
-                .ok_or_else(|| malformed(O, field("scalar"), "not a canonical 32-byte scalar"))?;
-            let positive = match wr.u8(&|| field("sign"))? {
+                .ok_or_else(|| malformed(CT, field("scalar"), "not a canonical 32-byte scalar"))?;
+            let positive = match wr.u8(|| field("sign")).map_err(in_ciphertext)? {
                 0 => false,
                 1 => true,
-                s => return Err(malformed(O, field("sign"), format!("must be 0 or 1, found {s}"))),
+                s => return Err(malformed(CT, field("sign"), format!("must be 0 or 1, found {s}"))),
             };
-            wr.finish(&field("end"))?;
+            wr.finish_as(|| field("end")).map_err(in_ciphertext)?;
             if label.is_empty() || raw.is_empty() {
-                return Err(malformed(O, field("label"), "empty label or value"));
+                return Err(malformed(CT, field("label"), "empty label or value"));
             }
             if label == BK_LABEL {
-                return Err(malformed(O, field("label"), "reserved label"));
+                return Err(malformed(CT, field("label"), "reserved label"));
             }
             if hash_value(&raw) != value {
-                return Err(malformed(O, field("scalar"), "does not match the hash of the value"));
+                return Err(malformed(CT, field("scalar"), "does not match the hash of the value"));
             }
             wires.push(Wire { label, raw, value, positive });
         }
-        r.finish("policy")?;
+        r.finish_as("policy").map_err(in_ciphertext)?;
         let p = Self { wires, gates };
         // Validates the circuit (every wire used once, no cycle).
         p.to_policy()?;
@@ -183,60 +173,62 @@ impl AbePolicy {
         Self { wires, gates }
     }
 
-    /// The gates in CIRCL's topological order: breadth first from the gates
-    /// whose inputs are all leaves, in index order. The order in which the
-    /// encryptor draws secret shares depends on it, so known-answer tests
-    /// against CIRCL need exactly this order.
+    /// The gates in CIRCL's topological order: the order in which the
+    /// encryptor draws secret shares, so known-answer tests against CIRCL
+    /// need exactly this one ([`keyfence_policy::circl_order`]).
     pub(crate) fn circl_order(&self) -> Vec<Gate> {
-        let n = self.gates.len();
-        if n == 0 {
-            return Vec::new();
-        }
-        let mut pending = vec![0usize; n];
-        let mut consumer = vec![usize::MAX; n];
-        for (i, g) in self.gates.iter().enumerate() {
-            for w in [g.in0, g.in1] {
-                if w > n {
-                    consumer[w - n - 1] = i;
-                    pending[i] += 1;
-                }
-            }
-        }
-        let mut queue: std::collections::VecDeque<usize> = (0..n).filter(|&i| pending[i] == 0).collect();
-        let mut order = Vec::with_capacity(n);
-        while let Some(i) = queue.pop_front() {
-            order.push(self.gates[i]);
-            let c = consumer[self.gates[i].out - n - 1];
-            if c != usize::MAX {
-                pending[c] -= 1;
-                if pending[c] == 0 {
-                    queue.push_back(c);
-                }
-            }
-        }
-        order
+        keyfence_policy::circl_order(&self.gates)
     }
 
-    /// CIRCL's choice of satisfying wires, given which wires hold: an AND
-    /// takes both sides, an OR its first input unless the second needs
-    /// strictly fewer wires.
+    /// CIRCL's choice of satisfying wires, given which wires hold
+    /// ([`keyfence_policy::satisfying_wires`]). The gates are put in
+    /// CIRCL's order first: a decoded ciphertext lists them as it likes.
     pub(crate) fn satisfying(&self, holds: impl Fn(usize, &Wire) -> bool) -> Option<Vec<usize>> {
-        let n = self.gates.len();
-        let mut sets: Vec<Option<Vec<usize>>> = vec![None; 2 * n + 1];
-        for (i, w) in self.wires.iter().enumerate() {
-            if holds(i, w) {
-                sets[i] = Some(vec![i]);
-            }
+        keyfence_policy::satisfying_wires(&self.circl_order(), |i| self.wires.get(i).is_some_and(|w| holds(i, w)))
+    }
+}
+
+const CT: &str = "ciphertext";
+
+fn in_ciphertext(e: CodecError) -> AbeError {
+    codec(CT)(e)
+}
+
+/// A policy whose encoding passes a 16-bit length: the same error the
+/// encoder has always reported for it.
+fn too_long(what: &'static str) -> impl Fn(CodecError) -> AbeError {
+    move |e| malformed("encoding", what, e.problem.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn quoted(s: &str) -> String {
+        format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    }
+
+    proptest! {
+        // The parser's size limit is computed from policy-lang's byte
+        // costs; they must be what this encoder writes.
+        #[test]
+        fn the_encoder_writes_what_the_limits_count(
+            terms in proptest::collection::vec(("[a-c]{1,3}", "[a-z\"é ]{1,12}", any::<bool>(), any::<bool>()), 1..12)
+        ) {
+            let text = terms
+                .iter()
+                .enumerate()
+                .map(|(i, (l, v, neg, and))| {
+                    let op = if i == 0 { "" } else if *and { " and " } else { " or " };
+                    format!("{op}{}{l}: {}", if *neg { "not " } else { "" }, quoted(v))
+                })
+                .collect::<String>();
+            let p = keyfence_policy::parse(&text).unwrap();
+            let encoded = AbePolicy::from_policy(&p).unwrap().encode().unwrap();
+            prop_assert_eq!(encoded.len(), keyfence_policy::limits::encoded_len(&p));
+            let back = AbePolicy::decode(&encoded).unwrap().to_policy().unwrap();
+            prop_assert_eq!(back, p);
         }
-        for g in self.circl_order() {
-            sets[g.out] = match (g.kind, &sets[g.in0], &sets[g.in1]) {
-                (GateKind::And, Some(a), Some(b)) => Some([a.as_slice(), b.as_slice()].concat()),
-                (GateKind::And, _, _) => None,
-                (GateKind::Or, Some(a), Some(b)) => Some(if b.len() < a.len() { b.clone() } else { a.clone() }),
-                (GateKind::Or, Some(x), None) | (GateKind::Or, None, Some(x)) => Some(x.clone()),
-                (GateKind::Or, None, None) => None,
-            };
-        }
-        sets.pop().flatten()
     }
 }

@@ -7,17 +7,18 @@ use keyfence_policy::Attributes;
 use rand_core::{OsRng, RngCore};
 use zeroize::Zeroizing;
 
-use super::error::{malformed, Result, WrapError};
-use super::format::{hex, policy_id, put16, put32, Cursor, Envelope};
+use super::error::{codec, limit, malformed, Result, StateError, WrapError};
+use super::format::{check_policy, reader, writer, Envelope, STATE_MAGIC};
+use super::layout::{self, hex};
 use super::machine::MachineKey;
+use super::policy::CanonicalPolicy;
 use super::store::Store;
 use super::{hpke, sealed};
 use crate::abe::{self, AbeError, MasterSecretKey, PublicKey};
 
-const STATE_KEY: &str = "authority/state";
-const STATE_MAGIC: &[u8; 4] = b"KFA1";
-/// Replicated list of generations and their states, for machines.
-pub(crate) const GENERATIONS_KEY: &str = "public/generations";
+/// Most generations the state's 16-bit count holds (retired ones stay
+/// listed, so this bounds the number of master rotations).
+const MAX_GENERATIONS: usize = u16::MAX as usize;
 
 /// The life cycle of a master key generation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,7 +32,8 @@ pub enum GenerationState {
 }
 
 impl GenerationState {
-    fn code(self) -> u8 {
+    /// The state's byte in the authority state and the generation list.
+    pub(crate) fn code(self) -> u8 {
         match self {
             Self::Active => 0,
             Self::DecryptOnly => 1,
@@ -39,13 +41,13 @@ impl GenerationState {
         }
     }
 
-    fn from_code(c: u8) -> Result<Self> {
-        Ok(match c {
-            0 => Self::Active,
-            1 => Self::DecryptOnly,
-            2 => Self::Retired,
-            _ => return Err(malformed("authority state", format!("unknown generation state {c}"))),
-        })
+    pub(crate) fn from_code(c: u8) -> Option<Self> {
+        match c {
+            0 => Some(Self::Active),
+            1 => Some(Self::DecryptOnly),
+            2 => Some(Self::Retired),
+            _ => None,
+        }
     }
 
     /// Whether keys of this generation still decrypt.
@@ -62,11 +64,16 @@ struct Generation {
 }
 
 struct PolicyKey {
-    policy_id: [u8; 32],
+    policy: CanonicalPolicy,
     version: u32,
-    policy: String,
     public: [u8; 32],
     private: Zeroizing<[u8; 32]>,
+}
+
+impl PolicyKey {
+    fn policy_id(&self) -> &[u8; 32] {
+        self.policy.id()
+    }
 }
 
 /// What a master rotation did.
@@ -120,22 +127,14 @@ impl std::fmt::Debug for Authority {
     }
 }
 
-fn sealed_key(pid: &[u8; 32], version: u32, generation: u32) -> String {
-    format!("sealed/{}/{version}/{generation}", hex(pid))
-}
-
-fn envelope_key(secret_id: &[u8; 16]) -> String {
-    format!("envelopes/{}", hex(secret_id))
-}
-
 impl Authority {
     /// Creates an authority with its first master generation in `store`.
     ///
     /// # Errors
     /// [`WrapError::State`] if the store already holds an authority.
     pub fn init(store: Arc<dyn Store>) -> Result<Self> {
-        if store.get(STATE_KEY)?.is_some() {
-            return Err(WrapError::State("the store already holds an authority".into()));
+        if store.get(layout::STATE)?.is_some() {
+            return Err(StateError::AuthorityExists.into());
         }
         let (pk, msk) = abe::setup()?;
         let a = Self {
@@ -154,9 +153,7 @@ impl Authority {
     /// [`WrapError::State`] if there is no authority; [`WrapError::Malformed`]
     /// if its state does not decode.
     pub fn open(store: Arc<dyn Store>) -> Result<Self> {
-        let bytes = store
-            .get(STATE_KEY)?
-            .ok_or_else(|| WrapError::State("no authority in this store (run `keyfence authority init`)".into()))?;
+        let bytes = store.get(layout::STATE)?.ok_or(StateError::NoAuthority)?;
         let bytes = Zeroizing::new(bytes);
         let mut a = Self::decode(store, &bytes)?;
         a.collect_garbage()?;
@@ -165,14 +162,16 @@ impl Authority {
 
     fn decode(store: Arc<dyn Store>, b: &[u8]) -> Result<Self> {
         const O: &str = "authority state";
-        let mut c = Cursor::new(b, O, STATE_MAGIC)?;
-        let n = c.u16("generation count")?;
+        let mut r = reader(b, O, STATE_MAGIC)?;
+        let n = r.u16("generation count").map_err(codec(O))?;
         let mut generations = Vec::new();
         for _ in 0..n {
-            let number = c.u32("generation")?;
-            let state = GenerationState::from_code(c.u8("state")?)?;
-            let pk = PublicKey::from_bytes(c.bytes32("public key")?)?;
-            let msk_bytes = c.bytes32("master secret key")?;
+            let number = r.u32("generation").map_err(codec(O))?;
+            let code = r.u8("state").map_err(codec(O))?;
+            let state = GenerationState::from_code(code)
+                .ok_or_else(|| malformed(O, format!("unknown generation state {code}")))?;
+            let pk = PublicKey::from_bytes(r.bytes32("public key").map_err(codec(O))?)?;
+            let msk_bytes = r.bytes32("master secret key").map_err(codec(O))?;
             let msk = if msk_bytes.is_empty() { None } else { Some(MasterSecretKey::from_bytes(msk_bytes)?) };
             if state.is_live() != msk.is_some() {
                 return Err(malformed(
@@ -185,53 +184,49 @@ impl Authority {
             }
             generations.push(Generation { number, state, pk, msk });
         }
-        let n = c.u32("policy key count")?;
+        let n = r.u32("policy key count").map_err(codec(O))?;
         let mut keys = Vec::new();
         for _ in 0..n {
-            let policy_id = c.array("policy id")?;
-            let version = c.u32("version")?;
-            let policy = c.text16("policy")?.to_owned();
-            let public = c.array("public key")?;
-            let private = Zeroizing::new(c.array("private key")?);
-            keys.push(PolicyKey { policy_id, version, policy, public, private });
+            let policy_id = r.array("policy id").map_err(codec(O))?;
+            let version = r.u32("version").map_err(codec(O))?;
+            let policy = CanonicalPolicy::decode(r.text16("policy").map_err(codec(O))?, &policy_id, O)?;
+            let public = r.array("public key").map_err(codec(O))?;
+            let private = Zeroizing::new(r.array("private key").map_err(codec(O))?);
+            keys.push(PolicyKey { policy, version, public, private });
         }
-        c.finish()?;
+        r.finish().map_err(codec(O))?;
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
         Ok(Self { store, generations, keys })
     }
 
-    fn encode(&self) -> Result<Zeroizing<Vec<u8>>> {
-        let mut out = Zeroizing::new(Vec::new());
-        out.extend_from_slice(STATE_MAGIC);
-        out.extend_from_slice(&(self.generations.len() as u16).to_le_bytes());
+    /// The state's encoding. Every count and length was checked when the
+    /// generation or policy key was added (`rotate_master`, `wrap`), so
+    /// nothing here can overflow its field.
+    fn encode(&self) -> Zeroizing<Vec<u8>> {
+        let mut w = writer(STATE_MAGIC);
+        w.len16(self.generations.len());
         for g in &self.generations {
-            out.extend_from_slice(&g.number.to_le_bytes());
-            out.push(g.state.code());
-            put32(&mut out, &g.pk.to_bytes())?;
+            w.u32(g.number).u8(g.state.code()).bytes32(&g.pk.to_bytes());
             match &g.msk {
-                Some(m) => put32(&mut out, &m.to_bytes())?,
-                None => put32(&mut out, &[])?,
-            }
+                Some(m) => w.bytes32(&m.to_bytes()),
+                None => w.bytes32(&[]),
+            };
         }
-        out.extend_from_slice(&(self.keys.len() as u32).to_le_bytes());
+        w.len32(self.keys.len());
         for k in &self.keys {
-            out.extend_from_slice(&k.policy_id);
-            out.extend_from_slice(&k.version.to_le_bytes());
-            put16(&mut out, k.policy.as_bytes())?;
-            out.extend_from_slice(&k.public);
-            out.extend_from_slice(&k.private[..]);
+            w.raw(k.policy_id()).u32(k.version).bytes16(k.policy.as_bytes()).raw(&k.public).raw(&k.private[..]);
         }
-        Ok(out)
+        w.into_bytes()
     }
 
     /// Writes the state (the commit point of every operation) and the
     /// replicated generation list.
     fn commit(&self) -> Result<()> {
-        self.store.put(STATE_KEY, &self.encode()?)?;
-        let list: String = self.generations.iter().map(|g| format!("{} {}\n", g.number, g.state.code())).collect();
-        self.store.put(GENERATIONS_KEY, list.as_bytes())?;
+        self.store.put(layout::STATE, &self.encode())?;
+        let list = layout::encode_generations(self.generations.iter().map(|g| (g.number, g.state)));
+        self.store.put(layout::GENERATIONS, list.as_bytes())?;
         Ok(())
     }
 
@@ -242,15 +237,15 @@ impl Authority {
     /// Deletes sealed copies that no committed state refers to: left by an
     /// interrupted wrap or rotation, or belonging to retired generations.
     fn collect_garbage(&mut self) -> Result<usize> {
-        let mut wanted = std::collections::HashSet::new();
-        for k in &self.keys {
-            for g in self.live() {
-                wanted.insert(sealed_key(&k.policy_id, k.version, g.number));
-            }
-        }
+        let wanted = |name: &str| {
+            layout::parse_sealed(name).is_some_and(|s| {
+                self.keys.iter().any(|k| *k.policy_id() == s.policy_id && k.version == s.version)
+                    && self.live().any(|g| g.number == s.generation)
+            })
+        };
         let mut removed = 0;
-        for name in self.store.list("sealed/")? {
-            if !wanted.contains(&name) {
+        for name in self.store.list(layout::SEALED)? {
+            if !wanted(&name) {
                 self.store.delete(&name)?;
                 removed += 1;
             }
@@ -265,44 +260,48 @@ impl Authority {
     /// # Errors
     /// [`WrapError::Store`] if the store cannot be listed.
     pub fn status(&self) -> Result<Status> {
-        let mut policies: Vec<&[u8; 32]> = self.keys.iter().map(|k| &k.policy_id).collect();
+        let mut policies: Vec<&[u8; 32]> = self.keys.iter().map(|k| k.policy_id()).collect();
         policies.sort();
         policies.dedup();
         Ok(Status {
             generations: self.generations.iter().map(|g| (g.number, g.state)).collect(),
             policies: policies.len(),
             policy_keys: self.keys.len(),
-            envelopes: self.store.list("envelopes/")?.len(),
+            envelopes: self.store.list(layout::ENVELOPES)?.len(),
         })
     }
 
     /// Issues a machine key: one CP-ABE attribute key per live generation.
     ///
     /// # Errors
-    /// [`WrapError::Abe`] for attributes CP-ABE refuses (reserved label).
+    /// [`WrapError::LimitExceeded`] for attributes the machine key format
+    /// cannot hold (more than 65,535, or a label or value longer than
+    /// 65,535 bytes); [`WrapError::Abe`] for attributes CP-ABE refuses
+    /// (reserved label, a key too large for its format).
     pub fn issue(&self, attrs: &Attributes) -> Result<MachineKey> {
+        // Checked before the CP-ABE work, which is per attribute.
+        MachineKey::check_attributes(attrs)?;
         let mut keys = Vec::new();
         for g in self.live() {
-            let msk = g
-                .msk
-                .as_ref()
-                .ok_or_else(|| WrapError::State(format!("live generation {} has lost its master key", g.number)))?;
+            let msk = g.msk.as_ref().ok_or_else(|| {
+                StateError::Inconsistent(format!("live generation {} has lost its master key", g.number))
+            })?;
             keys.push((g.number, abe::keygen(msk, attrs)?));
         }
         keys.sort_by(|a, b| b.0.cmp(&a.0));
-        Ok(MachineKey::new(attrs.clone(), keys))
+        MachineKey::new(attrs.clone(), keys)
     }
 
     fn seal_everywhere(&self, k: &PolicyKey) -> Result<()> {
         for g in self.live() {
-            let blob = sealed::seal(&g.pk, g.number, &k.policy_id, k.version, &k.policy, &k.public, &k.private)?;
-            self.store.put(&sealed_key(&k.policy_id, k.version, g.number), &blob)?;
+            let blob = sealed::seal(&g.pk, g.number, &k.policy, k.version, &k.public, &k.private)?;
+            self.store.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob)?;
         }
         Ok(())
     }
 
     fn current(&self, pid: &[u8; 32]) -> Option<&PolicyKey> {
-        self.keys.iter().filter(|k| &k.policy_id == pid).max_by_key(|k| k.version)
+        self.keys.iter().filter(|k| k.policy_id() == pid).max_by_key(|k| k.version)
     }
 
     /// Wraps `secret` under `policy`: seals it to the policy's key (made
@@ -310,13 +309,18 @@ impl Authority {
     /// envelope in the store and returns it.
     ///
     /// # Errors
-    /// [`WrapError::Abe`] with the parse error for a malformed policy.
+    /// [`WrapError::Abe`] with the parse error for a malformed policy;
+    /// [`WrapError::LimitExceeded`] for a policy whose canonical text is
+    /// longer than 65,535 bytes or a secret of 4 GiB or more.
     pub fn wrap(&mut self, policy: &str, secret: &[u8]) -> Result<Envelope> {
-        let canonical = keyfence_policy::parse(policy).map_err(AbeError::from)?.to_string();
-        let pid = policy_id(&canonical);
+        let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
+        check_policy(&policy)?;
+        limit("secret length", secret.len(), super::format::MAX_SECRET)?;
+        let pid = *policy.id();
         if self.current(&pid).is_none() {
+            limit("policy key count", self.keys.len() + 1, u32::MAX as usize)?;
             let (private, public) = hpke::keypair(&mut OsRng);
-            let k = PolicyKey { policy_id: pid, version: 1, policy: canonical.clone(), public, private };
+            let k = PolicyKey { policy, version: 1, public, private };
             // Sealed copies first, then the commit: an interruption leaves
             // only unreferenced copies, which `open` deletes.
             self.seal_everywhere(&k)?;
@@ -329,12 +333,11 @@ impl Authority {
     }
 
     fn seal_envelope(&self, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
-        let k = self.current(pid).ok_or_else(|| WrapError::State("the policy key to seal under is missing".into()))?;
-        let header = |enc: &[u8]| Envelope::header(secret_id, pid, k.version, &k.policy, enc);
-        let (_, mut bytes, ct) = hpke::seal(&k.public, &header, secret, &mut OsRng)?;
-        put32(&mut bytes, &ct)?;
-        let env = Envelope::parse(&bytes)?;
-        self.store.put(&envelope_key(secret_id), &bytes)?;
+        let k = self
+            .current(pid)
+            .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
+        let env = Envelope::seal(secret_id, &k.policy, k.version, &k.public, secret)?;
+        self.store.put(&layout::envelope(secret_id), env.to_bytes())?;
         Ok(env)
     }
 
@@ -347,12 +350,13 @@ impl Authority {
     /// [`WrapError::Store`] if the store fails; the authority is then
     /// unchanged (reopen it to clean up).
     pub fn rotate_master(&mut self) -> Result<MasterRotation> {
+        limit("master generation count", self.generations.len() + 1, MAX_GENERATIONS)?;
         let number = self.generations.iter().map(|g| g.number).max().unwrap_or(0) + 1;
         let (pk, msk) = abe::setup()?;
         let new = Generation { number, state: GenerationState::Active, pk, msk: Some(msk) };
         for k in &self.keys {
-            let blob = sealed::seal(&new.pk, number, &k.policy_id, k.version, &k.policy, &k.public, &k.private)?;
-            self.store.put(&sealed_key(&k.policy_id, k.version, number), &blob)?;
+            let blob = sealed::seal(&new.pk, number, &k.policy, k.version, &k.public, &k.private)?;
+            self.store.put(&layout::sealed(k.policy_id(), k.version, number), &blob)?;
         }
         let mut retired = None;
         for g in &mut self.generations {
@@ -378,19 +382,21 @@ impl Authority {
     /// so an interruption loses nothing; running it again finishes the job.
     ///
     /// # Errors
-    /// [`WrapError::State`] if the policy has no key; store failures.
+    /// [`WrapError::State`] ([`StateError::NoPolicyKey`]) if the policy has
+    /// no key; store failures.
     pub fn rotate_policy_key(&mut self, policy: &str) -> Result<PolicyRotation> {
-        let canonical = keyfence_policy::parse(policy).map_err(AbeError::from)?.to_string();
-        let pid = policy_id(&canonical);
-        let old = self.current(&pid).ok_or_else(|| WrapError::State(format!("no policy key for `{canonical}`")))?;
+        let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
+        let pid = *policy.id();
+        let old = self.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?;
+        limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
+        let version = old.version + 1;
         let (private, public) = hpke::keypair(&mut OsRng);
-        let k = PolicyKey { policy_id: pid, version: old.version + 1, policy: canonical, public, private };
-        let version = k.version;
+        let k = PolicyKey { policy, version, public, private };
         self.seal_everywhere(&k)?;
         self.keys.push(k);
         self.commit()?;
         let mut rewrapped = 0;
-        for name in self.store.list("envelopes/")? {
+        for name in self.store.list(layout::ENVELOPES)? {
             let Some(bytes) = self.store.get(&name)? else { continue };
             let env = Envelope::parse(&bytes)?;
             if env.policy_id != pid || env.key_version == version {
@@ -399,21 +405,15 @@ impl Authority {
             let old = self
                 .keys
                 .iter()
-                .find(|k| k.policy_id == pid && k.version == env.key_version)
+                .find(|k| *k.policy_id() == pid && k.version == env.key_version)
                 .ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&pid), version: env.key_version })?;
             let secret = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext)?;
             self.seal_envelope(&env.secret_id, &pid, &secret)?;
             rewrapped += 1;
         }
-        self.keys.retain(|k| k.policy_id != pid || k.version == version);
+        self.keys.retain(|k| *k.policy_id() != pid || k.version == version);
         self.commit()?;
         self.collect_garbage()?;
         Ok(PolicyRotation { version, rewrapped })
-    }
-}
-
-impl Cursor<'_> {
-    pub(crate) fn u8(&mut self, field: &str) -> Result<u8> {
-        Ok(self.take(1, field)?[0])
     }
 }

@@ -1,6 +1,7 @@
 //! Errors of policy-key wrapping.
 
 use crate::abe::AbeError;
+use crate::ErrorCode;
 
 use super::store::StoreError;
 
@@ -41,9 +42,10 @@ pub enum WrapError {
     /// Bytes that are not the named object.
     #[error("malformed {object}: {reason}")]
     Malformed {
-        /// Which object.
+        /// Which object: `envelope`, `sealed policy key`, `machine key`,
+        /// `authority state`, `generation list`.
         object: &'static str,
-        /// What is wrong.
+        /// What is wrong, naming the field.
         reason: String,
     },
     /// An unknown algorithm identifier.
@@ -54,9 +56,21 @@ pub enum WrapError {
         /// The identifier found.
         id: u16,
     },
-    /// No authority in the store, or one already there.
-    #[error("{0}")]
-    State(String),
+    /// An object would pass a limit of its binary format; refused when it
+    /// is built, so that everything built can be written and read back.
+    #[error("{what} is {len}, over the format's limit of {max}")]
+    LimitExceeded {
+        /// What is too large (`policy text length`, `attribute count`, ...).
+        what: &'static str,
+        /// Its size.
+        len: usize,
+        /// The largest the format holds.
+        max: usize,
+    },
+    /// The store holds no authority, already holds one, or holds one whose
+    /// state contradicts itself.
+    #[error(transparent)]
+    State(#[from] StateError),
     /// A CP-ABE failure other than the ones above.
     #[error(transparent)]
     Abe(#[from] AbeError),
@@ -65,9 +79,130 @@ pub enum WrapError {
     Store(#[from] StoreError),
 }
 
+/// What is wrong with the authority in the store.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StateError {
+    /// There is no authority in the store.
+    #[error("no authority in this store (run `keyfence authority init`)")]
+    NoAuthority,
+    /// `init` on a store that already holds an authority.
+    #[error("the store already holds an authority")]
+    AuthorityExists,
+    /// The authority's state contradicts itself (a live generation without
+    /// its master key, a policy key missing while it is used).
+    #[error("the authority's state is inconsistent: {0}")]
+    Inconsistent(String),
+    /// A policy-key rotation for a policy that has no policy key.
+    #[error("no policy key for `{0}`")]
+    NoPolicyKey(String),
+}
+
+impl StateError {
+    /// The stable code of this error (`docs/errors.md`).
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            StateError::NoAuthority => ErrorCode::NoAuthority,
+            StateError::AuthorityExists => ErrorCode::AuthorityExists,
+            StateError::Inconsistent(_) => ErrorCode::InconsistentState,
+            StateError::NoPolicyKey(_) => ErrorCode::UnknownPolicyKey,
+        }
+    }
+}
+
+impl WrapError {
+    /// The stable code of this error (`docs/errors.md`).
+    ///
+    /// A malformed machine key is [`ErrorCode::InvalidKey`], a malformed
+    /// authority state or generation list [`ErrorCode::InconsistentState`],
+    /// any other malformed object [`ErrorCode::InvalidEnvelope`]; CP-ABE and
+    /// store failures keep their own codes.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            WrapError::NotAuthorized { .. } => ErrorCode::PolicyNotSatisfied,
+            WrapError::RetiredGeneration { .. } => ErrorCode::RetiredGeneration,
+            WrapError::UnknownPolicyKey { .. } => ErrorCode::UnknownPolicyKey,
+            WrapError::Tampered { .. } => ErrorCode::InvalidEnvelope,
+            WrapError::Malformed { object: "machine key", .. } => ErrorCode::InvalidKey,
+            WrapError::Malformed { object: "authority state" | "generation list", .. } => ErrorCode::InconsistentState,
+            WrapError::Malformed { .. } => ErrorCode::InvalidEnvelope,
+            WrapError::UnknownAlgorithm { .. } => ErrorCode::UnknownAlgorithm,
+            WrapError::LimitExceeded { .. } => ErrorCode::LimitExceeded,
+            WrapError::State(e) => e.code(),
+            WrapError::Abe(e) => e.code(),
+            WrapError::Store(e) => e.code(),
+        }
+    }
+}
+
 /// Result of a wrapping operation.
 pub type Result<T, E = WrapError> = std::result::Result<T, E>;
 
 pub(crate) fn malformed(object: &'static str, reason: impl Into<String>) -> WrapError {
     WrapError::Malformed { object, reason: reason.into() }
+}
+
+/// Maps a codec error to [`WrapError::Malformed`] for `object`; the
+/// message names the field.
+pub(crate) fn codec(object: &'static str) -> impl Fn(crate::codec::CodecError) -> WrapError {
+    move |e| malformed(object, e.to_string())
+}
+
+/// Refuses `len` when it passes `max`.
+pub(crate) fn limit(what: &'static str, len: usize, max: usize) -> Result<()> {
+    if len > max {
+        return Err(WrapError::LimitExceeded { what, len, max });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_has_its_code() {
+        let io = || StoreError::Io { key: "k".into(), source: std::io::Error::other("x") };
+        let cases: Vec<(WrapError, ErrorCode)> = vec![
+            (WrapError::NotAuthorized { policy: "a: b".into() }, ErrorCode::PolicyNotSatisfied),
+            (WrapError::RetiredGeneration { have: vec![1], live: vec![2] }, ErrorCode::RetiredGeneration),
+            (WrapError::UnknownPolicyKey { policy_id: "00".into(), version: 1 }, ErrorCode::UnknownPolicyKey),
+            (WrapError::Tampered { object: "envelope" }, ErrorCode::InvalidEnvelope),
+            (WrapError::Tampered { object: "sealed policy key" }, ErrorCode::InvalidEnvelope),
+            (malformed("envelope", "x"), ErrorCode::InvalidEnvelope),
+            (malformed("sealed policy key", "x"), ErrorCode::InvalidEnvelope),
+            (malformed("machine key", "x"), ErrorCode::InvalidKey),
+            (malformed("authority state", "x"), ErrorCode::InconsistentState),
+            (malformed("generation list", "x"), ErrorCode::InconsistentState),
+            (WrapError::UnknownAlgorithm { what: "HPKE suite", id: 9 }, ErrorCode::UnknownAlgorithm),
+            (WrapError::LimitExceeded { what: "secret length", len: 2, max: 1 }, ErrorCode::LimitExceeded),
+            (StateError::NoAuthority.into(), ErrorCode::NoAuthority),
+            (StateError::AuthorityExists.into(), ErrorCode::AuthorityExists),
+            (StateError::Inconsistent("x".into()).into(), ErrorCode::InconsistentState),
+            (StateError::NoPolicyKey("a: b".into()).into(), ErrorCode::UnknownPolicyKey),
+            (AbeError::NotSatisfied.into(), ErrorCode::PolicyNotSatisfied),
+            (AbeError::IntegrityCheckFailed.into(), ErrorCode::InvalidCiphertext),
+            (AbeError::ReservedLabel("l".into()).into(), ErrorCode::ReservedLabel),
+            (AbeError::Policy(keyfence_policy::parse("a:").unwrap_err()).into(), ErrorCode::PolicySyntax),
+            (io().into(), ErrorCode::StoreIo),
+            (StoreError::InvalidKey("..".into()).into(), ErrorCode::InvalidStoreKey),
+        ];
+        for (e, code) in cases {
+            assert_eq!(e.code(), code, "{e:?}");
+        }
+    }
+
+    #[test]
+    fn policy_language_codes_name_the_core_codes() {
+        let syntax = keyfence_policy::parse("a: b or").unwrap_err();
+        let deep = keyfence_policy::parse(&format!("{}a: b{}", "(".repeat(80), ")".repeat(80))).unwrap_err();
+        let large = keyfence_policy::parse(&format!("a: {}", "v".repeat(70_000))).unwrap_err();
+        for e in [syntax, deep, large] {
+            assert_eq!(e.code(), ErrorCode::from(&e).name(), "{e}");
+        }
+        for bad in ["a", "=b", "a=1,a=2"] {
+            let e = bad.parse::<keyfence_policy::Attributes>().unwrap_err();
+            assert_eq!(e.code(), ErrorCode::from(&e).name(), "{e}");
+        }
+    }
 }

@@ -31,13 +31,13 @@ pub(crate) fn public_of(private: &[u8; 32]) -> Result<[u8; 32]> {
 }
 
 /// Seals `plaintext` to `public` with `aad`; returns (enc, ciphertext).
-pub(crate) fn seal<R: RngCore + CryptoRng>(public: &[u8; 32], aad_prefix: &dyn Fn(&[u8]) -> Result<Vec<u8>>, plaintext: &[u8], rng: &mut R) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
+pub(crate) fn seal<R: RngCore + CryptoRng>(public: &[u8; 32], aad_prefix: &dyn Fn(&[u8]) -> Vec<u8>, plaintext: &[u8], rng: &mut R) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
     let pk = KemPublic::from_bytes(public).map_err(|_| WrapError::Malformed { object: "policy key", reason: "invalid X25519 public key".into() })?;
     // The enc is part of the associated data, so encapsulate first.
     let (enc, mut ctx) = hpke::setup_sender::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256, R>(&OpModeS::Base, &pk, INFO, rng)
         .map_err(|_| WrapError::Malformed { object: "policy key", reason: "HPKE encapsulation failed".into() })?;
     let enc = enc.to_bytes().to_vec();
-    let aad = aad_prefix(&enc)?;
+    let aad = aad_prefix(&enc);
     let ct = ctx.seal(plaintext, &aad).map_err(|_| WrapError::Malformed { object: "envelope", reason: "HPKE seal failed".into() })?;
     Ok((enc, aad, ct))
 }

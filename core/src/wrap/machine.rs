@@ -8,11 +8,11 @@ use std::sync::Arc;
 use keyfence_policy::Attributes;
 use zeroize::Zeroizing;
 
-use super::authority::GENERATIONS_KEY;
 use super::cache::{CacheConfig, CacheStats, PolicyKeyCache};
-use super::error::{malformed, Result, WrapError};
-use super::format::{hex, put16, put32, Cursor, Envelope, MACHINE_MAGIC};
+use super::error::{codec, limit, malformed, Result, WrapError};
+use super::format::{reader, writer, Envelope, MACHINE_MAGIC};
 use super::hpke;
+use super::layout::{self, hex};
 use super::sealed::SealedKey;
 use super::store::Store;
 use crate::abe::AttributeKey;
@@ -26,9 +26,32 @@ pub struct MachineKey {
     keys: Vec<(u32, AttributeKey)>,
 }
 
+/// Most attributes, and most generations' keys, a machine key's 16-bit
+/// counts hold; also the longest label or value its 16-bit prefixes hold.
+const MAX_U16: usize = u16::MAX as usize;
+/// Largest attribute key its 32-bit prefix holds.
+const MAX_ATTRIBUTE_KEY: usize = u32::MAX as usize;
+
 impl MachineKey {
-    pub(crate) fn new(attrs: Attributes, keys: Vec<(u32, AttributeKey)>) -> Self {
-        Self { attrs, keys }
+    /// A machine key, refusing what its format cannot hold, so that every
+    /// machine key can be written and read back.
+    pub(crate) fn new(attrs: Attributes, keys: Vec<(u32, AttributeKey)>) -> Result<Self> {
+        Self::check_attributes(&attrs)?;
+        limit("machine key generation count", keys.len(), MAX_U16)?;
+        for (_, k) in &keys {
+            limit("attribute key length", k.to_bytes().len(), MAX_ATTRIBUTE_KEY)?;
+        }
+        Ok(Self { attrs, keys })
+    }
+
+    /// Refuses attributes the format cannot hold.
+    pub(crate) fn check_attributes(attrs: &Attributes) -> Result<()> {
+        limit("attribute count", attrs.len(), MAX_U16)?;
+        for (l, v) in attrs.iter() {
+            limit("attribute label length", l.len(), MAX_U16)?;
+            limit("attribute value length", v.len(), MAX_U16)?;
+        }
+        Ok(())
     }
 
     /// The machine's attributes.
@@ -43,19 +66,17 @@ impl MachineKey {
 
     /// The encoding (secret: store it owner-readable only).
     pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
-        let mut out = Zeroizing::new(Vec::new());
-        out.extend_from_slice(MACHINE_MAGIC);
-        out.extend_from_slice(&(self.attrs.len() as u16).to_le_bytes());
+        let mut w = writer(MACHINE_MAGIC);
+        w.len16(self.attrs.len());
         for (l, v) in self.attrs.iter() {
-            let _ = put16(&mut out, l.as_bytes());
-            let _ = put16(&mut out, v.as_bytes());
+            w.bytes16(l.as_bytes()).bytes16(v.as_bytes());
         }
-        out.extend_from_slice(&(self.keys.len() as u16).to_le_bytes());
+        w.len16(self.keys.len());
         for (g, k) in &self.keys {
-            out.extend_from_slice(&g.to_le_bytes());
-            let _ = put32(&mut out, &k.to_bytes());
+            w.u32(*g).bytes32(&k.to_bytes());
         }
-        out
+        // Every count and length was checked when the key was built.
+        w.into_bytes()
     }
 
     /// Decodes a machine key.
@@ -64,11 +85,12 @@ impl MachineKey {
     /// [`WrapError::Malformed`] naming what is wrong.
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
         const O: &str = "machine key";
-        let mut c = Cursor::new(b, O, MACHINE_MAGIC)?;
+        let mut r = reader(b, O, MACHINE_MAGIC)?;
         let mut attrs = Attributes::default();
         let mut previous: Option<&str> = None;
-        for _ in 0..c.u16("attribute count")? {
-            let (l, v) = (c.text16("label")?, c.text16("value")?);
+        for i in 0..r.u16("attribute count").map_err(codec(O))? {
+            let l = r.text16(|| format!("label[{i}]")).map_err(codec(O))?;
+            let v = r.text16(|| format!("value[{i}]")).map_err(codec(O))?;
             // Sorted and unique, so that one key has one encoding.
             if previous.is_some_and(|p| p >= l) {
                 return Err(malformed(O, format!("label {l:?} is out of order or repeated")));
@@ -76,13 +98,14 @@ impl MachineKey {
             previous = Some(l);
             attrs.insert(l, v);
         }
-        let n = c.u16("key count")?;
+        let n = r.u16("key count").map_err(codec(O))?;
         let mut keys = Vec::new();
-        for _ in 0..n {
-            let g = c.u32("generation")?;
-            keys.push((g, AttributeKey::from_bytes(c.bytes32("attribute key")?)?));
+        for i in 0..n {
+            let g = r.u32(|| format!("generation[{i}]")).map_err(codec(O))?;
+            keys.push((g, AttributeKey::from_bytes(r.bytes32(|| format!("attribute key[{i}]")).map_err(codec(O))?)?));
         }
-        c.finish()?;
+        r.finish().map_err(codec(O))?;
+        // Read from 16- and 32-bit fields, so within every limit.
         Ok(Self { attrs, keys })
     }
 }
@@ -124,7 +147,7 @@ impl Machine {
     /// Whether this machine's attributes satisfy the envelope's policy;
     /// no cryptography, so a caller can decide to forward instead.
     pub fn could_open(&self, envelope: &Envelope) -> bool {
-        keyfence_policy::parse(&envelope.policy).map(|p| p.eval(&self.key.attrs)).unwrap_or(false)
+        envelope.policy.eval(&self.key.attrs)
     }
 
     /// Opens an envelope: the policy key from the cache or by CP-ABE, then
@@ -145,24 +168,15 @@ impl Machine {
     /// As [`Machine::open`].
     pub fn open_envelope(&self, env: &Envelope) -> Result<Zeroizing<Vec<u8>>> {
         if !self.could_open(env) {
-            return Err(WrapError::NotAuthorized { policy: env.policy.clone() });
+            return Err(WrapError::NotAuthorized { policy: env.policy.to_string() });
         }
         let private = self.cache.get_or_load((env.policy_id, env.key_version), || self.load(env))?;
         hpke::open(&private, &env.enc, env.aad(), &env.ciphertext)
     }
 
     fn live_generations(&self) -> Result<Vec<u32>> {
-        let list = self.store.get(GENERATIONS_KEY)?.unwrap_or_default();
-        let text = String::from_utf8(list).map_err(|_| malformed("generation list", "not UTF-8"))?;
-        let mut live = Vec::new();
-        for line in text.lines() {
-            let (n, s) = line.split_once(' ').ok_or_else(|| malformed("generation list", format!("bad line {line:?}")))?;
-            let n: u32 = n.parse().map_err(|_| malformed("generation list", format!("bad line {line:?}")))?;
-            if s != "2" {
-                live.push(n);
-            }
-        }
-        Ok(live)
+        let list = self.store.get(layout::GENERATIONS)?.unwrap_or_default();
+        Ok(layout::decode_generations(&list)?.into_iter().filter(|(_, s)| s.is_live()).map(|(n, _)| n).collect())
     }
 
     /// Opens the policy key of `env` with the newest usable generation.
@@ -173,7 +187,7 @@ impl Machine {
             return Err(WrapError::RetiredGeneration { have: self.key.generations(), live });
         }
         for (g, key) in usable {
-            let name = format!("sealed/{}/{}/{g}", hex(&env.policy_id), env.key_version);
+            let name = layout::sealed(&env.policy_id, env.key_version, *g);
             let Some(blob) = self.store.get(&name)? else { continue };
             let sealed = SealedKey::parse(&blob).map_err(|_| WrapError::Tampered { object: "sealed policy key" })?;
             if sealed.policy_id != env.policy_id || sealed.version != env.key_version || sealed.generation != *g {
@@ -208,6 +222,66 @@ pub struct Peer {
 
 /// The nearest peer whose attributes satisfy the envelope's policy.
 pub fn nearest_capable<'a>(envelope: &Envelope, peers: &'a [Peer]) -> Option<&'a Peer> {
-    let policy = keyfence_policy::parse(&envelope.policy).ok()?;
-    peers.iter().filter(|p| policy.eval(&p.attributes)).min_by_key(|p| p.latency)
+    peers.iter().filter(|p| envelope.policy.eval(&p.attributes)).min_by_key(|p| p.latency)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::sync::OnceLock;
+
+    fn small_key() -> &'static AttributeKey {
+        static K: OnceLock<AttributeKey> = OnceLock::new();
+        K.get_or_init(|| {
+            let (_, msk) = crate::abe::setup().unwrap();
+            crate::abe::keygen(&msk, &"region=EU".parse().unwrap()).unwrap()
+        })
+    }
+
+    /// `count` attributes, the first with a label of `label_len` bytes and
+    /// a value of `value_len` bytes.
+    fn attrs(count: usize, label_len: usize, value_len: usize) -> Attributes {
+        let mut a: Attributes = (1..count).map(|i| (format!("{i:x}"), "v")).collect();
+        a.insert("z".repeat(label_len), "w".repeat(value_len));
+        a
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(6))]
+        #[test]
+        fn machine_keys_at_the_limits_read_back(
+            count in (u16::MAX as usize - 3)..=(u16::MAX as usize),
+            label_len in (u16::MAX as usize - 3)..=(u16::MAX as usize),
+            value_len in (u16::MAX as usize - 3)..=(u16::MAX as usize),
+            generations in 1usize..3,
+        ) {
+            let keys = (0..generations).map(|g| (g as u32 + 1, small_key().clone())).collect();
+            let key = MachineKey::new(attrs(count, label_len, value_len), keys).unwrap();
+            let bytes = key.to_bytes();
+            let back = MachineKey::from_bytes(&bytes).unwrap();
+            prop_assert_eq!(back.attributes(), key.attributes());
+            prop_assert_eq!(back.generations(), key.generations());
+            prop_assert_eq!(&back.to_bytes()[..], &bytes[..]);
+        }
+    }
+
+    #[test]
+    fn one_past_each_limit_is_refused_when_built() {
+        let max = u16::MAX as usize;
+        let keys = || vec![(1, small_key().clone())];
+        for (a, what) in [
+            (attrs(max + 1, 1, 1), "attribute count"),
+            (attrs(1, max + 1, 1), "attribute label length"),
+            (attrs(1, 1, max + 1), "attribute value length"),
+        ] {
+            match MachineKey::new(a, keys()) {
+                Err(e @ WrapError::LimitExceeded { .. }) => {
+                    assert_eq!(e.code(), crate::ErrorCode::LimitExceeded);
+                    assert!(e.to_string().starts_with(what), "{e}");
+                }
+                other => panic!("expected {what} to be refused, got {other:?}"),
+            }
+        }
+    }
 }

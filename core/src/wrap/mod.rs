@@ -33,13 +33,16 @@ mod cache;
 mod error;
 mod format;
 mod hpke;
+mod layout;
 mod machine;
+mod policy;
 mod sealed;
 mod store;
 
 pub use authority::{Authority, GenerationState, MasterRotation, PolicyRotation, Status};
 pub use cache::{CacheConfig, CacheStats};
-pub use error::{Result, WrapError};
-pub use format::{policy_id, Envelope, SUITE_X25519_CHACHA};
+pub use error::{Result, StateError, WrapError};
+pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, Machine, MachineKey, Peer};
+pub use policy::{policy_id, CanonicalPolicy};
 pub use store::{FileStore, MemoryStore, Store, StoreError};

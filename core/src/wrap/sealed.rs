@@ -3,8 +3,9 @@
 
 use zeroize::Zeroizing;
 
-use super::error::{malformed, Result, WrapError};
-use super::format::{put16, put32, Cursor, SEALED_MAGIC, SUITE_X25519_CHACHA};
+use super::error::{codec, malformed, Result, WrapError};
+use super::format::{check_policy, reader, suite, writer, SEALED_MAGIC, SUITE_X25519_CHACHA};
+use super::policy::{policy_id, CanonicalPolicy};
 use crate::abe::{self, AbeError, AttributeKey, PublicKey};
 
 /// Prefix of the CP-ABE plaintext, before the repeated header fields.
@@ -35,40 +36,39 @@ fn plaintext(policy_id: &[u8; 32], version: u32, generation: u32, public: &[u8; 
 pub(crate) fn seal(
     abe_pk: &PublicKey,
     generation: u32,
-    policy_id: &[u8; 32],
+    policy: &CanonicalPolicy,
     version: u32,
-    policy: &str,
     public: &[u8; 32],
     private: &[u8; 32],
-) -> Result<Vec<u8>> {
-    let p = keyfence_policy::parse(policy).map_err(AbeError::from)?;
-    let pt = plaintext(policy_id, version, generation, public, private);
-    let ct = abe::encrypt_policy(abe_pk, &p, &pt)?;
-    let mut out = Vec::with_capacity(60 + policy.len() + ct.len());
-    out.extend_from_slice(SEALED_MAGIC);
-    out.extend_from_slice(&SUITE_X25519_CHACHA.to_le_bytes());
-    out.extend_from_slice(policy_id);
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&generation.to_le_bytes());
-    put16(&mut out, policy.as_bytes())?;
-    put16(&mut out, public)?;
-    put32(&mut out, &ct)?;
-    Ok(out)
+) -> Result<Zeroizing<Vec<u8>>> {
+    check_policy(policy)?;
+    let pt = plaintext(policy.id(), version, generation, public, private);
+    // The policy goes in already parsed.
+    let ct = abe::encrypt_policy(abe_pk, policy.circuit(), &pt)?;
+    let mut w = writer(SEALED_MAGIC);
+    w.u16(SUITE_X25519_CHACHA).raw(policy.id()).u32(version).u32(generation);
+    w.bytes16(policy.as_bytes()).bytes16(public).bytes32(&ct);
+    // The policy was checked above; a CP-ABE ciphertext under a policy the
+    // parser accepts is far below 4 GiB.
+    Ok(w.into_bytes())
 }
 
 impl SealedKey {
     pub(crate) fn parse(bytes: &[u8]) -> Result<Self> {
         const O: &str = "sealed policy key";
-        let mut c = Cursor::new(bytes, O, SEALED_MAGIC)?;
-        c.suite()?;
-        let policy_id = c.array("policy id")?;
-        let version = c.u32("key version")?;
-        let generation = c.u32("generation")?;
-        let policy = c.text16("policy")?.to_owned();
-        let public: [u8; 32] = c.bytes16("public key")?.try_into().map_err(|_| malformed(O, "public key is not 32 bytes"))?;
-        let abe_ct = c.bytes32("CP-ABE ciphertext")?.to_vec();
-        c.finish()?;
-        if policy_id != super::format::policy_id(&policy) {
+        let mut r = reader(bytes, O, SEALED_MAGIC)?;
+        suite(&mut r, O)?;
+        let policy_id = r.array("policy id").map_err(codec(O))?;
+        let version = r.u32("key version").map_err(codec(O))?;
+        let generation = r.u32("generation").map_err(codec(O))?;
+        let policy = r.text16("policy").map_err(codec(O))?.to_owned();
+        let public: [u8; 32] =
+            r.bytes16("public key").map_err(codec(O))?.try_into().map_err(|_| malformed(O, "public key is not 32 bytes"))?;
+        let abe_ct = r.bytes32("CP-ABE ciphertext").map_err(codec(O))?.to_vec();
+        r.finish().map_err(codec(O))?;
+        // The machine already holds the envelope's parsed policy and checks
+        // this id against it, so the text is not parsed again here.
+        if policy_id != self::policy_id(&policy) {
             return Err(malformed(O, "policy id does not match the policy"));
         }
         Ok(Self { policy_id, version, generation, policy, public, abe_ct })

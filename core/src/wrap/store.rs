@@ -31,6 +31,16 @@ pub enum StoreError {
     InvalidKey(String),
 }
 
+impl StoreError {
+    /// The stable code of this error (`docs/errors.md`).
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            StoreError::Io { .. } => crate::ErrorCode::StoreIo,
+            StoreError::InvalidKey(_) => crate::ErrorCode::InvalidStoreKey,
+        }
+    }
+}
+
 /// A key-value store with atomic, durable single-object writes.
 ///
 /// `put` must be atomic (a reader sees the old or the new value, never a
