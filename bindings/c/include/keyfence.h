@@ -202,6 +202,20 @@ typedef struct keyfence_abe_master_key keyfence_abe_master_key;
 typedef struct keyfence_abe_public_key keyfence_abe_public_key;
 
 /*
+ An authority opened on a store directory: issues machine keys, wraps
+ secrets, rotates. Not thread-safe: the functions that change it
+ (`_wrap`, `_rotate_master`) need the handle to themselves.
+ */
+typedef struct keyfence_authority keyfence_authority;
+
+/*
+ A machine: its machine key and the store holding the replicated sealed
+ policy keys, with a cache of opened policy keys. Thread-safe: one
+ handle may open envelopes from many threads at once.
+ */
+typedef struct keyfence_machine keyfence_machine;
+
+/*
  A byte string keyfence allocated and the caller owns: a ciphertext, a
  plaintext, a key encoding, a policy's text.
 
@@ -477,6 +491,153 @@ keyfence_result keyfence_policy_check(const char *policy, const char *attrs, boo
  `policy` is a NUL-terminated string; `out` is writable.
  */
 keyfence_result keyfence_policy_canonical(const char *policy, struct keyfence_bytes *out);
+
+/*
+ Creates an authority with its first master generation in the store
+ directory `store_dir` and returns it in `*out` (free it with
+ `keyfence_authority_free`).
+
+ Errors: `KEYFENCE_AUTHORITY_EXISTS` if the store already holds one,
+ `KEYFENCE_STORE_IO` if the directory cannot be written.
+
+ # Safety
+ `store_dir` is a NUL-terminated string; `out` is writable.
+ */
+keyfence_result keyfence_authority_init(const char *store_dir, struct keyfence_authority **out);
+
+/*
+ Opens the authority in the store directory `store_dir` into `*out`.
+
+ Errors: `KEYFENCE_NO_AUTHORITY` if the store holds none,
+ `KEYFENCE_INVALID_ENVELOPE` / `KEYFENCE_INCONSISTENT_STATE` if its state
+ does not decode, `KEYFENCE_STORE_IO`.
+
+ # Safety
+ `store_dir` is a NUL-terminated string; `out` is writable.
+ */
+keyfence_result keyfence_authority_open(const char *store_dir, struct keyfence_authority **out);
+
+/*
+ Issues a machine key for `attrs` (`label=value,label=value`): one
+ attribute key per live master generation, encoded into `*machine_key`
+ (a secret: give it to the machine only, free it with
+ `keyfence_bytes_free`, which wipes it).
+
+ Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_RESERVED_LABEL`,
+ `KEYFENCE_LIMIT_EXCEEDED`, `KEYFENCE_STORE_IO`.
+
+ # Safety
+ `authority` is a live handle; `attrs` a NUL-terminated string;
+ `machine_key` is writable.
+ */
+keyfence_result keyfence_authority_issue(const struct keyfence_authority *authority,
+                                         const char *attrs,
+                                         struct keyfence_bytes *machine_key);
+
+/*
+ Wraps the secret `secret[0..len]` under `policy` into `*envelope`: the
+ secret sealed to the policy's key (created on first use and sealed
+ under CP-ABE), in keyfence's versioned envelope format.
+
+ Errors: `KEYFENCE_POLICY_SYNTAX` / `KEYFENCE_POLICY_TOO_LARGE` (with the
+ position), `KEYFENCE_LIMIT_EXCEEDED`, `KEYFENCE_STORE_IO`.
+
+ # Safety
+ `authority` is a live handle no other thread uses during the call;
+ `policy` a NUL-terminated string; `secret` points to `len` readable
+ bytes; `envelope` is writable.
+ */
+keyfence_result keyfence_authority_wrap(struct keyfence_authority *authority,
+                                        const char *policy,
+                                        const uint8_t *secret,
+                                        size_t len,
+                                        struct keyfence_bytes *envelope);
+
+/*
+ Rotates the master key: a new active generation, policy keys re-sealed
+ under it (envelopes are never touched). Writes the number of policy
+ keys re-sealed to `*resealed` when it is not NULL.
+
+ Errors: `KEYFENCE_STORE_IO`, `KEYFENCE_LIMIT_EXCEEDED` (65,535
+ generations).
+
+ # Safety
+ `authority` is a live handle no other thread uses during the call;
+ `resealed` is NULL or writable.
+ */
+keyfence_result keyfence_authority_rotate_master(struct keyfence_authority *authority,
+                                                 size_t *resealed);
+
+/*
+ Frees an authority (its master keys are wiped); NULL is a no-op.
+
+ # Safety
+ `authority` is NULL or a live handle, not used afterwards.
+ */
+void keyfence_authority_free(struct keyfence_authority *authority);
+
+/*
+ A machine holding the machine key `key[0..len]` (as issued by
+ `keyfence_authority_issue`) that reads sealed policy keys from the
+ store directory `store_dir`, into `*out`.
+
+ Errors: `KEYFENCE_INVALID_KEY` / `KEYFENCE_INVALID_ENVELOPE` if the
+ machine key does not decode, `KEYFENCE_STORE_IO`.
+
+ # Safety
+ `key` points to `len` readable bytes; `store_dir` is a NUL-terminated
+ string; `out` is writable.
+ */
+keyfence_result keyfence_machine_new(const uint8_t *key,
+                                     size_t len,
+                                     const char *store_dir,
+                                     struct keyfence_machine **out);
+
+/*
+ Whether this machine could open the envelope `env[0..len]`, answered
+ from its policy and the machine's attributes without cryptography, so
+ a server can forward the request to a machine that can. `*could` is set
+ on success.
+
+ Errors: `KEYFENCE_INVALID_ENVELOPE` if the bytes are not an envelope.
+
+ # Safety
+ `machine` is a live handle; `env` points to `len` readable bytes;
+ `could` is writable.
+ */
+keyfence_result keyfence_machine_could_open(const struct keyfence_machine *machine,
+                                            const uint8_t *env,
+                                            size_t len,
+                                            bool *could);
+
+/*
+ Opens the envelope `env[0..len]` into `*secret` (wiped when freed with
+ `keyfence_bytes_free`). The first open under a policy decrypts its
+ policy key with CP-ABE (milliseconds); later ones hit the cache.
+
+ Errors: `KEYFENCE_POLICY_NOT_SATISFIED` if the machine's attributes do
+ not satisfy the envelope's policy, `KEYFENCE_RETIRED_GENERATION`,
+ `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_INVALID_ENVELOPE` (malformed or
+ tampered), `KEYFENCE_STORE_IO`.
+
+ # Safety
+ `machine` is a live handle; `env` points to `len` readable bytes;
+ `secret` is writable.
+ */
+keyfence_result keyfence_machine_open(const struct keyfence_machine *machine,
+                                      const uint8_t *env,
+                                      size_t len,
+                                      struct keyfence_bytes *secret);
+
+/*
+ Frees a machine (its keys and cached policy keys are wiped); NULL is a
+ no-op.
+
+ # Safety
+ `machine` is NULL or a live handle no other thread uses, not used
+ afterwards.
+ */
+void keyfence_machine_free(struct keyfence_machine *machine);
 
 #ifdef __cplusplus
 }  // extern "C"

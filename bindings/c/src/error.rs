@@ -187,6 +187,18 @@ impl Coded for keyfence_core::policy::AttributesError {
     }
 }
 
+impl Coded for keyfence_core::wrap::WrapError {
+    fn code(&self) -> ErrorCode {
+        keyfence_core::wrap::WrapError::code(self)
+    }
+}
+
+impl Coded for keyfence_core::wrap::StoreError {
+    fn code(&self) -> ErrorCode {
+        keyfence_core::wrap::StoreError::code(self)
+    }
+}
+
 impl<E: Coded> From<E> for Error {
     fn from(e: E) -> Self {
         Error::new(keyfence_result::from_code(e.code()), e.to_string())

@@ -74,7 +74,6 @@ pub(crate) unsafe fn borrow<'a, T>(p: *const T, name: &str) -> Result<&'a T, Err
 /// # Safety
 /// As [`borrow`], and no other reference to the object is in use during
 /// `'a` (the handle is not shared between threads while this runs).
-#[allow(dead_code)] // the authority handle (mutable) uses it
 pub(crate) unsafe fn borrow_mut<'a, T>(p: *mut T, name: &str) -> Result<&'a mut T, Error> {
     // SAFETY: the caller's promise; NULL becomes `None`.
     unsafe { p.as_mut() }.ok_or_else(|| null(name))

@@ -1,0 +1,260 @@
+//! Policy-key wrapping from C: the authority and the machine side, on the
+//! embedded file store.
+
+use std::ffi::c_char;
+use std::sync::Arc;
+
+use keyfence_core::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineKey, Store};
+
+use crate::bytes::{self, keyfence_bytes};
+use crate::error::{keyfence_result, Error};
+use crate::ffi;
+use crate::policy;
+
+/// An authority opened on a store directory: issues machine keys, wraps
+/// secrets, rotates. Not thread-safe: the functions that change it
+/// (`_wrap`, `_rotate_master`) need the handle to themselves.
+pub struct keyfence_authority(Authority);
+
+/// A machine: its machine key and the store holding the replicated sealed
+/// policy keys, with a cache of opened policy keys. Thread-safe: one
+/// handle may open envelopes from many threads at once.
+pub struct keyfence_machine(Machine);
+
+fn store(dir: &str) -> Result<Arc<dyn Store>, Error> {
+    Ok(Arc::new(FileStore::open(dir)?))
+}
+
+/// Creates an authority with its first master generation in the store
+/// directory `store_dir` and returns it in `*out` (free it with
+/// `keyfence_authority_free`).
+///
+/// Errors: `KEYFENCE_AUTHORITY_EXISTS` if the store already holds one,
+/// `KEYFENCE_STORE_IO` if the directory cannot be written.
+///
+/// # Safety
+/// `store_dir` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_init(store_dir: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promise.
+        let a = Authority::init(store(unsafe { ffi::text(store_dir, "store_dir")? })?)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_authority(a)) };
+        Ok(())
+    })
+}
+
+/// Opens the authority in the store directory `store_dir` into `*out`.
+///
+/// Errors: `KEYFENCE_NO_AUTHORITY` if the store holds none,
+/// `KEYFENCE_INVALID_ENVELOPE` / `KEYFENCE_INCONSISTENT_STATE` if its state
+/// does not decode, `KEYFENCE_STORE_IO`.
+///
+/// # Safety
+/// `store_dir` is a NUL-terminated string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_open(store_dir: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promise.
+        let a = Authority::open(store(unsafe { ffi::text(store_dir, "store_dir")? })?)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_authority(a)) };
+        Ok(())
+    })
+}
+
+/// Issues a machine key for `attrs` (`label=value,label=value`): one
+/// attribute key per live master generation, encoded into `*machine_key`
+/// (a secret: give it to the machine only, free it with
+/// `keyfence_bytes_free`, which wipes it).
+///
+/// Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_RESERVED_LABEL`,
+/// `KEYFENCE_LIMIT_EXCEEDED`, `KEYFENCE_STORE_IO`.
+///
+/// # Safety
+/// `authority` is a live handle; `attrs` a NUL-terminated string;
+/// `machine_key` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_issue(
+    authority: *const keyfence_authority,
+    attrs: *const c_char,
+    machine_key: *mut keyfence_bytes,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = bytes::out(machine_key, "machine_key")?;
+        // SAFETY: the caller's promises, passed on.
+        let (a, attrs) = unsafe { (ffi::borrow(authority, "authority")?, ffi::text(attrs, "attrs")?) };
+        let key = a.0.issue(&policy::attributes(attrs)?)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { bytes::give(out, &key.to_bytes()) };
+        Ok(())
+    })
+}
+
+/// Wraps the secret `secret[0..len]` under `policy` into `*envelope`: the
+/// secret sealed to the policy's key (created on first use and sealed
+/// under CP-ABE), in keyfence's versioned envelope format.
+///
+/// Errors: `KEYFENCE_POLICY_SYNTAX` / `KEYFENCE_POLICY_TOO_LARGE` (with the
+/// position), `KEYFENCE_LIMIT_EXCEEDED`, `KEYFENCE_STORE_IO`.
+///
+/// # Safety
+/// `authority` is a live handle no other thread uses during the call;
+/// `policy` a NUL-terminated string; `secret` points to `len` readable
+/// bytes; `envelope` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_wrap(
+    authority: *mut keyfence_authority,
+    policy: *const c_char,
+    secret: *const u8,
+    len: usize,
+    envelope: *mut keyfence_bytes,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = bytes::out(envelope, "envelope")?;
+        // SAFETY: the caller's promises, passed on.
+        let (a, text, secret) =
+            unsafe { (ffi::borrow_mut(authority, "authority")?, ffi::text(policy, "policy")?, ffi::slice(secret, len, "secret")?) };
+        // Parsed here first so that a syntax error carries its caret.
+        policy::parse(text)?;
+        let env = a.0.wrap(text, secret)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { bytes::give(out, env.to_bytes()) };
+        Ok(())
+    })
+}
+
+/// Rotates the master key: a new active generation, policy keys re-sealed
+/// under it (envelopes are never touched). Writes the number of policy
+/// keys re-sealed to `*resealed` when it is not NULL.
+///
+/// Errors: `KEYFENCE_STORE_IO`, `KEYFENCE_LIMIT_EXCEEDED` (65,535
+/// generations).
+///
+/// # Safety
+/// `authority` is a live handle no other thread uses during the call;
+/// `resealed` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_rotate_master(authority: *mut keyfence_authority, resealed: *mut usize) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promise.
+        let a = unsafe { ffi::borrow_mut(authority, "authority")? };
+        let report = a.0.rotate_master()?;
+        if !resealed.is_null() {
+            // SAFETY: non-NULL, writable by the caller's promise.
+            unsafe { resealed.write(report.resealed) };
+        }
+        Ok(())
+    })
+}
+
+/// Frees an authority (its master keys are wiped); NULL is a no-op.
+///
+/// # Safety
+/// `authority` is NULL or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_free(authority: *mut keyfence_authority) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(authority) }
+}
+
+/// A machine holding the machine key `key[0..len]` (as issued by
+/// `keyfence_authority_issue`) that reads sealed policy keys from the
+/// store directory `store_dir`, into `*out`.
+///
+/// Errors: `KEYFENCE_INVALID_KEY` / `KEYFENCE_INVALID_ENVELOPE` if the
+/// machine key does not decode, `KEYFENCE_STORE_IO`.
+///
+/// # Safety
+/// `key` points to `len` readable bytes; `store_dir` is a NUL-terminated
+/// string; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_new(
+    key: *const u8,
+    len: usize,
+    store_dir: *const c_char,
+    out: *mut *mut keyfence_machine,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promises, passed on.
+        let (key, dir) = unsafe { (ffi::slice(key, len, "key")?, ffi::text(store_dir, "store_dir")?) };
+        let m = Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default());
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_machine(m)) };
+        Ok(())
+    })
+}
+
+/// Whether this machine could open the envelope `env[0..len]`, answered
+/// from its policy and the machine's attributes without cryptography, so
+/// a server can forward the request to a machine that can. `*could` is set
+/// on success.
+///
+/// Errors: `KEYFENCE_INVALID_ENVELOPE` if the bytes are not an envelope.
+///
+/// # Safety
+/// `machine` is a live handle; `env` points to `len` readable bytes;
+/// `could` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_could_open(
+    machine: *const keyfence_machine,
+    env: *const u8,
+    len: usize,
+    could: *mut bool,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(could, "could")?;
+        // SAFETY: the caller's promises, passed on.
+        let (m, env) = unsafe { (ffi::borrow(machine, "machine")?, ffi::slice(env, len, "env")?) };
+        let yes = m.0.could_open(&Envelope::parse(env)?);
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { out.write(yes) };
+        Ok(())
+    })
+}
+
+/// Opens the envelope `env[0..len]` into `*secret` (wiped when freed with
+/// `keyfence_bytes_free`). The first open under a policy decrypts its
+/// policy key with CP-ABE (milliseconds); later ones hit the cache.
+///
+/// Errors: `KEYFENCE_POLICY_NOT_SATISFIED` if the machine's attributes do
+/// not satisfy the envelope's policy, `KEYFENCE_RETIRED_GENERATION`,
+/// `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_INVALID_ENVELOPE` (malformed or
+/// tampered), `KEYFENCE_STORE_IO`.
+///
+/// # Safety
+/// `machine` is a live handle; `env` points to `len` readable bytes;
+/// `secret` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_open(
+    machine: *const keyfence_machine,
+    env: *const u8,
+    len: usize,
+    secret: *mut keyfence_bytes,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = bytes::out(secret, "secret")?;
+        // SAFETY: the caller's promises, passed on.
+        let (m, env) = unsafe { (ffi::borrow(machine, "machine")?, ffi::slice(env, len, "env")?) };
+        let pt = m.0.open(env)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { bytes::give(out, &pt) };
+        Ok(())
+    })
+}
+
+/// Frees a machine (its keys and cached policy keys are wiped); NULL is a
+/// no-op.
+///
+/// # Safety
+/// `machine` is NULL or a live handle no other thread uses, not used
+/// afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_free(machine: *mut keyfence_machine) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(machine) }
+}

@@ -1,0 +1,18 @@
+# Fails unless every dynamic symbol LIB defines starts with keyfence_, so
+# that a server linking OpenSSL (or another BoringSSL) beside it is safe.
+execute_process(COMMAND nm -D --defined-only "${LIB}" OUTPUT_VARIABLE out RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "nm failed on ${LIB}")
+endif()
+string(REPLACE "\n" ";" lines "${out}")
+set(count 0)
+foreach(line IN LISTS lines)
+  if(line MATCHES "^[0-9a-f]+ [A-Za-z] (.+)$")
+    set(sym "${CMAKE_MATCH_1}")
+    if(NOT sym MATCHES "^keyfence_")
+      message(FATAL_ERROR "libkeyfence.so exports ${sym}")
+    endif()
+    math(EXPR count "${count} + 1")
+  endif()
+endforeach()
+message(STATUS "libkeyfence.so exports ${count} symbols, all keyfence_*")

@@ -1,0 +1,82 @@
+/* Policy-key wrapping through the C API: an authority and two machines on
+ * one file store, with the errors a server meets. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "check.h"
+
+int main(void) {
+    char dir[] = "/tmp/keyfence-c-wrap-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+
+    keyfence_authority *auth = NULL, *again = NULL;
+    FAILS(KEYFENCE_NO_AUTHORITY, keyfence_authority_open(dir, &again));
+    OK(keyfence_authority_init(dir, &auth));
+    FAILS(KEYFENCE_AUTHORITY_EXISTS, keyfence_authority_init(dir, &again));
+    CHECK(again == NULL);
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_authority_init(NULL, &again));
+
+    keyfence_bytes fra = {0}, nyc = {0};
+    OK(keyfence_authority_issue(auth, "region=EU,country=DE", &fra));
+    OK(keyfence_authority_issue(auth, "region=NA,country=US", &nyc));
+    FAILS(KEYFENCE_INVALID_ATTRIBUTES, keyfence_authority_issue(auth, "region", &nyc));
+
+    const char *secret = "-----BEGIN PRIVATE KEY-----\n...";
+    keyfence_bytes env = {0};
+    OK(keyfence_authority_wrap(auth, "region: EU", (const uint8_t *)secret, strlen(secret), &env));
+    FAILS(KEYFENCE_POLICY_SYNTAX, keyfence_authority_wrap(auth, "region: (EU", (const uint8_t *)"x", 1, &env));
+    MESSAGE_HAS("^");
+
+    keyfence_machine *m_fra = NULL, *m_nyc = NULL;
+    OK(keyfence_machine_new(fra.data, fra.len, dir, &m_fra));
+    OK(keyfence_machine_new(nyc.data, nyc.len, dir, &m_nyc));
+    FAILS(KEYFENCE_INVALID_KEY, keyfence_machine_new((const uint8_t *)"nope", 4, dir, &m_nyc));
+
+    bool could = false;
+    OK(keyfence_machine_could_open(m_fra, env.data, env.len, &could));
+    CHECK(could);
+    OK(keyfence_machine_could_open(m_nyc, env.data, env.len, &could));
+    CHECK(!could);
+
+    keyfence_bytes out = {0};
+    OK(keyfence_machine_open(m_fra, env.data, env.len, &out));
+    CHECK(out.len == strlen(secret) && memcmp(out.data, secret, out.len) == 0);
+    keyfence_bytes_free(&out);
+    FAILS(KEYFENCE_POLICY_NOT_SATISFIED, keyfence_machine_open(m_nyc, env.data, env.len, &out));
+    MESSAGE_HAS("region: EU");
+
+    env.data[env.len - 3] ^= 0x40;
+    FAILS(KEYFENCE_INVALID_ENVELOPE, keyfence_machine_open(m_fra, env.data, env.len, &out));
+    env.data[env.len - 3] ^= 0x40;
+    FAILS(KEYFENCE_INVALID_ENVELOPE, keyfence_machine_could_open(m_fra, env.data, 10, &could));
+
+    /* A master rotation re-seals the one policy key and leaves the
+     * envelope as it was: the machine (after its cache) still opens it. */
+    size_t resealed = 0;
+    OK(keyfence_authority_rotate_master(auth, &resealed));
+    CHECK(resealed == 1);
+    keyfence_machine_free(m_fra);
+    OK(keyfence_machine_new(fra.data, fra.len, dir, &m_fra));
+    OK(keyfence_machine_open(m_fra, env.data, env.len, &out));
+    keyfence_bytes_free(&out);
+
+    /* The state is on disk: a second handle opens it. */
+    OK(keyfence_authority_open(dir, &again));
+    keyfence_authority_free(again);
+
+    keyfence_bytes_free(&env);
+    keyfence_bytes_free(&fra);
+    keyfence_bytes_free(&nyc);
+    keyfence_machine_free(m_fra);
+    keyfence_machine_free(m_nyc);
+    keyfence_machine_free(NULL);
+    keyfence_authority_free(auth);
+    keyfence_authority_free(NULL);
+
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+    printf("test_wrap: ok\n");
+    return 0;
+}
