@@ -5,9 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::super::error::SignError;
-use super::super::key::{KeyKind, PrivateKey};
-use super::super::op::{Operation, Output};
+use crate::sign::types::{KeyKind, Operation, Output, SignError};
+use crate::sign::PrivateKey;
 
 /// Why a device did not produce a result for a request.
 ///

@@ -86,6 +86,9 @@ pub mod qat;
 #[cfg(feature = "qat")]
 mod qat_device;
 mod routing;
+#[cfg(feature = "qat")]
+mod rsa_encoding;
+#[cfg(feature = "testing")]
 mod sim;
 mod stats;
 
@@ -99,10 +102,11 @@ pub use device::{CompletionFn, Device, DeviceCompletion, DeviceError, DeviceRequ
 #[cfg(feature = "qat")]
 pub use qat_device::QatDevice;
 pub use routing::{Route, Routing};
+#[cfg(feature = "testing")]
 pub use sim::{SimConfig, SimControl, SimDevice, SimStats};
 pub use stats::OffloadStats;
 
-use super::error::SignError;
+use crate::sign::types::SignError;
 
 /// Whether to use a QAT device: `off`, `on` or `auto`.
 ///
