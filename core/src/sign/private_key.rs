@@ -192,7 +192,7 @@ impl PrivateKey {
     /// BoringSSL fails.
     ///
     /// A key held elsewhere (an isolated key process) is used through its
-    /// backend, waiting up to 10 seconds.
+    /// holder, waiting up to 10 seconds.
     pub fn perform(&self, op: &Operation) -> Result<Output, SignError> {
         self.check(op)?;
         match &self.repr {
