@@ -42,8 +42,8 @@
 //! | 3 | `metrics`, `completion_queue` | per-class counters and latency; the pollable [`CompletionQueue`] |
 //! | 4 | `op_record` | one operation's record and how its result is delivered: [`SignFuture`], [`OpHandle`] |
 //! | 5 | `deadline`, `backend` | the deadline thread; the [`Backend`] trait, its [`Reply`], [`SoftwareBackend`], the holder of a held key as a backend |
-//! | 6 | `executor` | one bounded queue and thread pool per class |
-//! | 7 | `request`, `engine` | [`Request`]; [`Engine`] |
+//! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
+//! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
 //! | 8 | `tls` | the TLS private-key method |
 //! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
 //!
