@@ -5,7 +5,7 @@
 //! seed's example) can read any byte of that server's memory. Fastly's
 //! answer, neverbleed, moves the keys into a second process that does
 //! nothing but sign; keyfence does the same behind the engine's
-//! [`Backend`] interface:
+//! [`Backend`](crate::sign::Backend) interface:
 //!
 //! - [`KeyProcess::start`] spawns the key process (`keyfence-keyd` found
 //!   beside the library or executable, never on `PATH`, or the program
@@ -217,7 +217,7 @@ impl KeyProcess {
     }
 
     /// The hardening the running key process confirmed in its hello
-    /// ([`protocol::flags`]).
+    /// (`NOT_DUMPABLE`, `NO_CORE`, `PEER_CHECKED` in `docs/isolation.md`).
     pub fn hardening_flags(&self) -> Option<u32> {
         self.sup.state().conn.as_ref().map(|c| c.flags)
     }

@@ -502,7 +502,7 @@ pub struct Status {
     pub uid: u32,
     /// Its real group id.
     pub gid: u32,
-    /// [`flags`] it confirms.
+    /// The hardening flags it confirms.
     pub flags: u32,
     /// Keys loaded.
     pub keys: u32,
@@ -523,7 +523,7 @@ impl Status {
     /// Decodes a status.
     ///
     /// # Errors
-    /// [`BodyError`] unless the body is six `u32`s.
+    /// A `BodyError` unless the body is six `u32`s.
     pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
         let mut r = reader(body);
         let s = Status {

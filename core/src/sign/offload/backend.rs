@@ -250,7 +250,7 @@ impl OffloadBackend {
         }
     }
 
-    /// A backend on `device` (a [`SimDevice`](super::SimDevice) in tests,
+    /// A backend on `device` (the simulated `SimDevice` in tests,
     /// or any other [`Device`]).
     ///
     /// # Errors

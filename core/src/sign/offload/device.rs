@@ -180,7 +180,7 @@ impl Drop for DeviceRequest {
 /// later, from its own threads.
 ///
 /// Object-safe, so a backend holds an `Arc<dyn Device>`: the simulated
-/// [`SimDevice`](super::SimDevice) in tests, Intel QAT (see the module
+/// `SimDevice` in tests, Intel QAT (see the module
 /// documentation for what exists of it) in production.
 ///
 /// # Contract
