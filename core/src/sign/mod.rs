@@ -36,7 +36,7 @@
 //!
 //! | layer | modules | what |
 //! | --- | --- | --- |
-//! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](crate::sign::Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
+//! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
 //! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
 //! | 2 | `private_key` | [`PrivateKey`], the one public handle over both |
 //! | 3 | `metrics`, `completion_queue` | per-class counters and latency; the pollable [`CompletionQueue`] |
