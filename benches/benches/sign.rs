@@ -7,8 +7,8 @@
 //! `offload-sim_batch64`). The side-by-side throughput with every core busy
 //! is `keyfence bench sign`.
 //!
-//! The key process is `keyfence-keyd`, found the engine's way
-//! (`KEYFENCE_KEYD`, else beside the bench binary or one directory up):
+//! The key process is `keyfence-keyd`, found the engine's way (beside the
+//! bench binary or one directory up; never on `PATH`):
 //! `./x bench` builds it first; without it the isolated paths are skipped
 //! with a note.
 
@@ -103,7 +103,7 @@ fn bench(c: &mut Criterion) {
     let keys = match KeyProcess::start(IsolatedConfig::default()) {
         Ok(k) => Some(k),
         Err(e) => {
-            eprintln!("skipping the isolated paths: {e} (build keyfence-keyd or set KEYFENCE_KEYD)");
+            eprintln!("skipping the isolated paths: {e} (build keyfence-keyd first: cargo build -p keyfence --bin keyfence-keyd)");
             None
         }
     };

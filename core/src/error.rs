@@ -109,7 +109,8 @@ pub enum ErrorCode {
     /// size or curve, or inconsistent.
     InvalidPrivateKey = 504,
     /// The request does not fit the key: wrong algorithm family, a digest
-    /// or ciphertext of the wrong length, an unknown algorithm name.
+    /// or ciphertext of the wrong length, an unknown algorithm name, another
+    /// backend named for a key held by a key process.
     InvalidRequest = 505,
     /// BoringSSL refused the operation.
     CryptoFailed = 506,

@@ -4,6 +4,7 @@
 //! [`keyfence_policy`] and is re-exported as [`policy`].
 
 #![warn(missing_docs)]
+#![deny(unsafe_code)]
 
 pub use keyfence_policy as policy;
 
@@ -14,5 +15,5 @@ pub mod wrap;
 
 pub use error::ErrorCode;
 
-#[cfg(feature = "sign")]
+#[cfg(any(feature = "sign", feature = "testing"))]
 pub mod sign;

@@ -516,7 +516,46 @@ fn serve_refuses_a_peer_that_is_not_its_parent() {
 fn a_missing_key_process_program_is_a_clear_start_error() {
     let err = KeyProcess::start(IsolatedConfig::with_command(["/nonexistent/keyfence-keyd"])).unwrap_err();
     assert!(err.to_string().contains("/nonexistent/keyfence-keyd"), "{err}");
+    assert!(err.to_string().contains("does not exist"), "{err}");
+    assert!(matches!(err, SignError::Config(_)), "{err:?}");
     // A program that is not a key process: exits without a hello.
-    let err = KeyProcess::start(IsolatedConfig::with_command(["true"])).unwrap_err();
+    let err = KeyProcess::start(IsolatedConfig::with_command(["/bin/true"])).unwrap_err();
     assert!(err.to_string().contains("did not start"), "{err}");
+    // A bare name would be looked up on PATH, which a host process controls.
+    let err = KeyProcess::start(IsolatedConfig::with_command(["keyfence-keyd"])).unwrap_err();
+    assert!(err.to_string().contains("never looked up on PATH"), "{err}");
+}
+
+#[test]
+fn the_default_finds_the_key_process_beside_the_executable() {
+    // This test runs from target/*/deps; keyfence-keyd is one directory up.
+    let mut c = IsolatedConfig::default();
+    assert!(c.command.is_empty());
+    c.rsa_threads = 1;
+    c.ec_threads = 1;
+    let keys = KeyProcess::start(c).unwrap();
+    assert!(keys.pid().is_some());
+}
+
+#[test]
+fn a_held_key_runs_only_on_its_holder() {
+    let keys = KeyProcess::start(config()).unwrap();
+    let key = keys.load(KeySource::Bytes(Zeroizing::new(
+        PKey::generate(boring::pkey::Id::ED25519).unwrap().private_key_to_pem_pkcs8().unwrap(),
+    )))
+    .unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    // Naming another backend for it is refused at once, not silently
+    // overridden.
+    let req = Request::sign(key.clone(), Algorithm::Ed25519, b"x".to_vec())
+        .with_backend(Arc::new(keyfence::sign::SoftwareBackend));
+    let err = engine.submit(req).unwrap_err();
+    assert!(
+        matches!(&err, SignError::HeldElsewhere { holder, requested } if holder == "isolated" && requested == "software"),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), keyfence::ErrorCode::InvalidRequest);
+    // Without one, it goes to its holder whatever the engine's default.
+    let sig = engine.submit(Request::sign(key.clone(), Algorithm::Ed25519, b"x".to_vec())).unwrap().wait().unwrap();
+    assert!(verifies(&key, Algorithm::Ed25519, b"x", &sig));
 }

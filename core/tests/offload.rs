@@ -14,7 +14,7 @@ use keyfence::sign::offload::{
     SimControl, SimDevice,
 };
 use keyfence::sign::{
-    Algorithm, Backend, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey, Request,
+    Algorithm, Backend, BackendFailure, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey, Request,
     SignError, SignFuture,
 };
 
@@ -217,7 +217,7 @@ fn device_failure_in_flight_fails_cleanly_and_promptly() {
     let elapsed = failed_at.elapsed();
     for (i, r) in results.into_iter().enumerate() {
         match r {
-            Err(SignError::Backend { backend, reason }) => {
+            Err(SignError::Backend { backend, reason, failure: BackendFailure::Refused }) => {
                 assert_eq!(backend, "offload", "operation {i}");
                 assert!(reason.contains("`sim`"), "operation {i}: {reason}");
             }
@@ -283,7 +283,7 @@ fn synchronous_perform_uses_the_device_and_handles_its_failure() {
     control.fail();
     let r = backend.perform(&key, &op, deadline());
     assert!(
-        matches!(&r, Err(SignError::Backend { backend, reason }) if backend == "offload" && reason.contains("`sim`")),
+        matches!(&r, Err(SignError::Backend { backend, reason, failure: BackendFailure::Refused }) if backend == "offload" && reason.contains("`sim`")),
         "{r:?}"
     );
     // Requests that are wrong for the key fail as they would in software.

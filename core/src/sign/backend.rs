@@ -1,15 +1,18 @@
 //! Backends: what actually performs an operation, and on which executor
-//! class it runs.
+//! class it runs; [`Reply`], the answer channel a backend is handed; the
+//! in-process [`SoftwareBackend`]; and [`HolderBackend`], which runs a key
+//! held elsewhere on its holder.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+#[cfg(feature = "testing")]
+use std::time::Duration;
 
-use super::completion::OpRecord;
-use super::error::{ErrorKind, SignError};
-use super::executor::OpClass;
-use super::key::PrivateKey;
-use super::op::{Operation, Output};
+use super::held_key::{Answer, KeyHolder};
+use super::op_record::OpRecord;
+use super::private_key::PrivateKey;
+use super::types::{BackendFailure, ErrorKind, OpClass, Operation, Output, SignError};
 
 /// Performs private-key operations for the engine.
 ///
@@ -144,10 +147,11 @@ impl Reply {
 impl Drop for Reply {
     fn drop(&mut self) {
         if !self.sent {
-            self.deliver(Err(SignError::Backend {
-                backend: self.backend.name().to_string(),
-                reason: "the operation was dropped without an answer".into(),
-            }));
+            self.deliver(Err(SignError::backend(
+                self.backend.name(),
+                BackendFailure::GaveUp,
+                "the operation was dropped without an answer",
+            )));
         }
     }
 }
@@ -178,14 +182,17 @@ impl Backend for SoftwareBackend {
 /// A backend that waits `latency` and then signs in software, on the
 /// [`OpClass::Slow`] executor: a stand-in for a remote key server or an
 /// offload device in tests and load experiments (the head-of-line test
-/// saturates it with 200 ms operations). Not for production use.
+/// saturates it with 200 ms operations). Not for production use, hence
+/// behind the `testing` feature.
 ///
 /// It gives up at the deadline, as a real remote backend would.
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Copy)]
 pub struct LatencyBackend {
     latency: Duration,
 }
 
+#[cfg(feature = "testing")]
 impl LatencyBackend {
     /// A backend adding `latency` to every operation.
     pub fn new(latency: Duration) -> Self {
@@ -193,6 +200,7 @@ impl LatencyBackend {
     }
 }
 
+#[cfg(feature = "testing")]
 impl Backend for LatencyBackend {
     fn name(&self) -> &str {
         "latency"
@@ -207,9 +215,42 @@ impl Backend for LatencyBackend {
         let ready = now + self.latency;
         if ready > deadline {
             std::thread::sleep(deadline.saturating_duration_since(now));
-            return Err(SignError::Backend { backend: self.name().into(), reason: "gave up at the deadline".into() });
+            return Err(SignError::backend(self.name(), BackendFailure::GaveUp, "gave up at the deadline"));
         }
         std::thread::sleep(self.latency);
         key.perform(op)
+    }
+}
+
+/// The backend of a key held elsewhere: its holder. Requests for such a
+/// key run here whatever the engine's default backend is.
+pub(crate) struct HolderBackend(pub(crate) Arc<dyn KeyHolder>);
+
+impl Backend for HolderBackend {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    fn class(&self, key: &PrivateKey, _op: &Operation) -> OpClass {
+        self.0.class(key.kind())
+    }
+
+    fn admit(&self, key: &PrivateKey, op: &Operation) -> Result<bool, SignError> {
+        self.0.admit(self.class(key, op))
+    }
+
+    fn perform(&self, key: &PrivateKey, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
+        match key.as_held() {
+            Some(held) => self.0.perform(held.id(), op, deadline),
+            None => Err(SignError::backend(self.name(), BackendFailure::Refused, "the key is not held here")),
+        }
+    }
+
+    fn start(&self, key: Arc<PrivateKey>, op: Operation, reply: Reply) {
+        let Some(held) = key.as_held() else {
+            return reply.send(Err(SignError::backend(self.name(), BackendFailure::Refused, "the key is not held here")));
+        };
+        let (id, deadline) = (held.id(), reply.deadline());
+        self.0.start(id, op, deadline, Answer::new(move |result| reply.send(result)));
     }
 }

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use super::completion::OpRecord;
-use super::error::SignError;
+use super::op_record::OpRecord;
+use super::types::{Resource, SignError};
 
 struct Entry(Arc<OpRecord>);
 
@@ -70,7 +70,7 @@ impl Deadlines {
         std::thread::Builder::new()
             .name("keyfence-deadlines".into())
             .spawn(move || run(&s))
-            .map_err(|e| SignError::Io(format!("cannot start the deadline thread: {e}")))?;
+            .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the deadline thread: {e}")))?;
         Ok(Deadlines { shared })
     }
 

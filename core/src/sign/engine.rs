@@ -4,16 +4,15 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::alg::Algorithm;
-use super::backend::{Backend, Reply, SoftwareBackend};
-use super::completion::{Notify, OpHandle, OpRecord, SignFuture, Work};
+use super::backend::{Backend, HolderBackend, Reply, SoftwareBackend};
+use super::completion_queue::CompletionQueue;
 use super::deadline::Deadlines;
-use super::error::SignError;
-use super::executor::{ClassConfig, Executor, OpClass};
-use super::fd::CompletionQueue;
-use super::key::PrivateKey;
+use super::executor::{ClassConfig, Executor};
 use super::metrics::EngineMetrics;
-use super::op::{Output, Request};
+use super::op_record::{Notify, OpHandle, OpRecord, SignFuture, Work};
+use super::private_key::PrivateKey;
+use super::request::Request;
+use super::types::{Algorithm, OpClass, Output, SignError};
 
 /// How an [`Engine`] is sized. [`EngineConfig::default`] derives the sizes
 /// from the number of cores; adjust fields from there.
@@ -189,10 +188,20 @@ impl Engine {
 
     fn submit_inner(&self, req: Request, notify: Notify) -> Result<Arc<OpRecord>, SignError> {
         let core = &*self.core;
-        // A key held by an isolated key process can only be used there.
-        let backend = match req.key.home() {
-            Some(home) => home.clone(),
-            None => req.backend.unwrap_or_else(|| core.backend.clone()),
+        // A key held elsewhere runs on its holder and nowhere else: a
+        // request that names another backend is a mistake, said at once.
+        let backend: Arc<dyn Backend> = match (req.key.as_held(), req.backend) {
+            (Some(held), None) => Arc::new(HolderBackend(held.holder().clone())),
+            (Some(held), Some(named)) => {
+                let e = SignError::HeldElsewhere {
+                    holder: held.holder().name().to_string(),
+                    requested: named.name().to_string(),
+                };
+                let class = held.holder().class(req.key.kind());
+                core.executors[class.index()].stats.error(e.kind());
+                return Err(e);
+            }
+            (None, named) => named.unwrap_or_else(|| core.backend.clone()),
         };
         let class = backend.class(&req.key, &req.op);
         let exec = &core.executors[class.index()];
@@ -209,18 +218,18 @@ impl Engine {
         };
         let timeout = req.timeout.unwrap_or(core.config.default_timeout);
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
-        let work = Work { key: req.key, op: req.op, backend };
+        let work = Work { key: req.key, op: req.op };
         let record = Arc::new(OpRecord::new(id, Instant::now(), timeout, exec.stats.clone(), work, notify));
         if direct {
             exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
             core.deadlines.watch(record.clone());
-            if let Some(Work { key, op, backend }) = record.start() {
+            if let Some(Work { key, op }) = record.start() {
                 let reply = Reply::new(record.clone(), backend.clone());
                 backend.start(key, op, reply);
             }
             return Ok(record);
         }
-        if let Err(e) = exec.try_push(record.clone()) {
+        if let Err(e) = exec.try_push((record.clone(), backend)) {
             // Never queued: the caller learns it here, and the callback (if
             // any) is dropped uncalled with the record.
             exec.stats.error(e.kind());

@@ -5,7 +5,6 @@
 //! 3 ms local signatures waited behind 200 ms remote ones in one serial
 //! queue.
 
-use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -13,46 +12,13 @@ use std::time::Instant;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
-use super::backend::Reply;
-use super::completion::{OpRecord, Work};
-use super::error::SignError;
+use super::backend::{Backend, Reply};
 use super::metrics::{ClassMetrics, ClassStats};
+use super::op_record::{OpRecord, Work};
+use super::types::{OpClass, Resource, SignError};
 
-/// A class of operations with its own executor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum OpClass {
-    /// RSA signing and decryption in software (about a millisecond each).
-    Rsa,
-    /// ECDSA and Ed25519 in software (tens of microseconds each).
-    Ec,
-    /// Operations that wait on something outside the process: offload
-    /// devices, remote key servers, an isolated key process.
-    Slow,
-}
-
-impl OpClass {
-    /// Every class, in index order.
-    pub const ALL: [OpClass; 3] = [OpClass::Rsa, OpClass::Ec, OpClass::Slow];
-
-    /// `rsa`, `ec` or `slow`.
-    pub fn name(self) -> &'static str {
-        match self {
-            OpClass::Rsa => "rsa",
-            OpClass::Ec => "ec",
-            OpClass::Slow => "slow",
-        }
-    }
-
-    pub(crate) fn index(self) -> usize {
-        self as usize
-    }
-}
-
-impl fmt::Display for OpClass {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
+/// A queued operation and the backend that will run it.
+pub(crate) type Queued = (Arc<OpRecord>, Arc<dyn Backend>);
 
 /// The size of one class's executor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,32 +32,32 @@ pub struct ClassConfig {
 
 pub(crate) struct Executor {
     pub(crate) class: OpClass,
-    tx: Sender<Arc<OpRecord>>,
-    rx: Receiver<Arc<OpRecord>>,
+    tx: Sender<Queued>,
+    rx: Receiver<Queued>,
     pub(crate) stats: Arc<ClassStats>,
     config: ClassConfig,
 }
 
 impl Executor {
     pub(crate) fn start(class: OpClass, config: ClassConfig, shutdown: Arc<AtomicBool>) -> Result<Self, SignError> {
-        let (tx, rx) = crossbeam_channel::bounded::<Arc<OpRecord>>(config.queue_capacity);
+        let (tx, rx) = crossbeam_channel::bounded::<Queued>(config.queue_capacity);
         let stats = Arc::new(ClassStats::new(class, config.threads));
         for i in 0..config.threads {
             let (rx, stats, shutdown) = (rx.clone(), stats.clone(), shutdown.clone());
             std::thread::Builder::new()
                 .name(format!("keyfence-{class}-{i}"))
                 .spawn(move || work(&rx, &stats, &shutdown))
-                .map_err(|e| SignError::Io(format!("cannot start a {class} worker thread: {e}")))?;
+                .map_err(|e| SignError::io(Resource::Thread, format!("cannot start a {class} worker thread: {e}")))?;
         }
         Ok(Executor { class, tx, rx, stats, config })
     }
 
-    /// Queues `record` without waiting.
-    pub(crate) fn try_push(&self, record: Arc<OpRecord>) -> Result<(), SignError> {
+    /// Queues an operation without waiting.
+    pub(crate) fn try_push(&self, queued: Queued) -> Result<(), SignError> {
         // Counted before the push so that a worker's decrement never
         // precedes it.
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
-        let refused = match self.tx.try_send(record) {
+        let refused = match self.tx.try_send(queued) {
             Ok(()) => return Ok(()),
             Err(TrySendError::Full(_)) => {
                 SignError::Overloaded { class: self.class, capacity: self.config.queue_capacity }
@@ -110,8 +76,8 @@ impl Executor {
 /// A worker: takes operations until the engine is dropped and the queue is
 /// empty. After shutdown, queued operations are answered `ShutDown` rather
 /// than performed.
-fn work(rx: &Receiver<Arc<OpRecord>>, stats: &ClassStats, shutdown: &AtomicBool) {
-    while let Ok(record) = rx.recv() {
+fn work(rx: &Receiver<Queued>, stats: &ClassStats, shutdown: &AtomicBool) {
+    while let Ok((record, backend)) = rx.recv() {
         stats.queued.fetch_sub(1, Ordering::Relaxed);
         if shutdown.load(Ordering::Acquire) {
             record.finish(Err(SignError::ShutDown));
@@ -125,7 +91,7 @@ fn work(rx: &Receiver<Arc<OpRecord>>, stats: &ClassStats, shutdown: &AtomicBool)
             record.finish(Err(SignError::TimedOut { timeout }));
             continue;
         }
-        let Work { key, op, backend } = work;
+        let Work { key, op } = work;
         let reply = Reply::new(record, backend.clone());
         // A panicking backend drops the reply while unwinding, which answers
         // the caller with an error; the worker lives on.

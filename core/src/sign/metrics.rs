@@ -4,8 +4,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::error::ErrorKind;
-use super::executor::OpClass;
+use super::types::{ErrorKind, OpClass};
 
 /// Sub-buckets per power of two: values are kept to within 1/32 (about 3%).
 const SUB_BITS: u32 = 5;

@@ -9,21 +9,43 @@
 //!   PEM, DER (PKCS#1, PKCS#8, SEC1) or bytes in memory, with synchronous
 //!   operations: RSA PKCS#1 v1.5 and PSS signatures, raw RSA decryption,
 //!   ECDSA and Ed25519 signatures, by message or by digest ([`Operation`]),
-//!   named by [`Algorithm`] or by TLS SignatureScheme code point.
+//!   named by [`Algorithm`] or by TLS SignatureScheme code point. A key is
+//!   in this process or held by an isolated key process; the handle is the
+//!   same.
 //! - [`Engine`]: submit a [`Request`], get the result later as a
 //!   [`SignFuture`], a callback, or through a [`CompletionQueue`] whose file
 //!   descriptor an event loop polls. One executor per [`OpClass`] (RSA,
 //!   EC/Ed25519, slow), each with a bounded queue that answers
 //!   [`SignError::Overloaded`] at once; a deadline on every operation
 //!   ([`SignError::TimedOut`]); cancellation through [`OpHandle`];
-//!   per-class [`EngineMetrics`].
+//!   per-class [`EngineMetrics`]. Every error has a stable
+//!   [`code`](SignError::code).
 //! - [`Backend`]: what performs an operation ([`SoftwareBackend`] in
-//!   process; [`LatencyBackend`] adds latency for tests); backends may
-//!   answer later through a [`Reply`]. [`isolated`] keeps keys in a
-//!   separate key process; [`offload`] sends RSA to an offload device (a
-//!   simulator in tests, Intel QAT discovery behind the `qat` feature).
+//!   process); backends may answer later through a [`Reply`].
+//!   [`isolated`] keeps keys in a separate key process, restarted when it
+//!   dies; [`offload`] sends RSA to an offload device (Intel QAT through
+//!   QATlib behind the `qat` feature, with the RSA encoding the device
+//!   needs; a simulated device for tests behind `testing`).
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
+//!
+//! # Layers
+//!
+//! Each module imports only from the rows above it (and `isolated` and
+//! `offload` from everything above them):
+//!
+//! | layer | modules | what |
+//! | --- | --- | --- |
+//! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
+//! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
+//! | 2 | `private_key` | [`PrivateKey`], the one public handle over both |
+//! | 3 | `metrics`, `completion_queue` | per-class counters and latency; the pollable [`CompletionQueue`] |
+//! | 4 | `op_record` | one operation's record and how its result is delivered: [`SignFuture`], [`OpHandle`] |
+//! | 5 | `deadline`, `backend` | the deadline thread; the [`Backend`] trait, its [`Reply`], [`SoftwareBackend`], the holder of a held key as a backend |
+//! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
+//! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
+//! | 8 | `tls` | the TLS private-key method |
+//! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -37,28 +59,68 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod alg;
+// Layer 0 builds without BoringSSL (the `testing` feature alone), for the
+// key-process protocol codec and its fuzzer; the rest needs `sign`.
+#[cfg_attr(not(feature = "sign"), allow(dead_code))]
+mod types;
+
+/// Without the `sign` feature, only the key-process protocol codec (for
+/// fuzzing); it needs no BoringSSL.
+#[cfg(all(not(feature = "sign"), feature = "testing"))]
+pub mod isolated {
+    #[path = "protocol.rs"]
+    pub mod protocol;
+}
+
+#[cfg(feature = "sign")]
 mod backend;
-mod completion;
+#[cfg(feature = "sign")]
+mod completion_queue;
+#[cfg(feature = "sign")]
 mod deadline;
+#[cfg(feature = "sign")]
 mod engine;
-mod error;
+#[cfg(feature = "sign")]
 mod executor;
-mod fd;
+#[cfg(feature = "sign")]
+mod held_key;
+#[cfg(feature = "sign")]
 pub mod isolated;
-mod key;
+#[cfg(feature = "sign")]
+mod local_key;
+#[cfg(feature = "sign")]
 mod metrics;
+#[cfg(feature = "sign")]
 pub mod offload;
-mod op;
+#[cfg(feature = "sign")]
+mod op_record;
+#[cfg(feature = "sign")]
+mod private_key;
+#[cfg(feature = "sign")]
+mod request;
+#[cfg(feature = "sign")]
 pub mod tls;
 
-pub use alg::{Algorithm, Hash};
-pub use backend::{Backend, LatencyBackend, Reply, SoftwareBackend};
-pub use completion::{OpHandle, SignFuture};
+pub use types::{
+    Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass,
+    Operation, Output, Resource, SignError,
+};
+
+#[cfg(all(feature = "sign", feature = "testing"))]
+pub use backend::LatencyBackend;
+#[cfg(feature = "sign")]
+pub use backend::{Backend, Reply, SoftwareBackend};
+#[cfg(feature = "sign")]
+pub use completion_queue::{Completion, CompletionQueue};
+#[cfg(feature = "sign")]
 pub use engine::{Engine, EngineConfig};
-pub use error::{ErrorKind, KeyError, SignError};
-pub use executor::{ClassConfig, OpClass};
-pub use fd::{Completion, CompletionQueue};
-pub use key::{KeyKind, PrivateKey};
+#[cfg(feature = "sign")]
+pub use executor::ClassConfig;
+#[cfg(feature = "sign")]
 pub use metrics::{ClassMetrics, EngineMetrics, ErrorCounts, LatencySummary};
-pub use op::{Input, Operation, Output, Request};
+#[cfg(feature = "sign")]
+pub use op_record::{OpHandle, SignFuture};
+#[cfg(feature = "sign")]
+pub use private_key::PrivateKey;
+#[cfg(feature = "sign")]
+pub use request::Request;

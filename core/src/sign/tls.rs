@@ -24,6 +24,8 @@
 //! // and on `ErrorCode::WANT_PRIVATE_KEY_OPERATION` wait for that call.
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+// BoringSSL's algorithm-preference call has no safe wrapper.
+#![allow(unsafe_code)]
 
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
@@ -32,13 +34,13 @@ use boring::ex_data::Index;
 use boring::ssl::{PrivateKeyMethod, PrivateKeyMethodError, Ssl, SslContextBuilder, SslRef, SslSignatureAlgorithm};
 use boring::x509::X509Ref;
 
-use super::alg::Algorithm;
 use super::backend::Backend;
-use super::completion::OpHandle;
 use super::engine::Engine;
-use super::error::SignError;
-use super::key::{KeyKind, PrivateKey};
-use super::op::{Output, Request};
+use super::local_key::crypto;
+use super::op_record::OpHandle;
+use super::private_key::PrivateKey;
+use super::request::Request;
+use super::types::{Algorithm, CryptoOp, KeyKind, Output, Resource, SignError};
 
 /// The algorithm for BoringSSL's code point, if keyfence signs with it.
 pub fn algorithm_for(sigalg: SslSignatureAlgorithm) -> Option<Algorithm> {
@@ -116,7 +118,7 @@ where
     F: Fn() + Send + Sync + 'static,
 {
     let index =
-        resume_index().ok_or_else(|| SignError::Io("no BoringSSL ex_data index for the resume callback".into()))?;
+        resume_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no BoringSSL ex_data index for the resume callback"))?;
     ssl.set_ex_data(index, Resume(Arc::new(resume)));
     Ok(())
 }
@@ -227,17 +229,17 @@ impl PrivateKeyMethod for EngineKeyMethod {
 /// [`SignError::Crypto`] if BoringSSL refuses the certificate or the
 /// algorithm list.
 pub fn configure(builder: &mut SslContextBuilder, cert: &X509Ref, method: EngineKeyMethod) -> Result<(), SignError> {
-    let cert_key = cert.public_key().and_then(|k| k.public_key_to_der()).map_err(SignError::crypto)?;
+    let cert_key = cert.public_key().and_then(|k| k.public_key_to_der()).map_err(crypto(CryptoOp::PublicKey))?;
     if cert_key != method.key.public_key_der()? {
         return Err(SignError::Config("the certificate's public key is not the signing key's".into()));
     }
-    builder.set_certificate(cert).map_err(SignError::crypto)?;
+    builder.set_certificate(cert).map_err(crypto(CryptoOp::Configure))?;
     let prefs: Vec<u16> = signing_algorithms(method.key.kind()).iter().map(|a| a.tls_code()).collect();
     // SAFETY: `builder.as_ptr()` is the live SSL_CTX the builder owns;
     // `prefs` is a live slice passed with its length, which BoringSSL copies.
     let ok = unsafe { boring_sys::SSL_CTX_set_signing_algorithm_prefs(builder.as_ptr(), prefs.as_ptr(), prefs.len()) };
     if ok != 1 {
-        return Err(SignError::crypto(boring::error::ErrorStack::get()));
+        return Err(crypto(CryptoOp::Configure)(boring::error::ErrorStack::get()));
     }
     builder.set_private_key_method(method);
     Ok(())

@@ -13,6 +13,10 @@
 //! message table. A frame whose length is out of range cannot be skipped
 //! safely, so the reader closes the connection; any other malformed frame
 //! gets an [`ErrorCode::Malformed`] reply.
+//!
+//! Every field is read and written with the crate's one checked codec
+//! ([`crate::codec`], big-endian). Nothing here needs BoringSSL: with the
+//! `testing` feature this module builds without `sign`, for the fuzzer.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -20,7 +24,8 @@ use std::time::Duration;
 
 use zeroize::Zeroizing;
 
-use crate::sign::{Algorithm, Input, KeyKind, Operation};
+use crate::codec::{CodecError, Order, Reader, Writer};
+use crate::sign::types::{Algorithm, Input, KeyKind, Operation};
 
 /// The first bytes of both hellos.
 pub const MAGIC: [u8; 4] = *b"KFKP";
@@ -170,12 +175,14 @@ pub enum FramingError {
 /// Appends a frame to `out`.
 pub fn encode(out: &mut Vec<u8>, kind: u8, id: u64, body: &[&[u8]]) {
     let len = HEADER + body.iter().map(|b| b.len()).sum::<usize>();
-    out.extend_from_slice(&(len as u32).to_be_bytes());
-    out.push(kind);
-    out.extend_from_slice(&id.to_be_bytes());
+    let mut w = Writer::new(Order::Big);
+    // A frame over MAX_FRAME is refused by the reader; the length word
+    // itself always fits (bodies are far below 4 GiB).
+    w.len32(len).u8(kind).u64(id);
     for part in body {
-        out.extend_from_slice(part);
+        w.raw(part);
     }
+    out.extend_from_slice(&w.into_bytes());
 }
 
 /// Accumulates bytes from a stream and yields whole frames.
@@ -206,26 +213,24 @@ impl Decoder {
     /// [`FramingError`] when the length word is out of range; the stream
     /// cannot be resynchronised after that.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FramingError> {
-        let avail = &self.buf[self.start..];
-        if avail.len() < 4 {
+        let mut r = Reader::new(&self.buf[self.start..], Order::Big);
+        let Ok(len) = r.u32("frame length") else {
             self.compact();
             return Ok(None);
-        }
-        let len = u32::from_be_bytes([avail[0], avail[1], avail[2], avail[3]]);
+        };
         if (len as usize) < HEADER || len as usize > MAX_FRAME {
             return Err(FramingError::Length(len));
         }
-        if avail.len() < 4 + len as usize {
+        let Ok(frame) = r.take(len as usize, "frame") else {
             self.compact();
             return Ok(None);
-        }
-        let frame = &avail[4..4 + len as usize];
-        let mut header = Body::new(frame);
-        let (Ok(kind), Ok(id)) = (header.u8("kind"), header.u64("id")) else {
+        };
+        let mut frame = Reader::new(frame, Order::Big);
+        let (Ok(kind), Ok(id)) = (frame.u8("kind"), frame.u64("id")) else {
             // `len` >= HEADER was checked above.
             return Err(FramingError::Length(len));
         };
-        let body = header.rest().to_vec();
+        let body = frame.rest().to_vec();
         self.start += 4 + len as usize;
         Ok(Some(Frame { kind, id, body }))
     }
@@ -239,85 +244,19 @@ impl Decoder {
     }
 }
 
-/// A reader over a frame body; every getter fails on short input.
-pub struct Body<'a> {
-    b: &'a [u8],
-}
-
-/// A body that ended early or held a bad value; `what` names the field.
+/// A body that could not be decoded.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("malformed {what}")]
-pub struct BodyError {
-    /// The field that could not be read.
-    pub what: &'static str,
+pub enum BodyError {
+    /// A field ended early, or bytes were left over.
+    #[error("malformed {0}")]
+    Codec(#[from] CodecError),
+    /// A field held a value this version does not accept; names the field.
+    #[error("malformed {0}")]
+    Value(&'static str),
 }
 
-impl<'a> Body<'a> {
-    /// A reader over `b`.
-    pub fn new(b: &'a [u8]) -> Self {
-        Body { b }
-    }
-
-    /// The next `n` bytes.
-    pub fn bytes(&mut self, n: usize, what: &'static str) -> Result<&'a [u8], BodyError> {
-        if self.b.len() < n {
-            return Err(BodyError { what });
-        }
-        let (head, tail) = self.b.split_at(n);
-        self.b = tail;
-        Ok(head)
-    }
-
-    /// A big-endian `u8`.
-    pub fn u8(&mut self, what: &'static str) -> Result<u8, BodyError> {
-        Ok(self.bytes(1, what)?[0])
-    }
-
-    fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], BodyError> {
-        let (head, tail) = self.b.split_first_chunk::<N>().ok_or(BodyError { what })?;
-        self.b = tail;
-        Ok(*head)
-    }
-
-    /// A big-endian `u16`.
-    pub fn u16(&mut self, what: &'static str) -> Result<u16, BodyError> {
-        Ok(u16::from_be_bytes(self.array(what)?))
-    }
-
-    /// A big-endian `u32`.
-    pub fn u32(&mut self, what: &'static str) -> Result<u32, BodyError> {
-        Ok(u32::from_be_bytes(self.array(what)?))
-    }
-
-    /// A big-endian `u64`.
-    pub fn u64(&mut self, what: &'static str) -> Result<u64, BodyError> {
-        Ok(u64::from_be_bytes(self.array(what)?))
-    }
-
-    /// Bytes prefixed by a `u32` length.
-    pub fn var(&mut self, what: &'static str) -> Result<&'a [u8], BodyError> {
-        let n = self.u32(what)? as usize;
-        self.bytes(n, what)
-    }
-
-    /// Whatever is left.
-    pub fn rest(&mut self) -> &'a [u8] {
-        std::mem::take(&mut self.b)
-    }
-
-    /// Fails unless the body has been read to its end.
-    pub fn end(&self, what: &'static str) -> Result<(), BodyError> {
-        if self.b.is_empty() {
-            Ok(())
-        } else {
-            Err(BodyError { what })
-        }
-    }
-}
-
-fn var(out: &mut Vec<u8>, b: &[u8]) {
-    out.extend_from_slice(&(b.len() as u32).to_be_bytes());
-    out.extend_from_slice(b);
+fn reader(body: &[u8]) -> Reader<'_> {
+    Reader::new(body, Order::Big)
 }
 
 #[cfg(unix)]
@@ -334,10 +273,9 @@ fn path_from(b: &[u8]) -> PathBuf {
 
 /// The body of a client hello.
 pub fn hello_request(max_in_flight: u32) -> Vec<u8> {
-    let mut b = MAGIC.to_vec();
-    b.extend_from_slice(&VERSION.to_be_bytes());
-    b.extend_from_slice(&max_in_flight.to_be_bytes());
-    b
+    let mut w = Writer::new(Order::Big);
+    w.raw(&MAGIC).u16(VERSION).u32(max_in_flight);
+    w.into_bytes().to_vec()
 }
 
 /// Decodes a client hello: the agreed in-flight bound.
@@ -345,28 +283,26 @@ pub fn hello_request(max_in_flight: u32) -> Vec<u8> {
 /// # Errors
 /// [`BodyError`] for a wrong magic, version or length.
 pub fn parse_hello_request(body: &[u8]) -> Result<u32, BodyError> {
-    let mut r = Body::new(body);
-    if r.bytes(4, "hello magic")? != MAGIC {
-        return Err(BodyError { what: "hello magic" });
+    let mut r = reader(body);
+    if r.take(4, "hello magic")? != MAGIC {
+        return Err(BodyError::Value("hello magic"));
     }
     if r.u16("hello version")? != VERSION {
-        return Err(BodyError { what: "hello version (this key process speaks version 1)" });
+        return Err(BodyError::Value("hello version (this key process speaks version 1)"));
     }
     let max = r.u32("hello max_in_flight")?;
-    r.end("hello (trailing bytes)")?;
+    r.finish_as("hello (trailing bytes)")?;
     if max == 0 {
-        return Err(BodyError { what: "hello max_in_flight (zero)" });
+        return Err(BodyError::Value("hello max_in_flight (zero)"));
     }
     Ok(max)
 }
 
 /// The body of the key process's hello.
 pub fn hello_reply(pid: u32, flags: u32) -> Vec<u8> {
-    let mut b = MAGIC.to_vec();
-    b.extend_from_slice(&VERSION.to_be_bytes());
-    b.extend_from_slice(&pid.to_be_bytes());
-    b.extend_from_slice(&flags.to_be_bytes());
-    b
+    let mut w = Writer::new(Order::Big);
+    w.raw(&MAGIC).u16(VERSION).u32(pid).u32(flags);
+    w.into_bytes().to_vec()
 }
 
 /// Decodes the key process's hello: its pid and hardening flags.
@@ -374,39 +310,36 @@ pub fn hello_reply(pid: u32, flags: u32) -> Vec<u8> {
 /// # Errors
 /// [`BodyError`] for a wrong magic, version or length.
 pub fn parse_hello_reply(body: &[u8]) -> Result<(u32, u32), BodyError> {
-    let mut r = Body::new(body);
-    if r.bytes(4, "hello magic")? != MAGIC {
-        return Err(BodyError { what: "hello magic" });
+    let mut r = reader(body);
+    if r.take(4, "hello magic")? != MAGIC {
+        return Err(BodyError::Value("hello magic"));
     }
     if r.u16("hello version")? != VERSION {
-        return Err(BodyError { what: "hello version" });
+        return Err(BodyError::Value("hello version"));
     }
     let pid = r.u32("hello pid")?;
     let flags = r.u32("hello flags")?;
-    r.end("hello (trailing bytes)")?;
+    r.finish_as("hello (trailing bytes)")?;
     Ok((pid, flags))
 }
 
-/// The body of a LOAD request.
+/// The body of a LOAD request. Paths and key bytes are far below the
+/// 4 GiB a length prefix can carry (a frame is at most [`MAX_FRAME`]).
 pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
-    let mut b = Zeroizing::new(key_id.to_be_bytes().to_vec());
+    let mut w = Writer::new(Order::Big);
+    w.u64(key_id);
     match source {
         KeySource::File(p) => {
-            b.push(1);
-            var(&mut b, path_bytes(p));
+            w.u8(1).bytes32(path_bytes(p));
         }
         KeySource::Envelope { store, machine_key, envelope } => {
-            b.push(2);
-            var(&mut b, path_bytes(store));
-            var(&mut b, path_bytes(machine_key));
-            var(&mut b, path_bytes(envelope));
+            w.u8(2).bytes32(path_bytes(store)).bytes32(path_bytes(machine_key)).bytes32(path_bytes(envelope));
         }
         KeySource::Bytes(bytes) => {
-            b.push(3);
-            var(&mut b, bytes);
+            w.u8(3).bytes32(bytes);
         }
     }
-    b
+    w.into_bytes()
 }
 
 /// Decodes a LOAD request.
@@ -414,34 +347,68 @@ pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
 /// # Errors
 /// [`BodyError`] naming the field.
 pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
-    let mut r = Body::new(body);
+    let mut r = reader(body);
     let key_id = r.u64("load key id")?;
     let source = match r.u8("load source")? {
-        1 => KeySource::File(path_from(r.var("load file path")?)),
+        1 => KeySource::File(path_from(r.bytes32("load file path")?)),
         2 => KeySource::Envelope {
-            store: path_from(r.var("load store path")?),
-            machine_key: path_from(r.var("load machine key path")?),
-            envelope: path_from(r.var("load envelope path")?),
+            store: path_from(r.bytes32("load store path")?),
+            machine_key: path_from(r.bytes32("load machine key path")?),
+            envelope: path_from(r.bytes32("load envelope path")?),
         },
-        3 => KeySource::Bytes(Zeroizing::new(r.var("load key bytes")?.to_vec())),
-        _ => return Err(BodyError { what: "load source (1 file, 2 envelope, 3 bytes)" }),
+        3 => KeySource::Bytes(Zeroizing::new(r.bytes32("load key bytes")?.to_vec())),
+        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes)")),
     };
-    r.end("load (trailing bytes)")?;
+    r.finish_as("load (trailing bytes)")?;
     Ok((key_id, source))
+}
+
+/// The body of an UNLOAD request.
+pub fn unload_request(key_id: u64) -> Vec<u8> {
+    key_id.to_be_bytes().to_vec()
+}
+
+/// Decodes an UNLOAD request: the key id.
+///
+/// # Errors
+/// [`BodyError`] unless the body is one `u64`.
+pub fn parse_unload_request(body: &[u8]) -> Result<u64, BodyError> {
+    let mut r = reader(body);
+    let key_id = r.u64("unload key id")?;
+    r.finish_as("unload (trailing bytes)")?;
+    Ok(key_id)
+}
+
+/// The body of a DROP_PRIVILEGES request.
+pub fn drop_privileges_request(uid: u32, gid: u32) -> Vec<u8> {
+    let mut w = Writer::new(Order::Big);
+    w.u32(uid).u32(gid);
+    w.into_bytes().to_vec()
+}
+
+/// Decodes a DROP_PRIVILEGES request: user and group ids.
+///
+/// # Errors
+/// [`BodyError`] unless the body is two `u32`s.
+pub fn parse_drop_privileges_request(body: &[u8]) -> Result<(u32, u32), BodyError> {
+    let mut r = reader(body);
+    let ids = (r.u32("uid")?, r.u32("gid")?);
+    r.finish_as("drop (trailing bytes)")?;
+    Ok(ids)
 }
 
 /// The body of a LOAD success: the key's kind and public key.
 pub fn loaded_reply(kind: KeyKind, public_der: &[u8]) -> Vec<u8> {
     let (tag, bits) = match kind {
-        KeyKind::Rsa { bits } => (1u8, bits as u16),
+        // 2048..=4096 bits: a u16 holds it.
+        KeyKind::Rsa { bits } => (1u8, u16::try_from(bits).unwrap_or(u16::MAX)),
         KeyKind::EcP256 => (2, 256),
         KeyKind::EcP384 => (3, 384),
         KeyKind::Ed25519 => (4, 255),
     };
-    let mut b = vec![tag];
-    b.extend_from_slice(&bits.to_be_bytes());
-    var(&mut b, public_der);
-    b
+    let mut w = Writer::new(Order::Big);
+    w.u8(tag).u16(bits).bytes32(public_der);
+    w.into_bytes().to_vec()
 }
 
 /// Decodes a LOAD success.
@@ -449,7 +416,7 @@ pub fn loaded_reply(kind: KeyKind, public_der: &[u8]) -> Vec<u8> {
 /// # Errors
 /// [`BodyError`] naming the field.
 pub fn parse_loaded_reply(body: &[u8]) -> Result<(KeyKind, Vec<u8>), BodyError> {
-    let mut r = Body::new(body);
+    let mut r = reader(body);
     let tag = r.u8("key kind")?;
     let bits = r.u16("key bits")?;
     let kind = match tag {
@@ -457,10 +424,10 @@ pub fn parse_loaded_reply(body: &[u8]) -> Result<(KeyKind, Vec<u8>), BodyError> 
         2 => KeyKind::EcP256,
         3 => KeyKind::EcP384,
         4 => KeyKind::Ed25519,
-        _ => return Err(BodyError { what: "key kind" }),
+        _ => return Err(BodyError::Value("key kind")),
     };
-    let der = r.var("public key")?.to_vec();
-    r.end("loaded (trailing bytes)")?;
+    let der = r.bytes32("public key")?.to_vec();
+    r.finish_as("loaded (trailing bytes)")?;
     Ok((kind, der))
 }
 
@@ -479,7 +446,9 @@ pub fn encode_op(out: &mut Vec<u8>, id: u64, key_id: u64, timeout: Duration, op:
         Operation::Sign { alg, input: Input::Digest(d) } => (OP_SIGN_DIGEST, alg.tls_code(), d),
         Operation::DecryptRaw { ciphertext } => (OP_DECRYPT_RAW, 0, ciphertext),
     };
-    encode(out, kind::OP, id, &[&key_id.to_be_bytes(), &us.to_be_bytes(), &[code], &alg.to_be_bytes(), data]);
+    let mut head = Writer::new(Order::Big);
+    head.u64(key_id).u32(us).u8(code).u16(alg);
+    encode(out, kind::OP, id, &[&head.into_bytes(), data]);
 }
 
 /// Decodes an OP request: key id, time allowed, operation.
@@ -487,39 +456,40 @@ pub fn encode_op(out: &mut Vec<u8>, id: u64, key_id: u64, timeout: Duration, op:
 /// # Errors
 /// [`BodyError`] naming the field.
 pub fn parse_op(body: &[u8]) -> Result<(u64, Duration, Operation), BodyError> {
-    let mut r = Body::new(body);
+    let mut r = reader(body);
     let key_id = r.u64("op key id")?;
     let timeout = Duration::from_micros(u64::from(r.u32("op timeout")?));
     let code = r.u8("op code")?;
     let alg = r.u16("op algorithm")?;
     let data = r.rest().to_vec();
-    let sign_alg = || Algorithm::from_tls_code(alg).map_err(|_| BodyError { what: "op algorithm" });
+    let sign_alg = || Algorithm::from_tls_code(alg).map_err(|_| BodyError::Value("op algorithm"));
     let op = match code {
         OP_SIGN_MESSAGE => Operation::Sign { alg: sign_alg()?, input: Input::Message(data) },
         OP_SIGN_DIGEST => Operation::Sign { alg: sign_alg()?, input: Input::Digest(data) },
         OP_DECRYPT_RAW if alg == 0 => Operation::DecryptRaw { ciphertext: data },
-        _ => return Err(BodyError { what: "op code (1 sign message, 2 sign digest, 3 raw RSA decrypt)" }),
+        _ => return Err(BodyError::Value("op code (1 sign message, 2 sign digest, 3 raw RSA decrypt)")),
     };
     Ok((key_id, timeout, op))
 }
 
 /// The body of an ERR reply.
 pub fn error_body(code: ErrorCode, message: &str) -> Vec<u8> {
-    let mut b = vec![code as u8];
     // Messages are for logs; keep them short whatever produced them.
     let mut end = message.len().min(1024);
     while !message.is_char_boundary(end) {
         end -= 1;
     }
-    b.extend_from_slice(&message.as_bytes()[..end]);
-    b
+    let mut w = Writer::new(Order::Big);
+    w.u8(code as u8).raw(&message.as_bytes()[..end]);
+    w.into_bytes().to_vec()
 }
 
 /// Decodes an ERR reply.
 pub fn parse_error(body: &[u8]) -> (ErrorCode, String) {
-    match body.split_first() {
-        Some((code, msg)) => (ErrorCode::from_u8(*code), String::from_utf8_lossy(msg).into_owned()),
-        None => (ErrorCode::Internal, "an empty error reply".into()),
+    let mut r = reader(body);
+    match r.u8("error code") {
+        Ok(code) => (ErrorCode::from_u8(code), String::from_utf8_lossy(r.rest()).into_owned()),
+        Err(_) => (ErrorCode::Internal, "an empty error reply".into()),
     }
 }
 
@@ -532,7 +502,7 @@ pub struct Status {
     pub uid: u32,
     /// Its real group id.
     pub gid: u32,
-    /// [`flags`] it confirms.
+    /// The hardening flags it confirms.
     pub flags: u32,
     /// Keys loaded.
     pub keys: u32,
@@ -543,18 +513,19 @@ pub struct Status {
 impl Status {
     /// Encodes the status.
     pub fn encode(&self) -> Vec<u8> {
-        [self.pid, self.uid, self.gid, self.flags, self.keys, self.in_flight]
-            .iter()
-            .flat_map(|v| v.to_be_bytes())
-            .collect()
+        let mut w = Writer::new(Order::Big);
+        for v in [self.pid, self.uid, self.gid, self.flags, self.keys, self.in_flight] {
+            w.u32(v);
+        }
+        w.into_bytes().to_vec()
     }
 
     /// Decodes a status.
     ///
     /// # Errors
-    /// [`BodyError`] unless the body is six `u32`s.
+    /// A `BodyError` unless the body is six `u32`s.
     pub fn parse(body: &[u8]) -> Result<Self, BodyError> {
-        let mut r = Body::new(body);
+        let mut r = reader(body);
         let s = Status {
             pid: r.u32("status pid")?,
             uid: r.u32("status uid")?,
@@ -563,7 +534,7 @@ impl Status {
             keys: r.u32("status keys")?,
             in_flight: r.u32("status in_flight")?,
         };
-        r.end("status (trailing bytes)")?;
+        r.finish_as("status (trailing bytes)")?;
         Ok(s)
     }
 }
@@ -615,6 +586,21 @@ mod tests {
         assert!(parse_op(&bad_alg).is_err(), "unknown algorithm");
         assert!(parse_loaded_reply(&[1, 0x04, 0x00]).is_err(), "RSA-1024");
         assert_eq!(parse_error(&[]).0, ErrorCode::Internal);
+    }
+
+    #[test]
+    fn the_wire_format_is_the_documented_one() {
+        // docs/isolation.md: big-endian, u32 length prefixes.
+        let load = load_request(77, &KeySource::File("/k".into()));
+        assert_eq!(&load[..], &[0, 0, 0, 0, 0, 0, 0, 77, 1, 0, 0, 0, 2, b'/', b'k']);
+        let mut frame = Vec::new();
+        encode(&mut frame, kind::UNLOAD, 5, &[&unload_request(77)]);
+        assert_eq!(frame, [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat());
+        assert_eq!(parse_unload_request(&unload_request(77)).unwrap(), 77);
+        assert_eq!(drop_privileges_request(1, 2), [0, 0, 0, 1, 0, 0, 0, 2]);
+        assert_eq!(parse_drop_privileges_request(&drop_privileges_request(1, 2)).unwrap(), (1, 2));
+        assert!(parse_drop_privileges_request(&[0; 9]).is_err(), "trailing");
+        assert_eq!(hello_reply(7, 3), b"KFKP\x00\x01\x00\x00\x00\x07\x00\x00\x00\x03");
     }
 
     #[test]
@@ -683,6 +669,8 @@ mod tests {
                             let _ = parse_load_request(&f.body);
                             let _ = parse_loaded_reply(&f.body);
                             let _ = parse_op(&f.body);
+                            let _ = parse_unload_request(&f.body);
+                            let _ = parse_drop_privileges_request(&f.body);
                             let _ = parse_error(&f.body);
                             let _ = Status::parse(&f.body);
                         }

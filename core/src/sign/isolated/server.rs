@@ -25,7 +25,8 @@ use zeroize::Zeroizing;
 use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::sys;
 use super::writer::FrameWriter;
-use crate::sign::{PrivateKey, SignError};
+use crate::sign::types::{Operation, SignError};
+use crate::sign::PrivateKey;
 
 /// How the key process runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,7 +51,7 @@ impl Default for ServeOptions {
 struct Job {
     id: u64,
     key: Arc<PrivateKey>,
-    op: crate::sign::Operation,
+    op: Operation,
     deadline: Instant,
 }
 
@@ -265,8 +266,7 @@ fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<J
             }
         }
         kind::UNLOAD => {
-            let mut r = p::Body::new(&frame.body);
-            match r.u64("unload key id").and_then(|k| r.end("unload (trailing bytes)").map(|()| k)) {
+            match p::parse_unload_request(&frame.body) {
                 Ok(key_id) => {
                     let removed = shared.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&key_id);
                     match removed {
@@ -278,12 +278,10 @@ fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<J
             }
         }
         kind::DROP_PRIVILEGES => {
-            let mut r = p::Body::new(&frame.body);
-            let parsed = (|| Ok::<_, p::BodyError>((r.u32("uid")?, r.u32("gid")?, r.end("drop (trailing bytes)")?)))();
-            match parsed {
+            match p::parse_drop_privileges_request(&frame.body) {
                 // Changing credentials can reset the dumpable flag: set it
                 // again before answering.
-                Ok((uid, gid, ())) => match sys::drop_privileges(uid, gid).and_then(|()| sys::set_not_dumpable()) {
+                Ok((uid, gid)) => match sys::drop_privileges(uid, gid).and_then(|()| sys::set_not_dumpable()) {
                     Ok(()) => shared.ok(id, &[]),
                     Err(e) => shared.err(id, ErrorCode::Privileges, &e.to_string()),
                 },
@@ -380,7 +378,7 @@ fn perform(job: &Job, shared: &Shared) -> Zeroizing<Vec<u8>> {
     } else {
         match job.key.perform(&job.op) {
             Ok(out) => Ok(out),
-            Err(SignError::Crypto(msg)) => Err((ErrorCode::Crypto, msg)),
+            Err(SignError::Crypto { reason, .. }) => Err((ErrorCode::Crypto, reason)),
             Err(e) => Err((ErrorCode::Invalid, e.to_string())),
         }
     };

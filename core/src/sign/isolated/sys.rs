@@ -1,7 +1,13 @@
 //! The few system calls the key process needs that the standard library
-//! does not offer: process hardening, peer credentials, privilege drop.
+//! does not offer: process hardening, peer credentials, privilege drop,
+//! and where the code of this library was loaded from.
+// libc calls: prctl, setrlimit, getsockopt, setgid/setuid, dladdr.
+#![allow(unsafe_code)]
 
+use std::ffi::{CStr, OsStr};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
@@ -93,4 +99,32 @@ pub(crate) fn drop_privileges(uid: u32, gid: u32) -> io::Result<()> {
 pub(crate) fn ids() -> (u32, u32) {
     // SAFETY: getuid and getgid cannot fail and touch no memory.
     unsafe { (libc::getuid(), libc::getgid()) }
+}
+
+/// The file this library's code was loaded from: the shared library when
+/// keyfence is one (a binding's native module), else the executable. The
+/// key process is looked for beside it.
+pub(crate) fn library_path() -> Option<PathBuf> {
+    let mut info = libc::Dl_info {
+        dli_fname: std::ptr::null(),
+        dli_fbase: std::ptr::null_mut(),
+        dli_sname: std::ptr::null(),
+        dli_saddr: std::ptr::null_mut(),
+    };
+    let here = library_path as *const () as *const libc::c_void;
+    // SAFETY: `here` is the address of a function in this object; dladdr
+    // only reads it and fills `info`, a live local. It returns 0 when it
+    // finds nothing, and the name is then not read.
+    let found = unsafe { libc::dladdr(here, &mut info) };
+    if found == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: on success `dli_fname` is a NUL-terminated string owned by
+    // the dynamic loader, valid while the object stays loaded (it does:
+    // this code is in it); it is copied at once.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) };
+    let path = PathBuf::from(OsStr::from_bytes(name.to_bytes()));
+    // A relative name (the executable as started) is relative to the
+    // working directory at start, which may have changed: not trusted.
+    path.is_absolute().then_some(path)
 }

@@ -8,11 +8,9 @@ use std::time::Instant;
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use super::super::backend::{Backend, Reply};
-use super::super::error::SignError;
-use super::super::executor::OpClass;
-use super::super::key::PrivateKey;
-use super::super::op::{Operation, Output};
+use crate::sign::backend::{Backend, Reply};
+use crate::sign::types::{BackendFailure, OpClass, Operation, Output, Resource, SignError};
+use crate::sign::PrivateKey;
 use super::batcher::{Batcher, Slots};
 use super::device::{Device, DeviceCompletion, DeviceError, DeviceRequest};
 use super::routing::Route;
@@ -22,8 +20,8 @@ use super::{open_qat, OffloadConfig, OffloadMode, OnDeviceError, QatUnavailable}
 /// The backend name in errors and metrics.
 const NAME: &str = "offload";
 
-fn backend_error(reason: impl Into<String>) -> SignError {
-    SignError::Backend { backend: NAME.into(), reason: reason.into() }
+fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
+    SignError::backend(NAME, failure, reason)
 }
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
@@ -49,7 +47,7 @@ impl FallbackPool {
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 })
-                .map_err(|e| SignError::Io(format!("cannot start an offload fallback thread: {e}")))?;
+                .map_err(|e| SignError::io(Resource::Thread, format!("cannot start an offload fallback thread: {e}")))?;
         }
         Ok(FallbackPool { tx })
     }
@@ -77,14 +75,14 @@ struct Shared {
 
 impl Shared {
     fn device_failure(&self, e: &DeviceError) -> SignError {
-        backend_error(format!(
+        backend_error(BackendFailure::Refused, format!(
             "offload device `{}` failed the operation ({e}); on_device_error is fail",
             self.device_name
         ))
     }
 
     fn expired(&self) -> SignError {
-        backend_error(format!("the deadline passed before offload device `{}` ran the operation", self.device_name))
+        backend_error(BackendFailure::GaveUp, format!("the deadline passed before offload device `{}` ran the operation", self.device_name))
     }
 
     /// Answers `reply` from a device completion.
@@ -241,7 +239,7 @@ impl OffloadBackend {
             OffloadMode::On => match open_qat(&config.qat) {
                 Ok(device) => Self::with_device(device, config),
                 Err(QatUnavailable::NotBuilt(why)) => Err(SignError::Config(format!("offload mode `on`: {why}"))),
-                Err(QatUnavailable::NoDevice(why)) => Err(backend_error(format!("offload mode `on`: {why}"))),
+                Err(QatUnavailable::NoDevice(why)) => Err(backend_error(BackendFailure::Unavailable, format!("offload mode `on`: {why}"))),
             },
             OffloadMode::Auto => match open_qat(&config.qat) {
                 Ok(device) => Self::with_device(device, config),
@@ -252,7 +250,7 @@ impl OffloadBackend {
         }
     }
 
-    /// A backend on `device` (a [`SimDevice`](super::SimDevice) in tests,
+    /// A backend on `device` (the simulated `SimDevice` in tests,
     /// or any other [`Device`]).
     ///
     /// # Errors
@@ -357,7 +355,7 @@ impl OffloadBackend {
 
     fn no_room(&self) -> SignError {
         Counters::bump(&self.inner.shared.counters.no_room);
-        backend_error(format!(
+        backend_error(BackendFailure::NoRoom, format!(
             "no room at offload device `{}`: {} operations in flight until the deadline",
             self.inner.shared.device_name,
             self.inner.slots.capacity()
@@ -448,7 +446,7 @@ impl Backend for OffloadBackend {
         };
         if reply.is_abandoned() {
             drop((slot, key, op));
-            return reply.send(Err(backend_error("the operation ended before it reached the device")));
+            return reply.send(Err(backend_error(BackendFailure::GaveUp, "the operation ended before it reached the device")));
         }
         Counters::bump(&inner.shared.counters.submitted);
         let shared = inner.shared.clone();

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use super::super::error::SignError;
+use crate::sign::types::{Resource, SignError};
 use super::device::{Device, DeviceRequest};
 use super::stats::Counters;
 
@@ -94,7 +94,7 @@ impl Batcher {
         std::thread::Builder::new()
             .name(format!("keyfence-offload-{}", device.name()))
             .spawn(move || run(&rx, &*device, max_batch.max(1), window, &counters))
-            .map_err(|e| SignError::Io(format!("cannot start the offload batching thread: {e}")))?;
+            .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the offload batching thread: {e}")))?;
         Ok(Batcher { tx })
     }
 

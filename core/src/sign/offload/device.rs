@@ -5,9 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::super::error::SignError;
-use super::super::key::{KeyKind, PrivateKey};
-use super::super::op::{Operation, Output};
+use crate::sign::types::{KeyKind, Operation, Output, SignError};
+use crate::sign::PrivateKey;
 
 /// Why a device did not produce a result for a request.
 ///
@@ -181,7 +180,7 @@ impl Drop for DeviceRequest {
 /// later, from its own threads.
 ///
 /// Object-safe, so a backend holds an `Arc<dyn Device>`: the simulated
-/// [`SimDevice`](super::SimDevice) in tests, Intel QAT (see the module
+/// `SimDevice` in tests, Intel QAT (see the module
 /// documentation for what exists of it) in production.
 ///
 /// # Contract

@@ -17,6 +17,8 @@
 //! A successful probe leaves the library loaded for the life of the
 //! process: QATlib's code has run, and unloading it under threads or exit
 //! handlers it may have registered would be unsound.
+// QATlib is C, reached through dlopen.
+#![allow(unsafe_code)]
 
 use std::ffi::{c_char, CString};
 use std::fmt;

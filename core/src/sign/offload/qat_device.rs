@@ -20,6 +20,8 @@
 //! **Untested on hardware** (see [`super::qat`]): this code has run
 //! against a stub QATlib that does the arithmetic in software (the tests
 //! in `core/tests/offload.rs`), never against a QAT device.
+// QATlib is C, reached through dlopen.
+#![allow(unsafe_code)]
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
@@ -33,8 +35,8 @@ use zeroize::Zeroizing;
 use super::device::{Device, DeviceError, DeviceRequest};
 use super::qat::{self, status_name, ProbeError, QatInfo};
 use super::QatConfig;
-use crate::sign::key::KeyKind;
-use crate::sign::op::Operation;
+use crate::sign::types::{KeyKind, Operation};
+use super::rsa_encoding::{rsa_crt, rsa_encode, rsa_result_matches};
 
 type CpaStatus = i32;
 const CPA_STATUS_SUCCESS: CpaStatus = 0;
@@ -200,7 +202,7 @@ impl InFlight {
             Err(DeviceError::Failed(format!("QAT completed the request with {status} ({})", status_name(status))))
         } else {
             let out = self.output.read();
-            if self.req.key().rsa_result_matches(&self.em, &out) {
+            if rsa_result_matches(self.req.key(), &self.em, &out) {
                 Ok(out)
             } else {
                 Err(DeviceError::Failed("the QAT result failed the public-key check (a device fault); not used".into()))
@@ -397,10 +399,10 @@ impl QatDevice {
         if Instant::now() >= req.deadline() {
             return fail(req, DeviceError::Expired);
         }
-        let Some(crt) = req.key().rsa_crt() else {
+        let Some(crt) = rsa_crt(req.key()) else {
             return fail(req, DeviceError::Unsupported("a key without balanced CRT components".into()));
         };
-        let em = match req.key().rsa_encode(req.operation()) {
+        let em = match rsa_encode(req.key(), req.operation()) {
             Ok(em) => em,
             Err(e) => return fail(req, DeviceError::Rejected(e)),
         };

@@ -4,9 +4,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use super::super::error::SignError;
-use super::super::key::KeyKind;
-use super::super::op::Operation;
+use crate::sign::types::{KeyKind, Operation, SignError};
 
 /// Where an operation runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

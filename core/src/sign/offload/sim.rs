@@ -6,9 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use super::super::error::SignError;
-use super::super::key::{KeyKind, PrivateKey};
-use super::super::op::{Operation, Output};
+use crate::sign::types::{KeyKind, Operation, Output, Resource, SignError};
+use crate::sign::PrivateKey;
 use super::device::{Device, DeviceError, DeviceRequest};
 
 /// How a [`SimDevice`] behaves.
@@ -342,7 +341,7 @@ impl SimDevice {
                 .name(format!("keyfence-sim-{i}"))
                 .spawn(move || engine(&shared))
                 // Dropping `device` closes it and lets started engines exit.
-                .map_err(|e| SignError::Io(format!("cannot start a sim device thread: {e}")))?;
+                .map_err(|e| SignError::io(Resource::Thread, format!("cannot start a sim device thread: {e}")))?;
         }
         Ok(device)
     }

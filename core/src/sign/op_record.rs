@@ -1,5 +1,6 @@
-//! One submitted operation's life, and the three ways its result reaches
-//! the caller: a future, a callback, or a completion queue.
+//! The per-operation record: one submitted operation's life, and the
+//! three ways its result reaches the caller: a future ([`SignFuture`]), a
+//! callback, or a completion queue. [`OpHandle`] cancels it.
 //!
 //! Every path that can end an operation (a worker finishing it, the deadline
 //! thread, a cancellation, the engine shutting down) goes through
@@ -15,19 +16,16 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Wake, Waker};
 use std::time::{Duration, Instant};
 
-use super::backend::Backend;
-use super::error::SignError;
-use super::fd::CqShared;
-use super::key::PrivateKey;
+use super::completion_queue::CqShared;
 use super::metrics::ClassStats;
-use super::op::{Operation, Output};
+use super::private_key::PrivateKey;
+use super::types::{Operation, Output, SignError};
 
 /// What the worker needs to perform the operation. Dropped as soon as the
 /// operation ends, whichever way.
 pub(crate) struct Work {
     pub(crate) key: Arc<PrivateKey>,
     pub(crate) op: Operation,
-    pub(crate) backend: Arc<dyn Backend>,
 }
 
 /// How the result is delivered.

@@ -15,8 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
-use super::error::SignError;
-use super::op::Output;
+use super::types::{Output, Resource, SignError};
 
 /// One finished operation taken from a [`CompletionQueue`].
 #[derive(Debug)]
@@ -86,7 +85,7 @@ impl CompletionQueue {
     /// # Errors
     /// [`SignError::Io`] if the socket pair cannot be created.
     pub fn new() -> Result<Self, SignError> {
-        let io = |e: std::io::Error| SignError::Io(format!("completion queue socket pair: {e}"));
+        let io = |e: std::io::Error| SignError::io(Resource::Socket, format!("completion queue socket pair: {e}"));
         let (reader, writer) = UnixStream::pair().map_err(io)?;
         reader.set_nonblocking(true).map_err(io)?;
         writer.set_nonblocking(true).map_err(io)?;

@@ -1,12 +1,11 @@
-//! Signature algorithms: names, TLS SignatureScheme code points, digests.
+//! Signature algorithms: names, TLS SignatureScheme code points, digest
+//! names and lengths. Hashing itself is BoringSSL's, one layer up
+//! ([`Hash::digest`] is implemented beside the local key), so that this
+//! layer builds without it.
 
 use std::fmt;
 use std::str::FromStr;
 
-use boring::hash::MessageDigest;
-use boring::nid::Nid;
-
-use super::error::SignError;
 
 /// The hash an algorithm signs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -36,43 +35,6 @@ impl Hash {
     /// Never true: every digest has bytes (clippy's `len` companion).
     pub fn is_empty(self) -> bool {
         false
-    }
-
-    pub(crate) fn nid(self) -> Nid {
-        match self {
-            Hash::Md5Sha1 => Nid::MD5_SHA1,
-            Hash::Sha256 => Nid::SHA256,
-            Hash::Sha384 => Nid::SHA384,
-            Hash::Sha512 => Nid::SHA512,
-        }
-    }
-
-    /// BoringSSL's digest for the single hashes (MD5+SHA-1 is two, see
-    /// [`Hash::digest`]).
-    pub(crate) fn message_digest(self) -> Option<MessageDigest> {
-        match self {
-            Hash::Md5Sha1 => None,
-            Hash::Sha256 => Some(MessageDigest::sha256()),
-            Hash::Sha384 => Some(MessageDigest::sha384()),
-            Hash::Sha512 => Some(MessageDigest::sha512()),
-        }
-    }
-
-    /// Hashes `msg`.
-    ///
-    /// # Errors
-    /// [`SignError::Crypto`] if BoringSSL fails (it does not for these
-    /// digests short of memory exhaustion).
-    pub fn digest(self, msg: &[u8]) -> Result<Vec<u8>, SignError> {
-        use boring::hash::hash;
-        match self.message_digest() {
-            Some(md) => Ok(hash(md, msg).map_err(SignError::crypto)?.to_vec()),
-            None => {
-                let mut out = hash(MessageDigest::md5(), msg).map_err(SignError::crypto)?.to_vec();
-                out.extend_from_slice(&hash(MessageDigest::sha1(), msg).map_err(SignError::crypto)?);
-                Ok(out)
-            }
-        }
     }
 }
 
@@ -117,6 +79,8 @@ pub enum Algorithm {
 /// Families of algorithms, for matching against key kinds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Family {
+    // The variants name themselves.
+    #[allow(missing_docs)]
     RsaPkcs1,
     RsaPss,
     EcdsaP256,
@@ -176,10 +140,12 @@ impl Algorithm {
     /// The algorithm for a TLS SignatureScheme code point.
     ///
     /// # Errors
-    /// [`SignError::UnknownTlsScheme`] for code points keyfence does not sign
-    /// with (SHA-1, RSA-PSS with PSS keys, P-521, ...).
-    pub fn from_tls_code(code: u16) -> Result<Self, SignError> {
-        Algorithm::ALL.into_iter().find(|a| a.tls_code() == code).ok_or(SignError::UnknownTlsScheme(code))
+    /// [`AlgorithmError::UnknownTlsScheme`] (which converts into
+    /// [`SignError::UnknownTlsScheme`](super::SignError::UnknownTlsScheme))
+    /// for code points keyfence does not sign with (SHA-1, RSA-PSS with PSS
+    /// keys, P-521, ...).
+    pub fn from_tls_code(code: u16) -> Result<Self, AlgorithmError> {
+        Algorithm::ALL.into_iter().find(|a| a.tls_code() == code).ok_or(AlgorithmError::UnknownTlsScheme(code))
     }
 
     /// The hash, or `None` for Ed25519 (which hashes internally and cannot
@@ -214,43 +180,48 @@ impl fmt::Display for Algorithm {
     }
 }
 
+/// An algorithm name or TLS code point keyfence does not sign with. It
+/// converts into the matching [`SignError`](super::SignError) variant, so
+/// `?` works in functions returning that.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AlgorithmError {
+    /// A name that is not one of [`Algorithm::ALL`]'s names (at most 64
+    /// characters of it are kept).
+    #[error("unknown signature algorithm `{0}`; known: rsa-pkcs1-sha256, rsa-pkcs1-sha384, rsa-pkcs1-sha512, rsa-pkcs1-md5-sha1, rsa-pss-sha256, rsa-pss-sha384, rsa-pss-sha512, ecdsa-p256-sha256, ecdsa-p384-sha384, ed25519")]
+    UnknownName(String),
+    /// A TLS SignatureScheme code point keyfence does not sign with.
+    #[error("unsupported TLS signature scheme {0:#06x}")]
+    UnknownTlsScheme(u16),
+}
+
 impl FromStr for Algorithm {
-    type Err = SignError;
+    type Err = AlgorithmError;
 
     /// Parses a command-line name ([`Algorithm::name`]), ASCII
     /// case-insensitively.
-    fn from_str(s: &str) -> Result<Self, SignError> {
+    fn from_str(s: &str) -> Result<Self, AlgorithmError> {
         Algorithm::ALL
             .into_iter()
             .find(|a| a.name().eq_ignore_ascii_case(s))
-            .ok_or_else(|| SignError::UnknownAlgorithm(s.chars().take(64).collect()))
+            .ok_or_else(|| AlgorithmError::UnknownName(s.chars().take(64).collect()))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sign::types::SignError;
 
     #[test]
     fn names_and_codes_round_trip() {
         for a in Algorithm::ALL {
             assert_eq!(a.name().parse::<Algorithm>().unwrap(), a);
             assert_eq!(Algorithm::from_tls_code(a.tls_code()).unwrap(), a);
-            if let Some(h) = a.hash() {
-                assert_eq!(h.digest(b"abc").unwrap().len(), h.len());
-            }
         }
         assert_eq!("RSA-PSS-SHA256".parse::<Algorithm>().unwrap(), Algorithm::RsaPssSha256);
-        assert!(matches!("rsa-sha1".parse::<Algorithm>(), Err(SignError::UnknownAlgorithm(_))));
+        assert!(matches!("rsa-sha1".parse::<Algorithm>().map_err(SignError::from), Err(SignError::UnknownAlgorithm(_))));
         // rsa_pkcs1_sha1 and ecdsa_secp521r1_sha512 are not signed with.
-        assert_eq!(Algorithm::from_tls_code(0x0201), Err(SignError::UnknownTlsScheme(0x0201)));
-        assert_eq!(Algorithm::from_tls_code(0x0603), Err(SignError::UnknownTlsScheme(0x0603)));
-    }
-
-    #[test]
-    fn md5_sha1_is_the_concatenation() {
-        let d = Hash::Md5Sha1.digest(b"abc").unwrap();
-        assert_eq!(&d[..16], &boring::hash::hash(MessageDigest::md5(), b"abc").unwrap()[..]);
-        assert_eq!(&d[16..], &boring::hash::hash(MessageDigest::sha1(), b"abc").unwrap()[..]);
+        assert_eq!(Algorithm::from_tls_code(0x0201).map_err(SignError::from), Err(SignError::UnknownTlsScheme(0x0201)));
+        assert_eq!(Algorithm::from_tls_code(0x0603).map_err(SignError::from), Err(SignError::UnknownTlsScheme(0x0603)));
     }
 }

@@ -1,54 +1,12 @@
-//! What the engine is asked to do: operations and requests.
+//! Requests: an operation with a key, and optionally a backend and a
+//! timeout, as the engine is asked for it.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use zeroize::Zeroizing;
-
-use super::alg::Algorithm;
 use super::backend::Backend;
-use super::key::PrivateKey;
-
-/// The result of an operation: a signature, or the raw RSA decryption
-/// (a TLS premaster secret), zeroized when dropped.
-pub type Output = Zeroizing<Vec<u8>>;
-
-/// What a signature is computed over.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Input {
-    /// The whole message; the engine hashes it.
-    Message(Vec<u8>),
-    /// A digest computed by the caller, as long as the algorithm's hash (not
-    /// for Ed25519).
-    Digest(Vec<u8>),
-}
-
-/// A private-key operation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Operation {
-    /// Sign with `alg`.
-    Sign {
-        /// The algorithm.
-        alg: Algorithm,
-        /// The message or digest.
-        input: Input,
-    },
-    /// Raw RSA decryption without padding removal (TLS RSA key exchange).
-    DecryptRaw {
-        /// The ciphertext, as long as the modulus.
-        ciphertext: Vec<u8>,
-    },
-}
-
-impl Operation {
-    /// The bytes of input this operation holds (for memory accounting).
-    pub fn input_len(&self) -> usize {
-        match self {
-            Operation::Sign { input: Input::Message(b) | Input::Digest(b), .. } => b.len(),
-            Operation::DecryptRaw { ciphertext } => ciphertext.len(),
-        }
-    }
-}
+use super::private_key::PrivateKey;
+use super::types::{Algorithm, Input, Operation};
 
 /// A request to the [`Engine`](super::Engine): a key, an operation, and
 /// optionally a backend other than the engine's default and a timeout other
@@ -103,7 +61,10 @@ impl Request {
         Self::new(key, Operation::DecryptRaw { ciphertext })
     }
 
-    /// Run on `backend` instead of the engine's default backend.
+    /// Run on `backend` instead of the engine's default backend. Not for a
+    /// key held elsewhere (an isolated key process): such a key runs only
+    /// on its holder, and the engine refuses the request with
+    /// [`SignError::HeldElsewhere`](super::SignError::HeldElsewhere).
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
         self.backend = Some(backend);
         self

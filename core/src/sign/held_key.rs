@@ -1,0 +1,91 @@
+//! A handle on a key held outside this process (an isolated key process;
+//! later, a remote key server): the holder, the key's id there, and the
+//! public key. The secret never enters this process.
+//!
+//! [`KeyHolder`] is what the holder offers, stated with the plain types
+//! only, so that the key handle sits below the engine and its backends.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Instant;
+
+use super::types::{KeyKind, OpClass, Operation, Output, SignError};
+
+/// Where the answer to an operation on a held key goes: called once.
+/// Dropped unanswered, it answers whatever waits with an error (the
+/// engine's side sees to that), so an operation can never hang.
+pub(crate) struct Answer(Box<dyn FnOnce(Result<Output, SignError>) + Send>);
+
+impl Answer {
+    pub(crate) fn new(f: impl FnOnce(Result<Output, SignError>) + Send + 'static) -> Self {
+        Answer(Box::new(f))
+    }
+
+    pub(crate) fn send(self, result: Result<Output, SignError>) {
+        (self.0)(result)
+    }
+}
+
+/// What holds keys on this process's behalf.
+pub(crate) trait KeyHolder: Send + Sync + 'static {
+    /// A short name for errors and metrics.
+    fn name(&self) -> &str;
+
+    /// The executor class for operations with a key of `kind`.
+    fn class(&self, kind: KeyKind) -> OpClass;
+
+    /// As [`Backend::admit`](super::Backend::admit): `Ok(true)` to start
+    /// on the submitting thread, `Ok(false)` to queue, an error to refuse.
+    fn admit(&self, class: OpClass) -> Result<bool, SignError>;
+
+    /// Performs `op` with key `id`, waiting until `deadline` at most.
+    fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError>;
+
+    /// Starts `op` with key `id` and answers through `answer`, now or later.
+    fn start(&self, id: u64, op: Operation, deadline: Instant, answer: Answer);
+
+    /// The last handle on key `id` is gone.
+    fn forget(&self, id: u64);
+}
+
+/// A key held elsewhere. Dropping it tells the holder to forget the key.
+pub(crate) struct HeldKey {
+    holder: Arc<dyn KeyHolder>,
+    id: u64,
+    kind: KeyKind,
+    public_der: Vec<u8>,
+}
+
+impl HeldKey {
+    pub(crate) fn new(holder: Arc<dyn KeyHolder>, id: u64, kind: KeyKind, public_der: Vec<u8>) -> Self {
+        HeldKey { holder, id, kind, public_der }
+    }
+
+    pub(crate) fn holder(&self) -> &Arc<dyn KeyHolder> {
+        &self.holder
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
+    pub(crate) fn kind(&self) -> KeyKind {
+        self.kind
+    }
+
+    pub(crate) fn public_key_der(&self) -> &[u8] {
+        &self.public_der
+    }
+}
+
+impl fmt::Debug for HeldKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HeldKey").field("held_by", &self.holder.name()).field("id", &self.id).finish()
+    }
+}
+
+impl Drop for HeldKey {
+    fn drop(&mut self) {
+        self.holder.forget(self.id);
+    }
+}

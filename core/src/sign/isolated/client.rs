@@ -1,0 +1,286 @@
+//! The client side of one connection to a key process: request ids, what
+//! waits for each reply, the in-flight bound, and the reader that delivers
+//! replies in whatever order they come and fails everything in flight
+//! when the connection ends. Starting and restarting the process is the
+//! supervisor's.
+
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::os::unix::net::UnixStream;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use zeroize::Zeroizing;
+
+use super::protocol::{self as p, kind, ErrorCode, Frame};
+use super::writer::FrameWriter;
+use crate::sign::held_key::Answer;
+use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError};
+
+/// The backend name in errors and metrics.
+pub(super) const NAME: &str = "isolated";
+
+pub(super) fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
+    SignError::backend(NAME, failure, reason)
+}
+
+/// What waits for a reply.
+pub(super) enum Pending {
+    /// An engine operation.
+    Op(Answer),
+    /// A synchronous operation; holds a slot.
+    OpCall(Sender<Result<Frame, SignError>>),
+    /// A synchronous request other than an operation (load, status).
+    Call(Sender<Result<Frame, SignError>>),
+}
+
+impl Pending {
+    /// Answers with an error.
+    pub(super) fn fail(self, e: SignError) {
+        match self {
+            Pending::Op(answer) => answer.send(Err(e)),
+            Pending::OpCall(tx) | Pending::Call(tx) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+}
+
+/// One running key process and the connection to it.
+pub(super) struct Conn {
+    pub(super) pid: u32,
+    pub(super) flags: u32,
+    pub(super) child: Mutex<Child>,
+    pub(super) writer: FrameWriter,
+    pending: Mutex<HashMap<u64, Pending>>,
+    pub(super) dead: AtomicBool,
+    free_slots: Mutex<u32>,
+    slot_freed: Condvar,
+    next_request: AtomicU64,
+}
+
+impl Conn {
+    pub(super) fn new(pid: u32, flags: u32, child: Child, writer: FrameWriter, max_in_flight: u32) -> Self {
+        Conn {
+            pid,
+            flags,
+            child: Mutex::new(child),
+            writer,
+            pending: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            free_slots: Mutex::new(max_in_flight),
+            slot_freed: Condvar::new(),
+            next_request: AtomicU64::new(1),
+        }
+    }
+
+    pub(super) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    fn pending(&self) -> MutexGuard<'_, HashMap<u64, Pending>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn next_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Registers `pending` under `id` unless the connection is dead.
+    fn register(&self, id: u64, pending: Pending) -> Result<(), Pending> {
+        let mut map = self.pending();
+        if self.is_dead() {
+            return Err(pending);
+        }
+        map.insert(id, pending);
+        Ok(())
+    }
+
+    /// Whether a request slot is free now (for admission on the
+    /// submitting thread).
+    pub(super) fn has_room(&self) -> bool {
+        *self.free_slots.lock().unwrap_or_else(|e| e.into_inner()) > 0
+    }
+
+    fn acquire_slot(&self, deadline: Instant) -> bool {
+        let mut free = self.free_slots.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            if self.is_dead() {
+                return false;
+            }
+            if *free > 0 {
+                *free -= 1;
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            free = self.slot_freed.wait_timeout(free, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    fn release_slot(&self) {
+        *self.free_slots.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+        self.slot_freed.notify_one();
+    }
+
+    /// Sends a request and waits for its reply frame.
+    pub(super) fn call(&self, kind: u8, body: &[u8], timeout: Duration) -> Result<Frame, SignError> {
+        let id = self.next_id();
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        if self.register(id, Pending::Call(tx)).is_err() {
+            return Err(backend_error(BackendFailure::Died, "the key process died"));
+        }
+        let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 4 + body.len()));
+        p::encode(&mut frame, kind, id, &[body]);
+        if !self.writer.send(&frame) {
+            self.pending().remove(&id);
+            return Err(backend_error(BackendFailure::Died, "cannot write to the key process"));
+        }
+        let reply = match rx.recv_timeout(timeout) {
+            Ok(r) => r?,
+            Err(_) => {
+                self.pending().remove(&id);
+                return Err(SignError::TimedOut { timeout });
+            }
+        };
+        if reply.kind == kind::ERR {
+            let (code, msg) = p::parse_error(&reply.body);
+            return Err(reply_error(code, msg, timeout));
+        }
+        Ok(reply)
+    }
+
+    /// Sends operation `op` on key `key_id` once a slot is free (until
+    /// `deadline`); `pending` hears the answer.
+    pub(super) fn send_op(&self, key_id: u64, op: &Operation, deadline: Instant, pending: Pending) {
+        if !self.acquire_slot(deadline) {
+            let e = if self.is_dead() {
+                backend_error(BackendFailure::Died, "the key process died")
+            } else {
+                backend_error(BackendFailure::NoRoom, "no room: the key process has max_in_flight requests outstanding")
+            };
+            return pending.fail(e);
+        }
+        let id = self.next_id();
+        if let Err(pending) = self.register(id, pending) {
+            self.release_slot();
+            return pending.fail(backend_error(BackendFailure::Died, "the key process died"));
+        }
+        let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 15 + op.input_len()));
+        p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), op);
+        // If the write fails, the reader fails whatever is registered when
+        // it sees the connection end.
+        self.writer.send(&frame);
+    }
+
+    /// Performs `op` and waits for the answer until `deadline`.
+    pub(super) fn perform(&self, key_id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.send_op(key_id, op, deadline, Pending::OpCall(tx));
+        let timeout = deadline.saturating_duration_since(Instant::now());
+        let frame = rx.recv_timeout(timeout).map_err(|_| SignError::TimedOut { timeout })??;
+        if frame.kind == kind::ERR {
+            let (code, msg) = p::parse_error(&frame.body);
+            return Err(reply_error(code, msg, timeout));
+        }
+        Ok(Zeroizing::new(frame.body))
+    }
+
+    /// Tells the key process to forget a key. Nobody waits for the
+    /// answer; the reader drops it.
+    pub(super) fn unload(&self, key_id: u64) {
+        let mut frame = Vec::new();
+        p::encode(&mut frame, kind::UNLOAD, self.next_id(), &[&p::unload_request(key_id)]);
+        self.writer.send(&frame);
+    }
+
+    /// Delivers one reply frame to whoever waits for it.
+    fn deliver(&self, frame: Frame) {
+        let Some(pending) = self.pending().remove(&frame.id) else {
+            // A reply nobody waits for (an unload, or a call that gave up).
+            return;
+        };
+        if matches!(pending, Pending::Op(_) | Pending::OpCall(_)) {
+            self.release_slot();
+        }
+        match pending {
+            Pending::Op(answer) => {
+                if frame.kind == kind::OK {
+                    answer.send(Ok(Zeroizing::new(frame.body)));
+                } else {
+                    let (code, msg) = p::parse_error(&frame.body);
+                    answer.send(Err(reply_error(code, msg, Duration::ZERO)));
+                }
+            }
+            Pending::OpCall(tx) | Pending::Call(tx) => {
+                if matches!(frame.kind, kind::OK | kind::ERR) {
+                    let _ = tx.send(Ok(frame));
+                } else {
+                    let _ = tx.send(Err(backend_error(
+                        BackendFailure::Protocol,
+                        format!("unexpected reply kind {:#04x}", frame.kind),
+                    )));
+                }
+            }
+        }
+    }
+
+    /// The reader: delivers replies until the connection ends, then fails
+    /// everything in flight at once (nothing waits for a dead process),
+    /// reaps the process and says how it ended.
+    pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder) -> String {
+        let mut buf = vec![0u8; 64 * 1024];
+        let end: String = 'read: loop {
+            loop {
+                match decoder.next_frame() {
+                    Ok(Some(frame)) => self.deliver(frame),
+                    Ok(None) => break,
+                    Err(e) => break 'read format!("it sent a bad frame ({e})"),
+                }
+            }
+            match stream.read(&mut buf) {
+                Ok(0) => break "it closed the connection".to_string(),
+                Ok(n) => decoder.push(&buf[..n]),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => break format!("reading from it failed: {e}"),
+            }
+        };
+        buf.iter_mut().for_each(|b| *b = 0);
+
+        let drained: Vec<Pending> = {
+            let mut map = self.pending();
+            self.dead.store(true, Ordering::Release);
+            map.drain().map(|(_, p)| p).collect()
+        };
+        self.slot_freed.notify_all();
+        self.writer.shutdown();
+        let message = format!("the key process (pid {}) died: {end}", self.pid);
+        for pending in drained {
+            pending.fail(backend_error(BackendFailure::Died, message.clone()));
+        }
+        let status = {
+            let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = child.kill();
+            child.wait().map(|s| s.to_string()).unwrap_or_else(|e| format!("unknown ({e})"))
+        };
+        format!("pid {} {end}; {status}", self.pid)
+    }
+}
+
+/// Maps an ERR reply to the engine's errors.
+fn reply_error(code: ErrorCode, msg: String, timeout: Duration) -> SignError {
+    match code {
+        // The key process ran the operation; which one is not in the reply,
+        // signing being by far the most common.
+        ErrorCode::Crypto => SignError::Crypto { op: CryptoOp::Sign, reason: msg },
+        ErrorCode::TimedOut => SignError::TimedOut { timeout },
+        ErrorCode::Busy => backend_error(BackendFailure::NoRoom, msg),
+        ErrorCode::Malformed => backend_error(BackendFailure::Protocol, msg),
+        _ => backend_error(BackendFailure::Refused, msg),
+    }
+}

@@ -1,0 +1,410 @@
+//! The supervisor: finds the key-process program, starts the process,
+//! exchanges hellos, and when the process dies starts a new one and
+//! replays the setup (key loads, privilege drops) on it. It is also what
+//! holds the keys on the engine's behalf ([`KeyHolder`]): operations go to
+//! the live connection, waiting briefly for a restart in progress.
+
+use std::collections::HashSet;
+use std::io::{self, Read};
+use std::os::fd::OwnedFd;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
+
+use super::client::{backend_error, Conn, Pending, NAME};
+use super::protocol::{self as p, kind, KeySource};
+use super::sys;
+use super::writer::FrameWriter;
+use super::IsolatedConfig;
+use crate::sign::held_key::{Answer, KeyHolder};
+use crate::sign::types::{BackendFailure, KeyKind, OpClass, Operation, Output, Resource, SignError};
+
+/// The key-process program's file name, looked for beside the library and
+/// the executable.
+pub(super) const PROGRAM: &str = "keyfence-keyd";
+
+/// One setup step, replayed in order on a new key process.
+#[derive(Debug, Clone)]
+pub(super) enum Setup {
+    Load(u64, KeySource),
+    DropPrivileges(u32, u32),
+}
+
+pub(super) struct State {
+    pub(super) conn: Option<Arc<Conn>>,
+    pub(super) setup: Vec<Setup>,
+    /// Keys loaded from bytes: a restart loses them.
+    pub(super) from_bytes: HashSet<u64>,
+    /// Keys a restart lost.
+    lost: HashSet<u64>,
+    /// Why the last key process ended, for status and errors.
+    pub(super) last_exit: Option<String>,
+}
+
+/// Starts and restarts the key process; holds keys for the engine.
+pub(super) struct Supervisor {
+    pub(super) config: IsolatedConfig,
+    /// The program and arguments, resolved once at start.
+    command: Vec<std::ffi::OsString>,
+    state: Mutex<State>,
+    changed: Condvar,
+    pub(super) next_key: AtomicU64,
+    pub(super) restarts: AtomicU64,
+    closed: AtomicBool,
+}
+
+/// The key-process program: the configured command if there is one (its
+/// program must be a path, never a name looked up on `PATH`), else
+/// `keyfence-keyd` beside the shared library or executable keyfence is
+/// part of, else beside the running executable (or one directory up, for
+/// test and bench binaries in `target/*/deps`). No environment variable
+/// is consulted: a binding's host process should not be able to choose
+/// which program holds its keys by inheriting one.
+pub(super) fn resolve_command(config: &IsolatedConfig) -> Result<Vec<std::ffi::OsString>, SignError> {
+    if let Some(program) = config.command.first() {
+        let path = Path::new(program);
+        if path.components().count() < 2 && !path.is_absolute() {
+            return Err(SignError::Config(format!(
+                "isolated.command: the key-process program must be a path, not `{}` (it is never looked up on PATH)",
+                path.display()
+            )));
+        }
+        if !path.is_file() {
+            return Err(SignError::Config(format!(
+                "isolated.command: the key-process program {} does not exist",
+                path.display()
+            )));
+        }
+        return Ok(config.command.clone());
+    }
+    let mut looked = Vec::new();
+    let mut dirs: Vec<PathBuf> = Vec::new();
+    if let Some(lib) = sys::library_path() {
+        dirs.extend(lib.parent().map(Path::to_path_buf));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        dirs.extend(exe.ancestors().skip(1).take(2).map(Path::to_path_buf));
+    }
+    for dir in dirs {
+        let candidate = dir.join(PROGRAM);
+        if candidate.is_file() {
+            return Ok(vec![candidate.into_os_string()]);
+        }
+        if !looked.contains(&dir) {
+            looked.push(dir);
+        }
+    }
+    let looked: Vec<String> = looked.iter().map(|d| d.display().to_string()).collect();
+    Err(SignError::Config(format!(
+        "no {PROGRAM} beside the library or executable (looked in {}); install it there or set isolated.command",
+        looked.join(", ")
+    )))
+}
+
+impl Supervisor {
+    /// Checks the configuration, starts the first key process.
+    pub(super) fn start(config: IsolatedConfig) -> Result<Arc<Self>, SignError> {
+        if config.max_in_flight == 0 || config.rsa_threads == 0 || config.ec_threads == 0 {
+            return Err(SignError::Config("isolated sizes (max_in_flight, threads) must be at least 1".into()));
+        }
+        let command = resolve_command(&config)?;
+        let sup = Arc::new(Supervisor {
+            config,
+            command,
+            state: Mutex::new(State {
+                conn: None,
+                setup: Vec::new(),
+                from_bytes: HashSet::new(),
+                lost: HashSet::new(),
+                last_exit: None,
+            }),
+            changed: Condvar::new(),
+            next_key: AtomicU64::new(1),
+            restarts: AtomicU64::new(0),
+            closed: AtomicBool::new(false),
+        });
+        let conn = sup.spawn()?;
+        sup.state().conn = Some(conn);
+        Ok(sup)
+    }
+
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a key process, exchanges hellos and starts its reader.
+    fn spawn(self: &Arc<Self>) -> Result<Arc<Conn>, SignError> {
+        let config = &self.config;
+        let process_error = |what: String| SignError::io(Resource::Process, what);
+        let (ours, theirs) = UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
+        let mut cmd = Command::new(&self.command[0]);
+        cmd.args(&self.command[1..])
+            .arg("--rsa-threads")
+            .arg(config.rsa_threads.to_string())
+            .arg("--ec-threads")
+            .arg(config.ec_threads.to_string())
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        let child = cmd.spawn().map_err(|e| {
+            process_error(format!("cannot start the key process {}: {e}", self.command[0].to_string_lossy()))
+        })?;
+        // The command still holds the child's end of the pair; while it
+        // does, a child that dies before its hello is not seen to.
+        drop(cmd);
+        let pid = child.id();
+        let mut child = child;
+        let kill = |child: &mut Child| {
+            let _ = child.kill();
+            let _ = child.wait();
+        };
+
+        let (flags, decoder) = match handshake(&ours, pid, config) {
+            Ok(v) => v,
+            Err(e) => {
+                kill(&mut child);
+                return Err(process_error(format!("the key process did not start: {e}")));
+            }
+        };
+        let reader = match ours.try_clone() {
+            Ok(r) => r,
+            Err(e) => {
+                kill(&mut child);
+                return Err(SignError::io(Resource::Socket, format!("cannot clone the key-process socket: {e}")));
+            }
+        };
+        let writer = match FrameWriter::new(ours) {
+            Ok(w) => w,
+            Err(e) => {
+                kill(&mut child);
+                return Err(SignError::io(Resource::Thread, format!("cannot start the key-process writer: {e}")));
+            }
+        };
+        let conn = Arc::new(Conn::new(pid, flags, child, writer, config.max_in_flight));
+        let (weak, c) = (Arc::downgrade(self), conn.clone());
+        let started = std::thread::Builder::new().name(format!("keyfence-keyd-{pid}")).spawn(move || {
+            let exit = c.read_replies(reader, decoder);
+            on_exit(weak, exit);
+        });
+        if let Err(e) = started {
+            conn.writer.shutdown();
+            let mut child = conn.child.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SignError::io(Resource::Thread, format!("cannot start the key-process reader: {e}")));
+        }
+        Ok(conn)
+    }
+
+    /// The live connection, waiting for a restart in progress until
+    /// `deadline`.
+    pub(super) fn live_conn(&self, deadline: Instant) -> Result<Arc<Conn>, SignError> {
+        let mut state = self.state();
+        loop {
+            if let Some(conn) = state.conn.as_ref().filter(|c| !c.is_dead()) {
+                return Ok(conn.clone());
+            }
+            if self.closed.load(Ordering::Acquire) || !self.config.restart {
+                let why = state.last_exit.clone().unwrap_or_else(|| "it is not running".into());
+                return Err(backend_error(BackendFailure::Unavailable, format!("the key process is gone ({why})")));
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                let why = state.last_exit.clone().unwrap_or_else(|| "starting".into());
+                return Err(backend_error(
+                    BackendFailure::Unavailable,
+                    format!("the key process is restarting (last exit: {why})"),
+                ));
+            }
+            state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        }
+    }
+
+    /// Replays the setup script on a new connection.
+    fn replay(&self, conn: &Conn, setup: &[Setup]) -> Result<Vec<u64>, SignError> {
+        let mut lost = Vec::new();
+        for step in setup {
+            match step {
+                Setup::Load(key_id, source) => {
+                    let body = p::load_request(*key_id, source);
+                    // A source that went away (file deleted, envelope
+                    // revoked) loses that key; the others live on.
+                    match conn.call(kind::LOAD, &body, self.config.start_timeout) {
+                        Ok(_) => {}
+                        Err(SignError::Backend { .. }) => lost.push(*key_id),
+                        Err(e) => return Err(e),
+                    }
+                }
+                Setup::DropPrivileges(uid, gid) => {
+                    let body = p::drop_privileges_request(*uid, *gid);
+                    conn.call(kind::DROP_PRIVILEGES, &body, self.config.start_timeout)?;
+                }
+            }
+        }
+        Ok(lost)
+    }
+
+    /// The connection for an operation on `key_id`, or why there is none.
+    fn conn_for(&self, key_id: u64, deadline: Instant) -> Result<Arc<Conn>, SignError> {
+        let wait_until = deadline.min(Instant::now() + self.config.restart_wait);
+        let conn = self.live_conn(wait_until)?;
+        if self.state().lost.contains(&key_id) {
+            return Err(backend_error(
+                BackendFailure::Refused,
+                "the key was loaded from bytes and was lost when the key process restarted; load it again",
+            ));
+        }
+        Ok(conn)
+    }
+}
+
+/// Sends `Hello` and reads the key process's: its pid (which must be the
+/// child's) and hardening flags.
+fn handshake(ours: &UnixStream, pid: u32, config: &IsolatedConfig) -> io::Result<(u32, p::Decoder)> {
+    use std::io::Write;
+    let mut hello = Vec::new();
+    p::encode(&mut hello, kind::HELLO, 0, &[&p::hello_request(config.max_in_flight)]);
+    let mut ours = ours;
+    ours.write_all(&hello)?;
+    ours.set_read_timeout(Some(config.start_timeout))?;
+    let mut decoder = p::Decoder::new();
+    let mut buf = [0u8; 256];
+    let frame = loop {
+        if let Some(f) = decoder.next_frame().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))? {
+            break f;
+        }
+        let n = ours.read(&mut buf)?;
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello"));
+        }
+        decoder.push(&buf[..n]);
+    };
+    ours.set_read_timeout(None)?;
+    if frame.kind == kind::ERR {
+        let (_, msg) = p::parse_error(&frame.body);
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("it refused the hello: {msg}")));
+    }
+    let (their_pid, flags) =
+        p::parse_hello_reply(&frame.body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    if frame.kind != kind::HELLO || their_pid != pid {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("the hello came from pid {their_pid}, not the process started ({pid})"),
+        ));
+    }
+    Ok((flags, decoder))
+}
+
+/// A connection ended: record how, and start a new key process unless
+/// the owner is gone or restarts are off.
+fn on_exit(sup: Weak<Supervisor>, exit: String) {
+    let Some(sup) = sup.upgrade() else { return };
+    sup.state().last_exit = Some(exit);
+    sup.changed.notify_all();
+    if sup.closed.load(Ordering::Acquire) || !sup.config.restart {
+        return;
+    }
+    restart(&sup);
+}
+
+/// Starts a new key process and reloads the keys, backing off from 10 ms
+/// to 1 s between failed attempts, until it works or the owner is gone.
+fn restart(sup: &Arc<Supervisor>) {
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        if sup.closed.load(Ordering::Acquire) || Arc::strong_count(sup) == 1 {
+            return;
+        }
+        if let Ok(conn) = sup.spawn() {
+            let setup = sup.state().setup.clone();
+            match sup.replay(&conn, &setup) {
+                Ok(lost) => {
+                    let mut state = sup.state();
+                    let from_bytes = std::mem::take(&mut state.from_bytes);
+                    state.lost.extend(from_bytes);
+                    state.lost.extend(lost);
+                    state.conn = Some(conn);
+                    drop(state);
+                    sup.restarts.fetch_add(1, Ordering::Relaxed);
+                    sup.changed.notify_all();
+                    return;
+                }
+                Err(_) => conn.writer.shutdown(),
+            }
+        }
+        std::thread::sleep(backoff);
+        backoff = (backoff * 2).min(Duration::from_secs(1));
+    }
+}
+
+impl KeyHolder for Supervisor {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    /// RSA keys on the RSA executor, the others on the EC executor: the
+    /// executor threads only write the request, so they stay free, and the
+    /// classes stay apart as they are in the key process.
+    fn class(&self, kind: KeyKind) -> OpClass {
+        if kind.is_rsa() {
+            OpClass::Rsa
+        } else {
+            OpClass::Ec
+        }
+    }
+
+    /// Started on the submitting thread when a key process is running and
+    /// has room: `start` then only writes the request. Refused at once
+    /// with `overloaded` when `max_in_flight` requests are outstanding;
+    /// queued on the executor (to wait for the restart) when the key
+    /// process is down.
+    fn admit(&self, class: OpClass) -> Result<bool, SignError> {
+        let state = self.state();
+        let Some(conn) = state.conn.as_ref().filter(|c| !c.is_dead()) else {
+            return Ok(false);
+        };
+        if !conn.has_room() {
+            return Err(SignError::Overloaded { class, capacity: self.config.max_in_flight as usize });
+        }
+        Ok(true)
+    }
+
+    fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
+        self.conn_for(id, deadline)?.perform(id, op, deadline)
+    }
+
+    fn start(&self, id: u64, op: Operation, deadline: Instant, answer: Answer) {
+        match self.conn_for(id, deadline) {
+            Ok(conn) => conn.send_op(id, &op, deadline, Pending::Op(answer)),
+            Err(e) => answer.send(Err(e)),
+        }
+    }
+
+    /// Tells the key process to forget a key whose last handle is gone.
+    fn forget(&self, key_id: u64) {
+        let conn = {
+            let mut state = self.state();
+            state.setup.retain(|s| !matches!(s, Setup::Load(id, _) if *id == key_id));
+            state.lost.remove(&key_id);
+            state.from_bytes.remove(&key_id);
+            state.conn.clone()
+        };
+        if let Some(conn) = conn {
+            conn.unload(key_id);
+        }
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.closed.store(true, Ordering::Release);
+        if let Some(conn) = self.state().conn.take() {
+            // The key process reads end-of-file and exits; the reader
+            // thread reaps it.
+            conn.writer.shutdown();
+        }
+    }
+}
