@@ -185,6 +185,37 @@ typedef uint32_t keyfence_result;
 #endif // __cplusplus
 
 /*
+ The engine's executor classes, each with its own threads and bounded
+ queue, so a slow class never delays a fast one.
+ */
+enum keyfence_op_class
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : uint32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /*
+   RSA in software (about a millisecond per signature).
+   */
+  KEYFENCE_CLASS_RSA = 0,
+  /*
+   ECDSA and Ed25519 in software (tens of microseconds).
+   */
+  KEYFENCE_CLASS_EC = 1,
+  /*
+   Operations that wait on something outside the process: the
+   isolated key process, an offload device.
+   */
+  KEYFENCE_CLASS_SLOW = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum keyfence_op_class keyfence_op_class;
+#else
+typedef uint32_t keyfence_op_class;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/*
  An attribute key (decrypts what its attributes satisfy). Wiped when
  freed. Thread-safe.
  */
@@ -209,11 +240,38 @@ typedef struct keyfence_abe_public_key keyfence_abe_public_key;
 typedef struct keyfence_authority keyfence_authority;
 
 /*
+ A completion queue: finished operations submitted with
+ `keyfence_engine_submit_to_queue` wait here, and its file descriptor is
+ readable while any do. Thread-safe.
+ */
+typedef struct keyfence_completion_queue keyfence_completion_queue;
+
+/*
+ A signing engine. Thread-safe: any thread may submit to it. Freeing it
+ shuts it down: operations still queued fail with `KEYFENCE_SHUT_DOWN`.
+ */
+typedef struct keyfence_engine keyfence_engine;
+
+/*
+ An engine's settings, built before `keyfence_engine_new`. Not
+ thread-safe; free it with `keyfence_engine_config_free` (the engine
+ does not keep it).
+ */
+typedef struct keyfence_engine_config keyfence_engine_config;
+
+/*
  A machine: its machine key and the store holding the replicated sealed
  policy keys, with a cache of opened policy keys. Thread-safe: one
  handle may open envelopes from many threads at once.
  */
 typedef struct keyfence_machine keyfence_machine;
+
+/*
+ A private key: in this process's memory, or a handle on one held by an
+ isolated key process. Thread-safe and immutable; operations hold their
+ own reference, so it may be freed while they run.
+ */
+typedef struct keyfence_private_key keyfence_private_key;
 
 /*
  A byte string keyfence allocated and the caller owns: a ciphertext, a
@@ -234,6 +292,100 @@ typedef struct keyfence_bytes {
    */
   size_t len;
 } keyfence_bytes;
+
+/*
+ Called once with an operation's outcome, on an engine thread: keep it
+ short (hand the result to your own loop). `signature` is valid only
+ during the call (copy it), and `message` is the error text (NUL-
+ terminated) when `result` is not `KEYFENCE_OK`, else NULL.
+ */
+typedef void (*keyfence_sign_callback)(void *user_data,
+                                       keyfence_result result,
+                                       const uint8_t *signature,
+                                       size_t signature_len,
+                                       const char *message);
+
+/*
+ One finished operation, as `keyfence_completion_queue_drain` returns it.
+ Free its `signature` and `message` with `keyfence_bytes_free`.
+ */
+typedef struct keyfence_completion {
+  /*
+   The `user_data` given at submission.
+   */
+  void *user_data;
+  /*
+   The operation's id (as written by the submit call).
+   */
+  uint64_t op_id;
+  /*
+   `KEYFENCE_OK`, or why the operation failed (`KEYFENCE_TIMED_OUT`,
+   `KEYFENCE_BACKEND_FAILED`, ...).
+   */
+  keyfence_result result;
+  /*
+   The signature when `result` is `KEYFENCE_OK`, else empty.
+   */
+  struct keyfence_bytes signature;
+  /*
+   The error message when `result` is not `KEYFENCE_OK`, else empty.
+   */
+  struct keyfence_bytes message;
+} keyfence_completion;
+
+/*
+ A snapshot of one executor class's counters and latency.
+ */
+typedef struct keyfence_class_metrics {
+  /*
+   Worker threads.
+   */
+  uint32_t workers;
+  /*
+   Queue capacity (operations waiting beyond it are refused).
+   */
+  uint32_t queue_capacity;
+  /*
+   Operations waiting now.
+   */
+  uint32_t queue_depth;
+  /*
+   Operations being performed now.
+   */
+  uint32_t in_flight;
+  /*
+   Operations accepted since start.
+   */
+  uint64_t submitted;
+  /*
+   Operations finished successfully.
+   */
+  uint64_t completed;
+  /*
+   Operations that failed, all kinds.
+   */
+  uint64_t errors;
+  /*
+   Refused because the queue was full.
+   */
+  uint64_t overloaded;
+  /*
+   Ended by their deadline.
+   */
+  uint64_t timed_out;
+  /*
+   Latency percentiles of successful operations, in nanoseconds.
+   */
+  uint64_t p50_ns;
+  /*
+   99th percentile, nanoseconds.
+   */
+  uint64_t p99_ns;
+  /*
+   99.9th percentile, nanoseconds.
+   */
+  uint64_t p999_ns;
+} keyfence_class_metrics;
 
 #ifdef __cplusplus
 extern "C" {
@@ -491,6 +643,248 @@ keyfence_result keyfence_policy_check(const char *policy, const char *attrs, boo
  `policy` is a NUL-terminated string; `out` is writable.
  */
 keyfence_result keyfence_policy_canonical(const char *policy, struct keyfence_bytes *out);
+
+/*
+ Default settings: threads per class from the core count, bounded
+ queues, a 1 s deadline per operation, keys in this process.
+
+ # Safety
+ `out` is writable.
+ */
+keyfence_result keyfence_engine_config_new(struct keyfence_engine_config **out);
+
+/*
+ Sets one class's worker threads and queue capacity (0 keeps the
+ current value). A full queue answers `KEYFENCE_OVERLOADED` at once.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for an unknown class.
+
+ # Safety
+ `config` is a live handle.
+ */
+keyfence_result keyfence_engine_config_set_class(struct keyfence_engine_config *config,
+                                                 uint32_t class_,
+                                                 uint32_t threads,
+                                                 uint32_t queue_capacity);
+
+/*
+ Sets the deadline of operations submitted without one, in
+ milliseconds (at least 1).
+
+ # Safety
+ `config` is a live handle.
+ */
+keyfence_result keyfence_engine_config_set_timeout_ms(struct keyfence_engine_config *config,
+                                                      uint32_t timeout_ms);
+
+/*
+ Keeps the engine's keys in an isolated key process: keys loaded with
+ `keyfence_key_from_pem(engine, ...)` live only there, and a memory
+ disclosure in the server cannot reach them. `key_process` is the path of
+ the `keyfence-keyd` program, or NULL for the one installed beside
+ libkeyfence (never looked up on `PATH`).
+
+ # Safety
+ `config` is a live handle; `key_process` is NULL or a NUL-terminated
+ string.
+ */
+keyfence_result keyfence_engine_config_set_isolated(struct keyfence_engine_config *config,
+                                                    const char *key_process);
+
+/*
+ Frees an engine configuration; NULL is a no-op.
+
+ # Safety
+ `config` is NULL or a live handle, not used afterwards.
+ */
+void keyfence_engine_config_free(struct keyfence_engine_config *config);
+
+/*
+ Starts an engine with `config` (NULL for the defaults) into `*out`:
+ its worker threads, and its key process when the configuration asks
+ for one.
+
+ Errors: `KEYFENCE_INVALID_CONFIG`, `KEYFENCE_IO` (threads),
+ `KEYFENCE_BACKEND_FAILED` if the key process does not start.
+
+ # Safety
+ `config` is NULL or a live handle; `out` is writable.
+ */
+keyfence_result keyfence_engine_new(const struct keyfence_engine_config *config,
+                                    struct keyfence_engine **out);
+
+/*
+ Shuts the engine down and frees it; NULL is a no-op. Queued operations
+ fail with `KEYFENCE_SHUT_DOWN`; keys from its key process stop working.
+
+ # Safety
+ `engine` is NULL or a live handle no other thread uses, not used
+ afterwards.
+ */
+void keyfence_engine_free(struct keyfence_engine *engine);
+
+/*
+ Loads a private key from PEM or DER bytes (PKCS#1, PKCS#8, SEC1; RSA
+ 2048-4096, ECDSA P-256/P-384, Ed25519) into `*out`. With `engine` NULL,
+ or an engine without a key process, the key is held in this process;
+ with an isolated engine it is handed to the key process and this process
+ keeps only a handle. The caller should wipe its copy of the bytes.
+
+ Errors: `KEYFENCE_INVALID_PRIVATE_KEY` (what is wrong with it, never
+ its contents), `KEYFENCE_BACKEND_FAILED` if the key process refuses it.
+
+ # Safety
+ `engine` is NULL or a live handle; `pem` points to `len` readable
+ bytes; `out` is writable.
+ */
+keyfence_result keyfence_key_from_pem(const struct keyfence_engine *engine,
+                                      const uint8_t *pem,
+                                      size_t len,
+                                      struct keyfence_private_key **out);
+
+/*
+ The key's public half as DER `SubjectPublicKeyInfo`, into `*out`, for
+ verifiers and certificates.
+
+ # Safety
+ `key` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_key_public_der(const struct keyfence_private_key *key,
+                                        struct keyfence_bytes *out);
+
+/*
+ Frees a key handle; NULL is a no-op. Operations already submitted keep
+ their own reference and finish.
+
+ # Safety
+ `key` is NULL or a live handle, not used afterwards.
+ */
+void keyfence_key_free(struct keyfence_private_key *key);
+
+/*
+ Signs `msg[0..len]` with `key` and the algorithm named `alg`
+ (`"ecdsa-p256-sha256"`, `"rsa-pss-sha256"`, `"ed25519"`, ...; see
+ docs/signing.md), waiting for the result: for scripts and tools, not
+ for an event loop. `timeout_ms` 0 uses the engine's deadline.
+
+ Errors: `KEYFENCE_INVALID_REQUEST` (unknown algorithm, or one that does
+ not fit the key), `KEYFENCE_OVERLOADED`, `KEYFENCE_TIMED_OUT`,
+ `KEYFENCE_BACKEND_FAILED`, `KEYFENCE_SHUT_DOWN`.
+
+ # Safety
+ `engine` and `key` are live handles; `alg` is a NUL-terminated string;
+ `msg` points to `len` readable bytes; `signature` is writable.
+ */
+keyfence_result keyfence_engine_sign(const struct keyfence_engine *engine,
+                                     const struct keyfence_private_key *key,
+                                     const char *alg,
+                                     const uint8_t *msg,
+                                     size_t len,
+                                     uint32_t timeout_ms,
+                                     struct keyfence_bytes *signature);
+
+/*
+ Submits a signature and returns at once; `callback(user_data, ...)` is
+ called exactly once with the outcome, on an engine thread, unless this
+ function returns an error (then never). `*op_id` (if not NULL) receives
+ the operation's id.
+
+ Errors, at once: `KEYFENCE_OVERLOADED` (the class's queue is full: shed
+ load), `KEYFENCE_INVALID_REQUEST`, `KEYFENCE_SHUT_DOWN`,
+ `KEYFENCE_INVALID_ARGUMENT` (NULL callback).
+
+ # Safety
+ As `keyfence_engine_sign`; `callback` is safe to call from any thread
+ with `user_data`; `op_id` is NULL or writable.
+ */
+keyfence_result keyfence_engine_submit(const struct keyfence_engine *engine,
+                                       const struct keyfence_private_key *key,
+                                       const char *alg,
+                                       const uint8_t *msg,
+                                       size_t len,
+                                       uint32_t timeout_ms,
+                                       keyfence_sign_callback callback,
+                                       void *user_data,
+                                       uint64_t *op_id);
+
+/*
+ A new completion queue into `*out`.
+
+ Errors: `KEYFENCE_IO` if the system has no file descriptors left.
+
+ # Safety
+ `out` is writable.
+ */
+keyfence_result keyfence_completion_queue_new(struct keyfence_completion_queue **out);
+
+/*
+ The queue's file descriptor, for epoll/kqueue/poll: readable while
+ completions wait. Do not read, write or close it; drain with
+ `keyfence_completion_queue_drain`. -1 if `queue` is NULL.
+
+ # Safety
+ `queue` is NULL or a live handle.
+ */
+int keyfence_completion_queue_fd(const struct keyfence_completion_queue *queue);
+
+/*
+ Submits a signature and returns at once; its outcome is pushed onto
+ `queue` with `user_data` (never dereferenced by keyfence) and the queue's
+ descriptor becomes readable. `*op_id` (if not NULL) receives its id.
+
+ Errors, at once (then nothing is queued): as `keyfence_engine_submit`.
+
+ # Safety
+ As `keyfence_engine_sign`; `queue` is a live handle that outlives the
+ operation's completion or is drained before it is freed; `op_id` is
+ NULL or writable.
+ */
+keyfence_result keyfence_engine_submit_to_queue(const struct keyfence_engine *engine,
+                                                const struct keyfence_private_key *key,
+                                                const char *alg,
+                                                const uint8_t *msg,
+                                                size_t len,
+                                                uint32_t timeout_ms,
+                                                const struct keyfence_completion_queue *queue,
+                                                void *user_data,
+                                                uint64_t *op_id);
+
+/*
+ Moves up to `cap` finished operations into `out[0..]` without blocking
+ and writes how many to `*n` (0 when none wait). The descriptor stays
+ readable while more wait, so an edge-triggered loop should drain until
+ `*n < cap`. Free each completion's `signature` and `message` with
+ `keyfence_bytes_free`.
+
+ # Safety
+ `queue` is a live handle; `out` points to `cap` writable completions;
+ `n` is writable.
+ */
+keyfence_result keyfence_completion_queue_drain(const struct keyfence_completion_queue *queue,
+                                                struct keyfence_completion *out,
+                                                size_t cap,
+                                                size_t *n);
+
+/*
+ Frees a completion queue; NULL is a no-op. Completions still in it are
+ wiped and dropped; operations still running that would report to it
+ are discarded when they finish.
+
+ # Safety
+ `queue` is NULL or a live handle, not used afterwards.
+ */
+void keyfence_completion_queue_free(struct keyfence_completion_queue *queue);
+
+/*
+ Writes the metrics of executor `class` (a `keyfence_op_class`) to
+ `*out`.
+
+ # Safety
+ `engine` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_engine_metrics(const struct keyfence_engine *engine,
+                                        uint32_t class_,
+                                        struct keyfence_class_metrics *out);
 
 /*
  Creates an authority with its first master generation in the store

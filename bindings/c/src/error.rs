@@ -199,6 +199,18 @@ impl Coded for keyfence_core::wrap::StoreError {
     }
 }
 
+impl Coded for keyfence_core::sign::SignError {
+    fn code(&self) -> ErrorCode {
+        keyfence_core::sign::SignError::code(self)
+    }
+}
+
+impl Coded for keyfence_core::sign::KeyError {
+    fn code(&self) -> ErrorCode {
+        keyfence_core::sign::KeyError::code(self)
+    }
+}
+
 impl<E: Coded> From<E> for Error {
     fn from(e: E) -> Self {
         Error::new(keyfence_result::from_code(e.code()), e.to_string())

@@ -103,6 +103,15 @@ impl CompletionQueue {
     /// many; never blocks. Afterwards the descriptor is readable again only
     /// when new completions arrive.
     pub fn drain_into(&self, out: &mut Vec<Completion>) -> usize {
+        self.drain_up_to(out, usize::MAX)
+    }
+
+    /// Like [`CompletionQueue::drain_into`], but moves at most `max`
+    /// completions, for callers that drain into a fixed-size array (the C
+    /// ABI). When more remain, the descriptor is left readable, so a
+    /// level-triggered loop comes back for them and an edge-triggered one
+    /// sees a new edge.
+    pub fn drain_up_to(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let s = &self.shared;
         s.signaled.store(false, Ordering::Release);
         let mut buf = [0u8; 64];
@@ -115,8 +124,11 @@ impl CompletionQueue {
             }
         }
         let mut items = s.items.lock().unwrap_or_else(|e| e.into_inner());
-        let n = items.len();
-        out.extend(items.drain(..));
+        let n = items.len().min(max);
+        out.extend(items.drain(..n));
+        if !items.is_empty() && !s.signaled.swap(true, Ordering::AcqRel) {
+            let _ = (&s.writer).write(&[1]);
+        }
         n
     }
 

@@ -1,0 +1,636 @@
+//! Asynchronous signing from C: an engine, private keys (in this process
+//! or in an isolated key process), and three ways to get a result: block,
+//! a callback, or a completion queue whose file descriptor an event loop
+//! polls.
+
+use std::ffi::{c_char, c_int, c_void};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::time::Duration;
+
+use keyfence_core::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
+use keyfence_core::sign::{
+    Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, OpClass, PrivateKey, Request, SignError,
+};
+use zeroize::Zeroizing;
+
+use crate::bytes::{self, keyfence_bytes};
+use crate::error::{keyfence_result, Error};
+use crate::ffi;
+
+/// The engine's executor classes, each with its own threads and bounded
+/// queue, so a slow class never delays a fast one.
+#[repr(u32)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum keyfence_op_class {
+    /// RSA in software (about a millisecond per signature).
+    KEYFENCE_CLASS_RSA = 0,
+    /// ECDSA and Ed25519 in software (tens of microseconds).
+    KEYFENCE_CLASS_EC = 1,
+    /// Operations that wait on something outside the process: the
+    /// isolated key process, an offload device.
+    KEYFENCE_CLASS_SLOW = 2,
+}
+
+fn class_of(n: u32) -> Result<OpClass, Error> {
+    OpClass::ALL
+        .get(n as usize)
+        .copied()
+        .ok_or_else(|| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("no executor class {n}")))
+}
+
+/// An engine's settings, built before `keyfence_engine_new`. Not
+/// thread-safe; free it with `keyfence_engine_config_free` (the engine
+/// does not keep it).
+pub struct keyfence_engine_config {
+    engine: EngineConfig,
+    isolated: Option<IsolatedConfig>,
+}
+
+/// A signing engine. Thread-safe: any thread may submit to it. Freeing it
+/// shuts it down: operations still queued fail with `KEYFENCE_SHUT_DOWN`.
+pub struct keyfence_engine {
+    engine: Engine,
+    key_process: Option<KeyProcess>,
+}
+
+/// A private key: in this process's memory, or a handle on one held by an
+/// isolated key process. Thread-safe and immutable; operations hold their
+/// own reference, so it may be freed while they run.
+pub struct keyfence_private_key(Arc<PrivateKey>);
+
+/// A completion queue: finished operations submitted with
+/// `keyfence_engine_submit_to_queue` wait here, and its file descriptor is
+/// readable while any do. Thread-safe.
+pub struct keyfence_completion_queue(CompletionQueue);
+
+/// One finished operation, as `keyfence_completion_queue_drain` returns it.
+/// Free its `signature` and `message` with `keyfence_bytes_free`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct keyfence_completion {
+    /// The `user_data` given at submission.
+    pub user_data: *mut c_void,
+    /// The operation's id (as written by the submit call).
+    pub op_id: u64,
+    /// `KEYFENCE_OK`, or why the operation failed (`KEYFENCE_TIMED_OUT`,
+    /// `KEYFENCE_BACKEND_FAILED`, ...).
+    pub result: keyfence_result,
+    /// The signature when `result` is `KEYFENCE_OK`, else empty.
+    pub signature: keyfence_bytes,
+    /// The error message when `result` is not `KEYFENCE_OK`, else empty.
+    pub message: keyfence_bytes,
+}
+
+/// Called once with an operation's outcome, on an engine thread: keep it
+/// short (hand the result to your own loop). `signature` is valid only
+/// during the call (copy it), and `message` is the error text (NUL-
+/// terminated) when `result` is not `KEYFENCE_OK`, else NULL.
+pub type keyfence_sign_callback = Option<
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        result: keyfence_result,
+        signature: *const u8,
+        signature_len: usize,
+        message: *const c_char,
+    ),
+>;
+
+impl Error {
+    fn sign(e: SignError) -> Self {
+        e.into()
+    }
+}
+
+/// Default settings: threads per class from the core count, bounded
+/// queues, a 1 s deadline per operation, keys in this process.
+///
+/// # Safety
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_new(out: *mut *mut keyfence_engine_config) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_engine_config { engine: EngineConfig::default(), isolated: None }) };
+        Ok(())
+    })
+}
+
+/// Sets one class's worker threads and queue capacity (0 keeps the
+/// current value). A full queue answers `KEYFENCE_OVERLOADED` at once.
+///
+/// Errors: `KEYFENCE_INVALID_ARGUMENT` for an unknown class.
+///
+/// # Safety
+/// `config` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_set_class(
+    config: *mut keyfence_engine_config,
+    class: u32,
+    threads: u32,
+    queue_capacity: u32,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promise.
+        let c = unsafe { ffi::borrow_mut(config, "config")? };
+        let class = class_of(class)?;
+        let cc: &mut ClassConfig = match class {
+            OpClass::Rsa => &mut c.engine.rsa,
+            OpClass::Ec => &mut c.engine.ec,
+            OpClass::Slow => &mut c.engine.slow,
+        };
+        if threads > 0 {
+            cc.threads = threads as usize;
+        }
+        if queue_capacity > 0 {
+            cc.queue_capacity = queue_capacity as usize;
+        }
+        Ok(())
+    })
+}
+
+/// Sets the deadline of operations submitted without one, in
+/// milliseconds (at least 1).
+///
+/// # Safety
+/// `config` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(
+    config: *mut keyfence_engine_config,
+    timeout_ms: u32,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promise.
+        let c = unsafe { ffi::borrow_mut(config, "config")? };
+        c.engine.default_timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
+        Ok(())
+    })
+}
+
+/// Keeps the engine's keys in an isolated key process: keys loaded with
+/// `keyfence_key_from_pem(engine, ...)` live only there, and a memory
+/// disclosure in the server cannot reach them. `key_process` is the path of
+/// the `keyfence-keyd` program, or NULL for the one installed beside
+/// libkeyfence (never looked up on `PATH`).
+///
+/// # Safety
+/// `config` is a live handle; `key_process` is NULL or a NUL-terminated
+/// string.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_set_isolated(
+    config: *mut keyfence_engine_config,
+    key_process: *const c_char,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promise.
+        let c = unsafe { ffi::borrow_mut(config, "config")? };
+        c.isolated = Some(if key_process.is_null() {
+            IsolatedConfig::default()
+        } else {
+            // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
+            IsolatedConfig::with_command([unsafe { ffi::text(key_process, "key_process")? }])
+        });
+        Ok(())
+    })
+}
+
+/// Frees an engine configuration; NULL is a no-op.
+///
+/// # Safety
+/// `config` is NULL or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_free(config: *mut keyfence_engine_config) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(config) }
+}
+
+/// Starts an engine with `config` (NULL for the defaults) into `*out`:
+/// its worker threads, and its key process when the configuration asks
+/// for one.
+///
+/// Errors: `KEYFENCE_INVALID_CONFIG`, `KEYFENCE_IO` (threads),
+/// `KEYFENCE_BACKEND_FAILED` if the key process does not start.
+///
+/// # Safety
+/// `config` is NULL or a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_new(
+    config: *const keyfence_engine_config,
+    out: *mut *mut keyfence_engine,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promise; NULL means the defaults.
+        let config = unsafe { config.as_ref() };
+        let engine = Engine::new(config.map_or_else(EngineConfig::default, |c| c.engine.clone())).map_err(Error::sign)?;
+        let key_process = match config.and_then(|c| c.isolated.clone()) {
+            Some(iso) => Some(KeyProcess::start(iso).map_err(Error::sign)?),
+            None => None,
+        };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_engine { engine, key_process }) };
+        Ok(())
+    })
+}
+
+/// Shuts the engine down and frees it; NULL is a no-op. Queued operations
+/// fail with `KEYFENCE_SHUT_DOWN`; keys from its key process stop working.
+///
+/// # Safety
+/// `engine` is NULL or a live handle no other thread uses, not used
+/// afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_free(engine: *mut keyfence_engine) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(engine) }
+}
+
+/// Loads a private key from PEM or DER bytes (PKCS#1, PKCS#8, SEC1; RSA
+/// 2048-4096, ECDSA P-256/P-384, Ed25519) into `*out`. With `engine` NULL,
+/// or an engine without a key process, the key is held in this process;
+/// with an isolated engine it is handed to the key process and this process
+/// keeps only a handle. The caller should wipe its copy of the bytes.
+///
+/// Errors: `KEYFENCE_INVALID_PRIVATE_KEY` (what is wrong with it, never
+/// its contents), `KEYFENCE_BACKEND_FAILED` if the key process refuses it.
+///
+/// # Safety
+/// `engine` is NULL or a live handle; `pem` points to `len` readable
+/// bytes; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_from_pem(
+    engine: *const keyfence_engine,
+    pem: *const u8,
+    len: usize,
+    out: *mut *mut keyfence_private_key,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promises; NULL engine means in-process.
+        let (engine, pem) = unsafe { (engine.as_ref(), ffi::slice(pem, len, "pem")?) };
+        let key = match engine.and_then(|e| e.key_process.as_ref()) {
+            Some(kp) => {
+                // Parsed here first so that a bad key gets the same typed
+                // error in both modes; the secret then lives in the key
+                // process only.
+                PrivateKey::from_bytes(pem)?;
+                kp.load(KeySource::Bytes(Zeroizing::new(pem.to_vec()))).map_err(Error::sign)?
+            }
+            None => Arc::new(PrivateKey::from_bytes(pem)?),
+        };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_private_key(key)) };
+        Ok(())
+    })
+}
+
+/// The key's public half as DER `SubjectPublicKeyInfo`, into `*out`, for
+/// verifiers and certificates.
+///
+/// # Safety
+/// `key` is a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_public_der(key: *const keyfence_private_key, out: *mut keyfence_bytes) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = bytes::out(out, "out")?;
+        // SAFETY: the caller's promise.
+        let key = unsafe { ffi::borrow(key, "key")? };
+        let der = key.0.public_key_der().map_err(Error::sign)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { bytes::give(out, &der) };
+        Ok(())
+    })
+}
+
+/// Frees a key handle; NULL is a no-op. Operations already submitted keep
+/// their own reference and finish.
+///
+/// # Safety
+/// `key` is NULL or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_free(key: *mut keyfence_private_key) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(key) }
+}
+
+/// The request every submit function builds from its C arguments.
+///
+/// # Safety
+/// As the submit functions: `key` live, `alg` a NUL-terminated string,
+/// `msg` `len` readable bytes.
+unsafe fn request(
+    key: *const keyfence_private_key,
+    alg: *const c_char,
+    msg: *const u8,
+    len: usize,
+    timeout_ms: u32,
+) -> Result<Request, Error> {
+    // SAFETY: the caller's promises, passed on.
+    let (key, alg, msg) = unsafe { (ffi::borrow(key, "key")?, ffi::text(alg, "alg")?, ffi::slice(msg, len, "msg")?) };
+    let alg: Algorithm = alg.parse().map_err(|e| Error::sign(SignError::from(e)))?;
+    let req = Request::sign(key.0.clone(), alg, msg.to_vec());
+    Ok(if timeout_ms == 0 { req } else { req.with_timeout(Duration::from_millis(u64::from(timeout_ms))) })
+}
+
+/// Signs `msg[0..len]` with `key` and the algorithm named `alg`
+/// (`"ecdsa-p256-sha256"`, `"rsa-pss-sha256"`, `"ed25519"`, ...; see
+/// docs/signing.md), waiting for the result: for scripts and tools, not
+/// for an event loop. `timeout_ms` 0 uses the engine's deadline.
+///
+/// Errors: `KEYFENCE_INVALID_REQUEST` (unknown algorithm, or one that does
+/// not fit the key), `KEYFENCE_OVERLOADED`, `KEYFENCE_TIMED_OUT`,
+/// `KEYFENCE_BACKEND_FAILED`, `KEYFENCE_SHUT_DOWN`.
+///
+/// # Safety
+/// `engine` and `key` are live handles; `alg` is a NUL-terminated string;
+/// `msg` points to `len` readable bytes; `signature` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_sign(
+    engine: *const keyfence_engine,
+    key: *const keyfence_private_key,
+    alg: *const c_char,
+    msg: *const u8,
+    len: usize,
+    timeout_ms: u32,
+    signature: *mut keyfence_bytes,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = bytes::out(signature, "signature")?;
+        // SAFETY: the caller's promises, passed on.
+        let (engine, req) = unsafe { (ffi::borrow(engine, "engine")?, request(key, alg, msg, len, timeout_ms)?) };
+        let sig = engine.engine.submit(req).map_err(Error::sign)?.wait().map_err(Error::sign)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { bytes::give(out, &sig) };
+        Ok(())
+    })
+}
+
+/// A `user_data` pointer carried to another thread: the engine never
+/// dereferences it, it only hands it back.
+#[derive(Clone, Copy)]
+struct UserData(*mut c_void);
+// SAFETY: the pointer is opaque to keyfence and only returned to the
+// caller, who chose to pass it across threads.
+unsafe impl Send for UserData {}
+
+/// Submits a signature and returns at once; `callback(user_data, ...)` is
+/// called exactly once with the outcome, on an engine thread, unless this
+/// function returns an error (then never). `*op_id` (if not NULL) receives
+/// the operation's id.
+///
+/// Errors, at once: `KEYFENCE_OVERLOADED` (the class's queue is full: shed
+/// load), `KEYFENCE_INVALID_REQUEST`, `KEYFENCE_SHUT_DOWN`,
+/// `KEYFENCE_INVALID_ARGUMENT` (NULL callback).
+///
+/// # Safety
+/// As `keyfence_engine_sign`; `callback` is safe to call from any thread
+/// with `user_data`; `op_id` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_submit(
+    engine: *const keyfence_engine,
+    key: *const keyfence_private_key,
+    alg: *const c_char,
+    msg: *const u8,
+    len: usize,
+    timeout_ms: u32,
+    callback: keyfence_sign_callback,
+    user_data: *mut c_void,
+    op_id: *mut u64,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let cb = callback.ok_or_else(|| ffi::null("callback"))?;
+        // SAFETY: the caller's promises, passed on.
+        let (engine, req) = unsafe { (ffi::borrow(engine, "engine")?, request(key, alg, msg, len, timeout_ms)?) };
+        let ud = UserData(user_data);
+        let handle = engine
+            .engine
+            .submit_with_callback(req, move |result| {
+                let ud = ud;
+                // Nothing may unwind out of the engine thread into C or
+                // back; the callback is C and cannot unwind in Rust terms.
+                match result {
+                    // SAFETY: `cb` is the caller's callback, callable from
+                    // any thread; the signature lives for the call.
+                    Ok(sig) => unsafe { cb(ud.0, keyfence_result::KEYFENCE_OK, sig.as_ptr(), sig.len(), std::ptr::null()) },
+                    Err(e) => {
+                        let code = keyfence_result::from_code(e.code());
+                        let msg = std::ffi::CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
+                        // SAFETY: as above; the message lives for the call.
+                        unsafe { cb(ud.0, code, std::ptr::null(), 0, msg.as_ptr()) }
+                    }
+                }
+            })
+            .map_err(Error::sign)?;
+        if !op_id.is_null() {
+            // SAFETY: non-NULL and writable by the caller's promise.
+            unsafe { op_id.write(handle.id()) };
+        }
+        Ok(())
+    })
+}
+
+/// A new completion queue into `*out`.
+///
+/// Errors: `KEYFENCE_IO` if the system has no file descriptors left.
+///
+/// # Safety
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_completion_queue_new(out: *mut *mut keyfence_completion_queue) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        let q = CompletionQueue::new().map_err(Error::sign)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_completion_queue(q)) };
+        Ok(())
+    })
+}
+
+/// The queue's file descriptor, for epoll/kqueue/poll: readable while
+/// completions wait. Do not read, write or close it; drain with
+/// `keyfence_completion_queue_drain`. -1 if `queue` is NULL.
+///
+/// # Safety
+/// `queue` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_completion_queue_fd(queue: *const keyfence_completion_queue) -> c_int {
+    // SAFETY: the caller's promise; NULL becomes -1.
+    match unsafe { queue.as_ref() } {
+        Some(q) => q.0.as_raw_fd(),
+        None => -1,
+    }
+}
+
+/// Submits a signature and returns at once; its outcome is pushed onto
+/// `queue` with `user_data` (never dereferenced by keyfence) and the queue's
+/// descriptor becomes readable. `*op_id` (if not NULL) receives its id.
+///
+/// Errors, at once (then nothing is queued): as `keyfence_engine_submit`.
+///
+/// # Safety
+/// As `keyfence_engine_sign`; `queue` is a live handle that outlives the
+/// operation's completion or is drained before it is freed; `op_id` is
+/// NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
+    engine: *const keyfence_engine,
+    key: *const keyfence_private_key,
+    alg: *const c_char,
+    msg: *const u8,
+    len: usize,
+    timeout_ms: u32,
+    queue: *const keyfence_completion_queue,
+    user_data: *mut c_void,
+    op_id: *mut u64,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promises, passed on.
+        let (engine, q, req) = unsafe {
+            (ffi::borrow(engine, "engine")?, ffi::borrow(queue, "queue")?, request(key, alg, msg, len, timeout_ms)?)
+        };
+        let handle = engine.engine.submit_to_queue(req, &q.0, user_data as usize as u64).map_err(Error::sign)?;
+        if !op_id.is_null() {
+            // SAFETY: non-NULL and writable by the caller's promise.
+            unsafe { op_id.write(handle.id()) };
+        }
+        Ok(())
+    })
+}
+
+/// Moves up to `cap` finished operations into `out[0..]` without blocking
+/// and writes how many to `*n` (0 when none wait). The descriptor stays
+/// readable while more wait, so an edge-triggered loop should drain until
+/// `*n < cap`. Free each completion's `signature` and `message` with
+/// `keyfence_bytes_free`.
+///
+/// # Safety
+/// `queue` is a live handle; `out` points to `cap` writable completions;
+/// `n` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_completion_queue_drain(
+    queue: *const keyfence_completion_queue,
+    out: *mut keyfence_completion,
+    cap: usize,
+    n: *mut usize,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let n_out = ffi::out(n, "n")?;
+        // SAFETY: the caller's promise.
+        let q = unsafe { ffi::borrow(queue, "queue")? };
+        if cap > 0 {
+            ffi::out(out, "out")?;
+        }
+        let mut batch = Vec::with_capacity(cap.min(1024));
+        q.0.drain_up_to(&mut batch, cap);
+        let mut taken = 0;
+        for c in batch {
+            let mut done = keyfence_completion {
+                user_data: c.user_data as usize as *mut c_void,
+                op_id: c.id,
+                result: keyfence_result::KEYFENCE_OK,
+                signature: keyfence_bytes { data: std::ptr::null_mut(), len: 0 },
+                message: keyfence_bytes { data: std::ptr::null_mut(), len: 0 },
+            };
+            match c.result {
+                // SAFETY: `done.signature` is a local we own.
+                Ok(sig) => unsafe { bytes::give(&mut done.signature, &sig) },
+                Err(e) => {
+                    done.result = keyfence_result::from_code(e.code());
+                    // SAFETY: `done.message` is a local we own.
+                    unsafe { bytes::give(&mut done.message, e.to_string().as_bytes()) };
+                }
+            }
+            // SAFETY: `taken < cap` slots of `out` are writable by the
+            // caller's promise.
+            unsafe { out.add(taken).write(done) };
+            taken += 1;
+        }
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { n_out.write(taken) };
+        Ok(())
+    })
+}
+
+/// Frees a completion queue; NULL is a no-op. Completions still in it are
+/// wiped and dropped; operations still running that would report to it
+/// are discarded when they finish.
+///
+/// # Safety
+/// `queue` is NULL or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_completion_queue_free(queue: *mut keyfence_completion_queue) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(queue) }
+}
+
+/// A snapshot of one executor class's counters and latency.
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct keyfence_class_metrics {
+    /// Worker threads.
+    pub workers: u32,
+    /// Queue capacity (operations waiting beyond it are refused).
+    pub queue_capacity: u32,
+    /// Operations waiting now.
+    pub queue_depth: u32,
+    /// Operations being performed now.
+    pub in_flight: u32,
+    /// Operations accepted since start.
+    pub submitted: u64,
+    /// Operations finished successfully.
+    pub completed: u64,
+    /// Operations that failed, all kinds.
+    pub errors: u64,
+    /// Refused because the queue was full.
+    pub overloaded: u64,
+    /// Ended by their deadline.
+    pub timed_out: u64,
+    /// Latency percentiles of successful operations, in nanoseconds.
+    pub p50_ns: u64,
+    /// 99th percentile, nanoseconds.
+    pub p99_ns: u64,
+    /// 99.9th percentile, nanoseconds.
+    pub p999_ns: u64,
+}
+
+/// Writes the metrics of executor `class` (a `keyfence_op_class`) to
+/// `*out`.
+///
+/// # Safety
+/// `engine` is a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_metrics(
+    engine: *const keyfence_engine,
+    class: u32,
+    out: *mut keyfence_class_metrics,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promise.
+        let engine = unsafe { ffi::borrow(engine, "engine")? };
+        let all = engine.engine.metrics();
+        let m = all.class(class_of(class)?);
+        let sat = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+        let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        let kinds = keyfence_core::sign::ErrorKind::ALL;
+        let count = |k| if kinds.contains(&k) { m.errors.get(k) } else { 0 };
+        let metrics = keyfence_class_metrics {
+            workers: sat(m.workers),
+            queue_capacity: sat(m.queue_capacity),
+            queue_depth: sat(m.queue_depth),
+            in_flight: sat(m.in_flight),
+            submitted: m.submitted,
+            completed: m.completed,
+            errors: m.errors.total(),
+            overloaded: count(keyfence_core::sign::ErrorKind::Overloaded),
+            timed_out: count(keyfence_core::sign::ErrorKind::TimedOut),
+            p50_ns: ns(m.latency.p50),
+            p99_ns: ns(m.latency.p99),
+            p999_ns: ns(m.latency.p999),
+        };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { out.write(metrics) };
+        Ok(())
+    })
+}

@@ -1,0 +1,219 @@
+/* Signing through the C API, every path: blocking, callback, completion
+ * queue, the isolated key process; and the errors a server must handle:
+ * bad keys, bad algorithms, an overloaded queue, a deadline. Signatures
+ * are verified by OpenSSL. argv[1] is the keyfence-keyd program. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <poll.h>
+
+#include "openssl_keys.h"
+
+static EVP_PKEY *ec_ossl, *rsa_ossl;
+static keyfence_private_key *ec_key, *rsa_key;
+static const char MSG[] = "a TLS 1.3 CertificateVerify input";
+
+static void keys(void) {
+    char *pem;
+    size_t n;
+    ec_ossl = kf_openssl_key("P-256", &pem, &n);
+    OK(keyfence_key_from_pem(NULL, (const uint8_t *)pem, n, &ec_key));
+    free(pem);
+    rsa_ossl = kf_openssl_key("RSA-2048", &pem, &n);
+    OK(keyfence_key_from_pem(NULL, (const uint8_t *)pem, n, &rsa_key));
+    free(pem);
+
+    keyfence_private_key *bad = NULL;
+    FAILS(KEYFENCE_INVALID_PRIVATE_KEY, keyfence_key_from_pem(NULL, (const uint8_t *)"-----BEGIN nothing", 18, &bad));
+    CHECK(bad == NULL);
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_from_pem(NULL, NULL, 10, &bad));
+
+    keyfence_bytes der = {0};
+    OK(keyfence_key_public_der(ec_key, &der));
+    const unsigned char *p = der.data;
+    EVP_PKEY *pub = d2i_PUBKEY(NULL, &p, (long)der.len);
+    CHECK(pub != NULL && EVP_PKEY_eq(pub, ec_ossl) == 1);
+    EVP_PKEY_free(pub);
+    keyfence_bytes_free(&der);
+}
+
+static void blocking(keyfence_engine *e) {
+    keyfence_bytes sig = {0};
+    OK(keyfence_engine_sign(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
+    CHECK(kf_openssl_verify(ec_ossl, MSG, sizeof MSG, sig.data, sig.len));
+    keyfence_bytes_free(&sig);
+    OK(keyfence_engine_sign(e, rsa_key, "rsa-pkcs1-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
+    CHECK(sig.len == 256 && kf_openssl_verify(rsa_ossl, MSG, sizeof MSG, sig.data, sig.len));
+    keyfence_bytes_free(&sig);
+
+    FAILS(KEYFENCE_INVALID_REQUEST, keyfence_engine_sign(e, ec_key, "bogus", (const uint8_t *)MSG, 3, 0, &sig));
+    MESSAGE_HAS("bogus");
+    FAILS(KEYFENCE_INVALID_REQUEST, keyfence_engine_sign(e, ec_key, "rsa-pss-sha256", (const uint8_t *)MSG, 3, 0, &sig));
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_sign(NULL, ec_key, "ed25519", (const uint8_t *)MSG, 3, 0, &sig));
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_sign(e, NULL, "ed25519", (const uint8_t *)MSG, 3, 0, &sig));
+    CHECK(sig.data == NULL);
+}
+
+struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+    keyfence_result result;
+    uint8_t sig[512];
+    size_t len;
+};
+
+static void on_done(void *ud, keyfence_result r, const uint8_t *sig, size_t len, const char *message) {
+    struct waiter *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->result = r;
+    if (r == KEYFENCE_OK && len <= sizeof w->sig) {
+        memcpy(w->sig, sig, len);
+        w->len = len;
+    } else if (r != KEYFENCE_OK) {
+        CHECK(message != NULL && strlen(message) > 0);
+    }
+    w->done++;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void callback(keyfence_engine *e) {
+    struct waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, KEYFENCE_OK, {0}, 0};
+    uint64_t id = 0;
+    OK(keyfence_engine_submit(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, on_done, &w, &id));
+    pthread_mutex_lock(&w.mu);
+    while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
+    pthread_mutex_unlock(&w.mu);
+    CHECK(w.done == 1 && w.result == KEYFENCE_OK);
+    CHECK(kf_openssl_verify(ec_ossl, MSG, sizeof MSG, w.sig, w.len));
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_submit(e, ec_key, "ed25519", (const uint8_t *)MSG, 1, 0, NULL, &w, &id));
+}
+
+/* Drains `q` until `want` completions arrived, polling its descriptor. */
+static size_t collect(keyfence_completion_queue *q, size_t want, size_t *ok, size_t *timed_out) {
+    size_t got = 0;
+    keyfence_completion c[32];
+    struct pollfd p = {keyfence_completion_queue_fd(q), POLLIN, 0};
+    while (got < want) {
+        CHECK(poll(&p, 1, 10000) == 1);
+        size_t n = 0;
+        OK(keyfence_completion_queue_drain(q, c, 32, &n));
+        for (size_t i = 0; i < n; i++) {
+            if (c[i].result == KEYFENCE_OK) (*ok)++;
+            else if (c[i].result == KEYFENCE_TIMED_OUT) (*timed_out)++;
+            else {
+                fprintf(stderr, "completion: %s: %s\n", keyfence_result_name(c[i].result), (const char *)c[i].message.data);
+                exit(1);
+            }
+            keyfence_bytes_free(&c[i].signature);
+            keyfence_bytes_free(&c[i].message);
+        }
+        got += n;
+    }
+    return got;
+}
+
+/* One EC worker, a queue of 4: a burst is refused at once with
+ * OVERLOADED, and what was accepted still completes. */
+static void overload(void) {
+    keyfence_engine_config *cfg = NULL;
+    OK(keyfence_engine_config_new(&cfg));
+    OK(keyfence_engine_config_set_class(cfg, KEYFENCE_CLASS_EC, 1, 4));
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_config_set_class(cfg, 7, 1, 1));
+    keyfence_engine *e = NULL;
+    OK(keyfence_engine_new(cfg, &e));
+    keyfence_engine_config_free(cfg);
+    keyfence_completion_queue *q = NULL;
+    OK(keyfence_completion_queue_new(&q));
+    size_t accepted = 0, refused = 0;
+    for (int i = 0; i < 2000; i++) {
+        keyfence_result r = keyfence_engine_submit_to_queue(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, q, NULL, NULL);
+        if (r == KEYFENCE_OK) accepted++;
+        else {
+            CHECK(r == KEYFENCE_OVERLOADED);
+            refused++;
+        }
+    }
+    CHECK(refused > 0);
+    size_t ok = 0, late = 0;
+    collect(q, accepted, &ok, &late);
+    CHECK(ok + late == accepted);
+    keyfence_class_metrics m;
+    OK(keyfence_engine_metrics(e, KEYFENCE_CLASS_EC, &m));
+    CHECK(m.queue_capacity == 4 && m.workers == 1 && m.overloaded == refused);
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_metrics(e, 9, &m));
+    keyfence_completion_queue_free(q);
+    keyfence_engine_free(e);
+}
+
+/* One RSA worker and a 1 ms deadline: the signatures that wait behind
+ * others end TIMED_OUT, through the queue, and none hangs. */
+static void deadline(void) {
+    keyfence_engine_config *cfg = NULL;
+    OK(keyfence_engine_config_new(&cfg));
+    OK(keyfence_engine_config_set_class(cfg, KEYFENCE_CLASS_RSA, 1, 256));
+    keyfence_engine *e = NULL;
+    OK(keyfence_engine_new(cfg, &e));
+    keyfence_engine_config_free(cfg);
+    keyfence_completion_queue *q = NULL;
+    OK(keyfence_completion_queue_new(&q));
+    for (int i = 0; i < 100; i++)
+        OK(keyfence_engine_submit_to_queue(e, rsa_key, "rsa-pss-sha256", (const uint8_t *)MSG, sizeof MSG, 1, q, (void *)(uintptr_t)i, NULL));
+    size_t ok = 0, late = 0;
+    collect(q, 100, &ok, &late);
+    CHECK(late > 0);
+    keyfence_completion_queue_free(q);
+    keyfence_engine_free(e);
+}
+
+/* The same signatures with the key held by the isolated key process. */
+static void isolated(const char *keyd) {
+    for (int explicit_path = 0; explicit_path < 2; explicit_path++) {
+        keyfence_engine_config *cfg = NULL;
+        OK(keyfence_engine_config_new(&cfg));
+        OK(keyfence_engine_config_set_isolated(cfg, explicit_path ? keyd : NULL));
+        keyfence_engine *e = NULL;
+        OK(keyfence_engine_new(cfg, &e));
+        keyfence_engine_config_free(cfg);
+        char *pem;
+        size_t n;
+        EVP_PKEY *k = kf_openssl_key("P-256", &pem, &n);
+        keyfence_private_key *held = NULL;
+        OK(keyfence_key_from_pem(e, (const uint8_t *)pem, n, &held));
+        free(pem);
+        keyfence_bytes sig = {0};
+        OK(keyfence_engine_sign(e, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
+        CHECK(kf_openssl_verify(k, MSG, sizeof MSG, sig.data, sig.len));
+        keyfence_bytes_free(&sig);
+        keyfence_key_free(held);
+        keyfence_engine_free(e);
+        EVP_PKEY_free(k);
+    }
+    keyfence_engine_config *cfg = NULL;
+    OK(keyfence_engine_config_new(&cfg));
+    OK(keyfence_engine_config_set_isolated(cfg, "/nonexistent/keyfence-keyd"));
+    keyfence_engine *e = NULL;
+    FAILS(KEYFENCE_INVALID_CONFIG, keyfence_engine_new(cfg, &e));
+    MESSAGE_HAS("does not exist");
+    keyfence_engine_config_free(cfg);
+}
+
+int main(int argc, char **argv) {
+    CHECK(argc == 2);
+    keys();
+    keyfence_engine *e = NULL;
+    OK(keyfence_engine_new(NULL, &e));
+    blocking(e);
+    callback(e);
+    keyfence_engine_free(e);
+    overload();
+    deadline();
+    isolated(argv[1]);
+    keyfence_key_free(ec_key);
+    keyfence_key_free(rsa_key);
+    keyfence_key_free(NULL);
+    EVP_PKEY_free(ec_ossl);
+    EVP_PKEY_free(rsa_ossl);
+    printf("test_sign: ok\n");
+    return 0;
+}
