@@ -105,6 +105,39 @@ pub(crate) unsafe fn give<T>(out: *mut *mut T, value: T) {
 pub(crate) unsafe fn free<T>(p: *mut T) {
     if !p.is_null() {
         // SAFETY: the caller's promise: `p` is a live `Box<T>` we made.
-        drop(unsafe { Box::from_raw(p) });
+        let owned = unsafe { Box::from_raw(p) };
+        // A destructor that panicked (joining an engine's threads, say)
+        // must not unwind into C; the object is gone either way.
+        let _ = catch_unwind(AssertUnwindSafe(move || drop(owned)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_a_result_code_and_a_message() {
+        let code = boundary(|| panic!("a bug"));
+        assert_eq!(code, keyfence_result::KEYFENCE_PANIC);
+        let mut buf = [0 as c_char; 128];
+        let mut n = 0;
+        // SAFETY: a local buffer of the stated size and a local length.
+        unsafe { crate::error::keyfence_error_message(buf.as_mut_ptr(), buf.len(), &mut n) };
+        // SAFETY: the function NUL-terminates within the buffer.
+        let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
+        assert!(msg.contains("panicked"), "{msg}");
+        assert_eq!(boundary(|| Ok(())), keyfence_result::KEYFENCE_OK);
+    }
+
+    #[test]
+    fn null_and_non_utf8_arguments_are_refused() {
+        // SAFETY: NULL and a NUL-terminated literal.
+        unsafe {
+            assert!(text(std::ptr::null(), "policy").is_err());
+            assert!(text(c"\xff".as_ptr(), "policy").is_err());
+            assert!(slice(std::ptr::null(), 3, "msg").is_err());
+            assert_eq!(slice(std::ptr::null(), 0, "msg").unwrap(), b"");
+        }
     }
 }
