@@ -291,23 +291,17 @@ impl From<AlgorithmError> for SignError {
 }
 
 impl SignError {
-    /// The broad kind of this error.
+    /// The broad kind of this error, for metrics and callers that only
+    /// branch on the cause. Derived from [`SignError::code`], so the two
+    /// classifications cannot disagree.
     pub fn kind(&self) -> ErrorKind {
-        match self {
-            SignError::Overloaded { .. } => ErrorKind::Overloaded,
-            SignError::TimedOut { .. } => ErrorKind::TimedOut,
-            SignError::Cancelled => ErrorKind::Cancelled,
-            SignError::ShutDown => ErrorKind::ShutDown,
-            SignError::KeyMismatch { .. }
-            | SignError::DigestNotSupported(_)
-            | SignError::DigestLength { .. }
-            | SignError::CiphertextLength { .. }
-            | SignError::DecryptNeedsRsa(_)
-            | SignError::UnknownAlgorithm(_)
-            | SignError::UnknownTlsScheme(_)
-            | SignError::HeldElsewhere { .. }
-            | SignError::Config(_) => ErrorKind::Invalid,
-            SignError::Crypto { .. } | SignError::Backend { .. } | SignError::Io { .. } => ErrorKind::Failed,
+        match self.code() {
+            ErrorCode::Overloaded => ErrorKind::Overloaded,
+            ErrorCode::TimedOut => ErrorKind::TimedOut,
+            ErrorCode::Cancelled => ErrorKind::Cancelled,
+            ErrorCode::ShutDown => ErrorKind::ShutDown,
+            ErrorCode::InvalidRequest | ErrorCode::InvalidConfig => ErrorKind::Invalid,
+            _ => ErrorKind::Failed,
         }
     }
 
