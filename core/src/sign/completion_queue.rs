@@ -4,7 +4,7 @@
 //! The descriptor is the read end of a Unix socket pair from the standard
 //! library, so no `unsafe` is needed. Completions are pushed onto an
 //! in-memory queue; the first push after a drain writes one byte, making the
-//! descriptor readable. A drain clears the flag, empties the socket and then
+//! descriptor readable. A drain empties the socket, clears the flag and then
 //! takes the queue, so a completion is never left behind without the
 //! descriptor being readable (at worst there is one spurious wake-up).
 
@@ -38,7 +38,7 @@ pub(crate) struct CqShared {
 impl CqShared {
     pub(crate) fn push(&self, user_data: u64, id: u64, result: Result<Output, SignError>) {
         self.items.lock().unwrap_or_else(|e| e.into_inner()).push_back(Completion { user_data, id, result });
-        if !self.signaled.swap(true, Ordering::AcqRel) {
+        if !self.signaled.swap(true, Ordering::SeqCst) {
             // One byte per drain cycle at most, so the socket buffer never
             // fills; a failed write could only mean the reader is gone.
             let _ = (&self.writer).write(&[1]);
@@ -113,7 +113,13 @@ impl CompletionQueue {
     /// sees a new edge.
     pub fn drain_up_to(&self, out: &mut Vec<Completion>, max: usize) -> usize {
         let s = &self.shared;
-        s.signaled.store(false, Ordering::Release);
+        // Empty the socket first, then clear the flag. The other order loses
+        // wake-ups: a push between clearing and reading sets the flag and
+        // writes a byte that the read then swallows, leaving the flag set
+        // with no byte behind it, so no later push would ever signal again.
+        // In this order, a push before the clear either wrote a byte we just
+        // read (its item is taken below) or saw the flag still set and wrote
+        // nothing (its item too is already queued and taken below).
         let mut buf = [0u8; 64];
         loop {
             match (&s.reader).read(&mut buf) {
@@ -123,10 +129,11 @@ impl CompletionQueue {
                 Err(_) => break, // WouldBlock: empty.
             }
         }
+        s.signaled.store(false, Ordering::SeqCst);
         let mut items = s.items.lock().unwrap_or_else(|e| e.into_inner());
         let n = items.len().min(max);
         out.extend(items.drain(..n));
-        if !items.is_empty() && !s.signaled.swap(true, Ordering::AcqRel) {
+        if !items.is_empty() && !s.signaled.swap(true, Ordering::SeqCst) {
             let _ = (&s.writer).write(&[1]);
         }
         n
@@ -160,5 +167,62 @@ impl AsFd for CompletionQueue {
 impl AsRawFd for CompletionQueue {
     fn as_raw_fd(&self) -> RawFd {
         self.shared.reader.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+#[allow(unsafe_code)] // poll(2) in the test, to look at readability without reading
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    fn readable(q: &CompletionQueue) -> bool {
+        let mut p = libc::pollfd { fd: q.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd on the stack, a zero timeout.
+        unsafe { libc::poll(&mut p, 1, 0) == 1 }
+    }
+
+    /// Producers push while a consumer behaves like an event loop: it
+    /// drains only when the descriptor is readable (peeked, so the byte
+    /// stays), a few at a time. Every completion must arrive; a lost
+    /// wake-up leaves items queued behind a silent descriptor.
+    #[test]
+    fn no_wake_up_is_lost_under_concurrent_pushes_and_partial_drains() {
+        for _round in 0..20 {
+            let q = CompletionQueue::new().unwrap();
+            const PRODUCERS: u64 = 4;
+            const EACH: u64 = 2_000;
+            let producers: Vec<_> = (0..PRODUCERS)
+                .map(|p| {
+                    let shared = q.shared.clone();
+                    std::thread::spawn(move || {
+                        for i in 0..EACH {
+                            shared.push(p, i, Err(SignError::Cancelled));
+                        }
+                    })
+                })
+                .collect();
+            let mut got = Vec::new();
+            let give_up = Instant::now() + Duration::from_secs(20);
+            while (got.len() as u64) < PRODUCERS * EACH {
+                match readable(&q) {
+                    true => {
+                        q.drain_up_to(&mut got, 3);
+                    }
+                    false => {
+                        assert!(
+                            Instant::now() < give_up,
+                            "{} completions queued behind a descriptor that is not readable",
+                            q.len()
+                        );
+                        std::thread::yield_now();
+                    }
+                }
+            }
+            for p in producers {
+                p.join().unwrap();
+            }
+            assert_eq!(got.len() as u64, PRODUCERS * EACH);
+        }
     }
 }
