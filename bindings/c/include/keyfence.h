@@ -267,6 +267,13 @@ typedef struct keyfence_engine_config keyfence_engine_config;
 typedef struct keyfence_machine keyfence_machine;
 
 /*
+ A submitted operation, for cancelling it: returned by the submit
+ functions when asked for. It does not keep the operation alive and may
+ be freed at any time (before or after the operation ends). Thread-safe.
+ */
+typedef struct keyfence_operation keyfence_operation;
+
+/*
  A private key: in this process's memory, or a handle on one held by an
  isolated key process. Thread-safe and immutable; operations hold their
  own reference, so it may be freed while they run.
@@ -315,7 +322,7 @@ typedef struct keyfence_completion {
    */
   void *user_data;
   /*
-   The operation's id (as written by the submit call).
+   The operation's id (`keyfence_operation_id`).
    */
   uint64_t op_id;
   /*
@@ -786,8 +793,9 @@ keyfence_result keyfence_engine_sign(const struct keyfence_engine *engine,
 /*
  Submits a signature and returns at once; `callback(user_data, ...)` is
  called exactly once with the outcome, on an engine thread, unless this
- function returns an error (then never). `*op_id` (if not NULL) receives
- the operation's id.
+ function returns an error (then never). When `op` is not NULL, `*op`
+ receives a handle to cancel the operation with (free it with
+ `keyfence_operation_free`).
 
  Errors, at once: `KEYFENCE_OVERLOADED` (the class's queue is full: shed
  load), `KEYFENCE_INVALID_REQUEST`, `KEYFENCE_SHUT_DOWN`,
@@ -795,7 +803,7 @@ keyfence_result keyfence_engine_sign(const struct keyfence_engine *engine,
 
  # Safety
  As `keyfence_engine_sign`; `callback` is safe to call from any thread
- with `user_data`; `op_id` is NULL or writable.
+ with `user_data`; `op` is NULL or writable.
  */
 keyfence_result keyfence_engine_submit(const struct keyfence_engine *engine,
                                        const struct keyfence_private_key *key,
@@ -805,7 +813,7 @@ keyfence_result keyfence_engine_submit(const struct keyfence_engine *engine,
                                        uint32_t timeout_ms,
                                        keyfence_sign_callback callback,
                                        void *user_data,
-                                       uint64_t *op_id);
+                                       struct keyfence_operation **op);
 
 /*
  A new completion queue into `*out`.
@@ -830,14 +838,15 @@ int keyfence_completion_queue_fd(const struct keyfence_completion_queue *queue);
 /*
  Submits a signature and returns at once; its outcome is pushed onto
  `queue` with `user_data` (never dereferenced by keyfence) and the queue's
- descriptor becomes readable. `*op_id` (if not NULL) receives its id.
+ descriptor becomes readable. When `op` is not NULL, `*op` receives a
+ handle to cancel it with (free it with `keyfence_operation_free`).
 
  Errors, at once (then nothing is queued): as `keyfence_engine_submit`.
 
  # Safety
  As `keyfence_engine_sign`; `queue` is a live handle that outlives the
- operation's completion or is drained before it is freed; `op_id` is
- NULL or writable.
+ operation's completion or is drained before it is freed; `op` is NULL
+ or writable.
  */
 keyfence_result keyfence_engine_submit_to_queue(const struct keyfence_engine *engine,
                                                 const struct keyfence_private_key *key,
@@ -847,7 +856,37 @@ keyfence_result keyfence_engine_submit_to_queue(const struct keyfence_engine *en
                                                 uint32_t timeout_ms,
                                                 const struct keyfence_completion_queue *queue,
                                                 void *user_data,
-                                                uint64_t *op_id);
+                                                struct keyfence_operation **op);
+
+/*
+ The operation's id, as its completion reports it in `op_id`; 0 if `op`
+ is NULL.
+
+ # Safety
+ `op` is NULL or a live handle.
+ */
+uint64_t keyfence_operation_id(const struct keyfence_operation *op);
+
+/*
+ Cancels the operation: it completes with `KEYFENCE_CANCELLED` (through
+ its callback or queue) and its inputs are released. One still queued
+ never runs; one already running finishes and its result is discarded.
+ `*cancelled` (if not NULL) says whether this call ended it (false if it
+ had already ended).
+
+ # Safety
+ `op` is a live handle; `cancelled` is NULL or writable.
+ */
+keyfence_result keyfence_operation_cancel(const struct keyfence_operation *op, bool *cancelled);
+
+/*
+ Frees an operation handle (the operation itself goes on); NULL is a
+ no-op.
+
+ # Safety
+ `op` is NULL or a live handle, not used afterwards.
+ */
+void keyfence_operation_free(struct keyfence_operation *op);
 
 /*
  Moves up to `cap` finished operations into `out[0..]` without blocking

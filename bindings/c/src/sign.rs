@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use keyfence_core::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
 use keyfence_core::sign::{
-    Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, OpClass, PrivateKey, Request, SignError,
+    Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, OpClass, OpHandle, PrivateKey, Request, SignError,
 };
 use zeroize::Zeroizing;
 
@@ -64,6 +64,11 @@ pub struct keyfence_private_key(Arc<PrivateKey>);
 /// readable while any do. Thread-safe.
 pub struct keyfence_completion_queue(CompletionQueue);
 
+/// A submitted operation, for cancelling it: returned by the submit
+/// functions when asked for. It does not keep the operation alive and may
+/// be freed at any time (before or after the operation ends). Thread-safe.
+pub struct keyfence_operation(OpHandle);
+
 /// One finished operation, as `keyfence_completion_queue_drain` returns it.
 /// Free its `signature` and `message` with `keyfence_bytes_free`.
 #[repr(C)]
@@ -71,7 +76,7 @@ pub struct keyfence_completion_queue(CompletionQueue);
 pub struct keyfence_completion {
     /// The `user_data` given at submission.
     pub user_data: *mut c_void,
-    /// The operation's id (as written by the submit call).
+    /// The operation's id (`keyfence_operation_id`).
     pub op_id: u64,
     /// `KEYFENCE_OK`, or why the operation failed (`KEYFENCE_TIMED_OUT`,
     /// `KEYFENCE_BACKEND_FAILED`, ...).
@@ -376,8 +381,9 @@ unsafe impl Send for UserData {}
 
 /// Submits a signature and returns at once; `callback(user_data, ...)` is
 /// called exactly once with the outcome, on an engine thread, unless this
-/// function returns an error (then never). `*op_id` (if not NULL) receives
-/// the operation's id.
+/// function returns an error (then never). When `op` is not NULL, `*op`
+/// receives a handle to cancel the operation with (free it with
+/// `keyfence_operation_free`).
 ///
 /// Errors, at once: `KEYFENCE_OVERLOADED` (the class's queue is full: shed
 /// load), `KEYFENCE_INVALID_REQUEST`, `KEYFENCE_SHUT_DOWN`,
@@ -385,7 +391,7 @@ unsafe impl Send for UserData {}
 ///
 /// # Safety
 /// As `keyfence_engine_sign`; `callback` is safe to call from any thread
-/// with `user_data`; `op_id` is NULL or writable.
+/// with `user_data`; `op` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_submit(
     engine: *const keyfence_engine,
@@ -396,7 +402,7 @@ pub unsafe extern "C" fn keyfence_engine_submit(
     timeout_ms: u32,
     callback: keyfence_sign_callback,
     user_data: *mut c_void,
-    op_id: *mut u64,
+    op: *mut *mut keyfence_operation,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let cb = callback.ok_or_else(|| ffi::null("callback"))?;
@@ -422,9 +428,9 @@ pub unsafe extern "C" fn keyfence_engine_submit(
                 }
             })
             .map_err(Error::sign)?;
-        if !op_id.is_null() {
+        if !op.is_null() {
             // SAFETY: non-NULL and writable by the caller's promise.
-            unsafe { op_id.write(handle.id()) };
+            unsafe { ffi::give(op, keyfence_operation(handle)) };
         }
         Ok(())
     })
@@ -464,14 +470,15 @@ pub unsafe extern "C" fn keyfence_completion_queue_fd(queue: *const keyfence_com
 
 /// Submits a signature and returns at once; its outcome is pushed onto
 /// `queue` with `user_data` (never dereferenced by keyfence) and the queue's
-/// descriptor becomes readable. `*op_id` (if not NULL) receives its id.
+/// descriptor becomes readable. When `op` is not NULL, `*op` receives a
+/// handle to cancel it with (free it with `keyfence_operation_free`).
 ///
 /// Errors, at once (then nothing is queued): as `keyfence_engine_submit`.
 ///
 /// # Safety
 /// As `keyfence_engine_sign`; `queue` is a live handle that outlives the
-/// operation's completion or is drained before it is freed; `op_id` is
-/// NULL or writable.
+/// operation's completion or is drained before it is freed; `op` is NULL
+/// or writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
     engine: *const keyfence_engine,
@@ -482,7 +489,7 @@ pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
     timeout_ms: u32,
     queue: *const keyfence_completion_queue,
     user_data: *mut c_void,
-    op_id: *mut u64,
+    op: *mut *mut keyfence_operation,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
@@ -490,12 +497,56 @@ pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
             (ffi::borrow(engine, "engine")?, ffi::borrow(queue, "queue")?, request(key, alg, msg, len, timeout_ms)?)
         };
         let handle = engine.engine.submit_to_queue(req, &q.0, user_data as usize as u64).map_err(Error::sign)?;
-        if !op_id.is_null() {
+        if !op.is_null() {
             // SAFETY: non-NULL and writable by the caller's promise.
-            unsafe { op_id.write(handle.id()) };
+            unsafe { ffi::give(op, keyfence_operation(handle)) };
         }
         Ok(())
     })
+}
+
+/// The operation's id, as its completion reports it in `op_id`; 0 if `op`
+/// is NULL.
+///
+/// # Safety
+/// `op` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_operation_id(op: *const keyfence_operation) -> u64 {
+    // SAFETY: the caller's promise; NULL becomes 0.
+    unsafe { op.as_ref() }.map_or(0, |o| o.0.id())
+}
+
+/// Cancels the operation: it completes with `KEYFENCE_CANCELLED` (through
+/// its callback or queue) and its inputs are released. One still queued
+/// never runs; one already running finishes and its result is discarded.
+/// `*cancelled` (if not NULL) says whether this call ended it (false if it
+/// had already ended).
+///
+/// # Safety
+/// `op` is a live handle; `cancelled` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_operation_cancel(op: *const keyfence_operation, cancelled: *mut bool) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promise.
+        let op = unsafe { ffi::borrow(op, "op")? };
+        let ended_now = op.0.cancel();
+        if !cancelled.is_null() {
+            // SAFETY: non-NULL and writable by the caller's promise.
+            unsafe { cancelled.write(ended_now) };
+        }
+        Ok(())
+    })
+}
+
+/// Frees an operation handle (the operation itself goes on); NULL is a
+/// no-op.
+///
+/// # Safety
+/// `op` is NULL or a live handle, not used afterwards.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_operation_free(op: *mut keyfence_operation) {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::free(op) }
 }
 
 /// Moves up to `cap` finished operations into `out[0..]` without blocking

@@ -79,17 +79,25 @@ static void on_done(void *ud, keyfence_result r, const uint8_t *sig, size_t len,
 
 static void callback(keyfence_engine *e) {
     struct waiter w = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0, KEYFENCE_OK, {0}, 0};
-    uint64_t id = 0;
-    OK(keyfence_engine_submit(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, on_done, &w, &id));
+    keyfence_operation *op = NULL;
+    OK(keyfence_engine_submit(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, on_done, &w, &op));
+    CHECK(keyfence_operation_id(op) != 0);
     pthread_mutex_lock(&w.mu);
     while (!w.done) pthread_cond_wait(&w.cv, &w.mu);
     pthread_mutex_unlock(&w.mu);
     CHECK(w.done == 1 && w.result == KEYFENCE_OK);
     CHECK(kf_openssl_verify(ec_ossl, MSG, sizeof MSG, w.sig, w.len));
-    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_submit(e, ec_key, "ed25519", (const uint8_t *)MSG, 1, 0, NULL, &w, &id));
+    bool cancelled = true;
+    OK(keyfence_operation_cancel(op, &cancelled));
+    CHECK(!cancelled); /* it had already ended */
+    keyfence_operation_free(op);
+    keyfence_operation_free(NULL);
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_submit(e, ec_key, "ed25519", (const uint8_t *)MSG, 1, 0, NULL, &w, NULL));
 }
 
 /* Drains `q` until `want` completions arrived, polling its descriptor. */
+static size_t cancelled_seen;
+
 static size_t collect(keyfence_completion_queue *q, size_t want, size_t *ok, size_t *timed_out) {
     size_t got = 0;
     keyfence_completion c[32];
@@ -101,6 +109,7 @@ static size_t collect(keyfence_completion_queue *q, size_t want, size_t *ok, siz
         for (size_t i = 0; i < n; i++) {
             if (c[i].result == KEYFENCE_OK) (*ok)++;
             else if (c[i].result == KEYFENCE_TIMED_OUT) (*timed_out)++;
+            else if (c[i].result == KEYFENCE_CANCELLED) cancelled_seen++;
             else {
                 fprintf(stderr, "completion: %s: %s\n", keyfence_result_name(c[i].result), (const char *)c[i].message.data);
                 exit(1);
@@ -166,6 +175,35 @@ static void deadline(void) {
     keyfence_engine_free(e);
 }
 
+/* One RSA worker, 40 signatures queued, the last 20 cancelled: those
+ * still waiting end CANCELLED through the queue and never run. */
+static void cancel(void) {
+    keyfence_engine_config *cfg = NULL;
+    OK(keyfence_engine_config_new(&cfg));
+    OK(keyfence_engine_config_set_class(cfg, KEYFENCE_CLASS_RSA, 1, 256));
+    keyfence_engine *e = NULL;
+    OK(keyfence_engine_new(cfg, &e));
+    keyfence_engine_config_free(cfg);
+    keyfence_completion_queue *q = NULL;
+    OK(keyfence_completion_queue_new(&q));
+    keyfence_operation *ops[40];
+    for (int i = 0; i < 40; i++)
+        OK(keyfence_engine_submit_to_queue(e, rsa_key, "rsa-pss-sha256", (const uint8_t *)MSG, sizeof MSG, 0, q, NULL, &ops[i]));
+    size_t ended_by_us = 0;
+    for (int i = 20; i < 40; i++) {
+        bool c = false;
+        OK(keyfence_operation_cancel(ops[i], &c));
+        ended_by_us += c;
+    }
+    for (int i = 0; i < 40; i++) keyfence_operation_free(ops[i]);
+    size_t ok = 0, late = 0;
+    cancelled_seen = 0;
+    collect(q, 40, &ok, &late);
+    CHECK(ended_by_us > 0 && cancelled_seen == ended_by_us && ok + cancelled_seen == 40);
+    keyfence_completion_queue_free(q);
+    keyfence_engine_free(e);
+}
+
 /* The same signatures with the key held by the isolated key process. */
 static void isolated(const char *keyd) {
     for (int explicit_path = 0; explicit_path < 2; explicit_path++) {
@@ -208,6 +246,7 @@ int main(int argc, char **argv) {
     keyfence_engine_free(e);
     overload();
     deadline();
+    cancel();
     isolated(argv[1]);
     keyfence_key_free(ec_key);
     keyfence_key_free(rsa_key);
