@@ -172,10 +172,22 @@ fn deadlines_reach_the_key_process() {
     let timed_out = results.iter().filter(|r| matches!(r, Err(SignError::TimedOut { .. }))).count();
     assert!(timed_out >= 30, "{timed_out} of 40 timed out");
     // The key process dropped them rather than signing after the
-    // deadline: it is idle again at once.
-    std::thread::sleep(Duration::from_millis(50));
-    assert_eq!(keys.status().unwrap().in_flight, 0);
+    // deadline: it is idle again in far less time than signing the ~38
+    // expired requests would take. Measured against one signature timed in
+    // the same run, so a loaded machine slows both sides alike.
+    let since = std::time::Instant::now();
+    while keys.status().unwrap().in_flight != 0 {
+        assert!(since.elapsed() < Duration::from_secs(10), "the key process never went idle");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let idle_after = since.elapsed();
+    let one = std::time::Instant::now();
     assert!(engine.sign(&rsa, Algorithm::RsaPkcs1Sha256, b"m").unwrap().wait().is_ok());
+    let one_signature = one.elapsed();
+    assert!(
+        idle_after < one_signature * 10,
+        "idle after {idle_after:?}, one signature takes {one_signature:?}: the expired requests were signed"
+    );
 }
 
 #[test]
