@@ -186,3 +186,21 @@ fn a_bad_policy_is_reported_once() {
     assert_eq!(err.matches("invalid policy").count(), 1, "{err}");
     assert_eq!(err.matches('^').count(), 1, "{err}");
 }
+
+#[test]
+fn a_policy_over_the_size_limit_shows_a_window_not_the_whole_text() {
+    let policy: Vec<String> = (0..3000).map(|i| format!("label{i}: value{i}")).collect();
+    let policy = policy.join(" or ");
+    assert!(policy.len() > 39_000);
+    let o = keyfence(&["policy", "check", &policy]);
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.len() < 500, "{} bytes of message", err.len());
+    assert!(err.contains("policy too large") || err.contains("too large"), "{err}");
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 3, "{err}");
+    assert!(lines[1].contains("..."), "{err}");
+    // The caret still points into the window.
+    let caret = lines[2].find('^').unwrap();
+    assert!(caret < lines[1].len(), "{err}");
+}
