@@ -15,10 +15,12 @@ fn bin() -> Command {
 }
 
 /// Runs `args` with a standard output whose reader is already gone, as
-/// `keyfence ... | head -0` would leave it.
+/// `keyfence ... | head -0` would leave it: every write fails with EPIPE,
+/// with no race against the reader.
 fn with_closed_stdout(args: &[&str]) -> std::process::Output {
-    let (reader, writer) = std::io::pipe().unwrap();
+    let (writer, reader) = std::os::unix::net::UnixStream::pair().unwrap();
     drop(reader);
+    let writer = std::os::fd::OwnedFd::from(writer);
     bin().args(args).stdout(writer).stderr(Stdio::piped()).env("RUST_BACKTRACE", "1").output().unwrap()
 }
 
