@@ -206,3 +206,13 @@ fn a_policy_over_the_size_limit_shows_a_window_not_the_whole_text() {
     let caret = lines[2].find('^').unwrap();
     assert!(caret < lines[1].len(), "{err}");
 }
+
+#[test]
+fn attrs_take_quoted_values_like_policies() {
+    let o = keyfence(&["policy", "check", r#"city: "Paris, 2e" and team: red"#, "--attrs", r#"city="Paris, 2e",team=red"#]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains(r#"satisfied by {city="Paris, 2e",team=red}"#), "{}", stdout(&o));
+    let o = keyfence(&["policy", "check", r#"city: "Paris, 2e""#, "--attrs", r#"city="Paris"#]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("unterminated quoted string"), "{}", stderr(&o));
+}
