@@ -23,12 +23,18 @@ pub const INPUT: u8 = 2;
 /// Any other failure.
 pub const FAILURE: u8 = 3;
 
-/// The convention in words, for `--help`.
-pub const HELP: &str = "Exit status: 0 success; 1 a \"no\" answer (not satisfied, cannot open); \
-2 usage or bad input (malformed policy, attributes, ciphertext, key, envelope; unreadable input; \
-not a store); 3 any other failure. `-` as --in or --out means standard input or output. \
-Secret outputs are written readable by their owner only (mode 600). Documentation: docs/ \
-(docs/errors.md, docs/policy-language.md, docs/wrapping.md, docs/signing.md).";
+/// The convention in words, for every command's `--help`.
+pub const HELP: &str = "\
+Exit status:
+  0  success
+  1  a \"no\" answer: attributes do not satisfy the policy, the machine cannot open the envelope
+  2  usage or bad input: a malformed policy, attribute list, ciphertext, key or envelope;
+     an input that cannot be read; a directory that is not a store
+  3  any other failure (a write the system refused, the key process, a timeout, a bug)
+
+`-` as --in or --out means standard input or output. Secret outputs (keys, decrypted
+secrets) are written readable by their owner only (mode 600).
+Documentation: docs/ (policy-language.md, abe.md, wrapping.md, signing.md, errors.md).";
 
 /// An outcome a command decided on itself, carried to `main` as an error.
 #[derive(Debug)]

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use clap::{CommandFactory, FromArgMatches, Subcommand};
 
 #[derive(clap::Parser)]
-#[command(name = "keyfence", version, about = "Keep private keys inside a policy", after_help = exit::HELP)]
+#[command(name = "keyfence", version, about = "Keep private keys inside a policy")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -44,6 +44,12 @@ enum Command {
     Demo,
 }
 
+/// The exit codes and file conventions under every command's help, since
+/// a reader of `keyfence abe decrypt --help` may never see the top one.
+fn with_conventions(c: clap::Command) -> clap::Command {
+    c.after_help(exit::HELP).mut_subcommands(with_conventions)
+}
+
 fn main() -> ExitCode {
     // `keyfence key-process`: the isolated key process that `sign
     // --isolated` and `bench sign` start, serving the socket on its
@@ -52,7 +58,8 @@ fn main() -> ExitCode {
         return keyfence::sign::isolated::key_process_main(std::env::args_os().skip(1));
     }
     // `--alg`'s help lists the library's algorithms, known only at run time.
-    let command = Cli::command().mut_subcommand("sign", |c| c.mut_arg("alg", |a| a.help(sign_cmd::alg_help())));
+    let command = with_conventions(Cli::command())
+        .mut_subcommand("sign", |c| c.mut_arg("alg", |a| a.help(sign_cmd::alg_help())));
     let cli = match Cli::from_arg_matches(&command.get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

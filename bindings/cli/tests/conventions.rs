@@ -92,10 +92,13 @@ fn exit_codes_follow_one_convention() {
     // 3: the system refused (here: the output directory is missing).
     let o = keyfence(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "a: x", "--in", &d.p("msg"), "--out", &d.p("no/such/dir/ct")]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
-    // The convention is in the help.
-    let help = stdout(&keyfence(&["--help"]));
-    assert!(help.contains("Exit status: 0 success; 1") && help.contains("2 usage or bad input"), "{help}");
-    assert!(help.contains("docs/"), "{help}");
+    // The convention is in the help of every command.
+    for args in [&["--help"][..], &["abe", "decrypt", "--help"], &["machine", "open", "--help"], &["policy", "check", "--help"]] {
+        let help = stdout(&keyfence(args));
+        assert!(help.contains("Exit status:\n  0  success\n  1  a \"no\" answer"), "{help}");
+        assert!(help.contains("2  usage or bad input") && help.contains("3  any other failure"), "{help}");
+        assert!(help.contains("mode 600") && help.contains("docs/"), "{help}");
+    }
 }
 
 #[test]
