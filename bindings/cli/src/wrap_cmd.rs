@@ -142,8 +142,8 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             if dir.exists() && !dir.is_dir() {
                 return Err(exit::input(format!("{} exists and is not a directory", dir.display())));
             }
-            let s: Arc<dyn Store> = Arc::new(FileStore::open(&dir).with_context(|| format!("cannot create store {}", dir.display()))?);
-            Authority::init(s)?;
+            let created = FileStore::open(&dir).with_context(|| format!("cannot create store {}", dir.display()))?;
+            Authority::init(Arc::new(created))?;
             outln!("authority created in {} (master generation 1)", dir.display());
         }
         AuthorityCmd::Issue { store: dir, attrs, out } => {
