@@ -5,10 +5,16 @@ use std::fmt;
 
 /// A set of `label = value` attributes, at most one value per label.
 ///
+/// In text, a label or value may be double-quoted as in a policy, so that
+/// it can hold a comma (or, for a label, `=`):
+///
 /// ```
 /// use keyfence_policy::Attributes;
 /// let a: Attributes = "country=FR,region=EU".parse().unwrap();
 /// assert_eq!(a.get("region"), Some("EU"));
+/// let b: Attributes = r#"city="Paris, 2e",team=red"#.parse().unwrap();
+/// assert_eq!(b.get("city"), Some("Paris, 2e"));
+/// assert_eq!(b.to_string(), r#"city="Paris, 2e",team=red"#);
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Attributes {
@@ -38,6 +44,16 @@ pub enum AttributesError {
     Duplicate {
         /// The repeated label.
         label: String,
+    },
+    /// A quoted label or value that is malformed (unterminated, an escape
+    /// other than `\"` and `\\`, a control character, empty), or text
+    /// after its closing quote.
+    #[error("attribute {index}: {problem}")]
+    Quoted {
+        /// Position in the list, from 0.
+        index: usize,
+        /// What is wrong, in words.
+        problem: String,
     },
 }
 
@@ -88,45 +104,139 @@ impl Attributes {
 impl std::str::FromStr for Attributes {
     type Err = AttributesError;
 
-    /// Parses `label=value,label=value`; whitespace around items is
-    /// trimmed, values may contain `=`, an empty string is the empty set.
+    /// Parses `label=value,label=value`; whitespace around labels and
+    /// values is trimmed, an unquoted value may contain `=`, an empty
+    /// string is the empty set. A label or value that starts with `"` is a
+    /// quoted word as in a policy (`\"` and `\\` escapes), and may then
+    /// hold commas, `=` and outer spaces.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut out = Attributes::default();
         if s.trim().is_empty() {
             return Ok(out);
         }
-        for (index, item) in s.split(',').enumerate() {
-            let item = item.trim();
-            let (k, v) = item.split_once('=').ok_or_else(|| AttributesError::MissingEquals {
-                index,
-                item: item.to_owned(),
-            })?;
-            let (k, v) = (k.trim(), v.trim());
+        let mut at = 0;
+        let mut index = 0;
+        loop {
+            let start = at;
+            let (k, after_k) = word(s, at, index, b"=,")?;
+            if s.as_bytes().get(after_k) != Some(&b'=') {
+                let end = s[start..].find(',').map_or(s.len(), |i| start + i);
+                return Err(AttributesError::MissingEquals { index, item: s[start..end].trim().to_owned() });
+            }
+            let (v, after_v) = word(s, after_k + 1, index, b",")?;
             if k.is_empty() || v.is_empty() {
                 return Err(AttributesError::Empty { index });
             }
-            if out.insert(k, v).is_some() {
-                return Err(AttributesError::Duplicate { label: k.to_owned() });
+            if out.map.contains_key(&k) {
+                return Err(AttributesError::Duplicate { label: k });
             }
+            out.map.insert(k, v);
+            if after_v >= s.len() {
+                return Ok(out);
+            }
+            // `word` stops only at a byte of its stop set or the end.
+            at = after_v + 1;
+            index += 1;
         }
-        Ok(out)
+    }
+}
+
+/// Reads one label or value of item `index` from byte `at`: a quoted word,
+/// or everything up to the first byte of `stop` (trimmed). Returns the
+/// word and the offset of the stop byte (or the end of `s`).
+fn word(s: &str, at: usize, index: usize, stop: &[u8]) -> Result<(String, usize), AttributesError> {
+    let bytes = s.as_bytes();
+    let lead = s[at..].len() - s[at..].trim_start().len();
+    let begin = at + lead;
+    if bytes.get(begin) == Some(&b'"') {
+        let (w, end) = crate::lexer::quoted(s, begin).map_err(|e| AttributesError::Quoted {
+            index,
+            problem: e.kind().to_string(),
+        })?;
+        let rest = s[end..].trim_start();
+        let next = end + (s[end..].len() - rest.len());
+        match bytes.get(next) {
+            None => Ok((w, next)),
+            Some(b) if stop.contains(b) => Ok((w, next)),
+            Some(_) => Err(AttributesError::Quoted {
+                index,
+                problem: "text after a closing `\"`: expected `=` after a label, `,` after a value".to_owned(),
+            }),
+        }
+    } else {
+        let end = bytes[at..].iter().position(|b| stop.contains(b)).map_or(s.len(), |i| at + i);
+        Ok((s[at..end].trim().to_owned(), end))
     }
 }
 
 impl fmt::Display for Attributes {
+    /// `label=value,...`, quoting a label or value only where the bare
+    /// text would not parse back to it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for (i, (k, v)) in self.iter().enumerate() {
             if i > 0 {
                 f.write_str(",")?;
             }
-            write!(f, "{k}={v}")?;
+            write_part(k, "=,", f)?;
+            f.write_str("=")?;
+            write_part(v, ",", f)?;
         }
         Ok(())
     }
 }
 
+fn write_part(word: &str, stop: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+    let bare = !word.starts_with('"') && word.trim() == word && !word.contains(|c: char| stop.contains(c));
+    if bare {
+        return f.write_str(word);
+    }
+    f.write_str("\"")?;
+    for c in word.chars() {
+        if c == '"' || c == '\\' {
+            f.write_str("\\")?;
+        }
+        write!(f, "{c}")?;
+    }
+    f.write_str("\"")
+}
+
 impl<L: Into<String>, V: Into<String>> FromIterator<(L, V)> for Attributes {
     fn from_iter<I: IntoIterator<Item = (L, V)>>(iter: I) -> Self {
         Self::from_pairs(iter)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> Result<Attributes, AttributesError> {
+        s.parse()
+    }
+
+    #[test]
+    fn quoted_words_hold_commas_and_round_trip() {
+        let a = parse(r#" "data center" = "fra, 1" , city="S\"P\\" , x=a=b "#).unwrap();
+        assert_eq!(a.get("data center"), Some("fra, 1"));
+        assert_eq!(a.get("city"), Some(r#"S"P\"#));
+        assert_eq!(a.get("x"), Some("a=b"));
+        assert_eq!(parse(&a.to_string()).unwrap(), a);
+        let odd = Attributes::from_pairs([("a=b", " c,d "), ("\"q", "\"v")]);
+        assert_eq!(parse(&odd.to_string()).unwrap(), odd);
+    }
+
+    #[test]
+    fn malformed_quotes_are_refused_with_the_item() {
+        for (s, want) in [
+            (r#"a="x"#, "attribute 0: unterminated quoted string"),
+            (r#"a=b,c="x" y"#, "attribute 1: text after a closing"),
+            (r#"a="\n""#, "attribute 0: invalid escape"),
+            (r#""a" b=c"#, "attribute 0: text after a closing"),
+        ] {
+            let e = parse(s).unwrap_err().to_string();
+            assert!(e.starts_with(want), "{s}: {e}");
+        }
+        assert_eq!(parse("a=b,c"), Err(AttributesError::MissingEquals { index: 1, item: "c".into() }));
+        assert_eq!(parse(r#"a="x",a=y"#), Err(AttributesError::Duplicate { label: "a".into() }));
     }
 }

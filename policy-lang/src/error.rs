@@ -135,9 +135,21 @@ impl ParseError {
     ///
     /// Tabs and newlines in the text are shown as spaces so the caret lines
     /// up; the column is counted in characters, not bytes, so multi-byte
-    /// UTF-8 inside quoted strings does not push it right.
+    /// UTF-8 inside quoted strings does not push it right. A text longer
+    /// than 80 characters is shown as a window of 80 characters
+    /// around the caret, with `...` where it was cut: a policy over the
+    /// size limit is tens of kilobytes, and echoing all of it buries the
+    /// message.
+    ///
+    /// ```
+    /// let long = format!("a: b{})", " or a: b".repeat(1000));
+    /// let err = keyfence_policy::parse(&long).unwrap_err();
+    /// let shown = err.render(&long);
+    /// assert!(shown.lines().all(|l| l.chars().count() < 200));
+    /// assert!(shown.lines().nth(1).unwrap().trim_end().ends_with("or a: b)"));
+    /// ```
     pub fn render(&self, source: &str) -> String {
-        let shown: String = source
+        let shown: Vec<char> = source
             .chars()
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
@@ -146,9 +158,23 @@ impl ParseError {
             .get(..cut)
             .map(|s| s.chars().count())
             .unwrap_or(cut);
-        format!("{self}\n  {shown}\n  {}^", " ".repeat(column))
+        if shown.len() <= RENDER_WIDTH {
+            let shown: String = shown.into_iter().collect();
+            return format!("{self}\n  {shown}\n  {}^", " ".repeat(column));
+        }
+        let start = column
+            .saturating_sub(RENDER_WIDTH / 2)
+            .min(shown.len() - RENDER_WIDTH);
+        let end = start + RENDER_WIDTH;
+        let (before, after) = (if start > 0 { "..." } else { "" }, if end < shown.len() { "..." } else { "" });
+        let window: String = shown[start..end].iter().collect();
+        let caret = before.len() + column - start;
+        format!("{self}\n  {before}{window}{after}\n  {}^", " ".repeat(caret))
     }
 }
+
+/// The most characters of policy text [`ParseError::render`] shows.
+const RENDER_WIDTH: usize = 80;
 
 impl fmt::Display for ParseError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

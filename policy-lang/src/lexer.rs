@@ -102,7 +102,7 @@ pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
 
 /// Reads a quoted string starting at the `"` at `start`; returns the
 /// unescaped text and the offset just past the closing quote.
-fn quoted(src: &str, start: usize) -> Result<(String, usize), ParseError> {
+pub(crate) fn quoted(src: &str, start: usize) -> Result<(String, usize), ParseError> {
     let mut word = String::new();
     let mut chars = src[start + 1..].char_indices();
     while let Some((rel, c)) = chars.next() {

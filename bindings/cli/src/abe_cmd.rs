@@ -1,7 +1,7 @@
 //! `keyfence abe ...`: CP-ABE on files in CIRCL's formats.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
@@ -9,23 +9,31 @@ use clap::Subcommand;
 use keyfence::abe;
 use keyfence::policy::Attributes;
 
+use crate::exit::{self, Exit};
+use crate::files::{outln, read, write_private, write_public};
+
 #[derive(Subcommand)]
 pub enum AbeCmd {
-    /// Create an authority: writes DIR/pk.bin and DIR/msk.bin.
+    /// Create an authority: writes DIR/pk.bin and DIR/msk.bin (the master
+    /// secret key, mode 600). Refuses to replace an existing msk.bin
+    /// unless --force: every key issued from it would be orphaned.
     Setup {
         /// Output directory (created if missing).
         #[arg(long)]
         out: PathBuf,
+        /// Replace an existing master secret key.
+        #[arg(long)]
+        force: bool,
     },
-    /// Issue an attribute key.
+    /// Issue an attribute key (a secret, written mode 600).
     Keygen {
-        /// Master secret key file.
+        /// Master secret key file (`-`: standard input).
         #[arg(long)]
         msk: PathBuf,
-        /// Attributes, label=value,label=value.
+        /// Attributes, label=value,label=value (docs/policy-language.md).
         #[arg(long)]
         attrs: String,
-        /// Output key file.
+        /// Output key file (`-`: standard output).
         #[arg(long)]
         out: PathBuf,
     },
@@ -34,60 +42,65 @@ pub enum AbeCmd {
         /// Public key file.
         #[arg(long)]
         pk: PathBuf,
-        /// The policy, e.g. 'region: EU and not country: FR'.
+        /// The policy, e.g. 'region: EU and not country: FR'
+        /// (docs/policy-language.md).
         #[arg(long)]
         policy: String,
-        /// Plaintext file.
+        /// Plaintext file (`-`: standard input).
         #[arg(long = "in")]
         input: PathBuf,
-        /// Ciphertext output.
+        /// Ciphertext output (`-`: standard output).
         #[arg(long)]
         out: PathBuf,
     },
-    /// Decrypt a file with an attribute key.
+    /// Decrypt a file with an attribute key. Exits 1 if the key's
+    /// attributes do not satisfy the policy, 2 if the ciphertext or key is
+    /// malformed.
     Decrypt {
         /// Attribute key file.
         #[arg(long)]
         key: PathBuf,
-        /// Ciphertext file.
+        /// Ciphertext file (`-`: standard input).
         #[arg(long = "in")]
         input: PathBuf,
-        /// Plaintext output.
+        /// Plaintext output, mode 600 (`-`: standard output).
         #[arg(long)]
         out: PathBuf,
     },
     /// Print a ciphertext's policy.
     Inspect {
-        /// Ciphertext file.
-        file: PathBuf,
+        /// Ciphertext file (`-`: standard input); or give it as --in.
+        #[arg(required_unless_present = "input", conflicts_with = "input")]
+        file: Option<PathBuf>,
+        /// Ciphertext file (`-`: standard input).
+        #[arg(long = "in")]
+        input: Option<PathBuf>,
     },
 }
 
-fn read(p: &Path) -> Result<Vec<u8>> {
-    fs::read(p).with_context(|| format!("cannot read {}", p.display()))
-}
-
-/// Writes secrets owner-readable only.
-pub fn write_private(p: &Path, data: &[u8]) -> Result<()> {
-    use std::io::Write;
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut o = fs::OpenOptions::new();
-    o.write(true).create(true).truncate(true);
-    #[cfg(unix)]
-    o.mode(0o600);
-    let mut f = o.open(p).with_context(|| format!("cannot write {}", p.display()))?;
-    f.write_all(data).with_context(|| format!("cannot write {}", p.display()))
+/// Parses a policy, printing the error with its caret (exit 2).
+pub fn parse_policy(policy: &str) -> Result<keyfence::policy::Policy> {
+    keyfence::policy::parse(policy).map_err(|e| {
+        eprintln!("{}", e.render(policy));
+        Exit::Reported(exit::INPUT).into()
+    })
 }
 
 pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
     match cmd {
-        AbeCmd::Setup { out } => {
+        AbeCmd::Setup { out, force } => {
+            let msk_path = out.join("msk.bin");
+            if !force && msk_path.exists() {
+                return Err(exit::input(format!(
+                    "{} already exists: replacing it would orphan every key issued from it (use --force to replace it)",
+                    msk_path.display()
+                )));
+            }
             fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
             let (pk, msk) = abe::setup()?;
-            fs::write(out.join("pk.bin"), pk.to_bytes())?;
-            write_private(&out.join("msk.bin"), &msk.to_bytes())?;
-            println!("wrote {} and {}", out.join("pk.bin").display(), out.join("msk.bin").display());
+            write_public(&out.join("pk.bin"), &pk.to_bytes())?;
+            write_private(&msk_path, &msk.to_bytes())?;
+            outln!("wrote {} and {}", out.join("pk.bin").display(), msk_path.display());
         }
         AbeCmd::Keygen { msk, attrs, out } => {
             let msk = abe::MasterSecretKey::from_bytes(&read(&msk)?).context("master secret key")?;
@@ -97,29 +110,22 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
         }
         AbeCmd::Encrypt { pk, policy, input, out } => {
             let pk = abe::PublicKey::from_bytes(&read(&pk)?).context("public key")?;
-            let p = match keyfence::policy::parse(&policy) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{}", e.render(&policy));
-                    return Ok(ExitCode::from(1));
-                }
-            };
+            let p = parse_policy(&policy)?;
             let ct = abe::encrypt_policy(&pk, &p, &read(&input)?)?;
-            fs::write(&out, ct).with_context(|| format!("cannot write {}", out.display()))?;
+            write_public(&out, &ct)?;
         }
         AbeCmd::Decrypt { key, input, out } => {
             let key = abe::AttributeKey::from_bytes(&read(&key)?).context("attribute key")?;
-            match abe::decrypt(&key, &read(&input)?) {
-                Ok(pt) => write_private(&out, &pt)?,
-                Err(e) => {
-                    eprintln!("keyfence: cannot decrypt {}: {e}", input.display());
-                    return Ok(ExitCode::from(1));
-                }
-            }
+            let pt = abe::decrypt(&key, &read(&input)?)
+                .with_context(|| format!("cannot decrypt {}", input.display()))?;
+            write_private(&out, &pt)?;
         }
-        AbeCmd::Inspect { file } => {
+        AbeCmd::Inspect { file, input } => {
+            let Some(file) = input.or(file) else {
+                return Err(exit::input("abe inspect needs a ciphertext: FILE or --in FILE"));
+            };
             let p = abe::policy_of(&read(&file)?).with_context(|| format!("{}", file.display()))?;
-            println!("{p}");
+            outln!("{p}");
         }
     }
     Ok(ExitCode::SUCCESS)

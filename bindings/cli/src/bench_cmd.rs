@@ -8,6 +8,8 @@ use clap::Subcommand;
 use keyfence::abe;
 use keyfence::policy::{parse, Attributes};
 
+use crate::files::outln;
+
 #[derive(Subcommand)]
 pub enum BenchCmd {
     /// CP-ABE on CIRCL's benchmark shapes: median keygen, encrypt and
@@ -58,7 +60,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;
             if !json {
-                println!(
+                outln!(
                     "{:<12} {:>10} {:>11} {:>11} {:>12}",
                     "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "ct_overhead"
                 );
@@ -85,12 +87,12 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                 }
                 let (kg, en, de) = (median_ms(kg), median_ms(en), median_ms(de));
                 if json {
-                    println!(
+                    outln!(
                         "{}",
                         serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "ct_overhead": overhead})
                     );
                 } else {
-                    println!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {overhead:>12}");
+                    outln!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {overhead:>12}");
                 }
             }
         }

@@ -11,6 +11,8 @@ use keyfence::sign::{Algorithm, Engine, EngineConfig, PrivateKey};
 use keyfence::wrap::{nearest_capable, Authority, CacheConfig, Envelope, FileStore, Machine, Peer, Store};
 use rand_core::{OsRng, RngCore};
 
+use crate::files::outln;
+
 /// Data centers: name, attributes, round-trip time from a client in Paris.
 const FLEET: &[(&str, &str, u64)] = &[
     ("fra1", "country=DE,region=EU", 9),
@@ -73,11 +75,11 @@ pub fn run() -> anyhow::Result<ExitCode> {
 }
 
 fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
-    println!("keyfence demo: customer keys that only some data centers may use\n");
+    outln!("keyfence demo: customer keys that only some data centers may use\n");
     let store: Arc<dyn Store> = Arc::new(FileStore::open(dir)?);
     let t = Instant::now();
     let mut authority = Authority::init(store.clone())?;
-    println!("authority   master generation 1 (CP-ABE, CIRCL-compatible) in {}", ms(t.elapsed()));
+    outln!("authority   master generation 1 (CP-ABE, CIRCL-compatible) in {}", ms(t.elapsed()));
 
     let mut machines = Vec::new();
     let mut peers = Vec::new();
@@ -87,15 +89,15 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         machines.push((*dc, Machine::new(key, store.clone(), CacheConfig::default())));
         peers.push(Peer { name: (*dc).into(), attributes: attrs, latency: Duration::from_millis(*rtt) });
     }
-    println!("fleet       {} data centers issued keys: {}", FLEET.len(), FLEET.iter().map(|f| format!("{} {{{}}}", f.0, f.1)).collect::<Vec<_>>().join(", "));
+    outln!("fleet       {} data centers issued keys: {}", FLEET.len(), FLEET.iter().map(|f| format!("{} {{{}}}", f.0, f.1)).collect::<Vec<_>>().join(", "));
 
-    println!("\ncustomers   wrapping a fresh Ed25519 private key (PKCS#8 PEM) each:");
+    outln!("\ncustomers   wrapping a fresh Ed25519 private key (PKCS#8 PEM) each:");
     let mut wrapped: Vec<(&str, String, Envelope)> = Vec::new();
     for (name, policy) in CUSTOMERS {
         let pem = ed25519_pem();
         let t = Instant::now();
         let env = authority.wrap(policy, pem.as_bytes())?;
-        println!(
+        outln!(
             "  {name:<9} `{}`  policy key {}… v{}  ({}, {} byte envelope)",
             env.policy,
             &env.policy_id.iter().take(4).map(|b| format!("{b:02x}")).collect::<String>(),
@@ -106,14 +108,14 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         wrapped.push((name, pem, env));
     }
     let st = authority.status()?;
-    println!("  {} envelopes under {} policy keys: acme and globex share one (same canonical policy)", st.envelopes, st.policies);
+    outln!("  {} envelopes under {} policy keys: acme and globex share one (same canonical policy)", st.envelopes, st.policies);
 
-    println!("\nwho can open what (otherwise: the nearest data center that can, by round-trip time from Paris)");
+    outln!("\nwho can open what (otherwise: the nearest data center that can, by round-trip time from Paris)");
     print!("  {:<9}", "");
     for (dc, _, _) in FLEET {
         print!(" {dc:<11}");
     }
-    println!();
+    outln!();
     let (mut miss_total, mut misses, mut hit_total, mut hits) = (Duration::ZERO, 0u32, Duration::ZERO, 0u32);
     for (name, pem, env) in &wrapped {
         print!("  {name:<9}");
@@ -138,15 +140,15 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
                 print!(" {to:<11}");
             }
         }
-        println!();
+        outln!();
     }
-    println!(
+    outln!(
         "  opening: first use of a policy key {} on average (CP-ABE + HPKE), then {} from the cache (HPKE only)",
         ms(miss_total / misses.max(1)),
         us(hit_total / hits.max(1))
     );
 
-    println!("\nsigning a handshake with an opened key (it never touches disk)");
+    outln!("\nsigning a handshake with an opened key (it never touches disk)");
     let engine = Engine::new(EngineConfig::default())?;
     let (dc, fra1) = &machines[0];
     let pem = fra1.open(wrapped[0].2.to_bytes())?;
@@ -156,7 +158,7 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let took = t.elapsed();
     let m = engine.metrics();
     let ec = m.class(keyfence::sign::OpClass::Ec);
-    println!(
+    outln!(
         "  {dc} opened acme's envelope and signed through the asynchronous engine: {}-byte Ed25519 signature in {} (EC executor: {} completed, {} errors)",
         signature.len(),
         us(took),
@@ -164,7 +166,7 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         ec.errors.total()
     );
 
-    println!("\nsigning in an isolated key process (the key never enters the server's memory)");
+    outln!("\nsigning in an isolated key process (the key never enters the server's memory)");
     // The machine's key and the envelope are files the key process reads;
     // it opens the envelope itself, so the secret exists only there.
     let machine_key = dir.join(format!("{dc}.machine-key"));
@@ -180,20 +182,20 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let t = Instant::now();
     let signature = engine.sign(&held, Algorithm::Ed25519, b"TLS 1.3, server CertificateVerify")?.wait()?;
     let took = t.elapsed();
-    println!(
+    outln!(
         "  {dc}'s key process (pid {}) opened acme's envelope itself in {}; this process holds only a handle",
         keys.pid().unwrap_or_default(),
         ms(loaded)
     );
-    println!("  and signed through it: {}-byte Ed25519 signature in {}, the same public key as above", signature.len(), us(took));
+    outln!("  and signed through it: {}-byte Ed25519 signature in {}, the same public key as above", signature.len(), us(took));
     drop((held, keys));
 
-    println!("\nmaster key rotation");
+    outln!("\nmaster key rotation");
     let before: Vec<Vec<u8>> = store.list("envelopes/")?.iter().map(|k| store.get(k).map(|v| v.unwrap_or_default())).collect::<Result<_, _>>()?;
     let t = Instant::now();
     let r = authority.rotate_master()?;
     let after: Vec<Vec<u8>> = store.list("envelopes/")?.iter().map(|k| store.get(k).map(|v| v.unwrap_or_default())).collect::<Result<_, _>>()?;
-    println!(
+    outln!(
         "  generation {} active, generation 1 decrypt-only; re-sealed {} policy keys in {}; customer envelopes {}",
         r.new_generation,
         r.resealed,
@@ -207,13 +209,13 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     old_machine.open(acme.to_bytes())?;
     let fresh = Machine::new(authority.issue(&FLEET[0].1.parse()?)?, store.clone(), CacheConfig::default());
     fresh.open(acme.to_bytes())?;
-    println!("  {dc} opens acme's key with its generation-1 key (decrypt-only) and with a newly issued generation-2 key");
+    outln!("  {dc} opens acme's key with its generation-1 key (decrypt-only) and with a newly issued generation-2 key");
 
     let bad = "country: US) and region: EU";
-    println!("\na malformed policy is refused with its position (CIRCL would read it as `country: US`):");
+    outln!("\na malformed policy is refused with its position (CIRCL would read it as `country: US`):");
     match parse(bad) {
         Ok(_) => anyhow::bail!("malformed policy {bad:?} was accepted"),
-        Err(e) => println!("{}\n", e.render(bad)),
+        Err(e) => outln!("{}\n", e.render(bad)),
     }
     Ok(ExitCode::SUCCESS)
 }

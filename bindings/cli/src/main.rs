@@ -3,6 +3,8 @@
 mod abe_cmd;
 mod bench_cmd;
 mod demo;
+mod exit;
+mod files;
 mod offload_sim;
 mod policy_cmd;
 mod sign_cmd;
@@ -10,9 +12,9 @@ mod wrap_cmd;
 
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(name = "keyfence", version, about = "Keep private keys inside a policy")]
 struct Cli {
     #[command(subcommand)]
@@ -42,6 +44,12 @@ enum Command {
     Demo,
 }
 
+/// The exit codes and file conventions under every command's help, since
+/// a reader of `keyfence abe decrypt --help` may never see the top one.
+fn with_conventions(c: clap::Command) -> clap::Command {
+    c.after_help(exit::HELP).mut_subcommands(with_conventions)
+}
+
 fn main() -> ExitCode {
     // `keyfence key-process`: the isolated key process that `sign
     // --isolated` and `bench sign` start, serving the socket on its
@@ -49,7 +57,13 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "key-process") {
         return keyfence::sign::isolated::key_process_main(std::env::args_os().skip(1));
     }
-    let cli = Cli::parse();
+    // `--alg`'s help lists the library's algorithms, known only at run time.
+    let command = with_conventions(Cli::command())
+        .mut_subcommand("sign", |c| c.mut_arg("alg", |a| a.help(sign_cmd::alg_help())));
+    let cli = match Cli::from_arg_matches(&command.get_matches()) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
     let result = match cli.command {
         Command::Policy(cmd) => policy_cmd::run(cmd),
         Command::Abe(cmd) => abe_cmd::run(cmd),
@@ -62,8 +76,11 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("keyfence: {e:#}");
-            ExitCode::from(2)
+            let (code, print) = exit::classify(&e);
+            if print {
+                eprintln!("keyfence: {e:#}");
+            }
+            ExitCode::from(code)
         }
     }
 }

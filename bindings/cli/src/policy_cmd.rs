@@ -4,12 +4,18 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Subcommand;
-use keyfence::policy::{parse, Attributes};
+use keyfence::policy::Attributes;
+
+use crate::abe_cmd::parse_policy;
+use crate::exit;
+use crate::files::outln;
 
 #[derive(Subcommand)]
 pub enum PolicyCmd {
     /// Parse POLICY, print its canonical form and, with --attrs, whether
-    /// those attributes satisfy it. Exits 1 on a malformed policy.
+    /// those attributes satisfy it. Exits 0 if they do (or without
+    /// --attrs), 1 if they do not, 2 on a malformed policy or attribute
+    /// list (docs/policy-language.md).
     Check {
         /// The policy text, e.g. 'country: US or (not region: EU)'.
         policy: String,
@@ -29,30 +35,24 @@ pub fn run(cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
                 .map(|a| a.parse())
                 .transpose()
                 .context("invalid --attrs")?;
-            let p = match parse(&policy) {
-                Ok(p) => p,
-                Err(e) => {
-                    eprintln!("{}", e.render(&policy));
-                    return Ok(ExitCode::from(1));
-                }
-            };
+            let p = parse_policy(&policy)?;
             let satisfied = attrs.as_ref().map(|a| p.eval(a));
             if json {
                 let obj = serde_json::json!({ "canonical": p.to_string(), "satisfied": satisfied });
-                println!("{obj}");
+                outln!("{obj}");
             } else {
-                println!("{p}");
+                outln!("{p}");
                 if let (Some(a), Some(s)) = (&attrs, satisfied) {
                     let leaves = p.satisfying_leaves(a).unwrap_or_default();
                     if s {
                         let used: Vec<String> = leaves.iter().map(|&i| describe_leaf(&p, i)).collect();
-                        println!("satisfied by {{{a}}} (using {})", used.join(", "));
+                        outln!("satisfied by {{{a}}} (using {})", used.join(", "));
                     } else {
-                        println!("not satisfied by {{{a}}}");
+                        outln!("not satisfied by {{{a}}}");
                     }
                 }
             }
-            Ok(ExitCode::SUCCESS)
+            Ok(if satisfied == Some(false) { ExitCode::from(exit::NO) } else { ExitCode::SUCCESS })
         }
     }
 }

@@ -17,31 +17,36 @@ use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use zeroize::Zeroizing;
 
-/// The algorithms `keyfence sign` offers (the list).
-const CLI_ALGS: [Algorithm; 6] = [
-    Algorithm::RsaPkcs1Sha256,
-    Algorithm::RsaPkcs1Sha384,
-    Algorithm::RsaPssSha256,
-    Algorithm::EcdsaP256Sha256,
-    Algorithm::EcdsaP384Sha384,
-    Algorithm::Ed25519,
-];
+use crate::exit;
+use crate::files::{outln, read, write_public};
+
+/// Every algorithm the library signs with, by name: the one list the help,
+/// the "unknown algorithm" message and docs/signing.md's table show.
+pub fn alg_names() -> String {
+    Algorithm::ALL.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
+}
+
+/// The help of `--alg`, built from [`Algorithm::ALL`] so it cannot drift.
+pub fn alg_help() -> String {
+    format!("The signature algorithm: {} (docs/signing.md)", alg_names())
+}
 
 /// `keyfence sign`.
 #[derive(Args)]
 pub struct SignArgs {
-    /// Private key, PEM or DER (PKCS#1, PKCS#8 or SEC1).
+    /// Private key, PEM or DER (PKCS#1, PKCS#8 or SEC1): RSA 2048-4096,
+    /// ECDSA P-256 or P-384, Ed25519; not password-protected.
     #[arg(long)]
     key: PathBuf,
-    /// rsa-pkcs1-sha256, rsa-pkcs1-sha384, rsa-pss-sha256, ecdsa-p256-sha256,
-    /// ecdsa-p384-sha384 or ed25519.
+    /// The signature algorithm (the list is filled in from the library).
     #[arg(long)]
     alg: String,
-    /// The message to sign.
+    /// The message to sign (`-`: standard input).
     #[arg(long = "in")]
     input: PathBuf,
-    /// Where to write the signature: raw for RSA and Ed25519, DER for ECDSA
-    /// (what `openssl dgst -verify` and `openssl pkeyutl -verify` read).
+    /// Where to write the signature (`-`: standard output): raw for RSA
+    /// and Ed25519, DER for ECDSA (what `openssl dgst -verify` and
+    /// `openssl pkeyutl -verify` read).
     #[arg(long)]
     out: PathBuf,
     /// The input is a digest of the message (not for ed25519).
@@ -67,13 +72,9 @@ pub fn key_process(threads: usize) -> Result<KeyProcess> {
 
 /// Runs `keyfence sign`.
 pub fn sign(args: SignArgs) -> Result<ExitCode> {
-    let alg: Algorithm = args.alg.parse()?;
-    if !CLI_ALGS.contains(&alg) {
-        bail!(
-            "--alg {alg} is not offered here; use one of {}",
-            CLI_ALGS.iter().map(|a| a.name()).collect::<Vec<_>>().join(", ")
-        );
-    }
+    let Ok(alg) = args.alg.parse::<Algorithm>() else {
+        return Err(exit::input(format!("unknown signature algorithm `{}`; known: {}", args.alg, alg_names())));
+    };
     // Started first so that it outlives the key handle.
     let keys = if args.isolated { Some(key_process(1)?) } else { None };
     let key = match &keys {
@@ -83,20 +84,22 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         }
         None => {
             // The key file's bytes are secret: keep them in a zeroizing buffer.
-            let key_bytes =
-                Zeroizing::new(std::fs::read(&args.key).with_context(|| format!("reading {}", args.key.display()))?);
+            let key_bytes = Zeroizing::new(
+                std::fs::read(&args.key)
+                    .map_err(|e| exit::input(format!("reading {}: {e}", args.key.display())))?,
+            );
             Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", args.key.display()))?)
         }
     };
     if !key.kind().supports(alg) {
-        bail!("{alg} cannot be used with {} key ({})", key.kind(), args.key.display());
+        return Err(exit::input(format!("{alg} cannot be used with {} key ({})", key.kind(), args.key.display())));
     }
-    let input = std::fs::read(&args.input).with_context(|| format!("reading {}", args.input.display()))?;
+    let input = read(&args.input)?;
     let req = if args.digest { Request::sign_digest(key, alg, input) } else { Request::sign(key, alg, input) }
         .with_timeout(Duration::from_millis(args.timeout_ms));
     let engine = Engine::new(EngineConfig::default())?;
     let sig = engine.submit(req)?.wait()?;
-    std::fs::write(&args.out, &sig[..]).with_context(|| format!("writing {}", args.out.display()))?;
+    write_public(&args.out, &sig[..])?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -285,17 +288,20 @@ enum Path {
 pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())).max(1);
     if !(args.seconds > 0.0 && args.seconds <= 600.0) {
-        bail!("--seconds must be in (0, 600]");
+        return Err(exit::input("--seconds must be in (0, 600]"));
     }
     let dur = Duration::from_secs_f64(args.seconds);
     for c in &args.cases {
         if !CASES.iter().any(|k| k.name == c) {
-            bail!("unknown case {c}; known: {}", CASES.iter().map(|k| k.name).collect::<Vec<_>>().join(", "));
+            return Err(exit::input(format!(
+                "unknown case {c}; known: {}",
+                CASES.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
+            )));
         }
     }
     for p in &args.paths {
         if !PATHS.contains(&p.as_str()) {
-            bail!("unknown path {p}; known: {}", PATHS.join(", "));
+            return Err(exit::input(format!("unknown path {p}; known: {}", PATHS.join(", "))));
         }
     }
     let wanted = |p: &str| p == "raw" || args.paths.is_empty() || args.paths.iter().any(|w| w == p);
@@ -323,8 +329,8 @@ fn run_cases(
     scratch: &std::path::Path,
 ) -> Result<ExitCode> {
     if !args.json {
-        println!("{threads} signing threads per path, {:.1} s per measurement", args.seconds);
-        println!(
+        outln!("{threads} signing threads per path, {:.1} s per measurement", args.seconds);
+        outln!(
             "{:<22} {:<12} {:>11} {:>9} {:>9} {:>8}   {:>12} {:>13} {:>10}",
             "alg", "path", "ops_per_s", "p50_us", "p99_us", "cpu_us", "ops vs base", "added p50_us", "cpu vs base"
         );
@@ -418,7 +424,7 @@ fn run_cases(
         let engine_at = paths.iter().position(|(n, _)| *n == "engine");
         for (i, ((name, _), f)) in paths.iter().zip(&figures).enumerate() {
             if args.json {
-                println!(
+                outln!(
                     "{}",
                     serde_json::json!({
                         "alg": case.name,
@@ -447,7 +453,7 @@ fn run_cases(
                     }
                     _ => String::new(),
                 };
-                println!(
+                outln!(
                     "{:<22} {:<12} {:>11.0} {:>9.1} {:>9.1} {:>8.1}   {extra}",
                     case.name, name, f.ops_per_s, f.p50_us, f.p99_us, f.cpu_us_per_op
                 );

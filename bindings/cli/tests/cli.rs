@@ -17,8 +17,9 @@ fn policy_check_prints_the_canonical_form_and_verdict() {
 
 #[test]
 fn a_malformed_policy_fails_with_a_caret() {
+    // Exit 2: bad input (1 is the "not satisfied" answer).
     let o = keyfence(&["policy", "check", "country: US) and region: EU"]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert_eq!(
         stderr(&o),
         "invalid policy at byte 11: unexpected `)`: no `(` is open here (the policy already ended)\n  \
@@ -51,7 +52,7 @@ fn abe_round_trip_through_files() {
     assert!(!std::path::Path::new(&d.p("pt2")).exists());
 
     let o = keyfence(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "region: EU)", "--in", &d.p("msg"), "--out", &d.p("ct2")]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains('^'));
 
     let o = keyfence(&["abe", "decrypt", "--key", &d.p("msg"), "--in", &d.p("ct"), "--out", &d.p("pt3")]);

@@ -44,7 +44,7 @@ fn authority_and_machine_commands() {
     assert!(status.contains("envelopes: 1"), "{status}");
 
     let o = run(&["authority", "wrap", "--store", &s, "--policy", "region: EU)", "--in", &d.p("pem"), "--out", &d.p("e2")]);
-    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains('^'));
     let o = run(&["authority", "status", "--store", &d.p("nothing-here")]);
     assert!(!o.status.success());

@@ -95,6 +95,97 @@ impl fmt::Debug for LocalKey {
 const ED25519_PKCS8_PREFIX: [u8; 16] =
     [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
 
+/// An RSA key restricted to PSS, by its PKCS#8 identifier or by OpenSSL's
+/// PEM label for it.
+const RSA_PSS_ONLY: KeyError = KeyError::Unsupported {
+    what: "an RSA-PSS-only key (id-RSASSA-PSS)",
+    why: "BoringSSL reads RSA private keys only as rsaEncryption; the same key as PKCS#1 DER (`openssl rsa -in KEY -traditional -outform DER -out KEY.der`) loads, and signs rsa-pss-* as well",
+};
+
+/// Object identifiers (their DER encoding, tag and length included) of
+/// keys BoringSSL does not read, with what to tell the person holding one.
+/// "not a private key" would send them looking for a corrupt file.
+const REFUSED_OIDS: [(&[u8], KeyError); 7] = [
+    (
+        // PBES2 (an encrypted PKCS#8 key, what `openssl pkcs8 -topk8`
+        // writes): checked first, as the key type inside is hidden.
+        &[0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x05, 0x0d],
+        KeyError::Encrypted,
+    ),
+    (
+        &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x0a],
+        KeyError::Unsupported {
+            what: "a secp256k1 EC key",
+            why: "BoringSSL does not implement secp256k1 and no TLS signature scheme uses it; keyfence signs ECDSA on P-256 and P-384",
+        },
+    ),
+    (
+        &[0x06, 0x03, 0x2b, 0x65, 0x71],
+        KeyError::Unsupported {
+            what: "an Ed448 key",
+            why: "BoringSSL does not implement Ed448; keyfence signs EdDSA with Ed25519",
+        },
+    ),
+    (&[0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0a], RSA_PSS_ONLY),
+    (
+        &[0x06, 0x03, 0x2b, 0x65, 0x6e],
+        KeyError::Unsupported { what: "an X25519 key", why: "it is for key agreement, not signatures" },
+    ),
+    (
+        &[0x06, 0x03, 0x2b, 0x65, 0x6f],
+        KeyError::Unsupported { what: "an X448 key", why: "it is for key agreement, not signatures" },
+    ),
+    (
+        &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x38, 0x04, 0x01],
+        KeyError::Unsupported {
+            what: "a DSA key",
+            why: "TLS 1.3 has no DSA signatures and BoringSSL does not sign with DSA; use RSA, ECDSA (P-256, P-384) or Ed25519",
+        },
+    ),
+];
+
+/// Why BoringSSL could not read `der`: a key type it does not implement,
+/// an encrypted key, or else not a key at all. Runs only after a failed
+/// parse, so it costs nothing on the normal path.
+fn diagnose_der(der: &[u8]) -> KeyError {
+    // The algorithm identifier sits near the start in PKCS#8 and SEC1 (a
+    // SEC1 key's curve follows its scalar): a window keeps a chance match
+    // in a long RSA-looking blob out.
+    let head = &der[..der.len().min(96)];
+    REFUSED_OIDS
+        .iter()
+        .find(|(oid, _)| head.windows(oid.len()).any(|w| w == *oid))
+        .map_or(KeyError::Parse, |(_, e)| e.clone())
+}
+
+/// As [`diagnose_der`], for PEM: the armour says "encrypted" in two ways,
+/// and the body is DER.
+fn diagnose_pem(pem: &[u8]) -> KeyError {
+    let Ok(text) = std::str::from_utf8(pem) else { return KeyError::Parse };
+    if text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----") || text.contains("Proc-Type: 4,ENCRYPTED") {
+        return KeyError::Encrypted;
+    }
+    // OpenSSL's "traditional" form of an RSA-PSS key: PKCS#1 inside,
+    // under a label BoringSSL does not know.
+    if text.contains("-----BEGIN RSA-PSS PRIVATE KEY-----") {
+        return RSA_PSS_ONLY;
+    }
+    // Base64 of a secret key is as secret as the key.
+    let body: Zeroizing<String> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("-----BEGIN"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("-----END"))
+        .filter(|l| !l.contains(':'))
+        .map(str::trim)
+        .collect::<String>()
+        .into();
+    match boring::base64::decode_block(&body) {
+        Ok(der) => diagnose_der(&Zeroizing::new(der)),
+        Err(_) => KeyError::Parse,
+    }
+}
+
 impl LocalKey {
     /// Loads a PEM private key: `RSA PRIVATE KEY` (PKCS#1), `EC PRIVATE KEY`
     /// (SEC1) or `PRIVATE KEY` (PKCS#8). Encrypted PEM is refused.
@@ -106,7 +197,7 @@ impl LocalKey {
         // BoringSSL's default password callback (used when none is given)
         // supplies no password and never prompts, so encrypted keys fail
         // here rather than blocking on a terminal.
-        let pkey = PKey::private_key_from_pem(pem).map_err(|_| KeyError::Parse)?;
+        let pkey = PKey::private_key_from_pem(pem).map_err(|_| diagnose_pem(pem))?;
         Self::from_pkey(pkey)
     }
 
@@ -116,7 +207,7 @@ impl LocalKey {
     /// # Errors
     /// As [`PrivateKey::from_pem`](super::PrivateKey::from_pem).
     pub(crate) fn from_der(der: &[u8]) -> Result<Self, KeyError> {
-        let pkey = PKey::private_key_from_der(der).map_err(|_| KeyError::Parse)?;
+        let pkey = PKey::private_key_from_der(der).map_err(|_| diagnose_der(der))?;
         Self::from_pkey(pkey)
     }
 

@@ -37,6 +37,20 @@ pub enum KeyError {
     /// Key generation failed inside BoringSSL.
     #[error("key generation failed: {0}")]
     Generate(String),
+    /// The key is password-protected (encrypted PEM or an encrypted
+    /// PKCS#8 `EncryptedPrivateKeyInfo`). keyfence never prompts: a
+    /// signing service has no one to type the password.
+    #[error("the private key is password-protected; keyfence does not ask for passwords (a signing service has no one to type one): give it the key unencrypted, readable by its owner only, or wrapped in a keyfence envelope")]
+    Encrypted,
+    /// A recognised private key that BoringSSL cannot read, so keyfence
+    /// cannot sign with it: `what` it is and `why` it is refused.
+    #[error("{what} is not supported: {why}")]
+    Unsupported {
+        /// What the key is, e.g. "a secp256k1 EC key".
+        what: &'static str,
+        /// Why it is refused, and what would work instead.
+        why: &'static str,
+    },
 }
 
 /// The kind of an operation error, for metrics and for callers that only
@@ -389,6 +403,8 @@ mod tests {
             (KeyError::Ed25519Length(31), ErrorCode::InvalidPrivateKey),
             (KeyError::Inconsistent, ErrorCode::InvalidPrivateKey),
             (KeyError::Generate("r".into()), ErrorCode::CryptoFailed),
+            (KeyError::Encrypted, ErrorCode::InvalidPrivateKey),
+            (KeyError::Unsupported { what: "an Ed448 key", why: "w" }, ErrorCode::InvalidPrivateKey),
         ];
         for (e, code) in key_errors {
             assert_eq!(e.code(), code, "{e}");

@@ -1,0 +1,84 @@
+//! Inputs, outputs and standard output: `-` for standard input or output,
+//! secrets written owner-readable only, and a reader that closes standard
+//! output early ending the command quietly instead of a panic.
+
+use std::fs;
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::exit::{self, Exit};
+
+/// Whether `p` is `-`, standard input or output.
+pub fn is_std(p: &Path) -> bool {
+    p.as_os_str() == "-"
+}
+
+/// The contents of `p`, or all of standard input for `-`. A file that
+/// cannot be read is bad input (exit 2): the caller named it.
+pub fn read(p: &Path) -> Result<Vec<u8>> {
+    if is_std(p) {
+        let mut v = Vec::new();
+        io::stdin().lock().read_to_end(&mut v).map_err(|e| exit::input(format!("cannot read standard input: {e}")))?;
+        return Ok(v);
+    }
+    fs::read(p).map_err(|e| exit::input(format!("cannot read {}: {e}", p.display())))
+}
+
+/// Writes to standard output; a closed pipe becomes [`Exit::Quiet`].
+pub fn stdout_bytes(data: &[u8]) -> Result<()> {
+    let mut o = io::stdout().lock();
+    o.write_all(data).and_then(|()| o.flush()).map_err(stdout_error)
+}
+
+/// One line of standard output (what `outln!` calls).
+pub fn line(args: std::fmt::Arguments<'_>) -> Result<()> {
+    let mut o = io::stdout().lock();
+    o.write_fmt(args).and_then(|()| o.write_all(b"\n")).map_err(stdout_error)
+}
+
+fn stdout_error(e: io::Error) -> anyhow::Error {
+    if e.kind() == io::ErrorKind::BrokenPipe {
+        Exit::Quiet.into()
+    } else {
+        anyhow::Error::new(e).context("cannot write to standard output")
+    }
+}
+
+/// Writes a public output (`-`: standard output).
+pub fn write_public(p: &Path, data: &[u8]) -> Result<()> {
+    if is_std(p) {
+        return stdout_bytes(data);
+    }
+    fs::write(p, data).with_context(|| format!("cannot write {}", p.display()))
+}
+
+/// Writes secrets owner-readable only (mode 600; `-`: standard output,
+/// where protecting them is the caller's business).
+pub fn write_private(p: &Path, data: &[u8]) -> Result<()> {
+    if is_std(p) {
+        return stdout_bytes(data);
+    }
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = fs::OpenOptions::new();
+    o.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    o.mode(0o600);
+    let mut f = o.open(p).with_context(|| format!("cannot write {}", p.display()))?;
+    f.write_all(data).with_context(|| format!("cannot write {}", p.display()))
+}
+
+/// `println!` that ends the command quietly when the reader has gone.
+macro_rules! outln {
+    () => {
+        outln!("")
+    };
+    ($($t:tt)*) => {
+        if let Err(e) = $crate::files::line(format_args!($($t)*)) {
+            return Err(e.into());
+        }
+    };
+}
+pub(crate) use outln;
