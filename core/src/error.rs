@@ -95,6 +95,8 @@ pub enum ErrorCode {
     StoreIo = 400,
     /// A store object name that is not allowed.
     InvalidStoreKey = 401,
+    /// Another writer held the store's lock for longer than the wait.
+    StoreLocked = 402,
 
     // 500-599: signing.
     /// The executor's queue is full: shed load or retry later.
@@ -146,6 +148,7 @@ impl ErrorCode {
         ErrorCode::InconsistentState,
         ErrorCode::StoreIo,
         ErrorCode::InvalidStoreKey,
+        ErrorCode::StoreLocked,
         ErrorCode::Overloaded,
         ErrorCode::TimedOut,
         ErrorCode::Cancelled,
@@ -183,6 +186,7 @@ impl ErrorCode {
             ErrorCode::InconsistentState => "INCONSISTENT_STATE",
             ErrorCode::StoreIo => "STORE_IO",
             ErrorCode::InvalidStoreKey => "INVALID_STORE_KEY",
+            ErrorCode::StoreLocked => "STORE_LOCKED",
             ErrorCode::Overloaded => "OVERLOADED",
             ErrorCode::TimedOut => "TIMED_OUT",
             ErrorCode::Cancelled => "CANCELLED",

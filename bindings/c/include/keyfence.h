@@ -137,6 +137,10 @@ enum keyfence_result
    */
   KEYFENCE_INVALID_STORE_KEY = 401,
   /*
+   Another writer held the store's lock for longer than the wait.
+   */
+  KEYFENCE_STORE_LOCKED = 402,
+  /*
    The executor's queue is full: shed load or retry later.
    */
   KEYFENCE_OVERLOADED = 500,

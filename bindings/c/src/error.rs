@@ -79,6 +79,8 @@ pub enum keyfence_result {
     KEYFENCE_STORE_IO = 400,
     /// A store object name that is not allowed.
     KEYFENCE_INVALID_STORE_KEY = 401,
+    /// Another writer held the store's lock for longer than the wait.
+    KEYFENCE_STORE_LOCKED = 402,
     // 500-599: signing.
     /// The executor's queue is full: shed load or retry later.
     KEYFENCE_OVERLOADED = 500,
@@ -115,7 +117,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 32] = [
+const ALL_RESULTS: [keyfence_result; 33] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
@@ -139,6 +141,7 @@ const ALL_RESULTS: [keyfence_result; 32] = [
     keyfence_result::KEYFENCE_INCONSISTENT_STATE,
     keyfence_result::KEYFENCE_STORE_IO,
     keyfence_result::KEYFENCE_INVALID_STORE_KEY,
+    keyfence_result::KEYFENCE_STORE_LOCKED,
     keyfence_result::KEYFENCE_OVERLOADED,
     keyfence_result::KEYFENCE_TIMED_OUT,
     keyfence_result::KEYFENCE_CANCELLED,

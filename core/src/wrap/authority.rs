@@ -2,6 +2,7 @@
 //! issuing machine keys and rotation.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use keyfence_policy::Attributes;
 use rand_core::{OsRng, RngCore};
@@ -110,12 +111,23 @@ pub struct Status {
     pub envelopes: usize,
 }
 
-/// The authority of a keyfence deployment. Holds the master keys; one
-/// process at a time should open a given store for writing.
+/// How long a writer waits for another to release the store's lock.
+const LOCK_WAIT: Duration = Duration::from_secs(30);
+
+/// The authority of a keyfence deployment: holds the master keys.
+///
+/// Many processes (and handles) may open one store. Reading never writes;
+/// every change (`init`, `wrap`, the rotations) takes the store's writer
+/// lock, re-reads the committed state under it, and commits before
+/// releasing it, so no writer works from a stale state and none undoes
+/// another's commit. `issue` and `status` read the latest committed state.
 pub struct Authority {
     store: Arc<dyn Store>,
     generations: Vec<Generation>,
     keys: Vec<PolicyKey>,
+    /// Digest of the state bytes this value was decoded from, to skip
+    /// decoding again when nothing changed.
+    seen: [u8; 32],
 }
 
 impl std::fmt::Debug for Authority {
@@ -133,31 +145,50 @@ impl Authority {
     /// # Errors
     /// [`WrapError::State`] if the store already holds an authority.
     pub fn init(store: Arc<dyn Store>) -> Result<Self> {
+        // Create-exclusive: two `init`s on one store cannot both succeed.
+        let _lock = store.lock(LOCK_WAIT)?;
         if store.get(layout::STATE)?.is_some() {
             return Err(StateError::AuthorityExists.into());
         }
         let (pk, msk) = abe::setup()?;
-        let a = Self {
+        let mut a = Self {
             store,
             generations: vec![Generation { number: 1, state: GenerationState::Active, pk, msk: Some(msk) }],
             keys: Vec::new(),
+            seen: [0; 32],
         };
         a.commit()?;
         Ok(a)
     }
 
-    /// Opens the authority in `store`, finishing the cleanup an interrupted
-    /// operation may have left (sealed copies no committed state refers to).
+    /// Opens the authority in `store`. Opening only reads: the cleanup an
+    /// interrupted operation may leave (sealed copies no committed state
+    /// refers to) is done by the next rotation, under the writer lock.
     ///
     /// # Errors
     /// [`WrapError::State`] if there is no authority; [`WrapError::Malformed`]
     /// if its state does not decode.
     pub fn open(store: Arc<dyn Store>) -> Result<Self> {
-        let bytes = store.get(layout::STATE)?.ok_or(StateError::NoAuthority)?;
-        let bytes = Zeroizing::new(bytes);
-        let mut a = Self::decode(store, &bytes)?;
-        a.collect_garbage()?;
-        Ok(a)
+        let bytes = Zeroizing::new(store.get(layout::STATE)?.ok_or(StateError::NoAuthority)?);
+        Self::decode(store, &bytes)
+    }
+
+    /// The latest committed state: `None` when it is the one this value
+    /// holds, else a fresh decoding of it.
+    fn latest(&self) -> Result<Option<Self>> {
+        let bytes = Zeroizing::new(self.store.get(layout::STATE)?.ok_or(StateError::NoAuthority)?);
+        if state_digest(&bytes) == self.seen {
+            return Ok(None);
+        }
+        Self::decode(self.store.clone(), &bytes).map(Some)
+    }
+
+    /// Brings this value up to the committed state (call under the lock).
+    fn refresh(&mut self) -> Result<()> {
+        if let Some(fresh) = self.latest()? {
+            *self = fresh;
+        }
+        Ok(())
     }
 
     fn decode(store: Arc<dyn Store>, b: &[u8]) -> Result<Self> {
@@ -198,7 +229,7 @@ impl Authority {
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
-        Ok(Self { store, generations, keys })
+        Ok(Self { store, generations, keys, seen: state_digest(b) })
     }
 
     /// The state's encoding. Every count and length was checked when the
@@ -223,8 +254,10 @@ impl Authority {
 
     /// Writes the state (the commit point of every operation) and the
     /// replicated generation list.
-    fn commit(&self) -> Result<()> {
-        self.store.put(layout::STATE, &self.encode())?;
+    fn commit(&mut self) -> Result<()> {
+        let state = self.encode();
+        self.store.put(layout::STATE, &state)?;
+        self.seen = state_digest(&state);
         let list = layout::encode_generations(self.generations.iter().map(|g| (g.number, g.state)));
         self.store.put(layout::GENERATIONS, list.as_bytes())?;
         Ok(())
@@ -260,14 +293,16 @@ impl Authority {
     /// # Errors
     /// [`WrapError::Store`] if the store cannot be listed.
     pub fn status(&self) -> Result<Status> {
-        let mut policies: Vec<&[u8; 32]> = self.keys.iter().map(|k| k.policy_id()).collect();
+        let fresh = self.latest()?;
+        let this = fresh.as_ref().unwrap_or(self);
+        let mut policies: Vec<&[u8; 32]> = this.keys.iter().map(|k| k.policy_id()).collect();
         policies.sort();
         policies.dedup();
         Ok(Status {
-            generations: self.generations.iter().map(|g| (g.number, g.state)).collect(),
+            generations: this.generations.iter().map(|g| (g.number, g.state)).collect(),
             policies: policies.len(),
-            policy_keys: self.keys.len(),
-            envelopes: self.store.list(layout::ENVELOPES)?.len(),
+            policy_keys: this.keys.len(),
+            envelopes: this.store.list(layout::ENVELOPES)?.len(),
         })
     }
 
@@ -281,8 +316,11 @@ impl Authority {
     pub fn issue(&self, attrs: &Attributes) -> Result<MachineKey> {
         // Checked before the CP-ABE work, which is per attribute.
         MachineKey::check_attributes(attrs)?;
+        // Keys for the generations live now, not when this value was read.
+        let fresh = self.latest()?;
+        let this = fresh.as_ref().unwrap_or(self);
         let mut keys = Vec::new();
-        for g in self.live() {
+        for g in this.live() {
             let msk = g.msk.as_ref().ok_or_else(|| {
                 StateError::Inconsistent(format!("live generation {} has lost its master key", g.number))
             })?;
@@ -316,13 +354,17 @@ impl Authority {
         let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
         check_policy(&policy)?;
         limit("secret length", secret.len(), super::format::MAX_SECRET)?;
+        // Under the lock, from the committed state: a policy key another
+        // process made is reused, and one it rotated away is never used.
+        let _lock = self.store.lock(LOCK_WAIT)?;
+        self.refresh()?;
         let pid = *policy.id();
         if self.current(&pid).is_none() {
             limit("policy key count", self.keys.len() + 1, u32::MAX as usize)?;
             let (private, public) = hpke::keypair(&mut OsRng);
             let k = PolicyKey { policy, version: 1, public, private };
             // Sealed copies first, then the commit: an interruption leaves
-            // only unreferenced copies, which `open` deletes.
+            // only unreferenced copies, which the next rotation deletes.
             self.seal_everywhere(&k)?;
             self.keys.push(k);
             self.commit()?;
@@ -350,6 +392,8 @@ impl Authority {
     /// [`WrapError::Store`] if the store fails; the authority is then
     /// unchanged (reopen it to clean up).
     pub fn rotate_master(&mut self) -> Result<MasterRotation> {
+        let _lock = self.store.lock(LOCK_WAIT)?;
+        self.refresh()?;
         limit("master generation count", self.generations.len() + 1, MAX_GENERATIONS)?;
         let number = self.generations.iter().map(|g| g.number).max().unwrap_or(0) + 1;
         let (pk, msk) = abe::setup()?;
@@ -386,6 +430,8 @@ impl Authority {
     /// no key; store failures.
     pub fn rotate_policy_key(&mut self, policy: &str) -> Result<PolicyRotation> {
         let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
+        let _lock = self.store.lock(LOCK_WAIT)?;
+        self.refresh()?;
         let pid = *policy.id();
         let old = self.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?;
         limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
@@ -416,4 +462,13 @@ impl Authority {
         self.collect_garbage()?;
         Ok(PolicyRotation { version, rewrapped })
     }
+}
+
+/// A digest of the state's bytes (which hold secrets, so they are not
+/// kept): BLAKE2b-256, domain-separated.
+fn state_digest(state: &[u8]) -> [u8; 32] {
+    let h = blake2b_simd::Params::new().hash_length(32).personal(b"keyfence-state").hash(state);
+    let mut out = [0u8; 32];
+    out.copy_from_slice(h.as_bytes());
+    out
 }

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +30,14 @@ pub enum StoreError {
     /// a `..` part.
     #[error("invalid store key {0:?}")]
     InvalidKey(String),
+    /// Another writer held the store's lock for longer than the wait.
+    #[error("the store is locked by {}; gave up after {waited:?}", holder.map_or("another process".to_string(), |p| format!("pid {p}")))]
+    Locked {
+        /// The process holding the lock, when it said so.
+        holder: Option<u32>,
+        /// How long this writer waited.
+        waited: Duration,
+    },
 }
 
 impl StoreError {
@@ -37,6 +46,7 @@ impl StoreError {
         match self {
             StoreError::Io { .. } => crate::ErrorCode::StoreIo,
             StoreError::InvalidKey(_) => crate::ErrorCode::InvalidStoreKey,
+            StoreError::Locked { .. } => crate::ErrorCode::StoreLocked,
         }
     }
 }
@@ -55,7 +65,38 @@ pub trait Store: Send + Sync {
     fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// Names of the objects under `prefix` (which ends with `/`), sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+    /// Takes the store's writer lock, waiting up to `wait` for another
+    /// writer to finish. An authority holds it from re-reading its state to
+    /// committing the change, so two processes (or two handles) on one store
+    /// never write from stale state; readers never take it. Released when
+    /// the returned guard is dropped, or when the holding process dies.
+    ///
+    /// # Errors
+    /// [`StoreError::Locked`] after `wait`; [`StoreError::Io`].
+    fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError>;
 }
+
+/// The writer lock of a store, held until dropped.
+pub struct StoreLock {
+    _held: Box<dyn Send>,
+}
+
+impl StoreLock {
+    /// A guard that releases the lock when `held` is dropped: for
+    /// implementations of [`Store::lock`].
+    pub fn new(held: impl Send + 'static) -> Self {
+        StoreLock { _held: Box::new(held) }
+    }
+}
+
+impl std::fmt::Debug for StoreLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StoreLock")
+    }
+}
+
+/// How long [`FileStore`] and [`MemoryStore`] sleep between attempts.
+const LOCK_POLL: Duration = Duration::from_millis(5);
 
 fn check_key(key: &str) -> Result<(), StoreError> {
     let ok = !key.is_empty()
@@ -170,12 +211,51 @@ impl Store for FileStore {
         out.sort();
         Ok(out)
     }
+
+    /// An advisory lock (`flock`) on `ROOT/.lock`, which also records the
+    /// holder's pid for the error another writer gets. The kernel releases
+    /// it when the holder exits, so a crashed writer never wedges the store.
+    fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError> {
+        const NAME: &str = ".lock";
+        let path = self.root.join(NAME);
+        let mut opts = fs::OpenOptions::new();
+        opts.read(true).write(true).create(true).truncate(false);
+        #[cfg(unix)]
+        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
+        let mut file = opts.open(&path).map_err(io(NAME))?;
+        let start = Instant::now();
+        loop {
+            match file.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if start.elapsed() < wait => std::thread::sleep(LOCK_POLL),
+                Err(fs::TryLockError::WouldBlock) => {
+                    let holder = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
+                    return Err(StoreError::Locked { holder, waited: start.elapsed() });
+                }
+                Err(fs::TryLockError::Error(e)) => return Err(io(NAME)(e)),
+            }
+        }
+        // Best effort: the pid only improves another writer's message.
+        let _ = file.set_len(0).and_then(|()| file.write_all(std::process::id().to_string().as_bytes()));
+        Ok(StoreLock::new(file))
+    }
 }
 
 /// An in-memory store, for tests and for embedding behind another layer.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     map: Mutex<BTreeMap<String, Vec<u8>>>,
+    writer: Arc<(Mutex<bool>, Condvar)>,
+}
+
+/// Releases a [`MemoryStore`]'s writer lock.
+struct MemoryLock(Arc<(Mutex<bool>, Condvar)>);
+
+impl Drop for MemoryLock {
+    fn drop(&mut self) {
+        *self.0 .0.lock().unwrap_or_else(|e| e.into_inner()) = false;
+        self.0 .1.notify_one();
+    }
 }
 
 impl Store for MemoryStore {
@@ -197,11 +277,47 @@ impl Store for MemoryStore {
         let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
         Ok(map.keys().filter(|k| k.starts_with(prefix)).cloned().collect())
     }
+    fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError> {
+        let (flag, cv) = &*self.writer;
+        let start = Instant::now();
+        let mut held = flag.lock().unwrap_or_else(|e| e.into_inner());
+        while *held {
+            let left = wait.saturating_sub(start.elapsed());
+            if left.is_zero() {
+                return Err(StoreError::Locked { holder: Some(std::process::id()), waited: start.elapsed() });
+            }
+            held = cv.wait_timeout(held, left.min(LOCK_POLL * 20)).unwrap_or_else(|e| e.into_inner()).0;
+        }
+        *held = true;
+        Ok(StoreLock::new(MemoryLock(self.writer.clone())))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_writer_at_a_time_and_the_second_is_told_who_holds_the_lock() {
+        let dir = std::env::temp_dir().join(format!("keyfence-store-lock-{}", std::process::id()));
+        let file = FileStore::open(&dir).unwrap();
+        let memory = MemoryStore::default();
+        for store in [&file as &dyn Store, &memory] {
+            let held = store.lock(Duration::from_secs(1)).unwrap();
+            let err = store.lock(Duration::from_millis(30)).unwrap_err();
+            assert!(matches!(err, StoreError::Locked { holder: Some(p), .. } if p == std::process::id()), "{err}");
+            assert_eq!(err.code(), crate::ErrorCode::StoreLocked);
+            assert!(err.to_string().contains(&format!("pid {}", std::process::id())), "{err}");
+            // A writer waiting for the lock gets it once it is released.
+            std::thread::scope(|t| {
+                let waiter = t.spawn(|| store.lock(Duration::from_secs(5)).map(drop));
+                std::thread::sleep(Duration::from_millis(20));
+                drop(held);
+                waiter.join().unwrap().unwrap();
+            });
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn file_store_round_trips_and_refuses_escapes() {
