@@ -56,18 +56,37 @@ pub fn write_public(p: &Path, data: &[u8]) -> Result<()> {
 
 /// Writes secrets owner-readable only (mode 600; `-`: standard output,
 /// where protecting them is the caller's business).
+///
+/// The bytes go to a new temporary file created with mode 600 in the
+/// target's directory, which is synced and renamed over the target. So an
+/// existing file's looser mode is never kept, a symbolic link at the target
+/// is replaced rather than followed (a link planted there cannot redirect a
+/// secret), and a crash leaves the old file or the new one, never half.
 pub fn write_private(p: &Path, data: &[u8]) -> Result<()> {
     if is_std(p) {
         return stdout_bytes(data);
     }
-    #[cfg(unix)]
-    use std::os::unix::fs::OpenOptionsExt;
+    let dir = match p.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp-{}-{}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
     let mut o = fs::OpenOptions::new();
-    o.write(true).create(true).truncate(true);
+    // create_new: never opens an existing file or follows a link there.
+    o.write(true).create_new(true);
     #[cfg(unix)]
-    o.mode(0o600);
-    let mut f = o.open(p).with_context(|| format!("cannot write {}", p.display()))?;
-    f.write_all(data).with_context(|| format!("cannot write {}", p.display()))
+    std::os::unix::fs::OpenOptionsExt::mode(&mut o, 0o600);
+    let result = (|| -> io::Result<()> {
+        let mut f = o.open(&tmp)?;
+        f.write_all(data)?;
+        f.sync_all()?;
+        fs::rename(&tmp, p)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result.with_context(|| format!("cannot write {}", p.display()))
 }
 
 /// `println!` that ends the command quietly when the reader has gone.

@@ -219,3 +219,31 @@ fn attrs_take_quoted_values_like_policies() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("unterminated quoted string"), "{}", stderr(&o));
 }
+
+/// Secret outputs: an existing world-readable file ends up mode 600, and a
+/// symbolic link planted at the output path is replaced, not followed (the
+/// file it points to is untouched).
+#[cfg(unix)]
+#[test]
+fn secret_outputs_are_mode_600_and_never_written_through_a_link() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = Dir::new("private-out");
+    let auth = d.p("auth");
+    ok(&["abe", "setup", "--out", &auth]);
+
+    let loose = d.p("loose.abekey");
+    std::fs::write(&loose, b"old").unwrap();
+    std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    ok(&["abe", "keygen", "--msk", &format!("{auth}/msk.bin"), "--attrs", "a=b", "--out", &loose]);
+    assert_eq!(std::fs::metadata(&loose).unwrap().permissions().mode() & 0o777, 0o600);
+
+    let victim = d.p("victim");
+    std::fs::write(&victim, b"not yours").unwrap();
+    let link = d.p("link.abekey");
+    std::os::unix::fs::symlink(&victim, &link).unwrap();
+    ok(&["abe", "keygen", "--msk", &format!("{auth}/msk.bin"), "--attrs", "a=b", "--out", &link]);
+    assert_eq!(std::fs::read(&victim).unwrap(), b"not yours", "the secret was written through the link");
+    let meta = std::fs::symlink_metadata(&link).unwrap();
+    assert!(meta.file_type().is_file() && meta.permissions().mode() & 0o777 == 0o600);
+    assert!(std::fs::read_dir(&d.0).unwrap().all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-")));
+}
