@@ -181,17 +181,20 @@ fn the_cache_expires_evicts_and_coalesces() {
     let s = short.cache_stats();
     assert_eq!((s.hits, s.misses), (1, 2), "expired after its time to live");
 
-    // Capacity 1: alternating policy keys evict each other.
-    let one: Vec<Machine> = keys.iter().map(|k| Machine::new(k.clone(), store.clone(), CacheConfig { capacity: 1, ttl: Duration::from_secs(60) })).collect();
-    let _ = &one;
-    let wide = a.issue(&attrs("region=EU,tier=t0")).unwrap();
-    let m = Machine::new(wide, store.clone(), CacheConfig { capacity: 1, ttl: Duration::from_secs(60) });
+    // Capacity 1: alternating policy keys evict each other, on every
+    // machine: each opens its own tier's envelope (a miss, then a hit),
+    // then the region-wide one (a miss that evicts), then its own again (a
+    // miss that evicts).
     let env_any = a.wrap("region: EU", b"x").unwrap();
-    m.open(envs[0].to_bytes()).unwrap();
-    m.open(env_any.to_bytes()).unwrap();
-    m.open(envs[0].to_bytes()).unwrap();
-    let s = m.cache_stats();
-    assert_eq!((s.misses, s.evictions, s.entries), (3, 2, 1));
+    for (i, k) in keys.iter().enumerate() {
+        let m = Machine::new(k.clone(), store.clone(), CacheConfig { capacity: 1, ttl: Duration::from_secs(60) });
+        assert_eq!(&m.open(envs[i].to_bytes()).unwrap()[..], b"s");
+        assert_eq!(&m.open(envs[i].to_bytes()).unwrap()[..], b"s");
+        assert_eq!(&m.open(env_any.to_bytes()).unwrap()[..], b"x");
+        assert_eq!(&m.open(envs[i].to_bytes()).unwrap()[..], b"s");
+        let s = m.cache_stats();
+        assert_eq!((s.hits, s.misses, s.evictions, s.entries), (1, 3, 2, 1), "machine of tier t{i}");
+    }
 
     // Eight threads missing on the same policy key do the CP-ABE work once.
     let m = Arc::new(Machine::new(a.issue(&attrs("region=EU,tier=t1")).unwrap(), store.clone(), CacheConfig::default()));

@@ -68,13 +68,20 @@ proptest! {
             match p.satisfying_leaves(a) {
                 None => prop_assert!(!want),
                 Some(leaves) => {
-                    // Those leaves alone must satisfy the policy.
+                    // Those leaves alone must satisfy the policy: keep only
+                    // the attributes their labels name, and it still holds.
                     prop_assert!(want);
                     for &i in &leaves {
                         prop_assert!(p.leaves()[i].holds(a));
                     }
-                    let only: Attributes = Attributes::default();
-                    let _ = only;
+                    let only: Attributes = leaves
+                        .iter()
+                        .filter_map(|&i| {
+                            let label = p.leaves()[i].label.as_str();
+                            a.get(label).map(|v| (label, v))
+                        })
+                        .collect();
+                    prop_assert!(p.eval(&only), "the satisfying leaves {:?} of {} do not satisfy it alone", leaves, canonical);
                 }
             }
         }
