@@ -190,14 +190,7 @@ fn write_part(word: &str, stop: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result
     if bare {
         return f.write_str(word);
     }
-    f.write_str("\"")?;
-    for c in word.chars() {
-        if c == '"' || c == '\\' {
-            f.write_str("\\")?;
-        }
-        write!(f, "{c}")?;
-    }
-    f.write_str("\"")
+    crate::display::write_quoted(word, f)
 }
 
 impl<L: Into<String>, V: Into<String>> FromIterator<(L, V)> for Attributes {

@@ -14,6 +14,12 @@ pub(crate) fn write_word(word: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result 
     if bare {
         return f.write_str(word);
     }
+    write_quoted(word, f)
+}
+
+/// Writes `word` as a double-quoted string with `"` and `\` escaped: the
+/// one quoting rule of policies and attribute lists.
+pub(crate) fn write_quoted(word: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     f.write_str("\"")?;
     for c in word.chars() {
         if c == '"' || c == '\\' {

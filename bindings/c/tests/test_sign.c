@@ -155,15 +155,21 @@ static void overload(void) {
     keyfence_engine_free(e);
 }
 
-/* One RSA worker and a 1 ms deadline: the signatures that wait behind
- * others end TIMED_OUT, through the queue, and none hangs. */
-static void deadline(void) {
+/* An engine whose RSA class has one worker, so RSA work queues up. */
+static keyfence_engine *single_rsa_worker(void) {
     keyfence_engine_config *cfg = NULL;
     OK(keyfence_engine_config_new(&cfg));
     OK(keyfence_engine_config_set_class(cfg, KEYFENCE_CLASS_RSA, 1, 256));
     keyfence_engine *e = NULL;
     OK(keyfence_engine_new(cfg, &e));
     keyfence_engine_config_free(cfg);
+    return e;
+}
+
+/* One RSA worker and a 1 ms deadline: the signatures that wait behind
+ * others end TIMED_OUT, through the queue, and none hangs. */
+static void deadline(void) {
+    keyfence_engine *e = single_rsa_worker();
     keyfence_completion_queue *q = NULL;
     OK(keyfence_completion_queue_new(&q));
     for (int i = 0; i < 100; i++)
@@ -178,12 +184,7 @@ static void deadline(void) {
 /* One RSA worker, 40 signatures queued, the last 20 cancelled: those
  * still waiting end CANCELLED through the queue and never run. */
 static void cancel(void) {
-    keyfence_engine_config *cfg = NULL;
-    OK(keyfence_engine_config_new(&cfg));
-    OK(keyfence_engine_config_set_class(cfg, KEYFENCE_CLASS_RSA, 1, 256));
-    keyfence_engine *e = NULL;
-    OK(keyfence_engine_new(cfg, &e));
-    keyfence_engine_config_free(cfg);
+    keyfence_engine *e = single_rsa_worker();
     keyfence_completion_queue *q = NULL;
     OK(keyfence_completion_queue_new(&q));
     keyfence_operation *ops[40];
