@@ -59,6 +59,22 @@ pub enum AbeError {
 }
 
 impl AbeError {
+    /// The byte offset in the policy text, when this is a policy that
+    /// does not parse ([`AbeError::Policy`]): what a binding shows as a
+    /// syntax error's position.
+    ///
+    /// ```
+    /// let (pk, _) = keyfence::abe::setup().unwrap();
+    /// let err = keyfence::abe::encrypt(&pk, "a: b or", b"x").unwrap_err();
+    /// assert_eq!(err.policy_position(), Some(7));
+    /// ```
+    pub fn policy_position(&self) -> Option<usize> {
+        match self {
+            AbeError::Policy(e) => Some(e.offset()),
+            _ => None,
+        }
+    }
+
     /// The stable code of this error (`docs/errors.md`).
     ///
     /// A malformed ciphertext is [`ErrorCode::InvalidCiphertext`], a

@@ -111,6 +111,15 @@ impl StateError {
 }
 
 impl WrapError {
+    /// The byte offset in the policy text, when a policy given to the
+    /// authority does not parse (see [`AbeError::policy_position`]).
+    pub fn policy_position(&self) -> Option<usize> {
+        match self {
+            WrapError::Abe(e) => e.policy_position(),
+            _ => None,
+        }
+    }
+
     /// The stable code of this error (`docs/errors.md`).
     ///
     /// A malformed machine key is [`ErrorCode::InvalidKey`], a malformed
