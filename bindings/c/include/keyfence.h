@@ -628,11 +628,29 @@ const char *keyfence_result_name(uint32_t code);
 keyfence_result keyfence_error_message(char *buf, size_t cap, size_t *out_n);
 
 /*
+ Writes the byte offset into the policy text that the calling thread's
+ last error is about to `*position` and returns true, when that error is
+ a policy that does not parse (`KEYFENCE_POLICY_SYNTAX`,
+ `KEYFENCE_POLICY_TOO_LARGE`); returns false (and leaves `*position`
+ alone) otherwise. Bindings use it to point at the mistake.
+
+ # Safety
+ `position` is NULL (then only the answer is returned) or writable.
+ */
+bool keyfence_error_position(size_t *position);
+
+/*
  Whether attributes satisfy a policy, without cryptography.
 
  `policy` is policy text (`country: US or (not region: EU)`), `attrs`
  the attributes as `label=value,label=value`; `*satisfied` is set on
  success.
+
+ Every function that takes `attrs` reads it the same way: whitespace
+ around labels and values is trimmed, and a label or value that starts
+ with `"` is a quoted word as in a policy (`\"` and `\\` escapes), which
+ may hold commas, `=` and outer spaces. Quoting every label and value
+ passes any text through unchanged: `"team"="key ops, EU"`.
 
  Errors: `KEYFENCE_POLICY_SYNTAX` / `KEYFENCE_POLICY_TOO_LARGE` (the
  message has the byte position and a caret), `KEYFENCE_INVALID_ATTRIBUTES`,

@@ -159,28 +159,45 @@ const ALL_RESULTS: [keyfence_result; 33] = [
 pub(crate) struct Error {
     code: keyfence_result,
     message: String,
+    /// The byte offset in a policy text the error is about.
+    position: Option<usize>,
 }
 
 impl Error {
     pub(crate) fn new(code: keyfence_result, message: impl Into<String>) -> Self {
-        Error { code, message: message.into() }
+        Error { code, message: message.into(), position: None }
+    }
+
+    /// The same error, about byte `position` of a policy text.
+    pub(crate) fn at(self, position: usize) -> Self {
+        Error { position: Some(position), ..self }
     }
 }
 
 /// Core errors that know their stable code.
 pub(crate) trait Coded: std::fmt::Display {
     fn code(&self) -> ErrorCode;
+    /// The byte offset in a policy text, for policy syntax errors.
+    fn position(&self) -> Option<usize> {
+        None
+    }
 }
 
 impl Coded for keyfence_core::abe::AbeError {
     fn code(&self) -> ErrorCode {
         keyfence_core::abe::AbeError::code(self)
     }
+    fn position(&self) -> Option<usize> {
+        self.policy_position()
+    }
 }
 
 impl Coded for keyfence_core::policy::ParseError {
     fn code(&self) -> ErrorCode {
         ErrorCode::from(self)
+    }
+    fn position(&self) -> Option<usize> {
+        Some(self.offset())
     }
 }
 
@@ -193,6 +210,9 @@ impl Coded for keyfence_core::policy::AttributesError {
 impl Coded for keyfence_core::wrap::WrapError {
     fn code(&self) -> ErrorCode {
         keyfence_core::wrap::WrapError::code(self)
+    }
+    fn position(&self) -> Option<usize> {
+        self.policy_position()
     }
 }
 
@@ -216,7 +236,7 @@ impl Coded for keyfence_core::sign::KeyError {
 
 impl<E: Coded> From<E> for Error {
     fn from(e: E) -> Self {
-        Error::new(keyfence_result::from_code(e.code()), e.to_string())
+        Error { position: e.position(), ..Error::new(keyfence_result::from_code(e.code()), e.to_string()) }
     }
 }
 
@@ -291,6 +311,28 @@ pub unsafe extern "C" fn keyfence_error_message(buf: *mut c_char, cap: usize, ou
         }
     });
     keyfence_result::KEYFENCE_OK
+}
+
+/// Writes the byte offset into the policy text that the calling thread's
+/// last error is about to `*position` and returns true, when that error is
+/// a policy that does not parse (`KEYFENCE_POLICY_SYNTAX`,
+/// `KEYFENCE_POLICY_TOO_LARGE`); returns false (and leaves `*position`
+/// alone) otherwise. Bindings use it to point at the mistake.
+///
+/// # Safety
+/// `position` is NULL (then only the answer is returned) or writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_error_position(position: *mut usize) -> bool {
+    LAST.with(|l| match l.borrow().as_ref().and_then(|e| e.position) {
+        Some(p) => {
+            if !position.is_null() {
+                // SAFETY: non-NULL and writable by the caller's promise.
+                unsafe { position.write(p) };
+            }
+            true
+        }
+        None => false,
+    })
 }
 
 #[cfg(test)]

@@ -19,6 +19,12 @@ pub(crate) fn attributes(text: &str) -> Result<Attributes, Error> {
 /// the attributes as `label=value,label=value`; `*satisfied` is set on
 /// success.
 ///
+/// Every function that takes `attrs` reads it the same way: whitespace
+/// around labels and values is trimmed, and a label or value that starts
+/// with `"` is a quoted word as in a policy (`\"` and `\\` escapes), which
+/// may hold commas, `=` and outer spaces. Quoting every label and value
+/// passes any text through unchanged: `"team"="key ops, EU"`.
+///
 /// Errors: `KEYFENCE_POLICY_SYNTAX` / `KEYFENCE_POLICY_TOO_LARGE` (the
 /// message has the byte position and a caret), `KEYFENCE_INVALID_ATTRIBUTES`,
 /// `KEYFENCE_INVALID_ARGUMENT` for NULL or non-UTF-8 arguments.
@@ -67,6 +73,6 @@ pub unsafe extern "C" fn keyfence_policy_canonical(policy: *const c_char, out: *
 pub(crate) fn parse(text: &str) -> Result<policy::Policy, Error> {
     policy::parse(text).map_err(|e| {
         let code = keyfence_result::from_code(keyfence_core::ErrorCode::from(&e));
-        Error::new(code, e.render(text))
+        Error::new(code, e.render(text)).at(e.offset())
     })
 }

@@ -9,11 +9,19 @@ static void policies(void) {
     CHECK(sat);
     OK(keyfence_policy_check("country: US or (not region: EU)", "country=FR,region=EU", &sat));
     CHECK(!sat);
+    /* Quoted labels and values carry commas, '=' and quotes unchanged. */
+    OK(keyfence_policy_check("team: \"key ops, EU\" and q: \"a=\\\"b\"", "\"team\"=\"key ops, EU\",\"q\"=\"a=\\\"b\"", &sat));
+    CHECK(sat);
 
     FAILS(KEYFENCE_POLICY_SYNTAX, keyfence_policy_check("country: US) and region: EU", "a=b", &sat));
     MESSAGE_HAS("at byte 11");
     MESSAGE_HAS("^");
+    size_t pos = 0;
+    CHECK(keyfence_error_position(&pos) && pos == 11);
+    CHECK(keyfence_error_position(NULL));
     FAILS(KEYFENCE_INVALID_ATTRIBUTES, keyfence_policy_check("a: b", "a", &sat));
+    pos = 99;
+    CHECK(!keyfence_error_position(&pos) && pos == 99);
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_policy_check(NULL, "a=b", &sat));
     MESSAGE_HAS("policy is NULL");
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_policy_check("a: b", "a=b", NULL));
@@ -64,6 +72,8 @@ static void abe(void) {
     keyfence_bytes ct = {0};
     OK(keyfence_abe_encrypt(pk, "region: EU and not country: FR", (const uint8_t *)msg, strlen(msg), &ct));
     FAILS(KEYFENCE_POLICY_SYNTAX, keyfence_abe_encrypt(pk, "region: EU)", (const uint8_t *)msg, 1, &ct));
+    size_t pos = 0;
+    CHECK(keyfence_error_position(&pos) && pos == 10);
     MESSAGE_HAS("^");
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_abe_encrypt(pk, "region: EU", NULL, 5, &ct));
 

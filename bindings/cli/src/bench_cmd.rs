@@ -29,6 +29,17 @@ pub enum BenchCmd {
     /// Signing: the engine against BoringSSL called directly, per algorithm
     /// (operations per second with every core busy, p50/p99 latency).
     Sign(crate::sign_cmd::BenchSignArgs),
+    /// Wrapping: a machine opening an envelope whose policy key it has
+    /// cached (the common case on a busy server), median microseconds; the
+    /// baseline the language bindings are compared with.
+    Wrap {
+        /// One JSON object: op, iters, median_us.
+        #[arg(long)]
+        json: bool,
+        /// Iterations.
+        #[arg(long, default_value_t = 2000)]
+        iters: usize,
+    },
 }
 
 /// CIRCL's benchmark shapes: (name, policy, key attributes).
@@ -56,6 +67,7 @@ fn median_ms(mut v: Vec<f64>) -> f64 {
 pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
+        BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;
@@ -98,4 +110,36 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The cached `Machine::open` a binding is measured against: a file store
+/// in a temporary directory, one envelope, a machine that has opened it once.
+fn bench_wrap(json: bool, iters: usize) -> Result<()> {
+    use keyfence::wrap::{Authority, CacheConfig, FileStore, Machine};
+    use std::sync::Arc;
+
+    let dir = std::env::temp_dir().join(format!("keyfence-bench-wrap-{}", std::process::id()));
+    let result = (|| -> Result<f64> {
+        let store: Arc<FileStore> = Arc::new(FileStore::open(&dir)?);
+        let mut auth = Authority::init(store.clone())?;
+        let env = auth.wrap("region: EU", &[7u8; 32])?.to_bytes();
+        let machine = Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store, CacheConfig::default());
+        machine.open(&env)?;
+        let mut us = Vec::with_capacity(iters.max(1));
+        for _ in 0..iters.max(1) {
+            let t = Instant::now();
+            let s = machine.open(&env)?;
+            us.push(t.elapsed().as_secs_f64() * 1e6);
+            anyhow::ensure!(s.len() == 32, "wrong secret");
+        }
+        Ok(median_ms(us))
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    let median_us = result?;
+    if json {
+        outln!("{}", serde_json::json!({"op": "machine_open_cached", "iters": iters, "median_us": median_us}));
+    } else {
+        outln!("machine_open_cached  median {median_us:.2} us over {iters} iterations");
+    }
+    Ok(())
 }

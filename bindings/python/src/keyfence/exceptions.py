@@ -1,0 +1,239 @@
+"""The exceptions keyfence raises, one class per error code.
+
+Every error has a stable code defined once in the Rust core and listed in
+``docs/errors.md``; this module maps each code to a class, in one place.
+All classes derive from :class:`KeyfenceError`, which carries the code's
+name as ``.code`` and its number as ``.number``. Where a standard
+exception fits, the class also derives from it (bad input is a
+:class:`ValueError`, an expired deadline a :class:`TimeoutError`), so
+generic handlers keep working.
+
+Branch on the class or on ``.code``, never on the message: messages are
+for people and may change. No message carries key material or plaintext.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Type
+
+__all__ = [
+    "KeyfenceError",
+    "InvalidArgument",
+    "ResourceError",
+    "PolicySyntaxError",
+    "InvalidAttributes",
+    "InvalidCiphertext",
+    "InvalidKey",
+    "PolicyNotSatisfied",
+    "ReservedLabel",
+    "LimitExceeded",
+    "InvalidEnvelope",
+    "RetiredGeneration",
+    "UnknownPolicyKey",
+    "UnknownAlgorithm",
+    "StoreError",
+    "NoAuthority",
+    "AuthorityExists",
+    "StoreIOError",
+    "StoreLocked",
+    "Overloaded",
+    "TimedOut",
+    "Cancelled",
+    "ShutDown",
+    "InvalidPrivateKey",
+    "InvalidRequest",
+    "BackendFailed",
+    "InvalidConfig",
+]
+
+
+class KeyfenceError(Exception):
+    """Base class of every error keyfence raises.
+
+    Attributes:
+        code: the error's stable name, e.g. ``"POLICY_SYNTAX"``.
+        number: the error's stable number (the C API's ``keyfence_result``).
+        message: the human-readable message (also ``str(err)``).
+    """
+
+    code: str
+    number: int
+    message: str
+
+    def __init__(self, message: str, *, code: str = "INTERNAL", number: int = 2) -> None:
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.number = number
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.message!r}, code={self.code!r})"
+
+
+class InvalidArgument(KeyfenceError, ValueError):
+    """An argument is unusable before any work starts (``INVALID_ARGUMENT``)."""
+
+
+class ResourceError(KeyfenceError, OSError):
+    """The operating system refused a resource: a thread, a socket, a file (``IO``)."""
+
+
+class PolicySyntaxError(KeyfenceError, ValueError):
+    """The policy text does not parse, or is too large or deep for the format.
+
+    ``position`` is the byte offset of the mistake in the UTF-8 policy text;
+    ``str(err)`` shows the policy with a caret under it.
+    """
+
+    position: Optional[int]
+
+    def __init__(self, message: str, *, code: str = "POLICY_SYNTAX", number: int = 100,
+                 position: Optional[int] = None) -> None:
+        super().__init__(message, code=code, number=number)
+        self.position = position
+
+
+class InvalidAttributes(KeyfenceError, ValueError):
+    """Attributes with an empty label or value, or otherwise malformed."""
+
+
+class InvalidCiphertext(KeyfenceError, ValueError):
+    """A CP-ABE ciphertext is malformed (the message names the field), tampered
+    with, or made for another authority. Never a wrong plaintext."""
+
+
+class InvalidKey(KeyfenceError, ValueError):
+    """Bytes that do not decode as the key they are said to be."""
+
+
+class PolicyNotSatisfied(KeyfenceError):
+    """The key's (or machine's) attributes do not satisfy the policy."""
+
+
+class ReservedLabel(KeyfenceError, ValueError):
+    """A policy or attribute uses a label keyfence reserves."""
+
+
+class LimitExceeded(KeyfenceError, ValueError):
+    """An object would pass a limit of its binary format."""
+
+
+class InvalidEnvelope(KeyfenceError, ValueError):
+    """An envelope or sealed policy key is malformed or failed its integrity check."""
+
+
+class RetiredGeneration(KeyfenceError):
+    """The machine holds keys only for retired master generations: issue it a new key."""
+
+
+class UnknownPolicyKey(KeyfenceError):
+    """No sealed copy of the envelope's policy key is in the store for a usable generation."""
+
+
+class UnknownAlgorithm(KeyfenceError):
+    """An algorithm identifier this version does not know."""
+
+
+class StoreError(KeyfenceError):
+    """The store is unusable: its state contradicts itself, or an object name is invalid."""
+
+
+class NoAuthority(StoreError):
+    """The store holds no authority: create one with ``Authority.init``."""
+
+
+class AuthorityExists(StoreError):
+    """The store already holds an authority."""
+
+
+class StoreIOError(StoreError, OSError):
+    """The store could not read or write an object (the message names it)."""
+
+
+class StoreLocked(StoreError):
+    """Another writer held the store's lock for longer than the wait; retry later."""
+
+
+class Overloaded(KeyfenceError):
+    """The executor's queue is full; the operation was not accepted. Shed load."""
+
+
+class TimedOut(KeyfenceError, TimeoutError):
+    """The operation's deadline passed; its resources were released."""
+
+
+class Cancelled(KeyfenceError):
+    """The operation was cancelled (a cancelled asyncio task raises
+    :class:`asyncio.CancelledError` instead)."""
+
+
+class ShutDown(KeyfenceError):
+    """The signing engine has shut down."""
+
+
+class InvalidPrivateKey(KeyfenceError, ValueError):
+    """The private key could not be loaded: what is wrong with it, never its contents."""
+
+
+class InvalidRequest(KeyfenceError, ValueError):
+    """The request does not fit the key: wrong algorithm family, unknown algorithm name."""
+
+
+class BackendFailed(KeyfenceError):
+    """The backend that holds or runs the key failed (the isolated key process died)."""
+
+
+class InvalidConfig(KeyfenceError, ValueError):
+    """The engine's configuration is unusable."""
+
+
+#: The class of each error code, by number (``docs/errors.md``). A code
+#: missing here raises the base class.
+CLASSES: Dict[int, Type[KeyfenceError]] = {
+    1: InvalidArgument,
+    2: KeyfenceError,
+    3: KeyfenceError,
+    4: KeyfenceError,
+    5: ResourceError,
+    100: PolicySyntaxError,
+    101: PolicySyntaxError,
+    102: InvalidAttributes,
+    200: InvalidCiphertext,
+    201: InvalidKey,
+    202: PolicyNotSatisfied,
+    203: ReservedLabel,
+    204: LimitExceeded,
+    300: InvalidEnvelope,
+    301: RetiredGeneration,
+    302: UnknownPolicyKey,
+    303: UnknownAlgorithm,
+    304: NoAuthority,
+    305: AuthorityExists,
+    306: StoreError,
+    400: StoreIOError,
+    401: StoreError,
+    402: StoreLocked,
+    500: Overloaded,
+    501: TimedOut,
+    502: Cancelled,
+    503: ShutDown,
+    504: InvalidPrivateKey,
+    505: InvalidRequest,
+    506: KeyfenceError,
+    507: BackendFailed,
+    508: InvalidConfig,
+}
+
+
+def _from_code(number: int, message: str, position: Optional[int] = None) -> KeyfenceError:
+    """The exception for a result code from the native module."""
+    from . import _core
+
+    cls = CLASSES.get(number, KeyfenceError)
+    code = _core.result_name(number)
+    if issubclass(cls, PolicySyntaxError):
+        return cls(message, code=code, number=number, position=position)
+    return cls(message, code=code, number=number)

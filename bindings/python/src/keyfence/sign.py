@@ -1,0 +1,233 @@
+"""Asynchronous signing: RSA, ECDSA and Ed25519 on BoringSSL, with keys in
+this process or in an isolated key process.
+
+An :class:`Engine` runs operations on its own worker threads, one executor
+per class (RSA, EC, slow backends), each with a bounded queue, so a slow
+class never delays a fast one. From asyncio, :meth:`Engine.sign` returns an
+awaitable completed through the engine's completion-queue file descriptor,
+registered with the running loop: no thread per operation, and a thousand
+signatures can be in flight from one event loop::
+
+    engine = keyfence.sign.Engine()
+    key = keyfence.sign.PrivateKey.from_pem(pem)
+    signature = await engine.sign(key, "ecdsa-p256-sha256", data)
+
+Algorithms are named as in ``docs/signing.md``: ``rsa-pkcs1-sha256``,
+``rsa-pss-sha256``, ``ecdsa-p256-sha256``, ``ecdsa-p384-sha384``,
+``ed25519``, ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+from typing import Any, Dict, Optional, Union
+
+from . import _core
+from .exceptions import _from_code
+
+__all__ = ["Engine", "PrivateKey"]
+
+Buffer = Union[bytes, bytearray, memoryview]
+StrPath = Union[str, "os.PathLike[str]"]
+
+PrivateKey = _core.PrivateKey
+
+# The C API's executor classes (keyfence_op_class).
+_RSA, _EC, _SLOW = 0, 1, 2
+
+
+def _ms(seconds: Optional[float], what: str) -> int:
+    """A deadline in whole milliseconds (at least 1); 0 means the engine's own."""
+    if seconds is None:
+        return 0
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        raise TypeError(f"{what} must be a number of seconds, not {type(seconds).__name__!r}")
+    if not seconds > 0 or seconds > 86_400:
+        raise ValueError(f"{what} must be between 0 and 86400 seconds, not {seconds!r}")
+    return max(1, round(seconds * 1000))
+
+
+def _count(value: Optional[int], what: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{what} must be an int, not {type(value).__name__!r}")
+    if not 1 <= value <= 1 << 20:
+        raise ValueError(f"{what} must be between 1 and 1048576, not {value!r}")
+    return value
+
+
+class _LoopQueue:
+    """One completion queue per event loop, registered with it by
+    ``add_reader``: the loop drains it when its descriptor is readable and
+    completes the waiting futures."""
+
+    __slots__ = ("loop", "native", "pending", "tokens", "fd")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.native = _core.CompletionQueue()
+        self.pending: Dict[int, "asyncio.Future[bytes]"] = {}
+        self.tokens = itertools.count(1)
+        self.fd = self.native.fileno()
+        loop.add_reader(self.fd, self.ready)
+
+    def ready(self) -> None:
+        pending = self.pending
+        for token, code, signature, message in self.native.drain():
+            fut = pending.pop(token, None)
+            if fut is None or fut.done():
+                continue  # cancelled: its task already moved on
+            if signature is not None:
+                fut.set_result(signature)
+            else:
+                fut.set_exception(_from_code(code, message or ""))
+
+    def detach(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.remove_reader(self.fd)
+
+
+class Engine:
+    """A signing engine: worker threads per executor class, bounded queues,
+    a deadline per operation, and optionally an isolated key process.
+
+    Args:
+        threads: worker threads for each of the RSA and EC classes
+            (default: from the number of cores).
+        queue_capacity: operations that may wait in each class's queue;
+            beyond it :meth:`sign` raises :class:`~keyfence.Overloaded` at once.
+        rsa_threads, ec_threads, slow_threads: per-class thread counts,
+            overriding ``threads``.
+        timeout: the default deadline of an operation, in seconds (1 s
+            unless set); past it the operation raises
+            :class:`~keyfence.TimedOut`.
+        isolated: keep keys loaded through this engine
+            (``PrivateKey.from_pem(pem, engine=...)``) in a separate key
+            process, which this process cannot read.
+        key_process: the ``keyfence-keyd`` program; by default the one
+            installed beside the native module (never looked up on PATH).
+
+    Raises:
+        InvalidConfig: settings the engine cannot use.
+        BackendFailed: the key process did not start.
+
+    The engine is thread-safe; :meth:`close` (or leaving a ``with`` block)
+    shuts it down, failing queued operations with :class:`~keyfence.ShutDown`.
+    """
+
+    __slots__ = ("_native", "_queues", "__weakref__")
+
+    def __init__(
+        self,
+        *,
+        threads: Optional[int] = None,
+        queue_capacity: Optional[int] = None,
+        rsa_threads: Optional[int] = None,
+        ec_threads: Optional[int] = None,
+        slow_threads: Optional[int] = None,
+        timeout: Optional[float] = None,
+        isolated: bool = False,
+        key_process: Optional[StrPath] = None,
+    ) -> None:
+        t = _count(threads, "threads")
+        cap = _count(queue_capacity, "queue_capacity")
+        classes = [
+            (_RSA, _count(rsa_threads, "rsa_threads") or t, cap),
+            (_EC, _count(ec_threads, "ec_threads") or t, cap),
+            (_SLOW, _count(slow_threads, "slow_threads"), cap),
+        ]
+        if key_process is not None and not isolated:
+            raise ValueError("key_process is only used with isolated=True")
+        self._queues: Dict[asyncio.AbstractEventLoop, _LoopQueue] = {}
+        self._native = _core.Engine(classes, _ms(timeout, "timeout"), bool(isolated), key_process)
+
+    def __repr__(self) -> str:
+        native = getattr(self, "_native", None)
+        return f"<keyfence.sign.Engine{' (closed)' if native is None or native.closed else ''}>"
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return bool(self._native.closed)
+
+    def close(self) -> None:
+        """Shuts the engine down: queued operations fail with
+        :class:`~keyfence.ShutDown`, and keys in its key process stop
+        working. Calling it again does nothing."""
+        self._native.close()
+        for q in list(self._queues.values()):
+            # Let each loop deliver the shutdown errors, then let go of it.
+            if not q.loop.is_closed():
+                q.loop.call_soon_threadsafe(self._release, q)
+
+    def _release(self, q: _LoopQueue) -> None:
+        q.ready()
+        if not q.pending:
+            q.detach()
+            self._queues.pop(q.loop, None)
+
+    def _queue(self, loop: asyncio.AbstractEventLoop) -> _LoopQueue:
+        q = self._queues.get(loop)
+        if q is None:
+            # Forget loops that have closed (asyncio.run makes a new one each time).
+            for old in [l for l in self._queues if l.is_closed()]:
+                del self._queues[old]
+            q = self._queues[loop] = _LoopQueue(loop)
+        return q
+
+    async def sign(self, key: PrivateKey, algorithm: str, data: Buffer, *, timeout: Optional[float] = None) -> bytes:
+        """Signs ``data`` with ``key`` and ``algorithm`` without blocking the
+        event loop; the result arrives through the loop's reader.
+
+        Cancelling the awaiting task cancels the operation: one still queued
+        never runs.
+
+        Raises:
+            Overloaded: the class's queue is full (at once, nothing queued).
+            TimedOut: the deadline (``timeout`` seconds, or the engine's) passed.
+            InvalidRequest: an unknown algorithm, or one that does not fit the key.
+            BackendFailed: the key process or device failed.
+            ShutDown: the engine was closed.
+        """
+        loop = asyncio.get_running_loop()
+        q = self._queues.get(loop) or self._queue(loop)
+        fut: "asyncio.Future[bytes]" = loop.create_future()
+        token = next(q.tokens)
+        q.pending[token] = fut
+        try:
+            op = self._native.submit(key, algorithm, data, _ms(timeout, "timeout"), q.native, token)
+        except BaseException:
+            del q.pending[token]
+            raise
+        try:
+            return await fut
+        except asyncio.CancelledError:
+            op.cancel()
+            raise
+
+    def sign_sync(self, key: PrivateKey, algorithm: str, data: Buffer, *, timeout: Optional[float] = None) -> bytes:
+        """Signs and waits for the result, with the GIL released: for scripts
+        and worker threads, not for an event loop. Raises as :meth:`sign`."""
+        return self._native.sign(key, algorithm, data, _ms(timeout, "timeout"))
+
+    def load_key(self, pem: Union[Buffer, str]) -> PrivateKey:
+        """Loads a private key through this engine: with ``isolated=True``
+        it goes to the key process and this process keeps only a handle.
+        Same as ``PrivateKey.from_pem(pem, engine=self)``."""
+        return _core.PrivateKey.from_pem(pem, self)
+
+    def metrics(self) -> Dict[str, Dict[str, int]]:
+        """Counters and latency percentiles per executor class (``rsa``,
+        ``ec``, ``slow``): workers, queue_capacity, queue_depth, in_flight,
+        submitted, completed, errors, overloaded, timed_out, p50_ns, p99_ns,
+        p999_ns."""
+        return self._native.metrics()

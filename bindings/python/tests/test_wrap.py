@@ -1,0 +1,109 @@
+from __future__ import annotations
+
+import pathlib
+import threading
+
+import pytest
+
+import keyfence
+from keyfence import wrap
+
+
+def test_authority_and_machines(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)  # os.PathLike
+    env = auth.wrap("region: EU", b"customer secret")
+    eu = wrap.Machine(auth.issue({"region": "EU"}), str(store))
+    us = wrap.Machine(auth.issue({"region": "US"}), store)
+    assert eu.could_open(env) and not us.could_open(env)
+    assert eu.open(env) == b"customer secret"
+    assert eu.open(bytearray(env)) == b"customer secret"  # cached policy key now
+    with pytest.raises(keyfence.PolicyNotSatisfied):
+        us.open(env)
+
+
+def test_rotation_keeps_envelopes_open(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)
+    env = auth.wrap("region: EU", b"s1")
+    auth.wrap("region: US", b"s2")
+    assert auth.rotate_master() == 2
+    reopened = wrap.Authority.open(store)
+    m = wrap.Machine(reopened.issue({"region": "EU"}), store)
+    assert m.open(env) == b"s1"
+
+
+def test_store_errors(store: pathlib.Path, tmp_path: pathlib.Path) -> None:
+    with pytest.raises(keyfence.NoAuthority) as e:
+        wrap.Authority.open(store)
+    assert isinstance(e.value, keyfence.StoreError)
+    wrap.Authority.init(store)
+    with pytest.raises(keyfence.AuthorityExists):
+        wrap.Authority.init(store)
+    afile = tmp_path / "a-file"
+    afile.write_bytes(b"")
+    with pytest.raises(keyfence.StoreError):
+        wrap.Authority.init(afile)
+
+
+def test_envelope_and_key_errors(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)
+    env = bytearray(auth.wrap("region: EU", b"secret"))
+    m = wrap.Machine(auth.issue({"region": "EU"}), store)
+    env[-1] ^= 1
+    with pytest.raises(keyfence.InvalidEnvelope) as e:
+        m.open(bytes(env))
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(keyfence.InvalidEnvelope):
+        m.could_open(b"\x00\x01")
+    with pytest.raises((keyfence.InvalidKey, keyfence.InvalidEnvelope)):
+        wrap.Machine(b"not a machine key", store)
+    with pytest.raises(keyfence.PolicySyntaxError) as pe:
+        auth.wrap("region: EU or", b"s")
+    assert pe.value.position == 13
+    with pytest.raises(keyfence.InvalidAttributes):
+        auth.issue({"region": ""})
+    with pytest.raises(TypeError):
+        auth.wrap("region: EU", "text")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        wrap.Machine(b"k", 42)  # type: ignore[arg-type]
+
+
+def test_closed_authority(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)
+    auth.close()
+    auth.close()
+    assert auth.closed
+    with pytest.raises(ValueError, match="closed"):
+        auth.wrap("a: b", b"s")
+    assert "closed" in repr(auth)
+
+
+def test_one_authority_from_many_threads(store: pathlib.Path) -> None:
+    # The C handle needs exclusive use for wrap; the binding serialises it.
+    auth = wrap.Authority.init(store)
+    envs: list[bytes] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> None:
+        for j in range(5):
+            e = auth.wrap(f"team: t{i % 3}", f"{i}-{j}".encode())
+            with lock:
+                envs.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    machines = {i: wrap.Machine(auth.issue({"team": f"t{i}"}), store) for i in range(3)}
+    opened = set()
+    for e in envs:
+        m = next(m for m in machines.values() if m.could_open(e))
+        opened.add(m.open(e))
+    assert len(opened) == 30
+
+
+def test_machine_repr_hides_the_key(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)
+    key = auth.issue({"region": "EU"})
+    m = wrap.Machine(key, store)
+    assert key.hex() not in repr(m) and "secret" in repr(m)

@@ -1,0 +1,51 @@
+"""Uses the public API as a service would; `mypy --strict` must accept it
+(test_typing.py). Not a test module: it is only type-checked."""
+
+from __future__ import annotations
+
+import asyncio
+
+import keyfence
+from keyfence import abe, policy, sign, wrap
+
+
+def cpabe() -> bytes:
+    pk, msk = abe.setup()
+    key: abe.AttributeKey = abe.keygen(msk, {"country": "FR", "region": "EU"})
+    ct: bytes = abe.encrypt(pk, "region: EU and not country: DE", b"...")
+    ok: bool = abe.could_decrypt({"region": "EU"}, ct) and policy.check("a: b", {"a": "b"})
+    text: str = abe.policy_of(ct) + policy.canonical("a: b")
+    pk2 = abe.PublicKey.from_bytes(pk.to_bytes())
+    del ok, text, pk2
+    try:
+        return abe.decrypt(key, ct)
+    except keyfence.PolicySyntaxError as e:
+        pos: int | None = e.position
+        raise ValueError(pos) from e
+    except keyfence.KeyfenceError as e:
+        code: str = e.code
+        raise RuntimeError(code) from e
+
+
+def wrapping(path: str) -> bytes:
+    auth = wrap.Authority.init(path)
+    machine_key: bytes = auth.issue({"region": "EU"})
+    envelope: bytes = auth.wrap("region: EU", b"secret")
+    n: int = auth.rotate_master()
+    m = wrap.Machine(machine_key, path)
+    del n
+    return m.open(envelope) if m.could_open(envelope) else b""
+
+
+async def signing(pem: bytes) -> bytes:
+    with sign.Engine(threads=2, queue_capacity=1024, timeout=0.5, isolated=False) as engine:
+        key = sign.PrivateKey.from_pem(pem)
+        sig: bytes = await engine.sign(key, "ecdsa-p256-sha256", b"data")
+        sig2: bytes = engine.sign_sync(key, "rsa-pss-sha256", b"data", timeout=1.0)
+        workers: int = engine.metrics()["ec"]["workers"]
+        del sig2, workers
+        return sig
+
+
+if __name__ == "__main__":
+    asyncio.run(signing(b""))
