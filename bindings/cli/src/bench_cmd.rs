@@ -122,7 +122,7 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
     let result = (|| -> Result<f64> {
         let store: Arc<FileStore> = Arc::new(FileStore::open(&dir)?);
         let mut auth = Authority::init(store.clone())?;
-        let env = auth.wrap("region: EU", &[7u8; 32])?.to_bytes();
+        let env = auth.wrap("region: EU", &[7u8; 32])?.to_bytes().to_vec();
         let machine = Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store, CacheConfig::default());
         machine.open(&env)?;
         let mut us = Vec::with_capacity(iters.max(1));
