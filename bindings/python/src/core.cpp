@@ -254,13 +254,14 @@ void bind_key(py::module_ &m, const char *name, const char *doc,
                 k.h.reset(p);
                 return k;
             },
-            py::arg("data"))
+            py::arg("data"), "Loads the key from its CIRCL-compatible encoding; raises InvalidKey.")
         .def("to_bytes",
              [to](const K &k) {
                  Owned out;
                  nogil([&] { return to(k.get(), &out.b); });
                  return out.to_bytes();
-             })
+             },
+             "The key's CIRCL-compatible encoding (a secret for master and attribute keys).")
         .def("__repr__", [name, secret](const K &) {
             return std::string("<keyfence.abe.") + name + (secret ? " (secret)>" : ">");
         });
@@ -531,8 +532,12 @@ PYBIND11_MODULE(_core, m) {
     m.def("abe_policy_of", &abe_policy_of, py::arg("ciphertext"));
 
     py::class_<Authority>(m, "Authority", "An authority opened on a store directory.")
-        .def_static("init", [](py::handle store) { return authority_make(store, true); }, py::arg("store"))
-        .def_static("open", [](py::handle store) { return authority_make(store, false); }, py::arg("store"))
+        .def_static("init", [](py::handle store) { return authority_make(store, true); }, py::arg("store"),
+                    "Creates an authority, with its first master generation, in the store directory.\n\n"
+                    "Raises AuthorityExists if the store holds one, StoreIOError if it cannot be written.")
+        .def_static("open", [](py::handle store) { return authority_make(store, false); }, py::arg("store"),
+                    "Opens the authority in the store directory.\n\n"
+                    "Raises NoAuthority if the store holds none, StoreError if its state does not decode.")
         .def(
             "issue",
             [](Authority &a, py::handle attrs) {
@@ -548,7 +553,10 @@ PYBIND11_MODULE(_core, m) {
                 check(r);
                 return out.to_bytes();
             },
-            py::arg("attributes"))
+            py::arg("attributes"),
+            "Issues a machine key (bytes, a secret: give it to that machine only) for a mapping of "
+            "attributes: one attribute key per live master generation.\n\n"
+            "Raises InvalidAttributes, ReservedLabel, LimitExceeded, StoreError.")
         .def(
             "wrap",
             [](Authority &a, py::handle policy, py::handle secret) {
@@ -566,7 +574,10 @@ PYBIND11_MODULE(_core, m) {
                 check(r);
                 return out.to_bytes();
             },
-            py::arg("policy"), py::arg("secret"))
+            py::arg("policy"), py::arg("secret"),
+            "Wraps a secret under a policy: an envelope (bytes) any machine whose attributes satisfy "
+            "the policy can open.\n\n"
+            "Raises PolicySyntaxError (with .position), LimitExceeded, StoreError.")
         .def("rotate_master",
              [](Authority &a) {
                  size_t n = 0;
@@ -579,13 +590,16 @@ PYBIND11_MODULE(_core, m) {
                  a.live();
                  check(r);
                  return n;
-             })
+             },
+             "Rotates the master key: a new active generation, every policy key re-sealed under it "
+             "(envelopes are never touched). Returns how many policy keys were re-sealed.")
         .def("close",
              [](Authority &a) {
                  py::gil_scoped_release release;
                  std::unique_lock<std::shared_mutex> hold(a.lock);
                  a.a.h.reset();
-             })
+             },
+             "Frees the authority and wipes its master keys; later calls raise ValueError.")
         .def_property_readonly("closed", [](const Authority &a) { return a.a.get() == nullptr; })
         .def("__repr__", [](const Authority &a) {
             return std::string(a.a.get() ? "<keyfence.wrap.Authority>" : "<keyfence.wrap.Authority (closed)>");
@@ -601,7 +615,9 @@ PYBIND11_MODULE(_core, m) {
                  mc->m.h.reset(out);
                  return mc;
              }),
-             py::arg("machine_key"), py::arg("store"))
+             py::arg("machine_key"), py::arg("store"),
+             "A machine holding the machine key the authority issued it, reading sealed policy keys from "
+             "the store directory.\n\nRaises InvalidKey if the machine key does not decode.")
         .def(
             "could_open",
             [](const Machine &mc, py::handle env) {
@@ -610,7 +626,10 @@ PYBIND11_MODULE(_core, m) {
                 nogil([&] { return keyfence_machine_could_open(mc.m.get(), e.data(), e.size(), &could); });
                 return could;
             },
-            py::arg("envelope"))
+            py::arg("envelope"),
+            "Whether this machine could open the envelope, from its policy and the machine's attributes "
+            "alone (no cryptography): to forward the request to a machine that can.\n\n"
+            "Raises InvalidEnvelope if the bytes are not an envelope.")
         .def(
             "open",
             [](const Machine &mc, py::handle env) {
@@ -619,7 +638,10 @@ PYBIND11_MODULE(_core, m) {
                 nogil([&] { return keyfence_machine_open(mc.m.get(), e.data(), e.size(), &out.b); });
                 return out.to_bytes();
             },
-            py::arg("envelope"))
+            py::arg("envelope"),
+            "Opens the envelope and returns its secret. The first open under a policy decrypts its policy "
+            "key with CP-ABE (milliseconds); later ones hit the cache.\n\n"
+            "Raises PolicyNotSatisfied, RetiredGeneration, UnknownPolicyKey, InvalidEnvelope, StoreError.")
         .def("__repr__", [](const Machine &) { return std::string("<keyfence.wrap.Machine (secret)>"); });
 
     py::class_<Engine>(m, "Engine", "A signing engine (see keyfence.sign.Engine).")
@@ -638,15 +660,21 @@ PYBIND11_MODULE(_core, m) {
         .def_property_readonly("closed", [](const Engine &e) { return e.e.get() == nullptr; });
 
     py::class_<PrivateKey>(m, "PrivateKey", "A private key, in this process or held by an isolated key process.")
-        .def_static("from_pem", &key_from_pem, py::arg("pem"), py::arg("engine") = py::none())
+        .def_static("from_pem", &key_from_pem, py::arg("pem"), py::arg("engine") = py::none(),
+                    "Loads a private key from PEM (bytes or str) or DER: RSA 2048-4096, ECDSA P-256/P-384, "
+                    "Ed25519. With an isolated engine the key goes to its key process.\n\n"
+                    "Raises InvalidPrivateKey (what is wrong with it, never its contents), BackendFailed.")
         .def_static("from_envelope", &key_from_envelope, py::arg("machine"), py::arg("envelope"),
-                    py::arg("engine") = py::none())
+                    py::arg("engine") = py::none(),
+                    "Opens an envelope holding a private key with a Machine and loads the key, without its "
+                    "bytes ever becoming a Python object.\n\nRaises as Machine.open and from_pem.")
         .def("public_key_der",
              [](const PrivateKey &k) {
                  Owned out;
                  nogil([&] { return keyfence_key_public_der(k.get(), &out.b); });
                  return out.to_bytes();
-             })
+             },
+             "The public half as DER SubjectPublicKeyInfo, for verifiers and certificates.")
         .def("__repr__", [](const PrivateKey &) { return std::string("<keyfence.sign.PrivateKey (secret)>"); });
 
     py::class_<CompletionQueue>(m, "CompletionQueue", "Where finished operations wait; its fd is readable then.")
