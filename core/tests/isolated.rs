@@ -65,6 +65,10 @@ fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
         Algorithm::Ed25519 => Verifier::new_without_digest(&public).unwrap(),
         _ => Verifier::new(MessageDigest::sha256(), &public).unwrap(),
     };
+    if alg == Algorithm::RsaPssSha256 {
+        v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS).unwrap();
+        v.set_rsa_pss_saltlen(boring::sign::RsaPssSaltlen::DIGEST_LENGTH).unwrap();
+    }
     v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
@@ -260,10 +264,57 @@ fn killing_the_key_process_under_load_fails_in_flight_work_then_restarts_with_th
         let sig = engine.sign(key, alg, b"after").unwrap().wait().unwrap();
         assert!(verifies(key, alg, b"after", &sig), "the same key, reloaded");
     }
-    // ...except the key handed over as bytes, which this process never kept.
-    let err = engine.sign(&from_bytes, Algorithm::EcdsaP256Sha256, b"x").unwrap().wait().unwrap_err();
-    assert!(err.to_string().contains("lost when the key process restarted"), "{err}");
-    assert_eq!(keys.status().unwrap().keys, 2);
+    // ...and so does the key handed over as bytes: a restart loses no key.
+    let sig = engine.sign(&from_bytes, Algorithm::EcdsaP256Sha256, b"x").unwrap().wait().unwrap();
+    assert!(verifies(&from_bytes, Algorithm::EcdsaP256Sha256, b"x", &sig), "the key from bytes, reloaded");
+    assert_eq!(keys.status().unwrap().keys, 3);
+}
+
+#[test]
+fn messages_over_the_frame_limit_are_hashed_here_or_refused_and_never_end_the_connection() {
+    let dir = Dir::new("big");
+    let keys = KeyProcess::start(config()).unwrap();
+    let rsa = keys.load(KeySource::File(key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 2048 }))).unwrap();
+    let ec = keys.load(KeySource::File(key_file(&dir.0, "ec.pem", KeyKind::EcP256))).unwrap();
+    let ed = keys.load(KeySource::File(key_file(&dir.0, "ed.pem", KeyKind::Ed25519))).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let pid = keys.pid().unwrap();
+    let big = vec![0x5a; p::MAX_FRAME + 1000];
+    let at_limit = vec![0x5b; p::MAX_OP_DATA];
+
+    // An operation in flight on the same connection while the big ones go.
+    let slow = engine.sign(&rsa, Algorithm::RsaPssSha256, b"alongside").unwrap();
+    for (key, alg) in [(&rsa, Algorithm::RsaPkcs1Sha256), (&rsa, Algorithm::RsaPssSha256), (&ec, Algorithm::EcdsaP256Sha256)] {
+        for msg in [&big, &at_limit] {
+            let sig = engine.sign(key, alg, msg).unwrap().wait().unwrap();
+            assert!(verifies(key, alg, msg, &sig), "{alg}, {} bytes", msg.len());
+            let sig = key.sign(alg, msg).unwrap();
+            assert!(verifies(key, alg, msg, &sig), "{alg} synchronously, {} bytes", msg.len());
+        }
+    }
+    // PKCS#1 v1.5 is deterministic: hashing here changes nothing.
+    assert_eq!(
+        engine.sign(&rsa, Algorithm::RsaPkcs1Sha256, &big).unwrap().wait().unwrap(),
+        rsa.sign_digest(Algorithm::RsaPkcs1Sha256, &Algorithm::RsaPkcs1Sha256.hash().unwrap().digest(&big).unwrap()).unwrap()
+    );
+    // Ed25519 signs the whole message: refused at submission, typed.
+    let err = engine.sign(&ed, Algorithm::Ed25519, &big).unwrap_err();
+    assert!(
+        matches!(err, SignError::InputTooLarge { len, max, .. } if len == big.len() && max == p::MAX_OP_DATA),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), keyfence::ErrorCode::InvalidRequest);
+    assert!(err.to_string().contains("Ed25519 signs whole messages"), "{err}");
+    assert!(matches!(ed.sign(Algorithm::Ed25519, &big), Err(SignError::InputTooLarge { .. })));
+    let sig = engine.sign(&ed, Algorithm::Ed25519, &at_limit).unwrap().wait().unwrap();
+    assert!(verifies(&ed, Algorithm::Ed25519, &at_limit, &sig));
+    // Key bytes no key file is that long: refused before they are sent.
+    let err = keys.load(KeySource::Bytes(Zeroizing::new(vec![b'-'; p::MAX_FRAME]))).unwrap_err();
+    assert!(matches!(err, SignError::InputTooLarge { .. }), "{err:?}");
+
+    slow.wait().unwrap();
+    assert_eq!((keys.pid(), keys.restarts()), (Some(pid), 0), "the connection never ended");
+    assert_eq!(keys.status().unwrap().keys, 3);
 }
 
 #[test]

@@ -37,6 +37,14 @@ pub const HEADER: usize = 9;
 /// file or a message to sign, small enough that a hostile length cannot
 /// make the reader allocate much.
 pub const MAX_FRAME: usize = 1 << 20;
+/// The bytes of an OP body before its data: key id, timeout, code,
+/// algorithm.
+pub const OP_HEAD: usize = 8 + 4 + 1 + 2;
+/// The longest message, digest or ciphertext one OP frame carries. The
+/// client hashes longer messages itself (for algorithms with a hash) and
+/// refuses the rest at submission: a frame over [`MAX_FRAME`] would end
+/// the connection and every operation in flight on it.
+pub const MAX_OP_DATA: usize = MAX_FRAME - HEADER - OP_HEAD;
 
 /// Frame kinds.
 pub mod kind {
@@ -110,8 +118,8 @@ impl ErrorCode {
     }
 }
 
-/// Where the key process gets a key. Sources it can read again by itself
-/// (a file, an envelope) are reloaded after a restart.
+/// Where the key process gets a key. Every source is loaded again after a
+/// restart.
 #[derive(Clone)]
 pub enum KeySource {
     /// A PEM or DER key file, read by the key process.
@@ -126,8 +134,9 @@ pub enum KeySource {
         /// The envelope file (`keyfence authority wrap --out`).
         envelope: PathBuf,
     },
-    /// Key bytes (PEM or DER) handed over once. The client does not keep
-    /// them, so such a key is lost when the key process restarts.
+    /// Key bytes (PEM or DER). The client keeps them, zeroized, to load
+    /// the key again after a restart: unlike a file or an envelope, such a
+    /// key is also in the client's memory.
     Bytes(Zeroizing<Vec<u8>>),
 }
 
@@ -143,13 +152,6 @@ impl fmt::Debug for KeySource {
                 .finish(),
             KeySource::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
         }
-    }
-}
-
-impl KeySource {
-    /// Whether the key process can load it again after a restart.
-    pub fn reloadable(&self) -> bool {
-        !matches!(self, KeySource::Bytes(_))
     }
 }
 
