@@ -567,6 +567,102 @@ fn more_requests_than_agreed_are_refused_as_busy() {
     assert!(busy >= 7 && ok >= 2 && busy + ok == 10, "busy {busy}, ok {ok}");
 }
 
+/// Threads of a process, from /proc.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+fn busy_count(replies: &[p::Frame]) -> usize {
+    replies.iter().filter(|f| f.kind == kind::ERR && p::parse_error(&f.body).0 == ErrorCode::Busy).count()
+}
+
+#[test]
+fn a_peer_cannot_ask_for_an_unbounded_number_of_requests_in_flight() {
+    for max in [u32::MAX, p::MAX_IN_FLIGHT + 1] {
+        let mut raw = Raw::start();
+        raw.send(kind::HELLO, 0, &p::hello_request(max));
+        if let Some(reply) = raw.read() {
+            assert_eq!(reply.kind, kind::ERR);
+            assert!(p::parse_error(&reply.body).1.contains("max_in_flight"));
+        }
+        assert_eq!(raw.child.wait().unwrap().code(), Some(1), "refused, max_in_flight {max}");
+    }
+    let mut c = config();
+    c.max_in_flight = p::MAX_IN_FLIGHT + 1;
+    assert!(matches!(KeyProcess::start(c), Err(SignError::Config(_))));
+}
+
+#[test]
+fn a_flood_of_loads_is_refused_as_busy_on_a_fixed_pool_of_threads() {
+    let dir = Dir::new("load-flood");
+    let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
+    let mut raw = Raw::start();
+    raw.hello(8);
+    let before = threads(raw.child.id());
+    let mut burst = Vec::new();
+    const LOADS: u64 = 500;
+    for id in 1..=LOADS {
+        p::encode(&mut burst, kind::LOAD, id, &[&p::load_request(id, &KeySource::File(path.clone()))]);
+    }
+    raw.stream.write_all(&burst).unwrap();
+    let mut replies = Vec::new();
+    let mut most = before;
+    for _ in 0..LOADS {
+        replies.push(raw.read().unwrap());
+        most = most.max(threads(raw.child.id()));
+    }
+    let busy = busy_count(&replies);
+    let ok = replies.iter().filter(|f| f.kind == kind::OK).count();
+    assert!(busy > 0 && ok > 0 && busy + ok == LOADS as usize, "busy {busy}, ok {ok}");
+    assert!(most <= before, "a thread per load: {before} threads before, {most} during the flood");
+    assert!(raw.status_ok(), "still serving");
+}
+
+#[test]
+fn request_bytes_held_by_the_key_process_are_bounded() {
+    let dir = Dir::new("bytes-flood");
+    let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
+    let mut raw = Raw::start();
+    raw.hello(p::MAX_IN_FLIGHT);
+    raw.send(kind::LOAD, 1, &p::load_request(5, &KeySource::File(path)));
+    assert_eq!(raw.read().unwrap().kind, kind::OK);
+    // Seconds of small RSA-4096 signatures first, so that the one worker
+    // is busy while 100 MiB of messages arrive behind them: the key
+    // process must refuse some rather than hold them all.
+    const SMALL: u64 = 400;
+    const OPS: u64 = SMALL + 100;
+    let mut small = Vec::new();
+    for id in 0..SMALL {
+        let op = keyfence::sign::Operation::Sign {
+            alg: Algorithm::RsaPkcs1Sha256,
+            input: keyfence::sign::Input::Message(b"m".to_vec()),
+        };
+        p::encode_op(&mut small, 100 + id, 5, Duration::from_secs(60), &op);
+    }
+    raw.stream.write_all(&small).unwrap();
+    let mut writer = raw.stream.try_clone().unwrap();
+    let op = keyfence::sign::Operation::Sign {
+        alg: Algorithm::RsaPkcs1Sha256,
+        input: keyfence::sign::Input::Message(vec![1; p::MAX_OP_DATA]),
+    };
+    let mut frame = Vec::new();
+    p::encode_op(&mut frame, 0, 5, Duration::from_secs(60), &op);
+    let sender = std::thread::spawn(move || {
+        for id in SMALL..OPS {
+            // The request id sits after the length and the kind.
+            frame[5..13].copy_from_slice(&(100 + id).to_be_bytes());
+            writer.write_all(&frame).unwrap();
+        }
+    });
+    raw.stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let replies: Vec<_> = (0..OPS).map(|_| raw.read().unwrap()).collect();
+    sender.join().unwrap();
+    let busy: Vec<_> = replies.iter().filter(|f| f.kind == kind::ERR).map(|f| p::parse_error(&f.body)).collect();
+    assert!(!busy.is_empty(), "100 MiB held at once");
+    assert!(busy.iter().all(|(code, msg)| *code == ErrorCode::Busy && msg.contains("64 MiB")), "{busy:?}");
+    assert!(raw.status_ok(), "still serving");
+}
+
 #[test]
 fn serve_refuses_a_peer_that_is_not_its_parent() {
     // Both ends belong to this process, whose parent is not this process.

@@ -91,7 +91,8 @@ pub struct IsolatedConfig {
     pub command: Vec<OsString>,
     /// Requests in flight on the connection at most; further operations
     /// wait for room on their executor thread (so the executor queue fills
-    /// and callers are told `overloaded`). Default 1024.
+    /// and callers are told `overloaded`). Default 1024, at most 4096
+    /// (the key process refuses more).
     pub max_in_flight: u32,
     /// RSA signing threads in the key process. Default: the core count.
     pub rsa_threads: usize,

@@ -37,6 +37,10 @@ pub const HEADER: usize = 9;
 /// file or a message to sign, small enough that a hostile length cannot
 /// make the reader allocate much.
 pub const MAX_FRAME: usize = 1 << 20;
+/// The largest `max_in_flight` a client may ask for in its hello: each
+/// request in flight holds up to a frame of memory in the key process,
+/// and a peer must not be able to make that unbounded.
+pub const MAX_IN_FLIGHT: u32 = 4096;
 /// The bytes of an OP body before its data: key id, timeout, code,
 /// algorithm.
 pub const OP_HEAD: usize = 8 + 4 + 1 + 2;
@@ -296,6 +300,9 @@ pub fn parse_hello_request(body: &[u8]) -> Result<u32, BodyError> {
     r.finish_as("hello (trailing bytes)")?;
     if max == 0 {
         return Err(BodyError::Value("hello max_in_flight (zero)"));
+    }
+    if max > MAX_IN_FLIGHT {
+        return Err(BodyError::Value("hello max_in_flight (above 4096)"));
     }
     Ok(max)
 }
@@ -579,6 +586,9 @@ mod tests {
         assert!(parse_hello_request(b"KFKP\x00\x02\x00\x00\x00\x01").is_err(), "version 2");
         assert!(parse_hello_request(b"XXXX\x00\x01\x00\x00\x00\x01").is_err(), "magic");
         assert!(parse_hello_request(b"KFKP\x00\x01\x00\x00\x00\x00").is_err(), "zero in flight");
+        assert!(parse_hello_request(&hello_request(MAX_IN_FLIGHT + 1)).is_err(), "too many in flight");
+        assert!(parse_hello_request(&hello_request(u32::MAX)).is_err(), "u32::MAX in flight");
+        assert_eq!(parse_hello_request(&hello_request(MAX_IN_FLIGHT)), Ok(MAX_IN_FLIGHT));
         assert!(parse_load_request(&[0; 8]).is_err());
         assert!(parse_load_request(&[0, 0, 0, 0, 0, 0, 0, 1, 9]).is_err(), "unknown source");
         assert!(parse_load_request(&[0, 0, 0, 0, 0, 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff]).is_err(), "long path");

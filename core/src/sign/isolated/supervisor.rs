@@ -112,6 +112,12 @@ impl Supervisor {
         if config.max_in_flight == 0 || config.rsa_threads == 0 || config.ec_threads == 0 {
             return Err(SignError::Config("isolated sizes (max_in_flight, threads) must be at least 1".into()));
         }
+        if config.max_in_flight > p::MAX_IN_FLIGHT || config.rsa_threads > 1024 || config.ec_threads > 1024 {
+            return Err(SignError::Config(format!(
+                "isolated sizes: max_in_flight at most {}, threads at most 1024",
+                p::MAX_IN_FLIGHT
+            )));
+        }
         let command = resolve_command(&config)?;
         let sup = Arc::new(Supervisor {
             config,
