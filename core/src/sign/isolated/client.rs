@@ -224,7 +224,7 @@ impl Conn {
             let (code, msg) = p::parse_error(&frame.body);
             return Err(reply_error(code, msg, timeout));
         }
-        Ok(Zeroizing::new(frame.body))
+        Ok(frame.body)
     }
 
     /// Tells the key process to forget a key. Nobody waits for the
@@ -247,7 +247,7 @@ impl Conn {
         match pending {
             Pending::Op(answer) => {
                 if frame.kind == kind::OK {
-                    answer.send(Ok(Zeroizing::new(frame.body)));
+                    answer.send(Ok(frame.body));
                 } else {
                     let (code, msg) = p::parse_error(&frame.body);
                     answer.send(Err(reply_error(code, msg, Duration::ZERO)));
@@ -270,7 +270,7 @@ impl Conn {
     /// everything in flight at once (nothing waits for a dead process),
     /// reaps the process and says how it ended.
     pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder) -> String {
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
         let end: String = 'read: loop {
             loop {
                 match decoder.next_frame() {
@@ -286,7 +286,7 @@ impl Conn {
                 Err(e) => break format!("reading from it failed: {e}"),
             }
         };
-        buf.iter_mut().for_each(|b| *b = 0);
+        drop(buf);
 
         let drained: Vec<Pending> = {
             let mut map = self.pending();

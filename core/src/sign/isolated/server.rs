@@ -151,7 +151,8 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
     *out = Some(shared.clone());
 
     let mut decoder = p::Decoder::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    // Key bytes (LOAD from bytes) pass through it: wiped when done.
+    let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
     // The hello comes first and fixes the in-flight bound; a peer that
     // never sends one is not kept waiting on forever.
     reader.set_read_timeout(Some(HELLO_TIMEOUT))?;
