@@ -29,6 +29,12 @@ pub enum BenchCmd {
     /// Signing: the engine against BoringSSL called directly, per algorithm
     /// (operations per second with every core busy, p50/p99 latency).
     Sign(crate::sign_cmd::BenchSignArgs),
+    /// Load and faults for a bounded time: signing through the engine and
+    /// an isolated key process killed every few seconds, wrap and open on
+    /// one store; prints one JSON object (operations, failures by kind,
+    /// lost keys and envelopes, peak memory, late calls) and exits 3 if
+    /// anything was lost or late (docs/reliability.md).
+    Soak(crate::soak::SoakArgs),
 }
 
 /// CIRCL's benchmark shapes: (name, policy, key attributes).
@@ -56,6 +62,7 @@ fn median_ms(mut v: Vec<f64>) -> f64 {
 pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
+        BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;
