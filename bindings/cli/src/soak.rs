@@ -47,6 +47,9 @@ pub struct SoakArgs {
     dir: Option<std::path::PathBuf>,
 }
 
+/// Envelopes handed out with the secrets they must open to.
+type HandedOut = Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>>;
+
 /// How late a result may arrive after its deadline before it counts as
 /// late: the deadline thread's wake-up and scheduling on a busy machine.
 const LATE_SLACK: Duration = Duration::from_millis(250);
@@ -146,7 +149,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
     let sign = Arc::new(Tally::default());
     let wraps = Arc::new(Tally::default());
     let opens = Arc::new(Tally::default());
-    let wrapped: Arc<Mutex<Vec<(Vec<u8>, Vec<u8>)>>> = Arc::default();
+    let wrapped: HandedOut = Arc::default();
     let deadline = Duration::from_millis(args.deadline_ms);
     let mut threads = Vec::new();
 
