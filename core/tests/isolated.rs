@@ -598,6 +598,8 @@ fn a_flood_of_loads_is_refused_as_busy_on_a_fixed_pool_of_threads() {
     let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
     let mut raw = Raw::start();
     raw.hello(8);
+    // Its pools start after the hello; a status reply means they have.
+    assert!(raw.status_ok());
     let before = threads(raw.child.id());
     let mut burst = Vec::new();
     const LOADS: u64 = 500;
