@@ -3,7 +3,9 @@
 //!
 //! One reader thread decodes requests and hands each operation to the pool
 //! of its class (RSA, or EC/Ed25519), so a queue of RSA signatures never
-//! delays an ECDSA reply. Workers write their replies through a combining
+//! delays an ECDSA reply, and each key load to a small pool of loaders.
+//! Every queue is bounded (count, and bytes for operations): past a bound
+//! the peer is told `busy`. Workers write their replies through a combining
 //! writer: at low load a reply goes out at once from the worker, under load
 //! replies that finish while one write is under way leave in the next
 //! single write, and an EC worker that already has its next job queued
