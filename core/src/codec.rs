@@ -330,13 +330,15 @@ impl Writer {
 
     /// Raw bytes, no prefix.
     pub fn raw(&mut self, b: &[u8]) -> &mut Self {
-        self.buf.extend_from_slice(b);
+        // The buffer may hold key material: growing it must not leave
+        // copies behind.
+        crate::wipe::extend(&mut self.buf, b);
         self
     }
 
     /// One byte.
     pub fn u8(&mut self, v: u8) -> &mut Self {
-        self.buf.push(v);
+        crate::wipe::extend(&mut self.buf, &[v]);
         self
     }
 

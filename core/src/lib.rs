@@ -12,6 +12,7 @@ pub mod abe;
 pub mod codec;
 mod error;
 pub mod wrap;
+pub(crate) mod wipe;
 
 pub use error::ErrorCode;
 

@@ -65,6 +65,10 @@ fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
         Algorithm::Ed25519 => Verifier::new_without_digest(&public).unwrap(),
         _ => Verifier::new(MessageDigest::sha256(), &public).unwrap(),
     };
+    if alg == Algorithm::RsaPssSha256 {
+        v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS).unwrap();
+        v.set_rsa_pss_saltlen(boring::sign::RsaPssSaltlen::DIGEST_LENGTH).unwrap();
+    }
     v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
@@ -260,10 +264,57 @@ fn killing_the_key_process_under_load_fails_in_flight_work_then_restarts_with_th
         let sig = engine.sign(key, alg, b"after").unwrap().wait().unwrap();
         assert!(verifies(key, alg, b"after", &sig), "the same key, reloaded");
     }
-    // ...except the key handed over as bytes, which this process never kept.
-    let err = engine.sign(&from_bytes, Algorithm::EcdsaP256Sha256, b"x").unwrap().wait().unwrap_err();
-    assert!(err.to_string().contains("lost when the key process restarted"), "{err}");
-    assert_eq!(keys.status().unwrap().keys, 2);
+    // ...and so does the key handed over as bytes: a restart loses no key.
+    let sig = engine.sign(&from_bytes, Algorithm::EcdsaP256Sha256, b"x").unwrap().wait().unwrap();
+    assert!(verifies(&from_bytes, Algorithm::EcdsaP256Sha256, b"x", &sig), "the key from bytes, reloaded");
+    assert_eq!(keys.status().unwrap().keys, 3);
+}
+
+#[test]
+fn messages_over_the_frame_limit_are_hashed_here_or_refused_and_never_end_the_connection() {
+    let dir = Dir::new("big");
+    let keys = KeyProcess::start(config()).unwrap();
+    let rsa = keys.load(KeySource::File(key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 2048 }))).unwrap();
+    let ec = keys.load(KeySource::File(key_file(&dir.0, "ec.pem", KeyKind::EcP256))).unwrap();
+    let ed = keys.load(KeySource::File(key_file(&dir.0, "ed.pem", KeyKind::Ed25519))).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let pid = keys.pid().unwrap();
+    let big = vec![0x5a; p::MAX_FRAME + 1000];
+    let at_limit = vec![0x5b; p::MAX_OP_DATA];
+
+    // An operation in flight on the same connection while the big ones go.
+    let slow = engine.sign(&rsa, Algorithm::RsaPssSha256, b"alongside").unwrap();
+    for (key, alg) in [(&rsa, Algorithm::RsaPkcs1Sha256), (&rsa, Algorithm::RsaPssSha256), (&ec, Algorithm::EcdsaP256Sha256)] {
+        for msg in [&big, &at_limit] {
+            let sig = engine.sign(key, alg, msg).unwrap().wait().unwrap();
+            assert!(verifies(key, alg, msg, &sig), "{alg}, {} bytes", msg.len());
+            let sig = key.sign(alg, msg).unwrap();
+            assert!(verifies(key, alg, msg, &sig), "{alg} synchronously, {} bytes", msg.len());
+        }
+    }
+    // PKCS#1 v1.5 is deterministic: hashing here changes nothing.
+    assert_eq!(
+        engine.sign(&rsa, Algorithm::RsaPkcs1Sha256, &big).unwrap().wait().unwrap(),
+        rsa.sign_digest(Algorithm::RsaPkcs1Sha256, &Algorithm::RsaPkcs1Sha256.hash().unwrap().digest(&big).unwrap()).unwrap()
+    );
+    // Ed25519 signs the whole message: refused at submission, typed.
+    let err = engine.sign(&ed, Algorithm::Ed25519, &big).unwrap_err();
+    assert!(
+        matches!(err, SignError::InputTooLarge { len, max, .. } if len == big.len() && max == p::MAX_OP_DATA),
+        "{err:?}"
+    );
+    assert_eq!(err.code(), keyfence::ErrorCode::InvalidRequest);
+    assert!(err.to_string().contains("Ed25519 signs whole messages"), "{err}");
+    assert!(matches!(ed.sign(Algorithm::Ed25519, &big), Err(SignError::InputTooLarge { .. })));
+    let sig = engine.sign(&ed, Algorithm::Ed25519, &at_limit).unwrap().wait().unwrap();
+    assert!(verifies(&ed, Algorithm::Ed25519, &at_limit, &sig));
+    // Key bytes no key file is that long: refused before they are sent.
+    let err = keys.load(KeySource::Bytes(Zeroizing::new(vec![b'-'; p::MAX_FRAME]))).unwrap_err();
+    assert!(matches!(err, SignError::InputTooLarge { .. }), "{err:?}");
+
+    slow.wait().unwrap();
+    assert_eq!((keys.pid(), keys.restarts()), (Some(pid), 0), "the connection never ended");
+    assert_eq!(keys.status().unwrap().keys, 3);
 }
 
 #[test]
@@ -514,6 +565,104 @@ fn more_requests_than_agreed_are_refused_as_busy() {
     let busy = replies.iter().filter(|f| f.kind == kind::ERR && p::parse_error(&f.body).0 == ErrorCode::Busy).count();
     let ok = replies.iter().filter(|f| f.kind == kind::OK).count();
     assert!(busy >= 7 && ok >= 2 && busy + ok == 10, "busy {busy}, ok {ok}");
+}
+
+/// Threads of a process, from /proc.
+fn threads(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count())
+}
+
+fn busy_count(replies: &[p::Frame]) -> usize {
+    replies.iter().filter(|f| f.kind == kind::ERR && p::parse_error(&f.body).0 == ErrorCode::Busy).count()
+}
+
+#[test]
+fn a_peer_cannot_ask_for_an_unbounded_number_of_requests_in_flight() {
+    for max in [u32::MAX, p::MAX_IN_FLIGHT + 1] {
+        let mut raw = Raw::start();
+        raw.send(kind::HELLO, 0, &p::hello_request(max));
+        if let Some(reply) = raw.read() {
+            assert_eq!(reply.kind, kind::ERR);
+            assert!(p::parse_error(&reply.body).1.contains("max_in_flight"));
+        }
+        assert_eq!(raw.child.wait().unwrap().code(), Some(1), "refused, max_in_flight {max}");
+    }
+    let mut c = config();
+    c.max_in_flight = p::MAX_IN_FLIGHT + 1;
+    assert!(matches!(KeyProcess::start(c), Err(SignError::Config(_))));
+}
+
+#[test]
+fn a_flood_of_loads_is_refused_as_busy_on_a_fixed_pool_of_threads() {
+    let dir = Dir::new("load-flood");
+    let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
+    let mut raw = Raw::start();
+    raw.hello(8);
+    // Its pools start after the hello; a status reply means they have.
+    assert!(raw.status_ok());
+    let before = threads(raw.child.id());
+    let mut burst = Vec::new();
+    const LOADS: u64 = 500;
+    for id in 1..=LOADS {
+        p::encode(&mut burst, kind::LOAD, id, &[&p::load_request(id, &KeySource::File(path.clone()))]);
+    }
+    raw.stream.write_all(&burst).unwrap();
+    let mut replies = Vec::new();
+    let mut most = before;
+    for _ in 0..LOADS {
+        replies.push(raw.read().unwrap());
+        most = most.max(threads(raw.child.id()));
+    }
+    let busy = busy_count(&replies);
+    let ok = replies.iter().filter(|f| f.kind == kind::OK).count();
+    assert!(busy > 0 && ok > 0 && busy + ok == LOADS as usize, "busy {busy}, ok {ok}");
+    assert!(most <= before, "a thread per load: {before} threads before, {most} during the flood");
+    assert!(raw.status_ok(), "still serving");
+}
+
+#[test]
+fn request_bytes_held_by_the_key_process_are_bounded() {
+    let dir = Dir::new("bytes-flood");
+    let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
+    let mut raw = Raw::start();
+    raw.hello(p::MAX_IN_FLIGHT);
+    raw.send(kind::LOAD, 1, &p::load_request(5, &KeySource::File(path)));
+    assert_eq!(raw.read().unwrap().kind, kind::OK);
+    // Seconds of small RSA-4096 signatures first, so that the one worker
+    // is busy while 100 MiB of messages arrive behind them: the key
+    // process must refuse some rather than hold them all.
+    const SMALL: u64 = 400;
+    const OPS: u64 = SMALL + 100;
+    let mut small = Vec::new();
+    for id in 0..SMALL {
+        let op = keyfence::sign::Operation::Sign {
+            alg: Algorithm::RsaPkcs1Sha256,
+            input: keyfence::sign::Input::Message(b"m".to_vec()),
+        };
+        p::encode_op(&mut small, 100 + id, 5, Duration::from_secs(60), &op);
+    }
+    raw.stream.write_all(&small).unwrap();
+    let mut writer = raw.stream.try_clone().unwrap();
+    let op = keyfence::sign::Operation::Sign {
+        alg: Algorithm::RsaPkcs1Sha256,
+        input: keyfence::sign::Input::Message(vec![1; p::MAX_OP_DATA]),
+    };
+    let mut frame = Vec::new();
+    p::encode_op(&mut frame, 0, 5, Duration::from_secs(60), &op);
+    let sender = std::thread::spawn(move || {
+        for id in SMALL..OPS {
+            // The request id sits after the length and the kind.
+            frame[5..13].copy_from_slice(&(100 + id).to_be_bytes());
+            writer.write_all(&frame).unwrap();
+        }
+    });
+    raw.stream.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let replies: Vec<_> = (0..OPS).map(|_| raw.read().unwrap()).collect();
+    sender.join().unwrap();
+    let busy: Vec<_> = replies.iter().filter(|f| f.kind == kind::ERR).map(|f| p::parse_error(&f.body)).collect();
+    assert!(!busy.is_empty(), "100 MiB held at once");
+    assert!(busy.iter().all(|(code, msg)| *code == ErrorCode::Busy && msg.contains("64 MiB")), "{busy:?}");
+    assert!(raw.status_ok(), "still serving");
 }
 
 #[test]

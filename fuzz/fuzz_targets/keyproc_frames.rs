@@ -21,10 +21,10 @@ fuzz_target!(|data: &[u8]| {
             match d.next_frame() {
                 Ok(Some(f)) => {
                     if let Ok(max) = p::parse_hello_request(&f.body) {
-                        assert_eq!(p::hello_request(max), f.body);
+                        assert_eq!(p::hello_request(max)[..], f.body[..]);
                     }
                     if let Ok((pid, flags)) = p::parse_hello_reply(&f.body) {
-                        assert_eq!(p::hello_reply(pid, flags), f.body);
+                        assert_eq!(p::hello_reply(pid, flags)[..], f.body[..]);
                     }
                     if let Ok((id, source)) = p::parse_load_request(&f.body) {
                         assert_eq!(&p::load_request(id, &source)[..], &f.body[..]);
@@ -38,14 +38,14 @@ fuzz_target!(|data: &[u8]| {
                         p::encode_op(&mut again, f.id, key_id, std::time::Duration::from_micros(1), &op);
                     }
                     if let Ok(key_id) = p::parse_unload_request(&f.body) {
-                        assert_eq!(p::unload_request(key_id), f.body);
+                        assert_eq!(p::unload_request(key_id)[..], f.body[..]);
                     }
                     if let Ok((uid, gid)) = p::parse_drop_privileges_request(&f.body) {
-                        assert_eq!(p::drop_privileges_request(uid, gid), f.body);
+                        assert_eq!(p::drop_privileges_request(uid, gid)[..], f.body[..]);
                     }
                     let _ = p::parse_error(&f.body);
                     if let Ok(status) = p::Status::parse(&f.body) {
-                        assert_eq!(status.encode(), f.body);
+                        assert_eq!(status.encode()[..], f.body[..]);
                     }
                 }
                 Ok(None) => break,

@@ -100,6 +100,20 @@ pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
     Ok(out)
 }
 
+/// Reads `{HEX}` (1 to 6 hex digits naming a Unicode scalar value) at the
+/// start of `rest`; returns the character and the bytes read (all ASCII,
+/// so also the chars read).
+fn unicode_escape(rest: &str) -> Option<(char, usize)> {
+    let body = rest.strip_prefix('{')?;
+    let close = body.find('}')?;
+    let hex = &body[..close];
+    if hex.is_empty() || hex.len() > 6 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let c = char::from_u32(u32::from_str_radix(hex, 16).ok()?)?;
+    Some((c, close + 2))
+}
+
 /// Reads a quoted string starting at the `"` at `start`; returns the
 /// unescaped text and the offset just past the closing quote.
 pub(crate) fn quoted(src: &str, start: usize) -> Result<(String, usize), ParseError> {
@@ -116,6 +130,19 @@ pub(crate) fn quoted(src: &str, start: usize) -> Result<(String, usize), ParseEr
             }
             '\\' => match chars.next() {
                 Some((_, e @ ('"' | '\\'))) => word.push(e),
+                // `\u{1b}`: how canonical text writes characters that must
+                // not reach a terminal raw (controls, bidi overrides).
+                Some((_, 'u')) => {
+                    let rest = &src[start + 1 + rel + 2..];
+                    let Some((c, len)) = unicode_escape(rest) else {
+                        return Err(ParseError::new(at, ParseErrorKind::InvalidEscape('u')));
+                    };
+                    word.push(c);
+                    // Skip the `{hex}` just read.
+                    for _ in 0..len {
+                        chars.next();
+                    }
+                }
                 Some((_, e)) => return Err(ParseError::new(at, ParseErrorKind::InvalidEscape(e))),
                 None => return Err(ParseError::new(start, ParseErrorKind::UnterminatedString)),
             },

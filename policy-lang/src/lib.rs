@@ -63,6 +63,7 @@ mod parser;
 pub use ast::Expr;
 pub use attributes::{Attributes, AttributesError};
 pub use circuit::{circl_order, occurrence_numbers, satisfying_wires, CircuitError, Gate, GateKind, Leaf, Policy};
+pub use display::must_escape;
 pub use error::{ParseError, ParseErrorKind};
 pub use limits::{MAX_DEPTH, MAX_ENCODED_POLICY, MAX_LEAVES};
 pub use parser::parse_expr;

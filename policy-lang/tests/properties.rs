@@ -1,7 +1,7 @@
 //! Random policies: the expression, its circuit and the circuit's canonical
 //! re-parse agree on every attribute set.
 
-use keyfence_policy::{parse, parse_expr, Attributes, Expr, Policy};
+use keyfence_policy::{must_escape, parse, parse_expr, Attributes, Expr, Gate, GateKind, Leaf, Policy};
 use proptest::prelude::*;
 
 const LABELS: &[&str] = &["a", "b", "c", "region", "São", "and"];
@@ -49,8 +49,62 @@ fn attributes() -> impl Strategy<Value = Attributes> {
     })
 }
 
+/// Any text, heavy in what a hostile ciphertext would carry: terminal
+/// escapes, quotes, backslashes, bidi overrides, line separators.
+fn hostile_word() -> impl Strategy<Value = String> {
+    let c = prop_oneof![
+        any::<char>(),
+        Just('\u{1b}'),
+        Just('\u{7}'),
+        Just('\n'),
+        Just('\u{9b}'),
+        Just('"'),
+        Just('\\'),
+        Just('\u{202e}'),
+        Just('\u{2028}'),
+        Just('\u{200b}'),
+        Just('{'),
+        Just('u'),
+        Just('a'),
+    ];
+    proptest::collection::vec(c, 1..10).prop_map(String::from_iter)
+}
+
+/// A policy as a ciphertext could carry it: leaves with any text, chained
+/// by random gates.
+fn hostile_policy() -> impl Strategy<Value = Policy> {
+    proptest::collection::vec((hostile_word(), hostile_word(), any::<bool>(), any::<bool>()), 1..6).prop_map(
+        |leaves| {
+            let n = leaves.len();
+            let gates = (1..n)
+                .map(|i| Gate {
+                    kind: if leaves[i].3 { GateKind::And } else { GateKind::Or },
+                    in0: if i == 1 { 0 } else { n + i - 2 },
+                    in1: i,
+                    out: n + i - 1,
+                })
+                .collect();
+            let leaves = leaves
+                .into_iter()
+                .map(|(label, value, positive, _)| Leaf { label, value, positive, occurrence: 0 })
+                .collect();
+            Policy::from_parts(leaves, gates).unwrap()
+        },
+    )
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// Whatever text a decoded policy holds, its canonical text shows no
+    /// control or invisible formatting character raw, and parses back to
+    /// the same policy.
+    #[test]
+    fn canonical_text_of_any_policy_is_inert_and_reparses(p in hostile_policy()) {
+        let text = p.to_string();
+        prop_assert!(!text.chars().any(must_escape), "{:?}", text);
+        prop_assert_eq!(parse(&text).unwrap(), p);
+    }
 
     #[test]
     fn expr_circuit_and_reparse_agree(e in expr(), sets in proptest::collection::vec(attributes(), 8)) {

@@ -40,6 +40,12 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2000)]
         iters: usize,
     },
+    /// Load and faults for a bounded time: signing through the engine and
+    /// an isolated key process killed every few seconds, wrap and open on
+    /// one store; prints one JSON object (operations, failures by kind,
+    /// lost keys and envelopes, peak memory, late calls) and exits 3 if
+    /// anything was lost or late (docs/reliability.md).
+    Soak(crate::soak::SoakArgs),
 }
 
 /// CIRCL's benchmark shapes: (name, policy, key attributes).
@@ -68,6 +74,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
         BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
+        BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;

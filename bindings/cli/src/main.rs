@@ -8,6 +8,7 @@ mod files;
 mod offload_sim;
 mod policy_cmd;
 mod sign_cmd;
+mod soak;
 mod wrap_cmd;
 
 use std::process::ExitCode;

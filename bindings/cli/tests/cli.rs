@@ -94,3 +94,24 @@ fn bench_abe_prints_one_json_object_per_case() {
         assert!(c["ct_overhead"].as_u64().unwrap() > 2000);
     }
 }
+
+/// Issue 14: a ciphertext's policy is whatever its maker wrote; `abe
+/// inspect` must not hand terminal escapes (a title change, a bell, text
+/// reordered by a bidi override) to the reader's terminal, and what it
+/// prints must parse back to the same policy.
+#[test]
+fn abe_inspect_never_prints_terminal_escapes() {
+    let d = Dir::new("abe-escapes");
+    common::ok(&["abe", "setup", "--out", &d.p("auth")]);
+    std::fs::write(d.p("msg"), b"m").unwrap();
+    let policy = r#"a: "\u{1b}]0;pwned\u{7}" and b: "\u{202e}gnp.exe" or c: "\u{9b}31m""#;
+    common::ok(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", policy, "--in", &d.p("msg"), "--out", &d.p("ct")]);
+    let o = keyfence(&["abe", "inspect", &d.p("ct")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let shown = stdout(&o);
+    assert!(!shown.chars().any(|c| c.is_control() && c != '\n' || c == '\u{202e}'), "{shown:?}");
+    assert_eq!(shown, format!("{policy}\n"));
+    // The printed text is the same policy again.
+    let o = keyfence(&["policy", "check", shown.trim_end()]);
+    assert_eq!(stdout(&o), shown);
+}

@@ -225,3 +225,35 @@ fn isolated_signing_verifies_and_reports_key_process_errors() {
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("missing.pem") && e.contains("isolated"), "{e}");
 }
+
+/// Issue 19: a message over the key process's 1 MiB frame used to end the
+/// connection ("the key process died") and leave the orphaned key process
+/// printing after the command had exited. Now RSA and ECDSA messages are
+/// hashed on the caller's side and just work; Ed25519 is refused up front,
+/// and nothing else reaches the terminal. `output()` reads standard error
+/// until every writer (the key process too) has closed it, so a late line
+/// from the key process would be caught here.
+#[test]
+fn isolated_signing_of_a_message_over_the_frame_limit_works_or_is_refused_cleanly() {
+    let d = Dir::new("sign-isolated-big");
+    let msg = d.p("big");
+    std::fs::write(&msg, vec![b'x'; 2 << 20]).unwrap();
+    let (p256, p256_pub) = make_key(&d, "p256", &["ecparam", "-name", "prime256v1", "-genkey", "-noout"], false);
+    let (rsa, rsa_pub) =
+        make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
+    for (alg, key, public) in [("ecdsa-p256-sha256", &p256, &p256_pub), ("rsa-pkcs1-sha256", &rsa, &rsa_pub)] {
+        let sig = d.p(&format!("{alg}.sig"));
+        let o = keyfence(&["sign", "--isolated", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]);
+        ok(&o, &format!("sign --isolated {alg} of 2 MiB"));
+        assert!(o.stderr.is_empty(), "nothing on standard error: {}", String::from_utf8_lossy(&o.stderr));
+        ok(&openssl(&["dgst", "-sha256", "-verify", public, "-signature", &sig, &msg]), "openssl verification");
+    }
+    let (ed, _) = make_key(&d, "ed25519", &["genpkey", "-algorithm", "ED25519"], false);
+    let o = keyfence(&["sign", "--isolated", "--key", &ed, "--alg", "ed25519", "--in", &msg, "--out", &d.p("ed.sig")]);
+    assert_eq!(o.status.code(), Some(2), "bad input, not a failure");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.lines().count(), 1, "one line, nothing from the key process: {e}");
+    assert!(e.contains("Ed25519 signs whole messages") && e.contains("1048552"), "{e}");
+    assert!(!e.contains("died") && !e.contains("frame length"), "{e}");
+    assert!(!std::path::Path::new(&d.p("ed.sig")).exists());
+}

@@ -28,6 +28,26 @@ pub(crate) struct Wiped<T>(pub(crate) T);
 
 impl<T: Copy + Default> DefaultIsZeroes for Wiped<T> {}
 
+/// Overwrites secret temporaries of a `blstrs` type with its default (zero,
+/// or the identity point). `blstrs` types do not implement `Zeroize`, and a
+/// `Vec<Scalar>` cannot be viewed as `Vec<Wiped<Scalar>>` without `unsafe`,
+/// so the writes are plain stores kept alive by `black_box` and a compiler
+/// fence instead of `zeroize`'s volatile writes: best effort, as all
+/// wiping in Rust is. Values stored for long (keys) use [`Wiped`].
+pub(crate) fn wipe<T: Copy + Default>(values: &mut [T]) {
+    wipe_to(values, T::default());
+}
+
+/// [`wipe`] with an explicit neutral value, for the projective point types
+/// that have no `Default` (their identity).
+pub(crate) fn wipe_to<T: Copy>(values: &mut [T], neutral: T) {
+    for v in values.iter_mut() {
+        *v = neutral;
+    }
+    std::hint::black_box(&mut *values);
+    std::sync::atomic::compiler_fence(std::sync::atomic::Ordering::SeqCst);
+}
+
 /// The group order r, big-endian.
 #[cfg(test)]
 const ORDER_BE: [u8; 32] = [

@@ -99,7 +99,9 @@ impl MasterSecretKey {
         // built or decoded): every field fits its u16 length.
         let mut w = Writer::new(Order::Little);
         for m in [&self.a, &self.wta, &self.bstar, &self.bstar12, &self.k] {
-            let enc = Zeroizing::new(matrix::encode_zp(&m.map(|w| w.0)));
+            let mut plain = m.map(|w| w.0);
+            let enc = Zeroizing::new(matrix::encode_zp(&plain));
+            plain.wipe();
             w.bytes16(&enc);
         }
         // CIRCL's prf key is 16 bytes; a longer one still round-trips.
@@ -166,7 +168,7 @@ pub(crate) struct KeyAttr {
 #[derive(Clone)]
 pub struct AttributeKey {
     pub(crate) attrs: BTreeMap<String, KeyAttr>,
-    pub(crate) k1: Mat<G2Affine>,
+    pub(crate) k1: Mat<Wiped<G2Affine>>,
     pub(crate) k2: Mat<Wiped<G1Affine>>,
     pub(crate) k3: BTreeMap<String, Mat<Wiped<G1Affine>>>,
     pub(crate) k3wild: BTreeMap<String, Mat<Wiped<G1Affine>>>,
@@ -189,13 +191,13 @@ impl AttributeKey {
     pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
         let mut w = Writer::new(Order::Little);
         w.bytes16(&self.attribute_block());
-        w.bytes16(&matrix::encode_g2(&self.k1));
-        w.bytes16(&Zeroizing::new(matrix::encode_g1(&self.k2.map(|w| w.0))));
+        w.bytes16(&secret_g2(&self.k1));
+        w.bytes16(&secret_g1(&self.k2));
         for map in [&self.k3, &self.k3wild] {
             w.len16(map.len());
             for (label, m) in map {
                 w.bytes16(label.as_bytes());
-                w.bytes16(&Zeroizing::new(matrix::encode_g1(&m.map(|w| w.0))));
+                w.bytes16(&secret_g1(m));
             }
         }
         w.into_bytes()
@@ -247,7 +249,7 @@ impl AttributeKey {
             }
         }
         ar.finish_as("attributes").map_err(&e)?;
-        let k1 = matrix::decode_g2(r.bytes16("k1").map_err(&e)?, (3, 1), O, "k1")?;
+        let k1 = matrix::decode_g2(r.bytes16("k1").map_err(&e)?, (3, 1), O, "k1")?.map(Wiped);
         let k2 = matrix::decode_g1(r.bytes16("k2").map_err(&e)?, (4, 1), O, "k2")?.map(Wiped);
         let mut maps = [BTreeMap::new(), BTreeMap::new()];
         for (which, map) in ["k3", "k3wild"].iter().zip(maps.iter_mut()) {
@@ -290,13 +292,39 @@ impl PartialEq for AttributeKey {
 
 impl Eq for AttributeKey {}
 
-impl Drop for AttributeKey {
-    fn drop(&mut self) {
+impl AttributeKey {
+    /// Overwrites the key material: `k1`, `k2` and every `k3`. The hashed
+    /// attribute values stay (they are hashes of public labels' values,
+    /// and `blstrs` scalars in a map cannot be wiped without taking them
+    /// out first).
+    pub(crate) fn wipe(&mut self) {
+        self.k1.zeroize();
         self.k2.zeroize();
         for m in self.k3.values_mut().chain(self.k3wild.values_mut()) {
             m.zeroize();
         }
     }
+}
+
+impl Drop for AttributeKey {
+    fn drop(&mut self) {
+        self.wipe();
+    }
+}
+
+/// The encoding of secret points, through a plain temporary that is wiped.
+fn secret_g1(m: &Mat<Wiped<G1Affine>>) -> Zeroizing<Vec<u8>> {
+    let mut plain = m.map(|w| w.0);
+    let enc = Zeroizing::new(matrix::encode_g1(&plain));
+    plain.wipe();
+    enc
+}
+
+fn secret_g2(m: &Mat<Wiped<G2Affine>>) -> Zeroizing<Vec<u8>> {
+    let mut plain = m.map(|w| w.0);
+    let enc = Zeroizing::new(matrix::encode_g2(&plain));
+    plain.wipe();
+    enc
 }
 
 impl fmt::Debug for AttributeKey {

@@ -41,6 +41,13 @@ impl<T: Copy> Mat<T> {
     }
 }
 
+impl<T: Copy + Default> Mat<T> {
+    /// Overwrites the entries of a secret temporary ([`group::wipe`]).
+    pub(crate) fn wipe(&mut self) {
+        group::wipe(&mut self.e);
+    }
+}
+
 impl<T: Zeroize> Zeroize for Mat<T> {
     fn zeroize(&mut self) {
         self.e.zeroize();

@@ -20,7 +20,7 @@ use rand_core::{CryptoRng, RngCore};
 use crate::codec::{Order, Reader, Writer};
 use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
-use super::group::{random_scalar, Wiped};
+use super::group::{random_scalar, wipe, wipe_to, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
@@ -35,48 +35,74 @@ fn random_mat<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, rows: usize, cols: u
     Mat { rows, cols, e }
 }
 
+// The projective points are wiped: for key components they are secret.
 fn g1_exp(m: &Mat<Scalar>) -> Mat<G1Affine> {
-    let proj: Vec<G1Projective> = m.e.iter().map(|s| G1Projective::generator() * s).collect();
+    let mut proj: Vec<G1Projective> = m.e.iter().map(|s| G1Projective::generator() * s).collect();
     let mut aff = vec![G1Affine::default(); proj.len()];
     G1Projective::batch_normalize(&proj, &mut aff);
+    wipe_to(&mut proj, G1Projective::identity());
     Mat { rows: m.rows, cols: m.cols, e: aff }
 }
 
 fn g2_exp(m: &Mat<Scalar>) -> Mat<G2Affine> {
-    let proj: Vec<G2Projective> = m.e.iter().map(|s| G2Projective::generator() * s).collect();
+    let mut proj: Vec<G2Projective> = m.e.iter().map(|s| G2Projective::generator() * s).collect();
     let mut aff = vec![G2Affine::default(); proj.len()];
     G2Projective::batch_normalize(&proj, &mut aff);
+    wipe_to(&mut proj, G2Projective::identity());
     Mat { rows: m.rows, cols: m.cols, e: aff }
+}
+
+/// Moves secret points into their long-term [`Wiped`] form and wipes the
+/// temporary they came in.
+fn keep<T: Copy + Default>(mut m: Mat<T>) -> Mat<Wiped<T>> {
+    let kept = m.map(Wiped);
+    m.wipe();
+    kept
 }
 
 /// Generates a public key and master secret key.
 pub(crate) fn setup<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(PublicKey, MasterSecretKey)> {
     let a0 = random_scalar(rng);
     let a3 = random_scalar(rng);
-    let a = Mat { rows: 3, cols: 2, e: vec![a0, Scalar::ZERO, Scalar::ZERO, a3, Scalar::ONE, Scalar::ONE] };
-    let bbar = random_mat(rng, 4, 4);
-    let w = random_mat(rng, 3, 4);
-    let k = random_mat(rng, 4, 1);
+    let mut a = Mat { rows: 3, cols: 2, e: vec![a0, Scalar::ZERO, Scalar::ZERO, a3, Scalar::ONE, Scalar::ONE] };
+    wipe(&mut [a0, a3]);
+    let mut bbar = random_mat(rng, 4, 4);
+    let mut w = random_mat(rng, 3, 4);
+    let mut k = random_mat(rng, 4, 1);
     let mut prf_key = vec![0u8; 16];
     rng.fill_bytes(&mut prf_key);
 
-    let b = matrix::colsel(&bbar, &[0, 1]);
-    let wb = matrix::mul(&w, &b);
-    let btk = matrix::mul(&matrix::transpose(&b), &k);
+    // Every scalar here is secret, even those whose powers are public.
+    let mut b = matrix::colsel(&bbar, &[0, 1]);
+    let mut bt = matrix::transpose(&b);
+    let mut wb = matrix::mul(&w, &b);
+    let mut btk = matrix::mul(&bt, &k);
     let gt = Gt::generator();
     let pk = PublicKey::new(g2_exp(&b), g1_exp(&wb), btk.map(|s| gt * s));
 
-    let wta = matrix::mul(&matrix::transpose(&w), &a);
-    let inv = matrix::inverse(&matrix::transpose(&bbar))
-        .ok_or_else(|| AbeError::Rng("sampled a singular matrix; the random source is broken".into()))?;
-    let msk = MasterSecretKey {
-        a: SecretMat::secret(&a),
-        wta: SecretMat::secret(&wta),
-        bstar: SecretMat::secret(&matrix::colsel(&inv, &[0, 1])),
-        bstar12: SecretMat::secret(&matrix::colsel(&inv, &[2, 3])),
-        k: SecretMat::secret(&k),
-        prf_key,
-    };
+    let mut wt = matrix::transpose(&w);
+    let mut wta = matrix::mul(&wt, &a);
+    let mut bbar_t = matrix::transpose(&bbar);
+    let inv = matrix::inverse(&bbar_t);
+    let msk = inv.map(|mut inv| {
+        let (mut bstar, mut bstar12) = (matrix::colsel(&inv, &[0, 1]), matrix::colsel(&inv, &[2, 3]));
+        let msk = MasterSecretKey {
+            a: SecretMat::secret(&a),
+            wta: SecretMat::secret(&wta),
+            bstar: SecretMat::secret(&bstar),
+            bstar12: SecretMat::secret(&bstar12),
+            k: SecretMat::secret(&k),
+            prf_key,
+        };
+        for m in [&mut inv, &mut bstar, &mut bstar12] {
+            m.wipe();
+        }
+        msk
+    });
+    for m in [&mut a, &mut bbar, &mut w, &mut k, &mut b, &mut bt, &mut wb, &mut btk, &mut wt, &mut wta, &mut bbar_t] {
+        m.wipe();
+    }
+    let msk = msk.ok_or_else(|| AbeError::Rng("sampled a singular matrix; the random source is broken".into()))?;
     Ok((pk, msk))
 }
 
@@ -91,17 +117,22 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
         attrs.iter().map(|(l, v)| (l.clone(), KeyAttr { wild: false, value: *v })).collect();
     all.insert(BK_LABEL.into(), KeyAttr { wild: true, value: Scalar::ZERO });
 
-    let s = [random_scalar(rng), random_scalar(rng)];
-    let a_s: [Scalar; 3] = std::array::from_fn(|t| msk.a.get(t, 0) * s[0] + msk.a.get(t, 1) * s[1]);
-    let k1 = g2_exp(&Mat { rows: 3, cols: 1, e: a_s.to_vec() });
-    let k2s = Mat::from_fn(4, 1, |m, _| msk.wta.get(m, 0) * s[0] + msk.wta.get(m, 1) * s[1] + msk.k.get(m, 0));
-    let k2 = g1_exp(&k2s).map(Wiped);
+    let mut s = [random_scalar(rng), random_scalar(rng)];
+    let mut a_s: [Scalar; 3] = std::array::from_fn(|t| msk.a.get(t, 0) * s[0] + msk.a.get(t, 1) * s[1]);
+    let mut a_s_mat = Mat { rows: 3, cols: 1, e: a_s.to_vec() };
+    let k1 = keep(g2_exp(&a_s_mat));
+    a_s_mat.wipe();
+    let mut k2s = Mat::from_fn(4, 1, |m, _| msk.wta.get(m, 0) * s[0] + msk.wta.get(m, 1) * s[1] + msk.k.get(m, 0));
+    let k2 = keep(g1_exp(&k2s));
+    k2s.wipe();
+    wipe(&mut s);
 
     let mut k3 = BTreeMap::new();
     let mut k3wild = BTreeMap::new();
     for (label, attr) in &all {
         let u = label_matrices(label.as_bytes());
-        let (v0, v1) = prf(&msk.prf_key, label.as_bytes());
+        // Derived from the master's PRF key: secret.
+        let (mut v0, mut v1) = prf(&msk.prf_key, label.as_bytes());
         if attr.wild {
             k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, None, &v0, None));
             k3wild.insert(label.clone(), k3_component(msk, &a_s, &u.u1, None, &v1, None));
@@ -109,7 +140,10 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
             let y = attr.value;
             k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, Some(&u.u1), &v0, Some((&v1, y))));
         }
+        v0.wipe();
+        v1.wipe();
     }
+    wipe(&mut a_s);
     Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild })
 }
 
@@ -126,7 +160,7 @@ fn k3_component(
     v1y: Option<(&Mat<Scalar>, Scalar)>,
 ) -> Mat<Wiped<G1Affine>> {
     let y = v1y.map_or(Scalar::ONE, |(_, y)| y);
-    let q: Vec<G1Projective> = (0..2)
+    let mut q: Vec<G1Projective> = (0..2)
         .map(|l| {
             let mut pts = Vec::with_capacity(6);
             let mut sc = Vec::with_capacity(6);
@@ -138,11 +172,13 @@ fn k3_component(
                     sc.push(a_s[t]);
                 }
             }
-            G1Projective::multi_exp(&pts, &sc)
+            let q = G1Projective::multi_exp(&pts, &sc);
+            wipe(&mut sc);
+            q
         })
         .collect();
     // (y V0 + V1)^T As, a 2-vector of scalars.
-    let vs: [Scalar; 2] = std::array::from_fn(|l| {
+    let mut vs: [Scalar; 2] = std::array::from_fn(|l| {
         (0..3)
             .map(|t| {
                 let v = v0.at(t, l) * y + v1y.map_or(Scalar::ZERO, |(v1, _)| v1.at(t, l));
@@ -150,18 +186,21 @@ fn k3_component(
             })
             .sum()
     });
-    let rows: Vec<G1Projective> = (0..4)
+    let mut rows: Vec<G1Projective> = (0..4)
         .map(|m| {
-            let z = msk.bstar12.get(m, 0) * vs[0] + msk.bstar12.get(m, 1) * vs[1];
-            G1Projective::multi_exp(
-                &[q[0], q[1], G1Projective::generator()],
-                &[msk.bstar.get(m, 0), msk.bstar.get(m, 1), z],
-            )
+            let mut sc = [msk.bstar.get(m, 0), msk.bstar.get(m, 1), Scalar::ZERO];
+            sc[2] = msk.bstar12.get(m, 0) * vs[0] + msk.bstar12.get(m, 1) * vs[1];
+            let row = G1Projective::multi_exp(&[q[0], q[1], G1Projective::generator()], &sc);
+            wipe(&mut sc);
+            row
         })
         .collect();
     let mut aff = vec![G1Affine::default(); 4];
     G1Projective::batch_normalize(&rows, &mut aff);
-    Mat { rows: 4, cols: 1, e: aff.into_iter().map(Wiped).collect() }
+    wipe_to(&mut q, G1Projective::identity());
+    wipe(&mut vs);
+    wipe_to(&mut rows, G1Projective::identity());
+    keep(Mat { rows: 4, cols: 1, e: aff })
 }
 
 /// A ciphertext header: the policy and the group elements.
@@ -250,6 +289,12 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
             })));
         }
     }
+    // The randomness and its shares would let anyone recompute `key`.
+    let mut r = r;
+    wipe(&mut r);
+    let mut ri = ri;
+    ri.iter_mut().for_each(|v| wipe(v));
+    shares.iter_mut().for_each(|v| wipe(v));
     (Header { c1, c2, c3, c3neg }, key)
 }
 
@@ -470,7 +515,7 @@ pub(crate) fn decapsulate_with(
     let mut g1s: Vec<G1Projective> = totals.collect();
     let mut g2s: Vec<G2Affine> = g2_points.into_iter().flatten().collect();
     g1s.extend(ptot.iter().map(|p| -p));
-    g2s.extend(key.k1.e.iter().copied());
+    g2s.extend(key.k1.e.iter().map(|w| w.0));
     g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
     g2s.extend(c1);
 

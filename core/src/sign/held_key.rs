@@ -9,7 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::types::{KeyKind, OpClass, Operation, Output, SignError};
+use super::types::{Input, KeyKind, OpClass, Operation, Output, SignError};
 
 /// Where the answer to an operation on a held key goes: called once.
 /// Dropped unanswered, it answers whatever waits with an error (the
@@ -46,6 +46,12 @@ pub(crate) trait KeyHolder: Send + Sync + 'static {
 
     /// The last handle on key `id` is gone.
     fn forget(&self, id: u64);
+
+    /// The largest input (message, digest, ciphertext) the holder takes in
+    /// one request. Larger messages for algorithms with a hash are hashed
+    /// on this side before they are sent; anything else larger is refused
+    /// at submission.
+    fn max_input(&self) -> usize;
 }
 
 /// A key held elsewhere. Dropping it tells the holder to forget the key.
@@ -75,6 +81,27 @@ impl HeldKey {
 
     pub(crate) fn public_key_der(&self) -> &[u8] {
         &self.public_der
+    }
+
+    /// Refuses at submission what the holder cannot take in one request:
+    /// a message too long to send and impossible to hash first (Ed25519
+    /// signs whole messages).
+    pub(crate) fn check_size(&self, op: &Operation) -> Result<(), SignError> {
+        let max = self.holder.max_input();
+        let len = op.input_len();
+        if len <= max {
+            return Ok(());
+        }
+        match op {
+            Operation::Sign { alg, input: Input::Message(_) } if alg.hash().is_some() => Ok(()),
+            Operation::Sign { .. } => Err(SignError::InputTooLarge {
+                what: "the message",
+                len,
+                max,
+                hint: "; Ed25519 signs whole messages, so it cannot be hashed first: use an ECDSA or RSA key for larger messages",
+            }),
+            Operation::DecryptRaw { .. } => Err(SignError::InputTooLarge { what: "the ciphertext", len, max, hint: "" }),
+        }
     }
 }
 

@@ -157,8 +157,19 @@ impl PrivateKey {
     /// # Errors
     /// [`SignError::KeyMismatch`], [`SignError::DigestNotSupported`],
     /// [`SignError::DigestLength`], [`SignError::DecryptNeedsRsa`],
-    /// [`SignError::CiphertextLength`].
+    /// [`SignError::CiphertextLength`]; for a key held by an isolated key
+    /// process, [`SignError::InputTooLarge`] for an Ed25519 message larger
+    /// than one request can carry (messages for the other algorithms are
+    /// hashed on this side first).
     pub fn check(&self, op: &Operation) -> Result<(), SignError> {
+        self.check_op(op)?;
+        match &self.repr {
+            Repr::Held(key) => key.check_size(op),
+            Repr::Local(_) => Ok(()),
+        }
+    }
+
+    fn check_op(&self, op: &Operation) -> Result<(), SignError> {
         match op {
             Operation::Sign { alg, input } => {
                 if !self.kind().supports(*alg) {

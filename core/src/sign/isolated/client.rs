@@ -4,6 +4,7 @@
 //! when the connection ends. Starting and restarting the process is the
 //! supervisor's.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
@@ -18,13 +19,37 @@ use zeroize::Zeroizing;
 use super::protocol::{self as p, kind, ErrorCode, Frame};
 use super::writer::FrameWriter;
 use crate::sign::held_key::Answer;
-use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError};
+use crate::sign::types::{BackendFailure, CryptoOp, Input, Operation, Output, SignError};
 
 /// The backend name in errors and metrics.
 pub(super) const NAME: &str = "isolated";
 
 pub(super) fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
     SignError::backend(NAME, failure, reason)
+}
+
+/// `op` in a form one frame carries: a message longer than
+/// [`p::MAX_OP_DATA`] is hashed here and sent as its digest, which the key
+/// process signs exactly as it would have signed the message (the
+/// signature is the same). Ed25519 messages cannot be hashed first;
+/// submission refuses those ([`SignError::InputTooLarge`]), and so does
+/// this, should one get here.
+pub(super) fn fit(op: &Operation) -> Result<Cow<'_, Operation>, SignError> {
+    if op.input_len() <= p::MAX_OP_DATA {
+        return Ok(Cow::Borrowed(op));
+    }
+    match op {
+        Operation::Sign { alg, input: Input::Message(m) } => match alg.hash() {
+            Some(hash) => Ok(Cow::Owned(Operation::Sign { alg: *alg, input: Input::Digest(hash.digest(m)?) })),
+            None => Err(too_large("the message", m.len())),
+        },
+        Operation::Sign { input: Input::Digest(d), .. } => Err(too_large("the digest", d.len())),
+        Operation::DecryptRaw { ciphertext } => Err(too_large("the ciphertext", ciphertext.len())),
+    }
+}
+
+fn too_large(what: &'static str, len: usize) -> SignError {
+    SignError::InputTooLarge { what, len, max: p::MAX_OP_DATA, hint: "" }
 }
 
 /// What waits for a reply.
@@ -130,6 +155,13 @@ impl Conn {
 
     /// Sends a request and waits for its reply frame.
     pub(super) fn call(&self, kind: u8, body: &[u8], timeout: Duration) -> Result<Frame, SignError> {
+        // A frame over the limit would end the connection (and everything
+        // in flight on it) at the key process's reader.
+        if p::HEADER + body.len() > p::MAX_FRAME {
+            let max = p::MAX_FRAME - p::HEADER;
+            let what = if kind == kind::LOAD { "the key load request" } else { "the request" };
+            return Err(SignError::InputTooLarge { what, len: body.len(), max, hint: "" });
+        }
         let id = self.next_id();
         let (tx, rx) = crossbeam_channel::bounded(1);
         if self.register(id, Pending::Call(tx)).is_err() {
@@ -158,6 +190,10 @@ impl Conn {
     /// Sends operation `op` on key `key_id` once a slot is free (until
     /// `deadline`); `pending` hears the answer.
     pub(super) fn send_op(&self, key_id: u64, op: &Operation, deadline: Instant, pending: Pending) {
+        let op = match fit(op) {
+            Ok(op) => op,
+            Err(e) => return pending.fail(e),
+        };
         if !self.acquire_slot(deadline) {
             let e = if self.is_dead() {
                 backend_error(BackendFailure::Died, "the key process died")
@@ -172,7 +208,7 @@ impl Conn {
             return pending.fail(backend_error(BackendFailure::Died, "the key process died"));
         }
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 15 + op.input_len()));
-        p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), op);
+        p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), &op);
         // If the write fails, the reader fails whatever is registered when
         // it sees the connection end.
         self.writer.send(&frame);
@@ -188,7 +224,7 @@ impl Conn {
             let (code, msg) = p::parse_error(&frame.body);
             return Err(reply_error(code, msg, timeout));
         }
-        Ok(Zeroizing::new(frame.body))
+        Ok(frame.body)
     }
 
     /// Tells the key process to forget a key. Nobody waits for the
@@ -211,7 +247,7 @@ impl Conn {
         match pending {
             Pending::Op(answer) => {
                 if frame.kind == kind::OK {
-                    answer.send(Ok(Zeroizing::new(frame.body)));
+                    answer.send(Ok(frame.body));
                 } else {
                     let (code, msg) = p::parse_error(&frame.body);
                     answer.send(Err(reply_error(code, msg, Duration::ZERO)));
@@ -234,7 +270,7 @@ impl Conn {
     /// everything in flight at once (nothing waits for a dead process),
     /// reaps the process and says how it ended.
     pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder) -> String {
-        let mut buf = vec![0u8; 64 * 1024];
+        let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
         let end: String = 'read: loop {
             loop {
                 match decoder.next_frame() {
@@ -250,7 +286,7 @@ impl Conn {
                 Err(e) => break format!("reading from it failed: {e}"),
             }
         };
-        buf.iter_mut().for_each(|b| *b = 0);
+        drop(buf);
 
         let drained: Vec<Pending> = {
             let mut map = self.pending();

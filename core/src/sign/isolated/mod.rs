@@ -26,6 +26,9 @@
 //!   a [`SignError::Backend`] error saying so, a new key process starts,
 //!   the keys are loaded again from their sources, and later operations
 //!   succeed.
+//! - A message too long for one frame never reaches the connection: it is
+//!   hashed here and its digest signed (RSA, ECDSA), or refused at
+//!   submission with [`SignError::InputTooLarge`] (Ed25519).
 //!
 //! ```no_run
 //! use keyfence::sign::{Algorithm, Engine, EngineConfig};
@@ -88,7 +91,8 @@ pub struct IsolatedConfig {
     pub command: Vec<OsString>,
     /// Requests in flight on the connection at most; further operations
     /// wait for room on their executor thread (so the executor queue fills
-    /// and callers are told `overloaded`). Default 1024.
+    /// and callers are told `overloaded`). Default 1024, at most 4096
+    /// (the key process refuses more).
     pub max_in_flight: u32,
     /// RSA signing threads in the key process. Default: the core count.
     pub rsa_threads: usize,
@@ -159,16 +163,19 @@ impl KeyProcess {
         Ok(KeyProcess { sup: Supervisor::start(config)? })
     }
 
-    /// Has the key process load a key and returns a handle on it. Keys
-    /// from a file or an envelope are loaded again after a restart; keys
-    /// from bytes are not (this process does not keep them), and
-    /// operations on them fail after a restart until they are loaded
-    /// again.
+    /// Has the key process load a key and returns a handle on it. Every
+    /// key is loaded again after a restart: from its file or envelope, or
+    /// from the bytes given, which this process keeps for that (in a
+    /// zeroizing buffer, wiped when the last handle is dropped). Give a
+    /// file or an envelope for keys that must never be in this process's
+    /// memory.
     ///
     /// # Errors
     /// [`SignError::Backend`] with the key process's reason (file not
     /// found, not a key, envelope not openable by this machine key) or
-    /// because the key process is not running.
+    /// because the key process is not running;
+    /// [`SignError::InputTooLarge`] for key bytes or paths longer than one
+    /// request can carry.
     pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, SignError> {
         let sup = &self.sup;
         let key_id = sup.next_key.fetch_add(1, Ordering::Relaxed);
@@ -177,11 +184,7 @@ impl KeyProcess {
         let frame = conn.call(kind::LOAD, &body, sup.config.start_timeout)?;
         let (kind, public_der) = p::parse_loaded_reply(&frame.body)
             .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad load reply: {e}")))?;
-        if source.reloadable() {
-            sup.state().setup.push(Setup::Load(key_id, source));
-        } else {
-            sup.state().from_bytes.insert(key_id);
-        }
+        sup.state().setup.push(Setup::Load(key_id, source));
         let holder: Arc<dyn KeyHolder> = sup.clone();
         Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, key_id, kind, public_der))))
     }

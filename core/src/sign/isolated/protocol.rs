@@ -37,6 +37,18 @@ pub const HEADER: usize = 9;
 /// file or a message to sign, small enough that a hostile length cannot
 /// make the reader allocate much.
 pub const MAX_FRAME: usize = 1 << 20;
+/// The largest `max_in_flight` a client may ask for in its hello: each
+/// request in flight holds up to a frame of memory in the key process,
+/// and a peer must not be able to make that unbounded.
+pub const MAX_IN_FLIGHT: u32 = 4096;
+/// The bytes of an OP body before its data: key id, timeout, code,
+/// algorithm.
+pub const OP_HEAD: usize = 8 + 4 + 1 + 2;
+/// The longest message, digest or ciphertext one OP frame carries. The
+/// client hashes longer messages itself (for algorithms with a hash) and
+/// refuses the rest at submission: a frame over [`MAX_FRAME`] would end
+/// the connection and every operation in flight on it.
+pub const MAX_OP_DATA: usize = MAX_FRAME - HEADER - OP_HEAD;
 
 /// Frame kinds.
 pub mod kind {
@@ -110,8 +122,8 @@ impl ErrorCode {
     }
 }
 
-/// Where the key process gets a key. Sources it can read again by itself
-/// (a file, an envelope) are reloaded after a restart.
+/// Where the key process gets a key. Every source is loaded again after a
+/// restart.
 #[derive(Clone)]
 pub enum KeySource {
     /// A PEM or DER key file, read by the key process.
@@ -126,8 +138,9 @@ pub enum KeySource {
         /// The envelope file (`keyfence authority wrap --out`).
         envelope: PathBuf,
     },
-    /// Key bytes (PEM or DER) handed over once. The client does not keep
-    /// them, so such a key is lost when the key process restarts.
+    /// Key bytes (PEM or DER). The client keeps them, zeroized, to load
+    /// the key again after a restart: unlike a file or an envelope, such a
+    /// key is also in the client's memory.
     Bytes(Zeroizing<Vec<u8>>),
 }
 
@@ -146,22 +159,27 @@ impl fmt::Debug for KeySource {
     }
 }
 
-impl KeySource {
-    /// Whether the key process can load it again after a restart.
-    pub fn reloadable(&self) -> bool {
-        !matches!(self, KeySource::Bytes(_))
-    }
-}
-
-/// A decoded frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A decoded frame. Its body can be key material (key bytes in a LOAD, a
+/// raw RSA decryption in an OK), so it is wiped when dropped and `Debug`
+/// shows its length only.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Frame {
     /// One of [`kind`].
     pub kind: u8,
     /// The request id (0 for hellos).
     pub id: u64,
     /// The kind-specific body.
-    pub body: Vec<u8>,
+    pub body: Zeroizing<Vec<u8>>,
+}
+
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Frame")
+            .field("kind", &format_args!("{:#04x}", self.kind))
+            .field("id", &self.id)
+            .field("body_len", &self.body.len())
+            .finish()
+    }
 }
 
 /// A frame the reader cannot get past.
@@ -182,14 +200,22 @@ pub fn encode(out: &mut Vec<u8>, kind: u8, id: u64, body: &[&[u8]]) {
     for part in body {
         w.raw(part);
     }
-    out.extend_from_slice(&w.into_bytes());
+    crate::wipe::extend(out, &w.into_bytes());
 }
 
 /// Accumulates bytes from a stream and yields whole frames.
+///
+/// The bytes that pass through can be key material, so the buffer never
+/// leaves a copy behind: it is fully initialised (`buf[start..end]` holds
+/// the pending bytes, everything else is zero), each frame's bytes are
+/// zeroed as soon as the frame is yielded, compaction zeroes what it moves
+/// away from, growth wipes the old allocation, and the buffer is wiped
+/// when the decoder is dropped.
 #[derive(Default)]
 pub struct Decoder {
-    buf: Vec<u8>,
+    buf: Zeroizing<Vec<u8>>,
     start: usize,
+    end: usize,
 }
 
 impl Decoder {
@@ -200,11 +226,22 @@ impl Decoder {
 
     /// Appends bytes read from the stream.
     pub fn push(&mut self, bytes: &[u8]) {
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
+        if self.end + bytes.len() > self.buf.len() {
+            // Move the pending bytes to the front and zero where they were.
+            let pending = self.end - self.start;
+            self.buf.copy_within(self.start..self.end, 0);
+            self.buf[pending..self.end].fill(0);
             self.start = 0;
+            self.end = pending;
         }
-        self.buf.extend_from_slice(bytes);
+        let need = self.end + bytes.len();
+        if need > self.buf.len() {
+            let (len, size) = (self.buf.len(), need.max(self.buf.len() * 2));
+            crate::wipe::reserve(&mut self.buf, size - len);
+            self.buf.resize(size, 0);
+        }
+        self.buf[self.end..need].copy_from_slice(bytes);
+        self.end = need;
     }
 
     /// The next whole frame, `None` if more bytes are needed.
@@ -213,16 +250,14 @@ impl Decoder {
     /// [`FramingError`] when the length word is out of range; the stream
     /// cannot be resynchronised after that.
     pub fn next_frame(&mut self) -> Result<Option<Frame>, FramingError> {
-        let mut r = Reader::new(&self.buf[self.start..], Order::Big);
+        let mut r = Reader::new(&self.buf[self.start..self.end], Order::Big);
         let Ok(len) = r.u32("frame length") else {
-            self.compact();
             return Ok(None);
         };
         if (len as usize) < HEADER || len as usize > MAX_FRAME {
             return Err(FramingError::Length(len));
         }
         let Ok(frame) = r.take(len as usize, "frame") else {
-            self.compact();
             return Ok(None);
         };
         let mut frame = Reader::new(frame, Order::Big);
@@ -230,17 +265,14 @@ impl Decoder {
             // `len` >= HEADER was checked above.
             return Err(FramingError::Length(len));
         };
-        let body = frame.rest().to_vec();
-        self.start += 4 + len as usize;
-        Ok(Some(Frame { kind, id, body }))
-    }
-
-    /// Drops consumed bytes once they are most of the buffer.
-    fn compact(&mut self) {
-        if self.start > 0 && self.start * 2 >= self.buf.len() {
-            self.buf.drain(..self.start);
-            self.start = 0;
+        let body = Zeroizing::new(frame.rest().to_vec());
+        let consumed = self.start..self.start + 4 + len as usize;
+        self.buf[consumed.clone()].fill(0);
+        self.start = consumed.end;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
         }
+        Ok(Some(Frame { kind, id, body }))
     }
 }
 
@@ -294,6 +326,9 @@ pub fn parse_hello_request(body: &[u8]) -> Result<u32, BodyError> {
     r.finish_as("hello (trailing bytes)")?;
     if max == 0 {
         return Err(BodyError::Value("hello max_in_flight (zero)"));
+    }
+    if max > MAX_IN_FLIGHT {
+        return Err(BodyError::Value("hello max_in_flight (above 4096)"));
     }
     Ok(max)
 }
@@ -568,6 +603,36 @@ mod tests {
     }
 
     #[test]
+    fn the_decoder_keeps_no_copy_of_what_it_has_handed_out() {
+        let secret = vec![0xA5; 3000];
+        let mut wire = Vec::new();
+        encode(&mut wire, kind::OK, 1, &[&secret]);
+        encode(&mut wire, kind::OK, 2, &[&secret]);
+        let mut d = Decoder::new();
+        // In pieces, so that the buffer compacts and grows on the way.
+        for chunk in wire.chunks(700) {
+            d.push(chunk);
+            while let Some(f) = d.next_frame().unwrap() {
+                assert_eq!(&f.body[..], &secret[..]);
+            }
+        }
+        assert!(d.buf.len() >= 3000);
+        assert!(d.buf.iter().all(|&b| b == 0), "every byte handed out is zeroed in the buffer");
+        // A partial frame stays, and only it.
+        d.push(&wire[..100]);
+        assert_eq!(d.buf.iter().filter(|&&b| b != 0).count(), wire[..100].iter().filter(|&&b| b != 0).count());
+    }
+
+    #[test]
+    fn debug_of_a_frame_shows_the_body_length_not_the_body() {
+        let f = Frame { kind: kind::OK, id: 7, body: Zeroizing::new(vec![0xA5; 48]) };
+        let shown = format!("{f:?}");
+        assert_eq!(shown, "Frame { kind: 0x80, id: 7, body_len: 48 }");
+        let load = Frame { kind: kind::LOAD, id: 1, body: load_request(1, &KeySource::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))) };
+        assert!(!format!("{load:?}").contains("83, 69, 67") && !format!("{load:#?}").contains("SECRET"));
+    }
+
+    #[test]
     fn bad_lengths_and_bodies_are_errors_not_panics() {
         for len in [0u32, 8, MAX_FRAME as u32 + 1, u32::MAX] {
             let mut d = Decoder::new();
@@ -577,6 +642,9 @@ mod tests {
         assert!(parse_hello_request(b"KFKP\x00\x02\x00\x00\x00\x01").is_err(), "version 2");
         assert!(parse_hello_request(b"XXXX\x00\x01\x00\x00\x00\x01").is_err(), "magic");
         assert!(parse_hello_request(b"KFKP\x00\x01\x00\x00\x00\x00").is_err(), "zero in flight");
+        assert!(parse_hello_request(&hello_request(MAX_IN_FLIGHT + 1)).is_err(), "too many in flight");
+        assert!(parse_hello_request(&hello_request(u32::MAX)).is_err(), "u32::MAX in flight");
+        assert_eq!(parse_hello_request(&hello_request(MAX_IN_FLIGHT)), Ok(MAX_IN_FLIGHT));
         assert!(parse_load_request(&[0; 8]).is_err());
         assert!(parse_load_request(&[0, 0, 0, 0, 0, 0, 0, 1, 9]).is_err(), "unknown source");
         assert!(parse_load_request(&[0, 0, 0, 0, 0, 0, 0, 1, 1, 0xff, 0xff, 0xff, 0xff]).is_err(), "long path");

@@ -3,7 +3,9 @@
 //!
 //! One reader thread decodes requests and hands each operation to the pool
 //! of its class (RSA, or EC/Ed25519), so a queue of RSA signatures never
-//! delays an ECDSA reply. Workers write their replies through a combining
+//! delays an ECDSA reply, and each key load to a small pool of loaders.
+//! Every queue is bounded (count, and bytes for operations): past a bound
+//! the peer is told `busy`. Workers write their replies through a combining
 //! writer: at low load a reply goes out at once from the worker, under load
 //! replies that finish while one write is under way leave in the next
 //! single write, and an EC worker that already has its next job queued
@@ -19,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, Sender, TrySendError};
 use zeroize::Zeroizing;
 
 use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
@@ -55,11 +57,36 @@ struct Job {
     deadline: Instant,
 }
 
+struct LoadJob {
+    id: u64,
+    key_id: u64,
+    source: KeySource,
+}
+
+/// Threads that load keys: an envelope costs a CP-ABE decryption, so
+/// loads run off the reader, but on a fixed pool, never a thread per
+/// request.
+const LOADERS: usize = 2;
+/// Loads waiting for a loader at most; more are refused as busy.
+const MAX_QUEUED_LOADS: usize = 16;
+/// Bytes of operation input held in the queues at most. `max_in_flight`
+/// bounds the count, this the memory: 4096 requests of 1 MiB each would
+/// be 4 GiB.
+const MAX_QUEUED_BYTES: usize = 64 << 20;
+
+/// Where the reader hands work: bounded queues, refused as busy when full.
+struct Pools {
+    rsa: Sender<Job>,
+    ec: Sender<Job>,
+    load: Sender<LoadJob>,
+}
+
 struct Shared {
     keys: RwLock<HashMap<u64, Arc<PrivateKey>>>,
     writer: FrameWriter,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
+    queued_bytes: AtomicUsize,
     flags: u32,
 }
 
@@ -76,7 +103,8 @@ impl Shared {
         self.writer.send(&frame);
     }
 
-    fn done(&self) {
+    fn done(&self, bytes: usize) {
+        self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
     }
 }
@@ -119,12 +147,14 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
         writer: FrameWriter::new(stream)?,
         in_flight: AtomicUsize::new(0),
         max_in_flight: AtomicUsize::new(0),
+        queued_bytes: AtomicUsize::new(0),
         flags,
     });
     *out = Some(shared.clone());
 
     let mut decoder = p::Decoder::new();
-    let mut buf = vec![0u8; 64 * 1024];
+    // Key bytes (LOAD from bytes) pass through it: wiped when done.
+    let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
     // The hello comes first and fixes the in-flight bound; a peer that
     // never sends one is not kept waiting on forever.
     reader.set_read_timeout(Some(HELLO_TIMEOUT))?;
@@ -155,8 +185,11 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
     p::encode(&mut hello_frame, kind::HELLO, 0, &[&p::hello_reply(std::process::id(), flags)]);
     shared.writer.send(&hello_frame);
 
-    let (rsa_tx, rsa_rx) = crossbeam_channel::unbounded::<Job>();
-    let (ec_tx, ec_rx) = crossbeam_channel::unbounded::<Job>();
+    // No queue can hold more than the in-flight bound the reader enforces;
+    // bounded anyway, so that a mistake there shows as `busy`, not memory.
+    let (rsa_tx, rsa_rx) = crossbeam_channel::bounded::<Job>(max as usize);
+    let (ec_tx, ec_rx) = crossbeam_channel::bounded::<Job>(max as usize);
+    let (load_tx, load_rx) = crossbeam_channel::bounded::<LoadJob>(MAX_QUEUED_LOADS);
     let mut workers = Vec::new();
     for (rx, n, name) in [(&rsa_rx, options.rsa_threads, "rsa"), (&ec_rx, options.ec_threads, "ec")] {
         for i in 0..n.max(1) {
@@ -169,10 +202,15 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
             );
         }
     }
-    drop((rsa_rx, ec_rx));
+    for i in 0..LOADERS {
+        let (rx, shared) = (load_rx.clone(), shared.clone());
+        workers.push(std::thread::Builder::new().name(format!("keyd-load-{i}")).spawn(move || load_keys(&rx, &shared))?);
+    }
+    drop((rsa_rx, ec_rx, load_rx));
 
-    let result = read_loop(&mut reader, &mut decoder, &mut buf, &shared, &rsa_tx, &ec_tx);
-    drop((rsa_tx, ec_tx));
+    let pools = Pools { rsa: rsa_tx, ec: ec_tx, load: load_tx };
+    let result = read_loop(&mut reader, &mut decoder, &mut buf, &shared, &pools);
+    drop(pools);
     for w in workers {
         let _ = w.join();
     }
@@ -184,13 +222,12 @@ fn read_loop(
     decoder: &mut p::Decoder,
     buf: &mut [u8],
     shared: &Arc<Shared>,
-    rsa: &Sender<Job>,
-    ec: &Sender<Job>,
+    pools: &Pools,
 ) -> io::Result<()> {
     loop {
         loop {
             match decoder.next_frame() {
-                Ok(Some(frame)) => dispatch(frame, shared, rsa, ec),
+                Ok(Some(frame)) => dispatch(frame, shared, pools),
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be resynchronised: say why, then close.
@@ -209,7 +246,7 @@ fn read_loop(
     }
 }
 
-fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<Job>) {
+fn dispatch(frame: Frame, shared: &Arc<Shared>, pools: &Pools) {
     let id = frame.id;
     match frame.kind {
         kind::OP => {
@@ -217,25 +254,36 @@ fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<J
                 Ok(v) => v,
                 Err(e) => return shared.err(id, ErrorCode::Malformed, &e.to_string()),
             };
+            let bytes = op.input_len();
             let in_flight = shared.in_flight.fetch_add(1, Ordering::AcqRel);
+            let queued = shared.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
             if in_flight >= shared.max_in_flight.load(Ordering::Relaxed) {
-                shared.done();
+                shared.done(bytes);
                 return shared.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
+            }
+            if queued + bytes > MAX_QUEUED_BYTES {
+                shared.done(bytes);
+                return shared.err(id, ErrorCode::Busy, "more request bytes in flight than the key process holds (64 MiB)");
             }
             let key = shared.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).cloned();
             let Some(key) = key else {
-                shared.done();
+                shared.done(bytes);
                 return shared.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}"));
             };
             if let Err(e) = key.check(&op) {
-                shared.done();
+                shared.done(bytes);
                 return shared.err(id, ErrorCode::Invalid, &e.to_string());
             }
-            let pool = if key.kind().is_rsa() { rsa } else { ec };
+            let pool = if key.kind().is_rsa() { &pools.rsa } else { &pools.ec };
             let job = Job { id, key, op, deadline: Instant::now() + timeout };
-            if pool.send(job).is_err() {
-                shared.done();
-                shared.err(id, ErrorCode::Internal, "the key process is shutting down");
+            if let Err(e) = pool.try_send(job) {
+                shared.done(bytes);
+                match e {
+                    TrySendError::Full(_) => shared.err(id, ErrorCode::Busy, "the signing queue is full"),
+                    TrySendError::Disconnected(_) => {
+                        shared.err(id, ErrorCode::Internal, "the key process is shutting down")
+                    }
+                }
             }
         }
         kind::LOAD => {
@@ -243,26 +291,13 @@ fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<J
                 Ok(v) => v,
                 Err(e) => return shared.err(id, ErrorCode::Malformed, &e.to_string()),
             };
-            // Opening an envelope costs a CP-ABE decryption: off the reader.
-            let loader = shared.clone();
-            let spawned = std::thread::Builder::new().name("keyd-load".into()).spawn(move || {
-                let shared = loader;
-                match load(&source) {
-                    Ok(key) => {
-                        let body = key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der));
-                        match body {
-                            Ok(body) => {
-                                shared.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
-                                shared.ok(id, &body);
-                            }
-                            Err(e) => shared.err(id, ErrorCode::Load, &e.to_string()),
-                        }
+            if let Err(e) = pools.load.try_send(LoadJob { id, key_id, source }) {
+                match e {
+                    TrySendError::Full(_) => shared.err(id, ErrorCode::Busy, "too many key loads waiting (16)"),
+                    TrySendError::Disconnected(_) => {
+                        shared.err(id, ErrorCode::Internal, "the key process is shutting down")
                     }
-                    Err(msg) => shared.err(id, ErrorCode::Load, &msg),
                 }
-            });
-            if spawned.is_err() {
-                shared.err(id, ErrorCode::Internal, "cannot start a thread to load the key");
             }
         }
         kind::UNLOAD => {
@@ -306,6 +341,22 @@ fn dispatch(frame: Frame, shared: &Arc<Shared>, rsa: &Sender<Job>, ec: &Sender<J
             shared.ok(id, &status.encode());
         }
         other => shared.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
+    }
+}
+
+/// A loader thread: loads keys until the reader is gone.
+fn load_keys(rx: &Receiver<LoadJob>, shared: &Shared) {
+    for LoadJob { id, key_id, source } in rx {
+        match load(&source) {
+            Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
+                Ok(body) => {
+                    shared.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
+                    shared.ok(id, &body);
+                }
+                Err(e) => shared.err(id, ErrorCode::Load, &e.to_string()),
+            },
+            Err(msg) => shared.err(id, ErrorCode::Load, &msg),
+        }
     }
 }
 
@@ -382,7 +433,7 @@ fn perform(job: &Job, shared: &Shared) -> Zeroizing<Vec<u8>> {
             Err(e) => Err((ErrorCode::Invalid, e.to_string())),
         }
     };
-    shared.done();
+    shared.done(job.op.input_len());
     let mut frame = Zeroizing::new(Vec::new());
     match result {
         Ok(out) => {

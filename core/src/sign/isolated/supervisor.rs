@@ -35,10 +35,12 @@ pub(super) enum Setup {
 
 pub(super) struct State {
     pub(super) conn: Option<Arc<Conn>>,
+    /// Every key load and privilege drop, in order. Keys loaded from bytes
+    /// keep their bytes here (zeroized when the key is forgotten), so that
+    /// a restart never loses them.
     pub(super) setup: Vec<Setup>,
-    /// Keys loaded from bytes: a restart loses them.
-    pub(super) from_bytes: HashSet<u64>,
-    /// Keys a restart lost.
+    /// Keys a restart could not load again because their source went away
+    /// (a file deleted, an envelope revoked).
     lost: HashSet<u64>,
     /// Why the last key process ended, for status and errors.
     pub(super) last_exit: Option<String>,
@@ -110,6 +112,12 @@ impl Supervisor {
         if config.max_in_flight == 0 || config.rsa_threads == 0 || config.ec_threads == 0 {
             return Err(SignError::Config("isolated sizes (max_in_flight, threads) must be at least 1".into()));
         }
+        if config.max_in_flight > p::MAX_IN_FLIGHT || config.rsa_threads > 1024 || config.ec_threads > 1024 {
+            return Err(SignError::Config(format!(
+                "isolated sizes: max_in_flight at most {}, threads at most 1024",
+                p::MAX_IN_FLIGHT
+            )));
+        }
         let command = resolve_command(&config)?;
         let sup = Arc::new(Supervisor {
             config,
@@ -117,7 +125,6 @@ impl Supervisor {
             state: Mutex::new(State {
                 conn: None,
                 setup: Vec::new(),
-                from_bytes: HashSet::new(),
                 lost: HashSet::new(),
                 last_exit: None,
             }),
@@ -254,7 +261,7 @@ impl Supervisor {
         if self.state().lost.contains(&key_id) {
             return Err(backend_error(
                 BackendFailure::Refused,
-                "the key was loaded from bytes and was lost when the key process restarted; load it again",
+                "the key's source (file or envelope) could not be loaded again when the key process restarted; load it again",
             ));
         }
         Ok(conn)
@@ -323,8 +330,6 @@ fn restart(sup: &Arc<Supervisor>) {
             match sup.replay(&conn, &setup) {
                 Ok(lost) => {
                     let mut state = sup.state();
-                    let from_bytes = std::mem::take(&mut state.from_bytes);
-                    state.lost.extend(from_bytes);
                     state.lost.extend(lost);
                     state.conn = Some(conn);
                     drop(state);
@@ -372,6 +377,10 @@ impl KeyHolder for Supervisor {
         Ok(true)
     }
 
+    fn max_input(&self) -> usize {
+        p::MAX_OP_DATA
+    }
+
     fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
         self.conn_for(id, deadline)?.perform(id, op, deadline)
     }
@@ -389,7 +398,6 @@ impl KeyHolder for Supervisor {
             let mut state = self.state();
             state.setup.retain(|s| !matches!(s, Setup::Load(id, _) if *id == key_id));
             state.lost.remove(&key_id);
-            state.from_bytes.remove(&key_id);
             state.conn.clone()
         };
         if let Some(conn) = conn {
@@ -402,9 +410,14 @@ impl Drop for Supervisor {
     fn drop(&mut self) {
         self.closed.store(true, Ordering::Release);
         if let Some(conn) = self.state().conn.take() {
-            // The key process reads end-of-file and exits; the reader
-            // thread reaps it.
+            // The key process would read end-of-file and exit by itself,
+            // but perhaps after this process has gone, and then anything
+            // it prints lands on a terminal whose command has finished.
+            // It holds nothing that outlives it: end it and reap it now.
             conn.writer.shutdown();
+            let mut child = conn.child.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }

@@ -56,7 +56,7 @@ impl FrameWriter {
         if p.broken {
             return false;
         }
-        p.buf.extend_from_slice(frame);
+        crate::wipe::extend(&mut p.buf, frame);
         if p.writing {
             return true;
         }
@@ -72,7 +72,7 @@ impl FrameWriter {
         if p.broken {
             return false;
         }
-        p.buf.extend_from_slice(frame);
+        crate::wipe::extend(&mut p.buf, frame);
         true
     }
 

@@ -165,6 +165,21 @@ pub enum SignError {
         /// The length given.
         got: usize,
     },
+    /// The input is larger than what holds the key takes in one request
+    /// (an isolated key process's frame). Messages for algorithms with a
+    /// hash are hashed on this side instead, so this is Ed25519 (which
+    /// signs whole messages) or key bytes no key file is that long.
+    #[error("{what} is {len} bytes; the key process takes at most {max} bytes in one request{hint}")]
+    InputTooLarge {
+        /// What was too large ("the message", "the key").
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The most the holder takes.
+        max: usize,
+        /// What to do instead, if anything (starts with "; ").
+        hint: &'static str,
+    },
     /// Raw RSA decryption is only defined for RSA keys.
     #[error("raw RSA decryption needs an RSA key, not {0} key")]
     DecryptNeedsRsa(KeyKind),
@@ -333,7 +348,8 @@ impl SignError {
             | SignError::DecryptNeedsRsa(_)
             | SignError::UnknownAlgorithm(_)
             | SignError::UnknownTlsScheme(_)
-            | SignError::HeldElsewhere { .. } => ErrorCode::InvalidRequest,
+            | SignError::HeldElsewhere { .. }
+            | SignError::InputTooLarge { .. } => ErrorCode::InvalidRequest,
             SignError::Crypto { .. } => ErrorCode::CryptoFailed,
             SignError::Backend { .. } => ErrorCode::BackendFailed,
             SignError::Config(_) => ErrorCode::InvalidConfig,
