@@ -10,7 +10,7 @@ use zeroize::Zeroizing;
 use super::error::{Result, WrapError};
 
 /// HPKE `info`: binds every envelope to this protocol and version.
-const INFO: &[u8] = b"keyfence/v1 envelope";
+const INFO: &[u8] = b"keyfence/v2 envelope";
 
 type KemPrivate = <X25519HkdfSha256 as Kem>::PrivateKey;
 type KemPublic = <X25519HkdfSha256 as Kem>::PublicKey;
