@@ -160,3 +160,25 @@ fn the_file_store_loses_nothing_either() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// `init` failed at any write leaves either no authority (and `init`
+/// runs again) or a complete one; never an authority without the
+/// generation list that marks a directory as a store.
+#[test]
+fn init_failing_at_any_write_can_be_run_again() {
+    let counting = Arc::new(FaultyStore::counting(Arc::new(MemoryStore::default())));
+    Authority::init(counting.clone()).unwrap();
+    for k in 0..counting.writes() {
+        let inner: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let faulty = Arc::new(FaultyStore::failing_from(inner.clone(), k));
+        assert!(Authority::init(faulty.clone()).is_err(), "write {k}");
+        if inner.get("authority/state").unwrap().is_some() {
+            assert!(inner.get("public/generations").unwrap().is_some(), "write {k}: state without the list");
+            Authority::open(inner.clone()).unwrap();
+            continue;
+        }
+        faulty.heal();
+        Authority::init(faulty).unwrap_or_else(|e| panic!("write {k}: init again: {e}"));
+        Authority::open(inner).unwrap();
+    }
+}

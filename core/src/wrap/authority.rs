@@ -163,8 +163,9 @@ pub struct Status {
     pub generations: Vec<(u32, GenerationState)>,
     /// Distinct policies with a policy key.
     pub policies: usize,
-    /// Policy key versions held (more than `policies` while a policy-key
-    /// rotation is incomplete).
+    /// Policy key versions held: more than `policies` while older versions
+    /// are kept decrypt-only after a policy-key rotation, until
+    /// [`Authority::retire_policy_keys`].
     pub policy_keys: usize,
     /// Envelopes in the store.
     pub envelopes: usize,
@@ -218,6 +219,12 @@ impl Authority {
             keys: Vec::new(),
             seen: [0; 32],
         };
+        // The generation list first: it is what makes a directory a store
+        // for the command line, so an `init` that dies before committing
+        // leaves a store with no authority, which `init` can fill, never
+        // an authority that no command recognises as a store.
+        let list = layout::encode_generations(a.generations.iter().map(|g| (g.number, g.state)));
+        a.store.put(layout::GENERATIONS, list.as_bytes())?;
         a.commit()?;
         Ok(a)
     }

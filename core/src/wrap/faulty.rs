@@ -18,10 +18,14 @@ use super::store::{Store, StoreError, StoreLock};
 ///
 /// let inner: Arc<dyn Store> = Arc::new(MemoryStore::default());
 /// let faulty = Arc::new(FaultyStore::failing_from(inner.clone(), 1));
-/// // `init` writes the state, then the generation list: the second fails.
+/// // `init` publishes the generation list, then commits the state: the
+/// // commit fails, so there is no authority yet...
 /// assert!(Authority::init(faulty.clone()).is_err());
 /// assert_eq!(faulty.writes(), 2);
-/// // The state was committed before the failure, and opens.
+/// assert!(Authority::open(inner.clone()).is_err());
+/// // ...and running it again succeeds.
+/// faulty.heal();
+/// assert!(Authority::init(faulty).is_ok());
 /// assert!(Authority::open(inner).is_ok());
 /// ```
 pub struct FaultyStore {
