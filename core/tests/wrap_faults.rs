@@ -182,3 +182,30 @@ fn init_failing_at_any_write_can_be_run_again() {
         Authority::open(inner).unwrap();
     }
 }
+
+/// A master rotation that fails at its commit has made a new generation in
+/// memory only. Before the handle forgot it, `issue` on that handle gave
+/// machines a key for that phantom generation; the next rotation, from a
+/// reopened store, made a different generation of the same number, and
+/// those machines tried its sealed copies with the wrong key and failed.
+#[test]
+fn a_handle_whose_rotation_failed_issues_keys_for_committed_generations_only() {
+    let (base, handed) = base();
+    let inner: Arc<dyn Store> = Arc::new(copy(&base));
+    let before = Authority::open(inner.clone()).unwrap().status().unwrap();
+    // A master rotation writes one sealed copy per policy key, then the
+    // state: fail at the state.
+    let faulty = Arc::new(FaultyStore::failing_from(inner.clone(), before.policy_keys));
+    let mut a = Authority::open(faulty.clone()).unwrap();
+    assert!(a.rotate_master().is_err());
+    assert_eq!(Authority::open(inner.clone()).unwrap().status().unwrap().generations, before.generations, "not committed");
+    let key = a.issue(&"region=EU,tier=gold".parse().unwrap()).unwrap();
+    let committed: Vec<u32> = before.generations.iter().filter(|(_, s)| s.is_live()).map(|(g, _)| *g).rev().collect();
+    assert_eq!(key.generations(), committed, "keys for the committed generations only");
+    drop(a);
+    Authority::open(inner.clone()).unwrap().rotate_master().unwrap();
+    let m = Machine::new(key, inner.clone(), CacheConfig::default());
+    for h in &handed {
+        assert_eq!(&m.open(&h.env).unwrap()[..], &h.secret[..]);
+    }
+}
