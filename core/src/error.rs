@@ -89,6 +89,9 @@ pub enum ErrorCode {
     /// The authority's state contradicts itself (a live generation without
     /// its master key, a policy key that is not there).
     InconsistentState = 306,
+    /// An envelope or sealed policy key was made by another authority than
+    /// the one the machine key trusts (its signature names another key).
+    WrongAuthority = 307,
 
     // 400-499: the store.
     /// The store could not read or write an object.
@@ -146,6 +149,7 @@ impl ErrorCode {
         ErrorCode::NoAuthority,
         ErrorCode::AuthorityExists,
         ErrorCode::InconsistentState,
+        ErrorCode::WrongAuthority,
         ErrorCode::StoreIo,
         ErrorCode::InvalidStoreKey,
         ErrorCode::StoreLocked,
@@ -184,6 +188,7 @@ impl ErrorCode {
             ErrorCode::NoAuthority => "NO_AUTHORITY",
             ErrorCode::AuthorityExists => "AUTHORITY_EXISTS",
             ErrorCode::InconsistentState => "INCONSISTENT_STATE",
+            ErrorCode::WrongAuthority => "WRONG_AUTHORITY",
             ErrorCode::StoreIo => "STORE_IO",
             ErrorCode::InvalidStoreKey => "INVALID_STORE_KEY",
             ErrorCode::StoreLocked => "STORE_LOCKED",

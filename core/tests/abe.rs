@@ -226,3 +226,21 @@ fn policy_and_pairs_come_back_out() {
     assert_eq!(p.to_string(), "(region: EU or region: UK) and not country: FR");
     assert_eq!(p.attribute_pairs(), vec![("region", "EU"), ("region", "UK"), ("country", "FR")]);
 }
+
+/// Issue 14: the decoders accepted the point at infinity, so a forged
+/// object made of identities decoded (a ciphertext of them opens to a key
+/// anyone can compute). Every point the scheme makes is a random power of
+/// a generator; the identity is refused wherever a point is read.
+#[test]
+fn the_point_at_infinity_is_refused_in_keys() {
+    let (pk, _) = keyfence::abe::setup().unwrap();
+    let good = pk.to_bytes().to_vec();
+    // u16 length of b2, u16 rows, u16 cols, then its first G2 point.
+    let mut bad = good.clone();
+    bad[6..6 + 192].fill(0);
+    bad[6] = 0x40; // the uncompressed encoding's infinity flag
+    let e = keyfence::abe::PublicKey::from_bytes(&bad).unwrap_err();
+    assert!(e.to_string().contains("point at infinity"), "{e}");
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidKey);
+    assert!(keyfence::abe::PublicKey::from_bytes(&good).is_ok());
+}

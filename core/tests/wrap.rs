@@ -59,17 +59,20 @@ fn each_failure_is_its_own_error() {
         let mut bad = bytes.clone();
         bad[i] ^= 1;
         let e = m.open(&bad).unwrap_err();
-        assert!(matches!(e, WrapError::Tampered { .. } | WrapError::Malformed { .. }), "byte {i}: {e}");
+        assert!(
+            matches!(e, WrapError::Tampered { .. } | WrapError::Malformed { .. } | WrapError::WrongAuthority { .. }),
+            "byte {i}: {e}"
+        );
     }
     let mut bad = bytes.clone();
     bad[bytes.len() - 1] ^= 1;
     assert!(matches!(m.open(&bad), Err(WrapError::Tampered { object: "envelope" })));
     assert!(matches!(m.open(&bytes[..bytes.len() - 1]), Err(WrapError::Malformed { .. })));
 
-    // Unknown policy key: a machine reading another authority's store.
+    // Another authority's machine: the envelope's signature names ours.
     let (other_store, other) = setup();
     let stranger = machine(&other, &other_store, "region=EU,country=DE");
-    assert!(matches!(stranger.open(env.to_bytes()), Err(WrapError::UnknownPolicyKey { .. })));
+    assert!(matches!(stranger.open(env.to_bytes()), Err(WrapError::WrongAuthority { object: "envelope", .. })));
 
     // Retired generation: a key from generation 1 after two rotations.
     let old = a.issue(&attrs("region=EU,country=DE")).unwrap();
@@ -92,7 +95,7 @@ fn each_failure_is_its_own_error() {
     .collect();
     assert!(msgs[0].contains("do not satisfy"), "{}", msgs[0]);
     assert!(msgs[1].contains("integrity"), "{}", msgs[1]);
-    assert!(msgs[2].contains("unknown policy key"), "{}", msgs[2]);
+    assert!(msgs[2].contains("another authority"), "{}", msgs[2]);
     assert!(msgs[3].contains("retired"), "{}", msgs[3]);
 }
 
@@ -147,16 +150,22 @@ fn policy_key_rotation_rewraps_its_envelopes() {
     let e2 = a.wrap("region: EU", b"two").unwrap();
     let other = a.wrap("region: NA", b"three").unwrap();
     let r = a.rotate_policy_key("region: EU").unwrap();
-    assert_eq!((r.version, r.rewrapped), (2, 2));
+    assert_eq!((r.version, r.rewrapped, r.skipped.len(), r.decrypt_only.clone()), (2, 2, 0, vec![1]));
     let m = machine(&a, &store, "region=EU");
     for (e, want) in [(&e1, "one"), (&e2, "two")] {
         let now = store.get(&format!("envelopes/{}", hex(&e.secret_id))).unwrap().unwrap();
         let now = Envelope::parse(&now).unwrap();
         assert_eq!(now.key_version, 2);
         assert_eq!(&m.open(now.to_bytes()).unwrap()[..], want.as_bytes());
-        // The old envelope's key is gone.
-        assert!(matches!(m.open(e.to_bytes()), Err(WrapError::UnknownPolicyKey { .. })));
+        // The copy handed out before still opens: version 1 is decrypt-only.
+        assert_eq!(&m.open(e.to_bytes()).unwrap()[..], want.as_bytes());
     }
+    assert_eq!(a.status().unwrap().policy_keys, 3);
+    // Retiring drops version 1: copies sealed to it stop opening.
+    let r = a.retire_policy_keys("region: EU").unwrap();
+    assert_eq!((r.version, r.retired.clone(), r.rewrapped), (2, vec![1], 0));
+    m.clear_cache();
+    assert!(matches!(m.open(e1.to_bytes()), Err(WrapError::UnknownPolicyKey { version: 1, .. })));
     assert_eq!(a.status().unwrap().policy_keys, 2);
     let na = machine(&a, &store, "region=NA");
     assert_eq!(&na.open(other.to_bytes()).unwrap()[..], b"three");
@@ -316,4 +325,113 @@ fn errors_carry_their_codes() {
     assert_eq!(us.open(env.to_bytes()).unwrap_err().code(), ErrorCode::PolicyNotSatisfied);
     assert_eq!(Envelope::parse(&env.to_bytes()[1..]).unwrap_err().code(), ErrorCode::InvalidEnvelope);
     assert_eq!(MachineKey::from_bytes(b"KFM1").unwrap_err().code(), ErrorCode::InvalidKey);
+}
+
+/// Issue 14 / 19: an envelope handed out with `authority wrap --out` (never
+/// in the store's `envelopes/`) still opens after its policy key is
+/// rotated, and `can_open` agrees with `open`; one malformed or foreign
+/// envelope in the store is reported and skipped, never aborting the
+/// rotation; retiring re-wraps the store's stragglers first.
+#[test]
+fn policy_key_rotation_keeps_outside_envelopes_and_skips_bad_ones() {
+    let (store, mut a) = setup();
+    let inside = a.wrap("region: EU", b"inside").unwrap();
+    let outside = a.wrap("region: EU", b"outside").unwrap();
+    store.delete(&format!("envelopes/{}", hex(&outside.secret_id))).unwrap();
+    // A malformed object, and another authority's envelope, in the store.
+    store.put("envelopes/00000000000000000000000000000000", b"KFE2 garbage").unwrap();
+    let (_, mut stranger) = setup();
+    let foreign = stranger.wrap("region: EU", b"foreign").unwrap();
+    store.put(&format!("envelopes/{}", hex(&foreign.secret_id)), foreign.to_bytes()).unwrap();
+
+    let r = a.rotate_policy_key("region: EU").unwrap();
+    assert_eq!((r.version, r.rewrapped, r.decrypt_only.clone()), (2, 1, vec![1]));
+    let mut reasons: Vec<String> = r.skipped.iter().map(|s| format!("{}: {}", s.name, s.reason)).collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    assert!(reasons[0].starts_with("envelopes/0000") && reasons[0].contains("not an envelope"), "{reasons:?}");
+    assert!(reasons[1].contains("not signed by this authority"), "{reasons:?}");
+
+    let m = machine(&a, &store, "region=EU");
+    m.can_open(&outside).unwrap();
+    assert_eq!(&m.open(outside.to_bytes()).unwrap()[..], b"outside");
+    assert_eq!(&m.open(inside.to_bytes()).unwrap()[..], b"inside");
+
+    // A store envelope put back on version 1 (a stale replica) is re-wrapped
+    // before version 1 is retired; the outside copy then stops opening,
+    // and `can_open` says so without decrypting.
+    store.put(&format!("envelopes/{}", hex(&inside.secret_id)), inside.to_bytes()).unwrap();
+    let r = a.retire_policy_keys("region: EU").unwrap();
+    assert_eq!((r.version, r.retired.clone(), r.rewrapped, r.skipped.len()), (2, vec![1], 1, 2));
+    let m = machine(&a, &store, "region=EU");
+    assert!(matches!(m.can_open(&outside), Err(WrapError::UnknownPolicyKey { version: 1, .. })));
+    assert!(matches!(m.open(outside.to_bytes()), Err(WrapError::UnknownPolicyKey { version: 1, .. })));
+    let now = Envelope::parse(&store.get(&format!("envelopes/{}", hex(&inside.secret_id))).unwrap().unwrap()).unwrap();
+    assert_eq!(now.key_version, 2);
+    assert_eq!(&m.open(now.to_bytes()).unwrap()[..], b"inside");
+    // Nothing left to retire is not an error.
+    assert!(a.retire_policy_keys("region: EU").unwrap().retired.is_empty());
+}
+
+/// Issue 14, "authenticated distribution": whoever can write the
+/// replicated store cannot make a machine accept a policy key or an
+/// envelope its authority did not make.
+#[test]
+fn machines_accept_only_what_their_authority_signed() {
+    use keyfence::ErrorCode;
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"real").unwrap();
+    let m = machine(&a, &store, "region=EU");
+    assert_eq!(m.can_open(&env).map_err(|e| e.to_string()), Ok(()));
+    assert_eq!(a.issue(&attrs("region=EU")).unwrap().authority(), &a.public_key());
+
+    // Another authority's envelope under the same policy: refused with its
+    // own code, before any decryption.
+    let (other_store, mut other) = setup();
+    let forged = other.wrap("region: EU", b"planted").unwrap();
+    let e = m.open(forged.to_bytes()).unwrap_err();
+    assert!(matches!(e, WrapError::WrongAuthority { object: "envelope", .. }), "{e}");
+    assert_eq!(e.code(), ErrorCode::WrongAuthority);
+    assert!(matches!(m.can_open(&forged), Err(WrapError::WrongAuthority { .. })));
+
+    // The same envelope with our authority's key written in: its signature fails.
+    let mut renamed = forged.to_bytes().to_vec();
+    renamed[6..38].copy_from_slice(&a.public_key());
+    let e = m.open(&renamed).unwrap_err();
+    assert!(matches!(e, WrapError::Tampered { object: "envelope" }), "{e}");
+
+    // A sealed policy key planted at our policy key's name: the other
+    // authority's copy for the same policy id, version and generation.
+    let pid = hex(&env.policy_id);
+    let ours = store.get(&format!("sealed/{pid}/1/1")).unwrap().unwrap();
+    let theirs = other_store.get(&format!("sealed/{pid}/1/1")).unwrap().unwrap();
+    store.put(&format!("sealed/{pid}/1/1"), &theirs).unwrap();
+    let fresh = machine(&a, &store, "region=EU");
+    let e = fresh.open(env.to_bytes()).unwrap_err();
+    assert!(matches!(e, WrapError::WrongAuthority { object: "sealed policy key", .. }), "{e}");
+    assert!(matches!(fresh.can_open(&env), Err(WrapError::WrongAuthority { .. })));
+    // ... and one with a byte of its CP-ABE ciphertext changed.
+    let mut bent = ours.clone();
+    let at = bent.len() - 100;
+    bent[at] ^= 1;
+    store.put(&format!("sealed/{pid}/1/1"), &bent).unwrap();
+    assert!(matches!(fresh.open(env.to_bytes()), Err(WrapError::Tampered { object: "sealed policy key" })));
+    store.put(&format!("sealed/{pid}/1/1"), &ours).unwrap();
+    assert_eq!(&fresh.open(env.to_bytes()).unwrap()[..], b"real");
+
+    // Version 1 objects (unsigned) are refused, saying why.
+    let mut v1 = env.to_bytes().to_vec();
+    v1[3] = b'1';
+    let e = Envelope::parse(&v1).unwrap_err();
+    assert!(e.to_string().contains("format version 1"), "{e}");
+    let mut key = a.issue(&attrs("region=EU")).unwrap().to_bytes().to_vec();
+    key[3] = b'1';
+    let e = MachineKey::from_bytes(&key).unwrap_err();
+    assert!(e.to_string().contains("format version 1"), "{e}");
+    assert_eq!(e.code(), ErrorCode::InvalidKey);
+    // A machine key whose authority key is the identity (small order,
+    // which would accept forged signatures) is refused.
+    let mut weak = a.issue(&attrs("region=EU")).unwrap().to_bytes().to_vec();
+    weak[4..36].copy_from_slice(&[1; 1].iter().chain([0u8; 31].iter()).copied().collect::<Vec<_>>());
+    assert!(MachineKey::from_bytes(&weak).is_err());
 }

@@ -13,7 +13,7 @@ static void check(keyfence_result r, const char *what) {
     exit(1);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     /* CP-ABE directly. */
     keyfence_abe_public_key *pk = NULL;
     keyfence_abe_master_key *msk = NULL;
@@ -34,8 +34,9 @@ int main(void) {
     keyfence_error_message(msg, sizeof msg, NULL);
     printf("%s:\n%s\n", keyfence_result_name(r), msg);
 
-    /* Wrapping on a file store shared by the authority and the machines. */
-    const char *store = "/tmp/keyfence-example-store";
+    /* Wrapping on a file store shared by the authority and the machines:
+       the directory named on the command line, or one in /tmp. */
+    const char *store = argc > 1 ? argv[1] : "/tmp/keyfence-example-store";
     keyfence_authority *auth = NULL;
     r = keyfence_authority_init(store, &auth);
     if (r == KEYFENCE_AUTHORITY_EXISTS) r = keyfence_authority_open(store, &auth);

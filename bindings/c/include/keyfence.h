@@ -129,6 +129,11 @@ enum keyfence_result
    */
   KEYFENCE_INCONSISTENT_STATE = 306,
   /*
+   An envelope or sealed policy key was made by another authority than
+   the one the machine key trusts (its signature names another key).
+   */
+  KEYFENCE_WRONG_AUTHORITY = 307,
+  /*
    The store could not read or write an object.
    */
   KEYFENCE_STORE_IO = 400,
@@ -1072,8 +1077,10 @@ keyfence_result keyfence_machine_could_open(const struct keyfence_machine *machi
 
  Errors: `KEYFENCE_POLICY_NOT_SATISFIED` if the machine's attributes do
  not satisfy the envelope's policy, `KEYFENCE_RETIRED_GENERATION`,
- `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_INVALID_ENVELOPE` (malformed or
- tampered), `KEYFENCE_STORE_IO`.
+ `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_WRONG_AUTHORITY` (the envelope
+ or its sealed policy key was signed by another authority than the one
+ the machine key trusts), `KEYFENCE_INVALID_ENVELOPE` (malformed, or its
+ signature fails), `KEYFENCE_STORE_IO`.
 
  # Safety
  `machine` is a live handle; `env` points to `len` readable bytes;

@@ -74,6 +74,9 @@ pub enum keyfence_result {
     /// The authority's state contradicts itself (a live generation without
     /// its master key, a policy key that is not there).
     KEYFENCE_INCONSISTENT_STATE = 306,
+    /// An envelope or sealed policy key was made by another authority than
+    /// the one the machine key trusts (its signature names another key).
+    KEYFENCE_WRONG_AUTHORITY = 307,
     // 400-499: the store.
     /// The store could not read or write an object.
     KEYFENCE_STORE_IO = 400,
@@ -117,7 +120,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 33] = [
+const ALL_RESULTS: [keyfence_result; 34] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
@@ -139,6 +142,7 @@ const ALL_RESULTS: [keyfence_result; 33] = [
     keyfence_result::KEYFENCE_NO_AUTHORITY,
     keyfence_result::KEYFENCE_AUTHORITY_EXISTS,
     keyfence_result::KEYFENCE_INCONSISTENT_STATE,
+    keyfence_result::KEYFENCE_WRONG_AUTHORITY,
     keyfence_result::KEYFENCE_STORE_IO,
     keyfence_result::KEYFENCE_INVALID_STORE_KEY,
     keyfence_result::KEYFENCE_STORE_LOCKED,

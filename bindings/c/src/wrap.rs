@@ -223,8 +223,10 @@ pub unsafe extern "C" fn keyfence_machine_could_open(
 ///
 /// Errors: `KEYFENCE_POLICY_NOT_SATISFIED` if the machine's attributes do
 /// not satisfy the envelope's policy, `KEYFENCE_RETIRED_GENERATION`,
-/// `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_INVALID_ENVELOPE` (malformed or
-/// tampered), `KEYFENCE_STORE_IO`.
+/// `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_WRONG_AUTHORITY` (the envelope
+/// or its sealed policy key was signed by another authority than the one
+/// the machine key trusts), `KEYFENCE_INVALID_ENVELOPE` (malformed, or its
+/// signature fails), `KEYFENCE_STORE_IO`.
 ///
 /// # Safety
 /// `machine` is a live handle; `env` points to `len` readable bytes;

@@ -69,7 +69,10 @@ pub fn input(message: impl Into<String>) -> anyhow::Error {
 /// The exit code for a library error code.
 pub fn for_code(code: ErrorCode) -> u8 {
     match code {
-        ErrorCode::PolicyNotSatisfied | ErrorCode::RetiredGeneration | ErrorCode::UnknownPolicyKey => NO,
+        ErrorCode::PolicyNotSatisfied
+        | ErrorCode::RetiredGeneration
+        | ErrorCode::UnknownPolicyKey
+        | ErrorCode::WrongAuthority => NO,
         ErrorCode::InvalidArgument
         | ErrorCode::PolicySyntax
         | ErrorCode::PolicyTooLarge

@@ -57,8 +57,22 @@ pub enum AuthorityCmd {
         #[arg(long)]
         store: PathBuf,
     },
-    /// Replace one policy's key and re-wrap its envelopes.
+    /// Replace one policy's key and re-wrap its envelopes in the store. The
+    /// old key stays decrypt-only (envelopes written with `wrap --out`
+    /// still open) until `retire-policy-key`; envelopes it cannot re-wrap
+    /// are listed on standard error, and do not stop it.
     RotatePolicy {
+        /// Store directory.
+        #[arg(long)]
+        store: PathBuf,
+        /// The policy.
+        #[arg(long)]
+        policy: String,
+    },
+    /// Delete one policy's old (decrypt-only) keys after re-wrapping the
+    /// store's envelopes still sealed to them. Envelopes elsewhere that are
+    /// sealed to an old key stop opening: replace them first.
+    RetirePolicyKey {
         /// Store directory.
         #[arg(long)]
         store: PathBuf,
@@ -93,8 +107,10 @@ pub enum MachineCmd {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Exit 0 if this machine's attributes satisfy the envelope's policy,
-    /// 1 if not (no cryptography).
+    /// Exit 0 if this machine can open the envelope, 1 if not: every check
+    /// `open` makes short of decrypting (the authority's signature, the
+    /// attributes, a live generation, the policy key in the store); 2 if
+    /// the envelope or key is malformed.
     CouldOpen {
         /// Store directory.
         #[arg(long)]
@@ -174,7 +190,31 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             parse_policy(&policy)?;
             let mut a = Authority::open(store(&dir)?)?;
             let r = a.rotate_policy_key(&policy)?;
-            outln!("policy key version {}; re-wrapped {} envelope(s)", r.version, r.rewrapped);
+            for s in &r.skipped {
+                eprintln!("skipped {}: {}", s.name, s.reason);
+            }
+            outln!(
+                "policy key version {}; re-wrapped {} envelope(s); skipped {}; version(s) {:?} kept decrypt-only until `keyfence authority retire-policy-key`",
+                r.version,
+                r.rewrapped,
+                r.skipped.len(),
+                r.decrypt_only
+            );
+        }
+        AuthorityCmd::RetirePolicyKey { store: dir, policy } => {
+            parse_policy(&policy)?;
+            let mut a = Authority::open(store(&dir)?)?;
+            let r = a.retire_policy_keys(&policy)?;
+            for s in &r.skipped {
+                eprintln!("skipped {}: {}", s.name, s.reason);
+            }
+            outln!(
+                "policy key version {} remains; retired version(s) {:?}; re-wrapped {} envelope(s) first; skipped {}",
+                r.version,
+                r.retired,
+                r.rewrapped,
+                r.skipped.len()
+            );
         }
         AuthorityCmd::Status { store: dir } => {
             let a = Authority::open(store(&dir)?)?;
@@ -209,12 +249,19 @@ pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {
         MachineCmd::CouldOpen { store: dir, key, input } => {
             let m = open_machine(&dir, &key)?;
             let env = keyfence::wrap::Envelope::parse(&read(&input)?)?;
-            if m.could_open(&env) {
-                outln!("yes: {{{}}} satisfies `{}`", m.attributes(), env.policy);
-                return Ok(ExitCode::SUCCESS);
+            // The same checks as `open`, short of decrypting: a yes here is
+            // never followed by a refusal `open` could have foreseen.
+            match m.can_open(&env) {
+                Ok(()) => {
+                    outln!("yes: {{{}}} satisfies `{}` and the store holds its policy key", m.attributes(), env.policy);
+                    return Ok(ExitCode::SUCCESS);
+                }
+                Err(e) if exit::for_code(e.code()) == exit::NO => {
+                    outln!("no: {e}");
+                    return Ok(ExitCode::from(exit::NO));
+                }
+                Err(e) => return Err(e).with_context(|| format!("cannot check {}", input.display())),
             }
-            outln!("no: this machine's attributes do not satisfy `{}`", env.policy);
-            return Ok(ExitCode::from(exit::NO));
         }
     }
     Ok(ExitCode::SUCCESS)

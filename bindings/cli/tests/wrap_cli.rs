@@ -178,3 +178,93 @@ fn concurrent_processes_on_one_store_lose_no_key() {
     let live = status.generations.iter().filter(|(_, g)| *g != GenerationState::Retired).count();
     assert_eq!(store.list("sealed/").unwrap().len(), POLICIES.len() * live, "stray or missing sealed copies");
 }
+
+/// The `sh` block of `docs/wrapping.md` after "From the command line:",
+/// as argument lists: comments dropped, `'...'` quoting honoured.
+fn documented_commands() -> Vec<Vec<String>> {
+    let doc = include_str!("../../../docs/wrapping.md");
+    let block = doc.split("From the command line:").nth(1).expect("the command-line section");
+    let block = block.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its sh block");
+    block
+        .lines()
+        .map(|l| l.split(" #").next().unwrap_or("").trim())
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            let mut args = Vec::new();
+            let mut rest = l;
+            while !rest.is_empty() {
+                rest = rest.trim_start();
+                let (arg, after) = match rest.strip_prefix('\'') {
+                    Some(q) => q.split_once('\'').expect("closing quote"),
+                    None => rest.split_once(' ').unwrap_or((rest, "")),
+                };
+                args.push(arg.to_owned());
+                rest = after;
+            }
+            assert_eq!(args[0], "keyfence", "{l}");
+            args.remove(0);
+            args
+        })
+        .collect()
+}
+
+/// Issue 19: `docs/wrapping.md`'s command sequence failed as listed: after
+/// `rotate-policy`, the envelope written by `wrap --out` no longer opened
+/// although `could-open` said yes. Runs the block as written (DIR and the
+/// file names in a scratch directory), then checks that after
+/// `retire-policy-key` could-open and open agree on "no".
+#[test]
+fn the_documented_sequence_works_as_listed() {
+    let d = Dir::new("documented");
+    let pem = b"-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n";
+    std::fs::write(d.p("key.pem"), pem).unwrap();
+    let commands = documented_commands();
+    let names: Vec<String> = commands.iter().map(|c| c[..2].join(" ")).collect();
+    assert!(names.contains(&"authority rotate-policy".to_string()) && names.contains(&"machine could-open".to_string()), "{names:?}");
+    let mut said_yes = false;
+    for args in &commands {
+        let args: Vec<String> = args
+            .iter()
+            .map(|a| match a.as_str() {
+                "DIR" => d.p("store"),
+                f if f.contains('.') && !f.contains(' ') && !f.contains('=') => d.p(f),
+                _ => a.clone(),
+            })
+            .collect();
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let out = ok(&args);
+        if args[..2] == ["machine", "could-open"] {
+            assert!(out.starts_with("yes"), "{out}");
+            said_yes = true;
+        }
+        if args[..2] == ["machine", "open"] {
+            assert_eq!(std::fs::read(d.p("key.pem")).unwrap(), pem, "opened after the policy-key rotation");
+        }
+    }
+    assert!(said_yes);
+    let (s, key, env) = (d.p("store"), d.p("fra1.machine"), d.p("key.env"));
+    if names.last().map(String::as_str) == Some("authority retire-policy-key") {
+        let o = run(&["machine", "could-open", "--store", &s, "--key", &key, "--in", &env]);
+        assert_eq!(o.status.code(), Some(1), "{}", common::stdout(&o));
+        assert!(common::stdout(&o).contains("unknown policy key"), "{}", common::stdout(&o));
+        let o = run(&["machine", "open", "--store", &s, "--key", &key, "--in", &env, "--out", &d.p("again.pem")]);
+        assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    }
+}
+
+/// `rotate-policy` reports a malformed envelope in the store and carries on.
+#[test]
+fn policy_rotation_reports_and_skips_a_bad_envelope() {
+    let d = Dir::new("rotate-skip");
+    let s = d.p("store");
+    ok(&["authority", "init", "--store", &s]);
+    std::fs::write(d.p("in"), b"secret").unwrap();
+    ok(&["authority", "wrap", "--store", &s, "--policy", "a: b", "--in", &d.p("in"), "--out", &d.p("env")]);
+    std::fs::write(d.0.join("store/envelopes/0123456789abcdef0123456789abcdef"), b"junk").unwrap();
+    let o = run(&["authority", "rotate-policy", "--store", &s, "--policy", "a: b"]);
+    assert!(o.status.success(), "{}", common::stderr(&o));
+    assert!(common::stdout(&o).contains("re-wrapped 1 envelope(s); skipped 1"), "{}", common::stdout(&o));
+    assert!(common::stderr(&o).contains("skipped envelopes/0123456789abcdef0123456789abcdef: not an envelope"), "{}", common::stderr(&o));
+    let r = ok(&["authority", "retire-policy-key", "--store", &s, "--policy", "a: b"]);
+    assert!(r.contains("retired version(s) [1]"), "{r}");
+}

@@ -9,6 +9,7 @@
 
 use blstrs::{Fp, Fp12, G1Affine, G1Projective, G2Affine, Gt, Scalar};
 use ff::{Field, PrimeField};
+use group::prime::PrimeCurveAffine;
 #[cfg(test)]
 use group::Group;
 
@@ -122,6 +123,12 @@ pub(crate) fn g1_from_bytes(b: &[u8]) -> Result<G1Affine, &'static str> {
     if !bool::from(p.is_torsion_free()) {
         return Err("point is not in the G1 subgroup");
     }
+    // Every point of a key or ciphertext is the generator raised to a
+    // random exponent: the identity only ever comes from a forger, who
+    // would make a ciphertext anyone can open (issue 14).
+    if bool::from(p.is_identity()) {
+        return Err("point at infinity, which the scheme never produces");
+    }
     Ok(p)
 }
 
@@ -138,6 +145,9 @@ pub(crate) fn g2_from_bytes(b: &[u8]) -> Result<G2Affine, &'static str> {
     }
     if !bool::from(p.is_torsion_free()) {
         return Err("point is not in the G2 subgroup");
+    }
+    if bool::from(p.is_identity()) {
+        return Err("point at infinity, which the scheme never produces");
     }
     Ok(p)
 }
@@ -184,6 +194,11 @@ pub(crate) fn gt_from_bytes(b: &[u8]) -> Result<Gt, &'static str> {
     }
     if !f.in_group() || Fp12::from(f) == Fp12::ZERO {
         return Err("element is not in the order-r subgroup of Gt");
+    }
+    // Gt elements are pairings raised to random exponents (or masked by
+    // one): the identity is as much a forger's mark as a G1 or G2 one.
+    if Fp12::from(f) == Fp12::ONE {
+        return Err("the identity of Gt, which the scheme never produces");
     }
     Ok(Gt::from(Fp12::from(f)))
 }
@@ -234,6 +249,21 @@ mod tests {
         let mut b = g2_to_bytes(&q);
         b[..96].copy_from_slice(&q.to_compressed());
         assert!(g2_from_bytes(&b).is_err());
+    }
+
+    #[test]
+    fn the_identity_is_refused_in_every_group() {
+        use group::Curve;
+        let g1 = g1_to_bytes(&blstrs::G1Projective::identity().to_affine());
+        assert_eq!(g1_from_bytes(&g1).unwrap_err(), "point at infinity, which the scheme never produces");
+        let g2 = g2_to_bytes(&blstrs::G2Projective::identity().to_affine());
+        assert_eq!(g2_from_bytes(&g2).unwrap_err(), "point at infinity, which the scheme never produces");
+        let gt = gt_to_bytes(&Gt::identity());
+        assert_eq!(gt_from_bytes(&gt).unwrap_err(), "the identity of Gt, which the scheme never produces");
+        // Their neighbours, the generators, still decode.
+        assert!(g1_from_bytes(&g1_to_bytes(&G1Affine::generator())).is_ok());
+        assert!(g2_from_bytes(&g2_to_bytes(&G2Affine::generator())).is_ok());
+        assert!(gt_from_bytes(&gt_to_bytes(&gt_generator())).is_ok());
     }
 
     #[test]

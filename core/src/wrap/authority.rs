@@ -8,8 +8,12 @@ use keyfence_policy::Attributes;
 use rand_core::{OsRng, RngCore};
 use zeroize::Zeroizing;
 
-use super::error::{codec, limit, malformed, Result, StateError, WrapError};
+use super::error::{codec, limit, malformed, Result, StateError};
+// Named by the intra-doc links of the `# Errors` sections.
+#[allow(unused_imports)]
+use super::error::WrapError;
 use super::format::{check_policy, reader, writer, Envelope, STATE_MAGIC};
+use super::signing::AuthorityKey;
 use super::layout::{self, hex};
 use super::machine::MachineKey;
 use super::policy::CanonicalPolicy;
@@ -90,11 +94,66 @@ pub struct MasterRotation {
 
 /// What a policy-key rotation did.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PolicyRotation {
     /// The new policy key version.
     pub version: u32,
-    /// Envelopes re-wrapped to it.
+    /// Envelopes in the store re-wrapped to it.
     pub rewrapped: usize,
+    /// Envelopes of the store's `envelopes/` it did not re-wrap, and why.
+    /// One bad object never stops the rotation.
+    pub skipped: Vec<Skipped>,
+    /// Older versions of this policy's key, kept decrypt-only so that
+    /// envelopes outside the store (`authority wrap --out`, copies loaded
+    /// elsewhere) still open, until [`Authority::retire_policy_keys`].
+    pub decrypt_only: Vec<u32>,
+}
+
+/// What retiring a policy's old keys did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PolicyRetirement {
+    /// The policy key version that remains.
+    pub version: u32,
+    /// The versions deleted (with their sealed copies): envelopes sealed to
+    /// them no longer open anywhere.
+    pub retired: Vec<u32>,
+    /// Envelopes in the store still on an old version, re-wrapped first.
+    pub rewrapped: usize,
+    /// Envelopes in the store it did not re-wrap, and why.
+    pub skipped: Vec<Skipped>,
+}
+
+/// An envelope in the store a policy-key rotation left as it was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    /// Its name in the store (`envelopes/{secret id}`).
+    pub name: String,
+    /// Why.
+    pub reason: SkipReason,
+}
+
+/// Why an envelope in the store was not re-wrapped.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// It does not parse (the message says why); nobody can open it.
+    #[error("not an envelope: {0}")]
+    Malformed(String),
+    /// It names another authority, or its signature does not verify.
+    #[error("not signed by this authority: {0}")]
+    NotSigned(String),
+    /// It is sealed to a version of the policy key this authority no
+    /// longer holds (already retired).
+    #[error("sealed to policy key version {0}, which was retired")]
+    RetiredVersion(u32),
+    /// It is signed but does not open with the policy key it names.
+    #[error("does not open with policy key version {0}")]
+    DoesNotOpen(u32),
+    /// It is stored under a name other than its secret id's: re-wrapping
+    /// it would write a second object.
+    #[error("stored under a name other than its secret id's ({0})")]
+    Misnamed(String),
 }
 
 /// A summary of the authority's state.
@@ -104,8 +163,9 @@ pub struct Status {
     pub generations: Vec<(u32, GenerationState)>,
     /// Distinct policies with a policy key.
     pub policies: usize,
-    /// Policy key versions held (more than `policies` while a policy-key
-    /// rotation is incomplete).
+    /// Policy key versions held: more than `policies` while older versions
+    /// are kept decrypt-only after a policy-key rotation, until
+    /// [`Authority::retire_policy_keys`].
     pub policy_keys: usize,
     /// Envelopes in the store.
     pub envelopes: usize,
@@ -123,6 +183,7 @@ const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// another's commit. `issue` and `status` read the latest committed state.
 pub struct Authority {
     store: Arc<dyn Store>,
+    signer: AuthorityKey,
     generations: Vec<Generation>,
     keys: Vec<PolicyKey>,
     /// Digest of the state bytes this value was decoded from, to skip
@@ -153,10 +214,17 @@ impl Authority {
         let (pk, msk) = abe::setup()?;
         let mut a = Self {
             store,
+            signer: AuthorityKey::generate(),
             generations: vec![Generation { number: 1, state: GenerationState::Active, pk, msk: Some(msk) }],
             keys: Vec::new(),
             seen: [0; 32],
         };
+        // The generation list first: it is what makes a directory a store
+        // for the command line, so an `init` that dies before committing
+        // leaves a store with no authority, which `init` can fill, never
+        // an authority that no command recognises as a store.
+        let list = layout::encode_generations(a.generations.iter().map(|g| (g.number, g.state)));
+        a.store.put(layout::GENERATIONS, list.as_bytes())?;
         a.commit()?;
         Ok(a)
     }
@@ -191,9 +259,32 @@ impl Authority {
         Ok(())
     }
 
+    /// Runs a change under the store's writer lock, from the committed
+    /// state. If it fails midway, this value may hold changes that were
+    /// never committed; forgetting which state it was read from makes the
+    /// next operation read the committed one again instead of building on
+    /// them.
+    fn change<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        let _lock = self.store.lock(LOCK_WAIT)?;
+        self.refresh()?;
+        let result = f(self);
+        if result.is_err() {
+            self.seen = [0; 32];
+        }
+        result
+    }
+
+    /// The authority's public (Ed25519 verification) key: every envelope
+    /// and sealed policy key it makes is signed with the private half, and
+    /// every machine key it issues carries this one.
+    pub fn public_key(&self) -> [u8; 32] {
+        self.signer.public()
+    }
+
     fn decode(store: Arc<dyn Store>, b: &[u8]) -> Result<Self> {
         const O: &str = "authority state";
         let mut r = reader(b, O, STATE_MAGIC)?;
+        let signer = AuthorityKey::from_bytes(&Zeroizing::new(r.array("signing key").map_err(codec(O))?));
         let n = r.u16("generation count").map_err(codec(O))?;
         let mut generations = Vec::new();
         for _ in 0..n {
@@ -229,7 +320,7 @@ impl Authority {
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
-        Ok(Self { store, generations, keys, seen: state_digest(b) })
+        Ok(Self { store, signer, generations, keys, seen: state_digest(b) })
     }
 
     /// The state's encoding. Every count and length was checked when the
@@ -237,7 +328,7 @@ impl Authority {
     /// nothing here can overflow its field.
     fn encode(&self) -> Zeroizing<Vec<u8>> {
         let mut w = writer(STATE_MAGIC);
-        w.len16(self.generations.len());
+        w.raw(&self.signer.to_bytes()[..]).len16(self.generations.len());
         for g in &self.generations {
             w.u32(g.number).u8(g.state.code()).bytes32(&g.pk.to_bytes());
             match &g.msk {
@@ -327,12 +418,12 @@ impl Authority {
             keys.push((g.number, abe::keygen(msk, attrs)?));
         }
         keys.sort_by(|a, b| b.0.cmp(&a.0));
-        MachineKey::new(attrs.clone(), keys)
+        MachineKey::new(this.signer.public(), attrs.clone(), keys)
     }
 
     fn seal_everywhere(&self, k: &PolicyKey) -> Result<()> {
         for g in self.live() {
-            let blob = sealed::seal(&g.pk, g.number, &k.policy, k.version, &k.public, &k.private)?;
+            let blob = sealed::seal(&self.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private)?;
             self.store.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob)?;
         }
         Ok(())
@@ -356,29 +447,29 @@ impl Authority {
         limit("secret length", secret.len(), super::format::MAX_SECRET)?;
         // Under the lock, from the committed state: a policy key another
         // process made is reused, and one it rotated away is never used.
-        let _lock = self.store.lock(LOCK_WAIT)?;
-        self.refresh()?;
-        let pid = *policy.id();
-        if self.current(&pid).is_none() {
-            limit("policy key count", self.keys.len() + 1, u32::MAX as usize)?;
-            let (private, public) = hpke::keypair(&mut OsRng);
-            let k = PolicyKey { policy, version: 1, public, private };
-            // Sealed copies first, then the commit: an interruption leaves
-            // only unreferenced copies, which the next rotation deletes.
-            self.seal_everywhere(&k)?;
-            self.keys.push(k);
-            self.commit()?;
-        }
-        let mut secret_id = [0u8; 16];
-        OsRng.fill_bytes(&mut secret_id);
-        self.seal_envelope(&secret_id, &pid, secret)
+        self.change(|a| {
+            let pid = *policy.id();
+            if a.current(&pid).is_none() {
+                limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
+                let (private, public) = hpke::keypair(&mut OsRng);
+                let k = PolicyKey { policy, version: 1, public, private };
+                // Sealed copies first, then the commit: an interruption leaves
+                // only unreferenced copies, which the next rotation deletes.
+                a.seal_everywhere(&k)?;
+                a.keys.push(k);
+                a.commit()?;
+            }
+            let mut secret_id = [0u8; 16];
+            OsRng.fill_bytes(&mut secret_id);
+            a.seal_envelope(&secret_id, &pid, secret)
+        })
     }
 
     fn seal_envelope(&self, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
         let k = self
             .current(pid)
             .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
-        let env = Envelope::seal(secret_id, &k.policy, k.version, &k.public, secret)?;
+        let env = Envelope::seal(&self.signer, secret_id, &k.policy, k.version, &k.public, secret)?;
         self.store.put(&layout::envelope(secret_id), env.to_bytes())?;
         Ok(env)
     }
@@ -389,17 +480,20 @@ impl Authority {
     /// re-sealed; customer envelopes are not touched.
     ///
     /// # Errors
-    /// [`WrapError::Store`] if the store fails; the authority is then
-    /// unchanged (reopen it to clean up).
+    /// [`WrapError::Store`] if the store fails. Whatever was committed
+    /// stays; this value re-reads the committed state on its next call,
+    /// and running the rotation again completes (or repeats) it.
     pub fn rotate_master(&mut self) -> Result<MasterRotation> {
-        let _lock = self.store.lock(LOCK_WAIT)?;
-        self.refresh()?;
+        self.change(Self::rotate_master_locked)
+    }
+
+    fn rotate_master_locked(&mut self) -> Result<MasterRotation> {
         limit("master generation count", self.generations.len() + 1, MAX_GENERATIONS)?;
         let number = self.generations.iter().map(|g| g.number).max().unwrap_or(0) + 1;
         let (pk, msk) = abe::setup()?;
         let new = Generation { number, state: GenerationState::Active, pk, msk: Some(msk) };
         for k in &self.keys {
-            let blob = sealed::seal(&new.pk, number, &k.policy, k.version, &k.public, &k.private)?;
+            let blob = sealed::seal(&self.signer, &new.pk, number, &k.policy, k.version, &k.public, &k.private)?;
             self.store.put(&layout::sealed(k.policy_id(), k.version, number), &blob)?;
         }
         let mut retired = None;
@@ -421,46 +515,104 @@ impl Authority {
     }
 
     /// Replaces the policy key of `policy` (after a suspected exposure) and
-    /// re-wraps every envelope under it. The new key is committed before
-    /// any envelope changes and the old one is dropped only after all have,
-    /// so an interruption loses nothing; running it again finishes the job.
+    /// re-wraps every envelope under it in the store. The new key is
+    /// committed before any envelope changes; the old versions are kept
+    /// decrypt-only (envelopes outside the store, such as those written with
+    /// `authority wrap --out`, still open) until
+    /// [`Authority::retire_policy_keys`]. An envelope that cannot be
+    /// re-wrapped is reported in [`PolicyRotation::skipped`] and does not
+    /// stop the others. An interruption loses nothing; running the rotation
+    /// again makes one more version and re-wraps what is left.
     ///
     /// # Errors
     /// [`WrapError::State`] ([`StateError::NoPolicyKey`]) if the policy has
-    /// no key; store failures.
+    /// no key; [`WrapError::Abe`] for a policy that does not parse; store
+    /// failures.
     pub fn rotate_policy_key(&mut self, policy: &str) -> Result<PolicyRotation> {
         let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
-        let _lock = self.store.lock(LOCK_WAIT)?;
-        self.refresh()?;
-        let pid = *policy.id();
-        let old = self.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?;
-        limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
-        let version = old.version + 1;
-        let (private, public) = hpke::keypair(&mut OsRng);
-        let k = PolicyKey { policy, version, public, private };
-        self.seal_everywhere(&k)?;
-        self.keys.push(k);
-        self.commit()?;
+        self.change(|a| {
+            let pid = *policy.id();
+            let old = a.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?;
+            limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
+            limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
+            let version = old.version + 1;
+            let (private, public) = hpke::keypair(&mut OsRng);
+            let k = PolicyKey { policy, version, public, private };
+            a.seal_everywhere(&k)?;
+            a.keys.push(k);
+            a.commit()?;
+            let (rewrapped, skipped) = a.rewrap_store(&pid)?;
+            let decrypt_only = a.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
+            a.collect_garbage()?;
+            Ok(PolicyRotation { version, rewrapped, skipped, decrypt_only })
+        })
+    }
+
+    /// Deletes every version of `policy`'s key but the current one, with
+    /// their sealed copies, after re-wrapping the store's envelopes still
+    /// sealed to them. Envelopes outside the store sealed to a retired
+    /// version can no longer be opened: run it once every copy handed out
+    /// has been replaced.
+    ///
+    /// # Errors
+    /// [`WrapError::State`] ([`StateError::NoPolicyKey`]) if the policy has
+    /// no key; [`WrapError::Abe`] for a policy that does not parse; store
+    /// failures (nothing is retired before the envelopes are re-wrapped).
+    pub fn retire_policy_keys(&mut self, policy: &str) -> Result<PolicyRetirement> {
+        let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
+        self.change(|a| {
+            let pid = *policy.id();
+            let version = a.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?.version;
+            let (rewrapped, skipped) = a.rewrap_store(&pid)?;
+            let retired: Vec<u32> =
+                a.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
+            a.keys.retain(|k| *k.policy_id() != pid || k.version == version);
+            a.commit()?;
+            a.collect_garbage()?;
+            Ok(PolicyRetirement { version, retired, rewrapped, skipped })
+        })
+    }
+
+    /// Re-wraps the store's envelopes of policy `pid` sealed to an older
+    /// version of its key to the current one. Store failures stop it (a
+    /// re-run continues); a bad envelope is skipped and reported.
+    fn rewrap_store(&self, pid: &[u8; 32]) -> Result<(usize, Vec<Skipped>)> {
+        let current = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?;
         let mut rewrapped = 0;
+        let mut skipped = Vec::new();
         for name in self.store.list(layout::ENVELOPES)? {
             let Some(bytes) = self.store.get(&name)? else { continue };
-            let env = Envelope::parse(&bytes)?;
-            if env.policy_id != pid || env.key_version == version {
+            let skip = |reason| Skipped { name: name.clone(), reason };
+            let env = match Envelope::parse(&bytes) {
+                Ok(env) => env,
+                Err(e) => {
+                    skipped.push(skip(SkipReason::Malformed(e.to_string())));
+                    continue;
+                }
+            };
+            if env.policy_id != *pid || env.key_version == current.version {
                 continue;
             }
-            let old = self
-                .keys
-                .iter()
-                .find(|k| *k.policy_id() == pid && k.version == env.key_version)
-                .ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&pid), version: env.key_version })?;
-            let secret = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext)?;
-            self.seal_envelope(&env.secret_id, &pid, &secret)?;
+            if let Err(e) = env.verify(&self.signer.public()) {
+                skipped.push(skip(SkipReason::NotSigned(e.to_string())));
+                continue;
+            }
+            if name != layout::envelope(&env.secret_id) {
+                skipped.push(skip(SkipReason::Misnamed(hex(&env.secret_id))));
+                continue;
+            }
+            let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
+                skipped.push(skip(SkipReason::RetiredVersion(env.key_version)));
+                continue;
+            };
+            let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
+                skipped.push(skip(SkipReason::DoesNotOpen(env.key_version)));
+                continue;
+            };
+            self.seal_envelope(&env.secret_id, pid, &secret)?;
             rewrapped += 1;
         }
-        self.keys.retain(|k| *k.policy_id() != pid || k.version == version);
-        self.commit()?;
-        self.collect_garbage()?;
-        Ok(PolicyRotation { version, rewrapped })
+        Ok((rewrapped, skipped))
     }
 }
 

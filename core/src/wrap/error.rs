@@ -32,12 +32,24 @@ pub enum WrapError {
         /// Policy key version.
         version: u32,
     },
-    /// The envelope or a sealed policy key was modified, or belongs to
-    /// another authority.
-    #[error("{object} failed its integrity check: it was modified or does not belong to this authority")]
+    /// The envelope or a sealed policy key names this machine's authority
+    /// but fails its signature or integrity check: it was modified.
+    #[error("{object} failed its integrity check: it was modified after this authority made it")]
     Tampered {
         /// `envelope` or `sealed policy key`.
         object: &'static str,
+    },
+    /// The envelope or a sealed policy key was made by another authority
+    /// than the one this machine key trusts (or forged by someone who can
+    /// write the store and named another authority in it).
+    #[error("{object} was made by another authority (signed by key {found}, this machine trusts {trusted})")]
+    WrongAuthority {
+        /// `envelope` or `sealed policy key`.
+        object: &'static str,
+        /// The first bytes of the authority key the object names, hex.
+        found: String,
+        /// The first bytes of the authority key the machine trusts, hex.
+        trusted: String,
     },
     /// Bytes that are not the named object.
     #[error("malformed {object}: {reason}")]
@@ -132,6 +144,7 @@ impl WrapError {
             WrapError::RetiredGeneration { .. } => ErrorCode::RetiredGeneration,
             WrapError::UnknownPolicyKey { .. } => ErrorCode::UnknownPolicyKey,
             WrapError::Tampered { .. } => ErrorCode::InvalidEnvelope,
+            WrapError::WrongAuthority { .. } => ErrorCode::WrongAuthority,
             WrapError::Malformed { object: "machine key", .. } => ErrorCode::InvalidKey,
             WrapError::Malformed { object: "authority state" | "generation list", .. } => ErrorCode::InconsistentState,
             WrapError::Malformed { .. } => ErrorCode::InvalidEnvelope,
@@ -149,6 +162,14 @@ pub type Result<T, E = WrapError> = std::result::Result<T, E>;
 
 pub(crate) fn malformed(object: &'static str, reason: impl Into<String>) -> WrapError {
     WrapError::Malformed { object, reason: reason.into() }
+}
+
+/// [`WrapError::WrongAuthority`] for an object naming `found` when the
+/// machine trusts `trusted`: eight bytes of each are enough to tell keys
+/// apart in a message.
+pub(crate) fn wrong_authority(object: &'static str, found: &[u8; 32], trusted: &[u8; 32]) -> WrapError {
+    let short = |k: &[u8; 32]| format!("{}…", super::layout::hex(&k[..8]));
+    WrapError::WrongAuthority { object, found: short(found), trusted: short(trusted) }
 }
 
 /// Maps a codec error to [`WrapError::Malformed`] for `object`; the
@@ -178,6 +199,7 @@ mod tests {
             (WrapError::UnknownPolicyKey { policy_id: "00".into(), version: 1 }, ErrorCode::UnknownPolicyKey),
             (WrapError::Tampered { object: "envelope" }, ErrorCode::InvalidEnvelope),
             (WrapError::Tampered { object: "sealed policy key" }, ErrorCode::InvalidEnvelope),
+            (wrong_authority("envelope", &[1; 32], &[2; 32]), ErrorCode::WrongAuthority),
             (malformed("envelope", "x"), ErrorCode::InvalidEnvelope),
             (malformed("sealed policy key", "x"), ErrorCode::InvalidEnvelope),
             (malformed("machine key", "x"), ErrorCode::InvalidKey),

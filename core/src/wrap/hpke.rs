@@ -10,7 +10,7 @@ use zeroize::Zeroizing;
 use super::error::{Result, WrapError};
 
 /// HPKE `info`: binds every envelope to this protocol and version.
-const INFO: &[u8] = b"keyfence/v1 envelope";
+const INFO: &[u8] = b"keyfence/v2 envelope";
 
 type KemPrivate = <X25519HkdfSha256 as Kem>::PrivateKey;
 type KemPublic = <X25519HkdfSha256 as Kem>::PublicKey;
@@ -50,4 +50,30 @@ pub(crate) fn open(private: &[u8; 32], enc: &[u8], aad: &[u8], ciphertext: &[u8]
     hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(&OpModeR::Base, &sk, &enc, INFO, ciphertext, aad)
         .map(Zeroizing::new)
         .map_err(|_| tampered())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `enc` of small order (the identity, zero, and the other
+    /// low-order points of Curve25519) gives an all-zero shared secret:
+    /// RFC 9180 requires refusing it, and a forger would otherwise make a
+    /// ciphertext anyone can open. The envelope's `Tampered` is the answer.
+    #[test]
+    fn small_order_encapsulations_are_refused() {
+        let (private, public) = keypair(&mut rand_core::OsRng);
+        let (enc, aad, ct) = seal(&public, &|e: &[u8]| e.to_vec(), b"s", &mut rand_core::OsRng).unwrap();
+        assert_eq!(&open(&private, &enc, &aad, &ct).unwrap()[..], b"s");
+        let mut one = [0u8; 32];
+        one[0] = 1;
+        let mut order8 = [0u8; 32];
+        order8.copy_from_slice(&[
+            0xe0, 0xeb, 0x7a, 0x7c, 0x3b, 0x41, 0xb8, 0xae, 0x16, 0x56, 0xe3, 0xfa, 0xf1, 0x9f, 0xc4, 0x6a, 0xda, 0x09, 0x8d,
+            0xeb, 0x9c, 0x32, 0xb1, 0xfd, 0x86, 0x62, 0x05, 0x16, 0x5f, 0x49, 0xb8, 0x00,
+        ]);
+        for bad in [[0u8; 32], one, order8] {
+            assert!(matches!(open(&private, &bad, &bad, &ct), Err(WrapError::Tampered { object: "envelope" })));
+        }
+    }
 }

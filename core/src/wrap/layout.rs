@@ -2,10 +2,10 @@
 //! list: built and read here only (`docs/wrapping.md`, "Store layout").
 //!
 //! ```text
-//! authority/state                           the authority's private state ("KFA1")
+//! authority/state                           the authority's private state ("KFA2")
 //! public/generations                        "{generation} {state}\n" per generation, oldest first
-//! sealed/{policy id}/{version}/{generation} a sealed policy key ("KFP1")
-//! envelopes/{secret id}                     an envelope ("KFE1")
+//! sealed/{policy id}/{version}/{generation} a sealed policy key ("KFP2")
+//! envelopes/{secret id}                     an envelope ("KFE2")
 //! ```
 //!
 //! Ids are lowercase hex, numbers decimal without leading zeros.

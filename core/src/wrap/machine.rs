@@ -14,14 +14,17 @@ use super::format::{reader, writer, Envelope, MACHINE_MAGIC};
 use super::hpke;
 use super::layout::{self, hex};
 use super::sealed::SealedKey;
+use super::signing;
 use super::store::Store;
 use crate::abe::AttributeKey;
 
-/// A machine's keys: its attributes and one CP-ABE attribute key per live
-/// master generation, newest first. Secret; `Debug` shows only the
-/// attributes and generations.
+/// A machine's keys: its attributes, one CP-ABE attribute key per live
+/// master generation, newest first, and the public key of the authority
+/// that issued it (the only one whose objects the machine accepts).
+/// Secret; `Debug` shows only the attributes and generations.
 #[derive(Clone)]
 pub struct MachineKey {
+    authority: [u8; 32],
     attrs: Attributes,
     keys: Vec<(u32, AttributeKey)>,
 }
@@ -35,13 +38,19 @@ const MAX_ATTRIBUTE_KEY: usize = u32::MAX as usize;
 impl MachineKey {
     /// A machine key, refusing what its format cannot hold, so that every
     /// machine key can be written and read back.
-    pub(crate) fn new(attrs: Attributes, keys: Vec<(u32, AttributeKey)>) -> Result<Self> {
+    pub(crate) fn new(authority: [u8; 32], attrs: Attributes, keys: Vec<(u32, AttributeKey)>) -> Result<Self> {
         Self::check_attributes(&attrs)?;
         limit("machine key generation count", keys.len(), MAX_U16)?;
         for (_, k) in &keys {
             limit("attribute key length", k.to_bytes().len(), MAX_ATTRIBUTE_KEY)?;
         }
-        Ok(Self { attrs, keys })
+        Ok(Self { authority, attrs, keys })
+    }
+
+    /// The public key of the authority that issued this key: the machine
+    /// accepts envelopes and sealed policy keys signed by it only.
+    pub fn authority(&self) -> &[u8; 32] {
+        &self.authority
     }
 
     /// Refuses attributes the format cannot hold.
@@ -67,7 +76,7 @@ impl MachineKey {
     /// The encoding (secret: store it owner-readable only).
     pub fn to_bytes(&self) -> Zeroizing<Vec<u8>> {
         let mut w = writer(MACHINE_MAGIC);
-        w.len16(self.attrs.len());
+        w.raw(&self.authority).len16(self.attrs.len());
         for (l, v) in self.attrs.iter() {
             w.bytes16(l.as_bytes()).bytes16(v.as_bytes());
         }
@@ -86,6 +95,10 @@ impl MachineKey {
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
         const O: &str = "machine key";
         let mut r = reader(b, O, MACHINE_MAGIC)?;
+        let authority = r.array("authority key").map_err(codec(O))?;
+        if !signing::is_valid_public(&authority) {
+            return Err(malformed(O, "field authority key: not a usable Ed25519 public key"));
+        }
         let mut attrs = Attributes::default();
         let mut previous: Option<&str> = None;
         for i in 0..r.u16("attribute count").map_err(codec(O))? {
@@ -106,7 +119,7 @@ impl MachineKey {
         }
         r.finish().map_err(codec(O))?;
         // Read from 16- and 32-bit fields, so within every limit.
-        Ok(Self { attrs, keys })
+        Ok(Self { authority, attrs, keys })
     }
 }
 
@@ -145,9 +158,26 @@ impl Machine {
     }
 
     /// Whether this machine's attributes satisfy the envelope's policy;
-    /// no cryptography, so a caller can decide to forward instead.
+    /// no cryptography, so a caller can decide to forward instead. It does
+    /// not look at the store or the envelope's signature: to know whether
+    /// [`Machine::open`] would succeed short of decrypting, use
+    /// [`Machine::can_open`].
     pub fn could_open(&self, envelope: &Envelope) -> bool {
         envelope.policy.eval(&self.key.attrs)
+    }
+
+    /// Every check [`Machine::open`] makes short of decrypting: the
+    /// envelope's authority and signature, the attributes, a live
+    /// generation this machine holds a key for, and a sealed copy of the
+    /// policy key for it in the store, made by this machine's authority.
+    /// `Ok` means `open` can fail only on a corrupted CP-ABE ciphertext or
+    /// a store that changes in between. Reads the store; no CP-ABE work.
+    ///
+    /// # Errors
+    /// The error [`Machine::open`] would return for the same reason.
+    pub fn can_open(&self, envelope: &Envelope) -> Result<()> {
+        self.precheck(envelope)?;
+        self.sealed_copy(envelope).map(drop)
     }
 
     /// Opens an envelope: the policy key from the cache or by CP-ABE, then
@@ -155,8 +185,9 @@ impl Machine {
     ///
     /// # Errors
     /// [`WrapError::NotAuthorized`] (wrong machine), [`WrapError::RetiredGeneration`],
-    /// [`WrapError::UnknownPolicyKey`], [`WrapError::Tampered`], each
-    /// distinct, or [`WrapError::Malformed`].
+    /// [`WrapError::UnknownPolicyKey`], [`WrapError::WrongAuthority`] (an
+    /// envelope or sealed key another authority signed),
+    /// [`WrapError::Tampered`], each distinct, or [`WrapError::Malformed`].
     pub fn open(&self, envelope: &[u8]) -> Result<Zeroizing<Vec<u8>>> {
         let env = Envelope::parse(envelope)?;
         self.open_envelope(&env)
@@ -167,11 +198,21 @@ impl Machine {
     /// # Errors
     /// As [`Machine::open`].
     pub fn open_envelope(&self, env: &Envelope) -> Result<Zeroizing<Vec<u8>>> {
+        self.precheck(env)?;
+        let private = self.cache.get_or_load((env.policy_id, env.key_version), || {
+            let (sealed, key) = self.sealed_copy(env)?;
+            sealed.open(key)
+        })?;
+        hpke::open(&private, &env.enc, env.aad(), &env.ciphertext)
+    }
+
+    /// The checks that need neither the store nor CP-ABE.
+    fn precheck(&self, env: &Envelope) -> Result<()> {
+        env.verify(&self.key.authority)?;
         if !self.could_open(env) {
             return Err(WrapError::NotAuthorized { policy: env.policy.to_string() });
         }
-        let private = self.cache.get_or_load((env.policy_id, env.key_version), || self.load(env))?;
-        hpke::open(&private, &env.enc, env.aad(), &env.ciphertext)
+        Ok(())
     }
 
     fn live_generations(&self) -> Result<Vec<u32>> {
@@ -179,8 +220,10 @@ impl Machine {
         Ok(layout::decode_generations(&list)?.into_iter().filter(|(_, s)| s.is_live()).map(|(n, _)| n).collect())
     }
 
-    /// Opens the policy key of `env` with the newest usable generation.
-    fn load(&self, env: &Envelope) -> Result<Zeroizing<[u8; 32]>> {
+    /// The sealed copy of the policy key of `env` for the newest usable
+    /// generation, checked (header, authority, signature) but not opened,
+    /// with this machine's key for that generation.
+    fn sealed_copy(&self, env: &Envelope) -> Result<(SealedKey, &AttributeKey)> {
         let live = self.live_generations()?;
         let usable: Vec<&(u32, AttributeKey)> = self.key.keys.iter().filter(|(g, _)| live.contains(g)).collect();
         if usable.is_empty() {
@@ -189,11 +232,12 @@ impl Machine {
         for (g, key) in usable {
             let name = layout::sealed(&env.policy_id, env.key_version, *g);
             let Some(blob) = self.store.get(&name)? else { continue };
-            let sealed = SealedKey::parse(&blob).map_err(|_| WrapError::Tampered { object: "sealed policy key" })?;
+            let sealed = SealedKey::parse(&blob)?;
+            sealed.verify(&self.key.authority)?;
             if sealed.policy_id != env.policy_id || sealed.version != env.key_version || sealed.generation != *g {
                 return Err(WrapError::Tampered { object: "sealed policy key" });
             }
-            return sealed.open(key);
+            return Ok((sealed, key));
         }
         Err(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
     }
@@ -239,6 +283,10 @@ mod tests {
         })
     }
 
+    fn authority() -> [u8; 32] {
+        crate::wrap::signing::AuthorityKey::generate().public()
+    }
+
     /// `count` attributes, the first with a label of `label_len` bytes and
     /// a value of `value_len` bytes.
     fn attrs(count: usize, label_len: usize, value_len: usize) -> Attributes {
@@ -257,7 +305,7 @@ mod tests {
             generations in 1usize..3,
         ) {
             let keys = (0..generations).map(|g| (g as u32 + 1, small_key().clone())).collect();
-            let key = MachineKey::new(attrs(count, label_len, value_len), keys).unwrap();
+            let key = MachineKey::new(authority(), attrs(count, label_len, value_len), keys).unwrap();
             let bytes = key.to_bytes();
             let back = MachineKey::from_bytes(&bytes).unwrap();
             prop_assert_eq!(back.attributes(), key.attributes());
@@ -275,7 +323,7 @@ mod tests {
             (attrs(1, max + 1, 1), "attribute label length"),
             (attrs(1, 1, max + 1), "attribute value length"),
         ] {
-            match MachineKey::new(a, keys()) {
+            match MachineKey::new(authority(), a, keys()) {
                 Err(e @ WrapError::LimitExceeded { .. }) => {
                     assert_eq!(e.code(), crate::ErrorCode::LimitExceeded);
                     assert!(e.to_string().starts_with(what), "{e}");

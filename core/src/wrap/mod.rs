@@ -31,18 +31,25 @@
 mod authority;
 mod cache;
 mod error;
+#[cfg(feature = "testing")]
+mod faulty;
 mod format;
 mod hpke;
 mod layout;
 mod machine;
 mod policy;
 mod sealed;
+mod signing;
 mod store;
 
-pub use authority::{Authority, GenerationState, MasterRotation, PolicyRotation, Status};
+pub use authority::{
+    Authority, GenerationState, MasterRotation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status,
+};
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
+#[cfg(feature = "testing")]
+pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, Machine, MachineKey, Peer};
 pub use policy::{policy_id, CanonicalPolicy};
-pub use store::{FileStore, MemoryStore, Store, StoreError};
+pub use store::{FileStore, MemoryStore, Store, StoreError, StoreLock};

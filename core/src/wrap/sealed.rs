@@ -4,21 +4,26 @@
 use zeroize::Zeroizing;
 
 use super::error::{codec, malformed, Result, WrapError};
-use super::format::{check_policy, reader, suite, writer, SEALED_MAGIC, SUITE_X25519_CHACHA};
+use super::format::{check_policy, check_signed, reader, suite, writer, SEALED_MAGIC, SUITE_X25519_CHACHA};
 use super::policy::{policy_id, CanonicalPolicy};
+use super::signing::{AuthorityKey, SEALED_CONTEXT, SIGNATURE_LEN};
 use crate::abe::{self, AbeError, AttributeKey, PublicKey};
 
 /// Prefix of the CP-ABE plaintext, before the repeated header fields.
-const CONTEXT: &[u8] = b"keyfence/v1 policy key";
+const CONTEXT: &[u8] = b"keyfence/v2 policy key";
 
 /// A parsed sealed policy key.
 pub(crate) struct SealedKey {
+    pub(crate) authority: [u8; 32],
     pub(crate) policy_id: [u8; 32],
     pub(crate) version: u32,
     pub(crate) generation: u32,
     pub(crate) policy: String,
     pub(crate) public: [u8; 32],
     pub(crate) abe_ct: Vec<u8>,
+    /// Everything before the signature, and the signature.
+    signed: Vec<u8>,
+    signature: [u8; SIGNATURE_LEN],
 }
 
 fn plaintext(policy_id: &[u8; 32], version: u32, generation: u32, public: &[u8; 32], private: &[u8; 32]) -> Zeroizing<Vec<u8>> {
@@ -32,8 +37,10 @@ fn plaintext(policy_id: &[u8; 32], version: u32, generation: u32, public: &[u8; 
     p
 }
 
-/// Seals `private` under `policy` with generation `generation`'s key.
+/// Seals `private` under `policy` with generation `generation`'s key, and
+/// signs the result with `signer`.
 pub(crate) fn seal(
+    signer: &AuthorityKey,
     abe_pk: &PublicKey,
     generation: u32,
     policy: &CanonicalPolicy,
@@ -46,11 +53,14 @@ pub(crate) fn seal(
     // The policy goes in already parsed.
     let ct = abe::encrypt_policy(abe_pk, policy.circuit(), &pt)?;
     let mut w = writer(SEALED_MAGIC);
-    w.u16(SUITE_X25519_CHACHA).raw(policy.id()).u32(version).u32(generation);
+    w.u16(SUITE_X25519_CHACHA).raw(&signer.public()).raw(policy.id()).u32(version).u32(generation);
     w.bytes16(policy.as_bytes()).bytes16(public).bytes32(&ct);
     // The policy was checked above; a CP-ABE ciphertext under a policy the
     // parser accepts is far below 4 GiB.
-    Ok(w.into_bytes())
+    let mut bytes = w.into_bytes();
+    let signature = signer.sign(SEALED_CONTEXT, &bytes);
+    bytes.extend_from_slice(&signature);
+    Ok(bytes)
 }
 
 impl SealedKey {
@@ -58,6 +68,7 @@ impl SealedKey {
         const O: &str = "sealed policy key";
         let mut r = reader(bytes, O, SEALED_MAGIC)?;
         suite(&mut r, O)?;
+        let authority = r.array("authority key").map_err(codec(O))?;
         let policy_id = r.array("policy id").map_err(codec(O))?;
         let version = r.u32("key version").map_err(codec(O))?;
         let generation = r.u32("generation").map_err(codec(O))?;
@@ -65,13 +76,25 @@ impl SealedKey {
         let public: [u8; 32] =
             r.bytes16("public key").map_err(codec(O))?.try_into().map_err(|_| malformed(O, "public key is not 32 bytes"))?;
         let abe_ct = r.bytes32("CP-ABE ciphertext").map_err(codec(O))?.to_vec();
+        let signed = bytes[..bytes.len() - r.remaining()].to_vec();
+        let signature = r.array("signature").map_err(codec(O))?;
         r.finish().map_err(codec(O))?;
         // The machine already holds the envelope's parsed policy and checks
         // this id against it, so the text is not parsed again here.
         if policy_id != self::policy_id(&policy) {
             return Err(malformed(O, "policy id does not match the policy"));
         }
-        Ok(Self { policy_id, version, generation, policy, public, abe_ct })
+        Ok(Self { authority, policy_id, version, generation, policy, public, abe_ct, signed, signature })
+    }
+
+    /// Checks that the authority whose public key is `trusted` made this
+    /// sealed key, before any CP-ABE work: a forged ciphertext never
+    /// reaches the decryption.
+    ///
+    /// # Errors
+    /// [`WrapError::WrongAuthority`], [`WrapError::Tampered`].
+    pub(crate) fn verify(&self, trusted: &[u8; 32]) -> Result<()> {
+        check_signed("sealed policy key", SEALED_CONTEXT, trusted, &self.authority, &self.signed, &self.signature)
     }
 
     /// Opens with a machine's attribute key for this generation, checking

@@ -111,10 +111,66 @@ fn check_key(key: &str) -> Result<(), StoreError> {
 
 /// Objects as files under a directory. Writes go to a temporary file that
 /// is synced and renamed over the target, then the directory is synced, so
-/// a crash leaves either the old object or the new one.
-#[derive(Debug, Clone)]
+/// a crash leaves either the old object or the new one. Directories it
+/// creates are made durable in their parents before anything is put in
+/// them, and deletions are synced too: once `put` or `delete` returns, a
+/// power cut cannot undo it (`docs/wrapping.md`, "Durability").
+#[derive(Clone)]
 pub struct FileStore {
     root: PathBuf,
+    sync: Syncer,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore").field("root", &self.root).finish_non_exhaustive()
+    }
+}
+
+/// Called with every file or directory [`FileStore`] is about to `fsync`:
+/// lets the unit tests see (and fail) each sync.
+type SyncHook = Arc<dyn Fn(&Path) -> std::io::Result<()> + Send + Sync>;
+
+/// How [`FileStore`] makes a file or directory durable.
+#[derive(Clone, Default)]
+struct Syncer {
+    hook: Option<SyncHook>,
+}
+
+impl Syncer {
+    fn file(&self, path: &Path, file: &fs::File) -> std::io::Result<()> {
+        if let Some(h) = &self.hook {
+            h(path)?;
+        }
+        file.sync_all()
+    }
+
+    /// A directory's entries (a rename, a new child, a removal) are durable
+    /// only once the directory itself is synced.
+    fn dir(&self, dir: &Path) -> std::io::Result<()> {
+        if let Some(h) = &self.hook {
+            h(dir)?;
+        }
+        fs::File::open(dir)?.sync_all()
+    }
+
+    /// Creates `dir` and any missing ancestors up to (not including)
+    /// `stop`, syncing the parent of each so the new entries survive a
+    /// power cut. A directory another process is creating at the same
+    /// moment is synced here too: that process may die before it does.
+    fn create_dirs(&self, stop: &Path, dir: &Path) -> std::io::Result<()> {
+        if dir == stop || dir.is_dir() {
+            return Ok(());
+        }
+        let parent = dir.parent().unwrap_or(stop);
+        self.create_dirs(stop, parent)?;
+        match fs::create_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
+            Err(e) => return Err(e),
+        }
+        self.dir(parent)
+    }
 }
 
 impl FileStore {
@@ -123,9 +179,17 @@ impl FileStore {
     /// # Errors
     /// [`StoreError::Io`] if the directory cannot be created.
     pub fn open(root: impl Into<PathBuf>) -> Result<Self, StoreError> {
-        let root = root.into();
-        fs::create_dir_all(&root).map_err(|source| StoreError::Io { key: root.display().to_string(), source })?;
-        Ok(Self { root })
+        Self::open_with(root.into(), Syncer::default())
+    }
+
+    fn open_with(root: PathBuf, sync: Syncer) -> Result<Self, StoreError> {
+        let err = |source| StoreError::Io { key: root.display().to_string(), source };
+        if !root.is_dir() {
+            // The new root must survive a power cut as well as what goes in it.
+            let top = root.ancestors().find(|a| a.is_dir()).unwrap_or(Path::new("/")).to_path_buf();
+            sync.create_dirs(&top, &root).map_err(err)?;
+        }
+        Ok(Self { root, sync })
     }
 
     /// The directory this store lives in.
@@ -155,7 +219,7 @@ impl Store for FileStore {
     fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         let path = self.path(key)?;
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
-        fs::create_dir_all(&dir).map_err(io(key))?;
+        self.sync.create_dirs(&self.root, &dir).map_err(io(key))?;
         let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
         let mut opts = fs::OpenOptions::new();
         opts.write(true).create_new(true);
@@ -164,10 +228,9 @@ impl Store for FileStore {
         let result = (|| {
             let mut f = opts.open(&tmp)?;
             f.write_all(value)?;
-            f.sync_all()?;
+            self.sync.file(&tmp, &f)?;
             fs::rename(&tmp, &path)?;
-            // The rename is durable only once the directory is.
-            fs::File::open(&dir)?.sync_all()
+            self.sync.dir(&dir)
         })();
         if result.is_err() {
             let _ = fs::remove_file(&tmp);
@@ -176,11 +239,15 @@ impl Store for FileStore {
     }
 
     fn delete(&self, key: &str) -> Result<(), StoreError> {
-        match fs::remove_file(self.path(key)?) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io(key)(e)),
+        let path = self.path(key)?;
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(io(key)(e)),
         }
+        // A removal not yet synced comes back after a power cut; a sealed
+        // copy of a retired generation must not.
+        self.sync.dir(path.parent().unwrap_or(&self.root)).map_err(io(key))
     }
 
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
@@ -317,6 +384,79 @@ mod tests {
             });
         }
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A file store whose every `fsync` is recorded, and fails when
+    /// `fail` names its path.
+    fn recording(dir: &Path, fail: Option<PathBuf>) -> (FileStore, Arc<Mutex<Vec<PathBuf>>>) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = seen.clone();
+        let hook: SyncHook = Arc::new(move |p: &Path| {
+            log.lock().unwrap().push(p.to_path_buf());
+            if fail.as_deref() == Some(p) {
+                return Err(std::io::Error::other("injected fsync failure"));
+            }
+            Ok(())
+        });
+        (FileStore::open_with(dir.to_path_buf(), Syncer { hook: Some(hook) }).unwrap(), seen)
+    }
+
+    #[test]
+    fn new_directories_their_parents_renames_and_deletions_are_synced() {
+        let base = std::env::temp_dir().join(format!("keyfence-store-sync-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&base);
+        let root = base.join("new-root");
+        let (s, seen) = recording(&root, None);
+        // The new root is recorded in its parent.
+        assert_eq!(seen.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![std::env::temp_dir(), base.clone()]);
+
+        s.put("sealed/ab/1/2", b"x").unwrap();
+        let synced: Vec<PathBuf> = seen.lock().unwrap().drain(..).collect();
+        // Every directory that gained an entry (a new child directory, the
+        // renamed object) is synced, and the object's data before its rename.
+        for d in ["", "sealed", "sealed/ab", "sealed/ab/1"] {
+            let d = if d.is_empty() { root.clone() } else { root.join(d) };
+            assert!(synced.contains(&d), "{} not synced: {synced:?}", d.display());
+        }
+        let tmp = synced.iter().position(|p| p.file_name().unwrap().to_string_lossy().starts_with(".tmp-"));
+        let dir = synced.iter().rposition(|p| *p == root.join("sealed/ab/1"));
+        assert!(tmp.is_some() && tmp < dir, "the data is synced before the rename is: {synced:?}");
+
+        // A second object in an existing directory syncs only that directory.
+        s.put("sealed/ab/1/3", b"y").unwrap();
+        let synced: Vec<PathBuf> = seen.lock().unwrap().drain(..).collect();
+        assert_eq!(synced.len(), 2, "{synced:?}");
+        assert_eq!(synced[1], root.join("sealed/ab/1"));
+
+        s.delete("sealed/ab/1/3").unwrap();
+        assert_eq!(seen.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![root.join("sealed/ab/1")]);
+        s.delete("sealed/ab/1/3").unwrap();
+        assert!(seen.lock().unwrap().is_empty(), "nothing to sync for an absent object");
+        fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_failed_sync_is_an_error_and_leaves_no_temporary_file() {
+        let root = std::env::temp_dir().join(format!("keyfence-store-syncfail-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&root);
+        fs::create_dir_all(&root).unwrap();
+        for (fail, what) in [(root.join("envelopes"), "directory after the rename"), (root.clone(), "new directory's parent")] {
+            let (s, _) = recording(&root, Some(fail.clone()));
+            let _ = fs::remove_dir_all(root.join("envelopes"));
+            let err = s.put("envelopes/aa", b"x").unwrap_err();
+            assert!(matches!(&err, StoreError::Io { key, .. } if key == "envelopes/aa"), "{what}: {err}");
+            assert_eq!(err.code(), crate::ErrorCode::StoreIo);
+            assert!(err.to_string().contains("injected fsync failure"), "{err}");
+            let left: Vec<_> = fs::read_dir(root.join("envelopes"))
+                .map(|d| d.map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with(".tmp-")).collect())
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{what}: {left:?}");
+        }
+        // And a failed sync after a deletion.
+        let (s, _) = recording(&root, Some(root.join("envelopes")));
+        fs::write(root.join("envelopes/bb"), b"x").unwrap();
+        assert!(matches!(s.delete("envelopes/bb"), Err(StoreError::Io { .. })));
+        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

@@ -31,6 +31,7 @@ __all__ = [
     "RetiredGeneration",
     "UnknownPolicyKey",
     "UnknownAlgorithm",
+    "WrongAuthority",
     "StoreError",
     "NoAuthority",
     "AuthorityExists",
@@ -137,6 +138,11 @@ class UnknownAlgorithm(KeyfenceError):
     """An algorithm identifier this version does not know."""
 
 
+class WrongAuthority(KeyfenceError):
+    """An envelope or sealed policy key was signed by another authority than
+    the one the machine key trusts."""
+
+
 class StoreError(KeyfenceError):
     """The store is unusable: its state contradicts itself, or an object name is invalid."""
 
@@ -213,6 +219,7 @@ CLASSES: Dict[int, Type[KeyfenceError]] = {
     304: NoAuthority,
     305: AuthorityExists,
     306: StoreError,
+    307: WrongAuthority,
     400: StoreIOError,
     401: StoreError,
     402: StoreLocked,
