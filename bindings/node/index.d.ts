@@ -193,7 +193,7 @@ export declare namespace sign {
      * Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
      * if the key process refuses it, `SHUT_DOWN` after `close`.
      */
-    loadKey(pem: PemInput): sign.PrivateKey
+    loadKey(pem: string | Uint8Array): sign.PrivateKey
     /**
      * Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
      * `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
@@ -240,7 +240,7 @@ export declare namespace sign {
      * Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
      * never the key's contents).
      */
-    static fromPem(pem: PemInput): PrivateKey
+    static fromPem(pem: string | Uint8Array): PrivateKey
     /**
      * The kind of key: `rsa-2048` (any size), `ec-p256`, `ec-p384` or
      * `ed25519`.

@@ -44,7 +44,7 @@ impl PrivateKey {
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
     /// never the key's contents).
     #[napi(factory)]
-    pub fn from_pem(env: Env, pem: PemInput) -> napi::Result<Self> {
+    pub fn from_pem(env: Env, pem: Either<String, Uint8Array>) -> napi::Result<Self> {
         let bytes = pem_bytes(&pem);
         js(&env, core::PrivateKey::from_bytes(&bytes).map(|k| PrivateKey { inner: Arc::new(k) }).map_err(Into::into))
     }
@@ -292,7 +292,7 @@ impl Engine {
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
     /// if the key process refuses it, `SHUT_DOWN` after `close`.
     #[napi]
-    pub fn load_key(&self, env: Env, pem: PemInput) -> napi::Result<PrivateKey> {
+    pub fn load_key(&self, env: Env, pem: Either<String, Uint8Array>) -> napi::Result<PrivateKey> {
         let load = || -> KfResult<PrivateKey> {
             let bytes = pem_bytes(&pem);
             // Parsed here in both modes so that a bad key gets the same
