@@ -1,0 +1,29 @@
+#!/usr/bin/env node
+// `npm run build`: the addon in release mode with the local cargo and the
+// workspace's target directory (CARGO_TARGET_DIR, default <repo>/target),
+// its generated loader (binding.js) and types (index.d.ts), then the
+// isolated key process (keyfence-keyd) copied beside the addon, where the
+// core looks for it. Nothing is downloaded but crates.
+'use strict'
+const { execFileSync } = require('node:child_process')
+const fs = require('node:fs')
+const path = require('node:path')
+
+const here = path.resolve(__dirname, '..')
+const root = path.resolve(here, '..', '..')
+const targetDir = process.env.CARGO_TARGET_DIR || path.join(root, 'target')
+const env = { ...process.env, CARGO_TARGET_DIR: targetDir, CARGO: path.join(__dirname, 'cargo-host') }
+const run = (cmd, args, opts = {}) => execFileSync(cmd, args, { stdio: 'inherit', cwd: here, ...opts })
+
+run(path.join(here, 'node_modules', '.bin', 'napi'), [
+  'build', '--platform', '--release',
+  '--js', 'binding.js', '--dts', 'index.d.ts', '--', '--locked',
+], { env })
+
+run('cargo', ['build', '--release', '--locked', '-p', 'keyfence', '--bin', 'keyfence-keyd'], {
+  env: { ...process.env, CARGO_TARGET_DIR: targetDir },
+})
+const keyd = path.join(here, 'keyfence-keyd')
+fs.rmSync(keyd, { force: true })
+fs.copyFileSync(path.join(targetDir, 'release', 'keyfence-keyd'), keyd)
+fs.chmodSync(keyd, 0o755)

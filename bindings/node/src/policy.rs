@@ -1,0 +1,57 @@
+//! The policy language: checking attributes against a policy without
+//! cryptography.
+
+use std::collections::HashMap;
+
+use keyfence::policy::{self, Attributes};
+use napi::Env;
+use napi_derive::napi;
+
+use crate::error::{js, KfError, KfResult};
+
+/// Attributes from a JavaScript object (`{ country: 'FR' }`), built
+/// directly rather than formatted and re-parsed, so labels and values need
+/// no quoting.
+pub(crate) fn attributes(attrs: HashMap<String, String>) -> KfResult<Attributes> {
+    if let Some((label, _)) = attrs.iter().find(|(l, v)| l.is_empty() || v.is_empty()) {
+        return Err(KfError::new(
+            keyfence::ErrorCode::InvalidAttributes,
+            format!("attribute {label:?}: labels and values must not be empty"),
+        ));
+    }
+    Ok(Attributes::from_pairs(attrs))
+}
+
+/// Parses policy text; a syntax error carries its byte `position` and a
+/// message that points at it.
+pub(crate) fn parse(text: &str) -> KfResult<policy::Policy> {
+    policy::parse(text).map_err(|e| {
+        let mut err = KfError::from(e.clone());
+        err.message = e.render(text);
+        err
+    })
+}
+
+/// Whether `attrs` satisfy `policy`, from the policy alone (no keys, no
+/// cryptography).
+///
+/// ```js
+/// kf.policy.check('region: EU and not country: DE', { region: 'EU', country: 'FR' }) // true
+/// ```
+///
+/// Throws `KeyfenceError` with code `POLICY_SYNTAX` (and `position`, the
+/// byte offset of the fault) or `POLICY_TOO_LARGE` for a policy that does
+/// not parse, `INVALID_ATTRIBUTES` for an empty label or value.
+#[napi(namespace = "policy")]
+pub fn check(env: Env, policy: String, attrs: HashMap<String, String>) -> napi::Result<bool> {
+    js(&env, parse(&policy).and_then(|p| Ok(p.eval(&attributes(attrs)?))))
+}
+
+/// The canonical text of a policy: what keyfence writes into ciphertexts
+/// and envelopes.
+///
+/// Throws as `check`.
+#[napi(namespace = "policy")]
+pub fn canonical(env: Env, policy: String) -> napi::Result<String> {
+    js(&env, parse(&policy).map(|p| p.to_string()))
+}

@@ -1,0 +1,393 @@
+//! Asynchronous signing: an engine (per-class executors with bounded
+//! queues and deadlines, optionally an isolated key process) and private
+//! keys. `engine.sign` returns a promise that the engine settles through
+//! [`Completions`]: no thread, and no libuv work item, per signature.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
+use keyfence::sign::{self as core, Algorithm, ClassConfig, EngineConfig, KeyKind, OpClass, Request};
+use keyfence::ErrorCode;
+use napi::bindgen_prelude::{Buffer, Either, Uint8Array, Unknown};
+use napi::Env;
+use napi_derive::napi;
+use zeroize::Zeroizing;
+
+use crate::error::{js, KfError, KfResult};
+use crate::promise::Completions;
+
+/// PEM text or PEM/DER bytes.
+type PemInput = Either<String, Uint8Array>;
+
+fn pem_bytes(pem: &PemInput) -> Zeroizing<Vec<u8>> {
+    Zeroizing::new(match pem {
+        Either::A(s) => s.as_bytes().to_vec(),
+        Either::B(b) => b.to_vec(),
+    })
+}
+
+/// A private key: in this process's memory, or a handle on one held by an
+/// engine's isolated key process. `util.inspect` shows only its kind.
+#[napi(namespace = "sign")]
+pub struct PrivateKey {
+    inner: Arc<core::PrivateKey>,
+}
+
+#[napi(namespace = "sign")]
+impl PrivateKey {
+    /// Loads a private key held in this process from PEM or DER (PKCS#1,
+    /// PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519). For a key
+    /// kept in an isolated key process, use `engine.loadKey`.
+    ///
+    /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
+    /// never the key's contents).
+    #[napi(factory)]
+    pub fn from_pem(env: Env, pem: Either<String, Uint8Array>) -> napi::Result<Self> {
+        let bytes = pem_bytes(&pem);
+        js(&env, core::PrivateKey::from_bytes(&bytes).map(|k| PrivateKey { inner: Arc::new(k) }).map_err(Into::into))
+    }
+
+    /// The kind of key: `rsa-2048` (any size), `ec-p256`, `ec-p384` or
+    /// `ed25519`.
+    #[napi(getter)]
+    pub fn kind(&self) -> String {
+        match self.inner.kind() {
+            KeyKind::Rsa { bits } => format!("rsa-{bits}"),
+            KeyKind::EcP256 => "ec-p256".into(),
+            KeyKind::EcP384 => "ec-p384".into(),
+            KeyKind::Ed25519 => "ed25519".into(),
+        }
+    }
+
+    /// Whether the key is in this process (false: an isolated key process
+    /// holds it).
+    #[napi(getter)]
+    pub fn is_local(&self) -> bool {
+        self.inner.is_local()
+    }
+
+    /// The public half as DER `SubjectPublicKeyInfo` (for
+    /// `crypto.createPublicKey({ key, format: 'der', type: 'spki' })`).
+    ///
+    /// Throws `KeyfenceError` code `BACKEND_FAILED` if the key process
+    /// holding the key cannot answer.
+    #[napi]
+    pub fn public_key_der(&self, env: Env) -> napi::Result<Buffer> {
+        js(&env, self.inner.public_key_der().map(Buffer::from).map_err(Into::into))
+    }
+}
+
+/// The size of one executor class.
+#[napi(object, namespace = "sign")]
+pub struct ClassOptions {
+    /// Worker threads (1 to 4096).
+    pub threads: Option<u32>,
+    /// Operations that may wait in the queue; beyond it, `sign` rejects at
+    /// once with code `OVERLOADED`.
+    pub queue_capacity: Option<u32>,
+}
+
+/// How an engine is sized. Unset fields take the core's defaults, which
+/// derive from the number of cores.
+#[napi(object, namespace = "sign")]
+pub struct EngineOptions {
+    /// The RSA executor.
+    pub rsa: Option<ClassOptions>,
+    /// The ECDSA/Ed25519 executor.
+    pub ec: Option<ClassOptions>,
+    /// The executor of operations that wait on something outside the
+    /// process (the isolated key process).
+    pub slow: Option<ClassOptions>,
+    /// The deadline of a signature that does not set its own, in
+    /// milliseconds (default 2000); past it the promise rejects with code
+    /// `TIMED_OUT`.
+    pub timeout_ms: Option<u32>,
+    /// Keep keys loaded with `engine.loadKey` in an isolated key process
+    /// (`keyfence-keyd`, found beside the addon), so that a memory
+    /// disclosure in this process cannot reach them. Default false.
+    pub isolated: Option<bool>,
+    /// The key-process program, a path (never looked up on `PATH`);
+    /// default: `keyfence-keyd` beside the addon.
+    pub key_process: Option<String>,
+}
+
+/// Options of one signature.
+#[napi(object, namespace = "sign")]
+pub struct SignOptions {
+    /// This signature's deadline in milliseconds, instead of the engine's.
+    pub timeout_ms: Option<u32>,
+}
+
+fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
+    if let Some(o) = o {
+        if let Some(t) = o.threads {
+            c.threads = t as usize;
+        }
+        if let Some(q) = o.queue_capacity {
+            c.queue_capacity = q as usize;
+        }
+    }
+}
+
+/// A running engine.
+struct Running {
+    engine: core::Engine,
+    key_process: Option<KeyProcess>,
+}
+
+/// The asynchronous signing engine: one executor per class of operation
+/// (RSA, EC/Ed25519, slow), each with its own threads and bounded queue,
+/// a deadline on every operation. Signatures complete as promises without
+/// blocking the event loop.
+#[napi(namespace = "sign")]
+pub struct Engine {
+    running: Option<Running>,
+    completions: Arc<Completions>,
+}
+
+/// Latency of successful operations, in milliseconds.
+#[napi(object, namespace = "sign")]
+pub struct Latency {
+    /// Operations recorded.
+    pub count: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// 99.9th percentile.
+    pub p999: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+/// A snapshot of one executor class.
+#[napi(object, namespace = "sign")]
+pub struct ClassMetrics {
+    /// Worker threads.
+    pub workers: u32,
+    /// Queue capacity.
+    pub queue_capacity: u32,
+    /// Operations waiting in the queue now.
+    pub queue_depth: u32,
+    /// Operations being performed now.
+    pub in_flight: u32,
+    /// Operations accepted since the engine started.
+    pub submitted: f64,
+    /// Operations completed successfully.
+    pub completed: f64,
+    /// Operations that ended in an error, by kind (`overloaded`,
+    /// `timed_out`, `cancelled`, `shut_down`, `invalid`, `failed`).
+    pub errors: HashMap<String, f64>,
+    /// Latency of successful operations.
+    pub latency: Latency,
+}
+
+/// A snapshot of every executor class of an engine.
+#[napi(object, namespace = "sign")]
+pub struct EngineMetrics {
+    /// RSA in software.
+    pub rsa: ClassMetrics,
+    /// ECDSA and Ed25519 in software.
+    pub ec: ClassMetrics,
+    /// Operations that wait outside the process (the key process).
+    pub slow: ClassMetrics,
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn class_metrics(m: &core::ClassMetrics) -> ClassMetrics {
+    let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+    ClassMetrics {
+        workers: n(m.workers),
+        queue_capacity: n(m.queue_capacity),
+        queue_depth: n(m.queue_depth),
+        in_flight: n(m.in_flight),
+        submitted: m.submitted as f64,
+        completed: m.completed as f64,
+        errors: m.errors.iter().map(|(k, v)| (k.name().to_string(), v as f64)).collect(),
+        latency: Latency {
+            count: m.latency.count as f64,
+            p50: ms(m.latency.p50),
+            p90: ms(m.latency.p90),
+            p99: ms(m.latency.p99),
+            p999: ms(m.latency.p999),
+            max: ms(m.latency.max),
+        },
+    }
+}
+
+impl Engine {
+    fn running(&self) -> KfResult<&Running> {
+        self.running.as_ref().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the engine is closed"))
+    }
+
+    /// The request `sign` and `signSync` submit.
+    fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignOptions>) -> KfResult<Request> {
+        let alg: Algorithm = algorithm.parse().map_err(|e| KfError::from(core::SignError::from(e)))?;
+        let req = Request::sign(key.inner.clone(), alg, data.to_vec());
+        Ok(match options.and_then(|o| o.timeout_ms) {
+            Some(ms) if ms > 0 => req.with_timeout(Duration::from_millis(u64::from(ms))),
+            _ => req,
+        })
+    }
+}
+
+#[napi(namespace = "sign")]
+impl Engine {
+    /// Starts an engine: its worker threads, and its key process when
+    /// `isolated` is set.
+    ///
+    /// Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
+    /// no key process found), `IO` (threads), `BACKEND_FAILED` (the key
+    /// process does not start).
+    #[napi(constructor)]
+    pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self> {
+        let completions = Completions::new(&env)?;
+        let start = move || -> KfResult<Running> {
+            let mut config = EngineConfig::default();
+            let mut isolated = None;
+            if let Some(o) = options {
+                class_config(&mut config.rsa, o.rsa);
+                class_config(&mut config.ec, o.ec);
+                class_config(&mut config.slow, o.slow);
+                if let Some(t) = o.timeout_ms {
+                    config.default_timeout = Duration::from_millis(u64::from(t));
+                }
+                if o.isolated.unwrap_or(false) || o.key_process.is_some() {
+                    isolated = Some(match o.key_process {
+                        Some(p) => IsolatedConfig::with_command([p]),
+                        None => IsolatedConfig::default(),
+                    });
+                }
+            }
+            let engine = core::Engine::new(config)?;
+            let key_process = isolated.map(KeyProcess::start).transpose()?;
+            Ok(Running { engine, key_process })
+        };
+        js(&env, start()).map(|r| Engine { running: Some(r), completions })
+    }
+
+    /// Whether keys loaded with `loadKey` go to an isolated key process.
+    #[napi(getter)]
+    pub fn isolated(&self) -> bool {
+        self.running.as_ref().is_some_and(|r| r.key_process.is_some())
+    }
+
+    /// The key process's pid, while one runs.
+    #[napi(getter)]
+    pub fn key_process_pid(&self) -> Option<u32> {
+        self.running.as_ref().and_then(|r| r.key_process.as_ref()).and_then(KeyProcess::pid)
+    }
+
+    /// Loads a private key for this engine from PEM or DER: into its
+    /// isolated key process when it has one (this process keeps only a
+    /// handle), else into this process as `PrivateKey.fromPem` does.
+    ///
+    /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
+    /// if the key process refuses it, `SHUT_DOWN` after `close`.
+    #[napi]
+    pub fn load_key(&self, env: Env, pem: Either<String, Uint8Array>) -> napi::Result<PrivateKey> {
+        let load = || -> KfResult<PrivateKey> {
+            let bytes = pem_bytes(&pem);
+            // Parsed here in both modes so that a bad key gets the same
+            // typed error; the secret then lives in the key process only.
+            let local = core::PrivateKey::from_bytes(&bytes)?;
+            let inner = match &self.running()?.key_process {
+                Some(kp) => kp.load(KeySource::Bytes(bytes))?,
+                None => Arc::new(local),
+            };
+            Ok(PrivateKey { inner })
+        };
+        js(&env, load())
+    }
+
+    /// Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
+    /// `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
+    /// `'ed25519'`, ...; see docs/signing.md). The promise is settled by
+    /// the engine when the signature is done; the event loop never waits.
+    ///
+    /// Rejects with `KeyfenceError` code `OVERLOADED` (the class's queue is
+    /// full: shed load), `TIMED_OUT`, `INVALID_REQUEST` (an unknown
+    /// algorithm, or one that does not fit the key), `BACKEND_FAILED`,
+    /// `SHUT_DOWN`.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn sign<'env>(
+        &self,
+        env: &'env Env,
+        key: &PrivateKey,
+        algorithm: String,
+        data: Uint8Array,
+        options: Option<SignOptions>,
+    ) -> napi::Result<Unknown<'env>> {
+        let (pending, promise) = self.completions.begin(env)?;
+        // The callback owns the promise's token; if the engine refuses the
+        // request it drops the callback uncalled, and the token is taken
+        // back from this slot to reject the promise at once.
+        let slot = Arc::new(Mutex::new(Some(pending)));
+        let submitted = self.running().and_then(|running| {
+            let req = Self::request(key, &algorithm, &data, options)?;
+            let (done, slot) = (self.completions.clone(), slot.clone());
+            running.engine.submit_with_callback(req, move |result| {
+                if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    done.complete(p, result);
+                }
+            })?;
+            Ok(())
+        });
+        if let Err(e) = submitted {
+            if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                self.completions.reject_now(env, p, e);
+            }
+        }
+        Ok(promise)
+    }
+
+    /// `sign`, waiting on the calling thread for the signature: for
+    /// scripts, never for a server's event loop.
+    ///
+    /// Throws as `sign` rejects.
+    #[napi]
+    pub fn sign_sync(
+        &self,
+        env: Env,
+        key: &PrivateKey,
+        algorithm: String,
+        data: Uint8Array,
+        options: Option<SignOptions>,
+    ) -> napi::Result<Buffer> {
+        let run = || -> KfResult<Buffer> {
+            let req = Self::request(key, &algorithm, &data, options)?;
+            let sig = self.running()?.engine.submit(req)?.wait()?;
+            Ok(Buffer::from(sig.to_vec()))
+        };
+        js(&env, run())
+    }
+
+    /// A snapshot of every class's counters and latency percentiles.
+    ///
+    /// Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
+    #[napi]
+    pub fn metrics(&self, env: Env) -> napi::Result<EngineMetrics> {
+        let m = js(&env, self.running())?.engine.metrics();
+        Ok(EngineMetrics {
+            rsa: class_metrics(m.class(OpClass::Rsa)),
+            ec: class_metrics(m.class(OpClass::Ec)),
+            slow: class_metrics(m.class(OpClass::Slow)),
+        })
+    }
+
+    /// Shuts the engine down now rather than when it is garbage-collected:
+    /// queued signatures reject with code `SHUT_DOWN`, running ones finish,
+    /// the key process exits once its keys are gone, and later calls
+    /// reject with `SHUT_DOWN`.
+    #[napi]
+    pub fn close(&mut self) {
+        self.running = None;
+    }
+}

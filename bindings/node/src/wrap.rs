@@ -1,0 +1,242 @@
+//! Policy-key wrapping on a store directory: the authority (issues machine
+//! keys, wraps secrets, rotates) and the machine (opens envelopes). Every
+//! call that may run CP-ABE or touch the store is a promise computed on
+//! the libuv thread pool, with a `*Sync` twin.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use keyfence::wrap::{self as core, CacheConfig, Envelope, FileStore, Store};
+use keyfence::ErrorCode;
+use napi::bindgen_prelude::{AsyncTask, Buffer, Uint8Array};
+use napi::Env;
+use napi_derive::napi;
+use zeroize::Zeroizing;
+
+use crate::abe::secret_buffer;
+use crate::error::{js, KfError, KfResult};
+use crate::policy;
+use crate::task::Job;
+
+fn store(dir: &str) -> KfResult<Arc<dyn Store>> {
+    Ok(Arc::new(FileStore::open(dir)?))
+}
+
+/// An authority opened on a store directory: issues machine keys, wraps
+/// secrets, rotates keys. Holds the master keys: `util.inspect` never shows
+/// them. Calls on one authority run one at a time.
+#[napi(namespace = "wrap")]
+pub struct Authority {
+    inner: Arc<Mutex<core::Authority>>,
+}
+
+fn authority(a: core::Authority) -> Authority {
+    Authority { inner: Arc::new(Mutex::new(a)) }
+}
+
+fn init_job(dir: String) -> Job<core::Authority, Authority> {
+    Job::new(move || Ok(core::Authority::init(store(&dir)?)?), authority)
+}
+
+fn open_job(dir: String) -> Job<core::Authority, Authority> {
+    Job::new(move || Ok(core::Authority::open(store(&dir)?)?), authority)
+}
+
+/// A report of a master-key rotation.
+#[napi(object, namespace = "wrap")]
+pub struct MasterRotation {
+    /// The new active master generation.
+    pub generation: u32,
+    /// Policy keys re-sealed under it (envelopes are never touched).
+    pub resealed: u32,
+}
+
+impl Authority {
+    /// Runs `f` on the authority, on whatever thread the job is on.
+    fn with<T: Send + 'static, J>(
+        &self,
+        f: impl FnOnce(&mut core::Authority) -> KfResult<T> + Send + 'static,
+        to_js: fn(T) -> J,
+    ) -> Job<T, J> {
+        let inner = self.inner.clone();
+        Job::new(
+            move || {
+                let mut a = inner
+                    .lock()
+                    .map_err(|_| KfError::new(ErrorCode::Internal, "an earlier call on this authority panicked"))?;
+                f(&mut a)
+            },
+            to_js,
+        )
+    }
+
+    fn issue_job(&self, attrs: HashMap<String, String>) -> Job<Zeroizing<Vec<u8>>, Buffer> {
+        self.with(move |a| Ok(a.issue(&policy::attributes(attrs)?)?.to_bytes()), secret_buffer)
+    }
+
+    fn wrap_job(&self, policy_text: String, secret: Uint8Array) -> Job<Vec<u8>, Buffer> {
+        let secret = Zeroizing::new(secret.to_vec());
+        self.with(
+            move |a| {
+                // Parsed here first so that a syntax error carries its caret.
+                policy::parse(&policy_text)?;
+                Ok(a.wrap(&policy_text, &secret)?.to_bytes().to_vec())
+            },
+            Buffer::from,
+        )
+    }
+
+    fn rotate_job(&self) -> Job<core::MasterRotation, MasterRotation> {
+        self.with(|a| Ok(a.rotate_master()?), |r| MasterRotation { generation: r.new_generation, resealed: u32::try_from(r.resealed).unwrap_or(u32::MAX) })
+    }
+}
+
+#[napi(namespace = "wrap")]
+impl Authority {
+    /// Creates an authority, with its first master generation, in the store
+    /// directory `dir`.
+    ///
+    /// Rejects with `KeyfenceError` code `AUTHORITY_EXISTS` if the store
+    /// already holds one, `STORE_IO` if the directory cannot be written.
+    #[napi(ts_return_type = "Promise<Authority>")]
+    pub fn init(dir: String) -> AsyncTask<Job<core::Authority, Authority>> {
+        init_job(dir).spawn()
+    }
+
+    /// `init` on the calling thread.
+    #[napi]
+    pub fn init_sync(env: Env, dir: String) -> napi::Result<Authority> {
+        init_job(dir).run_sync(&env)
+    }
+
+    /// Opens the authority in the store directory `dir`.
+    ///
+    /// Rejects with `KeyfenceError` code `NO_AUTHORITY` if the store holds
+    /// none, `INCONSISTENT_STATE` or `INVALID_ENVELOPE` if its state does
+    /// not decode, `STORE_IO`.
+    #[napi(ts_return_type = "Promise<Authority>")]
+    pub fn open(dir: String) -> AsyncTask<Job<core::Authority, Authority>> {
+        open_job(dir).spawn()
+    }
+
+    /// `open` on the calling thread.
+    #[napi]
+    pub fn open_sync(env: Env, dir: String) -> napi::Result<Authority> {
+        open_job(dir).run_sync(&env)
+    }
+
+    /// Issues a machine key for `attrs` (`{ region: 'EU', country: 'DE' }`):
+    /// one attribute key per live master generation. A secret for the
+    /// machine only.
+    ///
+    /// Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES`,
+    /// `RESERVED_LABEL`, `LIMIT_EXCEEDED`, `STORE_IO`.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn issue(&self, attrs: HashMap<String, String>) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
+        self.issue_job(attrs).spawn()
+    }
+
+    /// `issue` on the calling thread.
+    #[napi]
+    pub fn issue_sync(&self, env: Env, attrs: HashMap<String, String>) -> napi::Result<Buffer> {
+        self.issue_job(attrs).run_sync(&env)
+    }
+
+    /// Wraps `secret` under `policy` into an envelope: the secret sealed to
+    /// the policy's key (created on first use and sealed under CP-ABE).
+    ///
+    /// Rejects with `KeyfenceError` code `POLICY_SYNTAX` (with `position`),
+    /// `POLICY_TOO_LARGE`, `LIMIT_EXCEEDED`, `STORE_IO`.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn wrap(&self, policy: String, secret: Uint8Array) -> AsyncTask<Job<Vec<u8>, Buffer>> {
+        self.wrap_job(policy, secret).spawn()
+    }
+
+    /// `wrap` on the calling thread.
+    #[napi]
+    pub fn wrap_sync(&self, env: Env, policy: String, secret: Uint8Array) -> napi::Result<Buffer> {
+        self.wrap_job(policy, secret).run_sync(&env)
+    }
+
+    /// Rotates the master key: a new active generation, policy keys
+    /// re-sealed under it; envelopes are never touched.
+    ///
+    /// Rejects with `KeyfenceError` code `STORE_IO`, `LIMIT_EXCEEDED`.
+    #[napi(ts_return_type = "Promise<MasterRotation>")]
+    pub fn rotate_master(&self) -> AsyncTask<Job<core::MasterRotation, MasterRotation>> {
+        self.rotate_job().spawn()
+    }
+
+    /// `rotateMaster` on the calling thread.
+    #[napi]
+    pub fn rotate_master_sync(&self, env: Env) -> napi::Result<MasterRotation> {
+        self.rotate_job().run_sync(&env)
+    }
+}
+
+/// A machine: its machine key and the store holding the sealed policy
+/// keys, with a cache of opened policy keys. Holds secrets: `util.inspect`
+/// shows only its attributes' labels.
+#[napi(namespace = "wrap")]
+pub struct Machine {
+    inner: Arc<core::Machine>,
+}
+
+#[napi(namespace = "wrap")]
+impl Machine {
+    /// A machine holding `machineKey` (from `Authority.issue`) that reads
+    /// sealed policy keys from the store directory `dir`.
+    ///
+    /// Throws `KeyfenceError` code `INVALID_KEY` if the machine key does not
+    /// decode, `STORE_IO`.
+    #[napi(constructor)]
+    pub fn new(env: Env, machine_key: Uint8Array, dir: String) -> napi::Result<Self> {
+        let made = || -> KfResult<Self> {
+            let key = core::MachineKey::from_bytes(&machine_key)?;
+            Ok(Machine { inner: Arc::new(core::Machine::new(key, store(&dir)?, CacheConfig::default())) })
+        };
+        js(&env, made())
+    }
+
+    /// Whether this machine could open `envelope`, from its policy and the
+    /// machine's attributes, without cryptography.
+    ///
+    /// Throws `KeyfenceError` code `INVALID_ENVELOPE` for bytes that are not
+    /// an envelope.
+    #[napi]
+    pub fn could_open(&self, env: Env, envelope: Uint8Array) -> napi::Result<bool> {
+        js(&env, Envelope::parse(&envelope).map(|e| self.inner.could_open(&e)).map_err(Into::into))
+    }
+
+    /// Opens `envelope`. The first open under a policy decrypts its policy
+    /// key with CP-ABE (milliseconds, on the thread pool); later ones hit
+    /// the cache.
+    ///
+    /// Rejects with `KeyfenceError` code `POLICY_NOT_SATISFIED`,
+    /// `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `INVALID_ENVELOPE`
+    /// (malformed or tampered), `STORE_IO`.
+    #[napi(ts_return_type = "Promise<Buffer>")]
+    pub fn open(&self, envelope: Uint8Array) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
+        self.open_job(envelope).spawn()
+    }
+
+    /// `open` on the calling thread.
+    #[napi]
+    pub fn open_sync(&self, env: Env, envelope: Uint8Array) -> napi::Result<Buffer> {
+        self.open_job(envelope).run_sync(&env)
+    }
+
+    /// The attribute labels of the machine key (not secret; for logs).
+    #[napi(getter)]
+    pub fn labels(&self) -> Vec<String> {
+        self.inner.attributes().iter().map(|(l, _)| l.to_owned()).collect()
+    }
+}
+
+impl Machine {
+    fn open_job(&self, envelope: Uint8Array) -> Job<Zeroizing<Vec<u8>>, Buffer> {
+        let m = self.inner.clone();
+        let env = envelope.to_vec();
+        Job::new(move || Ok(m.open(&env)?), secret_buffer)
+    }
+}

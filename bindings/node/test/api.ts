@@ -1,0 +1,63 @@
+// Type-checked by test/types.test.js with `tsc --noEmit`: every part of the
+// API as a TypeScript user writes it, against the generated index.d.ts.
+import * as kf from '..'
+
+export async function everything(dir: string, pem: string): Promise<void> {
+  const v: string = kf.version()
+  const ok: boolean = kf.policy.check('region: EU', { region: 'EU' })
+  const canonical: string = kf.policy.canonical('region:EU')
+
+  const { publicKey, masterKey }: kf.abe.AuthorityKeys = await kf.abe.setup()
+  const key: kf.abe.AttributeKey = await kf.abe.keygen(masterKey, { country: 'FR', region: 'EU' })
+  const ct: Buffer = await kf.abe.encrypt(publicKey, 'region: EU', Buffer.from('...'))
+  const pt: Buffer = await kf.abe.decrypt(key, ct)
+  const pt2: Buffer = kf.abe.decryptSync(key, kf.abe.encryptSync(publicKey, 'region: EU', new Uint8Array(3)))
+  const sync = kf.abe.setupSync()
+  const k2: kf.abe.AttributeKey = kf.abe.keygenSync(sync.masterKey, { a: 'b' })
+  const pk: kf.abe.PublicKey = kf.abe.PublicKey.fromBytes(publicKey.toBytes())
+  const msk: kf.abe.MasterKey = kf.abe.MasterKey.fromBytes(masterKey.toBytes())
+  const ak: kf.abe.AttributeKey = kf.abe.AttributeKey.fromBytes(key.toBytes())
+  const labels: string[] = ak.labels
+  const could: boolean = kf.abe.couldDecrypt({ region: 'EU' }, ct)
+  const policy: string = kf.abe.policyOf(ct)
+
+  const auth: kf.wrap.Authority = await kf.wrap.Authority.init(dir)
+  const again: kf.wrap.Authority = await kf.wrap.Authority.open(dir)
+  const authSync: kf.wrap.Authority = kf.wrap.Authority.openSync(dir)
+  const env: Buffer = await auth.wrap('region: EU', Buffer.from('secret'))
+  const machineKey: Buffer = await auth.issue({ region: 'EU' })
+  const rotation: kf.wrap.MasterRotation = await auth.rotateMaster()
+  const n: number = rotation.resealed + rotation.generation
+  const m = new kf.wrap.Machine(machineKey, dir)
+  const yes: boolean = m.couldOpen(env)
+  const secret: Buffer = await m.open(env)
+  const secret2: Buffer = m.openSync(auth.wrapSync('a: b', Buffer.from('x')))
+  const mk: Buffer = auth.issueSync({ a: 'b' })
+  const r2: kf.wrap.MasterRotation = again.rotateMasterSync()
+
+  const engine = new kf.sign.Engine({ isolated: false, ec: { threads: 2, queueCapacity: 1024 }, timeoutMs: 1000 })
+  const sk: kf.sign.PrivateKey = kf.sign.PrivateKey.fromPem(pem)
+  const sk2: kf.sign.PrivateKey = kf.sign.PrivateKey.fromPem(Buffer.from(pem))
+  const held: kf.sign.PrivateKey = engine.loadKey(pem)
+  const sig: Buffer = await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { timeoutMs: 50 })
+  const sig2: Buffer = engine.signSync(sk2, 'ecdsa-p256-sha256', Buffer.from('data'))
+  const metrics: kf.sign.EngineMetrics = engine.metrics()
+  const p99: number = metrics.ec.latency.p99
+  const overloaded: number | undefined = metrics.ec.errors['overloaded']
+  const spki: Buffer = held.publicKeyDer()
+  const kind: string = sk.kind
+  const isolated: boolean = engine.isolated
+  const pid: number | null | undefined = engine.keyProcessPid
+  engine.close()
+
+  try {
+    kf.policy.check('a: b or', {})
+  } catch (e) {
+    if (e instanceof kf.KeyfenceError) {
+      const code: string = e.code
+      const position: number | undefined = e.position
+      void [code, position]
+    }
+  }
+  void [v, ok, canonical, pt, pt2, k2, pk, msk, labels, could, policy, authSync, n, yes, secret, secret2, mk, r2, sig, sig2, p99, overloaded, spki, kind, isolated, pid]
+}

@@ -1,0 +1,72 @@
+'use strict'
+// The event loop keeps turning while keyfence works: signatures complete
+// from the engine's threads, CP-ABE runs on the libuv pool.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const crypto = require('node:crypto')
+const { execFileSync } = require('node:child_process')
+const path = require('node:path')
+const kf = require('..')
+
+/** Runs `work` while a 10 ms interval ticks; returns the ticks and the longest gap. */
+async function withTimer(work) {
+  let last = performance.now()
+  let maxGap = 0
+  let ticks = 0
+  const timer = setInterval(() => {
+    const now = performance.now()
+    maxGap = Math.max(maxGap, now - last)
+    last = now
+    ticks++
+  }, 10)
+  const start = performance.now()
+  try {
+    await work()
+  } finally {
+    clearInterval(timer)
+  }
+  return { ticks, maxGap, elapsed: performance.now() - start }
+}
+
+test('1000 concurrent RSA signatures on one slow thread do not stall a timer', async (t) => {
+  const { privateKey, publicKey } = crypto.generateKeyPairSync('rsa', { modulusLength: 2048 })
+  const engine = new kf.sign.Engine({ rsa: { threads: 1, queueCapacity: 2000 }, timeoutMs: 120000 })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(privateKey.export({ type: 'pkcs8', format: 'pem' }))
+  let sigs
+  const r = await withTimer(async () => {
+    sigs = await Promise.all(Array.from({ length: 1000 }, (_, i) => engine.sign(sk, 'rsa-pss-sha256', Buffer.from(`m${i}`))))
+  })
+  assert.equal(sigs.length, 1000)
+  const pss = { key: publicKey, padding: crypto.constants.RSA_PKCS1_PSS_PADDING, saltLength: 32 }
+  assert.equal(crypto.verify('sha256', Buffer.from('m999'), pss, sigs[999]), true)
+  assert.ok(r.elapsed > 300, `the work took long enough to matter (${r.elapsed.toFixed(0)} ms)`)
+  assert.ok(r.maxGap < 150, `longest timer gap ${r.maxGap.toFixed(1)} ms`)
+  assert.ok(r.ticks >= (r.elapsed / 10) * 0.5, `${r.ticks} ticks in ${r.elapsed.toFixed(0)} ms`)
+})
+
+test('8 concurrent CP-ABE decrypts do not stall a timer', async () => {
+  const { publicKey, masterKey } = await kf.abe.setup()
+  const key = await kf.abe.keygen(masterKey, Object.fromEntries(Array.from({ length: 20 }, (_, i) => [`a${i}`, 'y'])))
+  const policy = Array.from({ length: 20 }, (_, i) => `a${i}: y`).join(' and ')
+  const ct = await kf.abe.encrypt(publicKey, policy, Buffer.from('pt'))
+  const r = await withTimer(async () => {
+    for (let round = 0; round < 2; round++) {
+      const out = await Promise.all(Array.from({ length: 8 }, () => kf.abe.decrypt(key, ct)))
+      out.forEach((b) => assert.equal(b.toString(), 'pt'))
+    }
+  })
+  assert.ok(r.maxGap < 100, `longest timer gap ${r.maxGap.toFixed(1)} ms over ${r.elapsed.toFixed(0)} ms`)
+})
+
+const pkg = path.resolve(__dirname, '..')
+const node = (code) => execFileSync(process.execPath, ['-e', code], { cwd: pkg, timeout: 20000, encoding: 'utf8' })
+
+test('an idle engine lets the process exit; a pending signature keeps it alive', () => {
+  assert.equal(node(`const kf = require('.'); globalThis.e = new kf.sign.Engine(); console.log('idle')`), 'idle\n')
+  const pem = crypto.generateKeyPairSync('ec', { namedCurve: 'P-256' }).privateKey.export({ type: 'pkcs8', format: 'pem' })
+  const out = node(`const kf = require('.'); const e = new kf.sign.Engine();
+    const k = kf.sign.PrivateKey.fromPem(${JSON.stringify(pem)});
+    e.sign(k, 'ecdsa-p256-sha256', Buffer.from('x')).then((s) => console.log('signed', s.length > 0))`)
+  assert.equal(out, 'signed true\n')
+})

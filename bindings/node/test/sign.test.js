@@ -1,0 +1,145 @@
+'use strict'
+// Signatures are checked with node:crypto, an implementation no one here
+// wrote, on keys node:crypto made.
+const test = require('node:test')
+const assert = require('node:assert/strict')
+const crypto = require('node:crypto')
+const util = require('node:util')
+const kf = require('..')
+
+function pair(type, options) {
+  const { privateKey, publicKey } = crypto.generateKeyPairSync(type, options)
+  return { pem: privateKey.export({ type: 'pkcs8', format: 'pem' }), publicKey }
+}
+
+const keys = {
+  p256: pair('ec', { namedCurve: 'P-256' }),
+  p384: pair('ec', { namedCurve: 'P-384' }),
+  rsa: pair('rsa', { modulusLength: 2048 }),
+  ed: pair('ed25519'),
+}
+
+const cases = [
+  ['ecdsa-p256-sha256', 'p256', (d, k, s) => crypto.verify('sha256', d, k, s)],
+  ['ecdsa-p384-sha384', 'p384', (d, k, s) => crypto.verify('sha384', d, k, s)],
+  ['rsa-pkcs1-sha256', 'rsa', (d, k, s) => crypto.verify('sha256', d, k, s)],
+  ['rsa-pss-sha256', 'rsa', (d, k, s) => crypto.verify('sha256', d, { key: k, padding: crypto.constants.RSA_PKCS1_PSS_PADDING, saltLength: 32 }, s)],
+  ['rsa-pss-sha512', 'rsa', (d, k, s) => crypto.verify('sha512', d, { key: k, padding: crypto.constants.RSA_PKCS1_PSS_PADDING, saltLength: 64 }, s)],
+  ['ed25519', 'ed', (d, k, s) => crypto.verify(null, d, k, s)],
+]
+
+test('every algorithm verifies with node:crypto', async (t) => {
+  const engine = new kf.sign.Engine({ isolated: false })
+  t.after(() => engine.close())
+  for (const [alg, which, verify] of cases) {
+    const sk = kf.sign.PrivateKey.fromPem(keys[which].pem)
+    const data = crypto.randomBytes(100)
+    const sig = await engine.sign(sk, alg, data)
+    assert.ok(Buffer.isBuffer(sig))
+    assert.equal(verify(data, keys[which].publicKey, sig), true, alg)
+    assert.equal(verify(Buffer.concat([data, Buffer.from('!')]), keys[which].publicKey, sig), false, alg)
+    assert.equal(verify(data, keys[which].publicKey, engine.signSync(sk, alg, data)), true, `${alg} sync`)
+  }
+})
+
+test('keys from PEM text or bytes, DER, and their public half', () => {
+  const fromText = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  const fromBytes = kf.sign.PrivateKey.fromPem(Buffer.from(keys.p256.pem))
+  const der = crypto.createPrivateKey(keys.p256.pem).export({ type: 'pkcs8', format: 'der' })
+  const fromDer = kf.sign.PrivateKey.fromPem(der)
+  const spki = keys.p256.publicKey.export({ type: 'spki', format: 'der' })
+  for (const k of [fromText, fromBytes, fromDer]) {
+    assert.equal(k.kind, 'ec-p256')
+    assert.equal(k.isLocal, true)
+    assert.deepEqual(k.publicKeyDer(), spki)
+  }
+  assert.equal(kf.sign.PrivateKey.fromPem(keys.rsa.pem).kind, 'rsa-2048')
+  assert.equal(kf.sign.PrivateKey.fromPem(keys.ed.pem).kind, 'ed25519')
+  assert.doesNotMatch(util.inspect(fromText, { showHidden: true }), /BEGIN|[0-9a-f]{32}/)
+  assert.match(util.inspect(fromText), /ec-p256/)
+})
+
+test('errors: bad keys, unknown algorithms, mismatches, closed engine', async () => {
+  assert.throws(() => kf.sign.PrivateKey.fromPem('-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n'), { code: 'INVALID_PRIVATE_KEY' })
+  assert.throws(() => kf.sign.PrivateKey.fromPem(Buffer.alloc(0)), (e) => e instanceof kf.KeyfenceError && e.code === 'INVALID_PRIVATE_KEY')
+  const engine = new kf.sign.Engine()
+  const sk = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  await assert.rejects(engine.sign(sk, 'rsa-sha1', Buffer.from('x')), { code: 'INVALID_REQUEST' })
+  await assert.rejects(engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x')), { code: 'INVALID_REQUEST' })
+  assert.throws(() => engine.signSync(sk, 'ed25519', Buffer.from('x')), { code: 'INVALID_REQUEST' })
+  assert.throws(() => new kf.sign.Engine({ ec: { threads: 0 } }), { code: 'INVALID_CONFIG' })
+  assert.throws(() => new kf.sign.Engine({ keyProcess: 'no-such-program' }), { code: 'INVALID_CONFIG' })
+  engine.close()
+  await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('x')), { code: 'SHUT_DOWN' })
+  assert.throws(() => engine.metrics(), { code: 'SHUT_DOWN' })
+})
+
+test('a full queue rejects with OVERLOADED, at once', async (t) => {
+  const engine = new kf.sign.Engine({ rsa: { threads: 1, queueCapacity: 2 } })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.rsa.pem)
+  const results = await Promise.allSettled(Array.from({ length: 50 }, () => engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x'))))
+  const overloaded = results.filter((r) => r.status === 'rejected' && r.reason.code === 'OVERLOADED')
+  const ok = results.filter((r) => r.status === 'fulfilled')
+  assert.ok(overloaded.length > 0, 'some submissions were shed')
+  assert.ok(ok.length >= 1, 'the queued ones completed')
+  assert.equal(overloaded.length + ok.length, 50)
+  assert.ok(overloaded[0].reason instanceof kf.KeyfenceError)
+  assert.ok(engine.metrics().rsa.errors.overloaded >= overloaded.length)
+})
+
+test('a passed deadline rejects with TIMED_OUT', async (t) => {
+  const engine = new kf.sign.Engine({ rsa: { threads: 1, queueCapacity: 1000 }, timeoutMs: 20 })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.rsa.pem)
+  // About a millisecond each on one thread: the tail of 300 waits far past 20 ms.
+  const results = await Promise.allSettled(Array.from({ length: 300 }, () => engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x'))))
+  const timedOut = results.filter((r) => r.status === 'rejected' && r.reason.code === 'TIMED_OUT')
+  assert.ok(timedOut.length > 0)
+  assert.ok(results.every((r) => r.status === 'fulfilled' || r.reason.code === 'TIMED_OUT'))
+  // A per-signature deadline overrides the engine's.
+  const slow = Array.from({ length: 300 }, () => engine.sign(sk, 'rsa-pss-sha256', Buffer.from('y'), { timeoutMs: 60000 }))
+  assert.ok((await Promise.allSettled(slow)).every((r) => r.status === 'fulfilled'))
+})
+
+test('metrics count per class', async (t) => {
+  const engine = new kf.sign.Engine({ ec: { threads: 2, queueCapacity: 64 } })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  await Promise.all(Array.from({ length: 20 }, () => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('m'))))
+  const m = engine.metrics()
+  assert.equal(m.ec.workers, 2)
+  assert.equal(m.ec.queueCapacity, 64)
+  assert.equal(m.ec.completed, 20)
+  assert.equal(m.ec.latency.count, 20)
+  assert.ok(m.ec.latency.p50 > 0)
+  assert.equal(m.rsa.completed, 0)
+})
+
+test('the isolated key process, found beside the addon', async (t) => {
+  const engine = new kf.sign.Engine({ isolated: true })
+  t.after(() => engine.close())
+  assert.equal(engine.isolated, true)
+  assert.ok(engine.keyProcessPid > 0 && engine.keyProcessPid !== process.pid)
+  const sk = engine.loadKey(keys.p256.pem)
+  assert.equal(sk.isLocal, false)
+  const data = Buffer.from('held elsewhere')
+  const sig = await engine.sign(sk, 'ecdsa-p256-sha256', data)
+  assert.equal(crypto.verify('sha256', data, keys.p256.publicKey, sig), true)
+  const rsa = engine.loadKey(Buffer.from(keys.rsa.pem))
+  const rsig = await engine.sign(rsa, 'rsa-pkcs1-sha256', data)
+  assert.equal(crypto.verify('sha256', data, keys.rsa.publicKey, rsig), true)
+  assert.deepEqual(sk.publicKeyDer(), keys.p256.publicKey.export({ type: 'spki', format: 'der' }))
+  assert.throws(() => engine.loadKey('junk'), { code: 'INVALID_PRIVATE_KEY' })
+  const m = engine.metrics()
+  assert.ok(m.rsa.completed + m.ec.completed + m.slow.completed >= 2)
+})
+
+test('1000 signatures in flight, and an idle engine does not hold the process', async (t) => {
+  const engine = new kf.sign.Engine()
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  const data = Array.from({ length: 1000 }, (_, i) => Buffer.from(`message ${i}`))
+  const sigs = await Promise.all(data.map((d) => engine.sign(sk, 'ecdsa-p256-sha256', d)))
+  sigs.forEach((s, i) => assert.equal(crypto.verify('sha256', data[i], keys.p256.publicKey, s), true))
+})
