@@ -136,6 +136,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=15)
     ap.add_argument("--seconds", type=float, default=2.0)
+    ap.add_argument("--svg", help="write a bar chart of the summary here")
     a = ap.parse_args()
     ratios: Dict[str, List[float]] = {}
     for r in range(a.rounds):
@@ -162,6 +163,39 @@ def main() -> None:
         ratios.setdefault("decrypt and50 2-thread speedup", []).append(speed["speedup"])
     summary = {k: {"median": statistics.median(v), "min": min(v), "max": max(v)} for k, v in ratios.items()}
     print(json.dumps({"summary": summary, "keyfence": keyfence.__version__, "python": sys.version.split()[0]}))
+    if a.svg:
+        with open(a.svg, "w") as f:
+            f.write(chart(summary))
+
+
+# Targets from the Python issue: a time ratio at most 1.1, a throughput
+# ratio at least 0.5; the two-thread speedup has none (2 cores shared).
+TARGETS = {"decrypt": (1.1, "max"), "open": (1.1, "max"), "ecdsa": (0.5, "min")}
+
+
+def chart(summary: Dict[str, Dict[str, float]]) -> str:
+    """Horizontal bars: each ratio's median with its min-max range, and the
+    target as a red tick."""
+    rows = list(summary.items())
+    w, left, bar, scale = 720, 300, 22, 240.0
+    h = 40 + bar * len(rows) + 30
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+           '<text x="10" y="20" font-size="14">Python binding / Rust core (side by side; median of rounds, range in grey)</text>']
+    for i, (name, v) in enumerate(rows):
+        y = 36 + i * bar
+        out.append(f'<text x="{left - 8}" y="{y + 14}" text-anchor="end">{name}</text>')
+        out.append(f'<rect x="{left}" y="{y + 3}" width="{v["median"] * scale:.1f}" height="{bar - 8}" fill="#4a7bd0"/>')
+        out.append(f'<line x1="{left + v["min"] * scale:.1f}" x2="{left + v["max"] * scale:.1f}" y1="{y + 11}" y2="{y + 11}" stroke="#888" stroke-width="3"/>')
+        out.append(f'<text x="{left + v["median"] * scale + 6:.1f}" y="{y + 14}">{v["median"]:.2f}</text>')
+        target = next((t for k, t in TARGETS.items() if name.startswith(k)), None)
+        if target:
+            x = left + target[0] * scale
+            out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y + 1}" y2="{y + bar - 3}" stroke="#d03030" stroke-width="2"/>')
+    x1 = left + scale
+    out.append(f'<line x1="{x1}" x2="{x1}" y1="32" y2="{h - 26}" stroke="#000" stroke-dasharray="3,3"/>')
+    out.append(f'<text x="{x1}" y="{h - 10}" text-anchor="middle">1.0</text>')
+    out.append("</svg>\n")
+    return "\n".join(out)
 
 
 if __name__ == "__main__":
