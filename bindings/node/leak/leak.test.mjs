@@ -37,8 +37,12 @@ test('resident memory stays within 10% over 100,000 signatures and 2,000 decrypt
     }
   }
 
-  await signatures(20000)
-  await decrypts(400)
+  // Warm up with a round of the same size: V8's heap limits and the
+  // allocator's per-thread arenas settle at the size the load needs, after
+  // which a leak shows as growth and noise does not (a 20,000-signature
+  // warm-up left 17% of growth to V8 and malloc on one CI run).
+  await signatures(100000)
+  await decrypts(2000)
   const before = await settle()
   await signatures(100000)
   await decrypts(2000)
@@ -46,6 +50,6 @@ test('resident memory stays within 10% over 100,000 signatures and 2,000 decrypt
   const growth = (after - before) / before
   console.log(`rss ${(before / 2 ** 20).toFixed(1)} MiB -> ${(after / 2 ** 20).toFixed(1)} MiB (${(growth * 100).toFixed(1)}%)`)
   assert.ok(growth <= 0.1, `resident memory grew ${(growth * 100).toFixed(1)}%`)
-  assert.equal(engine.metrics().ec.completed, 120000)
+  assert.equal(engine.metrics().ec.completed, 200000)
   engine.close()
 })
