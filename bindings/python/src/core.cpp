@@ -277,9 +277,21 @@ struct Authority {
     Handle<keyfence_authority, keyfence_authority_free> a;
     std::shared_mutex lock;
 
-    keyfence_authority *live() const {
-        if (!a.get()) throw py::value_error("the authority is closed");
-        return a.get();
+    // Runs `f(handle)` (a C call) without the GIL, holding the lock as
+    // `Hold` (shared for reads, unique for writes); a closed authority is a
+    // ValueError, a failed call its exception.
+    template <class Hold, class F>
+    void call(F &&f) {
+        keyfence_result r = KEYFENCE_OK;
+        bool closed;
+        {
+            py::gil_scoped_release release;
+            Hold hold(lock);
+            closed = !a.get();
+            if (!closed) r = f(a.get());
+        }
+        if (closed) throw py::value_error("the authority is closed");
+        check(r);
     }
 };
 
@@ -302,11 +314,6 @@ struct Machine {
 struct Engine {
     Handle<keyfence_engine, keyfence_engine_free> e;
     std::shared_mutex lock;  // shared by calls, exclusive for close()
-
-    keyfence_engine *live() const {
-        if (!e.get()) throw py::value_error("the engine is closed");
-        return e.get();
-    }
 };
 
 using PrivateKey = Handle<keyfence_private_key, keyfence_key_free>;
@@ -543,14 +550,8 @@ PYBIND11_MODULE(_core, m) {
             [](Authority &a, py::handle attrs) {
                 std::string t = attributes(attrs);
                 Owned out;
-                keyfence_result r;
-                {
-                    py::gil_scoped_release release;
-                    std::shared_lock<std::shared_mutex> hold(a.lock);
-                    r = a.a.get() ? keyfence_authority_issue(a.a.get(), t.c_str(), &out.b) : KEYFENCE_INVALID_ARGUMENT;
-                }
-                a.live();
-                check(r);
+                a.call<std::shared_lock<std::shared_mutex>>(
+                    [&](keyfence_authority *h) { return keyfence_authority_issue(h, t.c_str(), &out.b); });
                 return out.to_bytes();
             },
             py::arg("attributes"),
@@ -563,15 +564,9 @@ PYBIND11_MODULE(_core, m) {
                 std::string p = text(policy, "policy");
                 Bytes s(secret, "secret");
                 Owned out;
-                keyfence_result r;
-                {
-                    py::gil_scoped_release release;
-                    std::unique_lock<std::shared_mutex> hold(a.lock);
-                    r = a.a.get() ? keyfence_authority_wrap(a.a.get(), p.c_str(), s.data(), s.size(), &out.b)
-                                  : KEYFENCE_INVALID_ARGUMENT;
-                }
-                a.live();
-                check(r);
+                a.call<std::unique_lock<std::shared_mutex>>([&](keyfence_authority *h) {
+                    return keyfence_authority_wrap(h, p.c_str(), s.data(), s.size(), &out.b);
+                });
                 return out.to_bytes();
             },
             py::arg("policy"), py::arg("secret"),
@@ -581,14 +576,8 @@ PYBIND11_MODULE(_core, m) {
         .def("rotate_master",
              [](Authority &a) {
                  size_t n = 0;
-                 keyfence_result r;
-                 {
-                     py::gil_scoped_release release;
-                     std::unique_lock<std::shared_mutex> hold(a.lock);
-                     r = a.a.get() ? keyfence_authority_rotate_master(a.a.get(), &n) : KEYFENCE_INVALID_ARGUMENT;
-                 }
-                 a.live();
-                 check(r);
+                 a.call<std::unique_lock<std::shared_mutex>>(
+                     [&](keyfence_authority *h) { return keyfence_authority_rotate_master(h, &n); });
                  return n;
              },
              "Rotates the master key: a new active generation, every policy key re-sealed under it "
