@@ -26,6 +26,9 @@
 //!   dies; [`offload`] sends RSA to an offload device (Intel QAT through
 //!   QATlib behind the `qat` feature, with the RSA encoding the device
 //!   needs; a simulated device for tests behind `testing`).
+//! - [`remote`]: a key server (`keyfence serve`) and the client backend
+//!   that forwards operations on keys this machine may not open to the
+//!   nearest peer that may, over mutual TLS.
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -46,6 +49,7 @@
 //! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
 //! | 8 | `tls` | the TLS private-key method |
 //! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
+//! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `isolated` and `wrap`) |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -68,6 +72,14 @@ mod types;
 /// fuzzing); it needs no BoringSSL.
 #[cfg(all(not(feature = "sign"), feature = "testing"))]
 pub mod isolated {
+    #[path = "protocol.rs"]
+    pub mod protocol;
+}
+
+/// Without the `sign` feature, only the remote protocol codec (for
+/// fuzzing); it needs no BoringSSL.
+#[cfg(all(not(feature = "sign"), feature = "testing"))]
+pub mod remote {
     #[path = "protocol.rs"]
     pub mod protocol;
 }
@@ -96,6 +108,8 @@ pub mod offload;
 mod op_record;
 #[cfg(feature = "sign")]
 mod private_key;
+#[cfg(feature = "sign")]
+pub mod remote;
 #[cfg(feature = "sign")]
 mod request;
 #[cfg(feature = "sign")]
