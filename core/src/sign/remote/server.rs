@@ -28,10 +28,10 @@ use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode, Request as 
 use super::tenants::Tenants;
 use super::tls::{self, TlsFiles};
 use crate::sign::types::{ErrorKind, Operation, Output, Resource, SignError};
-use crate::sign::{Engine, EngineConfig, EngineMetrics, Request};
+use crate::sign::{Backend, Engine, EngineConfig, EngineMetrics, Request};
 
 /// How a key server listens, admits and signs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
     /// Where to listen (port 0 picks a free port; see
@@ -54,6 +54,26 @@ pub struct ServerConfig {
     pub handshake_timeout: Duration,
     /// The server's name in spans and metrics.
     pub name: String,
+    /// What signs for the engine instead of in-process BoringSSL (an
+    /// offload device, or a stand-in for a slow one in tests). Keys held by
+    /// the isolated key process always sign there.
+    pub backend: Option<Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("tls", &self.tls)
+            .field("engine", &self.engine)
+            .field("tenant_in_flight", &self.tenant_in_flight)
+            .field("connection_in_flight", &self.connection_in_flight)
+            .field("max_connections", &self.max_connections)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("name", &self.name)
+            .field("backend", &self.backend.as_ref().map(|b| b.name().to_string()))
+            .finish()
+    }
 }
 
 impl ServerConfig {
@@ -68,6 +88,7 @@ impl ServerConfig {
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(5),
             name: "keyfence".into(),
+            backend: None,
         }
     }
 }
@@ -164,7 +185,10 @@ impl KeyServer {
             return Err(SignError::Config("max_connections must be at least 1".into()));
         }
         let acceptor = tls::acceptor(&config.tls)?;
-        let engine = Engine::new(config.engine.clone())?;
+        let engine = match &config.backend {
+            Some(b) => Engine::with_backend(config.engine.clone(), b.clone())?,
+            None => Engine::new(config.engine.clone())?,
+        };
         let listener = TcpListener::bind(config.listen)
             .map_err(|e| SignError::io(Resource::Socket, format!("cannot listen on {}: {e}", config.listen)))?;
         let addr = listener.local_addr().map_err(|e| SignError::io(Resource::Socket, e.to_string()))?;
