@@ -402,3 +402,64 @@ fn metrics_are_served_in_prometheus_text() {
     assert!(client_text.contains("keyfence_remote_client_peer_requests_total{peer=\"sfo1\",outcome=\"ok\"} 2\n"), "{client_text}");
     assert!(client_text.contains("keyfence_remote_client_peer_rtt_seconds{peer=\"sfo1\"}"), "{client_text}");
 }
+
+/// Records the `trace_id` field of every span named `name`, process-wide.
+struct Spans(Mutex<Vec<(String, String)>>);
+
+struct TraceId(Option<String>);
+
+impl tracing::field::Visit for TraceId {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "trace_id" {
+            self.0 = Some(format!("{value:?}"));
+        }
+    }
+}
+
+impl tracing::Subscriber for &'static Spans {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        let mut t = TraceId(None);
+        span.record(&mut t);
+        let mut v = self.0.lock().unwrap();
+        if let Some(id) = t.0 {
+            v.push((span.metadata().name().to_string(), id));
+        }
+        tracing::span::Id::from_u64(v.len() as u64 + 1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, _: &tracing::Event<'_>) {}
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn the_trace_id_is_carried_across_the_hop_and_metrics_reach_the_engine() {
+    static SPANS: Spans = Spans(Mutex::new(Vec::new()));
+    // Process-wide, since the server's spans are on its own threads.
+    let _ = tracing::subscriber::set_global_default(&SPANS);
+    tracing::callsite::rebuild_interest_cache();
+    let world = World::new();
+    let sfo = start_server(&world, "sfo1", ServerOptions::default());
+    let remote = client(&[("sfo1", sfo.local_addr())]);
+    let key = remote.key(&world.us_key).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    engine.attach_metrics(Arc::new(remote.clone()));
+    engine.sign(&key, Algorithm::EcdsaP256Sha256, b"traced").unwrap().wait().unwrap();
+    let spans = SPANS.0.lock().unwrap().clone();
+    let routed: Vec<&String> = spans.iter().filter(|s| s.0 == "keyfence.remote.route").map(|s| &s.1).collect();
+    let served: Vec<&String> = spans.iter().filter(|s| s.0 == "keyfence.remote.serve").map(|s| &s.1).collect();
+    assert!(!routed.is_empty() && !served.is_empty(), "{spans:?}");
+    assert!(routed.iter().any(|id| served.contains(id)), "no trace id on both sides of the hop: {spans:?}");
+    assert!(routed.iter().all(|id| id.len() == 32));
+
+    // The engine's metrics carry the remote backend's per-peer figures.
+    let m = engine.metrics();
+    assert_eq!(m.sources.len(), 1);
+    let text = m.prometheus();
+    assert!(text.contains("keyfence_engine_completed_total{class=\"slow\"} 1\n"), "{text}");
+    assert!(text.contains("keyfence_remote_client_peer_requests_total{peer=\"sfo1\",outcome=\"ok\"}"), "{text}");
+}

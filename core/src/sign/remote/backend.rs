@@ -21,7 +21,8 @@ use super::backoff::backoff;
 use super::breaker::{BreakerConfig, BreakerState};
 use super::conn::{error_of, CallError};
 use super::keyring::KeyId;
-use super::metrics::{Exposition, Outcome, RequestStats};
+use super::metrics::{request_stats, Outcome, RequestStats};
+use crate::sign::exposition::Exposition;
 use super::pool::Pool;
 use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode};
 use super::retry_budget::{RetryBudget, RetryBudgetConfig};
@@ -158,7 +159,7 @@ impl ClientMetrics {
             e.sample(n, &[("peer", &p.name)], p.failovers as f64);
         }
         let series: Vec<(String, &RequestStats)> = self.peers.iter().map(|p| (p.name.clone(), &p.stats)).collect();
-        e.request_stats("keyfence_remote_client_peer", "peer", &series);
+        request_stats(&mut e, "keyfence_remote_client_peer", "peer", &series);
         e.finish()
     }
 }
@@ -376,6 +377,16 @@ impl RemoteSigner {
         for p in &self.client.peers {
             p.pool.close_all();
         }
+    }
+}
+
+impl crate::sign::MetricsSource for RemoteSigner {
+    fn name(&self) -> String {
+        NAME.to_string()
+    }
+
+    fn prometheus(&self) -> String {
+        self.metrics().prometheus()
     }
 }
 

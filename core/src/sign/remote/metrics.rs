@@ -4,12 +4,12 @@
 //! exposition, so the queues and the hop that took Melbourne down are
 //! visible before they fail.
 
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
+use crate::sign::exposition::Exposition;
 use crate::sign::metrics::Histogram;
-use crate::sign::{EngineMetrics, LatencySummary};
+use crate::sign::LatencySummary;
 
 /// How requests ended, counted.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -110,108 +110,31 @@ impl StatsCell {
     }
 }
 
-/// Prometheus text exposition, built family by family.
-pub(crate) struct Exposition {
-    out: String,
-}
-
-/// Escapes a label value (backslash, quote, newline).
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-impl Exposition {
-    pub(crate) fn new() -> Self {
-        Exposition { out: String::new() }
-    }
-
-    /// A `# HELP`/`# TYPE` header.
-    pub(crate) fn family(&mut self, name: &str, kind: &str, help: &str) {
-        let _ = writeln!(self.out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-    }
-
-    /// One sample; `labels` as (name, value) pairs.
-    pub(crate) fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.out.push_str(name);
-        if !labels.is_empty() {
-            self.out.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.out.push(',');
-                }
-                let _ = write!(self.out, "{k}=\"{}\"", escape(v));
-            }
-            self.out.push('}');
-        }
-        let _ = writeln!(self.out, " {value}");
-    }
-
-    /// The request counters and latency summary of each labelled series,
-    /// under `prefix` (`keyfence_remote_server_tenant`, ...).
-    pub(crate) fn request_stats(&mut self, prefix: &str, label: &str, series: &[(String, &RequestStats)]) {
-        let total = format!("{prefix}_requests_total");
-        self.family(&total, "counter", "Requests, by how they ended.");
-        for (value, s) in series {
-            let c = &s.counts;
-            for (outcome, n) in [
-                ("ok", c.ok),
-                ("overloaded", c.overloaded),
-                ("timed_out", c.timed_out),
-                ("failed", c.failed),
-            ] {
-                self.sample(&total, &[(label, value), ("outcome", outcome)], n as f64);
-            }
-        }
-        let seconds = format!("{prefix}_latency_seconds");
-        self.family(&seconds, "summary", "Latency of successful requests.");
-        for (value, s) in series {
-            let l = &s.latency;
-            for (q, d) in [("0.5", l.p50), ("0.9", l.p90), ("0.99", l.p99), ("0.999", l.p999)] {
-                self.sample(&seconds, &[(label, value), ("quantile", q)], d.as_secs_f64());
-            }
-            self.sample(&format!("{seconds}_sum"), &[(label, value)], s.latency_sum.as_secs_f64());
-            self.sample(&format!("{seconds}_count"), &[(label, value)], s.counts.ok as f64);
+/// The request counters and latency summary of each labelled series,
+/// under `prefix` (`keyfence_remote_server_tenant`, ...).
+pub(crate) fn request_stats(e: &mut Exposition, prefix: &str, label: &str, series: &[(String, &RequestStats)]) {
+    let total = format!("{prefix}_requests_total");
+    e.family(&total, "counter", "Requests, by how they ended.");
+    for (value, s) in series {
+        let c = &s.counts;
+        for (outcome, n) in [
+            ("ok", c.ok),
+            ("overloaded", c.overloaded),
+            ("timed_out", c.timed_out),
+            ("failed", c.failed),
+        ] {
+            e.sample(&total, &[(label, value), ("outcome", outcome)], n as f64);
         }
     }
-
-    /// The engine's per-class counters, queue depths and latency.
-    pub(crate) fn engine(&mut self, prefix: &str, m: &EngineMetrics) {
-        let gauges: [(&str, &str, fn(&crate::sign::ClassMetrics) -> f64); 4] = [
-            ("queue_depth", "Operations waiting in the class's queue.", |c| c.queue_depth as f64),
-            ("queue_capacity", "The class's queue capacity.", |c| c.queue_capacity as f64),
-            ("in_flight", "Operations running in the class.", |c| c.in_flight as f64),
-            ("workers", "The class's worker threads.", |c| c.workers as f64),
-        ];
-        for (name, help, get) in gauges {
-            let n = format!("{prefix}_{name}");
-            self.family(&n, "gauge", help);
-            for c in &m.classes {
-                self.sample(&n, &[("class", c.class.name())], get(c));
-            }
+    let seconds = format!("{prefix}_latency_seconds");
+    e.family(&seconds, "summary", "Latency of successful requests.");
+    for (value, s) in series {
+        let l = &s.latency;
+        for (q, d) in [("0.5", l.p50), ("0.9", l.p90), ("0.99", l.p99), ("0.999", l.p999)] {
+            e.sample(&seconds, &[(label, value), ("quantile", q)], d.as_secs_f64());
         }
-        let n = format!("{prefix}_completed_total");
-        self.family(&n, "counter", "Operations completed, by class.");
-        for c in &m.classes {
-            self.sample(&n, &[("class", c.class.name())], c.completed as f64);
-        }
-        let n = format!("{prefix}_errors_total");
-        self.family(&n, "counter", "Operations that failed, by class and kind.");
-        for c in &m.classes {
-            for (kind, count) in c.errors.iter() {
-                self.sample(&n, &[("class", c.class.name()), ("kind", kind.name())], count as f64);
-            }
-        }
-        let n = format!("{prefix}_latency_seconds");
-        self.family(&n, "summary", "Service latency, by class.");
-        for c in &m.classes {
-            for (q, d) in [("0.5", c.latency.p50), ("0.99", c.latency.p99)] {
-                self.sample(&n, &[("class", c.class.name()), ("quantile", q)], d.as_secs_f64());
-            }
-        }
-    }
-
-    pub(crate) fn finish(self) -> String {
-        self.out
+        e.sample(&format!("{seconds}_sum"), &[(label, value)], s.latency_sum.as_secs_f64());
+        e.sample(&format!("{seconds}_count"), &[(label, value)], s.counts.ok as f64);
     }
 }
 
@@ -229,7 +152,7 @@ mod tests {
         let s = cell.snapshot();
         assert_eq!((s.counts.requests, s.counts.ok, s.counts.overloaded), (2, 1, 1));
         let mut e = Exposition::new();
-        e.request_stats("kf", "peer", &[("a\"b".into(), &s)]);
+        request_stats(&mut e, "kf", "peer", &[("a\"b".into(), &s)]);
         let text = e.finish();
         assert!(text.contains("kf_requests_total{peer=\"a\\\"b\",outcome=\"ok\"} 1\n"), "{text}");
         assert!(text.contains("kf_requests_total{peer=\"a\\\"b\",outcome=\"overloaded\"} 1\n"));

@@ -23,7 +23,8 @@ use boring::ssl::SslAcceptor;
 
 use super::keyring::{KeyId, KeyRing};
 use super::link::{self, Handler, Link, Outbox};
-use super::metrics::{Exposition, Outcome, RequestStats};
+use super::metrics::{request_stats, Outcome, RequestStats};
+use crate::sign::exposition::Exposition;
 use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode, Request as Wire};
 use super::tenants::Tenants;
 use super::tls::{self, TlsFiles};
@@ -136,7 +137,7 @@ impl ServerMetrics {
             e.sample(n, &[("tenant", &t.to_string())], f64::from(*inflight));
         }
         let series: Vec<(String, &RequestStats)> = self.tenants.iter().map(|(t, _, s)| (t.to_string(), s)).collect();
-        e.request_stats("keyfence_remote_server_tenant", "tenant", &series);
+        request_stats(&mut e, "keyfence_remote_server_tenant", "tenant", &series);
         e.engine("keyfence_engine", &self.engine);
         e.finish()
     }
