@@ -463,3 +463,44 @@ fn the_trace_id_is_carried_across_the_hop_and_metrics_reach_the_engine() {
     assert!(text.contains("keyfence_engine_completed_total{class=\"slow\"} 1\n"), "{text}");
     assert!(text.contains("keyfence_remote_client_peer_requests_total{peer=\"sfo1\",outcome=\"ok\"}"), "{text}");
 }
+
+#[test]
+fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
+    use keyfence::sign::isolated::{IsolatedConfig, KeyProcess};
+    use keyfence::sign::remote::{KeyRing, KeyServer, ServerConfig};
+    use keyfence::wrap::{FileStore, Store};
+    let dir = temp_dir("remote-isolated");
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(dir.join("store")).unwrap());
+    let mut authority = keyfence::wrap::Authority::init(store.clone()).unwrap();
+    let us = authority.wrap("country: US", &ec_pem()).unwrap();
+    let eu = authority.wrap("region: EU", &ec_pem()).unwrap();
+    std::fs::write(dir.join("us.env"), us.to_bytes()).unwrap();
+    std::fs::write(dir.join("eu.env"), eu.to_bytes()).unwrap();
+    let mk = authority.issue(&"country=US,region=NA".parse().unwrap()).unwrap();
+    std::fs::write(dir.join("sfo1.machine"), &mk.to_bytes()[..]).unwrap();
+    let machine = keyfence::wrap::Machine::new(mk, store, keyfence::wrap::CacheConfig::default());
+
+    let mut c = IsolatedConfig::with_command([env!("CARGO_BIN_EXE_keyfence-keyd")]);
+    c.rsa_threads = 1;
+    c.ec_threads = 1;
+    let keys = KeyProcess::start(c).unwrap();
+    let mut ring = KeyRing::new();
+    let open = |ring: &mut KeyRing, env: &str| {
+        ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("sfo1.machine"), &dir.join(env))
+    };
+    open(&mut ring, "us.env").unwrap();
+    // The EU key is refused before the key process is asked.
+    assert!(open(&mut ring, "eu.env").is_err());
+    assert_eq!((ring.len(), keys.status().unwrap().keys), (1, 1));
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), Pki::get().files("sfo1", "ca"));
+    config.name = "sfo1".into();
+    let server = KeyServer::start(config, ring).unwrap();
+
+    let remote = client(&[("sfo1", server.local_addr())]);
+    let key = remote.key(&us).unwrap();
+    let der = key.public_key_der().unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"isolated").unwrap().wait().unwrap();
+    assert!(verify_ecdsa(&der, b"isolated", &sig));
+    assert!(remote.key(&eu).is_err(), "no peer holds the EU key");
+}

@@ -124,3 +124,11 @@ impl Pool {
         }
     }
 }
+
+impl Drop for Pool {
+    /// Each connection's thread holds its connection: without this, the
+    /// threads and sockets of a dropped client would live on.
+    fn drop(&mut self) {
+        self.close_all();
+    }
+}
