@@ -247,6 +247,14 @@ pub struct BenchRemoteArgs {
     /// Remote operations kept in flight by the client.
     #[arg(long, default_value_t = 64)]
     in_flight: usize,
+    /// The server's RSA and EC signing threads each (default: the cores).
+    #[arg(long)]
+    server_threads: Option<usize>,
+    /// Connections from the client to the server (the library's default
+    /// is 2; fewer connections batch more frames per TLS record and per
+    /// wake-up).
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
 }
 
 /// CPU time (user and system) of process `pid` (`self` for this one) so
@@ -295,16 +303,22 @@ fn saturate(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, in_flight: u
     Ok((done.load(Ordering::Relaxed), elapsed))
 }
 
-fn latencies(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, n: usize) -> Result<(f64, f64)> {
-    let mut v = Vec::with_capacity(n);
+/// p50 and p99 of one operation at a time, in microseconds, on `local`
+/// and `remote` in alternation, so machine noise hits both alike.
+fn latencies(engine: &Engine, local: &Arc<PrivateKey>, remote: &Arc<PrivateKey>, alg: Algorithm, n: usize) -> Result<[(f64, f64); 2]> {
+    let mut v = [Vec::with_capacity(n), Vec::with_capacity(n)];
     for _ in 0..n {
-        let t = Instant::now();
-        engine.sign(key, alg, &[0x20; 130])?.wait()?;
-        v.push(t.elapsed());
+        for (i, key) in [local, remote].into_iter().enumerate() {
+            let t = Instant::now();
+            engine.sign(key, alg, &[0x20; 130])?.wait()?;
+            v[i].push(t.elapsed());
+        }
     }
-    v.sort();
-    let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1].as_secs_f64() * 1e6;
-    Ok((at(0.5), at(0.99)))
+    Ok(v.map(|mut v| {
+        v.sort();
+        let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1].as_secs_f64() * 1e6;
+        (at(0.5), at(0.99))
+    }))
 }
 
 /// The server process, killed when dropped.
@@ -367,6 +381,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
         .arg("--machine-key").arg(scratch.join("server.machine"))
         .arg("--envelopes").arg(&env_dir)
         .args(["--connection-in-flight", "4096", "--tenant-in-flight", "4096"])
+        .args(args.server_threads.map(|t| vec!["--threads".to_string(), t.to_string()]).unwrap_or_default())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -382,7 +397,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     let server_pid = server.0.id().to_string();
 
     let mut rc = RemoteConfig::new(vec![PeerConfig::new("server", addr, "country=US".parse()?)], files[1].clone());
-    rc.connections_per_peer = 4;
+    rc.connections_per_peer = args.connections.max(1);
     let remote = RemoteSigner::start(rc)?;
     let mut config = EngineConfig::default();
     config.slow = ClassConfig { threads: args.in_flight, queue_capacity: 4 * args.in_flight };
@@ -416,8 +431,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
         let server_per_s = n as f64 / t.as_secs_f64();
 
         let samples = if *alg == Algorithm::RsaPssSha256 { 300 } else { 2000 };
-        let (local_p50, _) = latencies(&engine, &local, *alg, samples)?;
-        let (remote_p50, remote_p99) = latencies(&engine, &remote_key, *alg, samples)?;
+        let [(local_p50, _), (remote_p50, remote_p99)] = latencies(&engine, &local, &remote_key, *alg, samples)?;
         let ratio = server_per_core / engine_per_core;
         if args.json {
             outln!(
@@ -427,7 +441,8 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
                     "engine_ops_per_core_s": engine_per_core.round(),
                     "server_ops_per_core_s": server_per_core.round(),
                     "ratio": (ratio * 100.0).round() / 100.0, "target": target,
-                    "server_ops_per_s": server_per_s.round(), "server_threads": threads,
+                    "server_ops_per_s": server_per_s.round(), "server_threads": args.server_threads.unwrap_or(threads),
+                    "in_flight": args.in_flight, "connections": args.connections,
                     "local_p50_us": local_p50.round(), "remote_p50_us": remote_p50.round(),
                     "remote_p99_us": remote_p99.round(), "added_p50_us": (remote_p50 - local_p50).round(),
                     "gokeyless_published_per_core_s": gokeyless,

@@ -8,8 +8,9 @@ use std::os::fd::RawFd;
 
 /// Waits until `socket` is readable (or writable, if `want_write`) or
 /// `waker` is readable; `timeout_ms` < 0 waits forever. Says whether the
-/// waker is readable (the socket is simply tried again either way).
-pub(crate) fn wait(socket: RawFd, want_write: bool, waker: RawFd, timeout_ms: i32) -> io::Result<bool> {
+/// socket and the waker are readable (an error or hang-up counts: the
+/// read that follows says what it is).
+pub(crate) fn wait(socket: RawFd, want_write: bool, waker: RawFd, timeout_ms: i32) -> io::Result<(bool, bool)> {
     let mut fds = [
         libc::pollfd { fd: socket, events: libc::POLLIN | if want_write { libc::POLLOUT } else { 0 }, revents: 0 },
         libc::pollfd { fd: waker, events: libc::POLLIN, revents: 0 },
@@ -27,5 +28,8 @@ pub(crate) fn wait(socket: RawFd, want_write: bool, waker: RawFd, timeout_ms: i3
             return Err(e);
         }
     }
-    Ok(fds[1].revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0)
+    let ready = |revents: i16| revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP | libc::POLLNVAL) != 0;
+    // A socket that became writable may also carry a TLS record the
+    // write was waiting for: try reading then too.
+    Ok((ready(fds[0].revents) || fds[0].revents & libc::POLLOUT != 0, ready(fds[1].revents)))
 }
