@@ -110,3 +110,15 @@ fn serve_and_sign_remote_on_loopback() {
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     assert!(stderr(&o).contains("remote"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_store_named_relative_to_the_current_directory_is_created() {
+    // docs/remote.md's example runs `authority init --store store` in a
+    // fresh directory.
+    let d = Dir::new("relative-store");
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).current_dir(&d.0).output().unwrap();
+    let o = run(&["authority", "init", "--store", "store"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = run(&["authority", "issue", "--store", "store", "--attrs", "country=US", "--out", "m.machine"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
