@@ -61,12 +61,13 @@ fn a_key_only_one_server_may_hold_is_signed_through_it() {
     assert_eq!(sig.len(), 256);
 }
 
-/// Signs `key` from `threads` threads until `stop`, each operation with a
-/// `timeout`, recording for each operation how long it took to end and how
-/// many times it was answered.
+/// For each operation under load: how many times it was answered, and how
+/// long it took to end and how.
+type Ended = Vec<(Duration, Result<(), SignError>)>;
+
 struct Load {
     answers: Arc<Mutex<HashMap<u64, u32>>>,
-    results: Arc<Mutex<Vec<(Duration, Result<(), SignError>)>>>,
+    results: Arc<Mutex<Ended>>,
 }
 
 #[test]

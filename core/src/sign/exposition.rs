@@ -44,7 +44,8 @@ impl Exposition {
 
     /// The engine's per-class counters, queue depths and latency.
     pub(crate) fn engine(&mut self, prefix: &str, m: &EngineMetrics) {
-        let gauges: [(&str, &str, fn(&ClassMetrics) -> f64); 4] = [
+        type Gauge = (&'static str, &'static str, fn(&ClassMetrics) -> f64);
+        let gauges: [Gauge; 4] = [
             ("queue_depth", "Operations waiting in the class's queue.", |c| c.queue_depth as f64),
             ("queue_capacity", "The class's queue capacity.", |c| c.queue_capacity as f64),
             ("in_flight", "Operations running in the class.", |c| c.in_flight as f64),

@@ -578,7 +578,7 @@ impl Client {
                 s.spawn(move || {
                     let Ok(conn) = peer.pool.get(until) else { return };
                     let sent = Instant::now();
-                    if let Ok(f) = conn.call(|out, id| p::encode_ping(out, id), until) {
+                    if let Ok(f) = conn.call(p::encode_ping, until) {
                         if f.kind == kind::OK {
                             peer.measured(sent.elapsed());
                         }

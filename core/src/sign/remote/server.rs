@@ -117,12 +117,9 @@ impl ServerMetrics {
     /// The Prometheus text exposition of these metrics.
     pub fn prometheus(&self) -> String {
         let mut e = Exposition::new();
-        for (name, help, v) in [
-            ("keyfence_remote_server_connections", "Connections open now.", self.connections as f64),
-        ] {
-            e.family(name, "gauge", help);
-            e.sample(name, &[], v);
-        }
+        let open = "keyfence_remote_server_connections";
+        e.family(open, "gauge", "Connections open now.");
+        e.sample(open, &[], self.connections as f64);
         for (name, help, v) in [
             ("keyfence_remote_server_connections_refused_total", "Connections refused: too many open.", self.connections_refused),
             ("keyfence_remote_server_handshakes_failed_total", "TLS handshakes or hellos that failed.", self.handshakes_failed),
