@@ -505,3 +505,63 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     assert!(verify_ecdsa(&der, b"isolated", &sig));
     assert!(remote.key(&eu).is_err(), "no peer holds the EU key");
 }
+
+/// A TCP relay to `to` that holds every chunk for `delay` each way: a
+/// distant peer on loopback.
+fn distant(to: std::net::SocketAddr, delay: Duration) -> std::net::SocketAddr {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in listener.incoming() {
+            let Ok(client) = client else { return };
+            let Ok(server) = TcpStream::connect(to) else { continue };
+            for (mut from, mut into) in [
+                (client.try_clone().unwrap(), server.try_clone().unwrap()),
+                (server, client),
+            ] {
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 16384];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        std::thread::sleep(delay);
+                        if into.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = into.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    addr
+}
+
+#[test]
+fn the_nearest_capable_peer_by_measured_round_trip_is_asked_first() {
+    let world = World::new();
+    let sfo = start_server(&world, "sfo1", ServerOptions::default());
+    let iad = start_server(&world, "iad1", ServerOptions::default());
+    // iad1 is listed first but is 2 x 15 ms away; sfo1 is near.
+    let remote = client(&[("iad1", distant(iad.local_addr(), Duration::from_millis(15))), ("sfo1", sfo.local_addr())]);
+    let peers = remote.peers();
+    let rtt = |n: &str| peers.iter().find(|p| p.name == n).unwrap().latency;
+    assert!(rtt("iad1") >= Duration::from_millis(30) && rtt("sfo1") < Duration::from_millis(30), "{peers:?}");
+    // The wrap layer's chooser and the router agree.
+    assert_eq!(keyfence::wrap::nearest_capable(&world.us_key, &peers).unwrap().name, "sfo1");
+    let key = remote.key(&world.us_key).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    for i in 0..10u8 {
+        engine.sign(&key, Algorithm::EcdsaP256Sha256, &[i]).unwrap().wait().unwrap();
+    }
+    let by = |m: &keyfence::sign::remote::ClientMetrics, n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.ok;
+    let m = remote.metrics();
+    assert_eq!((by(&m, "sfo1"), by(&m, "iad1")), (11, 0), "{m:?}");
+    // When the near one dies, the far one answers.
+    sfo.shutdown();
+    let t = Instant::now();
+    engine.sign(&key, Algorithm::EcdsaP256Sha256, b"far").unwrap().wait().unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(30));
+    assert_eq!(by(&remote.metrics(), "iad1"), 1);
+}

@@ -7,7 +7,9 @@
 //! hits both alike. The p99 is taken per round and the median round
 //! compared, so one round hit by another process's burst (this machine's
 //! two cores are shared) does not decide; head-of-line blocking would cost
-//! 200 ms in every round, three orders of magnitude above the bound.
+//! 200 ms in every round, three orders of magnitude above the bound. A
+//! series spoilt by a neighbour's burst anyway is measured again, up to
+//! three times: blocking would fail them all.
 #![cfg(feature = "sign")]
 
 mod remote_support;
@@ -97,49 +99,70 @@ fn remote_peers_answering_after_200ms_do_not_delay_local_ecdsa() {
         std::thread::sleep(Duration::from_millis(1));
     }
 
-    let (mut idle_p99s, mut loaded_p99s, mut samples) = (Vec::new(), Vec::new(), 0);
+    // A measurement series; up to three when a neighbour's burst spoils
+    // one: head-of-line blocking would fail every series by 200 ms.
+    let median = |mut v: Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2]
+    };
+    let mut series = Vec::new();
+    for _ in 0..3 {
+        let (idle_p99s, loaded_p99s) = measure(&idle, &loaded, &local);
+        let (idle_p99, loaded_p99) = (median(idle_p99s.clone()), median(loaded_p99s.clone()));
+        eprintln!(
+            "local ECDSA P-256, {} samples each in {ROUNDS} rounds: median round p99 idle {idle_p99:?}, with remote peers at \
+             200 ms saturating the slow class {loaded_p99:?} ({:.2}x); rounds: idle {idle_p99s:?}, loaded {loaded_p99s:?}",
+            ROUNDS * SAMPLES_PER_ROUND,
+            loaded_p99.as_secs_f64() / idle_p99.as_secs_f64(),
+        );
+        let met = loaded_p99 <= idle_p99.mul_f64(1.2) + FLOOR;
+        series.push((idle_p99, loaded_p99));
+        if met {
+            break;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let overloaded = flood.join().unwrap();
+
+    eprintln!(
+        "remote signatures completed meanwhile: {}; flood refused {overloaded} times",
+        remote_ok.load(Ordering::Relaxed)
+    );
+    assert!(overloaded > 0, "the slow class never refused work: it was not saturated");
+    assert!(loaded.metrics().class(OpClass::Slow).errors.get(ErrorKind::Overloaded) > 0);
+    assert!(remote_ok.load(Ordering::Relaxed) > 0, "the remote path did work meanwhile");
+    let (idle_p99, loaded_p99) = *series.last().unwrap();
+    let bound = idle_p99.mul_f64(1.2) + FLOOR;
+    assert!(
+        loaded_p99 <= bound,
+        "head-of-line blocking: local ECDSA p99 {loaded_p99:?} with remote peers saturating the slow class, idle {idle_p99:?} \
+         (bound {bound:?}); every series: {series:?}"
+    );
+}
+
+/// One series: a warm-up round, then ROUNDS rounds of ECDSA signatures on
+/// the idle and the loaded engine alternately; each round's p99 for both.
+fn measure(idle: &Engine, loaded: &Engine, local: &Arc<PrivateKey>) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut idle_p99s, mut loaded_p99s) = (Vec::new(), Vec::new());
     for round in 0..=ROUNDS {
         let (mut idle_lat, mut loaded_lat) = (Vec::new(), Vec::new());
-        assert!(saturated(&loaded), "the slow class drained: {:?}", loaded.metrics().class(OpClass::Slow));
+        assert!(saturated(loaded), "the slow class drained: {:?}", loaded.metrics().class(OpClass::Slow));
         for i in 0..SAMPLES_PER_ROUND {
             let (a, b) = if i % 2 == 0 {
-                let a = sign_once(&idle, &local, i);
-                (a, sign_once(&loaded, &local, i))
+                let a = sign_once(idle, local, i);
+                (a, sign_once(loaded, local, i))
             } else {
-                let b = sign_once(&loaded, &local, i);
-                (sign_once(&idle, &local, i), b)
+                let b = sign_once(loaded, local, i);
+                (sign_once(idle, local, i), b)
             };
             idle_lat.push(a);
             loaded_lat.push(b);
         }
         // Round 0 warms both engines up.
         if round > 0 {
-            samples += idle_lat.len();
             idle_p99s.push(p99(idle_lat));
             loaded_p99s.push(p99(loaded_lat));
         }
     }
-    stop.store(true, Ordering::Relaxed);
-    let overloaded = flood.join().unwrap();
-
-    let median = |mut v: Vec<Duration>| {
-        v.sort();
-        v[v.len() / 2]
-    };
-    let (idle_p99, loaded_p99) = (median(idle_p99s.clone()), median(loaded_p99s.clone()));
-    eprintln!(
-        "local ECDSA P-256, {samples} samples each in {ROUNDS} rounds: median round p99 idle {idle_p99:?}, with remote peers at 200 ms \
-         saturating the slow class {loaded_p99:?} ({:.2}x); rounds: idle {idle_p99s:?}, loaded {loaded_p99s:?}; \
-         remote signatures completed meanwhile: {}; flood refused {overloaded} times",
-        loaded_p99.as_secs_f64() / idle_p99.as_secs_f64(),
-        remote_ok.load(Ordering::Relaxed),
-    );
-    assert!(overloaded > 0, "the slow class never refused work: it was not saturated");
-    assert!(loaded.metrics().class(OpClass::Slow).errors.get(ErrorKind::Overloaded) > 0);
-    assert!(remote_ok.load(Ordering::Relaxed) > 0, "the remote path did work meanwhile");
-    let bound = idle_p99.mul_f64(1.2) + FLOOR;
-    assert!(
-        loaded_p99 <= bound,
-        "head-of-line blocking: local ECDSA p99 {loaded_p99:?} with remote peers saturating the slow class, idle {idle_p99:?} (bound {bound:?})"
-    );
+    (idle_p99s, loaded_p99s)
 }
