@@ -565,3 +565,36 @@ fn the_nearest_capable_peer_by_measured_round_trip_is_asked_first() {
     assert!(t.elapsed() >= Duration::from_millis(30));
     assert_eq!(by(&remote.metrics(), "iad1"), 1);
 }
+
+#[test]
+fn a_dead_peer_is_not_hammered() {
+    let world = World::new();
+    // A port nobody listens on.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let sfo = start_server(&world, "sfo1", ServerOptions::default());
+    let remote = client(&[("sfo1", sfo.local_addr())]);
+    let key = remote.key(&world.us_key).unwrap();
+    drop(remote);
+    // A second client, whose only capable peer is dead from the start.
+    let mut config = client_config(&[("sfo1", dead)]);
+    config.retry_budget.ratio = 0.1;
+    config.retry_budget.min_per_second = 0;
+    config.max_attempts = 3;
+    let sick = RemoteSigner::start(config).unwrap();
+    let e = sick.key(&world.us_key).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
+    drop(key);
+    let t = Instant::now();
+    for _ in 0..200 {
+        assert!(sick.key(&world.us_key).is_err());
+    }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let m = sick.metrics();
+    let peer = &m.peers[0];
+    // 201 operations; without the budget and the breaker, 603 attempts.
+    assert!(m.retries <= 21, "{m:?}");
+    assert!(peer.breaker_opens >= 1, "{m:?}");
+    // The breaker opened after 5 consecutive failures: the dead peer saw
+    // about that many attempts, not one per operation.
+    assert!(peer.stats.counts.requests <= 10, "{m:?}");
+}

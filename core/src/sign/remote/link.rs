@@ -19,6 +19,12 @@ use boring::ssl::{ErrorCode as SslErrorCode, SslStream};
 use super::poll;
 use super::protocol::{Decoder, Frame};
 
+/// Bytes queued for a peer that does not read them before the connection
+/// is closed: replies are bounded by the in-flight limits, but PINGs and
+/// refusals are not, and a peer must not grow this process's memory by
+/// never reading.
+pub(crate) const MAX_UNWRITTEN: usize = 16 << 20;
+
 /// Frames waiting to be written, shared with the threads that answer or
 /// send; and the way to end the connection from outside.
 pub(crate) struct Outbox {
@@ -41,6 +47,11 @@ impl Outbox {
         }
         let was_empty = {
             let mut buf = self.buf();
+            if buf.len() + frames.len() > MAX_UNWRITTEN {
+                drop(buf);
+                self.close();
+                return false;
+            }
             let was_empty = buf.is_empty();
             buf.extend_from_slice(frames);
             was_empty
@@ -134,6 +145,9 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
                     queued.clear();
                 }
             }
+        }
+        if out.len() - written > MAX_UNWRITTEN {
+            return "the peer does not read what it is sent".into();
         }
         let mut want_write = false;
         while written < out.len() {

@@ -259,7 +259,12 @@ fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
         if inner.stop.load(Ordering::Acquire) {
             return;
         }
-        let Ok(stream) = stream else { continue };
+        let Ok(stream) = stream else {
+            // Out of descriptors, say: do not spin; connections wait in
+            // the listen backlog meanwhile.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
         if inner.open.fetch_add(1, Ordering::AcqRel) >= inner.config.max_connections {
             inner.open.fetch_sub(1, Ordering::AcqRel);
             inner.refused.fetch_add(1, Ordering::Relaxed);
