@@ -598,3 +598,27 @@ fn a_dead_peer_is_not_hammered() {
     // about that many attempts, not one per operation.
     assert!(peer.stats.counts.requests <= 10, "{m:?}");
 }
+
+#[test]
+fn a_peer_that_never_reads_its_replies_is_cut_off() {
+    let world = World::new();
+    let sfo = start_server(&world, "sfo1", ServerOptions::default());
+    let mut s = tls_connect(Some(Pki::get().files("client", "ca")), sfo.local_addr()).unwrap();
+    hello(&mut s).unwrap();
+    // Pings whose 13-byte replies are never read: past 16 MiB unwritten the
+    // server closes, and the writes here start failing.
+    let mut batch = Vec::new();
+    for id in 0..10_000u64 {
+        p::encode_ping(&mut batch, id);
+    }
+    let t = Instant::now();
+    let mut sent = 0usize;
+    while s.write_all(&batch).is_ok() {
+        sent += batch.len();
+        assert!(t.elapsed() < Duration::from_secs(20), "still accepted after {sent} bytes");
+    }
+    assert!(sent >= 16 << 20, "cut off after only {sent} bytes");
+    // And it still serves others.
+    let remote = client(&[("sfo1", sfo.local_addr())]);
+    remote.key(&world.us_key).unwrap();
+}
