@@ -538,6 +538,14 @@ impl Client {
                 }
                 Attempt::Final(e) => {
                     peer.breaker.neutral(permit);
+                    // The server's `timed_out` carries no duration: report
+                    // the caller's own timeout.
+                    let e = match e {
+                        SignError::TimedOut { .. } => {
+                            SignError::TimedOut { timeout: deadline.saturating_duration_since(start) }
+                        }
+                        e => e,
+                    };
                     let outcome = if e.kind() == crate::sign::ErrorKind::TimedOut { Outcome::TimedOut } else { Outcome::Failed };
                     peer.stats.end(outcome, sent.elapsed());
                     tracing::debug!(peer = %peer.config.name, error = %e, "final");
