@@ -323,9 +323,10 @@ impl RemoteSigner {
     /// peers that may hold it: the Geo Key Manager decision.
     ///
     /// # Errors
-    /// The machine's error when it may open the envelope but cannot, an
-    /// [`SignError::InvalidPrivateKey`]-coded error for a bad key, or
-    /// those of [`RemoteSigner::key`].
+    /// [`OpenOrForwardError::Wrap`] for a malformed envelope or one the
+    /// machine may open but cannot, [`OpenOrForwardError::Key`] when it
+    /// holds no usable key, [`OpenOrForwardError::Remote`] with the errors
+    /// of [`RemoteSigner::key`].
     pub fn open_or_forward(&self, machine: &Machine, envelope: &[u8]) -> Result<Arc<PrivateKey>, OpenOrForwardError> {
         let env = Envelope::parse(envelope)?;
         if machine.could_open(&env) {
