@@ -29,6 +29,10 @@ pub enum BenchCmd {
     /// Signing: the engine against BoringSSL called directly, per algorithm
     /// (operations per second with every core busy, p50/p99 latency).
     Sign(crate::sign_cmd::BenchSignArgs),
+    /// Remote signing: ECDSA P-256 and RSA-2048 signatures per core through
+    /// a key server on loopback (TLS and framing included) against the
+    /// in-process engine, and the latency the hop adds.
+    Remote(crate::remote_cmd::BenchRemoteArgs),
     /// Wrapping: a machine opening an envelope whose policy key it has
     /// cached (the common case on a busy server), median microseconds; the
     /// baseline the language bindings are compared with.
@@ -73,6 +77,7 @@ fn median_ms(mut v: Vec<f64>) -> f64 {
 pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
     match cmd {
         BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
+        BenchCmd::Remote(args) => return crate::remote_cmd::bench(args),
         BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
         BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Abe { json, iters, threads } => {

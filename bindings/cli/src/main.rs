@@ -6,8 +6,10 @@ mod demo;
 mod exit;
 mod files;
 mod offload_sim;
+mod pki;
 mod policy_cmd;
 mod sign_cmd;
+mod remote_cmd;
 mod soak;
 mod wrap_cmd;
 
@@ -41,6 +43,9 @@ enum Command {
     /// Benchmarks.
     #[command(subcommand)]
     Bench(bench_cmd::BenchCmd),
+    /// Run a key server: sign over mutual TLS with the keys this machine's
+    /// attributes allow (docs/remote.md).
+    Serve(remote_cmd::ServeArgs),
     /// Run the end-to-end demonstration.
     Demo,
 }
@@ -72,6 +77,7 @@ fn main() -> ExitCode {
         Command::Machine(cmd) => wrap_cmd::machine(cmd),
         Command::Sign(args) => sign_cmd::sign(args),
         Command::Bench(cmd) => bench_cmd::run(cmd),
+        Command::Serve(args) => remote_cmd::serve(args),
         Command::Demo => demo::run(),
     };
     match result {

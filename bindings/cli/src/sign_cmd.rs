@@ -35,9 +35,10 @@ pub fn alg_help() -> String {
 #[derive(Args)]
 pub struct SignArgs {
     /// Private key, PEM or DER (PKCS#1, PKCS#8 or SEC1): RSA 2048-4096,
-    /// ECDSA P-256 or P-384, Ed25519; not password-protected.
-    #[arg(long)]
-    key: PathBuf,
+    /// ECDSA P-256 or P-384, Ed25519; not password-protected. Not with
+    /// `--remote`.
+    #[arg(long, required_unless_present = "remote", conflicts_with = "remote")]
+    key: Option<PathBuf>,
     /// The signature algorithm (the list is filled in from the library).
     #[arg(long)]
     alg: String,
@@ -57,8 +58,10 @@ pub struct SignArgs {
     timeout_ms: u64,
     /// Sign in an isolated key process: this process never reads the key
     /// file; a separate `keyfence key-process` loads it and signs.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "remote")]
     isolated: bool,
+    #[command(flatten)]
+    remote: crate::remote_cmd::RemoteOpts,
 }
 
 /// A key process running this very binary (`keyfence key-process`).
@@ -75,28 +78,33 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
     let Ok(alg) = args.alg.parse::<Algorithm>() else {
         return Err(exit::input(format!("unknown signature algorithm `{}`; known: {}", args.alg, alg_names())));
     };
-    // Started first so that it outlives the key handle.
+    let timeout = Duration::from_millis(args.timeout_ms);
+    // Started first so that they outlive the key handle.
     let keys = if args.isolated { Some(key_process(1)?) } else { None };
-    let key = match &keys {
-        Some(keys) => {
-            let path = std::path::absolute(&args.key).with_context(|| format!("resolving {}", args.key.display()))?;
-            keys.load(KeySource::File(path)).with_context(|| format!("loading {}", args.key.display()))?
+    let remote = if args.remote.remote { Some(crate::remote_cmd::remote_key(&args.remote, timeout)?) } else { None };
+    let key_path = args.key.clone().unwrap_or_default();
+    let key = match (&keys, &remote) {
+        (_, Some((key, _))) => key.clone(),
+        (Some(keys), None) => {
+            let path = std::path::absolute(&key_path).with_context(|| format!("resolving {}", key_path.display()))?;
+            keys.load(KeySource::File(path)).with_context(|| format!("loading {}", key_path.display()))?
         }
-        None => {
+        (None, None) => {
             // The key file's bytes are secret: keep them in a zeroizing buffer.
             let key_bytes = Zeroizing::new(
-                std::fs::read(&args.key)
-                    .map_err(|e| exit::input(format!("reading {}: {e}", args.key.display())))?,
+                std::fs::read(&key_path)
+                    .map_err(|e| exit::input(format!("reading {}: {e}", key_path.display())))?,
             );
-            Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", args.key.display()))?)
+            Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", key_path.display()))?)
         }
     };
     if !key.kind().supports(alg) {
-        return Err(exit::input(format!("{alg} cannot be used with {} key ({})", key.kind(), args.key.display())));
+        let what = if remote.is_some() { "the envelope's key".to_string() } else { key_path.display().to_string() };
+        return Err(exit::input(format!("{alg} cannot be used with {} key ({what})", key.kind())));
     }
     let input = read(&args.input)?;
     let req = if args.digest { Request::sign_digest(key, alg, input) } else { Request::sign(key, alg, input) }
-        .with_timeout(Duration::from_millis(args.timeout_ms));
+        .with_timeout(timeout);
     let engine = Engine::new(EngineConfig::default())?;
     let sig = engine.submit(req)?.wait()?;
     write_public(&args.out, &sig[..])?;

@@ -233,7 +233,7 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn open_machine(dir: &Path, key: &Path) -> Result<Machine> {
+pub fn open_machine(dir: &Path, key: &Path) -> Result<Machine> {
     let store = store(dir)?;
     let key = MachineKey::from_bytes(&read(key)?).context("machine key")?;
     Ok(Machine::new(key, store, CacheConfig::default()))

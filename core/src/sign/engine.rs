@@ -8,7 +8,7 @@ use super::backend::{Backend, HolderBackend, Reply, SoftwareBackend};
 use super::completion_queue::CompletionQueue;
 use super::deadline::Deadlines;
 use super::executor::{ClassConfig, Executor};
-use super::metrics::EngineMetrics;
+use super::metrics::{EngineMetrics, MetricsSource, SourceMetrics};
 use super::op_record::{Notify, OpHandle, OpRecord, SignFuture, Work};
 use super::private_key::PrivateKey;
 use super::request::Request;
@@ -96,6 +96,7 @@ struct Core {
     config: EngineConfig,
     shutdown: Arc<AtomicBool>,
     next_id: AtomicU64,
+    sources: std::sync::Mutex<Vec<Arc<dyn MetricsSource>>>,
 }
 
 impl Drop for Core {
@@ -177,7 +178,15 @@ impl Engine {
             }
         };
         Ok(Engine {
-            core: Arc::new(Core { executors, deadlines, backend, config, shutdown, next_id: AtomicU64::new(1) }),
+            core: Arc::new(Core {
+                executors,
+                deadlines,
+                backend,
+                config,
+                shutdown,
+                next_id: AtomicU64::new(1),
+                sources: std::sync::Mutex::new(Vec::new()),
+            }),
         })
     }
 
@@ -291,9 +300,23 @@ impl Engine {
         self.submit(Request::sign(key.clone(), alg, msg.to_vec()))
     }
 
-    /// A snapshot of every class's counters and latency percentiles.
+    /// A snapshot of every class's counters and latency percentiles, and
+    /// of the attached sources' figures.
     pub fn metrics(&self) -> EngineMetrics {
-        EngineMetrics { classes: self.core.executors.iter().map(Executor::metrics).collect() }
+        let sources: Vec<Arc<dyn MetricsSource>> =
+            self.core.sources.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        EngineMetrics {
+            classes: self.core.executors.iter().map(Executor::metrics).collect(),
+            sources: sources.iter().map(|s| SourceMetrics { name: s.name(), prometheus: s.prometheus() }).collect(),
+        }
+    }
+
+    /// Reports `source`'s figures with this engine's metrics from now on
+    /// (a [`RemoteSigner`](super::remote::RemoteSigner)'s per-peer
+    /// counters, say), so one scrape of [`EngineMetrics::prometheus`]
+    /// shows the queues and the hop behind them.
+    pub fn attach_metrics(&self, source: Arc<dyn MetricsSource>) {
+        self.core.sources.lock().unwrap_or_else(|e| e.into_inner()).push(source);
     }
 
     #[cfg(test)]

@@ -222,17 +222,53 @@ impl ClassMetrics {
     }
 }
 
-/// A snapshot of every class of an engine.
+/// Figures from outside the engine's executors that are reported with its
+/// metrics: a remote backend's per-peer counters, say. Attach one with
+/// [`Engine::attach_metrics`](super::Engine::attach_metrics).
+pub trait MetricsSource: Send + Sync + 'static {
+    /// A short name (`remote`).
+    fn name(&self) -> String;
+    /// The source's figures now, in Prometheus text exposition format.
+    fn prometheus(&self) -> String;
+}
+
+/// One attached source's figures, as of the snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceMetrics {
+    /// The source's name.
+    pub name: String,
+    /// Its figures in Prometheus text exposition format.
+    pub prometheus: String,
+}
+
+/// A snapshot of every class of an engine, and of the sources attached to
+/// it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EngineMetrics {
     /// One entry per class, in [`OpClass::ALL`] order.
     pub classes: Vec<ClassMetrics>,
+    /// The attached sources' figures (a remote backend's per-peer
+    /// counters and latency), in the order they were attached.
+    pub sources: Vec<SourceMetrics>,
 }
 
 impl EngineMetrics {
     /// The snapshot of `class`.
     pub fn class(&self, class: OpClass) -> &ClassMetrics {
         &self.classes[class.index()]
+    }
+
+    /// Everything in Prometheus text exposition format: the classes'
+    /// queue depths, counters and latency (`keyfence_engine_*`), then each
+    /// attached source's figures.
+    pub fn prometheus(&self) -> String {
+        let mut e = super::exposition::Exposition::new();
+        e.engine("keyfence_engine", self);
+        let mut out = e.finish();
+        for s in &self.sources {
+            out.push_str(&s.prometheus);
+        }
+        out
     }
 }
 

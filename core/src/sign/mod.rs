@@ -26,6 +26,9 @@
 //!   dies; [`offload`] sends RSA to an offload device (Intel QAT through
 //!   QATlib behind the `qat` feature, with the RSA encoding the device
 //!   needs; a simulated device for tests behind `testing`).
+//! - [`remote`]: a key server (`keyfence serve`) and the client backend
+//!   that forwards operations on keys this machine may not open to the
+//!   nearest peer that may, over mutual TLS.
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -39,13 +42,14 @@
 //! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
 //! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
 //! | 2 | `private_key` | [`PrivateKey`], the one public handle over both |
-//! | 3 | `metrics`, `completion_queue` | per-class counters and latency; the pollable [`CompletionQueue`] |
+//! | 3 | `metrics`, `exposition`, `completion_queue` | per-class counters and latency, [`MetricsSource`]; Prometheus text; the pollable [`CompletionQueue`] |
 //! | 4 | `op_record` | one operation's record and how its result is delivered: [`SignFuture`], [`OpHandle`] |
 //! | 5 | `deadline`, `backend` | the deadline thread; the [`Backend`] trait, its [`Reply`], [`SoftwareBackend`], the holder of a held key as a backend |
 //! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
 //! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
 //! | 8 | `tls` | the TLS private-key method |
 //! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
+//! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `isolated` and `wrap`) |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -72,6 +76,14 @@ pub mod isolated {
     pub mod protocol;
 }
 
+/// Without the `sign` feature, only the remote protocol codec (for
+/// fuzzing); it needs no BoringSSL.
+#[cfg(all(not(feature = "sign"), feature = "testing"))]
+pub mod remote {
+    #[path = "protocol.rs"]
+    pub mod protocol;
+}
+
 #[cfg(feature = "sign")]
 mod backend;
 #[cfg(feature = "sign")]
@@ -82,6 +94,8 @@ mod deadline;
 mod engine;
 #[cfg(feature = "sign")]
 mod executor;
+#[cfg(feature = "sign")]
+mod exposition;
 #[cfg(feature = "sign")]
 mod held_key;
 #[cfg(feature = "sign")]
@@ -96,6 +110,8 @@ pub mod offload;
 mod op_record;
 #[cfg(feature = "sign")]
 mod private_key;
+#[cfg(feature = "sign")]
+pub mod remote;
 #[cfg(feature = "sign")]
 mod request;
 #[cfg(feature = "sign")]
@@ -117,7 +133,7 @@ pub use engine::{Engine, EngineConfig};
 #[cfg(feature = "sign")]
 pub use executor::ClassConfig;
 #[cfg(feature = "sign")]
-pub use metrics::{ClassMetrics, EngineMetrics, ErrorCounts, LatencySummary};
+pub use metrics::{ClassMetrics, EngineMetrics, ErrorCounts, LatencySummary, MetricsSource, SourceMetrics};
 #[cfg(feature = "sign")]
 pub use op_record::{OpHandle, SignFuture};
 #[cfg(feature = "sign")]

@@ -162,7 +162,13 @@ impl Syncer {
         if dir == stop || dir.is_dir() {
             return Ok(());
         }
-        let parent = dir.parent().unwrap_or(stop);
+        // A bare relative name (`store`) has the empty path as its parent,
+        // which names no directory: its parent is the current one.
+        let parent = match dir.parent() {
+            Some(p) if p.as_os_str().is_empty() => Path::new("."),
+            Some(p) => p,
+            None => stop,
+        };
         self.create_dirs(stop, parent)?;
         match fs::create_dir(dir) {
             Ok(()) => {}

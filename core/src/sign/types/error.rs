@@ -122,6 +122,16 @@ pub enum SignError {
         /// That queue's capacity.
         capacity: usize,
     },
+    /// Every remote key server that may hold the key refused the request
+    /// for want of room (a full queue, the tenant's or the connection's
+    /// in-flight limit), or the retry budget allowed no further attempt
+    /// after such a refusal. Same code as [`SignError::Overloaded`]: shed
+    /// load or retry later.
+    #[error("overloaded: the remote key servers refused the request ({reason})")]
+    PeerOverloaded {
+        /// The last server's refusal, as it said it.
+        reason: String,
+    },
     /// The operation's deadline passed before it completed; its resources
     /// have been released.
     #[error("timed out: the operation did not complete within {timeout:?}")]
@@ -337,7 +347,7 @@ impl SignError {
     /// The stable code bindings map this error to (`docs/errors.md`).
     pub fn code(&self) -> ErrorCode {
         match self {
-            SignError::Overloaded { .. } => ErrorCode::Overloaded,
+            SignError::Overloaded { .. } | SignError::PeerOverloaded { .. } => ErrorCode::Overloaded,
             SignError::TimedOut { .. } => ErrorCode::TimedOut,
             SignError::Cancelled => ErrorCode::Cancelled,
             SignError::ShutDown => ErrorCode::ShutDown,

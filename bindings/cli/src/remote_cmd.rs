@@ -1,0 +1,475 @@
+//! `keyfence serve` (a key server), the remote options of `keyfence sign`,
+//! and `keyfence bench remote` (signatures per core through the server on
+//! loopback against the in-process engine).
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use keyfence::sign::remote::{
+    serve_metrics, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TlsFiles,
+};
+use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
+use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, Store};
+
+use crate::exit;
+use crate::files::{outln, read};
+
+/// `keyfence serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    /// Where to listen (port 0 picks a free one; the address is printed
+    /// as `listening ADDR` on standard output).
+    #[arg(long, default_value = "127.0.0.1:7543")]
+    listen: SocketAddr,
+    /// This server's certificate chain (PEM); its DNS name is the name
+    /// clients know it by.
+    #[arg(long)]
+    cert: PathBuf,
+    /// The certificate's private key (PEM, owner-readable only).
+    #[arg(long)]
+    key: PathBuf,
+    /// The CA certificates (PEM) a client's certificate must come from;
+    /// clients without one get nothing.
+    #[arg(long)]
+    ca: PathBuf,
+    /// The store directory (replicated sealed policy keys).
+    #[arg(long)]
+    store: PathBuf,
+    /// This machine's key (`keyfence authority issue --out`): its
+    /// attributes decide which envelopes it may open.
+    #[arg(long)]
+    machine_key: PathBuf,
+    /// Envelope files, or directories of them (`*.env`); repeatable.
+    /// Those this machine may not open are skipped and listed.
+    #[arg(long = "envelopes", required = true)]
+    envelopes: Vec<PathBuf>,
+    /// Serve Prometheus metrics over HTTP on this address.
+    #[arg(long)]
+    metrics: Option<SocketAddr>,
+    /// This server's name in logs and spans.
+    #[arg(long, default_value = "keyfence")]
+    name: String,
+    /// Requests one tenant (zone) may have in flight.
+    #[arg(long, default_value_t = 256)]
+    tenant_in_flight: u32,
+    /// Requests one connection may have in flight.
+    #[arg(long, default_value_t = 1024)]
+    connection_in_flight: u32,
+    /// RSA and EC signing threads each (default: the cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Keep the keys in an isolated key process: this process never holds
+    /// them.
+    #[arg(long)]
+    isolated: bool,
+    /// Stop after this many seconds (default: until killed).
+    #[arg(long)]
+    seconds: Option<f64>,
+    /// Print the server's spans and events at this level and above on
+    /// standard error (error, warn, info, debug, trace).
+    #[arg(long)]
+    log: Option<String>,
+}
+
+fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let mut files: Vec<PathBuf> = std::fs::read_dir(p)
+                .with_context(|| format!("reading {}", p.display()))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|f| f.extension().is_some_and(|e| e == "env"))
+                .collect();
+            files.sort();
+            out.extend(files);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Installs a subscriber printing spans and events at `level` and above.
+fn init_log(level: &str) -> Result<()> {
+    let level: tracing::Level = level.parse().map_err(|_| exit::input(format!("unknown log level {level}")))?;
+    tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
+    Ok(())
+}
+
+/// Runs `keyfence serve`.
+pub fn serve(args: ServeArgs) -> Result<ExitCode> {
+    if let Some(level) = &args.log {
+        init_log(level)?;
+    }
+    let machine = crate::wrap_cmd::open_machine(&args.store, &args.machine_key)?;
+    let keys = if args.isolated { Some(crate::sign_cmd::key_process(args.threads.unwrap_or(1))?) } else { None };
+    let mut ring = KeyRing::new();
+    for file in envelope_files(&args.envelopes)? {
+        let opened = match &keys {
+            Some(kp) => {
+                let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+                ring.open_isolated(&machine, kp, &abs(&args.store), &abs(&args.machine_key), &abs(&file))
+            }
+            None => ring.open(&machine, &read(&file)?),
+        };
+        match opened {
+            Ok(id) => eprintln!("keyfence serve: holding {} ({id})", file.display()),
+            Err(e) => eprintln!("keyfence serve: skipping {}: {e}", file.display()),
+        }
+    }
+    let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
+    config.name = args.name;
+    config.tenant_in_flight = args.tenant_in_flight;
+    config.connection_in_flight = args.connection_in_flight;
+    if let Some(t) = args.threads {
+        config.engine.rsa = ClassConfig { threads: t, queue_capacity: 256 * t };
+        config.engine.ec = ClassConfig { threads: t, queue_capacity: 4096 * t };
+    }
+    let server = Arc::new(KeyServer::start(config, ring)?);
+    outln!("listening {}", server.local_addr());
+    let _endpoint = match args.metrics {
+        Some(addr) => {
+            let s = server.clone();
+            let e = serve_metrics(addr, move || s.metrics().prometheus())?;
+            outln!("metrics http://{}/metrics", e.local_addr());
+            Some(e)
+        }
+        None => None,
+    };
+    match args.seconds {
+        Some(s) if s > 0.0 && s.is_finite() => std::thread::sleep(Duration::from_secs_f64(s)),
+        Some(_) => return Err(exit::input("--seconds must be positive")),
+        None => loop {
+            std::thread::park();
+        },
+    }
+    drop(keys);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The remote options of `keyfence sign`.
+#[derive(Args)]
+pub struct RemoteOpts {
+    /// Sign through remote key servers (`--peer`) with the key in
+    /// `--envelope`, which this machine does not open (or, with `--store`
+    /// and `--machine-key`, opens only if its attributes allow).
+    #[arg(long, requires = "envelope", requires = "peers")]
+    pub remote: bool,
+    /// The key's envelope (`keyfence authority wrap --out`).
+    #[arg(long)]
+    envelope: Option<PathBuf>,
+    /// A key server: NAME,HOST:PORT,ATTRIBUTES, for example
+    /// `sfo1,10.0.0.7:7543,country=US,region=NA`; its certificate must
+    /// name it NAME. Repeatable: the nearest whose attributes satisfy the
+    /// key's policy is asked first.
+    #[arg(long = "peer")]
+    peers: Vec<String>,
+    /// This client's certificate (PEM).
+    #[arg(long, requires = "remote")]
+    tls_cert: Option<PathBuf>,
+    /// This client's certificate key (PEM).
+    #[arg(long, requires = "remote")]
+    tls_key: Option<PathBuf>,
+    /// The CA certificates (PEM) the servers' certificates must come from.
+    #[arg(long, requires = "remote")]
+    tls_ca: Option<PathBuf>,
+    /// The tenant (zone) the key belongs to.
+    #[arg(long, default_value_t = 0)]
+    tenant: u64,
+    /// With `--machine-key`: sign here when this machine may open the
+    /// envelope, forward otherwise.
+    #[arg(long, requires = "machine_key")]
+    store: Option<PathBuf>,
+    /// This machine's key.
+    #[arg(long, requires = "store")]
+    machine_key: Option<PathBuf>,
+}
+
+/// Parses `NAME,HOST:PORT,ATTRIBUTES`.
+pub fn parse_peer(s: &str) -> Result<PeerConfig> {
+    let mut parts = s.splitn(3, ',');
+    let (Some(name), Some(addr), Some(attrs)) = (parts.next(), parts.next(), parts.next()) else {
+        return Err(exit::input(format!("--peer {s}: expected NAME,HOST:PORT,ATTRIBUTES")));
+    };
+    let addr: SocketAddr = addr.parse().map_err(|e| exit::input(format!("--peer {s}: address {addr}: {e}")))?;
+    let attrs = attrs.parse().map_err(|e| exit::input(format!("--peer {s}: attributes: {e}")))?;
+    if name.is_empty() {
+        return Err(exit::input(format!("--peer {s}: empty name")));
+    }
+    Ok(PeerConfig::new(name, addr, attrs))
+}
+
+/// The key for `keyfence sign --remote`: a handle on the peers' copy, or
+/// this machine's own when it may open the envelope.
+pub fn remote_key(opts: &RemoteOpts, timeout: Duration) -> Result<(Arc<PrivateKey>, RemoteSigner)> {
+    let envelope_path = opts.envelope.as_ref().context("--remote needs --envelope")?;
+    let peers = opts.peers.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>>>()?;
+    let (Some(cert), Some(key), Some(ca)) = (&opts.tls_cert, &opts.tls_key, &opts.tls_ca) else {
+        return Err(exit::input("--remote needs --tls-cert, --tls-key and --tls-ca"));
+    };
+    let mut config = RemoteConfig::new(peers, TlsFiles { cert: cert.clone(), key: key.clone(), ca: ca.clone() });
+    config.tenant = opts.tenant;
+    config.connect_timeout = timeout.min(config.connect_timeout);
+    config.request_timeout = timeout.min(config.request_timeout);
+    let remote = RemoteSigner::start(config)?;
+    let bytes = read(envelope_path)?;
+    let key = match (&opts.store, &opts.machine_key) {
+        (Some(store), Some(machine_key)) => {
+            let machine = crate::wrap_cmd::open_machine(store, machine_key)?;
+            remote.open_or_forward(&machine, &bytes).map_err(anyhow::Error::new)?
+        }
+        _ => {
+            let env = Envelope::parse(&bytes).with_context(|| format!("reading {}", envelope_path.display()))?;
+            remote.key(&env)?
+        }
+    };
+    Ok((key, remote))
+}
+
+/// `keyfence bench remote`.
+#[derive(Args)]
+pub struct BenchRemoteArgs {
+    /// One JSON object per line: alg, engine and server signatures per
+    /// core-second, their ratio and target, latencies, gokeyless's
+    /// published figure.
+    #[arg(long)]
+    json: bool,
+    /// Seconds per throughput measurement.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Remote operations kept in flight by the client.
+    #[arg(long, default_value_t = 64)]
+    in_flight: usize,
+    /// The server's RSA and EC signing threads each (default: the cores).
+    #[arg(long)]
+    server_threads: Option<usize>,
+    /// Connections from the client to the server (the library's default
+    /// is 2; fewer connections batch more frames per TLS record and per
+    /// wake-up).
+    #[arg(long, default_value_t = 2)]
+    connections: usize,
+}
+
+/// CPU time (user and system) of process `pid` (`self` for this one) so
+/// far. Linux only (`/proc`); zero elsewhere.
+fn cpu_of(pid: &str) -> Duration {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
+    let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return Duration::ZERO };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // utime and stime, in USER_HZ ticks (100 per second).
+    Duration::from_millis((num(11) + num(12)) * 10)
+}
+
+/// Keeps `in_flight` operations going on `engine` with `key` for `dur`;
+/// operations completed and the time taken.
+fn saturate(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, in_flight: usize, dur: Duration) -> Result<(u64, Duration)> {
+    let done = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let outstanding = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let me = std::thread::current();
+    while start.elapsed() < dur {
+        while outstanding.load(Ordering::Acquire) < in_flight {
+            outstanding.fetch_add(1, Ordering::AcqRel);
+            let (done, errors, outstanding, me) = (done.clone(), errors.clone(), outstanding.clone(), me.clone());
+            engine.submit_with_callback(Request::sign(key.clone(), alg, vec![0x20; 130]), move |r| {
+                if r.is_ok() {
+                    done.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                outstanding.fetch_sub(1, Ordering::AcqRel);
+                me.unpark();
+            })?;
+        }
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+    while outstanding.load(Ordering::Acquire) > 0 && start.elapsed() < dur + Duration::from_secs(10) {
+        std::thread::park_timeout(Duration::from_millis(5));
+    }
+    let elapsed = start.elapsed();
+    let errors = errors.load(Ordering::Relaxed);
+    if errors > 0 {
+        bail!("{errors} operations failed during the benchmark");
+    }
+    Ok((done.load(Ordering::Relaxed), elapsed))
+}
+
+/// p50 and p99 of one operation at a time, in microseconds, on `local`
+/// and `remote` in alternation, so machine noise hits both alike.
+fn latencies(engine: &Engine, local: &Arc<PrivateKey>, remote: &Arc<PrivateKey>, alg: Algorithm, n: usize) -> Result<[(f64, f64); 2]> {
+    let mut v = [Vec::with_capacity(n), Vec::with_capacity(n)];
+    for _ in 0..n {
+        for (i, key) in [local, remote].into_iter().enumerate() {
+            let t = Instant::now();
+            engine.sign(key, alg, &[0x20; 130])?.wait()?;
+            v[i].push(t.elapsed());
+        }
+    }
+    Ok(v.map(|mut v| {
+        v.sort();
+        let at = |q: f64| v[((v.len() as f64 * q).ceil() as usize).clamp(1, v.len()) - 1].as_secs_f64() * 1e6;
+        (at(0.5), at(0.99))
+    }))
+}
+
+/// The server process, killed when dropped.
+struct ServerProcess(Child);
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Runs `keyfence bench remote`.
+pub fn bench(args: BenchRemoteArgs) -> Result<ExitCode> {
+    if !(args.seconds > 0.0 && args.seconds <= 600.0) {
+        return Err(exit::input("--seconds must be in (0, 600]"));
+    }
+    if !(1..=4096).contains(&args.in_flight) {
+        return Err(exit::input("--in-flight must be 1 to 4096"));
+    }
+    let scratch = std::env::temp_dir().join(format!("keyfence-bench-remote-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
+    let result = bench_in(&args, &scratch);
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
+    let dur = Duration::from_secs_f64(args.seconds);
+    let files = crate::pki::make(scratch, &["server", "client"])?;
+    // An authority, a US machine key for the server, and two US-only keys.
+    let store_dir = scratch.join("store");
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&store_dir)?);
+    let mut authority = Authority::init(store.clone())?;
+    let machine_key = authority.issue(&"country=US".parse()?)?;
+    crate::files::write_private(&scratch.join("server.machine"), &machine_key.to_bytes())?;
+    let env_dir = scratch.join("envelopes");
+    std::fs::create_dir_all(&env_dir)?;
+    // Name, algorithm, key, target ratio, gokeyless's published figure.
+    type Case = (&'static str, Algorithm, zeroize::Zeroizing<Vec<u8>>, f64, f64);
+    let cases: [Case; 2] = [
+        ("ecdsa-p256-sha256", Algorithm::EcdsaP256Sha256, ec_pem()?, 0.5, 10_000.0),
+        ("rsa2048-pss-sha256", Algorithm::RsaPssSha256, rsa_pem()?, 0.8, 200.0),
+    ];
+    let mut envelopes = Vec::new();
+    for (name, _, pem, _, _) in &cases {
+        let env = authority.wrap("country: US", pem)?;
+        std::fs::write(env_dir.join(format!("{name}.env")), env.to_bytes())?;
+        envelopes.push(env);
+    }
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+
+    // The server in its own process, so its CPU time is its own.
+    let exe = std::env::current_exe().context("finding the keyfence binary to start the server")?;
+    let mut child = Command::new(exe)
+        .arg("serve")
+        .args(["--listen", "127.0.0.1:0", "--name", "server"])
+        .arg("--cert").arg(&files[0].cert)
+        .arg("--key").arg(&files[0].key)
+        .arg("--ca").arg(&files[0].ca)
+        .arg("--store").arg(&store_dir)
+        .arg("--machine-key").arg(scratch.join("server.machine"))
+        .arg("--envelopes").arg(&env_dir)
+        .args(["--connection-in-flight", "4096", "--tenant-in-flight", "4096"])
+        .args(args.server_threads.map(|t| vec!["--threads".to_string(), t.to_string()]).unwrap_or_default())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the key server")?;
+    let stdout = child.stdout.take().context("the server's standard output")?;
+    let server = ServerProcess(child);
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let addr: SocketAddr = line
+        .strip_prefix("listening ")
+        .and_then(|a| a.trim().parse().ok())
+        .with_context(|| format!("the server said {line:?}"))?;
+    let server_pid = server.0.id().to_string();
+
+    let mut rc = RemoteConfig::new(vec![PeerConfig::new("server", addr, "country=US".parse()?)], files[1].clone());
+    rc.connections_per_peer = args.connections.max(1);
+    let remote = RemoteSigner::start(rc)?;
+    let mut config = EngineConfig::default();
+    config.slow = ClassConfig { threads: args.in_flight, queue_capacity: 4 * args.in_flight };
+    let engine = Engine::new(config)?;
+    let machine = Machine::new(machine_key, store, CacheConfig::default());
+
+    if !args.json {
+        outln!("keyfence serve on {addr} (separate process), {:.1} s per measurement, {} remote operations in flight", args.seconds, args.in_flight);
+        outln!(
+            "{:<20} {:>14} {:>14} {:>7} {:>7} {:>12} {:>11} {:>11} {:>11} {:>10}",
+            "alg", "engine/core/s", "server/core/s", "ratio", "target", "server/s", "local p50", "remote p50", "remote p99", "gokeyless"
+        );
+    }
+    for ((name, alg, _, target, gokeyless), env) in cases.iter().zip(&envelopes) {
+        let local = Arc::new(PrivateKey::from_bytes(&machine.open_envelope(env)?)?);
+        let remote_key = remote.key(env)?;
+        // Warm up both paths.
+        saturate(&engine, &local, *alg, 128, Duration::from_millis(300))?;
+        saturate(&engine, &remote_key, *alg, args.in_flight, Duration::from_millis(300))?;
+
+        let cpu = cpu_of("self");
+        let (n, t) = saturate(&engine, &local, *alg, 128, dur)?;
+        let engine_cpu = cpu_of("self").saturating_sub(cpu);
+        let engine_per_core = n as f64 / engine_cpu.as_secs_f64().max(0.01);
+        let _ = t;
+
+        let cpu = cpu_of(&server_pid);
+        let (n, t) = saturate(&engine, &remote_key, *alg, args.in_flight, dur)?;
+        let server_cpu = cpu_of(&server_pid).saturating_sub(cpu);
+        let server_per_core = n as f64 / server_cpu.as_secs_f64().max(0.01);
+        let server_per_s = n as f64 / t.as_secs_f64();
+
+        let samples = if *alg == Algorithm::RsaPssSha256 { 300 } else { 2000 };
+        let [(local_p50, _), (remote_p50, remote_p99)] = latencies(&engine, &local, &remote_key, *alg, samples)?;
+        let ratio = server_per_core / engine_per_core;
+        if args.json {
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "bench": "remote", "alg": name,
+                    "engine_ops_per_core_s": engine_per_core.round(),
+                    "server_ops_per_core_s": server_per_core.round(),
+                    "ratio": (ratio * 100.0).round() / 100.0, "target": target,
+                    "server_ops_per_s": server_per_s.round(), "server_threads": args.server_threads.unwrap_or(threads),
+                    "in_flight": args.in_flight, "connections": args.connections,
+                    "local_p50_us": local_p50.round(), "remote_p50_us": remote_p50.round(),
+                    "remote_p99_us": remote_p99.round(), "added_p50_us": (remote_p50 - local_p50).round(),
+                    "gokeyless_published_per_core_s": gokeyless,
+                })
+            );
+        } else {
+            outln!(
+                "{:<20} {:>14.0} {:>14.0} {:>6.2}x {:>6.1}x {:>12.0} {:>9.0}us {:>9.0}us {:>9.0}us {:>10.0}",
+                name, engine_per_core, server_per_core, ratio, target, server_per_s, local_p50, remote_p50, remote_p99, gokeyless
+            );
+        }
+    }
+    if !args.json {
+        outln!("per core: signatures per CPU-second of the signing process (the engine here; the server process for remote);");
+        outln!("gokeyless: its published figures per core (it cannot be run here), for scale only.");
+    }
+    drop(server);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn ec_pem() -> Result<zeroize::Zeroizing<Vec<u8>>> {
+    let group = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1)?;
+    Ok(zeroize::Zeroizing::new(boring::ec::EcKey::generate(&group)?.private_key_to_pem()?))
+}
+
+fn rsa_pem() -> Result<zeroize::Zeroizing<Vec<u8>>> {
+    Ok(zeroize::Zeroizing::new(boring::rsa::Rsa::generate(2048)?.private_key_to_pem()?))
+}

@@ -1,0 +1,670 @@
+//! The client backend: keys this machine cannot open are handles on keys
+//! held by remote peers, and the engine sends their operations here, on
+//! its slow executor (so they never wait in front of local RSA or ECDSA).
+//!
+//! Each operation goes to the nearest capable peer; on a connect failure,
+//! a lost connection, an attempt timeout, `overloaded` or a peer that does
+//! not hold the key, to the next, up to `max_attempts` attempts, each
+//! after an exponential backoff with full jitter and only while the retry
+//! budget lasts; a peer whose breaker is open is skipped. The caller's
+//! deadline bounds it all: each request carries what is left of it.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
+use rand_core::{OsRng, RngCore};
+
+use super::backoff::backoff;
+use super::breaker::{BreakerConfig, BreakerState};
+use super::conn::{error_of, CallError};
+use super::keyring::KeyId;
+use super::metrics::{request_stats, Outcome, RequestStats};
+use crate::sign::exposition::Exposition;
+use super::pool::Pool;
+use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode};
+use super::retry_budget::{RetryBudget, RetryBudgetConfig};
+use super::routing::{self, PeerConfig, PeerState};
+use super::tls::{self, TlsFiles};
+use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
+use crate::sign::types::{BackendFailure, CryptoOp, Input, KeyKind, OpClass, Operation, Output, Resource, SignError};
+use crate::sign::PrivateKey;
+use crate::wrap::{CanonicalPolicy, Envelope, Machine, Peer};
+
+/// The backend name in errors and metrics.
+pub const NAME: &str = "remote";
+
+/// How a client reaches its peers.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct RemoteConfig {
+    /// The key servers.
+    pub peers: Vec<PeerConfig>,
+    /// The client's certificate and key, and the CA the servers'
+    /// certificates must come from.
+    pub tls: TlsFiles,
+    /// The tenant (zone) of keys made with [`RemoteSigner::key`].
+    /// Default 0.
+    pub tenant: u64,
+    /// Connections per peer, each multiplexing many requests. Default 2.
+    pub connections_per_peer: usize,
+    /// Time for a TCP connect, TLS handshake and hello. Default 1 s.
+    pub connect_timeout: Duration,
+    /// Time one attempt waits for its reply before the next peer is
+    /// tried (never past the operation's deadline). Default 1 s.
+    pub request_timeout: Duration,
+    /// Attempts per operation, the first included. Default 3.
+    pub max_attempts: u32,
+    /// The first retry waits up to this (full jitter); each further one up
+    /// to twice as long. Default 5 ms.
+    pub backoff_base: Duration,
+    /// The longest wait between attempts. Default 100 ms.
+    pub backoff_cap: Duration,
+    /// How many retries recent traffic allows.
+    pub retry_budget: RetryBudgetConfig,
+    /// When a peer is skipped.
+    pub breaker: BreakerConfig,
+    /// How often each peer's round-trip time is measured. Default 5 s.
+    pub rtt_interval: Duration,
+}
+
+impl RemoteConfig {
+    /// Defaults for `peers` with `tls`.
+    pub fn new(peers: Vec<PeerConfig>, tls: TlsFiles) -> Self {
+        RemoteConfig {
+            peers,
+            tls,
+            tenant: 0,
+            connections_per_peer: 2,
+            connect_timeout: Duration::from_secs(1),
+            request_timeout: Duration::from_secs(1),
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(5),
+            backoff_cap: Duration::from_millis(100),
+            retry_budget: RetryBudgetConfig::default(),
+            breaker: BreakerConfig::default(),
+            rtt_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+/// One peer's counters, as [`RemoteSigner::metrics`] reports them.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct PeerMetrics {
+    /// The peer's name.
+    pub name: String,
+    /// Its smoothed round-trip time, once measured.
+    pub rtt: Option<Duration>,
+    /// Its breaker.
+    pub breaker: BreakerState,
+    /// How many times its breaker opened.
+    pub breaker_opens: u64,
+    /// Live connections to it.
+    pub connections: usize,
+    /// Attempts that failed over from it to another peer.
+    pub failovers: u64,
+    /// Attempts sent to it, how they ended, and their latency.
+    pub stats: RequestStats,
+}
+
+/// A snapshot of a client's counters.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ClientMetrics {
+    /// Per peer.
+    pub peers: Vec<PeerMetrics>,
+    /// Operations routed.
+    pub operations: u64,
+    /// Attempts after the first (retries and failovers).
+    pub retries: u64,
+    /// Retries the budget refused.
+    pub retries_refused: u64,
+}
+
+impl ClientMetrics {
+    /// The Prometheus text exposition of these metrics.
+    pub fn prometheus(&self) -> String {
+        let mut e = Exposition::new();
+        for (name, help, v) in [
+            ("keyfence_remote_client_operations_total", "Operations routed to peers.", self.operations),
+            ("keyfence_remote_client_retries_total", "Attempts after the first.", self.retries),
+            ("keyfence_remote_client_retries_refused_total", "Retries the retry budget refused.", self.retries_refused),
+        ] {
+            e.family(name, "counter", help);
+            e.sample(name, &[], v as f64);
+        }
+        let n = "keyfence_remote_client_peer_rtt_seconds";
+        e.family(n, "gauge", "Smoothed round-trip time, by peer.");
+        for p in &self.peers {
+            if let Some(rtt) = p.rtt {
+                e.sample(n, &[("peer", &p.name)], rtt.as_secs_f64());
+            }
+        }
+        let n = "keyfence_remote_client_peer_breaker_open";
+        e.family(n, "gauge", "1 while the peer's breaker is open.");
+        for p in &self.peers {
+            e.sample(n, &[("peer", &p.name)], f64::from(u8::from(p.breaker == BreakerState::Open)));
+        }
+        let n = "keyfence_remote_client_peer_connections";
+        e.family(n, "gauge", "Live connections, by peer.");
+        for p in &self.peers {
+            e.sample(n, &[("peer", &p.name)], p.connections as f64);
+        }
+        let n = "keyfence_remote_client_peer_failovers_total";
+        e.family(n, "counter", "Attempts that failed over to another peer, by the peer failed.");
+        for p in &self.peers {
+            e.sample(n, &[("peer", &p.name)], p.failovers as f64);
+        }
+        let series: Vec<(String, &RequestStats)> = self.peers.iter().map(|p| (p.name.clone(), &p.stats)).collect();
+        request_stats(&mut e, "keyfence_remote_client_peer", "peer", &series);
+        e.finish()
+    }
+}
+
+/// A key held by the peers: its id, who may hold it, its tenant.
+struct RemoteKey {
+    key_id: [u8; 32],
+    capable: Vec<usize>,
+    tenant: u64,
+}
+
+pub(crate) struct Client {
+    config: RemoteConfig,
+    peers: Vec<PeerState>,
+    keys: Mutex<HashMap<u64, Arc<RemoteKey>>>,
+    next_key: AtomicU64,
+    budget: RetryBudget,
+    operations: AtomicU64,
+    retries: AtomicU64,
+    retries_refused: AtomicU64,
+    /// Dropped with the client: stops the round-trip thread.
+    _stop: Sender<()>,
+}
+
+/// How one attempt ended, for routing.
+enum Attempt<T> {
+    Done(T),
+    /// Try the next peer; `breaker` says whether it counts against this
+    /// one's breaker.
+    Next { error: SignError, breaker: bool },
+    /// Stop: the answer is this error.
+    Final(SignError),
+}
+
+fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
+    SignError::backend(NAME, failure, reason)
+}
+
+/// A client of remote key servers, the engine's backend for keys this
+/// machine may not open. Cheap to clone.
+///
+/// ```no_run
+/// use keyfence::sign::{Algorithm, Engine, EngineConfig};
+/// use keyfence::sign::remote::{PeerConfig, RemoteConfig, RemoteSigner, TlsFiles};
+/// use keyfence::wrap::Envelope;
+///
+/// let tls = TlsFiles { cert: "client.pem".into(), key: "client.key".into(), ca: "ca.pem".into() };
+/// let peers = vec![PeerConfig::new("sfo1", "10.0.0.7:7543".parse()?, "region=US,country=US".parse()?)];
+/// let remote = RemoteSigner::start(RemoteConfig::new(peers, tls))?;
+/// let envelope = Envelope::parse(&std::fs::read("key.env")?)?;
+/// let key = remote.key(&envelope)?; // a handle; the secret stays in the US
+/// let engine = Engine::new(EngineConfig::default())?;
+/// let signature = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"hello")?.wait()?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[derive(Clone)]
+pub struct RemoteSigner {
+    client: Arc<Client>,
+}
+
+impl std::fmt::Debug for RemoteSigner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RemoteSigner")
+            .field("peers", &self.client.peers.iter().map(|p| p.config.name.as_str()).collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl RemoteSigner {
+    /// Starts a client: reads the TLS files, and starts measuring each
+    /// peer's round-trip time (the first round at once, in the
+    /// background). Connections are made when first needed.
+    ///
+    /// # Errors
+    /// [`SignError::Config`] for unusable TLS files, no peers, or zero
+    /// sizes; [`SignError::Io`] if the measuring thread cannot start.
+    pub fn start(config: RemoteConfig) -> Result<Self, SignError> {
+        if config.peers.is_empty() {
+            return Err(SignError::Config("a remote signer needs at least one peer".into()));
+        }
+        if config.connections_per_peer == 0 || config.max_attempts == 0 {
+            return Err(SignError::Config("connections_per_peer and max_attempts must be at least 1".into()));
+        }
+        if config.connect_timeout.is_zero() || config.request_timeout.is_zero() || config.rtt_interval.is_zero() {
+            return Err(SignError::Config("connect_timeout, request_timeout and rtt_interval must not be zero".into()));
+        }
+        let connector = tls::connector(&config.tls)?;
+        let peers = config
+            .peers
+            .iter()
+            .map(|pc| {
+                let pool = Pool::new(
+                    pc.addr,
+                    pc.server_name.clone(),
+                    connector.clone(),
+                    config.connections_per_peer,
+                    config.connect_timeout,
+                );
+                PeerState::new(pc.clone(), pool, config.breaker)
+            })
+            .collect();
+        let (stop, stopped) = bounded(0);
+        let client = Arc::new(Client {
+            budget: RetryBudget::new(config.retry_budget),
+            config,
+            peers,
+            keys: Mutex::new(HashMap::new()),
+            next_key: AtomicU64::new(1),
+            operations: AtomicU64::new(0),
+            retries: AtomicU64::new(0),
+            retries_refused: AtomicU64::new(0),
+            _stop: stop,
+        });
+        let weak = Arc::downgrade(&client);
+        std::thread::Builder::new()
+            .name("keyfence-remote-rtt".into())
+            .spawn(move || measure_loop(&weak, &stopped))
+            .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the round-trip thread: {e}")))?;
+        Ok(RemoteSigner { client })
+    }
+
+    /// A handle on the key in `envelope`, held by the peers whose
+    /// attributes satisfy its policy, for the configured tenant. Asks the
+    /// nearest of them for the key's public half (with the same failover
+    /// as an operation), bounded by `connect_timeout + request_timeout`.
+    ///
+    /// # Errors
+    /// [`SignError::Backend`] when no peer may hold the key
+    /// ([`BackendFailure::Refused`]) or none answered.
+    pub fn key(&self, envelope: &Envelope) -> Result<Arc<PrivateKey>, SignError> {
+        self.key_for_tenant(envelope, self.client.config.tenant)
+    }
+
+    /// As [`RemoteSigner::key`], for keys of `tenant`.
+    ///
+    /// # Errors
+    /// As [`RemoteSigner::key`].
+    pub fn key_for_tenant(&self, envelope: &Envelope, tenant: u64) -> Result<Arc<PrivateKey>, SignError> {
+        let c = &self.client;
+        let capable = routing::capable(&envelope.policy, &c.peers);
+        if capable.is_empty() {
+            return Err(no_capable_peer(&envelope.policy));
+        }
+        let key = RemoteKey { key_id: KeyId::of_envelope(envelope.to_bytes()).0, capable, tenant };
+        let deadline = Instant::now() + c.config.connect_timeout + c.config.request_timeout;
+        let (kind, der) = c.route(&key, deadline, |peer, head, until| {
+            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
+            attempt_of(frame, |f| {
+                p::parse_public_reply(&f.body)
+                    .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad public-key reply: {e}")))
+            })
+        })?;
+        let id = c.next_key.fetch_add(1, Ordering::Relaxed);
+        c.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(key));
+        let holder: Arc<dyn KeyHolder> = c.clone();
+        Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, id, kind, der))))
+    }
+
+    /// The key in `envelope` from `machine` if its attributes allow it
+    /// (opened here, signed in this process), otherwise a handle on the
+    /// peers that may hold it: the Geo Key Manager decision.
+    ///
+    /// # Errors
+    /// [`OpenOrForwardError::Wrap`] for a malformed envelope or one the
+    /// machine may open but cannot, [`OpenOrForwardError::Key`] when it
+    /// holds no usable key, [`OpenOrForwardError::Remote`] with the errors
+    /// of [`RemoteSigner::key`].
+    pub fn open_or_forward(&self, machine: &Machine, envelope: &[u8]) -> Result<Arc<PrivateKey>, OpenOrForwardError> {
+        let env = Envelope::parse(envelope)?;
+        if machine.could_open(&env) {
+            let secret = machine.open_envelope(&env)?;
+            return Ok(Arc::new(PrivateKey::from_bytes(&secret)?));
+        }
+        Ok(self.key(&env)?)
+    }
+
+    /// Measures every peer's round-trip time now (one ping each, in
+    /// parallel, bounded by `connect_timeout + request_timeout`).
+    pub fn measure(&self) {
+        self.client.measure();
+    }
+
+    /// The peers as the wrap layer's chooser sees them: name, attributes,
+    /// measured round-trip time (`Duration::MAX` before the first).
+    pub fn peers(&self) -> Vec<Peer> {
+        self.client.peers.iter().map(PeerState::as_peer).collect()
+    }
+
+    /// A snapshot of the counters.
+    pub fn metrics(&self) -> ClientMetrics {
+        let c = &self.client;
+        let now = Instant::now();
+        ClientMetrics {
+            peers: c
+                .peers
+                .iter()
+                .map(|p| PeerMetrics {
+                    name: p.config.name.clone(),
+                    rtt: p.rtt(),
+                    breaker: p.breaker.state(now),
+                    breaker_opens: p.breaker.opens(),
+                    connections: p.pool.live(),
+                    failovers: p.failovers.load(Ordering::Relaxed),
+                    stats: p.stats.snapshot(),
+                })
+                .collect(),
+            operations: c.operations.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            retries_refused: c.retries_refused.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Closes every connection (requests in flight on them fail over or
+    /// fail); later requests connect again.
+    pub fn disconnect(&self) {
+        for p in &self.client.peers {
+            p.pool.close_all();
+        }
+    }
+}
+
+impl crate::sign::MetricsSource for RemoteSigner {
+    fn name(&self) -> String {
+        NAME.to_string()
+    }
+
+    fn prometheus(&self) -> String {
+        self.metrics().prometheus()
+    }
+}
+
+/// Why [`RemoteSigner::open_or_forward`] gave no key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OpenOrForwardError {
+    /// The envelope is malformed, or the machine may open it but cannot.
+    #[error(transparent)]
+    Wrap(#[from] crate::wrap::WrapError),
+    /// The envelope opened but holds no usable key.
+    #[error(transparent)]
+    Key(#[from] crate::sign::KeyError),
+    /// No peer could be asked for the key.
+    #[error(transparent)]
+    Remote(#[from] SignError),
+}
+
+impl OpenOrForwardError {
+    /// The stable error code.
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            OpenOrForwardError::Wrap(e) => e.code(),
+            OpenOrForwardError::Key(e) => e.code(),
+            OpenOrForwardError::Remote(e) => e.code(),
+        }
+    }
+}
+
+fn no_capable_peer(policy: &CanonicalPolicy) -> SignError {
+    backend_error(BackendFailure::Refused, format!("no configured peer's attributes satisfy the policy {policy}"))
+}
+
+/// Maps a reply (or its absence) to an attempt outcome; `ok` decodes an
+/// OK frame.
+fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Result<T, SignError>) -> Attempt<T> {
+    let frame = match frame {
+        Ok(f) => f,
+        Err(CallError::Connect(why)) => {
+            return Attempt::Next { error: backend_error(BackendFailure::Unavailable, why), breaker: true }
+        }
+        Err(CallError::Lost(why)) => {
+            return Attempt::Next { error: backend_error(BackendFailure::Died, why), breaker: true }
+        }
+        Err(CallError::TimedOut) => {
+            let e = backend_error(BackendFailure::GaveUp, "no reply within the request timeout");
+            return Attempt::Next { error: e, breaker: true };
+        }
+        Err(CallError::NoRoom) => {
+            let e = backend_error(BackendFailure::NoRoom, "every request slot of the connection is in use");
+            return Attempt::Next { error: e, breaker: false };
+        }
+    };
+    let Some((code, msg)) = error_of(&frame) else {
+        return match frame.kind {
+            kind::OK => match ok(frame) {
+                Ok(v) => Attempt::Done(v),
+                Err(e) => Attempt::Final(e),
+            },
+            k => Attempt::Final(backend_error(BackendFailure::Protocol, format!("unexpected reply kind {k:#04x}"))),
+        };
+    };
+    match code {
+        RemoteErrorCode::Overloaded | RemoteErrorCode::TenantLimit | RemoteErrorCode::ShuttingDown => {
+            Attempt::Next { error: SignError::PeerOverloaded { reason: format!("{}: {msg}", code.name()) }, breaker: false }
+        }
+        RemoteErrorCode::UnknownKey => {
+            Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: false }
+        }
+        RemoteErrorCode::TimedOut => Attempt::Final(SignError::TimedOut { timeout: Duration::ZERO }),
+        RemoteErrorCode::Crypto => Attempt::Final(SignError::Crypto { op: CryptoOp::Sign, reason: msg }),
+        RemoteErrorCode::Invalid => Attempt::Final(backend_error(BackendFailure::Refused, format!("invalid request: {msg}"))),
+        RemoteErrorCode::Malformed | RemoteErrorCode::Version => {
+            Attempt::Final(backend_error(BackendFailure::Protocol, format!("{}: {msg}", code.name())))
+        }
+        RemoteErrorCode::Internal => Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: true },
+    }
+}
+
+/// A fresh random trace id.
+fn trace_id() -> [u8; 16] {
+    let mut t = [0u8; 16];
+    OsRng.fill_bytes(&mut t);
+    t
+}
+
+impl Client {
+    /// Runs `attempt` on the capable peers of `key`, nearest first, with
+    /// failover, backoff, the retry budget and breakers, until one answers
+    /// or `deadline`.
+    fn route<T>(
+        &self,
+        key: &RemoteKey,
+        deadline: Instant,
+        mut attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
+    ) -> Result<T, SignError> {
+        self.operations.fetch_add(1, Ordering::Relaxed);
+        let start = Instant::now();
+        self.budget.request(start);
+        let trace = trace_id();
+        let mut head = Head { key_id: key.key_id, budget: Duration::ZERO, trace_id: trace, tenant: key.tenant };
+        let span = tracing::debug_span!("keyfence.remote.route", trace_id = %head.trace_hex(), tenant = key.tenant);
+        let _entered = span.enter();
+        let mut last: Option<SignError> = None;
+        let mut tried: Vec<usize> = Vec::new();
+        for n in 0..self.config.max_attempts {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            // The nearest capable peer not yet tried whose breaker lets a
+            // request through; when all were tried, the nearest again.
+            let order = routing::order(&key.capable, &self.peers, now);
+            let fresh: Vec<usize> = order.iter().copied().filter(|i| !tried.contains(i)).collect();
+            let candidates = if fresh.is_empty() { order } else { fresh };
+            let Some((i, permit)) = candidates.iter().find_map(|&i| self.peers[i].breaker.allow(now).map(|p| (i, p)))
+            else {
+                last.get_or_insert_with(|| {
+                    backend_error(BackendFailure::Unavailable, "every capable peer's circuit breaker is open")
+                });
+                break;
+            };
+            if n > 0 {
+                if !self.budget.try_retry(now) {
+                    self.retries_refused.fetch_add(1, Ordering::Relaxed);
+                    self.peers[i].breaker.neutral(permit);
+                    break;
+                }
+                self.retries.fetch_add(1, Ordering::Relaxed);
+                let wait = backoff(n - 1, self.config.backoff_base, self.config.backoff_cap, OsRng.next_u64());
+                if Instant::now() + wait >= deadline {
+                    self.peers[i].breaker.neutral(permit);
+                    break;
+                }
+                std::thread::sleep(wait);
+            }
+            let peer = &self.peers[i];
+            tried.push(i);
+            let sent = Instant::now();
+            head.budget = deadline.saturating_duration_since(sent);
+            let until = deadline.min(sent + self.config.request_timeout);
+            peer.stats.begin();
+            tracing::debug!(peer = %peer.config.name, attempt = n + 1, budget_us = head.budget.as_micros() as u64, "sending");
+            match attempt(peer, &head, until) {
+                Attempt::Done(v) => {
+                    peer.breaker.success(permit);
+                    peer.stats.end(Outcome::Ok, sent.elapsed());
+                    return Ok(v);
+                }
+                Attempt::Final(e) => {
+                    peer.breaker.neutral(permit);
+                    // The server's `timed_out` carries no duration: report
+                    // the caller's own timeout.
+                    let e = match e {
+                        SignError::TimedOut { .. } => {
+                            SignError::TimedOut { timeout: deadline.saturating_duration_since(start) }
+                        }
+                        e => e,
+                    };
+                    let outcome = if e.kind() == crate::sign::ErrorKind::TimedOut { Outcome::TimedOut } else { Outcome::Failed };
+                    peer.stats.end(outcome, sent.elapsed());
+                    tracing::debug!(peer = %peer.config.name, error = %e, "final");
+                    return Err(e);
+                }
+                Attempt::Next { error, breaker } => {
+                    if breaker {
+                        peer.breaker.failure(permit, Instant::now());
+                    } else {
+                        peer.breaker.neutral(permit);
+                    }
+                    let outcome = match &error {
+                        SignError::PeerOverloaded { .. } => Outcome::Overloaded,
+                        SignError::Backend { failure: BackendFailure::GaveUp, .. } => Outcome::TimedOut,
+                        _ => Outcome::Failed,
+                    };
+                    peer.stats.end(outcome, sent.elapsed());
+                    peer.failovers.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(peer = %peer.config.name, error = %error, "trying the next peer");
+                    last = Some(error);
+                }
+            }
+        }
+        Err(match last {
+            Some(e) if Instant::now() < deadline => e,
+            _ => SignError::TimedOut { timeout: deadline.saturating_duration_since(start) },
+        })
+    }
+
+    fn key(&self, id: u64) -> Option<Arc<RemoteKey>> {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).get(&id).cloned()
+    }
+
+    fn measure(&self) {
+        let until = Instant::now() + self.config.connect_timeout + self.config.request_timeout;
+        std::thread::scope(|s| {
+            for peer in &self.peers {
+                s.spawn(move || {
+                    let Ok(conn) = peer.pool.get(until) else { return };
+                    let sent = Instant::now();
+                    if let Ok(f) = conn.call(p::encode_ping, until) {
+                        if f.kind == kind::OK {
+                            peer.measured(sent.elapsed());
+                        }
+                    }
+                });
+            }
+        });
+    }
+}
+
+/// Measures round-trip times every `rtt_interval` until the client is
+/// dropped.
+fn measure_loop(client: &Weak<Client>, stopped: &Receiver<()>) {
+    loop {
+        let interval = match client.upgrade() {
+            Some(c) => {
+                c.measure();
+                c.config.rtt_interval
+            }
+            None => return,
+        };
+        match stopped.recv_timeout(interval) {
+            Err(RecvTimeoutError::Timeout) => {}
+            _ => return,
+        }
+    }
+}
+
+impl KeyHolder for Client {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn class(&self, _kind: KeyKind) -> OpClass {
+        OpClass::Slow
+    }
+
+    fn admit(&self, _class: OpClass) -> Result<bool, SignError> {
+        Ok(false)
+    }
+
+    fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
+        let key = self.key(id).ok_or_else(|| backend_error(BackendFailure::Refused, "the key was forgotten"))?;
+        let op = fit(op)?;
+        self.route(&key, deadline, |peer, head, until| {
+            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_op(out, id, head, &op), until));
+            attempt_of(frame, |f| Ok(f.body))
+        })
+    }
+
+    fn start(&self, id: u64, op: Operation, deadline: Instant, answer: Answer) {
+        answer.send(self.perform(id, &op, deadline));
+    }
+
+    fn forget(&self, id: u64) {
+        self.keys.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    fn max_input(&self) -> usize {
+        p::MAX_OP_DATA
+    }
+}
+
+/// `op` in a form one frame carries: a longer message is hashed here and
+/// its digest sent (the signature is the same).
+fn fit(op: &Operation) -> Result<std::borrow::Cow<'_, Operation>, SignError> {
+    use std::borrow::Cow;
+    if op.input_len() <= p::MAX_OP_DATA {
+        return Ok(Cow::Borrowed(op));
+    }
+    let too_large = |what, len| SignError::InputTooLarge { what, len, max: p::MAX_OP_DATA, hint: "" };
+    match op {
+        Operation::Sign { alg, input: Input::Message(m) } => match alg.hash() {
+            Some(hash) => Ok(Cow::Owned(Operation::Sign { alg: *alg, input: Input::Digest(hash.digest(m)?) })),
+            None => Err(too_large("the message", m.len())),
+        },
+        Operation::Sign { input: Input::Digest(d), .. } => Err(too_large("the digest", d.len())),
+        Operation::DecryptRaw { ciphertext } => Err(too_large("the ciphertext", ciphertext.len())),
+    }
+}

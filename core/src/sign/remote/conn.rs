@@ -1,0 +1,194 @@
+//! The client side of one connection to a key server: the handshake and
+//! hello, request ids, what waits for each reply, the announced in-flight
+//! bound, and failing everything in flight at once when the connection
+//! ends. Many threads share one connection; replies come in any order.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
+
+use boring::ssl::SslConnector;
+use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
+
+use super::link::{self, Handler, Link, Outbox};
+use super::protocol::{self as p, kind, Frame, RemoteErrorCode};
+
+/// Why one attempt on one connection did not get a reply frame.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CallError {
+    /// No connection could be made (refused, timed out, TLS refused).
+    Connect(String),
+    /// The connection ended with the request in flight.
+    Lost(String),
+    /// No reply by the attempt's deadline.
+    TimedOut,
+    /// The connection has its announced maximum in flight.
+    NoRoom,
+}
+
+type Waiter = Sender<Result<Frame, CallError>>;
+
+/// One live connection.
+pub(crate) struct ClientConn {
+    outbox: Outbox,
+    pending: Mutex<HashMap<u64, Waiter>>,
+    dead: AtomicBool,
+    next_id: AtomicU64,
+    max_in_flight: u32,
+    in_flight: AtomicU32,
+}
+
+struct InFlight<'a>(&'a AtomicU32);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl ClientConn {
+    /// Connects to `addr`, checks that the server's certificate names
+    /// `server_name`, exchanges hellos, and starts the connection's thread.
+    /// Everything before the thread starts is bounded by `deadline`.
+    pub(crate) fn connect(
+        connector: &SslConnector,
+        addr: SocketAddr,
+        server_name: &str,
+        deadline: Instant,
+    ) -> Result<Arc<ClientConn>, CallError> {
+        let left = || {
+            let d = deadline.saturating_duration_since(Instant::now());
+            if d.is_zero() {
+                Err(CallError::Connect("timed out connecting".into()))
+            } else {
+                Ok(d)
+            }
+        };
+        let fail = |what: &str, e: &dyn std::fmt::Display| CallError::Connect(format!("{what}: {e}"));
+        let tcp = TcpStream::connect_timeout(&addr, left()?).map_err(|e| fail("connect", &e))?;
+        let t = Some(left()?);
+        tcp.set_nodelay(true)
+            .and_then(|()| tcp.set_read_timeout(t))
+            .and_then(|()| tcp.set_write_timeout(t))
+            .map_err(|e| fail("socket", &e))?;
+        let config = connector.configure().map_err(|e| fail("TLS", &e))?;
+        let mut stream = config.connect(server_name, tcp).map_err(|e| fail("TLS handshake", &e))?;
+        let mut hello = Vec::new();
+        p::encode(&mut hello, kind::HELLO, 0, &[&p::hello_request()]);
+        stream.write_all(&hello).map_err(|e| fail("hello", &e))?;
+        let mut decoder = p::Decoder::new();
+        let reply = link::read_frame(&mut stream, &mut decoder).map_err(|e| fail("hello", &e))?;
+        let max_in_flight = match reply.kind {
+            kind::HELLO => p::parse_hello_reply(&reply.body).map_err(|e| fail("hello", &e))?,
+            kind::ERR => {
+                let (code, msg) = p::parse_error(&reply.body);
+                return Err(CallError::Connect(format!("the server refused the hello ({}): {msg}", code.name())));
+            }
+            k => return Err(CallError::Connect(format!("unexpected hello reply kind {k:#04x}"))),
+        };
+        stream
+            .get_ref()
+            .set_read_timeout(None)
+            .and_then(|()| stream.get_ref().set_write_timeout(None))
+            .map_err(|e| fail("socket", &e))?;
+        let (link, outbox) = Link::new(stream, decoder).map_err(|e| fail("socket", &e))?;
+        let conn = Arc::new(ClientConn {
+            outbox,
+            pending: Mutex::new(HashMap::new()),
+            dead: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+            max_in_flight,
+            in_flight: AtomicU32::new(0),
+        });
+        let c = conn.clone();
+        std::thread::Builder::new()
+            .name("keyfence-remote-conn".into())
+            .spawn(move || {
+                let why = link::run(link, &c.outbox, &mut Replies(&c));
+                c.fail_all(why);
+            })
+            .map_err(|e| fail("thread", &e))?;
+        Ok(conn)
+    }
+
+    fn pending(&self) -> MutexGuard<'_, HashMap<u64, Waiter>> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the connection has ended.
+    pub(crate) fn is_dead(&self) -> bool {
+        self.dead.load(Ordering::Acquire)
+    }
+
+    /// Ends the connection; whatever is in flight fails.
+    pub(crate) fn close(&self) {
+        self.outbox.close();
+    }
+
+    fn fail_all(&self, why: String) {
+        let waiters: Vec<Waiter> = {
+            let mut map = self.pending();
+            self.dead.store(true, Ordering::Release);
+            map.drain().map(|(_, w)| w).collect()
+        };
+        for w in waiters {
+            let _ = w.send(Err(CallError::Lost(why.clone())));
+        }
+    }
+
+    /// Sends the frame `encode` writes for a request id, and waits for its
+    /// reply until `deadline`.
+    pub(crate) fn call(&self, encode: impl FnOnce(&mut Vec<u8>, u64), deadline: Instant) -> Result<Frame, CallError> {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(CallError::NoRoom);
+        }
+        let _slot = InFlight(&self.in_flight);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = bounded(1);
+        {
+            let mut map = self.pending();
+            if self.is_dead() {
+                return Err(CallError::Lost("the connection had ended".into()));
+            }
+            map.insert(id, tx);
+        }
+        let mut frame = Vec::new();
+        encode(&mut frame, id);
+        // A closed outbox means the reader is failing everything: the
+        // waiter hears it below.
+        self.outbox.send(&frame);
+        match rx.recv_deadline(deadline) {
+            Ok(r) => r,
+            Err(RecvTimeoutError::Timeout) => {
+                self.pending().remove(&id);
+                Err(CallError::TimedOut)
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(CallError::Lost("the connection ended".into())),
+        }
+    }
+}
+
+/// The connection thread's handler: each reply to whoever waits for it.
+struct Replies<'a>(&'a ClientConn);
+
+impl Handler for Replies<'_> {
+    fn frame(&mut self, frame: Frame) -> Result<(), String> {
+        if !matches!(frame.kind, kind::OK | kind::ERR) {
+            return Err(format!("the server sent a frame of kind {:#04x}", frame.kind));
+        }
+        // A reply nobody waits for (the caller timed out) is dropped.
+        if let Some(w) = self.0.pending().remove(&frame.id) {
+            let _ = w.send(Ok(frame));
+        }
+        Ok(())
+    }
+}
+
+/// An ERR frame's code and message.
+pub(crate) fn error_of(frame: &Frame) -> Option<(RemoteErrorCode, String)> {
+    (frame.kind == kind::ERR).then(|| p::parse_error(&frame.body))
+}

@@ -1,0 +1,136 @@
+//! The keys a server signs with: each opened from its envelope through the
+//! wrap machine (so only keys the machine's attributes allow), or loaded
+//! by the isolated key process, and filed under the envelope's
+//! [`KeyId`], the name every machine can compute from its replicated copy.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+
+use crate::sign::isolated::{KeyProcess, KeySource};
+use crate::sign::{KeyError, PrivateKey, SignError};
+use crate::wrap::{Envelope, Machine, WrapError};
+
+/// A key's name on the wire: SHA-256 of its envelope's bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct KeyId(pub [u8; 32]);
+
+impl KeyId {
+    /// The id of the envelope `bytes`.
+    pub fn of_envelope(bytes: &[u8]) -> Self {
+        KeyId(boring::sha::sha256(bytes))
+    }
+}
+
+impl fmt::Debug for KeyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "KeyId({self})")
+    }
+}
+
+impl fmt::Display for KeyId {
+    /// The first 8 bytes in hexadecimal: enough to tell keys apart in logs.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0[..8].iter().try_for_each(|b| write!(f, "{b:02x}"))
+    }
+}
+
+/// Why an envelope did not give the server a key.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeyRingError {
+    /// The machine cannot open it (its attributes do not satisfy the
+    /// policy, another authority, a retired generation...).
+    #[error("cannot open the envelope: {0}")]
+    Wrap(#[from] WrapError),
+    /// What it holds is not a private key keyfence signs with.
+    #[error("the envelope does not hold a usable key: {0}")]
+    Key(#[from] KeyError),
+    /// The key process refused the key, or the envelope file cannot be
+    /// read.
+    #[error("{0}")]
+    Load(#[from] SignError),
+}
+
+/// The keys a server holds, by [`KeyId`].
+#[derive(Default, Clone)]
+pub struct KeyRing {
+    keys: HashMap<KeyId, Arc<PrivateKey>>,
+}
+
+impl fmt::Debug for KeyRing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyRing").field("keys", &self.keys.len()).finish()
+    }
+}
+
+impl KeyRing {
+    /// An empty ring.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Opens `envelope` with `machine` and holds the key in this process.
+    ///
+    /// # Errors
+    /// [`KeyRingError::Wrap`] when the machine may not or cannot open it
+    /// (the usual case for keys of another region: skip them),
+    /// [`KeyRingError::Key`] when it does not hold a usable private key.
+    /// [`KeyRingError::Load`] (isolated only) when the key process refuses it.
+    pub fn open(&mut self, machine: &Machine, envelope: &[u8]) -> Result<KeyId, KeyRingError> {
+        let secret = machine.open(envelope)?;
+        let key = PrivateKey::from_bytes(&secret)?;
+        let id = KeyId::of_envelope(envelope);
+        self.keys.insert(id, Arc::new(key));
+        Ok(id)
+    }
+
+    /// Has the isolated key process open the envelope file with the
+    /// machine key file against the store directory: the secret never
+    /// enters this process. The machine (the same key and store) checks
+    /// first that its attributes allow the key, without opening it.
+    ///
+    /// # Errors
+    /// As [`KeyRing::open`].
+    pub fn open_isolated(
+        &mut self,
+        machine: &Machine,
+        keys: &KeyProcess,
+        store: &std::path::Path,
+        machine_key: &std::path::Path,
+        envelope: &std::path::Path,
+    ) -> Result<KeyId, KeyRingError> {
+        let bytes = std::fs::read(envelope).map_err(|e| {
+            SignError::Config(format!("cannot read the envelope {}: {e}", envelope.display()))
+        })?;
+        machine.can_open(&Envelope::parse(&bytes)?)?;
+        let key = keys.load(KeySource::Envelope {
+            store: store.to_path_buf(),
+            machine_key: machine_key.to_path_buf(),
+            envelope: envelope.to_path_buf(),
+        })?;
+        let id = KeyId::of_envelope(&bytes);
+        self.keys.insert(id, key);
+        Ok(id)
+    }
+
+    /// Holds `key` under `id` (keys from elsewhere, for tests and tools).
+    pub fn insert(&mut self, id: KeyId, key: Arc<PrivateKey>) {
+        self.keys.insert(id, key);
+    }
+
+    /// The key under `id`.
+    pub fn get(&self, id: &KeyId) -> Option<&Arc<PrivateKey>> {
+        self.keys.get(id)
+    }
+
+    /// How many keys it holds.
+    pub fn len(&self) -> usize {
+        self.keys.len()
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.keys.is_empty()
+    }
+}

@@ -1,0 +1,111 @@
+//! Peers and the order they are tried in: each peer is described by its
+//! attributes and a round-trip time the client measures itself (not a
+//! hard-coded table). A key goes to the nearest peer whose attributes
+//! satisfy its policy, as [`nearest_capable`](crate::wrap::nearest_capable)
+//! chooses, then to the next nearest, skipping peers whose breaker is
+//! open.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use keyfence_policy::Attributes;
+
+use super::breaker::{Breaker, BreakerConfig};
+use super::metrics::StatsCell;
+use super::pool::Pool;
+use crate::wrap::{CanonicalPolicy, Peer};
+
+/// A key server a client may forward to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerConfig {
+    /// Its name in metrics and errors (a data-center name, say).
+    pub name: String,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// The name its TLS certificate must carry (DNS subject alternative
+    /// name). Default: `name`.
+    pub server_name: String,
+    /// Its attributes: what it may open.
+    pub attributes: Attributes,
+}
+
+impl PeerConfig {
+    /// A peer called `name` at `addr` with `attributes`, whose certificate
+    /// names it `name`.
+    pub fn new(name: impl Into<String>, addr: SocketAddr, attributes: Attributes) -> Self {
+        let name = name.into();
+        PeerConfig { server_name: name.clone(), name, addr, attributes }
+    }
+}
+
+/// No measurement yet.
+const UNKNOWN: u64 = u64::MAX;
+
+pub(crate) struct PeerState {
+    pub(crate) config: PeerConfig,
+    pub(crate) pool: Pool,
+    pub(crate) breaker: Breaker,
+    /// Smoothed round-trip time in nanoseconds, [`UNKNOWN`] before the
+    /// first measurement.
+    rtt_ns: AtomicU64,
+    pub(crate) stats: StatsCell,
+    pub(crate) failovers: AtomicU64,
+}
+
+impl PeerState {
+    pub(crate) fn new(config: PeerConfig, pool: Pool, breaker: BreakerConfig) -> Self {
+        PeerState {
+            config,
+            pool,
+            breaker: Breaker::new(breaker),
+            rtt_ns: AtomicU64::new(UNKNOWN),
+            stats: StatsCell::new(),
+            failovers: AtomicU64::new(0),
+        }
+    }
+
+    /// The smoothed round-trip time, if measured.
+    pub(crate) fn rtt(&self) -> Option<Duration> {
+        match self.rtt_ns.load(Ordering::Relaxed) {
+            UNKNOWN => None,
+            ns => Some(Duration::from_nanos(ns)),
+        }
+    }
+
+    /// Folds in a measurement: an exponentially weighted average (one
+    /// quarter new), so one slow probe does not reorder the peers.
+    pub(crate) fn measured(&self, rtt: Duration) {
+        let new = u64::try_from(rtt.as_nanos()).unwrap_or(UNKNOWN - 1).min(UNKNOWN - 1);
+        let _ = self.rtt_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
+            Some(if old == UNKNOWN { new } else { (old / 4) * 3 + new / 4 })
+        });
+    }
+
+    /// This peer as the wrap layer's chooser sees it (unmeasured peers as
+    /// infinitely far).
+    pub(crate) fn as_peer(&self) -> Peer {
+        Peer {
+            name: self.config.name.clone(),
+            attributes: self.config.attributes.clone(),
+            latency: self.rtt().unwrap_or(Duration::MAX),
+        }
+    }
+}
+
+/// The peers (by index) whose attributes satisfy `policy`.
+pub(crate) fn capable(policy: &CanonicalPolicy, peers: &[PeerState]) -> Vec<usize> {
+    (0..peers.len()).filter(|&i| policy.eval(&peers[i].config.attributes)).collect()
+}
+
+/// `capable` peers nearest first (measured round-trip time; unmeasured
+/// last, in configuration order), without those whose breaker is open.
+pub(crate) fn order(capable: &[usize], peers: &[PeerState], now: Instant) -> Vec<usize> {
+    let mut v: Vec<usize> = capable
+        .iter()
+        .copied()
+        .filter(|&i| peers[i].breaker.state(now) != super::breaker::BreakerState::Open)
+        .collect();
+    v.sort_by_key(|&i| (peers[i].rtt().unwrap_or(Duration::MAX), i));
+    v
+}

@@ -1,0 +1,469 @@
+//! The key server (`keyfence serve`): accepts mutual-TLS connections,
+//! speaks the remote protocol, and signs on its own [`Engine`], whose
+//! per-class executors and bounded queues answer `overloaded` at once
+//! rather than letting work pile up.
+//!
+//! Admission, in order, for each OP: a budget already spent is answered
+//! `timed_out` without work; a key the server does not hold,
+//! `unknown_key` (the client tries the next capable peer); a connection
+//! with its announced maximum in flight, `overloaded`; a tenant with its
+//! maximum in flight, `tenant_limit`; then the engine, whose full queue is
+//! `overloaded`. The engine is given the request's budget as its timeout,
+//! so nothing is signed for a caller that has given up. None of this does
+//! more than a hash-map lookup under a lock.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use boring::ssl::SslAcceptor;
+
+use super::keyring::{KeyId, KeyRing};
+use super::link::{self, Handler, Link, Outbox};
+use super::metrics::{request_stats, Outcome, RequestStats};
+use crate::sign::exposition::Exposition;
+use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode, Request as Wire};
+use super::tenants::Tenants;
+use super::tls::{self, TlsFiles};
+use crate::sign::types::{ErrorKind, Operation, Output, Resource, SignError};
+use crate::sign::{Backend, Engine, EngineConfig, EngineMetrics, Request};
+
+/// How a key server listens, admits and signs.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// Where to listen (port 0 picks a free port; see
+    /// [`KeyServer::local_addr`]).
+    pub listen: SocketAddr,
+    /// The server's certificate and key, and the CA its clients'
+    /// certificates must come from.
+    pub tls: TlsFiles,
+    /// The signing engine's executors (RSA, EC, slow), each with its
+    /// bounded queue.
+    pub engine: EngineConfig,
+    /// Requests one tenant may have in flight on this server. Default 256.
+    pub tenant_in_flight: u32,
+    /// Requests one connection may have in flight (announced in the
+    /// hello). Default 1024.
+    pub connection_in_flight: u32,
+    /// Connections served at once; more are closed at once. Default 1024.
+    pub max_connections: usize,
+    /// Time for a client's TLS handshake and hello. Default 5 s.
+    pub handshake_timeout: Duration,
+    /// The server's name in spans and metrics.
+    pub name: String,
+    /// What signs for the engine instead of in-process BoringSSL (an
+    /// offload device, or a stand-in for a slow one in tests). Keys held by
+    /// the isolated key process always sign there.
+    pub backend: Option<Arc<dyn Backend>>,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("tls", &self.tls)
+            .field("engine", &self.engine)
+            .field("tenant_in_flight", &self.tenant_in_flight)
+            .field("connection_in_flight", &self.connection_in_flight)
+            .field("max_connections", &self.max_connections)
+            .field("handshake_timeout", &self.handshake_timeout)
+            .field("name", &self.name)
+            .field("backend", &self.backend.as_ref().map(|b| b.name().to_string()))
+            .finish()
+    }
+}
+
+impl ServerConfig {
+    /// Defaults for a server on `listen` with `tls`.
+    pub fn new(listen: SocketAddr, tls: TlsFiles) -> Self {
+        ServerConfig {
+            listen,
+            tls,
+            engine: EngineConfig::default(),
+            tenant_in_flight: 256,
+            connection_in_flight: 1024,
+            max_connections: 1024,
+            handshake_timeout: Duration::from_secs(5),
+            name: "keyfence".into(),
+            backend: None,
+        }
+    }
+}
+
+/// A snapshot of a server's counters.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ServerMetrics {
+    /// Connections open now.
+    pub connections: usize,
+    /// Connections closed at once because `max_connections` were open.
+    pub connections_refused: u64,
+    /// TLS handshakes or hellos that failed (no certificate, another
+    /// CA's certificate, another protocol).
+    pub handshakes_failed: u64,
+    /// Frames answered `malformed`.
+    pub malformed: u64,
+    /// Per tenant: id, requests in flight now, counters and latency.
+    pub tenants: Vec<(u64, u32, RequestStats)>,
+    /// The signing engine's per-class metrics.
+    pub engine: EngineMetrics,
+}
+
+impl ServerMetrics {
+    /// The Prometheus text exposition of these metrics.
+    pub fn prometheus(&self) -> String {
+        let mut e = Exposition::new();
+        let open = "keyfence_remote_server_connections";
+        e.family(open, "gauge", "Connections open now.");
+        e.sample(open, &[], self.connections as f64);
+        for (name, help, v) in [
+            ("keyfence_remote_server_connections_refused_total", "Connections refused: too many open.", self.connections_refused),
+            ("keyfence_remote_server_handshakes_failed_total", "TLS handshakes or hellos that failed.", self.handshakes_failed),
+            ("keyfence_remote_server_malformed_total", "Frames answered malformed.", self.malformed),
+        ] {
+            e.family(name, "counter", help);
+            e.sample(name, &[], v as f64);
+        }
+        let n = "keyfence_remote_server_tenant_in_flight";
+        e.family(n, "gauge", "Requests in flight, by tenant.");
+        for (t, inflight, _) in &self.tenants {
+            e.sample(n, &[("tenant", &t.to_string())], f64::from(*inflight));
+        }
+        let series: Vec<(String, &RequestStats)> = self.tenants.iter().map(|(t, _, s)| (t.to_string(), s)).collect();
+        request_stats(&mut e, "keyfence_remote_server_tenant", "tenant", &series);
+        e.engine("keyfence_engine", &self.engine);
+        e.finish()
+    }
+}
+
+struct Inner {
+    config: ServerConfig,
+    acceptor: SslAcceptor,
+    engine: Engine,
+    keys: KeyRing,
+    tenants: Tenants,
+    stop: AtomicBool,
+    connections: Mutex<HashMap<u64, Arc<Outbox>>>,
+    open: AtomicUsize,
+    next_conn: AtomicU64,
+    refused: AtomicU64,
+    handshakes_failed: AtomicU64,
+    malformed: AtomicU64,
+}
+
+/// A running key server. Dropping it (or [`KeyServer::shutdown`]) stops
+/// it.
+pub struct KeyServer {
+    inner: Arc<Inner>,
+    addr: SocketAddr,
+}
+
+impl std::fmt::Debug for KeyServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KeyServer").field("name", &self.inner.config.name).field("addr", &self.addr).finish()
+    }
+}
+
+impl KeyServer {
+    /// Starts serving `keys` on `config.listen`.
+    ///
+    /// # Errors
+    /// [`SignError::Config`] for unusable TLS files or sizes,
+    /// [`SignError::Io`] when the address cannot be bound or threads
+    /// cannot start.
+    pub fn start(config: ServerConfig, keys: KeyRing) -> Result<Self, SignError> {
+        if config.tenant_in_flight == 0 || !(1..=p::MAX_IN_FLIGHT).contains(&config.connection_in_flight) {
+            return Err(SignError::Config("tenant_in_flight must be at least 1, connection_in_flight 1 to 65536".into()));
+        }
+        if config.max_connections == 0 {
+            return Err(SignError::Config("max_connections must be at least 1".into()));
+        }
+        let acceptor = tls::acceptor(&config.tls)?;
+        let engine = match &config.backend {
+            Some(b) => Engine::with_backend(config.engine.clone(), b.clone())?,
+            None => Engine::new(config.engine.clone())?,
+        };
+        let listener = TcpListener::bind(config.listen)
+            .map_err(|e| SignError::io(Resource::Socket, format!("cannot listen on {}: {e}", config.listen)))?;
+        let addr = listener.local_addr().map_err(|e| SignError::io(Resource::Socket, e.to_string()))?;
+        let inner = Arc::new(Inner {
+            tenants: Tenants::new(config.tenant_in_flight),
+            config,
+            acceptor,
+            engine,
+            keys,
+            stop: AtomicBool::new(false),
+            connections: Mutex::new(HashMap::new()),
+            open: AtomicUsize::new(0),
+            next_conn: AtomicU64::new(1),
+            refused: AtomicU64::new(0),
+            handshakes_failed: AtomicU64::new(0),
+            malformed: AtomicU64::new(0),
+        });
+        let i = inner.clone();
+        std::thread::Builder::new()
+            .name("keyfence-serve-accept".into())
+            .spawn(move || accept(&i, &listener))
+            .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the accept thread: {e}")))?;
+        tracing::info!(server = %inner.config.name, %addr, keys = inner.keys.len(), "keyfence key server listening");
+        Ok(KeyServer { inner, addr })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A snapshot of its counters.
+    pub fn metrics(&self) -> ServerMetrics {
+        let i = &self.inner;
+        ServerMetrics {
+            connections: i.open.load(Ordering::Relaxed),
+            connections_refused: i.refused.load(Ordering::Relaxed),
+            handshakes_failed: i.handshakes_failed.load(Ordering::Relaxed),
+            malformed: i.malformed.load(Ordering::Relaxed),
+            tenants: i.tenants.snapshot(),
+            engine: i.engine.metrics(),
+        }
+    }
+
+    /// Stops at once: no more connections are accepted and every open one
+    /// is closed, with whatever was in flight on it unanswered (what a
+    /// crash looks like to clients, which is what tests use it for).
+    pub fn shutdown(&self) {
+        let i = &self.inner;
+        if i.stop.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Wake the accept thread.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        let conns: Vec<Arc<Outbox>> = i.connections.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        for c in conns {
+            c.close();
+        }
+    }
+}
+
+impl Drop for KeyServer {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
+    for stream in listener.incoming() {
+        if inner.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let Ok(stream) = stream else {
+            // Out of descriptors, say: do not spin; connections wait in
+            // the listen backlog meanwhile.
+            std::thread::sleep(Duration::from_millis(10));
+            continue;
+        };
+        if inner.open.fetch_add(1, Ordering::AcqRel) >= inner.config.max_connections {
+            inner.open.fetch_sub(1, Ordering::AcqRel);
+            inner.refused.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let i = inner.clone();
+        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn(move || {
+            connection(&i, stream);
+            i.open.fetch_sub(1, Ordering::AcqRel);
+        });
+        if spawned.is_err() {
+            inner.open.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
+/// Handshake, hello, then the connection's loop.
+fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
+    let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
+    let failed = |why: String| {
+        inner.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(server = %inner.config.name, %peer, %why, "connection refused");
+    };
+    let t = Some(inner.config.handshake_timeout);
+    if tcp.set_nodelay(true).and_then(|()| tcp.set_read_timeout(t)).and_then(|()| tcp.set_write_timeout(t)).is_err() {
+        return failed("cannot configure the socket".into());
+    }
+    let mut stream = match inner.acceptor.accept(tcp) {
+        Ok(s) => s,
+        Err(e) => return failed(format!("TLS handshake: {e}")),
+    };
+    let mut decoder = p::Decoder::new();
+    let hello = match link::read_frame(&mut stream, &mut decoder) {
+        Ok(f) => f,
+        Err(e) => return failed(format!("hello: {e}")),
+    };
+    let answer = match (hello.kind, p::parse_hello_request(&hello.body)) {
+        (kind::HELLO, Ok(())) => Ok(p::hello_reply(inner.config.connection_in_flight)),
+        (kind::HELLO, Err(p::BodyError::Value("hello version"))) => {
+            Err(p::error_body(RemoteErrorCode::Version, "this server speaks version 1"))
+        }
+        _ => Err(p::error_body(RemoteErrorCode::Malformed, "expected a hello")),
+    };
+    let mut frame = Vec::new();
+    match &answer {
+        Ok(body) => p::encode(&mut frame, kind::HELLO, 0, &[body]),
+        Err(body) => p::encode(&mut frame, kind::ERR, hello.id, &[body]),
+    }
+    if stream.write_all(&frame).is_err() || answer.is_err() {
+        return failed("bad hello".into());
+    }
+    if stream.get_ref().set_read_timeout(None).and_then(|()| stream.get_ref().set_write_timeout(None)).is_err() {
+        return failed("cannot configure the socket".into());
+    }
+    let (link, outbox) = match Link::new(stream, decoder) {
+        Ok(l) => l,
+        Err(e) => return failed(format!("socket: {e}")),
+    };
+    let outbox = Arc::new(outbox);
+    let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
+    inner.connections.lock().unwrap_or_else(|e| e.into_inner()).insert(id, outbox.clone());
+    // A shutdown that raced with this registration must still close it.
+    if inner.stop.load(Ordering::Acquire) {
+        outbox.close();
+    }
+    let mut handler = Conn { inner: inner.clone(), outbox: outbox.clone(), in_flight: Arc::new(AtomicU32::new(0)) };
+    let why = link::run(link, &outbox, &mut handler);
+    tracing::debug!(server = %inner.config.name, %peer, %why, "connection ended");
+    inner.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+}
+
+/// One connection's request handling.
+struct Conn {
+    inner: Arc<Inner>,
+    outbox: Arc<Outbox>,
+    in_flight: Arc<AtomicU32>,
+}
+
+/// A connection slot, released when the answer is sent.
+struct Slot(Arc<AtomicU32>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+fn err_frame(id: u64, code: RemoteErrorCode, msg: &str) -> Vec<u8> {
+    let mut f = Vec::new();
+    p::encode(&mut f, kind::ERR, id, &[&p::error_body(code, msg)]);
+    f
+}
+
+/// The wire code for an engine error.
+fn wire_code(e: &SignError) -> RemoteErrorCode {
+    match e.kind() {
+        ErrorKind::Overloaded => RemoteErrorCode::Overloaded,
+        ErrorKind::TimedOut => RemoteErrorCode::TimedOut,
+        ErrorKind::ShutDown | ErrorKind::Cancelled => RemoteErrorCode::ShuttingDown,
+        ErrorKind::Invalid => RemoteErrorCode::Invalid,
+        ErrorKind::Failed => match e {
+            SignError::Crypto { .. } => RemoteErrorCode::Crypto,
+            _ => RemoteErrorCode::Internal,
+        },
+    }
+}
+
+fn outcome(code: RemoteErrorCode) -> Outcome {
+    match code {
+        RemoteErrorCode::Overloaded | RemoteErrorCode::TenantLimit => Outcome::Overloaded,
+        RemoteErrorCode::TimedOut => Outcome::TimedOut,
+        _ => Outcome::Failed,
+    }
+}
+
+impl Handler for Conn {
+    fn frame(&mut self, frame: Frame) -> Result<(), String> {
+        match p::parse_request(&frame) {
+            Ok(Wire::Ping) => {
+                let mut f = Vec::new();
+                p::encode(&mut f, kind::OK, frame.id, &[]);
+                self.outbox.send(&f);
+            }
+            Ok(Wire::Public(head)) => {
+                let reply = match self.inner.keys.get(&KeyId(head.key_id)) {
+                    Some(key) => match key.public_key_der() {
+                        Ok(der) => {
+                            let mut f = Vec::new();
+                            p::encode(&mut f, kind::OK, frame.id, &[&p::public_reply(key.kind(), &der)]);
+                            f
+                        }
+                        Err(e) => err_frame(frame.id, RemoteErrorCode::Internal, &e.to_string()),
+                    },
+                    None => err_frame(frame.id, RemoteErrorCode::UnknownKey, "this server does not hold that key"),
+                };
+                self.outbox.send(&reply);
+            }
+            Ok(Wire::Op(head, op)) => self.op(frame.id, head, op),
+            Err(e) => {
+                self.inner.malformed.fetch_add(1, Ordering::Relaxed);
+                self.outbox.send(&err_frame(frame.id, RemoteErrorCode::Malformed, &e.to_string()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Conn {
+    fn op(&self, id: u64, head: Head, op: Operation) {
+        let received = Instant::now();
+        let inner = &self.inner;
+        let tenant = inner.tenants.get(head.tenant);
+        tenant.stats.begin();
+        let span = tracing::debug_span!("keyfence.remote.serve", server = %inner.config.name, trace_id = %head.trace_hex(), tenant = head.tenant, request = id);
+        let refuse = |code: RemoteErrorCode, msg: &str| {
+            tenant.stats.end(outcome(code), Duration::ZERO);
+            span.in_scope(|| tracing::debug!(code = code.name(), msg, "refused"));
+            self.outbox.send(&err_frame(id, code, msg));
+        };
+        if head.budget.is_zero() {
+            return refuse(RemoteErrorCode::TimedOut, "the request's budget was spent before it arrived");
+        }
+        let Some(key) = inner.keys.get(&KeyId(head.key_id)) else {
+            return refuse(RemoteErrorCode::UnknownKey, "this server does not hold that key");
+        };
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= inner.config.connection_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return refuse(RemoteErrorCode::Overloaded, "this connection has its maximum in flight");
+        }
+        let slot = Slot(self.in_flight.clone());
+        let Some(admitted) = inner.tenants.admit(tenant.clone()) else {
+            return refuse(RemoteErrorCode::TenantLimit, "this tenant has its maximum in flight on this server");
+        };
+        let outbox = self.outbox.clone();
+        let done_span = span.clone();
+        let answer = move |result: Result<Output, SignError>| {
+            let frame = match &result {
+                Ok(out) => {
+                    let mut f = Vec::with_capacity(p::HEADER + 4 + out.len());
+                    p::encode(&mut f, kind::OK, id, &[out]);
+                    admitted.tenant().stats.end(Outcome::Ok, received.elapsed());
+                    f
+                }
+                Err(e) => {
+                    let code = wire_code(e);
+                    admitted.tenant().stats.end(outcome(code), received.elapsed());
+                    err_frame(id, code, &e.to_string())
+                }
+            };
+            done_span.in_scope(|| tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered"));
+            drop((admitted, slot));
+            outbox.send(&frame);
+        };
+        let req = Request::new(key.clone(), op).with_timeout(head.budget);
+        if let Err(e) = span.in_scope(|| inner.engine.submit_with_callback(req, answer)) {
+            // The callback was dropped uncalled, releasing its slots.
+            let code = wire_code(&e);
+            tenant.stats.end(outcome(code), Duration::ZERO);
+            self.outbox.send(&err_frame(id, code, &e.to_string()));
+        }
+    }
+}

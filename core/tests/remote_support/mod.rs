@@ -1,0 +1,196 @@
+//! What the remote tests share: a throwaway CA and certificates made with
+//! the `openssl` command line (never checked-in private keys), a wrap
+//! authority with envelopes, and key servers on 127.0.0.1 whose machines
+//! hold different attributes.
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use keyfence::sign::remote::{KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TlsFiles};
+use keyfence::sign::{Backend, ClassConfig, EngineConfig};
+use keyfence::wrap::{Authority, CacheConfig, Envelope, Machine, MemoryStore, Store};
+
+/// A fresh directory under the system's temporary directory.
+pub fn temp_dir(what: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let d = std::env::temp_dir().join(format!(
+        "keyfence-{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Makes `NAME.key` and `NAME.pem` signed by the CA `ca` (files `ca.pem`,
+/// `ca.key` in `dir`), with `NAME` as its DNS name.
+pub fn issue_cert(dir: &Path, ca: &str, name: &str) {
+    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
+    openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
+    std::fs::write(dir.join(format!("{name}.ext")), format!("subjectAltName=DNS:{name}\n")).unwrap();
+    openssl(
+        dir,
+        &[
+            "x509", "-req", "-in", &format!("{name}.csr"), "-CA", &format!("{ca}.pem"), "-CAkey", &format!("{ca}.key"),
+            "-CAcreateserial", "-days", "2", "-sha256", "-extfile", &format!("{name}.ext"), "-out", &format!("{name}.pem"),
+        ],
+    );
+}
+
+/// Makes a self-signed CA `NAME.pem`/`NAME.key`.
+pub fn make_ca(dir: &Path, name: &str) {
+    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
+    openssl(
+        dir,
+        &["req", "-x509", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-days", "2", "-sha256", "-out", &format!("{name}.pem")],
+    );
+}
+
+/// The test PKI: CA `ca` with servers `sfo1`, `iad1`, `fra1`, `nrt1` and a
+/// `client`; a second CA `rogue` with a `rogue-client`.
+pub struct Pki {
+    pub dir: PathBuf,
+}
+
+impl Pki {
+    pub fn get() -> &'static Pki {
+        static PKI: OnceLock<Pki> = OnceLock::new();
+        PKI.get_or_init(|| {
+            let dir = temp_dir("pki");
+            make_ca(&dir, "ca");
+            for n in ["sfo1", "iad1", "fra1", "nrt1", "client"] {
+                issue_cert(&dir, "ca", n);
+            }
+            make_ca(&dir, "rogue");
+            issue_cert(&dir, "rogue", "rogue-client");
+            Pki { dir }
+        })
+    }
+
+    /// `name`'s certificate and key, trusting `ca`.
+    pub fn files(&self, name: &str, ca: &str) -> TlsFiles {
+        TlsFiles {
+            cert: self.dir.join(format!("{name}.pem")),
+            key: self.dir.join(format!("{name}.key")),
+            ca: self.dir.join(format!("{ca}.pem")),
+        }
+    }
+}
+
+/// An authority with US-only, EU-only and Japan-only ECDSA P-256 keys and
+/// a US-only RSA-2048 key.
+pub struct World {
+    pub store: Arc<dyn Store>,
+    pub authority: Authority,
+    pub us_key: Envelope,
+    pub eu_key: Envelope,
+    pub us_rsa: Envelope,
+    pub jp_key: Envelope,
+}
+
+pub fn ec_pem() -> Vec<u8> {
+    let group = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap();
+    boring::ec::EcKey::generate(&group).unwrap().private_key_to_pem().unwrap()
+}
+
+pub fn rsa_pem() -> Vec<u8> {
+    boring::rsa::Rsa::generate(2048).unwrap().private_key_to_pem().unwrap()
+}
+
+impl World {
+    pub fn new() -> World {
+        let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+        let mut authority = Authority::init(store.clone()).unwrap();
+        let us_key = authority.wrap("country: US", &ec_pem()).unwrap();
+        let eu_key = authority.wrap("region: EU", &ec_pem()).unwrap();
+        let us_rsa = authority.wrap("country: US", &rsa_pem()).unwrap();
+        let jp_key = authority.wrap("country: JP", &ec_pem()).unwrap();
+        World { store, authority, us_key, eu_key, us_rsa, jp_key }
+    }
+
+    pub fn machine(&self, attrs: &str) -> Machine {
+        Machine::new(self.authority.issue(&attrs.parse().unwrap()).unwrap(), self.store.clone(), CacheConfig::default())
+    }
+
+    /// The envelopes every machine has (replicated).
+    pub fn envelopes(&self) -> Vec<&Envelope> {
+        vec![&self.us_key, &self.eu_key, &self.us_rsa, &self.jp_key]
+    }
+}
+
+/// The data centers of the tests: name and attributes.
+pub const SITES: [(&str, &str); 4] = [
+    ("sfo1", "country=US,region=NA"),
+    ("iad1", "country=US,region=NA"),
+    ("fra1", "country=DE,region=EU"),
+    ("nrt1", "country=JP,region=APAC"),
+];
+
+pub fn attrs_of(name: &str) -> &'static str {
+    SITES.iter().find(|(n, _)| *n == name).unwrap().1
+}
+
+/// Server options for tests.
+#[derive(Clone, Default)]
+pub struct ServerOptions {
+    pub backend: Option<Arc<dyn Backend>>,
+    pub tenant_in_flight: Option<u32>,
+    pub slow_threads: Option<usize>,
+}
+
+/// A key server called `name` on 127.0.0.1, with the keys its machine may
+/// open among the world's envelopes.
+pub fn start_server(world: &World, name: &str, opts: ServerOptions) -> KeyServer {
+    let machine = world.machine(attrs_of(name));
+    let mut ring = KeyRing::new();
+    for env in world.envelopes() {
+        // Keys of other regions are refused by the machine: skipped.
+        let _ = ring.open(&machine, env.to_bytes());
+    }
+    let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), Pki::get().files(name, "ca"));
+    config.name = name.into();
+    config.backend = opts.backend;
+    if let Some(t) = opts.tenant_in_flight {
+        config.tenant_in_flight = t;
+    }
+    let mut engine = EngineConfig::default();
+    if let Some(n) = opts.slow_threads {
+        engine.slow = ClassConfig { threads: n, queue_capacity: 4 * n };
+    }
+    config.engine = engine;
+    KeyServer::start(config, ring).unwrap()
+}
+
+/// A client whose peers are `servers` (name, address).
+pub fn client_config(servers: &[(&str, SocketAddr)]) -> RemoteConfig {
+    let peers = servers.iter().map(|(n, a)| PeerConfig::new(*n, *a, attrs_of(n).parse().unwrap())).collect();
+    let mut config = RemoteConfig::new(peers, Pki::get().files("client", "ca"));
+    config.connect_timeout = Duration::from_millis(500);
+    config.request_timeout = Duration::from_millis(1000);
+    config
+}
+
+pub fn client(servers: &[(&str, SocketAddr)]) -> RemoteSigner {
+    let c = RemoteSigner::start(client_config(servers)).unwrap();
+    c.measure();
+    c
+}
+
+/// Verifies an ECDSA P-256 / SHA-256 signature with the key's public half.
+pub fn verify_ecdsa(public_der: &[u8], msg: &[u8], sig: &[u8]) -> bool {
+    let pkey = boring::pkey::PKey::public_key_from_der(public_der).unwrap();
+    let mut v = boring::sign::Verifier::new(boring::hash::MessageDigest::sha256(), &pkey).unwrap();
+    v.update(msg).unwrap();
+    v.verify(sig).unwrap_or(false)
+}
