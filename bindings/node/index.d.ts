@@ -350,8 +350,17 @@ export declare namespace sign {
   }
   /** Options of one signature. */
   export interface SignOptions {
-    /** This signature's deadline in milliseconds, instead of the engine's. */
+    /**
+     * This signature's deadline in milliseconds (a positive integer up
+     * to 2^32 - 1), instead of the engine's.
+     */
     timeoutMs?: number
+    /**
+     * Aborting it cancels the signature: the promise rejects with code
+     * `CANCELLED` (its `cause` is the signal's reason); a signature still
+     * queued never runs. An already aborted signal rejects at once.
+     */
+    signal?: AbortSignal
   }
 }
 

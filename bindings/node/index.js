@@ -97,6 +97,45 @@ function describe(cls, show) {
 }
 
 const { abe, wrap, sign, policy } = binding
+
+// engine.sign(..., { signal }): the abort listener is added here and
+// removed when the signature settles, so one long-lived signal shared by
+// many signatures does not collect listeners (nor keep their operations
+// alive).
+const nativeSign = sign.Engine.prototype.sign
+const signCancellable = sign.Engine.prototype.signCancellable
+function cancelled(signal) {
+  const err = new KeyfenceError('the operation was cancelled: its AbortSignal was aborted', 'CANCELLED')
+  err.cause = signal.reason
+  return err
+}
+Object.defineProperty(sign.Engine.prototype, 'sign', {
+  value: function sign(key, algorithm, data, options) {
+    const signal = options === null || options === undefined ? undefined : options.signal
+    if (signal === undefined || signal === null) return nativeSign.call(this, key, algorithm, data, options)
+    if (!(signal instanceof AbortSignal)) {
+      throw new KeyfenceError('invalid argument: options.signal must be an AbortSignal', 'INVALID_ARGUMENT')
+    }
+    if (signal.aborted) return Promise.reject(cancelled(signal))
+    const [promise, cancel] = signCancellable.call(this, key, algorithm, data, options)
+    const onAbort = () => cancel()
+    signal.addEventListener('abort', onAbort, { once: true })
+    return promise.then(
+      (signature) => {
+        signal.removeEventListener('abort', onAbort)
+        return signature
+      },
+      (e) => {
+        signal.removeEventListener('abort', onAbort)
+        if (e instanceof KeyfenceError && e.code === 'CANCELLED' && signal.aborted) e.cause = signal.reason
+        throw e
+      },
+    )
+  },
+  writable: true,
+  configurable: true,
+})
+delete sign.Engine.prototype.signCancellable
 describe(abe.PublicKey, () => ({}))
 describe(abe.MasterKey, () => ({ secret: '<not shown>' }))
 describe(abe.AttributeKey, (k) => ({ labels: k.labels, secret: '<not shown>' }))

@@ -53,7 +53,7 @@ pub enum ErrorCode {
     /// nested too deeply.
     PolicyTooLarge = 101,
     /// Attributes (`label=value,...`) that are malformed: no `=`, an empty
-    /// label or value, a repeated label.
+    /// label or value, a repeated label, text not in Unicode NFC.
     InvalidAttributes = 102,
 
     // 200-299: CP-ABE.

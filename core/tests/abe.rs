@@ -244,3 +244,26 @@ fn the_point_at_infinity_is_refused_in_keys() {
     assert_eq!(e.code(), keyfence::ErrorCode::InvalidKey);
     assert!(keyfence::abe::PublicKey::from_bytes(&good).is_ok());
 }
+
+/// `ü` as one code point and as `u` + U+0308 look the same; keyfence
+/// refuses the second wherever it enters instead of issuing a key that no
+/// composed policy would match.
+#[test]
+fn text_not_in_nfc_is_refused_at_every_door() {
+    let msk = &authority().1;
+    let nfd = Attributes::from_pairs([("city", "Zu\u{308}rich")]);
+    let e = abe::keygen(msk, &nfd).unwrap_err();
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidAttributes);
+    assert!(e.to_string().contains("not in Unicode NFC"), "{e}");
+    let e = abe::keygen(msk, &Attributes::from_pairs([("city", "")])).unwrap_err();
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidAttributes);
+
+    let e = abe::encrypt(&authority().0, "city: \"Zu\u{308}rich\"", b"m").unwrap_err();
+    assert_eq!(e.code(), keyfence::ErrorCode::PolicySyntax);
+    assert!(matches!(e, AbeError::Policy(ref p) if matches!(p.kind(), ParseErrorKind::NotNfc { .. })), "{e}");
+    assert_eq!(e.policy_position(), Some(6));
+
+    // The composed form works end to end.
+    let ct = enc("city: \"Z\u{fc}rich\"", b"m");
+    assert_eq!(abe::decrypt(&key("city=Z\u{fc}rich"), &ct).unwrap().as_slice(), b"m");
+}

@@ -435,3 +435,10 @@ fn machines_accept_only_what_their_authority_signed() {
     weak[4..36].copy_from_slice(&[1; 1].iter().chain([0u8; 31].iter()).copied().collect::<Vec<_>>());
     assert!(MachineKey::from_bytes(&weak).is_err());
 }
+
+#[test]
+fn machine_keys_are_not_issued_for_text_not_in_nfc() {
+    let (_, a) = setup();
+    let e = a.issue(&Attributes::from_pairs([("city", "Zu\u{308}rich")])).unwrap_err();
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidAttributes, "{e}");
+}

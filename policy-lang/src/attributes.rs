@@ -45,6 +45,22 @@ pub enum AttributesError {
         /// The repeated label.
         label: String,
     },
+    /// A label or value that is not in Unicode NFC: keys and policies
+    /// compare bytes, and the composed and decomposed forms of one text
+    /// look the same but differ (see [`crate::is_nfc`]).
+    #[error(
+        "attribute {index}: {part} not in Unicode NFC (composed) form: write {composed}; \
+         labels and values compare byte for byte, and the two forms of one text differ"
+    )]
+    NotNfc {
+        /// Position in the list (for a set built from pairs, in label
+        /// order), from 0.
+        index: usize,
+        /// `label` or `value`.
+        part: &'static str,
+        /// The same text in NFC, quoted as policy text.
+        composed: String,
+    },
     /// A quoted label or value that is malformed (unterminated, an escape
     /// other than `\"` and `\\`, a control character, empty), or text
     /// after its closing quote.
@@ -67,8 +83,53 @@ impl AttributesError {
 }
 
 impl Attributes {
+    /// An attribute set from `(label, value)` pairs, checked as text is:
+    /// no empty label or value, no label twice, every label and value in
+    /// Unicode NFC. What a binding builds from a map.
+    ///
+    /// ```
+    /// use keyfence_policy::{Attributes, AttributesError};
+    /// let a = Attributes::try_from_pairs([("city", "Z\u{fc}rich")]).unwrap();
+    /// assert_eq!(a.get("city"), Some("Z\u{fc}rich"));
+    /// let e = Attributes::try_from_pairs([("city", "Zu\u{308}rich")]).unwrap_err();
+    /// assert!(matches!(e, AttributesError::NotNfc { part: "value", .. }));
+    /// ```
+    ///
+    /// # Errors
+    /// [`AttributesError::Empty`], [`AttributesError::Duplicate`],
+    /// [`AttributesError::NotNfc`], naming the pair by its position in
+    /// `pairs`.
+    pub fn try_from_pairs<L: Into<String>, V: Into<String>>(
+        pairs: impl IntoIterator<Item = (L, V)>,
+    ) -> Result<Self, AttributesError> {
+        let mut out = Attributes::default();
+        for (index, (label, value)) in pairs.into_iter().enumerate() {
+            let (label, value) = (label.into(), value.into());
+            check_pair(index, &label, &value)?;
+            if out.map.contains_key(&label) {
+                return Err(AttributesError::Duplicate { label });
+            }
+            out.map.insert(label, value);
+        }
+        Ok(out)
+    }
+
+    /// Checks what [`Attributes::from_pairs`] and [`Attributes::insert`]
+    /// do not: no empty label or value, every label and value in NFC. Key
+    /// generation calls it, so no key is issued for attributes that no
+    /// policy text could name.
+    ///
+    /// # Errors
+    /// [`AttributesError::Empty`] or [`AttributesError::NotNfc`], naming
+    /// the attribute by its position in label order.
+    pub fn validate(&self) -> Result<(), AttributesError> {
+        self.iter().enumerate().try_for_each(|(index, (label, value))| check_pair(index, label, value))
+    }
+
     /// An attribute set from `(label, value)` pairs; a later pair replaces
-    /// an earlier one with the same label.
+    /// an earlier one with the same label. Nothing is checked here (use
+    /// [`Attributes::try_from_pairs`] for input); key generation checks
+    /// with [`Attributes::validate`].
     pub fn from_pairs<L: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (L, V)>) -> Self {
         Self {
             map: pairs.into_iter().map(|(l, v)| (l.into(), v.into())).collect(),
@@ -124,9 +185,7 @@ impl std::str::FromStr for Attributes {
                 return Err(AttributesError::MissingEquals { index, item: s[start..end].trim().to_owned() });
             }
             let (v, after_v) = word(s, after_k + 1, index, b",")?;
-            if k.is_empty() || v.is_empty() {
-                return Err(AttributesError::Empty { index });
-            }
+            check_pair(index, &k, &v)?;
             if out.map.contains_key(&k) {
                 return Err(AttributesError::Duplicate { label: k });
             }
@@ -141,6 +200,19 @@ impl std::str::FromStr for Attributes {
     }
 }
 
+/// The checks every label and value must pass, however it was given.
+fn check_pair(index: usize, label: &str, value: &str) -> Result<(), AttributesError> {
+    if label.is_empty() || value.is_empty() {
+        return Err(AttributesError::Empty { index });
+    }
+    for (part, text) in [("label", label), ("value", value)] {
+        if !crate::unicode::is_nfc(text) {
+            return Err(AttributesError::NotNfc { index, part, composed: crate::unicode::composed(text) });
+        }
+    }
+    Ok(())
+}
+
 /// Reads one label or value of item `index` from byte `at`: a quoted word,
 /// or everything up to the first byte of `stop` (trimmed). Returns the
 /// word and the offset of the stop byte (or the end of `s`).
@@ -149,9 +221,13 @@ fn word(s: &str, at: usize, index: usize, stop: &[u8]) -> Result<(String, usize)
     let lead = s[at..].len() - s[at..].trim_start().len();
     let begin = at + lead;
     if bytes.get(begin) == Some(&b'"') {
-        let (w, end) = crate::lexer::quoted(s, begin).map_err(|e| AttributesError::Quoted {
-            index,
-            problem: e.kind().to_string(),
+        let (w, end) = crate::lexer::quoted(s, begin).map_err(|e| match e.kind() {
+            crate::ParseErrorKind::NotNfc { composed } => AttributesError::NotNfc {
+                index,
+                part: if stop.contains(&b'=') { "label" } else { "value" },
+                composed: composed.clone(),
+            },
+            kind => AttributesError::Quoted { index, problem: kind.to_string() },
         })?;
         let rest = s[end..].trim_start();
         let next = end + (s[end..].len() - rest.len());
@@ -216,6 +292,30 @@ mod tests {
         assert_eq!(parse(&a.to_string()).unwrap(), a);
         let odd = Attributes::from_pairs([("a=b", " c,d "), ("\"q", "\"v")]);
         assert_eq!(parse(&odd.to_string()).unwrap(), odd);
+    }
+
+    #[test]
+    fn decomposed_text_is_refused_however_it_is_given() {
+        let nfd = "Zu\u{308}rich";
+        for s in [format!("city={nfd}"), format!(r#"city="{nfd}""#), r#"a=b,city="Zu\u{308}rich""#.to_owned()] {
+            let e = parse(&s).unwrap_err();
+            assert!(matches!(e, AttributesError::NotNfc { part: "value", .. }), "{s}: {e}");
+            assert!(e.to_string().contains("write \"Z\u{fc}rich\""), "{e}");
+        }
+        let e = parse("Gru\u{308}n=x").unwrap_err();
+        assert!(matches!(e, AttributesError::NotNfc { index: 0, part: "label", .. }), "{e}");
+        assert!(parse("city=Z\u{fc}rich").is_ok());
+
+        let e = Attributes::try_from_pairs([("a", "b"), ("city", nfd)]).unwrap_err();
+        assert!(matches!(e, AttributesError::NotNfc { index: 1, part: "value", .. }), "{e}");
+        assert_eq!(Attributes::try_from_pairs([("a", "")]), Err(AttributesError::Empty { index: 0 }));
+        assert_eq!(
+            Attributes::try_from_pairs([("a", "x"), ("a", "y")]),
+            Err(AttributesError::Duplicate { label: "a".into() })
+        );
+        let unchecked = Attributes::from_pairs([("b", "x"), ("city", nfd)]);
+        assert!(matches!(unchecked.validate(), Err(AttributesError::NotNfc { index: 1, .. })));
+        assert_eq!(Attributes::from_pairs([("a", "")]).validate(), Err(AttributesError::Empty { index: 0 }));
     }
 
     #[test]

@@ -20,6 +20,13 @@ pub enum ParseErrorKind {
     ControlCharInString,
     /// A quoted label or value with nothing in it.
     EmptyString,
+    /// A quoted label or value that is not in Unicode NFC: keys and
+    /// policies compare bytes, and the composed and decomposed forms of
+    /// one text differ (see [`crate::is_nfc`]).
+    NotNfc {
+        /// The same text in NFC, quoted as policy text.
+        composed: String,
+    },
     /// A token appeared where something else was required.
     Unexpected {
         /// The token that was found, rendered for humans (`` `)` ``, `end of input`).
@@ -63,6 +70,11 @@ impl fmt::Display for ParseErrorKind {
             }
             Self::ControlCharInString => f.write_str("control character in quoted string"),
             Self::EmptyString => f.write_str("empty label or value: expected at least one character"),
+            Self::NotNfc { composed } => write!(
+                f,
+                "label or value not in Unicode NFC (composed) form: write {composed}; \
+                 labels and values compare byte for byte, and the two forms of one text differ"
+            ),
             Self::Unexpected { found, expected } => write!(f, "unexpected {found}: expected {expected}"),
             Self::UnmatchedClose => {
                 f.write_str("unexpected `)`: no `(` is open here (the policy already ended)")

@@ -126,6 +126,12 @@ pub(crate) fn quoted(src: &str, start: usize) -> Result<(String, usize), ParseEr
                 if word.is_empty() {
                     return Err(ParseError::new(start, ParseErrorKind::EmptyString));
                 }
+                // Unquoted words are ASCII; only quoted ones can be
+                // decomposed, whether written raw or through `\u{..}`.
+                if !crate::unicode::is_nfc(&word) {
+                    let composed = crate::unicode::composed(&word);
+                    return Err(ParseError::new(start, ParseErrorKind::NotNfc { composed }));
+                }
                 return Ok((word, at + 1));
             }
             '\\' => match chars.next() {

@@ -59,6 +59,7 @@ mod error;
 mod lexer;
 pub mod limits;
 mod parser;
+mod unicode;
 
 pub use ast::Expr;
 pub use attributes::{Attributes, AttributesError};
@@ -67,6 +68,7 @@ pub use display::must_escape;
 pub use error::{ParseError, ParseErrorKind};
 pub use limits::{MAX_DEPTH, MAX_ENCODED_POLICY, MAX_LEAVES};
 pub use parser::parse_expr;
+pub use unicode::is_nfc;
 
 /// Parses and compiles a policy.
 ///

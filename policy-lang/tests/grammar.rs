@@ -208,3 +208,22 @@ fn attribute_lists() {
     assert!("a=".parse::<Attributes>().is_err());
     assert!("".parse::<Attributes>().unwrap().is_empty());
 }
+
+#[test]
+fn decomposed_text_is_refused_at_its_quote() {
+    // `ü` as `u` + U+0308, raw and through an escape: both refused at the
+    // opening quote, with the composed form to write instead.
+    for src in ["a: x and city: \"Zu\u{308}rich\"", r#"a: x and city: "Zu\u{308}rich""#] {
+        let e = parse(src).unwrap_err();
+        assert_eq!(e.offset(), 15, "{src}");
+        assert!(matches!(e.kind(), ParseErrorKind::NotNfc { composed } if composed == "\"Z\u{fc}rich\""), "{src}");
+        assert_eq!(e.code(), "POLICY_SYNTAX");
+        assert!(e.render(src).contains("not in Unicode NFC (composed) form: write \"Z\u{fc}rich\""), "{}", e.render(src));
+    }
+    let e = parse("\"Gru\u{308}n\": x").unwrap_err();
+    assert_eq!(e.offset(), 0);
+    // The composed form is accepted and matches composed attributes only.
+    let p = parse("city: \"Z\u{fc}rich\"").unwrap();
+    assert!(p.eval(&attrs("city=Z\u{fc}rich")));
+    assert!("city=Zu\u{308}rich".parse::<Attributes>().is_err());
+}

@@ -71,7 +71,7 @@ enum keyfence_result
   KEYFENCE_POLICY_TOO_LARGE = 101,
   /*
    Attributes (`label=value,...`) that are malformed: no `=`, an empty
-   label or value, a repeated label.
+   label or value, a repeated label, text not in Unicode NFC.
    */
   KEYFENCE_INVALID_ATTRIBUTES = 102,
   /*

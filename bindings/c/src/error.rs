@@ -40,7 +40,7 @@ pub enum keyfence_result {
     /// nested too deeply.
     KEYFENCE_POLICY_TOO_LARGE = 101,
     /// Attributes (`label=value,...`) that are malformed: no `=`, an empty
-    /// label or value, a repeated label.
+    /// label or value, a repeated label, text not in Unicode NFC.
     KEYFENCE_INVALID_ATTRIBUTES = 102,
     // 200-299: CP-ABE.
     /// A ciphertext is malformed, was tampered with, or belongs to another

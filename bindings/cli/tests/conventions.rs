@@ -220,6 +220,28 @@ fn attrs_take_quoted_values_like_policies() {
     assert!(stderr(&o).contains("unterminated quoted string"), "{}", stderr(&o));
 }
 
+/// `ü` composed (NFC) and decomposed (NFD) look alike and are different
+/// bytes: the decomposed form is refused, in a policy and in `--attrs`,
+/// with the form to write instead; no key is issued for it.
+#[test]
+fn text_not_in_nfc_is_refused_with_the_composed_form() {
+    let (nfc, nfd) = ("Z\u{fc}rich", "Zu\u{308}rich");
+    let o = keyfence(&["policy", "check", &format!("city: \"{nfc}\""), "--attrs", &format!("city={nfc}")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = keyfence(&["policy", "check", &format!("city: \"{nfd}\""), "--attrs", &format!("city={nfc}")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains(&format!("not in Unicode NFC (composed) form: write \"{nfc}\"")), "{}", stderr(&o));
+    let o = keyfence(&["policy", "check", &format!("city: \"{nfc}\""), "--attrs", &format!("city={nfd}")]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("value not in Unicode NFC"), "{}", stderr(&o));
+
+    let d = Dir::new("nfc");
+    ok(&["abe", "setup", "--out", &d.p("auth")]);
+    let o = keyfence(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", &format!("city={nfd}"), "--out", &d.p("k")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!std::path::Path::new(&d.p("k")).exists());
+}
+
 /// Secret outputs: an existing world-readable file ends up mode 600, and a
 /// symbolic link planted at the output path is replaced, not followed (the
 /// file it points to is untouched).

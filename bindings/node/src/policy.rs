@@ -11,15 +11,13 @@ use crate::error::{js, KfError, KfResult};
 
 /// Attributes from a JavaScript object (`{ country: 'FR' }`), built
 /// directly rather than formatted and re-parsed, so labels and values need
-/// no quoting.
+/// no quoting; checked by the core as text is (no empty label or value,
+/// Unicode NFC).
 pub(crate) fn attributes(attrs: HashMap<String, String>) -> KfResult<Attributes> {
-    if let Some((label, _)) = attrs.iter().find(|(l, v)| l.is_empty() || v.is_empty()) {
-        return Err(KfError::new(
-            keyfence::ErrorCode::InvalidAttributes,
-            format!("attribute {label:?}: labels and values must not be empty"),
-        ));
-    }
-    Ok(Attributes::from_pairs(attrs))
+    // In label order, so an error names the same index every time.
+    let mut pairs: Vec<_> = attrs.into_iter().collect();
+    pairs.sort();
+    Ok(Attributes::try_from_pairs(pairs)?)
 }
 
 /// Parses policy text; a syntax error carries its byte `position` and a

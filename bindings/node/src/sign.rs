@@ -10,7 +10,7 @@ use std::time::Duration;
 use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
 use keyfence::sign::{self as core, Algorithm, ClassConfig, EngineConfig, KeyKind, OpClass, Request};
 use keyfence::ErrorCode;
-use napi::bindgen_prelude::{Buffer, Either, Uint8Array, Unknown};
+use napi::bindgen_prelude::{Array, Buffer, Either, Function, Object, Uint8Array, Unknown};
 use napi::Env;
 use napi_derive::napi;
 use zeroize::Zeroizing;
@@ -114,10 +114,16 @@ pub struct EngineOptions {
 }
 
 /// Options of one signature.
-#[napi(object, namespace = "sign")]
-pub struct SignOptions {
-    /// This signature's deadline in milliseconds, instead of the engine's.
-    pub timeout_ms: Option<u32>,
+#[napi(object, namespace = "sign", object_to_js = false)]
+pub struct SignOptions<'env> {
+    /// This signature's deadline in milliseconds (a positive integer up
+    /// to 2^32 - 1), instead of the engine's.
+    pub timeout_ms: Option<f64>,
+    /// Aborting it cancels the signature: the promise rejects with code
+    /// `CANCELLED` (its `cause` is the signal's reason); a signature still
+    /// queued never runs. An already aborted signal rejects at once.
+    #[napi(ts_type = "AbortSignal")]
+    pub signal: Option<Object<'env>>,
 }
 
 fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
@@ -231,9 +237,19 @@ impl Engine {
     fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignOptions>) -> KfResult<Request> {
         let alg: Algorithm = algorithm.parse().map_err(|e| KfError::from(core::SignError::from(e)))?;
         let req = Request::sign(key.inner.clone(), alg, data.to_vec());
+        // A number, not u32, so that -1 or 1.5 is refused rather than
+        // wrapped or truncated by the conversion.
         Ok(match options.and_then(|o| o.timeout_ms) {
-            Some(ms) if ms > 0 => req.with_timeout(Duration::from_millis(u64::from(ms))),
-            _ => req,
+            None => req,
+            Some(ms) if ms >= 1.0 && ms <= f64::from(u32::MAX) && ms.fract() == 0.0 => {
+                req.with_timeout(Duration::from_millis(ms as u64))
+            }
+            Some(ms) => {
+                return Err(KfError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("timeoutMs must be a positive whole number of milliseconds, not {ms}"),
+                ))
+            }
         })
     }
 }
@@ -325,27 +341,63 @@ impl Engine {
         data: Uint8Array,
         options: Option<SignOptions>,
     ) -> napi::Result<Unknown<'env>> {
+        Ok(self.submit(env, key, &algorithm, &data, options)?.0)
+    }
+
+    /// `sign`, returning `[promise, cancel]`: what `index.js` uses for a
+    /// signature with a `signal`, adding and removing its abort listener
+    /// there. `cancel()` returns whether the operation was still pending.
+    #[napi(skip_typescript)]
+    pub fn sign_cancellable<'env>(
+        &self,
+        env: &'env Env,
+        key: &PrivateKey,
+        algorithm: String,
+        data: Uint8Array,
+        options: Option<SignOptions>,
+    ) -> napi::Result<Array<'env>> {
+        let (promise, handle) = self.submit(env, key, &algorithm, &data, options)?;
+        let cancel: Function<(), bool> =
+            env.create_function_from_closure("cancel", move |_| Ok(handle.as_ref().is_some_and(|h| h.cancel())))?;
+        let mut out = env.create_array(2)?;
+        out.set(0, promise)?;
+        out.set(1, cancel)?;
+        Ok(out)
+    }
+
+    /// Submits one signature; the promise, and the operation's handle
+    /// when the engine accepted it.
+    fn submit<'env>(
+        &self,
+        env: &'env Env,
+        key: &PrivateKey,
+        algorithm: &str,
+        data: &[u8],
+        options: Option<SignOptions>,
+    ) -> napi::Result<(Unknown<'env>, Option<core::OpHandle>)> {
         let (pending, promise) = self.completions.begin(env)?;
         // The callback owns the promise's token; if the engine refuses the
         // request it drops the callback uncalled, and the token is taken
         // back from this slot to reject the promise at once.
         let slot = Arc::new(Mutex::new(Some(pending)));
         let submitted = self.running().and_then(|running| {
-            let req = Self::request(key, &algorithm, &data, options)?;
+            let req = Self::request(key, algorithm, data, options)?;
             let (done, slot) = (self.completions.clone(), slot.clone());
-            running.engine.submit_with_callback(req, move |result| {
+            Ok(running.engine.submit_with_callback(req, move |result| {
                 if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
                     done.complete(p, result);
                 }
-            })?;
-            Ok(())
+            })?)
         });
-        if let Err(e) = submitted {
-            if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
-                self.completions.reject_now(env, p, e);
+        match submitted {
+            Ok(handle) => Ok((promise, Some(handle))),
+            Err(e) => {
+                if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
+                    self.completions.reject_now(env, p, e);
+                }
+                Ok((promise, None))
             }
         }
-        Ok(promise)
     }
 
     /// `sign`, waiting on the calling thread for the signature: for
@@ -362,6 +414,12 @@ impl Engine {
         options: Option<SignOptions>,
     ) -> napi::Result<Buffer> {
         let run = || -> KfResult<Buffer> {
+            if options.as_ref().is_some_and(|o| o.signal.is_some()) {
+                return Err(KfError::new(
+                    ErrorCode::InvalidArgument,
+                    "signSync cannot be aborted: pass a signal to sign, which returns a promise",
+                ));
+            }
             let req = Self::request(key, &algorithm, &data, options)?;
             let sig = self.running()?.engine.submit(req)?.wait()?;
             Ok(Buffer::from(sig.to_vec()))

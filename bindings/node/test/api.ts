@@ -40,6 +40,7 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const sk2: kf.sign.PrivateKey = kf.sign.PrivateKey.fromPem(Buffer.from(pem))
   const held: kf.sign.PrivateKey = engine.loadKey(pem)
   const sig: Buffer = await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { timeoutMs: 50 })
+  await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { signal: new AbortController().signal })
   const sig2: Buffer = engine.signSync(sk2, 'ecdsa-p256-sha256', Buffer.from('data'))
   const metrics: kf.sign.EngineMetrics = engine.metrics()
   const p99: number = metrics.ec.latency.p99

@@ -34,6 +34,19 @@ test('policy too large and bad attributes', () => {
   assert.throws(() => kf.policy.check('a: b', { '': 'b' }), { code: 'INVALID_ATTRIBUTES' })
 })
 
+test('text not in Unicode NFC is refused, never compared as other bytes', async () => {
+  const nfd = 'Zu\u0308rich'
+  assert.equal(nfd.normalize('NFC'), 'Z\u00fcrich')
+  assert.throws(() => kf.policy.check(`city: "${nfd}"`, { city: 'Z\u00fcrich' }), { code: 'POLICY_SYNTAX', position: 6 })
+  assert.throws(() => kf.policy.check('city: "Z\u00fcrich"', { city: nfd }), {
+    code: 'INVALID_ATTRIBUTES',
+    message: /not in Unicode NFC.*write "Z\u00fcrich"/
+  })
+  const { masterKey } = await kf.abe.setup()
+  await assert.rejects(kf.abe.keygen(masterKey, { city: nfd }), { code: 'INVALID_ATTRIBUTES' })
+  assert.equal(kf.policy.check('city: "Z\u00fcrich"', { city: nfd.normalize('NFC') }), true)
+})
+
 test('policy.canonical', () => {
   assert.equal(kf.policy.canonical('region:EU and (not country:DE)'), 'region: EU and not country: DE')
   assert.throws(() => kf.policy.canonical('and'), { code: 'POLICY_SYNTAX', position: 0 })

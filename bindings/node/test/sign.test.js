@@ -102,6 +102,55 @@ test('a passed deadline rejects with TIMED_OUT', async (t) => {
   assert.ok((await Promise.allSettled(slow)).every((r) => r.status === 'fulfilled'))
 })
 
+test('an AbortSignal cancels queued signatures, which never run', async (t) => {
+  const engine = new kf.sign.Engine({ rsa: { threads: 1, queueCapacity: 1000 }, timeoutMs: 60000 })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.rsa.pem)
+  const controller = new AbortController()
+  const reason = new Error('client went away')
+  // About a millisecond each on one thread: most of 300 are still queued
+  // when the signal aborts.
+  const pending = Array.from({ length: 300 }, () => engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x'), { signal: controller.signal }))
+  controller.abort(reason)
+  const results = await Promise.allSettled(pending)
+  const cancelled = results.filter((r) => r.status === 'rejected')
+  assert.ok(cancelled.length > 200, `${cancelled.length} of 300 cancelled`)
+  for (const r of cancelled) {
+    assert.ok(r.reason instanceof kf.KeyfenceError)
+    assert.equal(r.reason.code, 'CANCELLED')
+    assert.equal(r.reason.cause, reason)
+  }
+  // The cancelled ones did not run: the engine completed only the others.
+  const m = engine.metrics().rsa
+  assert.equal(m.completed, results.length - cancelled.length)
+  assert.equal(m.errors.cancelled, cancelled.length)
+  // The signatures that completed are real.
+  const done = results.find((r) => r.status === 'fulfilled')
+  if (done) assert.equal(crypto.verify('sha256', Buffer.from('x'), { key: keys.rsa.publicKey, padding: crypto.constants.RSA_PKCS1_PSS_PADDING, saltLength: 32 }, done.value), true)
+})
+
+test('an aborted signal rejects at once; a shared signal keeps no listeners', async (t) => {
+  const events = require('node:events')
+  const engine = new kf.sign.Engine()
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  const gone = AbortSignal.abort('shutting down')
+  await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('x'), { signal: gone }), (e) => e instanceof kf.KeyfenceError && e.code === 'CANCELLED' && e.cause === 'shutting down')
+  // One long-lived signal for a whole server: every settled signature
+  // removes its listener.
+  const shutdown = new AbortController()
+  const sigs = await Promise.all(Array.from({ length: 1000 }, () => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal })))
+  assert.ok(sigs.every((s) => crypto.verify('sha256', Buffer.from('y'), keys.p256.publicKey, s)))
+  assert.equal(events.getEventListeners(shutdown.signal, 'abort').length, 0)
+  for (const timeoutMs of [-1, 0, 1.5, 2 ** 32]) {
+    await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal, timeoutMs }), { code: 'INVALID_ARGUMENT' })
+  }
+  assert.equal(events.getEventListeners(shutdown.signal, 'abort').length, 0)
+  assert.throws(() => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: {} }), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => engine.signSync(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal }), { code: 'INVALID_ARGUMENT' })
+  assert.equal(typeof engine.signCancellable, 'undefined')
+})
+
 test('metrics count per class', async (t) => {
   const engine = new kf.sign.Engine({ ec: { threads: 2, queueCapacity: 64 } })
   t.after(() => engine.close())

@@ -102,6 +102,12 @@ def test_errors_of_each_function(authority: Authority) -> None:
     assert e.value.position == 10
     with pytest.raises(keyfence.InvalidAttributes):
         abe.keygen(msk, {"region": ""})
+    # "u" + U+0308 looks like "\u00fc": refused, with the composed form.
+    with pytest.raises(keyfence.InvalidAttributes, match="not in Unicode NFC.*write \"Z\u00fcrich\""):
+        abe.keygen(msk, {"city": "Zu\u0308rich"})
+    with pytest.raises(keyfence.PolicySyntaxError) as e:
+        abe.encrypt(pk, 'city: "Zu\u0308rich"', b"m")
+    assert e.value.position == 6
     with pytest.raises(keyfence.LimitExceeded):
         abe.keygen(msk, {f"label{i}": "v" * 40 for i in range(2000)})
     with pytest.raises(TypeError):

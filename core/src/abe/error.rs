@@ -1,6 +1,6 @@
 //! Errors of the CP-ABE layer.
 
-use keyfence_policy::ParseError;
+use keyfence_policy::{AttributesError, ParseError};
 
 use crate::codec::CodecError;
 use crate::ErrorCode;
@@ -32,6 +32,10 @@ pub enum AbeError {
     /// The policy text does not parse.
     #[error("{0}")]
     Policy(#[from] ParseError),
+    /// Attributes a key cannot be issued for: an empty label or value, or
+    /// text not in Unicode NFC.
+    #[error("{0}")]
+    Attributes(#[from] AttributesError),
     /// A policy or attribute uses a label keyfence reserves.
     #[error("label {0:?} is reserved for the Boneh-Katz transform")]
     ReservedLabel(String),
@@ -86,6 +90,7 @@ impl AbeError {
             AbeError::NotSatisfied => ErrorCode::PolicyNotSatisfied,
             AbeError::IntegrityCheckFailed => ErrorCode::InvalidCiphertext,
             AbeError::Policy(e) => ErrorCode::from(e),
+            AbeError::Attributes(e) => ErrorCode::from(e),
             AbeError::ReservedLabel(_) => ErrorCode::ReservedLabel,
             AbeError::AttributeTooLong(_) | AbeError::TooLarge { .. } => ErrorCode::LimitExceeded,
             AbeError::Rng(_) => ErrorCode::Rng,

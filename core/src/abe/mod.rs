@@ -78,6 +78,8 @@ pub fn setup_with_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(P
 /// ```
 ///
 /// # Errors
+/// [`AbeError::Attributes`] for an empty label or value or one not in
+/// Unicode NFC (no policy text could name it),
 /// [`AbeError::ReservedLabel`] if an attribute uses the Boneh-Katz label,
 /// [`AbeError::AttributeTooLong`] for a label over 65,535 bytes,
 /// [`AbeError::TooLarge`] if the attributes together would not fit the key
@@ -101,6 +103,9 @@ pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(
 }
 
 fn keygen_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
+    // Sets built with `from_pairs` reach here unchecked; this is the one
+    // door every key passes, whichever binding built the set.
+    attrs.validate()?;
     let block = AttributeKey::attribute_block_len(attrs.iter().map(|(l, _)| l).chain([BK_LABEL]));
     if block > usize::from(u16::MAX) {
         return Err(AbeError::TooLarge {
