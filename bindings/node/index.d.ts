@@ -264,7 +264,7 @@ export declare namespace sign {
     get kind(): string
     /**
      * Whether the key is in this process (false: an isolated key process
-     * holds it).
+     * or remote key servers hold it).
      */
     get isLocal(): boolean
     /**
@@ -313,7 +313,7 @@ export declare namespace sign {
      *
      * Rejects as `machine.open` and `key`.
      */
-    openOrForward(machine: Machine, envelope: Uint8Array): Promise<sign.PrivateKey>
+    openOrForward(machine: wrap.Machine, envelope: Uint8Array): Promise<sign.PrivateKey>
     /**
      * Per-peer round-trip time, breaker, connections, failovers, requests
      * and latency, in Prometheus text format.

@@ -174,7 +174,7 @@ impl RemoteSigner {
     /// the peers that may hold it, as `key` gives.
     ///
     /// Rejects as `machine.open` and `key`.
-    #[napi(ts_return_type = "Promise<sign.PrivateKey>")]
+    #[napi(ts_args_type = "machine: wrap.Machine, envelope: Uint8Array", ts_return_type = "Promise<sign.PrivateKey>")]
     pub fn open_or_forward(
         &self,
         machine: &Machine,
