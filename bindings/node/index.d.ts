@@ -220,6 +220,22 @@ export declare namespace sign {
      */
     metrics(): sign.EngineMetrics
     /**
+     * Every class's queue depths, counters and latency histograms, and
+     * the figures of attached remote signers, in Prometheus text format:
+     * what a `/metrics` endpoint serves.
+     *
+     * Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
+     */
+    metricsPrometheus(): string
+    /**
+     * Reports `remote`'s per-peer figures (round-trip time, breaker,
+     * connections, failovers, requests and latency) with this engine's
+     * `metricsPrometheus()` from now on.
+     *
+     * Throws `KeyfenceError` code `SHUT_DOWN` if either is closed.
+     */
+    attachRemote(remote: sign.RemoteSigner): void
+    /**
      * Shuts the engine down now rather than when it is garbage-collected:
      * queued signatures reject with code `SHUT_DOWN`, running ones finish,
      * the key process exits once its keys are gone, and later calls
@@ -248,7 +264,7 @@ export declare namespace sign {
     get kind(): string
     /**
      * Whether the key is in this process (false: an isolated key process
-     * holds it).
+     * or remote key servers hold it).
      */
     get isLocal(): boolean
     /**
@@ -259,6 +275,57 @@ export declare namespace sign {
      * holding the key cannot answer.
      */
     publicKeyDer(): Buffer
+  }
+  /**
+   * A client of remote key servers, for keys this machine may not open: a
+   * bounded pool of multiplexed mutual-TLS connections per peer, the
+   * nearest capable peer first (by round-trip times it measures itself),
+   * the next on failure, a circuit breaker per peer, and retries with
+   * backoff under a retry budget (docs/remote.md). Its keys are
+   * `PrivateKey`s any engine signs with, on its slow class.
+   */
+  export class RemoteSigner {
+    /**
+     * Starts a client: reads the TLS files and starts measuring each
+     * peer's round-trip time in the background; connections are made
+     * when first needed.
+     *
+     * Throws `KeyfenceError` code `INVALID_CONFIG` (no peers, TLS files
+     * that cannot be used), `INVALID_ATTRIBUTES`, `INVALID_ARGUMENT` (an
+     * address that is not `host:port`, a zero limit).
+     */
+    constructor(options: sign.RemoteOptions)
+    /**
+     * A handle on the key in `envelope`, held by the peers whose
+     * attributes satisfy its policy; the secret never comes here. Asks
+     * the nearest of them for the public half.
+     *
+     * Rejects with `KeyfenceError` code `INVALID_ENVELOPE`,
+     * `BACKEND_FAILED` (no configured peer may hold the key, or none
+     * answered), `OVERLOADED` (every capable peer refused for want of
+     * room), `SHUT_DOWN` after `close`.
+     */
+    key(envelope: Uint8Array): Promise<sign.PrivateKey>
+    /**
+     * The key in `envelope`: opened here when `machine`'s attributes
+     * satisfy its policy (signed in this process), otherwise a handle on
+     * the peers that may hold it, as `key` gives.
+     *
+     * Rejects as `machine.open` and `key`.
+     */
+    openOrForward(machine: wrap.Machine, envelope: Uint8Array): Promise<sign.PrivateKey>
+    /**
+     * Per-peer round-trip time, breaker, connections, failovers, requests
+     * and latency, in Prometheus text format.
+     *
+     * Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
+     */
+    metrics(): string
+    /**
+     * Closes the signer: later calls on it reject with `SHUT_DOWN`. Keys
+     * it gave keep their own reference and keep working.
+     */
+    close(): void
   }
   /** A snapshot of one executor class. */
   export interface ClassMetrics {
@@ -347,6 +414,51 @@ export declare namespace sign {
     p999: number
     /** Largest. */
     max: number
+  }
+  /** A key server a `RemoteSigner` may ask. */
+  export interface Peer {
+    /**
+     * Its name in metrics and errors, and the DNS name its TLS
+     * certificate must carry unless `serverName` is given.
+     */
+    name: string
+    /** `host:port` where it listens. */
+    address: string
+    /**
+     * Its machine's attributes (`{ country: 'US' }`): the keys whose
+     * policy they satisfy are the keys it is asked for.
+     */
+    attributes: Record<string, string>
+    /** The DNS name its certificate carries, when not `name`. */
+    serverName?: string
+  }
+  /** How a `RemoteSigner` connects and retries. */
+  export interface RemoteOptions {
+    /** The key servers. */
+    peers: Array<sign.Peer>
+    /** This client's certificate chain (a PEM file). */
+    cert: string
+    /** This client's private key (a PEM file, owner-readable only). */
+    key: string
+    /**
+     * The CA certificates (a PEM file) the servers' certificates must
+     * chain to; nothing else is trusted.
+     */
+    ca: string
+    /**
+     * The tenant (zone) id keys are requested for (default 0); a server
+     * bounds what each tenant may have in flight.
+     */
+    tenant?: number
+    /** Milliseconds for a TCP connect and TLS handshake (default 1000). */
+    connectTimeoutMs?: number
+    /**
+     * Milliseconds one attempt waits for its reply before the next peer
+     * is tried, never past the signature's deadline (default 1000).
+     */
+    requestTimeoutMs?: number
+    /** Attempts per operation, the first included (default 3). */
+    maxAttempts?: number
   }
   /** Options of one signature. */
   export interface SignOptions {

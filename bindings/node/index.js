@@ -143,6 +143,7 @@ describe(wrap.Authority, () => ({ secret: '<not shown>' }))
 describe(wrap.Machine, (m) => ({ labels: m.labels, secret: '<not shown>' }))
 describe(sign.PrivateKey, (k) => ({ kind: k.kind, local: k.isLocal, secret: '<not shown>' }))
 describe(sign.Engine, (e) => ({ isolated: e.isolated }))
+describe(sign.RemoteSigner, () => ({}))
 
 module.exports = {
   KeyfenceError,

@@ -290,6 +290,21 @@ typedef struct keyfence_operation keyfence_operation;
 typedef struct keyfence_private_key keyfence_private_key;
 
 /*
+ A client of remote key servers: a bounded pool of multiplexed mutual-TLS
+ connections per peer, routing to the nearest capable peer with
+ failover, circuit breakers and a retry budget. Thread-safe. The keys it
+ made hold their own reference to it, so it may be freed before them.
+ */
+typedef struct keyfence_remote keyfence_remote;
+
+/*
+ A remote signer's settings, built before `keyfence_remote_new`: the
+ TLS files, the peers, and optional limits. Not thread-safe; free it
+ with `keyfence_remote_config_free` (the signer does not keep it).
+ */
+typedef struct keyfence_remote_config keyfence_remote_config;
+
+/*
  A byte string keyfence allocated and the caller owns: a ciphertext, a
  plaintext, a key encoding, a policy's text.
 
@@ -679,6 +694,168 @@ keyfence_result keyfence_policy_check(const char *policy, const char *attrs, boo
 keyfence_result keyfence_policy_canonical(const char *policy, struct keyfence_bytes *out);
 
 /*
+ Starts settings for a remote signer with this side's TLS certificate
+ chain `cert_file`, its private key `key_file` (PEM, owner-readable
+ only), and `ca_file`, the CA certificates the servers' certificates
+ must chain to (nothing else is trusted). The files are read by
+ `keyfence_remote_new`. Defaults: tenant 0, 2 connections per peer, 1 s
+ connect and request timeouts, 3 attempts.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for NULL or non-UTF-8 arguments.
+
+ # Safety
+ The three paths are NUL-terminated strings; `out` is writable.
+ */
+keyfence_result keyfence_remote_config_new(const char *cert_file,
+                                           const char *key_file,
+                                           const char *ca_file,
+                                           struct keyfence_remote_config **out);
+
+/*
+ Adds a key server: `name` (its name in metrics and errors, and the DNS
+ name its certificate must carry unless `server_name` is given), `addr`
+ (`host:port`), and `attrs`, its machine's attributes
+ (`label=value,...`): what it may open, so which keys it is asked for.
+
+ Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_INVALID_ARGUMENT` for
+ an address that is not `host:port`, an empty name, or NULL arguments.
+
+ # Safety
+ `config` is a live handle no other thread uses; `name`, `addr` and
+ `attrs` are NUL-terminated strings; `server_name` is NULL or one.
+ */
+keyfence_result keyfence_remote_config_add_peer(struct keyfence_remote_config *config,
+                                                const char *name,
+                                                const char *addr,
+                                                const char *attrs,
+                                                const char *server_name);
+
+/*
+ Sets the tenant (zone) id keys are requested for; a server bounds what
+ each tenant may have in flight.
+
+ # Safety
+ `config` is a live handle no other thread uses.
+ */
+keyfence_result keyfence_remote_config_set_tenant(struct keyfence_remote_config *config,
+                                                  uint64_t tenant);
+
+/*
+ Sets the time allowed for a TCP connect plus TLS handshake
+ (`connect_ms`), the time one attempt waits for its reply before the
+ next peer is tried (`request_ms`, never past the operation's deadline),
+ and the attempts per operation, the first included (`max_attempts`).
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for a zero.
+
+ # Safety
+ `config` is a live handle no other thread uses.
+ */
+keyfence_result keyfence_remote_config_set_limits(struct keyfence_remote_config *config,
+                                                  uint32_t connect_ms,
+                                                  uint32_t request_ms,
+                                                  uint32_t max_attempts);
+
+/*
+ Frees settings; NULL is a no-op.
+
+ # Safety
+ `config` is NULL or a live handle no other thread uses, not used
+ afterwards.
+ */
+void keyfence_remote_config_free(struct keyfence_remote_config *config);
+
+/*
+ Starts a remote signer from `config` into `*out` (free it with
+ `keyfence_remote_free`): reads the TLS files and starts measuring each
+ peer's round-trip time in the background. Connections are made when
+ first needed.
+
+ Errors: `KEYFENCE_INVALID_CONFIG` for no peers or TLS files that cannot
+ be used (the message names the file), `KEYFENCE_IO` if a thread cannot
+ start.
+
+ # Safety
+ `config` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_remote_new(const struct keyfence_remote_config *config,
+                                    struct keyfence_remote **out);
+
+/*
+ A handle in `*out` on the key in the wrapped-key envelope `env`, held by
+ the peers whose attributes satisfy its policy (the secret never comes
+ here). Asks the nearest of them for the key's public half, with the
+ same failover as an operation. Sign with it through any engine.
+
+ Errors: `KEYFENCE_INVALID_ENVELOPE` for bytes that are not an envelope,
+ `KEYFENCE_BACKEND_FAILED` when no configured peer may hold the key or
+ none answered (the message says which), `KEYFENCE_OVERLOADED` when
+ every capable peer refused for want of room.
+
+ # Safety
+ `remote` is a live handle; `env` points to `len` readable bytes; `out`
+ is writable.
+ */
+keyfence_result keyfence_remote_key(const struct keyfence_remote *remote,
+                                    const uint8_t *env,
+                                    size_t len,
+                                    struct keyfence_private_key **out);
+
+/*
+ The key in the envelope `env` as `machine` may have it: opened here
+ when the machine's attributes satisfy its policy (signed in this
+ process), otherwise a handle on the peers that may hold it, as
+ `keyfence_remote_key` gives. The decision Geo Key Manager makes for
+ every handshake.
+
+ Errors: those of `keyfence_machine_open` for an envelope the machine
+ may open, `KEYFENCE_INVALID_PRIVATE_KEY` if it holds no usable key,
+ and those of `keyfence_remote_key`.
+
+ # Safety
+ `remote` and `machine` are live handles; `env` points to `len` readable
+ bytes; `out` is writable.
+ */
+keyfence_result keyfence_remote_open_or_forward(const struct keyfence_remote *remote,
+                                                const struct keyfence_machine *machine,
+                                                const uint8_t *env,
+                                                size_t len,
+                                                struct keyfence_private_key **out);
+
+/*
+ Reports the signer's per-peer figures (round-trip time, breaker,
+ connections, failovers, requests and their latency) with `engine`'s
+ metrics from now on, so one `keyfence_engine_metrics_prometheus`
+ scrape shows the queues and the hop behind them.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for NULL handles.
+
+ # Safety
+ `engine` and `remote` are live handles.
+ */
+keyfence_result keyfence_engine_attach_remote(const struct keyfence_engine *engine,
+                                              const struct keyfence_remote *remote);
+
+/*
+ The signer's figures in Prometheus text format into `*out` (free it
+ with `keyfence_bytes_free`; NUL-terminated, the NUL not counted).
+
+ # Safety
+ `remote` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_remote_metrics_prometheus(const struct keyfence_remote *remote,
+                                                   struct keyfence_bytes *out);
+
+/*
+ Frees a remote signer, closing its connections; NULL is a no-op.
+
+ # Safety
+ `remote` is NULL or a live handle no other thread uses, not used
+ afterwards.
+ */
+void keyfence_remote_free(struct keyfence_remote *remote);
+
+/*
  Default settings: threads per class from the core count, bounded
  queues, a 1 s deadline per operation, keys in this process.
 
@@ -775,6 +952,16 @@ keyfence_result keyfence_key_from_pem(const struct keyfence_engine *engine,
                                       const uint8_t *pem,
                                       size_t len,
                                       struct keyfence_private_key **out);
+
+/*
+ Whether the key is in this process's memory (`*local` true) or a
+ handle on a key held elsewhere: an isolated key process, or remote key
+ servers (`keyfence_remote_key`).
+
+ # Safety
+ `key` is a live handle; `local` is writable.
+ */
+keyfence_result keyfence_key_is_local(const struct keyfence_private_key *key, bool *local);
 
 /*
  The key's public half as DER `SubjectPublicKeyInfo`, into `*out`, for
@@ -951,6 +1138,19 @@ void keyfence_completion_queue_free(struct keyfence_completion_queue *queue);
 keyfence_result keyfence_engine_metrics(const struct keyfence_engine *engine,
                                         uint32_t class_,
                                         struct keyfence_class_metrics *out);
+
+/*
+ Every class's queue depths, counters and latency histograms, and the
+ figures of attached sources (`keyfence_engine_attach_remote`), in
+ Prometheus text exposition format, into `*out` (free it with
+ `keyfence_bytes_free`; NUL-terminated): what a server's `/metrics`
+ endpoint serves.
+
+ # Safety
+ `engine` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_engine_metrics_prometheus(const struct keyfence_engine *engine,
+                                                   struct keyfence_bytes *out);
 
 /*
  Creates an authority with its first master generation in the store

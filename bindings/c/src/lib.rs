@@ -20,6 +20,7 @@ pub mod bytes;
 pub mod error;
 mod ffi;
 pub mod policy;
+pub mod remote;
 pub mod sign;
 pub mod wrap;
 

@@ -50,14 +50,14 @@ pub struct keyfence_engine_config {
 /// A signing engine. Thread-safe: any thread may submit to it. Freeing it
 /// shuts it down: operations still queued fail with `KEYFENCE_SHUT_DOWN`.
 pub struct keyfence_engine {
-    engine: Engine,
+    pub(crate) engine: Engine,
     key_process: Option<KeyProcess>,
 }
 
 /// A private key: in this process's memory, or a handle on one held by an
 /// isolated key process. Thread-safe and immutable; operations hold their
 /// own reference, so it may be freed while they run.
-pub struct keyfence_private_key(Arc<PrivateKey>);
+pub struct keyfence_private_key(pub(crate) Arc<PrivateKey>);
 
 /// A completion queue: finished operations submitted with
 /// `keyfence_engine_submit_to_queue` wait here, and its file descriptor is
@@ -286,6 +286,24 @@ pub unsafe extern "C" fn keyfence_key_from_pem(
         };
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_private_key(key)) };
+        Ok(())
+    })
+}
+
+/// Whether the key is in this process's memory (`*local` true) or a
+/// handle on a key held elsewhere: an isolated key process, or remote key
+/// servers (`keyfence_remote_key`).
+///
+/// # Safety
+/// `key` is a live handle; `local` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_is_local(key: *const keyfence_private_key, local: *mut bool) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(local, "local")?;
+        // SAFETY: the caller's promise.
+        let key = unsafe { ffi::borrow(key, "key")? };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { out.write(key.0.is_local()) };
         Ok(())
     })
 }
@@ -682,6 +700,29 @@ pub unsafe extern "C" fn keyfence_engine_metrics(
         };
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { out.write(metrics) };
+        Ok(())
+    })
+}
+
+/// Every class's queue depths, counters and latency histograms, and the
+/// figures of attached sources (`keyfence_engine_attach_remote`), in
+/// Prometheus text exposition format, into `*out` (free it with
+/// `keyfence_bytes_free`; NUL-terminated): what a server's `/metrics`
+/// endpoint serves.
+///
+/// # Safety
+/// `engine` is a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_metrics_prometheus(
+    engine: *const keyfence_engine,
+    out: *mut keyfence_bytes,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = bytes::out(out, "out")?;
+        // SAFETY: the caller's promise.
+        let engine = unsafe { ffi::borrow(engine, "engine")? };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { bytes::give(out, engine.engine.metrics().prometheus().as_bytes()) };
         Ok(())
     })
 }

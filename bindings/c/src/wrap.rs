@@ -19,7 +19,7 @@ pub struct keyfence_authority(Authority);
 /// A machine: its machine key and the store holding the replicated sealed
 /// policy keys, with a cache of opened policy keys. Thread-safe: one
 /// handle may open envelopes from many threads at once.
-pub struct keyfence_machine(Machine);
+pub struct keyfence_machine(pub(crate) Machine);
 
 fn store(dir: &str) -> Result<Arc<dyn Store>, Error> {
     Ok(Arc::new(FileStore::open(dir)?))

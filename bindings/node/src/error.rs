@@ -99,6 +99,12 @@ impl From<SignError> for KfError {
     }
 }
 
+impl From<keyfence::sign::remote::OpenOrForwardError> for KfError {
+    fn from(e: keyfence::sign::remote::OpenOrForwardError) -> Self {
+        KfError::new(e.code(), e.to_string())
+    }
+}
+
 impl From<KeyError> for KfError {
     fn from(e: KeyError) -> Self {
         KfError::new(e.code(), e.to_string())

@@ -12,6 +12,7 @@ mod abe;
 mod error;
 mod policy;
 mod promise;
+mod remote;
 mod sign;
 mod task;
 mod wrap;

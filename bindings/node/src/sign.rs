@@ -32,7 +32,7 @@ fn pem_bytes(pem: &PemInput) -> Zeroizing<Vec<u8>> {
 /// engine's isolated key process. `util.inspect` shows only its kind.
 #[napi(namespace = "sign")]
 pub struct PrivateKey {
-    inner: Arc<core::PrivateKey>,
+    pub(crate) inner: Arc<core::PrivateKey>,
 }
 
 #[napi(namespace = "sign")]
@@ -62,7 +62,7 @@ impl PrivateKey {
     }
 
     /// Whether the key is in this process (false: an isolated key process
-    /// holds it).
+    /// or remote key servers hold it).
     #[napi(getter)]
     pub fn is_local(&self) -> bool {
         self.inner.is_local()
@@ -438,6 +438,34 @@ impl Engine {
             ec: class_metrics(m.class(OpClass::Ec)),
             slow: class_metrics(m.class(OpClass::Slow)),
         })
+    }
+
+    /// Every class's queue depths, counters and latency histograms, and
+    /// the figures of attached remote signers, in Prometheus text format:
+    /// what a `/metrics` endpoint serves.
+    ///
+    /// Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
+    #[napi]
+    pub fn metrics_prometheus(&self, env: Env) -> napi::Result<String> {
+        js(&env, self.running().map(|r| r.engine.metrics().prometheus()))
+    }
+
+    /// Reports `remote`'s per-peer figures (round-trip time, breaker,
+    /// connections, failovers, requests and latency) with this engine's
+    /// `metricsPrometheus()` from now on.
+    ///
+    /// Throws `KeyfenceError` code `SHUT_DOWN` if either is closed.
+    #[napi]
+    pub fn attach_remote(&self, env: Env, remote: &crate::remote::RemoteSigner) -> napi::Result<()> {
+        let attach = || -> KfResult<()> {
+            let signer = remote
+                .inner
+                .clone()
+                .ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the remote signer is closed"))?;
+            self.running()?.engine.attach_metrics(Arc::new(signer));
+            Ok(())
+        };
+        js(&env, attach())
     }
 
     /// Shuts the engine down now rather than when it is garbage-collected:

@@ -179,7 +179,7 @@ impl Authority {
 /// shows only its attributes' labels.
 #[napi(namespace = "wrap")]
 pub struct Machine {
-    inner: Arc<core::Machine>,
+    pub(crate) inner: Arc<core::Machine>,
 }
 
 #[napi(namespace = "wrap")]

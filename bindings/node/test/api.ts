@@ -41,6 +41,14 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const held: kf.sign.PrivateKey = engine.loadKey(pem)
   const sig: Buffer = await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { timeoutMs: 50 })
   await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { signal: new AbortController().signal })
+  const remote = new kf.sign.RemoteSigner({
+    peers: [{ name: 'sfo1', address: '127.0.0.1:7543', attributes: { country: 'US' } }],
+    cert: 'c.pem', key: 'c.key', ca: 'ca.pem', requestTimeoutMs: 500,
+  })
+  const rk: kf.sign.PrivateKey = await remote.key(Buffer.from('envelope'))
+  const text: string = remote.metrics() + engine.metricsPrometheus()
+  engine.attachRemote(remote)
+  void rk, text
   const sig2: Buffer = engine.signSync(sk2, 'ecdsa-p256-sha256', Buffer.from('data'))
   const metrics: kf.sign.EngineMetrics = engine.metrics()
   const p99: number = metrics.ec.latency.p99

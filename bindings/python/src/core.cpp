@@ -458,6 +458,74 @@ Operation engine_submit(Engine &engine, const PrivateKey &key, py::handle alg, p
 }
 
 // Finished operations as (token, code, signature or None, message or None).
+// ---------------------------------------------------------------------
+// remote
+
+struct RemoteSigner {
+    Handle<keyfence_remote, keyfence_remote_free> r;
+    std::shared_mutex lock;  // shared by calls, exclusive for close()
+
+    // Runs `f` on the live handle without the GIL; a closed signer is
+    // ShutDown, as a closed engine's operations are.
+    template <class F>
+    void call(F &&f) {
+        keyfence_result r = KEYFENCE_OK;
+        {
+            py::gil_scoped_release release;
+            std::shared_lock<std::shared_mutex> hold(lock);
+            r = this->r.get() ? f(this->r.get()) : KEYFENCE_SHUT_DOWN;
+        }
+        if (r == KEYFENCE_SHUT_DOWN && !this->r.get()) throw py::value_error("the remote signer is closed");
+        check(r);
+    }
+};
+
+// Peers are (name, address, attributes, server_name or None) tuples: the
+// Python layer turns its Peer named tuples into them.
+std::unique_ptr<RemoteSigner> remote_new(py::list peers, py::handle cert, py::handle key, py::handle ca, uint64_t tenant,
+                                         uint32_t connect_ms, uint32_t request_ms, uint32_t max_attempts) {
+    std::string cert_path = path(cert, "cert"), key_path = path(key, "key"), ca_path = path(ca, "ca");
+    keyfence_remote_config *cfg = nullptr;
+    check(keyfence_remote_config_new(cert_path.c_str(), key_path.c_str(), ca_path.c_str(), &cfg));
+    Handle<keyfence_remote_config, keyfence_remote_config_free> config;
+    config.h.reset(cfg);
+    for (py::handle p : peers) {
+        auto t = p.cast<py::tuple>();
+        std::string name = text(t[0], "peer name"), addr = text(t[1], "peer address"), attrs = attributes(t[2]);
+        std::optional<std::string> server_name;
+        if (!t[3].is_none()) server_name = text(t[3], "peer server_name");
+        check(keyfence_remote_config_add_peer(cfg, name.c_str(), addr.c_str(), attrs.c_str(),
+                                              server_name ? server_name->c_str() : nullptr));
+    }
+    check(keyfence_remote_config_set_tenant(cfg, tenant));
+    check(keyfence_remote_config_set_limits(cfg, connect_ms, request_ms, max_attempts));
+    keyfence_remote *out = nullptr;
+    nogil([&] { return keyfence_remote_new(cfg, &out); });
+    auto r = std::make_unique<RemoteSigner>();
+    r->r.h.reset(out);
+    return r;
+}
+
+PrivateKey remote_key(RemoteSigner &remote, py::handle envelope) {
+    Bytes env(envelope, "envelope");
+    keyfence_private_key *out = nullptr;
+    remote.call([&](keyfence_remote *r) { return keyfence_remote_key(r, env.data(), env.size(), &out); });
+    PrivateKey k;
+    k.h.reset(out);
+    return k;
+}
+
+PrivateKey remote_open_or_forward(RemoteSigner &remote, const Machine &machine, py::handle envelope) {
+    Bytes env(envelope, "envelope");
+    keyfence_private_key *out = nullptr;
+    remote.call([&](keyfence_remote *r) {
+        return keyfence_remote_open_or_forward(r, machine.m.get(), env.data(), env.size(), &out);
+    });
+    PrivateKey k;
+    k.h.reset(out);
+    return k;
+}
+
 py::list queue_drain(const CompletionQueue &queue, size_t max) {
     constexpr size_t chunk = 64;
     keyfence_completion done[chunk];
@@ -640,6 +708,26 @@ PYBIND11_MODULE(_core, m) {
         .def("submit", &engine_submit, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"),
              py::arg("queue"), py::arg("token"))
         .def("metrics", &engine_metrics)
+        .def("metrics_prometheus",
+             [](Engine &e) {
+                 Owned out;
+                 keyfence_result r = KEYFENCE_OK;
+                 {
+                     py::gil_scoped_release release;
+                     std::shared_lock<std::shared_mutex> hold(e.lock);
+                     r = e.e.get() ? keyfence_engine_metrics_prometheus(e.e.get(), &out.b) : KEYFENCE_SHUT_DOWN;
+                 }
+                 check(r);
+                 return out.to_str();
+             })
+        .def("attach_remote",
+             [](Engine &e, RemoteSigner &remote) {
+                 remote.call([&](keyfence_remote *r) {
+                     std::shared_lock<std::shared_mutex> hold(e.lock);
+                     return e.e.get() ? keyfence_engine_attach_remote(e.e.get(), r) : KEYFENCE_SHUT_DOWN;
+                 });
+             },
+             py::arg("remote"))
         .def("close",
              [](Engine &e) {
                  py::gil_scoped_release release;
@@ -664,7 +752,36 @@ PYBIND11_MODULE(_core, m) {
                  return out.to_bytes();
              },
              "The public half as DER SubjectPublicKeyInfo, for verifiers and certificates.")
+        .def_property_readonly(
+            "is_local",
+            [](const PrivateKey &k) {
+                bool local = false;
+                check(keyfence_key_is_local(k.get(), &local));
+                return local;
+            },
+            "True for a key in this process's memory; False for a handle on a key held by an isolated key "
+            "process or by remote key servers.")
         .def("__repr__", [](const PrivateKey &) { return std::string("<keyfence.sign.PrivateKey (secret)>"); });
+
+    py::class_<RemoteSigner>(m, "RemoteSigner", "A client of remote key servers (see keyfence.sign.RemoteSigner).")
+        .def(py::init(&remote_new), py::arg("peers"), py::arg("cert"), py::arg("key"), py::arg("ca"), py::arg("tenant"),
+             py::arg("connect_ms"), py::arg("request_ms"), py::arg("max_attempts"))
+        .def("key", &remote_key, py::arg("envelope"))
+        .def("open_or_forward", &remote_open_or_forward, py::arg("machine"), py::arg("envelope"))
+        .def("metrics",
+             [](RemoteSigner &remote) {
+                 Owned out;
+                 remote.call([&](keyfence_remote *r) { return keyfence_remote_metrics_prometheus(r, &out.b); });
+                 return out.to_str();
+             })
+        .def("close",
+             [](RemoteSigner &remote) {
+                 py::gil_scoped_release release;
+                 std::unique_lock<std::shared_mutex> hold(remote.lock);
+                 remote.r.h.reset();
+             })
+        .def_property_readonly("closed", [](const RemoteSigner &r) { return r.r.get() == nullptr; })
+        .def("__repr__", [](const RemoteSigner &) { return std::string("<keyfence.sign.RemoteSigner>"); });
 
     py::class_<CompletionQueue>(m, "CompletionQueue", "Where finished operations wait; its fd is readable then.")
         .def(py::init([] {

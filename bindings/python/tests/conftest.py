@@ -64,3 +64,32 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
 @pytest.fixture()
 def store(tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
     yield tmp_path / "store"
+
+
+@pytest.fixture(scope="session")
+def keyfence_cli() -> pathlib.Path:
+    """The `keyfence` command line, which runs the key servers of the remote
+    tests. ./x test passes KEYFENCE_CLI; otherwise cargo builds it (Rust is
+    part of the toolchain, so this fails rather than skips)."""
+    env = os.environ.get("KEYFENCE_CLI")
+    if env:
+        return pathlib.Path(env)
+    target = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
+    subprocess.run(["cargo", "build", "--locked", "-q", "-p", "keyfence-cli", "--bin", "keyfence"], cwd=REPO, check=True)
+    return target / "debug" / "keyfence"
+
+
+@pytest.fixture()
+def key_server(keyfence_cli: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[pathlib.Path]:
+    """A `keyfence serve` for a US-only key on loopback, with its
+    certificates, store and machine keys, from vectors/remote-fixture.sh
+    (the fixture the C and Node tests run too); killed afterwards."""
+    d = tmp_path / "remote"
+    subprocess.run(["bash", str(REPO / "vectors" / "remote-fixture.sh"), str(keyfence_cli), str(d)], check=True, timeout=120)
+    try:
+        yield d
+    finally:
+        try:
+            os.kill(int((d / "server.pid").read_text()), 9)
+        except ProcessLookupError:
+            pass

@@ -47,5 +47,14 @@ async def signing(pem: bytes) -> bytes:
         return sig
 
 
+def remote_signing(machine: wrap.Machine, envelope: bytes) -> bool:
+    peers = [sign.Peer("sfo1", "127.0.0.1:7543", {"country": "US"}), sign.Peer("iad1", "[::1]:7543", {}, "iad1.mesh")]
+    with sign.RemoteSigner(peers, cert="c.pem", key="c.key", ca="ca.pem", tenant=3, request_timeout=0.5) as remote:
+        key: sign.PrivateKey = remote.open_or_forward(machine, envelope)
+        text: str = remote.metrics()
+        del text
+        return key.is_local
+
+
 if __name__ == "__main__":
     asyncio.run(signing(b""))

@@ -15,6 +15,17 @@ signatures can be in flight from one event loop::
 Algorithms are named as in ``docs/signing.md``: ``rsa-pkcs1-sha256``,
 ``rsa-pss-sha256``, ``ecdsa-p256-sha256``, ``ecdsa-p384-sha384``,
 ``ed25519``, ...
+
+Keys this machine's attributes do not allow stay on the machines that may
+hold them: a :class:`RemoteSigner` asks the nearest such key server
+(``keyfence serve``) to sign, and its keys are :class:`PrivateKey` handles
+that any engine signs with (``docs/remote.md``)::
+
+    remote = keyfence.sign.RemoteSigner(
+        [keyfence.sign.Peer("sfo1", "10.1.0.7:7543", {"country": "US"})],
+        cert="edge.pem", key="edge.key", ca="mesh-ca.pem")
+    key = remote.open_or_forward(machine, envelope)  # here if allowed, else remote
+    signature = await engine.sign(key, "ecdsa-p256-sha256", data)
 """
 
 from __future__ import annotations
@@ -22,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import _core
 from .exceptions import _from_code
+from .wrap import Machine
 
-__all__ = ["Engine", "PrivateKey"]
+__all__ = ["Engine", "Peer", "PrivateKey", "RemoteSigner"]
 
 Buffer = Union[bytes, bytearray, memoryview]
 StrPath = Union[str, "os.PathLike[str]"]
@@ -225,9 +237,158 @@ class Engine:
         Same as ``PrivateKey.from_pem(pem, engine=self)``."""
         return _core.PrivateKey.from_pem(pem, self)
 
+    def metrics_prometheus(self) -> str:
+        """Every class's queue depths, counters and latency histograms, and
+        the figures of attached remote signers, in Prometheus text format:
+        what a ``/metrics`` endpoint serves."""
+        return str(self._native.metrics_prometheus())
+
+    def attach_remote(self, remote: "RemoteSigner") -> None:
+        """Reports ``remote``'s per-peer figures (round-trip time, breaker,
+        connections, failovers, requests and latency) with this engine's
+        :meth:`metrics_prometheus` from now on."""
+        if not isinstance(remote, RemoteSigner):
+            raise TypeError(f"remote must be a keyfence.sign.RemoteSigner, not {type(remote).__name__!r}")
+        self._native.attach_remote(remote._native)
+
     def metrics(self) -> Dict[str, Dict[str, int]]:
         """Counters and latency percentiles per executor class (``rsa``,
         ``ec``, ``slow``): workers, queue_capacity, queue_depth, in_flight,
         submitted, completed, errors, overloaded, timed_out, p50_ns, p99_ns,
         p999_ns."""
         return self._native.metrics()
+
+
+class Peer(NamedTuple):
+    """A key server a :class:`RemoteSigner` may ask.
+
+    Attributes:
+        name: its name in metrics and errors, and the DNS name its TLS
+            certificate must carry unless ``server_name`` is given.
+        address: ``host:port`` where it listens.
+        attributes: its machine's attributes, which decide the keys it is
+            asked for (those whose policy they satisfy).
+        server_name: the DNS name its certificate carries, when not ``name``.
+    """
+
+    name: str
+    address: str
+    attributes: Mapping[str, str]
+    server_name: Optional[str] = None
+
+
+def _attempts(value: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"max_attempts must be an int, not {type(value).__name__!r}")
+    if not 1 <= value <= 100:
+        raise ValueError(f"max_attempts must be between 1 and 100, not {value!r}")
+    return value
+
+
+class RemoteSigner:
+    """A client of remote key servers (``keyfence serve``), for keys this
+    machine may not open: a bounded pool of multiplexed mutual-TLS
+    connections per peer, the nearest capable peer first (by round-trip
+    times it measures itself), the next on failure, a circuit breaker per
+    peer, and retries with backoff under a retry budget (``docs/remote.md``).
+
+    Args:
+        peers: the key servers (:class:`Peer`).
+        cert, key: this client's certificate chain and private key (PEM).
+        ca: the CA certificates the servers' certificates must chain to;
+            nothing else is trusted.
+        tenant: the tenant (zone) id keys are requested for; a server bounds
+            what each tenant may have in flight.
+        connect_timeout: seconds for a TCP connect and TLS handshake.
+        request_timeout: seconds one attempt waits for its reply before the
+            next peer is tried (never past the operation's deadline).
+        max_attempts: attempts per operation, the first included.
+
+    Raises:
+        InvalidConfig: no peers, or TLS files that cannot be used.
+        InvalidAttributes: a peer's attributes.
+        InvalidArgument: an address that is not ``host:port``.
+
+    Keys it gives keep their own reference to it; :meth:`close` (or leaving
+    a ``with`` block) stops new calls on the signer itself.
+    """
+
+    __slots__ = ("_native",)
+
+    def __init__(
+        self,
+        peers: Sequence[Peer],
+        *,
+        cert: StrPath,
+        key: StrPath,
+        ca: StrPath,
+        tenant: int = 0,
+        connect_timeout: float = 1.0,
+        request_timeout: float = 1.0,
+        max_attempts: int = 3,
+    ) -> None:
+        if isinstance(peers, (str, bytes)) or not isinstance(peers, Sequence):
+            raise TypeError("peers must be a sequence of keyfence.sign.Peer")
+        native_peers = []
+        for p in peers:
+            if not isinstance(p, tuple):
+                raise TypeError(f"each peer must be a keyfence.sign.Peer, not {type(p).__name__!r}")
+            p = Peer(*p)
+            native_peers.append((p.name, p.address, p.attributes, p.server_name))
+        if isinstance(tenant, bool) or not isinstance(tenant, int) or not 0 <= tenant < 1 << 64:
+            raise ValueError(f"tenant must be an int between 0 and 2**64 - 1, not {tenant!r}")
+        self._native = _core.RemoteSigner(
+            native_peers,
+            cert,
+            key,
+            ca,
+            tenant,
+            _ms(connect_timeout, "connect_timeout"),
+            _ms(request_timeout, "request_timeout"),
+            _attempts(max_attempts),
+        )
+
+    def __repr__(self) -> str:
+        return f"<keyfence.sign.RemoteSigner{' (closed)' if self._native.closed else ''}>"
+
+    def __enter__(self) -> "RemoteSigner":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def key(self, envelope: Buffer) -> PrivateKey:
+        """A handle on the key in ``envelope`` held by the peers whose
+        attributes satisfy its policy; the secret never comes here. Asks the
+        nearest of them for the public half (blocking, GIL released).
+
+        Raises:
+            InvalidEnvelope: bytes that are not an envelope.
+            BackendFailed: no configured peer may hold the key, or none answered.
+            Overloaded: every capable peer refused for want of room.
+        """
+        return self._native.key(envelope)
+
+    def open_or_forward(self, machine: Machine, envelope: Buffer) -> PrivateKey:
+        """The key in ``envelope``: opened here when ``machine``'s attributes
+        satisfy its policy, otherwise a handle on the peers that may hold it
+        (as :meth:`key`). Raises as :meth:`keyfence.wrap.Machine.open` and
+        :meth:`key`."""
+        native = getattr(machine, "_native", machine)
+        if not isinstance(native, _core.Machine):
+            raise TypeError(f"machine must be a keyfence.wrap.Machine, not {type(machine).__name__!r}")
+        return self._native.open_or_forward(native, envelope)
+
+    def metrics(self) -> str:
+        """Per-peer round-trip time, breaker, connections, failovers,
+        requests and latency, in Prometheus text format."""
+        return str(self._native.metrics())
+
+    def close(self) -> None:
+        """Closes the signer; calling it again does nothing."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` has run."""
+        return bool(self._native.closed)
