@@ -20,7 +20,7 @@ use rand_core::{CryptoRng, RngCore};
 use crate::codec::{Order, Reader, Writer};
 use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
-use super::group::{random_scalar, wipe, wipe_to, Wiped};
+use super::group::{g1_subgroup_check, random_scalar, wipe, wipe_to, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
@@ -386,31 +386,93 @@ impl<'a> LazyHeader<'a> {
     }
 }
 
+/// How a decryption validates the ciphertext and how many threads it uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Decap {
+    pub(crate) threads: usize,
+    /// Subgroup-check every point of the header before decrypting (CIRCL's
+    /// rejection set) instead of deferring the G1 checks.
+    pub(crate) strict: bool,
+}
+
+/// The G1 fields a decryption decoded without their subgroup checks:
+/// checked only if the MAC fails, to name a field that is to blame.
+pub(crate) struct Deferred<'a>(Vec<(&'a [u8], String)>);
+
+impl Deferred<'_> {
+    /// The first deferred field that is not in the G1 subgroup, as the
+    /// error a strict decoding would have returned.
+    pub(crate) fn first_error(&self) -> Option<AbeError> {
+        self.0.iter().find_map(|(b, f)| {
+            let m = matrix::decode_g1_on_curve(b, (3, 1), CT, f).ok()?;
+            let k = m.e.iter().position(|p| g1_subgroup_check(p).is_err())?;
+            Some(malformed(CT, format!("{f}[{k},0]"), "point is not in the G1 subgroup"))
+        })
+    }
+}
+
 /// Recovers the encapsulated Gt element with `key`. `policy` is the
 /// header's policy augmented with the Boneh-Katz term.
-pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &AttributeKey, threads: usize) -> Result<Gt> {
+pub(crate) fn decapsulate<'a>(
+    hdr: &LazyHeader<'a>,
+    policy: &AbePolicy,
+    key: &AttributeKey,
+    opts: Decap,
+) -> Result<(Gt, Deferred<'a>)> {
     let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
         None => false,
         Some(a) => a.wild || ((a.value == w.value) == w.positive),
     };
     let used = policy.satisfying(holds).ok_or(AbeError::NotSatisfied)?;
-    decapsulate_with(hdr, policy, key, &used, threads)
+    decapsulate_with(hdr, policy, key, &used, opts)
+}
+
+/// Strict mode's extra work: every point of the header the key does not
+/// use, fully checked (the used ones are checked as they are decoded).
+fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies: &[bool], threads: usize) -> Result<()> {
+    enum Job<'b> {
+        G1(&'b [u8], String),
+        G2(&'b [u8], String),
+    }
+    let mut jobs = Vec::new();
+    for (i, w) in policy.wires.iter().enumerate() {
+        if !used.contains(&i) {
+            jobs.push(Job::G1(hdr.c3[i], format!("c3[{i}]")));
+            if !w.positive {
+                jobs.push(Job::G1(hdr.c3neg[i], format!("c3neg[{i}]")));
+            }
+        }
+    }
+    for (j, b) in hdr.c2.iter().enumerate() {
+        if !copies.get(j).copied().unwrap_or(false) {
+            jobs.push(Job::G2(b, format!("c2[{j}]")));
+        }
+    }
+    par_map(&jobs, threads, |job| match job {
+        Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(drop),
+        Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(drop),
+    })
+    .into_iter()
+    .collect()
 }
 
 /// The decryption equation over the given set of wires. Only
 /// [`decapsulate`] calls it with a satisfying set; tests call it with
 /// others to show that no other set recovers the key.
-pub(crate) fn decapsulate_with(
-    hdr: &LazyHeader<'_>,
+pub(crate) fn decapsulate_with<'a>(
+    hdr: &LazyHeader<'a>,
     policy: &AbePolicy,
     key: &AttributeKey,
     used: &[usize],
-    threads: usize,
-) -> Result<Gt> {
+    opts: Decap,
+) -> Result<(Gt, Deferred<'a>)> {
     let (pi, d) = policy.occurrences();
+    let threads = opts.threads;
 
-    // Validate every ciphertext element the key needs, in parallel: these
-    // subgroup checks are most of the cost of a large policy.
+    // Decode every ciphertext element the key needs, in parallel. G2
+    // points are subgroup-checked here (they meet the key's secret G1
+    // points); G1 points only in strict mode, otherwise after a MAC
+    // failure (see `Deferred`).
     enum Job<'b> {
         G1(&'b [u8], String),
         G2(&'b [u8], String),
@@ -428,6 +490,14 @@ pub(crate) fn decapsulate_with(
         }
         copies[pi[i]] = true;
     }
+    if opts.strict {
+        check_unused(hdr, policy, used, &copies, threads)?;
+    }
+    let deferred = if opts.strict {
+        Deferred(Vec::new())
+    } else {
+        Deferred(jobs.iter().filter_map(|j| if let Job::G1(b, f) = j { Some((*b, f.clone())) } else { None }).collect())
+    };
     for (j, &c) in copies.iter().enumerate() {
         if c {
             jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
@@ -435,7 +505,8 @@ pub(crate) fn decapsulate_with(
     }
     jobs.push(Job::G2(hdr.c1, "c1".into()));
     let decoded = par_map(&jobs, threads, |job| match job {
-        Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
+        Job::G1(b, f) if opts.strict => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
+        Job::G1(b, f) => matrix::decode_g1_on_curve(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
         Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| Point::G2(m.e)),
     });
     let mut decoded = decoded.into_iter();
@@ -530,7 +601,7 @@ pub(crate) fn decapsulate_with(
         .map(|(p, q)| (*p.as_ref(), *q.as_ref()))
         .collect();
     if pairs.is_empty() {
-        return Ok(Gt::identity());
+        return Ok((Gt::identity(), deferred));
     }
     // One shared-squaring Miller loop per thread over a share of the pairs.
     let per = pairs.len().div_ceil(threads.clamp(1, 2));
@@ -543,7 +614,7 @@ pub(crate) fn decapsulate_with(
     for l in &loops[1..] {
         f *= *l;
     }
-    Ok(super::group::gt_from_fp12(&f.final_exp()))
+    Ok((super::group::gt_from_fp12(&f.final_exp()), deferred))
 }
 
 /// A column of G1 sums: plain points added as they come, scalar terms
