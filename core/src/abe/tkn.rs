@@ -22,6 +22,7 @@ use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
 use super::group::{g1_subgroup_check, random_scalar, wipe, wipe_to, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
+use super::lines::{miller_loop, Lines};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
 use super::parallel::par_map;
@@ -144,7 +145,7 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
         v1.wipe();
     }
     wipe(&mut a_s);
-    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild })
+    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild, cache: Default::default() })
 }
 
 /// `B* (y U0 + U1)^T As + [B*_12 (y V0 + V1)^T As]_1`, or without the
@@ -584,32 +585,34 @@ pub(crate) fn decapsulate_with<'a>(
         }
     }
     let mut g1s: Vec<G1Projective> = totals.collect();
-    let mut g2s: Vec<G2Affine> = g2_points.into_iter().flatten().collect();
+    let n_c2 = g1s.len();
     g1s.extend(ptot.iter().map(|p| -p));
-    g2s.extend(key.k1.e.iter().map(|w| w.0));
     g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
-    g2s.extend(c1);
-
     let mut g1a = vec![G1Affine::default(); g1s.len()];
     G1Projective::batch_normalize(&g1s, &mut g1a);
-    // A pair with the identity contributes 1 to the product; blst's loop
+
+    // The ciphertext's G2 points get their lines recorded here (the work
+    // a Miller loop does for them anyway); k1's come from the key.
+    let ct_g2: Vec<G2Affine> = g2_points.into_iter().flatten().chain(c1).collect();
+    let ct_lines = par_map(&ct_g2, threads, |q| Lines::new(q.as_ref()));
+    let k1_lines = &key.cache().k1_lines;
+    let (c2_lines, c1_lines) = ct_lines.split_at(n_c2);
+    let lines: Vec<&Lines> = c2_lines.iter().chain(k1_lines).chain(c1_lines).collect();
+    let identity = |p: &G1Affine| bool::from(p.is_identity());
+    if lines.len() != g1a.len() || ct_g2.iter().chain(key.k1.e.iter().map(|w| &w.0)).any(|q| bool::from(q.is_identity())) {
+        return Err(AbeError::Internal("pairing inputs do not line up"));
+    }
+    // A pair with the identity contributes 1 to the product; the loop
     // wants finite points, so such pairs are left out.
-    let pairs: Vec<(blst::blst_p1_affine, blst::blst_p2_affine)> = g1a
-        .iter()
-        .zip(&g2s)
-        .filter(|(p, q)| !bool::from(p.is_identity()) && !bool::from(q.is_identity()))
-        .map(|(p, q)| (*p.as_ref(), *q.as_ref()))
-        .collect();
+    let pairs: Vec<(&Lines, blst::blst_p1_affine)> =
+        lines.into_iter().zip(&g1a).filter(|(_, p)| !identity(p)).map(|(l, p)| (l, *p.as_ref())).collect();
     if pairs.is_empty() {
         return Ok((Gt::identity(), deferred));
     }
     // One shared-squaring Miller loop per thread over a share of the pairs.
     let per = pairs.len().div_ceil(threads.clamp(1, 2));
-    let chunks: Vec<&[(blst::blst_p1_affine, blst::blst_p2_affine)]> = pairs.chunks(per).collect();
-    let loops = par_map(&chunks, threads, |c| {
-        let (ps, qs): (Vec<_>, Vec<_>) = c.iter().copied().unzip();
-        blst::blst_fp12::miller_loop_n(&qs, &ps)
-    });
+    let chunks: Vec<&[(&Lines, blst::blst_p1_affine)]> = pairs.chunks(per).collect();
+    let loops = par_map(&chunks, threads, |c| miller_loop(c));
     let mut f = loops[0];
     for l in &loops[1..] {
         f *= *l;
