@@ -24,7 +24,9 @@ mod bk;
 mod blake2x;
 mod error;
 mod fixed_base;
+mod floor;
 mod group;
+mod key_cache;
 mod keys;
 mod matrix;
 mod oracle;
@@ -41,6 +43,7 @@ use zeroize::Zeroizing;
 
 pub use bk::VERSION;
 pub use error::{AbeError, Result};
+pub use floor::decrypt_floor;
 pub use keys::{AttributeKey, MasterSecretKey, PublicKey};
 
 use policy::{AbePolicy, BK_LABEL};
