@@ -7,9 +7,7 @@
 //! whole 16-entry row with constant-time selection, because the scalars
 //! are the encryptor's secret randomness.
 
-use blstrs::{Fp12, G2Affine, G2Projective, Gt, Scalar};
-#[cfg(test)]
-use blstrs::{G1Affine, G1Projective};
+use blstrs::{Fp12, G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
 use ff::Field;
 use group::{Curve, Group};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
@@ -28,21 +26,24 @@ pub(crate) struct Table<A> {
 macro_rules! curve_table {
     ($proj:ty, $aff:ty, $new:ident, $mul:ident) => {
         pub(crate) fn $new(base: &$aff) -> Table<$aff> {
-            let mut rows = Vec::with_capacity(WINDOWS);
+            let mut proj = vec![<$proj>::identity(); WINDOWS * 16];
             let mut w = <$proj>::from(base);
-            for _ in 0..WINDOWS {
-                let mut proj = [<$proj>::identity(); 16];
+            for row in proj.chunks_mut(16) {
                 for k in 1..16 {
-                    proj[k] = proj[k - 1] + w;
+                    row[k] = row[k - 1] + w;
                 }
-                let mut aff = [<$aff>::default(); 16];
-                <$proj>::batch_normalize(&proj, &mut aff);
-                rows.push(aff);
-                w = proj[15] + w;
+                w = row[15] + w;
             }
+            // One inversion for the whole table.
+            let mut aff = vec![<$aff>::default(); WINDOWS * 16];
+            <$proj>::batch_normalize(&proj, &mut aff);
+            let rows = aff.chunks(16).map(|c| std::array::from_fn(|k| c[k])).collect();
             Table { rows }
         }
 
+        // G1's constant-time multiplication is only tested: keys use
+        // `g1_mul_public` for their public scalar.
+        #[cfg_attr(not(test), allow(dead_code))]
         pub(crate) fn $mul(t: &Table<$aff>, s: &Scalar) -> $proj {
             let bytes = s.to_bytes_le();
             let mut acc = <$proj>::identity();
@@ -59,8 +60,21 @@ macro_rules! curve_table {
     };
 }
 
-#[cfg(test)]
 curve_table!(G1Projective, G1Affine, g1_table, g1_mul);
+
+/// [`g1_mul`] for a public scalar (the Boneh-Katz id a ciphertext
+/// carries): a direct lookup per window instead of a scan.
+pub(crate) fn g1_mul_public(t: &Table<G1Affine>, s: &Scalar) -> G1Projective {
+    let bytes = s.to_bytes_le();
+    let mut acc = G1Projective::identity();
+    for (i, row) in t.rows.iter().enumerate() {
+        let n = nibble(&bytes, i);
+        if n != 0 {
+            acc += &row[usize::from(n)];
+        }
+    }
+    acc
+}
 curve_table!(G2Projective, G2Affine, g2_table, g2_mul);
 
 /// A table for one Gt element (stored as Fp12; Gt's group law is Fp12
@@ -125,6 +139,7 @@ mod tests {
         let (tp, tq, tg) = (g1_table(&p), g2_table(&q), gt_table(&g));
         for s in [Scalar::ZERO, Scalar::ONE, -Scalar::ONE, Scalar::random(&mut rng)] {
             assert_eq!(g1_mul(&tp, &s), p * s);
+            assert_eq!(g1_mul_public(&tp, &s), p * s);
             assert_eq!(g2_mul(&tq, &s), q * s);
             assert_eq!(Gt::from(gt_pow(&tg, &s)), g * s);
         }

@@ -540,7 +540,12 @@ pub(crate) fn decapsulate_with<'a>(
         if w.positive {
             a1.add(&c3, None);
             if attr.wild {
-                a2.add(&k3(&w.label, false)?, Some(w.value));
+                // The Boneh-Katz wire: its scalar, the id, is public and
+                // its points have tables in the key's cache.
+                match (w.label == BK_LABEL).then(|| key.cache().bk_times(&w.value)).flatten() {
+                    Some(col) => a2.add_products(&col),
+                    None => a2.add(&k3(&w.label, false)?, Some(w.value)),
+                }
                 a2.add(&k3(&w.label, true)?, None);
             } else {
                 a2.add(&k3(&w.label, false)?, None);
@@ -642,6 +647,13 @@ impl Acc {
                     self.sc[m].push(s);
                 }
             }
+        }
+    }
+
+    /// Adds precomputed products to the plain sums.
+    fn add_products(&mut self, col: &[G1Projective]) {
+        for (sum, p) in self.plain.iter_mut().zip(col) {
+            *sum += p;
         }
     }
 
