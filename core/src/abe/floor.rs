@@ -3,7 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use blstrs::G1Affine;
+use blstrs::{G1Affine, G1Projective, Scalar};
+use ff::Field;
+use group::Group;
 use group::prime::PrimeCurveAffine;
 
 use super::bk;
@@ -11,25 +13,48 @@ use super::error::{AbeError, Result};
 use super::keys::AttributeKey;
 use super::matrix;
 
+/// The lower bound of one decryption, measured by [`decrypt_floor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DecryptFloor {
+    /// The pairing side: the G2 subgroup checks of the ciphertext points
+    /// the decryption uses, one Miller loop over all its pairs sharing its
+    /// squarings (blst's `miller_loop_n`, no precomputation) and one final
+    /// exponentiation.
+    pub pairing: Duration,
+    /// The multi-scalar multiplications negated attributes need (blst's
+    /// `multi_exp`, sizes 8-31 padded to take its Pippenger path, on as
+    /// many points as the decryption combines): zero for policies without
+    /// negations.
+    pub msm: Duration,
+}
+
+impl DecryptFloor {
+    /// Both parts together.
+    pub fn total(&self) -> Duration {
+        self.pairing + self.msm
+    }
+}
+
 /// Times, on this machine and now, the primitives a decryption of
-/// `ciphertext` with `key` cannot avoid: the G2 subgroup checks of the
-/// ciphertext points it uses, one Miller loop over all its pairs sharing
-/// its squarings (blst's `miller_loop_n`, no precomputation), and one
-/// final exponentiation. Decryption also hashes, decodes and adds points;
-/// the ratio of its time to this one says how close it is to the bound.
+/// `ciphertext` with `key` cannot avoid, run with blst's own functions on
+/// the ciphertext's points. Decryption also hashes, decodes and adds
+/// points; the ratio of its time to [`DecryptFloor::total`] says how close
+/// it is to the bound.
 ///
 /// ```
 /// # let (pk, msk) = keyfence::abe::setup()?;
 /// # let key = keyfence::abe::keygen(&msk, &"region=EU".parse()?)?;
 /// let ct = keyfence::abe::encrypt(&pk, "region: EU", b"x")?;
-/// assert!(keyfence::abe::decrypt_floor(&key, &ct)? > std::time::Duration::ZERO);
+/// let floor = keyfence::abe::decrypt_floor(&key, &ct)?;
+/// assert!(floor.pairing > std::time::Duration::ZERO);
+/// assert_eq!(floor.msm, std::time::Duration::ZERO);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// # Errors
 /// As [`super::decrypt`] for a ciphertext that does not parse, whose
 /// G2 points are invalid, or whose policy the key does not satisfy.
-pub fn decrypt_floor(key: &AttributeKey, ciphertext: &[u8]) -> Result<Duration> {
+pub fn decrypt_floor(key: &AttributeKey, ciphertext: &[u8]) -> Result<DecryptFloor> {
     let p = bk::parse(ciphertext)?;
     let policy = bk::bk_policy(&p);
     let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
@@ -39,8 +64,16 @@ pub fn decrypt_floor(key: &AttributeKey, ciphertext: &[u8]) -> Result<Duration> 
     let used = policy.satisfying(holds).ok_or(AbeError::NotSatisfied)?;
     let (pi, d) = policy.occurrences();
     let mut copies = vec![false; d];
+    // Scalar terms per copy: ciphertext side (3 rows), key side (4 rows).
+    let mut terms = vec![(0usize, 0usize); d];
     for &i in &used {
-        copies[pi[i]] = true;
+        let j = pi[i];
+        copies[j] = true;
+        if !policy.wires[i].positive {
+            let wild = key.attrs.get(&policy.wires[i].label).is_some_and(|a| a.wild);
+            terms[j].0 += 2;
+            terms[j].1 += if wild { 2 } else { 1 };
+        }
     }
     let fields: Vec<&[u8]> =
         copies.iter().enumerate().filter(|(_, c)| **c).map(|(j, _)| p.header.c2[j]).chain([p.header.c1]).collect();
@@ -59,5 +92,45 @@ pub fn decrypt_floor(key: &AttributeKey, ciphertext: &[u8]) -> Result<Duration> 
     let f = blst::blst_fp12::miller_loop_n(&qs, &ps);
     let f = std::hint::black_box(f).final_exp();
     std::hint::black_box(f);
-    Ok(checks + t.elapsed())
+    let pairing = checks + t.elapsed();
+
+    // The MSMs, on distinct points and full-size scalars like the real ones.
+    let most = terms.iter().map(|t| t.0.max(t.1)).max().unwrap_or(0);
+    let pts: Vec<G1Projective> = (1..=most as u64).map(|k| G1Projective::generator() * Scalar::from(k)).collect();
+    let sc: Vec<Scalar> = (1..=most as u64).map(|k| -Scalar::from(k).square()).collect();
+    let t = Instant::now();
+    for &(n1, n2) in &terms {
+        for (n, rows) in [(n1, 3), (n2, 4)] {
+            for _ in 0..if n > 0 { rows } else { 0 } {
+                std::hint::black_box(super::msm::msm(&pts[..n], &sc[..n]));
+            }
+        }
+    }
+    Ok(DecryptFloor { pairing, msm: t.elapsed() })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// blst switches from Booth-windowed Straus to Pippenger at 32 points;
+    /// prints both sides of the switch (run with --release --ignored).
+    #[test]
+    #[ignore]
+    fn msm_sizes() {
+        let pts: Vec<G1Projective> = (1..=100u64).map(|k| G1Projective::generator() * Scalar::from(k)).collect();
+        let sc: Vec<Scalar> = (1..=100u64).map(|k| -Scalar::from(k).square()).collect();
+        for n in [4usize, 8, 12, 16, 25, 31, 32, 50] {
+            let time = |f: &dyn Fn() -> G1Projective| {
+                let t = Instant::now();
+                for _ in 0..100 {
+                    std::hint::black_box(f());
+                }
+                t.elapsed().as_secs_f64() * 1e6 / 100.0
+            };
+            let plain = time(&|| G1Projective::multi_exp(&pts[..n], &sc[..n]));
+            let padded = time(&|| super::super::msm::msm(&pts[..n], &sc[..n]));
+            eprintln!("n={n:3}: {plain:8.1} us blst as is, {padded:8.1} us padded to Pippenger");
+        }
+    }
 }

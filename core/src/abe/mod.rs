@@ -29,6 +29,7 @@ mod group;
 mod key_cache;
 mod keys;
 mod matrix;
+mod msm;
 mod oracle;
 mod parallel;
 mod policy;
@@ -43,7 +44,7 @@ use zeroize::Zeroizing;
 
 pub use bk::VERSION;
 pub use error::{AbeError, Result};
-pub use floor::decrypt_floor;
+pub use floor::{decrypt_floor, DecryptFloor};
 pub use keys::{AttributeKey, MasterSecretKey, PublicKey};
 
 use policy::{AbePolicy, BK_LABEL};
