@@ -98,6 +98,9 @@ pub fn decrypt_floor(key: &AttributeKey, ciphertext: &[u8]) -> Result<DecryptFlo
     let most = terms.iter().map(|t| t.0.max(t.1)).max().unwrap_or(0);
     let pts: Vec<G1Projective> = (1..=most as u64).map(|k| G1Projective::generator() * Scalar::from(k)).collect();
     let sc: Vec<Scalar> = (1..=most as u64).map(|k| -Scalar::from(k).square()).collect();
+    if most == 0 {
+        return Ok(DecryptFloor { pairing, msm: Duration::ZERO });
+    }
     let t = Instant::now();
     for &(n1, n2) in &terms {
         for (n, rows) in [(n1, 3), (n2, 4)] {
