@@ -29,7 +29,6 @@ mod group;
 mod key_cache;
 mod keys;
 mod matrix;
-mod msm;
 mod oracle;
 mod parallel;
 mod policy;

@@ -661,7 +661,7 @@ impl Acc {
         match self.pts[m].len() {
             0 => self.plain[m],
             1 => self.plain[m] + self.pts[m][0] * self.sc[m][0],
-            _ => self.plain[m] + super::msm::msm(&self.pts[m], &self.sc[m]),
+            _ => self.plain[m] + G1Projective::multi_exp(&self.pts[m], &self.sc[m]),
         }
     }
 }
