@@ -172,7 +172,8 @@ pub struct AttributeKey {
     pub(crate) k2: Mat<Wiped<G1Affine>>,
     pub(crate) k3: BTreeMap<String, Mat<Wiped<G1Affine>>>,
     pub(crate) k3wild: BTreeMap<String, Mat<Wiped<G1Affine>>>,
-    /// Precomputed for decryption (about 60 KB), shared with clones.
+    /// Precomputed for decryption (about 450 KB: k1's lines and the
+    /// Boneh-Katz tables), shared with clones.
     pub(crate) cache: std::sync::Arc<OnceLock<super::key_cache::KeyCache>>,
 }
 

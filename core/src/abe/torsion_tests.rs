@@ -42,7 +42,7 @@ fn mul_be(p: &G1Projective, k: &[u8]) -> G1Projective {
 fn torsion_point(n: u128) -> G1Projective {
     // h1 = n^k m with m prime to n: [r m] P lies in the n-power torsion.
     let mut m = H1;
-    while m % n == 0 {
+    while m.is_multiple_of(n) {
         m /= n;
     }
     assert_ne!(m, H1);
