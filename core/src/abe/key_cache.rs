@@ -36,3 +36,34 @@ impl KeyCache {
         (!self.bk.is_empty()).then(|| self.bk.iter().map(|t| g1_mul_public(t, id)).collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// What loading a key costs with and without the cache (run with
+    /// --release --ignored --nocapture).
+    #[test]
+    #[ignore]
+    fn load_cost() {
+        let (_, msk) = super::super::setup().unwrap();
+        for n in [2usize, 50] {
+            let attrs = keyfence_policy::Attributes::from_pairs((0..n).map(|i| (format!("a{i}"), "v")));
+            let bytes = super::super::keygen(&msk, &attrs).unwrap().to_bytes();
+            let best = |f: &dyn Fn()| {
+                (0..10).map(|_| {
+                    let t = Instant::now();
+                    f();
+                    t.elapsed().as_secs_f64() * 1e3
+                }).fold(f64::MAX, f64::min)
+            };
+            let load = best(&|| drop(AttributeKey::from_bytes(&bytes).unwrap()));
+            let key = AttributeKey::from_bytes(&bytes).unwrap();
+            let cache = best(&|| drop(KeyCache::new(&key)));
+            let lines = best(&|| drop(key.k1.e.iter().map(|q| Lines::new(q.0.as_ref())).collect::<Vec<_>>()));
+            let table = best(&|| drop(g1_table(&key.k2.e[0].0)));
+            eprintln!("{n} attributes: from_bytes {load:.2} ms, of which the cache {cache:.2} ms (lines {lines:.2} ms, one table {table:.2} ms)");
+        }
+    }
+}
