@@ -1,5 +1,6 @@
 //! CP-ABE: setup, and keygen / encrypt / decrypt across attribute counts
-//! (1 to 100 clauses joined by `and`) and on CIRCL's benchmark shapes.
+//! (1 to 100 clauses joined by `and`) and on CIRCL's benchmark shapes,
+//! where strict decryption (every point subgroup-checked) is measured too.
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use keyfence::abe;
@@ -52,6 +53,9 @@ fn bench(c: &mut Criterion) {
             b.iter(|| abe::encrypt_policy(&pk, &policy, MSG).unwrap())
         });
         g.bench_function(BenchmarkId::new("decrypt", name), |b| b.iter(|| abe::decrypt(&key, &ct).unwrap()));
+        g.bench_function(BenchmarkId::new("decrypt_strict", name), |b| {
+            b.iter(|| abe::decrypt_strict(&key, &ct).unwrap())
+        });
     }
     g.finish();
 }

@@ -3,10 +3,16 @@
 //! both see the same conditions, and prints the medians and the ratios
 //! CIRCL time / keyfence time. Writes the figures as JSON and an SVG chart.
 //!
+//! Also prints keyfence's decryption time over its lower bound (the
+//! `decrypt_floor_ms` that `keyfence bench abe` measures in the same run).
+//! With `--gate X` it runs only the single-threaded figures and exits 1 if
+//! keyfence is more than X times slower than CIRCL on any operation: a
+//! ratio, so a slow or busy machine does not fail it (`./x test`).
+//!
 //! ```text
 //! cargo run --release -p keyfence-benches --bin compare_abe -- \
 //!     --keyfence target/release/keyfence --oracle target/circl-oracle \
-//!     [--rounds 5] [--iters 10] [--json OUT.json] [--svg OUT.svg]
+//!     [--rounds 5] [--iters 10] [--json OUT.json] [--svg OUT.svg] [--gate 1.5]
 //! cargo run --release -p keyfence-benches --bin compare_abe -- --replot IN.json --svg OUT.svg
 //! ```
 
@@ -17,8 +23,12 @@ use serde_json::Value;
 
 const OPS: [&str; 3] = ["keygen_ms", "encrypt_ms", "decrypt_ms"];
 const CASES: [&str; 4] = ["small", "and50", "or50", "and50neg25"];
-/// The issue's targets: CIRCL time / keyfence time.
-const TARGETS: [f64; 3] = [4.0, 5.0, 5.0];
+/// Issue 15's targets (CIRCL time / keyfence time): keygen and encrypt
+/// for every case, then decrypt per case in `CASES` order.
+const TARGETS: [f64; 2] = [4.0, 5.0];
+const DECRYPT_TARGETS: [f64; 4] = [3.3, 6.5, 6.5, 6.5];
+/// Issue 15's bounds on keyfence's decryption time over its lower bound.
+const FLOOR_TARGETS: [f64; 4] = [1.1, 1.2, 1.2, 1.2];
 
 struct Args {
     keyfence: String,
@@ -28,6 +38,7 @@ struct Args {
     json: Option<String>,
     svg: Option<String>,
     replot: Option<String>,
+    gate: Option<f64>,
 }
 
 fn args() -> Args {
@@ -39,6 +50,7 @@ fn args() -> Args {
         json: None,
         svg: None,
         replot: None,
+        gate: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -51,6 +63,7 @@ fn args() -> Args {
             "--json" => a.json = Some(val()),
             "--svg" => a.svg = Some(val()),
             "--replot" => a.replot = Some(val()),
+            "--gate" => a.gate = Some(val().parse().expect("--gate")),
             other => panic!("unknown flag {other}"),
         }
     }
@@ -89,45 +102,71 @@ fn main() {
     let mut overhead: BTreeMap<(&str, String), u64> = BTreeMap::new();
     for round in 0..a.rounds {
         eprintln!("round {}/{}", round + 1, a.rounds);
-        let runs = [
+        let mut runs = vec![
             ("circl", run(&a.oracle, &["bench", "--json", "--iters", &iters])),
             ("keyfence", run(&a.keyfence, &["bench", "abe", "--json", "--iters", &iters])),
-            ("keyfence_2t", run(&a.keyfence, &["bench", "abe", "--json", "--iters", &iters, "--threads", "2"])),
         ];
+        if a.gate.is_none() {
+            runs.push(("keyfence_2t", run(&a.keyfence, &["bench", "abe", "--json", "--iters", &iters, "--threads", "2"])));
+        }
         for (name, res) in runs {
             for case in CASES {
                 let v = &res[case];
                 for op in OPS {
                     samples.entry((name, case.into(), op)).or_default().push(v[op].as_f64().expect("ms"));
                 }
+                if let Some(f) = v["decrypt_floor_ms"].as_f64() {
+                    samples.entry((name, case.into(), "decrypt_floor_ms")).or_default().push(f);
+                }
                 overhead.insert((name, case.into()), v["ct_overhead"].as_u64().expect("overhead"));
             }
         }
     }
-    let m = |name: &'static str, case: &str, op: &'static str| median(samples[&(name, case.to_owned(), op)].clone());
-    println!("| case | operation | CIRCL ms | keyfence ms | ratio | keyfence ms, 2 threads | ratio | target |");
-    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    let m = |name: &'static str, case: &str, op: &'static str| {
+        samples.get(&(name, case.to_owned(), op)).map(|v| median(v.clone())).unwrap_or(f64::NAN)
+    };
+    println!("| case | operation | CIRCL ms | keyfence ms | ratio | keyfence ms, 2 threads | ratio | target | keyfence / floor |");
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     let mut rows = Vec::new();
-    for case in CASES {
-        for (op, target) in OPS.iter().zip(TARGETS) {
+    let mut failed = Vec::new();
+    for (ci, case) in CASES.iter().enumerate() {
+        for (oi, op) in OPS.iter().enumerate() {
+            let target = if oi < 2 { TARGETS[oi] } else { DECRYPT_TARGETS[ci] };
             let c = m("circl", case, op);
             let k1 = m("keyfence", case, op);
             let k = m("keyfence_2t", case, op);
+            let floor = if *op == "decrypt_ms" { k1 / m("keyfence", case, "decrypt_floor_ms") } else { f64::NAN };
+            let floor_cell = if floor.is_nan() { String::new() } else { format!("{floor:.2} (<= {})", FLOOR_TARGETS[ci]) };
+            // The 2-thread run is skipped with --gate.
+            let two = if k.is_nan() { "| - | -".to_string() } else { format!("| {k:.2} | {:.1}x", c / k) };
             println!(
-                "| {case} | {} | {c:.2} | {k1:.2} | {:.1}x | {k:.2} | {:.1}x | {target:.0}x |",
+                "| {case} | {} | {c:.2} | {k1:.2} | {:.1}x {two} | {target}x | {floor_cell} |",
                 op.trim_end_matches("_ms"),
                 c / k1,
-                c / k
             );
+            if let Some(g) = a.gate {
+                if k1 > g * c {
+                    failed.push(format!("{case} {op}: keyfence {k1:.2} ms, CIRCL {c:.2} ms"));
+                }
+            }
             rows.push(serde_json::json!({
                 "case": case, "op": op.trim_end_matches("_ms"), "circl_ms": c,
                 "keyfence_ms": k1, "keyfence_2threads_ms": k,
                 "ratio": c / k1, "ratio_2threads": c / k, "target": target,
+                "floor_ratio": if floor.is_nan() { serde_json::Value::Null } else { serde_json::json!(floor) },
             }));
         }
-        let (oc, ok) = (overhead[&("circl", case.to_owned())], overhead[&("keyfence", case.to_owned())]);
-        println!("| {case} | ciphertext overhead (bytes) | {oc} | {ok} | {} | | | equal |", if oc == ok { "same" } else { "DIFFERENT" });
+        let (oc, ok) = (overhead[&("circl", case.to_string())], overhead[&("keyfence", case.to_string())]);
+        println!("| {case} | ciphertext overhead (bytes) | {oc} | {ok} | {} | | | equal | |", if oc == ok { "same" } else { "DIFFERENT" });
         assert_eq!(oc, ok, "{case}: ciphertext sizes differ");
+    }
+    if let Some(g) = a.gate {
+        if !failed.is_empty() {
+            eprintln!("keyfence is more than {g}x slower than CIRCL on: {}", failed.join("; "));
+            std::process::exit(1);
+        }
+        eprintln!("gate: keyfence within {g}x of CIRCL on every operation");
+        return;
     }
     if let Some(p) = &a.json {
         std::fs::write(p, serde_json::to_string_pretty(&rows).expect("json")).expect("write json");

@@ -40,13 +40,17 @@ def longest_stall(call: Callable[[], object]) -> Tuple[float, float]:
 
 N = 120
 POLICY = " and ".join(f"a{i}: v" for i in range(N))
+# Decryption of POLICY is now only ~10 ms (no G1 subgroup checks on its
+# success path, issue 15): negated clauses keep it well above the 20 ms the
+# test needs to tell, through their multi-scalar multiplications.
+NEGATED = " and ".join(f"not a{i}: x" for i in range(N))
 
 
 @pytest.fixture(scope="module")
 def big(authority: Authority) -> Tuple[abe.AttributeKey, bytes]:
     pk, msk = authority
     key = abe.keygen(msk, {f"a{i}": "v" for i in range(N)})
-    return key, abe.encrypt(pk, POLICY, b"m")
+    return key, abe.encrypt(pk, NEGATED, b"m")
 
 
 @pytest.mark.parametrize("what", ["decrypt", "encrypt", "keygen"])

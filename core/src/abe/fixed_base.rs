@@ -7,9 +7,8 @@
 //! whole 16-entry row with constant-time selection, because the scalars
 //! are the encryptor's secret randomness.
 
-use blstrs::{Fp12, G2Affine, G2Projective, Gt, Scalar};
-#[cfg(test)]
-use blstrs::{G1Affine, G1Projective};
+use blstrs::{Fp, Fp12, G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
+use group::prime::PrimeCurveAffine;
 use ff::Field;
 use group::{Curve, Group};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
@@ -25,24 +24,55 @@ pub(crate) struct Table<A> {
     rows: Vec<[A; 16]>,
 }
 
-macro_rules! curve_table {
-    ($proj:ty, $aff:ty, $new:ident, $mul:ident) => {
-        pub(crate) fn $new(base: &$aff) -> Table<$aff> {
-            let mut rows = Vec::with_capacity(WINDOWS);
-            let mut w = <$proj>::from(base);
-            for _ in 0..WINDOWS {
-                let mut proj = [<$proj>::identity(); 16];
-                for k in 1..16 {
-                    proj[k] = proj[k - 1] + w;
-                }
-                let mut aff = [<$aff>::default(); 16];
-                <$proj>::batch_normalize(&proj, &mut aff);
-                rows.push(aff);
-                w = proj[15] + w;
-            }
-            Table { rows }
+/// The rows of a table: `k * 16^i * base` for `k` in 0..16, projective.
+fn table_points<P: Group + Copy>(base: P) -> Vec<P> {
+    let mut proj = vec![P::identity(); WINDOWS * 16];
+    let mut w = base;
+    for row in proj.chunks_mut(16) {
+        for k in 1..16 {
+            row[k] = row[k - 1] + w;
         }
+        w = row[15] + w;
+    }
+    proj
+}
 
+pub(crate) fn g2_table(base: &G2Affine) -> Table<G2Affine> {
+    let proj = table_points(G2Projective::from(base));
+    let mut aff = vec![G2Affine::default(); WINDOWS * 16];
+    G2Projective::batch_normalize(&proj, &mut aff);
+    Table { rows: aff.chunks(16).map(|c| std::array::from_fn(|k| c[k])).collect() }
+}
+
+/// A G1 table (built when an attribute key is loaded), normalized with
+/// one batched inversion by blst's `blst_p1s_to_affine` (through the
+/// `blst` crate's safe `p1_affines`): the `group` crate's default
+/// `batch_normalize`, which blstrs keeps, inverts every point, and took
+/// 3.4 ms per table instead of a fraction of one.
+pub(crate) fn g1_table(base: &G1Affine) -> Table<G1Affine> {
+    let proj = table_points(G1Projective::from(base));
+    // The identities (k = 0) stay out of blst's batch.
+    let finite: Vec<blst::blst_p1> =
+        proj.chunks(16).flat_map(|row| row[1..].iter().map(|p| *p.as_ref())).collect();
+    let aff = blst::p1_affines::from(&finite);
+    let rows = aff
+        .as_slice()
+        .chunks(15)
+        .map(|c| {
+            std::array::from_fn(|k| match k {
+                0 => G1Affine::identity(),
+                _ => G1Affine::from_raw_unchecked(Fp::from(c[k - 1].x), Fp::from(c[k - 1].y), false),
+            })
+        })
+        .collect();
+    Table { rows }
+}
+
+macro_rules! curve_mul {
+    ($proj:ty, $aff:ty, $mul:ident) => {
+        // G1's constant-time multiplication is only tested: keys use
+        // `g1_mul_public` for their public scalar.
+        #[cfg_attr(not(test), allow(dead_code))]
         pub(crate) fn $mul(t: &Table<$aff>, s: &Scalar) -> $proj {
             let bytes = s.to_bytes_le();
             let mut acc = <$proj>::identity();
@@ -59,9 +89,22 @@ macro_rules! curve_table {
     };
 }
 
-#[cfg(test)]
-curve_table!(G1Projective, G1Affine, g1_table, g1_mul);
-curve_table!(G2Projective, G2Affine, g2_table, g2_mul);
+curve_mul!(G1Projective, G1Affine, g1_mul);
+
+/// [`g1_mul`] for a public scalar (the Boneh-Katz id a ciphertext
+/// carries): a direct lookup per window instead of a scan.
+pub(crate) fn g1_mul_public(t: &Table<G1Affine>, s: &Scalar) -> G1Projective {
+    let bytes = s.to_bytes_le();
+    let mut acc = G1Projective::identity();
+    for (i, row) in t.rows.iter().enumerate() {
+        let n = nibble(&bytes, i);
+        if n != 0 {
+            acc += &row[usize::from(n)];
+        }
+    }
+    acc
+}
+curve_mul!(G2Projective, G2Affine, g2_mul);
 
 /// A table for one Gt element (stored as Fp12; Gt's group law is Fp12
 /// multiplication).
@@ -125,6 +168,7 @@ mod tests {
         let (tp, tq, tg) = (g1_table(&p), g2_table(&q), gt_table(&g));
         for s in [Scalar::ZERO, Scalar::ONE, -Scalar::ONE, Scalar::random(&mut rng)] {
             assert_eq!(g1_mul(&tp, &s), p * s);
+            assert_eq!(g1_mul_public(&tp, &s), p * s);
             assert_eq!(g2_mul(&tq, &s), q * s);
             assert_eq!(Gt::from(gt_pow(&tg, &s)), g * s);
         }

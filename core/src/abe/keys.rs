@@ -172,6 +172,9 @@ pub struct AttributeKey {
     pub(crate) k2: Mat<Wiped<G1Affine>>,
     pub(crate) k3: BTreeMap<String, Mat<Wiped<G1Affine>>>,
     pub(crate) k3wild: BTreeMap<String, Mat<Wiped<G1Affine>>>,
+    /// Precomputed for decryption (about 450 KB: k1's lines and the
+    /// Boneh-Katz tables), shared with clones.
+    pub(crate) cache: std::sync::Arc<OnceLock<super::key_cache::KeyCache>>,
 }
 
 impl AttributeKey {
@@ -271,7 +274,11 @@ impl AttributeKey {
                 return Err(super::error::malformed(O, format!("k3[{label:?}]"), "missing key material for an attribute"));
             }
         }
-        Ok(Self { attrs, k1, k2, k3, k3wild })
+        let key = Self { attrs, k1, k2, k3, k3wild, cache: Default::default() };
+        // A decoded key is a loaded key: precompute now, not in the
+        // middle of its first decryption.
+        key.cache();
+        Ok(key)
     }
 }
 
@@ -293,6 +300,11 @@ impl PartialEq for AttributeKey {
 impl Eq for AttributeKey {}
 
 impl AttributeKey {
+    /// The key's precomputed values, built on first use.
+    pub(crate) fn cache(&self) -> &super::key_cache::KeyCache {
+        self.cache.get_or_init(|| super::key_cache::KeyCache::new(self))
+    }
+
     /// Overwrites the key material: `k1`, `k2` and every `k3`. The hashed
     /// attribute values stay (they are hashes of public labels' values,
     /// and `blstrs` scalars in a map cannot be wiped without taking them
@@ -303,6 +315,8 @@ impl AttributeKey {
         for m in self.k3.values_mut().chain(self.k3wild.values_mut()) {
             m.zeroize();
         }
+        // The cache (secret too) is wiped when its last holder lets go.
+        self.cache = Default::default();
     }
 }
 

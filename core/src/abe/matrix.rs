@@ -185,6 +185,11 @@ pub(crate) fn decode_g1(b: &[u8], shape: (usize, usize), object: &'static str, f
     decode(b, shape, group::G1_LEN, object, field, group::g1_from_bytes)
 }
 
+/// [`decode_g1`] without the subgroup checks ([`group::g1_on_curve_from_bytes`]).
+pub(crate) fn decode_g1_on_curve(b: &[u8], shape: (usize, usize), object: &'static str, field: &str) -> Result<Mat<G1Affine>> {
+    decode(b, shape, group::G1_LEN, object, field, group::g1_on_curve_from_bytes)
+}
+
 pub(crate) fn decode_g2(b: &[u8], shape: (usize, usize), object: &'static str, field: &str) -> Result<Mat<G2Affine>> {
     decode(b, shape, group::G2_LEN, object, field, group::g2_from_bytes)
 }

@@ -6,7 +6,9 @@ use rand_core::OsRng;
 
 use super::oracle::hash_value;
 use super::policy::{AbePolicy, BK_LABEL};
-use super::tkn::{decapsulate, decapsulate_with, encapsulate, LazyHeader};
+use super::tkn::{decapsulate, decapsulate_with, encapsulate, Decap, LazyHeader};
+
+const D: Decap = Decap { threads: 1, strict: false };
 use super::{keygen, setup, AttributeKey, PublicKey};
 
 fn encapsulated(pk: &PublicKey, policy: &str) -> (Vec<u8>, AbePolicy, Gt) {
@@ -26,7 +28,7 @@ fn satisfying_keys_recover_the_element() {
     let (hdr, bk, real) = encapsulated(&pk, "a: x and (b: y or not c: z)");
     let lazy = LazyHeader::parse(&hdr).unwrap();
     for attrs in ["a=x,b=y", "a=x,c=q", "a=x,b=y,c=q"] {
-        assert_eq!(decapsulate(&lazy, &bk, &key(&msk, attrs), 1).unwrap(), real, "{attrs}");
+        assert_eq!(decapsulate(&lazy, &bk, &key(&msk, attrs), D).unwrap().0, real, "{attrs}");
     }
 }
 
@@ -41,12 +43,12 @@ fn the_bk_wire_alone_does_not_recover_the_element() {
     let bk_wire = bk.wires.iter().position(|w| w.label == BK_LABEL).unwrap();
     for attrs in ["c=q", "a=x"] {
         let k = key(&msk, attrs);
-        let forged = decapsulate_with(&lazy, &bk, &k, &[bk_wire], 1).unwrap();
+        let forged = decapsulate_with(&lazy, &bk, &k, &[bk_wire], D).unwrap().0;
         assert_ne!(forged, real, "{attrs}: the wildcard wire alone opened the ciphertext");
     }
     // One side of the user's AND plus the wildcard is not enough either.
     let k = key(&msk, "a=x");
-    let forged = decapsulate_with(&lazy, &bk, &k, &[0, bk_wire], 1).unwrap();
+    let forged = decapsulate_with(&lazy, &bk, &k, &[0, bk_wire], D).unwrap().0;
     assert_ne!(forged, real);
 }
 
@@ -57,14 +59,14 @@ fn two_keys_cannot_be_combined() {
     let lazy = LazyHeader::parse(&hdr).unwrap();
     let k1 = key(&msk, "a=x");
     let k2 = key(&msk, "b=y");
-    assert!(decapsulate(&lazy, &bk, &k1, 1).is_err());
-    assert!(decapsulate(&lazy, &bk, &k2, 1).is_err());
+    assert!(decapsulate(&lazy, &bk, &k1, D).is_err());
+    assert!(decapsulate(&lazy, &bk, &k2, D).is_err());
     // Splice k2's component for `b` into k1: the per-key randomness does
     // not match, so the result is garbage.
     let mut franken = k1.clone();
     franken.attrs.insert("b".into(), k2.attrs["b"]);
     franken.k3.insert("b".into(), k2.k3["b"].clone());
-    let forged = decapsulate(&lazy, &bk, &franken, 1).unwrap();
+    let forged = decapsulate(&lazy, &bk, &franken, D).unwrap().0;
     assert_ne!(forged, real, "two keys were combined");
 }
 
@@ -162,5 +164,5 @@ fn keys_still_round_trip_and_decrypt_after_the_wiping_changes() {
     assert!(super::MasterSecretKey::from_bytes(&msk.to_bytes()).unwrap() == msk);
     let (hdr, bk, real) = encapsulated(&pk, "a: x and b: y");
     let lazy = LazyHeader::parse(&hdr).unwrap();
-    assert_eq!(decapsulate(&lazy, &bk, &again, 1).unwrap(), real);
+    assert_eq!(decapsulate(&lazy, &bk, &again, D).unwrap().0, real);
 }

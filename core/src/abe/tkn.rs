@@ -20,8 +20,9 @@ use rand_core::{CryptoRng, RngCore};
 use crate::codec::{Order, Reader, Writer};
 use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
-use super::group::{random_scalar, wipe, wipe_to, Wiped};
+use super::group::{g1_subgroup_check, random_scalar, wipe, wipe_to, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
+use super::lines::{miller_loop, Lines};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
 use super::parallel::par_map;
@@ -144,7 +145,7 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
         v1.wipe();
     }
     wipe(&mut a_s);
-    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild })
+    Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild, cache: Default::default() })
 }
 
 /// `B* (y U0 + U1)^T As + [B*_12 (y V0 + V1)^T As]_1`, or without the
@@ -386,31 +387,93 @@ impl<'a> LazyHeader<'a> {
     }
 }
 
+/// How a decryption validates the ciphertext and how many threads it uses.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Decap {
+    pub(crate) threads: usize,
+    /// Subgroup-check every point of the header before decrypting (CIRCL's
+    /// rejection set) instead of deferring the G1 checks.
+    pub(crate) strict: bool,
+}
+
+/// The G1 fields a decryption decoded without their subgroup checks:
+/// checked only if the MAC fails, to name a field that is to blame.
+pub(crate) struct Deferred<'a>(Vec<(&'a [u8], String)>);
+
+impl Deferred<'_> {
+    /// The first deferred field that is not in the G1 subgroup, as the
+    /// error a strict decoding would have returned.
+    pub(crate) fn first_error(&self) -> Option<AbeError> {
+        self.0.iter().find_map(|(b, f)| {
+            let m = matrix::decode_g1_on_curve(b, (3, 1), CT, f).ok()?;
+            let k = m.e.iter().position(|p| g1_subgroup_check(p).is_err())?;
+            Some(malformed(CT, format!("{f}[{k},0]"), "point is not in the G1 subgroup"))
+        })
+    }
+}
+
 /// Recovers the encapsulated Gt element with `key`. `policy` is the
 /// header's policy augmented with the Boneh-Katz term.
-pub(crate) fn decapsulate(hdr: &LazyHeader<'_>, policy: &AbePolicy, key: &AttributeKey, threads: usize) -> Result<Gt> {
+pub(crate) fn decapsulate<'a>(
+    hdr: &LazyHeader<'a>,
+    policy: &AbePolicy,
+    key: &AttributeKey,
+    opts: Decap,
+) -> Result<(Gt, Deferred<'a>)> {
     let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
         None => false,
         Some(a) => a.wild || ((a.value == w.value) == w.positive),
     };
     let used = policy.satisfying(holds).ok_or(AbeError::NotSatisfied)?;
-    decapsulate_with(hdr, policy, key, &used, threads)
+    decapsulate_with(hdr, policy, key, &used, opts)
+}
+
+/// Strict mode's extra work: every point of the header the key does not
+/// use, fully checked (the used ones are checked as they are decoded).
+fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies: &[bool], threads: usize) -> Result<()> {
+    enum Job<'b> {
+        G1(&'b [u8], String),
+        G2(&'b [u8], String),
+    }
+    let mut jobs = Vec::new();
+    for (i, w) in policy.wires.iter().enumerate() {
+        if !used.contains(&i) {
+            jobs.push(Job::G1(hdr.c3[i], format!("c3[{i}]")));
+            if !w.positive {
+                jobs.push(Job::G1(hdr.c3neg[i], format!("c3neg[{i}]")));
+            }
+        }
+    }
+    for (j, b) in hdr.c2.iter().enumerate() {
+        if !copies.get(j).copied().unwrap_or(false) {
+            jobs.push(Job::G2(b, format!("c2[{j}]")));
+        }
+    }
+    par_map(&jobs, threads, |job| match job {
+        Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(drop),
+        Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(drop),
+    })
+    .into_iter()
+    .collect()
 }
 
 /// The decryption equation over the given set of wires. Only
 /// [`decapsulate`] calls it with a satisfying set; tests call it with
 /// others to show that no other set recovers the key.
-pub(crate) fn decapsulate_with(
-    hdr: &LazyHeader<'_>,
+pub(crate) fn decapsulate_with<'a>(
+    hdr: &LazyHeader<'a>,
     policy: &AbePolicy,
     key: &AttributeKey,
     used: &[usize],
-    threads: usize,
-) -> Result<Gt> {
+    opts: Decap,
+) -> Result<(Gt, Deferred<'a>)> {
     let (pi, d) = policy.occurrences();
+    let threads = opts.threads;
 
-    // Validate every ciphertext element the key needs, in parallel: these
-    // subgroup checks are most of the cost of a large policy.
+    // Decode every ciphertext element the key needs, in parallel. G2
+    // points are subgroup-checked here (they meet the key's secret G1
+    // points); G1 points only in strict mode, otherwise after a MAC
+    // failure (see `Deferred`).
     enum Job<'b> {
         G1(&'b [u8], String),
         G2(&'b [u8], String),
@@ -428,6 +491,14 @@ pub(crate) fn decapsulate_with(
         }
         copies[pi[i]] = true;
     }
+    if opts.strict {
+        check_unused(hdr, policy, used, &copies, threads)?;
+    }
+    let deferred = if opts.strict {
+        Deferred(Vec::new())
+    } else {
+        Deferred(jobs.iter().filter_map(|j| if let Job::G1(b, f) = j { Some((*b, f.clone())) } else { None }).collect())
+    };
     for (j, &c) in copies.iter().enumerate() {
         if c {
             jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
@@ -435,7 +506,8 @@ pub(crate) fn decapsulate_with(
     }
     jobs.push(Job::G2(hdr.c1, "c1".into()));
     let decoded = par_map(&jobs, threads, |job| match job {
-        Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
+        Job::G1(b, f) if opts.strict => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
+        Job::G1(b, f) => matrix::decode_g1_on_curve(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
         Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| Point::G2(m.e)),
     });
     let mut decoded = decoded.into_iter();
@@ -468,7 +540,12 @@ pub(crate) fn decapsulate_with(
         if w.positive {
             a1.add(&c3, None);
             if attr.wild {
-                a2.add(&k3(&w.label, false)?, Some(w.value));
+                // The Boneh-Katz wire: its scalar, the id, is public and
+                // its points have tables in the key's cache.
+                match (w.label == BK_LABEL).then(|| key.cache().bk_times(&w.value)).flatten() {
+                    Some(col) => a2.add_products(&col),
+                    None => a2.add(&k3(&w.label, false)?, Some(w.value)),
+                }
                 a2.add(&k3(&w.label, true)?, None);
             } else {
                 a2.add(&k3(&w.label, false)?, None);
@@ -513,37 +590,39 @@ pub(crate) fn decapsulate_with(
         }
     }
     let mut g1s: Vec<G1Projective> = totals.collect();
-    let mut g2s: Vec<G2Affine> = g2_points.into_iter().flatten().collect();
+    let n_c2 = g1s.len();
     g1s.extend(ptot.iter().map(|p| -p));
-    g2s.extend(key.k1.e.iter().map(|w| w.0));
     g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
-    g2s.extend(c1);
-
     let mut g1a = vec![G1Affine::default(); g1s.len()];
     G1Projective::batch_normalize(&g1s, &mut g1a);
-    // A pair with the identity contributes 1 to the product; blst's loop
+
+    // The ciphertext's G2 points get their lines recorded here (the work
+    // a Miller loop does for them anyway); k1's come from the key.
+    let ct_g2: Vec<G2Affine> = g2_points.into_iter().flatten().chain(c1).collect();
+    let ct_lines = par_map(&ct_g2, threads, |q| Lines::new(q.as_ref()));
+    let k1_lines = &key.cache().k1_lines;
+    let (c2_lines, c1_lines) = ct_lines.split_at(n_c2);
+    let lines: Vec<&Lines> = c2_lines.iter().chain(k1_lines).chain(c1_lines).collect();
+    let identity = |p: &G1Affine| bool::from(p.is_identity());
+    if lines.len() != g1a.len() || ct_g2.iter().chain(key.k1.e.iter().map(|w| &w.0)).any(|q| bool::from(q.is_identity())) {
+        return Err(AbeError::Internal("pairing inputs do not line up"));
+    }
+    // A pair with the identity contributes 1 to the product; the loop
     // wants finite points, so such pairs are left out.
-    let pairs: Vec<(blst::blst_p1_affine, blst::blst_p2_affine)> = g1a
-        .iter()
-        .zip(&g2s)
-        .filter(|(p, q)| !bool::from(p.is_identity()) && !bool::from(q.is_identity()))
-        .map(|(p, q)| (*p.as_ref(), *q.as_ref()))
-        .collect();
+    let pairs: Vec<(&Lines, blst::blst_p1_affine)> =
+        lines.into_iter().zip(&g1a).filter(|(_, p)| !identity(p)).map(|(l, p)| (l, *p.as_ref())).collect();
     if pairs.is_empty() {
-        return Ok(Gt::identity());
+        return Ok((Gt::identity(), deferred));
     }
     // One shared-squaring Miller loop per thread over a share of the pairs.
     let per = pairs.len().div_ceil(threads.clamp(1, 2));
-    let chunks: Vec<&[(blst::blst_p1_affine, blst::blst_p2_affine)]> = pairs.chunks(per).collect();
-    let loops = par_map(&chunks, threads, |c| {
-        let (ps, qs): (Vec<_>, Vec<_>) = c.iter().copied().unzip();
-        blst::blst_fp12::miller_loop_n(&qs, &ps)
-    });
+    let chunks: Vec<&[(&Lines, blst::blst_p1_affine)]> = pairs.chunks(per).collect();
+    let loops = par_map(&chunks, threads, |c| miller_loop(c));
     let mut f = loops[0];
     for l in &loops[1..] {
         f *= *l;
     }
-    Ok(super::group::gt_from_fp12(&f.final_exp()))
+    Ok((super::group::gt_from_fp12(&f.final_exp()), deferred))
 }
 
 /// A column of G1 sums: plain points added as they come, scalar terms
@@ -568,6 +647,13 @@ impl Acc {
                     self.sc[m].push(s);
                 }
             }
+        }
+    }
+
+    /// Adds precomputed products to the plain sums.
+    fn add_products(&mut self, col: &[G1Projective]) {
+        for (sum, p) in self.plain.iter_mut().zip(col) {
+            *sum += p;
         }
     }
 
