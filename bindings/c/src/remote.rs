@@ -4,7 +4,6 @@
 //! nearest peer whose attributes may hold the key (docs/remote.md).
 
 use std::ffi::c_char;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,17 +30,6 @@ pub struct keyfence_remote(RemoteSigner);
 
 fn invalid(msg: impl Into<String>) -> Error {
     Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, msg)
-}
-
-/// One `host:port` (a name is resolved now, to its first address).
-fn socket_addr(text: &str) -> Result<SocketAddr, Error> {
-    if let Ok(a) = text.parse() {
-        return Ok(a);
-    }
-    text.to_socket_addrs()
-        .map_err(|e| invalid(format!("address {text:?} is not host:port or does not resolve: {e}")))?
-        .next()
-        .ok_or_else(|| invalid(format!("address {text:?} resolves to nothing")))
 }
 
 fn millis(ms: u32, name: &str) -> Result<Duration, Error> {
@@ -90,8 +78,9 @@ pub unsafe extern "C" fn keyfence_remote_config_new(
 /// (`host:port`), and `attrs`, its machine's attributes
 /// (`label=value,...`): what it may open, so which keys it is asked for.
 ///
-/// Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_INVALID_ARGUMENT` for
-/// an address that is not `host:port`, an empty name, or NULL arguments.
+/// Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_INVALID_CONFIG` for an
+/// address that is not `host:port` (or does not resolve) or an empty name,
+/// `KEYFENCE_INVALID_ARGUMENT` for NULL arguments.
 ///
 /// # Safety
 /// `config` is a live handle no other thread uses; `name`, `addr` and
@@ -114,10 +103,7 @@ pub unsafe extern "C" fn keyfence_remote_config_add_peer(
                 ffi::text(attrs, "attrs")?,
             )
         };
-        if name.is_empty() {
-            return Err(invalid("a peer's name must not be empty"));
-        }
-        let mut peer = PeerConfig::new(name, socket_addr(addr)?, attributes(attrs)?);
+        let mut peer = PeerConfig::resolve(name, addr, attributes(attrs)?)?;
         if !server_name.is_null() {
             // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
             peer.server_name = unsafe { ffi::text(server_name, "server_name")? }.to_owned();

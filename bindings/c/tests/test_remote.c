@@ -141,9 +141,9 @@ int main(int argc, char **argv) {
     keyfence_remote *r = NULL;
     OK(keyfence_remote_config_new(path("client.pem"), path("client.key"), path("ca.pem"), &c));
     FAILS(KEYFENCE_INVALID_CONFIG, keyfence_remote_new(c, &r)); /* no peers */
-    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_remote_config_add_peer(c, "x", "not an address", "a=b", NULL));
+    FAILS(KEYFENCE_INVALID_CONFIG, keyfence_remote_config_add_peer(c, "x", "not an address", "a=b", NULL));
     FAILS(KEYFENCE_INVALID_ATTRIBUTES, keyfence_remote_config_add_peer(c, "x", "127.0.0.1:1", "a", NULL));
-    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_remote_config_add_peer(c, "", "127.0.0.1:1", "a=b", NULL));
+    FAILS(KEYFENCE_INVALID_CONFIG, keyfence_remote_config_add_peer(c, "", "127.0.0.1:1", "a=b", NULL));
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_remote_config_add_peer(c, "x", NULL, "a=b", NULL));
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_remote_config_set_limits(c, 0, 1000, 1));
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_remote_config_set_limits(c, 1000, 1000, 0));

@@ -2,7 +2,6 @@
 //! are ordinary `PrivateKey`s, signed through any engine's slow class.
 
 use std::collections::HashMap;
-use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -61,16 +60,6 @@ fn invalid(message: impl Into<String>) -> KfError {
     KfError::new(ErrorCode::InvalidArgument, message)
 }
 
-fn socket_addr(text: &str) -> KfResult<SocketAddr> {
-    if let Ok(a) = text.parse() {
-        return Ok(a);
-    }
-    text.to_socket_addrs()
-        .map_err(|e| invalid(format!("address {text:?} is not host:port or does not resolve: {e}")))?
-        .next()
-        .ok_or_else(|| invalid(format!("address {text:?} resolves to nothing")))
-}
-
 fn millis(ms: Option<u32>, default: Duration, name: &str) -> KfResult<Duration> {
     match ms {
         None => Ok(default),
@@ -82,13 +71,10 @@ fn millis(ms: Option<u32>, default: Duration, name: &str) -> KfResult<Duration> 
 fn config(o: RemoteOptions) -> KfResult<RemoteConfig> {
     let mut peers = Vec::with_capacity(o.peers.len());
     for p in o.peers {
-        if p.name.is_empty() {
-            return Err(invalid("a peer's name must not be empty"));
-        }
         let mut pairs: Vec<_> = p.attributes.into_iter().collect();
         pairs.sort();
         let attrs = keyfence::policy::Attributes::try_from_pairs(pairs)?;
-        let mut peer = PeerConfig::new(p.name, socket_addr(&p.address)?, attrs);
+        let mut peer = PeerConfig::resolve(&p.name, &p.address, attrs)?;
         if let Some(s) = p.server_name {
             peer.server_name = s;
         }
@@ -148,8 +134,8 @@ impl RemoteSigner {
     /// when first needed.
     ///
     /// Throws `KeyfenceError` code `INVALID_CONFIG` (no peers, TLS files
-    /// that cannot be used), `INVALID_ATTRIBUTES`, `INVALID_ARGUMENT` (an
-    /// address that is not `host:port`, a zero limit).
+    /// that cannot be used, an address that is not `host:port`),
+    /// `INVALID_ATTRIBUTES`, `INVALID_ARGUMENT` (a zero limit).
     #[napi(constructor)]
     pub fn new(env: Env, options: RemoteOptions) -> napi::Result<Self> {
         let start = || -> KfResult<core::RemoteSigner> { Ok(core::RemoteSigner::start(config(options)?)?) };

@@ -89,7 +89,7 @@ test('refusals have stable codes', async (t) => {
   await assert.rejects(remote(s, US, 'stranger').key(s.env), { code: 'BACKEND_FAILED' })
   const tls = { cert: s.f('client.pem'), key: s.f('client.key'), ca: s.f('ca.pem') }
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [], ...tls }), { code: 'INVALID_CONFIG' })
-  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: 'not an address', attributes: US }], ...tls }), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: 'not an address', attributes: US }], ...tls }), { code: 'INVALID_CONFIG' })
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: { a: '' } }], ...tls }), { code: 'INVALID_ATTRIBUTES' })
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: US }], ...tls, maxAttempts: 0 }), { code: 'INVALID_ARGUMENT' })
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: US }], ...tls, cert: s.f('missing.pem') }), { code: 'INVALID_CONFIG' })

@@ -91,7 +91,7 @@ def test_refusals_are_typed(key_server: pathlib.Path) -> None:
     tls = {"cert": d / "client.pem", "key": d / "client.key", "ca": d / "ca.pem"}
     with pytest.raises(keyfence.InvalidConfig):
         sign.RemoteSigner([], **tls)  # type: ignore[arg-type]
-    with pytest.raises(keyfence.InvalidArgument):
+    with pytest.raises(keyfence.InvalidConfig, match="not host:port"):
         sign.RemoteSigner([sign.Peer("x", "not an address", US)], **tls)  # type: ignore[arg-type]
     with pytest.raises(keyfence.InvalidAttributes):
         sign.RemoteSigner([sign.Peer("x", addr, {"a": ""})], **tls)  # type: ignore[arg-type]

@@ -305,9 +305,9 @@ class RemoteSigner:
         max_attempts: attempts per operation, the first included.
 
     Raises:
-        InvalidConfig: no peers, or TLS files that cannot be used.
+        InvalidConfig: no peers, TLS files that cannot be used, or an
+            address that is not ``host:port``.
         InvalidAttributes: a peer's attributes.
-        InvalidArgument: an address that is not ``host:port``.
 
     Keys it gives keep their own reference to it; :meth:`close` (or leaving
     a ``with`` block) stops new calls on the signer itself.

@@ -5,7 +5,7 @@
 //! chooses, then to the next nearest, skipping peers whose breaker is
 //! open.
 
-use std::net::SocketAddr;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -14,6 +14,7 @@ use keyfence_policy::Attributes;
 use super::breaker::{Breaker, BreakerConfig};
 use super::metrics::StatsCell;
 use super::pool::Pool;
+use crate::sign::SignError;
 use crate::wrap::{CanonicalPolicy, Peer};
 
 /// A key server a client may forward to.
@@ -36,6 +37,36 @@ impl PeerConfig {
     pub fn new(name: impl Into<String>, addr: SocketAddr, attributes: Attributes) -> Self {
         let name = name.into();
         PeerConfig { server_name: name.clone(), name, addr, attributes }
+    }
+
+    /// A peer as bindings and configuration files give it: `address` is
+    /// `host:port`, an IP address or a name resolved now (to its first
+    /// address: a client connects to one place per peer).
+    ///
+    /// ```
+    /// use keyfence::sign::remote::PeerConfig;
+    /// let p = PeerConfig::resolve("sfo1", "127.0.0.1:7543", "country=US".parse()?)?;
+    /// assert_eq!(p.addr.port(), 7543);
+    /// assert!(PeerConfig::resolve("", "127.0.0.1:7543", "a=b".parse()?).is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`SignError::Config`] for an empty name, or an address that is not
+    /// `host:port` or does not resolve.
+    pub fn resolve(name: &str, address: &str, attributes: Attributes) -> Result<Self, SignError> {
+        if name.is_empty() {
+            return Err(SignError::Config("a peer's name must not be empty".into()));
+        }
+        let addr = match address.parse() {
+            Ok(a) => a,
+            Err(_) => address
+                .to_socket_addrs()
+                .map_err(|e| SignError::Config(format!("peer {name}: address {address:?} is not host:port or does not resolve: {e}")))?
+                .next()
+                .ok_or_else(|| SignError::Config(format!("peer {name}: address {address:?} resolves to nothing")))?,
+        };
+        Ok(PeerConfig::new(name, addr, attributes))
     }
 }
 
