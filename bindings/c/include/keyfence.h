@@ -717,8 +717,9 @@ keyfence_result keyfence_remote_config_new(const char *cert_file,
  (`host:port`), and `attrs`, its machine's attributes
  (`label=value,...`): what it may open, so which keys it is asked for.
 
- Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_INVALID_ARGUMENT` for
- an address that is not `host:port`, an empty name, or NULL arguments.
+ Errors: `KEYFENCE_INVALID_ATTRIBUTES`, `KEYFENCE_INVALID_CONFIG` for an
+ address that is not `host:port` (or does not resolve) or an empty name,
+ `KEYFENCE_INVALID_ARGUMENT` for NULL arguments.
 
  # Safety
  `config` is a live handle no other thread uses; `name`, `addr` and
