@@ -291,8 +291,8 @@ export declare namespace sign {
      * when first needed.
      *
      * Throws `KeyfenceError` code `INVALID_CONFIG` (no peers, TLS files
-     * that cannot be used), `INVALID_ATTRIBUTES`, `INVALID_ARGUMENT` (an
-     * address that is not `host:port`, a zero limit).
+     * that cannot be used, an address that is not `host:port`),
+     * `INVALID_ATTRIBUTES`, `INVALID_ARGUMENT` (a zero limit).
      */
     constructor(options: sign.RemoteOptions)
     /**
