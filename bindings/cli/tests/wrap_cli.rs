@@ -179,17 +179,25 @@ fn concurrent_processes_on_one_store_lose_no_key() {
     assert_eq!(store.list("sealed/").unwrap().len(), POLICIES.len() * live, "stray or missing sealed copies");
 }
 
-/// The `sh` block of `docs/wrapping.md` after "From the command line:",
-/// as argument lists: comments dropped, `'...'` quoting honoured.
-fn documented_commands() -> Vec<Vec<String>> {
+/// The `keyfence` commands of the `sh` block of `docs/wrapping.md` after
+/// "From the command line:", as argument lists with the exit status each
+/// expects (`# exit N`, else 0): other comments dropped, `'...'` quoting
+/// honoured, the other programs of the block (`openssl`, `cmp`) left to
+/// the docs runner (`docs/run_blocks.py`), which runs the block whole.
+fn documented_commands() -> Vec<(Vec<String>, i32)> {
     let doc = include_str!("../../../docs/wrapping.md");
     let block = doc.split("From the command line:").nth(1).expect("the command-line section");
     let block = block.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its sh block");
     block
         .lines()
-        .map(|l| l.split(" #").next().unwrap_or("").trim())
-        .filter(|l| !l.is_empty())
+        .skip(1)
         .map(|l| {
+            let (cmd, comment) = l.split_once(" #").unwrap_or((l, ""));
+            let exit = comment.trim().strip_prefix("exit ").and_then(|c| c.parse().ok()).unwrap_or(0);
+            (cmd.trim(), exit)
+        })
+        .filter(|(l, _)| l.starts_with("keyfence "))
+        .map(|(l, exit)| {
             let mut args = Vec::new();
             let mut rest = l;
             while !rest.is_empty() {
@@ -201,9 +209,8 @@ fn documented_commands() -> Vec<Vec<String>> {
                 args.push(arg.to_owned());
                 rest = after;
             }
-            assert_eq!(args[0], "keyfence", "{l}");
             args.remove(0);
-            args
+            (args, exit)
         })
         .collect()
 }
@@ -219,26 +226,29 @@ fn the_documented_sequence_works_as_listed() {
     let pem = b"-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIA==\n-----END PRIVATE KEY-----\n";
     std::fs::write(d.p("key.pem"), pem).unwrap();
     let commands = documented_commands();
-    let names: Vec<String> = commands.iter().map(|c| c[..2].join(" ")).collect();
+    let names: Vec<String> = commands.iter().map(|(c, _)| c[..2].join(" ")).collect();
     assert!(names.contains(&"authority rotate-policy".to_string()) && names.contains(&"machine could-open".to_string()), "{names:?}");
     let mut said_yes = false;
-    for args in &commands {
+    for (args, exit) in &commands {
         let args: Vec<String> = args
             .iter()
             .map(|a| match a.as_str() {
-                "DIR" => d.p("store"),
+                "store" => d.p("store"),
                 f if f.contains('.') && !f.contains(' ') && !f.contains('=') => d.p(f),
                 _ => a.clone(),
             })
             .collect();
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = ok(&args);
-        if args[..2] == ["machine", "could-open"] {
+        let o = run(&args);
+        assert_eq!(o.status.code(), Some(*exit), "{args:?}: {}{}", common::stdout(&o), common::stderr(&o));
+        let out = common::stdout(&o);
+        if args[..2] == ["machine", "could-open"] && *exit == 0 {
             assert!(out.starts_with("yes"), "{out}");
             said_yes = true;
         }
         if args[..2] == ["machine", "open"] {
-            assert_eq!(std::fs::read(d.p("key.pem")).unwrap(), pem, "opened after the policy-key rotation");
+            let out = args.iter().position(|a| *a == "--out").map(|i| args[i + 1]).expect("open --out");
+            assert_eq!(std::fs::read(out).unwrap(), pem, "opened after the policy-key rotation");
         }
     }
     assert!(said_yes);
