@@ -2,7 +2,7 @@
 # them with what the CMake package and keyfence.pc declare.
 execute_process(
   COMMAND ${CMAKE_COMMAND} -E env CARGO_TARGET_DIR=${CARGO_TARGET_DIR}
-          ${CARGO} rustc --locked -p keyfence-c --lib --crate-type staticlib --profile ${PROFILE}
+          ${CARGO} rustc --locked --manifest-path ${SOURCE_DIR}/Cargo.toml -p keyfence-c --lib --crate-type staticlib --profile ${PROFILE}
           -- --print native-static-libs
   ERROR_VARIABLE err OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
