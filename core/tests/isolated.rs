@@ -720,3 +720,51 @@ fn a_held_key_runs_only_on_its_holder() {
     let sig = engine.submit(Request::sign(key.clone(), Algorithm::Ed25519, b"x".to_vec())).unwrap().wait().unwrap();
     assert!(verifies(&key, Algorithm::Ed25519, b"x", &sig));
 }
+
+/// An owner that exits without dropping its engine (a C program returning
+/// from `main`) closes the socket with replies unread, which the key
+/// process reads as a reset. It must end quietly: a message on the
+/// terminal after its owner has exited looked like a fault ("Connection
+/// reset by peer", issue 34).
+#[test]
+fn an_owner_gone_with_replies_unread_ends_the_key_process_quietly() {
+    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let child = Command::new(KEYD)
+        .args(["--rsa-threads", "1", "--ec-threads", "1"])
+        .stdin(Stdio::from(OwnedFd::from(theirs)))
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    ours.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut f = Vec::new();
+    p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(8)]);
+    p::encode(&mut f, kind::STATUS, 1, &[]);
+    ours.write_all(&f).unwrap();
+    // Wait until both replies sit unread in our receive queue, then close.
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        // SAFETY: a valid socket and a buffer of the length given; MSG_PEEK
+        // leaves the bytes queued, which is the point.
+        let n = unsafe {
+            libc::recv(std::os::fd::AsRawFd::as_raw_fd(&ours), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+        };
+        let n = usize::try_from(n).unwrap_or(0);
+        let mut decoder = p::Decoder::new();
+        decoder.push(&buf[..n]);
+        let mut frames = 0;
+        while decoder.next_frame().unwrap().is_some() {
+            frames += 1;
+        }
+        if frames == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no replies");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(ours);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{:?}: {stderr}", out.status);
+    assert!(stderr.is_empty(), "the key process printed after its owner left: {stderr}");
+}

@@ -269,6 +269,12 @@ pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
     };
     match server::serve(UnixStream::from(stdin), &options) {
         Ok(()) => ExitCode::SUCCESS,
+        // Its owner went away. A program that exits without dropping its
+        // engine (a C server returning from `main`) closes the socket with
+        // replies still unread, which the kernel reports here as a reset:
+        // that is how a key process ends then, not a fault, and printing it
+        // would put a line on the terminal after the owner has exited.
+        Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("keyfence key process: {e}");
             ExitCode::FAILURE
