@@ -266,7 +266,7 @@ fn write_part(word: &str, stop: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result
     if bare {
         return f.write_str(word);
     }
-    crate::display::write_quoted(word, f)
+    crate::word::write_quoted(word, f)
 }
 
 impl<L: Into<String>, V: Into<String>> FromIterator<(L, V)> for Attributes {

@@ -8,8 +8,6 @@
 //! drives wire `n + 1 + k`; the last wire, `2n`, is the output. Every wire
 //! but the output feeds exactly one gate input.
 
-use std::fmt;
-
 use crate::ast::Expr;
 use crate::attributes::Attributes;
 
@@ -454,11 +452,3 @@ pub fn occurrence_numbers<'a>(labels: impl IntoIterator<Item = &'a str>) -> Vec<
         .collect()
 }
 
-impl fmt::Display for Policy {
-    /// The canonical text: `not` only on terms, `and` binding tighter than
-    /// `or`, parentheses only where needed, labels and values quoted only
-    /// when they are not plain identifiers.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        crate::display::write_wire(self, self.output_wire(), None, f)
-    }
-}

@@ -6,6 +6,7 @@
 //! extension; they are never keywords.
 
 use crate::error::{ParseError, ParseErrorKind};
+use crate::word::is_ident_byte;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Tok {
@@ -40,10 +41,6 @@ impl Tok {
 pub(crate) struct Token {
     pub(crate) tok: Tok,
     pub(crate) offset: usize,
-}
-
-pub(crate) fn is_ident_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b == b'_'
 }
 
 pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {

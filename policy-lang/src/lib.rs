@@ -48,6 +48,10 @@
 //! );
 //! ```
 
+// Direction: each module uses only those before it, bottom to top:
+// error, word (what a label or value may be, and its quoting), unicode, lexer,
+// attributes, ast, circuit, limits, parser, display (a circuit's canonical text).
+
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -60,11 +64,12 @@ mod lexer;
 pub mod limits;
 mod parser;
 mod unicode;
+mod word;
 
 pub use ast::Expr;
 pub use attributes::{Attributes, AttributesError};
 pub use circuit::{circl_order, occurrence_numbers, satisfying_wires, CircuitError, Gate, GateKind, Leaf, Policy};
-pub use display::must_escape;
+pub use word::must_escape;
 pub use error::{ParseError, ParseErrorKind};
 pub use limits::{MAX_DEPTH, MAX_ENCODED_POLICY, MAX_LEAVES};
 pub use parser::parse_expr;

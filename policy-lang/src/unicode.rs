@@ -31,7 +31,7 @@ pub(crate) fn composed(text: &str) -> String {
     struct Quoted<'a>(&'a str);
     impl fmt::Display for Quoted<'_> {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            crate::display::write_quoted(self.0, f)
+            crate::word::write_quoted(self.0, f)
         }
     }
     let nfc: String = text.nfc().collect();

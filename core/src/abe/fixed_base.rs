@@ -147,11 +147,10 @@ pub(crate) struct PublicTables {
 }
 
 impl PublicTables {
-    pub(crate) fn new(pk: &super::keys::PublicKey) -> Self {
-        Self {
-            b2: pk.b2.e.iter().map(g2_table).collect(),
-            btk: pk.btk.e.iter().map(gt_table).collect(),
-        }
+    /// Tables of a public key's `b2` and `btk` points (given as points, so
+    /// that this module stays below the key types that hold its tables).
+    pub(crate) fn new(b2: &[G2Affine], btk: &[Gt]) -> Self {
+        Self { b2: b2.iter().map(g2_table).collect(), btk: btk.iter().map(gt_table).collect() }
     }
 }
 

@@ -40,7 +40,7 @@ impl PublicKey {
     }
 
     pub(crate) fn tables(&self) -> &super::fixed_base::PublicTables {
-        self.tables.get_or_init(|| super::fixed_base::PublicTables::new(self))
+        self.tables.get_or_init(|| super::fixed_base::PublicTables::new(&self.b2.e, &self.btk.e))
     }
 }
 
@@ -302,7 +302,10 @@ impl Eq for AttributeKey {}
 impl AttributeKey {
     /// The key's precomputed values, built on first use.
     pub(crate) fn cache(&self) -> &super::key_cache::KeyCache {
-        self.cache.get_or_init(|| super::key_cache::KeyCache::new(self))
+        self.cache.get_or_init(|| {
+            let bk = self.k3.get(super::policy::BK_LABEL).map(|m| m.e.iter().map(|p| &p.0));
+            super::key_cache::KeyCache::new(self.k1.e.iter().map(|q| &q.0), bk)
+        })
     }
 
     /// Overwrites the key material: `k1`, `k2` and every `k3`. The hashed

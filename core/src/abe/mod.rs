@@ -20,6 +20,12 @@
 //! See `docs/abe.md` for the scheme, the format and its security
 //! properties.
 
+// Direction, bottom to top (each module uses only those before it): error,
+// blake2x, group, lines, matrix, oracle, policy, fixed_base, key_cache
+// (precomputed tables, built from points), keys (the key types, which hold
+// those tables), parallel, tkn, bk; this file's operations on top of them,
+// and floor (a benchmark's measure of them) above all.
+
 mod bk;
 mod blake2x;
 mod error;

@@ -1,10 +1,9 @@
 //! Prometheus text exposition, shared by the engine's metrics and the
-//! remote path's: families with their `# HELP` and `# TYPE`, escaped
-//! labels, the engine's per-class series.
+//! remote path's: families with their `# HELP` and `# TYPE`, and escaped
+//! labels. It knows no metric; each module that has some writes its own
+//! (the engine's per-class series are in `metrics`).
 
 use std::fmt::Write as _;
-
-use super::metrics::{ClassMetrics, EngineMetrics};
 
 /// Prometheus text exposition, built family by family.
 pub(crate) struct Exposition {
@@ -40,43 +39,6 @@ impl Exposition {
             self.out.push('}');
         }
         let _ = writeln!(self.out, " {value}");
-    }
-
-    /// The engine's per-class counters, queue depths and latency.
-    pub(crate) fn engine(&mut self, prefix: &str, m: &EngineMetrics) {
-        type Gauge = (&'static str, &'static str, fn(&ClassMetrics) -> f64);
-        let gauges: [Gauge; 4] = [
-            ("queue_depth", "Operations waiting in the class's queue.", |c| c.queue_depth as f64),
-            ("queue_capacity", "The class's queue capacity.", |c| c.queue_capacity as f64),
-            ("in_flight", "Operations running in the class.", |c| c.in_flight as f64),
-            ("workers", "The class's worker threads.", |c| c.workers as f64),
-        ];
-        for (name, help, get) in gauges {
-            let n = format!("{prefix}_{name}");
-            self.family(&n, "gauge", help);
-            for c in &m.classes {
-                self.sample(&n, &[("class", c.class.name())], get(c));
-            }
-        }
-        let n = format!("{prefix}_completed_total");
-        self.family(&n, "counter", "Operations completed, by class.");
-        for c in &m.classes {
-            self.sample(&n, &[("class", c.class.name())], c.completed as f64);
-        }
-        let n = format!("{prefix}_errors_total");
-        self.family(&n, "counter", "Operations that failed, by class and kind.");
-        for c in &m.classes {
-            for (kind, count) in c.errors.iter() {
-                self.sample(&n, &[("class", c.class.name()), ("kind", kind.name())], count as f64);
-            }
-        }
-        let n = format!("{prefix}_latency_seconds");
-        self.family(&n, "summary", "Service latency, by class.");
-        for c in &m.classes {
-            for (q, d) in [("0.5", c.latency.p50), ("0.99", c.latency.p99)] {
-                self.sample(&n, &[("class", c.class.name()), ("quantile", q)], d.as_secs_f64());
-            }
-        }
     }
 
     pub(crate) fn finish(self) -> String {

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::types::{ErrorKind, OpClass};
+use super::exposition::Exposition;
 
 /// Sub-buckets per power of two: values are kept to within 1/32 (about 3%).
 const SUB_BITS: u32 = 5;
@@ -262,13 +263,52 @@ impl EngineMetrics {
     /// queue depths, counters and latency (`keyfence_engine_*`), then each
     /// attached source's figures.
     pub fn prometheus(&self) -> String {
-        let mut e = super::exposition::Exposition::new();
+        let mut e = Exposition::new();
         e.engine("keyfence_engine", self);
         let mut out = e.finish();
         for s in &self.sources {
             out.push_str(&s.prometheus);
         }
         out
+    }
+}
+
+impl Exposition {
+    /// The engine's per-class counters, queue depths and latency.
+    pub(crate) fn engine(&mut self, prefix: &str, m: &EngineMetrics) {
+        type Gauge = (&'static str, &'static str, fn(&ClassMetrics) -> f64);
+        let gauges: [Gauge; 4] = [
+            ("queue_depth", "Operations waiting in the class's queue.", |c| c.queue_depth as f64),
+            ("queue_capacity", "The class's queue capacity.", |c| c.queue_capacity as f64),
+            ("in_flight", "Operations running in the class.", |c| c.in_flight as f64),
+            ("workers", "The class's worker threads.", |c| c.workers as f64),
+        ];
+        for (name, help, get) in gauges {
+            let n = format!("{prefix}_{name}");
+            self.family(&n, "gauge", help);
+            for c in &m.classes {
+                self.sample(&n, &[("class", c.class.name())], get(c));
+            }
+        }
+        let n = format!("{prefix}_completed_total");
+        self.family(&n, "counter", "Operations completed, by class.");
+        for c in &m.classes {
+            self.sample(&n, &[("class", c.class.name())], c.completed as f64);
+        }
+        let n = format!("{prefix}_errors_total");
+        self.family(&n, "counter", "Operations that failed, by class and kind.");
+        for c in &m.classes {
+            for (kind, count) in c.errors.iter() {
+                self.sample(&n, &[("class", c.class.name()), ("kind", kind.name())], count as f64);
+            }
+        }
+        let n = format!("{prefix}_latency_seconds");
+        self.family(&n, "summary", "Service latency, by class.");
+        for c in &m.classes {
+            for (q, d) in [("0.5", c.latency.p50), ("0.99", c.latency.p99)] {
+                self.sample(&n, &[("class", c.class.name()), ("quantile", q)], d.as_secs_f64());
+            }
+        }
     }
 }
 

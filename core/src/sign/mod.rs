@@ -42,7 +42,7 @@
 //! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
 //! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
 //! | 2 | `private_key` | [`PrivateKey`], the one public handle over both |
-//! | 3 | `metrics`, `exposition`, `completion_queue` | per-class counters and latency, [`MetricsSource`]; Prometheus text; the pollable [`CompletionQueue`] |
+//! | 3 | `exposition`, then `metrics`; `completion_queue` | Prometheus text; per-class counters and latency, [`MetricsSource`]; the pollable [`CompletionQueue`] |
 //! | 4 | `op_record` | one operation's record and how its result is delivered: [`SignFuture`], [`OpHandle`] |
 //! | 5 | `deadline`, `backend` | the deadline thread; the [`Backend`] trait, its [`Reply`], [`SoftwareBackend`], the holder of a held key as a backend |
 //! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
