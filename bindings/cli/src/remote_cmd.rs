@@ -192,6 +192,13 @@ pub struct RemoteOpts {
     machine_key: Option<PathBuf>,
 }
 
+impl RemoteOpts {
+    /// The files these options read, which an output must not replace.
+    pub fn inputs(&self) -> impl Iterator<Item = &Path> {
+        [&self.envelope, &self.tls_cert, &self.tls_key, &self.tls_ca, &self.machine_key].into_iter().flatten().map(PathBuf::as_path)
+    }
+}
+
 /// Parses `NAME,HOST:PORT,ATTRIBUTES`.
 pub fn parse_peer(s: &str) -> Result<PeerConfig> {
     let mut parts = s.splitn(3, ',');
@@ -339,11 +346,9 @@ pub fn bench(args: BenchRemoteArgs) -> Result<ExitCode> {
     if !(1..=4096).contains(&args.in_flight) {
         return Err(exit::input("--in-flight must be 1 to 4096"));
     }
-    let scratch = std::env::temp_dir().join(format!("keyfence-bench-remote-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
-    let result = bench_in(&args, &scratch);
-    let _ = std::fs::remove_dir_all(&scratch);
-    result
+    // Random name, created new, mode 700, removed on drop.
+    let scratch = crate::files::scratch_dir("bench-remote")?;
+    bench_in(&args, scratch.path())
 }
 
 fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
@@ -354,7 +359,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&store_dir)?);
     let mut authority = Authority::init(store.clone())?;
     let machine_key = authority.issue(&"country=US".parse()?)?;
-    crate::files::write_private(&scratch.join("server.machine"), &machine_key.to_bytes())?;
+    crate::files::create_new(&scratch.join("server.machine"), &machine_key.to_bytes())?;
     let env_dir = scratch.join("envelopes");
     std::fs::create_dir_all(&env_dir)?;
     // Name, algorithm, key, target ratio, gokeyless's published figure.
@@ -366,7 +371,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     let mut envelopes = Vec::new();
     for (name, _, pem, _, _) in &cases {
         let env = authority.wrap("country: US", pem)?;
-        std::fs::write(env_dir.join(format!("{name}.env")), env.to_bytes())?;
+        crate::files::create_new(&env_dir.join(format!("{name}.env")), env.to_bytes())?;
         envelopes.push(env);
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
