@@ -78,20 +78,41 @@ pub struct ServeArgs {
     log: Option<String>,
 }
 
+/// The envelope files named by `--envelopes`: files as given, and the
+/// `*.env` files of directories. A directory's other files are named on
+/// standard error (an envelope saved as `key.envelope` is not silently
+/// ignored), and finding no envelope at all is bad input: a key server
+/// with no key would say "ready" and refuse every request.
 fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     for p in paths {
         if p.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("reading {}", p.display()))?
+                .map_err(|e| exit::input(format!("cannot read {}: {e}", p.display())))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|e| e == "env"))
                 .collect();
             files.sort();
-            out.extend(files);
+            for f in files {
+                if f.extension().is_some_and(|e| e == "env") {
+                    out.push(f);
+                } else {
+                    eprintln!("keyfence serve: skipping {}: not a *.env file", f.display());
+                    skipped.push(f);
+                }
+            }
         } else {
             out.push(p.clone());
         }
+    }
+    if out.is_empty() {
+        let names: Vec<String> = skipped.iter().map(|f| f.display().to_string()).collect();
+        let dirs: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        return Err(exit::input(format!(
+            "no envelope to serve: {} holds no *.env file{}",
+            dirs.join(", "),
+            if names.is_empty() { String::new() } else { format!(" (skipped: {})", names.join(", ")) }
+        )));
     }
     Ok(out)
 }
@@ -123,6 +144,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             Ok(id) => eprintln!("keyfence serve: holding {} ({id})", file.display()),
             Err(e) => eprintln!("keyfence serve: skipping {}: {e}", file.display()),
         }
+    }
+    if ring.is_empty() {
+        return Err(exit::input("no envelope to serve: this machine could open none of the envelopes given (listed above)"));
     }
     let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
     config.name = args.name;
