@@ -46,8 +46,10 @@ pub struct ServeArgs {
     /// attributes decide which envelopes it may open.
     #[arg(long)]
     machine_key: PathBuf,
-    /// Envelope files, or directories of them (`*.env`); repeatable.
-    /// Those this machine may not open are skipped and listed.
+    /// Envelope files, or directories of them (`*.env`; other files in
+    /// them are listed as skipped); repeatable. Those this machine may not
+    /// open are skipped and listed; with none left, it refuses to start
+    /// (exit 2).
     #[arg(long = "envelopes", required = true)]
     envelopes: Vec<PathBuf>,
     /// Serve Prometheus metrics over HTTP on this address.
