@@ -282,3 +282,18 @@ fn bench_sign_does_not_use_a_planted_scratch_folder() {
 fn demo_does_not_use_a_planted_scratch_folder() {
     planted_scratch_is_not_used("demo", &["demo"], "fra1.machine-key");
 }
+
+#[test]
+fn bench_wrap_does_not_use_a_planted_scratch_folder() {
+    // The store in the scratch folder takes its writer lock on `.lock`.
+    planted_scratch_is_not_used("bench-wrap", &["bench", "wrap", "--iters", "2"], ".lock");
+}
+
+#[test]
+fn bench_remote_does_not_use_a_planted_scratch_folder() {
+    planted_scratch_is_not_used(
+        "bench-remote",
+        &["bench", "remote", "--seconds", "0.2", "--in-flight", "4", "--server-threads", "1"],
+        "ca.pem",
+    );
+}
