@@ -1,6 +1,5 @@
 //! `keyfence abe ...`: CP-ABE on files in CIRCL's formats.
 
-use std::fs;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -10,7 +9,7 @@ use keyfence::abe;
 use keyfence::policy::Attributes;
 
 use crate::exit::{self, Exit};
-use crate::files::{outln, read, write_private, write_public};
+use crate::files::{create_private_dir, outln, read, read_secret, Output};
 
 #[derive(Subcommand)]
 pub enum AbeCmd {
@@ -96,29 +95,36 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
                     msk_path.display()
                 )));
             }
-            fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+            // --force is about msk.bin; a master key found where pk.bin goes
+            // (a copy, a link) is never replaced.
+            let pk_out = Output::new(&out.join("pk.bin"), &[])?;
+            let msk_out = if force { Output::replacing_master_key(&msk_path, &[])? } else { Output::new(&msk_path, &[])? };
+            create_private_dir(&out)?;
             let (pk, msk) = abe::setup()?;
-            write_public(&out.join("pk.bin"), &pk.to_bytes())?;
-            write_private(&msk_path, &msk.to_bytes())?;
-            outln!("wrote {} and {}", out.join("pk.bin").display(), msk_path.display());
+            pk_out.write_public(&pk.to_bytes())?;
+            msk_out.write_private(&msk.to_bytes())?;
+            outln!("wrote {} and {}", pk_out.path().display(), msk_path.display());
         }
         AbeCmd::Keygen { msk, attrs, out } => {
-            let msk = abe::MasterSecretKey::from_bytes(&read(&msk)?).context("master secret key")?;
+            let out = Output::new(&out, &[&msk])?;
+            let msk = abe::MasterSecretKey::from_bytes(&read_secret(&msk)?).context("master secret key")?;
             let attrs: Attributes = attrs.parse().context("invalid --attrs")?;
             let key = abe::keygen(&msk, &attrs)?;
-            write_private(&out, &key.to_bytes())?;
+            out.write_private(&key.to_bytes())?;
         }
         AbeCmd::Encrypt { pk, policy, input, out } => {
+            let out = Output::new(&out, &[&pk, &input])?;
             let pk = abe::PublicKey::from_bytes(&read(&pk)?).context("public key")?;
             let p = parse_policy(&policy)?;
             let ct = abe::encrypt_policy(&pk, &p, &read(&input)?)?;
-            write_public(&out, &ct)?;
+            out.write_public(&ct)?;
         }
         AbeCmd::Decrypt { key, input, out } => {
-            let key = abe::AttributeKey::from_bytes(&read(&key)?).context("attribute key")?;
+            let out = Output::new(&out, &[&key, &input])?;
+            let key = abe::AttributeKey::from_bytes(&read_secret(&key)?).context("attribute key")?;
             let pt = abe::decrypt(&key, &read(&input)?)
                 .with_context(|| format!("cannot decrypt {}", input.display()))?;
-            write_private(&out, &pt)?;
+            out.write_private(&pt)?;
         }
         AbeCmd::Inspect { file, input } => {
             let Some(file) = input.or(file) else {

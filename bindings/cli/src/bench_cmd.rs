@@ -142,9 +142,9 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
     use keyfence::wrap::{Authority, CacheConfig, FileStore, Machine};
     use std::sync::Arc;
 
-    let dir = std::env::temp_dir().join(format!("keyfence-bench-wrap-{}", std::process::id()));
+    let dir = crate::files::scratch_dir("bench-wrap")?;
     let result = (|| -> Result<f64> {
-        let store: Arc<FileStore> = Arc::new(FileStore::open(&dir)?);
+        let store: Arc<FileStore> = Arc::new(FileStore::open(dir.path())?);
         let mut auth = Authority::init(store.clone())?;
         let env = auth.wrap("region: EU", &[7u8; 32])?.to_bytes().to_vec();
         let machine = Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store, CacheConfig::default());
@@ -158,7 +158,7 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
         }
         Ok(median_ms(us))
     })();
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(dir);
     let median_us = result?;
     if json {
         outln!("{}", serde_json::json!({"op": "machine_open_cached", "iters": iters, "median_us": median_us}));

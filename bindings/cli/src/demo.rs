@@ -68,10 +68,8 @@ fn us(d: Duration) -> String {
 }
 
 pub fn run() -> anyhow::Result<ExitCode> {
-    let dir = std::env::temp_dir().join(format!("keyfence-demo-{}", std::process::id()));
-    let result = story(&dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    let dir = crate::files::scratch_dir("demo")?;
+    story(dir.path())
 }
 
 fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
@@ -170,9 +168,9 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     // The machine's key and the envelope are files the key process reads;
     // it opens the envelope itself, so the secret exists only there.
     let machine_key = dir.join(format!("{dc}.machine-key"));
-    std::fs::write(&machine_key, &authority.issue(&FLEET[0].1.parse()?)?.to_bytes()[..])?;
+    crate::files::create_new(&machine_key, &authority.issue(&FLEET[0].1.parse()?)?.to_bytes()[..])?;
     let envelope = dir.join("acme.envelope");
-    std::fs::write(&envelope, wrapped[0].2.to_bytes())?;
+    crate::files::create_new(&envelope, wrapped[0].2.to_bytes())?;
     let t = Instant::now();
     let keys = crate::sign_cmd::key_process(1)?;
     let held = keys.load(KeySource::Envelope { store: dir.to_path_buf(), machine_key, envelope })?;

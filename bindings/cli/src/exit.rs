@@ -5,7 +5,7 @@
 //! | --- | --- |
 //! | 0 | success (also: the reader closed standard output early) |
 //! | 1 | a "no" answer: the attributes do not satisfy the policy, the machine cannot open the envelope |
-//! | 2 | usage or bad input: a malformed policy, attribute list, ciphertext, key or envelope, a file that cannot be read, a directory that is not a store, an output that would replace a secret |
+//! | 2 | usage or bad input: a malformed policy, attribute list, ciphertext, key or envelope, a file that cannot be read, a directory that is not a store, an output that is one of the inputs or would replace a master secret key |
 //! | 3 | any other failure: the system refused (a write, a thread, the key process), a timeout, a bug |
 //!
 //! Scripts branch on 1 versus 2 versus 3 without parsing messages, so the
@@ -29,7 +29,8 @@ Exit status:
   0  success
   1  a \"no\" answer: attributes do not satisfy the policy, the machine cannot open the envelope
   2  usage or bad input: a malformed policy, attribute list, ciphertext, key or envelope;
-     an input that cannot be read; a directory that is not a store
+     an input that cannot be read; a directory that is not a store; an output that is
+     one of the command's inputs (by device and inode) or would replace a master secret key
   3  any other failure (a write the system refused, the key process, a timeout, a bug)
 
 `-` as --in or --out means standard input or output. Secret outputs (keys, decrypted

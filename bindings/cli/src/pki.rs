@@ -63,7 +63,7 @@ pub fn make(dir: &Path, names: &[&str]) -> Result<Vec<TlsFiles>> {
     let ca_key = key()?;
     let ca = cert("keyfence bench CA", &ca_key, None, 1)?;
     let ca_path = dir.join("ca.pem");
-    std::fs::write(&ca_path, ca.to_pem()?)?;
+    crate::files::create_new(&ca_path, &ca.to_pem()?)?;
     names
         .iter()
         .enumerate()
@@ -71,8 +71,8 @@ pub fn make(dir: &Path, names: &[&str]) -> Result<Vec<TlsFiles>> {
             let k = key()?;
             let c = cert(n, &k, Some((&ca, &ca_key)), i as u32 + 2)?;
             let files = TlsFiles { cert: dir.join(format!("{n}.pem")), key: dir.join(format!("{n}.key")), ca: ca_path.clone() };
-            std::fs::write(&files.cert, c.to_pem()?)?;
-            crate::files::write_private(&files.key, &k.private_key_to_pem_pkcs8()?)?;
+            crate::files::create_new(&files.cert, &c.to_pem()?)?;
+            crate::files::create_new(&files.key, &zeroize::Zeroizing::new(k.private_key_to_pem_pkcs8()?))?;
             Ok(files)
         })
         .collect()

@@ -46,8 +46,10 @@ pub struct ServeArgs {
     /// attributes decide which envelopes it may open.
     #[arg(long)]
     machine_key: PathBuf,
-    /// Envelope files, or directories of them (`*.env`); repeatable.
-    /// Those this machine may not open are skipped and listed.
+    /// Envelope files, or directories of them (`*.env`; other files in
+    /// them are listed as skipped); repeatable. Those this machine may not
+    /// open are skipped and listed; with none left, it refuses to start
+    /// (exit 2).
     #[arg(long = "envelopes", required = true)]
     envelopes: Vec<PathBuf>,
     /// Serve Prometheus metrics over HTTP on this address.
@@ -78,20 +80,41 @@ pub struct ServeArgs {
     log: Option<String>,
 }
 
+/// The envelope files named by `--envelopes`: files as given, and the
+/// `*.env` files of directories. A directory's other files are named on
+/// standard error (an envelope saved as `key.envelope` is not silently
+/// ignored), and finding no envelope at all is bad input: a key server
+/// with no key would say "ready" and refuse every request.
 fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     let mut out = Vec::new();
+    let mut skipped = Vec::new();
     for p in paths {
         if p.is_dir() {
             let mut files: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("reading {}", p.display()))?
+                .map_err(|e| exit::input(format!("cannot read {}: {e}", p.display())))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
-                .filter(|f| f.extension().is_some_and(|e| e == "env"))
                 .collect();
             files.sort();
-            out.extend(files);
+            for f in files {
+                if f.extension().is_some_and(|e| e == "env") {
+                    out.push(f);
+                } else {
+                    eprintln!("keyfence serve: skipping {}: not a *.env file", f.display());
+                    skipped.push(f);
+                }
+            }
         } else {
             out.push(p.clone());
         }
+    }
+    if out.is_empty() {
+        let names: Vec<String> = skipped.iter().map(|f| f.display().to_string()).collect();
+        let dirs: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        return Err(exit::input(format!(
+            "no envelope to serve: {} holds no *.env file{}",
+            dirs.join(", "),
+            if names.is_empty() { String::new() } else { format!(" (skipped: {})", names.join(", ")) }
+        )));
     }
     Ok(out)
 }
@@ -123,6 +146,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             Ok(id) => eprintln!("keyfence serve: holding {} ({id})", file.display()),
             Err(e) => eprintln!("keyfence serve: skipping {}: {e}", file.display()),
         }
+    }
+    if ring.is_empty() {
+        return Err(exit::input("no envelope to serve: this machine could open none of the envelopes given (listed above)"));
     }
     let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
     config.name = args.name;
@@ -190,6 +216,13 @@ pub struct RemoteOpts {
     /// This machine's key.
     #[arg(long, requires = "store")]
     machine_key: Option<PathBuf>,
+}
+
+impl RemoteOpts {
+    /// The files these options read, which an output must not replace.
+    pub fn inputs(&self) -> impl Iterator<Item = &Path> {
+        [&self.envelope, &self.tls_cert, &self.tls_key, &self.tls_ca, &self.machine_key].into_iter().flatten().map(PathBuf::as_path)
+    }
 }
 
 /// Parses `NAME,HOST:PORT,ATTRIBUTES`.
@@ -339,11 +372,9 @@ pub fn bench(args: BenchRemoteArgs) -> Result<ExitCode> {
     if !(1..=4096).contains(&args.in_flight) {
         return Err(exit::input("--in-flight must be 1 to 4096"));
     }
-    let scratch = std::env::temp_dir().join(format!("keyfence-bench-remote-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
-    let result = bench_in(&args, &scratch);
-    let _ = std::fs::remove_dir_all(&scratch);
-    result
+    // Random name, created new, mode 700, removed on drop.
+    let scratch = crate::files::scratch_dir("bench-remote")?;
+    bench_in(&args, scratch.path())
 }
 
 fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
@@ -354,7 +385,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&store_dir)?);
     let mut authority = Authority::init(store.clone())?;
     let machine_key = authority.issue(&"country=US".parse()?)?;
-    crate::files::write_private(&scratch.join("server.machine"), &machine_key.to_bytes())?;
+    crate::files::create_new(&scratch.join("server.machine"), &machine_key.to_bytes())?;
     let env_dir = scratch.join("envelopes");
     std::fs::create_dir_all(&env_dir)?;
     // Name, algorithm, key, target ratio, gokeyless's published figure.
@@ -366,7 +397,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     let mut envelopes = Vec::new();
     for (name, _, pem, _, _) in &cases {
         let env = authority.wrap("country: US", pem)?;
-        std::fs::write(env_dir.join(format!("{name}.env")), env.to_bytes())?;
+        crate::files::create_new(&env_dir.join(format!("{name}.env")), env.to_bytes())?;
         envelopes.push(env);
     }
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());

@@ -18,7 +18,7 @@ use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Reque
 use zeroize::Zeroizing;
 
 use crate::exit;
-use crate::files::{outln, read, write_public};
+use crate::files::{outln, read, Output};
 
 /// Every algorithm the library signs with, by name: the one list the help,
 /// the "unknown algorithm" message and docs/signing.md's table show.
@@ -79,6 +79,9 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         return Err(exit::input(format!("unknown signature algorithm `{}`; known: {}", args.alg, alg_names())));
     };
     let timeout = Duration::from_millis(args.timeout_ms);
+    let inputs: Vec<&std::path::Path> =
+        args.key.iter().map(PathBuf::as_path).chain([args.input.as_path()]).chain(args.remote.inputs()).collect();
+    let out = Output::new(&args.out, &inputs)?;
     // Started first so that they outlive the key handle.
     let keys = if args.isolated { Some(key_process(1)?) } else { None };
     let remote = if args.remote.remote { Some(crate::remote_cmd::remote_key(&args.remote, timeout)?) } else { None };
@@ -107,7 +110,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         .with_timeout(timeout);
     let engine = Engine::new(EngineConfig::default())?;
     let sig = engine.submit(req)?.wait()?;
-    write_public(&args.out, &sig[..])?;
+    out.write_public(&sig[..])?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -319,11 +322,10 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
     let engine = Engine::new(config.clone())?;
     let keys = if wanted("isolated") { Some(key_process(threads)?) } else { None };
     let offload = if wanted("offload-sim") { Some(crate::offload_sim::engine(config.clone(), threads)?) } else { None };
-    let scratch = std::env::temp_dir().join(format!("keyfence-bench-sign-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).with_context(|| format!("creating {}", scratch.display()))?;
-    let result = run_cases(&args, threads, dur, &engine, keys.as_ref(), offload.as_ref(), &scratch);
-    let _ = std::fs::remove_dir_all(&scratch);
-    result
+    // Random name, created new, mode 700, removed on drop: no other user
+    // can have made it first and planted links in it.
+    let scratch = crate::files::scratch_dir("bench-sign")?;
+    run_cases(&args, threads, dur, &engine, keys.as_ref(), offload.as_ref(), scratch.path())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -354,7 +356,7 @@ fn run_cases(
         if let Some(keys) = keys {
             // The key process reads the key from a file, as in production.
             let file = scratch.join(format!("{}.der", case.name));
-            std::fs::write(&file, &der[..])?;
+            crate::files::create_new(&file, &der[..])?;
             let isolated = keys.load(KeySource::File(file.clone()))?;
             std::fs::remove_file(&file)?;
             paths.push(("isolated", Path::Engine(engine.clone(), isolated)));

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use boring::pkey::PKey;
 use clap::Args;
 use keyfence::policy::Attributes;
@@ -101,16 +101,17 @@ fn pem(kind: KeyKind) -> Result<Zeroizing<Vec<u8>>> {
 
 /// Runs `keyfence bench soak`.
 pub fn soak(args: SoakArgs) -> Result<ExitCode> {
-    let made_dir = args.dir.is_none();
-    let dir = args.dir.clone().unwrap_or_else(|| {
-        std::env::temp_dir().join(format!("keyfence-soak-{}-{}", std::process::id(), rand_core::RngCore::next_u32(&mut rand_core::OsRng)))
-    });
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let result = run(&args, &dir);
-    if made_dir {
-        let _ = std::fs::remove_dir_all(&dir);
+    match &args.dir {
+        Some(dir) => {
+            crate::files::create_private_dir(dir)?;
+            run(&args, dir)
+        }
+        None => {
+            // Random name, created new, mode 700, removed on drop.
+            let scratch = crate::files::scratch_dir("soak")?;
+            run(&args, scratch.path())
+        }
     }
-    result
 }
 
 fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
@@ -128,7 +129,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
     {
         let bytes = pem(kind)?;
         let path = dir.join(format!("key{i}.pem"));
-        crate::files::write_private(&path, &bytes)?;
+        crate::files::create_new(&path, &bytes)?;
         isolated.push((keys.load(keyfence::sign::isolated::KeySource::File(path))?, alg));
         isolated.push((keys.load(keyfence::sign::isolated::KeySource::Bytes(bytes))?, alg));
     }

@@ -12,7 +12,7 @@ use keyfence::wrap::{Authority, CacheConfig, FileStore, GenerationState, Machine
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
-use crate::files::{is_std, outln, read, write_private, write_public};
+use crate::files::{is_std, outln, read, read_secret, Output};
 
 #[derive(Subcommand)]
 pub enum AuthorityCmd {
@@ -163,17 +163,19 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             outln!("authority created in {} (master generation 1)", dir.display());
         }
         AuthorityCmd::Issue { store: dir, attrs, out } => {
+            let out_file = Output::new(&out, &[&dir])?;
             let a = Authority::open(store(&dir)?)?;
             let attrs: Attributes = attrs.parse().context("invalid --attrs")?;
             let key = a.issue(&attrs)?;
-            write_private(&out, &key.to_bytes())?;
+            out_file.write_private(&key.to_bytes())?;
             report(&out, format_args!("issued a key for {{{attrs}}} (generations {:?})", key.generations()))?;
         }
         AuthorityCmd::Wrap { store: dir, policy, input, out } => {
             parse_policy(&policy)?;
+            let out_file = Output::new(&out, &[&input, &dir])?;
             let mut a = Authority::open(store(&dir)?)?;
-            let env = a.wrap(&policy, &read(&input)?)?;
-            write_public(&out, env.to_bytes())?;
+            let env = a.wrap(&policy, &read_secret(&input)?)?;
+            out_file.write_public(env.to_bytes())?;
             report(&out, format_args!("wrapped under `{}` (policy key version {})", env.policy, env.key_version))?;
         }
         AuthorityCmd::Rotate { store: dir } => {
@@ -235,16 +237,17 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
 
 pub fn open_machine(dir: &Path, key: &Path) -> Result<Machine> {
     let store = store(dir)?;
-    let key = MachineKey::from_bytes(&read(key)?).context("machine key")?;
+    let key = MachineKey::from_bytes(&read_secret(key)?).context("machine key")?;
     Ok(Machine::new(key, store, CacheConfig::default()))
 }
 
 pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {
     match cmd {
         MachineCmd::Open { store: dir, key, input, out } => {
+            let out = Output::new(&out, &[&key, &input, &dir])?;
             let m = open_machine(&dir, &key)?;
             let secret = m.open(&read(&input)?).with_context(|| format!("cannot open {}", input.display()))?;
-            write_private(&out, &secret)?;
+            out.write_private(&secret)?;
         }
         MachineCmd::CouldOpen { store: dir, key, input } => {
             let m = open_machine(&dir, &key)?;

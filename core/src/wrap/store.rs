@@ -170,7 +170,13 @@ impl Syncer {
             None => stop,
         };
         self.create_dirs(stop, parent)?;
-        match fs::create_dir(dir) {
+        // Owner-only whatever the umask: the store holds the authority's
+        // master keys, and a directory others can write is one they can
+        // plant links in.
+        let mut builder = fs::DirBuilder::new();
+        #[cfg(unix)]
+        std::os::unix::fs::DirBuilderExt::mode(&mut builder, 0o700);
+        match builder.create(dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
             Err(e) => return Err(e),
@@ -180,7 +186,9 @@ impl Syncer {
 }
 
 impl FileStore {
-    /// Opens (creating if needed) a store rooted at `root`.
+    /// Opens (creating if needed) a store rooted at `root`. Directories it
+    /// creates (the root, its missing parents, the folders inside) are
+    /// mode 700; an existing root keeps its mode.
     ///
     /// # Errors
     /// [`StoreError::Io`] if the directory cannot be created.
@@ -288,30 +296,72 @@ impl Store for FileStore {
     /// An advisory lock (`flock`) on `ROOT/.lock`, which also records the
     /// holder's pid for the error another writer gets. The kernel releases
     /// it when the holder exits, so a crashed writer never wedges the store.
+    ///
+    /// The file is opened without following a link and never truncated
+    /// before the lock is held: a `.lock` planted as a symbolic link is an
+    /// error, and one planted as a hard link to another file is locked but
+    /// not written, so neither reaches the file it points at.
     fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError> {
         const NAME: &str = ".lock";
         let path = self.root.join(NAME);
         let mut opts = fs::OpenOptions::new();
         opts.read(true).write(true).create(true).truncate(false);
         #[cfg(unix)]
-        std::os::unix::fs::OpenOptionsExt::mode(&mut opts, 0o600);
-        let mut file = opts.open(&path).map_err(io(NAME))?;
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            opts.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        }
+        let file = opts.open(&path).map_err(io(NAME))?;
+        let meta = file.metadata().map_err(io(NAME))?;
+        if !meta.is_file() {
+            return Err(io(NAME)(std::io::Error::other("not a regular file")));
+        }
         let start = Instant::now();
         loop {
             match file.try_lock() {
                 Ok(()) => break,
                 Err(fs::TryLockError::WouldBlock) if start.elapsed() < wait => std::thread::sleep(LOCK_POLL),
                 Err(fs::TryLockError::WouldBlock) => {
-                    let holder = fs::read_to_string(&path).ok().and_then(|s| s.trim().parse().ok());
-                    return Err(StoreError::Locked { holder, waited: start.elapsed() });
+                    return Err(StoreError::Locked { holder: lock_holder(&file), waited: start.elapsed() });
                 }
                 Err(fs::TryLockError::Error(e)) => return Err(io(NAME)(e)),
             }
         }
-        // Best effort: the pid only improves another writer's message.
-        let _ = file.set_len(0).and_then(|()| file.write_all(std::process::id().to_string().as_bytes()));
+        record_holder(&file, &meta);
         Ok(StoreLock::new(file))
     }
+}
+
+/// Writes this process's pid into the lock file it holds, best effort:
+/// the pid only improves another writer's message. Only into a file whose
+/// one name is `.lock` (a single link): a hard link planted there would
+/// make the write land in another file.
+#[cfg(unix)]
+fn record_holder(file: &fs::File, meta: &fs::Metadata) {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    if meta.nlink() != 1 {
+        return;
+    }
+    let pid = format!("{}\n", std::process::id());
+    let _ = file.write_all_at(pid.as_bytes(), 0).and_then(|()| file.set_len(pid.len() as u64));
+}
+
+#[cfg(not(unix))]
+fn record_holder(_: &fs::File, _: &fs::Metadata) {}
+
+/// The pid the lock's holder recorded, if it did (a whole line).
+#[cfg(unix)]
+fn lock_holder(file: &fs::File) -> Option<u32> {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 24];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    let line = buf[..n].split(|b| *b == b'\n').next().filter(|_| buf[..n].contains(&b'\n'))?;
+    std::str::from_utf8(line).ok()?.parse().ok()
+}
+
+#[cfg(not(unix))]
+fn lock_holder(_: &fs::File) -> Option<u32> {
+    None
 }
 
 /// An in-memory store, for tests and for embedding behind another layer.
@@ -372,8 +422,8 @@ mod tests {
 
     #[test]
     fn one_writer_at_a_time_and_the_second_is_told_who_holds_the_lock() {
-        let dir = std::env::temp_dir().join(format!("keyfence-store-lock-{}", std::process::id()));
-        let file = FileStore::open(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let file = FileStore::open(dir.path()).unwrap();
         let memory = MemoryStore::default();
         for store in [&file as &dyn Store, &memory] {
             let held = store.lock(Duration::from_secs(1)).unwrap();
@@ -389,7 +439,62 @@ mod tests {
                 waiter.join().unwrap().unwrap();
             });
         }
-        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_lock_file_planted_as_a_symbolic_link_is_refused_and_its_target_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, b"the victim's data").unwrap();
+        let root = tmp.path().join("store");
+        let s = FileStore::open(&root).unwrap();
+        std::os::unix::fs::symlink(&victim, root.join(".lock")).unwrap();
+        let err = s.lock(Duration::from_millis(50)).unwrap_err();
+        assert!(matches!(&err, StoreError::Io { key, .. } if key == ".lock"), "{err}");
+        assert_eq!(fs::read(&victim).unwrap(), b"the victim's data");
+        // A dangling link (a victim not yet there) is not created either.
+        let absent = tmp.path().join("absent");
+        fs::remove_file(root.join(".lock")).unwrap();
+        std::os::unix::fs::symlink(&absent, root.join(".lock")).unwrap();
+        assert!(s.lock(Duration::from_millis(50)).is_err());
+        assert!(!absent.exists(), "the lock created the link's target");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_lock_file_planted_as_a_hard_link_is_locked_but_never_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("store");
+        let s = FileStore::open(&root).unwrap();
+        let victim = tmp.path().join("victim");
+        fs::write(&victim, b"the victim's data").unwrap();
+        fs::hard_link(&victim, root.join(".lock")).unwrap();
+        let held = s.lock(Duration::from_millis(50)).unwrap();
+        assert_eq!(fs::read(&victim).unwrap(), b"the victim's data");
+        // Still one writer at a time, only without the pid.
+        let err = s.lock(Duration::from_millis(20)).unwrap_err();
+        assert!(matches!(err, StoreError::Locked { holder: None, .. }), "{err}");
+        drop(held);
+        assert_eq!(fs::read(&victim).unwrap(), b"the victim's data");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn the_store_and_every_folder_it_creates_are_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().unwrap();
+        // The root, a missing parent of it, and folders made by `put`.
+        let root = tmp.path().join("parent/store");
+        let s = FileStore::open(&root).unwrap();
+        s.put("authority/state", b"x").unwrap();
+        s.put("sealed/ab/1/2", b"y").unwrap();
+        for d in ["parent", "parent/store", "parent/store/authority", "parent/store/sealed", "parent/store/sealed/ab/1"] {
+            let mode = fs::metadata(tmp.path().join(d)).unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o700, "{d}: {mode:o}");
+        }
+        let mode = fs::metadata(root.join("authority/state")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
     }
 
     /// A file store whose every `fsync` is recorded, and fails when
@@ -409,12 +514,12 @@ mod tests {
 
     #[test]
     fn new_directories_their_parents_renames_and_deletions_are_synced() {
-        let base = std::env::temp_dir().join(format!("keyfence-store-sync-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&base);
+        let tmp = tempfile::tempdir().unwrap();
+        let base = tmp.path().join("new-parent");
         let root = base.join("new-root");
         let (s, seen) = recording(&root, None);
-        // The new root is recorded in its parent.
-        assert_eq!(seen.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![std::env::temp_dir(), base.clone()]);
+        // The new root is recorded in its parent, and that new parent in its own.
+        assert_eq!(seen.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![tmp.path().to_path_buf(), base.clone()]);
 
         s.put("sealed/ab/1/2", b"x").unwrap();
         let synced: Vec<PathBuf> = seen.lock().unwrap().drain(..).collect();
@@ -438,14 +543,12 @@ mod tests {
         assert_eq!(seen.lock().unwrap().drain(..).collect::<Vec<_>>(), vec![root.join("sealed/ab/1")]);
         s.delete("sealed/ab/1/3").unwrap();
         assert!(seen.lock().unwrap().is_empty(), "nothing to sync for an absent object");
-        fs::remove_dir_all(&base).unwrap();
     }
 
     #[test]
     fn a_failed_sync_is_an_error_and_leaves_no_temporary_file() {
-        let root = std::env::temp_dir().join(format!("keyfence-store-syncfail-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&root);
-        fs::create_dir_all(&root).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
         for (fail, what) in [(root.join("envelopes"), "directory after the rename"), (root.clone(), "new directory's parent")] {
             let (s, _) = recording(&root, Some(fail.clone()));
             let _ = fs::remove_dir_all(root.join("envelopes"));
@@ -462,13 +565,12 @@ mod tests {
         let (s, _) = recording(&root, Some(root.join("envelopes")));
         fs::write(root.join("envelopes/bb"), b"x").unwrap();
         assert!(matches!(s.delete("envelopes/bb"), Err(StoreError::Io { .. })));
-        fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
     fn file_store_round_trips_and_refuses_escapes() {
-        let dir = std::env::temp_dir().join(format!("keyfence-store-{}", std::process::id()));
-        let s = FileStore::open(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let s = FileStore::open(dir.path()).unwrap();
         s.put("sealed/ab/1/2", b"x").unwrap();
         s.put("sealed/ab/1/3", b"y").unwrap();
         s.put("sealed/ab/1/2", b"z").unwrap();
@@ -480,6 +582,5 @@ mod tests {
         for bad in ["../x", "a//b", "/a", "a/./b", "a b", ""] {
             assert!(matches!(s.put(bad, b""), Err(StoreError::InvalidKey(_))), "{bad}");
         }
-        fs::remove_dir_all(&dir).unwrap();
     }
 }
