@@ -98,16 +98,48 @@ function describe(cls, show) {
 
 const { abe, wrap, sign, policy } = binding
 
-// engine.sign(..., { signal }): the abort listener is added here and
-// removed when the signature settles, so one long-lived signal shared by
-// many signatures does not collect listeners (nor keep their operations
-// alive).
+// engine.sign(..., { signal }): one 'abort' listener per signal however
+// many signatures share it. A listener per call would put more than ten on
+// a server's one shutdown signal, and Node then prints
+// MaxListenersExceededWarning ("possible EventTarget memory leak") for a
+// pattern that leaks nothing. The signal's pending cancels live in a
+// WeakMap, so a signal nobody holds is not kept alive by it, and the
+// listener goes when the last signature on the signal settles.
 const nativeSign = sign.Engine.prototype.sign
 const signCancellable = sign.Engine.prototype.signCancellable
+const pendingOnSignal = new WeakMap()
 function cancelled(signal) {
   const err = new KeyfenceError('the operation was cancelled: its AbortSignal was aborted', 'CANCELLED')
   err.cause = signal.reason
   return err
+}
+/** Registers `cancel` to run when `signal` aborts; returns its release. */
+function onAbortOf(signal, cancel) {
+  let entry = pendingOnSignal.get(signal)
+  if (entry === undefined) {
+    const cancels = new Set()
+    const listener = () => {
+      pendingOnSignal.delete(signal)
+      for (const c of cancels) {
+        // One cancel failing must not spare the others.
+        try {
+          c()
+        } catch {}
+      }
+      cancels.clear()
+    }
+    entry = { cancels, listener }
+    pendingOnSignal.set(signal, entry)
+    signal.addEventListener('abort', listener, { once: true })
+  }
+  const own = () => cancel()
+  entry.cancels.add(own)
+  const current = entry
+  return () => {
+    if (!current.cancels.delete(own) || current.cancels.size !== 0) return
+    if (pendingOnSignal.get(signal) === current) pendingOnSignal.delete(signal)
+    signal.removeEventListener('abort', current.listener)
+  }
 }
 Object.defineProperty(sign.Engine.prototype, 'sign', {
   value: function sign(key, algorithm, data, options) {
@@ -118,15 +150,14 @@ Object.defineProperty(sign.Engine.prototype, 'sign', {
     }
     if (signal.aborted) return Promise.reject(cancelled(signal))
     const [promise, cancel] = signCancellable.call(this, key, algorithm, data, options)
-    const onAbort = () => cancel()
-    signal.addEventListener('abort', onAbort, { once: true })
+    const release = onAbortOf(signal, cancel)
     return promise.then(
       (signature) => {
-        signal.removeEventListener('abort', onAbort)
+        release()
         return signature
       },
       (e) => {
-        signal.removeEventListener('abort', onAbort)
+        release()
         if (e instanceof KeyfenceError && e.code === 'CANCELLED' && signal.aborted) e.cause = signal.reason
         throw e
       },

@@ -151,6 +151,51 @@ test('an aborted signal rejects at once; a shared signal keeps no listeners', as
   assert.equal(typeof engine.signCancellable, 'undefined')
 })
 
+test('1,000 signatures in flight on one signal: one listener, no leak warning, abort cancels them all', async (t) => {
+  const events = require('node:events')
+  const warnings = []
+  const onWarning = (w) => warnings.push(w)
+  process.on('warning', onWarning)
+  t.after(() => process.off('warning', onWarning))
+  const settleWarnings = () => new Promise((r) => setImmediate(r))
+
+  const engine = new kf.sign.Engine({ ec: { threads: 2, queueCapacity: 2000 }, rsa: { threads: 1, queueCapacity: 2000 }, timeoutMs: 60000 })
+  t.after(() => engine.close())
+  const ec = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  const shutdown = new AbortController()
+  const inFlight = Array.from({ length: 1000 }, () => engine.sign(ec, 'ecdsa-p256-sha256', Buffer.from('z'), { signal: shutdown.signal }))
+  assert.equal(events.getEventListeners(shutdown.signal, 'abort').length, 1, 'one listener for every signature on the signal')
+  const sigs = await Promise.all(inFlight)
+  assert.ok(sigs.every((s) => crypto.verify('sha256', Buffer.from('z'), keys.p256.publicKey, s)))
+  await settleWarnings()
+  assert.deepEqual(warnings.map((w) => `${w.name}: ${w.message}`), [])
+  assert.equal(events.getEventListeners(shutdown.signal, 'abort').length, 0, 'the last settled signature removed the listener')
+
+  // The one listener still cancels every signature waiting on the signal:
+  // RSA on one thread, about a millisecond each, so most of 1,000 are
+  // queued when it aborts; each of them rejects CANCELLED and never runs.
+  const rsa = kf.sign.PrivateKey.fromPem(keys.rsa.pem)
+  const conn = new AbortController()
+  const reason = new Error('client went away')
+  const queued = Array.from({ length: 1000 }, () => engine.sign(rsa, 'rsa-pss-sha256', Buffer.from('z'), { signal: conn.signal }))
+  assert.equal(events.getEventListeners(conn.signal, 'abort').length, 1)
+  conn.abort(reason)
+  assert.equal(events.getEventListeners(conn.signal, 'abort').length, 0)
+  const results = await Promise.allSettled(queued)
+  const rejected = results.filter((r) => r.status === 'rejected')
+  for (const r of rejected) {
+    assert.ok(r.reason instanceof kf.KeyfenceError)
+    assert.equal(r.reason.code, 'CANCELLED')
+    assert.equal(r.reason.cause, reason)
+  }
+  assert.ok(rejected.length >= 500, `${rejected.length} of 1000 cancelled`)
+  const m = engine.metrics().rsa
+  assert.equal(m.errors.cancelled, rejected.length)
+  assert.equal(m.completed, results.length - rejected.length)
+  await settleWarnings()
+  assert.deepEqual(warnings.map((w) => `${w.name}: ${w.message}`), [])
+})
+
 test('metrics count per class', async (t) => {
   const engine = new kf.sign.Engine({ ec: { threads: 2, queueCapacity: 64 } })
   t.after(() => engine.close())

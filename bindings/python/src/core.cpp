@@ -24,6 +24,29 @@ namespace {
 // ---------------------------------------------------------------------
 // Errors
 
+// An attribute of keyfence.exceptions. Leaked on purpose: a static
+// py::object would be released after the interpreter has finalized.
+py::handle exceptions_attr(const char *name) {
+    return py::module_::import("keyfence.exceptions").attr(name).cast<py::object>().release();
+}
+
+[[noreturn]] void raise_object(const py::object &exc) {
+    PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
+    throw py::error_already_set();
+}
+
+// Raises the exception class of `code` with `msg`. Every error this
+// module raises goes through here or raise_type, so all of them are
+// keyfence.KeyfenceError subclasses with a code and a message (a bare
+// ValueError or TypeError would escape `except KeyfenceError`).
+[[noreturn]] void raise_error(keyfence_result code, std::string msg, py::object position = py::none()) {
+    // The C library sets a message with every failure; should one ever be
+    // missing, the code's name still says what went wrong.
+    if (msg.empty()) msg = std::string("keyfence error ") + keyfence_result_name(code);
+    static py::handle from_code = exceptions_attr("_from_code");
+    raise_object(from_code(static_cast<uint32_t>(code), py::str(msg), position));
+}
+
 // Raises the Python exception for `code`, with the calling thread's last
 // keyfence message (and policy position, when there is one). Must run on
 // the thread that made the failing call, with the GIL held.
@@ -36,12 +59,21 @@ namespace {
     size_t pos = 0;
     py::object position = py::none();
     if (keyfence_error_position(&pos)) position = py::int_(pos);
-    // Leaked on purpose: a static py::object would be released after the
-    // interpreter has finalized.
-    static py::handle from_code = py::module_::import("keyfence.exceptions").attr("_from_code").cast<py::object>().release();
-    py::object exc = from_code(static_cast<uint32_t>(code), py::str(msg), position);
-    PyErr_SetObject(reinterpret_cast<PyObject *>(Py_TYPE(exc.ptr())), exc.ptr());
-    throw py::error_already_set();
+    raise_error(code, msg, position);
+}
+
+// An argument of the wrong type: keyfence.InvalidArgumentType, which is
+// both an InvalidArgument and a TypeError.
+[[noreturn]] void raise_type(const std::string &msg) {
+    static py::handle cls = exceptions_attr("InvalidArgumentType");
+    raise_object(cls(py::str(msg), py::arg("code") = "INVALID_ARGUMENT", py::arg("number") = 1));
+}
+
+// An argument of the right type but an unusable value, or a closed object.
+[[noreturn]] void raise_value(const std::string &msg) { raise_error(KEYFENCE_INVALID_ARGUMENT, msg); }
+
+[[noreturn]] void raise_shut_down(const char *what) {
+    raise_error(KEYFENCE_SHUT_DOWN, std::string("the ") + what + " is closed");
 }
 
 void check(keyfence_result r) {
@@ -66,15 +98,16 @@ void nogil(F &&f) {
 // A read-only view of any contiguous bytes-like object (bytes, bytearray,
 // memoryview, ...), held for the duration of a call: while the view is
 // held, a bytearray cannot be resized under keyfence.
+std::string type_name(py::handle obj) { return py::str(py::type::handle_of(obj).attr("__name__")); }
+
 class Bytes {
   public:
     Bytes(py::handle obj, const char *what) {
         if (PyUnicode_Check(obj.ptr()))
-            throw py::type_error(std::string(what) + " must be bytes-like, not str");
+            raise_type(std::string(what) + " must be bytes-like, not str");
         if (PyObject_GetBuffer(obj.ptr(), &view_, PyBUF_SIMPLE) != 0) {
             PyErr_Clear();
-            throw py::type_error(std::string(what) + " must be a bytes-like object, not '" +
-                                 std::string(py::str(py::type::handle_of(obj).attr("__name__"))) + "'");
+            raise_type(std::string(what) + " must be a bytes-like object, not '" + type_name(obj) + "'");
         }
     }
     ~Bytes() { PyBuffer_Release(&view_); }
@@ -90,11 +123,16 @@ class Bytes {
 // Text for a C string parameter: a str without NUL characters (a NUL would
 // silently cut the text short in C).
 std::string text(py::handle obj, const char *what) {
-    if (!PyUnicode_Check(obj.ptr()))
-        throw py::type_error(std::string(what) + " must be str, not '" +
-                             std::string(py::str(py::type::handle_of(obj).attr("__name__"))) + "'");
-    std::string s = obj.cast<std::string>();
-    if (s.find('\0') != std::string::npos) throw py::value_error(std::string(what) + " contains a NUL character");
+    if (!PyUnicode_Check(obj.ptr())) raise_type(std::string(what) + " must be str, not '" + type_name(obj) + "'");
+    Py_ssize_t n = 0;
+    const char *utf8 = PyUnicode_AsUTF8AndSize(obj.ptr(), &n);
+    if (!utf8) {
+        // A lone surrogate has no UTF-8 form.
+        PyErr_Clear();
+        raise_value(std::string(what) + " is not valid Unicode text (it holds a lone surrogate)");
+    }
+    std::string s(utf8, static_cast<size_t>(n));
+    if (s.find('\0') != std::string::npos) raise_value(std::string(what) + " contains a NUL character");
     return s;
 }
 
@@ -107,7 +145,7 @@ std::string path(py::handle obj, const char *what) {
         p = fsdecode(fspath(obj));
     } catch (py::error_already_set &e) {
         if (!e.matches(PyExc_TypeError)) throw;
-        throw py::type_error(std::string(what) + " must be a str or os.PathLike path");
+        raise_type(std::string(what) + " must be a str or os.PathLike path, not '" + type_name(obj) + "'");
     }
     return text(p, what);
 }
@@ -126,12 +164,15 @@ void quote(std::string &out, const std::string &s) {
 // A Mapping[str, str] of attributes as the C API's `label=value,...` text.
 std::string attributes(py::handle obj) {
     if (!PyMapping_Check(obj.ptr()) || PyUnicode_Check(obj.ptr()) || !py::hasattr(obj, "items"))
-        throw py::type_error("attributes must be a mapping of str to str, such as {\"region\": \"EU\"}");
+        raise_type("attributes must be a mapping of str to str, such as {\"region\": \"EU\"}, not '" + type_name(obj) +
+                   "'");
     std::string out;
     for (py::handle item : obj.attr("items")()) {
+        if (!PyTuple_Check(item.ptr()) || PyTuple_GET_SIZE(item.ptr()) != 2)
+            raise_type("attributes.items() must give (label, value) pairs");
         py::tuple kv = py::reinterpret_borrow<py::tuple>(item);
         if (!PyUnicode_Check(kv[0].ptr()) || !PyUnicode_Check(kv[1].ptr()))
-            throw py::type_error("attribute labels and values must be str");
+            raise_type("attribute labels and values must be str");
         if (!out.empty()) out.push_back(',');
         quote(out, text(kv[0], "attribute label"));
         out.push_back('=');
@@ -278,8 +319,9 @@ struct Authority {
     std::shared_mutex lock;
 
     // Runs `f(handle)` (a C call) without the GIL, holding the lock as
-    // `Hold` (shared for reads, unique for writes); a closed authority is a
-    // ValueError, a failed call its exception.
+    // `Hold` (shared for reads, unique for writes); a closed authority is
+    // InvalidArgument (it is this call's unusable `self`), a failed call
+    // its exception.
     template <class Hold, class F>
     void call(F &&f) {
         keyfence_result r = KEYFENCE_OK;
@@ -290,7 +332,7 @@ struct Authority {
             closed = !a.get();
             if (!closed) r = f(a.get());
         }
-        if (closed) throw py::value_error("the authority is closed");
+        if (closed) raise_value("the authority is closed");
         check(r);
     }
 };
@@ -324,7 +366,8 @@ Engine *engine_arg(py::handle obj) {
     if (obj.is_none()) return nullptr;
     py::handle native = obj;
     if (!py::isinstance<Engine>(obj) && py::hasattr(obj, "_native")) native = obj.attr("_native");
-    if (!py::isinstance<Engine>(native)) throw py::type_error("engine must be a keyfence.sign.Engine or None");
+    if (!py::isinstance<Engine>(native))
+        raise_type("engine must be a keyfence.sign.Engine or None, not '" + type_name(obj) + "'");
     return native.cast<Engine *>();
 }
 using CompletionQueue = Handle<keyfence_completion_queue, keyfence_completion_queue_free>;
@@ -376,7 +419,7 @@ PrivateKey key_from_pem(py::handle pem, py::handle engine_obj) {
             closed = !engine->e.get();
             if (!closed) r = keyfence_key_from_pem(engine->e.get(), data, len, &out);
         }
-        if (closed) throw py::value_error("the engine is closed");
+        if (closed) raise_shut_down("engine");
         check(r);
     } else {
         nogil([&] { return keyfence_key_from_pem(nullptr, data, len, &out); });
@@ -411,7 +454,7 @@ PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::ha
             r = closed ? KEYFENCE_SHUT_DOWN : keyfence_key_from_pem(e, secret.b.data, secret.b.len, &out);
         }
     }
-    if (closed) throw py::value_error("the engine is closed");
+    if (closed) raise_shut_down("engine");
     check(r);
     PrivateKey k;
     k.h.reset(out);
@@ -431,7 +474,7 @@ py::bytes engine_sign(Engine &engine, const PrivateKey &key, py::handle alg, py:
         r = closed ? KEYFENCE_SHUT_DOWN
                    : keyfence_engine_sign(engine.e.get(), key.get(), a.c_str(), msg.data(), msg.size(), timeout_ms, &sig.b);
     }
-    if (closed) throw py::value_error("the engine is closed");
+    if (closed) raise_shut_down("engine");
     check(r);
     return sig.to_bytes();
 }
@@ -447,7 +490,7 @@ Operation engine_submit(Engine &engine, const PrivateKey &key, py::handle alg, p
     keyfence_result r;
     {
         std::shared_lock<std::shared_mutex> hold(engine.lock, std::try_to_lock);
-        if (!hold.owns_lock() || !engine.e.get()) throw py::value_error("the engine is closed");
+        if (!hold.owns_lock() || !engine.e.get()) raise_shut_down("engine");
         r = keyfence_engine_submit_to_queue(engine.e.get(), key.get(), a.c_str(), msg.data(), msg.size(), timeout_ms,
                                             queue.get(), reinterpret_cast<void *>(static_cast<uintptr_t>(token)), &op);
     }
@@ -470,12 +513,14 @@ struct RemoteSigner {
     template <class F>
     void call(F &&f) {
         keyfence_result r = KEYFENCE_OK;
+        bool closed;
         {
             py::gil_scoped_release release;
             std::shared_lock<std::shared_mutex> hold(lock);
-            r = this->r.get() ? f(this->r.get()) : KEYFENCE_SHUT_DOWN;
+            closed = !this->r.get();
+            if (!closed) r = f(this->r.get());
         }
-        if (r == KEYFENCE_SHUT_DOWN && !this->r.get()) throw py::value_error("the remote signer is closed");
+        if (closed) raise_shut_down("remote signer");
         check(r);
     }
 };
@@ -559,7 +604,7 @@ py::dict engine_metrics(Engine &engine) {
         keyfence_class_metrics m{};
         {
             std::shared_lock<std::shared_mutex> hold(engine.lock);
-            if (!engine.e.get()) throw py::value_error("the engine is closed");
+            if (!engine.e.get()) raise_shut_down("engine");
             check(keyfence_engine_metrics(engine.e.get(), cls, &m));
         }
         py::dict d;
@@ -656,7 +701,7 @@ PYBIND11_MODULE(_core, m) {
                  std::unique_lock<std::shared_mutex> hold(a.lock);
                  a.a.h.reset();
              },
-             "Frees the authority and wipes its master keys; later calls raise ValueError.")
+             "Frees the authority and wipes its master keys; later calls raise InvalidArgument.")
         .def_property_readonly("closed", [](const Authority &a) { return a.a.get() == nullptr; })
         .def("__repr__", [](const Authority &a) {
             return std::string(a.a.get() ? "<keyfence.wrap.Authority>" : "<keyfence.wrap.Authority (closed)>");
@@ -712,20 +757,28 @@ PYBIND11_MODULE(_core, m) {
              [](Engine &e) {
                  Owned out;
                  keyfence_result r = KEYFENCE_OK;
+                 bool closed;
                  {
                      py::gil_scoped_release release;
                      std::shared_lock<std::shared_mutex> hold(e.lock);
-                     r = e.e.get() ? keyfence_engine_metrics_prometheus(e.e.get(), &out.b) : KEYFENCE_SHUT_DOWN;
+                     closed = !e.e.get();
+                     if (!closed) r = keyfence_engine_metrics_prometheus(e.e.get(), &out.b);
                  }
+                 if (closed) raise_shut_down("engine");
                  check(r);
                  return out.to_str();
              })
         .def("attach_remote",
              [](Engine &e, RemoteSigner &remote) {
+                 // A closed engine is reported as such, with a message: the
+                 // C library was never called, so it has none to give.
+                 bool engine_closed = false;
                  remote.call([&](keyfence_remote *r) {
                      std::shared_lock<std::shared_mutex> hold(e.lock);
-                     return e.e.get() ? keyfence_engine_attach_remote(e.e.get(), r) : KEYFENCE_SHUT_DOWN;
+                     engine_closed = !e.e.get();
+                     return engine_closed ? KEYFENCE_OK : keyfence_engine_attach_remote(e.e.get(), r);
                  });
+                 if (engine_closed) raise_shut_down("engine");
              },
              py::arg("remote"))
         .def("close",

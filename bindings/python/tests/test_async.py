@@ -152,7 +152,7 @@ def test_close_fails_pending_operations_with_shut_down(pems: Dict[str, bytes]) -
         results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
         assert any(isinstance(r, keyfence.ShutDown) for r in results), results
         assert all(isinstance(r, (bytes, keyfence.ShutDown)) for r in results), results
-        with pytest.raises(ValueError, match="closed"):
+        with pytest.raises(keyfence.ShutDown, match="closed"):
             await engine.sign(key, "rsa-pss-sha256", b"x")
 
     asyncio.run(main())

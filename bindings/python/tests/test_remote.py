@@ -69,7 +69,7 @@ def test_a_key_this_machine_may_not_open_is_signed_by_the_server_that_may(key_se
         assert "keyfence_engine_" in text and "keyfence_remote_client_operations_total" in text
         assert repr(r) == "<keyfence.sign.RemoteSigner>"
     assert r.closed
-    with pytest.raises(ValueError, match="closed"):
+    with pytest.raises(keyfence.ShutDown, match="closed"):
         r.key(env)
 
 

@@ -106,9 +106,9 @@ def test_closed_engine(pems: Dict[str, bytes]) -> None:
     engine.close()
     engine.close()
     assert engine.closed and "closed" in repr(engine)
-    with pytest.raises(ValueError, match="closed"):
+    with pytest.raises(keyfence.ShutDown, match="closed"):
         engine.sign_sync(key, "ecdsa-p256-sha256", b"x")
-    with pytest.raises(ValueError, match="closed"):
+    with pytest.raises(keyfence.ShutDown, match="closed"):
         engine.metrics()
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Mapping, Tuple, Union
 
 from . import _core
+from ._guard import guard, guard_class
 
 __all__ = [
     "PublicKey",
@@ -38,13 +39,17 @@ Buffer = Union[bytes, bytearray, memoryview]
 PublicKey = _core.PublicKey
 MasterSecretKey = _core.MasterSecretKey
 AttributeKey = _core.AttributeKey
+for _cls in (PublicKey, MasterSecretKey, AttributeKey):
+    guard_class(_cls)
 
 
+@guard
 def setup() -> Tuple[PublicKey, MasterSecretKey]:
     """A new authority's public key and master secret key."""
     return _core.abe_setup()
 
 
+@guard
 def keygen(msk: MasterSecretKey, attributes: Mapping[str, str]) -> AttributeKey:
     """An attribute key for ``attributes``, e.g. ``{"country": "FR"}``.
 
@@ -56,6 +61,7 @@ def keygen(msk: MasterSecretKey, attributes: Mapping[str, str]) -> AttributeKey:
     return _core.abe_keygen(msk, attributes)
 
 
+@guard
 def encrypt(pk: PublicKey, policy: str, message: Buffer) -> bytes:
     """Encrypts ``message`` under ``policy``; the ciphertext is in CIRCL's format.
 
@@ -66,6 +72,7 @@ def encrypt(pk: PublicKey, policy: str, message: Buffer) -> bytes:
     return _core.abe_encrypt(pk, policy, message)
 
 
+@guard
 def decrypt(key: AttributeKey, ciphertext: Buffer) -> bytes:
     """Decrypts ``ciphertext`` with ``key``.
 
@@ -77,6 +84,7 @@ def decrypt(key: AttributeKey, ciphertext: Buffer) -> bytes:
     return _core.abe_decrypt(key, ciphertext)
 
 
+@guard
 def could_decrypt(attributes: Mapping[str, str], ciphertext: Buffer) -> bool:
     """Whether a key with ``attributes`` could decrypt ``ciphertext``, from
     its policy alone (no cryptography).
@@ -87,6 +95,7 @@ def could_decrypt(attributes: Mapping[str, str], ciphertext: Buffer) -> bool:
     return _core.abe_could_decrypt(attributes, ciphertext)
 
 
+@guard
 def policy_of(ciphertext: Buffer) -> str:
     """The canonical text of the policy ``ciphertext`` was encrypted under.
 

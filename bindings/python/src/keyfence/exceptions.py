@@ -19,6 +19,7 @@ from typing import Dict, Optional, Type
 __all__ = [
     "KeyfenceError",
     "InvalidArgument",
+    "InvalidArgumentType",
     "ResourceError",
     "PolicySyntaxError",
     "InvalidAttributes",
@@ -75,7 +76,17 @@ class KeyfenceError(Exception):
 
 
 class InvalidArgument(KeyfenceError, ValueError):
-    """An argument is unusable before any work starts (``INVALID_ARGUMENT``)."""
+    """An argument is unusable before any work starts (``INVALID_ARGUMENT``):
+    a value out of range, text that is not valid Unicode, a closed
+    :class:`~keyfence.wrap.Authority`."""
+
+    def __init__(self, message: str, *, code: str = "INVALID_ARGUMENT", number: int = 1) -> None:
+        super().__init__(message, code=code, number=number)
+
+
+class InvalidArgumentType(InvalidArgument, TypeError):
+    """An argument of the wrong type, or a call with the wrong number of
+    arguments (``INVALID_ARGUMENT``); also a :class:`TypeError`."""
 
 
 class ResourceError(KeyfenceError, OSError):

@@ -10,10 +10,12 @@ from __future__ import annotations
 from typing import Mapping
 
 from . import _core
+from ._guard import guard
 
 __all__ = ["check", "canonical"]
 
 
+@guard
 def check(policy: str, attributes: Mapping[str, str]) -> bool:
     """Whether ``attributes`` satisfy ``policy``, without cryptography.
 
@@ -23,11 +25,13 @@ def check(policy: str, attributes: Mapping[str, str]) -> bool:
     Raises:
         PolicySyntaxError: the policy does not parse (``.position`` says where).
         InvalidAttributes: an empty label or value.
-        TypeError: ``policy`` is not a str, or ``attributes`` not a mapping of str.
+        InvalidArgumentType: ``policy`` is not a str, or ``attributes`` not
+            a mapping of str (also a ``TypeError``).
     """
     return _core.policy_check(policy, attributes)
 
 
+@guard
 def canonical(policy: str) -> str:
     """The canonical text of ``policy``: what keyfence writes into
     ciphertexts and envelopes; it parses again to the same policy.

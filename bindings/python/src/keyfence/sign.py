@@ -36,7 +36,8 @@ import os
 from typing import Any, Dict, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import _core
-from .exceptions import _from_code
+from ._guard import guard, guard_class
+from .exceptions import InvalidArgument, InvalidArgumentType, _from_code
 from .wrap import Machine
 
 __all__ = ["Engine", "Peer", "PrivateKey", "RemoteSigner"]
@@ -45,6 +46,7 @@ Buffer = Union[bytes, bytearray, memoryview]
 StrPath = Union[str, "os.PathLike[str]"]
 
 PrivateKey = _core.PrivateKey
+guard_class(PrivateKey)
 
 # The C API's executor classes (keyfence_op_class).
 _RSA, _EC, _SLOW = 0, 1, 2
@@ -55,9 +57,9 @@ def _ms(seconds: Optional[float], what: str) -> int:
     if seconds is None:
         return 0
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-        raise TypeError(f"{what} must be a number of seconds, not {type(seconds).__name__!r}")
+        raise InvalidArgumentType(f"{what} must be a number of seconds, not {type(seconds).__name__!r}")
     if not seconds > 0 or seconds > 86_400:
-        raise ValueError(f"{what} must be between 0 and 86400 seconds, not {seconds!r}")
+        raise InvalidArgument(f"{what} must be between 0 and 86400 seconds, not {seconds!r}")
     return max(1, round(seconds * 1000))
 
 
@@ -65,9 +67,9 @@ def _count(value: Optional[int], what: str) -> int:
     if value is None:
         return 0
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{what} must be an int, not {type(value).__name__!r}")
+        raise InvalidArgumentType(f"{what} must be an int, not {type(value).__name__!r}")
     if not 1 <= value <= 1 << 20:
-        raise ValueError(f"{what} must be between 1 and 1048576, not {value!r}")
+        raise InvalidArgument(f"{what} must be between 1 and 1048576, not {value!r}")
     return value
 
 
@@ -113,8 +115,8 @@ class Engine:
             beyond it :meth:`sign` raises :class:`~keyfence.Overloaded` at once.
         rsa_threads, ec_threads, slow_threads: per-class thread counts,
             overriding ``threads``.
-        timeout: the default deadline of an operation, in seconds (1 s
-            unless set); past it the operation raises
+        timeout: the default deadline of an operation, in seconds (2 s
+            unless set: the core's default); past it the operation raises
             :class:`~keyfence.TimedOut`.
         isolated: keep keys loaded through this engine
             (``PrivateKey.from_pem(pem, engine=...)``) in a separate key
@@ -123,11 +125,14 @@ class Engine:
             installed beside the native module (never looked up on PATH).
 
     Raises:
+        InvalidArgumentType: a setting of the wrong type.
+        InvalidArgument: a setting out of range.
         InvalidConfig: settings the engine cannot use.
         BackendFailed: the key process did not start.
 
     The engine is thread-safe; :meth:`close` (or leaving a ``with`` block)
-    shuts it down, failing queued operations with :class:`~keyfence.ShutDown`.
+    shuts it down, failing queued operations with :class:`~keyfence.ShutDown`,
+    as every later call on it fails.
     """
 
     __slots__ = ("_native", "_queues", "__weakref__")
@@ -152,7 +157,7 @@ class Engine:
             (_SLOW, _count(slow_threads, "slow_threads"), cap),
         ]
         if key_process is not None and not isolated:
-            raise ValueError("key_process is only used with isolated=True")
+            raise InvalidArgument("key_process is only used with isolated=True")
         self._queues: Dict[asyncio.AbstractEventLoop, _LoopQueue] = {}
         self._native = _core.Engine(classes, _ms(timeout, "timeout"), bool(isolated), key_process)
 
@@ -248,7 +253,7 @@ class Engine:
         connections, failovers, requests and latency) with this engine's
         :meth:`metrics_prometheus` from now on."""
         if not isinstance(remote, RemoteSigner):
-            raise TypeError(f"remote must be a keyfence.sign.RemoteSigner, not {type(remote).__name__!r}")
+            raise InvalidArgumentType(f"remote must be a keyfence.sign.RemoteSigner, not {type(remote).__name__!r}")
         self._native.attach_remote(remote._native)
 
     def metrics(self) -> Dict[str, Dict[str, int]]:
@@ -257,6 +262,9 @@ class Engine:
         submitted, completed, errors, overloaded, timed_out, p50_ns, p99_ns,
         p999_ns."""
         return self._native.metrics()
+
+
+guard_class(Engine)
 
 
 class Peer(NamedTuple):
@@ -279,9 +287,9 @@ class Peer(NamedTuple):
 
 def _attempts(value: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"max_attempts must be an int, not {type(value).__name__!r}")
+        raise InvalidArgumentType(f"max_attempts must be an int, not {type(value).__name__!r}")
     if not 1 <= value <= 100:
-        raise ValueError(f"max_attempts must be between 1 and 100, not {value!r}")
+        raise InvalidArgument(f"max_attempts must be between 1 and 100, not {value!r}")
     return value
 
 
@@ -328,15 +336,15 @@ class RemoteSigner:
         max_attempts: int = 3,
     ) -> None:
         if isinstance(peers, (str, bytes)) or not isinstance(peers, Sequence):
-            raise TypeError("peers must be a sequence of keyfence.sign.Peer")
+            raise InvalidArgumentType("peers must be a sequence of keyfence.sign.Peer")
         native_peers = []
         for p in peers:
             if not isinstance(p, tuple):
-                raise TypeError(f"each peer must be a keyfence.sign.Peer, not {type(p).__name__!r}")
+                raise InvalidArgumentType(f"each peer must be a keyfence.sign.Peer, not {type(p).__name__!r}")
             p = Peer(*p)
             native_peers.append((p.name, p.address, p.attributes, p.server_name))
         if isinstance(tenant, bool) or not isinstance(tenant, int) or not 0 <= tenant < 1 << 64:
-            raise ValueError(f"tenant must be an int between 0 and 2**64 - 1, not {tenant!r}")
+            raise InvalidArgument(f"tenant must be an int between 0 and 2**64 - 1, not {tenant!r}")
         self._native = _core.RemoteSigner(
             native_peers,
             cert,
@@ -376,7 +384,7 @@ class RemoteSigner:
         :meth:`key`."""
         native = getattr(machine, "_native", machine)
         if not isinstance(native, _core.Machine):
-            raise TypeError(f"machine must be a keyfence.wrap.Machine, not {type(machine).__name__!r}")
+            raise InvalidArgumentType(f"machine must be a keyfence.wrap.Machine, not {type(machine).__name__!r}")
         return self._native.open_or_forward(native, envelope)
 
     def metrics(self) -> str:
@@ -392,3 +400,9 @@ class RemoteSigner:
     def closed(self) -> bool:
         """Whether :meth:`close` has run."""
         return bool(self._native.closed)
+
+
+guard_class(RemoteSigner)
+# A Peer with the wrong number of fields is an argument error like any
+# other (its fields' types are checked where RemoteSigner uses them).
+setattr(Peer, "__new__", staticmethod(guard(Peer.__new__)))

@@ -15,8 +15,11 @@ See ``docs/wrapping.md`` for formats, rotation and the threat model.
 from __future__ import annotations
 
 from . import _core
+from ._guard import guard_class
 
 __all__ = ["Authority", "Machine"]
 
 Authority = _core.Authority
 Machine = _core.Machine
+guard_class(Authority)
+guard_class(Machine)

@@ -1,0 +1,310 @@
+"""Every error the package raises is a keyfence.KeyfenceError, with its
+code and a message that says what went wrong (docs/python.md: "exceptions
+of one family"). The walk is by introspection: every public function, class
+and method of keyfence, keyfence.policy, .abe, .wrap and .sign, called
+with arguments of the wrong type and number, on closed objects, and with
+bytes that decode as nothing. A function added later is walked too."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import inspect
+import pathlib
+from typing import Any, Callable, Dict, Iterator, List, Tuple
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+import keyfence
+from keyfence import _core, abe, policy, sign, wrap
+
+MODULES = [keyfence, policy, abe, wrap, sign]
+GARBAGE = [b"", b"\x00", b"not a keyfence object at all" * 3]
+
+
+class Wrong:
+    """A type no keyfence function takes."""
+
+    def __repr__(self) -> str:
+        return "Wrong()"
+
+
+def check_error(e: BaseException, cls: type = keyfence.KeyfenceError) -> None:
+    assert isinstance(e, cls), f"{type(e).__module__}.{type(e).__name__}: {e}"
+    assert isinstance(e, keyfence.KeyfenceError)
+    assert str(e).strip(), f"{type(e).__name__} with an empty message"
+    assert e.code == _core.result_name(e.number), (e.code, e.number)
+    assert "Invoked with" not in str(e), "argument values in a message"
+
+
+def raised(call: Callable[[], Any]) -> BaseException:
+    """The exception `call` raises (running it if it is a coroutine)."""
+    try:
+        result = call()
+        if inspect.iscoroutine(result):
+            asyncio.run(result)
+    except BaseException as e:  # noqa: B036 (the test is about what escapes)
+        return e
+    raise AssertionError(f"no exception; returned {result!r}")
+
+
+def tls_files(d: pathlib.Path) -> Dict[str, pathlib.Path]:
+    """A CA and a client certificate it signed, enough to build a RemoteSigner."""
+    now = datetime.datetime.now(datetime.timezone.utc)
+
+    def cert(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str, signer: ec.EllipticCurvePrivateKey, ca: bool) -> bytes:
+        c = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+            .sign(signer, hashes.SHA256())
+        )
+        return c.public_bytes(serialization.Encoding.PEM)
+
+    ca_key, client_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    files = {"ca": d / "ca.pem", "cert": d / "client.pem", "key": d / "client.key"}
+    files["ca"].write_bytes(cert("test CA", ca_key, "test CA", ca_key, True))
+    files["cert"].write_bytes(cert("client", client_key, "test CA", ca_key, False))
+    files["key"].write_bytes(
+        client_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return files
+
+
+class World:
+    """One live object of every public class, and valid arguments."""
+
+    def __init__(self, tmp: pathlib.Path, pem: bytes) -> None:
+        self.tmp = tmp
+        self.pem = pem
+        self.pk, self.msk = abe.setup()
+        self.attr_key = abe.keygen(self.msk, {"region": "EU"})
+        self.ct = abe.encrypt(self.pk, "region: EU", b"m")
+        self.store = tmp / "store"
+        self.authority = wrap.Authority.init(self.store)
+        self.machine_key = self.authority.issue({"region": "EU"})
+        self.envelope = self.authority.wrap("region: EU", pem)
+        self.machine = wrap.Machine(self.machine_key, self.store)
+        self.engine = sign.Engine(threads=1)
+        self.key = sign.PrivateKey.from_pem(pem)
+        self.tls = tls_files(tmp)
+        self.peer = sign.Peer("peer", "127.0.0.1:9", {"region": "US"})
+        self.remote = self.new_remote()
+
+    def new_remote(self, peers: Any = None) -> sign.RemoteSigner:
+        return sign.RemoteSigner([self.peer] if peers is None else peers, **self.tls)  # type: ignore[arg-type]
+
+    def instances(self) -> Dict[type, object]:
+        return {
+            abe.PublicKey: self.pk,
+            abe.MasterSecretKey: self.msk,
+            abe.AttributeKey: self.attr_key,
+            wrap.Authority: self.authority,
+            wrap.Machine: self.machine,
+            sign.Engine: self.engine,
+            sign.PrivateKey: self.key,
+            sign.RemoteSigner: self.remote,
+            sign.Peer: self.peer,
+        }
+
+    def close(self) -> None:
+        self.engine.close()
+        self.remote.close()
+        self.authority.close()
+
+
+@pytest.fixture()
+def world(tmp_path: pathlib.Path, pems: Dict[str, bytes]) -> Iterator[World]:
+    w = World(tmp_path, pems["p256"])
+    yield w
+    w.close()
+
+
+def public_callables(world: World) -> Iterator[Tuple[str, Callable[..., Any]]]:
+    """Every public function, class and method, as (name, callable); methods
+    bound to a live instance."""
+    instances = world.instances()
+    seen = set()
+    for mod in MODULES:
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            qual = f"{mod.__name__}.{name}"
+            if inspect.ismodule(obj) or isinstance(obj, str) or id(obj) in seen:
+                continue
+            if isinstance(obj, type) and issubclass(obj, BaseException):
+                continue
+            seen.add(id(obj))
+            yield qual, obj
+            if isinstance(obj, type):
+                assert obj in instances, f"no instance of {qual} to walk its methods"
+                inst = instances[obj]
+                for attr in dir(obj):
+                    if attr.startswith("_") or isinstance(getattr(obj, attr, None), property):
+                        continue
+                    if any(attr in vars(base) for base in obj.__mro__ if base.__module__ == "builtins"):
+                        continue  # a tuple's count and index, not keyfence's
+                    member = getattr(inst, attr)
+                    if callable(member):
+                        yield f"{qual}.{attr}", member
+
+
+def test_the_walk_finds_the_api(world: World) -> None:
+    names = {n for n, _ in public_callables(world)}
+    for expected in [
+        "keyfence.policy.check",
+        "keyfence.abe.decrypt",
+        "keyfence.abe.PublicKey.from_bytes",
+        "keyfence.wrap.Authority.rotate_master",
+        "keyfence.wrap.Machine.open",
+        "keyfence.sign.Engine.sign",
+        "keyfence.sign.Engine.attach_remote",
+        "keyfence.sign.PrivateKey.from_envelope",
+        "keyfence.sign.RemoteSigner.open_or_forward",
+    ]:
+        assert expected in names
+
+
+def test_wrong_types_and_counts_are_invalid_argument_type_errors(world: World) -> None:
+    walked = 0
+    for name, fn in public_callables(world):
+        for n in range(1, 5):
+            try:
+                result = fn(*[Wrong()] * n)
+                if inspect.iscoroutine(result):
+                    result = asyncio.run(result)
+            except BaseException as e:  # noqa: B036
+                check_error(e, keyfence.InvalidArgumentType)
+                assert isinstance(e, TypeError)
+                walked += 1
+                continue
+            # Only a Peer takes anything: it is a record, whose fields are
+            # checked where a RemoteSigner uses it.
+            assert name == "keyfence.sign.Peer" and n >= 3, f"{name} accepted {n} wrong arguments: {result!r}"
+            check_error(raised(lambda: world.new_remote([result])), keyfence.InvalidArgumentType)
+    assert walked > 100
+
+
+def test_the_reported_cases(world: World) -> None:
+    e = raised(lambda: keyfence.policy.check(5, {}))  # type: ignore[arg-type]
+    check_error(e, keyfence.InvalidArgumentType)
+    assert isinstance(e, TypeError) and "policy must be str" in str(e)
+    # Text that has no UTF-8 form, a NUL, a value out of range.
+    check_error(raised(lambda: keyfence.policy.canonical("a: \ud800")), keyfence.InvalidArgument)
+    check_error(raised(lambda: keyfence.policy.canonical("a: b\0")), keyfence.InvalidArgument)
+    check_error(raised(lambda: sign.Engine(threads=0)), keyfence.InvalidArgument)
+    check_error(raised(lambda: sign.Engine(timeout=-1)), keyfence.InvalidArgument)
+    # No argument value (a plaintext, say) is copied into a message.
+    e = raised(lambda: abe.encrypt(world.msk, "region: EU", b"the plaintext"))  # type: ignore[arg-type]
+    check_error(e, keyfence.InvalidArgumentType)
+    assert "the plaintext" not in str(e) and "plaintext" not in repr(e)
+
+
+# Valid arguments for every public method of the objects that close; the
+# test fails when a method is added without an entry here.
+def engine_calls(w: World) -> Dict[str, Callable[[sign.Engine], Any]]:
+    return {
+        "sign": lambda e: e.sign(w.key, "ecdsa-p256-sha256", b"x"),
+        "sign_sync": lambda e: e.sign_sync(w.key, "ecdsa-p256-sha256", b"x"),
+        "load_key": lambda e: e.load_key(w.pem),
+        "metrics": lambda e: e.metrics(),
+        "metrics_prometheus": lambda e: e.metrics_prometheus(),
+        "attach_remote": lambda e: e.attach_remote(w.remote),
+    }
+
+
+def remote_calls(w: World) -> Dict[str, Callable[[sign.RemoteSigner], Any]]:
+    return {
+        "key": lambda r: r.key(w.envelope),
+        "open_or_forward": lambda r: r.open_or_forward(w.machine, w.envelope),
+        "metrics": lambda r: r.metrics(),
+    }
+
+
+def authority_calls(w: World) -> Dict[str, Callable[[Any], Any]]:
+    return {
+        "issue": lambda a: a.issue({"region": "EU"}),
+        "wrap": lambda a: a.wrap("region: EU", b"secret"),
+        "rotate_master": lambda a: a.rotate_master(),
+    }
+
+
+def public_methods(obj: object) -> List[str]:
+    cls = type(obj)
+    return sorted(
+        n
+        for n in dir(cls)
+        if not n.startswith("_")
+        and n not in ("close", "init", "open")  # close is idempotent; init/open make new ones
+        and not isinstance(getattr(cls, n), property)
+        and callable(getattr(obj, n))
+    )
+
+
+def test_closed_objects(world: World) -> None:
+    engine = sign.Engine()
+    engine.close()
+    calls = engine_calls(world)
+    assert sorted(calls) == public_methods(engine)
+    for name, call in calls.items():
+        e = raised(lambda: call(engine))
+        check_error(e, keyfence.ShutDown)
+        assert "closed" in str(e), (name, str(e))
+    for load in (
+        lambda: sign.PrivateKey.from_pem(world.pem, engine=engine),
+        lambda: sign.PrivateKey.from_envelope(world.machine, world.envelope, engine=engine),
+    ):
+        check_error(raised(load), keyfence.ShutDown)
+
+    remote = world.new_remote()
+    remote.close()
+    rcalls = remote_calls(world)
+    assert sorted(rcalls) == public_methods(remote)
+    for name, rcall in rcalls.items():
+        check_error(raised(lambda: rcall(remote)), keyfence.ShutDown)
+    # A live engine and a closed signer, and the other way round.
+    check_error(raised(lambda: world.engine.attach_remote(remote)), keyfence.ShutDown)
+    check_error(raised(lambda: engine.attach_remote(world.remote)), keyfence.ShutDown)
+
+    authority = wrap.Authority.open(world.store)
+    authority.close()
+    acalls = authority_calls(world)
+    assert sorted(acalls) == public_methods(authority)
+    for name, acall in acalls.items():
+        e = raised(lambda: acall(authority))
+        check_error(e, keyfence.InvalidArgument)
+        assert "closed" in str(e), (name, str(e))
+
+
+def test_bad_bytes(world: World) -> None:
+    w = world
+    calls: Dict[str, Callable[[bytes], Any]] = {
+        "abe.PublicKey.from_bytes": abe.PublicKey.from_bytes,
+        "abe.MasterSecretKey.from_bytes": abe.MasterSecretKey.from_bytes,
+        "abe.AttributeKey.from_bytes": abe.AttributeKey.from_bytes,
+        "abe.decrypt": lambda b: abe.decrypt(w.attr_key, b),
+        "abe.could_decrypt": lambda b: abe.could_decrypt({"region": "EU"}, b),
+        "abe.policy_of": abe.policy_of,
+        "wrap.Machine": lambda b: wrap.Machine(b, w.store),
+        "wrap.Machine.open": w.machine.open,
+        "wrap.Machine.could_open": w.machine.could_open,
+        "sign.PrivateKey.from_pem": sign.PrivateKey.from_pem,
+        "sign.PrivateKey.from_envelope": lambda b: sign.PrivateKey.from_envelope(w.machine, b),
+        "sign.Engine.load_key": w.engine.load_key,
+        "sign.RemoteSigner.key": w.remote.key,
+        "sign.RemoteSigner.open_or_forward": lambda b: w.remote.open_or_forward(w.machine, b),
+    }
+    for name, call in calls.items():
+        for bad in GARBAGE:
+            for form in (bad, bytearray(bad), memoryview(bad)):
+                e = raised(lambda: call(form))  # type: ignore[arg-type]
+                check_error(e)
+                assert not isinstance(e, keyfence.InvalidArgumentType), (name, e)
