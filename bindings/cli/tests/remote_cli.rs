@@ -63,6 +63,8 @@ fn serve_and_sign_remote_on_loopback() {
         .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--name", "sfo1", "--seconds", "60"])
         .args(["--cert", &d.p("sfo1.pem"), "--key", &d.p("sfo1.key"), "--ca", &d.p("ca.pem")])
         .args(["--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env")])
+        // The tenant is the client certificate's CN; it may use this key.
+        .args(["--allow", &format!("client={}", d.p("key.env"))])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -90,13 +92,15 @@ fn serve_and_sign_remote_on_loopback() {
         .unwrap();
     assert!(v.status.success(), "openssl did not verify the remote signature");
 
-    // The server's metrics show tenant 42's signature.
+    // The server's metrics show the signature under the tenant its
+    // certificate names, not the id the request carried (42).
     let mut c = TcpStream::connect(&metrics).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     c.read_to_string(&mut text).unwrap();
-    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"42\",outcome=\"ok\"} 1"), "{text}");
+    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"), "{text}");
+    assert!(!text.contains("tenant=\"42\""), "{text}");
 
     // Usage errors are exit 2.
     let o = keyfence(&["sign", "--remote", "--envelope", &d.p("key.env"), "--peer", "sfo1", "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("x")]);

@@ -454,7 +454,7 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         RemoteErrorCode::Overloaded | RemoteErrorCode::TenantLimit | RemoteErrorCode::ShuttingDown => {
             Attempt::Next { error: SignError::PeerOverloaded { reason: format!("{}: {msg}", code.name()) }, breaker: false }
         }
-        RemoteErrorCode::UnknownKey => {
+        RemoteErrorCode::UnknownKey | RemoteErrorCode::NotAllowed => {
             Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: false }
         }
         RemoteErrorCode::TimedOut => Attempt::Final(SignError::TimedOut { timeout: Duration::ZERO }),
