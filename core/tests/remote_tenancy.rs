@@ -179,13 +179,14 @@ fn one_tenants_flood_never_takes_another_tenants_slots() {
     let world = World::new();
     let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(100)));
     let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), tenant_in_flight: Some(4), slow_threads: Some(32), ..Default::default() });
-    // A floods on two connections, claiming B's id and every other; its
-    // slots stay full for the whole test.
+    // A floods on two connections, every request claiming the id B's
+    // requests carry (0): with tenants taken from frames, that filled B's
+    // slots. A's own slots stay full for the whole test.
     let addr = sfo.local_addr();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let flooders: Vec<_> = (0..2)
         .map(|c| {
-            let (stop, world_key) = (stop.clone(), head(&world.us_key, 0));
+            let (stop, b_id) = (stop.clone(), head(&world.us_key, 0));
             std::thread::spawn(move || {
                 let mut s = session("tenant-a", addr);
                 let mut sent = 0u64;
@@ -193,8 +194,7 @@ fn one_tenants_flood_never_takes_another_tenants_slots() {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     let mut f = Vec::new();
                     for i in 0..16u64 {
-                        let h = Head { tenant: sent + i + c, ..world_key };
-                        p::encode_op(&mut f, sent + i, &h, &sign_op(vec![1]));
+                        p::encode_op(&mut f, sent + i, &b_id, &sign_op(vec![c]));
                     }
                     s.write_all(&f).unwrap();
                     refused += replies(&mut s, 16).iter().filter(|r| r.1.is_some()).count() as u64;
