@@ -45,8 +45,9 @@ pub struct RemoteConfig {
     /// The client's certificate and key, and the CA the servers'
     /// certificates must come from.
     pub tls: TlsFiles,
-    /// The tenant (zone) of keys made with [`RemoteSigner::key`].
-    /// Default 0.
+    /// The tenant id written in the requests for keys made with
+    /// [`RemoteSigner::key`]. Default 0. Servers ignore it: they take a
+    /// client's tenant from its certificate (`docs/remote.md`, "Tenants").
     pub tenant: u64,
     /// Connections per peer, each multiplexing many requests. Default 2.
     pub connections_per_peer: usize,
