@@ -489,6 +489,62 @@ fn bad_configurations_are_refused() {
 /// discovery (the library is there but has no instance, cannot start, lacks
 /// the allocator, or has instances that do not start), then the RSA path
 /// against a stub that implements `cpaCyRsaDecrypt` with OpenSSL.
+/// Issue 33: a faulty device's RSA result would reveal the key (one wrong
+/// CRT half and the public key factor the modulus). Every device result is
+/// checked with the public key; a wrong one is counted and redone in
+/// software, never passed on: PKCS #1 v1.5 and PSS signatures and raw
+/// decryption, asynchronously and through `perform`.
+#[test]
+fn a_corrupted_device_rsa_result_is_caught_counted_and_redone_in_software() {
+    use boring::rsa::Padding;
+    let key = rsa_key();
+    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+    let verify_rsa = |alg: Algorithm, m: &[u8], sig: &[u8]| {
+        let mut v = Verifier::new(MessageDigest::sha256(), &public).unwrap();
+        if alg == Algorithm::RsaPssSha256 {
+            v.set_rsa_padding(Padding::PKCS1_PSS).unwrap();
+        }
+        v.verify_oneshot(sig, m).unwrap_or(false)
+    };
+    let (device, control) = sim(|_| {});
+    let backend = offload(device, |_| {});
+    let engine = engine_on(&backend);
+    control.corrupt_results(2);
+    for (i, alg) in [Algorithm::RsaPkcs1Sha256, Algorithm::RsaPssSha256].into_iter().enumerate() {
+        let sig = engine.sign(&key, alg, &msg(i)).unwrap().wait().unwrap();
+        assert!(verify_rsa(alg, &msg(i), &sig), "{alg}: a wrong signature left the backend");
+    }
+    let stats = backend.stats();
+    assert_eq!((stats.mismatches, stats.device_errors, stats.fallbacks), (2, 2, 2), "{stats:?}");
+    assert_eq!(control.stats().completed, 2, "the device did compute (wrong) results");
+
+    // Raw decryption: the result raised to e must give the ciphertext back.
+    let rsa = boring::rsa::Rsa::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+    let secret = [7u8; 48];
+    let mut ct = vec![0u8; rsa.size() as usize];
+    let n = rsa.public_encrypt(&secret, &mut ct, Padding::PKCS1).unwrap();
+    ct.truncate(n);
+    control.corrupt_results(1);
+    let op = Operation::DecryptRaw { ciphertext: ct.clone() };
+    let padded = engine.submit(Request::new(key.clone(), op.clone())).unwrap().wait().unwrap();
+    assert_eq!(&padded[padded.len() - secret.len()..], &secret);
+    assert_eq!(backend.stats().mismatches, 3);
+
+    // The synchronous path checks too.
+    control.corrupt_results(1);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let sign = Operation::Sign { alg: Algorithm::RsaPssSha256, input: Input::Message(msg(9)) };
+    let sig = backend.perform(&key, &sign, deadline).unwrap();
+    assert!(verify_rsa(Algorithm::RsaPssSha256, &msg(9), &sig));
+    assert_eq!(backend.stats().mismatches, 4);
+
+    // A right result passes the check untouched and uncounted.
+    let sig = engine.sign(&key, Algorithm::RsaPssSha256, &msg(10)).unwrap().wait().unwrap();
+    assert!(verify_rsa(Algorithm::RsaPssSha256, &msg(10), &sig));
+    let stats = backend.stats();
+    assert_eq!((stats.mismatches, stats.fallbacks), (4, 4), "{stats:?}");
+}
+
 #[cfg(feature = "qat")]
 mod qat {
     use super::*;

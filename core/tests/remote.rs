@@ -48,7 +48,7 @@ fn a_key_only_one_server_may_hold_is_signed_through_it() {
     let nrt = m.peers.iter().find(|p| p.name == "nrt1").unwrap();
     assert_eq!(nrt.stats.counts.requests, 0);
     // The servers' own view: each signed only what its attributes allow.
-    let served = |i: usize| servers[i].metrics().tenants.iter().map(|t| t.2.counts.ok).sum::<u64>();
+    let served = |i: usize| servers[i].metrics().tenants.iter().map(|t| t.stats.counts.ok).sum::<u64>();
     assert!(served(0) >= 20 && served(1) >= 20 && served(2) == 0);
 
     // A key Tokyo may open is opened and signed here, never forwarded.
@@ -164,10 +164,12 @@ fn one_tenants_flood_is_refused_while_another_tenant_is_served() {
     let world = World::new();
     // A slow server (50 ms per signature) so the flood stays in flight.
     let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(50)));
-    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), tenant_in_flight: Some(4), slow_threads: Some(64) });
-    let remote = client(&[("sfo1", sfo.local_addr())]);
-    let flooder = remote.key_for_tenant(&world.us_key, 1).unwrap();
-    let other = remote.key_for_tenant(&world.us_key, 2).unwrap();
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), tenant_in_flight: Some(4), slow_threads: Some(64), ..Default::default() });
+    // Tenants are who the certificates say; both clients send tenant id 0.
+    let remote = client_as("tenant-a", &[("sfo1", sfo.local_addr())]);
+    let remote_b = client_as("tenant-b", &[("sfo1", sfo.local_addr())]);
+    let flooder = remote.key(&world.us_key).unwrap();
+    let other = remote_b.key(&world.us_key).unwrap();
     let mut config = EngineConfig::default();
     config.slow.threads = 64;
     config.slow.queue_capacity = 1024;
@@ -188,10 +190,10 @@ fn one_tenants_flood_is_refused_while_another_tenant_is_served() {
     assert!(refused > 0 && ok > 0, "ok {ok}, refused {refused}: {:?}", results.iter().find(|r| r.is_err()));
     assert!(results.iter().all(|r| r.is_ok() || matches!(r, Err(e) if e.kind() == ErrorKind::Overloaded)));
     let tenants = sfo.metrics().tenants;
-    let t1 = tenants.iter().find(|t| t.0 == 1).unwrap();
-    let t2 = tenants.iter().find(|t| t.0 == 2).unwrap();
-    assert!(t1.2.counts.overloaded > 0, "{t1:?}");
-    assert_eq!((t2.2.counts.ok, t2.2.counts.overloaded), (5, 0), "{t2:?}");
+    let t1 = tenants.iter().find(|t| t.name == "tenant-a").unwrap();
+    let t2 = tenants.iter().find(|t| t.name == "tenant-b").unwrap();
+    assert!(t1.stats.counts.overloaded > 0, "{t1:?}");
+    assert_eq!((t2.stats.counts.ok, t2.stats.counts.overloaded), (5, 0), "{t2:?}");
     let m = remote.metrics();
     assert!(m.retries_refused > 0 || m.retries > 0, "refusals were retried under the budget: {m:?}");
 }
@@ -375,8 +377,8 @@ fn the_server_honours_the_remaining_budget() {
     // signature nobody waited for.
     std::thread::sleep(Duration::from_millis(400));
     let tenants = sfo.metrics().tenants;
-    assert_eq!(tenants[0].2.counts.timed_out, 1, "{tenants:?}");
-    assert_eq!(tenants[0].2.counts.ok, 0);
+    assert_eq!(tenants[0].stats.counts.timed_out, 1, "{tenants:?}");
+    assert_eq!(tenants[0].stats.counts.ok, 0);
     // With budget enough, it signs.
     engine.submit(Request::sign(key, Algorithm::EcdsaP256Sha256, b"ok".to_vec()).with_timeout(Duration::from_secs(2))).unwrap().wait().unwrap();
 }
@@ -397,7 +399,9 @@ fn metrics_are_served_in_prometheus_text() {
     let mut text = String::new();
     c.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
-    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"77\",outcome=\"ok\"} 1\n"), "{text}");
+    // The tenant is the client certificate's CN, whatever id the frames carry.
+    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1\n"), "{text}");
+    assert!(!text.contains("tenant=\"77\""), "{text}");
     assert!(text.contains("keyfence_engine_queue_depth{class=\"ec\"} 0\n"), "{text}");
     let client_text = remote.metrics().prometheus();
     assert!(client_text.contains("keyfence_remote_client_peer_requests_total{peer=\"sfo1\",outcome=\"ok\"} 2\n"), "{client_text}");

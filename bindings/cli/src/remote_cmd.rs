@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use keyfence::sign::remote::{
-    serve_metrics, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TlsFiles,
+    serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TenantSource,
+    TlsFiles,
 };
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, Store};
@@ -64,6 +65,30 @@ pub struct ServeArgs {
     /// Requests one connection may have in flight.
     #[arg(long, default_value_t = 1024)]
     connection_in_flight: u32,
+    /// Bytes of requests one tenant may have waiting or being signed;
+    /// beyond it, `overloaded`.
+    #[arg(long, default_value_t = 16 << 20)]
+    tenant_queued_bytes: usize,
+    /// Bytes of requests all tenants together may have waiting or being
+    /// signed; beyond it, `overloaded`.
+    #[arg(long, default_value_t = 64 << 20)]
+    queued_bytes: usize,
+    /// Which part of a client's certificate names its tenant: `cn` (the
+    /// subject's common name), `dns` (the first DNS subject alternative
+    /// name) or `uri` (the first URI one). Never the request frames.
+    #[arg(long, default_value = "cn")]
+    tenant_from: TenantSource,
+    /// TENANT=KEY[,KEY...]: the keys TENANT may use. KEY is an id as
+    /// `holding FILE (ID)` prints it, a full 64-digit id, or an envelope
+    /// file. Repeatable. With --allow or --allow-file, a tenant not listed
+    /// may use no key (`not_allowed`); with neither, every certified
+    /// client may use every key held.
+    #[arg(long = "allow", value_name = "TENANT=KEYS")]
+    allow: Vec<String>,
+    /// A file of `TENANT = KEY, KEY...` lines (as --allow; `#` starts a
+    /// comment).
+    #[arg(long)]
+    allow_file: Option<PathBuf>,
     /// RSA and EC signing threads each (default: the cores).
     #[arg(long)]
     threads: Option<usize>,
@@ -119,6 +144,79 @@ fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// A key named on the command line or in an allow file: an id as `serve`
+/// prints it (the first 8 bytes, among the envelopes given), a full id, or
+/// an envelope file.
+fn key_ref(s: &str, envelopes: &[PathBuf]) -> Result<KeyId> {
+    let hex = |s: &str| -> Option<Vec<u8>> {
+        (s.len() % 2 == 0 && s.bytes().all(|b| b.is_ascii_hexdigit()))
+            .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16)).collect::<Result<_, _>>().ok())
+            .flatten()
+    };
+    if s.len() == 64 {
+        if let Some(b) = hex(s) {
+            return Ok(KeyId(b.try_into().map_err(|_| exit::input("a key id is 32 bytes"))?));
+        }
+    }
+    if s.len() == 16 && hex(s).is_some() {
+        let wanted = s.to_ascii_lowercase();
+        let mut found = Vec::new();
+        for f in envelopes {
+            let id = KeyId::of_envelope(&read(f)?);
+            if id.to_string() == wanted && !found.contains(&id) {
+                found.push(id);
+            }
+        }
+        return match found[..] {
+            [id] => Ok(id),
+            [] => Err(exit::input(format!("no envelope given to --envelopes has the key id {s}"))),
+            _ => Err(exit::input(format!("the key id {s} names more than one envelope: give the full id"))),
+        };
+    }
+    let path = Path::new(s);
+    if path.is_file() {
+        return Ok(KeyId::of_envelope(&read(path)?));
+    }
+    Err(exit::input(format!("`{s}` is neither a key id (16 or 64 hex digits) nor an envelope file")))
+}
+
+/// One `TENANT=KEY,KEY` (or `TENANT = KEY, KEY`) into `allow`.
+fn allow_entry(allow: &mut AllowList, entry: &str, envelopes: &[PathBuf], at: &str) -> Result<()> {
+    let Some((tenant, keys)) = entry.split_once('=') else {
+        return Err(exit::input(format!("{at}`{entry}`: expected TENANT=KEY[,KEY...]")));
+    };
+    let tenant = tenant.trim();
+    if tenant.is_empty() {
+        return Err(exit::input(format!("{at}`{entry}`: the tenant is empty")));
+    }
+    for key in keys.split(',').map(str::trim).filter(|k| !k.is_empty()) {
+        allow.allow(tenant, key_ref(key, envelopes)?);
+    }
+    Ok(())
+}
+
+/// The allow-list from `--allow` and `--allow-file`, or `None` with
+/// neither (every certified client may use every key).
+fn allow_list(entries: &[String], file: Option<&Path>, envelopes: &[PathBuf]) -> Result<Option<AllowList>> {
+    if entries.is_empty() && file.is_none() {
+        return Ok(None);
+    }
+    let mut allow = AllowList::new();
+    for e in entries {
+        allow_entry(&mut allow, e, envelopes, "--allow ")?;
+    }
+    if let Some(f) = file {
+        let text = String::from_utf8(read(f)?).map_err(|_| exit::input(format!("{} is not UTF-8", f.display())))?;
+        for (n, line) in text.lines().enumerate() {
+            let line = line.split('#').next().unwrap_or("").trim();
+            if !line.is_empty() {
+                allow_entry(&mut allow, line, envelopes, &format!("{}:{}: ", f.display(), n + 1))?;
+            }
+        }
+    }
+    Ok(Some(allow))
+}
+
 /// Installs a subscriber printing spans and events at `level` and above.
 fn init_log(level: &str) -> Result<()> {
     let level: tracing::Level = level.parse().map_err(|_| exit::input(format!("unknown log level {level}")))?;
@@ -154,6 +252,15 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     config.name = args.name;
     config.tenant_in_flight = args.tenant_in_flight;
     config.connection_in_flight = args.connection_in_flight;
+    config.tenant_queued_bytes = args.tenant_queued_bytes;
+    config.queued_bytes = args.queued_bytes;
+    config.tenant_from = args.tenant_from;
+    config.allow = allow_list(&args.allow, args.allow_file.as_deref(), &envelope_files(&args.envelopes)?)?;
+    if let Some(allow) = &config.allow {
+        let mut tenants: Vec<&str> = allow.tenants().collect();
+        tenants.sort_unstable();
+        eprintln!("keyfence serve: tenants named by {}: {}", config.tenant_from, tenants.join(", "));
+    }
     if let Some(t) = args.threads {
         config.engine.rsa = ClassConfig { threads: t, queue_capacity: 256 * t };
         config.engine.ec = ClassConfig { threads: t, queue_capacity: 4096 * t };

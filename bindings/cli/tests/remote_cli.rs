@@ -63,6 +63,8 @@ fn serve_and_sign_remote_on_loopback() {
         .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0", "--name", "sfo1", "--seconds", "60"])
         .args(["--cert", &d.p("sfo1.pem"), "--key", &d.p("sfo1.key"), "--ca", &d.p("ca.pem")])
         .args(["--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env")])
+        // The tenant is the client certificate's CN; it may use this key.
+        .args(["--allow", &format!("client={}", d.p("key.env"))])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -90,17 +92,61 @@ fn serve_and_sign_remote_on_loopback() {
         .unwrap();
     assert!(v.status.success(), "openssl did not verify the remote signature");
 
-    // The server's metrics show tenant 42's signature.
+    // The server's metrics show the signature under the tenant its
+    // certificate names, not the id the request carried (42).
     let mut c = TcpStream::connect(&metrics).unwrap();
     c.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
     c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     c.read_to_string(&mut text).unwrap();
-    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"42\",outcome=\"ok\"} 1"), "{text}");
+    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"), "{text}");
+    assert!(!text.contains("tenant=\"42\""), "{text}");
 
     // Usage errors are exit 2.
     let o = keyfence(&["sign", "--remote", "--envelope", &d.p("key.env"), "--peer", "sfo1", "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("x")]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // Allow-lists that cannot be read are usage errors (exit 2), before
+    // the server listens.
+    let serve_with = |extra: &[&str]| {
+        let mut args = vec![
+            "serve", "--listen", "127.0.0.1:0", "--seconds", "1", "--cert", &d.p("sfo1.pem"), "--key", &d.p("sfo1.key"),
+            "--ca", &d.p("ca.pem"), "--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env"),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        args.extend(extra.iter().map(|s| s.to_string()));
+        Command::new(env!("CARGO_BIN_EXE_keyfence")).args(&args).output().unwrap()
+    };
+    for bad in [&["--allow", "nobody"][..], &["--allow", "client=0123456789abcdef"], &["--tenant-from", "email"]] {
+        let o = serve_with(bad);
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+        assert!(!String::from_utf8_lossy(&o.stdout).contains("listening"), "{bad:?}");
+    }
+    // An allow file that lists another tenant only: this client is
+    // refused the key (exit 3, saying why).
+    std::fs::write(d.p("tenants.allow"), format!("# who may use what\nother = {}\n", d.p("key.env"))).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keyfence"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--name", "sfo1", "--seconds", "60"])
+        .args(["--cert", &d.p("sfo1.pem"), "--key", &d.p("sfo1.key"), "--ca", &d.p("ca.pem")])
+        .args(["--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env")])
+        .args(["--allow-file", &d.p("tenants.allow")])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines2 = BufReader::new(child.stdout.take().unwrap()).lines();
+    let strict = Server(child);
+    let addr2 = lines2.next().unwrap().unwrap().strip_prefix("listening ").unwrap().to_string();
+    let o = keyfence(&[
+        "sign", "--remote", "--envelope", &d.p("key.env"), "--peer", &format!("sfo1,{addr2},country=US,region=NA"),
+        "--tls-cert", &d.p("client.pem"), "--tls-key", &d.p("client.key"), "--tls-ca", &d.p("ca.pem"), "--alg",
+        "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("refused.sig"), "--timeout-ms", "2000",
+    ]);
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+    assert!(stderr(&o).contains("tenant `client` may not use key"), "{}", stderr(&o));
+    drop(strict);
 
     // Killed: the next remote signature fails with exit 3, within its timeout.
     drop(server);

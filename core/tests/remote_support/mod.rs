@@ -36,9 +36,16 @@ fn openssl(dir: &Path, args: &[&str]) {
 /// Makes `NAME.key` and `NAME.pem` signed by the CA `ca` (files `ca.pem`,
 /// `ca.key` in `dir`), with `NAME` as its DNS name.
 pub fn issue_cert(dir: &Path, ca: &str, name: &str) {
+    issue_cert_with(dir, ca, name, &format!("/CN={name}"), &format!("DNS:{name}"));
+}
+
+/// Makes `NAME.key` and `NAME.pem` signed by `ca` with the subject `subj`
+/// (`/CN=...`, or `/O=...` for none) and the subject alternative names
+/// `san` (`DNS:a,URI:spiffe://b`).
+pub fn issue_cert_with(dir: &Path, ca: &str, name: &str, subj: &str, san: &str) {
     openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-    openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
-    std::fs::write(dir.join(format!("{name}.ext")), format!("subjectAltName=DNS:{name}\n")).unwrap();
+    openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", subj, "-out", &format!("{name}.csr")]);
+    std::fs::write(dir.join(format!("{name}.ext")), format!("subjectAltName={san}\n")).unwrap();
     openssl(
         dir,
         &[
@@ -57,8 +64,11 @@ pub fn make_ca(dir: &Path, name: &str) {
     );
 }
 
-/// The test PKI: CA `ca` with servers `sfo1`, `iad1`, `fra1`, `nrt1` and a
-/// `client`; a second CA `rogue` with a `rogue-client`.
+/// The test PKI: CA `ca` with servers `sfo1`, `iad1`, `fra1`, `nrt1`, a
+/// `client`, tenants' clients `tenant-a` and `tenant-b`, and `spiffe-a`
+/// (CN `tenant-b`, but URI `spiffe://example.org/shop-a`) and `no-cn`
+/// (no common name, DNS `dns-only`); a second CA `rogue` with a
+/// `rogue-client`.
 pub struct Pki {
     pub dir: PathBuf,
 }
@@ -69,9 +79,11 @@ impl Pki {
         PKI.get_or_init(|| {
             let dir = temp_dir("pki");
             make_ca(&dir, "ca");
-            for n in ["sfo1", "iad1", "fra1", "nrt1", "client"] {
+            for n in ["sfo1", "iad1", "fra1", "nrt1", "client", "tenant-a", "tenant-b"] {
                 issue_cert(&dir, "ca", n);
             }
+            issue_cert_with(&dir, "ca", "spiffe-a", "/CN=tenant-b", "DNS:tenant-b,URI:spiffe://example.org/shop-a");
+            issue_cert_with(&dir, "ca", "no-cn", "/O=keyfence tests", "DNS:dns-only");
             make_ca(&dir, "rogue");
             issue_cert(&dir, "rogue", "rogue-client");
             Pki { dir }
@@ -147,6 +159,10 @@ pub struct ServerOptions {
     pub backend: Option<Arc<dyn Backend>>,
     pub tenant_in_flight: Option<u32>,
     pub slow_threads: Option<usize>,
+    pub tenant_from: Option<keyfence::sign::remote::TenantSource>,
+    pub allow: Option<keyfence::sign::remote::AllowList>,
+    /// Per tenant and in all.
+    pub queued_bytes: Option<(usize, usize)>,
 }
 
 /// A key server called `name` on 127.0.0.1, with the keys its machine may
@@ -163,6 +179,14 @@ pub fn start_server(world: &World, name: &str, opts: ServerOptions) -> KeyServer
     config.backend = opts.backend;
     if let Some(t) = opts.tenant_in_flight {
         config.tenant_in_flight = t;
+    }
+    if let Some(t) = opts.tenant_from {
+        config.tenant_from = t;
+    }
+    config.allow = opts.allow;
+    if let Some((tenant, all)) = opts.queued_bytes {
+        config.tenant_queued_bytes = tenant;
+        config.queued_bytes = all;
     }
     let mut engine = EngineConfig::default();
     if let Some(n) = opts.slow_threads {
@@ -182,7 +206,14 @@ pub fn client_config(servers: &[(&str, SocketAddr)]) -> RemoteConfig {
 }
 
 pub fn client(servers: &[(&str, SocketAddr)]) -> RemoteSigner {
-    let c = RemoteSigner::start(client_config(servers)).unwrap();
+    client_as("client", servers)
+}
+
+/// A client with the certificate `cert` (a tenant's).
+pub fn client_as(cert: &str, servers: &[(&str, SocketAddr)]) -> RemoteSigner {
+    let mut config = client_config(servers);
+    config.tls = Pki::get().files(cert, "ca");
+    let c = RemoteSigner::start(config).unwrap();
     c.measure();
     c
 }

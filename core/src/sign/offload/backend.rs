@@ -14,6 +14,7 @@ use crate::sign::PrivateKey;
 use super::batcher::{Batcher, Slots};
 use super::device::{Device, DeviceCompletion, DeviceError, DeviceRequest};
 use super::routing::Route;
+use super::rsa_encoding::rsa_output_valid;
 use super::stats::{Counters, OffloadStats};
 use super::{open_qat, OffloadConfig, OffloadMode, OnDeviceError, QatUnavailable};
 
@@ -88,6 +89,7 @@ impl Shared {
     /// Answers `reply` from a device completion.
     fn finish(&self, completion: DeviceCompletion, reply: Reply) {
         let DeviceCompletion { key, op, result, .. } = completion;
+        let result = checked(&self.counters, &key, &op, result);
         match result {
             Ok(out) => {
                 Counters::bump(&self.counters.completed);
@@ -144,6 +146,19 @@ impl Shared {
             Some(pool) => pool.run(job),
             None => job(),
         }
+    }
+}
+
+/// A device's result as the caller may see it: an RSA result that fails
+/// the public-key check is counted and becomes a device failure (then
+/// software or an error, as [`OnDeviceError`] says), never an answer.
+fn checked(counters: &Counters, key: &PrivateKey, op: &Operation, result: Result<Output, DeviceError>) -> Result<Output, DeviceError> {
+    match result {
+        Ok(out) if rsa_output_valid(key, op, &out) == Some(false) => {
+            Counters::bump(&counters.mismatches);
+            Err(DeviceError::Failed("the device's RSA result failed the public-key check (a device fault); not used".into()))
+        }
+        r => r,
     }
 }
 
@@ -395,7 +410,7 @@ impl Backend for OffloadBackend {
             return Err(if Instant::now() >= deadline { timed_out() } else { e });
         };
         Counters::bump(&counters.submitted);
-        let result = device.perform_sync(key, op, deadline);
+        let result = checked(counters, key, op, device.perform_sync(key, op, deadline));
         drop(slot);
         let shared = &self.inner.shared;
         match result {

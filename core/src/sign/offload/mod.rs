@@ -86,7 +86,6 @@ pub mod qat;
 #[cfg(feature = "qat")]
 mod qat_device;
 mod routing;
-#[cfg(feature = "qat")]
 mod rsa_encoding;
 #[cfg(feature = "testing")]
 mod sim;

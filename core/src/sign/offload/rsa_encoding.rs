@@ -17,6 +17,7 @@ use crate::sign::PrivateKey;
 /// An RSA key split the way an offload device takes it: the CRT
 /// quintuple (PKCS #1 "representation 2"), big-endian, each padded to half
 /// the modulus length, which is what QAT expects.
+#[cfg_attr(not(feature = "qat"), allow(dead_code))]
 pub(crate) struct RsaCrt {
     /// The modulus length in bytes.
     pub(crate) modulus_len: usize,
@@ -29,6 +30,7 @@ pub(crate) struct RsaCrt {
 
 /// The CRT components, or `None` for a key that is not a local RSA key
 /// or lacks them, or whose primes are not both half the modulus long.
+#[cfg_attr(not(feature = "qat"), allow(dead_code))]
 pub(crate) fn rsa_crt(key: &PrivateKey) -> Option<RsaCrt> {
     let rsa = key.as_local()?.rsa()?;
     let modulus_len = rsa.size() as usize;
@@ -133,6 +135,59 @@ pub(crate) fn rsa_result_matches(key: &PrivateKey, em: &[u8], result: &[u8]) -> 
         Ok(n) if n == k => boring::memcmp::eq(&back, em),
         _ => false,
     }
+}
+
+/// Whether a device's `output` for `op` is right, checked with the
+/// public key only: `None` when `key` is not a local RSA key (nothing to
+/// check here), else `Some(true)` when `output^e mod n` is the ciphertext
+/// (raw decryption), the EMSA-PKCS1-v1_5 encoding of the digest, or a
+/// valid EMSA-PSS encoding of it. A wrong RSA-CRT result must never leave:
+/// with one faulty signature and the public key, anyone factors the
+/// modulus (Boneh, DeMillo and Lipton; Lenstra). BoringSSL checks its own
+/// CRT results the same way.
+pub(crate) fn rsa_output_valid(key: &PrivateKey, op: &Operation, output: &[u8]) -> Option<bool> {
+    let rsa = key.as_local().and_then(LocalKey::rsa)?;
+    let (alg, input, prehashed) = match op {
+        Operation::DecryptRaw { ciphertext } => return Some(rsa_result_matches(key, ciphertext, output)),
+        Operation::Sign { alg, input: Input::Message(m) } => (*alg, m, false),
+        Operation::Sign { alg, input: Input::Digest(d) } => (*alg, d, true),
+    };
+    Some(match alg.family() {
+        Family::RsaPkcs1 => rsa_encode(key, op).is_ok_and(|em| rsa_result_matches(key, &em, output)),
+        Family::RsaPss => {
+            let k = rsa.size() as usize;
+            let (Some(hash), true) = (alg.hash(), output.len() == k) else { return Some(false) };
+            let (Ok(digest), Ok(md)) = (digest_of(hash, input, prehashed), pss_digest(hash)) else { return Some(false) };
+            if digest.len() != md.size() {
+                return Some(false);
+            }
+            let mut em = Zeroizing::new(vec![0u8; k]);
+            if !matches!(rsa.public_encrypt(output, &mut em, Padding::NONE), Ok(n) if n == k) {
+                return Some(false);
+            }
+            // SAFETY: `rsa.as_ptr()` is a valid RSA* for the borrow; `digest`
+            // holds exactly the digest length of `md` (checked above), which
+            // the call reads; `em` holds RSA_size bytes, the encoded message
+            // length the call reads; a null MGF1 digest means `md`; salt
+            // length -1 is the digest's length, as the signing side uses.
+            let ok = unsafe {
+                boring_sys::RSA_verify_PKCS1_PSS_mgf1(
+                    rsa.as_ptr(),
+                    digest.as_ptr(),
+                    md.as_ptr(),
+                    std::ptr::null(),
+                    em.as_ptr(),
+                    -1,
+                )
+            };
+            // A failed check leaves an error on the thread's queue.
+            let _ = ErrorStack::get();
+            ok == 1
+        }
+        // Not an RSA algorithm: the key check refuses it before a device
+        // sees it; an answer to it is not one to pass on.
+        _ => false,
+    })
 }
 
 /// The DigestInfo-prefixed digest RSASSA-PKCS1-v1_5 signs (the bare 36

@@ -134,6 +134,8 @@ struct Counters {
     resets: AtomicU64,
     /// Requests run, for `fail_every`.
     runs: AtomicU64,
+    /// Results still to be corrupted ([`SimControl::corrupt_results`]).
+    corrupt: AtomicU64,
 }
 
 struct Shared {
@@ -206,7 +208,15 @@ impl Shared {
             self.counters.failed.fetch_add(1, Relaxed);
             return Err(self.failure("had a transient fault"));
         }
-        let result = key.perform(op).map_err(DeviceError::Rejected);
+        let mut result = key.perform(op).map_err(DeviceError::Rejected);
+        if let Ok(out) = &mut result {
+            let take = |n: u64| n.checked_sub(1);
+            if !out.is_empty() && self.counters.corrupt.fetch_update(Relaxed, Relaxed, take).is_ok() {
+                // One flipped bit, as a fault in one CRT half would leave.
+                let last = out.len() - 1;
+                out[last] ^= 1;
+            }
+        }
         let done = self.counters.completed.fetch_add(1, Relaxed) + 1;
         if self.config.fail_after.is_some_and(|limit| done >= limit) {
             self.fail();
@@ -464,6 +474,13 @@ impl SimControl {
     pub fn recover(&self) {
         self.shared.state().failed = false;
         self.shared.changed.notify_all();
+    }
+
+    /// Makes the next `n` results the device computes wrong (one bit
+    /// flipped, as a faulty device would return them) without saying so:
+    /// what the offload backend's public-key check exists for.
+    pub fn corrupt_results(&self, n: u64) {
+        self.shared.counters.corrupt.store(n, Relaxed);
     }
 
     /// Whether the device is failed.

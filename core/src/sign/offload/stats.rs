@@ -15,6 +15,11 @@ pub struct OffloadStats {
     pub completed: u64,
     /// Operations the device failed ([`DeviceError::is_device_fault`](super::DeviceError::is_device_fault)).
     pub device_errors: u64,
+    /// Device RSA results that failed the public-key check (a faulty
+    /// device: such a result would reveal the key); each is also counted in
+    /// `device_errors` and answered as [`OnDeviceError`](super::OnDeviceError)
+    /// says, in software by default. Never passed to the caller.
+    pub mismatches: u64,
     /// Operations that expired at the device (their deadline passed first).
     pub expired: u64,
     /// Device failures answered by performing the operation in software.
@@ -55,6 +60,7 @@ pub(crate) struct Counters {
     pub(crate) submitted: AtomicU64,
     pub(crate) completed: AtomicU64,
     pub(crate) device_errors: AtomicU64,
+    pub(crate) mismatches: AtomicU64,
     pub(crate) expired: AtomicU64,
     pub(crate) fallbacks: AtomicU64,
     pub(crate) failed: AtomicU64,
@@ -74,6 +80,7 @@ impl Counters {
             submitted: self.submitted.load(Relaxed),
             completed: self.completed.load(Relaxed),
             device_errors: self.device_errors.load(Relaxed),
+            mismatches: self.mismatches.load(Relaxed),
             expired: self.expired.load(Relaxed),
             fallbacks: self.fallbacks.load(Relaxed),
             failed: self.failed.load(Relaxed),

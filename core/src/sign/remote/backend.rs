@@ -45,8 +45,9 @@ pub struct RemoteConfig {
     /// The client's certificate and key, and the CA the servers'
     /// certificates must come from.
     pub tls: TlsFiles,
-    /// The tenant (zone) of keys made with [`RemoteSigner::key`].
-    /// Default 0.
+    /// The tenant id written in the requests for keys made with
+    /// [`RemoteSigner::key`]. Default 0. Servers ignore it: they take a
+    /// client's tenant from its certificate (`docs/remote.md`, "Tenants").
     pub tenant: u64,
     /// Connections per peer, each multiplexing many requests. Default 2.
     pub connections_per_peer: usize,
@@ -454,7 +455,7 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         RemoteErrorCode::Overloaded | RemoteErrorCode::TenantLimit | RemoteErrorCode::ShuttingDown => {
             Attempt::Next { error: SignError::PeerOverloaded { reason: format!("{}: {msg}", code.name()) }, breaker: false }
         }
-        RemoteErrorCode::UnknownKey => {
+        RemoteErrorCode::UnknownKey | RemoteErrorCode::NotAllowed => {
             Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: false }
         }
         RemoteErrorCode::TimedOut => Attempt::Final(SignError::TimedOut { timeout: Duration::ZERO }),

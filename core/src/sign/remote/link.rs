@@ -12,7 +12,7 @@ use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use boring::ssl::{ErrorCode as SslErrorCode, SslStream};
 
@@ -83,7 +83,18 @@ pub(crate) trait Handler {
     /// Handles one frame. An error ends the connection, with its text as
     /// the reason.
     fn frame(&mut self, frame: Frame) -> Result<(), String>;
+
+    /// Whether answers to frames already handled are still to come from
+    /// other threads: a connection closing for a bad frame waits for them
+    /// (up to [`LINGER`]) so everything before the bad bytes is answered.
+    fn busy(&self) -> bool {
+        false
+    }
 }
+
+/// How long a connection closing for a bad frame keeps writing the answers
+/// to the frames before it.
+pub(crate) const LINGER: Duration = Duration::from_secs(5);
 
 /// A connection ready for [`run`]: the stream (non-blocking from here on),
 /// the outbox other threads write to, and the waker's reading end.
@@ -128,10 +139,14 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
     // call per wake-up by the waker (BoringSSL holds no decrypted bytes
     // between turns: each turn reads until it wants more).
     let mut readable = true;
+    // Set once a bad frame arrived: why, and until when the answers to the
+    // frames before it are still written. Nothing more is decoded.
+    let mut closing: Option<(String, Instant)> = None;
     loop {
         if outbox.is_closed() {
             return "closed by this side".into();
         }
+
         // Take what other threads queued.
         {
             let mut queued = outbox.buf();
@@ -172,7 +187,9 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
         while readable {
             match link.stream.ssl_read(&mut buf) {
                 Ok(0) => return "the peer closed the connection".into(),
-                Ok(n) => link.decoder.push(&buf[..n]),
+                // Past a bad frame, what the peer sends is dropped unread.
+                Ok(n) if closing.is_none() => link.decoder.push(&buf[..n]),
+                Ok(_) => {}
                 Err(e) if e.code() == SslErrorCode::WANT_READ => readable = false,
                 Err(e) if e.code() == SslErrorCode::WANT_WRITE => {
                     want_write = true;
@@ -185,7 +202,7 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
                 Err(e) => return format!("reading failed: {e}"),
             }
         }
-        loop {
+        while closing.is_none() {
             match link.decoder.next_frame() {
                 Ok(Some(frame)) => {
                     if let Err(why) = handler.frame(frame) {
@@ -195,14 +212,32 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
                     }
                 }
                 Ok(None) => break,
-                Err(e) => return format!("a bad frame: {e}"),
+                Err(e) => {
+                    // The stream cannot be resynchronised, but every frame
+                    // before the bad bytes was handled and gets its answer.
+                    closing = Some((format!("a bad frame: {e}"), Instant::now() + LINGER));
+                }
             }
         }
         if !outbox.buf().is_empty() {
             continue;
         }
         let want_write = want_write || written < out.len();
-        match poll::wait(fd, want_write, link.waker.as_raw_fd(), -1) {
+        if let Some((why, until)) = &closing {
+            // `busy` before the outbox: an answer is queued before its
+            // request stops counting as busy.
+            if written == out.len() && !handler.busy() && outbox.buf().is_empty() {
+                return why.clone();
+            }
+            if Instant::now() >= *until {
+                return format!("{why} (answers still unwritten after {LINGER:?})");
+            }
+        }
+        let timeout = match &closing {
+            Some((_, until)) => i32::try_from(until.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(i32::MAX).max(1),
+            None => -1,
+        };
+        match poll::wait(fd, want_write, link.waker.as_raw_fd(), timeout) {
             Ok((socket, woken)) => {
                 readable = socket;
                 if woken {

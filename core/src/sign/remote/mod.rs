@@ -15,11 +15,12 @@
 //!   with keys its attributes allow ([`KeyRing`]), optionally in the
 //!   isolated key process; its own [`Engine`](crate::sign::Engine) with
 //!   per-class executors and bounded queues answering `overloaded` at once;
-//!   per-connection and per-tenant in-flight limits; the caller's remaining
+//!   tenants named by client certificates, each allowed its own keys;
+//!   per-connection and per-tenant in-flight and byte limits; the caller's remaining
 //!   budget honoured; Prometheus metrics ([`serve_metrics`]).
 //! - [`protocol`]: one documented, versioned binary protocol on the key
 //!   process's framing: request ids, replies in any order, the remaining
-//!   budget, a trace id and a tenant id in every request.
+//!   budget and a trace id in every request.
 //! - [`RemoteSigner`]: the engine's backend for keys held by peers, on its
 //!   slow executor (local RSA and ECDSA never wait behind it). A bounded
 //!   pool of multiplexed connections per peer, connect and request
@@ -38,8 +39,8 @@
 //! | layer | modules | what |
 //! | --- | --- | --- |
 //! | 0 | `protocol` | the wire format (no BoringSSL) |
-//! | 1 | `tls`, `poll`, `metrics`, `backoff`, `retry_budget`, `breaker`, `tenants`, `keyring` | mutual-TLS contexts; `poll(2)`; counters and Prometheus text; the retry policies; per-tenant admission; the server's keys |
-//! | 2 | `link` | one TLS connection's thread: frames in, queued frames out |
+//! | 1 | `tls`, `poll`, `metrics`, `backoff`, `retry_budget`, `breaker`, `keyring` | mutual-TLS contexts; `poll(2)`; counters and Prometheus text; the retry policies; the server's keys |
+//! | 2 | `link`, `tenants` | one TLS connection's thread: frames in, queued frames out; tenants from certificates, their keys and admission |
 //! | 3 | `conn`, `server`, `exporter` | a client connection; the key server; the metrics endpoint |
 //! | 4 | `pool`, `routing` | connections per peer; peers and their order |
 //! | 5 | `backend` | [`RemoteSigner`] |
@@ -69,4 +70,5 @@ pub use metrics::{RequestCounts, RequestStats};
 pub use retry_budget::RetryBudgetConfig;
 pub use routing::PeerConfig;
 pub use server::{KeyServer, ServerConfig, ServerMetrics};
+pub use tenants::{AllowList, TenantMetrics, TenantSource};
 pub use tls::TlsFiles;

@@ -26,8 +26,9 @@
 //!   clocks to agree.
 //! - `trace_id`: the client's trace id for this operation; the server's
 //!   spans carry it, so one slow request can be followed across the hop.
-//! - `tenant`: the zone the key belongs to; the server bounds each
-//!   tenant's requests in flight so one zone cannot fill it.
+//! - `tenant`: kept so the bytes stay the same for every client, and
+//!   ignored by the server: a client's tenant is what its certificate
+//!   says (see `docs/remote.md`, "Tenants"), never what its frames say.
 //!
 //! `docs/remote.md` has the full message table. As in the key process, a
 //! length word out of range ends the connection (the stream cannot be
@@ -101,11 +102,16 @@ pub enum RemoteErrorCode {
     Version = 11,
     /// The server is shutting down.
     ShuttingDown = 12,
+    /// The client's tenant (named by its certificate) may not use that
+    /// key on this server, or the certificate names no tenant at all.
+    /// Refused before any work; another peer may be configured to allow
+    /// it.
+    NotAllowed = 13,
 }
 
 impl RemoteErrorCode {
     /// Every code.
-    pub const ALL: [RemoteErrorCode; 10] = [
+    pub const ALL: [RemoteErrorCode; 11] = [
         RemoteErrorCode::Malformed,
         RemoteErrorCode::UnknownKey,
         RemoteErrorCode::Crypto,
@@ -116,6 +122,7 @@ impl RemoteErrorCode {
         RemoteErrorCode::TenantLimit,
         RemoteErrorCode::Version,
         RemoteErrorCode::ShuttingDown,
+        RemoteErrorCode::NotAllowed,
     ];
 
     /// The code for a byte, `Internal` for unknown ones.
@@ -136,6 +143,7 @@ impl RemoteErrorCode {
             RemoteErrorCode::TenantLimit => "tenant_limit",
             RemoteErrorCode::Version => "version",
             RemoteErrorCode::ShuttingDown => "shutting_down",
+            RemoteErrorCode::NotAllowed => "not_allowed",
         }
     }
 }
@@ -208,7 +216,8 @@ pub struct Head {
     pub budget: Duration,
     /// The operation's trace id.
     pub trace_id: [u8; 16],
-    /// The tenant (zone) the key belongs to.
+    /// A tenant id the client may send; servers ignore it and take the
+    /// tenant from the client's certificate.
     pub tenant: u64,
 }
 

@@ -3,14 +3,18 @@
 //! per-class executors and bounded queues answer `overloaded` at once
 //! rather than letting work pile up.
 //!
-//! Admission, in order, for each OP: a budget already spent is answered
-//! `timed_out` without work; a key the server does not hold,
-//! `unknown_key` (the client tries the next capable peer); a connection
-//! with its announced maximum in flight, `overloaded`; a tenant with its
-//! maximum in flight, `tenant_limit`; then the engine, whose full queue is
-//! `overloaded`. The engine is given the request's budget as its timeout,
-//! so nothing is signed for a caller that has given up. None of this does
-//! more than a hash-map lookup under a lock.
+//! A connection's tenant is read once, from its client certificate
+//! ([`TenantSource`]), after the handshake; the tenant id in request frames
+//! is ignored. Admission, in order, for each OP: a budget already spent is
+//! answered `timed_out` without work; a key the server does not hold,
+//! `unknown_key` (the client tries the next capable peer); a key the
+//! tenant may not use ([`ServerConfig::allow`]), `not_allowed`; a
+//! connection with its announced maximum in flight, `overloaded`; a tenant
+//! with its maximum in flight, `tenant_limit`; a tenant or the whole server
+//! with its maximum request bytes waiting, `overloaded`; then the engine,
+//! whose full queue is `overloaded`. The engine is given the request's
+//! budget as its timeout, so nothing is signed for a caller that has given
+//! up. None of this does more than a hash-map lookup under a lock.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -26,7 +30,7 @@ use super::link::{self, Handler, Link, Outbox};
 use super::metrics::{request_stats, Outcome, RequestStats};
 use crate::sign::exposition::Exposition;
 use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode, Request as Wire};
-use super::tenants::Tenants;
+use super::tenants::{AllowList, Keys, Limits, Refused, Tenant, TenantMetrics, TenantSource, Tenants};
 use super::tls::{self, TlsFiles};
 use crate::sign::types::{ErrorKind, Operation, Output, Resource, SignError};
 use crate::sign::{Backend, Engine, EngineConfig, EngineMetrics, Request};
@@ -46,6 +50,22 @@ pub struct ServerConfig {
     pub engine: EngineConfig,
     /// Requests one tenant may have in flight on this server. Default 256.
     pub tenant_in_flight: u32,
+    /// Bytes of requests (whole frames) one tenant may have waiting or
+    /// being signed on this server; beyond it, `overloaded`. Default
+    /// 16 MiB.
+    pub tenant_queued_bytes: usize,
+    /// Bytes of requests all tenants together may have waiting or being
+    /// signed; beyond it, `overloaded`. Default 64 MiB (what the isolated
+    /// key process queues at most).
+    pub queued_bytes: usize,
+    /// Which part of a client's certificate names its tenant. Default: the
+    /// subject's CN. A certificate without it is refused at the hello with
+    /// `not_allowed`.
+    pub tenant_from: TenantSource,
+    /// Which keys each tenant may use; a tenant not listed may use none
+    /// (`not_allowed`). `None` (the default) lets every certified client
+    /// use every key the server holds, as before tenants were checked.
+    pub allow: Option<AllowList>,
     /// Requests one connection may have in flight (announced in the
     /// hello). Default 1024.
     pub connection_in_flight: u32,
@@ -68,6 +88,10 @@ impl std::fmt::Debug for ServerConfig {
             .field("tls", &self.tls)
             .field("engine", &self.engine)
             .field("tenant_in_flight", &self.tenant_in_flight)
+            .field("tenant_queued_bytes", &self.tenant_queued_bytes)
+            .field("queued_bytes", &self.queued_bytes)
+            .field("tenant_from", &self.tenant_from)
+            .field("allow", &self.allow.as_ref().map(|a| a.tenants().count()))
             .field("connection_in_flight", &self.connection_in_flight)
             .field("max_connections", &self.max_connections)
             .field("handshake_timeout", &self.handshake_timeout)
@@ -85,6 +109,10 @@ impl ServerConfig {
             tls,
             engine: EngineConfig::default(),
             tenant_in_flight: 256,
+            tenant_queued_bytes: 16 << 20,
+            queued_bytes: 64 << 20,
+            tenant_from: TenantSource::CommonName,
+            allow: None,
             connection_in_flight: 1024,
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(5),
@@ -107,8 +135,12 @@ pub struct ServerMetrics {
     pub handshakes_failed: u64,
     /// Frames answered `malformed`.
     pub malformed: u64,
-    /// Per tenant: id, requests in flight now, counters and latency.
-    pub tenants: Vec<(u64, u32, RequestStats)>,
+    /// Bytes of requests waiting or being signed now, all tenants.
+    pub queued_bytes: usize,
+    /// Per tenant (by the name its certificates give): requests and bytes
+    /// in flight now, refusals of keys it may not use, counters and
+    /// latency.
+    pub tenants: Vec<TenantMetrics>,
     /// The signing engine's per-class metrics.
     pub engine: EngineMetrics,
 }
@@ -128,12 +160,25 @@ impl ServerMetrics {
             e.family(name, "counter", help);
             e.sample(name, &[], v as f64);
         }
+        let q = "keyfence_remote_server_queued_bytes";
+        e.family(q, "gauge", "Bytes of requests waiting or being signed.");
+        e.sample(q, &[], self.queued_bytes as f64);
         let n = "keyfence_remote_server_tenant_in_flight";
         e.family(n, "gauge", "Requests in flight, by tenant.");
-        for (t, inflight, _) in &self.tenants {
-            e.sample(n, &[("tenant", &t.to_string())], f64::from(*inflight));
+        for t in &self.tenants {
+            e.sample(n, &[("tenant", &t.name)], f64::from(t.in_flight));
         }
-        let series: Vec<(String, &RequestStats)> = self.tenants.iter().map(|(t, _, s)| (t.to_string(), s)).collect();
+        let n = "keyfence_remote_server_tenant_queued_bytes";
+        e.family(n, "gauge", "Bytes of requests waiting or being signed, by tenant.");
+        for t in &self.tenants {
+            e.sample(n, &[("tenant", &t.name)], t.queued_bytes as f64);
+        }
+        let n = "keyfence_remote_server_tenant_not_allowed_total";
+        e.family(n, "counter", "Requests for a key the tenant may not use, by tenant.");
+        for t in &self.tenants {
+            e.sample(n, &[("tenant", &t.name)], t.not_allowed as f64);
+        }
+        let series: Vec<(String, &RequestStats)> = self.tenants.iter().map(|t| (t.name.clone(), &t.stats)).collect();
         request_stats(&mut e, "keyfence_remote_server_tenant", "tenant", &series);
         e.engine("keyfence_engine", &self.engine);
         e.finish()
@@ -179,6 +224,12 @@ impl KeyServer {
         if config.tenant_in_flight == 0 || !(1..=p::MAX_IN_FLIGHT).contains(&config.connection_in_flight) {
             return Err(SignError::Config("tenant_in_flight must be at least 1, connection_in_flight 1 to 65536".into()));
         }
+        if config.tenant_queued_bytes < p::MAX_FRAME || config.queued_bytes < config.tenant_queued_bytes {
+            return Err(SignError::Config(format!(
+                "tenant_queued_bytes must be at least one frame ({} bytes), queued_bytes at least tenant_queued_bytes",
+                p::MAX_FRAME
+            )));
+        }
         if config.max_connections == 0 {
             return Err(SignError::Config("max_connections must be at least 1".into()));
         }
@@ -191,7 +242,11 @@ impl KeyServer {
             .map_err(|e| SignError::io(Resource::Socket, format!("cannot listen on {}: {e}", config.listen)))?;
         let addr = listener.local_addr().map_err(|e| SignError::io(Resource::Socket, e.to_string()))?;
         let inner = Arc::new(Inner {
-            tenants: Tenants::new(config.tenant_in_flight),
+            tenants: Tenants::new(Limits {
+                tenant_requests: config.tenant_in_flight,
+                tenant_bytes: config.tenant_queued_bytes,
+                server_bytes: config.queued_bytes,
+            }),
             config,
             acceptor,
             engine,
@@ -226,6 +281,7 @@ impl KeyServer {
             connections_refused: i.refused.load(Ordering::Relaxed),
             handshakes_failed: i.handshakes_failed.load(Ordering::Relaxed),
             malformed: i.malformed.load(Ordering::Relaxed),
+            queued_bytes: i.tenants.queued_bytes(),
             tenants: i.tenants.snapshot(),
             engine: i.engine.metrics(),
         }
@@ -296,12 +352,20 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
         Ok(s) => s,
         Err(e) => return failed(format!("TLS handshake: {e}")),
     };
+    // Who the client is comes from its certificate, which the CA signed,
+    // and from nothing it sends.
+    let source = inner.config.tenant_from;
+    let tenant_name = stream.ssl().peer_certificate().and_then(|c| source.tenant_of(&c));
     let mut decoder = p::Decoder::new();
     let hello = match link::read_frame(&mut stream, &mut decoder) {
         Ok(f) => f,
         Err(e) => return failed(format!("hello: {e}")),
     };
     let answer = match (hello.kind, p::parse_hello_request(&hello.body)) {
+        (kind::HELLO, Ok(())) if tenant_name.is_none() => Err(p::error_body(
+            RemoteErrorCode::NotAllowed,
+            &format!("the client certificate names no tenant (this server reads it from: {source})"),
+        )),
         (kind::HELLO, Ok(())) => Ok(p::hello_reply(inner.config.connection_in_flight)),
         (kind::HELLO, Err(p::BodyError::Value("hello version"))) => {
             Err(p::error_body(RemoteErrorCode::Version, "this server speaks version 1"))
@@ -313,8 +377,12 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
         Ok(body) => p::encode(&mut frame, kind::HELLO, 0, &[body]),
         Err(body) => p::encode(&mut frame, kind::ERR, hello.id, &[body]),
     }
-    if stream.write_all(&frame).is_err() || answer.is_err() {
-        return failed("bad hello".into());
+    let Some(tenant_name) = tenant_name.filter(|_| answer.is_ok()) else {
+        let _ = stream.write_all(&frame);
+        return failed("bad hello, or a certificate without a tenant".into());
+    };
+    if stream.write_all(&frame).is_err() {
+        return failed("cannot answer the hello".into());
     }
     if stream.get_ref().set_read_timeout(None).and_then(|()| stream.get_ref().set_write_timeout(None)).is_err() {
         return failed("cannot configure the socket".into());
@@ -330,9 +398,18 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
     if inner.stop.load(Ordering::Acquire) {
         outbox.close();
     }
-    let mut handler = Conn { inner: inner.clone(), outbox: outbox.clone(), in_flight: Arc::new(AtomicU32::new(0)) };
+    let keys = Keys::of(inner.config.allow.as_ref(), &tenant_name);
+    let tenant = inner.tenants.get(&tenant_name);
+    let mut handler = Conn {
+        inner: inner.clone(),
+        outbox: outbox.clone(),
+        in_flight: Arc::new(AtomicU32::new(0)),
+        unanswered: Arc::new(AtomicU32::new(0)),
+        tenant,
+        keys,
+    };
     let why = link::run(link, &outbox, &mut handler);
-    tracing::debug!(server = %inner.config.name, %peer, %why, "connection ended");
+    tracing::debug!(server = %inner.config.name, %peer, tenant = %tenant_name, %why, "connection ended");
     inner.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
 }
 
@@ -340,7 +417,15 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
 struct Conn {
     inner: Arc<Inner>,
     outbox: Arc<Outbox>,
+    /// Requests counted against the connection's announced bound.
     in_flight: Arc<AtomicU32>,
+    /// Requests whose answer is not yet in the outbox (released after the
+    /// send, where `in_flight` is released before it).
+    unanswered: Arc<AtomicU32>,
+    /// The tenant its certificate names.
+    tenant: Arc<Tenant>,
+    /// The keys that tenant may use.
+    keys: Keys,
 }
 
 /// A connection slot, released when the answer is sent.
@@ -350,6 +435,10 @@ impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+fn not_allowed(tenant: &Tenant, key: &KeyId) -> String {
+    format!("tenant `{}` may not use key {key} on this server", tenant.name)
 }
 
 fn err_frame(id: u64, code: RemoteErrorCode, msg: &str) -> Vec<u8> {
@@ -389,7 +478,12 @@ impl Handler for Conn {
                 self.outbox.send(&f);
             }
             Ok(Wire::Public(head)) => {
-                let reply = match self.inner.keys.get(&KeyId(head.key_id)) {
+                let id = KeyId(head.key_id);
+                let reply = match self.inner.keys.get(&id) {
+                    Some(_) if !self.keys.contains(&id) => {
+                        self.tenant.not_allowed.fetch_add(1, Ordering::Relaxed);
+                        err_frame(frame.id, RemoteErrorCode::NotAllowed, &not_allowed(&self.tenant, &id))
+                    }
                     Some(key) => match key.public_key_der() {
                         Ok(der) => {
                             let mut f = Vec::new();
@@ -402,7 +496,7 @@ impl Handler for Conn {
                 };
                 self.outbox.send(&reply);
             }
-            Ok(Wire::Op(head, op)) => self.op(frame.id, head, op),
+            Ok(Wire::Op(head, op)) => self.op(frame.id, head, op, p::HEADER + frame.body.len()),
             Err(e) => {
                 self.inner.malformed.fetch_add(1, Ordering::Relaxed);
                 self.outbox.send(&err_frame(frame.id, RemoteErrorCode::Malformed, &e.to_string()));
@@ -410,15 +504,28 @@ impl Handler for Conn {
         }
         Ok(())
     }
+
+    fn busy(&self) -> bool {
+        self.unanswered.load(Ordering::Acquire) > 0
+    }
+}
+
+/// A request whose answer is not yet queued; see [`Conn::unanswered`].
+struct Unanswered(Arc<AtomicU32>);
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Conn {
-    fn op(&self, id: u64, head: Head, op: Operation) {
+    fn op(&self, id: u64, head: Head, op: Operation, bytes: usize) {
         let received = Instant::now();
         let inner = &self.inner;
-        let tenant = inner.tenants.get(head.tenant);
+        let tenant = &self.tenant;
         tenant.stats.begin();
-        let span = tracing::debug_span!("keyfence.remote.serve", server = %inner.config.name, trace_id = %head.trace_hex(), tenant = head.tenant, request = id);
+        let span = tracing::debug_span!("keyfence.remote.serve", server = %inner.config.name, trace_id = %head.trace_hex(), tenant = %tenant.name, request = id);
         let refuse = |code: RemoteErrorCode, msg: &str| {
             tenant.stats.end(outcome(code), Duration::ZERO);
             span.in_scope(|| tracing::debug!(code = code.name(), msg, "refused"));
@@ -427,17 +534,33 @@ impl Conn {
         if head.budget.is_zero() {
             return refuse(RemoteErrorCode::TimedOut, "the request's budget was spent before it arrived");
         }
-        let Some(key) = inner.keys.get(&KeyId(head.key_id)) else {
+        let key_id = KeyId(head.key_id);
+        let Some(key) = inner.keys.get(&key_id) else {
             return refuse(RemoteErrorCode::UnknownKey, "this server does not hold that key");
         };
+        if !self.keys.contains(&key_id) {
+            tenant.not_allowed.fetch_add(1, Ordering::Relaxed);
+            return refuse(RemoteErrorCode::NotAllowed, &not_allowed(tenant, &key_id));
+        }
         if self.in_flight.fetch_add(1, Ordering::AcqRel) >= inner.config.connection_in_flight {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
             return refuse(RemoteErrorCode::Overloaded, "this connection has its maximum in flight");
         }
         let slot = Slot(self.in_flight.clone());
-        let Some(admitted) = inner.tenants.admit(tenant.clone()) else {
-            return refuse(RemoteErrorCode::TenantLimit, "this tenant has its maximum in flight on this server");
+        let admitted = match inner.tenants.admit(tenant.clone(), bytes) {
+            Ok(a) => a,
+            Err(Refused::TenantRequests) => {
+                return refuse(RemoteErrorCode::TenantLimit, "this tenant has its maximum in flight on this server")
+            }
+            Err(Refused::TenantBytes) => {
+                return refuse(RemoteErrorCode::Overloaded, "this tenant has its maximum request bytes waiting on this server")
+            }
+            Err(Refused::ServerBytes) => {
+                return refuse(RemoteErrorCode::Overloaded, "this server has its maximum request bytes waiting")
+            }
         };
+        self.unanswered.fetch_add(1, Ordering::AcqRel);
+        let unanswered = Unanswered(self.unanswered.clone());
         let outbox = self.outbox.clone();
         let done_span = span.clone();
         let answer = move |result: Result<Output, SignError>| {
@@ -457,6 +580,7 @@ impl Conn {
             done_span.in_scope(|| tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered"));
             drop((admitted, slot));
             outbox.send(&frame);
+            drop(unanswered);
         };
         let req = Request::new(key.clone(), op).with_timeout(head.budget);
         if let Err(e) = span.in_scope(|| inner.engine.submit_with_callback(req, answer)) {

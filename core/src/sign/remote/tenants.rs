@@ -1,92 +1,316 @@
-//! Per-tenant admission on the server: each tenant (zone) may have at most
-//! a fixed number of requests in flight, so one zone's flood is refused
-//! while every other zone is served (the first Geo Key Manager outage was
-//! one new zone filling every queue). A lookup is one hash-map access
-//! under a short lock, and the count itself is an atomic.
+//! Tenants on the server: who a client is, which keys it may use, and how
+//! much of the server it may take.
+//!
+//! A client's tenant is read from its certificate (the CA's word), never
+//! from its frames: a client cannot borrow another tenant's keys, limits
+//! or slots by writing another id. Each tenant may have at most a fixed
+//! number of requests and of request bytes in flight, so one tenant's
+//! flood is refused while every other tenant is served (the first Geo Key
+//! Manager outage was one new zone filling every queue). A lookup is one
+//! hash-map access under a short lock, once per connection; the counts are
+//! atomics.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use boring::nid::Nid;
+use boring::x509::X509Ref;
+
+use super::keyring::KeyId;
 use super::metrics::{RequestStats, StatsCell};
 
 /// Tenants tracked one by one; beyond this many, further tenants share one
-/// entry (and its limit), so a peer inventing tenant ids cannot grow the
-/// server's memory without bound.
+/// entry (and its limits), so a CA that issues many certificates cannot
+/// grow the server's memory without bound.
 pub(crate) const MAX_TRACKED: usize = 10_000;
 
-/// The tenant id the overflow entry reports.
-pub(crate) const OVERFLOW: u64 = u64::MAX;
+/// The name the shared entry past [`MAX_TRACKED`] reports.
+pub(crate) const OVERFLOW: &str = "(overflow)";
+
+/// Which part of a client's certificate names its tenant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TenantSource {
+    /// The subject's common name (CN). The default.
+    #[default]
+    CommonName,
+    /// The first DNS name among the subject alternative names.
+    DnsName,
+    /// The first URI among the subject alternative names (a SPIFFE id,
+    /// say).
+    Uri,
+}
+
+impl TenantSource {
+    /// `cn`, `dns` or `uri`, as `keyfence serve --tenant-from` takes it.
+    pub fn name(self) -> &'static str {
+        match self {
+            TenantSource::CommonName => "cn",
+            TenantSource::DnsName => "dns",
+            TenantSource::Uri => "uri",
+        }
+    }
+
+    /// The tenant `cert` names, or `None` when it has no such field (or
+    /// an empty or non-UTF-8 one).
+    pub(crate) fn tenant_of(self, cert: &X509Ref) -> Option<String> {
+        let name = match self {
+            TenantSource::CommonName => {
+                let entry = cert.subject_name().entries_by_nid(Nid::COMMONNAME).next()?;
+                entry.data().as_utf8().ok()?.to_string()
+            }
+            TenantSource::DnsName => cert.subject_alt_names()?.iter().find_map(|n| n.dnsname().map(str::to_string))?,
+            TenantSource::Uri => cert.subject_alt_names()?.iter().find_map(|n| n.uri().map(str::to_string))?,
+        };
+        (!name.is_empty()).then_some(name)
+    }
+}
+
+impl fmt::Display for TenantSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for TenantSource {
+    type Err = String;
+
+    /// `cn`, `dns` or `uri`.
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "cn" => Ok(TenantSource::CommonName),
+            "dns" => Ok(TenantSource::DnsName),
+            "uri" => Ok(TenantSource::Uri),
+            _ => Err(format!("unknown tenant source `{s}` (cn, dns or uri)")),
+        }
+    }
+}
+
+/// Which keys each tenant may use. A tenant not listed may use none.
+///
+/// ```
+/// use keyfence::sign::remote::{AllowList, KeyId};
+/// let mut allow = AllowList::new();
+/// allow.allow("shop-a", KeyId([1; 32]));
+/// assert!(allow.allows("shop-a", &KeyId([1; 32])));
+/// assert!(!allow.allows("shop-a", &KeyId([2; 32])));
+/// assert!(!allow.allows("shop-b", &KeyId([1; 32])));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct AllowList {
+    tenants: HashMap<String, Arc<HashSet<KeyId>>>,
+}
+
+impl AllowList {
+    /// An empty list: nobody may use any key.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Lets `tenant` use `key`.
+    pub fn allow(&mut self, tenant: &str, key: KeyId) {
+        Arc::make_mut(self.tenants.entry(tenant.to_string()).or_default()).insert(key);
+    }
+
+    /// Whether `tenant` may use `key`.
+    pub fn allows(&self, tenant: &str, key: &KeyId) -> bool {
+        self.tenants.get(tenant).is_some_and(|keys| keys.contains(key))
+    }
+
+    /// The tenants listed, in no order.
+    pub fn tenants(&self) -> impl Iterator<Item = &str> {
+        self.tenants.keys().map(String::as_str)
+    }
+
+    fn keys_of(&self, tenant: &str) -> Arc<HashSet<KeyId>> {
+        self.tenants.get(tenant).cloned().unwrap_or_default()
+    }
+}
+
+/// The keys one connection's tenant may use.
+#[derive(Clone)]
+pub(crate) enum Keys {
+    /// No allow-list is configured: every key the server holds.
+    All,
+    /// These only.
+    Only(Arc<HashSet<KeyId>>),
+}
+
+impl Keys {
+    pub(crate) fn of(allow: Option<&AllowList>, tenant: &str) -> Keys {
+        match allow {
+            None => Keys::All,
+            Some(a) => Keys::Only(a.keys_of(tenant)),
+        }
+    }
+
+    pub(crate) fn contains(&self, key: &KeyId) -> bool {
+        match self {
+            Keys::All => true,
+            Keys::Only(keys) => keys.contains(key),
+        }
+    }
+}
 
 pub(crate) struct Tenant {
-    pub(crate) id: u64,
+    pub(crate) name: String,
     in_flight: AtomicU32,
+    queued_bytes: AtomicUsize,
+    pub(crate) not_allowed: AtomicU64,
     pub(crate) stats: StatsCell,
 }
 
-/// One admitted request of a tenant; its slot is released when dropped.
-pub(crate) struct Admitted(Arc<Tenant>);
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refused {
+    /// The tenant has its maximum requests in flight.
+    TenantRequests,
+    /// The tenant has its maximum request bytes in flight.
+    TenantBytes,
+    /// The whole server has its maximum request bytes in flight.
+    ServerBytes,
+}
+
+/// One admitted request of a tenant; its slot and bytes are released when
+/// dropped.
+pub(crate) struct Admitted {
+    tenant: Arc<Tenant>,
+    bytes: usize,
+    total: Arc<AtomicUsize>,
+}
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.tenant.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.tenant.queued_bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        self.total.fetch_sub(self.bytes, Ordering::AcqRel);
     }
 }
 
 impl Admitted {
     pub(crate) fn tenant(&self) -> &Tenant {
-        &self.0
+        &self.tenant
     }
+}
+
+/// A tenant's entry in [`ServerMetrics`](super::ServerMetrics).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct TenantMetrics {
+    /// The tenant's name, as its certificate gives it (`(overflow)` for
+    /// the entry tenants share past 10,000).
+    pub name: String,
+    /// Requests in flight now.
+    pub in_flight: u32,
+    /// Bytes of those requests.
+    pub queued_bytes: usize,
+    /// Requests refused because the tenant may not use the key
+    /// (`not_allowed`); also counted as failed in `stats`.
+    pub not_allowed: u64,
+    /// Counters and latency.
+    pub stats: RequestStats,
+}
+
+/// The limits [`Tenants`] admits under.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) tenant_requests: u32,
+    pub(crate) tenant_bytes: usize,
+    pub(crate) server_bytes: usize,
 }
 
 pub(crate) struct Tenants {
-    limit: u32,
-    map: Mutex<HashMap<u64, Arc<Tenant>>>,
+    limits: Limits,
+    map: Mutex<HashMap<String, Arc<Tenant>>>,
     overflow: Arc<Tenant>,
+    total_bytes: Arc<AtomicUsize>,
+}
+
+fn reserve(counter: &AtomicUsize, n: usize, limit: usize) -> bool {
+    counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |have| have.checked_add(n).filter(|t| *t <= limit)).is_ok()
 }
 
 impl Tenants {
-    pub(crate) fn new(limit: u32) -> Self {
-        Tenants { limit, map: Mutex::new(HashMap::new()), overflow: Arc::new(Tenant::new(OVERFLOW)) }
+    pub(crate) fn new(limits: Limits) -> Self {
+        Tenants {
+            limits,
+            map: Mutex::new(HashMap::new()),
+            overflow: Arc::new(Tenant::new(OVERFLOW)),
+            total_bytes: Arc::new(AtomicUsize::new(0)),
+        }
     }
 
-    pub(crate) fn get(&self, id: u64) -> Arc<Tenant> {
+    pub(crate) fn get(&self, name: &str) -> Arc<Tenant> {
         let mut map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(t) = map.get(&id) {
+        if let Some(t) = map.get(name) {
             return t.clone();
         }
         if map.len() >= MAX_TRACKED {
             return self.overflow.clone();
         }
-        map.entry(id).or_insert_with(|| Arc::new(Tenant::new(id))).clone()
+        map.entry(name.to_string()).or_insert_with(|| Arc::new(Tenant::new(name))).clone()
     }
 
-    /// Takes a slot for `tenant`, or `None` when it has `limit` in flight.
-    pub(crate) fn admit(&self, tenant: Arc<Tenant>) -> Option<Admitted> {
-        let limit = self.limit;
-        tenant.in_flight.fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1)).ok()?;
-        Some(Admitted(tenant))
+    /// Takes a slot and `bytes` for `tenant`, or says which limit is
+    /// reached. Nothing is held when it refuses.
+    pub(crate) fn admit(&self, tenant: Arc<Tenant>, bytes: usize) -> Result<Admitted, Refused> {
+        let limit = self.limits.tenant_requests;
+        tenant
+            .in_flight
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| (n < limit).then_some(n + 1))
+            .map_err(|_| Refused::TenantRequests)?;
+        if !reserve(&tenant.queued_bytes, bytes, self.limits.tenant_bytes) {
+            tenant.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(Refused::TenantBytes);
+        }
+        if !reserve(&self.total_bytes, bytes, self.limits.server_bytes) {
+            tenant.in_flight.fetch_sub(1, Ordering::AcqRel);
+            tenant.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+            return Err(Refused::ServerBytes);
+        }
+        Ok(Admitted { tenant, bytes, total: self.total_bytes.clone() })
     }
 
-    /// Every tenant's id, requests in flight and counters.
-    pub(crate) fn snapshot(&self) -> Vec<(u64, u32, RequestStats)> {
-        let tenants: Vec<Arc<Tenant>> = {
+    /// Request bytes in flight on the whole server.
+    pub(crate) fn queued_bytes(&self) -> usize {
+        self.total_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Every tenant's entry, by name.
+    pub(crate) fn snapshot(&self) -> Vec<TenantMetrics> {
+        let mut tenants: Vec<Arc<Tenant>> = {
             let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
-            map.values().cloned().chain(std::iter::once(self.overflow.clone())).collect()
+            map.values().cloned().collect()
         };
+        if self.overflow.stats.snapshot().counts.requests > 0 {
+            tenants.push(self.overflow.clone());
+        }
         let mut out: Vec<_> = tenants
             .iter()
-            .map(|t| (t.id, t.in_flight.load(Ordering::Relaxed), t.stats.snapshot()))
-            .filter(|(id, _, s)| *id != OVERFLOW || s.counts.requests > 0)
+            .map(|t| TenantMetrics {
+                name: t.name.clone(),
+                in_flight: t.in_flight.load(Ordering::Relaxed),
+                queued_bytes: t.queued_bytes.load(Ordering::Relaxed),
+                not_allowed: t.not_allowed.load(Ordering::Relaxed),
+                stats: t.stats.snapshot(),
+            })
             .collect();
-        out.sort_by_key(|t| t.0);
+        out.sort_by(|a, b| a.name.cmp(&b.name));
         out
     }
 }
 
 impl Tenant {
-    fn new(id: u64) -> Self {
-        Tenant { id, in_flight: AtomicU32::new(0), stats: StatsCell::new() }
+    fn new(name: &str) -> Self {
+        Tenant {
+            name: name.to_string(),
+            in_flight: AtomicU32::new(0),
+            queued_bytes: AtomicUsize::new(0),
+            not_allowed: AtomicU64::new(0),
+            stats: StatsCell::new(),
+        }
     }
 }
 
@@ -94,24 +318,53 @@ impl Tenant {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_tenant_at_its_limit_is_refused_and_others_are_not() {
-        let t = Tenants::new(2);
-        let a1 = t.admit(t.get(1)).unwrap();
-        let _a2 = t.admit(t.get(1)).unwrap();
-        assert!(t.admit(t.get(1)).is_none());
-        assert!(t.admit(t.get(2)).is_some());
-        drop(a1);
-        assert!(t.admit(t.get(1)).is_some());
+    fn tenants(requests: u32, tenant_bytes: usize, server_bytes: usize) -> Tenants {
+        Tenants::new(Limits { tenant_requests: requests, tenant_bytes, server_bytes })
     }
 
     #[test]
-    fn invented_tenants_share_one_entry_past_the_cap() {
-        let t = Tenants::new(1);
-        for id in 0..MAX_TRACKED as u64 + 50 {
-            t.get(id);
+    fn a_tenant_at_its_limit_is_refused_and_others_are_not() {
+        let t = tenants(2, 1 << 20, 1 << 20);
+        let a1 = t.admit(t.get("a"), 1).unwrap();
+        let _a2 = t.admit(t.get("a"), 1).unwrap();
+        assert_eq!(t.admit(t.get("a"), 1).err(), Some(Refused::TenantRequests));
+        assert!(t.admit(t.get("b"), 1).is_ok());
+        drop(a1);
+        assert!(t.admit(t.get("a"), 1).is_ok());
+    }
+
+    #[test]
+    fn bytes_are_bounded_per_tenant_and_in_all_and_released() {
+        let t = tenants(100, 1000, 1500);
+        let a = t.admit(t.get("a"), 800).unwrap();
+        assert_eq!(t.admit(t.get("a"), 201).err(), Some(Refused::TenantBytes));
+        let b = t.admit(t.get("b"), 700).unwrap();
+        assert_eq!(t.admit(t.get("c"), 1).err(), Some(Refused::ServerBytes));
+        assert_eq!(t.queued_bytes(), 1500);
+        // A refusal holds nothing: the slot and bytes it tried are free.
+        let snap = t.snapshot();
+        let c = snap.iter().find(|m| m.name == "c").unwrap();
+        assert_eq!((c.in_flight, c.queued_bytes), (0, 0));
+        drop((a, b));
+        assert_eq!(t.queued_bytes(), 0);
+        assert!(t.admit(t.get("c"), 1000).is_ok());
+    }
+
+    #[test]
+    fn many_tenants_share_one_entry_past_the_cap() {
+        let t = tenants(1, 1, 1);
+        for id in 0..MAX_TRACKED + 50 {
+            t.get(&id.to_string());
         }
         assert_eq!(t.map.lock().unwrap().len(), MAX_TRACKED);
-        assert_eq!(t.get(u64::MAX - 1).id, OVERFLOW);
+        assert_eq!(t.get("one more").name, OVERFLOW);
+    }
+
+    #[test]
+    fn sources_parse_and_print() {
+        for s in [TenantSource::CommonName, TenantSource::DnsName, TenantSource::Uri] {
+            assert_eq!(s.name().parse::<TenantSource>(), Ok(s));
+        }
+        assert!("san".parse::<TenantSource>().unwrap_err().contains("cn, dns or uri"));
     }
 }

@@ -1,0 +1,362 @@
+//! The key server's trust and limits (issues 33 and 24): a client's tenant
+//! is what its certificate says, never what its frames say; a tenant uses
+//! only the keys it is allowed, its own limits and its own slots; request
+//! bytes waiting are bounded per tenant and in all; every frame before a
+//! bad length word is answered; a trickling scraper stalls no other one.
+//! Real TLS servers on loopback, certificates from the test CA, every wait
+//! bounded.
+#![cfg(feature = "sign")]
+
+mod remote_support;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boring::ssl::SslStream;
+use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
+use keyfence::sign::remote::{serve_metrics, AllowList, KeyId, KeyServer, TenantSource};
+use keyfence::sign::{Algorithm, Engine, EngineConfig, Input, LatencyBackend, Operation};
+use remote_support::*;
+
+type Tls = SslStream<TcpStream>;
+
+/// A TLS connection to `addr` with `cert`'s certificate (the server's
+/// name is checked as `sfo1`).
+fn connect(cert: &str, addr: std::net::SocketAddr) -> Tls {
+    use boring::ssl::{SslConnector, SslFiletype, SslMethod};
+    let pki = Pki::get();
+    let f = pki.files(cert, "ca");
+    let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
+    b.set_ca_file(pki.dir.join("ca.pem")).unwrap();
+    b.set_certificate_chain_file(&f.cert).unwrap();
+    b.set_private_key_file(&f.key, SslFiletype::PEM).unwrap();
+    let tcp = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    tcp.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    b.build().connect("sfo1", tcp).unwrap()
+}
+
+fn read_frame(s: &mut Tls) -> Result<p::Frame, String> {
+    let mut len = [0u8; 4];
+    s.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize];
+    s.read_exact(&mut rest).map_err(|e| e.to_string())?;
+    let mut d = p::Decoder::new();
+    d.push(&len);
+    d.push(&rest);
+    d.next_frame().map_err(|e| e.to_string())?.ok_or_else(|| "short frame".into())
+}
+
+/// Connects as `cert` and says hello: the server's answer.
+fn hello_as(cert: &str, addr: std::net::SocketAddr) -> (Tls, p::Frame) {
+    let mut s = connect(cert, addr);
+    let mut f = Vec::new();
+    p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request()]);
+    s.write_all(&f).unwrap();
+    let reply = read_frame(&mut s).unwrap();
+    (s, reply)
+}
+
+fn session(cert: &str, addr: std::net::SocketAddr) -> Tls {
+    let (s, reply) = hello_as(cert, addr);
+    assert_eq!(reply.kind, kind::HELLO, "{:?}", p::parse_error(&reply.body));
+    s
+}
+
+fn head(key: &keyfence::wrap::Envelope, tenant: u64) -> Head {
+    Head { key_id: KeyId::of_envelope(key.to_bytes()).0, budget: Duration::from_secs(5), trace_id: [3; 16], tenant }
+}
+
+fn sign_op(data: Vec<u8>) -> Operation {
+    Operation::Sign { alg: Algorithm::EcdsaP256Sha256, input: Input::Message(data) }
+}
+
+/// Reads `n` replies: (id, None for OK or Some(code)), sorted by id.
+fn replies(s: &mut Tls, n: usize) -> Vec<(u64, Option<RemoteErrorCode>)> {
+    let mut out: Vec<_> = (0..n)
+        .map(|_| {
+            let f = read_frame(s).unwrap();
+            (f.id, (f.kind == kind::ERR).then(|| p::parse_error(&f.body).0))
+        })
+        .collect();
+    out.sort_by_key(|r| r.0);
+    out
+}
+
+fn tenant<'a>(server: &KeyServer, name: &str) -> keyfence::sign::remote::TenantMetrics {
+    server.metrics().tenants.into_iter().find(|t| t.name == name).unwrap_or_else(|| panic!("no tenant {name}"))
+}
+
+/// sfo1 holds the US keys; `tenant-a` may use the ECDSA one, `tenant-b`
+/// the RSA one.
+fn allow_a_ec_b_rsa(world: &World) -> AllowList {
+    let mut allow = AllowList::new();
+    allow.allow("tenant-a", KeyId::of_envelope(world.us_key.to_bytes()));
+    allow.allow("tenant-b", KeyId::of_envelope(world.us_rsa.to_bytes()));
+    allow
+}
+
+#[test]
+fn a_tenant_cannot_use_another_tenants_key_whatever_its_frames_say() {
+    let world = World::new();
+    let sfo = start_server(&world, "sfo1", ServerOptions { allow: Some(allow_a_ec_b_rsa(&world)), ..Default::default() });
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+
+    // Through the client: A signs with its key, and is refused B's.
+    let a = client_as("tenant-a", &[("sfo1", sfo.local_addr())]);
+    let key = a.key(&world.us_key).unwrap();
+    let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"mine").unwrap().wait().unwrap();
+    assert!(verify_ecdsa(&key.public_key_der().unwrap(), b"mine", &sig));
+    let e = a.key(&world.us_rsa).unwrap_err();
+    assert!(e.to_string().contains("may not use key"), "{e}");
+    // B, the other way round; a client whose CN is in no list gets nothing.
+    let b = client_as("tenant-b", &[("sfo1", sfo.local_addr())]);
+    assert!(b.key(&world.us_rsa).is_ok());
+    assert!(b.key(&world.us_key).is_err());
+    assert!(client_as("client", &[("sfo1", sfo.local_addr())]).key(&world.us_key).is_err());
+
+    // On the wire: OP and PUBLIC for B's key are `not_allowed` for A, with
+    // any tenant id in the frame (B's, zero, the largest); A's own key is
+    // served with any id too.
+    let before = tenant(&sfo, "tenant-a");
+    let mut s = session("tenant-a", sfo.local_addr());
+    let rsa = Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: Input::Message(b"theirs".to_vec()) };
+    let mut f = Vec::new();
+    for (i, t) in [0u64, 1, 2, 42, u64::MAX].into_iter().enumerate() {
+        let i = i as u64 * 10;
+        p::encode_op(&mut f, i + 1, &head(&world.us_rsa, t), &rsa);
+        p::encode_public(&mut f, i + 2, &head(&world.us_rsa, t));
+        p::encode_op(&mut f, i + 3, &head(&world.us_key, t), &sign_op(b"mine".to_vec()));
+    }
+    s.write_all(&f).unwrap();
+    let got = replies(&mut s, 15);
+    for (id, code) in got {
+        let want = if id % 10 == 3 { None } else { Some(RemoteErrorCode::NotAllowed) };
+        assert_eq!(code, want, "request {id}");
+    }
+    let m = tenant(&sfo, "tenant-a");
+    assert!(before.not_allowed >= 1, "the client's PUBLIC for B's key: {before:?}");
+    assert_eq!(m.not_allowed - before.not_allowed, 10, "{m:?}");
+    assert_eq!(m.stats.counts.ok - before.stats.counts.ok, 5, "{m:?}");
+    // The ids in the frames made no tenants; B counted nothing of A's.
+    let names: Vec<String> = sfo.metrics().tenants.into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["client", "tenant-a", "tenant-b"]);
+    let b = tenant(&sfo, "tenant-b");
+    assert_eq!(b.stats.counts.requests, 0, "{b:?}");
+    assert!(b.not_allowed >= 1, "{b:?}");
+    let text = sfo.metrics().prometheus();
+    let line = format!("keyfence_remote_server_tenant_not_allowed_total{{tenant=\"tenant-a\"}} {}\n", m.not_allowed);
+    assert!(text.contains(&line), "{text}");
+}
+
+#[test]
+fn a_tenant_cannot_borrow_another_tenants_limit_by_writing_other_ids() {
+    let world = World::new();
+    // Slow signatures (500 ms), so every request stays in flight while the
+    // rest arrive (all in one write, decoded in microseconds).
+    let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(500)));
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), tenant_in_flight: Some(4), slow_threads: Some(32), ..Default::default() });
+    let mut s = session("tenant-a", sfo.local_addr());
+    let mut f = Vec::new();
+    // Twenty requests, each claiming another tenant (B's among them).
+    for i in 0..20u64 {
+        p::encode_op(&mut f, i, &head(&world.us_key, i), &sign_op(vec![i as u8]));
+    }
+    s.write_all(&f).unwrap();
+    let got = replies(&mut s, 20);
+    let ok = got.iter().filter(|r| r.1.is_none()).count();
+    let limited = got.iter().filter(|r| r.1 == Some(RemoteErrorCode::TenantLimit)).count();
+    assert_eq!((ok, limited), (4, 16), "{got:?}");
+    let m = tenant(&sfo, "tenant-a");
+    assert_eq!((m.stats.counts.ok, m.stats.counts.overloaded), (4, 16), "{m:?}");
+    assert_eq!(sfo.metrics().tenants.len(), 1, "one tenant, whatever the frames said");
+}
+
+#[test]
+fn one_tenants_flood_never_takes_another_tenants_slots() {
+    let world = World::new();
+    let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(100)));
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), tenant_in_flight: Some(4), slow_threads: Some(32), ..Default::default() });
+    // A floods on two connections, every request claiming the id B's
+    // requests carry (0): with tenants taken from frames, that filled B's
+    // slots. A's own slots stay full for the whole test.
+    let addr = sfo.local_addr();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flooders: Vec<_> = (0..2)
+        .map(|c| {
+            let (stop, b_id) = (stop.clone(), head(&world.us_key, 0));
+            std::thread::spawn(move || {
+                let mut s = session("tenant-a", addr);
+                let mut sent = 0u64;
+                let mut refused = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut f = Vec::new();
+                    for i in 0..16u64 {
+                        p::encode_op(&mut f, sent + i, &b_id, &sign_op(vec![c]));
+                    }
+                    s.write_all(&f).unwrap();
+                    refused += replies(&mut s, 16).iter().filter(|r| r.1.is_some()).count() as u64;
+                    sent += 16;
+                }
+                refused
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // B, meanwhile, is served every time, each within its own slot's time.
+    let mut s = session("tenant-b", addr);
+    for i in 0..10u64 {
+        let t = Instant::now();
+        let mut f = Vec::new();
+        p::encode_op(&mut f, i, &head(&world.us_key, 0), &sign_op(vec![2]));
+        s.write_all(&f).unwrap();
+        assert_eq!(replies(&mut s, 1), [(i, None)], "B's request {i}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let refused: u64 = flooders.into_iter().map(|t| t.join().unwrap()).sum();
+    assert!(refused > 0, "A's flood was refused beyond its own limit");
+    let b = tenant(&sfo, "tenant-b");
+    assert_eq!((b.stats.counts.ok, b.stats.counts.overloaded), (10, 0), "{b:?}");
+}
+
+#[test]
+fn the_tenant_comes_from_the_configured_certificate_field() {
+    let world = World::new();
+    // URI: `spiffe-a`'s CN says tenant-b, its URI says shop-a: shop-a it is.
+    let sfo = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::Uri), ..Default::default() });
+    let mut s = session("spiffe-a", sfo.local_addr());
+    let mut f = Vec::new();
+    p::encode_op(&mut f, 1, &head(&world.us_key, 7), &sign_op(b"m".to_vec()));
+    s.write_all(&f).unwrap();
+    assert_eq!(replies(&mut s, 1), [(1, None)]);
+    let names: Vec<String> = sfo.metrics().tenants.into_iter().map(|t| t.name).collect();
+    assert_eq!(names, ["spiffe://example.org/shop-a"]);
+    // A certificate without a URI names no tenant: refused at the hello.
+    let (_s, reply) = hello_as("tenant-a", sfo.local_addr());
+    assert_eq!((reply.kind, p::parse_error(&reply.body).0), (kind::ERR, RemoteErrorCode::NotAllowed));
+    assert!(p::parse_error(&reply.body).1.contains("names no tenant"));
+
+    // The default, the CN: a certificate without one is refused; DNS
+    // names it by its first DNS name.
+    let cn = start_server(&world, "sfo1", ServerOptions::default());
+    let (_s, reply) = hello_as("no-cn", cn.local_addr());
+    assert_eq!(p::parse_error(&reply.body).0, RemoteErrorCode::NotAllowed);
+    let dns = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::DnsName), ..Default::default() });
+    let mut s = session("no-cn", dns.local_addr());
+    let mut f = Vec::new();
+    p::encode_ping(&mut f, 1);
+    p::encode_op(&mut f, 2, &head(&world.us_key, 0), &sign_op(b"m".to_vec()));
+    s.write_all(&f).unwrap();
+    assert_eq!(replies(&mut s, 2), [(1, None), (2, None)]);
+    assert_eq!(dns.metrics().tenants[0].name, "dns-only");
+}
+
+#[test]
+fn request_bytes_waiting_are_bounded_per_tenant_and_in_all() {
+    let world = World::new();
+    let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(500)));
+    // 1 MiB per tenant, 1.5 MiB in all; requests of 400 KiB.
+    let limits = (1 << 20, 3 << 19);
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), slow_threads: Some(16), queued_bytes: Some(limits), ..Default::default() });
+    let big = || sign_op(vec![5; 400 << 10]);
+    let mut a = session("tenant-a", sfo.local_addr());
+    let mut f = Vec::new();
+    for i in 0..3 {
+        p::encode_op(&mut f, i, &head(&world.us_key, 0), &big());
+    }
+    a.write_all(&f).unwrap();
+    // The third of A's would pass its 1 MiB: refused at once.
+    let first = read_frame(&mut a).unwrap();
+    assert_eq!((first.id, p::parse_error(&first.body).0), (2, RemoteErrorCode::Overloaded));
+    assert!(p::parse_error(&first.body).1.contains("tenant"), "{:?}", p::parse_error(&first.body));
+    assert!(tenant(&sfo, "tenant-a").queued_bytes > 800 << 10);
+    // B's first fits in all (1.2 MiB); its second would pass 1.5 MiB.
+    let mut b = session("tenant-b", sfo.local_addr());
+    let mut f = Vec::new();
+    p::encode_op(&mut f, 10, &head(&world.us_key, 0), &big());
+    p::encode_op(&mut f, 11, &head(&world.us_key, 0), &big());
+    b.write_all(&f).unwrap();
+    let first = read_frame(&mut b).unwrap();
+    assert_eq!((first.id, p::parse_error(&first.body).0), (11, RemoteErrorCode::Overloaded));
+    assert!(p::parse_error(&first.body).1.contains("server"), "{:?}", p::parse_error(&first.body));
+    // The admitted ones are signed, and their bytes given back.
+    assert_eq!(replies(&mut a, 2), [(0, None), (1, None)]);
+    assert_eq!(replies(&mut b, 1), [(10, None)]);
+    let until = Instant::now() + Duration::from_secs(2);
+    while sfo.metrics().queued_bytes > 0 && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(sfo.metrics().queued_bytes, 0);
+    a.write_all(&{
+        let mut f = Vec::new();
+        p::encode_op(&mut f, 3, &head(&world.us_key, 0), &big());
+        f
+    })
+    .unwrap();
+    assert_eq!(replies(&mut a, 1), [(3, None)]);
+}
+
+/// Issue 24, item 2: a PING and an OP, then a length word out of range, in
+/// one write: both are answered, then the connection closes.
+#[test]
+fn frames_before_a_bad_length_word_are_answered_before_the_close() {
+    let world = World::new();
+    let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(200)));
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), ..Default::default() });
+    for _ in 0..3 {
+        let mut s = session("client", sfo.local_addr());
+        let mut f = Vec::new();
+        p::encode_ping(&mut f, 5);
+        p::encode_op(&mut f, 6, &head(&world.us_key, 0), &sign_op(b"before the junk".to_vec()));
+        f.extend(u32::MAX.to_be_bytes());
+        f.extend([0u8; 9]);
+        s.write_all(&f).unwrap();
+        assert_eq!(replies(&mut s, 2), [(5, None), (6, None)]);
+        assert!(read_frame(&mut s).is_err(), "closed after the answers");
+    }
+}
+
+/// Issue 33: a scraper sending its request a byte a second neither stalls
+/// another scrape nor keeps its connection past the deadline.
+#[test]
+fn a_trickling_metrics_client_does_not_stall_other_scrapes() {
+    let endpoint = serve_metrics("127.0.0.1:0".parse().unwrap(), || "kf_up 1\n".to_string()).unwrap();
+    let addr = endpoint.local_addr();
+    let mut slow = TcpStream::connect(addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let trickler = {
+        let mut w = slow.try_clone().unwrap();
+        std::thread::spawn(move || {
+            for b in b"GET /metrics HTTP/1.1\r\n" {
+                if w.write_all(&[*b]).is_err() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_millis(100));
+    for _ in 0..3 {
+        let t = Instant::now();
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        c.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut text = String::new();
+        c.read_to_string(&mut text).unwrap();
+        assert!(text.starts_with("HTTP/1.1 200 OK\r\n") && text.ends_with("kf_up 1\n"), "{text}");
+        assert!(t.elapsed() < Duration::from_millis(500), "a scrape took {:?}", t.elapsed());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The trickler is cut off at the deadline (2 s), not served for hours.
+    let t = Instant::now();
+    let mut sink = Vec::new();
+    let _ = slow.read_to_end(&mut sink);
+    assert!(t.elapsed() < Duration::from_secs(3), "the trickler kept its connection {:?}", t.elapsed());
+    assert!(sink.is_empty(), "the trickler got an answer: {}", String::from_utf8_lossy(&sink));
+    let _ = slow.shutdown(std::net::Shutdown::Both);
+    trickler.join().unwrap();
+    drop(endpoint);
+}
