@@ -15,7 +15,7 @@ use clap::Args;
 use keyfence::sign::remote::{
     serve_metrics, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TlsFiles,
 };
-use keyfence::sign::isolated::{KeyProcess, KeySource};
+use keyfence::sign::isolated::KeyProcess;
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineInfo, PublicMachine, Store};
 
@@ -235,14 +235,10 @@ pub fn parse_peer(s: &str) -> Result<PeerConfig> {
 }
 
 /// The key for `keyfence sign --remote`: a handle on the peers' copy, or
-/// this machine's own when it may open the envelope (opened by `keys`, the
-/// isolated key process, when given: then this process reads only the
-/// machine key's public part).
-pub fn remote_key(
-    opts: &RemoteOpts,
-    timeout: Duration,
-    keys: Option<&KeyProcess>,
-) -> Result<(Arc<PrivateKey>, RemoteSigner)> {
+/// this machine's own when it may open the envelope. (`--isolated`, which
+/// would keep the machine key out of this process, is refused with
+/// `--remote`.)
+pub fn remote_key(opts: &RemoteOpts, timeout: Duration) -> Result<(Arc<PrivateKey>, RemoteSigner)> {
     let envelope_path = opts.envelope.as_ref().context("--remote needs --envelope")?;
     let peers = opts.peers.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>>>()?;
     let (Some(cert), Some(key), Some(ca)) = (&opts.tls_cert, &opts.tls_key, &opts.tls_ca) else {
@@ -254,20 +250,8 @@ pub fn remote_key(
     config.request_timeout = timeout.min(config.request_timeout);
     let remote = RemoteSigner::start(config)?;
     let bytes = read(envelope_path)?;
-    let key = match (&opts.store, &opts.machine_key, keys) {
-        (Some(store), Some(machine_key), Some(kp)) => {
-            // As `open_or_forward`, with the machine key in the key process.
-            let env = Envelope::parse(&bytes).with_context(|| format!("reading {}", envelope_path.display()))?;
-            let public = public_machine(store, machine_key)?;
-            if public.could_open(&env) {
-                public.can_open(&env).with_context(|| format!("cannot open {}", envelope_path.display()))?;
-                let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-                kp.load(KeySource::EnvelopeBytes { store: abs(store), machine_key: abs(machine_key), envelope: bytes })?
-            } else {
-                remote.key(&env)?
-            }
-        }
-        (Some(store), Some(machine_key), None) => {
+    let key = match (&opts.store, &opts.machine_key) {
+        (Some(store), Some(machine_key)) => {
             let machine = crate::wrap_cmd::open_machine(store, machine_key)?;
             remote.open_or_forward(&machine, &bytes).map_err(anyhow::Error::new)?
         }

@@ -81,7 +81,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
     let timeout = Duration::from_millis(args.timeout_ms);
     // Started first so that they outlive the key handle.
     let keys = if args.isolated { Some(key_process(1)?) } else { None };
-    let remote = if args.remote.remote { Some(crate::remote_cmd::remote_key(&args.remote, timeout, keys.as_ref())?) } else { None };
+    let remote = if args.remote.remote { Some(crate::remote_cmd::remote_key(&args.remote, timeout)?) } else { None };
     let key_path = args.key.clone().unwrap_or_default();
     let key = match (&keys, &remote) {
         (_, Some((key, _))) => key.clone(),
