@@ -483,7 +483,9 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     std::fs::write(dir.join("eu.env"), eu.to_bytes()).unwrap();
     let mk = authority.issue(&"country=US,region=NA".parse().unwrap()).unwrap();
     std::fs::write(dir.join("sfo1.machine"), &mk.to_bytes()[..]).unwrap();
-    let machine = keyfence::wrap::Machine::new(mk, store, keyfence::wrap::CacheConfig::default());
+    // This process reads only the public view; the key process the key.
+    let info = keyfence::wrap::MachineInfo::from_key_bytes(&std::fs::read(dir.join("sfo1.machine")).unwrap()).unwrap();
+    let machine = keyfence::wrap::PublicMachine::new(info, store);
 
     let mut c = IsolatedConfig::with_command([env!("CARGO_BIN_EXE_keyfence-keyd")]);
     c.rsa_threads = 1;
@@ -508,6 +510,50 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"isolated").unwrap().wait().unwrap();
     assert!(verify_ecdsa(&der, b"isolated", &sig));
     assert!(remote.key(&eu).is_err(), "no peer holds the EU key");
+}
+
+/// Issue 33: the id a key server files an isolated key under names the
+/// envelope bytes it read; the key process must hold the key of those
+/// bytes, even when the file is replaced afterwards and the key process
+/// restarts (it used to read the file again, and then held the new key
+/// under the old key's id).
+#[test]
+fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
+    use keyfence::sign::isolated::{IsolatedConfig, KeyProcess};
+    use keyfence::sign::remote::{KeyId, KeyRing};
+    use keyfence::wrap::{FileStore, MachineInfo, PublicMachine, Store};
+    let dir = temp_dir("remote-isolated-swap");
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(dir.join("store")).unwrap());
+    let mut authority = keyfence::wrap::Authority::init(store.clone()).unwrap();
+    let first = authority.wrap("country: US", &ec_pem()).unwrap();
+    let second = authority.wrap("country: US", &ec_pem()).unwrap();
+    let mk = authority.issue(&"country=US".parse().unwrap()).unwrap();
+    std::fs::write(dir.join("m.machine"), &mk.to_bytes()[..]).unwrap();
+    std::fs::write(dir.join("k.env"), first.to_bytes()).unwrap();
+    let machine = PublicMachine::new(MachineInfo::from_key_bytes(&mk.to_bytes()).unwrap(), store);
+
+    let mut c = IsolatedConfig::with_command([env!("CARGO_BIN_EXE_keyfence-keyd")]);
+    c.rsa_threads = 1;
+    c.ec_threads = 1;
+    let keys = KeyProcess::start(c).unwrap();
+    let mut ring = KeyRing::new();
+    let id = ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("m.machine"), &dir.join("k.env")).unwrap();
+    assert_eq!(id, KeyId::of_envelope(first.to_bytes()));
+    let der = ring.get(&id).unwrap().public_key_der().unwrap();
+
+    // Another key in the same file, then the key process dies and comes back.
+    std::fs::write(dir.join("k.env"), second.to_bytes()).unwrap();
+    let pid = keys.pid().unwrap();
+    assert!(std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    let t = Instant::now();
+    while keys.restarts() == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(keys.wait_running(Duration::from_secs(5)));
+    assert_eq!(keys.status().unwrap().keys, 1, "the key was loaded again");
+    let sig = ring.get(&id).unwrap().sign(Algorithm::EcdsaP256Sha256, b"same key").unwrap();
+    assert!(verify_ecdsa(&der, b"same key", &sig), "the key process signed with another key than the id names");
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A TCP relay to `to` that holds every chunk for `delay` each way: a

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use keyfence::policy::Attributes;
 use keyfence::wrap::{
-    nearest_capable, Authority, CacheConfig, Envelope, FileStore, GenerationState, Machine, MachineKey, MemoryStore, Peer,
-    Store, WrapError,
+    nearest_capable, Authority, CacheConfig, Envelope, FileStore, GenerationState, Machine, MachineInfo, MachineKey,
+    MemoryStore, Peer, PublicMachine, Store, WrapError,
 };
 
 fn attrs(s: &str) -> Attributes {
@@ -441,4 +441,63 @@ fn machine_keys_are_not_issued_for_text_not_in_nfc() {
     let (_, a) = setup();
     let e = a.issue(&Attributes::from_pairs([("city", "Zu\u{308}rich")])).unwrap_err();
     assert_eq!(e.code(), keyfence::ErrorCode::InvalidAttributes, "{e}");
+}
+
+/// Issue 33: a key server that keeps its keys in the key process decides
+/// with the public view of its machine key; it must decide as the machine
+/// would, for every reason the machine has.
+#[test]
+fn the_public_view_decides_as_the_machine_does() {
+    let (store, mut a) = setup();
+    let eu = a.issue(&attrs("region=EU")).unwrap();
+    let us = a.issue(&attrs("region=US")).unwrap();
+    let env = a.wrap("region: EU", b"secret").unwrap();
+    let foreign = setup().1.wrap("region: EU", b"x").unwrap();
+    let info = MachineInfo::from_key_bytes(&eu.to_bytes()).unwrap();
+    assert_eq!(info, eu.info());
+    assert_eq!((info.attributes(), info.generations(), info.authority()), (eu.attributes(), &eu.generations()[..], eu.authority()));
+    assert!(!format!("{info:?}").contains("keys"), "{info:?}");
+
+    let decide = |mk: &MachineKey, env: &Envelope| {
+        let machine = Machine::new(mk.clone(), store.clone(), CacheConfig::default());
+        let public = PublicMachine::new(MachineInfo::from_key_bytes(&mk.to_bytes()).unwrap(), store.clone());
+        assert_eq!(public.could_open(env), machine.could_open(env));
+        let (m, p) = (machine.can_open(env), public.can_open(env));
+        assert_eq!(format!("{m:?}"), format!("{p:?}"));
+        assert_eq!(format!("{:?}", machine.public().can_open(env)), format!("{p:?}"));
+        p.map_err(|e| e.code())
+    };
+    assert_eq!(decide(&eu, &env), Ok(()));
+    assert_eq!(decide(&us, &env), Err(keyfence::ErrorCode::PolicyNotSatisfied));
+    assert_eq!(decide(&eu, &foreign), Err(keyfence::ErrorCode::WrongAuthority));
+    let old = eu.generations()[0];
+    let mut rotations = 0;
+    while a.rotate_master().unwrap().retired != Some(old) {
+        rotations += 1;
+        assert!(rotations < 8, "the first generation never retired");
+    }
+    assert_eq!(decide(&eu, &env), Err(keyfence::ErrorCode::RetiredGeneration));
+    let fresh = a.issue(&attrs("region=EU")).unwrap();
+    assert_eq!(decide(&fresh, &env), Ok(()));
+    // A policy key with no sealed copy (removed from the store).
+    let other = a.wrap("region: EU or region: US", b"y").unwrap();
+    let sealed: Vec<String> = store.list("sealed/").unwrap().into_iter().filter(|n| !n.contains(&hex(&env.policy_id))).collect();
+    assert!(!sealed.is_empty());
+    for name in sealed {
+        store.delete(&name).unwrap();
+    }
+    assert_eq!(decide(&fresh, &other), Err(keyfence::ErrorCode::UnknownPolicyKey));
+}
+
+#[test]
+fn a_public_view_of_bad_bytes_is_an_error() {
+    let (_, a) = setup();
+    let bytes = a.issue(&attrs("region=EU")).unwrap().to_bytes();
+    for cut in [0, 3, 4, 36, bytes.len() - 1] {
+        assert!(matches!(MachineInfo::from_key_bytes(&bytes[..cut]), Err(WrapError::Malformed { .. })), "cut at {cut}");
+    }
+    let mut extra = bytes.to_vec();
+    extra.push(0);
+    assert!(matches!(MachineInfo::from_key_bytes(&extra), Err(WrapError::Malformed { .. })));
+    assert_eq!(MachineInfo::from_key_bytes(&bytes).unwrap().generations().len(), 1);
 }

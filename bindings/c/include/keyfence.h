@@ -955,6 +955,42 @@ keyfence_result keyfence_key_from_pem(const struct keyfence_engine *engine,
                                       struct keyfence_private_key **out);
 
 /*
+ Loads the private key wrapped in the envelope `env[0..len]`, opened
+ with the machine key in the file `machine_key_path` against the store
+ directory `store_dir`, into `*out`.
+
+ With an isolated engine the key process reads the machine key file and
+ opens the envelope: neither the customer key nor the machine key's
+ secret (which opens every key the machine may open) ever enters this
+ process. This process reads only the machine key's public part (its
+ authority, attributes and generations; the file's bytes are wiped at
+ once) to check first, without decrypting, that the envelope can be
+ opened, so a refusal has the same typed error in both modes. The key
+ process is given the envelope's bytes, and loads the same ones again
+ after a restart. With `engine` NULL or an engine without a key process,
+ the envelope is opened here, as `keyfence_machine_open` does.
+
+ Errors: `KEYFENCE_IO` if the machine key file cannot be read,
+ `KEYFENCE_INVALID_KEY` if it does not decode, `KEYFENCE_STORE_IO`,
+ `KEYFENCE_INVALID_ENVELOPE`, `KEYFENCE_POLICY_NOT_SATISFIED`,
+ `KEYFENCE_RETIRED_GENERATION`, `KEYFENCE_UNKNOWN_POLICY_KEY`,
+ `KEYFENCE_WRONG_AUTHORITY` (as `keyfence_machine_open`),
+ `KEYFENCE_INVALID_PRIVATE_KEY` if the envelope holds no usable key,
+ `KEYFENCE_BACKEND_FAILED` if the key process refuses it.
+
+ # Safety
+ `engine` is NULL or a live handle; `store_dir` and `machine_key_path`
+ are NUL-terminated strings; `env` points to `len` readable bytes; `out`
+ is writable.
+ */
+keyfence_result keyfence_key_from_envelope(const struct keyfence_engine *engine,
+                                           const char *store_dir,
+                                           const char *machine_key_path,
+                                           const uint8_t *env,
+                                           size_t len,
+                                           struct keyfence_private_key **out);
+
+/*
  Whether the key is in this process's memory (`*local` true) or a
  handle on a key held elsewhere: an isolated key process, or remote key
  servers (`keyfence_remote_key`).

@@ -290,6 +290,86 @@ pub unsafe extern "C" fn keyfence_key_from_pem(
     })
 }
 
+/// Loads the private key wrapped in the envelope `env[0..len]`, opened
+/// with the machine key in the file `machine_key_path` against the store
+/// directory `store_dir`, into `*out`.
+///
+/// With an isolated engine the key process reads the machine key file and
+/// opens the envelope: neither the customer key nor the machine key's
+/// secret (which opens every key the machine may open) ever enters this
+/// process. This process reads only the machine key's public part (its
+/// authority, attributes and generations; the file's bytes are wiped at
+/// once) to check first, without decrypting, that the envelope can be
+/// opened, so a refusal has the same typed error in both modes. The key
+/// process is given the envelope's bytes, and loads the same ones again
+/// after a restart. With `engine` NULL or an engine without a key process,
+/// the envelope is opened here, as `keyfence_machine_open` does.
+///
+/// Errors: `KEYFENCE_IO` if the machine key file cannot be read,
+/// `KEYFENCE_INVALID_KEY` if it does not decode, `KEYFENCE_STORE_IO`,
+/// `KEYFENCE_INVALID_ENVELOPE`, `KEYFENCE_POLICY_NOT_SATISFIED`,
+/// `KEYFENCE_RETIRED_GENERATION`, `KEYFENCE_UNKNOWN_POLICY_KEY`,
+/// `KEYFENCE_WRONG_AUTHORITY` (as `keyfence_machine_open`),
+/// `KEYFENCE_INVALID_PRIVATE_KEY` if the envelope holds no usable key,
+/// `KEYFENCE_BACKEND_FAILED` if the key process refuses it.
+///
+/// # Safety
+/// `engine` is NULL or a live handle; `store_dir` and `machine_key_path`
+/// are NUL-terminated strings; `env` points to `len` readable bytes; `out`
+/// is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_from_envelope(
+    engine: *const keyfence_engine,
+    store_dir: *const c_char,
+    machine_key_path: *const c_char,
+    env: *const u8,
+    len: usize,
+    out: *mut *mut keyfence_private_key,
+) -> keyfence_result {
+    use keyfence_core::wrap::{CacheConfig, Envelope, Machine, MachineInfo, MachineKey, PublicMachine};
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promises; NULL engine means in-process.
+        let (engine, dir, path, env) = unsafe {
+            (
+                engine.as_ref(),
+                ffi::text(store_dir, "store_dir")?,
+                ffi::text(machine_key_path, "machine_key_path")?,
+                ffi::slice(env, len, "env")?,
+            )
+        };
+        let path = std::path::Path::new(path);
+        // `fs::read` sizes its buffer from the file: one allocation, wiped
+        // on drop, no copy left behind by growth.
+        let machine_key = Zeroizing::new(std::fs::read(path).map_err(|e| {
+            Error::new(keyfence_result::KEYFENCE_IO, format!("cannot read the machine key {}: {e}", path.display()))
+        })?);
+        let envelope = Envelope::parse(env)?;
+        let key = match engine.and_then(|e| e.key_process.as_ref()) {
+            Some(kp) => {
+                let info = MachineInfo::from_key_bytes(&machine_key)?;
+                drop(machine_key);
+                PublicMachine::new(info, crate::wrap::store(dir)?).can_open(&envelope)?;
+                // The key process may run in another directory later.
+                let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+                kp.load(KeySource::EnvelopeBytes {
+                    store: abs(std::path::Path::new(dir)),
+                    machine_key: abs(path),
+                    envelope: env.to_vec(),
+                })
+                .map_err(Error::sign)?
+            }
+            None => {
+                let machine = Machine::new(MachineKey::from_bytes(&machine_key)?, crate::wrap::store(dir)?, CacheConfig::default());
+                Arc::new(PrivateKey::from_bytes(&machine.open_envelope(&envelope)?)?)
+            }
+        };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_private_key(key)) };
+        Ok(())
+    })
+}
+
 /// Whether the key is in this process's memory (`*local` true) or a
 /// handle on a key held elsewhere: an isolated key process, or remote key
 /// servers (`keyfence_remote_key`).

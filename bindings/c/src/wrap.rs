@@ -21,7 +21,7 @@ pub struct keyfence_authority(Authority);
 /// handle may open envelopes from many threads at once.
 pub struct keyfence_machine(pub(crate) Machine);
 
-fn store(dir: &str) -> Result<Arc<dyn Store>, Error> {
+pub(crate) fn store(dir: &str) -> Result<Arc<dyn Store>, Error> {
     Ok(Arc::new(FileStore::open(dir)?))
 }
 

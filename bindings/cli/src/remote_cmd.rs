@@ -16,8 +16,9 @@ use keyfence::sign::remote::{
     serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TenantSource,
     TlsFiles,
 };
+use keyfence::sign::isolated::KeyProcess;
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
-use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, Store};
+use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineInfo, PublicMachine, Store};
 
 use crate::exit;
 use crate::files::{outln, read};
@@ -224,21 +225,48 @@ fn init_log(level: &str) -> Result<()> {
     Ok(())
 }
 
+/// What `serve` opens envelopes with: the machine, or (isolated) only its
+/// public view.
+enum Opener {
+    Machine(Machine),
+    /// The key process lives as long as the server.
+    Isolated(PublicMachine, KeyProcess),
+}
+
+/// The public view of the machine key in `key` with the store in `dir`.
+/// The file's bytes (secret) are wiped as soon as the view is read.
+fn public_machine(dir: &Path, key: &Path) -> Result<PublicMachine> {
+    let store = crate::wrap_cmd::store(dir)?;
+    // `fs::read` sizes its buffer from the file's length: one allocation,
+    // wiped on drop, no copy left behind by growth.
+    let bytes = zeroize::Zeroizing::new(
+        std::fs::read(key).map_err(|e| exit::input(format!("cannot read {}: {e}", key.display())))?,
+    );
+    let info = MachineInfo::from_key_bytes(&bytes).context("machine key")?;
+    Ok(PublicMachine::new(info, store))
+}
+
 /// Runs `keyfence serve`.
 pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     if let Some(level) = &args.log {
         init_log(level)?;
     }
-    let machine = crate::wrap_cmd::open_machine(&args.store, &args.machine_key)?;
-    let keys = if args.isolated { Some(crate::sign_cmd::key_process(args.threads.unwrap_or(1))?) } else { None };
+    // Isolated, this process holds only the machine key's public view: the
+    // key process alone decodes the secret one, for each load.
+    let opener = if args.isolated {
+        let public = public_machine(&args.store, &args.machine_key)?;
+        Opener::Isolated(public, crate::sign_cmd::key_process(args.threads.unwrap_or(1))?)
+    } else {
+        Opener::Machine(crate::wrap_cmd::open_machine(&args.store, &args.machine_key)?)
+    };
     let mut ring = KeyRing::new();
     for file in envelope_files(&args.envelopes)? {
-        let opened = match &keys {
-            Some(kp) => {
+        let opened = match &opener {
+            Opener::Isolated(public, kp) => {
                 let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-                ring.open_isolated(&machine, kp, &abs(&args.store), &abs(&args.machine_key), &abs(&file))
+                ring.open_isolated(public, kp, &abs(&args.store), &abs(&args.machine_key), &abs(&file))
             }
-            None => ring.open(&machine, &read(&file)?),
+            Opener::Machine(machine) => ring.open(machine, &read(&file)?),
         };
         match opened {
             Ok(id) => eprintln!("keyfence serve: holding {} ({id})", file.display()),
@@ -283,7 +311,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             std::thread::park();
         },
     }
-    drop(keys);
+    drop(opener);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -347,7 +375,9 @@ pub fn parse_peer(s: &str) -> Result<PeerConfig> {
 }
 
 /// The key for `keyfence sign --remote`: a handle on the peers' copy, or
-/// this machine's own when it may open the envelope.
+/// this machine's own when it may open the envelope. (`--isolated`, which
+/// would keep the machine key out of this process, is refused with
+/// `--remote`.)
 pub fn remote_key(opts: &RemoteOpts, timeout: Duration) -> Result<(Arc<PrivateKey>, RemoteSigner)> {
     let envelope_path = opts.envelope.as_ref().context("--remote needs --envelope")?;
     let peers = opts.peers.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>>>()?;

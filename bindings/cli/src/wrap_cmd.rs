@@ -131,7 +131,7 @@ const STORE_MARK: &str = "public/generations";
 /// An existing store. Only `authority init` creates one: a mistyped
 /// `--store` must not leave an empty directory behind and then fail
 /// with a message about its contents.
-fn store(dir: &Path) -> Result<Arc<dyn Store>> {
+pub(crate) fn store(dir: &Path) -> Result<Arc<dyn Store>> {
     if !dir.join(STORE_MARK).is_file() {
         return Err(exit::input(format!(
             "{} is not a keyfence store: no authority in this store (`keyfence authority init --store {}` creates one)",

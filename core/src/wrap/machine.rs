@@ -93,33 +93,107 @@ impl MachineKey {
     /// # Errors
     /// [`WrapError::Malformed`] naming what is wrong.
     pub fn from_bytes(b: &[u8]) -> Result<Self> {
-        const O: &str = "machine key";
-        let mut r = reader(b, O, MACHINE_MAGIC)?;
-        let authority = r.array("authority key").map_err(codec(O))?;
-        if !signing::is_valid_public(&authority) {
-            return Err(malformed(O, "field authority key: not a usable Ed25519 public key"));
-        }
-        let mut attrs = Attributes::default();
-        let mut previous: Option<&str> = None;
-        for i in 0..r.u16("attribute count").map_err(codec(O))? {
-            let l = r.text16(|| format!("label[{i}]")).map_err(codec(O))?;
-            let v = r.text16(|| format!("value[{i}]")).map_err(codec(O))?;
-            // Sorted and unique, so that one key has one encoding.
-            if previous.is_some_and(|p| p >= l) {
-                return Err(malformed(O, format!("label {l:?} is out of order or repeated")));
-            }
-            previous = Some(l);
-            attrs.insert(l, v);
-        }
-        let n = r.u16("key count").map_err(codec(O))?;
         let mut keys = Vec::new();
-        for i in 0..n {
-            let g = r.u32(|| format!("generation[{i}]")).map_err(codec(O))?;
-            keys.push((g, AttributeKey::from_bytes(r.bytes32(|| format!("attribute key[{i}]")).map_err(codec(O))?)?));
-        }
-        r.finish().map_err(codec(O))?;
+        let (authority, attrs) = read_machine_key(b, |g, key| {
+            keys.push((g, AttributeKey::from_bytes(key)?));
+            Ok(())
+        })?;
         // Read from 16- and 32-bit fields, so within every limit.
         Ok(Self { authority, attrs, keys })
+    }
+
+    /// What this key says about itself, without its secret: what a
+    /// [`PublicMachine`] needs.
+    pub fn info(&self) -> MachineInfo {
+        MachineInfo { authority: self.authority, attrs: self.attrs.clone(), generations: self.generations() }
+    }
+}
+
+/// Reads a machine key's encoding, handing each generation and the bytes
+/// of its attribute key to `key` (a slice of `b`: no copy is made here);
+/// returns the authority and the attributes.
+fn read_machine_key(b: &[u8], mut key: impl FnMut(u32, &[u8]) -> Result<()>) -> Result<([u8; 32], Attributes)> {
+    const O: &str = "machine key";
+    let mut r = reader(b, O, MACHINE_MAGIC)?;
+    let authority = r.array("authority key").map_err(codec(O))?;
+    if !signing::is_valid_public(&authority) {
+        return Err(malformed(O, "field authority key: not a usable Ed25519 public key"));
+    }
+    let mut attrs = Attributes::default();
+    let mut previous: Option<&str> = None;
+    for i in 0..r.u16("attribute count").map_err(codec(O))? {
+        let l = r.text16(|| format!("label[{i}]")).map_err(codec(O))?;
+        let v = r.text16(|| format!("value[{i}]")).map_err(codec(O))?;
+        // Sorted and unique, so that one key has one encoding.
+        if previous.is_some_and(|p| p >= l) {
+            return Err(malformed(O, format!("label {l:?} is out of order or repeated")));
+        }
+        previous = Some(l);
+        attrs.insert(l, v);
+    }
+    let n = r.u16("key count").map_err(codec(O))?;
+    for i in 0..n {
+        let g = r.u32(|| format!("generation[{i}]")).map_err(codec(O))?;
+        key(g, r.bytes32(|| format!("attribute key[{i}]")).map_err(codec(O))?)?;
+    }
+    r.finish().map_err(codec(O))?;
+    Ok((authority, attrs))
+}
+
+/// The public part of a machine key: the authority it trusts, its
+/// attributes and the master generations it holds keys for, without the
+/// keys. It cannot decrypt anything; it answers "could this machine open
+/// that envelope" for a process that must not hold the secret (a key
+/// server whose keys live in the isolated key process).
+#[derive(Clone, PartialEq, Eq)]
+pub struct MachineInfo {
+    authority: [u8; 32],
+    attrs: Attributes,
+    generations: Vec<u32>,
+}
+
+impl MachineInfo {
+    /// Reads the public part of a machine key's encoding (a machine key
+    /// file's bytes). The attribute keys are skipped, never decoded: no
+    /// secret point is built in this process. The caller holds the bytes,
+    /// secret, and should wipe them (`Zeroizing`). The attribute keys
+    /// themselves are checked only by whoever decodes the whole key
+    /// ([`MachineKey::from_bytes`], in the key process).
+    ///
+    /// # Errors
+    /// [`WrapError::Malformed`] naming what is wrong, as
+    /// [`MachineKey::from_bytes`] for everything but the attribute keys.
+    pub fn from_key_bytes(b: &[u8]) -> Result<Self> {
+        let mut generations = Vec::new();
+        let (authority, attrs) = read_machine_key(b, |g, _| {
+            generations.push(g);
+            Ok(())
+        })?;
+        Ok(Self { authority, attrs, generations })
+    }
+
+    /// The public key of the authority the machine trusts.
+    pub fn authority(&self) -> &[u8; 32] {
+        &self.authority
+    }
+
+    /// The machine's attributes.
+    pub fn attributes(&self) -> &Attributes {
+        &self.attrs
+    }
+
+    /// The generations the machine holds keys for, newest first.
+    pub fn generations(&self) -> &[u32] {
+        &self.generations
+    }
+}
+
+impl fmt::Debug for MachineInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MachineInfo")
+            .field("attributes", &self.attrs.to_string())
+            .field("generations", &self.generations)
+            .finish_non_exhaustive()
     }
 }
 
@@ -208,38 +282,23 @@ impl Machine {
 
     /// The checks that need neither the store nor CP-ABE.
     fn precheck(&self, env: &Envelope) -> Result<()> {
-        env.verify(&self.key.authority)?;
-        if !self.could_open(env) {
-            return Err(WrapError::NotAuthorized { policy: env.policy.to_string() });
-        }
-        Ok(())
-    }
-
-    fn live_generations(&self) -> Result<Vec<u32>> {
-        let list = self.store.get(layout::GENERATIONS)?.unwrap_or_default();
-        Ok(layout::decode_generations(&list)?.into_iter().filter(|(_, s)| s.is_live()).map(|(n, _)| n).collect())
+        precheck(&self.key.authority, &self.key.attrs, env)
     }
 
     /// The sealed copy of the policy key of `env` for the newest usable
     /// generation, checked (header, authority, signature) but not opened,
     /// with this machine's key for that generation.
     fn sealed_copy(&self, env: &Envelope) -> Result<(SealedKey, &AttributeKey)> {
-        let live = self.live_generations()?;
-        let usable: Vec<&(u32, AttributeKey)> = self.key.keys.iter().filter(|(g, _)| live.contains(g)).collect();
-        if usable.is_empty() {
-            return Err(WrapError::RetiredGeneration { have: self.key.generations(), live });
-        }
-        for (g, key) in usable {
-            let name = layout::sealed(&env.policy_id, env.key_version, *g);
-            let Some(blob) = self.store.get(&name)? else { continue };
-            let sealed = SealedKey::parse(&blob)?;
-            sealed.verify(&self.key.authority)?;
-            if sealed.policy_id != env.policy_id || sealed.version != env.key_version || sealed.generation != *g {
-                return Err(WrapError::Tampered { object: "sealed policy key" });
-            }
-            return Ok((sealed, key));
-        }
-        Err(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
+        let (sealed, g) = sealed_copy(&*self.store, &self.key.authority, &self.key.generations(), env)?;
+        // `g` is one of this key's generations.
+        let key = self.key.keys.iter().find(|(k, _)| *k == g).map(|(_, k)| k);
+        key.map(|k| (sealed, k)).ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
+    }
+
+    /// The same machine without its key: decides as this one does, cannot
+    /// open anything.
+    pub fn public(&self) -> PublicMachine {
+        PublicMachine::new(self.key.info(), self.store.clone())
     }
 
     /// Cache counters.
@@ -250,6 +309,95 @@ impl Machine {
     /// Drops every cached policy key (wiping it).
     pub fn clear_cache(&self) {
         self.cache.clear()
+    }
+}
+
+/// The envelope's authority and signature, then the attributes: the
+/// checks that need neither the store nor CP-ABE.
+fn precheck(authority: &[u8; 32], attrs: &Attributes, env: &Envelope) -> Result<()> {
+    env.verify(authority)?;
+    if !env.policy.eval(attrs) {
+        return Err(WrapError::NotAuthorized { policy: env.policy.to_string() });
+    }
+    Ok(())
+}
+
+fn live_generations(store: &dyn Store) -> Result<Vec<u32>> {
+    let list = store.get(layout::GENERATIONS)?.unwrap_or_default();
+    Ok(layout::decode_generations(&list)?.into_iter().filter(|(_, s)| s.is_live()).map(|(n, _)| n).collect())
+}
+
+/// The sealed copy of the policy key of `env` for the newest of `have`
+/// (a machine key's generations, newest first) that is live, checked
+/// (header, authority, signature) but not opened, and that generation.
+fn sealed_copy(store: &dyn Store, authority: &[u8; 32], have: &[u32], env: &Envelope) -> Result<(SealedKey, u32)> {
+    let live = live_generations(store)?;
+    let usable: Vec<u32> = have.iter().copied().filter(|g| live.contains(g)).collect();
+    if usable.is_empty() {
+        return Err(WrapError::RetiredGeneration { have: have.to_vec(), live });
+    }
+    for g in usable {
+        let name = layout::sealed(&env.policy_id, env.key_version, g);
+        let Some(blob) = store.get(&name)? else { continue };
+        let sealed = SealedKey::parse(&blob)?;
+        sealed.verify(authority)?;
+        if sealed.policy_id != env.policy_id || sealed.version != env.key_version || sealed.generation != g {
+            return Err(WrapError::Tampered { object: "sealed policy key" });
+        }
+        return Ok((sealed, g));
+    }
+    Err(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
+}
+
+/// A machine seen from outside its key: its [`MachineInfo`] and the store
+/// of sealed policy keys. It decides what [`Machine::can_open`] decides,
+/// reading the same store, but holds nothing that decrypts: a process
+/// that keeps its keys in the isolated key process checks with this which
+/// envelopes to hand over.
+pub struct PublicMachine {
+    info: MachineInfo,
+    store: Arc<dyn Store>,
+}
+
+impl fmt::Debug for PublicMachine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PublicMachine").field("info", &self.info).finish_non_exhaustive()
+    }
+}
+
+impl PublicMachine {
+    /// The machine described by `info`, reading sealed policy keys from
+    /// `store`.
+    pub fn new(info: MachineInfo, store: Arc<dyn Store>) -> Self {
+        Self { info, store }
+    }
+
+    /// What the machine key says about itself.
+    pub fn info(&self) -> &MachineInfo {
+        &self.info
+    }
+
+    /// The machine's attributes.
+    pub fn attributes(&self) -> &Attributes {
+        &self.info.attrs
+    }
+
+    /// As [`Machine::could_open`]: whether the attributes satisfy the
+    /// envelope's policy.
+    pub fn could_open(&self, envelope: &Envelope) -> bool {
+        envelope.policy.eval(&self.info.attrs)
+    }
+
+    /// As [`Machine::can_open`]: every check [`Machine::open`] makes short
+    /// of decrypting (authority and signature, attributes, a live
+    /// generation the machine holds a key for, a sealed copy of the policy
+    /// key for it signed by the machine's authority). Reads the store.
+    ///
+    /// # Errors
+    /// The error [`Machine::open`] would return for the same reason.
+    pub fn can_open(&self, envelope: &Envelope) -> Result<()> {
+        precheck(&self.info.authority, &self.info.attrs, envelope)?;
+        sealed_copy(&*self.store, &self.info.authority, &self.info.generations, envelope).map(drop)
     }
 }
 

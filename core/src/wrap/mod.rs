@@ -50,6 +50,6 @@ pub use error::{Result, StateError, WrapError};
 #[cfg(feature = "testing")]
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{nearest_capable, Machine, MachineKey, Peer};
+pub use machine::{nearest_capable, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use policy::{policy_id, CanonicalPolicy};
 pub use store::{FileStore, MemoryStore, Store, StoreError, StoreLock};

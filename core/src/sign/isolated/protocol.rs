@@ -142,6 +142,20 @@ pub enum KeySource {
     /// the key again after a restart: unlike a file or an envelope, such a
     /// key is also in the client's memory.
     Bytes(Zeroizing<Vec<u8>>),
+    /// A keyfence envelope given by its bytes, opened by the key process
+    /// with a machine key file against a file store. The client keeps the
+    /// bytes (an envelope is public) and sends the same ones again after a
+    /// restart, so the key loaded is always the one these bytes name
+    /// (its [`KeyId`](crate::sign::remote::KeyId), for a key server),
+    /// whatever happens to the file they came from.
+    EnvelopeBytes {
+        /// The store directory (`keyfence authority init --store`).
+        store: PathBuf,
+        /// The machine key file (`keyfence authority issue --out`).
+        machine_key: PathBuf,
+        /// The envelope (`keyfence authority wrap --out`).
+        envelope: Vec<u8>,
+    },
 }
 
 impl fmt::Debug for KeySource {
@@ -155,6 +169,12 @@ impl fmt::Debug for KeySource {
                 .field("envelope", envelope)
                 .finish(),
             KeySource::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            KeySource::EnvelopeBytes { store, machine_key, envelope } => f
+                .debug_struct("EnvelopeBytes")
+                .field("store", store)
+                .field("machine_key", machine_key)
+                .field("envelope", &format_args!("{} bytes", envelope.len()))
+                .finish(),
         }
     }
 }
@@ -373,6 +393,9 @@ pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
         KeySource::Bytes(bytes) => {
             w.u8(3).bytes32(bytes);
         }
+        KeySource::EnvelopeBytes { store, machine_key, envelope } => {
+            w.u8(4).bytes32(path_bytes(store)).bytes32(path_bytes(machine_key)).bytes32(envelope);
+        }
     }
     w.into_bytes()
 }
@@ -392,7 +415,12 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
             envelope: path_from(r.bytes32("load envelope path")?),
         },
         3 => KeySource::Bytes(Zeroizing::new(r.bytes32("load key bytes")?.to_vec())),
-        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes)")),
+        4 => KeySource::EnvelopeBytes {
+            store: path_from(r.bytes32("load store path")?),
+            machine_key: path_from(r.bytes32("load machine key path")?),
+            envelope: r.bytes32("load envelope bytes")?.to_vec(),
+        },
+        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes)")),
     };
     r.finish_as("load (trailing bytes)")?;
     Ok((key_id, source))
@@ -661,6 +689,11 @@ mod tests {
         // docs/isolation.md: big-endian, u32 length prefixes.
         let load = load_request(77, &KeySource::File("/k".into()));
         assert_eq!(&load[..], &[0, 0, 0, 0, 0, 0, 0, 77, 1, 0, 0, 0, 2, b'/', b'k']);
+        let load = load_request(77, &KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() });
+        assert_eq!(&load[..], &[&[0, 0, 0, 0, 0, 0, 0, 77, 2][..], &[0, 0, 0, 2, b'/', b's'], &[0, 0, 0, 2, b'/', b'm'], &[0, 0, 0, 2, b'/', b'e']].concat()[..]);
+        let source = KeySource::EnvelopeBytes { store: "/s".into(), machine_key: "/m".into(), envelope: b"KFE2".to_vec() };
+        let load = load_request(77, &source);
+        assert_eq!(&load[..], &[&[0, 0, 0, 0, 0, 0, 0, 77, 4][..], &[0, 0, 0, 2, b'/', b's'], &[0, 0, 0, 2, b'/', b'm'], &[0, 0, 0, 4], b"KFE2"].concat()[..]);
         let mut frame = Vec::new();
         encode(&mut frame, kind::UNLOAD, 5, &[&unload_request(77)]);
         assert_eq!(frame, [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat());
@@ -677,11 +710,16 @@ mod tests {
             KeySource::File("/etc/k.pem".into()),
             KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() },
             KeySource::Bytes(Zeroizing::new(vec![1, 2, 3])),
+            KeySource::EnvelopeBytes { store: "/s".into(), machine_key: "/m".into(), envelope: b"KFE2...".to_vec() },
         ] {
             let (id, parsed) = parse_load_request(&load_request(77, &source)).unwrap();
             assert_eq!(id, 77);
             match (&parsed, &source) {
                 (KeySource::Bytes(a), KeySource::Bytes(b)) => assert_eq!(a[..], b[..]),
+                (
+                    KeySource::EnvelopeBytes { store: s1, machine_key: m1, envelope: e1 },
+                    KeySource::EnvelopeBytes { store: s2, machine_key: m2, envelope: e2 },
+                ) => assert_eq!((s1, m1, e1), (s2, m2, e2)),
                 _ => assert_eq!(format!("{parsed:?}"), format!("{source:?}")),
             }
         }

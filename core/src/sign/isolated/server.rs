@@ -17,6 +17,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
@@ -369,19 +370,28 @@ fn load(source: &KeySource) -> Result<PrivateKey, String> {
             PrivateKey::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
         }
         KeySource::Envelope { store, machine_key, envelope } => {
-            use crate::wrap::{CacheConfig, FileStore, Machine, MachineKey};
-            let mk = Zeroizing::new(
-                std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?,
-            );
-            let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
-            let store = FileStore::open(store).map_err(|e| format!("{}: {e}", store.display()))?;
-            let machine = Machine::new(mk, Arc::new(store), CacheConfig::default());
             let env = std::fs::read(envelope).map_err(|e| format!("reading {}: {e}", envelope.display()))?;
-            let secret = machine.open(&env).map_err(|e| format!("opening {}: {e}", envelope.display()))?;
-            PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in {}: {e}", envelope.display()))
+            open_envelope(store, machine_key, &env, &envelope.display().to_string())
+        }
+        KeySource::EnvelopeBytes { store, machine_key, envelope } => {
+            open_envelope(store, machine_key, envelope, "the envelope")
         }
         KeySource::Bytes(bytes) => PrivateKey::from_bytes(bytes).map_err(|e| e.to_string()),
     }
+}
+
+/// Opens `envelope` (called `name` in messages) with the machine key file
+/// against the store. This is the one place the secret machine key is
+/// decoded on the isolated path: the key process's loader, never its
+/// client.
+fn open_envelope(store: &Path, machine_key: &Path, envelope: &[u8], name: &str) -> Result<PrivateKey, String> {
+    use crate::wrap::{CacheConfig, FileStore, Machine, MachineKey};
+    let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?);
+    let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
+    let store = FileStore::open(store).map_err(|e| format!("{}: {e}", store.display()))?;
+    let machine = Machine::new(mk, Arc::new(store), CacheConfig::default());
+    let secret = machine.open(envelope).map_err(|e| format!("opening {name}: {e}"))?;
+    PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in {name}: {e}"))
 }
 
 fn work(rx: &Receiver<Job>, shared: &Shared, defer: bool) {

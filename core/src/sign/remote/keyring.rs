@@ -1,6 +1,7 @@
 //! The keys a server signs with: each opened from its envelope through the
 //! wrap machine (so only keys the machine's attributes allow), or loaded
-//! by the isolated key process, and filed under the envelope's
+//! by the isolated key process (checked first against the machine's public
+//! view, which cannot decrypt), and filed under the envelope's
 //! [`KeyId`], the name every machine can compute from its replicated copy.
 
 use std::collections::HashMap;
@@ -9,7 +10,7 @@ use std::sync::Arc;
 
 use crate::sign::isolated::{KeyProcess, KeySource};
 use crate::sign::{KeyError, PrivateKey, SignError};
-use crate::wrap::{Envelope, Machine, WrapError};
+use crate::wrap::{Envelope, Machine, PublicMachine, WrapError};
 
 /// A key's name on the wire: SHA-256 of its envelope's bytes.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,15 +87,22 @@ impl KeyRing {
     }
 
     /// Has the isolated key process open the envelope file with the
-    /// machine key file against the store directory: the secret never
-    /// enters this process. The machine (the same key and store) checks
-    /// first that its attributes allow the key, without opening it.
+    /// machine key file against the store directory: neither the secret
+    /// nor the machine key ever enters this process. `machine` (the public
+    /// view of the same key and store) checks first that the key process
+    /// would succeed, without opening anything.
+    ///
+    /// The envelope file is read once, here: its bytes name the key (its
+    /// [`KeyId`]) and the same bytes go to the key process, now and after
+    /// each of its restarts, so a file replaced later cannot put another
+    /// key under this id.
     ///
     /// # Errors
-    /// As [`KeyRing::open`].
+    /// As [`KeyRing::open`]; [`KeyRingError::Load`] when the file cannot
+    /// be read or the key process refuses the key.
     pub fn open_isolated(
         &mut self,
-        machine: &Machine,
+        machine: &PublicMachine,
         keys: &KeyProcess,
         store: &std::path::Path,
         machine_key: &std::path::Path,
@@ -103,13 +111,28 @@ impl KeyRing {
         let bytes = std::fs::read(envelope).map_err(|e| {
             SignError::Config(format!("cannot read the envelope {}: {e}", envelope.display()))
         })?;
-        machine.can_open(&Envelope::parse(&bytes)?)?;
-        let key = keys.load(KeySource::Envelope {
+        self.open_isolated_bytes(machine, keys, store, machine_key, bytes)
+    }
+
+    /// [`KeyRing::open_isolated`] with the envelope's bytes.
+    ///
+    /// # Errors
+    /// As [`KeyRing::open_isolated`].
+    pub fn open_isolated_bytes(
+        &mut self,
+        machine: &PublicMachine,
+        keys: &KeyProcess,
+        store: &std::path::Path,
+        machine_key: &std::path::Path,
+        envelope: Vec<u8>,
+    ) -> Result<KeyId, KeyRingError> {
+        machine.can_open(&Envelope::parse(&envelope)?)?;
+        let id = KeyId::of_envelope(&envelope);
+        let key = keys.load(KeySource::EnvelopeBytes {
             store: store.to_path_buf(),
             machine_key: machine_key.to_path_buf(),
-            envelope: envelope.to_path_buf(),
+            envelope,
         })?;
-        let id = KeyId::of_envelope(&bytes);
         self.keys.insert(id, key);
         Ok(id)
     }

@@ -1,0 +1,18 @@
+# Issue 33: a store, a machine key and an envelope made with the `keyfence`
+# command line (found or built as remote.cmake does), then the C program
+# that loads the key through its isolated key process and searches its own
+# memory for the machine key's secret.
+include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+if(DEFINED ENV{KEYFENCE_CLI} AND EXISTS "$ENV{KEYFENCE_CLI}")
+  set(cli "$ENV{KEYFENCE_CLI}")
+else()
+  run(${CMAKE_COMMAND} -E env "CARGO_TARGET_DIR=${CARGO_TARGET_DIR}" ${CARGO} build --locked -q -p keyfence-cli --bin keyfence)
+  set(cli "${CARGO_TARGET_DIR}/debug/keyfence")
+endif()
+run(${cli} authority init --store "${WORK}/store")
+run(${cli} authority issue --store "${WORK}/store" --attrs "country=US,region=NA" --out "${WORK}/m.machine")
+run(openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out "${WORK}/key.pem")
+run(${cli} authority wrap --store "${WORK}/store" --policy "country: US" --in "${WORK}/key.pem" --out "${WORK}/key.env")
+run("${TEST}" "${KEYD}" "${WORK}/store" "${WORK}/m.machine" "${WORK}/key.env")
