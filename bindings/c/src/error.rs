@@ -238,6 +238,12 @@ impl Coded for keyfence_core::sign::KeyError {
     }
 }
 
+impl Coded for keyfence_core::sign::remote::KeyRingError {
+    fn code(&self) -> ErrorCode {
+        keyfence_core::sign::remote::KeyRingError::code(self)
+    }
+}
+
 impl<E: Coded> From<E> for Error {
     fn from(e: E) -> Self {
         Error { position: e.position(), ..Error::new(keyfence_result::from_code(e.code()), e.to_string()) }

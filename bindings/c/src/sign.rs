@@ -326,7 +326,6 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
-    use keyfence_core::wrap::{CacheConfig, Envelope, Machine, MachineInfo, MachineKey, PublicMachine};
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promises; NULL engine means in-process.
@@ -338,32 +337,8 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
                 ffi::slice(env, len, "env")?,
             )
         };
-        let path = std::path::Path::new(path);
-        // `fs::read` sizes its buffer from the file: one allocation, wiped
-        // on drop, no copy left behind by growth.
-        let machine_key = Zeroizing::new(std::fs::read(path).map_err(|e| {
-            Error::new(keyfence_result::KEYFENCE_IO, format!("cannot read the machine key {}: {e}", path.display()))
-        })?);
-        let envelope = Envelope::parse(env)?;
-        let key = match engine.and_then(|e| e.key_process.as_ref()) {
-            Some(kp) => {
-                let info = MachineInfo::from_key_bytes(&machine_key)?;
-                drop(machine_key);
-                PublicMachine::new(info, crate::wrap::store(dir)?).can_open(&envelope)?;
-                // The key process may run in another directory later.
-                let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-                kp.load(KeySource::EnvelopeBytes {
-                    store: abs(std::path::Path::new(dir)),
-                    machine_key: abs(path),
-                    envelope: env.to_vec(),
-                })
-                .map_err(Error::sign)?
-            }
-            None => {
-                let machine = Machine::new(MachineKey::from_bytes(&machine_key)?, crate::wrap::store(dir)?, CacheConfig::default());
-                Arc::new(PrivateKey::from_bytes(&machine.open_envelope(&envelope)?)?)
-            }
-        };
+        let kp = engine.and_then(|e| e.key_process.as_ref());
+        let key = keyfence_core::sign::remote::load_envelope_key(kp, dir.as_ref(), path.as_ref(), env)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_private_key(key)) };
         Ok(())

@@ -105,6 +105,12 @@ impl From<keyfence::sign::remote::OpenOrForwardError> for KfError {
     }
 }
 
+impl From<keyfence::sign::remote::KeyRingError> for KfError {
+    fn from(e: keyfence::sign::remote::KeyRingError) -> Self {
+        KfError::new(e.code(), e.to_string())
+    }
+}
+
 impl From<KeyError> for KfError {
     fn from(e: KeyError) -> Self {
         KfError::new(e.code(), e.to_string())

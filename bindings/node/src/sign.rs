@@ -323,6 +323,29 @@ impl Engine {
         js(&env, load())
     }
 
+    /// Loads the private key an envelope holds, opened with the machine key
+    /// file `machineKey` against the store folder `store`. With an isolated
+    /// engine the key process opens it and keeps the key: this process
+    /// reads only the machine key's public part (to check that the
+    /// envelope can be opened, with the same errors either way), so neither
+    /// the machine key's secret nor the private key is ever here. Without
+    /// one, it is opened here, as `Machine.open` does.
+    ///
+    /// Throws `KeyfenceError` code `IO` (the machine key file cannot be
+    /// read), `INVALID_KEY`, `INVALID_ENVELOPE`, `POLICY_NOT_SATISFIED`,
+    /// `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `WRONG_AUTHORITY`,
+    /// `STORE_IO`, `INVALID_PRIVATE_KEY`, `BACKEND_FAILED` (the key process
+    /// refused it), `SHUT_DOWN` after `close`.
+    #[napi]
+    pub fn load_envelope(&self, env: Env, store: String, machine_key: String, envelope: Uint8Array) -> napi::Result<PrivateKey> {
+        let load = || -> KfResult<PrivateKey> {
+            let kp = self.running()?.key_process.as_ref();
+            let inner = keyfence::sign::remote::load_envelope_key(kp, store.as_ref(), machine_key.as_ref(), &envelope)?;
+            Ok(PrivateKey { inner })
+        };
+        js(&env, load())
+    }
+
     /// Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
     /// `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
     /// `'ed25519'`, ...; see docs/signing.md). The promise is settled by

@@ -229,6 +229,34 @@ test('the isolated key process, found beside the addon', async (t) => {
   assert.ok(m.rsa.completed + m.ec.completed + m.slow.completed >= 2)
 })
 
+test('an envelope opened by the key process: this process reads only the machine key\'s public part', async (t) => {
+  const fs = require('node:fs')
+  const os = require('node:os')
+  const path = require('node:path')
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keyfence-node-envelope-'))
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const store = path.join(dir, 'store')
+  const authority = await kf.wrap.Authority.init(store)
+  const envelope = await authority.wrap('region: EU', Buffer.from(keys.p256.pem))
+  const machineKey = path.join(dir, 'fra1.machine')
+  fs.writeFileSync(machineKey, await authority.issue({ region: 'EU', country: 'DE' }), { mode: 0o600 })
+  const usKey = path.join(dir, 'sfo1.machine')
+  fs.writeFileSync(usKey, await authority.issue({ region: 'NA', country: 'US' }), { mode: 0o600 })
+  const data = Buffer.from('opened elsewhere')
+  for (const isolated of [true, false]) {
+    const engine = new kf.sign.Engine({ isolated })
+    t.after(() => engine.close())
+    const sk = engine.loadEnvelope(store, machineKey, envelope)
+    assert.equal(sk.isLocal, !isolated)
+    const sig = await engine.sign(sk, 'ecdsa-p256-sha256', data)
+    assert.equal(crypto.verify('sha256', data, keys.p256.publicKey, sig), true)
+    // The same typed refusals in both modes, checked before any decryption.
+    assert.throws(() => engine.loadEnvelope(store, usKey, envelope), { code: 'POLICY_NOT_SATISFIED' })
+    assert.throws(() => engine.loadEnvelope(store, path.join(dir, 'missing'), envelope), { code: 'IO' })
+    assert.throws(() => engine.loadEnvelope(store, machineKey, Buffer.from('junk')), { code: 'INVALID_ENVELOPE' })
+  }
+})
+
 test('1000 signatures in flight, and an idle engine does not hold the process', async (t) => {
   const engine = new kf.sign.Engine()
   t.after(() => engine.close())

@@ -461,6 +461,35 @@ PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::ha
     return k;
 }
 
+// Loads the key an envelope holds with the machine key *file*: with an
+// isolated engine its key process opens the envelope and this process reads
+// only the machine key's public part; otherwise it is opened here.
+PrivateKey key_load_envelope(py::handle store, py::handle machine_key, py::handle envelope, py::handle engine_obj) {
+    Engine *engine = engine_arg(engine_obj);
+    std::string dir = path(store, "store");
+    std::string mk = path(machine_key, "machine_key");
+    Bytes env(envelope, "envelope");
+    keyfence_private_key *out = nullptr;
+    keyfence_result r;
+    bool closed = false;
+    {
+        py::gil_scoped_release release;
+        std::shared_lock<std::shared_mutex> hold;
+        keyfence_engine *e = nullptr;
+        if (engine) {
+            hold = std::shared_lock<std::shared_mutex>(engine->lock);
+            e = engine->e.get();
+            closed = !e;
+        }
+        r = closed ? KEYFENCE_SHUT_DOWN : keyfence_key_from_envelope(e, dir.c_str(), mk.c_str(), env.data(), env.size(), &out);
+    }
+    if (closed) raise_shut_down("engine");
+    check(r);
+    PrivateKey k;
+    k.h.reset(out);
+    return k;
+}
+
 py::bytes engine_sign(Engine &engine, const PrivateKey &key, py::handle alg, py::handle data, uint32_t timeout_ms) {
     std::string a = text(alg, "algorithm");
     Bytes msg(data, "data");
@@ -798,6 +827,13 @@ PYBIND11_MODULE(_core, m) {
                     py::arg("engine") = py::none(),
                     "Opens an envelope holding a private key with a Machine and loads the key, without its "
                     "bytes ever becoming a Python object.\n\nRaises as Machine.open and from_pem.")
+        .def_static("load_envelope", &key_load_envelope, py::arg("store"), py::arg("machine_key"), py::arg("envelope"),
+                    py::kw_only(), py::arg("engine") = py::none(),
+                    "Loads the private key an envelope holds, opened with the machine key file machine_key "
+                    "against the store folder. With an isolated engine its key process opens the envelope and "
+                    "keeps the key: this process reads only the machine key's public part, so neither the "
+                    "machine key's secret nor the private key is ever here. Otherwise it is opened here.\n\n"
+                    "Raises ResourceError (the machine key file cannot be read), and as Machine.open and from_pem.")
         .def("public_key_der",
              [](const PrivateKey &k) {
                  Owned out;

@@ -48,3 +48,30 @@ def test_explicit_key_process_path(pems: Dict[str, bytes]) -> None:
 def test_missing_key_process_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     with pytest.raises(keyfence.InvalidConfig, match="does not exist"):
         sign.Engine(isolated=True, key_process=tmp_path / "no-such-keyd")
+
+
+def test_an_envelope_opened_by_the_key_process(tmp_path: pathlib.Path, pems: Dict[str, bytes], pyca_keys: Dict[str, Any]) -> None:
+    """PrivateKey.load_envelope with an isolated engine: the key process
+    opens the envelope, and this process reads only the machine key's
+    public part (the memory test of the same C call is
+    bindings/c/tests/test_isolation_memory.c); the same typed refusals as
+    opening it here."""
+    store = tmp_path / "store"
+    authority = keyfence.wrap.Authority.init(store)
+    envelope = authority.wrap("region: EU", pems["p256"])
+    fra1, sfo1 = tmp_path / "fra1.machine", tmp_path / "sfo1.machine"
+    fra1.write_bytes(authority.issue({"region": "EU", "country": "DE"}))
+    sfo1.write_bytes(authority.issue({"region": "NA", "country": "US"}))
+    authority.close()
+    for isolated in (True, False):
+        with sign.Engine(isolated=isolated) as engine:
+            key = sign.PrivateKey.load_envelope(store, fra1, envelope, engine=engine)
+            assert key.is_local is not isolated
+            sig = engine.sign_sync(key, "ecdsa-p256-sha256", b"opened elsewhere")
+            pyca_keys["p256"].public_key().verify(sig, b"opened elsewhere", ec.ECDSA(hashes.SHA256()))
+            with pytest.raises(keyfence.PolicyNotSatisfied):
+                sign.PrivateKey.load_envelope(store, sfo1, envelope, engine=engine)
+            with pytest.raises(keyfence.ResourceError, match="machine key"):
+                sign.PrivateKey.load_envelope(store, tmp_path / "missing", envelope, engine=engine)
+            with pytest.raises(keyfence.InvalidEnvelope):
+                sign.PrivateKey.load_envelope(store, fra1, b"junk", engine=engine)

@@ -51,6 +51,72 @@ pub enum KeyRingError {
     /// read.
     #[error("{0}")]
     Load(#[from] SignError),
+    /// The machine key file cannot be read (the message names it).
+    #[error("{0}")]
+    Io(String),
+}
+
+impl KeyRingError {
+    /// The stable code of this error ([`ErrorCode`]).
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            KeyRingError::Wrap(e) => e.code(),
+            KeyRingError::Key(e) => e.code(),
+            KeyRingError::Load(e) => e.code(),
+            KeyRingError::Io(_) => crate::ErrorCode::Io,
+        }
+    }
+}
+
+/// Loads the private key that `envelope` holds, opened with the machine
+/// key file `machine_key` against the store folder `store`, where keys are
+/// kept: with `keys` (a key process), this process reads only the machine
+/// key's public part (wiped at once) to check, without decrypting, that
+/// the envelope can be opened, and the key process opens the envelope and
+/// holds the key, reloading the same envelope bytes after a restart; so
+/// neither the machine key's secret nor the private key is ever in this
+/// process. Without `keys`, the envelope is opened here. The one path every
+/// binding's "key from an envelope" takes.
+///
+/// # Errors
+/// [`KeyRingError::Io`] if the machine key file cannot be read;
+/// [`KeyRingError::Wrap`] as [`Machine::open`] (a machine key that does
+/// not decode, a policy not satisfied, a retired generation...);
+/// [`KeyRingError::Key`] when the envelope does not hold a usable private
+/// key; [`KeyRingError::Load`] when the key process refuses it.
+pub fn load_envelope_key(
+    keys: Option<&KeyProcess>,
+    store: &std::path::Path,
+    machine_key: &std::path::Path,
+    envelope: &[u8],
+) -> Result<Arc<PrivateKey>, KeyRingError> {
+    use crate::wrap::{CacheConfig, FileStore, MachineInfo, MachineKey};
+    // `fs::read` sizes its buffer from the file: one allocation, wiped on
+    // drop, no copy left behind by growth.
+    let bytes = zeroize::Zeroizing::new(std::fs::read(machine_key).map_err(|e| {
+        KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display()))
+    })?);
+    let parsed = Envelope::parse(envelope)?;
+    let dir: Arc<dyn crate::wrap::Store> = Arc::new(FileStore::open(store).map_err(WrapError::from)?);
+    match keys {
+        Some(kp) => {
+            let info = MachineInfo::from_key_bytes(&bytes)?;
+            drop(bytes);
+            PublicMachine::new(info, dir).can_open(&parsed)?;
+            // The key process may run in another directory later.
+            let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+            Ok(kp.load(KeySource::EnvelopeBytes {
+                store: abs(store),
+                machine_key: abs(machine_key),
+                envelope: envelope.to_vec(),
+            })?)
+        }
+        None => {
+            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default());
+            let secret = machine.open_envelope(&parsed)?;
+            Ok(Arc::new(PrivateKey::from_bytes(&secret)?))
+        }
+    }
 }
 
 /// The keys a server holds, by [`KeyId`].
