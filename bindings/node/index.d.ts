@@ -195,6 +195,22 @@ export declare namespace sign {
      */
     loadKey(pem: string | Uint8Array): sign.PrivateKey
     /**
+     * Loads the private key an envelope holds, opened with the machine key
+     * file `machineKey` against the store folder `store`. With an isolated
+     * engine the key process opens it and keeps the key: this process
+     * reads only the machine key's public part (to check that the
+     * envelope can be opened, with the same errors either way), so neither
+     * the machine key's secret nor the private key is ever here. Without
+     * one, it is opened here, as `Machine.open` does.
+     *
+     * Throws `KeyfenceError` code `IO` (the machine key file cannot be
+     * read), `INVALID_KEY`, `INVALID_ENVELOPE`, `POLICY_NOT_SATISFIED`,
+     * `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `WRONG_AUTHORITY`,
+     * `STORE_IO`, `INVALID_PRIVATE_KEY`, `BACKEND_FAILED` (the key process
+     * refused it), `SHUT_DOWN` after `close`.
+     */
+    loadEnvelope(store: string, machineKey: string, envelope: Uint8Array): sign.PrivateKey
+    /**
      * Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
      * `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
      * `'ed25519'`, ...; see docs/signing.md). The promise is settled by
