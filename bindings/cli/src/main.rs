@@ -1,10 +1,16 @@
 //! `keyfence`: the command line of the keyfence library.
 
+// Direction, bottom to top (each module uses only those before it): exit,
+// files, key_process, offload_sim, pki; abe_cmd, policy_cmd, wrap_cmd; then
+// remote_cmd, sign_cmd (which takes remote_cmd's options), soak, demo and
+// bench_cmd; this file on top.
+
 mod abe_cmd;
 mod bench_cmd;
 mod demo;
 mod exit;
 mod files;
+mod key_process;
 mod offload_sim;
 mod pki;
 mod policy_cmd;

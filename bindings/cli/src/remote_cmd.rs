@@ -255,7 +255,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     // key process alone decodes the secret one, for each load.
     let opener = if args.isolated {
         let public = public_machine(&args.store, &args.machine_key)?;
-        Opener::Isolated(public, crate::sign_cmd::key_process(args.threads.unwrap_or(1))?)
+        Opener::Isolated(public, crate::key_process::key_process(args.threads.unwrap_or(1))?)
     } else {
         Opener::Machine(crate::wrap_cmd::open_machine(&args.store, &args.machine_key)?)
     };

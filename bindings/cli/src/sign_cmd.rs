@@ -13,12 +13,13 @@ use boring::pkey::{PKey, Private};
 use boring::rsa::Padding;
 use boring::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
-use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
+use keyfence::sign::isolated::{KeyProcess, KeySource};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use zeroize::Zeroizing;
 
 use crate::exit;
 use crate::files::{outln, read, Output};
+use crate::key_process::key_process;
 
 /// Every algorithm the library signs with, by name: the one list the help,
 /// the "unknown algorithm" message and docs/signing.md's table show.
@@ -62,15 +63,6 @@ pub struct SignArgs {
     isolated: bool,
     #[command(flatten)]
     remote: crate::remote_cmd::RemoteOpts,
-}
-
-/// A key process running this very binary (`keyfence key-process`).
-pub fn key_process(threads: usize) -> Result<KeyProcess> {
-    let exe = std::env::current_exe().context("finding the keyfence binary to start the key process")?;
-    let mut config = IsolatedConfig::with_command([exe.into_os_string(), "key-process".into()]);
-    config.rsa_threads = threads;
-    config.ec_threads = threads;
-    Ok(KeyProcess::start(config)?)
 }
 
 /// Runs `keyfence sign`.

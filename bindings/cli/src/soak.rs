@@ -24,7 +24,7 @@ use keyfence::wrap::{Authority, CacheConfig, FileStore, Machine};
 use zeroize::Zeroizing;
 
 use crate::files::outln;
-use crate::sign_cmd::key_process;
+use crate::key_process::key_process;
 
 /// `keyfence bench soak`.
 #[derive(Args)]

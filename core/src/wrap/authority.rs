@@ -13,6 +13,7 @@ use super::error::{codec, limit, malformed, Result, StateError};
 #[allow(unused_imports)]
 use super::error::WrapError;
 use super::format::{check_policy, reader, writer, Envelope, STATE_MAGIC};
+use super::generation::GenerationState;
 use super::signing::AuthorityKey;
 use super::layout::{self, hex};
 use super::machine::MachineKey;
@@ -24,42 +25,6 @@ use crate::abe::{self, AbeError, MasterSecretKey, PublicKey};
 /// Most generations the state's 16-bit count holds (retired ones stay
 /// listed, so this bounds the number of master rotations).
 const MAX_GENERATIONS: usize = u16::MAX as usize;
-
-/// The life cycle of a master key generation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GenerationState {
-    /// The newest generation: seals policy keys, decrypts.
-    Active,
-    /// The previous generation: still decrypts, seals nothing new.
-    DecryptOnly,
-    /// Retired: its master secret key and sealed copies are deleted.
-    Retired,
-}
-
-impl GenerationState {
-    /// The state's byte in the authority state and the generation list.
-    pub(crate) fn code(self) -> u8 {
-        match self {
-            Self::Active => 0,
-            Self::DecryptOnly => 1,
-            Self::Retired => 2,
-        }
-    }
-
-    pub(crate) fn from_code(c: u8) -> Option<Self> {
-        match c {
-            0 => Some(Self::Active),
-            1 => Some(Self::DecryptOnly),
-            2 => Some(Self::Retired),
-            _ => None,
-        }
-    }
-
-    /// Whether keys of this generation still decrypt.
-    pub fn is_live(self) -> bool {
-        self != Self::Retired
-    }
-}
 
 struct Generation {
     number: u32,

@@ -168,7 +168,7 @@ pub(crate) fn malformed(object: &'static str, reason: impl Into<String>) -> Wrap
 /// machine trusts `trusted`: eight bytes of each are enough to tell keys
 /// apart in a message.
 pub(crate) fn wrong_authority(object: &'static str, found: &[u8; 32], trusted: &[u8; 32]) -> WrapError {
-    let short = |k: &[u8; 32]| format!("{}…", super::layout::hex(&k[..8]));
+    let short = |k: &[u8; 32]| format!("{}…", k[..8].iter().map(|x| format!("{x:02x}")).collect::<String>());
     WrapError::WrongAuthority { object, found: short(found), trusted: short(trusted) }
 }
 

@@ -10,7 +10,7 @@
 //!
 //! Ids are lowercase hex, numbers decimal without leading zeros.
 
-use super::authority::GenerationState;
+use super::generation::GenerationState;
 use super::error::{malformed, Result};
 
 /// The authority's private state.

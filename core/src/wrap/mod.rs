@@ -28,12 +28,19 @@
 //!
 //! See `docs/wrapping.md` for the formats and the crash-safety argument.
 
+// Direction, bottom to top (each module uses only those before it): store
+// (the contract and the file store), error, signing, hpke, policy,
+// generation, layout (object names), format and sealed (the signed
+// objects), cache; then the two roles that use all of it: machine (opens)
+// and authority (writes).
+
 mod authority;
 mod cache;
 mod error;
 #[cfg(feature = "testing")]
 mod faulty;
 mod format;
+mod generation;
 mod hpke;
 mod layout;
 mod machine;
@@ -42,9 +49,8 @@ mod sealed;
 mod signing;
 mod store;
 
-pub use authority::{
-    Authority, GenerationState, MasterRotation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status,
-};
+pub use authority::{Authority, MasterRotation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
+pub use generation::GenerationState;
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
 #[cfg(feature = "testing")]
