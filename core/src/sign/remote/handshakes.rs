@@ -175,3 +175,75 @@ impl Handshakes {
         t.per_addr.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+    use std::net::{Ipv4Addr, TcpListener};
+
+    /// A connected pair: (the server's end, the client's end).
+    fn pair(l: &TcpListener) -> (TcpStream, TcpStream) {
+        let c = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (s, c)
+    }
+
+    fn ip(last: u8) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::new(10, 0, 0, last))
+    }
+
+    /// Whether the server's end was shut down, as the client sees it.
+    fn shut(client: &mut TcpStream) -> bool {
+        client.set_read_timeout(Some(Duration::from_millis(500))).unwrap();
+        matches!(client.read(&mut [0u8; 1]), Ok(0) | Err(_))
+    }
+
+    #[test]
+    fn a_full_table_pushes_out_the_oldest_of_the_busiest_address() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let h = Handshakes::new(4, 3, Duration::from_secs(60));
+        let mut clients = Vec::new();
+        // One certified client's handshake first (the oldest), then three
+        // from a stranger's address.
+        for a in [1, 2, 2, 2] {
+            let (s, c) = pair(&l);
+            h.admit(ip(a), s).unwrap();
+            clients.push(c);
+        }
+        // A fourth from the stranger: its address is at its limit.
+        let (s, _c) = pair(&l);
+        assert_eq!(h.admit(ip(2), s), Err(Refused::PerAddress));
+        // Someone else: the stranger's oldest goes, not the older one of
+        // the address holding one.
+        let (s, _c) = pair(&l);
+        h.admit(ip(3), s).unwrap();
+        assert_eq!(h.evicted.load(Ordering::Relaxed), 1);
+        assert!(shut(&mut clients[1]), "the stranger's oldest was shut down");
+        assert!(h.finish(1), "the lone handshake is still under way");
+        assert!(!h.finish(2), "the pushed-out one is gone");
+    }
+
+    #[test]
+    fn handshakes_past_their_deadline_are_shut_down_and_threads_are_capped() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let h = Handshakes::new(1, 1, Duration::from_millis(50));
+        let (s, mut c) = pair(&l);
+        let id = h.admit(ip(1), s).unwrap();
+        assert!(h.reap(Duration::from_secs(1)) <= Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(60));
+        h.reap(Duration::from_secs(1));
+        assert_eq!(h.timed_out.load(Ordering::Relaxed), 1);
+        assert!(shut(&mut c));
+        assert!(!h.finish(id));
+        // Its thread has not said it is done, nor has the next one's: at
+        // twice the limit, newcomers are closed at once.
+        let (s, _c) = pair(&l);
+        h.admit(ip(2), s).unwrap();
+        let (s, _c) = pair(&l);
+        assert_eq!(h.admit(ip(3), s), Err(Refused::Threads));
+        h.thread_done();
+        let (s, _c) = pair(&l);
+        assert!(h.admit(ip(3), s).is_ok());
+    }
+}

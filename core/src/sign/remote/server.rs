@@ -3,6 +3,13 @@
 //! per-class executors and bounded queues answer `overloaded` at once
 //! rather than letting work pile up.
 //!
+//! Before its certificate is checked, a connection is a stranger's: its
+//! TLS handshake and hello get one deadline in all, and such connections
+//! are bounded in all and per source address apart from certified ones
+//! (see [`super::handshakes`]), so strangers cannot take certified
+//! clients' places. Each connection has its own thread; the limits bound
+//! them.
+//!
 //! A connection's tenant is read once, from its client certificate
 //! ([`TenantSource`]), after the handshake; the tenant id in request frames
 //! is ignored. Admission, in order, for each OP: a budget already spent is
