@@ -240,7 +240,7 @@ fn a_thousand_dribbling_handshakes_neither_lock_out_certified_clients_nor_grow_t
     let longest = Duration::from_millis(stats.longest_ms.load(Ordering::Relaxed));
     eprintln!(
         "flood: {connects} connections, {} closed by the server, {} bytes dribbled, longest open {longest:?}; \
-         server: peak {peak_handshakes} handshakes, {} timed out, {} refused (per address), {} evicted, \
+         server: peak {peak_handshakes} handshakes, {} timed out, {} closed at once, {} evicted, \
          {} refused certified; certified: {served} signatures on one connection (slowest {slowest:?}), \
          {fresh_served} new clients served; test process: threads {threads_before} -> peak {peak_threads}, \
          RSS {} -> peak {} MiB",
@@ -255,11 +255,17 @@ fn a_thousand_dribbling_handshakes_neither_lock_out_certified_clients_nor_grow_t
     );
     // The flood was real: more than a thousand connections at once.
     assert!(connects >= (usize::from(SOURCES) * PER_SOURCE) as u64, "{connects} connections");
+    // ...and it filled the server's handshake places (256 by default), so
+    // certified clients were served while strangers held all they could.
+    assert!(peak_handshakes >= 200 && m.handshakes_evicted > 0, "{peak_handshakes} handshakes at most");
     assert!(failures.is_empty(), "certified clients were not served in time: {failures:?}");
-    assert!(served >= 100 && fresh_served >= 20, "{served} signatures, {fresh_served} new clients");
+    // About 30 new clients are tried (one per 250 ms); a slow machine may
+    // try fewer, but each one tried must have been served (above).
+    assert!(served >= 100 && fresh_served >= 10, "{served} signatures, {fresh_served} new clients");
     // A handshake lasts no longer than its deadline, give or take the
-    // flood's 250 ms turn: before the fix they lasted the whole flood.
-    assert!(longest < HANDSHAKE_DEADLINE * 3, "a dribbling connection stayed open {longest:?}");
+    // flood's 250 ms turn (and a busy machine's stalls): before the fix
+    // they lasted the whole 8 s flood.
+    assert!(longest < HANDSHAKE_DEADLINE * 4, "a dribbling connection stayed open {longest:?}");
     // Threads: the server's handshake threads are bounded by twice its
     // limit (256 by default: those closed may not have ended yet), plus
     // the clients' and the flood's own few; before the fix, one per
