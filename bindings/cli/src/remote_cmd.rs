@@ -66,6 +66,23 @@ pub struct ServeArgs {
     /// Requests one connection may have in flight.
     #[arg(long, default_value_t = 1024)]
     connection_in_flight: u32,
+    /// Seconds a client gets for its whole TLS handshake and hello, from
+    /// the moment it is accepted (a deadline, not a time per read).
+    #[arg(long, default_value_t = 5.0)]
+    handshake_timeout: f64,
+    /// Certified connections (past the hello) served at once; a client
+    /// beyond it is answered `overloaded` at the hello.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Connections still in their handshake (unauthenticated) at once;
+    /// when full, a newcomer takes the place of the oldest handshake of
+    /// the address holding the most.
+    #[arg(long, default_value_t = 256)]
+    max_handshakes: usize,
+    /// Connections still in their handshake from one source address;
+    /// more are closed at once.
+    #[arg(long, default_value_t = 32)]
+    max_handshakes_per_address: usize,
     /// Bytes of requests one tenant may have waiting or being signed;
     /// beyond it, `overloaded`.
     #[arg(long, default_value_t = 16 << 20)]
@@ -280,6 +297,16 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     config.name = args.name;
     config.tenant_in_flight = args.tenant_in_flight;
     config.connection_in_flight = args.connection_in_flight;
+    if !(args.handshake_timeout > 0.0 && args.handshake_timeout <= 3600.0) {
+        return Err(exit::input("--handshake-timeout must be more than 0 and at most 3600 seconds"));
+    }
+    config.handshake_timeout = Duration::from_secs_f64(args.handshake_timeout);
+    if args.max_connections == 0 || args.max_handshakes == 0 || args.max_handshakes_per_address == 0 {
+        return Err(exit::input("--max-connections, --max-handshakes and --max-handshakes-per-address must be at least 1"));
+    }
+    config.max_connections = args.max_connections;
+    config.max_handshakes = args.max_handshakes;
+    config.max_handshakes_per_address = args.max_handshakes_per_address;
     config.tenant_queued_bytes = args.tenant_queued_bytes;
     config.queued_bytes = args.queued_bytes;
     config.tenant_from = args.tenant_from;

@@ -65,6 +65,9 @@ fn serve_and_sign_remote_on_loopback() {
         .args(["--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env")])
         // The tenant is the client certificate's CN; it may use this key.
         .args(["--allow", &format!("client={}", d.p("key.env"))])
+        // What strangers may hold before their certificate is checked.
+        .args(["--handshake-timeout", "2.5", "--max-handshakes", "8", "--max-handshakes-per-address", "4"])
+        .args(["--max-connections", "16"])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -101,6 +104,7 @@ fn serve_and_sign_remote_on_loopback() {
     c.read_to_string(&mut text).unwrap();
     assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"), "{text}");
     assert!(!text.contains("tenant=\"42\""), "{text}");
+    assert!(text.contains("keyfence_remote_server_handshakes 0"), "{text}");
 
     // Usage errors are exit 2.
     let o = keyfence(&["sign", "--remote", "--envelope", &d.p("key.env"), "--peer", "sfo1", "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("x")]);
@@ -119,7 +123,16 @@ fn serve_and_sign_remote_on_loopback() {
         args.extend(extra.iter().map(|s| s.to_string()));
         Command::new(env!("CARGO_BIN_EXE_keyfence")).args(&args).output().unwrap()
     };
-    for bad in [&["--allow", "nobody"][..], &["--allow", "client=0123456789abcdef"], &["--tenant-from", "email"]] {
+    for bad in [
+        &["--allow", "nobody"][..],
+        &["--allow", "client=0123456789abcdef"],
+        &["--tenant-from", "email"],
+        &["--handshake-timeout", "0"],
+        &["--handshake-timeout", "nan"],
+        &["--max-handshakes", "0"],
+        &["--max-handshakes-per-address", "0"],
+        &["--max-connections", "0"],
+    ] {
         let o = serve_with(bad);
         assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
         assert!(!String::from_utf8_lossy(&o.stdout).contains("listening"), "{bad:?}");

@@ -50,6 +50,7 @@ mod backoff;
 mod breaker;
 mod conn;
 mod exporter;
+mod handshakes;
 mod keyring;
 mod link;
 mod metrics;

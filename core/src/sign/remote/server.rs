@@ -3,6 +3,13 @@
 //! per-class executors and bounded queues answer `overloaded` at once
 //! rather than letting work pile up.
 //!
+//! Before its certificate is checked, a connection is a stranger's: its
+//! TLS handshake and hello get one deadline in all, and such connections
+//! are bounded in all and per source address apart from certified ones
+//! (see [`super::handshakes`]), so strangers cannot take certified
+//! clients' places. Each connection has its own thread; the limits bound
+//! them.
+//!
 //! A connection's tenant is read once, from its client certificate
 //! ([`TenantSource`]), after the handshake; the tenant id in request frames
 //! is ignored. Admission, in order, for each OP: a budget already spent is
@@ -25,6 +32,7 @@ use std::time::{Duration, Instant};
 
 use boring::ssl::SslAcceptor;
 
+use super::handshakes::Handshakes;
 use super::keyring::{KeyId, KeyRing};
 use super::link::{self, Handler, Link, Outbox};
 use super::metrics::{request_stats, Outcome, RequestStats};
@@ -69,10 +77,24 @@ pub struct ServerConfig {
     /// Requests one connection may have in flight (announced in the
     /// hello). Default 1024.
     pub connection_in_flight: u32,
-    /// Connections served at once; more are closed at once. Default 1024.
+    /// Certified connections (past the TLS handshake and hello) served at
+    /// once; a client beyond it is answered `overloaded` at the hello.
+    /// Default 1024. Connections still in their handshake never count
+    /// here: see [`ServerConfig::max_handshakes`].
     pub max_connections: usize,
-    /// Time for a client's TLS handshake and hello. Default 5 s.
+    /// Time for a client's whole TLS handshake and hello, from the moment
+    /// it is accepted: a deadline, not a time per read, so a client
+    /// trickling its ClientHello is closed when it passes. Default 5 s.
     pub handshake_timeout: Duration,
+    /// Connections accepted and not yet past their TLS handshake and hello
+    /// (unauthenticated), each on its own thread. When this many are
+    /// waiting, a new one takes the place of the oldest handshake of the
+    /// source address holding the most, so strangers cannot keep a
+    /// certified client from connecting. Default 256.
+    pub max_handshakes: usize,
+    /// Unauthenticated connections one source address may have; beyond
+    /// it, new ones from that address are closed at once. Default 32.
+    pub max_handshakes_per_address: usize,
     /// The server's name in spans and metrics.
     pub name: String,
     /// What signs for the engine instead of in-process BoringSSL (an
@@ -95,6 +117,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("connection_in_flight", &self.connection_in_flight)
             .field("max_connections", &self.max_connections)
             .field("handshake_timeout", &self.handshake_timeout)
+            .field("max_handshakes", &self.max_handshakes)
+            .field("max_handshakes_per_address", &self.max_handshakes_per_address)
             .field("name", &self.name)
             .field("backend", &self.backend.as_ref().map(|b| b.name().to_string()))
             .finish()
@@ -116,6 +140,8 @@ impl ServerConfig {
             connection_in_flight: 1024,
             max_connections: 1024,
             handshake_timeout: Duration::from_secs(5),
+            max_handshakes: 256,
+            max_handshakes_per_address: 32,
             name: "keyfence".into(),
             backend: None,
         }
@@ -126,10 +152,23 @@ impl ServerConfig {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServerMetrics {
-    /// Connections open now.
+    /// Certified connections (past the hello) open now.
     pub connections: usize,
-    /// Connections closed at once because `max_connections` were open.
+    /// Certified clients answered `overloaded` at the hello because
+    /// `max_connections` were open.
     pub connections_refused: u64,
+    /// Connections in their TLS handshake or hello now.
+    pub handshakes: usize,
+    /// Connections closed because their handshake and hello did not end
+    /// by the deadline.
+    pub handshakes_timed_out: u64,
+    /// Connections closed at once because their address had
+    /// `max_handshakes_per_address` handshakes under way, or twice
+    /// `max_handshakes` handshake threads were still running.
+    pub handshakes_refused: u64,
+    /// Handshakes closed to make room for a newer one when
+    /// `max_handshakes` were under way.
+    pub handshakes_evicted: u64,
     /// TLS handshakes or hellos that failed (no certificate, another
     /// CA's certificate, another protocol).
     pub handshakes_failed: u64,
@@ -152,8 +191,14 @@ impl ServerMetrics {
         let open = "keyfence_remote_server_connections";
         e.family(open, "gauge", "Connections open now.");
         e.sample(open, &[], self.connections as f64);
+        let hs = "keyfence_remote_server_handshakes";
+        e.family(hs, "gauge", "Connections in their TLS handshake or hello now.");
+        e.sample(hs, &[], self.handshakes as f64);
         for (name, help, v) in [
-            ("keyfence_remote_server_connections_refused_total", "Connections refused: too many open.", self.connections_refused),
+            ("keyfence_remote_server_connections_refused_total", "Certified connections refused: too many open.", self.connections_refused),
+            ("keyfence_remote_server_handshakes_timed_out_total", "Handshakes closed at their deadline.", self.handshakes_timed_out),
+            ("keyfence_remote_server_handshakes_refused_total", "Connections closed at once: too many handshakes from one address, or handshake threads.", self.handshakes_refused),
+            ("keyfence_remote_server_handshakes_evicted_total", "Handshakes closed to make room for a newer one.", self.handshakes_evicted),
             ("keyfence_remote_server_handshakes_failed_total", "TLS handshakes or hellos that failed.", self.handshakes_failed),
             ("keyfence_remote_server_malformed_total", "Frames answered malformed.", self.malformed),
         ] {
@@ -193,7 +238,9 @@ struct Inner {
     tenants: Tenants,
     stop: AtomicBool,
     connections: Mutex<HashMap<u64, Arc<Outbox>>>,
+    /// Certified connections open (past the hello).
     open: AtomicUsize,
+    handshakes: Handshakes,
     next_conn: AtomicU64,
     refused: AtomicU64,
     handshakes_failed: AtomicU64,
@@ -230,8 +277,13 @@ impl KeyServer {
                 p::MAX_FRAME
             )));
         }
-        if config.max_connections == 0 {
-            return Err(SignError::Config("max_connections must be at least 1".into()));
+        if config.max_connections == 0 || config.max_handshakes == 0 || config.max_handshakes_per_address == 0 {
+            return Err(SignError::Config(
+                "max_connections, max_handshakes and max_handshakes_per_address must be at least 1".into(),
+            ));
+        }
+        if config.handshake_timeout.is_zero() {
+            return Err(SignError::Config("handshake_timeout must be more than zero".into()));
         }
         let acceptor = tls::acceptor(&config.tls)?;
         let engine = match &config.backend {
@@ -247,6 +299,7 @@ impl KeyServer {
                 tenant_bytes: config.tenant_queued_bytes,
                 server_bytes: config.queued_bytes,
             }),
+            handshakes: Handshakes::new(config.max_handshakes, config.max_handshakes_per_address, config.handshake_timeout),
             config,
             acceptor,
             engine,
@@ -264,6 +317,17 @@ impl KeyServer {
             .name("keyfence-serve-accept".into())
             .spawn(move || accept(&i, &listener))
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the accept thread: {e}")))?;
+        let i = inner.clone();
+        let reaper = std::thread::Builder::new().name("keyfence-serve-reaper".into()).spawn(move || {
+            while !i.stop.load(Ordering::Acquire) {
+                std::thread::sleep(i.handshakes.reap(REAP_AT_MOST_EVERY));
+            }
+        });
+        if let Err(e) = reaper {
+            inner.stop.store(true, Ordering::Release);
+            let _ = TcpStream::connect_timeout(&addr, Duration::from_millis(200));
+            return Err(SignError::io(Resource::Thread, format!("cannot start the handshake reaper: {e}")));
+        }
         tracing::info!(server = %inner.config.name, %addr, keys = inner.keys.len(), "keyfence key server listening");
         Ok(KeyServer { inner, addr })
     }
@@ -279,6 +343,10 @@ impl KeyServer {
         ServerMetrics {
             connections: i.open.load(Ordering::Relaxed),
             connections_refused: i.refused.load(Ordering::Relaxed),
+            handshakes: i.handshakes.len(),
+            handshakes_timed_out: i.handshakes.timed_out.load(Ordering::Relaxed),
+            handshakes_refused: i.handshakes.refused.load(Ordering::Relaxed),
+            handshakes_evicted: i.handshakes.evicted.load(Ordering::Relaxed),
             handshakes_failed: i.handshakes_failed.load(Ordering::Relaxed),
             malformed: i.malformed.load(Ordering::Relaxed),
             queued_bytes: i.tenants.queued_bytes(),
@@ -297,6 +365,7 @@ impl KeyServer {
         }
         // Wake the accept thread.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
+        i.handshakes.close_all();
         let conns: Vec<Arc<Outbox>> = i.connections.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for c in conns {
             c.close();
@@ -321,29 +390,55 @@ fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
             std::thread::sleep(Duration::from_millis(10));
             continue;
         };
-        if inner.open.fetch_add(1, Ordering::AcqRel) >= inner.config.max_connections {
-            inner.open.fetch_sub(1, Ordering::AcqRel);
-            inner.refused.fetch_add(1, Ordering::Relaxed);
-            continue;
-        }
+        // A thread is started only for an admitted handshake: threads are
+        // bounded by `max_handshakes` plus `max_connections`.
+        let (Ok(peer), Ok(clone)) = (stream.peer_addr(), stream.try_clone()) else { continue };
+        let Ok(hs) = inner.handshakes.admit(peer.ip(), clone) else { continue };
         let i = inner.clone();
-        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn(move || {
-            connection(&i, stream);
-            i.open.fetch_sub(1, Ordering::AcqRel);
-        });
+        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn(move || connection(&i, stream, hs));
         if spawned.is_err() {
-            inner.open.fetch_sub(1, Ordering::AcqRel);
+            inner.handshakes.finish(hs);
+            inner.handshakes.thread_done();
         }
     }
 }
 
-/// Handshake, hello, then the connection's loop.
-fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
+/// How often the reaper looks at the handshakes when none is under way
+/// (it otherwise wakes at the earliest deadline).
+const REAP_AT_MOST_EVERY: Duration = Duration::from_millis(100);
+
+/// A connection's thread, counted among the handshake threads until
+/// dropped.
+struct HandshakeThread<'a>(&'a Handshakes);
+
+impl Drop for HandshakeThread<'_> {
+    fn drop(&mut self) {
+        self.0.thread_done();
+    }
+}
+
+/// A certified connection's place among `max_connections`.
+struct Open<'a>(&'a AtomicUsize);
+
+impl Drop for Open<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Handshake, hello, then the connection's loop. `hs` is its entry among
+/// the handshakes under way, whose deadline the reaper enforces by
+/// shutting the socket down.
+fn connection(inner: &Arc<Inner>, tcp: TcpStream, hs: u64) {
+    let in_handshake = HandshakeThread(&inner.handshakes);
     let peer = tcp.peer_addr().map(|a| a.to_string()).unwrap_or_default();
     let failed = |why: String| {
+        inner.handshakes.finish(hs);
         inner.handshakes_failed.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(server = %inner.config.name, %peer, %why, "connection refused");
     };
+    // The per-read time-outs only spare the reaper work; the deadline for
+    // the whole handshake is its.
     let t = Some(inner.config.handshake_timeout);
     if tcp.set_nodelay(true).and_then(|()| tcp.set_read_timeout(t)).and_then(|()| tcp.set_write_timeout(t)).is_err() {
         return failed("cannot configure the socket".into());
@@ -361,11 +456,19 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
         Ok(f) => f,
         Err(e) => return failed(format!("hello: {e}")),
     };
+    // A place among the certified connections is taken only now, by a
+    // client the CA vouched for.
+    let open = inner.open.fetch_add(1, Ordering::AcqRel);
+    let open_slot = Open(&inner.open);
     let answer = match (hello.kind, p::parse_hello_request(&hello.body)) {
         (kind::HELLO, Ok(())) if tenant_name.is_none() => Err(p::error_body(
             RemoteErrorCode::NotAllowed,
             &format!("the client certificate names no tenant (this server reads it from: {source})"),
         )),
+        (kind::HELLO, Ok(())) if open >= inner.config.max_connections => {
+            inner.refused.fetch_add(1, Ordering::Relaxed);
+            Err(p::error_body(RemoteErrorCode::Overloaded, "this server has its maximum of connections open"))
+        }
         (kind::HELLO, Ok(())) => Ok(p::hello_reply(inner.config.connection_in_flight)),
         (kind::HELLO, Err(p::BodyError::Value("hello version"))) => {
             Err(p::error_body(RemoteErrorCode::Version, "this server speaks version 1"))
@@ -384,6 +487,12 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
     if stream.write_all(&frame).is_err() {
         return failed("cannot answer the hello".into());
     }
+    if !inner.handshakes.finish(hs) {
+        // Its deadline passed, or it was pushed out, while answering.
+        inner.handshakes_failed.fetch_add(1, Ordering::Relaxed);
+        return;
+    }
+    drop(in_handshake);
     if stream.get_ref().set_read_timeout(None).and_then(|()| stream.get_ref().set_write_timeout(None)).is_err() {
         return failed("cannot configure the socket".into());
     }
@@ -411,6 +520,7 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream) {
     let why = link::run(link, &outbox, &mut handler);
     tracing::debug!(server = %inner.config.name, %peer, tenant = %tenant_name, %why, "connection ended");
     inner.connections.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    drop(open_slot);
 }
 
 /// One connection's request handling.
