@@ -6,6 +6,10 @@
 //! on the libuv thread pool. The behaviour lives in the core; this crate
 //! only converts arguments and results.
 
+// Direction, bottom to top (each module uses only those before it): error,
+// task, promise; policy, abe, wrap, sign; remote (which also gives the
+// engine its `attachRemote`).
+
 #![deny(unsafe_op_in_unsafe_fn)]
 
 mod abe;

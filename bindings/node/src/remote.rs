@@ -13,7 +13,7 @@ use napi::Env;
 use napi_derive::napi;
 
 use crate::error::{js, KfError, KfResult};
-use crate::sign::PrivateKey;
+use crate::sign::{Engine, PrivateKey};
 use crate::task::Job;
 use crate::wrap::Machine;
 
@@ -183,5 +183,26 @@ impl RemoteSigner {
     #[napi]
     pub fn close(&mut self) {
         self.inner = None;
+    }
+}
+
+// The engine's side of remote signing lives here, above both, so that
+// `sign` never reaches up into `remote`.
+#[napi(namespace = "sign")]
+impl Engine {
+    /// Reports `remote`'s per-peer figures (round-trip time, breaker,
+    /// connections, failovers, requests and latency) with this engine's
+    /// `metricsPrometheus()` from now on.
+    ///
+    /// Throws `KeyfenceError` code `SHUT_DOWN` if either is closed.
+    #[napi]
+    pub fn attach_remote(&self, env: Env, remote: &RemoteSigner) -> napi::Result<()> {
+        let attach = || -> KfResult<()> {
+            let signer =
+                remote.inner.clone().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the remote signer is closed"))?;
+            self.running()?.engine.attach_metrics(Arc::new(signer));
+            Ok(())
+        };
+        js(&env, attach())
     }
 }

@@ -138,8 +138,8 @@ fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
 }
 
 /// A running engine.
-struct Running {
-    engine: core::Engine,
+pub(crate) struct Running {
+    pub(crate) engine: core::Engine,
     key_process: Option<KeyProcess>,
 }
 
@@ -229,7 +229,7 @@ fn class_metrics(m: &core::ClassMetrics) -> ClassMetrics {
 }
 
 impl Engine {
-    fn running(&self) -> KfResult<&Running> {
+    pub(crate) fn running(&self) -> KfResult<&Running> {
         self.running.as_ref().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the engine is closed"))
     }
 
@@ -471,24 +471,6 @@ impl Engine {
     #[napi]
     pub fn metrics_prometheus(&self, env: Env) -> napi::Result<String> {
         js(&env, self.running().map(|r| r.engine.metrics().prometheus()))
-    }
-
-    /// Reports `remote`'s per-peer figures (round-trip time, breaker,
-    /// connections, failovers, requests and latency) with this engine's
-    /// `metricsPrometheus()` from now on.
-    ///
-    /// Throws `KeyfenceError` code `SHUT_DOWN` if either is closed.
-    #[napi]
-    pub fn attach_remote(&self, env: Env, remote: &crate::remote::RemoteSigner) -> napi::Result<()> {
-        let attach = || -> KfResult<()> {
-            let signer = remote
-                .inner
-                .clone()
-                .ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the remote signer is closed"))?;
-            self.running()?.engine.attach_metrics(Arc::new(signer));
-            Ok(())
-        };
-        js(&env, attach())
     }
 
     /// Shuts the engine down now rather than when it is garbage-collected:
