@@ -173,6 +173,14 @@ export declare namespace sign {
    */
   export class Engine {
     /**
+     * Reports `remote`'s per-peer figures (round-trip time, breaker,
+     * connections, failovers, requests and latency) with this engine's
+     * `metricsPrometheus()` from now on.
+     *
+     * Throws `KeyfenceError` code `SHUT_DOWN` if either is closed.
+     */
+    attachRemote(remote: sign.RemoteSigner): void
+    /**
      * Starts an engine: its worker threads, and its key process when
      * `isolated` is set.
      *
@@ -243,14 +251,6 @@ export declare namespace sign {
      * Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
      */
     metricsPrometheus(): string
-    /**
-     * Reports `remote`'s per-peer figures (round-trip time, breaker,
-     * connections, failovers, requests and latency) with this engine's
-     * `metricsPrometheus()` from now on.
-     *
-     * Throws `KeyfenceError` code `SHUT_DOWN` if either is closed.
-     */
-    attachRemote(remote: sign.RemoteSigner): void
     /**
      * Shuts the engine down now rather than when it is garbage-collected:
      * queued signatures reject with code `SHUT_DOWN`, running ones finish,
