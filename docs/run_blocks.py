@@ -269,33 +269,36 @@ class Runner:
             return f"`{' '.join(argv)}` exited {r.returncode}\n{indent(r.stdout + r.stderr)}"
         return None
 
+    @staticmethod
+    def block_file(b: Block, scratch: pathlib.Path, ext: str) -> pathlib.Path:
+        """The block's text as a file of the scratch directory."""
+        f = scratch / f"block_{b.line}.{ext}"
+        f.write_text(b.text, encoding="utf-8")
+        return f
+
     def run_python(self, b: Block, scratch: pathlib.Path, env: dict[str, str], _: "ShellSession") -> str | None:
         py = os.environ.get("KEYFENCE_PYTHON")
         if not py:
             return "skip: KEYFENCE_PYTHON is not set"
-        f = scratch / f"block_{b.line}.py"
-        f.write_text(b.text, encoding="utf-8")
-        return self.run_program(b, scratch, env, [py, f.name])
+        return self.run_program(b, scratch, env, [py, self.block_file(b, scratch, "py").name])
 
     def run_js(self, b: Block, scratch: pathlib.Path, env: dict[str, str], _: "ShellSession") -> str | None:
         pkg = os.environ.get("KEYFENCE_NODE_PKG")
         if not pkg:
             return "skip: KEYFENCE_NODE_PKG is not set"
-        mods = scratch / "node_modules"
-        mods.mkdir(exist_ok=True)
-        link = mods / "keyfence"
+        # `require('keyfence')` finds the built package, as in a project
+        # that installed it.
+        link = scratch / "node_modules" / "keyfence"
+        link.parent.mkdir(exist_ok=True)
         if not link.exists():
             link.symlink_to(pathlib.Path(pkg).resolve(), target_is_directory=True)
-        f = scratch / f"block_{b.line}.js"
-        f.write_text(b.text, encoding="utf-8")
-        return self.run_program(b, scratch, env, ["node", f.name])
+        return self.run_program(b, scratch, env, ["node", self.block_file(b, scratch, "js").name])
 
     def run_c(self, b: Block, scratch: pathlib.Path, env: dict[str, str], _: "ShellSession") -> str | None:
         prefix = os.environ.get("KEYFENCE_C_PREFIX")
         if not prefix:
             return "skip: KEYFENCE_C_PREFIX is not set"
-        f = scratch / f"block_{b.line}.c"
-        f.write_text(b.text, encoding="utf-8")
+        f = self.block_file(b, scratch, "c")
         exe = scratch / f"block_{b.line}"
         penv = dict(env, PKG_CONFIG_PATH=f"{prefix}/lib/pkgconfig")
         flags = subprocess.run(

@@ -20,28 +20,7 @@ use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Seek, SeekFrom};
 use std::process::{Child, Command, Stdio};
 
-use common::{ok, Dir};
-
-fn openssl(d: &Dir, args: &[&str]) {
-    let o = Command::new("openssl").args(args).current_dir(&d.0).output().expect("the openssl command line");
-    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-}
-
-/// A CA and a server certificate for `sfo1`.
-fn pki(d: &Dir) {
-    openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
-    openssl(d, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=keyfence test CA", "-days", "2", "-out", "ca.pem"]);
-    openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "sfo1.key"]);
-    openssl(d, &["req", "-new", "-key", "sfo1.key", "-subj", "/CN=sfo1", "-out", "sfo1.csr"]);
-    std::fs::write(d.0.join("sfo1.ext"), "subjectAltName=DNS:sfo1\n").unwrap();
-    openssl(
-        d,
-        &[
-            "x509", "-req", "-in", "sfo1.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
-            "-extfile", "sfo1.ext", "-out", "sfo1.pem",
-        ],
-    );
-}
+use common::{ok, openssl, pki, Dir};
 
 /// The BLS12-381 base field modulus, little-endian 64-bit limbs.
 const P: [u64; 6] = [
@@ -236,7 +215,7 @@ fn serve(d: &Dir, extra: &[&str], log: &str) -> Server {
 #[test]
 fn an_isolated_server_holds_none_of_the_machine_keys_secret() {
     let d = Dir::new("isolation-memory");
-    pki(&d);
+    pki(&d, &["sfo1"]);
     let store = d.p("store");
     ok(&["authority", "init", "--store", &store]);
     ok(&["authority", "issue", "--store", &store, "--attrs", "country=US,region=NA", "--out", &d.p("sfo1.machine")]);

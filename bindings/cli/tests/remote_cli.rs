@@ -12,30 +12,7 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{keyfence, ok, stderr, Dir};
-
-fn openssl(d: &Dir, args: &[&str]) {
-    let o = Command::new("openssl").args(args).current_dir(&d.0).output().expect("the openssl command line");
-    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-}
-
-/// A CA (`ca.pem`) and certificates for `sfo1` (its DNS name) and `client`.
-fn pki(d: &Dir) {
-    openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
-    openssl(d, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=keyfence test CA", "-days", "2", "-out", "ca.pem"]);
-    for name in ["sfo1", "client"] {
-        openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-        openssl(d, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
-        std::fs::write(d.0.join(format!("{name}.ext")), format!("subjectAltName=DNS:{name}\n")).unwrap();
-        openssl(
-            d,
-            &[
-                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                "-days", "2", "-extfile", &format!("{name}.ext"), "-out", &format!("{name}.pem"),
-            ],
-        );
-    }
-}
+use common::{keyfence, ok, openssl, pki, stderr, Dir};
 
 struct Server(Child);
 
@@ -49,7 +26,7 @@ impl Drop for Server {
 #[test]
 fn serve_and_sign_remote_on_loopback() {
     let d = Dir::new("remote");
-    pki(&d);
+    pki(&d, &["sfo1", "client"]);
     let store = d.p("store");
     ok(&["authority", "init", "--store", &store]);
     ok(&["authority", "issue", "--store", &store, "--attrs", "country=US,region=NA", "--out", &d.p("sfo1.machine")]);

@@ -431,6 +431,32 @@ PrivateKey key_from_pem(py::handle pem, py::handle engine_obj) {
     return k;
 }
 
+// Runs load(e) with the engine's handle held for reading, e being nullptr
+// without an engine; the caller has released the GIL. If the engine has
+// been closed, load does not run, `closed` is set and the result is
+// KEYFENCE_SHUT_DOWN.
+template <class F>
+keyfence_result with_engine(Engine *engine, bool &closed, F load) {
+    std::shared_lock<std::shared_mutex> hold;
+    keyfence_engine *e = nullptr;
+    if (engine) {
+        hold = std::shared_lock<std::shared_mutex>(engine->lock);
+        e = engine->e.get();
+        closed = !e;
+    }
+    return closed ? KEYFENCE_SHUT_DOWN : load(e);
+}
+
+// The key a loading call made, or its error raised (ShutDown for a closed
+// engine).
+PrivateKey loaded_key(bool closed, keyfence_result r, keyfence_private_key *out) {
+    if (closed) raise_shut_down("engine");
+    check(r);
+    PrivateKey k;
+    k.h.reset(out);
+    return k;
+}
+
 // Opens an envelope holding a PEM/DER private key and loads it, without the
 // key's bytes ever becoming a Python object.
 PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::handle engine_obj) {
@@ -444,21 +470,12 @@ PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::ha
         Owned secret;
         r = keyfence_machine_open(machine.m.get(), env.data(), env.size(), &secret.b);
         if (r == KEYFENCE_OK) {
-            std::shared_lock<std::shared_mutex> hold;
-            keyfence_engine *e = nullptr;
-            if (engine) {
-                hold = std::shared_lock<std::shared_mutex>(engine->lock);
-                e = engine->e.get();
-                closed = !e;
-            }
-            r = closed ? KEYFENCE_SHUT_DOWN : keyfence_key_from_pem(e, secret.b.data, secret.b.len, &out);
+            r = with_engine(engine, closed, [&](keyfence_engine *e) {
+                return keyfence_key_from_pem(e, secret.b.data, secret.b.len, &out);
+            });
         }
     }
-    if (closed) raise_shut_down("engine");
-    check(r);
-    PrivateKey k;
-    k.h.reset(out);
-    return k;
+    return loaded_key(closed, r, out);
 }
 
 // Loads the key an envelope holds with the machine key *file*: with an
@@ -474,20 +491,11 @@ PrivateKey key_load_envelope(py::handle store, py::handle machine_key, py::handl
     bool closed = false;
     {
         py::gil_scoped_release release;
-        std::shared_lock<std::shared_mutex> hold;
-        keyfence_engine *e = nullptr;
-        if (engine) {
-            hold = std::shared_lock<std::shared_mutex>(engine->lock);
-            e = engine->e.get();
-            closed = !e;
-        }
-        r = closed ? KEYFENCE_SHUT_DOWN : keyfence_key_from_envelope(e, dir.c_str(), mk.c_str(), env.data(), env.size(), &out);
+        r = with_engine(engine, closed, [&](keyfence_engine *e) {
+            return keyfence_key_from_envelope(e, dir.c_str(), mk.c_str(), env.data(), env.size(), &out);
+        });
     }
-    if (closed) raise_shut_down("engine");
-    check(r);
-    PrivateKey k;
-    k.h.reset(out);
-    return k;
+    return loaded_key(closed, r, out);
 }
 
 py::bytes engine_sign(Engine &engine, const PrivateKey &key, py::handle alg, py::handle data, uint32_t timeout_ms) {

@@ -25,6 +25,32 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Runs the `openssl` command line in `d`; its failure fails the test.
+pub fn openssl(d: &Dir, args: &[&str]) {
+    let o = Command::new("openssl").args(args).current_dir(&d.0).output().expect("the openssl command line");
+    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// A CA (`ca.pem`, `ca.key`) and, for each of `names`, `NAME.key` and
+/// `NAME.pem` whose CN and DNS name are NAME, made with the `openssl`
+/// command line (as docs/remote.md makes a mesh's certificates).
+pub fn pki(d: &Dir, names: &[&str]) {
+    openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
+    openssl(d, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=keyfence test CA", "-days", "2", "-out", "ca.pem"]);
+    for name in names {
+        openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
+        openssl(d, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
+        std::fs::write(d.0.join(format!("{name}.ext")), format!("subjectAltName=DNS:{name}\n")).unwrap();
+        openssl(
+            d,
+            &[
+                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-days", "2", "-extfile", &format!("{name}.ext"), "-out", &format!("{name}.pem"),
+            ],
+        );
+    }
+}
+
 /// A scratch directory removed when dropped.
 pub struct Dir(pub PathBuf);
 
