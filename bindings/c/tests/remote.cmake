@@ -3,15 +3,7 @@
 # program against it, and kills the server whatever happened.
 include(${CMAKE_CURRENT_LIST_DIR}/run.cmake)
 file(REMOVE_RECURSE "${WORK}")
-# ./x test passes the command line `cargo test` built (KEYFENCE_CLI);
-# alone, ctest builds it. Every cargo call names the manifest: ctest runs
-# from the build directory, which may be anywhere (issue 24).
-if(DEFINED ENV{KEYFENCE_CLI} AND EXISTS "$ENV{KEYFENCE_CLI}")
-  set(cli "$ENV{KEYFENCE_CLI}")
-else()
-  run(${CMAKE_COMMAND} -E env "CARGO_TARGET_DIR=${CARGO_TARGET_DIR}" ${CARGO} build --locked -q --manifest-path "${SOURCE_DIR}/Cargo.toml" -p keyfence-cli --bin keyfence)
-  set(cli "${CARGO_TARGET_DIR}/debug/keyfence")
-endif()
+keyfence_cli(cli)
 run(bash "${SOURCE_DIR}/vectors/remote-fixture.sh" "${cli}" "${WORK}")
 execute_process(COMMAND "${TEST}" "${WORK}" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 file(READ "${WORK}/server.pid" pid)
