@@ -44,8 +44,9 @@ pub struct RemoteOptions {
     /// The CA certificates (a PEM file) the servers' certificates must
     /// chain to; nothing else is trusted.
     pub ca: String,
-    /// The tenant (zone) id keys are requested for (default 0); a server
-    /// bounds what each tenant may have in flight.
+    /// An id sent with each request for older servers (default 0);
+    /// servers of this version ignore it and take the tenant from this
+    /// client's certificate (docs/remote.md, "Tenants").
     pub tenant: Option<u32>,
     /// Milliseconds for a TCP connect and TLS handshake (default 1000).
     pub connect_timeout_ms: Option<u32>,

@@ -305,8 +305,9 @@ class RemoteSigner:
         cert, key: this client's certificate chain and private key (PEM).
         ca: the CA certificates the servers' certificates must chain to;
             nothing else is trusted.
-        tenant: the tenant (zone) id keys are requested for; a server bounds
-            what each tenant may have in flight.
+        tenant: an id sent with each request for older servers; servers of
+            this version ignore it and take the tenant from this client's
+            certificate (docs/remote.md, "Tenants").
         connect_timeout: seconds for a TCP connect and TLS handshake.
         request_timeout: seconds one attempt waits for its reply before the
             next peer is tried (never past the operation's deadline).
