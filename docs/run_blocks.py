@@ -121,6 +121,11 @@ def trailing_comment(line: str) -> tuple[str, str | None]:
     return line, None
 
 
+def complete(text: str) -> bool:
+    """Whether bash reads `text` as complete commands (`bash -n`)."""
+    return subprocess.run(["bash", "-n", "-c", text], capture_output=True).returncode == 0
+
+
 @dataclass
 class Command:
     line: int
@@ -154,11 +159,13 @@ def shell_commands(b: Block) -> list[Command]:
             if collecting:
                 cmds[-1].output.append(body[1:] if body.startswith(" ") else body)  # type: ignore[union-attr]
             continue
+        # A command goes on while bash says it is incomplete: a `\` at the
+        # end of a line, an open quote, a function or loop body.
         text = line
-        while text.endswith("\\") and i < len(raw):
-            text = text[:-1] + "\n" + raw[i]
+        while i < len(raw) and (text.endswith("\\") or not complete(text)):
+            text = text + "\n" + raw[i]
             i += 1
-        text, comment = trailing_comment(text)
+        _, comment = trailing_comment(text.split("\n")[-1])
         c = Command(n, text, output=[] if checks_output else None)
         if comment:
             m = re.match(r"exit (\d+)\b", comment)
