@@ -462,8 +462,9 @@ export declare namespace sign {
      */
     ca: string
     /**
-     * The tenant (zone) id keys are requested for (default 0); a server
-     * bounds what each tenant may have in flight.
+     * An id sent with each request for older servers (default 0);
+     * servers of this version ignore it and take the tenant from this
+     * client's certificate (docs/remote.md, "Tenants").
      */
     tenant?: number
     /** Milliseconds for a TCP connect and TLS handshake (default 1000). */

@@ -732,8 +732,9 @@ keyfence_result keyfence_remote_config_add_peer(struct keyfence_remote_config *c
                                                 const char *server_name);
 
 /*
- Sets the tenant (zone) id keys are requested for; a server bounds what
- each tenant may have in flight.
+ Sets an id sent with each request for older servers; servers of this
+ version ignore it and take the tenant from the client certificate
+ (docs/remote.md, "Tenants").
 
  # Safety
  `config` is a live handle no other thread uses.
