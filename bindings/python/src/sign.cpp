@@ -161,23 +161,22 @@ py::list queue_drain(const CompletionQueue &queue, size_t max) {
 py::dict engine_metrics(Engine &engine) {
     static const std::pair<const char *, uint32_t> classes[] = {
         {"rsa", KEYFENCE_CLASS_RSA}, {"ec", KEYFENCE_CLASS_EC}, {"slow", KEYFENCE_CLASS_SLOW}};
+    // Each field of keyfence_class_metrics under its own name.
+    using M = keyfence_class_metrics;
+    static const std::pair<const char *, uint32_t M::*> gauges[] = {
+        {"workers", &M::workers}, {"queue_capacity", &M::queue_capacity}, {"queue_depth", &M::queue_depth},
+        {"in_flight", &M::in_flight}};
+    static const std::pair<const char *, uint64_t M::*> counters[] = {
+        {"submitted", &M::submitted}, {"completed", &M::completed}, {"errors", &M::errors},
+        {"overloaded", &M::overloaded}, {"timed_out", &M::timed_out}, {"p50_ns", &M::p50_ns},
+        {"p99_ns", &M::p99_ns}, {"p999_ns", &M::p999_ns}};
     py::dict out;
     for (auto [name, cls] : classes) {
         keyfence_class_metrics m{};
         engine.call([&](keyfence_engine *e) { return keyfence_engine_metrics(e, cls, &m); });
         py::dict d;
-        d["workers"] = m.workers;
-        d["queue_capacity"] = m.queue_capacity;
-        d["queue_depth"] = m.queue_depth;
-        d["in_flight"] = m.in_flight;
-        d["submitted"] = m.submitted;
-        d["completed"] = m.completed;
-        d["errors"] = m.errors;
-        d["overloaded"] = m.overloaded;
-        d["timed_out"] = m.timed_out;
-        d["p50_ns"] = m.p50_ns;
-        d["p99_ns"] = m.p99_ns;
-        d["p999_ns"] = m.p999_ns;
+        for (auto [field, member] : gauges) d[field] = m.*member;
+        for (auto [field, member] : counters) d[field] = m.*member;
         out[name] = d;
     }
     return out;
