@@ -1356,17 +1356,15 @@ keyfence_result keyfence_authority_issue(const struct keyfence_authority *author
                                          struct keyfence_bytes *machine_key);
 
 /*
- `keyfence_authority_issue` with the attributes as `attrs[0..count]`,
- each label and value apart and taken as it is (see
- `keyfence_attribute`).
+ Issues a machine key as `keyfence_authority_issue` does, for the
+ `count` pairs at `attrs` (no quoting: see `keyfence_attribute`).
 
- Errors: as `keyfence_authority_issue`; `KEYFENCE_INVALID_ARGUMENT` as
- `keyfence_attributes_text`.
+ Errors: those of `keyfence_authority_issue`, and a pair's NULL pointer,
+ bad UTF-8 or NUL byte is `KEYFENCE_INVALID_ARGUMENT`.
 
  # Safety
- `authority` is a live handle; `attrs` is NULL with `count == 0`, or
- points to `count` readable `keyfence_attribute`s; `machine_key` is
- writable.
+ `authority` is a live handle; `attrs` holds `count` readable pairs (or
+ is NULL with `count == 0`); `machine_key` is writable.
  */
 keyfence_result keyfence_authority_issue_pairs(const struct keyfence_authority *authority,
                                                const struct keyfence_attribute *attrs,

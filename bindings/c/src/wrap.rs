@@ -88,17 +88,15 @@ pub unsafe extern "C" fn keyfence_authority_issue(
     unsafe { issue(authority, machine_key, || policy::attributes(ffi::text(attrs, "attrs")?)) }
 }
 
-/// `keyfence_authority_issue` with the attributes as `attrs[0..count]`,
-/// each label and value apart and taken as it is (see
-/// `keyfence_attribute`).
+/// Issues a machine key as `keyfence_authority_issue` does, for the
+/// `count` pairs at `attrs` (no quoting: see `keyfence_attribute`).
 ///
-/// Errors: as `keyfence_authority_issue`; `KEYFENCE_INVALID_ARGUMENT` as
-/// `keyfence_attributes_text`.
+/// Errors: those of `keyfence_authority_issue`, and a pair's NULL pointer,
+/// bad UTF-8 or NUL byte is `KEYFENCE_INVALID_ARGUMENT`.
 ///
 /// # Safety
-/// `authority` is a live handle; `attrs` is NULL with `count == 0`, or
-/// points to `count` readable `keyfence_attribute`s; `machine_key` is
-/// writable.
+/// `authority` is a live handle; `attrs` holds `count` readable pairs (or
+/// is NULL with `count == 0`); `machine_key` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_issue_pairs(
     authority: *const keyfence_authority,
