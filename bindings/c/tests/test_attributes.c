@@ -15,9 +15,10 @@ static keyfence_attribute pair(const char *label, const char *value) {
 }
 
 /* Labels and values each syntax would need quoted: commas, '=', quotes and
- * backslashes, outer spaces, a keyword, non-ASCII (NFC), and a string
- * that is longer than its stated length (no terminator is read). */
-#define N 6
+ * backslashes, outer spaces, a keyword, non-ASCII (NFC), control
+ * characters (written as \u{..} escapes), and a string that is longer
+ * than its stated length (no terminator is read). */
+#define N 7
 static keyfence_attribute tricky[N];
 static const char cut[] = "siteXXXX";
 
@@ -29,6 +30,7 @@ static void make_tricky(void) {
     tricky[4] = pair("city", "Z\xc3\xbcrich \xe6\x9d\xb1\xe4\xba\xac"); /* "Zürich 東京" */
     tricky[5] = pair(cut, "a");
     tricky[5].label_len = 4; /* "site" */
+    tricky[6] = pair("tab\tlabel", "\n");
 }
 
 /* The policy `t0 and t1 and ...` built from terms keyfence wrote, so that
