@@ -16,7 +16,7 @@
 //!
 //! Every field is read and written with the crate's one checked codec
 //! ([`crate::codec`], big-endian). Nothing here needs BoringSSL except
-//! [`op::fit`]: the codec builds without the `sign` feature, for the
+//! `op::fit`: the codec builds without the `sign` feature, for the
 //! fuzzers.
 //!
 //! [`isolated::protocol`]: crate::sign::isolated::protocol

@@ -7,7 +7,8 @@
 //! ```
 //!
 //! `data` runs to the end of the frame, so an OP body is never longer than
-//! a frame allows: [`fit`] makes an operation short enough first.
+//! a frame allows: `fit` (with the `sign` feature) makes an operation
+//! short enough first.
 
 use super::frame::BodyError;
 use crate::codec::{Reader, Writer};
