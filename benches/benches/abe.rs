@@ -5,25 +5,8 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
 use keyfence::abe;
 use keyfence::policy::{parse, Attributes};
-use rand_core::OsRng;
 
 const MSG: &[u8] = b"a 23-byte test message!";
-
-fn shapes() -> Vec<(&'static str, String, Attributes)> {
-    let clauses = |neg: bool, op: &str| {
-        (0..50)
-            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
-            .collect::<Vec<_>>()
-            .join(op)
-    };
-    let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
-    vec![
-        ("small", "country: US or region: EU".into(), "country=FR,region=EU".parse().unwrap()),
-        ("and50", clauses(false, " and "), all.clone()),
-        ("or50", clauses(false, " or "), all.clone()),
-        ("and50neg25", clauses(true, " and "), all),
-    ]
-}
 
 fn bench(c: &mut Criterion) {
     let (pk, msk) = abe::setup().unwrap();
@@ -44,7 +27,7 @@ fn bench(c: &mut Criterion) {
         });
         g.bench_with_input(BenchmarkId::new("decrypt", n), &ct, |b, ct| b.iter(|| abe::decrypt(&key, ct).unwrap()));
     }
-    for (name, policy, attrs) in shapes() {
+    for (name, policy, attrs) in keyfence::bench::abe_cases() {
         let policy = parse(&policy).unwrap();
         let key = abe::keygen(&msk, &attrs).unwrap();
         let ct = abe::encrypt_policy(&pk, &policy, MSG).unwrap();

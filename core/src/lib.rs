@@ -9,6 +9,8 @@
 pub use keyfence_policy as policy;
 
 pub mod abe;
+#[cfg(feature = "bench")]
+pub mod bench;
 pub mod codec;
 mod error;
 pub mod wrap;

@@ -305,6 +305,35 @@ typedef struct keyfence_remote keyfence_remote;
 typedef struct keyfence_remote_config keyfence_remote_config;
 
 /*
+ One attribute, its label and value given apart as UTF-8 of a stated
+ length (no terminator needed, no quoting: the text is taken as it is).
+ The functions ending in `_pairs` take an array of these in place of
+ `label=value,...` text, so a program passes any label or value (commas,
+ `=`, quotes, spaces, any script) without writing the attribute syntax.
+
+ A pointer may be NULL only when its length is 0; a NUL byte inside a
+ label or value is refused, as in every text argument.
+ */
+typedef struct keyfence_attribute {
+  /*
+   The label's bytes (UTF-8).
+   */
+  const char *label;
+  /*
+   How many bytes `label` has.
+   */
+  size_t label_len;
+  /*
+   The value's bytes (UTF-8).
+   */
+  const char *value;
+  /*
+   How many bytes `value` has.
+   */
+  size_t value_len;
+} keyfence_attribute;
+
+/*
  A byte string keyfence allocated and the caller owns: a ciphertext, a
  plaintext, a key encoding, a policy's text.
 
@@ -457,6 +486,22 @@ keyfence_result keyfence_abe_keygen(const struct keyfence_abe_master_key *msk,
                                     struct keyfence_abe_attribute_key **key);
 
 /*
+ `keyfence_abe_keygen` with the attributes as `attrs[0..count]`, each
+ label and value apart and taken as it is (see `keyfence_attribute`).
+
+ Errors: as `keyfence_abe_keygen`; `KEYFENCE_INVALID_ATTRIBUTES` and
+ `KEYFENCE_INVALID_ARGUMENT` as `keyfence_attributes_text`.
+
+ # Safety
+ `msk` is a live handle; `attrs` is NULL with `count == 0`, or points to
+ `count` readable `keyfence_attribute`s; `key` is writable.
+ */
+keyfence_result keyfence_abe_keygen_pairs(const struct keyfence_abe_master_key *msk,
+                                          const struct keyfence_attribute *attrs,
+                                          size_t count,
+                                          struct keyfence_abe_attribute_key **key);
+
+/*
  Encrypts `msg[0..len]` under `policy` into `*out` (a ciphertext in
  CIRCL's `tkn20` format).
 
@@ -506,6 +551,25 @@ keyfence_result keyfence_abe_could_decrypt(const char *attrs,
                                            const uint8_t *ct,
                                            size_t len,
                                            bool *could);
+
+/*
+ `keyfence_abe_could_decrypt` with the attributes as `attrs[0..count]`,
+ each label and value apart and taken as it is (see
+ `keyfence_attribute`).
+
+ Errors: as `keyfence_abe_could_decrypt`; `KEYFENCE_INVALID_ARGUMENT` as
+ `keyfence_attributes_text`.
+
+ # Safety
+ `attrs` is NULL with `count == 0`, or points to `count` readable
+ `keyfence_attribute`s; `ct` points to `len` readable bytes; `could` is
+ writable.
+ */
+keyfence_result keyfence_abe_could_decrypt_pairs(const struct keyfence_attribute *attrs,
+                                                 size_t count,
+                                                 const uint8_t *ct,
+                                                 size_t len,
+                                                 bool *could);
 
 /*
  The canonical text of the policy `ct[0..len]` was encrypted under, into
@@ -660,6 +724,25 @@ keyfence_result keyfence_error_message(char *buf, size_t cap, size_t *out_n);
 bool keyfence_error_position(size_t *position);
 
 /*
+ Writes `attrs[0..count]` as the `label=value,...` text every function
+ taking `attrs` text reads back to the same attributes (keyfence quotes
+ what needs it), into `*out`: for the functions that take attributes
+ only as text (`keyfence_remote_config_add_peer`), and for logs.
+
+ Errors: `KEYFENCE_INVALID_ATTRIBUTES` (an empty label or value, a label
+ twice, text not in Unicode NFC: the message gives the pair's index),
+ `KEYFENCE_INVALID_ARGUMENT` for a NULL pointer with a non-zero length,
+ a label or value that is not UTF-8 or holds a NUL byte.
+
+ # Safety
+ `attrs` is NULL with `count == 0`, or points to `count` readable
+ `keyfence_attribute`s; `out` is writable.
+ */
+keyfence_result keyfence_attributes_text(const struct keyfence_attribute *attrs,
+                                         size_t count,
+                                         struct keyfence_bytes *out);
+
+/*
  Whether attributes satisfy a policy, without cryptography.
 
  `policy` is policy text (`country: US or (not region: EU)`), `attrs`
@@ -680,6 +763,46 @@ bool keyfence_error_position(size_t *position);
  `policy` and `attrs` are NUL-terminated strings; `satisfied` is writable.
  */
 keyfence_result keyfence_policy_check(const char *policy, const char *attrs, bool *satisfied);
+
+/*
+ `keyfence_policy_check` with the attributes as `attrs[0..count]`, each
+ label and value apart and taken as it is (see `keyfence_attribute`).
+
+ Errors: as `keyfence_policy_check`; `KEYFENCE_INVALID_ATTRIBUTES` and
+ `KEYFENCE_INVALID_ARGUMENT` as `keyfence_attributes_text`.
+
+ # Safety
+ `policy` is a NUL-terminated string; `attrs` is NULL with
+ `count == 0`, or points to `count` readable `keyfence_attribute`s;
+ `satisfied` is writable.
+ */
+keyfence_result keyfence_policy_check_pairs(const char *policy,
+                                            const struct keyfence_attribute *attrs,
+                                            size_t count,
+                                            bool *satisfied);
+
+/*
+ The policy term `label: value` as canonical policy text, with the label
+ and value (given apart, taken as they are) quoted by keyfence where
+ they need it, into `*out`. A program that builds a policy around
+ values it did not write joins such terms with `and`, `or`, `not` and
+ parentheses, and never quotes by hand: `team: "key ops, EU"`.
+
+ Errors: `KEYFENCE_INVALID_ATTRIBUTES` for an empty label or value or
+ text not in Unicode NFC (no policy could name it),
+ `KEYFENCE_INVALID_ARGUMENT` for NULL with a non-zero length, text that
+ is not UTF-8 or holds a NUL byte.
+
+ # Safety
+ `label` points to `label_len` readable bytes and `value` to
+ `value_len` (either may be NULL when its length is 0); `out` is
+ writable.
+ */
+keyfence_result keyfence_policy_term(const char *label,
+                                     size_t label_len,
+                                     const char *value,
+                                     size_t value_len,
+                                     struct keyfence_bytes *out);
 
 /*
  The canonical text of a policy: what keyfence writes into ciphertexts
@@ -1231,6 +1354,22 @@ keyfence_result keyfence_authority_open(const char *store_dir, struct keyfence_a
 keyfence_result keyfence_authority_issue(const struct keyfence_authority *authority,
                                          const char *attrs,
                                          struct keyfence_bytes *machine_key);
+
+/*
+ Issues a machine key as `keyfence_authority_issue` does, for the
+ `count` pairs at `attrs` (no quoting: see `keyfence_attribute`).
+
+ Errors: those of `keyfence_authority_issue`, and a pair's NULL pointer,
+ bad UTF-8 or NUL byte is `KEYFENCE_INVALID_ARGUMENT`.
+
+ # Safety
+ `authority` is a live handle; `attrs` holds `count` readable pairs (or
+ is NULL with `count == 0`); `machine_key` is writable.
+ */
+keyfence_result keyfence_authority_issue_pairs(const struct keyfence_authority *authority,
+                                               const struct keyfence_attribute *attrs,
+                                               size_t count,
+                                               struct keyfence_bytes *machine_key);
 
 /*
  Wraps the secret `secret[0..len]` under `policy` into `*envelope`: the

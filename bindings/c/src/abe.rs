@@ -6,9 +6,10 @@
 use std::ffi::c_char;
 
 use keyfence_core::abe::{self, AttributeKey, MasterSecretKey, PublicKey};
+use keyfence_core::policy::Attributes;
 
 use crate::bytes::{self, keyfence_bytes};
-use crate::error::keyfence_result;
+use crate::error::{keyfence_result, Error};
 use crate::ffi;
 use crate::policy;
 
@@ -63,11 +64,44 @@ pub unsafe extern "C" fn keyfence_abe_keygen(
     attrs: *const c_char,
     key: *mut *mut keyfence_abe_attribute_key,
 ) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { keygen(msk, key, || policy::attributes(ffi::text(attrs, "attrs")?)) }
+}
+
+/// `keyfence_abe_keygen` with the attributes as `attrs[0..count]`, each
+/// label and value apart and taken as it is (see `keyfence_attribute`).
+///
+/// Errors: as `keyfence_abe_keygen`; `KEYFENCE_INVALID_ATTRIBUTES` and
+/// `KEYFENCE_INVALID_ARGUMENT` as `keyfence_attributes_text`.
+///
+/// # Safety
+/// `msk` is a live handle; `attrs` is NULL with `count == 0`, or points to
+/// `count` readable `keyfence_attribute`s; `key` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_abe_keygen_pairs(
+    msk: *const keyfence_abe_master_key,
+    attrs: *const policy::keyfence_attribute,
+    count: usize,
+    key: *mut *mut keyfence_abe_attribute_key,
+) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { keygen(msk, key, || policy::pairs(attrs, count)) }
+}
+
+/// The body of both keygens.
+///
+/// # Safety
+/// `msk` is a live handle; `key` is writable.
+unsafe fn keygen(
+    msk: *const keyfence_abe_master_key,
+    key: *mut *mut keyfence_abe_attribute_key,
+    attrs: impl FnOnce() -> Result<Attributes, Error>,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(key, "key")?;
-        // SAFETY: the caller's promises, passed on.
-        let (msk, attrs) = unsafe { (ffi::borrow(msk, "msk")?, ffi::text(attrs, "attrs")?) };
-        let k = abe::keygen(&msk.0, &policy::attributes(attrs)?)?;
+        // SAFETY: the caller's promise.
+        let msk = unsafe { ffi::borrow(msk, "msk")? };
+        let k = abe::keygen(&msk.0, &attrs()?)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_abe_attribute_key(k)) };
         Ok(())
@@ -147,11 +181,48 @@ pub unsafe extern "C" fn keyfence_abe_could_decrypt(
     len: usize,
     could: *mut bool,
 ) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { could_decrypt(ct, len, could, || policy::attributes(ffi::text(attrs, "attrs")?)) }
+}
+
+/// `keyfence_abe_could_decrypt` with the attributes as `attrs[0..count]`,
+/// each label and value apart and taken as it is (see
+/// `keyfence_attribute`).
+///
+/// Errors: as `keyfence_abe_could_decrypt`; `KEYFENCE_INVALID_ARGUMENT` as
+/// `keyfence_attributes_text`.
+///
+/// # Safety
+/// `attrs` is NULL with `count == 0`, or points to `count` readable
+/// `keyfence_attribute`s; `ct` points to `len` readable bytes; `could` is
+/// writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_abe_could_decrypt_pairs(
+    attrs: *const policy::keyfence_attribute,
+    count: usize,
+    ct: *const u8,
+    len: usize,
+    could: *mut bool,
+) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { could_decrypt(ct, len, could, || policy::pairs(attrs, count)) }
+}
+
+/// The body of both `could_decrypt`s.
+///
+/// # Safety
+/// `ct` points to `len` readable bytes; `could` is writable.
+unsafe fn could_decrypt(
+    ct: *const u8,
+    len: usize,
+    could: *mut bool,
+    attrs: impl FnOnce() -> Result<Attributes, Error>,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(could, "could")?;
-        // SAFETY: the caller's promises, passed on.
-        let (attrs, ct) = unsafe { (ffi::text(attrs, "attrs")?, ffi::slice(ct, len, "ct")?) };
-        let yes = abe::could_decrypt(&policy::attributes(attrs)?, ct)?;
+        // SAFETY: the caller's promise.
+        let ct = unsafe { ffi::slice(ct, len, "ct")? };
+        let yes = abe::could_decrypt(&attrs()?, ct)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { out.write(yes) };
         Ok(())

@@ -42,6 +42,25 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str, E
     c.to_str().map_err(|_| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is not UTF-8")))
 }
 
+/// A UTF-8 string argument given as pointer and length, with no
+/// terminator needed; NULL is allowed only for an empty one. A NUL byte
+/// inside is refused, as it could not be in a NUL-terminated argument:
+/// every text of this API means the same whichever way it was passed.
+///
+/// # Safety
+/// `p` is NULL or points to `len` readable bytes that stay valid and
+/// unchanged for `'a`.
+pub(crate) unsafe fn text_len<'a>(p: *const c_char, len: usize, name: &str) -> Result<&'a str, Error> {
+    // SAFETY: the caller's promise, passed on.
+    let b = unsafe { slice(p.cast(), len, name)? };
+    let s = std::str::from_utf8(b)
+        .map_err(|_| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is not UTF-8")))?;
+    if s.contains('\0') {
+        return Err(Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} contains a NUL character")));
+    }
+    Ok(s)
+}
+
 /// A byte string argument as pointer and length; NULL is allowed only for
 /// an empty one.
 ///
@@ -49,14 +68,25 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str, E
 /// `p` is NULL or points to `len` readable bytes that stay valid and
 /// unchanged for `'a`.
 pub(crate) unsafe fn slice<'a>(p: *const u8, len: usize, name: &str) -> Result<&'a [u8], Error> {
-    if len == 0 {
+    // SAFETY: the caller's promise, passed on.
+    unsafe { array(p, len, name) }
+}
+
+/// An array argument as pointer and count; NULL is allowed only for an
+/// empty one.
+///
+/// # Safety
+/// `p` is NULL or points to `count` readable, initialized `T`s that stay
+/// valid and unchanged for `'a`.
+pub(crate) unsafe fn array<'a, T>(p: *const T, count: usize, name: &str) -> Result<&'a [T], Error> {
+    if count == 0 {
         return Ok(&[]);
     }
     if p.is_null() {
         return Err(null(name));
     }
-    // SAFETY: non-NULL, and the caller promises `len` readable bytes.
-    Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    // SAFETY: non-NULL, and the caller promises `count` readable elements.
+    Ok(unsafe { std::slice::from_raw_parts(p, count) })
 }
 
 /// A shared reference to the object behind a handle.
@@ -138,6 +168,14 @@ mod tests {
             assert!(text(c"\xff".as_ptr(), "policy").is_err());
             assert!(slice(std::ptr::null(), 3, "msg").is_err());
             assert_eq!(slice(std::ptr::null(), 0, "msg").unwrap(), b"");
+            assert_eq!(text_len(std::ptr::null(), 0, "label").unwrap(), "");
+            assert!(text_len(std::ptr::null(), 1, "label").is_err());
+            assert!(text_len(c"\xff".as_ptr(), 1, "label").is_err());
+            // Only the given length is read: no terminator needed.
+            assert_eq!(text_len(c"abc".as_ptr(), 2, "label").unwrap(), "ab");
+            let nul = b"a\0b";
+            let e = text_len(nul.as_ptr().cast(), 3, "label").unwrap_err();
+            assert!(format!("{e:?}").contains("NUL"), "{e:?}");
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::ffi::c_char;
 use std::sync::Arc;
 
+use keyfence_core::policy::Attributes;
 use keyfence_core::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineKey, Store};
 
 use crate::bytes::{self, keyfence_bytes};
@@ -83,11 +84,44 @@ pub unsafe extern "C" fn keyfence_authority_issue(
     attrs: *const c_char,
     machine_key: *mut keyfence_bytes,
 ) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { issue(authority, machine_key, || policy::attributes(ffi::text(attrs, "attrs")?)) }
+}
+
+/// Issues a machine key as `keyfence_authority_issue` does, for the
+/// `count` pairs at `attrs` (no quoting: see `keyfence_attribute`).
+///
+/// Errors: those of `keyfence_authority_issue`, and a pair's NULL pointer,
+/// bad UTF-8 or NUL byte is `KEYFENCE_INVALID_ARGUMENT`.
+///
+/// # Safety
+/// `authority` is a live handle; `attrs` holds `count` readable pairs (or
+/// is NULL with `count == 0`); `machine_key` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_issue_pairs(
+    authority: *const keyfence_authority,
+    attrs: *const policy::keyfence_attribute,
+    count: usize,
+    machine_key: *mut keyfence_bytes,
+) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe { issue(authority, machine_key, || policy::pairs(attrs, count)) }
+}
+
+/// The body of both issues.
+///
+/// # Safety
+/// `authority` is a live handle; `machine_key` is writable.
+unsafe fn issue(
+    authority: *const keyfence_authority,
+    machine_key: *mut keyfence_bytes,
+    attrs: impl FnOnce() -> Result<Attributes, Error>,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(machine_key, "machine_key")?;
-        // SAFETY: the caller's promises, passed on.
-        let (a, attrs) = unsafe { (ffi::borrow(authority, "authority")?, ffi::text(attrs, "attrs")?) };
-        let key = a.0.issue(&policy::attributes(attrs)?)?;
+        // SAFETY: the caller's promise.
+        let a = unsafe { ffi::borrow(authority, "authority")? };
+        let key = a.0.issue(&attrs()?)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { bytes::give(out, &key.to_bytes()) };
         Ok(())

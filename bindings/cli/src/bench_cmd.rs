@@ -17,7 +17,7 @@ pub enum BenchCmd {
     Abe {
         /// One JSON object per line: case, keygen_ms, encrypt_ms,
         /// decrypt_ms, decrypt_floor_ms (the primitives decryption cannot
-        /// skip, timed in the same run: `keyfence::abe::decrypt_floor`),
+        /// skip, timed in the same run: `keyfence::bench::decrypt_floor`),
         /// decrypt_floor_pairing_ms (its pairing part alone), ct_overhead.
         #[arg(long)]
         json: bool,
@@ -54,23 +54,6 @@ pub enum BenchCmd {
     Soak(crate::soak::SoakArgs),
 }
 
-/// CIRCL's benchmark shapes: (name, policy, key attributes).
-pub fn abe_cases() -> Vec<(&'static str, String, Attributes)> {
-    let clauses = |neg: bool, op: &str| {
-        (0..50)
-            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
-            .collect::<Vec<_>>()
-            .join(op)
-    };
-    let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
-    vec![
-        ("small", "country: US or region: EU".into(), Attributes::from_pairs([("country", "FR"), ("region", "EU")])),
-        ("and50", clauses(false, " and "), all.clone()),
-        ("or50", clauses(false, " or "), all.clone()),
-        ("and50neg25", clauses(true, " and "), all),
-    ]
-}
-
 fn median_ms(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
@@ -91,7 +74,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "floor_ms", "ct_overhead"
                 );
             }
-            for (name, policy, attrs) in abe_cases() {
+            for (name, policy, attrs) in keyfence::bench::abe_cases() {
                 let p = parse(&policy)?;
                 let (mut kg, mut en, mut de, mut fl, mut fp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
                 let mut overhead = 0;
@@ -115,7 +98,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     de.push(t.elapsed().as_secs_f64() * 1e3);
                     anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext");
                     // The bound, timed right after, in the same conditions.
-                    let floor = abe::decrypt_floor(&loaded, &ct)?;
+                    let floor = keyfence::bench::decrypt_floor(&loaded, &ct)?;
                     fl.push(floor.total().as_secs_f64() * 1e3);
                     fp.push(floor.pairing.as_secs_f64() * 1e3);
                     overhead = ct.len() - msg.len();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use keyfence::policy::Attributes;
-use keyfence::wrap::{Authority, CacheConfig, FileStore, GenerationState, Machine, MachineKey, Store};
+use keyfence::wrap::{Authority, CacheConfig, FileStore, GenerationState, Machine, MachineKey, Skipped, Store};
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
@@ -152,6 +152,22 @@ fn report(out: &Path, what: std::fmt::Arguments<'_>) -> Result<()> {
     Ok(())
 }
 
+/// The authority of the store at `dir`, once `policy` has parsed (so a
+/// typo is reported with its position before the store is touched).
+fn policy_authority(dir: &Path, policy: &str) -> Result<Authority> {
+    parse_policy(policy)?;
+    Ok(Authority::open(store(dir)?)?)
+}
+
+/// Names on standard error each envelope a rotation or retirement left as
+/// it was, and counts them for the summary line.
+fn report_skipped(skipped: &[Skipped]) -> usize {
+    for s in skipped {
+        eprintln!("skipped {}: {}", s.name, s.reason);
+    }
+    skipped.len()
+}
+
 pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
     match cmd {
         AuthorityCmd::Init { store: dir } => {
@@ -189,33 +205,23 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             );
         }
         AuthorityCmd::RotatePolicy { store: dir, policy } => {
-            parse_policy(&policy)?;
-            let mut a = Authority::open(store(&dir)?)?;
-            let r = a.rotate_policy_key(&policy)?;
-            for s in &r.skipped {
-                eprintln!("skipped {}: {}", s.name, s.reason);
-            }
+            let r = policy_authority(&dir, &policy)?.rotate_policy_key(&policy)?;
             outln!(
                 "policy key version {}; re-wrapped {} envelope(s); skipped {}; version(s) {:?} kept decrypt-only until `keyfence authority retire-policy-key`",
                 r.version,
                 r.rewrapped,
-                r.skipped.len(),
+                report_skipped(&r.skipped),
                 r.decrypt_only
             );
         }
         AuthorityCmd::RetirePolicyKey { store: dir, policy } => {
-            parse_policy(&policy)?;
-            let mut a = Authority::open(store(&dir)?)?;
-            let r = a.retire_policy_keys(&policy)?;
-            for s in &r.skipped {
-                eprintln!("skipped {}: {}", s.name, s.reason);
-            }
+            let r = policy_authority(&dir, &policy)?.retire_policy_keys(&policy)?;
             outln!(
                 "policy key version {} remains; retired version(s) {:?}; re-wrapped {} envelope(s) first; skipped {}",
                 r.version,
                 r.retired,
                 r.rewrapped,
-                r.skipped.len()
+                report_skipped(&r.skipped)
             );
         }
         AuthorityCmd::Status { store: dir } => {

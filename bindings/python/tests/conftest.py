@@ -8,7 +8,8 @@ import os
 import pathlib
 import shutil
 import subprocess
-from typing import Dict, Iterator, Tuple
+import threading
+from typing import Callable, Dict, Iterator, Tuple
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -59,6 +60,20 @@ def oracle(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     assert go, "Go is required to build the CIRCL oracle (vectors/circl-oracle)"
     subprocess.run([go, "build", "-o", str(out), "."], cwd=REPO / "vectors" / "circl-oracle", check=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def in_threads() -> Callable[[int, Callable[[int], None]], None]:
+    """Runs work(i) on n threads at once (i from 0) and waits for them all."""
+
+    def run(n: int, work: Callable[[int], None]) -> None:
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    return run
 
 
 @pytest.fixture()

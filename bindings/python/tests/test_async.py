@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Dict, List
+from typing import Any, Awaitable, Callable, Dict, List
 
 import pytest
 from cryptography.hazmat.primitives import hashes
@@ -81,53 +81,60 @@ def test_full_queue_raises_overloaded_at_once(pems: Dict[str, bytes]) -> None:
     asyncio.run(main())
 
 
-def test_deadline_raises_timed_out(pems: Dict[str, bytes]) -> None:
+def on_one_rsa_thread(
+    pems: Dict[str, bytes], body: Callable[[sign.Engine, sign.PrivateKey], Awaitable[None]], **options: Any
+) -> None:
+    """Runs body(engine, key) in an event loop: an engine with one RSA
+    worker (so RSA-2048 signatures queue behind each other) and an RSA key."""
+
     async def main() -> None:
-        with sign.Engine(rsa_threads=1, queue_capacity=512) as engine:
-            key = sign.PrivateKey.from_pem(pems["rsa2048"])
-            results = await asyncio.gather(
-                *(engine.sign(key, "rsa-pss-sha256", b"x", timeout=0.005) for _ in range(200)),
-                return_exceptions=True,
-            )
-            late = [r for r in results if isinstance(r, keyfence.TimedOut)]
-            assert late, "200 RSA signatures on one thread cannot all finish in 5 ms"
-            assert isinstance(late[0], TimeoutError)
-            assert all(isinstance(r, (bytes, keyfence.TimedOut)) for r in results), results
+        with sign.Engine(rsa_threads=1, queue_capacity=512, **options) as engine:
+            await body(engine, sign.PrivateKey.from_pem(pems["rsa2048"]))
 
     asyncio.run(main())
+
+
+def test_deadline_raises_timed_out(pems: Dict[str, bytes]) -> None:
+    async def body(engine: sign.Engine, key: sign.PrivateKey) -> None:
+        results = await asyncio.gather(
+            *(engine.sign(key, "rsa-pss-sha256", b"x", timeout=0.005) for _ in range(200)),
+            return_exceptions=True,
+        )
+        late = [r for r in results if isinstance(r, keyfence.TimedOut)]
+        assert late, "200 RSA signatures on one thread cannot all finish in 5 ms"
+        assert isinstance(late[0], TimeoutError)
+        assert all(isinstance(r, (bytes, keyfence.TimedOut)) for r in results), results
+
+    on_one_rsa_thread(pems, body)
 
 
 def test_cancelling_the_task_cancels_the_operation(pems: Dict[str, bytes]) -> None:
-    async def main() -> None:
-        with sign.Engine(rsa_threads=1, queue_capacity=512, timeout=60) as engine:
-            key = sign.PrivateKey.from_pem(pems["rsa2048"])
-            tasks = [asyncio.create_task(engine.sign(key, "rsa-pss-sha256", b"x")) for _ in range(100)]
-            await asyncio.sleep(0)  # let them submit
-            for t in tasks[1:]:
-                t.cancel()
-            assert isinstance(await tasks[0], bytes)
-            for t in tasks[1:]:
-                with pytest.raises(asyncio.CancelledError):
-                    await t
-            # Queued operations never ran: far fewer than 100 signatures made.
-            await asyncio.sleep(0.2)
-            m = engine.metrics()["rsa"]
-            assert m["completed"] < 20, m
-            assert m["queue_depth"] == 0
+    async def body(engine: sign.Engine, key: sign.PrivateKey) -> None:
+        tasks = [asyncio.create_task(engine.sign(key, "rsa-pss-sha256", b"x")) for _ in range(100)]
+        await asyncio.sleep(0)  # let them submit
+        for t in tasks[1:]:
+            t.cancel()
+        assert isinstance(await tasks[0], bytes)
+        for t in tasks[1:]:
+            with pytest.raises(asyncio.CancelledError):
+                await t
+        # Queued operations never ran: far fewer than 100 signatures made.
+        await asyncio.sleep(0.2)
+        m = engine.metrics()["rsa"]
+        assert m["completed"] < 20, m
+        assert m["queue_depth"] == 0
 
-    asyncio.run(main())
+    on_one_rsa_thread(pems, body, timeout=60)
 
 
 def test_wait_for_timeout_cancels_too(pems: Dict[str, bytes]) -> None:
-    async def main() -> None:
-        with sign.Engine(rsa_threads=1, queue_capacity=512, timeout=60) as engine:
-            key = sign.PrivateKey.from_pem(pems["rsa2048"])
-            blockers = [asyncio.create_task(engine.sign(key, "rsa-pss-sha256", b"x")) for _ in range(50)]
-            with pytest.raises(asyncio.TimeoutError):
-                await asyncio.wait_for(engine.sign(key, "rsa-pss-sha256", b"y"), 0.001)
-            await asyncio.gather(*blockers)
+    async def body(engine: sign.Engine, key: sign.PrivateKey) -> None:
+        blockers = [asyncio.create_task(engine.sign(key, "rsa-pss-sha256", b"x")) for _ in range(50)]
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(engine.sign(key, "rsa-pss-sha256", b"y"), 0.001)
+        await asyncio.gather(*blockers)
 
-    asyncio.run(main())
+    on_one_rsa_thread(pems, body, timeout=60)
 
 
 def test_errors_arrive_through_the_awaitable(pems: Dict[str, bytes]) -> None:

@@ -11,7 +11,7 @@ import asyncio
 import datetime
 import inspect
 import pathlib
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Tuple
 
 import pytest
 from cryptography import x509
@@ -249,15 +249,20 @@ def public_methods(obj: object) -> List[str]:
     )
 
 
+def each_call_says_closed(obj: Any, calls: Mapping[str, Callable[[Any], Any]], cls: type) -> None:
+    """Every public method of the closed `obj` (`calls` must name them all)
+    raises `cls`, with a message that says it is closed."""
+    assert sorted(calls) == public_methods(obj)
+    for name, call in calls.items():
+        e = raised(lambda: call(obj))
+        check_error(e, cls)
+        assert "closed" in str(e), (name, str(e))
+
+
 def test_closed_objects(world: World) -> None:
     engine = sign.Engine()
     engine.close()
-    calls = engine_calls(world)
-    assert sorted(calls) == public_methods(engine)
-    for name, call in calls.items():
-        e = raised(lambda: call(engine))
-        check_error(e, keyfence.ShutDown)
-        assert "closed" in str(e), (name, str(e))
+    each_call_says_closed(engine, engine_calls(world), keyfence.ShutDown)
     for load in (
         lambda: sign.PrivateKey.from_pem(world.pem, engine=engine),
         lambda: sign.PrivateKey.from_envelope(world.machine, world.envelope, engine=engine),
@@ -266,22 +271,14 @@ def test_closed_objects(world: World) -> None:
 
     remote = world.new_remote()
     remote.close()
-    rcalls = remote_calls(world)
-    assert sorted(rcalls) == public_methods(remote)
-    for name, rcall in rcalls.items():
-        check_error(raised(lambda: rcall(remote)), keyfence.ShutDown)
+    each_call_says_closed(remote, remote_calls(world), keyfence.ShutDown)
     # A live engine and a closed signer, and the other way round.
     check_error(raised(lambda: world.engine.attach_remote(remote)), keyfence.ShutDown)
     check_error(raised(lambda: engine.attach_remote(world.remote)), keyfence.ShutDown)
 
     authority = wrap.Authority.open(world.store)
     authority.close()
-    acalls = authority_calls(world)
-    assert sorted(acalls) == public_methods(authority)
-    for name, acall in acalls.items():
-        e = raised(lambda: acall(authority))
-        check_error(e, keyfence.InvalidArgument)
-        assert "closed" in str(e), (name, str(e))
+    each_call_says_closed(authority, authority_calls(world), keyfence.InvalidArgument)
 
 
 def test_bad_bytes(world: World) -> None:

@@ -20,6 +20,16 @@ def test_attribute_values_pass_through_unchanged() -> None:
     assert not policy.check(p, {"team": "key ops", "q": 'a="b\\'})
 
 
+def test_attributes_reach_keyfence_as_they_are() -> None:
+    # Labels and values go to the C library as separate strings, not as
+    # text the binding quotes: a control character, which no quoted word
+    # may hold raw, still arrives and matches the policy's escape for it.
+    p = 'note: "line\\u{a}two" and tab: "\\u{9}"'
+    assert policy.check(p, {"note": "line\ntwo", "tab": "\t"})
+    assert not policy.check(p, {"note": "line two", "tab": "\t"})
+    assert policy.check('city: "Z\u00fcrich \u6771\u4eac"', {"city": "Z\u00fcrich \u6771\u4eac"})
+
+
 def test_any_mapping_is_accepted() -> None:
     from types import MappingProxyType
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
 import pytest
 from cryptography.hazmat.primitives import hashes, serialization
@@ -136,7 +135,9 @@ def test_key_from_envelope(tmp_path: Any, pems: Dict[str, bytes], pyca_keys: Dic
         sign.PrivateKey.from_envelope(us, env)
 
 
-def test_threads_share_one_engine(pems: Dict[str, bytes], pyca_keys: Dict[str, Any]) -> None:
+def test_threads_share_one_engine(
+    pems: Dict[str, bytes], pyca_keys: Dict[str, Any], in_threads: Callable[[int, Callable[[int], None]], None]
+) -> None:
     errors: list[BaseException] = []
     with sign.Engine() as engine:
         key = sign.PrivateKey.from_pem(pems["ed25519"])
@@ -149,11 +150,7 @@ def test_threads_share_one_engine(pems: Dict[str, bytes], pyca_keys: Dict[str, A
             except BaseException as e:  # noqa: BLE001 (reported below)
                 errors.append(e)
 
-        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        in_threads(4, work)
     assert not errors
 
 

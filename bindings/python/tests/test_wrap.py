@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pathlib
 import threading
+from typing import Callable
 
 import pytest
 
@@ -77,7 +78,9 @@ def test_closed_authority(store: pathlib.Path) -> None:
     assert "closed" in repr(auth)
 
 
-def test_one_authority_from_many_threads(store: pathlib.Path) -> None:
+def test_one_authority_from_many_threads(
+    store: pathlib.Path, in_threads: Callable[[int, Callable[[int], None]], None]
+) -> None:
     # The C handle needs exclusive use for wrap; the binding serialises it.
     auth = wrap.Authority.init(store)
     envs: list[bytes] = []
@@ -89,11 +92,7 @@ def test_one_authority_from_many_threads(store: pathlib.Path) -> None:
             with lock:
                 envs.append(e)
 
-    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    in_threads(6, work)
     machines = {i: wrap.Machine(auth.issue({"team": f"t{i}"}), store) for i in range(3)}
     opened = set()
     for e in envs:

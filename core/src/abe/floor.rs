@@ -44,7 +44,7 @@ impl DecryptFloor {
 /// # let (pk, msk) = keyfence::abe::setup()?;
 /// # let key = keyfence::abe::keygen(&msk, &"region=EU".parse()?)?;
 /// let ct = keyfence::abe::encrypt(&pk, "region: EU", b"x")?;
-/// let floor = keyfence::abe::decrypt_floor(&key, &ct)?;
+/// let floor = keyfence::bench::decrypt_floor(&key, &ct)?;
 /// assert!(floor.pairing > std::time::Duration::ZERO);
 /// assert_eq!(floor.msm, std::time::Duration::ZERO);
 /// # Ok::<(), Box<dyn std::error::Error>>(())

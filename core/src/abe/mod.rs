@@ -24,13 +24,15 @@
 // blake2x, group, lines, matrix, oracle, policy, fixed_base, key_cache
 // (precomputed tables, built from points), keys (the key types, which hold
 // those tables), parallel, tkn, bk; this file's operations on top of them,
-// and floor (a benchmark's measure of them) above all.
+// and floor (a benchmark's measure of them, exported as `crate::bench`)
+// above all.
 
 mod bk;
 mod blake2x;
 mod error;
 mod fixed_base;
-mod floor;
+#[cfg(any(test, feature = "bench"))]
+pub(crate) mod floor;
 mod group;
 mod key_cache;
 mod keys;
@@ -49,7 +51,6 @@ use zeroize::Zeroizing;
 
 pub use bk::VERSION;
 pub use error::{AbeError, Result};
-pub use floor::{decrypt_floor, DecryptFloor};
 pub use keys::{AttributeKey, MasterSecretKey, PublicKey};
 
 use policy::{AbePolicy, BK_LABEL};

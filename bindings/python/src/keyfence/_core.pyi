@@ -1,4 +1,4 @@
-# Types of the native module (bindings/python/src/core.cpp). The public
+# Types of the native module (bindings/python/src/*.cpp). The public
 # modules re-export from here; checked against the built module by stubtest.
 from os import PathLike
 from typing import Any, Mapping, Optional, Tuple, Union

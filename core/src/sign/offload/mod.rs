@@ -20,7 +20,7 @@
 //!   be used; `auto` then runs in software and says why
 //!   ([`OffloadBackend::software_reason`]).
 //! - [`Device`]: the object-safe device interface (batches in, one
-//!   completion per request out); `SimDevice` (behind the `testing` feature) implements it with
+//!   completion per request out); `SimDevice` (behind the `bench` feature) implements it with
 //!   configurable latency, batch size, in-flight limit and failure
 //!   injection, and computes real signatures in software, so tests run the
 //!   asynchronous path, batching and device failure in flight on any
@@ -36,7 +36,7 @@
 //! where it was written. Concretely:
 //!
 //! - Tested (on machines without QAT): the whole asynchronous path with
-//!   `SimDevice` (behind the `testing` feature), namely routing, batching, completions, the in-flight
+//!   `SimDevice` (behind the `bench` feature), namely routing, batching, completions, the in-flight
 //!   bound, deadlines, device failure in flight with both [`OnDeviceError`]
 //!   settings, and the mode logic (`auto` without QAT runs in software, `on`
 //!   fails with a clear error). With the `qat` feature: QATlib discovery
@@ -87,7 +87,7 @@ pub mod qat;
 mod qat_device;
 mod routing;
 mod rsa_encoding;
-#[cfg(feature = "testing")]
+#[cfg(feature = "bench")]
 mod sim;
 mod stats;
 
@@ -101,7 +101,7 @@ pub use device::{CompletionFn, Device, DeviceCompletion, DeviceError, DeviceRequ
 #[cfg(feature = "qat")]
 pub use qat_device::QatDevice;
 pub use routing::{Route, Routing};
-#[cfg(feature = "testing")]
+#[cfg(feature = "bench")]
 pub use sim::{SimConfig, SimControl, SimDevice, SimStats};
 pub use stats::OffloadStats;
 

@@ -1,0 +1,269 @@
+// keyfence.sign's native half: the signing engine, private keys, and the
+// completion queue asyncio waits on.
+#include "native.h"
+
+#include <algorithm>
+#include <optional>
+#include <tuple>
+#include <utility>
+
+namespace kfpy {
+
+namespace {
+
+using CompletionQueue = Handle<keyfence_completion_queue, keyfence_completion_queue_free>;
+using Operation = Handle<keyfence_operation, keyfence_operation_free>;
+
+// The engine a key is loaded through: None, a keyfence.sign.Engine (which
+// keeps its native engine in `_native`), or the native engine itself.
+Engine *engine_arg(py::handle obj) {
+    if (obj.is_none()) return nullptr;
+    py::handle native = obj;
+    if (!py::isinstance<Engine>(obj) && py::hasattr(obj, "_native")) native = obj.attr("_native");
+    if (!py::isinstance<Engine>(native))
+        raise_type("engine must be a keyfence.sign.Engine or None, not '" + type_name(obj) + "'");
+    return native.cast<Engine *>();
+}
+
+// Runs load(e) without the GIL, e being the engine's handle (held for
+// reading) or nullptr without an engine; a closed engine raises ShutDown.
+template <class F>
+PrivateKey load_key(Engine *engine, F &&load) {
+    keyfence_private_key *out = nullptr;
+    auto call = [&](keyfence_engine *e) { return load(e, &out); };
+    if (engine)
+        engine->call(call);
+    else
+        nogil([&] { return call(nullptr); });
+    return PrivateKey(out);
+}
+
+std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool isolated, py::object key_process) {
+    keyfence_engine_config *cfg = nullptr;
+    check(keyfence_engine_config_new(&cfg));
+    Handle<keyfence_engine_config, keyfence_engine_config_free> config(cfg);
+    for (py::handle c : classes) {
+        auto t = c.cast<std::tuple<uint32_t, uint32_t, uint32_t>>();
+        check(keyfence_engine_config_set_class(cfg, std::get<0>(t), std::get<1>(t), std::get<2>(t)));
+    }
+    if (timeout_ms) check(keyfence_engine_config_set_timeout_ms(cfg, timeout_ms));
+    std::optional<std::string> keyd;
+    if (!key_process.is_none()) keyd = path(key_process, "key_process");
+    if (isolated) check(keyfence_engine_config_set_isolated(cfg, keyd ? keyd->c_str() : nullptr));
+    keyfence_engine *out = nullptr;
+    nogil([&] { return keyfence_engine_new(cfg, &out); });
+    return std::make_unique<Engine>(out);
+}
+
+PrivateKey key_from_pem(py::handle pem, py::handle engine_obj) {
+    Engine *engine = engine_arg(engine_obj);
+    // PEM may come as text; DER only as bytes.
+    std::string pem_text;
+    std::optional<Bytes> raw;
+    const uint8_t *data;
+    size_t len;
+    if (PyUnicode_Check(pem.ptr())) {
+        pem_text = text(pem, "pem");
+        data = reinterpret_cast<const uint8_t *>(pem_text.data());
+        len = pem_text.size();
+    } else {
+        raw.emplace(pem, "pem");
+        data = raw->data();
+        len = raw->size();
+    }
+    struct Wipe {
+        std::string &s;
+        // Our copy of PEM text is a secret too, whatever happens.
+        ~Wipe() { std::fill(s.begin(), s.end(), '\0'); }
+    } wipe{pem_text};
+    return load_key(engine, [&](keyfence_engine *e, keyfence_private_key **out) {
+        return keyfence_key_from_pem(e, data, len, out);
+    });
+}
+
+// Opens an envelope holding a PEM/DER private key and loads it, without the
+// key's bytes ever becoming a Python object.
+PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::handle engine_obj) {
+    Engine *engine = engine_arg(engine_obj);
+    Bytes env(envelope, "envelope");
+    return load_key(engine, [&](keyfence_engine *e, keyfence_private_key **out) {
+        Owned secret;
+        keyfence_result r = keyfence_machine_open(machine.get(), env.data(), env.size(), &secret.b);
+        return r != KEYFENCE_OK ? r : keyfence_key_from_pem(e, secret.b.data, secret.b.len, out);
+    });
+}
+
+// Loads the key an envelope holds with the machine key *file*: with an
+// isolated engine its key process opens the envelope and this process reads
+// only the machine key's public part; otherwise it is opened here.
+PrivateKey key_load_envelope(py::handle store, py::handle machine_key, py::handle envelope, py::handle engine_obj) {
+    Engine *engine = engine_arg(engine_obj);
+    std::string dir = path(store, "store");
+    std::string mk = path(machine_key, "machine_key");
+    Bytes env(envelope, "envelope");
+    return load_key(engine, [&](keyfence_engine *e, keyfence_private_key **out) {
+        return keyfence_key_from_envelope(e, dir.c_str(), mk.c_str(), env.data(), env.size(), out);
+    });
+}
+
+py::bytes engine_sign(Engine &engine, const PrivateKey &key, py::handle alg, py::handle data, uint32_t timeout_ms) {
+    std::string a = text(alg, "algorithm");
+    Bytes msg(data, "data");
+    Owned sig;
+    engine.call([&](keyfence_engine *e) {
+        return keyfence_engine_sign(e, key.get(), a.c_str(), msg.data(), msg.size(), timeout_ms, &sig.b);
+    });
+    return sig.to_bytes();
+}
+
+// Submits without blocking (no cryptography here, so the GIL stays held:
+// releasing it would cost more than the call). The outcome arrives on
+// `queue` tagged with `token`.
+Operation engine_submit(Engine &engine, const PrivateKey &key, py::handle alg, py::handle data, uint32_t timeout_ms,
+                        const CompletionQueue &queue, uint64_t token) {
+    std::string a = text(alg, "algorithm");
+    Bytes msg(data, "data");
+    keyfence_operation *op = nullptr;
+    engine.call_now([&](keyfence_engine *e) {
+        return keyfence_engine_submit_to_queue(e, key.get(), a.c_str(), msg.data(), msg.size(), timeout_ms,
+                                               queue.get(), reinterpret_cast<void *>(static_cast<uintptr_t>(token)),
+                                               &op);
+    });
+    return Operation(op);
+}
+
+// Finished operations as (token, code, signature or None, message or None).
+py::list queue_drain(const CompletionQueue &queue, size_t max) {
+    constexpr size_t chunk = 64;
+    keyfence_completion done[chunk];
+    py::list out;
+    while (max > 0) {
+        size_t n = 0;
+        check(keyfence_completion_queue_drain(queue.get(), done, std::min(chunk, max), &n));
+        for (size_t i = 0; i < n; i++) {
+            keyfence_completion &c = done[i];
+            py::object sig = py::none(), msg = py::none();
+            if (c.result == KEYFENCE_OK)
+                sig = py::bytes(reinterpret_cast<const char *>(c.signature.data), c.signature.len);
+            else
+                msg = py::str(reinterpret_cast<const char *>(c.message.data), c.message.len);
+            keyfence_bytes_free(&c.signature);
+            keyfence_bytes_free(&c.message);
+            out.append(py::make_tuple(static_cast<uint64_t>(reinterpret_cast<uintptr_t>(c.user_data)),
+                                      static_cast<uint32_t>(c.result), sig, msg));
+        }
+        if (n < std::min(chunk, max)) break;
+        max -= n;
+    }
+    return out;
+}
+
+py::dict engine_metrics(Engine &engine) {
+    static const std::pair<const char *, uint32_t> classes[] = {
+        {"rsa", KEYFENCE_CLASS_RSA}, {"ec", KEYFENCE_CLASS_EC}, {"slow", KEYFENCE_CLASS_SLOW}};
+    // Each field of keyfence_class_metrics under its own name.
+    using M = keyfence_class_metrics;
+    static const std::pair<const char *, uint32_t M::*> gauges[] = {
+        {"workers", &M::workers}, {"queue_capacity", &M::queue_capacity}, {"queue_depth", &M::queue_depth},
+        {"in_flight", &M::in_flight}};
+    static const std::pair<const char *, uint64_t M::*> counters[] = {
+        {"submitted", &M::submitted}, {"completed", &M::completed}, {"errors", &M::errors},
+        {"overloaded", &M::overloaded}, {"timed_out", &M::timed_out}, {"p50_ns", &M::p50_ns},
+        {"p99_ns", &M::p99_ns}, {"p999_ns", &M::p999_ns}};
+    py::dict out;
+    for (auto [name, cls] : classes) {
+        keyfence_class_metrics m{};
+        engine.call([&](keyfence_engine *e) { return keyfence_engine_metrics(e, cls, &m); });
+        py::dict d;
+        for (auto [field, member] : gauges) d[field] = m.*member;
+        for (auto [field, member] : counters) d[field] = m.*member;
+        out[name] = d;
+    }
+    return out;
+}
+
+py::str engine_metrics_prometheus(Engine &engine) {
+    Owned out;
+    engine.call([&](keyfence_engine *e) { return keyfence_engine_metrics_prometheus(e, &out.b); });
+    return out.to_str();
+}
+
+// Both handles held for reading; either one closed raises ShutDown.
+void engine_attach_remote(Engine &engine, RemoteSigner &remote) {
+    bool engine_open = true;
+    remote.call([&](keyfence_remote *r) {
+        keyfence_result res = KEYFENCE_OK;
+        engine_open = engine.run([&](keyfence_engine *e) { return keyfence_engine_attach_remote(e, r); }, res);
+        return res;
+    });
+    if (!engine_open) engine.raise_closed();
+}
+
+}  // namespace
+
+void bind_sign(py::module_ &m) {
+    py::class_<Engine>(m, "Engine", "A signing engine (see keyfence.sign.Engine).")
+        .def(py::init(&engine_new), py::arg("classes"), py::arg("timeout_ms"), py::arg("isolated"),
+             py::arg("key_process"))
+        .def("sign", &engine_sign, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"))
+        .def("submit", &engine_submit, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"),
+             py::arg("queue"), py::arg("token"))
+        .def("metrics", &engine_metrics)
+        .def("metrics_prometheus", &engine_metrics_prometheus)
+        .def("attach_remote", &engine_attach_remote, py::arg("remote"))
+        .def("close", &Engine::close)
+        .def_property_readonly("closed", &Engine::closed);
+
+    py::class_<PrivateKey>(m, "PrivateKey", "A private key, in this process or held by an isolated key process.")
+        .def_static("from_pem", &key_from_pem, py::arg("pem"), py::arg("engine") = py::none(),
+                    "Loads a private key from PEM (bytes or str) or DER: RSA 2048-4096, ECDSA P-256/P-384, "
+                    "Ed25519. With an isolated engine the key goes to its key process.\n\n"
+                    "Raises InvalidPrivateKey (what is wrong with it, never its contents), BackendFailed.")
+        .def_static("from_envelope", &key_from_envelope, py::arg("machine"), py::arg("envelope"),
+                    py::arg("engine") = py::none(),
+                    "Opens an envelope holding a private key with a Machine and loads the key, without its "
+                    "bytes ever becoming a Python object.\n\nRaises as Machine.open and from_pem.")
+        .def_static("load_envelope", &key_load_envelope, py::arg("store"), py::arg("machine_key"), py::arg("envelope"),
+                    py::kw_only(), py::arg("engine") = py::none(),
+                    "Loads the private key an envelope holds, opened with the machine key file machine_key "
+                    "against the store folder. With an isolated engine its key process opens the envelope and "
+                    "keeps the key: this process reads only the machine key's public part, so neither the "
+                    "machine key's secret nor the private key is ever here. Otherwise it is opened here.\n\n"
+                    "Raises ResourceError (the machine key file cannot be read), and as Machine.open and from_pem.")
+        .def("public_key_der",
+             [](const PrivateKey &k) {
+                 Owned out;
+                 nogil([&] { return keyfence_key_public_der(k.get(), &out.b); });
+                 return out.to_bytes();
+             },
+             "The public half as DER SubjectPublicKeyInfo, for verifiers and certificates.")
+        .def_property_readonly(
+            "is_local",
+            [](const PrivateKey &k) {
+                bool local = false;
+                check(keyfence_key_is_local(k.get(), &local));
+                return local;
+            },
+            "True for a key in this process's memory; False for a handle on a key held by an isolated key "
+            "process or by remote key servers.")
+        .def("__repr__", [](const PrivateKey &) { return std::string("<keyfence.sign.PrivateKey (secret)>"); });
+
+    py::class_<CompletionQueue>(m, "CompletionQueue", "Where finished operations wait; its fd is readable then.")
+        .def(py::init([] {
+            keyfence_completion_queue *q = nullptr;
+            check(keyfence_completion_queue_new(&q));
+            return CompletionQueue(q);
+        }))
+        .def("fileno", [](const CompletionQueue &q) { return keyfence_completion_queue_fd(q.get()); })
+        .def("drain", &queue_drain, py::arg("max") = 1024);
+
+    py::class_<Operation>(m, "Operation", "A submitted operation, for cancelling it.")
+        .def_property_readonly("id", [](const Operation &o) { return keyfence_operation_id(o.get()); })
+        .def("cancel", [](const Operation &o) {
+            bool cancelled = false;
+            check(keyfence_operation_cancel(o.get(), &cancelled));
+            return cancelled;
+        });
+}
+
+}  // namespace kfpy

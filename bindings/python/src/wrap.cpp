@@ -1,0 +1,105 @@
+// keyfence.wrap's native half: the authority and the machine side of
+// policy-key wrapping, on the embedded file store.
+#include "native.h"
+
+namespace kfpy {
+
+namespace {
+
+std::unique_ptr<Authority> authority_make(py::handle store, bool create) {
+    std::string dir = path(store, "store");
+    keyfence_authority *out = nullptr;
+    nogil([&] { return create ? keyfence_authority_init(dir.c_str(), &out) : keyfence_authority_open(dir.c_str(), &out); });
+    return std::make_unique<Authority>(out);
+}
+
+// The C handle needs exclusive use for wrap and rotation: those calls hold
+// the authority's lock exclusive, issue holds it shared.
+py::bytes authority_issue(Authority &a, py::handle attrs) {
+    Attributes t(attrs);
+    Owned out;
+    a.call([&](keyfence_authority *h) { return keyfence_authority_issue_pairs(h, t.data(), t.size(), &out.b); });
+    return out.to_bytes();
+}
+
+py::bytes authority_wrap(Authority &a, py::handle policy, py::handle secret) {
+    std::string p = text(policy, "policy");
+    Bytes s(secret, "secret");
+    Owned out;
+    a.call<Authority::Unique>(
+        [&](keyfence_authority *h) { return keyfence_authority_wrap(h, p.c_str(), s.data(), s.size(), &out.b); });
+    return out.to_bytes();
+}
+
+size_t authority_rotate_master(Authority &a) {
+    size_t n = 0;
+    a.call<Authority::Unique>([&](keyfence_authority *h) { return keyfence_authority_rotate_master(h, &n); });
+    return n;
+}
+
+std::unique_ptr<Machine> machine_new(py::handle key, py::handle store) {
+    Bytes k(key, "machine_key");
+    std::string dir = path(store, "store");
+    keyfence_machine *out = nullptr;
+    nogil([&] { return keyfence_machine_new(k.data(), k.size(), dir.c_str(), &out); });
+    return std::make_unique<Machine>(out);
+}
+
+bool machine_could_open(const Machine &mc, py::handle env) {
+    Bytes e(env, "envelope");
+    bool could = false;
+    nogil([&] { return keyfence_machine_could_open(mc.get(), e.data(), e.size(), &could); });
+    return could;
+}
+
+py::bytes machine_open(const Machine &mc, py::handle env) {
+    Bytes e(env, "envelope");
+    Owned out;
+    nogil([&] { return keyfence_machine_open(mc.get(), e.data(), e.size(), &out.b); });
+    return out.to_bytes();
+}
+
+}  // namespace
+
+void bind_wrap(py::module_ &m) {
+    py::class_<Authority>(m, "Authority", "An authority opened on a store directory.")
+        .def_static("init", [](py::handle store) { return authority_make(store, true); }, py::arg("store"),
+                    "Creates an authority, with its first master generation, in the store directory.\n\n"
+                    "Raises AuthorityExists if the store holds one, StoreIOError if it cannot be written.")
+        .def_static("open", [](py::handle store) { return authority_make(store, false); }, py::arg("store"),
+                    "Opens the authority in the store directory.\n\n"
+                    "Raises NoAuthority if the store holds none, StoreError if its state does not decode.")
+        .def("issue", &authority_issue, py::arg("attributes"),
+             "Issues a machine key (bytes, a secret: give it to that machine only) for a mapping of "
+             "attributes: one attribute key per live master generation.\n\n"
+             "Raises InvalidAttributes, ReservedLabel, LimitExceeded, StoreError.")
+        .def("wrap", &authority_wrap, py::arg("policy"), py::arg("secret"),
+             "Wraps a secret under a policy: an envelope (bytes) any machine whose attributes satisfy "
+             "the policy can open.\n\n"
+             "Raises PolicySyntaxError (with .position), LimitExceeded, StoreError.")
+        .def("rotate_master", &authority_rotate_master,
+             "Rotates the master key: a new active generation, every policy key re-sealed under it "
+             "(envelopes are never touched). Returns how many policy keys were re-sealed.")
+        .def("close", &Authority::close,
+             "Frees the authority and wipes its master keys; later calls raise InvalidArgument.")
+        .def_property_readonly("closed", &Authority::closed)
+        .def("__repr__", [](const Authority &a) {
+            return std::string(a.closed() ? "<keyfence.wrap.Authority (closed)>" : "<keyfence.wrap.Authority>");
+        });
+
+    py::class_<Machine>(m, "Machine", "A machine: its machine key and the store of sealed policy keys.")
+        .def(py::init(&machine_new), py::arg("machine_key"), py::arg("store"),
+             "A machine holding the machine key the authority issued it, reading sealed policy keys from "
+             "the store directory.\n\nRaises InvalidKey if the machine key does not decode.")
+        .def("could_open", &machine_could_open, py::arg("envelope"),
+             "Whether this machine could open the envelope, from its policy and the machine's attributes "
+             "alone (no cryptography): to forward the request to a machine that can.\n\n"
+             "Raises InvalidEnvelope if the bytes are not an envelope.")
+        .def("open", &machine_open, py::arg("envelope"),
+             "Opens the envelope and returns its secret. The first open under a policy decrypts its policy "
+             "key with CP-ABE (milliseconds); later ones hit the cache.\n\n"
+             "Raises PolicyNotSatisfied, RetiredGeneration, UnknownPolicyKey, InvalidEnvelope, StoreError.")
+        .def("__repr__", [](const Machine &) { return std::string("<keyfence.wrap.Machine (secret)>"); });
+}
+
+}  // namespace kfpy
