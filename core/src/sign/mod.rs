@@ -29,6 +29,8 @@
 //! - [`remote`]: a key server (`keyfence serve`) and the client backend
 //!   that forwards operations on keys this machine may not open to the
 //!   nearest peer that may, over mutual TLS.
+//! - [`wire`]: the frame codec the key process's protocol and the key
+//!   server's share; each protocol module keeps only its own messages.
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -41,7 +43,7 @@
 //! | --- | --- | --- |
 //! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
 //! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
-//! | 2 | `private_key` | [`PrivateKey`], the one public handle over both |
+//! | 2 | `private_key`; `wire` | [`PrivateKey`], the one public handle over both; the codec both signing protocols speak (framing, the hello's shape, the operation in an OP body, the ERR body and its codes) |
 //! | 3 | `exposition`, then `metrics`; `completion_queue` | Prometheus text; per-class counters and latency, [`MetricsSource`]; the pollable [`CompletionQueue`] |
 //! | 4 | `op_record` | one operation's record and how its result is delivered: [`SignFuture`], [`OpHandle`] |
 //! | 5 | `deadline`, `backend` | the deadline thread; the [`Backend`] trait, its [`Reply`], [`SoftwareBackend`], the holder of a held key as a backend |
@@ -64,24 +66,36 @@
 //! ```
 
 // Layer 0 builds without BoringSSL (the `testing` feature alone), for the
-// key-process protocol codec and its fuzzer; the rest needs `sign`.
+// protocol codecs and their fuzzers; the rest needs `sign`.
 #[cfg_attr(not(feature = "sign"), allow(dead_code))]
 mod types;
 
-/// Without the `sign` feature, only the key-process protocol codec (for
-/// fuzzing); it needs no BoringSSL.
-#[cfg(all(not(feature = "sign"), feature = "testing"))]
-pub mod isolated {
-    #[path = "protocol.rs"]
-    pub mod protocol;
+/// Declares what builds without the `sign` feature, for the fuzzers: the
+/// wire codec and each protocol's messages, none of which needs
+/// BoringSSL. The one place that names the feature exposing them.
+macro_rules! codecs_without_sign {
+    ($($item:item)*) => {
+        $(
+            #[cfg(all(not(feature = "sign"), feature = "testing"))]
+            $item
+        )*
+    };
 }
 
-/// Without the `sign` feature, only the remote protocol codec (for
-/// fuzzing); it needs no BoringSSL.
-#[cfg(all(not(feature = "sign"), feature = "testing"))]
-pub mod remote {
-    #[path = "protocol.rs"]
-    pub mod protocol;
+codecs_without_sign! {
+    pub mod wire;
+
+    /// Without the `sign` feature, only the key-process protocol codec.
+    pub mod isolated {
+        #[path = "protocol.rs"]
+        pub mod protocol;
+    }
+
+    /// Without the `sign` feature, only the remote protocol codec.
+    pub mod remote {
+        #[path = "protocol.rs"]
+        pub mod protocol;
+    }
 }
 
 #[cfg(feature = "sign")]
@@ -116,6 +130,8 @@ pub mod remote;
 mod request;
 #[cfg(feature = "sign")]
 pub mod tls;
+#[cfg(feature = "sign")]
+pub mod wire;
 
 pub use types::{
     Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass,

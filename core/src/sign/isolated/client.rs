@@ -4,7 +4,6 @@
 //! when the connection ends. Starting and restarting the process is the
 //! supervisor's.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
@@ -19,37 +18,14 @@ use zeroize::Zeroizing;
 use super::protocol::{self as p, kind, ErrorCode, Frame};
 use super::writer::FrameWriter;
 use crate::sign::held_key::Answer;
-use crate::sign::types::{BackendFailure, CryptoOp, Input, Operation, Output, SignError};
+use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError};
+use crate::sign::wire;
 
 /// The backend name in errors and metrics.
 pub(super) const NAME: &str = "isolated";
 
 pub(super) fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
     SignError::backend(NAME, failure, reason)
-}
-
-/// `op` in a form one frame carries: a message longer than
-/// [`p::MAX_OP_DATA`] is hashed here and sent as its digest, which the key
-/// process signs exactly as it would have signed the message (the
-/// signature is the same). Ed25519 messages cannot be hashed first;
-/// submission refuses those ([`SignError::InputTooLarge`]), and so does
-/// this, should one get here.
-pub(super) fn fit(op: &Operation) -> Result<Cow<'_, Operation>, SignError> {
-    if op.input_len() <= p::MAX_OP_DATA {
-        return Ok(Cow::Borrowed(op));
-    }
-    match op {
-        Operation::Sign { alg, input: Input::Message(m) } => match alg.hash() {
-            Some(hash) => Ok(Cow::Owned(Operation::Sign { alg: *alg, input: Input::Digest(hash.digest(m)?) })),
-            None => Err(too_large("the message", m.len())),
-        },
-        Operation::Sign { input: Input::Digest(d), .. } => Err(too_large("the digest", d.len())),
-        Operation::DecryptRaw { ciphertext } => Err(too_large("the ciphertext", ciphertext.len())),
-    }
-}
-
-fn too_large(what: &'static str, len: usize) -> SignError {
-    SignError::InputTooLarge { what, len, max: p::MAX_OP_DATA, hint: "" }
 }
 
 /// What waits for a reply.
@@ -190,7 +166,7 @@ impl Conn {
     /// Sends operation `op` on key `key_id` once a slot is free (until
     /// `deadline`); `pending` hears the answer.
     pub(super) fn send_op(&self, key_id: u64, op: &Operation, deadline: Instant, pending: Pending) {
-        let op = match fit(op) {
+        let op = match wire::op::fit(op, p::MAX_OP_DATA) {
             Ok(op) => op,
             Err(e) => return pending.fail(e),
         };

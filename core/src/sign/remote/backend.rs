@@ -29,7 +29,8 @@ use super::retry_budget::{RetryBudget, RetryBudgetConfig};
 use super::routing::{self, PeerConfig, PeerState};
 use super::tls::{self, TlsFiles};
 use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
-use crate::sign::types::{BackendFailure, CryptoOp, Input, KeyKind, OpClass, Operation, Output, Resource, SignError};
+use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError};
+use crate::sign::wire;
 use crate::sign::PrivateKey;
 use crate::wrap::{CanonicalPolicy, Envelope, Machine, Peer};
 
@@ -464,7 +465,11 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         RemoteErrorCode::Malformed | RemoteErrorCode::Version => {
             Attempt::Final(backend_error(BackendFailure::Protocol, format!("{}: {msg}", code.name())))
         }
-        RemoteErrorCode::Internal => Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: true },
+        // A server never sends the key process's own codes (the protocol
+        // reads them as internal).
+        RemoteErrorCode::Internal | RemoteErrorCode::Load | RemoteErrorCode::Privileges => {
+            Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: true }
+        }
     }
 }
 
@@ -632,7 +637,7 @@ impl KeyHolder for Client {
 
     fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
         let key = self.key(id).ok_or_else(|| backend_error(BackendFailure::Refused, "the key was forgotten"))?;
-        let op = fit(op)?;
+        let op = wire::op::fit(op, p::MAX_OP_DATA)?;
         self.route(&key, deadline, |peer, head, until| {
             let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_op(out, id, head, &op), until));
             attempt_of(frame, |f| Ok(f.body))
@@ -649,23 +654,5 @@ impl KeyHolder for Client {
 
     fn max_input(&self) -> usize {
         p::MAX_OP_DATA
-    }
-}
-
-/// `op` in a form one frame carries: a longer message is hashed here and
-/// its digest sent (the signature is the same).
-fn fit(op: &Operation) -> Result<std::borrow::Cow<'_, Operation>, SignError> {
-    use std::borrow::Cow;
-    if op.input_len() <= p::MAX_OP_DATA {
-        return Ok(Cow::Borrowed(op));
-    }
-    let too_large = |what, len| SignError::InputTooLarge { what, len, max: p::MAX_OP_DATA, hint: "" };
-    match op {
-        Operation::Sign { alg, input: Input::Message(m) } => match alg.hash() {
-            Some(hash) => Ok(Cow::Owned(Operation::Sign { alg: *alg, input: Input::Digest(hash.digest(m)?) })),
-            None => Err(too_large("the message", m.len())),
-        },
-        Operation::Sign { input: Input::Digest(d), .. } => Err(too_large("the digest", d.len())),
-        Operation::DecryptRaw { ciphertext } => Err(too_large("the ciphertext", ciphertext.len())),
     }
 }

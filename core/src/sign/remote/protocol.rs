@@ -1,8 +1,9 @@
 //! The remote signing protocol, version 1: what a client and a key server
 //! say to each other over mutual TLS.
 //!
-//! It reuses the key process's framing ([`crate::sign::isolated`]'s
-//! `protocol`): every frame is
+//! It speaks the frames of [`crate::sign::wire`], as the key process does,
+//! and shares with it the hello's shape, the operation in an OP body, a
+//! key's description and the ERR body with its codes; every frame is
 //!
 //! ```text
 //! frame   = length:u32  kind:u8  id:u64  body        (big-endian)
@@ -36,13 +37,21 @@
 //! [`RemoteErrorCode::Malformed`].
 //!
 //! Nothing here needs BoringSSL: with the `testing` feature this module
-//! builds without `sign`, for the fuzzer.
+//! builds without `sign`, for the fuzzer. The framing items are
+//! re-exported here, so that this module is all a user of the protocol
+//! names.
 
 use std::time::Duration;
 
 use crate::codec::{Order, Reader, Writer};
-pub use crate::sign::isolated::protocol::{encode, BodyError, Decoder, Frame, FramingError, HEADER, MAX_FRAME};
-use crate::sign::types::{Algorithm, Input, KeyKind, Operation};
+use crate::sign::types::Operation;
+use crate::sign::wire::frame::reader;
+use crate::sign::wire::{hello, op};
+pub use crate::sign::wire::public_key::{encode as public_reply, parse as parse_public_reply};
+pub use crate::sign::wire::{encode, error_body, BodyError, Decoder, Frame, FramingError, HEADER, MAX_FRAME};
+/// Why a server refused a request: the codes of [`crate::sign::wire`],
+/// of which a server [`sends`] all but two.
+pub use crate::sign::wire::ErrorCode as RemoteErrorCode;
 
 /// The first bytes of both hellos (not the key process's `KFKP`: a client
 /// pointed at the wrong port learns it from the first reply).
@@ -52,111 +61,35 @@ pub const VERSION: u16 = 1;
 /// The bytes of a request head.
 pub const HEAD: usize = 32 + 4 + 16 + 8;
 /// The bytes of an OP body before its data: head, code, algorithm.
-pub const OP_HEAD: usize = HEAD + 1 + 2;
+pub const OP_HEAD: usize = HEAD + op::OP_CODE_LEN;
 /// The longest message, digest or ciphertext one OP frame carries; the
 /// client hashes longer messages itself.
 pub const MAX_OP_DATA: usize = MAX_FRAME - HEADER - OP_HEAD;
 /// The most requests in flight a server may announce for one connection.
 pub const MAX_IN_FLIGHT: u32 = 65_536;
 
-/// Frame kinds.
+/// Frame kinds: the shared ones (HELLO, OP, OK, ERR; the client's hello
+/// carries nothing after the version, the server's its max in flight per
+/// connection; an OP is a head, then the operation), and the remote
+/// protocol's own requests.
 pub mod kind {
-    /// Client hello: magic, version. Server hello: magic, version, max in
-    /// flight per connection.
-    pub const HELLO: u8 = 0x01;
-    /// A private-key operation: head, code, algorithm, data.
-    pub const OP: u8 = 0x04;
+    pub use crate::sign::wire::kind::*;
     /// Round-trip probe; answered OK with an empty body.
     pub const PING: u8 = 0x07;
     /// Asks for a key's kind and public key: head only.
     pub const PUBLIC: u8 = 0x08;
-    /// Success; the body depends on the request.
-    pub const OK: u8 = 0x80;
-    /// Failure: code and message.
-    pub const ERR: u8 = 0x81;
 }
 
-/// Why a server refused a request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum RemoteErrorCode {
-    /// The frame could not be decoded.
-    Malformed = 1,
-    /// The server does not hold that key (its attributes do not allow it,
-    /// or it has no such envelope). Another capable peer may.
-    UnknownKey = 2,
-    /// BoringSSL refused the operation.
-    Crypto = 4,
-    /// The budget ran out before the operation completed.
-    TimedOut = 5,
-    /// A queue is full, or the connection has its maximum in flight: try
-    /// another peer, or later.
-    Overloaded = 6,
-    /// The request is not valid for the key (algorithm, lengths).
-    Invalid = 7,
-    /// Anything else.
-    Internal = 9,
-    /// The tenant has its maximum in flight on this server.
-    TenantLimit = 10,
-    /// The hello named a protocol version the server does not speak.
-    Version = 11,
-    /// The server is shutting down.
-    ShuttingDown = 12,
-    /// The client's tenant (named by its certificate) may not use that
-    /// key on this server, or the certificate names no tenant at all.
-    /// Refused before any work; another peer may be configured to allow
-    /// it.
-    NotAllowed = 13,
-}
-
-impl RemoteErrorCode {
-    /// Every code.
-    pub const ALL: [RemoteErrorCode; 11] = [
-        RemoteErrorCode::Malformed,
-        RemoteErrorCode::UnknownKey,
-        RemoteErrorCode::Crypto,
-        RemoteErrorCode::TimedOut,
-        RemoteErrorCode::Overloaded,
-        RemoteErrorCode::Invalid,
-        RemoteErrorCode::Internal,
-        RemoteErrorCode::TenantLimit,
-        RemoteErrorCode::Version,
-        RemoteErrorCode::ShuttingDown,
-        RemoteErrorCode::NotAllowed,
-    ];
-
-    /// The code for a byte, `Internal` for unknown ones.
-    pub fn from_u8(b: u8) -> Self {
-        RemoteErrorCode::ALL.into_iter().find(|c| *c as u8 == b).unwrap_or(RemoteErrorCode::Internal)
-    }
-
-    /// A short snake_case name, for metrics labels.
-    pub fn name(self) -> &'static str {
-        match self {
-            RemoteErrorCode::Malformed => "malformed",
-            RemoteErrorCode::UnknownKey => "unknown_key",
-            RemoteErrorCode::Crypto => "crypto",
-            RemoteErrorCode::TimedOut => "timed_out",
-            RemoteErrorCode::Overloaded => "overloaded",
-            RemoteErrorCode::Invalid => "invalid",
-            RemoteErrorCode::Internal => "internal",
-            RemoteErrorCode::TenantLimit => "tenant_limit",
-            RemoteErrorCode::Version => "version",
-            RemoteErrorCode::ShuttingDown => "shutting_down",
-            RemoteErrorCode::NotAllowed => "not_allowed",
-        }
-    }
-}
-
-fn reader(body: &[u8]) -> Reader<'_> {
-    Reader::new(body, Order::Big)
+/// Whether a key server sends `code` in an ERR reply (all but the key
+/// process's own 3 and 8, `docs/remote.md`); a client reads any other as
+/// [`RemoteErrorCode::Internal`].
+pub fn sends(code: RemoteErrorCode) -> bool {
+    !matches!(code, RemoteErrorCode::Load | RemoteErrorCode::Privileges)
 }
 
 /// The body of a client hello.
 pub fn hello_request() -> Vec<u8> {
-    let mut w = Writer::new(Order::Big);
-    w.raw(&MAGIC).u16(VERSION);
-    w.into_bytes().to_vec()
+    hello::hello(MAGIC, VERSION, &[])
 }
 
 /// Decodes a client hello.
@@ -166,23 +99,13 @@ pub fn hello_request() -> Vec<u8> {
 /// [`VERSION`] is `Err(BodyError::Value("hello version"))`, which the
 /// server answers with [`RemoteErrorCode::Version`].
 pub fn parse_hello_request(body: &[u8]) -> Result<(), BodyError> {
-    let mut r = reader(body);
-    if r.take(4, "hello magic")? != MAGIC {
-        return Err(BodyError::Value("hello magic"));
-    }
-    if r.u16("hello version")? != VERSION {
-        return Err(BodyError::Value("hello version"));
-    }
-    r.finish_as("hello (trailing bytes)")?;
-    Ok(())
+    hello::parse_hello(body, MAGIC, VERSION, []).map(|[]| ())
 }
 
 /// The body of the server's hello: how many requests a connection may
 /// have in flight.
 pub fn hello_reply(max_in_flight: u32) -> Vec<u8> {
-    let mut w = Writer::new(Order::Big);
-    w.raw(&MAGIC).u16(VERSION).u32(max_in_flight);
-    w.into_bytes().to_vec()
+    hello::hello(MAGIC, VERSION, &[max_in_flight])
 }
 
 /// Decodes the server's hello: its per-connection in-flight bound.
@@ -191,15 +114,7 @@ pub fn hello_reply(max_in_flight: u32) -> Vec<u8> {
 /// [`BodyError`] for a wrong magic, version, length, or a bound of zero or
 /// above [`MAX_IN_FLIGHT`].
 pub fn parse_hello_reply(body: &[u8]) -> Result<u32, BodyError> {
-    let mut r = reader(body);
-    if r.take(4, "hello magic")? != MAGIC {
-        return Err(BodyError::Value("hello magic"));
-    }
-    if r.u16("hello version")? != VERSION {
-        return Err(BodyError::Value("hello version"));
-    }
-    let max = r.u32("hello max_in_flight")?;
-    r.finish_as("hello (trailing bytes)")?;
+    let [max] = hello::parse_hello(body, MAGIC, VERSION, ["hello max_in_flight"])?;
     if max == 0 || max > MAX_IN_FLIGHT {
         return Err(BodyError::Value("hello max_in_flight (1 to 65536)"));
     }
@@ -253,10 +168,6 @@ pub enum Request {
     Op(Head, Operation),
 }
 
-const OP_SIGN_MESSAGE: u8 = 1;
-const OP_SIGN_DIGEST: u8 = 2;
-const OP_DECRYPT_RAW: u8 = 3;
-
 /// Appends a PING frame to `out`.
 pub fn encode_ping(out: &mut Vec<u8>, id: u64) {
     encode(out, kind::PING, id, &[]);
@@ -272,14 +183,9 @@ pub fn encode_public(out: &mut Vec<u8>, id: u64, head: &Head) {
 /// Appends an OP frame to `out`. The caller keeps `op`'s data within
 /// [`MAX_OP_DATA`] (longer messages are hashed first).
 pub fn encode_op(out: &mut Vec<u8>, id: u64, head: &Head, op: &Operation) {
-    let (code, alg, data): (u8, u16, &[u8]) = match op {
-        Operation::Sign { alg, input: Input::Message(m) } => (OP_SIGN_MESSAGE, alg.tls_code(), m),
-        Operation::Sign { alg, input: Input::Digest(d) } => (OP_SIGN_DIGEST, alg.tls_code(), d),
-        Operation::DecryptRaw { ciphertext } => (OP_DECRYPT_RAW, 0, ciphertext),
-    };
     let mut w = Writer::new(Order::Big);
     head.write(&mut w);
-    w.u8(code).u16(alg);
+    let data = op::write(&mut w, op);
     encode(out, kind::OP, id, &[&w.into_bytes(), data]);
 }
 
@@ -303,58 +209,22 @@ pub fn parse_request(frame: &Frame) -> Result<Request, BodyError> {
         }
         kind::OP => {
             let head = Head::read(&mut r)?;
-            let code = r.u8("op code")?;
-            let alg = r.u16("op algorithm")?;
-            let data = r.rest().to_vec();
-            let sign_alg = || Algorithm::from_tls_code(alg).map_err(|_| BodyError::Value("op algorithm"));
-            let op = match code {
-                OP_SIGN_MESSAGE => Operation::Sign { alg: sign_alg()?, input: Input::Message(data) },
-                OP_SIGN_DIGEST => Operation::Sign { alg: sign_alg()?, input: Input::Digest(data) },
-                OP_DECRYPT_RAW if alg == 0 => Operation::DecryptRaw { ciphertext: data },
-                _ => return Err(BodyError::Value("op code (1 sign message, 2 sign digest, 3 raw RSA decrypt)")),
-            };
-            Ok(Request::Op(head, op))
+            Ok(Request::Op(head, op::read(&mut r)?))
         }
         _ => Err(BodyError::Value("frame kind (not a request)")),
     }
 }
 
-/// The body of a PUBLIC success: the key's kind and public key (DER).
-pub fn public_reply(kind: KeyKind, public_der: &[u8]) -> Vec<u8> {
-    crate::sign::isolated::protocol::loaded_reply(kind, public_der)
-}
-
-/// Decodes a PUBLIC success.
-///
-/// # Errors
-/// [`BodyError`] naming the field.
-pub fn parse_public_reply(body: &[u8]) -> Result<(KeyKind, Vec<u8>), BodyError> {
-    crate::sign::isolated::protocol::parse_loaded_reply(body)
-}
-
-/// The body of an ERR reply; the message is cut to 1 KiB.
-pub fn error_body(code: RemoteErrorCode, message: &str) -> Vec<u8> {
-    let mut end = message.len().min(1024);
-    while !message.is_char_boundary(end) {
-        end -= 1;
-    }
-    let mut w = Writer::new(Order::Big);
-    w.u8(code as u8).raw(&message.as_bytes()[..end]);
-    w.into_bytes().to_vec()
-}
-
-/// Decodes an ERR reply.
+/// Decodes an ERR reply: a code a server does not send reads as
+/// [`RemoteErrorCode::Internal`].
 pub fn parse_error(body: &[u8]) -> (RemoteErrorCode, String) {
-    let mut r = reader(body);
-    match r.u8("error code") {
-        Ok(code) => (RemoteErrorCode::from_u8(code), String::from_utf8_lossy(r.rest()).into_owned()),
-        Err(_) => (RemoteErrorCode::Internal, "an empty error reply".into()),
-    }
+    crate::sign::wire::parse_error(body, sends)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sign::types::{Algorithm, Input};
     use zeroize::Zeroizing;
 
     fn head() -> Head {
