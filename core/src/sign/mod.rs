@@ -29,6 +29,9 @@
 //! - [`remote`]: a key server (`keyfence serve`) and the client backend
 //!   that forwards operations on keys this machine may not open to the
 //!   nearest peer that may, over mutual TLS.
+//! - [`managed`]: an engine that owns where its keys live: it starts its
+//!   key process (or remote signer) with itself, and stops it when it
+//!   closes. What every binding builds on.
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -50,6 +53,7 @@
 //! | 8 | `tls` | the TLS private-key method |
 //! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
 //! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `isolated` and `wrap`) |
+//! | 11 | `managed` | [`ManagedEngine`](managed::ManagedEngine): an engine that starts, owns and stops what holds its keys (in process, a key process, remote key servers), loads keys there, refuses work once closed; the one call the bindings and the OpenSSL provider make |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -102,6 +106,8 @@ mod held_key;
 pub mod isolated;
 #[cfg(feature = "sign")]
 mod local_key;
+#[cfg(feature = "sign")]
+pub mod managed;
 #[cfg(feature = "sign")]
 mod metrics;
 #[cfg(feature = "sign")]
