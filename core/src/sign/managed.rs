@@ -36,7 +36,7 @@ use super::op_record::{OpHandle, SignFuture};
 use super::private_key::PrivateKey;
 use super::remote::{load_envelope_key, KeyRingError, RemoteConfig, RemoteSigner};
 use super::request::Request;
-use super::types::{Algorithm, Output, SignError};
+use super::types::{Algorithm, KeyError, Output, SignError};
 use crate::wrap::Envelope;
 
 /// Where the keys an engine loads are held.
@@ -67,6 +67,38 @@ pub struct ManagedConfig {
     pub isolation: Isolation,
 }
 
+/// Why [`ManagedEngine::load`] gave no key. Messages name the source,
+/// never the secret.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The bytes or the file are not a private key keyfence signs with.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The envelope cannot be opened, or holds no usable key.
+    #[error(transparent)]
+    Envelope(#[from] KeyRingError),
+    /// The key process or the peers refused the key, the source does not
+    /// suit the engine's isolation, or the engine is closed.
+    #[error(transparent)]
+    Refused(#[from] SignError),
+    /// A key or envelope file cannot be read (the message names it).
+    #[error("{0}")]
+    Io(String),
+}
+
+impl LoadError {
+    /// The stable code bindings map this error to (`docs/errors.md`).
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            LoadError::Key(e) => e.code(),
+            LoadError::Envelope(e) => e.code(),
+            LoadError::Refused(e) => e.code(),
+            LoadError::Io(_) => crate::ErrorCode::Io,
+        }
+    }
+}
+
 /// What a running [`ManagedEngine`] owns.
 struct Parts {
     engine: Engine,
@@ -82,10 +114,10 @@ impl Parts {
         store: &std::path::Path,
         machine_key: &std::path::Path,
         envelope: &[u8],
-    ) -> Result<Arc<PrivateKey>, KeyRingError> {
+    ) -> Result<Arc<PrivateKey>, LoadError> {
         match &self.remote {
-            Some(remote) => Ok(remote.key(&Envelope::parse(envelope)?)?),
-            None => load_envelope_key(self.key_process.as_ref(), store, machine_key, envelope),
+            Some(remote) => Ok(remote.key(&Envelope::parse(envelope).map_err(KeyRingError::from)?)?),
+            None => Ok(load_envelope_key(self.key_process.as_ref(), store, machine_key, envelope)?),
         }
     }
 }
@@ -215,16 +247,16 @@ impl ManagedEngine {
     /// - Remote: only envelopes; the peers that may open one hold the key.
     ///
     /// # Errors
-    /// [`KeyRingError::Key`] for bytes that are not a usable key,
-    /// [`KeyRingError::Io`] for a file that cannot be read,
-    /// [`KeyRingError::Wrap`] for an envelope that cannot be opened,
-    /// [`KeyRingError::Load`] when the key process or the peers refuse, a
-    /// key file or bytes given to a remote engine
-    /// ([`SignError::InvalidArgument`]), or the engine is closed
-    /// ([`SignError::ShutDown`]).
-    pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, KeyRingError> {
+    /// [`LoadError::Key`] for bytes or a file that are not a usable key,
+    /// [`LoadError::Io`] for a file that cannot be read,
+    /// [`LoadError::Envelope`] for an envelope that cannot be opened
+    /// (as [`load_envelope_key`]), [`LoadError::Refused`] when the key
+    /// process or the peers refuse, for a key file or bytes given to a
+    /// remote engine ([`SignError::InvalidArgument`]), or once the engine
+    /// is closed ([`SignError::ShutDown`]).
+    pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
         let read = |path: &std::path::Path| {
-            std::fs::read(path).map(Zeroizing::new).map_err(|e| KeyRingError::Io(format!("cannot read {}: {e}", path.display())))
+            std::fs::read(path).map(Zeroizing::new).map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
         };
         self.with(|parts| match (source, &parts.key_process, &parts.remote) {
             // An envelope is public: read here, its bytes are what the key
@@ -235,9 +267,10 @@ impl ManagedEngine {
             (KeySource::EnvelopeBytes { store, machine_key, envelope }, ..) => {
                 parts.open_envelope(&store, &machine_key, &envelope)
             }
-            (_, _, Some(_)) => Err(KeyRingError::Load(SignError::InvalidArgument(
+            (_, _, Some(_)) => Err(SignError::InvalidArgument(
                 "an engine whose keys are on remote key servers loads envelopes only".into(),
-            ))),
+            )
+            .into()),
             (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
             (KeySource::File(path), None, None) => Ok(Arc::new(PrivateKey::from_bytes(&read(&path)?)?)),
             (KeySource::Bytes(bytes), kp, None) => {
