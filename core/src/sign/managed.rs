@@ -75,13 +75,13 @@ pub enum LoadError {
     /// The bytes or the file are not a private key keyfence signs with.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The key process or the peers refused the key, the source does not
+    /// suit the engine's isolation, or the engine is closed.
+    #[error("{0}")]
+    Refused(#[from] SignError),
     /// The envelope cannot be opened, or holds no usable key.
     #[error(transparent)]
     Envelope(#[from] KeyRingError),
-    /// The key process or the peers refused the key, the source does not
-    /// suit the engine's isolation, or the engine is closed.
-    #[error(transparent)]
-    Refused(#[from] SignError),
     /// A key or envelope file cannot be read (the message names it).
     #[error("{0}")]
     Io(String),
