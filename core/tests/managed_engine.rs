@@ -4,6 +4,8 @@
 //! makes instead of checking things its own way: timeouts, closed engines,
 //! key loading.
 
+mod remote_support;
+
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
@@ -158,4 +160,35 @@ fn timeouts_are_whole_positive_milliseconds() {
     assert_eq!(e.code(), ErrorCode::InvalidArgument);
     let e = ManagedEngine::request(key, "no-such-alg", b"m".to_vec(), None).unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidRequest);
+}
+
+#[test]
+fn a_remote_engine_owns_its_signer_and_loads_envelopes_only() {
+    let world = remote_support::World::new();
+    let server = remote_support::start_server(&world, "sfo1", remote_support::ServerOptions::default());
+    let mut config = ManagedConfig::default();
+    config.isolation = Isolation::Remote(remote_support::client_config(&[("sfo1", server.local_addr())]));
+    let engine = ManagedEngine::start(config).unwrap();
+    assert!(!engine.has_key_process());
+
+    let source = |env: &keyfence::wrap::Envelope| KeySource::EnvelopeBytes {
+        store: PathBuf::from("unused"),
+        machine_key: PathBuf::from("unused"),
+        envelope: env.to_bytes().to_vec(),
+    };
+    let key = engine.load(source(&world.us_key)).unwrap();
+    assert!(!key.is_local(), "the peers hold the key");
+    let sig = sign(&engine, &key, b"remote").unwrap();
+    assert!(remote_support::verify_ecdsa(&key.public_key_der().unwrap(), b"remote", &sig));
+    // Its figures are the engine's: one scrape shows both.
+    let text = engine.metrics().unwrap().prometheus();
+    assert!(text.contains("keyfence_remote_client_operations_total"), "{text}");
+    // A key in bytes would be a key in this process: refused.
+    let e = engine.load(KeySource::Bytes(p256_pem())).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    let junk = KeySource::EnvelopeBytes { store: "unused".into(), machine_key: "unused".into(), envelope: b"junk".to_vec() };
+    let e = engine.load(junk).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidEnvelope, "{e}");
+    engine.close();
+    assert_eq!(engine.load(source(&world.us_key)).unwrap_err().code(), ErrorCode::ShutDown);
 }
