@@ -326,7 +326,10 @@ impl ManagedEngine {
     /// # Errors
     /// [`SignError::ShutDown`] once closed.
     pub fn attach_metrics(&self, source: Arc<dyn MetricsSource>) -> Result<(), SignError> {
-        self.with(|p| Ok(p.engine.attach_metrics(source)))
+        self.with(|p| {
+            p.engine.attach_metrics(source);
+            Ok(())
+        })
     }
 
     /// Whether keys loaded through the engine go to a key process (false
