@@ -254,8 +254,8 @@ export declare namespace sign {
     /**
      * Shuts the engine down now rather than when it is garbage-collected:
      * queued signatures reject with code `SHUT_DOWN`, running ones finish,
-     * the key process exits once its keys are gone, and later calls
-     * reject with `SHUT_DOWN`.
+     * the key process is ended (keys loaded into it stop working), and
+     * later calls reject with `SHUT_DOWN`.
      */
     close(): void
   }

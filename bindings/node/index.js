@@ -149,7 +149,7 @@ Object.defineProperty(sign.Engine.prototype, 'sign', {
       throw new KeyfenceError('invalid argument: options.signal must be an AbortSignal', 'INVALID_ARGUMENT')
     }
     if (signal.aborted) return Promise.reject(cancelled(signal))
-    const [promise, cancel] = signCancellable.call(this, key, algorithm, data, options)
+    const [promise, cancel] = signCancellable.call(this, options, key, algorithm, data)
     const release = onAbortOf(signal, cancel)
     return promise.then(
       (signature) => {

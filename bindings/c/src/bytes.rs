@@ -42,6 +42,25 @@ pub(crate) unsafe fn give(out: *mut keyfence_bytes, b: &[u8]) {
     unsafe { out.write(keyfence_bytes::from_slice(b)) };
 }
 
+/// The body of a function whose result is bytes: checks `out`, runs `f`
+/// inside the boundary and copies what it returns to `*out`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+pub(crate) unsafe fn make<B: AsRef<[u8]>>(
+    out: *mut keyfence_bytes,
+    name: &str,
+    f: impl FnOnce() -> Result<B, Error>,
+) -> crate::keyfence_result {
+    ffi::boundary(|| {
+        let out = self::out(out, name)?;
+        let b = f()?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { give(out, b.as_ref()) };
+        Ok(())
+    })
+}
+
 /// Checks an output `keyfence_bytes` pointer.
 pub(crate) fn out(p: *mut keyfence_bytes, name: &str) -> Result<*mut keyfence_bytes, Error> {
     ffi::out(p, name)

@@ -127,6 +127,21 @@ pub(crate) unsafe fn give<T>(out: *mut *mut T, value: T) {
     unsafe { out.write(Box::into_raw(Box::new(value))) };
 }
 
+/// The body of a constructor: checks `out`, runs `f` inside the
+/// [`boundary`] and hands the object it makes to C through `*out`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+pub(crate) unsafe fn make<T>(out: *mut *mut T, name: &str, f: impl FnOnce() -> Result<T, Error>) -> keyfence_result {
+    boundary(|| {
+        let out = self::out(out, name)?;
+        let value = f()?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { give(out, value) };
+        Ok(())
+    })
+}
+
 /// Takes back and drops an object handed out by [`give`]; NULL is a no-op.
 ///
 /// # Safety

@@ -5,16 +5,16 @@
 
 use std::ffi::c_char;
 use std::sync::Arc;
-use std::time::Duration;
 
+use keyfence_core::sign::managed::set_remote_limits;
 use keyfence_core::sign::remote::{PeerConfig, RemoteConfig, RemoteSigner, TlsFiles};
 use keyfence_core::wrap::Envelope;
 
 use crate::bytes::{self, keyfence_bytes};
-use crate::error::{keyfence_result, Coded, Error};
+use crate::error::{keyfence_result, Coded};
 use crate::ffi;
 use crate::policy::attributes;
-use crate::sign::{keyfence_engine, keyfence_private_key};
+use crate::sign::{key_out, keyfence_engine, keyfence_private_key};
 use crate::wrap::keyfence_machine;
 
 /// A remote signer's settings, built before `keyfence_remote_new`: the
@@ -27,17 +27,6 @@ pub struct keyfence_remote_config(RemoteConfig);
 /// failover, circuit breakers and a retry budget. Thread-safe. The keys it
 /// made hold their own reference to it, so it may be freed before them.
 pub struct keyfence_remote(RemoteSigner);
-
-fn invalid(msg: impl Into<String>) -> Error {
-    Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, msg)
-}
-
-fn millis(ms: u32, name: &str) -> Result<Duration, Error> {
-    if ms == 0 {
-        return Err(invalid(format!("{name} must be at least 1 ms")));
-    }
-    Ok(Duration::from_millis(u64::from(ms)))
-}
 
 /// Starts settings for a remote signer with this side's TLS certificate
 /// chain `cert_file`, its private key `key_file` (PEM, owner-readable
@@ -57,20 +46,17 @@ pub unsafe extern "C" fn keyfence_remote_config_new(
     ca_file: *const c_char,
     out: *mut *mut keyfence_remote_config,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promises, passed on.
-        let tls = unsafe {
-            TlsFiles {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        ffi::make(out, "out", || {
+            let tls = TlsFiles {
                 cert: ffi::text(cert_file, "cert_file")?.into(),
                 key: ffi::text(key_file, "key_file")?.into(),
                 ca: ffi::text(ca_file, "ca_file")?.into(),
-            }
-        };
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_remote_config(RemoteConfig::new(Vec::new(), tls))) };
-        Ok(())
-    })
+            };
+            Ok(keyfence_remote_config(RemoteConfig::new(Vec::new(), tls)))
+        })
+    }
 }
 
 /// Adds a key server: `name` (its name in metrics and errors, and the DNS
@@ -140,20 +126,14 @@ pub unsafe extern "C" fn keyfence_remote_config_set_tenant(config: *mut keyfence
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_config_set_limits(
     config: *mut keyfence_remote_config,
-    connect_ms: u32,
-    request_ms: u32,
+    connect_ms: u32, request_ms: u32,
     max_attempts: u32,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let c = unsafe { ffi::borrow_mut(config, "config")? };
-        if max_attempts == 0 {
-            return Err(invalid("max_attempts must be at least 1"));
-        }
-        c.0.connect_timeout = millis(connect_ms, "connect_ms")?;
-        c.0.request_timeout = millis(request_ms, "request_ms")?;
-        c.0.max_attempts = max_attempts;
-        Ok(())
+        let (connect, request) = (f64::from(connect_ms), f64::from(request_ms));
+        Ok(set_remote_limits(&mut c.0, Some(connect), Some(request), Some(max_attempts))?)
     })
 }
 
@@ -184,15 +164,8 @@ pub unsafe extern "C" fn keyfence_remote_new(
     config: *const keyfence_remote_config,
     out: *mut *mut keyfence_remote,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promise.
-        let c = unsafe { ffi::borrow(config, "config")? };
-        let signer = RemoteSigner::start(c.0.clone())?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_remote(signer)) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises.
+    unsafe { ffi::make(out, "out", || Ok(keyfence_remote(RemoteSigner::start(ffi::borrow(config, "config")?.0.clone())?))) }
 }
 
 /// A handle in `*out` on the key in the wrapped-key envelope `env`, held by
@@ -215,15 +188,10 @@ pub unsafe extern "C" fn keyfence_remote_key(
     len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promises, passed on.
-        let (r, env) = unsafe { (ffi::borrow(remote, "remote")?, ffi::slice(env, len, "env")?) };
-        let key = r.0.key(&Envelope::parse(env)?)?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_private_key(key)) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises, passed on.
+    let (r, env) = unsafe { (ffi::borrow(remote, "remote"), ffi::slice(env, len, "env")) };
+    // SAFETY: `out` is NULL or writable, by the caller's promise.
+    unsafe { key_out(out, || Ok(r?.0.key(&Envelope::parse(env?)?)?)) }
 }
 
 /// The key in the envelope `env` as `machine` may have it: opened here
@@ -243,20 +211,13 @@ pub unsafe extern "C" fn keyfence_remote_key(
 pub unsafe extern "C" fn keyfence_remote_open_or_forward(
     remote: *const keyfence_remote,
     machine: *const keyfence_machine,
-    env: *const u8,
-    len: usize,
+    env: *const u8, len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promises, passed on.
-        let (r, m, env) =
-            unsafe { (ffi::borrow(remote, "remote")?, ffi::borrow(machine, "machine")?, ffi::slice(env, len, "env")?) };
-        let key = r.0.open_or_forward(&m.0, env)?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_private_key(key)) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises, passed on.
+    let (r, m, env) = unsafe { (ffi::borrow(remote, "remote"), ffi::borrow(machine, "machine"), ffi::slice(env, len, "env")) };
+    // SAFETY: `out` is NULL or writable, by the caller's promise.
+    unsafe { key_out(out, || Ok(r?.0.open_or_forward(&m?.0, env?)?)) }
 }
 
 /// Reports the signer's per-peer figures (round-trip time, breaker,
@@ -276,8 +237,7 @@ pub unsafe extern "C" fn keyfence_engine_attach_remote(
     ffi::boundary(|| {
         // SAFETY: the caller's promises.
         let (e, r) = unsafe { (ffi::borrow(engine, "engine")?, ffi::borrow(remote, "remote")?) };
-        e.engine.attach_metrics(Arc::new(r.0.clone()));
-        Ok(())
+        Ok(e.0.attach_metrics(Arc::new(r.0.clone()))?)
     })
 }
 
@@ -291,14 +251,8 @@ pub unsafe extern "C" fn keyfence_remote_metrics_prometheus(
     remote: *const keyfence_remote,
     out: *mut keyfence_bytes,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = bytes::out(out, "out")?;
-        // SAFETY: the caller's promise.
-        let r = unsafe { ffi::borrow(remote, "remote")? };
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { bytes::give(out, r.0.metrics().prometheus().as_bytes()) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises.
+    unsafe { bytes::make(out, "out", || Ok(ffi::borrow(remote, "remote")?.0.metrics().prometheus())) }
 }
 
 /// Frees a remote signer, closing its connections; NULL is a no-op.

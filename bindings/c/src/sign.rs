@@ -8,14 +8,13 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyfence_core::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
-use keyfence_core::sign::{
-    Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, OpClass, OpHandle, PrivateKey, Request, SignError,
-};
+use keyfence_core::sign::isolated::{IsolatedConfig, KeySource};
+use keyfence_core::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
+use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
 use zeroize::Zeroizing;
 
 use crate::bytes::{self, keyfence_bytes};
-use crate::error::{keyfence_result, Error};
+use crate::error::{keyfence_result, Coded, Error};
 use crate::ffi;
 
 /// The engine's executor classes, each with its own threads and bounded
@@ -42,17 +41,11 @@ fn class_of(n: u32) -> Result<OpClass, Error> {
 /// An engine's settings, built before `keyfence_engine_new`. Not
 /// thread-safe; free it with `keyfence_engine_config_free` (the engine
 /// does not keep it).
-pub struct keyfence_engine_config {
-    engine: EngineConfig,
-    isolated: Option<IsolatedConfig>,
-}
+pub struct keyfence_engine_config(ManagedConfig);
 
 /// A signing engine. Thread-safe: any thread may submit to it. Freeing it
 /// shuts it down: operations still queued fail with `KEYFENCE_SHUT_DOWN`.
-pub struct keyfence_engine {
-    pub(crate) engine: Engine,
-    key_process: Option<KeyProcess>,
-}
+pub struct keyfence_engine(pub(crate) ManagedEngine);
 
 /// A private key: in this process's memory, or a handle on one held by an
 /// isolated key process. Thread-safe and immutable; operations hold their
@@ -101,12 +94,6 @@ pub type keyfence_sign_callback = Option<
     ),
 >;
 
-impl Error {
-    fn sign(e: SignError) -> Self {
-        e.into()
-    }
-}
-
 /// Default settings: threads per class from the core count, bounded
 /// queues, a 1 s deadline per operation, keys in this process.
 ///
@@ -114,12 +101,8 @@ impl Error {
 /// `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_config_new(out: *mut *mut keyfence_engine_config) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_engine_config { engine: EngineConfig::default(), isolated: None }) };
-        Ok(())
-    })
+    // SAFETY: the caller's promise.
+    unsafe { ffi::make(out, "out", || Ok(keyfence_engine_config(ManagedConfig::default()))) }
 }
 
 /// Sets one class's worker threads and queue capacity (0 keeps the
@@ -141,9 +124,9 @@ pub unsafe extern "C" fn keyfence_engine_config_set_class(
         let c = unsafe { ffi::borrow_mut(config, "config")? };
         let class = class_of(class)?;
         let cc: &mut ClassConfig = match class {
-            OpClass::Rsa => &mut c.engine.rsa,
-            OpClass::Ec => &mut c.engine.ec,
-            OpClass::Slow => &mut c.engine.slow,
+            OpClass::Rsa => &mut c.0.engine.rsa,
+            OpClass::Ec => &mut c.0.engine.ec,
+            OpClass::Slow => &mut c.0.engine.slow,
         };
         if threads > 0 {
             cc.threads = threads as usize;
@@ -168,7 +151,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let c = unsafe { ffi::borrow_mut(config, "config")? };
-        c.engine.default_timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
+        c.0.engine.default_timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
         Ok(())
     })
 }
@@ -190,7 +173,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_isolated(
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let c = unsafe { ffi::borrow_mut(config, "config")? };
-        c.isolated = Some(if key_process.is_null() {
+        c.0.isolation = Isolation::KeyProcess(if key_process.is_null() {
             IsolatedConfig::default()
         } else {
             // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
@@ -220,23 +203,12 @@ pub unsafe extern "C" fn keyfence_engine_config_free(config: *mut keyfence_engin
 /// # Safety
 /// `config` is NULL or a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_new(
-    config: *const keyfence_engine_config,
-    out: *mut *mut keyfence_engine,
-) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promise; NULL means the defaults.
-        let config = unsafe { config.as_ref() };
-        let engine = Engine::new(config.map_or_else(EngineConfig::default, |c| c.engine.clone())).map_err(Error::sign)?;
-        let key_process = match config.and_then(|c| c.isolated.clone()) {
-            Some(iso) => Some(KeyProcess::start(iso).map_err(Error::sign)?),
-            None => None,
-        };
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_engine { engine, key_process }) };
-        Ok(())
-    })
+pub unsafe extern "C" fn keyfence_engine_new(config: *const keyfence_engine_config, out: *mut *mut keyfence_engine) -> keyfence_result {
+    // SAFETY: the caller's promises; NULL `config` means the defaults.
+    unsafe {
+        let config = config.as_ref().map_or_else(ManagedConfig::default, |c| c.0.clone());
+        ffi::make(out, "out", || Ok(keyfence_engine(ManagedEngine::start(config)?)))
+    }
 }
 
 /// Shuts the engine down and frees it; NULL is a no-op. Queued operations
@@ -266,28 +238,18 @@ pub unsafe extern "C" fn keyfence_engine_free(engine: *mut keyfence_engine) {
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_from_pem(
     engine: *const keyfence_engine,
-    pem: *const u8,
-    len: usize,
+    pem: *const u8, len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promises; NULL engine means in-process.
-        let (engine, pem) = unsafe { (engine.as_ref(), ffi::slice(pem, len, "pem")?) };
-        let key = match engine.and_then(|e| e.key_process.as_ref()) {
-            Some(kp) => {
-                // Parsed here first so that a bad key gets the same typed
-                // error in both modes; the secret then lives in the key
-                // process only.
-                PrivateKey::from_bytes(pem)?;
-                kp.load(KeySource::Bytes(Zeroizing::new(pem.to_vec()))).map_err(Error::sign)?
-            }
-            None => Arc::new(PrivateKey::from_bytes(pem)?),
-        };
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_private_key(key)) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises; NULL engine means in-process.
+    let (engine, pem) = unsafe { (engine.as_ref(), ffi::slice(pem, len, "pem")) };
+    // SAFETY: `out` is NULL or writable, by the caller's promise.
+    unsafe {
+        key_out(out, || match engine {
+            Some(e) => Ok(e.0.load(KeySource::Bytes(Zeroizing::new(pem?.to_vec())))?),
+            None => Ok(Arc::new(PrivateKey::from_bytes(pem?)?)),
+        })
+    }
 }
 
 /// Loads the private key wrapped in the envelope `env[0..len]`, opened
@@ -322,27 +284,28 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     engine: *const keyfence_engine,
     store_dir: *const c_char,
     machine_key_path: *const c_char,
-    env: *const u8,
-    len: usize,
+    env: *const u8, len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        // SAFETY: the caller's promises; NULL engine means in-process.
-        let (engine, dir, path, env) = unsafe {
-            (
-                engine.as_ref(),
-                ffi::text(store_dir, "store_dir")?,
-                ffi::text(machine_key_path, "machine_key_path")?,
-                ffi::slice(env, len, "env")?,
-            )
-        };
-        let kp = engine.and_then(|e| e.key_process.as_ref());
-        let key = keyfence_core::sign::remote::load_envelope_key(kp, dir.as_ref(), path.as_ref(), env)?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_private_key(key)) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises; NULL engine means in-process.
+    let (engine, dir, path, envelope) = unsafe {
+        (
+            engine.as_ref(),
+            ffi::text(store_dir, "store_dir"),
+            ffi::text(machine_key_path, "machine_key_path"),
+            ffi::slice(env, len, "env"),
+        )
+    };
+    // SAFETY: `out` is NULL or writable, by the caller's promise.
+    unsafe {
+        key_out(out, || {
+            let (store, machine_key, envelope) = (dir?.into(), path?.into(), envelope?);
+            Ok(match engine {
+                Some(e) => e.0.load(KeySource::EnvelopeBytes { store, machine_key, envelope: envelope.to_vec() })?,
+                None => keyfence_core::sign::remote::load_envelope_key(None, &store, &machine_key, envelope)?,
+            })
+        })
+    }
 }
 
 /// Whether the key is in this process's memory (`*local` true) or a
@@ -370,15 +333,8 @@ pub unsafe extern "C" fn keyfence_key_is_local(key: *const keyfence_private_key,
 /// `key` is a live handle; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_public_der(key: *const keyfence_private_key, out: *mut keyfence_bytes) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = bytes::out(out, "out")?;
-        // SAFETY: the caller's promise.
-        let key = unsafe { ffi::borrow(key, "key")? };
-        let der = key.0.public_key_der().map_err(Error::sign)?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { bytes::give(out, &der) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises.
+    unsafe { bytes::make(out, "out", || Ok(ffi::borrow(key, "key")?.0.public_key_der()?)) }
 }
 
 /// Frees a key handle; NULL is a no-op. Operations already submitted keep
@@ -392,6 +348,19 @@ pub unsafe extern "C" fn keyfence_key_free(key: *mut keyfence_private_key) {
     unsafe { ffi::free(key) }
 }
 
+/// Hands the key `f` loads to C through `*out`: the body of every function
+/// that makes a `keyfence_private_key`.
+///
+/// # Safety
+/// `out` is NULL or writable.
+pub(crate) unsafe fn key_out(
+    out: *mut *mut keyfence_private_key,
+    f: impl FnOnce() -> Result<Arc<PrivateKey>, Error>,
+) -> keyfence_result {
+    // SAFETY: the caller's promise.
+    unsafe { ffi::make(out, "out", || Ok(keyfence_private_key(f()?))) }
+}
+
 /// The request every submit function builds from its C arguments.
 ///
 /// # Safety
@@ -400,15 +369,13 @@ pub unsafe extern "C" fn keyfence_key_free(key: *mut keyfence_private_key) {
 unsafe fn request(
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8,
-    len: usize,
+    msg: *const u8, len: usize,
     timeout_ms: u32,
 ) -> Result<Request, Error> {
     // SAFETY: the caller's promises, passed on.
     let (key, alg, msg) = unsafe { (ffi::borrow(key, "key")?, ffi::text(alg, "alg")?, ffi::slice(msg, len, "msg")?) };
-    let alg: Algorithm = alg.parse().map_err(|e| Error::sign(SignError::from(e)))?;
-    let req = Request::sign(key.0.clone(), alg, msg.to_vec());
-    Ok(if timeout_ms == 0 { req } else { req.with_timeout(Duration::from_millis(u64::from(timeout_ms))) })
+    let timeout = (timeout_ms > 0).then_some(f64::from(timeout_ms));
+    Ok(ManagedEngine::request(key.0.clone(), alg, msg.to_vec(), timeout)?)
 }
 
 /// Signs `msg[0..len]` with `key` and the algorithm named `alg`
@@ -428,20 +395,17 @@ pub unsafe extern "C" fn keyfence_engine_sign(
     engine: *const keyfence_engine,
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8,
-    len: usize,
+    msg: *const u8, len: usize,
     timeout_ms: u32,
     signature: *mut keyfence_bytes,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = bytes::out(signature, "signature")?;
-        // SAFETY: the caller's promises, passed on.
-        let (engine, req) = unsafe { (ffi::borrow(engine, "engine")?, request(key, alg, msg, len, timeout_ms)?) };
-        let sig = engine.engine.submit(req).map_err(Error::sign)?.wait().map_err(Error::sign)?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { bytes::give(out, &sig) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        bytes::make(signature, "signature", || {
+            let (engine, req) = (ffi::borrow(engine, "engine")?, request(key, alg, msg, len, timeout_ms)?);
+            Ok(engine.0.submit(req)?.wait()?)
+        })
+    }
 }
 
 /// A `user_data` pointer carried to another thread: the engine never
@@ -470,8 +434,7 @@ pub unsafe extern "C" fn keyfence_engine_submit(
     engine: *const keyfence_engine,
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8,
-    len: usize,
+    msg: *const u8, len: usize,
     timeout_ms: u32,
     callback: keyfence_sign_callback,
     user_data: *mut c_void,
@@ -483,7 +446,7 @@ pub unsafe extern "C" fn keyfence_engine_submit(
         let (engine, req) = unsafe { (ffi::borrow(engine, "engine")?, request(key, alg, msg, len, timeout_ms)?) };
         let ud = UserData(user_data);
         let handle = engine
-            .engine
+            .0
             .submit_with_callback(req, move |result| {
                 let ud = ud;
                 // Nothing may unwind out of the engine thread into C or
@@ -499,8 +462,7 @@ pub unsafe extern "C" fn keyfence_engine_submit(
                         unsafe { cb(ud.0, code, std::ptr::null(), 0, msg.as_ptr()) }
                     }
                 }
-            })
-            .map_err(Error::sign)?;
+            })?;
         if !op.is_null() {
             // SAFETY: non-NULL and writable by the caller's promise.
             unsafe { ffi::give(op, keyfence_operation(handle)) };
@@ -517,13 +479,8 @@ pub unsafe extern "C" fn keyfence_engine_submit(
 /// `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_completion_queue_new(out: *mut *mut keyfence_completion_queue) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = ffi::out(out, "out")?;
-        let q = CompletionQueue::new().map_err(Error::sign)?;
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_completion_queue(q)) };
-        Ok(())
-    })
+    // SAFETY: the caller's promise.
+    unsafe { ffi::make(out, "out", || Ok(keyfence_completion_queue(CompletionQueue::new()?))) }
 }
 
 /// The queue's file descriptor, for epoll/kqueue/poll: readable while
@@ -557,8 +514,7 @@ pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
     engine: *const keyfence_engine,
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8,
-    len: usize,
+    msg: *const u8, len: usize,
     timeout_ms: u32,
     queue: *const keyfence_completion_queue,
     user_data: *mut c_void,
@@ -569,7 +525,7 @@ pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
         let (engine, q, req) = unsafe {
             (ffi::borrow(engine, "engine")?, ffi::borrow(queue, "queue")?, request(key, alg, msg, len, timeout_ms)?)
         };
-        let handle = engine.engine.submit_to_queue(req, &q.0, user_data as usize as u64).map_err(Error::sign)?;
+        let handle = engine.0.submit_to_queue(req, &q.0, user_data as usize as u64)?;
         if !op.is_null() {
             // SAFETY: non-NULL and writable by the caller's promise.
             unsafe { ffi::give(op, keyfence_operation(handle)) };
@@ -729,12 +685,12 @@ pub unsafe extern "C" fn keyfence_engine_metrics(
     class: u32,
     out: *mut keyfence_class_metrics,
 ) -> keyfence_result {
+    let class = class_of(class);
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
-        let engine = unsafe { ffi::borrow(engine, "engine")? };
-        let all = engine.engine.metrics();
-        let m = all.class(class_of(class)?);
+        let all = unsafe { ffi::borrow(engine, "engine")? }.0.metrics()?;
+        let m = all.class(class?);
         let sat = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
         let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         let kinds = keyfence_core::sign::ErrorKind::ALL;
@@ -772,12 +728,12 @@ pub unsafe extern "C" fn keyfence_engine_metrics_prometheus(
     engine: *const keyfence_engine,
     out: *mut keyfence_bytes,
 ) -> keyfence_result {
-    ffi::boundary(|| {
-        let out = bytes::out(out, "out")?;
-        // SAFETY: the caller's promise.
-        let engine = unsafe { ffi::borrow(engine, "engine")? };
-        // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { bytes::give(out, engine.engine.metrics().prometheus().as_bytes()) };
-        Ok(())
-    })
+    // SAFETY: the caller's promises.
+    unsafe { bytes::make(out, "out", || Ok(ffi::borrow(engine, "engine")?.0.metrics()?.prometheus())) }
+}
+
+impl Coded for LoadError {
+    fn code(&self) -> keyfence_core::ErrorCode {
+        LoadError::code(self)
+    }
 }

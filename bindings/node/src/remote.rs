@@ -201,8 +201,7 @@ impl Engine {
         let attach = || -> KfResult<()> {
             let signer =
                 remote.inner.clone().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the remote signer is closed"))?;
-            self.running()?.engine.attach_metrics(Arc::new(signer));
-            Ok(())
+            Ok(self.inner.attach_metrics(Arc::new(signer))?)
         };
         js(&env, attach())
     }

@@ -7,8 +7,9 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
-use keyfence::sign::{self as core, Algorithm, ClassConfig, EngineConfig, KeyKind, OpClass, Request};
+use keyfence::sign::isolated::{IsolatedConfig, KeySource};
+use keyfence::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
+use keyfence::sign::{self as core, ClassConfig, KeyKind, OpClass, Request};
 use keyfence::ErrorCode;
 use napi::bindgen_prelude::{Array, Buffer, Either, Function, Object, Uint8Array, Unknown};
 use napi::Env;
@@ -137,19 +138,13 @@ fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
     }
 }
 
-/// A running engine.
-pub(crate) struct Running {
-    pub(crate) engine: core::Engine,
-    key_process: Option<KeyProcess>,
-}
-
 /// The asynchronous signing engine: one executor per class of operation
 /// (RSA, EC/Ed25519, slow), each with its own threads and bounded queue,
 /// a deadline on every operation. Signatures complete as promises without
 /// blocking the event loop.
 #[napi(namespace = "sign")]
 pub struct Engine {
-    running: Option<Running>,
+    pub(crate) inner: ManagedEngine,
     completions: Arc<Completions>,
 }
 
@@ -228,30 +223,17 @@ fn class_metrics(m: &core::ClassMetrics) -> ClassMetrics {
     }
 }
 
-impl Engine {
-    pub(crate) fn running(&self) -> KfResult<&Running> {
-        self.running.as_ref().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the engine is closed"))
+impl From<LoadError> for KfError {
+    fn from(e: LoadError) -> Self {
+        KfError::new(e.code(), e.to_string())
     }
+}
 
-    /// The request `sign` and `signSync` submit.
-    fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignOptions>) -> KfResult<Request> {
-        let alg: Algorithm = algorithm.parse().map_err(|e| KfError::from(core::SignError::from(e)))?;
-        let req = Request::sign(key.inner.clone(), alg, data.to_vec());
-        // A number, not u32, so that -1 or 1.5 is refused rather than
-        // wrapped or truncated by the conversion.
-        Ok(match options.and_then(|o| o.timeout_ms) {
-            None => req,
-            Some(ms) if ms >= 1.0 && ms <= f64::from(u32::MAX) && ms.fract() == 0.0 => {
-                req.with_timeout(Duration::from_millis(ms as u64))
-            }
-            Some(ms) => {
-                return Err(KfError::new(
-                    ErrorCode::InvalidArgument,
-                    format!("timeoutMs must be a positive whole number of milliseconds, not {ms}"),
-                ))
-            }
-        })
-    }
+/// The request `sign` and `signSync` submit. The timeout is a number, not
+/// u32, so that -1 or 1.5 is refused rather than wrapped or truncated.
+fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignOptions>) -> KfResult<Request> {
+    let timeout = options.and_then(|o| o.timeout_ms);
+    Ok(ManagedEngine::request(key.inner.clone(), algorithm, data.to_vec(), timeout)?)
 }
 
 #[napi(namespace = "sign")]
@@ -265,40 +247,34 @@ impl Engine {
     #[napi(constructor)]
     pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self> {
         let completions = Completions::new(&env)?;
-        let start = move || -> KfResult<Running> {
-            let mut config = EngineConfig::default();
-            let mut isolated = None;
-            if let Some(o) = options {
-                class_config(&mut config.rsa, o.rsa);
-                class_config(&mut config.ec, o.ec);
-                class_config(&mut config.slow, o.slow);
-                if let Some(t) = o.timeout_ms {
-                    config.default_timeout = Duration::from_millis(u64::from(t));
-                }
-                if o.isolated.unwrap_or(false) || o.key_process.is_some() {
-                    isolated = Some(match o.key_process {
-                        Some(p) => IsolatedConfig::with_command([p]),
-                        None => IsolatedConfig::default(),
-                    });
-                }
+        let mut config = ManagedConfig::default();
+        if let Some(o) = options {
+            class_config(&mut config.engine.rsa, o.rsa);
+            class_config(&mut config.engine.ec, o.ec);
+            class_config(&mut config.engine.slow, o.slow);
+            if let Some(t) = o.timeout_ms {
+                config.engine.default_timeout = Duration::from_millis(u64::from(t));
             }
-            let engine = core::Engine::new(config)?;
-            let key_process = isolated.map(KeyProcess::start).transpose()?;
-            Ok(Running { engine, key_process })
-        };
-        js(&env, start()).map(|r| Engine { running: Some(r), completions })
+            if o.isolated.unwrap_or(false) || o.key_process.is_some() {
+                config.isolation = Isolation::KeyProcess(match o.key_process {
+                    Some(p) => IsolatedConfig::with_command([p]),
+                    None => IsolatedConfig::default(),
+                });
+            }
+        }
+        js(&env, ManagedEngine::start(config).map_err(Into::into)).map(|inner| Engine { inner, completions })
     }
 
     /// Whether keys loaded with `loadKey` go to an isolated key process.
     #[napi(getter)]
     pub fn isolated(&self) -> bool {
-        self.running.as_ref().is_some_and(|r| r.key_process.is_some())
+        self.inner.has_key_process()
     }
 
     /// The key process's pid, while one runs.
     #[napi(getter)]
     pub fn key_process_pid(&self) -> Option<u32> {
-        self.running.as_ref().and_then(|r| r.key_process.as_ref()).and_then(KeyProcess::pid)
+        self.inner.key_process_pid()
     }
 
     /// Loads a private key for this engine from PEM or DER: into its
@@ -309,18 +285,8 @@ impl Engine {
     /// if the key process refuses it, `SHUT_DOWN` after `close`.
     #[napi]
     pub fn load_key(&self, env: Env, pem: Either<String, Uint8Array>) -> napi::Result<PrivateKey> {
-        let load = || -> KfResult<PrivateKey> {
-            let bytes = pem_bytes(&pem);
-            // Parsed here in both modes so that a bad key gets the same
-            // typed error; the secret then lives in the key process only.
-            let local = core::PrivateKey::from_bytes(&bytes)?;
-            let inner = match &self.running()?.key_process {
-                Some(kp) => kp.load(KeySource::Bytes(bytes))?,
-                None => Arc::new(local),
-            };
-            Ok(PrivateKey { inner })
-        };
-        js(&env, load())
+        let inner = self.inner.load(KeySource::Bytes(pem_bytes(&pem)));
+        js(&env, inner.map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
 
     /// Loads the private key an envelope holds, opened with the machine key
@@ -338,12 +304,8 @@ impl Engine {
     /// refused it), `SHUT_DOWN` after `close`.
     #[napi]
     pub fn load_envelope(&self, env: Env, store: String, machine_key: String, envelope: Uint8Array) -> napi::Result<PrivateKey> {
-        let load = || -> KfResult<PrivateKey> {
-            let kp = self.running()?.key_process.as_ref();
-            let inner = keyfence::sign::remote::load_envelope_key(kp, store.as_ref(), machine_key.as_ref(), &envelope)?;
-            Ok(PrivateKey { inner })
-        };
-        js(&env, load())
+        let source = KeySource::EnvelopeBytes { store: store.into(), machine_key: machine_key.into(), envelope: envelope.to_vec() };
+        js(&env, self.inner.load(source).map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
 
     /// Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
@@ -370,16 +332,18 @@ impl Engine {
     /// `sign`, returning `[promise, cancel]`: what `index.js` uses for a
     /// signature with a `signal`, adding and removing its abort listener
     /// there. `cancel()` returns whether the operation was still pending.
+    /// Its options come first: they carry the signal that makes it
+    /// cancellable.
     #[napi(skip_typescript)]
     pub fn sign_cancellable<'env>(
         &self,
         env: &'env Env,
+        options: SignOptions,
         key: &PrivateKey,
         algorithm: String,
         data: Uint8Array,
-        options: Option<SignOptions>,
     ) -> napi::Result<Array<'env>> {
-        let (promise, handle) = self.submit(env, key, &algorithm, &data, options)?;
+        let (promise, handle) = self.submit(env, key, &algorithm, &data, Some(options))?;
         let cancel: Function<(), bool> =
             env.create_function_from_closure("cancel", move |_| Ok(handle.as_ref().is_some_and(|h| h.cancel())))?;
         let mut out = env.create_array(2)?;
@@ -403,10 +367,9 @@ impl Engine {
         // request it drops the callback uncalled, and the token is taken
         // back from this slot to reject the promise at once.
         let slot = Arc::new(Mutex::new(Some(pending)));
-        let submitted = self.running().and_then(|running| {
-            let req = Self::request(key, algorithm, data, options)?;
+        let submitted = request(key, algorithm, data, options).and_then(|req| {
             let (done, slot) = (self.completions.clone(), slot.clone());
-            Ok(running.engine.submit_with_callback(req, move |result| {
+            Ok(self.inner.submit_with_callback(req, move |result| {
                 if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
                     done.complete(p, result);
                 }
@@ -443,8 +406,7 @@ impl Engine {
                     "signSync cannot be aborted: pass a signal to sign, which returns a promise",
                 ));
             }
-            let req = Self::request(key, &algorithm, &data, options)?;
-            let sig = self.running()?.engine.submit(req)?.wait()?;
+            let sig = self.inner.submit(request(key, &algorithm, &data, options)?)?.wait()?;
             Ok(Buffer::from(sig.to_vec()))
         };
         js(&env, run())
@@ -455,7 +417,7 @@ impl Engine {
     /// Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
     #[napi]
     pub fn metrics(&self, env: Env) -> napi::Result<EngineMetrics> {
-        let m = js(&env, self.running())?.engine.metrics();
+        let m = js(&env, self.inner.metrics().map_err(Into::into))?;
         Ok(EngineMetrics {
             rsa: class_metrics(m.class(OpClass::Rsa)),
             ec: class_metrics(m.class(OpClass::Ec)),
@@ -470,15 +432,15 @@ impl Engine {
     /// Throws `KeyfenceError` code `SHUT_DOWN` after `close`.
     #[napi]
     pub fn metrics_prometheus(&self, env: Env) -> napi::Result<String> {
-        js(&env, self.running().map(|r| r.engine.metrics().prometheus()))
+        js(&env, self.inner.metrics().map(|m| m.prometheus()).map_err(Into::into))
     }
 
     /// Shuts the engine down now rather than when it is garbage-collected:
     /// queued signatures reject with code `SHUT_DOWN`, running ones finish,
-    /// the key process exits once its keys are gone, and later calls
-    /// reject with `SHUT_DOWN`.
+    /// the key process is ended (keys loaded into it stop working), and
+    /// later calls reject with `SHUT_DOWN`.
     #[napi]
-    pub fn close(&mut self) {
-        self.running = None;
+    pub fn close(&self) {
+        self.inner.close();
     }
 }

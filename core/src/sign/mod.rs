@@ -25,12 +25,15 @@
 //!   [`isolated`] keeps keys in a separate key process, restarted when it
 //!   dies; [`offload`] sends RSA to an offload device (Intel QAT through
 //!   QATlib behind the `qat` feature, with the RSA encoding the device
-//!   needs; a simulated device for tests behind `testing`).
+//!   needs; a simulated device behind `bench`).
 //! - [`remote`]: a key server (`keyfence serve`) and the client backend
 //!   that forwards operations on keys this machine may not open to the
 //!   nearest peer that may, over mutual TLS.
 //! - [`wire`]: the frame codec the key process's protocol and the key
 //!   server's share; each protocol module keeps only its own messages.
+//! - [`managed`]: an engine that owns where its keys live: it starts its
+//!   key process (or remote signer) with itself, and stops it when it
+//!   closes. What every binding builds on.
 //! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
@@ -52,6 +55,7 @@
 //! | 8 | `tls` | the TLS private-key method |
 //! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
 //! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `isolated` and `wrap`) |
+//! | 11 | `managed` | [`ManagedEngine`](managed::ManagedEngine): an engine that starts, owns and stops what holds its keys (in process, a key process, remote key servers), loads keys there, refuses work once closed; the one call the bindings and the OpenSSL provider make |
 //!
 //! ```
 //! use std::sync::Arc;
@@ -116,6 +120,8 @@ mod held_key;
 pub mod isolated;
 #[cfg(feature = "sign")]
 mod local_key;
+#[cfg(feature = "sign")]
+pub mod managed;
 #[cfg(feature = "sign")]
 mod metrics;
 #[cfg(feature = "sign")]

@@ -235,6 +235,15 @@ impl KeyProcess {
         self.sup.state().last_exit.clone()
     }
 
+    /// Ends the key process now, even while key handles from it are still
+    /// alive (they fail from then on with [`SignError::Backend`]: "the key
+    /// process is gone"), and starts no other. What an owner calls when it
+    /// closes; dropping the last clone and the last key does the same.
+    /// Idempotent.
+    pub fn stop(&self) {
+        self.sup.stop();
+    }
+
     /// Waits until a key process is running (after a restart), up to
     /// `timeout`; true if one is.
     pub fn wait_running(&self, timeout: Duration) -> bool {

@@ -197,10 +197,7 @@ impl Supervisor {
             on_exit(weak, exit);
         });
         if let Err(e) = started {
-            conn.writer.shutdown();
-            let mut child = conn.child.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = child.kill();
-            let _ = child.wait();
+            end(&conn);
             return Err(SignError::io(Resource::Thread, format!("cannot start the key-process reader: {e}")));
         }
         Ok(conn)
@@ -268,6 +265,14 @@ impl Supervisor {
     }
 }
 
+/// Closes the connection, then kills and reaps its key process.
+fn end(conn: &Conn) {
+    conn.writer.shutdown();
+    let mut child = conn.child.lock().unwrap_or_else(|e| e.into_inner());
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// Sends `Hello` and reads the key process's: its pid (which must be the
 /// child's) and hardening flags.
 fn handshake(ours: &UnixStream, pid: u32, config: &IsolatedConfig) -> io::Result<(u32, p::Decoder)> {
@@ -330,6 +335,13 @@ fn restart(sup: &Arc<Supervisor>) {
             match sup.replay(&conn, &setup) {
                 Ok(lost) => {
                     let mut state = sup.state();
+                    if sup.closed.load(Ordering::Acquire) {
+                        // Stopped while this one started: it must not
+                        // outlive the stop.
+                        drop(state);
+                        end(&conn);
+                        return;
+                    }
                     state.lost.extend(lost);
                     state.conn = Some(conn);
                     drop(state);
@@ -406,18 +418,26 @@ impl KeyHolder for Supervisor {
     }
 }
 
-impl Drop for Supervisor {
-    fn drop(&mut self) {
+impl Supervisor {
+    /// Ends the key process for good: no restart follows, and operations
+    /// on its keys fail with "the key process is gone". Idempotent.
+    pub(super) fn stop(&self) {
         self.closed.store(true, Ordering::Release);
-        if let Some(conn) = self.state().conn.take() {
+        let conn = self.state().conn.take();
+        if let Some(conn) = conn {
             // The key process would read end-of-file and exit by itself,
             // but perhaps after this process has gone, and then anything
             // it prints lands on a terminal whose command has finished.
             // It holds nothing that outlives it: end it and reap it now.
-            conn.writer.shutdown();
-            let mut child = conn.child.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = child.kill();
-            let _ = child.wait();
+            end(&conn);
         }
+        // Whoever waits for a restart learns now that none is coming.
+        self.changed.notify_all();
+    }
+}
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        self.stop();
     }
 }

@@ -231,6 +231,11 @@ pub enum SignError {
     /// The engine configuration is unusable.
     #[error("invalid engine configuration: {0}")]
     Config(String),
+    /// An argument a binding passed on is unusable before any work starts
+    /// (a timeout that is not a positive whole number of milliseconds, a
+    /// zero attempt count); the message names it.
+    #[error("{0}")]
+    InvalidArgument(String),
     /// The operating system refused a resource.
     #[error("system resource error ({resource}): {reason}")]
     Io {
@@ -339,7 +344,7 @@ impl SignError {
             ErrorCode::TimedOut => ErrorKind::TimedOut,
             ErrorCode::Cancelled => ErrorKind::Cancelled,
             ErrorCode::ShutDown => ErrorKind::ShutDown,
-            ErrorCode::InvalidRequest | ErrorCode::InvalidConfig => ErrorKind::Invalid,
+            ErrorCode::InvalidRequest | ErrorCode::InvalidConfig | ErrorCode::InvalidArgument => ErrorKind::Invalid,
             _ => ErrorKind::Failed,
         }
     }
@@ -363,6 +368,7 @@ impl SignError {
             SignError::Crypto { .. } => ErrorCode::CryptoFailed,
             SignError::Backend { .. } => ErrorCode::BackendFailed,
             SignError::Config(_) => ErrorCode::InvalidConfig,
+            SignError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             SignError::Io { .. } => ErrorCode::Io,
         }
     }
@@ -414,6 +420,7 @@ mod tests {
             (SignError::Crypto { op: CryptoOp::Sign, reason: "r".into() }, ErrorCode::CryptoFailed),
             (SignError::backend("b", BackendFailure::Died, "r"), ErrorCode::BackendFailed),
             (SignError::Config("c".into()), ErrorCode::InvalidConfig),
+            (SignError::InvalidArgument("a".into()), ErrorCode::InvalidArgument),
             (SignError::io(Resource::Thread, "r"), ErrorCode::Io),
         ];
         for (e, code) in cases {

@@ -1,0 +1,381 @@
+//! An engine that owns where its keys live: [`ManagedEngine`].
+//!
+//! An [`Engine`] runs operations; a [`KeyProcess`] or a [`RemoteSigner`]
+//! holds keys. A program that wants both has to start them together, keep
+//! them alive together, refuse work once it has closed them, and stop the
+//! key process when it is done. That is the same behaviour for every
+//! caller (the C and Node bindings, the OpenSSL provider), so it is here,
+//! once: a [`ManagedConfig`] names the engine's sizes and its
+//! [`Isolation`], and [`ManagedEngine::start`] starts what it names.
+//!
+//! ```no_run
+//! use keyfence::sign::isolated::{IsolatedConfig, KeySource};
+//! use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+//! use keyfence::sign::Algorithm;
+//!
+//! let mut config = ManagedConfig::default();
+//! config.isolation = Isolation::KeyProcess(IsolatedConfig::default());
+//! let engine = ManagedEngine::start(config)?;
+//! let key = engine.load(KeySource::File("/etc/keys/server.pem".into()))?;
+//! let req = ManagedEngine::request(key, "ecdsa-p256-sha256", b"hello".to_vec(), None)?;
+//! let signature = engine.submit(req)?.wait()?;
+//! engine.close(); // the key process is gone now, keys or no keys
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use zeroize::Zeroizing;
+
+use super::completion_queue::CompletionQueue;
+use super::engine::{Engine, EngineConfig};
+use super::isolated::{IsolatedConfig, KeyProcess, KeySource};
+use super::metrics::{EngineMetrics, MetricsSource};
+use super::op_record::{OpHandle, SignFuture};
+use super::private_key::PrivateKey;
+use super::remote::{load_envelope_key, KeyRingError, RemoteConfig, RemoteSigner};
+use super::request::Request;
+use super::types::{Algorithm, KeyError, Output, SignError};
+use crate::wrap::Envelope;
+
+/// Where the keys an engine loads are held.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub enum Isolation {
+    /// In this process's memory.
+    #[default]
+    InProcess,
+    /// In a key process the engine starts, restarts when it dies, and
+    /// stops when it closes: a memory disclosure in this process cannot
+    /// reach the keys (`docs/isolation.md`).
+    KeyProcess(IsolatedConfig),
+    /// On remote key servers (`keyfence serve`) the engine reaches through
+    /// a [`RemoteSigner`] it starts: only envelopes can be loaded, and the
+    /// secret never comes here (`docs/remote.md`).
+    Remote(RemoteConfig),
+}
+
+/// A [`ManagedEngine`]'s settings: the engine's sizes and deadline, and
+/// where its keys live.
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ManagedConfig {
+    /// The executors and the default deadline.
+    pub engine: EngineConfig,
+    /// Where keys loaded through the engine are held.
+    pub isolation: Isolation,
+}
+
+/// Why [`ManagedEngine::load`] gave no key. Messages name the source,
+/// never the secret.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The bytes or the file are not a private key keyfence signs with.
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    /// The key process or the peers refused the key, the source does not
+    /// suit the engine's isolation, or the engine is closed.
+    #[error("{0}")]
+    Refused(#[from] SignError),
+    /// The envelope cannot be opened, or holds no usable key.
+    #[error(transparent)]
+    Envelope(#[from] KeyRingError),
+    /// A key or envelope file cannot be read (the message names it).
+    #[error("{0}")]
+    Io(String),
+}
+
+impl LoadError {
+    /// The stable code bindings map this error to (`docs/errors.md`).
+    pub fn code(&self) -> crate::ErrorCode {
+        match self {
+            LoadError::Key(e) => e.code(),
+            LoadError::Envelope(e) => e.code(),
+            LoadError::Refused(e) => e.code(),
+            LoadError::Io(_) => crate::ErrorCode::Io,
+        }
+    }
+}
+
+/// What a running [`ManagedEngine`] owns.
+struct Parts {
+    engine: Engine,
+    key_process: Option<KeyProcess>,
+    remote: Option<RemoteSigner>,
+}
+
+impl Parts {
+    /// The key an envelope holds: from the peers that may open it, or as
+    /// [`load_envelope_key`] loads it (here, or in the key process).
+    fn open_envelope(
+        &self,
+        store: &std::path::Path,
+        machine_key: &std::path::Path,
+        envelope: &[u8],
+    ) -> Result<Arc<PrivateKey>, LoadError> {
+        match &self.remote {
+            Some(remote) => Ok(remote.key(&Envelope::parse(envelope).map_err(KeyRingError::from)?)?),
+            None => Ok(load_envelope_key(self.key_process.as_ref(), store, machine_key, envelope)?),
+        }
+    }
+}
+
+/// An [`Engine`] together with what holds its keys, started, kept and
+/// stopped as one: the call every binding makes.
+///
+/// Thread-safe. [`ManagedEngine::close`] (or dropping it) shuts the engine
+/// down (queued operations fail with [`SignError::ShutDown`]) and ends its
+/// key process at once, even while key handles from it live on; every
+/// later call fails with [`SignError::ShutDown`].
+pub struct ManagedEngine {
+    parts: RwLock<Option<Parts>>,
+}
+
+impl std::fmt::Debug for ManagedEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagedEngine")
+            .field("closed", &self.is_closed())
+            .field("key_process_pid", &self.key_process_pid())
+            .finish()
+    }
+}
+
+/// A timeout given in milliseconds, checked: a whole number from 1 to
+/// 2^32 - 1 (bindings receive numbers that may be negative, fractional or
+/// huge; none of them is silently wrapped or truncated).
+///
+/// # Errors
+/// [`SignError::InvalidArgument`] naming `name` and the value.
+pub fn millis(ms: f64, name: &str) -> Result<Duration, SignError> {
+    if ms >= 1.0 && ms <= f64::from(u32::MAX) && ms.fract() == 0.0 {
+        Ok(Duration::from_millis(ms as u64))
+    } else {
+        Err(SignError::InvalidArgument(format!(
+            "{name} must be a positive whole number of milliseconds, not {ms}"
+        )))
+    }
+}
+
+/// Sets a remote signer's limits as a binding receives them: the connect
+/// and request timeouts in milliseconds ([`millis`]) and the attempts per
+/// operation, each left as it is when `None`.
+///
+/// # Errors
+/// [`SignError::InvalidArgument`] for a timeout [`millis`] refuses or zero
+/// attempts; `config` is unchanged then.
+pub fn set_remote_limits(
+    config: &mut RemoteConfig,
+    connect_ms: Option<f64>,
+    request_ms: Option<f64>,
+    max_attempts: Option<u32>,
+) -> Result<(), SignError> {
+    let connect = connect_ms.map(|ms| millis(ms, "the connect timeout")).transpose()?;
+    let request = request_ms.map(|ms| millis(ms, "the request timeout")).transpose()?;
+    if max_attempts == Some(0) {
+        return Err(SignError::InvalidArgument("max_attempts must be at least 1".into()));
+    }
+    config.connect_timeout = connect.unwrap_or(config.connect_timeout);
+    config.request_timeout = request.unwrap_or(config.request_timeout);
+    config.max_attempts = max_attempts.unwrap_or(config.max_attempts);
+    Ok(())
+}
+
+impl ManagedEngine {
+    /// Starts the engine's threads, then what its [`Isolation`] names: the
+    /// key process (waiting for its hello) or the remote signer (whose
+    /// figures join the engine's metrics).
+    ///
+    /// # Errors
+    /// [`SignError::Config`] for a bad configuration or no key-process
+    /// program, [`SignError::Io`] if threads or the key process cannot be
+    /// started; nothing is left running then.
+    pub fn start(config: ManagedConfig) -> Result<Self, SignError> {
+        let engine = Engine::new(config.engine)?;
+        let (key_process, remote) = match config.isolation {
+            Isolation::InProcess => (None, None),
+            Isolation::KeyProcess(c) => (Some(KeyProcess::start(c)?), None),
+            Isolation::Remote(c) => {
+                let signer = RemoteSigner::start(c)?;
+                engine.attach_metrics(Arc::new(signer.clone()));
+                (None, Some(signer))
+            }
+        };
+        Ok(ManagedEngine { parts: RwLock::new(Some(Parts { engine, key_process, remote })) })
+    }
+
+    /// Runs `f` on the running parts.
+    fn with<T, E: From<SignError>>(&self, f: impl FnOnce(&Parts) -> Result<T, E>) -> Result<T, E> {
+        match &*self.parts.read().unwrap_or_else(|e| e.into_inner()) {
+            Some(parts) => f(parts),
+            None => Err(SignError::ShutDown.into()),
+        }
+    }
+
+    /// The request bindings build from their arguments: `data` signed with
+    /// `key` by the algorithm named `algorithm` (`"ecdsa-p256-sha256"`,
+    /// ...), within `timeout_ms` ([`millis`]) or the engine's default.
+    ///
+    /// # Errors
+    /// [`SignError::UnknownAlgorithm`], [`SignError::InvalidArgument`] for
+    /// a timeout [`millis`] refuses.
+    pub fn request(
+        key: Arc<PrivateKey>,
+        algorithm: &str,
+        data: Vec<u8>,
+        timeout_ms: Option<f64>,
+    ) -> Result<Request, SignError> {
+        let alg: Algorithm = algorithm.parse()?;
+        let req = Request::sign(key, alg, data);
+        Ok(match timeout_ms {
+            Some(ms) => req.with_timeout(millis(ms, "the timeout")?),
+            None => req,
+        })
+    }
+
+    /// Loads a key where the engine holds keys, and returns its handle.
+    ///
+    /// - In process: key bytes are parsed here, a key file is read here, an
+    ///   envelope is opened here with the machine key.
+    /// - Key process: key bytes are parsed here first, so that a bad key
+    ///   has the same typed error either way, then handed over; files and
+    ///   envelopes are read by the key process, after this process checks
+    ///   an envelope against the machine key's public part only
+    ///   ([`load_envelope_key`]). Every source is loaded again after a
+    ///   restart.
+    /// - Remote: only envelopes; the peers that may open one hold the key.
+    ///
+    /// # Errors
+    /// [`LoadError::Key`] for bytes or a file that are not a usable key,
+    /// [`LoadError::Io`] for a file that cannot be read,
+    /// [`LoadError::Envelope`] for an envelope that cannot be opened
+    /// (as [`load_envelope_key`]), [`LoadError::Refused`] when the key
+    /// process or the peers refuse, for a key file or bytes given to a
+    /// remote engine ([`SignError::InvalidArgument`]), or once the engine
+    /// is closed ([`SignError::ShutDown`]).
+    pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
+        let read = |path: &std::path::Path| {
+            std::fs::read(path).map(Zeroizing::new).map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
+        };
+        self.with(|parts| match (source, &parts.key_process, &parts.remote) {
+            // An envelope is public: read here, its bytes are what the key
+            // process loads again after a restart.
+            (KeySource::Envelope { store, machine_key, envelope }, ..) => {
+                parts.open_envelope(&store, &machine_key, &read(&envelope)?)
+            }
+            (KeySource::EnvelopeBytes { store, machine_key, envelope }, ..) => {
+                parts.open_envelope(&store, &machine_key, &envelope)
+            }
+            (_, _, Some(_)) => Err(SignError::InvalidArgument(
+                "an engine whose keys are on remote key servers loads envelopes only".into(),
+            )
+            .into()),
+            (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
+            (KeySource::File(path), None, None) => Ok(Arc::new(PrivateKey::from_bytes(&read(&path)?)?)),
+            (KeySource::Bytes(bytes), kp, None) => {
+                let local = PrivateKey::from_bytes(&bytes)?;
+                match kp {
+                    Some(kp) => Ok(kp.load(KeySource::Bytes(bytes))?),
+                    None => Ok(Arc::new(local)),
+                }
+            }
+        })
+    }
+
+    /// Submits `req` ([`Engine::submit`]).
+    ///
+    /// # Errors
+    /// As [`Engine::submit`]; [`SignError::ShutDown`] once closed.
+    pub fn submit(&self, req: Request) -> Result<SignFuture, SignError> {
+        self.with(|p| p.engine.submit(req))
+    }
+
+    /// Submits `req` with a callback ([`Engine::submit_with_callback`]).
+    ///
+    /// # Errors
+    /// As [`Engine::submit_with_callback`]; [`SignError::ShutDown`] once
+    /// closed (the callback is then dropped uncalled).
+    pub fn submit_with_callback<F>(&self, req: Request, callback: F) -> Result<OpHandle, SignError>
+    where
+        F: FnOnce(Result<Output, SignError>) + Send + 'static,
+    {
+        self.with(|p| p.engine.submit_with_callback(req, callback))
+    }
+
+    /// Submits `req` to `queue` ([`Engine::submit_to_queue`]).
+    ///
+    /// # Errors
+    /// As [`Engine::submit_to_queue`]; [`SignError::ShutDown`] once closed.
+    pub fn submit_to_queue(&self, req: Request, queue: &CompletionQueue, user_data: u64) -> Result<OpHandle, SignError> {
+        self.with(|p| p.engine.submit_to_queue(req, queue, user_data))
+    }
+
+    /// The engine's metrics ([`Engine::metrics`]), with the remote
+    /// signer's figures when it has one.
+    ///
+    /// # Errors
+    /// [`SignError::ShutDown`] once closed.
+    pub fn metrics(&self) -> Result<EngineMetrics, SignError> {
+        self.with(|p| Ok(p.engine.metrics()))
+    }
+
+    /// Reports `source`'s figures with the engine's metrics from now on
+    /// ([`Engine::attach_metrics`]).
+    ///
+    /// # Errors
+    /// [`SignError::ShutDown`] once closed.
+    pub fn attach_metrics(&self, source: Arc<dyn MetricsSource>) -> Result<(), SignError> {
+        self.with(|p| {
+            p.engine.attach_metrics(source);
+            Ok(())
+        })
+    }
+
+    /// Whether keys loaded through the engine go to a key process (false
+    /// once closed).
+    pub fn has_key_process(&self) -> bool {
+        self.with(|p| Ok::<_, SignError>(p.key_process.is_some())).unwrap_or(false)
+    }
+
+    /// The pid of the engine's key process while one runs.
+    pub fn key_process_pid(&self) -> Option<u32> {
+        self.with(|p| Ok::<_, SignError>(p.key_process.as_ref().and_then(KeyProcess::pid))).ok().flatten()
+    }
+
+    /// The engine's key process, for its status and restart counts.
+    ///
+    /// # Errors
+    /// [`SignError::ShutDown`] once closed.
+    pub fn key_process(&self) -> Result<Option<KeyProcess>, SignError> {
+        self.with(|p| Ok(p.key_process.clone()))
+    }
+
+    /// Whether [`ManagedEngine::close`] has been called.
+    pub fn is_closed(&self) -> bool {
+        self.parts.read().unwrap_or_else(|e| e.into_inner()).is_none()
+    }
+
+    /// Shuts the engine down now: queued operations fail with
+    /// [`SignError::ShutDown`] (running ones finish), the key process is
+    /// ended and reaped before this returns, the remote signer's
+    /// connections close, and every later call fails with
+    /// [`SignError::ShutDown`]. Calling it again does nothing.
+    pub fn close(&self) {
+        let parts = self.parts.write().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(parts) = parts {
+            if let Some(kp) = &parts.key_process {
+                kp.stop();
+            }
+            if let Some(remote) = &parts.remote {
+                remote.disconnect();
+            }
+        }
+    }
+}
+
+impl Drop for ManagedEngine {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
