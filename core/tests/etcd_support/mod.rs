@@ -1,0 +1,216 @@
+//! A three-member etcd cluster on 127.0.0.1 for the tests: ports the OS
+//! hands out, data in a temporary directory, members started as child
+//! processes and killed by pid when the [`Cluster`] is dropped (a test
+//! that panics included). `etcd` comes from Debian's `etcd-server`, which
+//! `./x` installs; a machine without it skips the etcd tests loudly, and
+//! with `KEYFENCE_REQUIRE_ETCD=1` (set by `./x`) fails them instead.
+#![allow(dead_code)]
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keyfence::wrap::{EtcdConfig, EtcdStore, Store};
+
+/// How long a cluster may take to elect its first leader.
+const START_WAIT: Duration = Duration::from_secs(60);
+
+/// The `etcd` binary, or `None` after saying loudly that the etcd tests
+/// are skipped (a panic instead when `KEYFENCE_REQUIRE_ETCD` is set).
+pub fn etcd_binary() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .map(|d| d.join("etcd"))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        if std::env::var_os("KEYFENCE_REQUIRE_ETCD").is_some() {
+            panic!("KEYFENCE_REQUIRE_ETCD is set but no `etcd` is on PATH (apt-get install etcd-server)");
+        }
+        eprintln!("\n*** SKIPPED: no `etcd` on PATH; the etcd store tests did not run (apt-get install etcd-server, or ./x) ***\n");
+    }
+    found
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+/// A running three-member cluster, killed when dropped.
+pub struct Cluster {
+    bin: PathBuf,
+    dir: tempfile::TempDir,
+    members: Vec<Member>,
+    initial: String,
+    token: String,
+}
+
+impl Cluster {
+    /// Starts three members and waits (bounded) until they serve.
+    /// `None` when etcd is not installed (see [`etcd_binary`]).
+    pub fn start() -> Option<Cluster> {
+        let bin = etcd_binary()?;
+        let dir = tempfile::tempdir().unwrap();
+        let members: Vec<Member> =
+            (0..3).map(|i| Member { name: format!("m{i}"), client: free_port(), peer: free_port(), child: None }).collect();
+        let initial = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
+        let token = format!("keyfence-{}-{}", std::process::id(), members[0].client);
+        let mut c = Cluster { bin, dir, members, initial, token };
+        for i in 0..3 {
+            c.spawn(i, "new");
+        }
+        c.wait_ready(START_WAIT);
+        Some(c)
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let m = &self.members[i];
+        let data = self.dir.path().join(&m.name);
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(i)).unwrap();
+        let child = Command::new(&self.bin)
+            .arg("--name").arg(&m.name)
+            .arg("--data-dir").arg(&data)
+            .arg("--listen-client-urls").arg(format!("http://127.0.0.1:{}", m.client))
+            .arg("--advertise-client-urls").arg(format!("http://127.0.0.1:{}", m.client))
+            .arg("--listen-peer-urls").arg(format!("http://127.0.0.1:{}", m.peer))
+            .arg("--initial-advertise-peer-urls").arg(format!("http://127.0.0.1:{}", m.peer))
+            .arg("--initial-cluster").arg(&self.initial)
+            .arg("--initial-cluster-state").arg(state)
+            .arg("--initial-cluster-token").arg(&self.token)
+            // Fast elections on loopback: a killed leader is replaced in
+            // about a second, not ten.
+            .arg("--heartbeat-interval").arg("50")
+            .arg("--election-timeout").arg("500")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", self.bin.display()));
+        self.members[i].child = Some(child);
+    }
+
+    fn log(&self, i: usize) -> PathBuf {
+        self.dir.path().join(format!("{}.log", self.members[i].name))
+    }
+
+    /// The last lines of every member's log, for a failure message.
+    pub fn logs(&self) -> String {
+        (0..3)
+            .map(|i| {
+                let text = std::fs::read_to_string(self.log(i)).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!("--- {} ---\n{}", self.members[i].name, tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Every member's `127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(|m| format!("127.0.0.1:{}", m.client)).collect()
+    }
+
+    /// The store name of this cluster with `prefix`.
+    pub fn name(&self, prefix: &str) -> String {
+        format!("etcd://{}/{prefix}", self.endpoints().join(","))
+    }
+
+    /// A store on this cluster under `prefix`.
+    pub fn store(&self, prefix: &str) -> Arc<dyn Store> {
+        Arc::new(EtcdStore::open(EtcdConfig::new(self.endpoints(), prefix)).unwrap())
+    }
+
+    fn member_store(&self, i: usize, retry: Duration) -> EtcdStore {
+        let mut c = EtcdConfig::new(vec![format!("127.0.0.1:{}", self.members[i].client)], "health");
+        c.retry_for = retry;
+        c.request_timeout = Duration::from_secs(2);
+        EtcdStore::open(c).unwrap()
+    }
+
+    /// Waits until every running member answers a linearizable read
+    /// (which needs a leader).
+    pub fn wait_ready(&mut self, wait: Duration) {
+        let start = Instant::now();
+        for i in 0..3 {
+            if self.members[i].child.is_none() {
+                continue;
+            }
+            loop {
+                if let Some(status) = self.members[i].child.as_mut().unwrap().try_wait().unwrap() {
+                    panic!("etcd member {i} exited ({status}) while starting\n{}", self.logs());
+                }
+                if self.member_store(i, Duration::ZERO).get("probe").is_ok() {
+                    break;
+                }
+                assert!(start.elapsed() < wait, "etcd cluster not ready after {wait:?}\n{}", self.logs());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+
+    /// The index of the current leader, asked of the members in turn.
+    pub fn leader(&self) -> usize {
+        let start = Instant::now();
+        loop {
+            for (i, m) in self.members.iter().enumerate() {
+                if m.child.is_none() {
+                    continue;
+                }
+                if let Some(v) = status(m.client) {
+                    let me = v.pointer("/header/member_id").cloned();
+                    if me.is_some() && v.get("leader").cloned() == me {
+                        return i;
+                    }
+                }
+            }
+            assert!(start.elapsed() < START_WAIT, "no leader\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILLs member `i` (by its pid) and reaps it.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data directory.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.members[i].child.is_none());
+        self.spawn(i, "existing");
+    }
+
+    /// Where the members keep their data and logs.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// `POST /v3/maintenance/status` on one member: its id and the leader's.
+fn status(port: u16) -> Option<serde_json::Value> {
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(1)))
+        .build()
+        .new_agent();
+    let mut r = agent.post(format!("http://127.0.0.1:{port}/v3/maintenance/status")).send("{}").ok()?;
+    serde_json::from_slice(&r.body_mut().read_to_vec().ok()?).ok()
+}

@@ -1,0 +1,170 @@
+//! The etcd store against a real three-member cluster on loopback
+//! (`etcd_support`): the `Store` contract, paging, the request limit, two
+//! authorities racing, and a leader killed in the middle of wrapping.
+
+mod etcd_support;
+
+use std::time::Duration;
+
+use keyfence::policy::Attributes;
+use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, StoreError, WrapError, ETCD_MAX_REQUEST};
+use keyfence::ErrorCode;
+
+use etcd_support::Cluster;
+
+#[test]
+fn the_store_contract_holds_on_etcd_with_paged_listing_and_the_request_limit() {
+    let Some(cluster) = Cluster::start() else { return };
+    let s = cluster.store("contract");
+    let other = cluster.store("contract-other");
+    assert_eq!(s.get("public/x").unwrap(), None);
+    s.put("public/x", b"1").unwrap();
+    s.put("public/x", b"").unwrap();
+    assert_eq!(s.get("public/x").unwrap().as_deref(), Some(&b""[..]), "an empty value is a value");
+    assert_eq!(other.get("public/x").unwrap(), None, "prefixes do not see each other");
+    s.delete("public/x").unwrap();
+    s.delete("public/x").unwrap();
+    assert_eq!(s.get("public/x").unwrap(), None);
+    assert!(matches!(s.put("../x", b""), Err(StoreError::InvalidKey(_))));
+
+    // More than two pages (1,000 keys each), written in commits of 100.
+    let n = 2_345;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        let mut b = Batch::default();
+        for i in chunk {
+            b.push(Op::Put(format!("envelopes/{i:05}"), vec![1]));
+        }
+        s.commit(&b).unwrap();
+    }
+    s.put("envelopesX", b"outside the prefix's folder").unwrap();
+    let listed = s.list("envelopes/").unwrap();
+    assert_eq!(listed, (0..n).map(|i| format!("envelopes/{i:05}")).collect::<Vec<_>>());
+    assert!(other.list("envelopes/").unwrap().is_empty());
+
+    // Just under the limit is written whole; over it is refused before
+    // anything is sent, and nothing is there afterwards.
+    let key = "sealed/big";
+    let fits = vec![7u8; ETCD_MAX_REQUEST - "contract/".len() - key.len()];
+    s.put(key, &fits).unwrap();
+    assert_eq!(s.get(key).unwrap().unwrap(), fits);
+    let err = s.put("sealed/bigger", &vec![7u8; 1536 * 1024]).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LimitExceeded, "{err}");
+    assert_eq!(s.get("sealed/bigger").unwrap(), None);
+
+    // A commit expecting a stale revision writes nothing.
+    let (_, stamp) = s.get_stamped("sealed/big").unwrap().unwrap();
+    s.put("sealed/big", b"changed").unwrap();
+    let stale = Batch { expect: vec![("sealed/big".into(), Some(stamp))], ops: vec![Op::Put("public/y".into(), b"y".to_vec())] };
+    let err = s.commit(&stale).unwrap_err();
+    assert!(matches!(&err, StoreError::Conflict { key } if key == "sealed/big"), "{err}");
+    assert_eq!(err.code(), ErrorCode::StoreConflict);
+    assert_eq!(s.get("public/y").unwrap(), None);
+}
+
+#[test]
+fn the_store_name_opens_an_etcd_store() {
+    let Some(cluster) = Cluster::start() else { return };
+    let s = keyfence::wrap::open_store(&cluster.name("named/prefix")).unwrap();
+    s.put("public/x", b"1").unwrap();
+    assert_eq!(cluster.store("named/prefix").get("public/x").unwrap().as_deref(), Some(&b"1"[..]));
+}
+
+/// Two authorities (two handles, as two processes would have) on one
+/// cluster rotate from the same state: exactly one commits, the other is
+/// told STORE_CONFLICT with nothing of it written, and its re-run succeeds.
+#[test]
+fn two_authorities_racing_a_rotation_one_commits_and_the_other_re_runs() {
+    let Some(cluster) = Cluster::start() else { return };
+    let store = cluster.store("race");
+    let mut a = Authority::init(store.clone()).unwrap();
+    let env = a.wrap("region: EU", b"secret").unwrap();
+    let mut b = Authority::open(cluster.store("race")).unwrap();
+    let before = store.list("sealed/").unwrap();
+
+    // Both read the committed state first (a wrap with a known policy
+    // writes only an envelope), then race.
+    a.wrap("region: EU", b"a").unwrap();
+    b.wrap("region: EU", b"b").unwrap();
+    let barrier = std::sync::Barrier::new(2);
+    let (ra, rb) = std::thread::scope(|t| {
+        let ha = t.spawn(|| {
+            barrier.wait();
+            a.rotate_master()
+        });
+        let hb = t.spawn(|| {
+            barrier.wait();
+            b.rotate_master()
+        });
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    let (won, mut loser, err) = match (ra, rb) {
+        (Ok(r), Err(e)) => (r, b, e),
+        (Err(e), Ok(r)) => (r, a, e),
+        (ra, rb) => panic!("exactly one rotation must commit: {ra:?} / {rb:?}"),
+    };
+    assert!(matches!(err, WrapError::Store(StoreError::Conflict { .. })), "{err}");
+    assert_eq!(err.code(), ErrorCode::StoreConflict);
+    assert_eq!(won.new_generation, 2);
+    // Nothing of the loser's rotation is there: one copy per generation.
+    let sealed = store.list("sealed/").unwrap();
+    assert_eq!(sealed.len(), before.len() * 2, "{sealed:?}");
+    let again = loser.rotate_master().unwrap();
+    assert_eq!(again.new_generation, 3);
+
+    let m = Machine::new(loser.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+    assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"secret");
+}
+
+/// The leader is SIGKILLed in the middle of a loop of wraps and rotations:
+/// every call either returns an envelope or fails, every envelope handed
+/// out opens afterwards (also after the member is back), and the calls
+/// that failed succeed when run again.
+#[test]
+fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    let store = cluster.store("kill");
+    let mut a = Authority::init(store.clone()).unwrap();
+    let mut handed = Vec::new();
+    let mut failed = 0;
+    let (ops, kill_at) = (60, 20);
+    let mut killed = None;
+    for i in 0..ops {
+        if i == kill_at {
+            let l = cluster.leader();
+            cluster.kill(l);
+            killed = Some(l);
+        }
+        let secret = format!("secret {i}").into_bytes();
+        let policy = if i % 2 == 0 { "region: EU" } else { "region: NA" };
+        let r = if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
+        match r {
+            Ok(Some(env)) => handed.push((env, secret, i % 2 == 0)),
+            Ok(None) => {}
+            Err(e) => {
+                failed += 1;
+                // Run again: it succeeds once a new leader is elected.
+                let again = if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
+                match again.unwrap_or_else(|e2| panic!("op {i} failed ({e}) and again ({e2})\n{}", cluster.logs())) {
+                    Some(env) => handed.push((env, secret, i % 2 == 0)),
+                    None => {}
+                }
+            }
+        }
+    }
+    let killed = killed.unwrap();
+    eprintln!("{ops} operations, 1 leader kill, {failed} failed and re-ran, {} envelopes handed out", handed.len());
+    let check = |what: &str| {
+        let a = Authority::open(store.clone()).unwrap();
+        let key = a.issue(&"region=EU,country=DE".parse::<Attributes>().unwrap()).unwrap();
+        let eu = Machine::new(key, store.clone(), CacheConfig::default());
+        let na = Machine::new(a.issue(&"region=NA".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+        for (env, secret, in_eu) in &handed {
+            let m = if *in_eu { &eu } else { &na };
+            assert_eq!(&m.open(env.to_bytes()).unwrap_or_else(|e| panic!("{what}: {e}"))[..], &secret[..], "{what}");
+        }
+    };
+    check("with a member down");
+    cluster.restart(killed);
+    cluster.wait_ready(Duration::from_secs(60));
+    check("after the member is back");
+}
