@@ -399,12 +399,11 @@ impl Authority {
                     && self.live().any(|g| g.number == s.generation)
             })
         };
-        let mut removed = 0;
-        for name in self.store.list(layout::SEALED)? {
-            if !wanted(&name) {
-                self.delete(&name);
-                removed += 1;
-            }
+        let unwanted: Vec<String> = self.store.list(layout::SEALED)?.into_iter().filter(|n| !wanted(n)).collect();
+        let removed = unwanted.len();
+        for name in unwanted {
+            self.delete(&name);
+            self.flush_if_large()?;
         }
         // Re-publish in case an interruption came between the two writes.
         self.commit()?;
@@ -542,6 +541,9 @@ impl Authority {
         }
         self.generations.push(new);
         self.commit()?;
+        // The new generation and its copies in one commit; the retired
+        // copies are deleted after it, in commits of their own.
+        self.flush()?;
         self.collect_garbage()?;
         Ok(MasterRotation { new_generation: number, resealed: self.keys.len(), retired })
     }
