@@ -7,7 +7,7 @@ mod etcd_support;
 use std::time::Duration;
 
 use keyfence::policy::Attributes;
-use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, StoreError, WrapError, ETCD_MAX_REQUEST};
+use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, Store, StoreError, WrapError, ETCD_MAX_REQUEST};
 use keyfence::ErrorCode;
 
 use etcd_support::Cluster;
@@ -167,4 +167,33 @@ fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
     cluster.restart(killed);
     cluster.wait_ready(Duration::from_secs(60));
     check("after the member is back");
+}
+
+/// A cluster that requires TLS and client certificates: the store name's
+/// `cacert`, `cert` and `key` options reach it; without the client
+/// certificate, or without TLS, nothing is read or written.
+#[test]
+fn tls_with_a_client_certificate_is_spoken_and_required() {
+    let Some(cluster) = Cluster::start_tls() else { return };
+    let name = cluster.name("tls");
+    let s = keyfence::wrap::open_store(&name).unwrap();
+    let mut a = Authority::init(s.clone()).unwrap();
+    let env = a.wrap("region: EU", b"over TLS").unwrap();
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), s.clone(), CacheConfig::default());
+    assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"over TLS");
+
+    let pki = cluster.pki().unwrap();
+    let quick = |mut c: keyfence::wrap::EtcdConfig| {
+        c.retry_for = Duration::ZERO;
+        keyfence::wrap::EtcdStore::open(c).unwrap()
+    };
+    let no_client_cert = keyfence::wrap::EtcdConfig { client_pem: None, ..cluster.config("tls") };
+    let plain = keyfence::wrap::EtcdConfig { ca_pem: None, client_pem: None, ..cluster.config("tls") };
+    // Another CA: the members' certificate is not trusted.
+    let mut other_ca = cluster.config("tls");
+    other_ca.ca_pem = Some(std::fs::read(pki.join("client.pem")).unwrap());
+    for (what, c) in [("no client certificate", no_client_cert), ("plain HTTP", plain), ("another CA", other_ca)] {
+        let err = quick(c).get("public/generations").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::StoreIo, "{what}: {err}");
+    }
 }

@@ -58,19 +58,61 @@ pub struct Cluster {
     members: Vec<Member>,
     initial: String,
     token: String,
+    /// With TLS on the client port: the directory of `ca.pem`,
+    /// `server.{pem,key}` and `client.{pem,key}` (made with `openssl`).
+    tls: Option<PathBuf>,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// A throwaway CA and, signed by it, `server` (for 127.0.0.1) and `client`
+/// certificates with their keys, in `dir`. The server's is for client
+/// authentication too: etcd's JSON gateway dials the member's own gRPC
+/// port with it.
+fn make_pki(dir: &Path) {
+    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
+    openssl(dir, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=etcd test CA", "-days", "2", "-sha256", "-out", "ca.pem"]);
+    for (name, ext) in [("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"), ("client", "extendedKeyUsage=clientAuth")] {
+        openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &format!("{name}.key")]);
+        openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
+        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
+        openssl(dir, &[
+            "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+            "-days", "2", "-sha256", "-extfile", &format!("{name}.ext"), "-out", &format!("{name}.pem"),
+        ]);
+    }
 }
 
 impl Cluster {
     /// Starts three members and waits (bounded) until they serve.
     /// `None` when etcd is not installed (see [`etcd_binary`]).
     pub fn start() -> Option<Cluster> {
+        Self::start_with(false)
+    }
+
+    /// Like [`Cluster::start`], with TLS and client certificates required
+    /// on the client port (`--client-cert-auth`).
+    pub fn start_tls() -> Option<Cluster> {
+        Self::start_with(true)
+    }
+
+    fn start_with(tls: bool) -> Option<Cluster> {
         let bin = etcd_binary()?;
         let dir = tempfile::tempdir().unwrap();
         let members: Vec<Member> =
             (0..3).map(|i| Member { name: format!("m{i}"), client: free_port(), peer: free_port(), child: None }).collect();
         let initial = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
         let token = format!("keyfence-{}-{}", std::process::id(), members[0].client);
-        let mut c = Cluster { bin, dir, members, initial, token };
+        let tls = tls.then(|| {
+            let p = dir.path().join("pki");
+            std::fs::create_dir(&p).unwrap();
+            make_pki(&p);
+            p
+        });
+        let mut c = Cluster { bin, dir, members, initial, token, tls };
         for i in 0..3 {
             c.spawn(i, "new");
         }
@@ -82,11 +124,19 @@ impl Cluster {
         let m = &self.members[i];
         let data = self.dir.path().join(&m.name);
         let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log(i)).unwrap();
-        let child = Command::new(&self.bin)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let mut cmd = Command::new(&self.bin);
+        if let Some(p) = &self.tls {
+            cmd.arg("--cert-file").arg(p.join("server.pem"))
+                .arg("--key-file").arg(p.join("server.key"))
+                .arg("--trusted-ca-file").arg(p.join("ca.pem"))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .arg("--name").arg(&m.name)
             .arg("--data-dir").arg(&data)
-            .arg("--listen-client-urls").arg(format!("http://127.0.0.1:{}", m.client))
-            .arg("--advertise-client-urls").arg(format!("http://127.0.0.1:{}", m.client))
+            .arg("--listen-client-urls").arg(format!("{scheme}://127.0.0.1:{}", m.client))
+            .arg("--advertise-client-urls").arg(format!("{scheme}://127.0.0.1:{}", m.client))
             .arg("--listen-peer-urls").arg(format!("http://127.0.0.1:{}", m.peer))
             .arg("--initial-advertise-peer-urls").arg(format!("http://127.0.0.1:{}", m.peer))
             .arg("--initial-cluster").arg(&self.initial)
@@ -125,18 +175,42 @@ impl Cluster {
         self.members.iter().map(|m| format!("127.0.0.1:{}", m.client)).collect()
     }
 
-    /// The store name of this cluster with `prefix`.
+    /// The store name of this cluster with `prefix` (and, with TLS, the
+    /// CA and client certificate options).
     pub fn name(&self, prefix: &str) -> String {
-        format!("etcd://{}/{prefix}", self.endpoints().join(","))
+        let tls = self.tls.as_ref().map_or(String::new(), |p| {
+            let f = |n: &str| p.join(n).display().to_string();
+            format!("?cacert={}&cert={}&key={}", f("ca.pem"), f("client.pem"), f("client.key"))
+        });
+        format!("etcd://{}/{prefix}{tls}", self.endpoints().join(","))
+    }
+
+    /// The configuration of a store on this cluster under `prefix`.
+    pub fn config(&self, prefix: &str) -> EtcdConfig {
+        self.config_of(self.endpoints(), prefix)
+    }
+
+    fn config_of(&self, endpoints: Vec<String>, prefix: &str) -> EtcdConfig {
+        let mut c = EtcdConfig::new(endpoints, prefix);
+        if let Some(p) = &self.tls {
+            c.ca_pem = Some(std::fs::read(p.join("ca.pem")).unwrap());
+            c.client_pem = Some((std::fs::read(p.join("client.pem")).unwrap(), std::fs::read(p.join("client.key")).unwrap().into()));
+        }
+        c
+    }
+
+    /// The directory of the TLS files, when the cluster uses TLS.
+    pub fn pki(&self) -> Option<&Path> {
+        self.tls.as_deref()
     }
 
     /// A store on this cluster under `prefix`.
     pub fn store(&self, prefix: &str) -> Arc<dyn Store> {
-        Arc::new(EtcdStore::open(EtcdConfig::new(self.endpoints(), prefix)).unwrap())
+        Arc::new(EtcdStore::open(self.config(prefix)).unwrap())
     }
 
     fn member_store(&self, i: usize, retry: Duration) -> EtcdStore {
-        let mut c = EtcdConfig::new(vec![format!("127.0.0.1:{}", self.members[i].client)], "health");
+        let mut c = self.config_of(vec![format!("127.0.0.1:{}", self.members[i].client)], "health");
         c.retry_for = retry;
         c.request_timeout = Duration::from_secs(2);
         EtcdStore::open(c).unwrap()
@@ -163,8 +237,10 @@ impl Cluster {
         }
     }
 
-    /// The index of the current leader, asked of the members in turn.
+    /// The index of the current leader, asked of the members in turn
+    /// (a cluster without TLS).
     pub fn leader(&self) -> usize {
+        assert!(self.tls.is_none(), "leader() speaks plain HTTP");
         let start = Instant::now();
         loop {
             for (i, m) in self.members.iter().enumerate() {
