@@ -37,3 +37,64 @@ fn the_commands_work_on_an_etcd_store() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("HOST:PORT"), "{}", stderr(&o));
 }
+
+/// The commands of `docs/wrapping.md`'s "Running on etcd" block, with the
+/// block's `$S` and endpoint replaced by this test's cluster.
+fn documented_etcd_commands(store: &str, endpoint: &str) -> Vec<Vec<String>> {
+    let doc = include_str!("../../../docs/wrapping.md");
+    let block = doc.split("A three-member cluster on one machine, and the commands on it:").nth(1).expect("the etcd section");
+    let block = block.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its sh block");
+    block
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("keyfence ") || l.starts_with("etcdctl "))
+        .map(|l| {
+            let l = l.replace("$S", store).replace("127.0.0.1:20379", endpoint);
+            let mut args = Vec::new();
+            let mut rest = l.as_str();
+            while !rest.is_empty() {
+                rest = rest.trim_start();
+                let (arg, after) = match rest.strip_prefix('\'') {
+                    Some(q) => q.split_once('\'').expect("closing quote"),
+                    None => rest.split_once(' ').unwrap_or((rest, "")),
+                };
+                args.push(arg.to_owned());
+                rest = after;
+            }
+            args
+        })
+        .collect()
+}
+
+#[test]
+fn the_documented_etcd_commands_work_as_listed() {
+    let Some(cluster) = etcd_support::Cluster::start() else { return };
+    let d = Dir::new("etcd-documented");
+    std::fs::write(d.p("key.pem"), b"-----BEGIN PRIVATE KEY-----\nBBBB\n-----END PRIVATE KEY-----\n").unwrap();
+    let store = cluster.name("keyfence/prod");
+    let commands = documented_etcd_commands(&store, &cluster.endpoints()[0]);
+    assert_eq!(commands.iter().filter(|c| c[0] == "keyfence").count(), 4, "{commands:?}");
+    let mut etcdctl_listing = None;
+    for c in &commands {
+        let (prog, args) = c.split_first().unwrap();
+        let prog = if prog == "keyfence" { env!("CARGO_BIN_EXE_keyfence").to_owned() } else { prog.clone() };
+        if prog == "etcdctl" && std::process::Command::new("etcdctl").arg("version").output().is_err() {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "*** SKIPPED: no etcdctl (etcd-client) on PATH: the listing was not checked ***");
+            continue;
+        }
+        let o = std::process::Command::new(&prog).args(args).current_dir(&d.0).output().unwrap();
+        assert!(o.status.success(), "{c:?}: {}", String::from_utf8_lossy(&o.stderr));
+        if prog == "etcdctl" {
+            etcdctl_listing = Some(String::from_utf8_lossy(&o.stdout).into_owned());
+        }
+    }
+    assert_eq!(std::fs::read(d.p("opened.pem")).unwrap(), std::fs::read(d.p("key.pem")).unwrap());
+    eprintln!("etcdctl listed: {etcdctl_listing:?}");
+    if let Some(listing) = etcdctl_listing {
+        for key in ["keyfence/prod/authority/state", "keyfence/prod/public/generations"] {
+            assert!(listing.lines().any(|l| l == key), "{key} not in {listing}");
+        }
+        assert!(listing.contains("keyfence/prod/envelopes/") && listing.contains("keyfence/prod/sealed/"), "{listing}");
+    }
+}
