@@ -4,6 +4,8 @@
 
 mod etcd_support;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use keyfence::policy::Attributes;
@@ -69,6 +71,42 @@ fn the_store_name_opens_an_etcd_store() {
     assert_eq!(cluster.store("named/prefix").get("public/x").unwrap().as_deref(), Some(&b"1"[..]));
 }
 
+/// A store that holds the first two commits made through it until both
+/// have arrived: two authorities on it have both read the state before
+/// either commits, whatever the scheduling.
+struct Gate {
+    inner: Arc<dyn Store>,
+    arrived: AtomicUsize,
+    both: Barrier,
+}
+
+impl Store for Gate {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, keyfence::wrap::Stamp)>, StoreError> {
+        self.inner.get_stamped(key)
+    }
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, value)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.list(prefix)
+    }
+    fn lock(&self, wait: Duration) -> Result<keyfence::wrap::StoreLock, StoreError> {
+        self.inner.lock(wait)
+    }
+    fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        if self.arrived.fetch_add(1, Ordering::SeqCst) < 2 {
+            self.both.wait();
+        }
+        self.inner.commit(batch)
+    }
+}
+
 /// Two authorities (two handles, as two processes would have) on one
 /// cluster rotate from the same state: exactly one commits, the other is
 /// told STORE_CONFLICT with nothing of it written, and its re-run succeeds.
@@ -78,14 +116,11 @@ fn two_authorities_racing_a_rotation_one_commits_and_the_other_re_runs() {
     let store = cluster.store("race");
     let mut a = Authority::init(store.clone()).unwrap();
     let env = a.wrap("region: EU", b"secret").unwrap();
-    let mut b = Authority::open(cluster.store("race")).unwrap();
+    let gate: Arc<dyn Store> = Arc::new(Gate { inner: cluster.store("race"), arrived: AtomicUsize::new(0), both: Barrier::new(2) });
+    let mut a = Authority::open(gate.clone()).unwrap();
+    let mut b = Authority::open(gate).unwrap();
     let before = store.list("sealed/").unwrap();
-
-    // Both read the committed state first (a wrap with a known policy
-    // writes only an envelope), then race.
-    a.wrap("region: EU", b"a").unwrap();
-    b.wrap("region: EU", b"b").unwrap();
-    let barrier = std::sync::Barrier::new(2);
+    let barrier = Barrier::new(2);
     let (ra, rb) = std::thread::scope(|t| {
         let ha = t.spawn(|| {
             barrier.wait();
