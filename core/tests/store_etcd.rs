@@ -232,3 +232,37 @@ fn tls_with_a_client_certificate_is_spoken_and_required() {
         assert_eq!(err.code(), ErrorCode::StoreIo, "{what}: {err}");
     }
 }
+
+/// A member stopped (SIGSTOP) for a while, then the whole cluster killed
+/// and restarted: wraps and rotations go on through the stop, and every
+/// envelope handed out opens after the restart.
+#[test]
+fn a_stopped_member_and_a_whole_cluster_restart_lose_nothing() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    let store = cluster.store("restart");
+    let mut a = Authority::init(store.clone()).unwrap();
+    let mut handed = Vec::new();
+    let stopped = cluster.leader();
+    cluster.signal(stopped, "STOP");
+    for i in 0..20 {
+        if i == 10 {
+            a.rotate_master().unwrap();
+        }
+        let secret = format!("secret {i}").into_bytes();
+        handed.push((a.wrap("region: EU", &secret).unwrap(), secret));
+    }
+    cluster.signal(stopped, "CONT");
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    cluster.wait_ready(Duration::from_secs(60));
+    let a = Authority::open(store.clone()).unwrap();
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+    for (env, secret) in &handed {
+        assert_eq!(&m.open(env.to_bytes()).unwrap()[..], &secret[..]);
+    }
+    assert_eq!(store.list("envelopes/").unwrap().len(), 20);
+}

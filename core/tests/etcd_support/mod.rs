@@ -267,6 +267,13 @@ impl Cluster {
         }
     }
 
+    /// Sends `signal` (`STOP`, `CONT`) to member `i` by its pid.
+    pub fn signal(&self, i: usize, signal: &str) {
+        let pid = self.members[i].child.as_ref().expect("a running member").id();
+        let ok = Command::new("kill").arg(format!("-{signal}")).arg(pid.to_string()).status().unwrap().success();
+        assert!(ok, "kill -{signal} {pid}");
+    }
+
     /// Starts member `i` again on its data directory.
     pub fn restart(&mut self, i: usize) {
         assert!(self.members[i].child.is_none());
@@ -282,6 +289,7 @@ impl Cluster {
 impl Drop for Cluster {
     fn drop(&mut self) {
         for i in 0..self.members.len() {
+            // A stopped member dies of SIGKILL all the same.
             self.kill(i);
         }
     }
