@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use keyfence::policy::Attributes;
-use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, Store, StoreError, WrapError, ETCD_MAX_REQUEST};
+use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, Store, StoreError, WatchEvent, WrapError, ETCD_MAX_REQUEST};
 use keyfence::ErrorCode;
 
 use etcd_support::Cluster;
@@ -265,4 +265,84 @@ fn a_stopped_member_and_a_whole_cluster_restart_lose_nothing() {
         assert_eq!(&m.open(env.to_bytes()).unwrap()[..], &secret[..]);
     }
     assert_eq!(store.list("envelopes/").unwrap().len(), 20);
+}
+
+/// Every event of the watched prefix, until `n` puts have been seen (or
+/// 60 s have passed).
+fn collect(w: &keyfence::wrap::Watch, n: usize) -> Vec<WatchEvent> {
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.iter().filter(|e| matches!(e, WatchEvent::Put { .. })).count() < n && start.elapsed() < Duration::from_secs(60) {
+        if let Some(e) = w.next_timeout(Duration::from_millis(200)) {
+            seen.push(e);
+        }
+    }
+    seen
+}
+
+/// A watch from a revision sees every change after it, once and in order:
+/// the objects of one transaction, deletions, and, across the SIGKILL of
+/// the member it is connected to, the changes made while it reconnects.
+/// After a compaction it says so, and goes on.
+#[test]
+fn a_watcher_misses_no_event_across_a_member_kill() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    let mut config = cluster.config("watched");
+    config.watch_idle = Duration::from_secs(2);
+    let s = keyfence::wrap::EtcdStore::open(config).unwrap();
+    s.put("public/before", b"not seen").unwrap();
+    let from = s.revision().unwrap();
+    // The watch connects to the first endpoint, member 0.
+    let w = s.watch("public/", from).unwrap();
+    let mut b = Batch::default();
+    b.push(Op::Put("public/t1".into(), b"1".to_vec()));
+    b.push(Op::Put("public/t2".into(), b"2".to_vec()));
+    s.commit(&b).unwrap();
+    s.delete("public/t1").unwrap();
+    s.put("sealed/elsewhere", b"outside the prefix").unwrap();
+    for i in 0..20 {
+        if i == 10 {
+            cluster.kill(0);
+        }
+        s.put(&format!("public/k{i:02}"), b"x").unwrap();
+    }
+    let seen = collect(&w, 22);
+    let keys: Vec<String> = seen
+        .iter()
+        .map(|e| match e {
+            WatchEvent::Put { key, .. } => format!("put {key}"),
+            WatchEvent::Delete { key, .. } => format!("delete {key}"),
+            WatchEvent::Compacted { revision } => format!("compacted {revision}"),
+        })
+        .collect();
+    let mut want = vec!["put public/t1".to_owned(), "put public/t2".into(), "delete public/t1".into()];
+    want.extend((0..20).map(|i| format!("put public/k{i:02}")));
+    assert_eq!(keys, want);
+    let revs: Vec<i64> = seen.iter().map(WatchEvent::revision).collect();
+    assert!(revs.windows(2).all(|p| p[0] <= p[1]) && revs[0] > from, "{revs:?}");
+    assert!(w.next_timeout(Duration::from_millis(300)).is_none(), "nothing more");
+
+    // A watch from a compacted revision is told so, then sees what follows.
+    let now = s.revision().unwrap();
+    compact(&cluster, now);
+    let w = s.watch("public/", from).unwrap();
+    match w.next_timeout(Duration::from_secs(30)) {
+        Some(WatchEvent::Compacted { revision }) => assert_eq!(revision, now),
+        other => panic!("expected the compaction, got {other:?}"),
+    }
+    s.put("public/after", b"y").unwrap();
+    let rest = collect(&w, 1);
+    assert!(matches!(&rest[..], [WatchEvent::Put { key, revision }] if key == "public/after" && *revision > now), "{rest:?}");
+}
+
+/// Compacts the cluster's history up to `revision` (through a live member).
+fn compact(cluster: &Cluster, revision: i64) {
+    for e in cluster.endpoints() {
+        let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().new_agent();
+        let body = format!("{{\"revision\":\"{revision}\",\"physical\":true}}");
+        if agent.post(format!("http://{e}/v3/kv/compaction")).send(body.as_str()).is_ok() {
+            return;
+        }
+    }
+    panic!("no member compacted");
 }

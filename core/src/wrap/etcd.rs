@@ -17,7 +17,9 @@
 //! member without a leader during an election) is retried on the next
 //! until [`EtcdConfig::retry_for`] has passed.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -54,6 +56,10 @@ pub struct EtcdConfig {
     /// How long a call keeps retrying on other endpoints (a member down, a
     /// leader election) before it fails.
     pub retry_for: Duration,
+    /// How long a watch waits in silence before it reconnects (from the
+    /// revision it has reached, so nothing is missed) and checks whether
+    /// its [`Watch`] was dropped.
+    pub watch_idle: Duration,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -78,11 +84,13 @@ impl EtcdConfig {
             client_pem: None,
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(30),
+            watch_idle: Duration::from_secs(10),
         }
     }
 }
 
 /// A [`Store`] on an etcd v3 cluster (see the module documentation).
+#[derive(Clone)]
 pub struct EtcdStore {
     agent: ureq::Agent,
     /// `http://HOST:PORT` or `https://HOST:PORT`.
@@ -90,8 +98,10 @@ pub struct EtcdStore {
     /// `{prefix}/`.
     prefix: String,
     /// The endpoint that answered last, tried first.
-    next: AtomicUsize,
+    next: Arc<AtomicUsize>,
     retry_for: Duration,
+    /// For watches: no overall timeout, `watch_idle` per read.
+    watch_agent: ureq::Agent,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -156,6 +166,11 @@ impl EtcdStore {
             .http_status_as_error(false)
             .timeout_global(Some(config.request_timeout))
             .max_redirects(0);
+        let mut watch_builder = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(config.request_timeout))
+            .timeout_per_read(Some(config.watch_idle))
+            .max_redirects(0);
         if let Some(ca) = &config.ca_pem {
             use ureq::tls::{parse_pem, ClientCert, PemItem, RootCerts, TlsConfig};
             let mut roots = Vec::new();
@@ -187,7 +202,9 @@ impl EtcdStore {
                 }
                 tls = tls.client_cert(Some(ClientCert::new_with_certs(&certs, key)));
             }
-            builder = builder.tls_config(tls.build());
+            let tls = tls.build();
+            watch_builder = watch_builder.tls_config(tls.clone());
+            builder = builder.tls_config(tls);
         } else if config.client_pem.is_some() {
             return Err(bad("a client certificate needs TLS: give the CA certificate too".into()));
         }
@@ -195,8 +212,9 @@ impl EtcdStore {
             agent: builder.build().new_agent(),
             urls: config.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
             prefix: format!("{prefix}/"),
-            next: AtomicUsize::new(0),
+            next: Arc::new(AtomicUsize::new(0)),
             retry_for: config.retry_for,
+            watch_agent: watch_builder.build().new_agent(),
         })
     }
 
@@ -272,6 +290,197 @@ impl EtcdStore {
             return Err(StoreError::TooLarge { key: key.to_owned(), what: "bytes", len, max: MAX_REQUEST });
         }
         Ok(())
+    }
+}
+
+/// A change to an object under a watched prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The object was created or replaced at `revision`.
+    Put {
+        /// The object's name (without the store's prefix).
+        key: String,
+        /// The revision of the change.
+        revision: i64,
+    },
+    /// The object was deleted at `revision`.
+    Delete {
+        /// The object's name.
+        key: String,
+        /// The revision of the change.
+        revision: i64,
+    },
+    /// etcd compacted away the revisions the watch was to resume from: the
+    /// changes in between are lost to it, so the watcher must read the
+    /// prefix again in full. The watch goes on with the changes after
+    /// `revision`, the cluster's revision when it learnt of the compaction.
+    Compacted {
+        /// The revision the watch resumes after.
+        revision: i64,
+    },
+}
+
+impl WatchEvent {
+    /// The revision of the change (or the one resumed after a compaction).
+    pub fn revision(&self) -> i64 {
+        match self {
+            WatchEvent::Put { revision, .. } | WatchEvent::Delete { revision, .. } | WatchEvent::Compacted { revision } => *revision,
+        }
+    }
+}
+
+/// The changes under a prefix from a revision on, in revision order, each
+/// once, across reconnections ([`EtcdStore::watch`]). Stops when dropped.
+pub struct Watch {
+    rx: mpsc::Receiver<WatchEvent>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watch")
+    }
+}
+
+impl Watch {
+    /// The next change, waiting up to `wait`; `None` if there was none.
+    pub fn next_timeout(&self, wait: Duration) -> Option<WatchEvent> {
+        self.rx.recv_timeout(wait).ok()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl EtcdStore {
+    /// The cluster's current revision: a watch from it sees every later
+    /// change.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn revision(&self) -> Result<i64, StoreError> {
+        let full = format!("{}public/generations", self.prefix);
+        let v = self.call("", "/v3/kv/range", &json!({ "key": b64(full.as_bytes()), "count_only": true }))?;
+        Ok(int(v.pointer("/header/revision").unwrap_or(&Value::Null)))
+    }
+
+    /// Watches the objects under `prefix` for changes after revision
+    /// `after` (0: from now). A thread follows etcd's watch stream; when
+    /// its connection fails or stays silent for [`EtcdConfig::watch_idle`],
+    /// it reconnects (to the next endpoint if need be) from the last
+    /// revision it delivered, so no change is missed or repeated.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidKey`] for a prefix that is not a store key.
+    pub fn watch(&self, prefix: &str, after: i64) -> Result<Watch, StoreError> {
+        check_key(prefix.trim_end_matches('/'))?;
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let this = self.clone();
+        let start = format!("{}{prefix}", self.prefix);
+        let flag = stop.clone();
+        std::thread::Builder::new()
+            .name("keyfence-etcd-watch".into())
+            .spawn(move || this.follow(start, after, tx, flag))
+            .map_err(|e| io_err(prefix, format!("cannot start the watch thread: {e}")))?;
+        Ok(Watch { rx, stop })
+    }
+
+    /// The watch thread: one stream at a time, resumed after `last`.
+    fn follow(self, start: String, mut last: i64, tx: mpsc::Sender<WatchEvent>, stop: Arc<AtomicBool>) {
+        let end = prefix_end(start.as_bytes());
+        let mut n = self.next.load(Ordering::Relaxed);
+        let mut pause = Duration::from_millis(20);
+        while !stop.load(Ordering::SeqCst) {
+            if last == 0 {
+                match self.revision() {
+                    Ok(r) => last = r,
+                    Err(_) => {
+                        std::thread::sleep(pause);
+                        continue;
+                    }
+                }
+            }
+            let url = &self.urls[n % self.urls.len()];
+            let req = json!({ "create_request": {
+                "key": b64(start.as_bytes()), "range_end": b64(&end), "start_revision": (last + 1).to_string(),
+            }});
+            let body = serde_json::to_vec(&req).unwrap_or_default();
+            let resp = self.watch_agent.post(format!("{url}/v3/watch")).header("content-type", "application/json").send(&body[..]);
+            let mut resp = match resp {
+                Ok(r) if r.status().as_u16() == 200 => r,
+                _ => {
+                    // Another member, after a pause that grows while none answers.
+                    n += 1;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            let mut lines = std::io::BufReader::new(resp.body_mut().as_reader());
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match lines.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
+                let Some(r) = v.get("result") else { break };
+                pause = Duration::from_millis(20);
+                let compacted = int(r.get("compact_revision").unwrap_or(&Value::Null));
+                if compacted != 0 {
+                    // What came before the compaction is gone: the watcher
+                    // reads everything again, and the watch goes on from
+                    // now (0: the current revision, read on reconnecting).
+                    let now = match self.revision() {
+                        Ok(r) => r,
+                        Err(_) => {
+                            last = 0;
+                            continue;
+                        }
+                    };
+                    last = now;
+                    if tx.send(WatchEvent::Compacted { revision: now }).is_err() {
+                        return;
+                    }
+                    break;
+                }
+                // Events of one revision (one transaction) come in one
+                // message: the revisions it holds are complete once all of
+                // it is sent, and a resumed stream starts after them.
+                let mut reached = last;
+                for e in r.get("events").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]) {
+                    let kv = e.get("kv").unwrap_or(&Value::Null);
+                    let revision = int(kv.get("mod_revision").unwrap_or(&Value::Null));
+                    let Ok(key) = bytes(kv.get("key").unwrap_or(&Value::Null), "").map(String::from_utf8) else { continue };
+                    let Ok(key) = key else { continue };
+                    if revision <= last {
+                        continue;
+                    }
+                    let key = key.strip_prefix(&self.prefix).unwrap_or(&key).to_owned();
+                    let event = if e.get("type").and_then(Value::as_str) == Some("DELETE") {
+                        WatchEvent::Delete { key, revision }
+                    } else {
+                        WatchEvent::Put { key, revision }
+                    };
+                    if tx.send(event).is_err() {
+                        return;
+                    }
+                    reached = reached.max(revision);
+                }
+                last = reached;
+            }
+            // The stream ended (a member died, silence): the next member,
+            // from `last`.
+            n += 1;
+        }
     }
 }
 

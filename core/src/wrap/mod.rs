@@ -64,5 +64,5 @@ pub use machine::{nearest_capable, Machine, MachineInfo, MachineKey, Peer, Publi
 pub use policy::{policy_id, CanonicalPolicy};
 pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdConfig, EtcdStore, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
+pub use etcd::{EtcdConfig, EtcdStore, Watch, WatchEvent, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
 pub use name::open_store;
