@@ -98,3 +98,31 @@ fn the_documented_etcd_commands_work_as_listed() {
         assert!(listing.contains("keyfence/prod/envelopes/") && listing.contains("keyfence/prod/sealed/"), "{listing}");
     }
 }
+
+/// `keyfence bench store` measures the etcd store against the file store
+/// in one run, and leaves nothing behind in etcd.
+#[test]
+fn bench_store_measures_etcd_against_files_and_cleans_up() {
+    let Some(cluster) = etcd_support::Cluster::start() else { return };
+    let out = ok(&["bench", "store", "--store", &cluster.name("benched"), "--json", "--ops", "20"]);
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    for store in ["file", "etcd"] {
+        for op in ["wrap", "fetch_open_cached"] {
+            let l = lines.iter().find(|l| l["store"] == store && l["op"] == op).unwrap_or_else(|| panic!("{store} {op}: {out}"));
+            assert!(l["per_s"].as_f64().unwrap() > 0.0, "{l}");
+        }
+        let size = lines.iter().find(|l| l["store"] == store && l["op"] == "bytes_per_envelope").unwrap();
+        // A 1 KiB secret, its tag, the policy and the signature.
+        let bytes = size["bytes"].as_u64().unwrap();
+        assert!((1024 + 16..4096).contains(&bytes), "{size}");
+    }
+    // The bench's sub-store is `benched/bench-...`: count every key under
+    // `benched/` (base64 of "benched/" and of its range end "benched0").
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(5))).build().new_agent();
+    let url = format!("http://{}/v3/kv/range", cluster.endpoints()[0]);
+    let mut r = agent.post(url).send(r#"{"key":"YmVuY2hlZC8=","range_end":"YmVuY2hlZDA=","count_only":true}"#).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap();
+    assert!(v.get("count").is_none() || v["count"] == "0", "left behind: {v}");
+    assert!(v["header"]["revision"].as_str().unwrap().parse::<u64>().unwrap() > 20, "the bench committed its 20 wraps to this cluster: {v}");
+}
