@@ -346,3 +346,36 @@ fn compact(cluster: &Cluster, revision: i64) {
     }
     panic!("no member compacted");
 }
+
+/// A machine following the store forgets a retired policy-key version as
+/// soon as its sealed copies are deleted, while one that does not follow
+/// keeps opening from its cache until the time to live ends.
+#[test]
+fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
+    let Some(cluster) = Cluster::start() else { return };
+    let etcd = keyfence::wrap::EtcdStore::open(cluster.config("follow")).unwrap();
+    let store: Arc<dyn Store> = Arc::new(etcd.clone());
+    let mut a = Authority::init(store.clone()).unwrap();
+    let old = a.wrap("region: EU", b"v1").unwrap();
+    let key = a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap();
+    let long = CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() };
+    let following = Arc::new(Machine::new(key.clone(), store.clone(), long.clone()));
+    let stale = Machine::new(key, store.clone(), long);
+    let _follower = following.follow(&etcd).unwrap();
+    for m in [&*following, &stale] {
+        assert_eq!(&m.open(old.to_bytes()).unwrap()[..], b"v1");
+    }
+    a.rotate_policy_key("region: EU").unwrap();
+    a.retire_policy_keys("region: EU").unwrap();
+    let start = std::time::Instant::now();
+    let err = loop {
+        match following.open(old.to_bytes()) {
+            Err(e) => break e,
+            Ok(_) => assert!(start.elapsed() < Duration::from_secs(30), "the retirement never reached the cache"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(err.code(), ErrorCode::UnknownPolicyKey, "{err}");
+    eprintln!("retirement reached the following cache in {:?}", start.elapsed());
+    assert_eq!(&stale.open(old.to_bytes()).unwrap()[..], b"v1", "the cache alone keeps a retired key");
+}

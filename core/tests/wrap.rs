@@ -600,3 +600,25 @@ fn a_public_view_of_bad_bytes_is_an_error() {
     assert!(matches!(MachineInfo::from_key_bytes(&extra), Err(WrapError::Malformed { .. })));
     assert_eq!(MachineInfo::from_key_bytes(&bytes).unwrap().generations().len(), 1);
 }
+
+/// `Machine::forget` drops the policy key opened from a sealed copy the
+/// store no longer holds; names of other objects change nothing.
+#[test]
+fn a_machine_forgets_a_policy_key_whose_sealed_copy_is_gone() {
+    let (store, mut a) = setup();
+    let old = a.wrap("region: EU", b"v1").unwrap();
+    let m = machine(&a, &store, "region=EU");
+    m.open(old.to_bytes()).unwrap();
+    let copies = store.list("sealed/").unwrap();
+    a.rotate_policy_key("region: EU").unwrap();
+    a.retire_policy_keys("region: EU").unwrap();
+    assert!(store.get(&copies[0]).unwrap().is_none());
+    // The cache still holds version 1...
+    assert_eq!(&m.open(old.to_bytes()).unwrap()[..], b"v1");
+    assert!(!m.forget("envelopes/00"));
+    assert!(!m.forget("public/generations"));
+    // ...until told its sealed copy is gone.
+    assert!(m.forget(&copies[0]));
+    assert!(!m.forget(&copies[0]), "forgotten once");
+    assert_eq!(m.open(old.to_bytes()).unwrap_err().code(), keyfence::ErrorCode::UnknownPolicyKey);
+}

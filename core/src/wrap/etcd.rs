@@ -374,9 +374,12 @@ impl EtcdStore {
     /// revision it delivered, so no change is missed or repeated.
     ///
     /// # Errors
-    /// [`StoreError::InvalidKey`] for a prefix that is not a store key.
+    /// [`StoreError::InvalidKey`] for a prefix that is not a store key;
+    /// for `after` 0, the errors of [`EtcdStore::revision`].
     pub fn watch(&self, prefix: &str, after: i64) -> Result<Watch, StoreError> {
         check_key(prefix.trim_end_matches('/'))?;
+        // "From now" is now, not when the thread gets to it.
+        let after = if after == 0 { self.revision()? } else { after };
         let (tx, rx) = mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let this = self.clone();

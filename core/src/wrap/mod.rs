@@ -61,6 +61,8 @@ pub use error::{Result, StateError, WrapError};
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
+#[cfg(feature = "etcd")]
+pub use machine::Follower;
 pub use policy::{policy_id, CanonicalPolicy};
 pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock};
 #[cfg(feature = "etcd")]
