@@ -100,6 +100,10 @@ pub enum ErrorCode {
     InvalidStoreKey = 401,
     /// Another writer held the store's lock for longer than the wait.
     StoreLocked = 402,
+    /// Another writer committed to the store between this writer's read and
+    /// its commit (a replicated store's compare-and-swap failed); nothing
+    /// of this commit was written. Re-run the operation.
+    StoreConflict = 403,
 
     // 500-599: signing.
     /// The executor's queue is full: shed load or retry later.
@@ -153,6 +157,7 @@ impl ErrorCode {
         ErrorCode::StoreIo,
         ErrorCode::InvalidStoreKey,
         ErrorCode::StoreLocked,
+        ErrorCode::StoreConflict,
         ErrorCode::Overloaded,
         ErrorCode::TimedOut,
         ErrorCode::Cancelled,
@@ -192,6 +197,7 @@ impl ErrorCode {
             ErrorCode::StoreIo => "STORE_IO",
             ErrorCode::InvalidStoreKey => "INVALID_STORE_KEY",
             ErrorCode::StoreLocked => "STORE_LOCKED",
+            ErrorCode::StoreConflict => "STORE_CONFLICT",
             ErrorCode::Overloaded => "OVERLOADED",
             ErrorCode::TimedOut => "TIMED_OUT",
             ErrorCode::Cancelled => "CANCELLED",

@@ -1,5 +1,14 @@
 //! Policy-key wrapping: sharing, errors, rotation, the cache, persistence.
+//!
+//! The tests of wrapping and rotation are one suite run over the three
+//! stores: as tests of their own on the memory store, and by
+//! `the_suite_holds_on_the_file_store` and `the_suite_holds_on_etcd`
+//! (a three-member cluster on loopback, `etcd_support`).
 
+mod etcd_support;
+
+use std::cell::RefCell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,10 +22,100 @@ fn attrs(s: &str) -> Attributes {
     s.parse().unwrap()
 }
 
+/// Makes each new store of the suite; the memory store when unset.
+type MakeStore = Rc<dyn Fn() -> Arc<dyn Store>>;
+
+thread_local! {
+    static STORES: RefCell<Option<MakeStore>> = const { RefCell::new(None) };
+}
+
+/// A new, empty store of the kind the suite is running on.
+fn new_store() -> Arc<dyn Store> {
+    match STORES.with(|f| f.borrow().clone()) {
+        Some(make) => make(),
+        None => Arc::new(MemoryStore::default()),
+    }
+}
+
 fn setup() -> (Arc<dyn Store>, Authority) {
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let store = new_store();
     let a = Authority::init(store.clone()).unwrap();
     (store, a)
+}
+
+/// The tests that depend on the store: run again over the file store and
+/// etcd.
+const SUITE: &[(&str, fn())] = &[
+    ("secrets_under_one_policy_share_its_key", secrets_under_one_policy_share_its_key),
+    ("each_failure_is_its_own_error", each_failure_is_its_own_error),
+    ("master_rotation_reseals_policy_keys_and_leaves_envelopes_alone", master_rotation_reseals_policy_keys_and_leaves_envelopes_alone),
+    ("policy_key_rotation_rewraps_its_envelopes", policy_key_rotation_rewraps_its_envelopes),
+    ("the_cache_expires_evicts_and_coalesces", the_cache_expires_evicts_and_coalesces),
+    ("envelopes_at_the_policy_text_limit_read_back_and_one_past_is_refused", envelopes_at_the_policy_text_limit_read_back_and_one_past_is_refused),
+    ("errors_carry_their_codes", errors_carry_their_codes),
+    ("policy_key_rotation_keeps_outside_envelopes_and_skips_bad_ones", policy_key_rotation_keeps_outside_envelopes_and_skips_bad_ones),
+    ("machines_accept_only_what_their_authority_signed", machines_accept_only_what_their_authority_signed),
+    ("the_public_view_decides_as_the_machine_does", the_public_view_decides_as_the_machine_does),
+    ("many_policies_rotate_and_retire_in_chunked_commits", many_policies_rotate_and_retire_in_chunked_commits),
+];
+
+/// Runs every test of [`SUITE`] with stores from `make`.
+fn run_suite(make: MakeStore) {
+    STORES.with(|f| *f.borrow_mut() = Some(make));
+    for (name, test) in SUITE {
+        // Shown with the failure: which test of the suite it was.
+        eprintln!("suite: {name}");
+        test();
+    }
+    STORES.with(|f| *f.borrow_mut() = None);
+}
+
+#[test]
+fn the_suite_holds_on_the_file_store() {
+    let dir = Rc::new(tempfile::tempdir().unwrap());
+    let n = std::cell::Cell::new(0);
+    run_suite(Rc::new(move || {
+        n.set(n.get() + 1);
+        Arc::new(FileStore::open(dir.path().join(format!("store-{}", n.get()))).unwrap())
+    }));
+}
+
+#[test]
+fn the_suite_holds_on_etcd() {
+    let Some(cluster) = etcd_support::Cluster::start() else { return };
+    let endpoints = cluster.endpoints();
+    let n = std::cell::Cell::new(0);
+    run_suite(Rc::new(move || {
+        n.set(n.get() + 1);
+        Arc::new(keyfence::wrap::EtcdStore::open(keyfence::wrap::EtcdConfig::new(endpoints.clone(), format!("suite/{}", n.get()))).unwrap())
+    }));
+    drop(cluster);
+}
+
+/// A policy-key rotation re-wraps its envelopes, and a master rotation
+/// deletes a retired generation's copies, in commits of a bounded number
+/// of writes (etcd refuses a transaction of more than 128).
+#[test]
+fn many_policies_rotate_and_retire_in_chunked_commits() {
+    let (store, mut a) = setup();
+    let envs: Vec<Envelope> = (0..150).map(|i| a.wrap("region: EU", format!("s{i}").as_bytes()).unwrap()).collect();
+    for i in 0..70 {
+        a.wrap(&format!("team: t{i}"), b"x").unwrap();
+    }
+    let r = a.rotate_policy_key("region: EU").unwrap();
+    assert_eq!(r.rewrapped, 150);
+    assert!(r.skipped.is_empty());
+    let retired = a.retire_policy_keys("region: EU").unwrap();
+    assert_eq!(retired.retired, vec![1]);
+    // 71 new copies, then (generation 1 retired) 71 deletions.
+    assert_eq!(a.rotate_master().unwrap().resealed, 71);
+    assert_eq!(a.rotate_master().unwrap().retired, Some(1));
+    assert_eq!(store.list("sealed/").unwrap().len(), 2 * 71);
+    let m = machine(&a, &store, "region=EU");
+    for (i, e) in envs.iter().enumerate() {
+        let now = store.get(&format!("envelopes/{}", hex(&e.secret_id))).unwrap().unwrap();
+        assert_eq!(&m.open(&now).unwrap()[..], format!("s{i}").as_bytes());
+    }
 }
 
 fn machine(a: &Authority, store: &Arc<dyn Store>, at: &str) -> Machine {
@@ -314,7 +413,7 @@ fn issue_refuses_what_a_machine_key_cannot_hold() {
 #[test]
 fn errors_carry_their_codes() {
     use keyfence::ErrorCode;
-    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let store = new_store();
     assert_eq!(Authority::open(store.clone()).unwrap_err().code(), ErrorCode::NoAuthority);
     let mut a = Authority::init(store.clone()).unwrap();
     assert_eq!(Authority::init(store.clone()).unwrap_err().code(), ErrorCode::AuthorityExists);
@@ -500,4 +599,26 @@ fn a_public_view_of_bad_bytes_is_an_error() {
     extra.push(0);
     assert!(matches!(MachineInfo::from_key_bytes(&extra), Err(WrapError::Malformed { .. })));
     assert_eq!(MachineInfo::from_key_bytes(&bytes).unwrap().generations().len(), 1);
+}
+
+/// `Machine::forget` drops the policy key opened from a sealed copy the
+/// store no longer holds; names of other objects change nothing.
+#[test]
+fn a_machine_forgets_a_policy_key_whose_sealed_copy_is_gone() {
+    let (store, mut a) = setup();
+    let old = a.wrap("region: EU", b"v1").unwrap();
+    let m = machine(&a, &store, "region=EU");
+    m.open(old.to_bytes()).unwrap();
+    let copies = store.list("sealed/").unwrap();
+    a.rotate_policy_key("region: EU").unwrap();
+    a.retire_policy_keys("region: EU").unwrap();
+    assert!(store.get(&copies[0]).unwrap().is_none());
+    // The cache still holds version 1...
+    assert_eq!(&m.open(old.to_bytes()).unwrap()[..], b"v1");
+    assert!(!m.forget("envelopes/00"));
+    assert!(!m.forget("public/generations"));
+    // ...until told its sealed copy is gone.
+    assert!(m.forget(&copies[0]));
+    assert!(!m.forget(&copies[0]), "forgotten once");
+    assert_eq!(m.open(old.to_bytes()).unwrap_err().code(), keyfence::ErrorCode::UnknownPolicyKey);
 }

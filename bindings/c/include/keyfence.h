@@ -146,6 +146,12 @@ enum keyfence_result
    */
   KEYFENCE_STORE_LOCKED = 402,
   /*
+   Another writer committed to the store between this writer's read and
+   its commit (a replicated store's compare-and-swap failed); nothing
+   of this commit was written. Re-run the operation.
+   */
+  KEYFENCE_STORE_CONFLICT = 403,
+  /*
    The executor's queue is full: shed load or retry later.
    */
   KEYFENCE_OVERLOADED = 500,

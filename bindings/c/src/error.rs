@@ -84,6 +84,10 @@ pub enum keyfence_result {
     KEYFENCE_INVALID_STORE_KEY = 401,
     /// Another writer held the store's lock for longer than the wait.
     KEYFENCE_STORE_LOCKED = 402,
+    /// Another writer committed to the store between this writer's read and
+    /// its commit (a replicated store's compare-and-swap failed); nothing
+    /// of this commit was written. Re-run the operation.
+    KEYFENCE_STORE_CONFLICT = 403,
     // 500-599: signing.
     /// The executor's queue is full: shed load or retry later.
     KEYFENCE_OVERLOADED = 500,
@@ -120,7 +124,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 34] = [
+const ALL_RESULTS: [keyfence_result; 35] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
@@ -146,6 +150,7 @@ const ALL_RESULTS: [keyfence_result; 34] = [
     keyfence_result::KEYFENCE_STORE_IO,
     keyfence_result::KEYFENCE_INVALID_STORE_KEY,
     keyfence_result::KEYFENCE_STORE_LOCKED,
+    keyfence_result::KEYFENCE_STORE_CONFLICT,
     keyfence_result::KEYFENCE_OVERLOADED,
     keyfence_result::KEYFENCE_TIMED_OUT,
     keyfence_result::KEYFENCE_CANCELLED,

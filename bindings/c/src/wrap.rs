@@ -1,11 +1,12 @@
-//! Policy-key wrapping from C: the authority and the machine side, on the
-//! embedded file store.
+//! Policy-key wrapping from C: the authority and the machine side, on a
+//! store named by one string (`keyfence::wrap::open_store`): a directory,
+//! or `etcd://HOST:PORT[,HOST:PORT...]/PREFIX` for an etcd cluster.
 
 use std::ffi::c_char;
 use std::sync::Arc;
 
 use keyfence_core::policy::Attributes;
-use keyfence_core::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineKey, Store};
+use keyfence_core::wrap::{Authority, CacheConfig, Envelope, Machine, MachineKey, Store};
 
 use crate::bytes::{self, keyfence_bytes};
 use crate::error::{keyfence_result, Error};
@@ -22,8 +23,8 @@ pub struct keyfence_authority(Authority);
 /// handle may open envelopes from many threads at once.
 pub struct keyfence_machine(pub(crate) Machine);
 
-pub(crate) fn store(dir: &str) -> Result<Arc<dyn Store>, Error> {
-    Ok(Arc::new(FileStore::open(dir)?))
+pub(crate) fn store(name: &str) -> Result<Arc<dyn Store>, Error> {
+    Ok(keyfence_core::wrap::open_store(name)?)
 }
 
 /// Creates an authority with its first master generation in the store
@@ -293,4 +294,22 @@ pub unsafe extern "C" fn keyfence_machine_open(
 pub unsafe extern "C" fn keyfence_machine_free(machine: *mut keyfence_machine) {
     // SAFETY: the caller's promise.
     unsafe { ffi::free(machine) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The store argument is a store name: an `etcd://` name goes to the
+    /// etcd store (here refused for its missing port before any request),
+    /// never to a directory called `etcd:`.
+    #[test]
+    fn an_etcd_store_name_is_not_a_directory() {
+        let mut out = std::ptr::null_mut();
+        // SAFETY: a NUL-terminated literal and a writable pointer.
+        let r = unsafe { keyfence_authority_open(c"etcd://no-port/kf".as_ptr(), &mut out) };
+        assert_eq!(r, keyfence_result::KEYFENCE_INVALID_ARGUMENT);
+        assert!(out.is_null());
+        assert!(!std::path::Path::new("etcd:").exists());
+    }
 }

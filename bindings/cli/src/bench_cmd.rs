@@ -46,6 +46,21 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 2000)]
         iters: usize,
     },
+    /// A store against the file store, in the same run: wraps per second
+    /// (each one commit), envelope fetches with a cached open per second,
+    /// and the bytes stored per envelope. Works in a fresh sub-store of
+    /// `--store` (for etcd, `PREFIX/bench-...`, deleted afterwards).
+    Store {
+        /// The store to measure: a directory or etcd://HOST:PORT[,...]/PREFIX.
+        #[arg(long)]
+        store: String,
+        /// One JSON object per line: store, op, ops, per_s (or bytes).
+        #[arg(long)]
+        json: bool,
+        /// Wraps (and then fetches) per store.
+        #[arg(long, default_value_t = 300)]
+        ops: usize,
+    },
     /// Load and faults for a bounded time: signing through the engine and
     /// an isolated key process killed every few seconds, wrap and open on
     /// one store; prints one JSON object (operations, failures by kind,
@@ -64,6 +79,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
         BenchCmd::Remote(args) => return crate::remote_cmd::bench(args),
         BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
+        BenchCmd::Store { store, json, ops } => bench_store(&store, json, ops)?,
         BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
@@ -149,4 +165,71 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
         outln!("machine_open_cached  median {median_us:.2} us over {iters} iterations");
     }
     Ok(())
+}
+
+/// A sub-store of `name` nobody else uses: `name/bench-...` (before an
+/// etcd name's options).
+fn bench_substore(name: &str) -> String {
+    let tag = format!("bench-{}-{:016x}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng));
+    match name.split_once('?') {
+        Some((main, opts)) => format!("{}/{tag}?{opts}", main.trim_end_matches('/')),
+        None => format!("{}/{tag}", name.trim_end_matches('/')),
+    }
+}
+
+/// Wraps, fetches and sizes on one store (see `BenchCmd::Store`).
+fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, json: bool, ops: usize) -> Result<()> {
+    use keyfence::wrap::{Authority, CacheConfig, Machine};
+    let mut auth = Authority::init(store.clone())?;
+    let secret = [7u8; 1024];
+    auth.wrap("region: EU", &secret)?;
+    let ops = ops.max(1);
+    let t = Instant::now();
+    let mut ids = Vec::with_capacity(ops);
+    for _ in 0..ops {
+        ids.push(auth.wrap("region: EU", &secret)?.secret_id);
+    }
+    let wrap_s = ops as f64 / t.elapsed().as_secs_f64();
+    let machine = Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store.clone(), CacheConfig::default());
+    let names: Vec<String> = ids.iter().map(|id| format!("envelopes/{}", id.iter().map(|b| format!("{b:02x}")).collect::<String>())).collect();
+    machine.open(&store.get(&names[0])?.ok_or_else(|| anyhow::anyhow!("envelope missing"))?)?;
+    let t = Instant::now();
+    let mut bytes = 0;
+    for n in &names {
+        let env = store.get(n)?.ok_or_else(|| anyhow::anyhow!("envelope {n} missing"))?;
+        bytes += env.len() + n.len();
+        anyhow::ensure!(machine.open(&env)?.len() == secret.len(), "wrong secret");
+    }
+    let open_s = ops as f64 / t.elapsed().as_secs_f64();
+    let per_envelope = bytes / ops;
+    if json {
+        outln!("{}", serde_json::json!({"store": kind, "op": "wrap", "ops": ops, "per_s": wrap_s}));
+        outln!("{}", serde_json::json!({"store": kind, "op": "fetch_open_cached", "ops": ops, "per_s": open_s}));
+        outln!("{}", serde_json::json!({"store": kind, "op": "bytes_per_envelope", "secret_bytes": secret.len(), "bytes": per_envelope}));
+    } else {
+        outln!("{kind:<6} wrap {wrap_s:>9.1}/s   fetch+open (cached) {open_s:>9.1}/s   {per_envelope} bytes per envelope (1 KiB secret)");
+    }
+    Ok(())
+}
+
+fn bench_store(name: &str, json: bool, ops: usize) -> Result<()> {
+    use keyfence::wrap::{open_store, Batch, FileStore, Op};
+    let dir = crate::files::scratch_dir("bench-store")?;
+    measure_store("file", std::sync::Arc::new(FileStore::open(dir.path())?), json, ops)?;
+    drop(dir);
+    if !name.starts_with("etcd://") {
+        let sub = bench_substore(name);
+        let result = measure_store("dir", open_store(&sub)?, json, ops);
+        let _ = std::fs::remove_dir_all(&sub);
+        return result;
+    }
+    let store = open_store(&bench_substore(name))?;
+    let result = measure_store("etcd", store.clone(), json, ops);
+    // Leave nothing behind: the sub-store's objects, in commits of 100.
+    for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {
+        for chunk in store.list(prefix)?.chunks(100) {
+            store.commit(&Batch { expect: vec![], ops: chunk.iter().map(|k| Op::Delete(k.clone())).collect() })?;
+        }
+    }
+    result
 }

@@ -41,7 +41,8 @@ pub struct ServeArgs {
     /// clients without one get nothing.
     #[arg(long)]
     ca: PathBuf,
-    /// The store directory (replicated sealed policy keys).
+    /// The store (replicated sealed policy keys): a directory or
+    /// etcd://HOST:PORT[,...]/PREFIX.
     #[arg(long)]
     store: PathBuf,
     /// This machine's key (`keyfence authority issue --out`): its

@@ -1,5 +1,6 @@
 //! `keyfence authority ...` and `keyfence machine ...`: policy-key wrapping
-//! on the embedded file store.
+//! on a store named by `--store`: a directory (the embedded file store) or
+//! `etcd://HOST:PORT[,HOST:PORT...]/PREFIX` (`keyfence::wrap::open_store`).
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -8,7 +9,7 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Subcommand;
 use keyfence::policy::Attributes;
-use keyfence::wrap::{Authority, CacheConfig, FileStore, GenerationState, Machine, MachineKey, Skipped, Store};
+use keyfence::wrap::{open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineKey, Skipped, Store};
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
@@ -16,17 +17,18 @@ use crate::files::{is_std, outln, read, read_secret, Output};
 
 #[derive(Subcommand)]
 pub enum AuthorityCmd {
-    /// Create an authority (first master generation) in a store directory.
+    /// Create an authority (first master generation) in a store.
     /// The only command that creates a store; the master secret keys in
     /// DIR/authority/ are written mode 600 (docs/wrapping.md).
     Init {
-        /// Store directory (created if missing).
+        /// Store: a directory (created if missing) or
+        /// etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=PATH&cert=PATH&key=PATH].
         #[arg(long)]
         store: PathBuf,
     },
     /// Issue a machine key (one CP-ABE key per live generation).
     Issue {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// The machine's attributes, label=value,label=value.
@@ -38,7 +40,7 @@ pub enum AuthorityCmd {
     },
     /// Wrap a secret under a policy; the envelope also goes to the store.
     Wrap {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// The policy.
@@ -53,7 +55,7 @@ pub enum AuthorityCmd {
     },
     /// Rotate the master key; re-seals only the policy keys.
     Rotate {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
     },
@@ -62,7 +64,7 @@ pub enum AuthorityCmd {
     /// still open) until `retire-policy-key`; envelopes it cannot re-wrap
     /// are listed on standard error, and do not stop it.
     RotatePolicy {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// The policy.
@@ -73,7 +75,7 @@ pub enum AuthorityCmd {
     /// store's envelopes still sealed to them. Envelopes elsewhere that are
     /// sealed to an old key stop opening: replace them first.
     RetirePolicyKey {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// The policy.
@@ -82,7 +84,7 @@ pub enum AuthorityCmd {
     },
     /// Show generations, policy keys and envelopes.
     Status {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
     },
@@ -94,7 +96,7 @@ pub enum MachineCmd {
     /// open it (attributes, generations), 2 if the envelope or key is
     /// malformed.
     Open {
-        /// Store directory (for the sealed policy keys).
+        /// Store (for the sealed policy keys): a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// Machine key file.
@@ -112,7 +114,7 @@ pub enum MachineCmd {
     /// attributes, a live generation, the policy key in the store); 2 if
     /// the envelope or key is malformed.
     CouldOpen {
-        /// Store directory.
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// Machine key file.
@@ -132,6 +134,15 @@ const STORE_MARK: &str = "public/generations";
 /// `--store` must not leave an empty directory behind and then fail
 /// with a message about its contents.
 pub(crate) fn store(dir: &Path) -> Result<Arc<dyn Store>> {
+    if let Some(name) = etcd_name(dir) {
+        let s = open_store(name).with_context(|| format!("cannot open store {name}"))?;
+        if s.get(STORE_MARK)?.is_none() {
+            return Err(exit::input(format!(
+                "{name} holds no keyfence store: no authority in this store (`keyfence authority init --store {name}` creates one)"
+            )));
+        }
+        return Ok(s);
+    }
     if !dir.join(STORE_MARK).is_file() {
         return Err(exit::input(format!(
             "{} is not a keyfence store: no authority in this store (`keyfence authority init --store {}` creates one)",
@@ -140,6 +151,12 @@ pub(crate) fn store(dir: &Path) -> Result<Arc<dyn Store>> {
         )));
     }
     Ok(Arc::new(FileStore::open(dir).with_context(|| format!("cannot open store {}", dir.display()))?))
+}
+
+/// The store name in `--store`, when it names an etcd store rather than
+/// a directory.
+fn etcd_name(dir: &Path) -> Option<&str> {
+    dir.to_str().filter(|s| s.starts_with("etcd://"))
 }
 
 /// What a command did, on standard output unless its output went there.
@@ -171,6 +188,11 @@ fn report_skipped(skipped: &[Skipped]) -> usize {
 pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
     match cmd {
         AuthorityCmd::Init { store: dir } => {
+            if let Some(name) = etcd_name(&dir) {
+                Authority::init(open_store(name).with_context(|| format!("cannot open store {name}"))?)?;
+                outln!("authority created in {name} (master generation 1)");
+                return Ok(ExitCode::SUCCESS);
+            }
             if dir.exists() && !dir.is_dir() {
                 return Err(exit::input(format!("{} exists and is not a directory", dir.display())));
             }

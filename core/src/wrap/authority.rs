@@ -18,7 +18,7 @@ use super::signing::AuthorityKey;
 use super::layout::{self, hex};
 use super::machine::MachineKey;
 use super::policy::CanonicalPolicy;
-use super::store::Store;
+use super::store::{Batch, Op, Stamp, Store, StoreError};
 use super::{hpke, sealed};
 use crate::abe::{self, AbeError, MasterSecretKey, PublicKey};
 
@@ -139,13 +139,21 @@ pub struct Status {
 /// How long a writer waits for another to release the store's lock.
 const LOCK_WAIT: Duration = Duration::from_secs(30);
 
+/// Writes a long operation (re-wrapping a store's envelopes) sends in one
+/// commit once its state is committed: under etcd's default limit of 128
+/// operations per transaction and, at envelope sizes, its 1.5 MiB request.
+const CHUNK_OPS: usize = 64;
+
 /// The authority of a keyfence deployment: holds the master keys.
 ///
 /// Many processes (and handles) may open one store. Reading never writes;
 /// every change (`init`, `wrap`, the rotations) takes the store's writer
-/// lock, re-reads the committed state under it, and commits before
-/// releasing it, so no writer works from a stale state and none undoes
-/// another's commit. `issue` and `status` read the latest committed state.
+/// lock, re-reads the committed state under it, gathers its writes and
+/// commits them with [`Store::commit`], expecting the state it read, so no
+/// writer works from a stale state and none undoes another's commit. On a
+/// store without a lock (etcd) two writers racing: one commits, the other
+/// gets [`StoreError::Conflict`] with nothing written. `issue` and
+/// `status` read the latest committed state.
 pub struct Authority {
     store: Arc<dyn Store>,
     signer: AuthorityKey,
@@ -154,6 +162,11 @@ pub struct Authority {
     /// Digest of the state bytes this value was decoded from, to skip
     /// decoding again when nothing changed.
     seen: [u8; 32],
+    /// The store's stamp of the state this change started from: what the
+    /// commit expects to find.
+    stamp: Option<Stamp>,
+    /// The writes of the change in progress, committed together.
+    pending: std::sync::Mutex<Batch>,
 }
 
 impl std::fmt::Debug for Authority {
@@ -173,7 +186,7 @@ impl Authority {
     pub fn init(store: Arc<dyn Store>) -> Result<Self> {
         // Create-exclusive: two `init`s on one store cannot both succeed.
         let _lock = store.lock(LOCK_WAIT)?;
-        if store.get(layout::STATE)?.is_some() {
+        if store.get_stamped(layout::STATE)?.is_some() {
             return Err(StateError::AuthorityExists.into());
         }
         let (pk, msk) = abe::setup()?;
@@ -183,15 +196,22 @@ impl Authority {
             generations: vec![Generation { number: 1, state: GenerationState::Active, pk, msk: Some(msk) }],
             keys: Vec::new(),
             seen: [0; 32],
+            stamp: None,
+            pending: Default::default(),
         };
         // The generation list first: it is what makes a directory a store
         // for the command line, so an `init` that dies before committing
         // leaves a store with no authority, which `init` can fill, never
         // an authority that no command recognises as a store.
         let list = layout::encode_generations(a.generations.iter().map(|g| (g.number, g.state)));
-        a.store.put(layout::GENERATIONS, list.as_bytes())?;
+        a.put(layout::GENERATIONS, list.as_bytes());
         a.commit()?;
-        Ok(a)
+        // Expecting no state: of two `init`s racing on a store without a
+        // lock, one commits.
+        match a.flush() {
+            Err(WrapError::Store(StoreError::Conflict { .. })) => Err(StateError::AuthorityExists.into()),
+            r => r.map(|()| a),
+        }
     }
 
     /// Opens the authority in `store`. Opening only reads: the cleanup an
@@ -202,24 +222,69 @@ impl Authority {
     /// [`WrapError::State`] if there is no authority; [`WrapError::Malformed`]
     /// if its state does not decode.
     pub fn open(store: Arc<dyn Store>) -> Result<Self> {
-        let bytes = Zeroizing::new(store.get(layout::STATE)?.ok_or(StateError::NoAuthority)?);
-        Self::decode(store, &bytes)
+        let (bytes, stamp) = store.get_stamped(layout::STATE)?.ok_or(StateError::NoAuthority)?;
+        let bytes = Zeroizing::new(bytes);
+        let mut a = Self::decode(store, &bytes)?;
+        a.stamp = Some(stamp);
+        Ok(a)
     }
 
-    /// The latest committed state: `None` when it is the one this value
-    /// holds, else a fresh decoding of it.
-    fn latest(&self) -> Result<Option<Self>> {
-        let bytes = Zeroizing::new(self.store.get(layout::STATE)?.ok_or(StateError::NoAuthority)?);
+    /// The latest committed state and its stamp: `None` for the state when
+    /// it is the one this value holds, else a fresh decoding of it.
+    fn latest(&self) -> Result<(Option<Self>, Stamp)> {
+        let (bytes, stamp) = self.store.get_stamped(layout::STATE)?.ok_or(StateError::NoAuthority)?;
+        let bytes = Zeroizing::new(bytes);
         if state_digest(&bytes) == self.seen {
-            return Ok(None);
+            return Ok((None, stamp));
         }
-        Self::decode(self.store.clone(), &bytes).map(Some)
+        Self::decode(self.store.clone(), &bytes).map(|a| (Some(a), stamp))
     }
 
     /// Brings this value up to the committed state (call under the lock).
     fn refresh(&mut self) -> Result<()> {
-        if let Some(fresh) = self.latest()? {
+        let (fresh, stamp) = self.latest()?;
+        if let Some(fresh) = fresh {
             *self = fresh;
+        }
+        self.stamp = Some(stamp);
+        Ok(())
+    }
+
+    /// Adds a write to the change in progress.
+    fn put(&self, key: &str, value: &[u8]) {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Op::Put(key.to_owned(), value.to_vec()));
+    }
+
+    fn delete(&self, key: &str) {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).push(Op::Delete(key.to_owned()));
+    }
+
+    /// Commits the writes gathered so far, expecting the state this change
+    /// started from. When they included the state, the stamp of the state
+    /// just written becomes the expectation of the next flush: read back,
+    /// and a conflict if it is not ours (another writer came between).
+    fn flush(&mut self) -> Result<()> {
+        let ops = std::mem::take(&mut self.pending.lock().unwrap_or_else(|e| e.into_inner()).ops);
+        if ops.is_empty() {
+            return Ok(());
+        }
+        let wrote_state = ops.iter().any(|o| o.key() == layout::STATE);
+        let batch = Batch { expect: vec![(layout::STATE.to_owned(), self.stamp)], ops };
+        self.store.commit(&batch)?;
+        if wrote_state {
+            let now = self.store.get_stamped(layout::STATE)?.map(|(bytes, stamp)| (state_digest(&Zeroizing::new(bytes)), stamp));
+            match now {
+                Some((digest, stamp)) if digest == self.seen => self.stamp = Some(stamp),
+                _ => return Err(StoreError::Conflict { key: layout::STATE.to_owned() }.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Commits what is gathered once it is a chunk's worth.
+    fn flush_if_large(&mut self) -> Result<()> {
+        if self.pending.lock().unwrap_or_else(|e| e.into_inner()).ops.len() >= CHUNK_OPS {
+            self.flush()?;
         }
         Ok(())
     }
@@ -231,9 +296,11 @@ impl Authority {
     /// them.
     fn change<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         let _lock = self.store.lock(LOCK_WAIT)?;
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Batch::default();
         self.refresh()?;
-        let result = f(self);
+        let result = f(self).and_then(|t| self.flush().map(|()| t));
         if result.is_err() {
+            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Batch::default();
             self.seen = [0; 32];
         }
         result
@@ -285,7 +352,7 @@ impl Authority {
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
-        Ok(Self { store, signer, generations, keys, seen: state_digest(b) })
+        Ok(Self { store, signer, generations, keys, seen: state_digest(b), stamp: None, pending: Default::default() })
     }
 
     /// The state's encoding. Every count and length was checked when the
@@ -308,14 +375,14 @@ impl Authority {
         w.into_bytes()
     }
 
-    /// Writes the state (the commit point of every operation) and the
-    /// replicated generation list.
+    /// Gathers the state (the commit point of every operation on a store
+    /// without transactions) and the replicated generation list.
     fn commit(&mut self) -> Result<()> {
         let state = self.encode();
-        self.store.put(layout::STATE, &state)?;
+        self.put(layout::STATE, &state);
         self.seen = state_digest(&state);
         let list = layout::encode_generations(self.generations.iter().map(|g| (g.number, g.state)));
-        self.store.put(layout::GENERATIONS, list.as_bytes())?;
+        self.put(layout::GENERATIONS, list.as_bytes());
         Ok(())
     }
 
@@ -332,12 +399,11 @@ impl Authority {
                     && self.live().any(|g| g.number == s.generation)
             })
         };
-        let mut removed = 0;
-        for name in self.store.list(layout::SEALED)? {
-            if !wanted(&name) {
-                self.store.delete(&name)?;
-                removed += 1;
-            }
+        let unwanted: Vec<String> = self.store.list(layout::SEALED)?.into_iter().filter(|n| !wanted(n)).collect();
+        let removed = unwanted.len();
+        for name in unwanted {
+            self.delete(&name);
+            self.flush_if_large()?;
         }
         // Re-publish in case an interruption came between the two writes.
         self.commit()?;
@@ -349,7 +415,7 @@ impl Authority {
     /// # Errors
     /// [`WrapError::Store`] if the store cannot be listed.
     pub fn status(&self) -> Result<Status> {
-        let fresh = self.latest()?;
+        let (fresh, _) = self.latest()?;
         let this = fresh.as_ref().unwrap_or(self);
         let mut policies: Vec<&[u8; 32]> = this.keys.iter().map(|k| k.policy_id()).collect();
         policies.sort();
@@ -373,7 +439,7 @@ impl Authority {
         // Checked before the CP-ABE work, which is per attribute.
         MachineKey::check_attributes(attrs)?;
         // Keys for the generations live now, not when this value was read.
-        let fresh = self.latest()?;
+        let (fresh, _) = self.latest()?;
         let this = fresh.as_ref().unwrap_or(self);
         let mut keys = Vec::new();
         for g in this.live() {
@@ -389,7 +455,7 @@ impl Authority {
     fn seal_everywhere(&self, k: &PolicyKey) -> Result<()> {
         for g in self.live() {
             let blob = sealed::seal(&self.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private)?;
-            self.store.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob)?;
+            self.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob);
         }
         Ok(())
     }
@@ -435,7 +501,7 @@ impl Authority {
             .current(pid)
             .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
         let env = Envelope::seal(&self.signer, secret_id, &k.policy, k.version, &k.public, secret)?;
-        self.store.put(&layout::envelope(secret_id), env.to_bytes())?;
+        self.put(&layout::envelope(secret_id), env.to_bytes());
         Ok(env)
     }
 
@@ -459,7 +525,7 @@ impl Authority {
         let new = Generation { number, state: GenerationState::Active, pk, msk: Some(msk) };
         for k in &self.keys {
             let blob = sealed::seal(&self.signer, &new.pk, number, &k.policy, k.version, &k.public, &k.private)?;
-            self.store.put(&layout::sealed(k.policy_id(), k.version, number), &blob)?;
+            self.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
         }
         let mut retired = None;
         for g in &mut self.generations {
@@ -475,6 +541,9 @@ impl Authority {
         }
         self.generations.push(new);
         self.commit()?;
+        // The new generation and its copies in one commit; the retired
+        // copies are deleted after it, in commits of their own.
+        self.flush()?;
         self.collect_garbage()?;
         Ok(MasterRotation { new_generation: number, resealed: self.keys.len(), retired })
     }
@@ -506,6 +575,9 @@ impl Authority {
             a.seal_everywhere(&k)?;
             a.keys.push(k);
             a.commit()?;
+            // The new key is committed before any envelope moves to it:
+            // the re-wrapping goes in chunks, each expecting this state.
+            a.flush()?;
             let (rewrapped, skipped) = a.rewrap_store(&pid)?;
             let decrypt_only = a.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
             a.collect_garbage()?;
@@ -541,8 +613,8 @@ impl Authority {
     /// Re-wraps the store's envelopes of policy `pid` sealed to an older
     /// version of its key to the current one. Store failures stop it (a
     /// re-run continues); a bad envelope is skipped and reported.
-    fn rewrap_store(&self, pid: &[u8; 32]) -> Result<(usize, Vec<Skipped>)> {
-        let current = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?;
+    fn rewrap_store(&mut self, pid: &[u8; 32]) -> Result<(usize, Vec<Skipped>)> {
+        let current = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?.version;
         let mut rewrapped = 0;
         let mut skipped = Vec::new();
         for name in self.store.list(layout::ENVELOPES)? {
@@ -555,7 +627,7 @@ impl Authority {
                     continue;
                 }
             };
-            if env.policy_id != *pid || env.key_version == current.version {
+            if env.policy_id != *pid || env.key_version == current {
                 continue;
             }
             if let Err(e) = env.verify(&self.signer.public()) {
@@ -576,6 +648,7 @@ impl Authority {
             };
             self.seal_envelope(&env.secret_id, pid, &secret)?;
             rewrapped += 1;
+            self.flush_if_large()?;
         }
         Ok((rewrapped, skipped))
     }

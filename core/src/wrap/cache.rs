@@ -57,6 +57,9 @@ pub(crate) struct PolicyKeyCache {
     hits: AtomicU64,
     misses: AtomicU64,
     evictions: AtomicU64,
+    /// Bumped by every `forget` and `clear`: a load that began before one
+    /// does not insert what it loaded, which may be what was forgotten.
+    epoch: AtomicU64,
 }
 
 impl PolicyKeyCache {
@@ -68,6 +71,7 @@ impl PolicyKeyCache {
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
+            epoch: AtomicU64::new(0),
         }
     }
 
@@ -103,9 +107,12 @@ impl PolicyKeyCache {
             return Ok(k);
         }
         self.misses.fetch_add(1, Ordering::Relaxed);
+        let epoch = self.epoch.load(Ordering::SeqCst);
         let loaded = load();
         if let Ok(k) = &loaded {
-            self.insert(id, k.clone());
+            if self.epoch.load(Ordering::SeqCst) == epoch {
+                self.insert(id, k.clone());
+            }
         }
         self.inflight.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         loaded
@@ -135,6 +142,13 @@ impl PolicyKeyCache {
     }
 
     pub(crate) fn clear(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
         self.map.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    }
+
+    /// Drops (wiping) the key `id`; whether it was held.
+    pub(crate) fn forget(&self, id: &KeyId) -> bool {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).remove(id).is_some()
     }
 }

@@ -217,6 +217,9 @@ mod tests {
             (AbeError::Policy(keyfence_policy::parse("a:").unwrap_err()).into(), ErrorCode::PolicySyntax),
             (io().into(), ErrorCode::StoreIo),
             (StoreError::InvalidKey("..".into()).into(), ErrorCode::InvalidStoreKey),
+            (StoreError::Conflict { key: "authority/state".into() }.into(), ErrorCode::StoreConflict),
+            (StoreError::TooLarge { key: "k".into(), what: "bytes", len: 2, max: 1 }.into(), ErrorCode::LimitExceeded),
+            (StoreError::InvalidName { name: "etcd://".into(), reason: "x".into() }.into(), ErrorCode::InvalidArgument),
         ];
         for (e, code) in cases {
             assert_eq!(e.code(), code, "{e:?}");

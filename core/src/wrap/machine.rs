@@ -310,6 +310,76 @@ impl Machine {
     pub fn clear_cache(&self) {
         self.cache.clear()
     }
+
+    /// The store no longer holds the object `name`: forgets the policy key
+    /// the cache opened, if it came from such an object (a sealed copy,
+    /// deleted when its policy-key version or its master generation is
+    /// retired), so the next open reads the store again and fails if
+    /// nothing live is left. Whether the cache held it.
+    pub fn forget(&self, name: &str) -> bool {
+        layout::parse_sealed(name).is_some_and(|s| self.cache.forget(&(s.policy_id, s.version)))
+    }
+
+    /// Follows `store`'s deletions of sealed copies with a watch (see
+    /// [`EtcdStore::watch`](super::EtcdStore::watch)) and [`forget`]s each
+    /// as it arrives, so a retirement reaches this machine's cache without
+    /// waiting for its time to live; after a compaction it clears the
+    /// cache. Stops when the returned [`Follower`] is dropped.
+    ///
+    /// [`forget`]: Machine::forget
+    ///
+    /// # Errors
+    /// [`WrapError::Store`] if the watch cannot start.
+    #[cfg(feature = "etcd")]
+    pub fn follow(self: &Arc<Self>, store: &super::etcd::EtcdStore) -> Result<Follower> {
+        use super::etcd::WatchEvent;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let watch = store.watch(layout::SEALED, 0)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let (machine, flag) = (Arc::downgrade(self), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("keyfence-machine-follow".into())
+            .spawn(move || {
+                while !flag.load(Ordering::SeqCst) {
+                    let Some(event) = watch.next_timeout(std::time::Duration::from_millis(100)) else { continue };
+                    let Some(m) = machine.upgrade() else { return };
+                    match event {
+                        WatchEvent::Delete { key, .. } => {
+                            m.forget(&key);
+                        }
+                        WatchEvent::Compacted { .. } => m.clear_cache(),
+                        WatchEvent::Put { .. } => {}
+                    }
+                }
+            })
+            .map_err(|e| super::store::StoreError::Io { key: layout::SEALED.into(), source: e })?;
+        Ok(Follower { stop, thread: Some(thread) })
+    }
+}
+
+/// A machine following its store's changes ([`Machine::follow`]); stops
+/// (within a tenth of a second) when dropped.
+#[cfg(feature = "etcd")]
+pub struct Follower {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+#[cfg(feature = "etcd")]
+impl fmt::Debug for Follower {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Follower")
+    }
+}
+
+#[cfg(feature = "etcd")]
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
 
 /// The envelope's authority and signature, then the attributes: the

@@ -29,7 +29,8 @@
 //! See `docs/wrapping.md` for the formats and the crash-safety argument.
 
 // Direction, bottom to top (each module uses only those before it): store
-// (the contract and the file store), error, signing, hpke, policy,
+// (the contract and the file store), etcd (the store on etcd), name (a
+// store named by one string), error, signing, hpke, policy,
 // generation, layout (object names), format and sealed (the signed
 // objects), cache; then the two roles that use all of it: machine (opens)
 // and authority (writes).
@@ -37,6 +38,8 @@
 mod authority;
 mod cache;
 mod error;
+#[cfg(feature = "etcd")]
+mod etcd;
 #[cfg(feature = "testing")]
 mod faulty;
 mod format;
@@ -44,6 +47,7 @@ mod generation;
 mod hpke;
 mod layout;
 mod machine;
+mod name;
 mod policy;
 mod sealed;
 mod signing;
@@ -57,5 +61,10 @@ pub use error::{Result, StateError, WrapError};
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
+#[cfg(feature = "etcd")]
+pub use machine::Follower;
 pub use policy::{policy_id, CanonicalPolicy};
-pub use store::{FileStore, MemoryStore, Store, StoreError, StoreLock};
+pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock};
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdConfig, EtcdStore, Watch, WatchEvent, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
+pub use name::open_store;

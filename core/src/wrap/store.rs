@@ -38,6 +38,36 @@ pub enum StoreError {
         /// How long this writer waited.
         waited: Duration,
     },
+    /// Another writer committed between this writer's read of `key` and
+    /// its commit; nothing of the commit was written. Re-run the operation.
+    #[error("store object {key:?} changed since it was read (another writer committed first); nothing was written: run it again")]
+    Conflict {
+        /// The object that changed.
+        key: String,
+    },
+    /// A value or a commit larger than the store accepts (etcd refuses
+    /// requests over 1.5 MiB by default); refused before anything is sent,
+    /// never written in part.
+    #[error("store object {key:?}: {len} {what}, over the store's limit of {max}")]
+    TooLarge {
+        /// The object (or the first object of the commit).
+        key: String,
+        /// What is counted: `bytes`, `writes in one commit`.
+        what: &'static str,
+        /// Its size, or the commit's.
+        len: usize,
+        /// The largest the store takes.
+        max: usize,
+    },
+    /// A store name ([`open_store`](super::open_store)) that names no
+    /// store: an unknown scheme, no endpoint, an unreadable certificate.
+    #[error("store {name:?}: {reason}")]
+    InvalidName {
+        /// The name as given, with any password removed.
+        name: String,
+        /// What is wrong with it.
+        reason: String,
+    },
 }
 
 impl StoreError {
@@ -47,6 +77,9 @@ impl StoreError {
             StoreError::Io { .. } => crate::ErrorCode::StoreIo,
             StoreError::InvalidKey(_) => crate::ErrorCode::InvalidStoreKey,
             StoreError::Locked { .. } => crate::ErrorCode::StoreLocked,
+            StoreError::Conflict { .. } => crate::ErrorCode::StoreConflict,
+            StoreError::TooLarge { .. } => crate::ErrorCode::LimitExceeded,
+            StoreError::InvalidName { .. } => crate::ErrorCode::InvalidArgument,
         }
     }
 }
@@ -74,6 +107,149 @@ pub trait Store: Send + Sync {
     /// # Errors
     /// [`StoreError::Locked`] after `wait`; [`StoreError::Io`].
     fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError>;
+
+    /// The object and the [`Stamp`] of the version read, for a later
+    /// [`Store::commit`] to check that it has not changed. By default the
+    /// stamp is a digest of the value, which is right for any store whose
+    /// writers are serialised by [`Store::lock`].
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, Stamp)>, StoreError> {
+        Ok(self.get(key)?.map(|v| {
+            let stamp = Stamp::of_value(&v);
+            (v, stamp)
+        }))
+    }
+
+    /// Applies `batch` if every object it expects is still as read. A
+    /// replicated store does it as one atomic transaction (all or nothing,
+    /// [`StoreError::Conflict`] when an expectation fails). The default
+    /// checks the expectations and then applies the writes one by one in
+    /// their order: right for a store whose writers hold [`Store::lock`],
+    /// where the order of the writes is what makes a crash midway safe.
+    ///
+    /// # Errors
+    /// [`StoreError::Conflict`]; [`StoreError::TooLarge`]; the errors of
+    /// the writes.
+    fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        for (key, expected) in &batch.expect {
+            let now = self.get_stamped(key)?.map(|(_, s)| s);
+            if now != *expected {
+                return Err(StoreError::Conflict { key: key.clone() });
+            }
+        }
+        for op in &batch.ops {
+            match op {
+                Op::Put(k, v) => self.put(k, v)?,
+                Op::Delete(k) => self.delete(k)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Which version of an object was read: a store's revision, or a digest of
+/// the value for stores without revisions. Compared by [`Store::commit`].
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Stamp(StampKind);
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum StampKind {
+    Revision(i64),
+    Digest([u8; 32]),
+}
+
+impl Stamp {
+    /// The stamp of a store with revisions (etcd's `mod_revision`).
+    pub fn revision(rev: i64) -> Self {
+        Stamp(StampKind::Revision(rev))
+    }
+
+    /// The stamp of a value in a store without revisions: its BLAKE2b-256.
+    pub fn of_value(value: &[u8]) -> Self {
+        let h = blake2b_simd::Params::new().hash_length(32).personal(b"keyfence-stamp").hash(value);
+        let mut d = [0u8; 32];
+        d.copy_from_slice(h.as_bytes());
+        Stamp(StampKind::Digest(d))
+    }
+
+    /// The revision, for a stamp made by [`Stamp::revision`].
+    pub fn as_revision(&self) -> Option<i64> {
+        match self.0 {
+            StampKind::Revision(r) => Some(r),
+            StampKind::Digest(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Stamp {
+    // A digest of a value may be of a secret (the authority state): only
+    // its first bytes, which tell versions apart in a message.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            StampKind::Revision(r) => write!(f, "Stamp(revision {r})"),
+            StampKind::Digest(d) => write!(f, "Stamp(digest {:02x}{:02x}{:02x}{:02x}…)", d[0], d[1], d[2], d[3]),
+        }
+    }
+}
+
+/// One write of a [`Batch`].
+#[derive(Clone, PartialEq, Eq)]
+pub enum Op {
+    /// Create or replace the object.
+    Put(String, Vec<u8>),
+    /// Remove the object (absent is not an error).
+    Delete(String),
+}
+
+impl Op {
+    /// The object written.
+    pub fn key(&self) -> &str {
+        match self {
+            Op::Put(k, _) | Op::Delete(k) => k,
+        }
+    }
+}
+
+impl std::fmt::Debug for Op {
+    // Values hold sealed keys and the authority's state: never printed.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Op::Put(k, v) => write!(f, "Put({k:?}, {} bytes)", v.len()),
+            Op::Delete(k) => write!(f, "Delete({k:?})"),
+        }
+    }
+}
+
+/// Writes to apply together, if the objects read are still as read
+/// ([`Store::commit`]). One write per object: a later write of an object
+/// replaces the earlier one in its place (a replicated store's transaction
+/// refuses two writes of one key, and the order of first writes is the
+/// crash-safety order of a store without transactions).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Batch {
+    /// Objects and the stamp each had when read (`None`: absent).
+    pub expect: Vec<(String, Option<Stamp>)>,
+    /// The writes, in order.
+    pub ops: Vec<Op>,
+}
+
+impl Batch {
+    /// Adds a write, replacing an earlier write of the same object in its
+    /// place.
+    pub fn push(&mut self, op: Op) {
+        match self.ops.iter_mut().find(|o| o.key() == op.key()) {
+            Some(earlier) => *earlier = op,
+            None => self.ops.push(op),
+        }
+    }
+
+    /// Bytes of keys and values, to check against a store's request limit.
+    pub fn size(&self) -> usize {
+        let ops: usize = self.ops.iter().map(|o| o.key().len() + if let Op::Put(_, v) = o { v.len() } else { 0 }).sum();
+        ops + self.expect.iter().map(|(k, _)| k.len() + 8).sum::<usize>()
+    }
 }
 
 /// The writer lock of a store, held until dropped.
@@ -98,7 +274,7 @@ impl std::fmt::Debug for StoreLock {
 /// How long [`FileStore`] and [`MemoryStore`] sleep between attempts.
 const LOCK_POLL: Duration = Duration::from_millis(5);
 
-fn check_key(key: &str) -> Result<(), StoreError> {
+pub(crate) fn check_key(key: &str) -> Result<(), StoreError> {
     let ok = !key.is_empty()
         && key.split('/').all(|p| !p.is_empty() && p != "." && p != "..")
         && key.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-/".contains(&b));

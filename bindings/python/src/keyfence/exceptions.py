@@ -38,6 +38,7 @@ __all__ = [
     "AuthorityExists",
     "StoreIOError",
     "StoreLocked",
+    "StoreConflict",
     "Overloaded",
     "TimedOut",
     "Cancelled",
@@ -174,6 +175,13 @@ class StoreLocked(StoreError):
     """Another writer held the store's lock for longer than the wait; retry later."""
 
 
+class StoreConflict(StoreError):
+    """Another writer committed between this call's read and its commit (an etcd store).
+
+    Nothing of this call was written: run it again, and it starts from the new state.
+    """
+
+
 class Overloaded(KeyfenceError):
     """The executor's queue is full; the operation was not accepted. Shed load."""
 
@@ -234,6 +242,7 @@ CLASSES: Dict[int, Type[KeyfenceError]] = {
     400: StoreIOError,
     401: StoreError,
     402: StoreLocked,
+    403: StoreConflict,
     500: Overloaded,
     501: TimedOut,
     502: Cancelled,

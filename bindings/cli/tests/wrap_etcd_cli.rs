@@ -1,0 +1,128 @@
+//! `keyfence authority` / `keyfence machine` with `--store etcd://...`:
+//! the same commands on a three-member etcd cluster on loopback.
+
+mod common;
+#[path = "../../../core/tests/etcd_support/mod.rs"]
+mod etcd_support;
+
+use common::{keyfence as run, ok, stderr, Dir};
+
+#[test]
+fn the_commands_work_on_an_etcd_store() {
+    let Some(cluster) = etcd_support::Cluster::start() else { return };
+    let d = Dir::new("etcd-cmds");
+    let s = cluster.name("cli/one");
+    let o = run(&["authority", "status", "--store", &s]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no authority in this store"), "{}", stderr(&o));
+
+    assert!(ok(&["authority", "init", "--store", &s]).contains("generation 1"));
+    let o = run(&["authority", "init", "--store", &s]);
+    assert!(!o.status.success() && stderr(&o).contains("already holds an authority"), "{}", stderr(&o));
+    std::fs::write(d.p("pem"), b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap();
+    ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU", "--out", &d.p("fra.key")]);
+    ok(&["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", &d.p("pem"), "--out", &d.p("env")]);
+    assert!(ok(&["authority", "rotate", "--store", &s]).contains("re-sealed 1 policy key(s)"));
+    ok(&["machine", "open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env"), "--out", &d.p("out")]);
+    assert_eq!(std::fs::read(d.p("out")).unwrap(), std::fs::read(d.p("pem")).unwrap());
+    let status = ok(&["authority", "status", "--store", &s]);
+    assert!(status.contains("generation 2: active") && status.contains("envelopes: 1"), "{status}");
+    // The objects are in etcd under the prefix, not in a directory.
+    assert!(!std::path::Path::new(&s).exists());
+    let listed = cluster.store("cli/one").list("envelopes/").unwrap();
+    assert_eq!(listed.len(), 1);
+
+    // A malformed name is an input error naming what is wrong.
+    let o = run(&["authority", "status", "--store", "etcd://127.0.0.1/cli"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("HOST:PORT"), "{}", stderr(&o));
+}
+
+/// The commands of `docs/wrapping.md`'s "Running on etcd" block, with the
+/// block's `$S` and endpoint replaced by this test's cluster.
+fn documented_etcd_commands(store: &str, endpoint: &str) -> Vec<Vec<String>> {
+    let doc = include_str!("../../../docs/wrapping.md");
+    let block = doc.split("A three-member cluster on one machine, and the commands on it:").nth(1).expect("the etcd section");
+    let block = block.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its sh block");
+    block
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with("keyfence ") || l.starts_with("etcdctl "))
+        .map(|l| {
+            let l = l.replace("$S", store).replace("127.0.0.1:20379", endpoint);
+            let mut args = Vec::new();
+            let mut rest = l.as_str();
+            while !rest.is_empty() {
+                rest = rest.trim_start();
+                let (arg, after) = match rest.strip_prefix('\'') {
+                    Some(q) => q.split_once('\'').expect("closing quote"),
+                    None => rest.split_once(' ').unwrap_or((rest, "")),
+                };
+                args.push(arg.to_owned());
+                rest = after;
+            }
+            args
+        })
+        .collect()
+}
+
+#[test]
+fn the_documented_etcd_commands_work_as_listed() {
+    let Some(cluster) = etcd_support::Cluster::start() else { return };
+    let d = Dir::new("etcd-documented");
+    std::fs::write(d.p("key.pem"), b"-----BEGIN PRIVATE KEY-----\nBBBB\n-----END PRIVATE KEY-----\n").unwrap();
+    let store = cluster.name("keyfence/prod");
+    let commands = documented_etcd_commands(&store, &cluster.endpoints()[0]);
+    assert_eq!(commands.iter().filter(|c| c[0] == "keyfence").count(), 4, "{commands:?}");
+    let mut etcdctl_listing = None;
+    for c in &commands {
+        let (prog, args) = c.split_first().unwrap();
+        let prog = if prog == "keyfence" { env!("CARGO_BIN_EXE_keyfence").to_owned() } else { prog.clone() };
+        if prog == "etcdctl" && std::process::Command::new("etcdctl").arg("version").output().is_err() {
+            use std::io::Write;
+            let _ = writeln!(std::io::stderr(), "*** SKIPPED: no etcdctl (etcd-client) on PATH: the listing was not checked ***");
+            continue;
+        }
+        let o = std::process::Command::new(&prog).args(args).current_dir(&d.0).output().unwrap();
+        assert!(o.status.success(), "{c:?}: {}", String::from_utf8_lossy(&o.stderr));
+        if prog == "etcdctl" {
+            etcdctl_listing = Some(String::from_utf8_lossy(&o.stdout).into_owned());
+        }
+    }
+    assert_eq!(std::fs::read(d.p("opened.pem")).unwrap(), std::fs::read(d.p("key.pem")).unwrap());
+    eprintln!("etcdctl listed: {etcdctl_listing:?}");
+    if let Some(listing) = etcdctl_listing {
+        for key in ["keyfence/prod/authority/state", "keyfence/prod/public/generations"] {
+            assert!(listing.lines().any(|l| l == key), "{key} not in {listing}");
+        }
+        assert!(listing.contains("keyfence/prod/envelopes/") && listing.contains("keyfence/prod/sealed/"), "{listing}");
+    }
+}
+
+/// `keyfence bench store` measures the etcd store against the file store
+/// in one run, and leaves nothing behind in etcd.
+#[test]
+fn bench_store_measures_etcd_against_files_and_cleans_up() {
+    let Some(cluster) = etcd_support::Cluster::start() else { return };
+    let out = ok(&["bench", "store", "--store", &cluster.name("benched"), "--json", "--ops", "20"]);
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 6, "{out}");
+    for store in ["file", "etcd"] {
+        for op in ["wrap", "fetch_open_cached"] {
+            let l = lines.iter().find(|l| l["store"] == store && l["op"] == op).unwrap_or_else(|| panic!("{store} {op}: {out}"));
+            assert!(l["per_s"].as_f64().unwrap() > 0.0, "{l}");
+        }
+        let size = lines.iter().find(|l| l["store"] == store && l["op"] == "bytes_per_envelope").unwrap();
+        // A 1 KiB secret, its tag, the policy and the signature.
+        let bytes = size["bytes"].as_u64().unwrap();
+        assert!((1024 + 16..4096).contains(&bytes), "{size}");
+    }
+    // The bench's sub-store is `benched/bench-...`: count every key under
+    // `benched/` (base64 of "benched/" and of its range end "benched0").
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(5))).build().new_agent();
+    let url = format!("http://{}/v3/kv/range", cluster.endpoints()[0]);
+    let mut r = agent.post(url).send(r#"{"key":"YmVuY2hlZC8=","range_end":"YmVuY2hlZDA=","count_only":true}"#).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap();
+    assert!(v.get("count").is_none() || v["count"] == "0", "left behind: {v}");
+    assert!(v["header"]["revision"].as_str().unwrap().parse::<u64>().unwrap() > 20, "the bench committed its 20 wraps to this cluster: {v}");
+}

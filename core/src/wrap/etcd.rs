@@ -1,0 +1,656 @@
+//! The store on an etcd v3 cluster (the `etcd` feature): one authority's
+//! state shared by a fleet, replicated by etcd's Raft.
+//!
+//! Objects are etcd keys `{prefix}/{name}`. Every multi-object commit of
+//! the authority is one etcd transaction that compares the revision of the
+//! authority state it read ([`Store::commit`]): of two authorities racing,
+//! one commits and the other gets [`StoreError::Conflict`] with nothing
+//! written, so no writer lock is needed ([`EtcdStore`]'s `lock` holds
+//! nothing). Listing is paged at one revision; values and commits over
+//! etcd's request limit (1.5 MiB by default) are refused with
+//! [`StoreError::TooLarge`] before anything is sent.
+//!
+//! The client speaks to etcd's JSON gateway (`POST /v3/kv/...`, the gRPC
+//! API transcoded, served on the client port) with a blocking HTTP/1.1
+//! client: it fits the synchronous [`Store`] trait without an async
+//! runtime. A request that fails on one endpoint (refused connection, a
+//! member without a leader during an election) is retried on the next
+//! until [`EtcdConfig::retry_for`] has passed.
+
+use std::io::BufRead;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use serde_json::{json, Value};
+
+use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock};
+
+/// etcd's default `--max-request-bytes` (1.5 MiB), less room for the
+/// request's framing: the largest value, or sum of keys and values of one
+/// commit, the store sends.
+pub const MAX_REQUEST: usize = 1536 * 1024 - 4096;
+
+/// etcd's default `--max-txn-ops`: the most writes one commit may hold.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// Keys per page when listing.
+const PAGE: usize = 1000;
+
+/// How to reach an etcd cluster.
+#[derive(Clone)]
+pub struct EtcdConfig {
+    /// `HOST:PORT` of each member's client URL; tried in turn.
+    pub endpoints: Vec<String>,
+    /// Every object is stored under `{prefix}/`; not empty.
+    pub prefix: String,
+    /// PEM certificates that sign the members' server certificates: when
+    /// set, the endpoints are spoken to over TLS (`https`).
+    pub ca_pem: Option<Vec<u8>>,
+    /// A PEM client certificate chain and its private key, for clusters
+    /// that require client certificates (`--client-cert-auth`).
+    pub client_pem: Option<(Vec<u8>, zeroize::Zeroizing<Vec<u8>>)>,
+    /// How long one request waits for an answer.
+    pub request_timeout: Duration,
+    /// How long a call keeps retrying on other endpoints (a member down, a
+    /// leader election) before it fails.
+    pub retry_for: Duration,
+    /// How long a watch waits in silence before it reconnects (from the
+    /// revision it has reached, so nothing is missed) and checks whether
+    /// its [`Watch`] was dropped.
+    pub watch_idle: Duration,
+}
+
+impl std::fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("tls", &self.ca_pem.is_some())
+            .field("client_cert", &self.client_pem.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdConfig {
+    /// Plain HTTP to `endpoints`, objects under `prefix`, 5 s per request,
+    /// 30 s of retries (a Raft election takes a few seconds).
+    pub fn new(endpoints: Vec<String>, prefix: impl Into<String>) -> Self {
+        EtcdConfig {
+            endpoints,
+            prefix: prefix.into(),
+            ca_pem: None,
+            client_pem: None,
+            request_timeout: Duration::from_secs(5),
+            retry_for: Duration::from_secs(30),
+            watch_idle: Duration::from_secs(10),
+        }
+    }
+}
+
+/// A [`Store`] on an etcd v3 cluster (see the module documentation).
+#[derive(Clone)]
+pub struct EtcdStore {
+    agent: ureq::Agent,
+    /// `http://HOST:PORT` or `https://HOST:PORT`.
+    urls: Vec<String>,
+    /// `{prefix}/`.
+    prefix: String,
+    /// The endpoint that answered last, tried first.
+    next: Arc<AtomicUsize>,
+    retry_for: Duration,
+    /// For watches: no overall timeout, `watch_idle` per read.
+    watch_agent: ureq::Agent,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore").field("endpoints", &self.urls).field("prefix", &self.prefix).finish_non_exhaustive()
+    }
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn io_err(key: &str, msg: impl Into<String>) -> StoreError {
+    StoreError::Io { key: key.to_owned(), source: std::io::Error::other(msg.into()) }
+}
+
+/// An int64 of the gateway's JSON (a string, as proto3 JSON writes them;
+/// absent is zero).
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        Value::Number(n) => n.as_i64().unwrap_or(0),
+        _ => 0,
+    }
+}
+
+/// bytes of the gateway's JSON (base64; absent is empty).
+fn bytes(v: &Value, key: &str) -> Result<Vec<u8>, StoreError> {
+    match v {
+        Value::Null => Ok(Vec::new()),
+        Value::String(s) => {
+            base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| io_err(key, format!("etcd sent bad base64: {e}")))
+        }
+        _ => Err(io_err(key, "etcd sent a non-string for bytes")),
+    }
+}
+
+/// Why one attempt failed: worth another endpoint, or final.
+enum Failure {
+    Retry(String),
+    Final(String),
+}
+
+impl EtcdStore {
+    /// Connects to nothing yet: each call goes to the first endpoint that
+    /// answers.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidName`] for no endpoint, an empty prefix, a
+    /// prefix that is not a store key, or certificates that do not parse.
+    pub fn open(config: EtcdConfig) -> Result<Self, StoreError> {
+        let bad = |reason: String| StoreError::InvalidName { name: format!("etcd://{}/{}", config.endpoints.join(","), config.prefix), reason };
+        if config.endpoints.is_empty() {
+            return Err(bad("no endpoint".into()));
+        }
+        let prefix = config.prefix.trim_matches('/');
+        if prefix.is_empty() || check_key(prefix).is_err() {
+            return Err(bad(format!("prefix {prefix:?}: not empty, `/`-separated parts of [A-Za-z0-9._-]")));
+        }
+        let scheme = if config.ca_pem.is_some() { "https" } else { "http" };
+        let mut builder = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(config.request_timeout))
+            .max_redirects(0);
+        let mut watch_builder = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_connect(Some(config.request_timeout))
+            .timeout_per_read(Some(config.watch_idle))
+            .max_redirects(0);
+        if let Some(ca) = &config.ca_pem {
+            use ureq::tls::{parse_pem, ClientCert, PemItem, RootCerts, TlsConfig};
+            let mut roots = Vec::new();
+            for item in parse_pem(ca) {
+                if let PemItem::Certificate(c) = item.map_err(|e| bad(format!("CA certificates: {e}")))? {
+                    roots.push(c);
+                }
+            }
+            if roots.is_empty() {
+                return Err(bad("the CA file holds no certificate".into()));
+            }
+            let mut tls = TlsConfig::builder().root_certs(RootCerts::new_with_certs(&roots));
+            if let Some((chain, key)) = &config.client_pem {
+                let mut certs = Vec::new();
+                for item in parse_pem(chain) {
+                    if let PemItem::Certificate(c) = item.map_err(|e| bad(format!("client certificate: {e}")))? {
+                        certs.push(c);
+                    }
+                }
+                // The key's parse error names a position, never the key.
+                let key = parse_pem(key)
+                    .find_map(|i| match i {
+                        Ok(PemItem::PrivateKey(k)) => Some(k),
+                        _ => None,
+                    })
+                    .ok_or_else(|| bad("the client key file holds no private key".into()))?;
+                if certs.is_empty() {
+                    return Err(bad("the client certificate file holds no certificate".into()));
+                }
+                tls = tls.client_cert(Some(ClientCert::new_with_certs(&certs, key)));
+            }
+            let tls = tls.build();
+            watch_builder = watch_builder.tls_config(tls.clone());
+            builder = builder.tls_config(tls);
+        } else if config.client_pem.is_some() {
+            return Err(bad("a client certificate needs TLS: give the CA certificate too".into()));
+        }
+        Ok(EtcdStore {
+            agent: builder.build().new_agent(),
+            urls: config.endpoints.iter().map(|e| format!("{scheme}://{e}")).collect(),
+            prefix: format!("{prefix}/"),
+            next: Arc::new(AtomicUsize::new(0)),
+            retry_for: config.retry_for,
+            watch_agent: watch_builder.build().new_agent(),
+        })
+    }
+
+    /// The prefix every object is stored under, with its final `/`.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    fn one(&self, url: &str, path: &str, body: &[u8]) -> Result<Value, Failure> {
+        let mut resp = self
+            .agent
+            .post(format!("{url}{path}"))
+            .header("content-type", "application/json")
+            .send(body)
+            .map_err(|e| Failure::Retry(format!("{url}: {e}")))?;
+        let status = resp.status().as_u16();
+        let text = resp
+            .body_mut()
+            .with_config()
+            .limit(64 << 20)
+            .read_to_vec()
+            .map_err(|e| Failure::Retry(format!("{url}: reading the answer: {e}")))?;
+        let v: Value = serde_json::from_slice(&text).map_err(|e| Failure::Retry(format!("{url}: answer is not JSON ({e})")))?;
+        if status == 200 && v.get("error").is_none() {
+            return Ok(v);
+        }
+        let msg = v.get("message").or_else(|| v.get("error")).and_then(Value::as_str).unwrap_or("").to_owned();
+        // gRPC codes: 14 unavailable, 4 deadline exceeded, 10 aborted:
+        // a member without a leader, an election, an overloaded member.
+        let code = int(v.get("code").unwrap_or(&Value::Null));
+        if matches!(code, 4 | 10 | 14) || status == 503 || msg.contains("leader") || msg.contains("timed out") {
+            Err(Failure::Retry(format!("{url}: {msg} (HTTP {status})")))
+        } else {
+            Err(Failure::Final(format!("{url}: {msg} (HTTP {status}, gRPC code {code})")))
+        }
+    }
+
+    /// POSTs `body` to `path` on the endpoints in turn, from the one that
+    /// answered last, until one answers or the retry time has passed.
+    fn call(&self, key: &str, path: &str, body: &Value) -> Result<Value, StoreError> {
+        let body = serde_json::to_vec(body).map_err(|e| io_err(key, e.to_string()))?;
+        let start = Instant::now();
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let first = self.next.load(Ordering::Relaxed);
+            let mut last = String::new();
+            for i in 0..self.urls.len() {
+                let n = (first + i) % self.urls.len();
+                match self.one(&self.urls[n], path, &body) {
+                    Ok(v) => {
+                        self.next.store(n, Ordering::Relaxed);
+                        return Ok(v);
+                    }
+                    Err(Failure::Final(m)) => return Err(io_err(key, format!("etcd {path}: {m}"))),
+                    Err(Failure::Retry(m)) => last = m,
+                }
+            }
+            if start.elapsed() >= self.retry_for {
+                return Err(io_err(key, format!("etcd {path}: no member answered in {:?}; last: {last}", self.retry_for)));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    fn full(&self, key: &str) -> Result<String, StoreError> {
+        check_key(key)?;
+        Ok(format!("{}{key}", self.prefix))
+    }
+
+    fn check_size(key: &str, len: usize) -> Result<(), StoreError> {
+        if len > MAX_REQUEST {
+            return Err(StoreError::TooLarge { key: key.to_owned(), what: "bytes", len, max: MAX_REQUEST });
+        }
+        Ok(())
+    }
+}
+
+/// A change to an object under a watched prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The object was created or replaced at `revision`.
+    Put {
+        /// The object's name (without the store's prefix).
+        key: String,
+        /// The revision of the change.
+        revision: i64,
+    },
+    /// The object was deleted at `revision`.
+    Delete {
+        /// The object's name.
+        key: String,
+        /// The revision of the change.
+        revision: i64,
+    },
+    /// etcd compacted away the revisions the watch was to resume from: the
+    /// changes in between are lost to it, so the watcher must read the
+    /// prefix again in full. The watch goes on with the changes after
+    /// `revision`, the cluster's revision when it learnt of the compaction.
+    Compacted {
+        /// The revision the watch resumes after.
+        revision: i64,
+    },
+}
+
+impl WatchEvent {
+    /// The revision of the change (or the one resumed after a compaction).
+    pub fn revision(&self) -> i64 {
+        match self {
+            WatchEvent::Put { revision, .. } | WatchEvent::Delete { revision, .. } | WatchEvent::Compacted { revision } => *revision,
+        }
+    }
+}
+
+/// The changes under a prefix from a revision on, in revision order, each
+/// once, across reconnections ([`EtcdStore::watch`]). Stops when dropped.
+pub struct Watch {
+    rx: mpsc::Receiver<WatchEvent>,
+    stop: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Watch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Watch")
+    }
+}
+
+impl Watch {
+    /// The next change, waiting up to `wait`; `None` if there was none.
+    pub fn next_timeout(&self, wait: Duration) -> Option<WatchEvent> {
+        self.rx.recv_timeout(wait).ok()
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+impl EtcdStore {
+    /// The cluster's current revision: a watch from it sees every later
+    /// change.
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    pub fn revision(&self) -> Result<i64, StoreError> {
+        let full = format!("{}public/generations", self.prefix);
+        let v = self.call("", "/v3/kv/range", &json!({ "key": b64(full.as_bytes()), "count_only": true }))?;
+        Ok(int(v.pointer("/header/revision").unwrap_or(&Value::Null)))
+    }
+
+    /// Watches the objects under `prefix` for changes after revision
+    /// `after` (0: from now). A thread follows etcd's watch stream; when
+    /// its connection fails or stays silent for [`EtcdConfig::watch_idle`],
+    /// it reconnects (to the next endpoint if need be) from the last
+    /// revision it delivered, so no change is missed or repeated.
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidKey`] for a prefix that is not a store key;
+    /// for `after` 0, the errors of [`EtcdStore::revision`].
+    pub fn watch(&self, prefix: &str, after: i64) -> Result<Watch, StoreError> {
+        check_key(prefix.trim_end_matches('/'))?;
+        // "From now" is now, not when the thread gets to it.
+        let after = if after == 0 { self.revision()? } else { after };
+        let (tx, rx) = mpsc::channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let this = self.clone();
+        let start = format!("{}{prefix}", self.prefix);
+        let flag = stop.clone();
+        std::thread::Builder::new()
+            .name("keyfence-etcd-watch".into())
+            .spawn(move || this.follow(start, after, tx, flag))
+            .map_err(|e| io_err(prefix, format!("cannot start the watch thread: {e}")))?;
+        Ok(Watch { rx, stop })
+    }
+
+    /// The watch thread: one stream at a time, resumed after `last`.
+    fn follow(self, start: String, mut last: i64, tx: mpsc::Sender<WatchEvent>, stop: Arc<AtomicBool>) {
+        let end = prefix_end(start.as_bytes());
+        let mut n = self.next.load(Ordering::Relaxed);
+        let mut pause = Duration::from_millis(20);
+        while !stop.load(Ordering::SeqCst) {
+            if last == 0 {
+                match self.revision() {
+                    Ok(r) => last = r,
+                    Err(_) => {
+                        std::thread::sleep(pause);
+                        continue;
+                    }
+                }
+            }
+            let url = &self.urls[n % self.urls.len()];
+            let req = json!({ "create_request": {
+                "key": b64(start.as_bytes()), "range_end": b64(&end), "start_revision": (last + 1).to_string(),
+            }});
+            let body = serde_json::to_vec(&req).unwrap_or_default();
+            let resp = self.watch_agent.post(format!("{url}/v3/watch")).header("content-type", "application/json").send(&body[..]);
+            let mut resp = match resp {
+                Ok(r) if r.status().as_u16() == 200 => r,
+                _ => {
+                    // Another member, after a pause that grows while none answers.
+                    n += 1;
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                    continue;
+                }
+            };
+            let mut lines = std::io::BufReader::new(resp.body_mut().as_reader());
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match lines.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
+                let Some(r) = v.get("result") else { break };
+                pause = Duration::from_millis(20);
+                let compacted = int(r.get("compact_revision").unwrap_or(&Value::Null));
+                if compacted != 0 {
+                    // What came before the compaction is gone: the watcher
+                    // reads everything again, and the watch goes on from
+                    // now (0: the current revision, read on reconnecting).
+                    let now = match self.revision() {
+                        Ok(r) => r,
+                        Err(_) => {
+                            last = 0;
+                            continue;
+                        }
+                    };
+                    last = now;
+                    if tx.send(WatchEvent::Compacted { revision: now }).is_err() {
+                        return;
+                    }
+                    break;
+                }
+                // Events of one revision (one transaction) come in one
+                // message: the revisions it holds are complete once all of
+                // it is sent, and a resumed stream starts after them.
+                let mut reached = last;
+                for e in r.get("events").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]) {
+                    let kv = e.get("kv").unwrap_or(&Value::Null);
+                    let revision = int(kv.get("mod_revision").unwrap_or(&Value::Null));
+                    let Ok(key) = bytes(kv.get("key").unwrap_or(&Value::Null), "").map(String::from_utf8) else { continue };
+                    let Ok(key) = key else { continue };
+                    if revision <= last {
+                        continue;
+                    }
+                    let key = key.strip_prefix(&self.prefix).unwrap_or(&key).to_owned();
+                    let event = if e.get("type").and_then(Value::as_str) == Some("DELETE") {
+                        WatchEvent::Delete { key, revision }
+                    } else {
+                        WatchEvent::Put { key, revision }
+                    };
+                    if tx.send(event).is_err() {
+                        return;
+                    }
+                    reached = reached.max(revision);
+                }
+                last = reached;
+            }
+            // The stream ended (a member died, silence): the next member,
+            // from `last`.
+            n += 1;
+        }
+    }
+}
+
+/// The first key after every key that starts with `p`: etcd's `range_end`.
+fn prefix_end(p: &[u8]) -> Vec<u8> {
+    let mut end = p.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+impl Store for EtcdStore {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.get_stamped(key)?.map(|(v, _)| v))
+    }
+
+    fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, Stamp)>, StoreError> {
+        let full = self.full(key)?;
+        let v = self.call(key, "/v3/kv/range", &json!({ "key": b64(full.as_bytes()) }))?;
+        let Some(kv) = v.get("kvs").and_then(Value::as_array).and_then(|a| a.first()) else {
+            return Ok(None);
+        };
+        let value = bytes(kv.get("value").unwrap_or(&Value::Null), key)?;
+        Ok(Some((value, Stamp::revision(int(kv.get("mod_revision").unwrap_or(&Value::Null))))))
+    }
+
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let full = self.full(key)?;
+        Self::check_size(key, full.len() + value.len())?;
+        self.call(key, "/v3/kv/put", &json!({ "key": b64(full.as_bytes()), "value": b64(value) }))?;
+        Ok(())
+    }
+
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let full = self.full(key)?;
+        self.call(key, "/v3/kv/deleterange", &json!({ "key": b64(full.as_bytes()) }))?;
+        Ok(())
+    }
+
+    /// Pages of keys only, all at the revision of the first page, so a
+    /// listing is one consistent snapshot however long it is.
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        check_key(prefix.trim_end_matches('/'))?;
+        let start = format!("{}{prefix}", self.prefix);
+        let end = prefix_end(start.as_bytes());
+        let mut from = start.clone().into_bytes();
+        let mut revision = 0i64;
+        let mut out = Vec::new();
+        loop {
+            let mut req = json!({
+                "key": b64(&from), "range_end": b64(&end), "limit": PAGE, "keys_only": true,
+            });
+            if revision != 0 {
+                req["revision"] = json!(revision.to_string());
+            }
+            let v = self.call(prefix, "/v3/kv/range", &req)?;
+            if revision == 0 {
+                revision = int(v.pointer("/header/revision").unwrap_or(&Value::Null));
+            }
+            let kvs = v.get("kvs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+            for kv in kvs {
+                let k = bytes(kv.get("key").unwrap_or(&Value::Null), prefix)?;
+                let k = String::from_utf8(k).map_err(|_| io_err(prefix, "etcd holds a key that is not UTF-8"))?;
+                let name = k.strip_prefix(&self.prefix).ok_or_else(|| io_err(prefix, "etcd answered outside the range"))?;
+                out.push(name.to_owned());
+            }
+            if !v.get("more").and_then(Value::as_bool).unwrap_or(false) || kvs.is_empty() {
+                return Ok(out);
+            }
+            from = format!("{}{}\0", self.prefix, out.last().map_or("", String::as_str)).into_bytes();
+        }
+    }
+
+    /// Holds nothing: every commit is a transaction that compares what it
+    /// read ([`Store::commit`]), which fences writers without a lock that
+    /// a paused process could believe it still holds.
+    fn lock(&self, _wait: Duration) -> Result<StoreLock, StoreError> {
+        Ok(StoreLock::new(()))
+    }
+
+    /// One etcd transaction: `compare` the `mod_revision` of each expected
+    /// object (or that it does not exist), `success` the writes. All or
+    /// nothing; [`StoreError::Conflict`] when a comparison fails.
+    fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        let first = batch.ops.first().map(|o| o.key().to_owned()).unwrap_or_default();
+        if batch.ops.len() > MAX_TXN_OPS {
+            return Err(StoreError::TooLarge { key: first, what: "writes in one commit", len: batch.ops.len(), max: MAX_TXN_OPS });
+        }
+        Self::check_size(&first, batch.size() + batch.ops.len() * self.prefix.len())?;
+        let mut compare = Vec::new();
+        for (key, stamp) in &batch.expect {
+            let k = b64(self.full(key)?.as_bytes());
+            compare.push(match stamp {
+                None => json!({ "key": k, "target": "VERSION", "result": "EQUAL", "version": "0" }),
+                Some(s) => match s.as_revision() {
+                    Some(r) => json!({ "key": k, "target": "MOD", "result": "EQUAL", "mod_revision": r.to_string() }),
+                    // A stamp from a store without revisions cannot be
+                    // this store's: the object was not read here.
+                    None => return Err(StoreError::Conflict { key: key.clone() }),
+                },
+            });
+        }
+        let mut success = Vec::new();
+        for op in &batch.ops {
+            let k = b64(self.full(op.key())?.as_bytes());
+            success.push(match op {
+                Op::Put(_, v) => json!({ "request_put": { "key": k, "value": b64(v) } }),
+                Op::Delete(_) => json!({ "request_delete_range": { "key": k } }),
+            });
+        }
+        let v = self.call(&first, "/v3/kv/txn", &json!({ "compare": compare, "success": success }))?;
+        if v.get("succeeded").and_then(Value::as_bool).unwrap_or(false) {
+            return Ok(());
+        }
+        let key = batch.expect.first().map(|(k, _)| k.clone()).unwrap_or(first);
+        Err(StoreError::Conflict { key })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_ends_bound_exactly_their_prefix() {
+        assert_eq!(prefix_end(b"kf/envelopes/"), b"kf/envelopes0");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn bad_configurations_are_refused_before_any_request() {
+        let c = |e: &[&str], p: &str| EtcdConfig::new(e.iter().map(|s| s.to_string()).collect(), p);
+        for (config, why) in [
+            (c(&[], "kf"), "no endpoint"),
+            (c(&["127.0.0.1:1"], ""), "prefix"),
+            (c(&["127.0.0.1:1"], "a/../b"), "prefix"),
+            (EtcdConfig { client_pem: Some((b"x".to_vec(), b"y".to_vec().into())), ..c(&["127.0.0.1:1"], "kf") }, "needs TLS"),
+            (EtcdConfig { ca_pem: Some(b"not a certificate".to_vec()), ..c(&["127.0.0.1:1"], "kf") }, "no certificate"),
+        ] {
+            let err = EtcdStore::open(config).unwrap_err();
+            assert!(matches!(err, StoreError::InvalidName { .. }) && err.to_string().contains(why), "{why}: {err}");
+            assert_eq!(err.code(), crate::ErrorCode::InvalidArgument);
+        }
+    }
+
+    #[test]
+    fn values_and_commits_over_the_request_limit_are_refused_before_sending() {
+        // Port 1 answers nothing: a request would fail with STORE_IO, so
+        // LIMIT_EXCEEDED shows the refusal came first.
+        let s = EtcdStore::open(EtcdConfig { retry_for: Duration::ZERO, ..EtcdConfig::new(vec!["127.0.0.1:1".into()], "kf") }).unwrap();
+        let big = vec![0u8; MAX_REQUEST];
+        let err = s.put("envelopes/aa", &big).unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::LimitExceeded, "{err}");
+        let mut batch = Batch::default();
+        for i in 0..=MAX_TXN_OPS {
+            batch.push(Op::Delete(format!("envelopes/{i}")));
+        }
+        assert_eq!(s.commit(&batch).unwrap_err().code(), crate::ErrorCode::LimitExceeded);
+        let mut batch = Batch::default();
+        batch.push(Op::Put("a/1".into(), vec![0; MAX_REQUEST / 2]));
+        batch.push(Op::Put("a/2".into(), vec![0; MAX_REQUEST / 2]));
+        assert_eq!(s.commit(&batch).unwrap_err().code(), crate::ErrorCode::LimitExceeded);
+        assert_eq!(s.put("envelopes/aa", b"small").unwrap_err().code(), crate::ErrorCode::StoreIo);
+    }
+}

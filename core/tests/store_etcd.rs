@@ -1,0 +1,381 @@
+//! The etcd store against a real three-member cluster on loopback
+//! (`etcd_support`): the `Store` contract, paging, the request limit, two
+//! authorities racing, and a leader killed in the middle of wrapping.
+
+mod etcd_support;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Duration;
+
+use keyfence::policy::Attributes;
+use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, Store, StoreError, WatchEvent, WrapError, ETCD_MAX_REQUEST};
+use keyfence::ErrorCode;
+
+use etcd_support::Cluster;
+
+#[test]
+fn the_store_contract_holds_on_etcd_with_paged_listing_and_the_request_limit() {
+    let Some(cluster) = Cluster::start() else { return };
+    let s = cluster.store("contract");
+    let other = cluster.store("contract-other");
+    assert_eq!(s.get("public/x").unwrap(), None);
+    s.put("public/x", b"1").unwrap();
+    s.put("public/x", b"").unwrap();
+    assert_eq!(s.get("public/x").unwrap().as_deref(), Some(&b""[..]), "an empty value is a value");
+    assert_eq!(other.get("public/x").unwrap(), None, "prefixes do not see each other");
+    s.delete("public/x").unwrap();
+    s.delete("public/x").unwrap();
+    assert_eq!(s.get("public/x").unwrap(), None);
+    assert!(matches!(s.put("../x", b""), Err(StoreError::InvalidKey(_))));
+
+    // More than two pages (1,000 keys each), written in commits of 100.
+    let n = 2_345;
+    for chunk in (0..n).collect::<Vec<_>>().chunks(100) {
+        let mut b = Batch::default();
+        for i in chunk {
+            b.push(Op::Put(format!("envelopes/{i:05}"), vec![1]));
+        }
+        s.commit(&b).unwrap();
+    }
+    s.put("envelopesX", b"outside the prefix's folder").unwrap();
+    let listed = s.list("envelopes/").unwrap();
+    assert_eq!(listed, (0..n).map(|i| format!("envelopes/{i:05}")).collect::<Vec<_>>());
+    assert!(other.list("envelopes/").unwrap().is_empty());
+
+    // Just under the limit is written whole; over it is refused before
+    // anything is sent, and nothing is there afterwards.
+    let key = "sealed/big";
+    let fits = vec![7u8; ETCD_MAX_REQUEST - "contract/".len() - key.len()];
+    s.put(key, &fits).unwrap();
+    assert_eq!(s.get(key).unwrap().unwrap(), fits);
+    let err = s.put("sealed/bigger", &vec![7u8; 1536 * 1024]).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::LimitExceeded, "{err}");
+    assert_eq!(s.get("sealed/bigger").unwrap(), None);
+
+    // A commit expecting a stale revision writes nothing.
+    let (_, stamp) = s.get_stamped("sealed/big").unwrap().unwrap();
+    s.put("sealed/big", b"changed").unwrap();
+    let stale = Batch { expect: vec![("sealed/big".into(), Some(stamp))], ops: vec![Op::Put("public/y".into(), b"y".to_vec())] };
+    let err = s.commit(&stale).unwrap_err();
+    assert!(matches!(&err, StoreError::Conflict { key } if key == "sealed/big"), "{err}");
+    assert_eq!(err.code(), ErrorCode::StoreConflict);
+    assert_eq!(s.get("public/y").unwrap(), None);
+}
+
+#[test]
+fn the_store_name_opens_an_etcd_store() {
+    let Some(cluster) = Cluster::start() else { return };
+    let s = keyfence::wrap::open_store(&cluster.name("named/prefix")).unwrap();
+    s.put("public/x", b"1").unwrap();
+    assert_eq!(cluster.store("named/prefix").get("public/x").unwrap().as_deref(), Some(&b"1"[..]));
+}
+
+/// A store that holds the first two commits made through it until both
+/// have arrived: two authorities on it have both read the state before
+/// either commits, whatever the scheduling.
+struct Gate {
+    inner: Arc<dyn Store>,
+    arrived: AtomicUsize,
+    both: Barrier,
+}
+
+impl Store for Gate {
+    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        self.inner.get(key)
+    }
+    fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, keyfence::wrap::Stamp)>, StoreError> {
+        self.inner.get_stamped(key)
+    }
+    fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.inner.put(key, value)
+    }
+    fn delete(&self, key: &str) -> Result<(), StoreError> {
+        self.inner.delete(key)
+    }
+    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        self.inner.list(prefix)
+    }
+    fn lock(&self, wait: Duration) -> Result<keyfence::wrap::StoreLock, StoreError> {
+        self.inner.lock(wait)
+    }
+    fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
+        if self.arrived.fetch_add(1, Ordering::SeqCst) < 2 {
+            self.both.wait();
+        }
+        self.inner.commit(batch)
+    }
+}
+
+/// Two authorities (two handles, as two processes would have) on one
+/// cluster rotate from the same state: exactly one commits, the other is
+/// told STORE_CONFLICT with nothing of it written, and its re-run succeeds.
+#[test]
+fn two_authorities_racing_a_rotation_one_commits_and_the_other_re_runs() {
+    let Some(cluster) = Cluster::start() else { return };
+    let store = cluster.store("race");
+    let mut a = Authority::init(store.clone()).unwrap();
+    let env = a.wrap("region: EU", b"secret").unwrap();
+    let gate: Arc<dyn Store> = Arc::new(Gate { inner: cluster.store("race"), arrived: AtomicUsize::new(0), both: Barrier::new(2) });
+    let mut a = Authority::open(gate.clone()).unwrap();
+    let mut b = Authority::open(gate).unwrap();
+    let before = store.list("sealed/").unwrap();
+    let barrier = Barrier::new(2);
+    let (ra, rb) = std::thread::scope(|t| {
+        let ha = t.spawn(|| {
+            barrier.wait();
+            a.rotate_master()
+        });
+        let hb = t.spawn(|| {
+            barrier.wait();
+            b.rotate_master()
+        });
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    let (won, mut loser, err) = match (ra, rb) {
+        (Ok(r), Err(e)) => (r, b, e),
+        (Err(e), Ok(r)) => (r, a, e),
+        (ra, rb) => panic!("exactly one rotation must commit: {ra:?} / {rb:?}"),
+    };
+    assert!(matches!(err, WrapError::Store(StoreError::Conflict { .. })), "{err}");
+    assert_eq!(err.code(), ErrorCode::StoreConflict);
+    assert_eq!(won.new_generation, 2);
+    // Nothing of the loser's rotation is there: one copy per generation.
+    let sealed = store.list("sealed/").unwrap();
+    assert_eq!(sealed.len(), before.len() * 2, "{sealed:?}");
+    let again = loser.rotate_master().unwrap();
+    assert_eq!(again.new_generation, 3);
+
+    let m = Machine::new(loser.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+    assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"secret");
+}
+
+/// The leader is SIGKILLed in the middle of a loop of wraps and rotations:
+/// every call either returns an envelope or fails, every envelope handed
+/// out opens afterwards (also after the member is back), and the calls
+/// that failed succeed when run again.
+#[test]
+fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    let store = cluster.store("kill");
+    let mut a = Authority::init(store.clone()).unwrap();
+    let mut handed = Vec::new();
+    let mut failed = 0;
+    let (ops, kill_at) = (60, 20);
+    let mut killed = None;
+    for i in 0..ops {
+        if i == kill_at {
+            let l = cluster.leader();
+            cluster.kill(l);
+            killed = Some(l);
+        }
+        let secret = format!("secret {i}").into_bytes();
+        let policy = if i % 2 == 0 { "region: EU" } else { "region: NA" };
+        let r = if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
+        match r {
+            Ok(Some(env)) => handed.push((env, secret, i % 2 == 0)),
+            Ok(None) => {}
+            Err(e) => {
+                failed += 1;
+                // Run again: it succeeds once a new leader is elected.
+                let again = if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
+                match again.unwrap_or_else(|e2| panic!("op {i} failed ({e}) and again ({e2})\n{}", cluster.logs())) {
+                    Some(env) => handed.push((env, secret, i % 2 == 0)),
+                    None => {}
+                }
+            }
+        }
+    }
+    let killed = killed.unwrap();
+    eprintln!("{ops} operations, 1 leader kill, {failed} failed and re-ran, {} envelopes handed out", handed.len());
+    let check = |what: &str| {
+        let a = Authority::open(store.clone()).unwrap();
+        let key = a.issue(&"region=EU,country=DE".parse::<Attributes>().unwrap()).unwrap();
+        let eu = Machine::new(key, store.clone(), CacheConfig::default());
+        let na = Machine::new(a.issue(&"region=NA".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+        for (env, secret, in_eu) in &handed {
+            let m = if *in_eu { &eu } else { &na };
+            assert_eq!(&m.open(env.to_bytes()).unwrap_or_else(|e| panic!("{what}: {e}"))[..], &secret[..], "{what}");
+        }
+    };
+    check("with a member down");
+    cluster.restart(killed);
+    cluster.wait_ready(Duration::from_secs(60));
+    check("after the member is back");
+}
+
+/// A cluster that requires TLS and client certificates: the store name's
+/// `cacert`, `cert` and `key` options reach it; without the client
+/// certificate, or without TLS, nothing is read or written.
+#[test]
+fn tls_with_a_client_certificate_is_spoken_and_required() {
+    let Some(cluster) = Cluster::start_tls() else { return };
+    let name = cluster.name("tls");
+    let s = keyfence::wrap::open_store(&name).unwrap();
+    let mut a = Authority::init(s.clone()).unwrap();
+    let env = a.wrap("region: EU", b"over TLS").unwrap();
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), s.clone(), CacheConfig::default());
+    assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"over TLS");
+
+    let pki = cluster.pki().unwrap();
+    let quick = |mut c: keyfence::wrap::EtcdConfig| {
+        c.retry_for = Duration::ZERO;
+        keyfence::wrap::EtcdStore::open(c).unwrap()
+    };
+    let no_client_cert = keyfence::wrap::EtcdConfig { client_pem: None, ..cluster.config("tls") };
+    let plain = keyfence::wrap::EtcdConfig { ca_pem: None, client_pem: None, ..cluster.config("tls") };
+    // Another CA: the members' certificate is not trusted.
+    let mut other_ca = cluster.config("tls");
+    other_ca.ca_pem = Some(std::fs::read(pki.join("client.pem")).unwrap());
+    for (what, c) in [("no client certificate", no_client_cert), ("plain HTTP", plain), ("another CA", other_ca)] {
+        let err = quick(c).get("public/generations").unwrap_err();
+        assert_eq!(err.code(), ErrorCode::StoreIo, "{what}: {err}");
+    }
+}
+
+/// A member stopped (SIGSTOP) for a while, then the whole cluster killed
+/// and restarted: wraps and rotations go on through the stop, and every
+/// envelope handed out opens after the restart.
+#[test]
+fn a_stopped_member_and_a_whole_cluster_restart_lose_nothing() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    let store = cluster.store("restart");
+    let mut a = Authority::init(store.clone()).unwrap();
+    let mut handed = Vec::new();
+    let stopped = cluster.leader();
+    cluster.signal(stopped, "STOP");
+    for i in 0..20 {
+        if i == 10 {
+            a.rotate_master().unwrap();
+        }
+        let secret = format!("secret {i}").into_bytes();
+        handed.push((a.wrap("region: EU", &secret).unwrap(), secret));
+    }
+    cluster.signal(stopped, "CONT");
+    for i in 0..3 {
+        cluster.kill(i);
+    }
+    for i in 0..3 {
+        cluster.restart(i);
+    }
+    cluster.wait_ready(Duration::from_secs(60));
+    let a = Authority::open(store.clone()).unwrap();
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+    for (env, secret) in &handed {
+        assert_eq!(&m.open(env.to_bytes()).unwrap()[..], &secret[..]);
+    }
+    assert_eq!(store.list("envelopes/").unwrap().len(), 20);
+}
+
+/// Every event of the watched prefix, until `n` puts have been seen (or
+/// 60 s have passed).
+fn collect(w: &keyfence::wrap::Watch, n: usize) -> Vec<WatchEvent> {
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while seen.iter().filter(|e| matches!(e, WatchEvent::Put { .. })).count() < n && start.elapsed() < Duration::from_secs(60) {
+        if let Some(e) = w.next_timeout(Duration::from_millis(200)) {
+            seen.push(e);
+        }
+    }
+    seen
+}
+
+/// A watch from a revision sees every change after it, once and in order:
+/// the objects of one transaction, deletions, and, across the SIGKILL of
+/// the member it is connected to, the changes made while it reconnects.
+/// After a compaction it says so, and goes on.
+#[test]
+fn a_watcher_misses_no_event_across_a_member_kill() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    let mut config = cluster.config("watched");
+    config.watch_idle = Duration::from_secs(2);
+    let s = keyfence::wrap::EtcdStore::open(config).unwrap();
+    s.put("public/before", b"not seen").unwrap();
+    let from = s.revision().unwrap();
+    // The watch connects to the first endpoint, member 0.
+    let w = s.watch("public/", from).unwrap();
+    let mut b = Batch::default();
+    b.push(Op::Put("public/t1".into(), b"1".to_vec()));
+    b.push(Op::Put("public/t2".into(), b"2".to_vec()));
+    s.commit(&b).unwrap();
+    s.delete("public/t1").unwrap();
+    s.put("sealed/elsewhere", b"outside the prefix").unwrap();
+    for i in 0..20 {
+        if i == 10 {
+            cluster.kill(0);
+        }
+        s.put(&format!("public/k{i:02}"), b"x").unwrap();
+    }
+    let seen = collect(&w, 22);
+    let keys: Vec<String> = seen
+        .iter()
+        .map(|e| match e {
+            WatchEvent::Put { key, .. } => format!("put {key}"),
+            WatchEvent::Delete { key, .. } => format!("delete {key}"),
+            WatchEvent::Compacted { revision } => format!("compacted {revision}"),
+        })
+        .collect();
+    let mut want = vec!["put public/t1".to_owned(), "put public/t2".into(), "delete public/t1".into()];
+    want.extend((0..20).map(|i| format!("put public/k{i:02}")));
+    assert_eq!(keys, want);
+    let revs: Vec<i64> = seen.iter().map(WatchEvent::revision).collect();
+    assert!(revs.windows(2).all(|p| p[0] <= p[1]) && revs[0] > from, "{revs:?}");
+    assert!(w.next_timeout(Duration::from_millis(300)).is_none(), "nothing more");
+
+    // A watch from a compacted revision is told so, then sees what follows.
+    let now = s.revision().unwrap();
+    compact(&cluster, now);
+    let w = s.watch("public/", from).unwrap();
+    match w.next_timeout(Duration::from_secs(30)) {
+        Some(WatchEvent::Compacted { revision }) => assert_eq!(revision, now),
+        other => panic!("expected the compaction, got {other:?}"),
+    }
+    s.put("public/after", b"y").unwrap();
+    let rest = collect(&w, 1);
+    assert!(matches!(&rest[..], [WatchEvent::Put { key, revision }] if key == "public/after" && *revision > now), "{rest:?}");
+}
+
+/// Compacts the cluster's history up to `revision` (through a live member).
+fn compact(cluster: &Cluster, revision: i64) {
+    for e in cluster.endpoints() {
+        let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().new_agent();
+        let body = format!("{{\"revision\":\"{revision}\",\"physical\":true}}");
+        if agent.post(format!("http://{e}/v3/kv/compaction")).send(body.as_str()).is_ok() {
+            return;
+        }
+    }
+    panic!("no member compacted");
+}
+
+/// A machine following the store forgets a retired policy-key version as
+/// soon as its sealed copies are deleted, while one that does not follow
+/// keeps opening from its cache until the time to live ends.
+#[test]
+fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
+    let Some(cluster) = Cluster::start() else { return };
+    let etcd = keyfence::wrap::EtcdStore::open(cluster.config("follow")).unwrap();
+    let store: Arc<dyn Store> = Arc::new(etcd.clone());
+    let mut a = Authority::init(store.clone()).unwrap();
+    let old = a.wrap("region: EU", b"v1").unwrap();
+    let key = a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap();
+    let long = CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() };
+    let following = Arc::new(Machine::new(key.clone(), store.clone(), long.clone()));
+    let stale = Machine::new(key, store.clone(), long);
+    let _follower = following.follow(&etcd).unwrap();
+    for m in [&*following, &stale] {
+        assert_eq!(&m.open(old.to_bytes()).unwrap()[..], b"v1");
+    }
+    a.rotate_policy_key("region: EU").unwrap();
+    a.retire_policy_keys("region: EU").unwrap();
+    let start = std::time::Instant::now();
+    let err = loop {
+        match following.open(old.to_bytes()) {
+            Err(e) => break e,
+            Ok(_) => assert!(start.elapsed() < Duration::from_secs(30), "the retirement never reached the cache"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(err.code(), ErrorCode::UnknownPolicyKey, "{err}");
+    eprintln!("retirement reached the following cache in {:?}", start.elapsed());
+    assert_eq!(&stale.open(old.to_bytes()).unwrap()[..], b"v1", "the cache alone keeps a retired key");
+}
