@@ -20,7 +20,7 @@ from collections import defaultdict
 
 PATHS = ["engine", "isolated", "offload-sim"]
 BASE = {"engine": "raw", "isolated": "engine", "offload-sim": "engine"}
-# Issue 7's targets for the isolated key process.
+# Issue 7's targets for the key process.
 TARGETS = {("rsa2048-pkcs1-sha256", "isolated"): 0.9, ("ecdsa-p256-sha256", "isolated"): 0.7}
 COLOURS = {"engine": "#4c72b0", "isolated": "#dd8452", "offload-sim": "#55a868"}
 

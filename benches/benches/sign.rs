@@ -2,12 +2,12 @@
 //! through the engine, one at a time (`engine`: submission, executor
 //! hand-off, completion) and in batches of 64 in flight (`engine_batch64`,
 //! throughput with the executor's threads busy); the same two through the
-//! isolated key process (`isolated`, `isolated_batch64`) and through the
+//! key process (`isolated`, `isolated_batch64`) and through the
 //! offload backend on a zero-latency simulated device (`offload-sim`,
 //! `offload-sim_batch64`). The side-by-side throughput with every core busy
 //! is `keyfence bench sign`.
 //!
-//! The key process is `keyfence-keyd`, found the engine's way (beside the
+//! The key process is `keyfence-key-process`, found the engine's way (beside the
 //! bench binary or one directory up; never on `PATH`):
 //! `./x bench` builds it first; without it the isolated paths are skipped
 //! with a note.
@@ -20,7 +20,7 @@ use boring::pkey::{PKey, Private};
 use boring::rsa::Padding;
 use boring::sign::{RsaPssSaltlen, Signer};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
+use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess, KeySource};
 use keyfence::sign::offload::{OffloadBackend, OffloadConfig, Route, Routing, SimConfig, SimDevice};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 
@@ -100,10 +100,10 @@ fn offload_sim_engine() -> Engine {
 fn bench(c: &mut Criterion) {
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let offload = offload_sim_engine();
-    let keys = match KeyProcess::start(IsolatedConfig::default()) {
+    let keys = match KeyProcess::start(KeyProcessConfig::default()) {
         Ok(k) => Some(k),
         Err(e) => {
-            eprintln!("skipping the isolated paths: {e} (build keyfence-keyd first: cargo build -p keyfence --bin keyfence-keyd)");
+            eprintln!("skipping the isolated paths: {e} (build keyfence-key-process first: cargo build -p keyfence --bin keyfence-key-process)");
             None
         }
     };

@@ -189,13 +189,13 @@ export declare namespace sign {
      * process does not start).
      */
     constructor(options?: sign.EngineOptions | undefined | null)
-    /** Whether keys loaded with `loadKey` go to an isolated key process. */
+    /** Whether keys loaded with `loadKey` go to a key process. */
     get isolated(): boolean
     /** The key process's pid, while one runs. */
     get keyProcessPid(): number | null
     /**
      * Loads a private key for this engine from PEM or DER: into its
-     * isolated key process when it has one (this process keeps only a
+     * key process when it has one (this process keeps only a
      * handle), else into this process as `PrivateKey.fromPem` does.
      *
      * Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
@@ -261,13 +261,13 @@ export declare namespace sign {
   }
   /**
    * A private key: in this process's memory, or a handle on one held by an
-   * engine's isolated key process. `util.inspect` shows only its kind.
+   * engine's key process. `util.inspect` shows only its kind.
    */
   export class PrivateKey {
     /**
      * Loads a private key held in this process from PEM or DER (PKCS#1,
      * PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519). For a key
-     * kept in an isolated key process, use `engine.loadKey`.
+     * kept in a key process, use `engine.loadKey`.
      *
      * Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
      * never the key's contents).
@@ -279,7 +279,7 @@ export declare namespace sign {
      */
     get kind(): string
     /**
-     * Whether the key is in this process (false: an isolated key process
+     * Whether the key is in this process (false: a key process
      * or remote key servers hold it).
      */
     get isLocal(): boolean
@@ -395,7 +395,7 @@ export declare namespace sign {
     ec?: sign.ClassOptions
     /**
      * The executor of operations that wait on something outside the
-     * process (the isolated key process).
+     * process (the key process).
      */
     slow?: sign.ClassOptions
     /**
@@ -405,14 +405,14 @@ export declare namespace sign {
      */
     timeoutMs?: number
     /**
-     * Keep keys loaded with `engine.loadKey` in an isolated key process
-     * (`keyfence-keyd`, found beside the addon), so that a memory
+     * Keep keys loaded with `engine.loadKey` in a key process
+     * (`keyfence-key-process`, found beside the addon), so that a memory
      * disclosure in this process cannot reach them. Default false.
      */
     isolated?: boolean
     /**
      * The key-process program, a path (never looked up on `PATH`);
-     * default: `keyfence-keyd` beside the addon.
+     * default: `keyfence-key-process` beside the addon.
      */
     keyProcess?: string
   }

@@ -2,7 +2,7 @@
 //!
 //! Three formats share it: CIRCL's tkn20 objects (`abe`, little-endian),
 //! the wrapping objects and store state (`wrap`, little-endian) and the
-//! key-process protocol (`sign::isolated`, big-endian). Each used to carry
+//! key-process protocol (`sign::key_process`, big-endian). Each used to carry
 //! its own reader and writer, and some writers ignored their own length
 //! errors (a field longer than its 16-bit prefix was silently dropped,
 //! writing an object that could not be read back). Here:

@@ -12,16 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use boring::pkey::PKey;
-use keyfence::sign::isolated::{IsolatedConfig, KeySource};
+use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
 use keyfence::sign::managed::{millis, Isolation, ManagedConfig, ManagedEngine};
 use keyfence::sign::{Engine, EngineConfig, KeyKind, PrivateKey, SignError};
 use keyfence::ErrorCode;
 use zeroize::Zeroizing;
 
-const KEYD: &str = env!("CARGO_BIN_EXE_keyfence-keyd");
+const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
 
 fn key_process_engine() -> ManagedEngine {
-    let mut iso = IsolatedConfig::with_command([KEYD]);
+    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
     iso.rsa_threads = 1;
     iso.ec_threads = 1;
     let mut config = ManagedConfig::default();
@@ -40,11 +40,12 @@ fn p256_pem() -> Zeroizing<Vec<u8>> {
 fn our_key_process(pid: u32) -> bool {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
     // `pid (comm) state ppid ...`; comm may hold spaces, so split after
-    // its closing parenthesis.
-    let Some((head, rest)) = stat.rsplit_once(')') else { return false };
-    let comm = head.split_once('(').map_or("", |(_, c)| c);
+    // its closing parenthesis. comm is cut to 15 bytes, so the program is
+    // named by its executable's link instead.
+    let Some((_, rest)) = stat.rsplit_once(')') else { return false };
     let ppid: u32 = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0);
-    ppid == std::process::id() && comm == "keyfence-keyd"
+    let exe = std::fs::read_link(format!("/proc/{pid}/exe")).unwrap_or_default();
+    ppid == std::process::id() && exe.file_name().is_some_and(|n| n == "keyfence-key-process")
 }
 
 fn sign(engine: &ManagedEngine, key: &Arc<PrivateKey>, msg: &[u8]) -> Result<Vec<u8>, SignError> {

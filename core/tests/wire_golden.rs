@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use keyfence::sign::isolated::protocol as kp;
+use keyfence::sign::key_process::protocol as kp;
 use keyfence::sign::remote::protocol as rp;
 use keyfence::sign::{Algorithm, Input, KeyKind, Operation};
 use zeroize::Zeroizing;

@@ -6,7 +6,7 @@
 
 mod pieces;
 
-use keyfence::sign::isolated::protocol as p;
+use keyfence::sign::key_process::protocol as p;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -218,7 +218,7 @@ enum keyfence_op_class
   KEYFENCE_CLASS_EC = 1,
   /*
    Operations that wait on something outside the process: the
-   isolated key process, an offload device.
+   key process, an offload device.
    */
   KEYFENCE_CLASS_SLOW = 2,
 };
@@ -290,7 +290,7 @@ typedef struct keyfence_operation keyfence_operation;
 
 /*
  A private key: in this process's memory, or a handle on one held by an
- isolated key process. Thread-safe and immutable; operations hold their
+ key process. Thread-safe and immutable; operations hold their
  own reference, so it may be freed while they run.
  */
 typedef struct keyfence_private_key keyfence_private_key;
@@ -1020,10 +1020,10 @@ keyfence_result keyfence_engine_config_set_timeout_ms(struct keyfence_engine_con
                                                       uint32_t timeout_ms);
 
 /*
- Keeps the engine's keys in an isolated key process: keys loaded with
+ Keeps the engine's keys in a key process: keys loaded with
  `keyfence_key_from_pem(engine, ...)` live only there, and a memory
  disclosure in the server cannot reach them. `key_process` is the path of
- the `keyfence-keyd` program, or NULL for the one installed beside
+ the `keyfence-key-process` program, or NULL for the one installed beside
  libkeyfence (never looked up on `PATH`).
 
  # Safety
@@ -1122,7 +1122,7 @@ keyfence_result keyfence_key_from_envelope(const struct keyfence_engine *engine,
 
 /*
  Whether the key is in this process's memory (`*local` true) or a
- handle on a key held elsewhere: an isolated key process, or remote key
+ handle on a key held elsewhere: a key process, or remote key
  servers (`keyfence_remote_key`).
 
  # Safety

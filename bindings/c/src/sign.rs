@@ -1,5 +1,5 @@
 //! Asynchronous signing from C: an engine, private keys (in this process
-//! or in an isolated key process), and three ways to get a result: block,
+//! or in a key process), and three ways to get a result: block,
 //! a callback, or a completion queue whose file descriptor an event loop
 //! polls.
 
@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyfence_core::sign::isolated::{IsolatedConfig, KeySource};
+use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource};
 use keyfence_core::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
 use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
 use zeroize::Zeroizing;
@@ -27,7 +27,7 @@ pub enum keyfence_op_class {
     /// ECDSA and Ed25519 in software (tens of microseconds).
     KEYFENCE_CLASS_EC = 1,
     /// Operations that wait on something outside the process: the
-    /// isolated key process, an offload device.
+    /// key process, an offload device.
     KEYFENCE_CLASS_SLOW = 2,
 }
 
@@ -48,7 +48,7 @@ pub struct keyfence_engine_config(ManagedConfig);
 pub struct keyfence_engine(pub(crate) ManagedEngine);
 
 /// A private key: in this process's memory, or a handle on one held by an
-/// isolated key process. Thread-safe and immutable; operations hold their
+/// key process. Thread-safe and immutable; operations hold their
 /// own reference, so it may be freed while they run.
 pub struct keyfence_private_key(pub(crate) Arc<PrivateKey>);
 
@@ -156,10 +156,10 @@ pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(
     })
 }
 
-/// Keeps the engine's keys in an isolated key process: keys loaded with
+/// Keeps the engine's keys in a key process: keys loaded with
 /// `keyfence_key_from_pem(engine, ...)` live only there, and a memory
 /// disclosure in the server cannot reach them. `key_process` is the path of
-/// the `keyfence-keyd` program, or NULL for the one installed beside
+/// the `keyfence-key-process` program, or NULL for the one installed beside
 /// libkeyfence (never looked up on `PATH`).
 ///
 /// # Safety
@@ -174,10 +174,10 @@ pub unsafe extern "C" fn keyfence_engine_config_set_isolated(
         // SAFETY: the caller's promise.
         let c = unsafe { ffi::borrow_mut(config, "config")? };
         c.0.isolation = Isolation::KeyProcess(if key_process.is_null() {
-            IsolatedConfig::default()
+            KeyProcessConfig::default()
         } else {
             // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
-            IsolatedConfig::with_command([unsafe { ffi::text(key_process, "key_process")? }])
+            KeyProcessConfig::with_command([unsafe { ffi::text(key_process, "key_process")? }])
         });
         Ok(())
     })
@@ -309,7 +309,7 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
 }
 
 /// Whether the key is in this process's memory (`*local` true) or a
-/// handle on a key held elsewhere: an isolated key process, or remote key
+/// handle on a key held elsewhere: a key process, or remote key
 /// servers (`keyfence_remote_key`).
 ///
 /// # Safety

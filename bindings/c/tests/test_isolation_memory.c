@@ -11,7 +11,7 @@
  * its own copy; the machine key file's bytes, read here to make them, are
  * wiped at once.
  *
- * argv: keyfence-keyd, store directory, machine key file, envelope file. */
+ * argv: keyfence-key-process, store directory, machine key file, envelope file. */
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -237,10 +237,10 @@ static void search_self(size_t found[2]) {
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: %s KEYFENCE_KEYD STORE MACHINE_KEY ENVELOPE\n", argv[0]);
+        fprintf(stderr, "usage: %s KEY_PROCESS STORE MACHINE_KEY ENVELOPE\n", argv[0]);
         return 2;
     }
-    const char *keyd = argv[1], *store = argv[2], *machine_key = argv[3];
+    const char *key_process = argv[1], *store = argv[2], *machine_key = argv[3];
     size_t len;
     uint8_t *mk = read_file(machine_key, &len);
     parse_machine_key(mk, len);
@@ -253,7 +253,7 @@ int main(int argc, char **argv) {
 
     keyfence_engine_config *cfg = NULL;
     OK(keyfence_engine_config_new(&cfg));
-    OK(keyfence_engine_config_set_isolated(cfg, keyd));
+    OK(keyfence_engine_config_set_isolated(cfg, key_process));
     keyfence_engine *engine = NULL;
     OK(keyfence_engine_new(cfg, &engine));
     keyfence_engine_config_free(cfg);

@@ -1,7 +1,7 @@
 /* Signing through the C API, every path: blocking, callback, completion
- * queue, the isolated key process; and the errors a server must handle:
+ * queue, the key process; and the errors a server must handle:
  * bad keys, bad algorithms, an overloaded queue, a deadline. Signatures
- * are verified by OpenSSL. argv[1] is the keyfence-keyd program. */
+ * are verified by OpenSSL. argv[1] is the keyfence-key-process program. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <poll.h>
@@ -205,12 +205,12 @@ static void cancel(void) {
     keyfence_engine_free(e);
 }
 
-/* The same signatures with the key held by the isolated key process. */
-static void isolated(const char *keyd) {
+/* The same signatures with the key held by the key process. */
+static void isolated(const char *key_process) {
     for (int explicit_path = 0; explicit_path < 2; explicit_path++) {
         keyfence_engine_config *cfg = NULL;
         OK(keyfence_engine_config_new(&cfg));
-        OK(keyfence_engine_config_set_isolated(cfg, explicit_path ? keyd : NULL));
+        OK(keyfence_engine_config_set_isolated(cfg, explicit_path ? key_process : NULL));
         keyfence_engine *e = NULL;
         OK(keyfence_engine_new(cfg, &e));
         keyfence_engine_config_free(cfg);
@@ -230,7 +230,7 @@ static void isolated(const char *keyd) {
     }
     keyfence_engine_config *cfg = NULL;
     OK(keyfence_engine_config_new(&cfg));
-    OK(keyfence_engine_config_set_isolated(cfg, "/nonexistent/keyfence-keyd"));
+    OK(keyfence_engine_config_set_isolated(cfg, "/nonexistent/keyfence-key-process"));
     keyfence_engine *e = NULL;
     FAILS(KEYFENCE_INVALID_CONFIG, keyfence_engine_new(cfg, &e));
     MESSAGE_HAS("does not exist");

@@ -62,7 +62,7 @@ pub enum BenchCmd {
         ops: usize,
     },
     /// Load and faults for a bounded time: signing through the engine and
-    /// an isolated key process killed every few seconds, wrap and open on
+    /// a key process killed every few seconds, wrap and open on
     /// one store; prints one JSON object (operations, failures by kind,
     /// lost keys and envelopes, peak memory, late calls) and exits 3 if
     /// anything was lost or late (docs/reliability.md).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyfence::policy::{parse, Attributes};
-use keyfence::sign::isolated::KeySource;
+use keyfence::sign::key_process::KeySource;
 use keyfence::sign::{Algorithm, Engine, EngineConfig, PrivateKey};
 use keyfence::wrap::{nearest_capable, Authority, CacheConfig, Envelope, FileStore, Machine, Peer, Store};
 use rand_core::{OsRng, RngCore};
@@ -164,7 +164,7 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         ec.errors.total()
     );
 
-    outln!("\nsigning in an isolated key process (the key never enters the server's memory)");
+    outln!("\nsigning in a key process (the key never enters the server's memory)");
     // The machine's key and the envelope are files the key process reads;
     // it opens the envelope itself, so the secret exists only there.
     let machine_key = dir.join(format!("{dc}.machine-key"));

@@ -63,11 +63,11 @@ fn with_conventions(c: clap::Command) -> clap::Command {
 }
 
 fn main() -> ExitCode {
-    // `keyfence key-process`: the isolated key process that `sign
+    // `keyfence key-process`: the key process that `sign
     // --isolated` and `bench sign` start, serving the socket on its
     // standard input. Not for people, so not in the help.
     if std::env::args_os().nth(1).is_some_and(|a| a == "key-process") {
-        return keyfence::sign::isolated::key_process_main(std::env::args_os().skip(1));
+        return keyfence::sign::key_process::key_process_main(std::env::args_os().skip(1));
     }
     // `--alg`'s help lists the library's algorithms, known only at run time.
     let command = with_conventions(Cli::command())

@@ -16,7 +16,7 @@ use keyfence::sign::remote::{
     serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TenantSource,
     TlsFiles,
 };
-use keyfence::sign::isolated::KeyProcess;
+use keyfence::sign::key_process::KeyProcess;
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineInfo, PublicMachine, Store};
 
@@ -111,7 +111,7 @@ pub struct ServeArgs {
     /// RSA and EC signing threads each (default: the cores).
     #[arg(long)]
     threads: Option<usize>,
-    /// Keep the keys in an isolated key process: this process never holds
+    /// Keep the keys in a key process: this process never holds
     /// them.
     #[arg(long)]
     isolated: bool,

@@ -13,7 +13,7 @@ use boring::pkey::{PKey, Private};
 use boring::rsa::Padding;
 use boring::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
-use keyfence::sign::isolated::{KeyProcess, KeySource};
+use keyfence::sign::key_process::{KeyProcess, KeySource};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use zeroize::Zeroizing;
 
@@ -57,7 +57,7 @@ pub struct SignArgs {
     /// Give up after this many milliseconds.
     #[arg(long, default_value_t = 10_000)]
     timeout_ms: u64,
-    /// Sign in an isolated key process: this process never reads the key
+    /// Sign in a key process: this process never reads the key
     /// file; a separate `keyfence key-process` loads it and signs.
     #[arg(long, conflicts_with = "remote")]
     isolated: bool,
@@ -421,7 +421,7 @@ fn run_cases(
                 }
             })
             .collect();
-        // `engine` is compared with `raw`; `isolated` and `offload-sim`
+        // `engine` is compared with `raw`; `key_process` and `offload-sim`
         // with the in-process engine when it was measured.
         let engine_at = paths.iter().position(|(n, _)| *n == "engine");
         for (i, ((name, _), f)) in paths.iter().zip(&figures).enumerate() {

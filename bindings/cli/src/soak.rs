@@ -1,7 +1,7 @@
 //! `keyfence bench soak`: load and faults for a bounded time, as figures.
 //!
 //! Signer threads sign through the engine, in this process and through an
-//! isolated key process that a killer thread ends with SIGKILL every few
+//! key process that a killer thread ends with SIGKILL every few
 //! seconds; wrapper and opener threads wrap and open envelopes on one file
 //! store at the same time. The run prints one JSON object: operations
 //! done, failures by kind, keys and envelopes lost (must be 0), peak
@@ -130,8 +130,8 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
         let bytes = pem(kind)?;
         let path = dir.join(format!("key{i}.pem"));
         crate::files::create_new(&path, &bytes)?;
-        isolated.push((keys.load(keyfence::sign::isolated::KeySource::File(path))?, alg));
-        isolated.push((keys.load(keyfence::sign::isolated::KeySource::Bytes(bytes))?, alg));
+        isolated.push((keys.load(keyfence::sign::key_process::KeySource::File(path))?, alg));
+        isolated.push((keys.load(keyfence::sign::key_process::KeySource::Bytes(bytes))?, alg));
     }
     let local = vec![
         (Arc::new(PrivateKey::generate(KeyKind::EcP256)?), Algorithm::EcdsaP256Sha256),
@@ -239,14 +239,14 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
     let started = Instant::now();
     let end = started + Duration::from_secs(args.seconds);
     let mut kills = 0u64;
-    let mut keyd_peak_kb = 0u64;
+    let mut key_process_peak_kb = 0u64;
     let mut next_kill = started + Duration::from_millis(args.kill_every_ms);
     while Instant::now() < end {
         std::thread::sleep(Duration::from_millis(20).min(end.saturating_duration_since(Instant::now())));
         if Instant::now() >= next_kill {
             next_kill += Duration::from_millis(args.kill_every_ms);
             if let Some(pid) = keys.pid() {
-                keyd_peak_kb = keyd_peak_kb.max(peak_rss_kb(&pid.to_string()));
+                key_process_peak_kb = key_process_peak_kb.max(peak_rss_kb(&pid.to_string()));
                 let killed = std::process::Command::new("kill").args(["-9", &pid.to_string()]).status();
                 if killed.is_ok_and(|s| s.success()) {
                     kills += 1;
@@ -264,7 +264,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
     // every envelope handed out opens.
     keys.wait_running(Duration::from_secs(10));
     if let Some(pid) = keys.pid() {
-        keyd_peak_kb = keyd_peak_kb.max(peak_rss_kb(&pid.to_string()));
+        key_process_peak_kb = key_process_peak_kb.max(peak_rss_kb(&pid.to_string()));
     }
     let lost_keys = all
         .iter()
@@ -306,7 +306,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
         "lost_envelopes": lost_envelopes,
         "envelopes_checked": envelopes.len(),
         "peak_rss_kb": peak_rss_kb("self"),
-        "key_process_peak_rss_kb": keyd_peak_kb,
+        "key_process_peak_rss_kb": key_process_peak_kb,
         "late_calls": late,
         "max_overrun_ms": sign.max_overrun_us.load(Ordering::Relaxed) as f64 / 1e3,
     });

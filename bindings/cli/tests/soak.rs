@@ -1,5 +1,5 @@
 //! `keyfence bench soak`, briefly: signing through the engine and an
-//! isolated key process that is killed under load, wrap and open on one
+//! key process that is killed under load, wrap and open on one
 //! store; nothing may be lost and no call may wait past its deadline.
 
 mod common;

@@ -2,7 +2,7 @@
 // `npm run build`: the addon in release mode with the local cargo and the
 // workspace's target directory (CARGO_TARGET_DIR, default <repo>/target),
 // its generated loader (binding.js) and types (index.d.ts), then the
-// isolated key process (keyfence-keyd) copied beside the addon, where the
+// key process (keyfence-key-process) copied beside the addon, where the
 // core looks for it. Nothing is downloaded but crates.
 'use strict'
 const { execFileSync } = require('node:child_process')
@@ -20,10 +20,10 @@ run(path.join(here, 'node_modules', '.bin', 'napi'), [
   '--js', 'binding.js', '--dts', 'index.d.ts', '--', '--locked',
 ], { env })
 
-run('cargo', ['build', '--release', '--locked', '-p', 'keyfence', '--bin', 'keyfence-keyd'], {
+run('cargo', ['build', '--release', '--locked', '-p', 'keyfence', '--bin', 'keyfence-key-process'], {
   env: { ...process.env, CARGO_TARGET_DIR: targetDir },
 })
-const keyd = path.join(here, 'keyfence-keyd')
-fs.rmSync(keyd, { force: true })
-fs.copyFileSync(path.join(targetDir, 'release', 'keyfence-keyd'), keyd)
-fs.chmodSync(keyd, 0o755)
+const keyProcess = path.join(here, 'keyfence-key-process')
+fs.rmSync(keyProcess, { force: true })
+fs.copyFileSync(path.join(targetDir, 'release', 'keyfence-key-process'), keyProcess)
+fs.chmodSync(keyProcess, 0o755)

@@ -1,5 +1,5 @@
 //! Asynchronous signing: an engine (per-class executors with bounded
-//! queues and deadlines, optionally an isolated key process) and private
+//! queues and deadlines, optionally a key process) and private
 //! keys. `engine.sign` returns a promise that the engine settles through
 //! [`Completions`]: no thread, and no libuv work item, per signature.
 
@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use keyfence::sign::isolated::{IsolatedConfig, KeySource};
+use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
 use keyfence::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
 use keyfence::sign::{self as core, ClassConfig, KeyKind, OpClass, Request};
 use keyfence::ErrorCode;
@@ -30,7 +30,7 @@ fn pem_bytes(pem: &PemInput) -> Zeroizing<Vec<u8>> {
 }
 
 /// A private key: in this process's memory, or a handle on one held by an
-/// engine's isolated key process. `util.inspect` shows only its kind.
+/// engine's key process. `util.inspect` shows only its kind.
 #[napi(namespace = "sign")]
 pub struct PrivateKey {
     pub(crate) inner: Arc<core::PrivateKey>,
@@ -40,7 +40,7 @@ pub struct PrivateKey {
 impl PrivateKey {
     /// Loads a private key held in this process from PEM or DER (PKCS#1,
     /// PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519). For a key
-    /// kept in an isolated key process, use `engine.loadKey`.
+    /// kept in a key process, use `engine.loadKey`.
     ///
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
     /// never the key's contents).
@@ -62,7 +62,7 @@ impl PrivateKey {
         }
     }
 
-    /// Whether the key is in this process (false: an isolated key process
+    /// Whether the key is in this process (false: a key process
     /// or remote key servers hold it).
     #[napi(getter)]
     pub fn is_local(&self) -> bool {
@@ -99,18 +99,18 @@ pub struct EngineOptions {
     /// The ECDSA/Ed25519 executor.
     pub ec: Option<ClassOptions>,
     /// The executor of operations that wait on something outside the
-    /// process (the isolated key process).
+    /// process (the key process).
     pub slow: Option<ClassOptions>,
     /// The deadline of a signature that does not set its own, in
     /// milliseconds (default 2000); past it the promise rejects with code
     /// `TIMED_OUT`.
     pub timeout_ms: Option<u32>,
-    /// Keep keys loaded with `engine.loadKey` in an isolated key process
-    /// (`keyfence-keyd`, found beside the addon), so that a memory
+    /// Keep keys loaded with `engine.loadKey` in a key process
+    /// (`keyfence-key-process`, found beside the addon), so that a memory
     /// disclosure in this process cannot reach them. Default false.
     pub isolated: Option<bool>,
     /// The key-process program, a path (never looked up on `PATH`);
-    /// default: `keyfence-keyd` beside the addon.
+    /// default: `keyfence-key-process` beside the addon.
     pub key_process: Option<String>,
 }
 
@@ -239,7 +239,7 @@ fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignO
 #[napi(namespace = "sign")]
 impl Engine {
     /// Starts an engine: its worker threads, and its key process when
-    /// `isolated` is set.
+    /// `key_process` is set.
     ///
     /// Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
     /// no key process found), `IO` (threads), `BACKEND_FAILED` (the key
@@ -257,15 +257,15 @@ impl Engine {
             }
             if o.isolated.unwrap_or(false) || o.key_process.is_some() {
                 config.isolation = Isolation::KeyProcess(match o.key_process {
-                    Some(p) => IsolatedConfig::with_command([p]),
-                    None => IsolatedConfig::default(),
+                    Some(p) => KeyProcessConfig::with_command([p]),
+                    None => KeyProcessConfig::default(),
                 });
             }
         }
         js(&env, ManagedEngine::start(config).map_err(Into::into)).map(|inner| Engine { inner, completions })
     }
 
-    /// Whether keys loaded with `loadKey` go to an isolated key process.
+    /// Whether keys loaded with `loadKey` go to a key process.
     #[napi(getter)]
     pub fn isolated(&self) -> bool {
         self.inner.has_key_process()
@@ -278,7 +278,7 @@ impl Engine {
     }
 
     /// Loads a private key for this engine from PEM or DER: into its
-    /// isolated key process when it has one (this process keeps only a
+    /// key process when it has one (this process keeps only a
     /// handle), else into this process as `PrivateKey.fromPem` does.
     ///
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`

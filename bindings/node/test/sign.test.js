@@ -210,7 +210,7 @@ test('metrics count per class', async (t) => {
   assert.equal(m.rsa.completed, 0)
 })
 
-test('the isolated key process, found beside the addon', async (t) => {
+test('the key process, found beside the addon', async (t) => {
   const engine = new kf.sign.Engine({ isolated: true })
   t.after(() => engine.close())
   assert.equal(engine.isolated, true)

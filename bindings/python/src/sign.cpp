@@ -47,9 +47,9 @@ std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool i
         check(keyfence_engine_config_set_class(cfg, std::get<0>(t), std::get<1>(t), std::get<2>(t)));
     }
     if (timeout_ms) check(keyfence_engine_config_set_timeout_ms(cfg, timeout_ms));
-    std::optional<std::string> keyd;
-    if (!key_process.is_none()) keyd = path(key_process, "key_process");
-    if (isolated) check(keyfence_engine_config_set_isolated(cfg, keyd ? keyd->c_str() : nullptr));
+    std::optional<std::string> key_process;
+    if (!key_process.is_none()) key_process = path(key_process, "key_process");
+    if (isolated) check(keyfence_engine_config_set_isolated(cfg, key_process ? key_process->c_str() : nullptr));
     keyfence_engine *out = nullptr;
     nogil([&] { return keyfence_engine_new(cfg, &out); });
     return std::make_unique<Engine>(out);
@@ -214,7 +214,7 @@ void bind_sign(py::module_ &m) {
         .def("close", &Engine::close)
         .def_property_readonly("closed", &Engine::closed);
 
-    py::class_<PrivateKey>(m, "PrivateKey", "A private key, in this process or held by an isolated key process.")
+    py::class_<PrivateKey>(m, "PrivateKey", "A private key, in this process or held by a key process.")
         .def_static("from_pem", &key_from_pem, py::arg("pem"), py::arg("engine") = py::none(),
                     "Loads a private key from PEM (bytes or str) or DER: RSA 2048-4096, ECDSA P-256/P-384, "
                     "Ed25519. With an isolated engine the key goes to its key process.\n\n"

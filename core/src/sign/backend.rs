@@ -65,7 +65,7 @@ pub trait Backend: Send + Sync + 'static {
     /// then replies.
     ///
     /// Backends that hand work to something outside the executor (an
-    /// isolated key process, an offload device) override it to send the
+    /// key process, an offload device) override it to send the
     /// request and return at once, so a handful of executor threads keep
     /// many operations in flight. Such a backend should bound what it has
     /// in flight and wait here for room when full: the executor's queue

@@ -1,4 +1,4 @@
-//! A handle on a key held outside this process (an isolated key process;
+//! A handle on a key held outside this process (a key process;
 //! later, a remote key server): the holder, the key's id there, and the
 //! public key. The secret never enters this process.
 //!

@@ -9,12 +9,12 @@
 //! [`Isolation`], and [`ManagedEngine::start`] starts what it names.
 //!
 //! ```no_run
-//! use keyfence::sign::isolated::{IsolatedConfig, KeySource};
+//! use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
 //! use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
 //! use keyfence::sign::Algorithm;
 //!
 //! let mut config = ManagedConfig::default();
-//! config.isolation = Isolation::KeyProcess(IsolatedConfig::default());
+//! config.isolation = Isolation::KeyProcess(KeyProcessConfig::default());
 //! let engine = ManagedEngine::start(config)?;
 //! let key = engine.load(KeySource::File("/etc/keys/server.pem".into()))?;
 //! let req = ManagedEngine::request(key, "ecdsa-p256-sha256", b"hello".to_vec(), None)?;
@@ -30,7 +30,7 @@ use zeroize::Zeroizing;
 
 use super::completion_queue::CompletionQueue;
 use super::engine::{Engine, EngineConfig};
-use super::isolated::{IsolatedConfig, KeyProcess, KeySource};
+use super::key_process::{KeyProcessConfig, KeyProcess, KeySource};
 use super::metrics::{EngineMetrics, MetricsSource};
 use super::op_record::{OpHandle, SignFuture};
 use super::private_key::PrivateKey;
@@ -49,7 +49,7 @@ pub enum Isolation {
     /// In a key process the engine starts, restarts when it dies, and
     /// stops when it closes: a memory disclosure in this process cannot
     /// reach the keys (`docs/isolation.md`).
-    KeyProcess(IsolatedConfig),
+    KeyProcess(KeyProcessConfig),
     /// On remote key servers (`keyfence serve`) the engine reaches through
     /// a [`RemoteSigner`] it starts: only envelopes can be loaded, and the
     /// secret never comes here (`docs/remote.md`).

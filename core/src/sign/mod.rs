@@ -10,7 +10,7 @@
 //!   operations: RSA PKCS#1 v1.5 and PSS signatures, raw RSA decryption,
 //!   ECDSA and Ed25519 signatures, by message or by digest ([`Operation`]),
 //!   named by [`Algorithm`] or by TLS SignatureScheme code point. A key is
-//!   in this process or held by an isolated key process; the handle is the
+//!   in this process or held by a key process; the handle is the
 //!   same.
 //! - [`Engine`]: submit a [`Request`], get the result later as a
 //!   [`SignFuture`], a callback, or through a [`CompletionQueue`] whose file
@@ -22,7 +22,7 @@
 //!   [`code`](SignError::code).
 //! - [`Backend`]: what performs an operation ([`SoftwareBackend`] in
 //!   process); backends may answer later through a [`Reply`].
-//!   [`isolated`] keeps keys in a separate key process, restarted when it
+//!   [`key_process`] keeps keys in a separate key process, restarted when it
 //!   dies; [`offload`] sends RSA to an offload device (Intel QAT through
 //!   QATlib behind the `qat` feature, with the RSA encoding the device
 //!   needs; a simulated device behind `bench`).
@@ -39,7 +39,7 @@
 //!
 //! # Layers
 //!
-//! Each module imports only from the rows above it (and `isolated` and
+//! Each module imports only from the rows above it (and `key_process` and
 //! `offload` from everything above them):
 //!
 //! | layer | modules | what |
@@ -53,8 +53,8 @@
 //! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
 //! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
 //! | 8 | `tls` | the TLS private-key method |
-//! | 9 | `isolated`, `offload` | backends: the key process (client, supervisor, server), the offload device |
-//! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `isolated` and `wrap`) |
+//! | 9 | `key_process`, `offload` | backends: the key process (client, supervisor, server), the offload device |
+//! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `key_process` and `wrap`) |
 //! | 11 | `managed` | [`ManagedEngine`](managed::ManagedEngine): an engine that starts, owns and stops what holds its keys (in process, a key process, remote key servers), loads keys there, refuses work once closed; the one call the bindings and the OpenSSL provider make |
 //!
 //! ```
@@ -90,7 +90,7 @@ codecs_without_sign! {
     pub mod wire;
 
     /// Without the `sign` feature, only the key-process protocol codec.
-    pub mod isolated {
+    pub mod key_process {
         #[path = "protocol.rs"]
         pub mod protocol;
     }
@@ -117,7 +117,7 @@ mod exposition;
 #[cfg(feature = "sign")]
 mod held_key;
 #[cfg(feature = "sign")]
-pub mod isolated;
+pub mod key_process;
 #[cfg(feature = "sign")]
 mod local_key;
 #[cfg(feature = "sign")]

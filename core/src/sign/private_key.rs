@@ -12,7 +12,7 @@ use super::types::{Algorithm, Input, KeyError, KeyKind, Operation, Output, SignE
 const HELD_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A private key: in this process's BoringSSL memory, or held by an
-/// isolated key process (this process then has only a handle).
+/// key process (this process then has only a handle).
 ///
 /// Loaded from PEM or DER (PKCS#1, PKCS#8, SEC1) or from bytes in memory
 /// (an opened envelope), so the secret need never touch disk. BoringSSL
@@ -125,7 +125,7 @@ impl PrivateKey {
     }
 
     /// Whether the secret is in this process's memory (false for a key
-    /// held by an isolated key process).
+    /// held by a key process).
     pub fn is_local(&self) -> bool {
         matches!(self.repr, Repr::Local(_))
     }
@@ -202,7 +202,7 @@ impl PrivateKey {
     /// Those of [`PrivateKey::check`], and [`SignError::Crypto`] if
     /// BoringSSL fails.
     ///
-    /// A key held elsewhere (an isolated key process) is used through its
+    /// A key held elsewhere (a key process) is used through its
     /// holder, waiting up to 10 seconds.
     pub fn perform(&self, op: &Operation) -> Result<Output, SignError> {
         self.check(op)?;

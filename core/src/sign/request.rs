@@ -62,7 +62,7 @@ impl Request {
     }
 
     /// Run on `backend` instead of the engine's default backend. Not for a
-    /// key held elsewhere (an isolated key process): such a key runs only
+    /// key held elsewhere (a key process): such a key runs only
     /// on its holder, and the engine refuses the request with
     /// [`SignError::HeldElsewhere`](super::SignError::HeldElsewhere).
     pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {

@@ -144,7 +144,7 @@ fn read_machine_key(b: &[u8], mut key: impl FnMut(u32, &[u8]) -> Result<()>) -> 
 /// attributes and the master generations it holds keys for, without the
 /// keys. It cannot decrypt anything; it answers "could this machine open
 /// that envelope" for a process that must not hold the secret (a key
-/// server whose keys live in the isolated key process).
+/// server whose keys live in the key process).
 #[derive(Clone, PartialEq, Eq)]
 pub struct MachineInfo {
     authority: [u8; 32],
@@ -422,7 +422,7 @@ fn sealed_copy(store: &dyn Store, authority: &[u8; 32], have: &[u32], env: &Enve
 /// A machine seen from outside its key: its [`MachineInfo`] and the store
 /// of sealed policy keys. It decides what [`Machine::can_open`] decides,
 /// reading the same store, but holds nothing that decrypts: a process
-/// that keeps its keys in the isolated key process checks with this which
+/// that keeps its keys in the key process checks with this which
 /// envelopes to hand over.
 pub struct PublicMachine {
     info: MachineInfo,

@@ -5,7 +5,7 @@
   byte-compatible with Cloudflare CIRCL's ``tkn20``.
 - :mod:`keyfence.wrap`: policy-key wrapping of secrets on a shared store.
 - :mod:`keyfence.sign`: asynchronous signing (asyncio), with keys in this
-  process or an isolated key process.
+  process or a key process.
 
 Errors are subclasses of :class:`KeyfenceError` (see
 :mod:`keyfence.exceptions`); bytes go in and out, and every call that

@@ -208,7 +208,7 @@ class InvalidRequest(KeyfenceError, ValueError):
 
 
 class BackendFailed(KeyfenceError):
-    """The backend that holds or runs the key failed (the isolated key process died)."""
+    """The backend that holds or runs the key failed (the key process died)."""
 
 
 class InvalidConfig(KeyfenceError, ValueError):

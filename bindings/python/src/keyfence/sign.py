@@ -1,5 +1,5 @@
 """Asynchronous signing: RSA, ECDSA and Ed25519 on BoringSSL, with keys in
-this process or in an isolated key process.
+this process or in a key process.
 
 An :class:`Engine` runs operations on its own worker threads, one executor
 per class (RSA, EC, slow backends), each with a bounded queue, so a slow
@@ -106,7 +106,7 @@ class _LoopQueue:
 
 class Engine:
     """A signing engine: worker threads per executor class, bounded queues,
-    a deadline per operation, and optionally an isolated key process.
+    a deadline per operation, and optionally a key process.
 
     Args:
         threads: worker threads for each of the RSA and EC classes
@@ -121,7 +121,7 @@ class Engine:
         isolated: keep keys loaded through this engine
             (``PrivateKey.from_pem(pem, engine=...)``) in a separate key
             process, which this process cannot read.
-        key_process: the ``keyfence-keyd`` program; by default the one
+        key_process: the ``keyfence-key-process`` program; by default the one
             installed beside the native module (never looked up on PATH).
 
     Raises:

@@ -78,7 +78,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod backend;
+mod dispatcher;
 mod batcher;
 mod device;
 #[cfg(feature = "qat")]
@@ -96,7 +96,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use backend::OffloadBackend;
+pub use dispatcher::OffloadBackend;
 pub use device::{CompletionFn, Device, DeviceCompletion, DeviceError, DeviceRequest};
 #[cfg(feature = "qat")]
 pub use qat_device::QatDevice;

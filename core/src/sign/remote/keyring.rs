@@ -1,6 +1,6 @@
 //! The keys a server signs with: each opened from its envelope through the
 //! wrap machine (so only keys the machine's attributes allow), or loaded
-//! by the isolated key process (checked first against the machine's public
+//! by the key process (checked first against the machine's public
 //! view, which cannot decrypt), and filed under the envelope's
 //! [`KeyId`], the name every machine can compute from its replicated copy.
 
@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::sign::isolated::{KeyProcess, KeySource};
+use crate::sign::key_process::{KeyProcess, KeySource};
 use crate::sign::{KeyError, PrivateKey, SignError};
 use crate::wrap::{Envelope, Machine, PublicMachine, WrapError};
 
@@ -152,7 +152,7 @@ impl KeyRing {
         Ok(id)
     }
 
-    /// Has the isolated key process open the envelope file with the
+    /// Has the key process open the envelope file with the
     /// machine key file against the store directory: neither the secret
     /// nor the machine key ever enters this process. `machine` (the public
     /// view of the same key and store) checks first that the key process

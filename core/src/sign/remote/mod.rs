@@ -13,7 +13,7 @@
 //!   without a certificate from the configured CA gets nothing); keys
 //!   opened from their envelopes through the wrap machine, so it signs only
 //!   with keys its attributes allow ([`KeyRing`]), optionally in the
-//!   isolated key process; its own [`Engine`](crate::sign::Engine) with
+//!   key process; its own [`Engine`](crate::sign::Engine) with
 //!   per-class executors and bounded queues answering `overloaded` at once;
 //!   tenants named by client certificates, each allowed its own keys;
 //!   per-connection and per-tenant in-flight and byte limits; the caller's remaining
@@ -45,7 +45,7 @@
 //! | 4 | `pool`, `routing` | connections per peer; peers and their order |
 //! | 5 | `backend` | [`RemoteSigner`] |
 
-mod backend;
+mod signer;
 mod backoff;
 mod breaker;
 mod conn;
@@ -63,7 +63,7 @@ mod server;
 mod tenants;
 mod tls;
 
-pub use backend::{ClientMetrics, OpenOrForwardError, PeerMetrics, RemoteConfig, RemoteSigner, NAME};
+pub use signer::{ClientMetrics, OpenOrForwardError, PeerMetrics, RemoteConfig, RemoteSigner, NAME};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use exporter::{serve_metrics, MetricsEndpoint};
 pub use keyring::{load_envelope_key, KeyId, KeyRing, KeyRingError};

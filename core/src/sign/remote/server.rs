@@ -99,7 +99,7 @@ pub struct ServerConfig {
     pub name: String,
     /// What signs for the engine instead of in-process BoringSSL (an
     /// offload device, or a stand-in for a slow one in tests). Keys held by
-    /// the isolated key process always sign there.
+    /// the key process always sign there.
     pub backend: Option<Arc<dyn Backend>>,
 }
 

@@ -176,7 +176,7 @@ pub enum SignError {
         got: usize,
     },
     /// The input is larger than what holds the key takes in one request
-    /// (an isolated key process's frame). Messages for algorithms with a
+    /// (a key process's frame). Messages for algorithms with a
     /// hash are hashed on this side instead, so this is Ed25519 (which
     /// signs whole messages) or key bytes no key file is that long.
     #[error("{what} is {len} bytes; the key process takes at most {max} bytes in one request{hint}")]
@@ -199,7 +199,7 @@ pub enum SignError {
     /// A TLS SignatureScheme code point keyfence does not sign with.
     #[error("unsupported TLS signature scheme {0:#06x}")]
     UnknownTlsScheme(u16),
-    /// The key is held elsewhere (an isolated key process) and runs only
+    /// The key is held elsewhere (a key process) and runs only
     /// there, but the request named another backend.
     #[error("the key is held by `{holder}`; a request for it cannot name the backend `{requested}`")]
     HeldElsewhere {
@@ -308,7 +308,7 @@ pub enum Resource {
     Thread,
     /// A socket or socket pair.
     Socket,
-    /// A child process (the isolated key process).
+    /// A child process (the key process).
     Process,
     /// A per-connection slot in BoringSSL (`ex_data` index).
     TlsSlot,

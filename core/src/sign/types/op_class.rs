@@ -11,7 +11,7 @@ pub enum OpClass {
     /// ECDSA and Ed25519 in software (tens of microseconds each).
     Ec,
     /// Operations that wait on something outside the process: offload
-    /// devices, remote key servers, an isolated key process.
+    /// devices, remote key servers, a key process.
     Slow,
 }
 

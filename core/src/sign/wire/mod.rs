@@ -1,5 +1,5 @@
 //! The wire codec both of keyfence's signing protocols speak: the key
-//! process's (`docs/isolation.md`, [`isolated::protocol`]) and the key
+//! process's (`docs/isolation.md`, [`key_process::protocol`]) and the key
 //! server's (`docs/remote.md`, [`remote::protocol`]).
 //!
 //! What the two protocols share lives here once, and each protocol module
@@ -19,7 +19,7 @@
 //! `op::fit`: the codec builds without the `sign` feature, for the
 //! fuzzers.
 //!
-//! [`isolated::protocol`]: crate::sign::isolated::protocol
+//! [`key_process::protocol`]: crate::sign::key_process::protocol
 //! [`remote::protocol`]: crate::sign::remote::protocol
 
 pub mod error;

@@ -1,4 +1,4 @@
-"""The isolated key process from Python: the package ships keyfence-keyd
+"""The key process from Python: the package ships keyfence-key-process
 beside the native module, and the library finds it there (never on PATH)."""
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ PACKAGE = pathlib.Path(keyfence.__file__).parent
 
 
 def test_key_process_ships_beside_the_module() -> None:
-    keyd = PACKAGE / "keyfence-keyd"
-    assert keyd.is_file() and os.access(keyd, os.X_OK)
+    key_process = PACKAGE / "keyfence-key-process"
+    assert key_process.is_file() and os.access(key_process, os.X_OK)
     assert any(p.name.startswith("libkeyfence.so") for p in PACKAGE.iterdir())
 
 
@@ -40,14 +40,14 @@ def test_isolated_engine_signs(pems: Dict[str, bytes], pyca_keys: Dict[str, Any]
 
 
 def test_explicit_key_process_path(pems: Dict[str, bytes]) -> None:
-    with sign.Engine(isolated=True, key_process=PACKAGE / "keyfence-keyd") as engine:
+    with sign.Engine(isolated=True, key_process=PACKAGE / "keyfence-key-process") as engine:
         key = sign.PrivateKey.from_pem(pems["ed25519"], engine=engine)
         assert len(engine.sign_sync(key, "ed25519", b"m")) == 64
 
 
 def test_missing_key_process_is_a_clear_error(tmp_path: pathlib.Path) -> None:
     with pytest.raises(keyfence.InvalidConfig, match="does not exist"):
-        sign.Engine(isolated=True, key_process=tmp_path / "no-such-keyd")
+        sign.Engine(isolated=True, key_process=tmp_path / "no-such-key-process")
 
 
 def test_an_envelope_opened_by_the_key_process(tmp_path: pathlib.Path, pems: Dict[str, bytes], pyca_keys: Dict[str, Any]) -> None:

@@ -196,7 +196,7 @@ struct Inner {
 ///   point ([`Device::perform_sync`]), with the same routing and failure
 ///   handling.
 ///
-/// Keys held by an isolated key process are performed by their key process
+/// Keys held by a key process are performed by their key process
 /// (the engine routes them there before any backend sees them).
 ///
 /// Cheap to clone; clones share the device and the counters.

@@ -1,4 +1,4 @@
-//! The isolated key process: private keys live in a separate process, and
+//! The key process: private keys live in a separate process, and
 //! this one keeps only opaque key ids.
 //!
 //! A memory-disclosure bug in an internet-facing server (Heartbleed is the
@@ -7,7 +7,7 @@
 //! nothing but sign; keyfence does the same behind the engine's
 //! [`Backend`](crate::sign::Backend) interface:
 //!
-//! - [`KeyProcess::start`] spawns the key process (`keyfence-keyd` found
+//! - [`KeyProcess::start`] spawns the key process (`keyfence-key-process` found
 //!   beside the library or executable, never on `PATH`, or the program
 //!   the configuration names, such as `keyfence key-process`) with one end
 //!   of a socket pair as its standard input. It makes itself non-dumpable (no core dumps, no same-user
@@ -32,9 +32,9 @@
 //!
 //! ```no_run
 //! use keyfence::sign::{Algorithm, Engine, EngineConfig};
-//! use keyfence::sign::isolated::{IsolatedConfig, KeyProcess, KeySource};
+//! use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess, KeySource};
 //!
-//! let keys = KeyProcess::start(IsolatedConfig::default())?;
+//! let keys = KeyProcess::start(KeyProcessConfig::default())?;
 //! let key = keys.load(KeySource::File("/etc/keys/server.pem".into()))?;
 //! assert!(!key.is_local());
 //! let engine = Engine::new(EngineConfig::default())?;
@@ -80,11 +80,11 @@ use crate::sign::PrivateKey;
 /// How the key process is started and supervised.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct IsolatedConfig {
+pub struct KeyProcessConfig {
     /// The key process's program and arguments; it must serve the protocol
     /// on its standard input ([`key_process_main`]). The program must be a
     /// path (it is never looked up on `PATH`). Default: empty, meaning
-    /// `keyfence-keyd` beside the shared library or executable keyfence is
+    /// `keyfence-key-process` beside the shared library or executable keyfence is
     /// linked into, else beside the running executable or one directory up
     /// (test and bench binaries); no environment variable is consulted.
     /// `docs/isolation.md` has the lookup order.
@@ -109,10 +109,10 @@ pub struct IsolatedConfig {
     pub restart_wait: Duration,
 }
 
-impl Default for IsolatedConfig {
+impl Default for KeyProcessConfig {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        IsolatedConfig {
+        KeyProcessConfig {
             command: Vec::new(),
             max_in_flight: 1024,
             rsa_threads: cores,
@@ -124,7 +124,7 @@ impl Default for IsolatedConfig {
     }
 }
 
-impl IsolatedConfig {
+impl KeyProcessConfig {
     /// The default configuration with another key-process command, for
     /// example `[current_exe, "key-process"]`.
     pub fn with_command<I, S>(command: I) -> Self
@@ -132,11 +132,11 @@ impl IsolatedConfig {
         I: IntoIterator<Item = S>,
         S: Into<OsString>,
     {
-        IsolatedConfig { command: command.into_iter().map(Into::into).collect(), ..Self::default() }
+        KeyProcessConfig { command: command.into_iter().map(Into::into).collect(), ..Self::default() }
     }
 }
 
-/// A running isolated key process, restarted when it dies. Cheap to
+/// A running key process, restarted when it dies. Cheap to
 /// clone; the process is told to exit when the last clone and the last key
 /// handle from it are gone.
 #[derive(Clone)]
@@ -155,11 +155,11 @@ impl KeyProcess {
     ///
     /// # Errors
     /// [`SignError::Config`] for zero sizes, a configured program that is
-    /// not a path or does not exist, or no `keyfence-keyd` where it is
+    /// not a path or does not exist, or no `keyfence-key-process` where it is
     /// looked for; [`SignError::Io`] when the process cannot be started,
-    /// does not answer in [`IsolatedConfig::start_timeout`], or speaks
+    /// does not answer in [`KeyProcessConfig::start_timeout`], or speaks
     /// another protocol version.
-    pub fn start(config: IsolatedConfig) -> Result<Self, SignError> {
+    pub fn start(config: KeyProcessConfig) -> Result<Self, SignError> {
         Ok(KeyProcess { sup: Supervisor::start(config)? })
     }
 
@@ -252,7 +252,7 @@ impl KeyProcess {
 }
 
 /// The key process's `main`: serves the protocol on standard input (the
-/// socket the engine passed) until the engine closes it. `keyfence-keyd`
+/// socket the engine passed) until the engine closes it. `keyfence-key-process`
 /// and `keyfence key-process` are this function. Arguments:
 /// `--rsa-threads N`, `--ec-threads N`.
 pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {

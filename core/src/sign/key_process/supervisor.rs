@@ -18,13 +18,13 @@ use super::client::{backend_error, Conn, Pending, NAME};
 use super::protocol::{self as p, kind, KeySource};
 use super::sys;
 use super::writer::FrameWriter;
-use super::IsolatedConfig;
+use super::KeyProcessConfig;
 use crate::sign::held_key::{Answer, KeyHolder};
 use crate::sign::types::{BackendFailure, KeyKind, OpClass, Operation, Output, Resource, SignError};
 
 /// The key-process program's file name, looked for beside the library and
 /// the executable.
-pub(super) const PROGRAM: &str = "keyfence-keyd";
+pub(super) const PROGRAM: &str = "keyfence-key-process";
 
 /// One setup step, replayed in order on a new key process.
 #[derive(Debug, Clone)]
@@ -48,7 +48,7 @@ pub(super) struct State {
 
 /// Starts and restarts the key process; holds keys for the engine.
 pub(super) struct Supervisor {
-    pub(super) config: IsolatedConfig,
+    pub(super) config: KeyProcessConfig,
     /// The program and arguments, resolved once at start.
     command: Vec<std::ffi::OsString>,
     state: Mutex<State>,
@@ -60,23 +60,23 @@ pub(super) struct Supervisor {
 
 /// The key-process program: the configured command if there is one (its
 /// program must be a path, never a name looked up on `PATH`), else
-/// `keyfence-keyd` beside the shared library or executable keyfence is
+/// `keyfence-key-process` beside the shared library or executable keyfence is
 /// part of, else beside the running executable (or one directory up, for
 /// test and bench binaries in `target/*/deps`). No environment variable
 /// is consulted: a binding's host process should not be able to choose
 /// which program holds its keys by inheriting one.
-pub(super) fn resolve_command(config: &IsolatedConfig) -> Result<Vec<std::ffi::OsString>, SignError> {
+pub(super) fn resolve_command(config: &KeyProcessConfig) -> Result<Vec<std::ffi::OsString>, SignError> {
     if let Some(program) = config.command.first() {
         let path = Path::new(program);
         if path.components().count() < 2 && !path.is_absolute() {
             return Err(SignError::Config(format!(
-                "isolated.command: the key-process program must be a path, not `{}` (it is never looked up on PATH)",
+                "the key process program must be a path, not `{}` (it is never looked up on PATH)",
                 path.display()
             )));
         }
         if !path.is_file() {
             return Err(SignError::Config(format!(
-                "isolated.command: the key-process program {} does not exist",
+                "the key process program {} does not exist",
                 path.display()
             )));
         }
@@ -101,20 +101,20 @@ pub(super) fn resolve_command(config: &IsolatedConfig) -> Result<Vec<std::ffi::O
     }
     let looked: Vec<String> = looked.iter().map(|d| d.display().to_string()).collect();
     Err(SignError::Config(format!(
-        "no {PROGRAM} beside the library or executable (looked in {}); install it there or set isolated.command",
+        "no {PROGRAM} beside the library or executable (looked in {}); install it there or name it in the key process configuration",
         looked.join(", ")
     )))
 }
 
 impl Supervisor {
     /// Checks the configuration, starts the first key process.
-    pub(super) fn start(config: IsolatedConfig) -> Result<Arc<Self>, SignError> {
+    pub(super) fn start(config: KeyProcessConfig) -> Result<Arc<Self>, SignError> {
         if config.max_in_flight == 0 || config.rsa_threads == 0 || config.ec_threads == 0 {
-            return Err(SignError::Config("isolated sizes (max_in_flight, threads) must be at least 1".into()));
+            return Err(SignError::Config("key process sizes (max_in_flight, threads) must be at least 1".into()));
         }
         if config.max_in_flight > p::MAX_IN_FLIGHT || config.rsa_threads > 1024 || config.ec_threads > 1024 {
             return Err(SignError::Config(format!(
-                "isolated sizes: max_in_flight at most {}, threads at most 1024",
+                "key process sizes: max_in_flight at most {}, threads at most 1024",
                 p::MAX_IN_FLIGHT
             )));
         }
@@ -192,7 +192,7 @@ impl Supervisor {
         };
         let conn = Arc::new(Conn::new(pid, flags, child, writer, config.max_in_flight));
         let (weak, c) = (Arc::downgrade(self), conn.clone());
-        let started = std::thread::Builder::new().name(format!("keyfence-keyd-{pid}")).spawn(move || {
+        let started = std::thread::Builder::new().name(format!("keyfence-key-process-{pid}")).spawn(move || {
             let exit = c.read_replies(reader, decoder);
             on_exit(weak, exit);
         });
@@ -275,7 +275,7 @@ fn end(conn: &Conn) {
 
 /// Sends `Hello` and reads the key process's: its pid (which must be the
 /// child's) and hardening flags.
-fn handshake(ours: &UnixStream, pid: u32, config: &IsolatedConfig) -> io::Result<(u32, p::Decoder)> {
+fn handshake(ours: &UnixStream, pid: u32, config: &KeyProcessConfig) -> io::Result<(u32, p::Decoder)> {
     use std::io::Write;
     let mut hello = Vec::new();
     p::encode(&mut hello, kind::HELLO, 0, &[&p::hello_request(config.max_in_flight)]);

@@ -39,7 +39,7 @@ pub struct ServeOptions {
     /// Threads signing with EC and Ed25519 keys.
     pub ec_threads: usize,
     /// Refuse a peer that is not the parent process running as the same
-    /// user (always on in `keyfence-keyd`; tests that serve in-process turn
+    /// user (always on in `keyfence-key-process`; tests that serve in-process turn
     /// it off).
     pub check_peer: bool,
 }
@@ -198,14 +198,14 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
             let defer = name == "ec";
             workers.push(
                 std::thread::Builder::new()
-                    .name(format!("keyd-{name}-{i}"))
+                    .name(format!("key-process-{name}-{i}"))
                     .spawn(move || work(&rx, &shared, defer))?,
             );
         }
     }
     for i in 0..LOADERS {
         let (rx, shared) = (load_rx.clone(), shared.clone());
-        workers.push(std::thread::Builder::new().name(format!("keyd-load-{i}")).spawn(move || load_keys(&rx, &shared))?);
+        workers.push(std::thread::Builder::new().name(format!("key-process-load-{i}")).spawn(move || load_keys(&rx, &shared))?);
     }
     drop((rsa_rx, ec_rx, load_rx));
 

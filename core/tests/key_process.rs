@@ -1,4 +1,4 @@
-//! The isolated key process: keys held elsewhere, replies out of order,
+//! The key process: keys held elsewhere, replies out of order,
 //! deadlines, bounded in-flight requests, malformed frames, hardening, and
 //! death under load followed by a restart that reloads the keys.
 
@@ -14,15 +14,15 @@ use std::time::{Duration, Instant};
 use boring::hash::MessageDigest;
 use boring::pkey::PKey;
 use boring::sign::Verifier;
-use keyfence::sign::isolated::protocol::{self as p, flags, kind, ErrorCode};
-use keyfence::sign::isolated::{serve, IsolatedConfig, KeyProcess, KeySource, ServeOptions};
+use keyfence::sign::key_process::protocol::{self as p, flags, kind, ErrorCode};
+use keyfence::sign::key_process::{serve, KeyProcessConfig, KeyProcess, KeySource, ServeOptions};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request, SignError};
 use zeroize::Zeroizing;
 
-const KEYD: &str = env!("CARGO_BIN_EXE_keyfence-keyd");
+const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
 
-fn config() -> IsolatedConfig {
-    let mut c = IsolatedConfig::with_command([KEYD]);
+fn config() -> KeyProcessConfig {
+    let mut c = KeyProcessConfig::with_command([KEY_PROCESS]);
     c.rsa_threads = 1;
     c.ec_threads = 1;
     c
@@ -88,7 +88,7 @@ fn keys_stay_in_the_key_process_and_sign_through_the_engine() {
         let key = keys.load(KeySource::File(key_file(&dir.0, name, kind))).unwrap();
         assert!(!key.is_local());
         assert_eq!(key.kind(), kind);
-        assert!(format!("{key:?}").contains("held_by: \"isolated\""), "{key:?}");
+        assert!(format!("{key:?}").contains("held_by: \"key-process\""), "{key:?}");
         let sig = engine.sign(&key, alg, b"isolated").unwrap().wait().unwrap();
         assert!(verifies(&key, alg, b"isolated", &sig), "{alg}");
         // The synchronous path reaches the key process too.
@@ -401,7 +401,7 @@ fn privileges_drop_and_the_drop_survives_a_restart() {
     assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
 }
 
-/// A raw connection to a fresh `keyfence-keyd`, for protocol abuse.
+/// A raw connection to a fresh `keyfence-key-process`, for protocol abuse.
 struct Raw {
     stream: UnixStream,
     child: std::process::Child,
@@ -411,7 +411,7 @@ struct Raw {
 impl Raw {
     fn start() -> Self {
         let (ours, theirs) = UnixStream::pair().unwrap();
-        let child = Command::new(KEYD)
+        let child = Command::new(KEY_PROCESS)
             .args(["--rsa-threads", "1", "--ec-threads", "1"])
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .spawn()
@@ -675,22 +675,22 @@ fn serve_refuses_a_peer_that_is_not_its_parent() {
 
 #[test]
 fn a_missing_key_process_program_is_a_clear_start_error() {
-    let err = KeyProcess::start(IsolatedConfig::with_command(["/nonexistent/keyfence-keyd"])).unwrap_err();
-    assert!(err.to_string().contains("/nonexistent/keyfence-keyd"), "{err}");
+    let err = KeyProcess::start(KeyProcessConfig::with_command(["/nonexistent/keyfence-key-process"])).unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/keyfence-key-process"), "{err}");
     assert!(err.to_string().contains("does not exist"), "{err}");
     assert!(matches!(err, SignError::Config(_)), "{err:?}");
     // A program that is not a key process: exits without a hello.
-    let err = KeyProcess::start(IsolatedConfig::with_command(["/bin/true"])).unwrap_err();
+    let err = KeyProcess::start(KeyProcessConfig::with_command(["/bin/true"])).unwrap_err();
     assert!(err.to_string().contains("did not start"), "{err}");
     // A bare name would be looked up on PATH, which a host process controls.
-    let err = KeyProcess::start(IsolatedConfig::with_command(["keyfence-keyd"])).unwrap_err();
+    let err = KeyProcess::start(KeyProcessConfig::with_command(["keyfence-key-process"])).unwrap_err();
     assert!(err.to_string().contains("never looked up on PATH"), "{err}");
 }
 
 #[test]
 fn the_default_finds_the_key_process_beside_the_executable() {
-    // This test runs from target/*/deps; keyfence-keyd is one directory up.
-    let mut c = IsolatedConfig::default();
+    // This test runs from target/*/deps; keyfence-key-process is one directory up.
+    let mut c = KeyProcessConfig::default();
     assert!(c.command.is_empty());
     c.rsa_threads = 1;
     c.ec_threads = 1;
@@ -712,7 +712,7 @@ fn a_held_key_runs_only_on_its_holder() {
         .with_backend(Arc::new(keyfence::sign::SoftwareBackend));
     let err = engine.submit(req).unwrap_err();
     assert!(
-        matches!(&err, SignError::HeldElsewhere { holder, requested } if holder == "isolated" && requested == "software"),
+        matches!(&err, SignError::HeldElsewhere { holder, requested } if holder == "key-process" && requested == "software"),
         "{err:?}"
     );
     assert_eq!(err.code(), keyfence::ErrorCode::InvalidRequest);
@@ -729,7 +729,7 @@ fn a_held_key_runs_only_on_its_holder() {
 #[test]
 fn an_owner_gone_with_replies_unread_ends_the_key_process_quietly() {
     let (mut ours, theirs) = UnixStream::pair().unwrap();
-    let child = Command::new(KEYD)
+    let child = Command::new(KEY_PROCESS)
         .args(["--rsa-threads", "1", "--ec-threads", "1"])
         .stdin(Stdio::from(OwnedFd::from(theirs)))
         .stderr(Stdio::piped())

@@ -22,7 +22,7 @@ use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError}
 use crate::sign::wire;
 
 /// The backend name in errors and metrics.
-pub(super) const NAME: &str = "isolated";
+pub(super) const NAME: &str = "key-process";
 
 pub(super) fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
     SignError::backend(NAME, failure, reason)
