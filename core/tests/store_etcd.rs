@@ -361,7 +361,7 @@ fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
     let long = CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() };
     let following = Arc::new(Machine::new(key.clone(), store.clone(), long.clone()));
     let stale = Machine::new(key, store.clone(), long);
-    let _follower = following.follow(&etcd).unwrap();
+    let _follower = following.follow().unwrap();
     for m in [&*following, &stale] {
         assert_eq!(&m.open(old.to_bytes()).unwrap()[..], b"v1");
     }

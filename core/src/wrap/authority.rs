@@ -14,6 +14,7 @@ use super::error::{codec, limit, malformed, Result, StateError};
 use super::error::WrapError;
 use super::format::{check_policy, reader, writer, Envelope, STATE_MAGIC};
 use super::generation::GenerationState;
+use super::generation_list;
 use super::signing::AuthorityKey;
 use super::layout::{self, hex};
 use super::machine::MachineKey;
@@ -203,8 +204,8 @@ impl Authority {
         // for the command line, so an `init` that dies before committing
         // leaves a store with no authority, which `init` can fill, never
         // an authority that no command recognises as a store.
-        let list = layout::encode_generations(a.generations.iter().map(|g| (g.number, g.state)));
-        a.put(layout::GENERATIONS, list.as_bytes());
+        let list = generation_list::encode(&a.signer, a.generations.iter().map(|g| (g.number, g.state)));
+        a.put(layout::GENERATIONS, &list);
         a.commit()?;
         // Expecting no state: of two `init`s racing on a store without a
         // lock, one commits.
@@ -381,8 +382,8 @@ impl Authority {
         let state = self.encode();
         self.put(layout::STATE, &state);
         self.seen = state_digest(&state);
-        let list = layout::encode_generations(self.generations.iter().map(|g| (g.number, g.state)));
-        self.put(layout::GENERATIONS, list.as_bytes());
+        let list = generation_list::encode(&self.signer, self.generations.iter().map(|g| (g.number, g.state)));
+        self.put(layout::GENERATIONS, &list);
         Ok(())
     }
 
