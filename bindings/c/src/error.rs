@@ -128,7 +128,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 35] = [
+const ALL_RESULTS: [keyfence_result; 36] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
