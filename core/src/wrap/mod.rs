@@ -69,4 +69,4 @@ pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, Sto
 pub use watch::{Watch, WatchEvent};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdStore, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
-pub use name::open_store;
+pub use name::{open_store, open_store_path};
