@@ -379,3 +379,72 @@ fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
     eprintln!("retirement reached the following cache in {:?}", start.elapsed());
     assert_eq!(&stale.open(old.to_bytes()).unwrap()[..], b"v1", "the cache alone keeps a retired key");
 }
+
+/// 100,000 envelopes in one etcd store (ignored: about a minute; run with
+/// `cargo test -p keyfence --features etcd,testing --test store_etcd --
+/// --ignored --nocapture`, figures in docs/benchmarks.md). The envelopes
+/// are made by the authority on a memory store and copied to etcd in
+/// commits of 100 (writing them one wrap at a time would take minutes);
+/// then on etcd: the paged listing finds them all, `status` counts them,
+/// a wrap, an open of any of them and a rotation reaching a following
+/// machine work as on an empty store (no hot path reads the prefix), and
+/// the timings are printed.
+#[test]
+#[ignore]
+fn a_hundred_thousand_envelopes_in_one_store() {
+    use std::time::Instant;
+    const N: usize = 100_000;
+    let Some(cluster) = Cluster::start() else { return };
+    let memory: Arc<dyn Store> = Arc::new(keyfence::wrap::MemoryStore::default());
+    let mut a = Authority::init(memory.clone()).unwrap();
+    let t = Instant::now();
+    let envs: Vec<keyfence::wrap::Envelope> = (0..N).map(|i| a.wrap(if i % 2 == 0 { "region: EU" } else { "team: ops" }, format!("secret {i}").as_bytes()).unwrap()).collect();
+    eprintln!("{N} wraps on the memory store: {:?}", t.elapsed());
+    let etcd = keyfence::wrap::EtcdStore::open(cluster.config("scale")).unwrap();
+    let store: Arc<dyn Store> = Arc::new(etcd.clone());
+    let t = Instant::now();
+    for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {
+        for names in memory.list(prefix).unwrap().chunks(100) {
+            let mut b = Batch::default();
+            for n in names {
+                b.push(Op::Put(n.clone(), memory.get(n).unwrap().unwrap()));
+            }
+            store.commit(&b).unwrap();
+        }
+    }
+    eprintln!("copied to etcd in commits of 100: {:?}", t.elapsed());
+
+    let t = Instant::now();
+    let listed = store.list("envelopes/").unwrap();
+    eprintln!("paged listing of {} names: {:?}", listed.len(), t.elapsed());
+    assert_eq!(listed.len(), N);
+    let mut a = Authority::open(store.clone()).unwrap();
+    let t = Instant::now();
+    assert_eq!(a.status().unwrap().envelopes, N);
+    eprintln!("status: {:?}", t.elapsed());
+
+    let t = Instant::now();
+    let new = a.wrap("region: EU", b"one more").unwrap();
+    eprintln!("a wrap into the full store: {:?}", t.elapsed());
+    let key = a.issue(&"region=EU,team=ops".parse::<Attributes>().unwrap()).unwrap();
+    let m = Arc::new(Machine::new(key, store.clone(), CacheConfig::default()));
+    assert_eq!(&m.open(new.to_bytes()).unwrap()[..], b"one more");
+    let t = Instant::now();
+    for i in (0..N).step_by(N / 100) {
+        let name = &listed[i];
+        let env = store.get(name).unwrap().unwrap();
+        let secret = m.open(&env).unwrap();
+        assert!(envs.iter().any(|e| e.to_bytes() == &env[..]) && secret.starts_with(b"secret "), "{name}");
+    }
+    eprintln!("100 fetches and cached opens spread over the store: {:?}", t.elapsed());
+
+    let _follower = m.follow().unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    a.rotate_master().unwrap();
+    let t = Instant::now();
+    while m.cache_stats().propagations == 0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "the rotation never reached the machine");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    eprintln!("a rotation reached a following machine in {:?}", m.cache_stats().propagation_last);
+}

@@ -104,9 +104,15 @@ fn the_documented_etcd_commands_work_as_listed() {
 #[test]
 fn bench_store_measures_etcd_against_files_and_cleans_up() {
     let Some(cluster) = etcd_support::Cluster::start() else { return };
-    let out = ok(&["bench", "store", "--store", &cluster.name("benched"), "--json", "--ops", "20"]);
+    let out = ok(&["bench", "store", "--store", &cluster.name("benched"), "--json", "--ops", "20", "--watchers", "5"]);
     let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(lines.len(), 6, "{out}");
+    assert_eq!(lines.len(), 8, "{out}");
+    for store in ["file", "etcd"] {
+        let l = lines.iter().find(|l| l["store"] == store && l["op"] == "watch_propagation").unwrap_or_else(|| panic!("{store}: {out}"));
+        assert_eq!(l["watchers"], 5, "{l}");
+        let (p50, p99, max) = (l["p50_ms"].as_f64().unwrap(), l["p99_ms"].as_f64().unwrap(), l["max_ms"].as_f64().unwrap());
+        assert!(0.0 <= p50 && p50 <= p99 && p99 <= max && max < 120_000.0, "{l}");
+    }
     for store in ["file", "etcd"] {
         for op in ["wrap", "fetch_open_cached"] {
             let l = lines.iter().find(|l| l["store"] == store && l["op"] == op).unwrap_or_else(|| panic!("{store} {op}: {out}"));

@@ -31,7 +31,7 @@ pub(crate) struct GenerationList {
 
 /// The list's encoding, signed by `signer`, dated now.
 pub(crate) fn encode(signer: &AuthorityKey, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
-    let at = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_millis() as u64;
+    let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
     let generations: Vec<_> = generations.into_iter().collect();
     let mut w = writer(GENERATIONS_MAGIC);
     // The count fits: the authority refuses a 65,536th generation.
@@ -69,7 +69,7 @@ impl GenerationList {
         let signature: [u8; SIGNATURE_LEN] = r.array("signature").map_err(codec(O))?;
         r.finish().map_err(codec(O))?;
         check_signed(O, GENERATIONS_CONTEXT, trusted, &authority, signed, &signature)?;
-        Ok(Self { committed_at: UNIX_EPOCH + Duration::from_millis(at), generations })
+        Ok(Self { committed_at: UNIX_EPOCH + Duration::from_micros(at), generations })
     }
 
     /// The live generations.
