@@ -31,6 +31,14 @@ fi
 
 port() { shuf -i 20000-32767 -n 1; }
 
+probe() { # probe PORT: a read through etcdctl (./x installs etcd-client), else curl
+    if command -v etcdctl >/dev/null; then
+        ETCDCTL_API=3 etcdctl --endpoints "http://127.0.0.1:$1" --dial-timeout 1s --command-timeout 2s get probe >/dev/null 2>&1
+    else
+        curl -sf -m 2 -X POST "http://127.0.0.1:$1/v3/kv/range" -d '{"key":"cHJvYmU="}' >/dev/null 2>&1
+    fi
+}
+
 stop() { # stop PGID...
     for g in "$@"; do kill -9 -- "-$g" 2>/dev/null || true; done
 }
@@ -61,7 +69,7 @@ for attempt in 1 2 3 4 5; do
             kill -0 "$pid" 2>/dev/null || break 2
         done
         # A linearizable read: answered only once there is a leader.
-        if curl -sf -m 2 -X POST "http://127.0.0.1:${client[0]}/v3/kv/range" -d '{"key":"cHJvYmU="}' >/dev/null 2>&1; then
+        if probe "${client[0]}"; then
             ready=1
             break
         fi

@@ -380,6 +380,19 @@ fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
     assert_eq!(&stale.open(old.to_bytes()).unwrap()[..], b"v1", "the cache alone keeps a retired key");
 }
 
+/// The test cluster's ports are drawn free, but another program may take
+/// one before etcd binds it: the member exits, and the cluster is started
+/// again on other ports (here member 0's port is held on the first try).
+#[test]
+fn a_cluster_whose_port_is_taken_starts_again_on_other_ports() {
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = held.local_addr().unwrap().port();
+    let Some(cluster) = Cluster::start_on_taken_port(port) else { return };
+    assert!(!cluster.endpoints().contains(&format!("127.0.0.1:{port}")), "{:?}", cluster.endpoints());
+    cluster.store("taken").put("public/k", b"v").unwrap();
+    drop(held);
+}
+
 /// 100,000 envelopes in one etcd store (ignored: about a minute; run with
 /// `cargo test -p keyfence --features etcd,testing --test store_etcd --
 /// --ignored --nocapture`, figures in docs/benchmarks.md). The envelopes

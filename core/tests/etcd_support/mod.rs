@@ -105,19 +105,26 @@ impl Cluster {
     /// Starts three members and waits (bounded) until they serve.
     /// `None` when etcd is not installed (see [`etcd_binary`]).
     pub fn start() -> Option<Cluster> {
-        Self::start_with(false)
+        Self::start_with(false, None)
+    }
+
+    /// Like [`Cluster::start`], with member 0's client port `taken` on the
+    /// first attempt (a port the caller holds): for the test that a taken
+    /// port makes the cluster start again elsewhere.
+    pub fn start_on_taken_port(taken: u16) -> Option<Cluster> {
+        Self::start_with(false, Some(taken))
     }
 
     /// Like [`Cluster::start`], with TLS and client certificates required
     /// on the client port (`--client-cert-auth`).
     pub fn start_tls() -> Option<Cluster> {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> Option<Cluster> {
+    fn start_with(tls: bool, taken: Option<u16>) -> Option<Cluster> {
         let bin = etcd_binary()?;
         for attempt in 1..=START_ATTEMPTS {
-            let mut c = Self::spawn_cluster(bin.clone(), tls);
+            let mut c = Self::spawn_cluster(bin.clone(), tls, taken.filter(|_| attempt == 1));
             match c.try_wait_ready(START_WAIT) {
                 Ok(()) => return Some(c),
                 Err(logs) if logs.contains("address already in use") && attempt < START_ATTEMPTS => {
@@ -129,11 +136,15 @@ impl Cluster {
         unreachable!("the last attempt returns or panics")
     }
 
-    /// Three members on new ports in a new directory, not yet waited for.
-    fn spawn_cluster(bin: PathBuf, tls: bool) -> Cluster {
+    /// Three members on new ports (member 0's client port `first`, if
+    /// given) in a new directory, not yet waited for.
+    fn spawn_cluster(bin: PathBuf, tls: bool, first: Option<u16>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let members: Vec<Member> =
+        let mut members: Vec<Member> =
             (0..3).map(|i| Member { name: format!("m{i}"), client: free_port(), peer: free_port(), child: None }).collect();
+        if let Some(port) = first {
+            members[0].client = port;
+        }
         let initial = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
         let token = format!("keyfence-{}-{}", std::process::id(), members[0].client);
         let tls = tls.then(|| {
