@@ -760,3 +760,28 @@ fn a_replayed_generation_list_is_refused() {
         assert!(matches!(err, WrapError::Malformed { .. } | WrapError::Tampered { .. }), "{err}");
     }
 }
+
+/// A polled store keeps no history: a watch resumed from an earlier
+/// revision begins with `Compacted`, then goes on with the changes; a
+/// machine applying `Compacted` clears its cache and counts a resync.
+#[test]
+fn a_resumed_poll_and_a_compaction_make_a_full_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in [Arc::new(MemoryStore::default()) as Arc<dyn Store>, Arc::new(FileStore::open(dir.path()).unwrap())] {
+        let w = store.clone().watch("public/", 7).unwrap();
+        assert_eq!(w.next_timeout(Duration::from_secs(5)), Some(WatchEvent::Compacted { revision: 0 }));
+        store.put("public/x", b"1").unwrap();
+        let seen = wait_for(&w, |e| e.key() == Some("public/x"));
+        assert_eq!(seen.len(), 1, "{seen:?}");
+    }
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    let m = machine(&a, &store, "region=EU");
+    m.open(env.to_bytes()).unwrap();
+    assert_eq!(m.cache_stats().entries, 1);
+    m.apply(&WatchEvent::Compacted { revision: 3 });
+    let s = m.cache_stats();
+    assert_eq!((s.entries, s.resyncs, s.watch_events), (0, 1, 1), "{s:?}");
+    m.open(env.to_bytes()).unwrap();
+    assert_eq!(m.cache_stats().misses, 2, "opened again after the resync");
+}
