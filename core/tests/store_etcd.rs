@@ -332,7 +332,7 @@ fn a_watcher_misses_no_event_across_a_member_kill() {
     }
     s.put("public/after", b"y").unwrap();
     let rest = collect(&w, 1);
-    assert!(matches!(&rest[..], [WatchEvent::Put { key, revision }] if key == "public/after" && *revision > now), "{rest:?}");
+    assert!(matches!(&rest[..], [WatchEvent::Put { key, revision, value }] if key == "public/after" && *revision > now && value.as_deref() == Some(&b"y"[..])), "{rest:?}");
 }
 
 /// Compacts the cluster's history up to `revision` (through a live member).

@@ -410,7 +410,10 @@ impl EtcdStore {
                     let event = if e.get("type").and_then(Value::as_str) == Some("DELETE") {
                         WatchEvent::Delete { key, revision }
                     } else {
-                        WatchEvent::Put { key, revision }
+                        // The value is in the event: a watcher need not read it
+                        // again (a bad encoding leaves it to that read).
+                        let value = bytes(kv.get("value").unwrap_or(&Value::Null), &key).ok();
+                        WatchEvent::Put { key, revision, value }
                     };
                     if tx.send(event).is_err() {
                         return;

@@ -372,12 +372,17 @@ impl Machine {
             WatchEvent::Delete { key, .. } => {
                 self.forget(key);
             }
-            WatchEvent::Put { key, .. } if key == layout::GENERATIONS => {
-                if let Ok(list) = self.generations() {
+            WatchEvent::Put { key, value, .. } if key == layout::GENERATIONS => {
+                // The list the feed carried, or (a polled store) the store's.
+                let list = match value {
+                    Some(v) => self.seen.accept(Some(v), &self.key.authority),
+                    None => self.generations(),
+                };
+                if let Ok(list) = list {
                     self.cache.count_propagation(list.committed_at);
                 }
             }
-            WatchEvent::Put { key, .. } => self.warm(key),
+            WatchEvent::Put { key, value, .. } => self.warm(key, value.as_deref()),
             WatchEvent::Compacted { .. } => {
                 self.cache.count_resync();
                 self.clear_cache();
@@ -394,15 +399,26 @@ impl Machine {
 
     /// Opens the policy key of the sealed copy `name` into the cache, if it
     /// is for a generation this machine holds a key for, signed by its
-    /// authority, under a policy its attributes satisfy, and not cached.
-    fn warm(&self, name: &str) {
+    /// authority, under a policy its attributes satisfy, and not cached;
+    /// `value` is the copy if the watch carried it, else it is read.
+    fn warm(&self, name: &str, value: Option<&[u8]>) {
         let Some(s) = layout::parse_sealed(name) else { return };
         let Some(key) = self.key.keys.iter().find(|(g, _)| *g == s.generation).map(|(_, k)| k) else { return };
         if self.cache.holds(&(s.policy_id, s.version)) {
             return;
         }
-        let Ok(Some(blob)) = self.store.get(name) else { return };
-        let Ok(sealed) = SealedKey::parse(&blob) else { return };
+        let read;
+        let blob = match value {
+            Some(v) => v,
+            None => match self.store.get(name) {
+                Ok(Some(b)) => {
+                    read = b;
+                    &read[..]
+                }
+                _ => return,
+            },
+        };
+        let Ok(sealed) = SealedKey::parse(blob) else { return };
         let named = sealed.policy_id == s.policy_id && sealed.version == s.version && sealed.generation == s.generation;
         if !named || sealed.verify(&self.key.authority).is_err() {
             return;

@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::Duration;
 
-/// A change to an object under a watched prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A change to an object under a watched prefix. `Debug` shows a value's
+/// length only (a watch on `authority/` carries the authority's state).
+#[derive(Clone, PartialEq, Eq)]
 pub enum WatchEvent {
     /// The object was created or replaced at `revision`.
     Put {
@@ -24,6 +25,10 @@ pub enum WatchEvent {
         key: String,
         /// The revision of the change.
         revision: i64,
+        /// The value written, when the store's feed carries it (etcd's
+        /// does; a poll does not read values): a watcher then needs no read
+        /// of its own. As untrusted as a read: verify it the same way.
+        value: Option<Vec<u8>>,
     },
     /// The object was deleted at `revision`.
     Delete {
@@ -40,6 +45,21 @@ pub enum WatchEvent {
         /// The revision the watch resumes after.
         revision: i64,
     },
+}
+
+impl std::fmt::Debug for WatchEvent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WatchEvent::Put { key, revision, value } => f
+                .debug_struct("Put")
+                .field("key", key)
+                .field("revision", revision)
+                .field("value", &value.as_ref().map(|v| format!("{} bytes", v.len())))
+                .finish(),
+            WatchEvent::Delete { key, revision } => f.debug_struct("Delete").field("key", key).field("revision", revision).finish(),
+            WatchEvent::Compacted { revision } => f.debug_struct("Compacted").field("revision", revision).finish(),
+        }
+    }
 }
 
 impl WatchEvent {
@@ -156,7 +176,7 @@ fn diff(before: &Snapshot, after: &Snapshot, revision: i64) -> Vec<WatchEvent> {
     let mut out = Vec::new();
     for (key, fp) in after {
         if before.get(key) != Some(fp) {
-            out.push(WatchEvent::Put { key: key.clone(), revision });
+            out.push(WatchEvent::Put { key: key.clone(), revision, value: None });
         }
     }
     for key in before.keys().filter(|k| !after.contains_key(*k)) {
@@ -178,9 +198,9 @@ mod tests {
         assert_eq!(
             diff(&before, &after, 7),
             vec![
-                WatchEvent::Put { key: "b".into(), revision: 7 },
+                WatchEvent::Put { key: "b".into(), revision: 7, value: None },
                 WatchEvent::Delete { key: "c".into(), revision: 7 },
-                WatchEvent::Put { key: "d".into(), revision: 7 },
+                WatchEvent::Put { key: "d".into(), revision: 7, value: None },
             ]
         );
         assert!(diff(&after, &after, 8).is_empty());
