@@ -380,6 +380,39 @@ fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
     assert_eq!(&stale.open(old.to_bytes()).unwrap()[..], b"v1", "the cache alone keeps a retired key");
 }
 
+/// `get_many` reads many objects in few requests (one transaction per
+/// 128 on etcd), in order, absent ones as `None`, the same on every store.
+#[test]
+fn get_many_reads_in_order_across_transactions() {
+    let Some(cluster) = Cluster::start() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let stores: [Arc<dyn Store>; 3] = [
+        cluster.store("many"),
+        Arc::new(keyfence::wrap::FileStore::open(dir.path()).unwrap()),
+        Arc::new(keyfence::wrap::MemoryStore::default()),
+    ];
+    for store in stores {
+        let mut names = Vec::new();
+        for chunk in 0..3 {
+            let mut b = Batch::default();
+            for i in 0..100 {
+                let n = format!("envelopes/{:04}", chunk * 100 + i);
+                b.push(Op::Put(n.clone(), n.as_bytes().to_vec()));
+                names.push(n);
+            }
+            store.commit(&b).unwrap();
+        }
+        names.insert(150, "envelopes/absent".into());
+        let got = store.get_many(&names).unwrap();
+        assert_eq!(got.len(), 301);
+        for (n, v) in names.iter().zip(&got) {
+            let want = (n != "envelopes/absent").then(|| n.as_bytes().to_vec());
+            assert_eq!(v, &want, "{n}");
+        }
+        assert!(store.get_many(&["../bad".to_string()]).is_err());
+    }
+}
+
 /// The test cluster's ports are drawn free, but another program may take
 /// one before etcd binds it: the member exits, and the cluster is started
 /// again on other ports (here member 0's port is held on the first try).
@@ -393,14 +426,15 @@ fn a_cluster_whose_port_is_taken_starts_again_on_other_ports() {
     drop(held);
 }
 
-/// 100,000 envelopes in one etcd store (ignored: about a minute; run with
+/// 100,000 envelopes in one etcd store (ignored: minutes; run with
 /// `cargo test -p keyfence --features etcd,testing --test store_etcd --
 /// --ignored --nocapture`, figures in docs/benchmarks.md). The envelopes
 /// are made by the authority on a memory store and copied to etcd in
 /// commits of 100 (writing them one wrap at a time would take minutes);
 /// then on etcd: the paged listing finds them all, `status` counts them,
 /// a wrap, an open of any of them and a rotation reaching a following
-/// machine work as on an empty store (no hot path reads the prefix), and
+/// machine work as on an empty store (no hot path reads the prefix), a
+/// policy-key rotation re-wraps the 50,000 envelopes of its policy, and
 /// the timings are printed.
 #[test]
 #[ignore]
@@ -460,4 +494,13 @@ fn a_hundred_thousand_envelopes_in_one_store() {
         std::thread::sleep(Duration::from_millis(5));
     }
     eprintln!("a rotation reached a following machine in {:?}", m.cache_stats().propagation_last);
+
+    // The one operation that reads every envelope: a policy-key rotation
+    // re-wraps the 50,000 under its policy, reading in batches of 128.
+    let t = Instant::now();
+    let r = a.rotate_policy_key("team: ops").unwrap();
+    assert_eq!((r.rewrapped, r.skipped.len()), (N / 2, 0));
+    eprintln!("a policy-key rotation re-wrapping {} of the {N} envelopes: {:?}", r.rewrapped, t.elapsed());
+    let name = format!("envelopes/{}", envs[1].secret_id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+    assert_eq!(keyfence::wrap::Envelope::parse(&store.get(&name).unwrap().unwrap()).unwrap().key_version, 2);
 }

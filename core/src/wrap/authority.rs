@@ -618,38 +618,43 @@ impl Authority {
         let current = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?.version;
         let mut rewrapped = 0;
         let mut skipped = Vec::new();
-        for name in self.store.list(layout::ENVELOPES)? {
-            let Some(bytes) = self.store.get(&name)? else { continue };
-            let skip = |reason| Skipped { name: name.clone(), reason };
-            let env = match Envelope::parse(&bytes) {
-                Ok(env) => env,
-                Err(e) => {
-                    skipped.push(skip(SkipReason::Malformed(e.to_string())));
+        // Read in batches: one request per 128 envelopes on etcd, not one each.
+        let names = self.store.list(layout::ENVELOPES)?;
+        for chunk in names.chunks(128) {
+            let values = self.store.get_many(chunk)?;
+            for (name, bytes) in chunk.iter().zip(values) {
+                let Some(bytes) = bytes else { continue };
+                let skip = |reason| Skipped { name: name.clone(), reason };
+                let env = match Envelope::parse(&bytes) {
+                    Ok(env) => env,
+                    Err(e) => {
+                        skipped.push(skip(SkipReason::Malformed(e.to_string())));
+                        continue;
+                    }
+                };
+                if env.policy_id != *pid || env.key_version == current {
                     continue;
                 }
-            };
-            if env.policy_id != *pid || env.key_version == current {
-                continue;
+                if let Err(e) = env.verify(&self.signer.public()) {
+                    skipped.push(skip(SkipReason::NotSigned(e.to_string())));
+                    continue;
+                }
+                if *name != layout::envelope(&env.secret_id) {
+                    skipped.push(skip(SkipReason::Misnamed(hex(&env.secret_id))));
+                    continue;
+                }
+                let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
+                    skipped.push(skip(SkipReason::RetiredVersion(env.key_version)));
+                    continue;
+                };
+                let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
+                    skipped.push(skip(SkipReason::DoesNotOpen(env.key_version)));
+                    continue;
+                };
+                self.seal_envelope(&env.secret_id, pid, &secret)?;
+                rewrapped += 1;
+                self.flush_if_large()?;
             }
-            if let Err(e) = env.verify(&self.signer.public()) {
-                skipped.push(skip(SkipReason::NotSigned(e.to_string())));
-                continue;
-            }
-            if name != layout::envelope(&env.secret_id) {
-                skipped.push(skip(SkipReason::Misnamed(hex(&env.secret_id))));
-                continue;
-            }
-            let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
-                skipped.push(skip(SkipReason::RetiredVersion(env.key_version)));
-                continue;
-            };
-            let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
-                skipped.push(skip(SkipReason::DoesNotOpen(env.key_version)));
-                continue;
-            };
-            self.seal_envelope(&env.secret_id, pid, &secret)?;
-            rewrapped += 1;
-            self.flush_if_large()?;
         }
         Ok((rewrapped, skipped))
     }

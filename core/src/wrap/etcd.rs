@@ -510,6 +510,29 @@ impl Store for EtcdStore {
         Ok(StoreLock::new(()))
     }
 
+    /// One read-only transaction per 128 objects (etcd's `--max-txn-ops`),
+    /// each a linearizable read of all of them at one revision.
+    fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_TXN_OPS) {
+            let mut success = Vec::with_capacity(chunk.len());
+            for k in chunk {
+                success.push(json!({ "request_range": { "key": b64(self.full(k)?.as_bytes()) } }));
+            }
+            let first = chunk.first().map_or("", String::as_str);
+            let v = self.call(first, "/v3/kv/txn", &json!({ "success": success }))?;
+            let responses = v.get("responses").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+            if responses.len() != chunk.len() {
+                return Err(io_err(first, format!("etcd answered {} reads of {}", responses.len(), chunk.len())));
+            }
+            for (k, r) in chunk.iter().zip(responses) {
+                let kv = r.pointer("/response_range/kvs/0");
+                out.push(kv.map(|kv| bytes(kv.get("value").unwrap_or(&Value::Null), k)).transpose()?);
+            }
+        }
+        Ok(out)
+    }
+
     /// etcd's own watch stream ([`EtcdStore::watch`]): no polling, and a
     /// revision to resume from that etcd remembers until it compacts.
     fn watch(self: Arc<Self>, prefix: &str, after: i64) -> Result<Watch, StoreError> {

@@ -154,6 +154,18 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// The objects `keys` names, in order (`None` for an absent one): for a
+    /// caller that reads many, such as a policy-key rotation reading every
+    /// envelope. By default one [`Store::get`] each; a replicated store
+    /// answers many in one request ([`EtcdStore`](super::EtcdStore): up to
+    /// 128 a transaction).
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
+
     /// Watches the objects under `prefix` (which ends with `/`) for
     /// changes after revision `after`: 0 for "from now", or the revision
     /// of an event an earlier watch on this store delivered, to resume
