@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use keyfence::policy::Attributes;
 use keyfence::wrap::{open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineKey, Skipped, Store};
 
@@ -96,15 +96,8 @@ pub enum MachineCmd {
     /// open it (attributes, generations), 2 if the envelope or key is
     /// malformed.
     Open {
-        /// Store (for the sealed policy keys): a directory or etcd://HOST:PORT[,...]/PREFIX.
-        #[arg(long)]
-        store: PathBuf,
-        /// Machine key file.
-        #[arg(long)]
-        key: PathBuf,
-        /// The envelope (`-`: standard input).
-        #[arg(long = "in")]
-        input: PathBuf,
+        #[command(flatten)]
+        envelope: EnvelopeArgs,
         /// The secret (written mode 600; `-`: standard output).
         #[arg(long)]
         out: PathBuf,
@@ -114,16 +107,24 @@ pub enum MachineCmd {
     /// attributes, a live generation, the policy key in the store); 2 if
     /// the envelope or key is malformed.
     CouldOpen {
-        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
-        #[arg(long)]
-        store: PathBuf,
-        /// Machine key file.
-        #[arg(long)]
-        key: PathBuf,
-        /// The envelope (`-`: standard input).
-        #[arg(long = "in")]
-        input: PathBuf,
+        #[command(flatten)]
+        envelope: EnvelopeArgs,
     },
+}
+
+/// What a machine needs to open an envelope: `open` and `could-open` take
+/// the same three.
+#[derive(Args)]
+pub struct EnvelopeArgs {
+    /// Store (for the sealed policy keys): a directory or etcd://HOST:PORT[,...]/PREFIX.
+    #[arg(long)]
+    store: PathBuf,
+    /// Machine key file.
+    #[arg(long)]
+    key: PathBuf,
+    /// The envelope (`-`: standard input).
+    #[arg(long = "in")]
+    input: PathBuf,
 }
 
 /// Every object the authority writes; its presence is what makes a
@@ -271,13 +272,13 @@ pub fn open_machine(dir: &Path, key: &Path) -> Result<Machine> {
 
 pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {
     match cmd {
-        MachineCmd::Open { store: dir, key, input, out } => {
+        MachineCmd::Open { envelope: EnvelopeArgs { store: dir, key, input }, out } => {
             let out = Output::new(&out, &[&key, &input, &dir])?;
             let m = open_machine(&dir, &key)?;
             let secret = m.open(&read(&input)?).with_context(|| format!("cannot open {}", input.display()))?;
             out.write_private(&secret)?;
         }
-        MachineCmd::CouldOpen { store: dir, key, input } => {
+        MachineCmd::CouldOpen { envelope: EnvelopeArgs { store: dir, key, input } } => {
             let m = open_machine(&dir, &key)?;
             let env = keyfence::wrap::Envelope::parse(&read(&input)?)?;
             // The same checks as `open`, short of decrypting: a yes here is

@@ -198,17 +198,7 @@ fn documented_commands() -> Vec<(Vec<String>, i32)> {
         })
         .filter(|(l, _)| l.starts_with("keyfence "))
         .map(|(l, exit)| {
-            let mut args = Vec::new();
-            let mut rest = l;
-            while !rest.is_empty() {
-                rest = rest.trim_start();
-                let (arg, after) = match rest.strip_prefix('\'') {
-                    Some(q) => q.split_once('\'').expect("closing quote"),
-                    None => rest.split_once(' ').unwrap_or((rest, "")),
-                };
-                args.push(arg.to_owned());
-                rest = after;
-            }
+            let mut args = common::shell_words(l);
             args.remove(0);
             (args, exit)
         })

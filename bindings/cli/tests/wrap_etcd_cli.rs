@@ -50,18 +50,7 @@ fn documented_etcd_commands(store: &str, endpoint: &str) -> Vec<Vec<String>> {
         .filter(|l| l.starts_with("keyfence ") || l.starts_with("etcdctl "))
         .map(|l| {
             let l = l.replace("$S", store).replace("127.0.0.1:20379", endpoint);
-            let mut args = Vec::new();
-            let mut rest = l.as_str();
-            while !rest.is_empty() {
-                rest = rest.trim_start();
-                let (arg, after) = match rest.strip_prefix('\'') {
-                    Some(q) => q.split_once('\'').expect("closing quote"),
-                    None => rest.split_once(' ').unwrap_or((rest, "")),
-                };
-                args.push(arg.to_owned());
-                rest = after;
-            }
-            args
+            common::shell_words(&l)
         })
         .collect()
 }

@@ -47,9 +47,9 @@ std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool i
         check(keyfence_engine_config_set_class(cfg, std::get<0>(t), std::get<1>(t), std::get<2>(t)));
     }
     if (timeout_ms) check(keyfence_engine_config_set_timeout_ms(cfg, timeout_ms));
-    std::optional<std::string> key_process;
-    if (!key_process.is_none()) key_process = path(key_process, "key_process");
-    if (isolated) check(keyfence_engine_config_set_isolated(cfg, key_process ? key_process->c_str() : nullptr));
+    std::optional<std::string> program;
+    if (!key_process.is_none()) program = path(key_process, "key_process");
+    if (isolated) check(keyfence_engine_config_set_isolated(cfg, program ? program->c_str() : nullptr));
     keyfence_engine *out = nullptr;
     nogil([&] { return keyfence_engine_new(cfg, &out); });
     return std::make_unique<Engine>(out);

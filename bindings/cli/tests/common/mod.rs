@@ -73,3 +73,21 @@ impl Drop for Dir {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A command line from a docs block, split into words as a shell would
+/// split it: on spaces, with single quotes around a word that holds them
+/// (the only quoting the docs' keyfence commands use).
+pub fn shell_words(line: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut rest = line;
+    while !rest.is_empty() {
+        rest = rest.trim_start();
+        let (word, after) = match rest.strip_prefix('\'') {
+            Some(q) => q.split_once('\'').expect("closing quote"),
+            None => rest.split_once(' ').unwrap_or((rest, "")),
+        };
+        words.push(word.to_owned());
+        rest = after;
+    }
+    words
+}

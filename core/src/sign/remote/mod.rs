@@ -39,11 +39,11 @@
 //! | layer | modules | what |
 //! | --- | --- | --- |
 //! | 0 | `protocol` | the wire format (no BoringSSL) |
-//! | 1 | `tls`, `poll`, `metrics`, `backoff`, `retry_budget`, `breaker`, `keyring` | mutual-TLS contexts; `poll(2)`; counters and Prometheus text; the retry policies; the server's keys |
+//! | 1 | `tls`, `poll`, `listen`, `metrics`, `backoff`, `retry_budget`, `breaker`, `keyring` | mutual-TLS contexts; `poll(2)`; a listening socket with a deep accept queue; counters and Prometheus text; the retry policies; the server's keys |
 //! | 2 | `link`, `tenants` | one TLS connection's thread: frames in, queued frames out; tenants from certificates, their keys and admission |
 //! | 3 | `conn`, `server`, `exporter` | a client connection; the key server; the metrics endpoint |
 //! | 4 | `pool`, `routing` | connections per peer; peers and their order |
-//! | 5 | `backend` | [`RemoteSigner`] |
+//! | 5 | `signer` | [`RemoteSigner`] |
 
 mod signer;
 mod backoff;
@@ -53,6 +53,7 @@ mod exporter;
 mod handshakes;
 mod keyring;
 mod link;
+mod listen;
 mod metrics;
 mod poll;
 mod pool;

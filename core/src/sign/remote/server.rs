@@ -290,7 +290,7 @@ impl KeyServer {
             Some(b) => Engine::with_backend(config.engine.clone(), b.clone())?,
             None => Engine::new(config.engine.clone())?,
         };
-        let listener = TcpListener::bind(config.listen)
+        let listener = super::listen::bind(config.listen)
             .map_err(|e| SignError::io(Resource::Socket, format!("cannot listen on {}: {e}", config.listen)))?;
         let addr = listener.local_addr().map_err(|e| SignError::io(Resource::Socket, e.to_string()))?;
         let inner = Arc::new(Inner {

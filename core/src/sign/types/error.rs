@@ -426,7 +426,10 @@ mod tests {
         for (e, code) in cases {
             assert_eq!(e.code(), code, "{e}");
             // Errors the caller caused are `Invalid`; the others are not.
-            assert_eq!(e.kind() == ErrorKind::Invalid, matches!(code, ErrorCode::InvalidRequest | ErrorCode::InvalidConfig));
+            assert_eq!(
+                e.kind() == ErrorKind::Invalid,
+                matches!(code, ErrorCode::InvalidRequest | ErrorCode::InvalidConfig | ErrorCode::InvalidArgument)
+            );
         }
         let key_errors = [
             (KeyError::Parse, ErrorCode::InvalidPrivateKey),

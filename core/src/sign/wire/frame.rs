@@ -169,6 +169,35 @@ pub fn reader(body: &[u8]) -> Reader<'_> {
     Reader::new(body, Order::Big)
 }
 
+/// For each protocol's proptest: `wire` with the bytes at `edits`
+/// overwritten (positions taken modulo its length), fed to a [`Decoder`]
+/// in pieces cut at `cuts`, every frame handed to `parse` until the stream
+/// cannot be resynchronised. A peer's bytes arrive so, in any pieces.
+#[cfg(test)]
+pub(crate) fn feed_edited(mut wire: Vec<u8>, edits: &[(usize, u8)], cuts: &[usize], mut parse: impl FnMut(&Frame)) {
+    for &(at, b) in edits {
+        if !wire.is_empty() {
+            let i = at % wire.len();
+            wire[i] = b;
+        }
+    }
+    let mut cuts: Vec<usize> = cuts.iter().map(|&c| c.min(wire.len())).collect();
+    cuts.sort_unstable();
+    let mut d = Decoder::new();
+    let mut last = 0;
+    for end in cuts.into_iter().chain([wire.len()]) {
+        d.push(&wire[last..end]);
+        last = end;
+        loop {
+            match d.next_frame() {
+                Ok(Some(f)) => parse(&f),
+                Ok(None) => break,
+                Err(_) => return,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
