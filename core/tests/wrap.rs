@@ -761,6 +761,30 @@ fn a_replayed_generation_list_is_refused() {
     }
 }
 
+#[test]
+fn an_unsigned_generation_list_is_signed_when_the_authority_opens_the_store() {
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    a.rotate_master().unwrap();
+    // The list as keyfence wrote it before signing it: generation 1
+    // decrypt-only, 2 active.
+    let text = b"1 1\n2 0\n".to_vec();
+    store.put("public/generations", &text).unwrap();
+    let m = machine(&a, &store, "region=EU");
+    let err = m.open(env.to_bytes()).unwrap_err();
+    assert!(matches!(err, WrapError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains("unsigned text list"), "{err}");
+    drop(a);
+    let a = Authority::open(store.clone()).unwrap();
+    let signed = store.get("public/generations").unwrap().unwrap();
+    assert!(signed.starts_with(b"KFG2"), "{signed:?}");
+    assert_eq!(&*m.open(env.to_bytes()).unwrap(), b"s");
+    // Opening a store whose list is signed writes nothing.
+    drop(a);
+    Authority::open(store.clone()).unwrap();
+    assert_eq!(store.get("public/generations").unwrap().unwrap(), signed);
+}
+
 /// A polled store keeps no history: a watch resumed from an earlier
 /// revision begins with `Compacted`, then goes on with the changes; a
 /// machine applying `Compacted` clears its cache and counts a resync.

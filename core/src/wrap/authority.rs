@@ -215,18 +215,29 @@ impl Authority {
         }
     }
 
-    /// Opens the authority in `store`. Opening only reads: the cleanup an
-    /// interrupted operation may leave (sealed copies no committed state
-    /// refers to) is done by the next rotation, under the writer lock.
+    /// Opens the authority in `store`. Opening only reads, with one
+    /// exception: a store whose generation list is still the unsigned text
+    /// an earlier keyfence wrote gets it signed, from the authority's state
+    /// under the writer lock, because machines refuse the unsigned list.
+    /// The cleanup an interrupted operation may leave (sealed copies no
+    /// committed state refers to) is done by the next rotation.
     ///
     /// # Errors
     /// [`WrapError::State`] if there is no authority; [`WrapError::Malformed`]
-    /// if its state does not decode.
+    /// if its state does not decode; the store's errors when signing an
+    /// unsigned generation list.
     pub fn open(store: Arc<dyn Store>) -> Result<Self> {
         let (bytes, stamp) = store.get_stamped(layout::STATE)?.ok_or(StateError::NoAuthority)?;
         let bytes = Zeroizing::new(bytes);
         let mut a = Self::decode(store, &bytes)?;
         a.stamp = Some(stamp);
+        if a.store.get(layout::GENERATIONS)?.as_deref().is_some_and(generation_list::is_unsigned_text) {
+            a.change(|a| {
+                let list = generation_list::encode(&a.signer, a.generations.iter().map(|g| (g.number, g.state)));
+                a.put(layout::GENERATIONS, &list);
+                Ok(())
+            })?;
+        }
         Ok(a)
     }
 

@@ -52,6 +52,13 @@ impl GenerationList {
     /// [`WrapError::Malformed`] (`generation list`),
     /// [`WrapError::WrongAuthority`], [`WrapError::Tampered`].
     pub(crate) fn verify(bytes: &[u8], trusted: &[u8; 32]) -> Result<Self> {
+        if is_unsigned_text(bytes) {
+            return Err(malformed(
+                O,
+                "the unsigned text list keyfence wrote before it signed the list; the authority signs it when it \
+                 next opens the store (any `keyfence authority` command, or `Authority::open`)",
+            ));
+        }
         let mut r = reader(bytes, O, GENERATIONS_MAGIC)?;
         let authority = r.array("authority key").map_err(codec(O))?;
         let at = r.u64("commit time").map_err(codec(O))?;
@@ -86,6 +93,15 @@ impl GenerationList {
             Some(_) => None,
         })
     }
+}
+
+/// Whether `bytes` is the list as keyfence wrote it before signing it:
+/// "{generation} {state}\n" lines, no magic. Only the authority may turn
+/// it into a signed list ([`crate::wrap::Authority::open`] does, from its
+/// own state); a machine refuses it, since anyone who can write the store
+/// could have written it.
+pub(crate) fn is_unsigned_text(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| b.is_ascii_digit() || *b == b' ' || *b == b'\n')
 }
 
 /// The newest generation list a machine has accepted.
