@@ -2,8 +2,8 @@
 
 // Direction, bottom to top (each module uses only those before it): exit,
 // files, key_process, offload_sim, pki; abe_cmd, policy_cmd, wrap_cmd; then
-// remote_cmd, sign_cmd (which takes remote_cmd's options), soak, demo and
-// bench_cmd; this file on top.
+// remote_cmd, sign_cmd (which takes remote_cmd's options), provider_cmd,
+// soak, demo and bench_cmd; this file on top.
 
 mod abe_cmd;
 mod bench_cmd;
@@ -14,6 +14,7 @@ mod key_process;
 mod offload_sim;
 mod pki;
 mod policy_cmd;
+mod provider_cmd;
 mod sign_cmd;
 mod remote_cmd;
 mod soak;
@@ -52,6 +53,11 @@ enum Command {
     /// Run a key server: sign over mutual TLS with the keys this machine's
     /// attributes allow (docs/remote.md).
     Serve(remote_cmd::ServeArgs),
+    /// Write a key file OpenSSL programs load through keyfence's OpenSSL
+    /// provider (docs/openssl.md).
+    ProviderKey(provider_cmd::ProviderKeyArgs),
+    /// Print an openssl.cnf that loads keyfence's OpenSSL provider.
+    ProviderConfig(provider_cmd::ProviderConfigArgs),
     /// Run the end-to-end demonstration.
     Demo,
 }
@@ -84,6 +90,8 @@ fn main() -> ExitCode {
         Command::Sign(args) => sign_cmd::sign(args),
         Command::Bench(cmd) => bench_cmd::run(cmd),
         Command::Serve(args) => remote_cmd::serve(args),
+        Command::ProviderKey(args) => provider_cmd::provider_key(args),
+        Command::ProviderConfig(args) => provider_cmd::provider_config(args),
         Command::Demo => demo::run(),
     };
     match result {

@@ -1,0 +1,206 @@
+//! `keyfence provider-key` and `keyfence provider-config`: the files
+//! OpenSSL programs need to use keyfence keys through the OpenSSL 3
+//! provider (bindings/openssl, docs/openssl.md). `provider-key` writes a
+//! `KEYFENCE KEY` file that says where the private key is and carries its
+//! public half; `provider-config` prints an `openssl.cnf` loading the
+//! provider beside OpenSSL's default one.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use keyfence::sign::remote::{RemoteConfig, RemoteSigner, TlsFiles};
+use keyfence::sign::PrivateKey;
+use keyfence::wrap::Envelope;
+
+use crate::exit;
+use crate::files::{read, Output};
+use crate::remote_cmd::parse_peer;
+use crate::wrap_cmd::open_machine;
+
+/// The PEM label of a key file.
+pub const LABEL: &str = "KEYFENCE KEY";
+/// The body's magic, then its version byte (docs/openssl.md).
+const MAGIC: &[u8] = b"KFKEY";
+const VERSION: u8 = 1;
+
+/// Field tags of version 1 (bindings/openssl/src/keyfile.h reads them).
+mod tag {
+    pub const MODE: u8 = 1;
+    pub const PUBLIC_KEY: u8 = 2;
+    pub const ENVELOPE: u8 = 3;
+    pub const STORE: u8 = 4;
+    pub const MACHINE_KEY: u8 = 5;
+    pub const TLS_CERT: u8 = 6;
+    pub const TLS_KEY: u8 = 7;
+    pub const TLS_CA: u8 = 8;
+    pub const PEER: u8 = 9;
+}
+
+/// `keyfence provider-key`.
+#[derive(Args)]
+pub struct ProviderKeyArgs {
+    /// The key's envelope (`keyfence authority wrap --out`).
+    #[arg(long)]
+    envelope: PathBuf,
+    /// Where the key file goes (`-`: standard output). It holds no secret.
+    #[arg(long)]
+    out: PathBuf,
+    /// Local key: the store a machine opens the envelope against (a
+    /// directory or etcd://...). The envelope is opened once here, to
+    /// prove this machine may and to take the public key.
+    #[arg(long, conflicts_with = "remote", required_unless_present = "remote")]
+    store: Option<PathBuf>,
+    /// Local key: this machine's key file.
+    #[arg(long, conflicts_with = "remote", required_unless_present = "remote")]
+    machine_key: Option<PathBuf>,
+    /// Remote key: signed by key servers (`keyfence serve`); the public
+    /// key is asked of them now.
+    #[arg(long, requires = "peers")]
+    remote: bool,
+    /// A key server: NAME,HOST:PORT,ATTRIBUTES (as `keyfence sign --peer`).
+    #[arg(long = "peer", requires = "remote")]
+    peers: Vec<String>,
+    /// This client's certificate (PEM).
+    #[arg(long, requires = "remote", required_if_eq("remote", "true"))]
+    tls_cert: Option<PathBuf>,
+    /// This client's certificate key (PEM).
+    #[arg(long, requires = "remote", required_if_eq("remote", "true"))]
+    tls_key: Option<PathBuf>,
+    /// The CA certificates (PEM) the servers' certificates must come from.
+    #[arg(long, requires = "remote", required_if_eq("remote", "true"))]
+    tls_ca: Option<PathBuf>,
+}
+
+/// `keyfence provider-config`.
+#[derive(Args)]
+pub struct ProviderConfigArgs {
+    /// The provider module (`lib/ossl-modules/keyfence.so` under the
+    /// prefix keyfence was installed to).
+    #[arg(long)]
+    module: PathBuf,
+    /// The store key files name when they name none.
+    #[arg(long)]
+    store: Option<PathBuf>,
+    /// The machine key key files use when they name none.
+    #[arg(long)]
+    machine_key: Option<PathBuf>,
+    /// Keep private keys in the isolated key process, not in the server.
+    #[arg(long)]
+    isolated: bool,
+    /// The deadline of one signature, in milliseconds (default: the
+    /// engine's, 1000).
+    #[arg(long)]
+    timeout_ms: Option<u32>,
+}
+
+fn field(out: &mut Vec<u8>, tag: u8, value: &[u8]) {
+    out.push(tag);
+    out.extend_from_slice(&u32::try_from(value.len()).unwrap_or(u32::MAX).to_be_bytes());
+    out.extend_from_slice(value);
+}
+
+/// A path as the server will read it: absolute, since servers rarely run
+/// in the directory the file was written from. etcd:// names stay as given.
+fn absolute(p: &Path) -> Result<String> {
+    let s = p.to_str().with_context(|| format!("{} is not UTF-8", p.display()))?;
+    if s.starts_with("etcd://") {
+        return Ok(s.to_string());
+    }
+    let abs = std::fs::canonicalize(p).map_err(|e| exit::input(format!("{}: {e}", p.display())))?;
+    abs.to_str().map(str::to_string).with_context(|| format!("{} is not UTF-8", abs.display()))
+}
+
+/// The PEM text of a key file body.
+pub fn pem(body: &[u8]) -> String {
+    let b64 = boring::base64::encode_block(body);
+    let mut s = format!("-----BEGIN {LABEL}-----\n");
+    for chunk in b64.as_bytes().chunks(64) {
+        s.push_str(std::str::from_utf8(chunk).unwrap_or_default());
+        s.push('\n');
+    }
+    s.push_str(&format!("-----END {LABEL}-----\n"));
+    s
+}
+
+/// Runs `keyfence provider-key`.
+pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
+    let mut inputs: Vec<&Path> = vec![&args.envelope];
+    inputs.extend([&args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca].into_iter().flatten().map(PathBuf::as_path));
+    let out = Output::new(&args.out, &inputs)?;
+    let envelope = read(&args.envelope)?;
+    let env = Envelope::parse(&envelope).with_context(|| format!("reading {}", args.envelope.display()))?;
+    let mut body = MAGIC.to_vec();
+    body.push(VERSION);
+    let spki = if args.remote {
+        let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca) else {
+            return Err(exit::input("--remote needs --tls-cert, --tls-key and --tls-ca"));
+        };
+        let peers = args.peers.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>>>()?;
+        let files = TlsFiles { cert: absolute(cert)?.into(), key: absolute(key)?.into(), ca: absolute(ca)?.into() };
+        let mut config = RemoteConfig::new(peers, files.clone());
+        config.connect_timeout = Duration::from_secs(5);
+        let remote = RemoteSigner::start(config)?;
+        let key = remote.key(&env).context("asking the key servers for the key's public half")?;
+        field(&mut body, tag::MODE, &[1]);
+        for (t, p) in [(tag::TLS_CERT, &files.cert), (tag::TLS_KEY, &files.key), (tag::TLS_CA, &files.ca)] {
+            field(&mut body, t, p.to_str().unwrap_or_default().as_bytes());
+        }
+        for p in &args.peers {
+            // NAME,HOST:PORT,ATTRIBUTES as NAME NUL HOST:PORT NUL ATTRIBUTES
+            // (parse_peer checked the three parts).
+            let mut parts = p.splitn(3, ',');
+            let v = [parts.next(), parts.next(), parts.next()].map(Option::unwrap_or_default).join("\0");
+            field(&mut body, tag::PEER, v.as_bytes());
+        }
+        key.public_key_der()?
+    } else {
+        let (Some(store), Some(mk)) = (&args.store, &args.machine_key) else {
+            return Err(exit::input("a local key needs --store and --machine-key (or --remote)"));
+        };
+        let machine = open_machine(store, mk)?;
+        let secret = machine.open(&envelope).context("this machine cannot open the envelope")?;
+        let key = PrivateKey::from_pem(&secret).map_err(|e| exit::input(format!("the envelope holds no usable private key: {e}")))?;
+        field(&mut body, tag::MODE, &[0]);
+        field(&mut body, tag::STORE, absolute(store)?.as_bytes());
+        field(&mut body, tag::MACHINE_KEY, absolute(mk)?.as_bytes());
+        key.public_key_der()?
+    };
+    field(&mut body, tag::PUBLIC_KEY, &spki);
+    field(&mut body, tag::ENVELOPE, &envelope);
+    out.write_public(pem(&body).as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `keyfence provider-config`: an openssl.cnf for OPENSSL_CONF.
+pub fn provider_config(args: ProviderConfigArgs) -> Result<ExitCode> {
+    let module = absolute(&args.module)?;
+    let mut s = String::from(
+        "# openssl.cnf for keyfence's OpenSSL provider (keyfence provider-config).\n\
+         # Use it with OPENSSL_CONF=<this file>; docs/openssl.md.\n\
+         openssl_conf = openssl_init\n\n\
+         [openssl_init]\nproviders = provider_sect\n\n\
+         [provider_sect]\n# OpenSSL's own algorithms stay available: keyfence only signs with its keys.\n\
+         default = default_sect\nkeyfence = keyfence_sect\n\n\
+         [default_sect]\nactivate = 1\n\n\
+         [keyfence_sect]\n",
+    );
+    s.push_str(&format!("module = {module}\nactivate = 1\n"));
+    if let Some(store) = &args.store {
+        s.push_str(&format!("store = {}\n", absolute(store)?));
+    }
+    if let Some(mk) = &args.machine_key {
+        s.push_str(&format!("machine-key = {}\n", absolute(mk)?));
+    }
+    s.push_str(&format!("isolated = {}\n", if args.isolated { "yes" } else { "no" }));
+    if let Some(t) = args.timeout_ms {
+        if t == 0 || t > 600_000 {
+            return Err(exit::input("--timeout-ms must be in 1..600000"));
+        }
+        s.push_str(&format!("timeout-ms = {t}\n"));
+    }
+    crate::files::stdout_bytes(s.as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}

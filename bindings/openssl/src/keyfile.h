@@ -1,0 +1,53 @@
+/* The keyfence key file (docs/openssl.md, "The key file"): a PEM block
+ * labelled KEYFENCE KEY whose body says where the private key is and
+ * carries its public half. Parsing only; nothing here touches a key. */
+#ifndef KF_KEYFILE_H
+#define KF_KEYFILE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define KF_PEM_LABEL "KEYFENCE KEY"
+#define KF_FILE_MAGIC "KFKEY"
+#define KF_FILE_VERSION 1
+#define KF_MAX_PEERS 16
+
+enum kf_mode { KF_MODE_LOCAL = 0, KF_MODE_REMOTE = 1 };
+
+/* Field tags of version 1. A reader refuses a tag it does not know: a
+ * later version that adds one bumps the version byte. */
+enum kf_tag {
+    KF_TAG_MODE = 1,
+    KF_TAG_PUBLIC_KEY = 2,
+    KF_TAG_ENVELOPE = 3,
+    KF_TAG_STORE = 4,
+    KF_TAG_MACHINE_KEY = 5,
+    KF_TAG_TLS_CERT = 6,
+    KF_TAG_TLS_KEY = 7,
+    KF_TAG_TLS_CA = 8,
+    KF_TAG_PEER = 9,
+};
+
+typedef struct {
+    char *name, *addr, *attrs, *server_name; /* server_name may be NULL */
+} kf_peer;
+
+typedef struct {
+    int mode;
+    uint8_t *spki;
+    size_t spki_len;
+    uint8_t *envelope;
+    size_t envelope_len;
+    char *store, *machine_key;                 /* local (either may be NULL: the provider's config fills in) */
+    char *tls_cert, *tls_key, *tls_ca;         /* remote */
+    kf_peer peers[KF_MAX_PEERS];
+    size_t n_peers;
+} kf_keyfile;
+
+/* Parses the PEM body's bytes (after base64). Returns 0 and fills *out,
+ * or -1 with a reason in err[0..errcap]. */
+int kf_keyfile_parse(const uint8_t *der, size_t len, kf_keyfile *out, char *err, size_t errcap);
+
+void kf_keyfile_clear(kf_keyfile *f);
+
+#endif

@@ -1,0 +1,218 @@
+/* The provider's entry point, its settings from openssl.cnf, its errors,
+ * and the engine every key of the process signs through. */
+#include "provider.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <openssl/core_names.h>
+#include <openssl/err.h>
+#include <openssl/params.h>
+
+#define PROPS "provider=keyfence"
+
+static const OSSL_ALGORITHM keymgmts[] = {
+    {"EC:id-ecPublicKey:1.2.840.10045.2.1", PROPS, kf_keymgmt_ec, "keyfence EC keys (P-256, P-384)"},
+    {"RSA:rsaEncryption:1.2.840.113549.1.1.1", PROPS, kf_keymgmt_rsa, "keyfence RSA keys"},
+    {"ED25519:1.3.101.112", PROPS, kf_keymgmt_ed25519, "keyfence Ed25519 keys"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static const OSSL_ALGORITHM signatures[] = {
+    {"ECDSA", PROPS, kf_signature_ecdsa, "ECDSA by keyfence's engine"},
+    {"RSA:rsaEncryption:1.2.840.113549.1.1.1", PROPS, kf_signature_rsa, "RSA PKCS#1 v1.5 and PSS by keyfence's engine"},
+    {"ED25519:1.3.101.112", PROPS, kf_signature_ed25519, "Ed25519 by keyfence's engine"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static const OSSL_ALGORITHM decoders[] = {
+    {"EC:id-ecPublicKey:1.2.840.10045.2.1", PROPS ",input=pem", kf_decoder_ec, "KEYFENCE KEY files"},
+    {"RSA:rsaEncryption:1.2.840.113549.1.1.1", PROPS ",input=pem", kf_decoder_rsa, "KEYFENCE KEY files"},
+    {"ED25519:1.3.101.112", PROPS ",input=pem", kf_decoder_ed25519, "KEYFENCE KEY files"},
+    {NULL, NULL, NULL, NULL},
+};
+
+static const OSSL_ITEM reasons[] = {
+    {KF_R_BAD_KEY_FILE, "bad keyfence key file"},
+    {KF_R_KEY_UNAVAILABLE, "keyfence key unavailable"},
+    {KF_R_SIGN_FAILED, "keyfence signature failed"},
+    {KF_R_UNSUPPORTED, "not supported by keyfence"},
+    {KF_R_ENGINE, "keyfence engine failed"},
+    {KF_R_PUBLIC_ONLY, "keyfence key has no private half"},
+    {0, NULL},
+};
+
+void kf_raise(kf_prov *prov, int reason, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (prov != NULL && prov->new_error != NULL && prov->vset_error != NULL) {
+        prov->new_error(prov->handle);
+        if (prov->set_error_debug != NULL) prov->set_error_debug(prov->handle, __FILE__, __LINE__, "keyfence");
+        prov->vset_error(prov->handle, (uint32_t)reason, fmt, ap);
+    }
+    va_end(ap);
+}
+
+void kf_raise_keyfence(kf_prov *prov, int reason, keyfence_result r, const char *what) {
+    char msg[512] = {0};
+    keyfence_error_message(msg, sizeof(msg), NULL);
+    kf_raise(prov, reason, "%s: %s: %s", what, keyfence_result_name(r), msg);
+}
+
+keyfence_engine *kf_engine(kf_prov *prov) {
+    keyfence_engine *e = NULL;
+    pthread_mutex_lock(&prov->lock);
+    pid_t me = getpid();
+    if (prov->engine != NULL && prov->engine_pid == me) {
+        e = prov->engine;
+        goto out;
+    }
+    /* An engine made before a fork is left alone: its threads stayed in
+     * the parent, and freeing it here would wait for them forever. */
+    prov->engine = NULL;
+    keyfence_engine_config *cfg = NULL;
+    keyfence_result r = keyfence_engine_config_new(&cfg);
+    if (r == KEYFENCE_OK && prov->timeout_ms != 0) r = keyfence_engine_config_set_timeout_ms(cfg, prov->timeout_ms);
+    if (r == KEYFENCE_OK && prov->isolated) r = keyfence_engine_config_set_isolated(cfg, prov->key_process);
+    if (r == KEYFENCE_OK) r = keyfence_engine_new(cfg, &e);
+    keyfence_engine_config_free(cfg);
+    if (r != KEYFENCE_OK) {
+        kf_raise_keyfence(prov, KF_R_ENGINE, r, "cannot start keyfence's engine");
+        e = NULL;
+        goto out;
+    }
+    prov->engine = e;
+    prov->engine_pid = me;
+out:
+    pthread_mutex_unlock(&prov->lock);
+    return e;
+}
+
+static const OSSL_ALGORITHM *query(void *provctx, int op, int *no_cache) {
+    (void)provctx;
+    *no_cache = 0;
+    switch (op) {
+    case OSSL_OP_KEYMGMT: return keymgmts;
+    case OSSL_OP_SIGNATURE: return signatures;
+    case OSSL_OP_DECODER: return decoders;
+    default: return NULL;
+    }
+}
+
+static const OSSL_PARAM *gettable(void *provctx) {
+    (void)provctx;
+    static const OSSL_PARAM p[] = {
+        OSSL_PARAM_DEFN(OSSL_PROV_PARAM_NAME, OSSL_PARAM_UTF8_PTR, NULL, 0),
+        OSSL_PARAM_DEFN(OSSL_PROV_PARAM_VERSION, OSSL_PARAM_UTF8_PTR, NULL, 0),
+        OSSL_PARAM_DEFN(OSSL_PROV_PARAM_STATUS, OSSL_PARAM_INTEGER, NULL, 0),
+        OSSL_PARAM_END,
+    };
+    return p;
+}
+
+static int get_params(void *provctx, OSSL_PARAM params[]) {
+    (void)provctx;
+    OSSL_PARAM *p;
+    if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_NAME)) != NULL &&
+        !OSSL_PARAM_set_utf8_ptr(p, "keyfence provider"))
+        return 0;
+    if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_VERSION)) != NULL &&
+        !OSSL_PARAM_set_utf8_ptr(p, keyfence_version()))
+        return 0;
+    if ((p = OSSL_PARAM_locate(params, OSSL_PROV_PARAM_STATUS)) != NULL && !OSSL_PARAM_set_int(p, 1)) return 0;
+    return 1;
+}
+
+static const OSSL_ITEM *reason_strings(void *provctx) {
+    (void)provctx;
+    return reasons;
+}
+
+static void teardown(void *provctx) {
+    kf_prov *prov = provctx;
+    /* Only this process's own engine is freed (see kf_engine). */
+    if (prov->engine != NULL && prov->engine_pid == getpid()) keyfence_engine_free(prov->engine);
+    free(prov->key_process);
+    free(prov->store);
+    free(prov->machine_key);
+    pthread_mutex_destroy(&prov->lock);
+    free(prov);
+}
+
+static const OSSL_DISPATCH provider_functions[] = {
+    {OSSL_FUNC_PROVIDER_TEARDOWN, (void (*)(void))teardown},
+    {OSSL_FUNC_PROVIDER_GETTABLE_PARAMS, (void (*)(void))gettable},
+    {OSSL_FUNC_PROVIDER_GET_PARAMS, (void (*)(void))get_params},
+    {OSSL_FUNC_PROVIDER_QUERY_OPERATION, (void (*)(void))query},
+    {OSSL_FUNC_PROVIDER_GET_REASON_STRINGS, (void (*)(void))reason_strings},
+    {0, NULL},
+};
+
+static bool truthy(const char *v) {
+    return v != NULL && (strcmp(v, "1") == 0 || strcasecmp(v, "yes") == 0 || strcasecmp(v, "true") == 0 ||
+                         strcasecmp(v, "on") == 0);
+}
+
+static char *dup_or_null(const char *s) {
+    return s != NULL && s[0] != 0 ? strdup(s) : NULL;
+}
+
+/* The one symbol the module exports (everything else is hidden). */
+__attribute__((visibility("default"))) int OSSL_provider_init(const OSSL_CORE_HANDLE *handle,
+                                                              const OSSL_DISPATCH *in, const OSSL_DISPATCH **out,
+                                                              void **provctx);
+
+__attribute__((visibility("default"))) int OSSL_provider_init(const OSSL_CORE_HANDLE *handle, const OSSL_DISPATCH *in, const OSSL_DISPATCH **out,
+                       void **provctx) {
+    kf_prov *prov = calloc(1, sizeof(*prov));
+    if (prov == NULL) return 0;
+    OSSL_FUNC_core_get_params_fn *core_get_params = NULL;
+    for (; in->function_id != 0; in++) {
+        switch (in->function_id) {
+        case OSSL_FUNC_CORE_GET_PARAMS: core_get_params = OSSL_FUNC_core_get_params(in); break;
+        case OSSL_FUNC_CORE_NEW_ERROR: prov->new_error = OSSL_FUNC_core_new_error(in); break;
+        case OSSL_FUNC_CORE_SET_ERROR_DEBUG: prov->set_error_debug = OSSL_FUNC_core_set_error_debug(in); break;
+        case OSSL_FUNC_CORE_VSET_ERROR: prov->vset_error = OSSL_FUNC_core_vset_error(in); break;
+        case OSSL_FUNC_BIO_READ_EX: prov->bio_read_ex = OSSL_FUNC_BIO_read_ex(in); break;
+        default: break;
+        }
+    }
+    prov->handle = handle;
+    pthread_mutex_init(&prov->lock, NULL);
+    if (core_get_params != NULL) {
+        /* Settings in the provider's section of openssl.cnf. */
+        char *isolated = NULL, *key_process = NULL, *timeout = NULL, *store = NULL, *machine_key = NULL;
+        OSSL_PARAM p[] = {
+            OSSL_PARAM_utf8_ptr("isolated", &isolated, 0),
+            OSSL_PARAM_utf8_ptr("key-process", &key_process, 0),
+            OSSL_PARAM_utf8_ptr("timeout-ms", &timeout, 0),
+            OSSL_PARAM_utf8_ptr("store", &store, 0),
+            OSSL_PARAM_utf8_ptr("machine-key", &machine_key, 0),
+            OSSL_PARAM_END,
+        };
+        if (core_get_params(handle, p)) {
+            prov->isolated = truthy(isolated);
+            prov->key_process = dup_or_null(key_process);
+            prov->store = dup_or_null(store);
+            prov->machine_key = dup_or_null(machine_key);
+            if (timeout != NULL) {
+                char *end = NULL;
+                unsigned long t = strtoul(timeout, &end, 10);
+                if (end == timeout || *end != 0 || t == 0 || t > 600000) {
+                    ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+                                   "keyfence: timeout-ms must be a number of milliseconds in 1..600000, not %s",
+                                   timeout);
+                    teardown(prov);
+                    return 0;
+                }
+                prov->timeout_ms = (unsigned)t;
+            }
+        }
+    }
+    *out = provider_functions;
+    *provctx = prov;
+    return 1;
+}

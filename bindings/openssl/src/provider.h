@@ -1,0 +1,89 @@
+/* keyfence's OpenSSL 3 provider: what its parts share. */
+#ifndef KF_PROVIDER_H
+#define KF_PROVIDER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include <openssl/core.h>
+#include <openssl/core_dispatch.h>
+#include <openssl/evp.h>
+
+#include <keyfence.h>
+
+#include "keyfile.h"
+
+/* Reasons of the provider's OpenSSL errors (`openssl errstr` shows their
+ * text when the provider is loaded). */
+enum {
+    KF_R_BAD_KEY_FILE = 1,
+    KF_R_KEY_UNAVAILABLE = 2,
+    KF_R_SIGN_FAILED = 3,
+    KF_R_UNSUPPORTED = 4,
+    KF_R_ENGINE = 5,
+    KF_R_PUBLIC_ONLY = 6,
+};
+
+typedef struct kf_prov {
+    const OSSL_CORE_HANDLE *handle;
+    OSSL_FUNC_core_new_error_fn *new_error;
+    OSSL_FUNC_core_set_error_debug_fn *set_error_debug;
+    OSSL_FUNC_core_vset_error_fn *vset_error;
+    OSSL_FUNC_BIO_read_ex_fn *bio_read_ex; /* the decoder's input */
+    /* From the provider's section of openssl.cnf. */
+    bool isolated;
+    char *key_process; /* NULL: the one beside libkeyfence */
+    unsigned timeout_ms;
+    char *store, *machine_key; /* defaults for key files that name none */
+    /* The engine of the process that made it: a forked child (nginx's
+     * workers) has none of its threads, so it starts its own. */
+    pthread_mutex_t lock;
+    pid_t engine_pid;
+    keyfence_engine *engine;
+} kf_prov;
+
+enum kf_type { KF_EC = 0, KF_RSA = 1, KF_ED25519 = 2 };
+
+/* A key as OpenSSL holds it: the public half (an ordinary public key of
+ * the default provider) and, unless it was imported from public
+ * parameters, where the private half is. Never the private key itself. */
+typedef struct kf_key {
+    int refs; /* the decoder's and the keymgmt's (see km_load) */
+    kf_prov *prov;
+    int type;
+    EVP_PKEY *pub;
+    kf_keyfile file;
+    bool has_file;
+    pthread_mutex_t lock;
+    pid_t pid;
+    keyfence_private_key *handle;
+    keyfence_remote *remote;
+} kf_key;
+
+void kf_raise(kf_prov *prov, int reason, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Raises `reason` with keyfence's last error (its code name and message). */
+void kf_raise_keyfence(kf_prov *prov, int reason, keyfence_result r, const char *what);
+
+/* This process's engine, started on first use. NULL after raising. */
+keyfence_engine *kf_engine(kf_prov *prov);
+
+const char *kf_type_name(int type);
+kf_key *kf_key_new(kf_prov *prov, int type);
+/* Drops one reference; the last frees the key. */
+void kf_key_free(kf_key *key);
+/* A key from a parsed key file (taken over): the public key decoded, the
+ * private key opened or reached once to prove the file usable. */
+kf_key *kf_key_from_file(kf_prov *prov, kf_keyfile *file);
+/* The key's handle for this process (reopened after a fork). */
+keyfence_private_key *kf_key_handle(kf_key *key, keyfence_engine **engine);
+
+extern const OSSL_DISPATCH kf_keymgmt_ec[], kf_keymgmt_rsa[], kf_keymgmt_ed25519[];
+extern const OSSL_DISPATCH kf_signature_ecdsa[], kf_signature_rsa[], kf_signature_ed25519[];
+extern const OSSL_DISPATCH kf_decoder_ec[], kf_decoder_rsa[], kf_decoder_ed25519[];
+
+#endif
