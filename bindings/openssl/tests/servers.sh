@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# servers.sh CLI MODULES WORK: keyfence key files in real servers, on
+# loopback, on ports the system hands out, in the scratch directory WORK,
+# every process killed by its pid at the end:
+#  - nginx (its own prefix, pid and error log here, `daemon off`, one
+#    worker, run as the current user) with ssl_certificate_key on keyfence
+#    key files for P-256 and RSA-2048: curl and openssl s_client complete
+#    TLS 1.2 and 1.3 and verify the chain;
+#  - the same with the keys in the isolated key process, whose worker's
+#    memory is then searched for the private scalar (and the in-process
+#    worker's, where it must be found, so the search can fail);
+#  - a remote key: nginx here, the key opened only by `keyfence serve`;
+#    once the key server is gone, handshakes fail;
+#  - Python's ssl (load_cert_chain on the key file) accepting s_client;
+#  - bad key files: `nginx -t` refuses each with the provider's reason, and
+#    a reload onto one keeps the running server serving.
+set -euo pipefail
+cli="$1" modules="$2" work="$3"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if ! command -v nginx >/dev/null; then
+    # ./x installs nginx and sets KEYFENCE_REQUIRE_SERVERS; elsewhere the
+    # test says it did not run (ctest reports it as skipped).
+    [ -n "${KEYFENCE_REQUIRE_SERVERS:-}" ] && { echo "FAIL: nginx is not installed" >&2; exit 1; }
+    echo "SKIPPED: nginx is not installed"
+    exit 0
+fi
+rm -rf "$work" && mkdir -p "$work" && cd "$work"
+
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+# Waits (at most 20 s) until something accepts on 127.0.0.1:$1.
+wait_port() {
+    local i
+    for i in $(seq 200); do
+        python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
+        sleep 0.1
+    done
+    fail "nothing listens on port $1"
+}
+
+bash "$here/make_keys.sh" "$cli" keys
+"$cli" provider-config --module "$modules/keyfence.so" >local.cnf
+"$cli" provider-config --module "$modules/keyfence.so" --isolated >isolated.cnf
+
+# curl PORT VERSION (1.2 or 1.3): one HTTPS request, the chain verified.
+get() {
+    curl -sS --max-time 10 --cacert keys/ca.pem --resolve "localhost:$1:127.0.0.1" \
+        --tlsv"$2" --tls-max "$2" "https://localhost:$1/" || return 1
+}
+# s_client PORT VERSION: a handshake whose chain and name verify.
+handshake() {
+    echo | timeout 10 openssl s_client -connect "127.0.0.1:$1" -servername localhost -tls"${2/./_}" \
+        -CAfile keys/ca.pem -verify_return_error -verify_hostname localhost 2>&1 |
+        grep -q "Verify return code: 0 (ok)"
+}
+check_serves() { # PORT...: TLS 1.2 and 1.3, curl and s_client
+    local p v
+    for p in "$@"; do
+        for v in 1.2 1.3; do
+            [ "$(get "$p" "$v")" = "ok" ] || fail "curl TLS $v on port $p"
+            handshake "$p" "$v" || fail "openssl s_client TLS $v on port $p"
+        done
+    done
+}
+
+user_line=""
+[ "$(id -u)" = 0 ] && user_line="user root;"
+# nginx_conf DIR PORT CERT KEY [PORT CERT KEY]: a config serving each key.
+nginx_conf() {
+    local dir="$1"; shift
+    mkdir -p "$dir/tmp"
+    {
+        echo "daemon off; master_process on; worker_processes 1; $user_line"
+        echo "pid $dir/nginx.pid; error_log $dir/error.log info;"
+        echo "events { worker_connections 64; }"
+        echo "http { access_log off; client_body_temp_path $dir/tmp; proxy_temp_path $dir/tmp;"
+        echo "  fastcgi_temp_path $dir/tmp; uwsgi_temp_path $dir/tmp; scgi_temp_path $dir/tmp;"
+        while [ $# -gt 0 ]; do
+            echo "  server { listen 127.0.0.1:$1 ssl; ssl_protocols TLSv1.2 TLSv1.3;"
+            echo "    ssl_certificate $work/$2; ssl_certificate_key $work/$3;"
+            echo "    location / { return 200 \"ok\\n\"; } }"
+            shift 3
+        done
+        echo "}"
+    } >"$dir/nginx.conf"
+}
+# start_nginx DIR CNF: nginx in the foreground of a background job.
+start_nginx() {
+    OPENSSL_CONF="$work/$2" nginx -p "$1" -c "$1/nginx.conf" -e "$1/error.log" &
+    pids+=($!)
+    echo $! >"$1/master.pid"
+}
+worker_of() { pgrep -P "$(cat "$1/master.pid")" nginx | head -1; }
+scalar="$(openssl pkey -in keys/ec256.pem -text -noout | sed -n '/^priv:/,/^pub:/p' | sed '1d;$d' | tr -d ' :\n')"
+scalar="${scalar: -64}"
+
+echo "== nginx, keys in process"
+p1=$(free_port) p2=$(free_port)
+nginx_conf "$work/n1" "$p1" keys/ec256.crt keys/ec256.kfk "$p2" keys/rsa2048.crt keys/rsa2048.kfk
+start_nginx "$work/n1" local.cnf
+wait_port "$p1"
+check_serves "$p1" "$p2"
+python3 "$here/memscan.py" "$(worker_of n1)" "$scalar" >/dev/null ||
+    fail "the in-process worker does not hold the private scalar: the memory search cannot see keys"
+
+echo "== nginx, keys in the isolated key process"
+p3=$(free_port) p4=$(free_port)
+nginx_conf "$work/n2" "$p3" keys/ec256.crt keys/ec256.kfk "$p4" keys/rsa2048.crt keys/rsa2048.kfk
+start_nginx "$work/n2" isolated.cnf
+wait_port "$p3"
+check_serves "$p3" "$p4"
+w=$(worker_of n2)
+pgrep -P "$w" -f keyfence-key-process >/dev/null || fail "the isolated worker has no key process"
+if python3 "$here/memscan.py" "$w" "$scalar" >/dev/null; then fail "the isolated nginx worker holds the private key"; fi
+if python3 "$here/memscan.py" "$(cat n2/master.pid)" "$scalar" >/dev/null; then fail "the isolated nginx master holds the private key"; fi
+
+echo "== nginx, a remote key (keyfence serve opens it; this machine may not)"
+openssl ecparam -name prime256v1 -genkey -noout -out mesh-ca.key
+openssl req -x509 -new -key mesh-ca.key -subj "/CN=keyfence mesh CA" -days 2 -out mesh-ca.pem 2>/dev/null
+for n in sfo1 edge; do
+    openssl ecparam -name prime256v1 -genkey -noout -out "$n.key"
+    openssl req -new -key "$n.key" -subj "/CN=$n" -out "$n.csr" 2>/dev/null
+    printf 'subjectAltName=DNS:%s\n' "$n" >"$n.ext"
+    openssl x509 -req -in "$n.csr" -CA mesh-ca.pem -CAkey mesh-ca.key -CAcreateserial -days 2 \
+        -extfile "$n.ext" -out "$n.pem" 2>/dev/null
+done
+"$cli" serve --listen 127.0.0.1:0 --name sfo1 --cert sfo1.pem --key sfo1.key --ca mesh-ca.pem \
+    --store keys/store --machine-key keys/us.machine --envelopes keys/ec256.env >serve.out 2>serve.err &
+server=$!
+pids+=($server)
+for i in $(seq 200); do grep -q '^listening' serve.out && break; sleep 0.1; done
+addr=$(sed -n 's/^listening //p' serve.out)
+[ -n "$addr" ] || fail "keyfence serve did not start: $(cat serve.err)"
+"$cli" provider-key --remote --envelope keys/ec256.env --peer "sfo1,$addr,country=US" \
+    --tls-cert edge.pem --tls-key edge.key --tls-ca mesh-ca.pem --out remote.kfk
+p5=$(free_port)
+nginx_conf "$work/n3" "$p5" keys/ec256.crt remote.kfk
+start_nginx "$work/n3" local.cnf
+wait_port "$p5"
+check_serves "$p5"
+kill "$server"
+wait "$server" 2>/dev/null || true
+if get "$p5" 1.3 >/dev/null 2>&1; then fail "a handshake succeeded with the key server gone"; fi
+
+echo "== Python's ssl"
+p6=$(free_port)
+cat >server.py <<PY
+import socket, ssl
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain("keys/ec256.crt", "keys/ec256.kfk")
+s = socket.create_server(("127.0.0.1", $p6))
+while True:
+    c, _ = s.accept()
+    try:
+        with ctx.wrap_socket(c, server_side=True) as t:
+            t.recv(100)
+            t.sendall(b"HTTP/1.0 200 OK\r\n\r\nok\n")
+    except (ssl.SSLError, OSError):
+        pass
+PY
+OPENSSL_CONF="$work/local.cnf" python3 server.py &
+pids+=($!)
+wait_port "$p6"
+handshake "$p6" 1.3 || fail "s_client against Python's ssl (TLS 1.3)"
+handshake "$p6" 1.2 || fail "s_client against Python's ssl (TLS 1.2)"
+
+echo "== bad key files"
+python3 - <<'PY'
+import base64, re
+text = open("keys/ec256.kfk").read()
+body = base64.b64decode("".join(text.strip().splitlines()[1:-1]))
+def pem(b):
+    s = base64.b64encode(b).decode()
+    return "-----BEGIN KEYFENCE KEY-----\n" + "\n".join(s[i:i + 64] for i in range(0, len(s), 64)) + "\n-----END KEYFENCE KEY-----\n"
+open("bad-truncated.kfk", "w").write(pem(body[:-20]))
+open("bad-version.kfk", "w").write(pem(body[:5] + b"\x07" + body[6:]))
+PY
+# A remote key whose only peer may not hold it (its attributes do not
+# satisfy the policy): no key server is asked.
+"$cli" provider-key --remote --envelope keys/ec256.env --peer "fra1,127.0.0.1:9,country=FR" \
+    --tls-cert edge.pem --tls-key edge.key --tls-ca mesh-ca.pem --out bad-peer.kfk 2>/dev/null &&
+    fail "provider-key wrote a key file no peer may hold"
+# ... so the remote key file is made by hand from the good one's fields.
+python3 - "$addr" <<'PY'
+import base64, sys
+text = open("remote.kfk").read()
+body = base64.b64decode("".join(text.strip().splitlines()[1:-1]))
+out, i = bytearray(body[:6]), 6
+while i < len(body):
+    tag, n = body[i], int.from_bytes(body[i + 1:i + 5], "big")
+    v = body[i + 5:i + 5 + n]
+    if tag == 9:
+        v = b"fra1\x00127.0.0.1:9\x00country=FR"
+    out += bytes([tag]) + len(v).to_bytes(4, "big") + v
+    i += 5 + n
+s = base64.b64encode(bytes(out)).decode()
+open("bad-peer.kfk", "w").write("-----BEGIN KEYFENCE KEY-----\n" + "\n".join(s[j:j + 64] for j in range(0, len(s), 64)) + "\n-----END KEYFENCE KEY-----\n")
+PY
+for bad in "bad-truncated.kfk:bad keyfence key file:truncated" \
+           "bad-version.kfk:bad keyfence key file:version 7 is not supported" \
+           "bad-peer.kfk:keyfence key unavailable:BACKEND_FAILED" \
+           "keys/fr.kfk:keyfence key unavailable:POLICY_NOT_SATISFIED"; do
+    IFS=: read -r file reason detail <<<"$bad"
+    nginx_conf "$work/t" "$(free_port)" keys/ec256.crt "$file"
+    if OPENSSL_CONF="$work/local.cnf" nginx -t -p "$work/t" -c "$work/t/nginx.conf" -e "$work/t/error.log" >t.out 2>&1; then
+        fail "nginx -t accepted $file"
+    fi
+    grep -q "$reason" t.out && grep -q "$detail" t.out || fail "nginx -t on $file: no \"$reason\" / \"$detail\": $(cat t.out)"
+done
+# A reload onto a bad key file: nginx keeps its old configuration, and serves.
+nginx_conf "$work/n1" "$p1" keys/ec256.crt bad-truncated.kfk "$p2" keys/rsa2048.crt keys/rsa2048.kfk
+kill -HUP "$(cat n1/master.pid)"
+for i in $(seq 100); do grep -q "truncated" n1/error.log && break; sleep 0.1; done
+grep -q "bad keyfence key file" n1/error.log || fail "the reload's error is not in nginx's log"
+check_serves "$p1" "$p2"
+echo "servers: ok"
