@@ -12,7 +12,8 @@ static void cleanup(ASYNC_WAIT_CTX *ctx, const void *key, OSSL_ASYNC_FD fd, void
     (void)ctx;
     (void)key;
     (void)fd;
-    /* The job was abandoned while paused: the queue discards the result. */
+    /* The wait context is freed (its connection ended): so is the queue,
+     * which discards a result still to come. */
     keyfence_completion_queue_free(custom);
 }
 
@@ -32,38 +33,50 @@ int kf_sign_wait(kf_prov *prov, keyfence_engine *engine, const keyfence_private_
     ASYNC_WAIT_CTX *wctx = job != NULL ? ASYNC_get_wait_ctx(job) : NULL;
     if (wctx == NULL) return blocking(prov, engine, key, alg, msg, len, out);
 
+    /* One completion queue per wait context, registered once and closed
+     * only when the context is freed (cleanup): a server such as HAProxy
+     * puts the descriptor in its own poller and takes it out when the
+     * connection ends, so it must not be closed (and its number reused)
+     * under it after each signature. */
     keyfence_completion_queue *q = NULL;
-    keyfence_result r = keyfence_completion_queue_new(&q);
-    if (r != KEYFENCE_OK) {
-        kf_raise_keyfence(prov, KF_R_ENGINE, r, "no completion queue");
-        return 0;
+    OSSL_ASYNC_FD fd = -1;
+    void *custom = NULL;
+    if (ASYNC_WAIT_CTX_get_fd(wctx, &wait_key, &fd, &custom) && custom != NULL) {
+        q = custom;
+    } else {
+        keyfence_result nr = keyfence_completion_queue_new(&q);
+        if (nr != KEYFENCE_OK) {
+            kf_raise_keyfence(prov, KF_R_ENGINE, nr, "no completion queue");
+            return 0;
+        }
+        if (!ASYNC_WAIT_CTX_set_wait_fd(wctx, &wait_key, keyfence_completion_queue_fd(q), q, cleanup)) {
+            /* No way to pause: wait here. The engine's deadline bounds it. */
+            keyfence_completion_queue_free(q);
+            return blocking(prov, engine, key, alg, msg, len, out);
+        }
     }
-    r = keyfence_engine_submit_to_queue(engine, key, alg, msg, len, 0, q, NULL, NULL);
+    keyfence_result r = keyfence_engine_submit_to_queue(engine, key, alg, msg, len, 0, q, NULL, NULL);
     if (r != KEYFENCE_OK) {
-        keyfence_completion_queue_free(q);
         kf_raise_keyfence(prov, KF_R_SIGN_FAILED, r, "keyfence could not sign");
         return 0;
-    }
-    if (!ASYNC_WAIT_CTX_set_wait_fd(wctx, &wait_key, keyfence_completion_queue_fd(q), q, cleanup)) {
-        /* No way to pause: wait here. The engine's deadline bounds it. */
-        keyfence_completion_queue_free(q);
-        return blocking(prov, engine, key, alg, msg, len, out);
     }
     keyfence_completion done;
     size_t n = 0;
     for (;;) {
-        memset(&done, 0, sizeof(done));
-        r = keyfence_completion_queue_drain(q, &done, 1, &n);
-        if (r != KEYFENCE_OK || n == 1) break;
-        /* Resumed when the descriptor is readable (or by a spurious
-         * wake-up, after which the queue is simply looked at again). */
+        /* Paused before the first look, even if the signature is already
+         * done: the server learns of the descriptor only from a paused job
+         * (SSL_ERROR_WANT_ASYNC), and HAProxy, which later removes every
+         * descriptor of the connection from its poller, requires it to have
+         * been added. Resumed when the descriptor is readable (or by a
+         * spurious wake-up, after which the queue is looked at again). */
         if (!ASYNC_pause_job()) {
             r = KEYFENCE_INTERNAL;
             break;
         }
+        memset(&done, 0, sizeof(done));
+        r = keyfence_completion_queue_drain(q, &done, 1, &n);
+        if (r != KEYFENCE_OK || n == 1) break;
     }
-    ASYNC_WAIT_CTX_clear_fd(wctx, &wait_key);
-    keyfence_completion_queue_free(q);
     if (r != KEYFENCE_OK) {
         kf_raise_keyfence(prov, KF_R_ENGINE, r, "completion queue failed");
         return 0;

@@ -11,6 +11,9 @@
 #    worker's, where it must be found, so the search can fail);
 #  - a remote key: nginx here, the key opened only by `keyfence serve`;
 #    once the key server is gone, handshakes fail;
+#  - HAProxy with ssl-mode-async (haproxy_async.py): local handshakes keep
+#    their latency while remote ones wait on a slow link, and without it
+#    (the control) they do not;
 #  - Python's ssl (load_cert_chain on the key file) accepting s_client;
 #  - bad key files: `nginx -t` refuses each with the provider's reason, and
 #    a reload onto one keeps the running server serving.
@@ -145,6 +148,15 @@ nginx_conf "$work/n3" "$p5" keys/ec256.crt remote.kfk
 start_nginx "$work/n3" local.cnf
 wait_port "$p5"
 check_serves "$p5"
+if command -v haproxy >/dev/null; then
+    echo "== HAProxy, ssl-mode-async: a slow remote key does not stall local handshakes"
+    # crt NAME.pem holds the certificate; HAProxy loads NAME.pem.key as its key.
+    cp keys/ec256.crt local.pem && cp keys/ec256.kfk local.pem.key && cp keys/ec256.crt remote.pem
+    python3 "$here/haproxy_async.py" "$work" "$cli" "$work/local.cnf" "$work/keys/ca.pem" "$addr" |
+        tee haproxy.jsonl
+elif [ -n "${KEYFENCE_REQUIRE_SERVERS:-}" ]; then
+    fail "haproxy is not installed"
+fi
 kill "$server"
 wait "$server" 2>/dev/null || true
 if get "$p5" 1.3 >/dev/null 2>&1; then fail "a handshake succeeded with the key server gone"; fi
