@@ -43,25 +43,29 @@ static char *read_all(kf_prov *prov, OSSL_CORE_BIO *cin, size_t *out_n) {
     return buf;
 }
 
-/* The key file body: the first PEM block of the input, when it is a
- * KEYFENCE KEY. 0 when the input holds no body of ours. */
+/* The key file body: the input's KEYFENCE KEY block, which need not be
+ * its first (HAProxy's crt files put the certificate before the key).
+ * 0 when the input holds none. */
 static int read_body(kf_prov *prov, OSSL_CORE_BIO *cin, unsigned char **data, long *len) {
     size_t n = 0;
     char *buf = read_all(prov, cin, &n);
     if (buf == NULL) return 0;
     BIO *mem = BIO_new_mem_buf(buf, (int)n);
-    char *name = NULL, *header = NULL;
+    int ok = 0;
     /* Input that is no PEM at all is not an error of ours to report. */
     ERR_set_mark();
-    int ok = mem != NULL && PEM_read_bio(mem, &name, &header, data, len);
-    ERR_pop_to_mark();
-    if (ok && strcmp(name, KF_PEM_LABEL) != 0) {
-        OPENSSL_free(*data);
-        *data = NULL;
-        ok = 0;
+    while (mem != NULL && !ok) {
+        char *name = NULL, *header = NULL;
+        if (!PEM_read_bio(mem, &name, &header, data, len)) break;
+        ok = strcmp(name, KF_PEM_LABEL) == 0;
+        if (!ok) {
+            OPENSSL_free(*data);
+            *data = NULL;
+        }
+        OPENSSL_free(name);
+        OPENSSL_free(header);
     }
-    OPENSSL_free(name);
-    OPENSSL_free(header);
+    ERR_pop_to_mark();
     BIO_free(mem);
     free(buf);
     return ok;

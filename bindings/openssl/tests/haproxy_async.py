@@ -3,9 +3,9 @@
 a local keyfence key and a remote one behind a slow link, with and without
 `ssl-mode-async`, measured in one run.
 
-WORK holds local.pem (+ .key: a local key file) and remote.pem (+ .key: a
-remote key file whose peer is a delay relay this script starts in front of
-the key server at ADDR). While remote handshakes run back to back in four
+WORK holds local.pem (a certificate and a local key file) and remote.pem (a
+certificate; remote.pem.key, a remote key file whose peer is a delay relay
+this script starts in front of the key server at ADDR, is written here). While remote handshakes run back to back in four
 threads, local handshakes are timed one after another. With
 ssl-mode-async, a remote signature pauses its handshake, not the thread:
 local handshakes keep their latency (median under half the link's delay).

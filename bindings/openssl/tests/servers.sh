@@ -150,8 +150,9 @@ wait_port "$p5"
 check_serves "$p5"
 if command -v haproxy >/dev/null; then
     echo "== HAProxy, ssl-mode-async: a slow remote key does not stall local handshakes"
-    # crt NAME.pem holds the certificate; HAProxy loads NAME.pem.key as its key.
-    cp keys/ec256.crt local.pem && cp keys/ec256.kfk local.pem.key && cp keys/ec256.crt remote.pem
+    # Both ways HAProxy takes a key: after the certificate in the crt file
+    # (local), or as NAME.pem.key beside it (remote, written by haproxy_async.py).
+    cat keys/ec256.crt keys/ec256.kfk >local.pem && cp keys/ec256.crt remote.pem
     python3 "$here/haproxy_async.py" "$work" "$cli" "$work/local.cnf" "$work/keys/ca.pem" "$addr" |
         tee haproxy.jsonl
 elif [ -n "${KEYFENCE_REQUIRE_SERVERS:-}" ]; then

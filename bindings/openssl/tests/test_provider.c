@@ -254,6 +254,23 @@ static void test_tls(void) {
             SSL_CTX_free(sctx);
         }
     }
+    /* The certificate and the key file in one file, certificate first
+     * (HAProxy's crt files): the key is found after the certificate. */
+    {
+        FILE *out = fopen(path("combined.pem"), "wb");
+        const char *parts[] = {"ec256.crt", "ec256.kfk"};
+        for (int i = 0; out != NULL && i < 2; i++) {
+            FILE *in = fopen(path(parts[i]), "rb");
+            char buf[4096];
+            size_t n;
+            while (in != NULL && (n = fread(buf, 1, sizeof(buf), in)) > 0) fwrite(buf, 1, n, out);
+            if (in != NULL) fclose(in);
+        }
+        if (out != NULL) fclose(out);
+        EVP_PKEY *k = load_key("combined.pem");
+        CHECK(k != NULL && EVP_PKEY_is_a(k, "EC"), "the key file after a certificate does not load");
+        EVP_PKEY_free(k);
+    }
     /* A key file with another key's certificate is refused. */
     SSL_CTX *ctx = SSL_CTX_new(TLS_server_method());
     int ok = SSL_CTX_use_certificate_file(ctx, path("ec384.crt"), SSL_FILETYPE_PEM) == 1 &&
