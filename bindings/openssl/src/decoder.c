@@ -50,6 +50,12 @@ static int read_body(kf_prov *prov, OSSL_CORE_BIO *cin, unsigned char **data, lo
     size_t n = 0;
     char *buf = read_all(prov, cin, &n);
     if (buf == NULL) return 0;
+    int ok = kf_find_body(buf, n, data, len);
+    free(buf);
+    return ok;
+}
+
+int kf_find_body(const char *buf, size_t n, unsigned char **data, long *len) {
     BIO *mem = BIO_new_mem_buf(buf, (int)n);
     int ok = 0;
     /* Input that is no PEM at all is not an error of ours to report. */
@@ -67,7 +73,6 @@ static int read_body(kf_prov *prov, OSSL_CORE_BIO *cin, unsigned char **data, lo
     }
     ERR_pop_to_mark();
     BIO_free(mem);
-    free(buf);
     return ok;
 }
 

@@ -35,6 +35,13 @@ static const OSSL_ALGORITHM decoders[] = {
     {NULL, NULL, NULL, NULL},
 };
 
+/* keyfence:PATH, for programs that load keys through OSSL_STORE (the
+ * openssl command line's -key). */
+static const OSSL_ALGORITHM stores[] = {
+    {"keyfence", PROPS, kf_store, "keyfence:PATH names a KEYFENCE KEY file"},
+    {NULL, NULL, NULL, NULL},
+};
+
 static const OSSL_ITEM reasons[] = {
     {KF_R_BAD_KEY_FILE, "bad keyfence key file"},
     {KF_R_KEY_UNAVAILABLE, "keyfence key unavailable"},
@@ -98,6 +105,7 @@ static const OSSL_ALGORITHM *query(void *provctx, int op, int *no_cache) {
     case OSSL_OP_KEYMGMT: return keymgmts;
     case OSSL_OP_SIGNATURE: return signatures;
     case OSSL_OP_DECODER: return decoders;
+    case OSSL_OP_STORE: return stores;
     default: return NULL;
     }
 }

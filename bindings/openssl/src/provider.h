@@ -82,6 +82,11 @@ kf_key *kf_key_from_file(kf_prov *prov, kf_keyfile *file);
 /* The key's handle for this process (reopened after a fork). */
 keyfence_private_key *kf_key_handle(kf_key *key, keyfence_engine **engine);
 
+/* The body of the first KEYFENCE KEY PEM block in buf[0..n] (free it with
+ * OPENSSL_free); 0 when there is none. */
+int kf_find_body(const char *buf, size_t n, unsigned char **data, long *len);
+
+extern const OSSL_DISPATCH kf_store[];
 extern const OSSL_DISPATCH kf_keymgmt_ec[], kf_keymgmt_rsa[], kf_keymgmt_ed25519[];
 extern const OSSL_DISPATCH kf_signature_ecdsa[], kf_signature_rsa[], kf_signature_ed25519[];
 extern const OSSL_DISPATCH kf_decoder_ec[], kf_decoder_rsa[], kf_decoder_ed25519[];

@@ -15,6 +15,7 @@
 #    their latency while remote ones wait on a slow link, and without it
 #    (the control) they do not;
 #  - Python's ssl (load_cert_chain on the key file) accepting s_client;
+#  - openssl s_server loading keyfence:PATH through OSSL_STORE;
 #  - bad key files: `nginx -t` refuses each with the provider's reason, and
 #    a reload onto one keeps the running server serving.
 set -euo pipefail
@@ -183,6 +184,15 @@ pids+=($!)
 wait_port "$p6"
 handshake "$p6" 1.3 || fail "s_client against Python's ssl (TLS 1.3)"
 handshake "$p6" 1.2 || fail "s_client against Python's ssl (TLS 1.2)"
+
+echo "== openssl s_server -key keyfence:PATH (OSSL_STORE)"
+p7=$(free_port)
+OPENSSL_CONF="$work/local.cnf" openssl s_server -accept "127.0.0.1:$p7" -cert keys/rsa2048.crt \
+    -key "keyfence:$work/keys/rsa2048.kfk" -www >s_server.out 2>&1 &
+pids+=($!)
+wait_port "$p7"
+handshake "$p7" 1.2 || fail "s_client against s_server with a keyfence: key (TLS 1.2)"
+handshake "$p7" 1.3 || fail "s_client against s_server with a keyfence: key (TLS 1.3)"
 
 echo "== bad key files"
 python3 - <<'PY'
