@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::OnceLock;
 
-use blstrs::{G1Affine, G2Affine, Gt, Scalar};
+use blstrs::{G1Affine, G1Projective, G2Affine, Gt, Scalar};
 use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
@@ -275,7 +275,7 @@ impl AttributeKey {
             }
         }
         let key = Self { attrs, k1, k2, k3, k3wild, cache: Default::default() };
-        // A decoded key is a loaded key: precompute now, not in the
+        // A decoded key is a loaded key: compute its lines now, not in the
         // middle of its first decryption.
         key.cache();
         Ok(key)
@@ -302,10 +302,15 @@ impl Eq for AttributeKey {}
 impl AttributeKey {
     /// The key's precomputed values, built on first use.
     pub(crate) fn cache(&self) -> &super::key_cache::KeyCache {
-        self.cache.get_or_init(|| {
-            let bk = self.k3.get(super::policy::BK_LABEL).map(|m| m.e.iter().map(|p| &p.0));
-            super::key_cache::KeyCache::new(self.k1.e.iter().map(|q| &q.0), bk)
-        })
+        self.cache.get_or_init(|| super::key_cache::KeyCache::new(self.k1.e.iter().map(|q| &q.0)))
+    }
+
+    /// `id` times each of the Boneh-Katz attribute's `k3` points, from the
+    /// cache's tables (from the key's second decryption on); `None` when
+    /// the caller should multiply without them.
+    pub(crate) fn bk_times(&self, id: &Scalar) -> Option<Vec<G1Projective>> {
+        let points = || self.k3.get(super::policy::BK_LABEL).map(|m| m.e.iter().map(|p| &p.0).collect());
+        self.cache().bk_times(points, id)
     }
 
     /// Overwrites the key material: `k1`, `k2` and every `k3`. The hashed
