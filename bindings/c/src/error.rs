@@ -132,7 +132,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 36] = [
+const ALL_RESULTS: [keyfence_result; 37] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
