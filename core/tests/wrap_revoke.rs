@@ -195,6 +195,8 @@ fn on_every_test(store: impl Fn() -> Arc<dyn Store>) {
     a_revoked_machine_opens_nothing_the_store_serves(store());
     eprintln!("compaction");
     a_master_rotation_compacts_the_negations(store());
+    eprintln!("bulk wrap");
+    wrapping_many_at_once_stores_each(store());
 }
 
 #[test]
@@ -221,4 +223,22 @@ fn revocation_on_etcd() {
         cluster.store(&format!("revoke/{}", n.get()))
     });
     drop(cluster);
+}
+
+/// A bulk wrap stores every envelope (in commits of at most 64 writes,
+/// which etcd's transaction limit needs) and each opens; a new policy's
+/// key is made once.
+fn wrapping_many_at_once_stores_each(store: Arc<dyn Store>) {
+    let mut a = Authority::init(store.clone()).unwrap();
+    let secrets: Vec<Vec<u8>> = (0..150).map(|i| format!("s{i}").into_bytes()).collect();
+    let refs: Vec<&[u8]> = secrets.iter().map(|s| &s[..]).collect();
+    let envs = a.wrap_many("region: EU", &refs).unwrap();
+    assert_eq!(envs.len(), 150);
+    assert_eq!(store.list("envelopes/").unwrap().len(), 150);
+    assert_eq!(a.status().unwrap().policy_keys, 1);
+    let m = machine(&a, &store, "region=EU");
+    for (e, s) in envs.iter().zip(&secrets) {
+        let stored = store.get(&format!("envelopes/{}", hex(&e.secret_id))).unwrap().unwrap();
+        assert_eq!(&m.open(&stored).unwrap()[..], &s[..]);
+    }
 }

@@ -603,6 +603,42 @@ impl Authority {
         })
     }
 
+    /// Wraps each of `secrets` under `policy`, as [`Authority::wrap`] does
+    /// one, in commits of at most 64 envelopes (a bulk load: one commit per
+    /// envelope is an `fsync`, or an etcd round trip, each). The policy key
+    /// is made and committed first if it is new; an interruption keeps the
+    /// envelopes committed so far (they open) and loses the rest.
+    ///
+    /// # Errors
+    /// As [`Authority::wrap`].
+    pub fn wrap_many(&mut self, policy: &str, secrets: &[&[u8]]) -> Result<Vec<Envelope>> {
+        let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
+        check_policy(&policy)?;
+        for s in secrets {
+            limit("secret length", s.len(), super::format::MAX_SECRET)?;
+        }
+        self.change(|a| {
+            let pid = *policy.id();
+            if a.current(&pid).is_none() {
+                limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
+                let (private, public) = hpke::keypair(&mut OsRng);
+                let k = PolicyKey { policy, version: 1, public, private };
+                a.seal_everywhere(&k)?;
+                a.keys.push(k);
+                a.commit()?;
+                a.flush()?;
+            }
+            let mut out = Vec::with_capacity(secrets.len());
+            for s in secrets {
+                let mut secret_id = [0u8; 16];
+                OsRng.fill_bytes(&mut secret_id);
+                out.push(a.seal_envelope(&secret_id, &pid, s)?);
+                a.flush_if_large()?;
+            }
+            Ok(out)
+        })
+    }
+
     fn seal_envelope(&self, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
         let k = self
             .current(pid)
