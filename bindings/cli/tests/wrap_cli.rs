@@ -315,3 +315,25 @@ fn a_revoked_machine_is_refused_from_the_command_line() {
     let o = run(&["authority", "revoke", "--store", &s, "--machine", "no-such id"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
+
+/// `bench fleet` at a tiny size: every phase reports what it measured,
+/// the revocation re-keyed every policy and re-wrapped every envelope,
+/// and the propagation to each data center's cache was measured.
+#[test]
+fn the_fleet_benchmark_runs_every_phase() {
+    let out = ok(&["bench", "fleet", "--json", "--dcs", "3", "--machines", "2", "--envelopes", "40"]);
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["issue", "wrap", "storage", "dc_share", "rotate_master", "rotate_policy_key", "revoke"], "{out}");
+    let get = |phase: &str, key: &str| lines.iter().find(|l| l["phase"] == phase).unwrap()[key].clone();
+    assert_eq!(get("issue", "keys"), 6);
+    assert_eq!((get("revoke", "rekeyed"), get("revoke", "rewrapped")), (20.into(), 40.into()), "{out}");
+    assert_eq!(get("rotate_policy_key", "rewrapped"), 2);
+    assert!(get("storage", "storage_bytes").as_u64().unwrap() > 40 * 300, "{out}");
+    assert!(get("storage", "per_dc_wrapping_bytes").as_u64().unwrap() > 0, "{out}");
+    for phase in ["rotate_master", "rotate_policy_key", "revoke"] {
+        let (p50, p99) = (get(phase, "propagation_p50_ms").as_f64().unwrap(), get(phase, "propagation_p99_ms").as_f64().unwrap());
+        assert!(0.0 <= p50 && p50 <= p99 && p99 < 300_000.0, "{phase}: {out}");
+    }
+    assert!(get("dc_share", "dc_cache_entries").as_u64().unwrap() >= 1, "{out}");
+}
