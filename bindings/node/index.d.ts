@@ -182,7 +182,7 @@ export declare namespace sign {
     attachRemote(remote: sign.RemoteSigner): void
     /**
      * Starts an engine: its worker threads, and its key process when
-     * `key_process` is set.
+     * `isolated` is set.
      *
      * Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
      * no key process found), `IO` (threads), `BACKEND_FAILED` (the key

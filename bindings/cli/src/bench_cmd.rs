@@ -100,18 +100,20 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
             let (pk, msk) = abe::setup()?;
             if !json {
                 outln!(
-                    "{:<12} {:>10} {:>11} {:>11} {:>10} {:>12}",
-                    "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "floor_ms", "ct_overhead"
+                    "{:<12} {:>10} {:>11} {:>11} {:>10} {:>10} {:>12}",
+                    "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "cold_ms", "floor_ms", "ct_overhead"
                 );
             }
             for (name, policy, attrs) in keyfence::bench::abe_cases() {
                 let p = parse(&policy)?;
                 let (mut kg, mut en, mut de, mut fl, mut fp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let mut cold = Vec::new();
                 let mut overhead = 0;
                 // Decryption runs with a key loaded once, as a machine
                 // holds its key: the key's precomputation (done when it is
                 // decoded) is not paid per decryption.
-                let loaded = abe::AttributeKey::from_bytes(&abe::keygen(&msk, &attrs)?.to_bytes())?;
+                let key_bytes = zeroize::Zeroizing::new(abe::keygen(&msk, &attrs)?.to_bytes());
+                let loaded = abe::AttributeKey::from_bytes(&key_bytes)?;
                 for _ in 0..iters.max(1) {
                     let t = Instant::now();
                     let key = abe::keygen(&msk, &attrs)?;
@@ -127,6 +129,17 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     };
                     de.push(t.elapsed().as_secs_f64() * 1e3);
                     anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext");
+                    // From a cold key, as a process that loads a key to
+                    // decrypt once pays: decoding and precomputation too.
+                    let t = Instant::now();
+                    let fresh = abe::AttributeKey::from_bytes(&key_bytes)?;
+                    let pt = match threads {
+                        Some(t) => abe::decrypt_with_threads(&fresh, &ct, t)?,
+                        None => abe::decrypt(&fresh, &ct)?,
+                    };
+                    cold.push(t.elapsed().as_secs_f64() * 1e3);
+                    anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext from a cold key");
+                    drop(fresh);
                     // The bound, timed right after, in the same conditions.
                     let floor = keyfence::bench::decrypt_floor(&loaded, &ct)?;
                     fl.push(floor.total().as_secs_f64() * 1e3);
@@ -134,14 +147,14 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     overhead = ct.len() - msg.len();
                 }
                 let (floor, floor_pairing) = (median_ms(fl), median_ms(fp));
-                let (kg, en, de) = (median_ms(kg), median_ms(en), median_ms(de));
+                let (kg, en, de, cold) = (median_ms(kg), median_ms(en), median_ms(de), median_ms(cold));
                 if json {
                     outln!(
                         "{}",
-                        serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "decrypt_floor_ms": floor, "decrypt_floor_pairing_ms": floor_pairing, "ct_overhead": overhead})
+                        serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "decrypt_cold_ms": cold, "decrypt_floor_ms": floor, "decrypt_floor_pairing_ms": floor_pairing, "ct_overhead": overhead})
                     );
                 } else {
-                    outln!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {floor:>10.3} {overhead:>12}");
+                    outln!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {cold:>10.3} {floor:>10.3} {overhead:>12}");
                 }
             }
         }

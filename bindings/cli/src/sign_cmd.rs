@@ -421,7 +421,7 @@ fn run_cases(
                 }
             })
             .collect();
-        // `engine` is compared with `raw`; `key_process` and `offload-sim`
+        // `engine` is compared with `raw`; `isolated` and `offload-sim`
         // with the in-process engine when it was measured.
         let engine_at = paths.iter().position(|(n, _)| *n == "engine");
         for (i, ((name, _), f)) in paths.iter().zip(&figures).enumerate() {

@@ -239,7 +239,7 @@ fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignO
 #[napi(namespace = "sign")]
 impl Engine {
     /// Starts an engine: its worker threads, and its key process when
-    /// `key_process` is set.
+    /// `isolated` is set.
     ///
     /// Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
     /// no key process found), `IO` (threads), `BACKEND_FAILED` (the key
