@@ -49,7 +49,7 @@ def value(run, phase, field):
 def table(runs):
     print("| store | data centers x machines | envelopes | issue | wrap | master rotation | policy-key rotation | revocation (re-wrapped) | propagation p50 / p99 (revocation) | stored | per-DC wrapping |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for (store, dcs, per_dc, envs), run in sorted(runs.items(), key=lambda kv: kv[0][3]):
+    for (store, dcs, per_dc, envs), run in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][3])):
         rv = run.get("revoke", {})
         st = run.get("storage", {})
         print(
@@ -100,13 +100,14 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs")
     ap.add_argument("--svg")
+    ap.add_argument("--store", help="chart only this store's runs (file, etcd); the table has every run")
     a = ap.parse_args()
     runs = load(a.runs)
     if not runs:
         sys.exit("no runs in " + a.runs)
     table(runs)
     if a.svg:
-        svg(runs, a.svg)
+        svg({k: v for k, v in runs.items() if not a.store or k[0] == a.store}, a.svg)
 
 
 if __name__ == "__main__":
