@@ -56,9 +56,9 @@ def table(runs):
             f"| {store} | {dcs} x {per_dc} | {envs:,} | {value(run, 'issue', 'issue_s'):.1f} s "
             f"| {value(run, 'wrap', 'wrap_s'):.1f} s | {value(run, 'rotate_master', 'rotate_master_s'):.2f} s "
             f"| {value(run, 'rotate_policy_key', 'rotate_policy_key_s'):.1f} s "
-            f"| {rv.get('revoke_s', float('nan')):.1f} s ({rv.get('rewrapped', 0):,}) "
-            f"| {rv.get('propagation_p50_ms', float('nan')):.0f} / {rv.get('propagation_p99_ms', float('nan')):.0f} ms "
-            f"| {st.get('storage_bytes', 0) / 1e6:.1f} MB | {st.get('per_dc_wrapping_bytes', 0) / 1e6:.1f} MB |"
+            + (f"| {rv['revoke_s']:.1f} s ({rv['rewrapped']:,}) | {rv['propagation_p50_ms']:.0f} / {rv['propagation_p99_ms']:.0f} ms "
+               if rv else "| not measured | not measured ")
+            + f"| {st.get('storage_bytes', 0) / 1e6:.1f} MB | {st.get('per_dc_wrapping_bytes', 0) / 1e6:.1f} MB |"
         )
 
 
