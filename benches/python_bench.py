@@ -6,7 +6,9 @@
 Each round measures, alternating Rust then Python so both see the same
 machine load:
 - CP-ABE decrypt, median ms, on CIRCL's benchmark shapes (`keyfence bench
-  abe` in Rust; the same policies and attributes from Python);
+  abe` in Rust; the same policies and attributes from Python), warm (a key
+  loaded once) against Rust's `decrypt_ms` and cold (the key loaded from
+  its bytes, then one decryption) against Rust's `decrypt_cold_ms`;
 - a machine opening an envelope whose policy key it has cached, median µs
   (`keyfence bench wrap`);
 - ECDSA P-256 signing throughput through the engine (`keyfence bench sign
@@ -56,23 +58,30 @@ def rust(cli: str, *args: str) -> List[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def py_decrypt(iters: int) -> Dict[str, float]:
+def py_decrypt(iters: int) -> Dict[str, Dict[str, float]]:
+    """Median ms per case of a warm decryption and of a cold one."""
     pk, msk = abe.setup()
     msg = b"a 23-byte test message!"
-    out = {}
+    out: Dict[str, Dict[str, float]] = {"warm": {}, "cold": {}}
     for name, (policy, attrs) in cases().items():
-        times = []
-        # As `keyfence bench abe` does: a key loaded once, as a machine holds
-        # its key, so both sides time a warm decryption and neither pays the
-        # key's one-time precomputation (done when a key is decoded).
-        key = abe.AttributeKey.from_bytes(abe.keygen(msk, attrs).to_bytes())
+        warm, cold = [], []
+        # As `keyfence bench abe` does: warm is a key loaded once, as a
+        # machine holds its key; cold loads the key from its bytes and
+        # decrypts once, as a short-lived process pays.
+        key_bytes = abe.keygen(msk, attrs).to_bytes()
+        key = abe.AttributeKey.from_bytes(key_bytes)
         for _ in range(iters):
             ct = abe.encrypt(pk, policy, msg)
             t = time.perf_counter()
             pt = abe.decrypt(key, ct)
-            times.append((time.perf_counter() - t) * 1e3)
+            warm.append((time.perf_counter() - t) * 1e3)
             assert pt == msg
-        out[name] = statistics.median(times)
+            t = time.perf_counter()
+            pt = abe.decrypt(abe.AttributeKey.from_bytes(key_bytes), ct)
+            cold.append((time.perf_counter() - t) * 1e3)
+            assert pt == msg
+        out["warm"][name] = statistics.median(warm)
+        out["cold"][name] = statistics.median(cold)
     return out
 
 
@@ -143,8 +152,11 @@ def main() -> None:
     a = ap.parse_args()
     ratios: Dict[str, List[float]] = {}
     for r in range(a.rounds):
-        rust_abe = {c["case"]: c["decrypt_ms"] for c in rust(a.keyfence, "abe", "--iters", str(a.iters))}
-        py_abe = py_decrypt(a.iters)
+        rust_rows = rust(a.keyfence, "abe", "--iters", str(a.iters))
+        rust_abe = {c["case"]: c["decrypt_ms"] for c in rust_rows}
+        rust_cold = {c["case"]: c["decrypt_cold_ms"] for c in rust_rows}
+        py = py_decrypt(a.iters)
+        py_abe, py_cold = py["warm"], py["cold"]
         rust_open = rust(a.keyfence, "wrap", "--iters", "2000")[0]["median_us"]
         py_open_us = py_open(2000)
         rust_sign = rust(a.keyfence, "sign", "--case", "ecdsa-p256-sha256", "--path", "engine", "--seconds", str(a.seconds))
@@ -154,6 +166,7 @@ def main() -> None:
         row = {
             "round": r,
             "decrypt_ms": {c: {"rust": rust_abe[c], "python": py_abe[c]} for c in py_abe},
+            "decrypt_cold_ms": {c: {"rust": rust_cold[c], "python": py_cold[c]} for c in py_cold},
             "open_cached_us": {"rust": rust_open, "python": py_open_us},
             "ecdsa_p256_ops_per_s": {"rust_engine": rust_ops, "python_asyncio": py_ops},
             "decrypt_and50_two_threads": speed,
@@ -161,6 +174,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
         for c in py_abe:
             ratios.setdefault(f"decrypt {c} python/rust", []).append(py_abe[c] / rust_abe[c])
+            ratios.setdefault(f"decrypt cold {c} python/rust", []).append(py_cold[c] / rust_cold[c])
         ratios.setdefault("open cached python/rust", []).append(py_open_us / rust_open)
         ratios.setdefault("ecdsa-p256 throughput python/rust", []).append(py_ops / rust_ops)
         ratios.setdefault("decrypt and50 2-thread speedup", []).append(speed["speedup"])

@@ -102,7 +102,9 @@ fn the_suite_holds_on_etcd() {
 fn many_policies_rotate_and_retire_in_chunked_commits() {
     let (store, mut a) = setup();
     let envs: Vec<Envelope> = (0..150).map(|i| a.wrap("region: EU", format!("s{i}").as_bytes()).unwrap()).collect();
-    for i in 0..70 {
+    // 201 policy keys: more sealed copies than one etcd transaction (128
+    // operations) holds, for the master rotations below.
+    for i in 0..200 {
         a.wrap(&format!("team: t{i}"), b"x").unwrap();
     }
     let r = a.rotate_policy_key("region: EU").unwrap();
@@ -110,10 +112,10 @@ fn many_policies_rotate_and_retire_in_chunked_commits() {
     assert!(r.skipped.is_empty());
     let retired = a.retire_policy_keys("region: EU").unwrap();
     assert_eq!(retired.retired, vec![1]);
-    // 71 new copies, then (generation 1 retired) 71 deletions.
-    assert_eq!(a.rotate_master().unwrap().resealed, 71);
+    // 201 new copies, then (generation 1 retired) 201 deletions.
+    assert_eq!(a.rotate_master().unwrap().resealed, 201);
     assert_eq!(a.rotate_master().unwrap().retired, Some(1));
-    assert_eq!(store.list("sealed/").unwrap().len(), 2 * 71);
+    assert_eq!(store.list("sealed/").unwrap().len(), 2 * 201);
     let m = machine(&a, &store, "region=EU");
     for (i, e) in envs.iter().enumerate() {
         let now = store.get(&format!("envelopes/{}", hex(&e.secret_id))).unwrap().unwrap();

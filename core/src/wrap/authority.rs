@@ -670,9 +670,17 @@ impl Authority {
         // existed and is refused a key of it. This is where the negations
         // compact.
         let excluded = revocation::excluded_for(&self.revoked, number);
-        for k in &self.keys {
+        // The new generation's copies go first, in commits of their own
+        // (each comparing the state): until the state names the generation
+        // no machine holds a key for it, so a rotation interrupted here
+        // leaves only copies the next rotation overwrites or deletes. One
+        // commit for them all would bound the policy keys a store can hold
+        // by etcd's 128 operations per transaction.
+        for i in 0..self.keys.len() {
+            let k = &self.keys[i];
             let blob = sealed::seal(&self.signer, &new.pk, number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
             self.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
+            self.flush_if_large()?;
         }
         let mut retired = None;
         for g in &mut self.generations {
@@ -688,8 +696,8 @@ impl Authority {
         }
         self.generations.push(new);
         self.commit()?;
-        // The new generation and its copies in one commit; the retired
-        // copies are deleted after it, in commits of their own.
+        // The new generation (with the copies not yet committed); the
+        // retired copies are deleted after it, in commits of their own.
         self.flush()?;
         self.collect_garbage()?;
         Ok(MasterRotation { new_generation: number, resealed: self.keys.len(), retired })
