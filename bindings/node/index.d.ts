@@ -555,6 +555,21 @@ export declare namespace wrap {
     rotateMaster(): Promise<MasterRotation>
     /** `rotateMaster` on the calling thread. */
     rotateMasterSync(): wrap.MasterRotation
+    /**
+     * Revokes the machine `id` (its `Machine.id`): records it, gives every
+     * policy a new key sealed so that machine cannot open it, re-wraps the
+     * store's envelopes to them and retires the old keys, so the policy
+     * keys it cached open nothing the store serves. Call again after an
+     * interruption to finish; `issue` refuses the id afterwards
+     * (`MACHINE_REVOKED`).
+     *
+     * Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES` for an id a
+     * policy cannot name, `POLICY_TOO_LARGE` when the negations no longer
+     * fit (rotate the master key twice), `STORE_IO`, `STORE_CONFLICT`.
+     */
+    revoke(id: string): Promise<Revocation>
+    /** `revoke` on the calling thread. */
+    revokeSync(id: string): wrap.Revocation
   }
   /**
    * A machine: its machine key and the store holding the sealed policy
@@ -607,6 +622,12 @@ export declare namespace wrap {
     followSync(): void
     /** The cache's counters, and what following the store has done. */
     cacheStats(): wrap.CacheStats
+    /**
+     * The machine's id: the `machine` attribute the authority set when it
+     * issued the key, which `Authority.revoke` takes; empty for a key
+     * issued before keyfence had machine ids.
+     */
+    get id(): string
     /** The attribute labels of the machine key (not secret; for logs). */
     get labels(): Array<string>
   }
@@ -643,5 +664,20 @@ export declare namespace wrap {
     generation: number
     /** Policy keys re-sealed under it (envelopes are never touched). */
     resealed: number
+  }
+  /** A report of a revocation. */
+  export interface Revocation {
+    /** The machine id revoked. */
+    id: string
+    /** Whether the id was already revoked (nothing was done). */
+    already: boolean
+    /** Whether this call finished a revocation an earlier one started. */
+    resumed: boolean
+    /** Policies given a new key version the machine cannot open. */
+    rekeyed: number
+    /** Envelopes in the store re-wrapped to those versions. */
+    rewrapped: number
+    /** Older policy key versions retired. */
+    retired: number
   }
 }

@@ -96,6 +96,10 @@ pub enum ErrorCode {
     /// has already accepted (a generation list put back): the store was
     /// rolled back or replayed.
     ReplayedObject = 308,
+    /// The machine id is revoked: the authority refuses to issue it a key
+    /// again, and a revoked machine cannot open the policy keys sealed
+    /// since.
+    MachineRevoked = 309,
 
     // 400-499: the store.
     /// The store could not read or write an object.
@@ -159,6 +163,7 @@ impl ErrorCode {
         ErrorCode::InconsistentState,
         ErrorCode::WrongAuthority,
         ErrorCode::ReplayedObject,
+        ErrorCode::MachineRevoked,
         ErrorCode::StoreIo,
         ErrorCode::InvalidStoreKey,
         ErrorCode::StoreLocked,
@@ -200,6 +205,7 @@ impl ErrorCode {
             ErrorCode::InconsistentState => "INCONSISTENT_STATE",
             ErrorCode::WrongAuthority => "WRONG_AUTHORITY",
             ErrorCode::ReplayedObject => "REPLAYED_OBJECT",
+            ErrorCode::MachineRevoked => "MACHINE_REVOKED",
             ErrorCode::StoreIo => "STORE_IO",
             ErrorCode::InvalidStoreKey => "INVALID_STORE_KEY",
             ErrorCode::StoreLocked => "STORE_LOCKED",

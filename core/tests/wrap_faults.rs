@@ -209,3 +209,64 @@ fn a_handle_whose_rotation_failed_issues_keys_for_committed_generations_only() {
         assert_eq!(&m.open(&h.env).unwrap()[..], &h.secret[..]);
     }
 }
+
+/// Every envelope in `store` opens, with a machine key issued now, and the
+/// handed-out secrets that live in the store are still there (a
+/// revocation re-wraps them; the copies handed out before may be retired).
+fn check_store(store: &Arc<dyn Store>, handed: &[Handed], what: &str) {
+    let a = Authority::open(store.clone()).unwrap_or_else(|e| panic!("{what}: reopen: {e}"));
+    let key = a.issue(&"region=EU,tier=gold,country=DE".parse().unwrap()).unwrap();
+    let m = Machine::new(key, store.clone(), CacheConfig::default());
+    for h in handed.iter().filter(|h| h.secret != b"outside") {
+        let env = Envelope::parse(&h.env).unwrap();
+        let now = store.get(&format!("envelopes/{}", hex(&env.secret_id))).unwrap().unwrap_or_else(|| panic!("{what}: lost"));
+        assert_eq!(&m.open(&now).unwrap_or_else(|e| panic!("{what}: {e}"))[..], &h.secret[..], "{what}");
+    }
+    for name in store.list("envelopes/").unwrap() {
+        let bytes = store.get(&name).unwrap().unwrap();
+        if Envelope::parse(&bytes).is_ok() {
+            m.open(&bytes).unwrap_or_else(|e| panic!("{what}: {name} in the store: {e}"));
+        }
+    }
+}
+
+/// A revocation whose every write fails in turn leaves a store whose
+/// envelopes all open, and running it again (same handle or reopened)
+/// finishes it: nothing pending, and the revoked machine opens nothing
+/// the store serves.
+#[test]
+fn a_revocation_failing_at_any_write_is_finished_by_running_it_again() {
+    let (base, handed) = base();
+    let victim = Authority::open(Arc::new(copy(&base))).unwrap().issue(&"region=EU,tier=gold,country=DE".parse().unwrap()).unwrap();
+    let id = victim.id().unwrap().to_owned();
+    let counting = Arc::new(FaultyStore::counting(Arc::new(copy(&base))));
+    Authority::open(counting.clone()).unwrap().revoke(&id).unwrap();
+    let writes = counting.writes();
+    assert!(writes >= 10, "{writes} writes");
+    for k in 0..writes {
+        let what = format!("revoke, write {k} of {writes} failed");
+        let inner: Arc<dyn Store> = Arc::new(copy(&base));
+        let faulty = Arc::new(FaultyStore::failing_from(inner.clone(), k));
+        let mut a = Authority::open(faulty.clone()).unwrap();
+        assert!(a.revoke(&id).is_err(), "{what}, yet it reported success");
+        check_store(&inner, &handed, &what);
+        faulty.heal();
+        let mut again = if k % 2 == 0 { a } else { Authority::open(faulty.clone()).unwrap() };
+        again.revoke(&id).unwrap_or_else(|e| panic!("{what}: run again: {e}"));
+        let what = format!("{what}, then run again");
+        check_store(&inner, &handed, &what);
+        let status = again.status().unwrap();
+        // Only the current version of each policy is left, sealed under
+        // the two live generations: no retired version's copy lingers.
+        assert_eq!((status.policy_keys, inner.list("sealed/").unwrap().len()), (3, 6), "{what}");
+        assert_eq!((status.revoked, status.pending_revocations), (vec![id.clone()], vec![]), "{what}");
+        let m = Machine::new(victim.clone(), inner.clone(), CacheConfig::default());
+        for name in inner.list("envelopes/").unwrap() {
+            let bytes = inner.get(&name).unwrap().unwrap();
+            if Envelope::parse(&bytes).is_ok() {
+                assert_eq!(m.open(&bytes).unwrap_err().code(), keyfence::ErrorCode::MachineRevoked, "{what}: {name}");
+            }
+        }
+        assert_eq!(again.issue(&format!("region=EU,machine={id}").parse().unwrap()).unwrap_err().code(), keyfence::ErrorCode::MachineRevoked);
+    }
+}

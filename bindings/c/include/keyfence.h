@@ -140,6 +140,12 @@ enum keyfence_result
    */
   KEYFENCE_REPLAYED_OBJECT = 308,
   /*
+   The machine id is revoked: the authority refuses to issue it a key
+   again, and a revoked machine cannot open the policy keys sealed
+   since.
+   */
+  KEYFENCE_MACHINE_REVOKED = 309,
+  /*
    The store could not read or write an object.
    */
   KEYFENCE_STORE_IO = 400,
@@ -1468,6 +1474,30 @@ keyfence_result keyfence_authority_rotate_master(struct keyfence_authority *auth
                                                  size_t *resealed);
 
 /*
+ Revokes the machine `machine_id` (its id, as `keyfence_machine_id`
+ gives it): records it (signed, for machines), gives every policy a new
+ key sealed so that machine cannot open it, re-wraps the store's
+ envelopes to them and retires the old keys, so the policy keys it
+ cached open nothing the store serves. Writes the number of envelopes
+ re-wrapped to `*rewrapped` when it is not NULL. After an interruption,
+ calling it again finishes; for an id already revoked it does nothing
+ (0 re-wrapped). `keyfence_authority_issue` refuses the id afterwards
+ (`KEYFENCE_MACHINE_REVOKED`).
+
+ Errors: `KEYFENCE_INVALID_ATTRIBUTES` for an id a policy cannot name
+ (`[A-Za-z0-9_]`, at most 64 characters), `KEYFENCE_POLICY_TOO_LARGE`
+ when the negations no longer fit (rotate the master key twice),
+ `KEYFENCE_STORE_IO`, `KEYFENCE_STORE_CONFLICT`.
+
+ # Safety
+ `authority` is a live handle no other thread uses during the call;
+ `machine_id` is a NUL-terminated string; `rewrapped` is NULL or writable.
+ */
+keyfence_result keyfence_authority_revoke(struct keyfence_authority *authority,
+                                          const char *machine_id,
+                                          size_t *rewrapped);
+
+/*
  Frees an authority (its master keys are wiped); NULL is a no-op.
 
  # Safety
@@ -1493,6 +1523,18 @@ keyfence_result keyfence_machine_new(const uint8_t *key,
                                      size_t len,
                                      const char *store_name,
                                      struct keyfence_machine **out);
+
+/*
+ The machine's id (the `machine` attribute the authority set when it
+ issued the key; what `keyfence_authority_revoke` takes), as text
+ without a NUL into `*id` (free it with `keyfence_bytes_free`); empty
+ for a key issued before keyfence had machine ids.
+
+ # Safety
+ `machine` is a live handle; `id` is writable.
+ */
+keyfence_result keyfence_machine_id(const struct keyfence_machine *machine,
+                                    struct keyfence_bytes *id);
 
 /*
  Whether this machine could open the envelope `env[0..len]`, answered

@@ -81,6 +81,10 @@ pub enum keyfence_result {
     /// has already accepted (a generation list put back): the store was
     /// rolled back or replayed.
     KEYFENCE_REPLAYED_OBJECT = 308,
+    /// The machine id is revoked: the authority refuses to issue it a key
+    /// again, and a revoked machine cannot open the policy keys sealed
+    /// since.
+    KEYFENCE_MACHINE_REVOKED = 309,
     // 400-499: the store.
     /// The store could not read or write an object.
     KEYFENCE_STORE_IO = 400,
@@ -128,7 +132,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 36] = [
+const ALL_RESULTS: [keyfence_result; 37] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
@@ -152,6 +156,7 @@ const ALL_RESULTS: [keyfence_result; 36] = [
     keyfence_result::KEYFENCE_INCONSISTENT_STATE,
     keyfence_result::KEYFENCE_WRONG_AUTHORITY,
     keyfence_result::KEYFENCE_REPLAYED_OBJECT,
+    keyfence_result::KEYFENCE_MACHINE_REVOKED,
     keyfence_result::KEYFENCE_STORE_IO,
     keyfence_result::KEYFENCE_INVALID_STORE_KEY,
     keyfence_result::KEYFENCE_STORE_LOCKED,

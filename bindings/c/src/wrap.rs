@@ -218,6 +218,42 @@ pub unsafe extern "C" fn keyfence_authority_rotate_master(authority: *mut keyfen
     })
 }
 
+/// Revokes the machine `machine_id` (its id, as `keyfence_machine_id`
+/// gives it): records it (signed, for machines), gives every policy a new
+/// key sealed so that machine cannot open it, re-wraps the store's
+/// envelopes to them and retires the old keys, so the policy keys it
+/// cached open nothing the store serves. Writes the number of envelopes
+/// re-wrapped to `*rewrapped` when it is not NULL. After an interruption,
+/// calling it again finishes; for an id already revoked it does nothing
+/// (0 re-wrapped). `keyfence_authority_issue` refuses the id afterwards
+/// (`KEYFENCE_MACHINE_REVOKED`).
+///
+/// Errors: `KEYFENCE_INVALID_ATTRIBUTES` for an id a policy cannot name
+/// (`[A-Za-z0-9_]`, at most 64 characters), `KEYFENCE_POLICY_TOO_LARGE`
+/// when the negations no longer fit (rotate the master key twice),
+/// `KEYFENCE_STORE_IO`, `KEYFENCE_STORE_CONFLICT`.
+///
+/// # Safety
+/// `authority` is a live handle no other thread uses during the call;
+/// `machine_id` is a NUL-terminated string; `rewrapped` is NULL or writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_revoke(
+    authority: *mut keyfence_authority,
+    machine_id: *const c_char,
+    rewrapped: *mut usize,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promises, passed on.
+        let (a, id) = unsafe { (ffi::borrow_mut(authority, "authority")?, ffi::text(machine_id, "machine_id")?) };
+        let report = a.0.revoke(id)?;
+        if !rewrapped.is_null() {
+            // SAFETY: non-NULL, writable by the caller's promise.
+            unsafe { rewrapped.write(report.rewrapped) };
+        }
+        Ok(())
+    })
+}
+
 /// Frees an authority (its master keys are wiped); NULL is a no-op.
 ///
 /// # Safety
@@ -256,6 +292,24 @@ pub unsafe extern "C" fn keyfence_machine_new(
         unsafe { ffi::give(out, keyfence_machine(Arc::new(m), Mutex::new(None))) };
         Ok(())
     })
+}
+
+/// The machine's id (the `machine` attribute the authority set when it
+/// issued the key; what `keyfence_authority_revoke` takes), as text
+/// without a NUL into `*id` (free it with `keyfence_bytes_free`); empty
+/// for a key issued before keyfence had machine ids.
+///
+/// # Safety
+/// `machine` is a live handle; `id` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_id(machine: *const keyfence_machine, id: *mut keyfence_bytes) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        bytes::make(id, "id", || {
+            let m = ffi::borrow(machine, "machine")?;
+            Ok(m.0.id().unwrap_or_default().as_bytes().to_vec())
+        })
+    }
 }
 
 /// Whether this machine could open the envelope `env[0..len]`, answered

@@ -61,6 +61,54 @@ int main(void) {
     OK(keyfence_machine_open(m_fra, env.data, env.len, &out));
     keyfence_bytes_free(&out);
 
+    /* Revocation: each machine has its own id; revoking fra re-wraps the
+     * store's envelope to a new policy key fra cannot open, a second
+     * machine in the EU opens the store's copy, and the id cannot be
+     * issued again. */
+    keyfence_bytes fra2 = {0}, id = {0}, id2 = {0};
+    OK(keyfence_authority_issue(auth, "region=EU,country=DE", &fra2));
+    keyfence_machine *m_fra2 = NULL;
+    OK(keyfence_machine_new(fra2.data, fra2.len, dir, &m_fra2));
+    OK(keyfence_machine_id(m_fra, &id));
+    OK(keyfence_machine_id(m_fra2, &id2));
+    CHECK(id.len == 32 && id2.len == 32 && memcmp(id.data, id2.data, 32) != 0);
+    char id_text[40] = {0}, attrs[80];
+    memcpy(id_text, id.data, id.len);
+    size_t rewrapped = 0;
+    OK(keyfence_authority_revoke(auth, id_text, &rewrapped));
+    CHECK(rewrapped == 1);
+    FAILS(KEYFENCE_INVALID_ATTRIBUTES, keyfence_authority_revoke(auth, "not an id", &rewrapped));
+    snprintf(attrs, sizeof attrs, "region=EU,machine=%s", id_text);
+    keyfence_bytes refused = {0};
+    FAILS(KEYFENCE_MACHINE_REVOKED, keyfence_authority_issue(auth, attrs, &refused));
+    char served_path[512];
+    {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "ls '%s/envelopes'", dir);
+        FILE *ls = popen(cmd, "r");
+        CHECK(ls != NULL);
+        char name[128] = {0};
+        CHECK(fgets(name, sizeof name, ls) != NULL);
+        pclose(ls);
+        name[strcspn(name, "\n")] = 0;
+        snprintf(served_path, sizeof served_path, "%s/envelopes/%s", dir, name);
+    }
+    FILE *f = fopen(served_path, "rb");
+    CHECK(f != NULL);
+    uint8_t served[4096];
+    size_t served_len = fread(served, 1, sizeof served, f);
+    fclose(f);
+    /* fra keeps its cache, as a thief would; the store's copy is sealed to
+     * a key version it never held, and it cannot open that one. */
+    FAILS(KEYFENCE_MACHINE_REVOKED, keyfence_machine_open(m_fra, served, served_len, &out));
+    OK(keyfence_machine_open(m_fra2, served, served_len, &out));
+    CHECK(out.len == strlen(secret) && memcmp(out.data, secret, out.len) == 0);
+    keyfence_bytes_free(&out);
+    keyfence_bytes_free(&id);
+    keyfence_bytes_free(&id2);
+    keyfence_bytes_free(&fra2);
+    keyfence_machine_free(m_fra2);
+
     /* The state is on disk: a second handle opens it. */
     OK(keyfence_authority_open(dir, &again));
     keyfence_authority_free(again);

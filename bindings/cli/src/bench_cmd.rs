@@ -68,6 +68,12 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 500)]
         watchers: usize,
     },
+    /// A fleet of data centers simulated at size, with its real
+    /// cryptography: issuing, wrapping, a master rotation, a policy-key
+    /// rotation and a revocation with their propagation to one following
+    /// cache per data center, storage against per-data-center wrapping,
+    /// one data center's share (docs/benchmarks.md, "A fleet").
+    Fleet(crate::fleet::FleetArgs),
     /// Load and faults for a bounded time: signing through the engine and
     /// a key process killed every few seconds, wrap and open on
     /// one store; prints one JSON object (operations, failures by kind,
@@ -88,6 +94,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
         BenchCmd::Store { store, json, ops, watchers } => bench_store(&store, json, ops, watchers)?,
         BenchCmd::Soak(args) => return crate::soak::soak(args),
+        BenchCmd::Fleet(args) => crate::fleet::run(args)?,
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;
@@ -189,7 +196,7 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
 
 /// A sub-store of `name` nobody else uses: `name/bench-...` (before an
 /// etcd name's options).
-fn bench_substore(name: &str) -> String {
+pub(crate) fn bench_substore(name: &str) -> String {
     let tag = format!("bench-{}-{:016x}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng));
     match name.split_once('?') {
         Some((main, opts)) => format!("{}/{tag}?{opts}", main.trim_end_matches('/')),

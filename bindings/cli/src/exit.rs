@@ -73,7 +73,8 @@ pub fn for_code(code: ErrorCode) -> u8 {
         ErrorCode::PolicyNotSatisfied
         | ErrorCode::RetiredGeneration
         | ErrorCode::UnknownPolicyKey
-        | ErrorCode::WrongAuthority => NO,
+        | ErrorCode::WrongAuthority
+        | ErrorCode::MachineRevoked => NO,
         ErrorCode::InvalidArgument
         | ErrorCode::PolicySyntax
         | ErrorCode::PolicyTooLarge

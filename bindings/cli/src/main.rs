@@ -10,6 +10,7 @@ mod bench_cmd;
 mod demo;
 mod exit;
 mod files;
+mod fleet;
 mod key_process;
 mod offload_sim;
 mod pki;

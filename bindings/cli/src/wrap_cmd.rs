@@ -9,7 +9,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use keyfence::policy::Attributes;
-use keyfence::wrap::{open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineKey, Skipped, Store};
+use keyfence::wrap::{
+    open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineInfo, MachineKey, Skipped, Store,
+};
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
@@ -82,6 +84,20 @@ pub enum AuthorityCmd {
         #[arg(long)]
         policy: String,
     },
+    /// Revoke a machine: record its id (signed, for machines), give every
+    /// policy a new key sealed so that it cannot open it, re-wrap the
+    /// store's envelopes to them and retire the old keys, so the policy
+    /// keys it cached open nothing the store serves. Envelopes outside the
+    /// store (`wrap --out`) stop opening: fetch them again. Run it again
+    /// after an interruption to finish; `issue` refuses the id from then on.
+    Revoke {
+        /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
+        #[arg(long)]
+        store: PathBuf,
+        /// The machine id (`keyfence machine info --key FILE` shows it).
+        #[arg(long)]
+        machine: String,
+    },
     /// Show generations, policy keys and envelopes.
     Status {
         /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
@@ -109,6 +125,18 @@ pub enum MachineCmd {
     CouldOpen {
         #[command(flatten)]
         envelope: EnvelopeArgs,
+    },
+    /// Show what a machine key says about itself: its id (the `machine`
+    /// attribute the authority set, which `authority revoke --machine`
+    /// takes), its attributes and the master generations it holds keys for.
+    /// No secret is decoded or printed.
+    Info {
+        /// Machine key file (`-`: standard input).
+        #[arg(long)]
+        key: PathBuf,
+        /// One JSON object: {"id", "attributes", "generations", "authority"}.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -207,7 +235,8 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             let attrs: Attributes = attrs.parse().context("invalid --attrs")?;
             let key = a.issue(&attrs)?;
             out_file.write_private(&key.to_bytes())?;
-            report(&out, format_args!("issued a key for {{{attrs}}} (generations {:?})", key.generations()))?;
+            let id = key.id().unwrap_or_default();
+            report(&out, format_args!("issued a key for {{{attrs}}} as machine {id} (generations {:?})", key.generations()))?;
         }
         AuthorityCmd::Wrap { store: dir, policy, input, out } => {
             parse_policy(&policy)?;
@@ -247,6 +276,22 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
                 report_skipped(&r.skipped)
             );
         }
+        AuthorityCmd::Revoke { store: dir, machine } => {
+            let r = Authority::open(store(&dir)?)?.revoke(&machine)?;
+            if r.already {
+                outln!("machine {} was already revoked; nothing to do", r.id);
+            } else {
+                outln!(
+                    "machine {} revoked{}; {} policy key(s) replaced; re-wrapped {} envelope(s); retired {} old version(s); skipped {}",
+                    r.id,
+                    if r.resumed { " (an interrupted revocation finished)" } else { "" },
+                    r.rekeyed,
+                    r.rewrapped,
+                    r.retired,
+                    report_skipped(&r.skipped)
+                );
+            }
+        }
         AuthorityCmd::Status { store: dir } => {
             let a = Authority::open(store(&dir)?)?;
             let s = a.status()?;
@@ -259,6 +304,10 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
                 outln!("generation {g}: {st}");
             }
             outln!("policies: {}\npolicy keys: {}\nenvelopes: {}", s.policies, s.policy_keys, s.envelopes);
+            outln!("revoked machines: {}", s.revoked.len());
+            for id in &s.pending_revocations {
+                outln!("revocation of {id} unfinished: run `keyfence authority revoke --machine {id}` again");
+            }
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -293,6 +342,26 @@ pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {
                     return Ok(ExitCode::from(exit::NO));
                 }
                 Err(e) => return Err(e).with_context(|| format!("cannot check {}", input.display())),
+            }
+        }
+        MachineCmd::Info { key, json } => {
+            // The public part only: the attribute keys are skipped, not decoded.
+            let info = MachineInfo::from_key_bytes(&read_secret(&key)?).context("machine key")?;
+            if json {
+                let attrs: serde_json::Map<String, serde_json::Value> =
+                    info.attributes().iter().map(|(l, v)| (l.to_owned(), v.into())).collect();
+                let hex: String = info.authority().iter().map(|b| format!("{b:02x}")).collect();
+                let v = serde_json::json!({
+                    "id": info.id(),
+                    "attributes": attrs,
+                    "generations": info.generations(),
+                    "authority": hex,
+                });
+                outln!("{v}");
+            } else {
+                outln!("id: {}", info.id().unwrap_or("(none: issued before machine ids; issue it a new key)"));
+                outln!("attributes: {}", info.attributes());
+                outln!("generations: {:?}", info.generations());
             }
         }
     }

@@ -148,6 +148,7 @@ fn only_authority_init_creates_a_store() {
         vec!["authority", "wrap", "--store", &nope, "--policy", "a: b", "--in", &d.p("env"), "--out", &d.p("e")],
         vec!["authority", "rotate", "--store", &nope],
         vec!["authority", "rotate-policy", "--store", &nope, "--policy", "a: b"],
+        vec!["authority", "revoke", "--store", &nope, "--machine", "m1"],
     ] {
         let o = keyfence(&args);
         assert_eq!(o.status.code(), Some(2), "{args:?}");

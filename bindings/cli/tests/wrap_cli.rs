@@ -268,3 +268,72 @@ fn policy_rotation_reports_and_skips_a_bad_envelope() {
     let r = ok(&["authority", "retire-policy-key", "--store", &s, "--policy", "a: b"]);
     assert!(r.contains("retired version(s) [1]"), "{r}");
 }
+
+/// `machine info --json` names the id the authority gave; `authority
+/// revoke --machine ID` leaves that machine unable to open the store's
+/// envelopes (exit 1, MACHINE_REVOKED) while another machine with the
+/// same attributes opens them; the id cannot be issued again.
+#[test]
+fn a_revoked_machine_is_refused_from_the_command_line() {
+    let d = Dir::new("revoke");
+    let s = d.p("store");
+    ok(&["authority", "init", "--store", &s]);
+    std::fs::write(d.p("pem"), b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap();
+    let issued = ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU,country=DE", "--out", &d.p("fra1.key")]);
+    ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU,country=DE", "--out", &d.p("fra2.key")]);
+    ok(&["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", &d.p("pem"), "--out", &d.p("env")]);
+
+    let info: serde_json::Value = serde_json::from_str(&ok(&["machine", "info", "--key", &d.p("fra1.key"), "--json"])).unwrap();
+    let id = info["id"].as_str().unwrap().to_owned();
+    assert_eq!(id.len(), 32, "{info}");
+    assert!(issued.contains(&id), "{issued}");
+    assert_eq!(info["attributes"]["region"], "EU");
+    assert_eq!(info["attributes"]["machine"], id.as_str());
+    assert_eq!(info["generations"], serde_json::json!([1]));
+    let other: serde_json::Value = serde_json::from_str(&ok(&["machine", "info", "--key", &d.p("fra2.key"), "--json"])).unwrap();
+    assert_ne!(other["id"], info["id"]);
+
+    let out = ok(&["authority", "revoke", "--store", &s, "--machine", &id]);
+    assert!(out.contains("1 policy key(s) replaced; re-wrapped 1 envelope(s); retired 1"), "{out}");
+    // The store's copy was re-wrapped; the one handed out with --out is
+    // sealed to the retired version.
+    let served = std::fs::read_dir(d.p("store/envelopes")).unwrap().next().unwrap().unwrap().path();
+    let served = served.to_str().unwrap();
+    let o = run(&["machine", "open", "--store", &s, "--key", &d.p("fra1.key"), "--in", served, "--out", &d.p("x")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("machine {id} is revoked")), "{o:?}");
+    ok(&["machine", "open", "--store", &s, "--key", &d.p("fra2.key"), "--in", served, "--out", &d.p("y")]);
+    assert_eq!(std::fs::read(d.p("y")).unwrap(), std::fs::read(d.p("pem")).unwrap());
+    let o = run(&["machine", "could-open", "--store", &s, "--key", &d.p("fra2.key"), "--in", &d.p("env")]);
+    assert_eq!(o.status.code(), Some(1), "the copy handed out before is on a retired version");
+
+    let o = run(&["authority", "issue", "--store", &s, "--attrs", &format!("region=EU,machine={id}"), "--out", &d.p("again.key")]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is revoked"), "{o:?}");
+    assert!(ok(&["authority", "revoke", "--store", &s, "--machine", &id]).contains("already revoked"));
+    assert!(ok(&["authority", "status", "--store", &s]).contains("revoked machines: 1"));
+    let o = run(&["authority", "revoke", "--store", &s, "--machine", "no-such id"]);
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+}
+
+/// `bench fleet` at a tiny size: every phase reports what it measured,
+/// the revocation re-keyed every policy and re-wrapped every envelope,
+/// and the propagation to each data center's cache was measured.
+#[test]
+fn the_fleet_benchmark_runs_every_phase() {
+    let out = ok(&["bench", "fleet", "--json", "--dcs", "3", "--machines", "2", "--envelopes", "40"]);
+    let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["issue", "wrap", "storage", "dc_share", "rotate_master", "rotate_policy_key", "revoke"], "{out}");
+    let get = |phase: &str, key: &str| lines.iter().find(|l| l["phase"] == phase).unwrap()[key].clone();
+    assert_eq!(get("issue", "keys"), 6);
+    assert_eq!((get("revoke", "rekeyed"), get("revoke", "rewrapped")), (20.into(), 40.into()), "{out}");
+    assert_eq!(get("rotate_policy_key", "rewrapped"), 2);
+    assert!(get("storage", "storage_bytes").as_u64().unwrap() > 40 * 300, "{out}");
+    assert!(get("storage", "per_dc_wrapping_bytes").as_u64().unwrap() > 0, "{out}");
+    for phase in ["rotate_master", "rotate_policy_key", "revoke"] {
+        let (p50, p99) = (get(phase, "propagation_p50_ms").as_f64().unwrap(), get(phase, "propagation_p99_ms").as_f64().unwrap());
+        assert!(0.0 <= p50 && p50 <= p99 && p99 < 300_000.0, "{phase}: {out}");
+    }
+    assert!(get("dc_share", "dc_cache_entries").as_u64().unwrap() >= 1, "{out}");
+}

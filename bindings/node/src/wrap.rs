@@ -55,6 +55,23 @@ pub struct MasterRotation {
     pub resealed: u32,
 }
 
+/// A report of a revocation.
+#[napi(object, namespace = "wrap")]
+pub struct Revocation {
+    /// The machine id revoked.
+    pub id: String,
+    /// Whether the id was already revoked (nothing was done).
+    pub already: bool,
+    /// Whether this call finished a revocation an earlier one started.
+    pub resumed: bool,
+    /// Policies given a new key version the machine cannot open.
+    pub rekeyed: u32,
+    /// Envelopes in the store re-wrapped to those versions.
+    pub rewrapped: u32,
+    /// Older policy key versions retired.
+    pub retired: u32,
+}
+
 impl Authority {
     /// Runs `f` on the authority, on whatever thread the job is on.
     fn with<T: Send + 'static, J>(
@@ -88,6 +105,20 @@ impl Authority {
             },
             Buffer::from,
         )
+    }
+
+    fn revoke_job(&self, id: String) -> Job<core::Revocation, Revocation> {
+        fn n(x: usize) -> u32 {
+            u32::try_from(x).unwrap_or(u32::MAX)
+        }
+        self.with(move |a| Ok(a.revoke(&id)?), |r| Revocation {
+            id: r.id,
+            already: r.already,
+            resumed: r.resumed,
+            rekeyed: n(r.rekeyed),
+            rewrapped: n(r.rewrapped),
+            retired: n(r.retired),
+        })
     }
 
     fn rotate_job(&self) -> Job<core::MasterRotation, MasterRotation> {
@@ -180,6 +211,27 @@ impl Authority {
     #[napi]
     pub fn rotate_master_sync(&self, env: Env) -> napi::Result<MasterRotation> {
         self.rotate_job().run_sync(&env)
+    }
+
+    /// Revokes the machine `id` (its `Machine.id`): records it, gives every
+    /// policy a new key sealed so that machine cannot open it, re-wraps the
+    /// store's envelopes to them and retires the old keys, so the policy
+    /// keys it cached open nothing the store serves. Call again after an
+    /// interruption to finish; `issue` refuses the id afterwards
+    /// (`MACHINE_REVOKED`).
+    ///
+    /// Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES` for an id a
+    /// policy cannot name, `POLICY_TOO_LARGE` when the negations no longer
+    /// fit (rotate the master key twice), `STORE_IO`, `STORE_CONFLICT`.
+    #[napi(ts_return_type = "Promise<Revocation>")]
+    pub fn revoke(&self, id: String) -> AsyncTask<Job<core::Revocation, Revocation>> {
+        self.revoke_job(id).spawn()
+    }
+
+    /// `revoke` on the calling thread.
+    #[napi]
+    pub fn revoke_sync(&self, env: Env, id: String) -> napi::Result<Revocation> {
+        self.revoke_job(id).run_sync(&env)
     }
 }
 
@@ -300,6 +352,14 @@ impl Machine {
             propagation_last_us: us(s.propagation_last),
             propagation_max_us: us(s.propagation_max),
         }
+    }
+
+    /// The machine's id: the `machine` attribute the authority set when it
+    /// issued the key, which `Authority.revoke` takes; empty for a key
+    /// issued before keyfence had machine ids.
+    #[napi(getter)]
+    pub fn id(&self) -> String {
+        self.inner.id().unwrap_or_default().to_owned()
     }
 
     /// The attribute labels of the machine key (not secret; for logs).

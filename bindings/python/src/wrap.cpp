@@ -38,6 +38,13 @@ size_t authority_rotate_master(Authority &a) {
     return n;
 }
 
+size_t authority_revoke(Authority &a, py::handle machine_id) {
+    std::string id = text(machine_id, "machine_id");
+    size_t n = 0;
+    a.call<Authority::Unique>([&](keyfence_authority *h) { return keyfence_authority_revoke(h, id.c_str(), &n); });
+    return n;
+}
+
 std::unique_ptr<Machine> machine_new(py::handle key, py::handle store) {
     Bytes k(key, "machine_key");
     std::string dir = path(store, "store");
@@ -58,6 +65,13 @@ py::bytes machine_open(const Machine &mc, py::handle env) {
     Owned out;
     nogil([&] { return keyfence_machine_open(mc.get(), e.data(), e.size(), &out.b); });
     return out.to_bytes();
+}
+
+std::string machine_id(const Machine &mc) {
+    Owned out;
+    nogil([&] { return keyfence_machine_id(mc.get(), &out.b); });
+    py::bytes b = out.to_bytes();
+    return std::string(b);
 }
 
 void machine_follow(const Machine &mc) {
@@ -106,6 +120,14 @@ void bind_wrap(py::module_ &m) {
         .def("rotate_master", &authority_rotate_master,
              "Rotates the master key: a new active generation, every policy key re-sealed under it "
              "(envelopes are never touched). Returns how many policy keys were re-sealed.")
+        .def("revoke", &authority_revoke, py::arg("machine_id"),
+             "Revokes a machine by its id (Machine.id): records it, gives every policy a new key sealed so "
+             "that machine cannot open it, re-wraps the store's envelopes to them and retires the old keys, "
+             "so the policy keys it cached open nothing the store serves. Returns how many envelopes were "
+             "re-wrapped (0 for an id already revoked). Call again after an interruption to finish; issue "
+             "refuses the id afterwards (MachineRevoked).\n\n"
+             "Raises InvalidAttributes for an id a policy cannot name, PolicyTooLarge when the negations "
+             "no longer fit (rotate the master key twice), StoreError.")
         .def("close", &Authority::close,
              "Frees the authority and wipes its master keys; later calls raise InvalidArgument.")
         .def_property_readonly("closed", &Authority::closed)
@@ -127,7 +149,11 @@ void bind_wrap(py::module_ &m) {
              "Opens the envelope and returns its secret. The first open under a policy decrypts its policy "
              "key with CP-ABE (milliseconds); later ones hit the cache.\n\n"
              "Raises PolicyNotSatisfied, RetiredGeneration, UnknownPolicyKey, InvalidEnvelope, "
-             "ReplayedObject (the store put back an older generation list), StoreError.")
+             "ReplayedObject (the store put back an older generation list), MachineRevoked (this "
+             "machine was revoked), StoreError.")
+        .def_property_readonly("id", &machine_id,
+             "The machine's id: the machine attribute the authority set when it issued the key, which "
+             "Authority.revoke takes; empty for a key issued before keyfence had machine ids.")
         .def("follow", &machine_follow,
              "Follows the store: a watch (etcd's stream, or a poll of a directory every 100 ms) brings "
              "each change to the cache as it is committed: a retired policy key is forgotten at once, a "

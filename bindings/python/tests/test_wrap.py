@@ -106,3 +106,22 @@ def test_machine_repr_hides_the_key(store: pathlib.Path) -> None:
     key = auth.issue({"region": "EU"})
     m = wrap.Machine(key, store)
     assert key.hex() not in repr(m) and "secret" in repr(m)
+
+
+def test_revoking_a_machine(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)
+    handed = auth.wrap("region: EU", b"customer secret")
+    thief = wrap.Machine(auth.issue({"region": "EU"}), store)
+    peer = wrap.Machine(auth.issue({"region": "EU"}), store)
+    assert len(thief.id) == 32 and thief.id != peer.id
+    assert thief.open(handed) == b"customer secret"  # its cache now holds the policy key
+    assert auth.revoke(thief.id) == 1
+    assert auth.revoke(thief.id) == 0  # already revoked
+    (served,) = (store / "envelopes").iterdir()
+    with pytest.raises(keyfence.MachineRevoked):
+        thief.open(served.read_bytes())
+    assert peer.open(served.read_bytes()) == b"customer secret"
+    with pytest.raises(keyfence.MachineRevoked):
+        auth.issue({"region": "EU", "machine": thief.id})
+    with pytest.raises(keyfence.InvalidAttributes):
+        auth.revoke("not an id")

@@ -19,6 +19,7 @@ use super::signing::AuthorityKey;
 use super::layout::{self, hex};
 use super::machine::MachineKey;
 use super::policy::CanonicalPolicy;
+use super::revocation::{self, Revoked, MACHINE_LABEL};
 use super::store::{Batch, Op, Stamp, Store, StoreError};
 use super::{hpke, sealed};
 use crate::abe::{self, AbeError, MasterSecretKey, PublicKey};
@@ -122,6 +123,30 @@ pub enum SkipReason {
     Misnamed(String),
 }
 
+/// What revoking a machine did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Revocation {
+    /// The machine id revoked.
+    pub id: String,
+    /// Whether this call finished a revocation an earlier one started and
+    /// was interrupted in (the id was already recorded, its re-keying
+    /// pending).
+    pub resumed: bool,
+    /// Whether the id was already revoked, and fully: nothing was done.
+    pub already: bool,
+    /// Policies given a new key version sealed so the machine cannot open it.
+    pub rekeyed: usize,
+    /// Envelopes in the store re-wrapped to those new versions.
+    pub rewrapped: usize,
+    /// Envelopes in the store it did not re-wrap, and why: sealed to a
+    /// retired version now, they open nowhere.
+    pub skipped: Vec<Skipped>,
+    /// Older policy key versions deleted with their sealed copies (every
+    /// one a revoked machine may have cached).
+    pub retired: usize,
+}
+
 /// A summary of the authority's state.
 #[derive(Debug, Clone)]
 pub struct Status {
@@ -135,6 +160,11 @@ pub struct Status {
     pub policy_keys: usize,
     /// Envelopes in the store.
     pub envelopes: usize,
+    /// Revoked machine ids, sorted.
+    pub revoked: Vec<String>,
+    /// Revoked ids whose re-keying an interrupted `revoke` left unfinished
+    /// (run `revoke` again for each).
+    pub pending_revocations: Vec<String>,
 }
 
 /// How long a writer waits for another to release the store's lock.
@@ -160,6 +190,8 @@ pub struct Authority {
     signer: AuthorityKey,
     generations: Vec<Generation>,
     keys: Vec<PolicyKey>,
+    /// Revoked machines, in the order they were revoked.
+    revoked: Vec<Revoked>,
     /// Digest of the state bytes this value was decoded from, to skip
     /// decoding again when nothing changed.
     seen: [u8; 32],
@@ -196,6 +228,7 @@ impl Authority {
             signer: AuthorityKey::generate(),
             generations: vec![Generation { number: 1, state: GenerationState::Active, pk, msk: Some(msk) }],
             keys: Vec::new(),
+            revoked: Vec::new(),
             seen: [0; 32],
             stamp: None,
             pending: Default::default(),
@@ -360,11 +393,34 @@ impl Authority {
             let private = Zeroizing::new(r.array("private key").map_err(codec(O))?);
             keys.push(PolicyKey { policy, version, public, private });
         }
+        // Revocations follow, when there are any: a state without them is
+        // byte for byte what a keyfence before revocation wrote.
+        let mut revoked: Vec<Revoked> = Vec::new();
+        if r.remaining() > 0 {
+            let n = r.u32("revoked count").map_err(codec(O))?;
+            if n == 0 {
+                return Err(malformed(O, "an empty revocation section (a state without revocations has none)"));
+            }
+            for i in 0..n {
+                let id = r.text16(|| format!("revoked id[{i}]")).map_err(codec(O))?.to_owned();
+                revocation::check_machine_id(&id).map_err(|e| malformed(O, e.to_string()))?;
+                let through = r.u32(|| format!("revoked through[{i}]")).map_err(codec(O))?;
+                let pending = match r.u8(|| format!("revoked pending[{i}]")).map_err(codec(O))? {
+                    0 => false,
+                    1 => true,
+                    b => return Err(malformed(O, format!("revoked pending[{i}] is {b}, not 0 or 1"))),
+                };
+                if revoked.iter().any(|x| x.id == id) {
+                    return Err(malformed(O, format!("machine {id} is revoked twice")));
+                }
+                revoked.push(Revoked { id, through, pending });
+            }
+        }
         r.finish().map_err(codec(O))?;
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
-        Ok(Self { store, signer, generations, keys, seen: state_digest(b), stamp: None, pending: Default::default() })
+        Ok(Self { store, signer, generations, keys, revoked, seen: state_digest(b), stamp: None, pending: Default::default() })
     }
 
     /// The state's encoding. Every count and length was checked when the
@@ -384,6 +440,14 @@ impl Authority {
         for k in &self.keys {
             w.raw(k.policy_id()).u32(k.version).bytes16(k.policy.as_bytes()).raw(&k.public).raw(&k.private[..]);
         }
+        if !self.revoked.is_empty() {
+            // Ids were checked (at most 64 bytes) when revoked; the count
+            // is below u32::MAX as every revocation is a commit.
+            w.len32(self.revoked.len());
+            for r in &self.revoked {
+                w.bytes16(r.id.as_bytes()).u32(r.through).u8(u8::from(r.pending));
+            }
+        }
         w.into_bytes()
     }
 
@@ -395,6 +459,9 @@ impl Authority {
         self.seen = state_digest(&state);
         let list = generation_list::encode(&self.signer, self.generations.iter().map(|g| (g.number, g.state)));
         self.put(layout::GENERATIONS, &list);
+        if !self.revoked.is_empty() {
+            self.put(layout::REVOKED, &revocation::encode_list(&self.signer, &self.revoked));
+        }
         Ok(())
     }
 
@@ -437,22 +504,47 @@ impl Authority {
             policies: policies.len(),
             policy_keys: this.keys.len(),
             envelopes: this.store.list(layout::ENVELOPES)?.len(),
+            revoked: {
+                let mut ids: Vec<String> = this.revoked.iter().map(|r| r.id.clone()).collect();
+                ids.sort();
+                ids
+            },
+            pending_revocations: this.revoked.iter().filter(|r| r.pending).map(|r| r.id.clone()).collect(),
         })
     }
 
-    /// Issues a machine key: one CP-ABE attribute key per live generation.
+    /// Issues a machine key: one CP-ABE attribute key per live generation,
+    /// for `attrs` and the machine's id, attribute `machine`
+    /// ([`MACHINE_LABEL`]). Without a `machine` attribute the authority
+    /// makes a fresh id (128 random bits in hex: unique without a registry,
+    /// so issuing still writes nothing); with one (a machine given a new
+    /// key keeps its id) the id is checked and must not be revoked.
     ///
     /// # Errors
-    /// [`WrapError::LimitExceeded`] for attributes the machine key format
-    /// cannot hold (more than 65,535, or a label or value longer than
-    /// 65,535 bytes); [`WrapError::Abe`] for attributes CP-ABE refuses
-    /// (reserved label, a key too large for its format).
+    /// [`WrapError::Revoked`] for a revoked id; [`WrapError::InvalidMachineId`]
+    /// for an id a policy cannot name; [`WrapError::LimitExceeded`] for
+    /// attributes the machine key format cannot hold (more than 65,535 with
+    /// the id, or a label or value longer than 65,535 bytes);
+    /// [`WrapError::Abe`] for attributes CP-ABE refuses (reserved label, a
+    /// key too large for its format).
     pub fn issue(&self, attrs: &Attributes) -> Result<MachineKey> {
-        // Checked before the CP-ABE work, which is per attribute.
+        // Checked before the CP-ABE work, which is per attribute: as given,
+        // then with the id.
         MachineKey::check_attributes(attrs)?;
+        let mut attrs = attrs.clone();
+        if attrs.get(MACHINE_LABEL).is_none() {
+            attrs.insert(MACHINE_LABEL, revocation::new_machine_id());
+        }
+        let attrs = &attrs;
+        MachineKey::check_attributes(attrs)?;
+        let id = attrs.get(MACHINE_LABEL).unwrap_or_default();
+        revocation::check_machine_id(id)?;
         // Keys for the generations live now, not when this value was read.
         let (fresh, _) = self.latest()?;
         let this = fresh.as_ref().unwrap_or(self);
+        if this.revoked.iter().any(|r| r.id == id) {
+            return Err(WrapError::Revoked { id: id.to_owned() });
+        }
         let mut keys = Vec::new();
         for g in this.live() {
             let msk = g.msk.as_ref().ok_or_else(|| {
@@ -464,9 +556,12 @@ impl Authority {
         MachineKey::new(this.signer.public(), attrs.clone(), keys)
     }
 
+    /// Seals `k` under every live generation, each copy excluding the
+    /// revoked machines that may hold a key of that generation.
     fn seal_everywhere(&self, k: &PolicyKey) -> Result<()> {
         for g in self.live() {
-            let blob = sealed::seal(&self.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private)?;
+            let excluded = revocation::excluded_for(&self.revoked, g.number);
+            let blob = sealed::seal(&self.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
             self.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob);
         }
         Ok(())
@@ -508,6 +603,42 @@ impl Authority {
         })
     }
 
+    /// Wraps each of `secrets` under `policy`, as [`Authority::wrap`] does
+    /// one, in commits of at most 64 envelopes (a bulk load: one commit per
+    /// envelope is an `fsync`, or an etcd round trip, each). The policy key
+    /// is made and committed first if it is new; an interruption keeps the
+    /// envelopes committed so far (they open) and loses the rest.
+    ///
+    /// # Errors
+    /// As [`Authority::wrap`].
+    pub fn wrap_many(&mut self, policy: &str, secrets: &[&[u8]]) -> Result<Vec<Envelope>> {
+        let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
+        check_policy(&policy)?;
+        for s in secrets {
+            limit("secret length", s.len(), super::format::MAX_SECRET)?;
+        }
+        self.change(|a| {
+            let pid = *policy.id();
+            if a.current(&pid).is_none() {
+                limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
+                let (private, public) = hpke::keypair(&mut OsRng);
+                let k = PolicyKey { policy, version: 1, public, private };
+                a.seal_everywhere(&k)?;
+                a.keys.push(k);
+                a.commit()?;
+                a.flush()?;
+            }
+            let mut out = Vec::with_capacity(secrets.len());
+            for s in secrets {
+                let mut secret_id = [0u8; 16];
+                OsRng.fill_bytes(&mut secret_id);
+                out.push(a.seal_envelope(&secret_id, &pid, s)?);
+                a.flush_if_large()?;
+            }
+            Ok(out)
+        })
+    }
+
     fn seal_envelope(&self, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
         let k = self
             .current(pid)
@@ -535,6 +666,10 @@ impl Authority {
         let number = self.generations.iter().map(|g| g.number).max().unwrap_or(0) + 1;
         let (pk, msk) = abe::setup()?;
         let new = Generation { number, state: GenerationState::Active, pk, msk: Some(msk) };
+        // Empty: every revoked machine was revoked before this generation
+        // existed and is refused a key of it. This is where the negations
+        // compact.
+        let excluded = revocation::excluded_for(&self.revoked, number);
         // The new generation's copies go first, in commits of their own
         // (each comparing the state): until the state names the generation
         // no machine holds a key for it, so a rotation interrupted here
@@ -543,7 +678,7 @@ impl Authority {
         // by etcd's 128 operations per transaction.
         for i in 0..self.keys.len() {
             let k = &self.keys[i];
-            let blob = sealed::seal(&self.signer, &new.pk, number, &k.policy, k.version, &k.public, &k.private)?;
+            let blob = sealed::seal(&self.signer, &new.pk, number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
             self.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
             self.flush_if_large()?;
         }
@@ -627,6 +762,94 @@ impl Authority {
             a.commit()?;
             a.collect_garbage()?;
             Ok(PolicyRetirement { version, retired, rewrapped, skipped })
+        })
+    }
+
+    /// Revokes machine `id`: records it (authority-signed, in
+    /// `public/revoked`), gives every policy a new key version sealed under
+    /// each live generation as `policy and not machine: ID` (with the other
+    /// machines revoked since that generation), commits, re-wraps the
+    /// store's envelopes to the new versions, then retires every older
+    /// version with its sealed copies, so a policy key the machine cached
+    /// opens nothing the store serves. Every policy, because issuing
+    /// records no machine's attributes (it writes nothing): the authority
+    /// cannot know which policies the machine satisfies.
+    ///
+    /// An interruption leaves the id recorded as pending (its old versions
+    /// still live); running `revoke` again for it makes one more version
+    /// and finishes. For an id already fully revoked it does nothing and
+    /// says so ([`Revocation::already`]). `issue` refuses the id from the
+    /// first commit on.
+    ///
+    /// # Errors
+    /// [`WrapError::InvalidMachineId`] for an id a policy cannot name;
+    /// [`WrapError::Abe`] (`POLICY_TOO_LARGE`) when a policy with its
+    /// negations no longer fits the CP-ABE format (rotate the master key
+    /// twice, which compacts them); store failures (a re-run continues).
+    pub fn revoke(&mut self, id: &str) -> Result<Revocation> {
+        revocation::check_machine_id(id)?;
+        self.change(|a| {
+            let mut report = Revocation {
+                id: id.to_owned(),
+                resumed: false,
+                already: false,
+                rekeyed: 0,
+                rewrapped: 0,
+                skipped: Vec::new(),
+                retired: 0,
+            };
+            match a.revoked.iter().find(|r| r.id == id) {
+                Some(r) if !r.pending => {
+                    // Done, but an interruption may have left the retired
+                    // versions' copies behind.
+                    report.already = true;
+                    a.collect_garbage()?;
+                    return Ok(report);
+                }
+                Some(_) => report.resumed = true,
+                None => {
+                    let through = a.live().map(|g| g.number).max().unwrap_or(0);
+                    a.revoked.push(Revoked { id: id.to_owned(), through, pending: true });
+                }
+            }
+            let mut pids: Vec<[u8; 32]> = a.keys.iter().map(|k| *k.policy_id()).collect();
+            pids.sort();
+            pids.dedup();
+            for pid in &pids {
+                let old = a.current(pid).ok_or_else(|| StateError::Inconsistent("a policy key is missing".into()))?;
+                limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
+                limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
+                let (private, public) = hpke::keypair(&mut OsRng);
+                let k = PolicyKey { policy: old.policy.clone(), version: old.version + 1, public, private };
+                a.seal_everywhere(&k)?;
+                a.keys.push(k);
+                // Copies no state refers to yet: an interruption leaves
+                // garbage the next rotation deletes, never a gap.
+                a.flush_if_large()?;
+            }
+            report.rekeyed = pids.len();
+            // The id and the new versions, committed before any envelope
+            // moves: from here `issue` refuses the id.
+            a.commit()?;
+            a.flush()?;
+            for pid in &pids {
+                let (rewrapped, skipped) = a.rewrap_store(pid)?;
+                report.rewrapped += rewrapped;
+                report.skipped.extend(skipped);
+            }
+            a.flush()?;
+            let before = a.keys.len();
+            let current: Vec<([u8; 32], u32)> =
+                pids.iter().filter_map(|p| a.current(p).map(|k| (*p, k.version))).collect();
+            a.keys.retain(|k| current.iter().any(|(p, v)| p == k.policy_id() && *v == k.version));
+            report.retired = before - a.keys.len();
+            if let Some(r) = a.revoked.iter_mut().find(|r| r.id == id) {
+                r.pending = false;
+            }
+            a.commit()?;
+            a.flush()?;
+            a.collect_garbage()?;
+            Ok(report)
         })
     }
 

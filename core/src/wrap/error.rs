@@ -61,6 +61,22 @@ pub enum WrapError {
         /// How it goes back on the newer one.
         reason: String,
     },
+    /// The machine id is revoked: `issue` refuses to give it a key again,
+    /// and the sealed policy keys made since its revocation exclude it.
+    #[error("machine {id} is revoked")]
+    Revoked {
+        /// The machine id.
+        id: String,
+    },
+    /// A machine id (given to `issue` or `revoke`) that a policy could not
+    /// name.
+    #[error("machine id {id:?} is not usable: {reason}")]
+    InvalidMachineId {
+        /// The id (at most its first 80 characters).
+        id: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Bytes that are not the named object.
     #[error("malformed {object}: {reason}")]
     Malformed {
@@ -156,8 +172,12 @@ impl WrapError {
             WrapError::Tampered { .. } => ErrorCode::InvalidEnvelope,
             WrapError::WrongAuthority { .. } => ErrorCode::WrongAuthority,
             WrapError::Replayed { .. } => ErrorCode::ReplayedObject,
+            WrapError::Revoked { .. } => ErrorCode::MachineRevoked,
+            WrapError::InvalidMachineId { .. } => ErrorCode::InvalidAttributes,
             WrapError::Malformed { object: "machine key", .. } => ErrorCode::InvalidKey,
-            WrapError::Malformed { object: "authority state" | "generation list", .. } => ErrorCode::InconsistentState,
+            WrapError::Malformed { object: "authority state" | "generation list" | "revocation list", .. } => {
+                ErrorCode::InconsistentState
+            }
             WrapError::Malformed { .. } => ErrorCode::InvalidEnvelope,
             WrapError::UnknownAlgorithm { .. } => ErrorCode::UnknownAlgorithm,
             WrapError::LimitExceeded { .. } => ErrorCode::LimitExceeded,
@@ -212,6 +232,8 @@ mod tests {
             (WrapError::Tampered { object: "sealed policy key" }, ErrorCode::InvalidEnvelope),
             (wrong_authority("envelope", &[1; 32], &[2; 32]), ErrorCode::WrongAuthority),
             (WrapError::Replayed { object: "generation list", reason: "x".into() }, ErrorCode::ReplayedObject),
+            (WrapError::Revoked { id: "m1".into() }, ErrorCode::MachineRevoked),
+            (WrapError::InvalidMachineId { id: "a-b".into(), reason: "x".into() }, ErrorCode::InvalidAttributes),
             (malformed("envelope", "x"), ErrorCode::InvalidEnvelope),
             (malformed("sealed policy key", "x"), ErrorCode::InvalidEnvelope),
             (malformed("machine key", "x"), ErrorCode::InvalidKey),

@@ -37,6 +37,12 @@ pub const SUITE_X25519_CHACHA: u16 = 1;
 
 pub(crate) const ENVELOPE_MAGIC: &[u8; 4] = b"KFE2";
 pub(crate) const SEALED_MAGIC: &[u8; 4] = b"KFP2";
+/// A sealed policy key that names the revoked machines its CP-ABE policy
+/// excludes (written only when it excludes some, so stores without
+/// revocations hold exactly what earlier versions wrote).
+pub(crate) const SEALED_EXCLUDING_MAGIC: &[u8; 4] = b"KFP3";
+/// The signed list of revoked machine ids (`public/revoked`).
+pub(crate) const REVOKED_MAGIC: &[u8; 4] = b"KFR2";
 pub(crate) const MACHINE_MAGIC: &[u8; 4] = b"KFM2";
 pub(crate) const STATE_MAGIC: &[u8; 4] = b"KFA2";
 /// The signed generation list (`2` as the other objects of this version;

@@ -4,6 +4,7 @@
 //! ```text
 //! authority/state                           the authority's private state ("KFA2")
 //! public/generations                        the signed generation list ("KFG2", generation_list.rs)
+//! public/revoked                            the signed list of revoked machine ids ("KFR2", revocation.rs)
 //! sealed/{policy id}/{version}/{generation} a sealed policy key ("KFP2")
 //! envelopes/{secret id}                     an envelope ("KFE2")
 //! ```
@@ -14,6 +15,8 @@
 pub(crate) const STATE: &str = "authority/state";
 /// The replicated list of generations and their states, for machines.
 pub(crate) const GENERATIONS: &str = "public/generations";
+/// The signed list of revoked machine ids.
+pub(crate) const REVOKED: &str = "public/revoked";
 /// Prefix of the objects every machine reads besides the sealed keys.
 pub(crate) const PUBLIC: &str = "public/";
 /// Prefix of every sealed policy key.

@@ -14,6 +14,7 @@ use super::format::{reader, writer, Envelope, MACHINE_MAGIC};
 use super::generation_list::{GenerationList, Seen};
 use super::hpke;
 use super::layout::{self, hex};
+use super::revocation::{RevocationList, SeenRevocations, MACHINE_LABEL};
 use super::sealed::SealedKey;
 use super::signing;
 use super::store::Store;
@@ -73,6 +74,14 @@ impl MachineKey {
     /// The generations it holds keys for, newest first.
     pub fn generations(&self) -> Vec<u32> {
         self.keys.iter().map(|(g, _)| *g).collect()
+    }
+
+    /// The machine id the authority gave this key (its `machine`
+    /// attribute); `None` for a key issued before keyfence had ids, which
+    /// opens nothing sealed after a revocation (negation needs the label):
+    /// issue it a new key.
+    pub fn id(&self) -> Option<&str> {
+        self.attrs.get(MACHINE_LABEL)
     }
 
     /// The encoding (secret: store it owner-readable only).
@@ -188,6 +197,11 @@ impl MachineInfo {
     pub fn generations(&self) -> &[u32] {
         &self.generations
     }
+
+    /// The machine id (as [`MachineKey::id`]).
+    pub fn id(&self) -> Option<&str> {
+        self.attrs.get(MACHINE_LABEL)
+    }
 }
 
 impl fmt::Debug for MachineInfo {
@@ -216,6 +230,8 @@ pub struct Machine {
     cache: PolicyKeyCache,
     /// The newest generation list accepted: an older one is refused.
     seen: Seen,
+    /// The newest revocation list accepted: an older one is refused.
+    revocations: SeenRevocations,
 }
 
 impl fmt::Debug for Machine {
@@ -227,12 +243,30 @@ impl fmt::Debug for Machine {
 impl Machine {
     /// A machine with `key`, reading sealed policy keys from `store`.
     pub fn new(key: MachineKey, store: Arc<dyn Store>, cache: CacheConfig) -> Self {
-        Self { key, store, cache: PolicyKeyCache::new(cache), seen: Seen::default() }
+        Self { key, store, cache: PolicyKeyCache::new(cache), seen: Seen::default(), revocations: SeenRevocations::default() }
     }
 
     /// This machine's attributes.
     pub fn attributes(&self) -> &Attributes {
         self.key.attributes()
+    }
+
+    /// This machine's id (see [`MachineKey::id`]).
+    pub fn id(&self) -> Option<&str> {
+        self.key.id()
+    }
+
+    /// The store's list of revoked machine ids, verified as the
+    /// authority's and refused if it goes back on the newest this machine
+    /// has accepted (an id dropped from it): what a forwarder checks
+    /// before handing a request to a peer. An absent list is empty.
+    ///
+    /// # Errors
+    /// [`WrapError::Store`]; [`WrapError::Malformed`],
+    /// [`WrapError::WrongAuthority`] or [`WrapError::Tampered`] for a list
+    /// its authority did not sign; [`WrapError::Replayed`].
+    pub fn revocations(&self) -> Result<RevocationList> {
+        self.revocations.accept(self.store.get(layout::REVOKED)?.as_deref(), &self.key.authority)
     }
 
     /// Whether this machine's attributes satisfy the envelope's policy;
@@ -293,7 +327,7 @@ impl Machine {
     /// generation, checked (header, authority, signature) but not opened,
     /// with this machine's key for that generation.
     fn sealed_copy(&self, env: &Envelope) -> Result<(SealedKey, &AttributeKey)> {
-        let (sealed, g) = sealed_copy(&*self.store, &self.seen, &self.key.authority, &self.key.generations(), env)?;
+        let (sealed, g) = sealed_copy(&*self.store, &self.seen, &self.key.authority, self.key.id(), &self.key.generations(), env)?;
         // `g` is one of this key's generations.
         let key = self.key.keys.iter().find(|(k, _)| *k == g).map(|(_, k)| k);
         key.map(|k| (sealed, k)).ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
@@ -420,7 +454,8 @@ impl Machine {
         };
         let Ok(sealed) = SealedKey::parse(blob) else { return };
         let named = sealed.policy_id == s.policy_id && sealed.version == s.version && sealed.generation == s.generation;
-        if !named || sealed.verify(&self.key.authority).is_err() {
+        let excluded = self.key.id().is_some_and(|id| sealed.excluded.iter().any(|x| x == id));
+        if !named || excluded || sealed.verify(&self.key.authority).is_err() {
             return;
         }
         let Ok(policy) = super::policy::CanonicalPolicy::parse(&sealed.policy) else { return };
@@ -467,8 +502,16 @@ fn precheck(authority: &[u8; 32], attrs: &Attributes, env: &Envelope) -> Result<
 /// (a machine key's generations, newest first) that is live by the
 /// store's generation list (verified, and refused if it goes back on the
 /// newest list `seen`), checked (header, authority, signature) but not
-/// opened, and that generation.
-fn sealed_copy(store: &dyn Store, seen: &Seen, authority: &[u8; 32], have: &[u32], env: &Envelope) -> Result<(SealedKey, u32)> {
+/// opened, and that generation. A copy that excludes machine `id` is
+/// [`WrapError::Revoked`], without CP-ABE work.
+fn sealed_copy(
+    store: &dyn Store,
+    seen: &Seen,
+    authority: &[u8; 32],
+    id: Option<&str>,
+    have: &[u32],
+    env: &Envelope,
+) -> Result<(SealedKey, u32)> {
     let live = seen.accept(store.get(layout::GENERATIONS)?.as_deref(), authority)?.live();
     let usable: Vec<u32> = have.iter().copied().filter(|g| live.contains(g)).collect();
     if usable.is_empty() {
@@ -481,6 +524,9 @@ fn sealed_copy(store: &dyn Store, seen: &Seen, authority: &[u8; 32], have: &[u32
         sealed.verify(authority)?;
         if sealed.policy_id != env.policy_id || sealed.version != env.key_version || sealed.generation != g {
             return Err(WrapError::Tampered { object: "sealed policy key" });
+        }
+        if let Some(id) = id.filter(|id| sealed.excluded.iter().any(|x| x == id)) {
+            return Err(WrapError::Revoked { id: id.to_owned() });
         }
         return Ok((sealed, g));
     }
@@ -536,7 +582,7 @@ impl PublicMachine {
     /// The error [`Machine::open`] would return for the same reason.
     pub fn can_open(&self, envelope: &Envelope) -> Result<()> {
         precheck(&self.info.authority, &self.info.attrs, envelope)?;
-        sealed_copy(&*self.store, &self.seen, &self.info.authority, &self.info.generations, envelope).map(drop)
+        sealed_copy(&*self.store, &self.seen, &self.info.authority, self.info.id(), &self.info.generations, envelope).map(drop)
     }
 }
 

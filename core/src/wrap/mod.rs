@@ -32,8 +32,9 @@
 // (change feeds, and polling for stores without one), store
 // (the contract and the file store), etcd (the store on etcd), name (a
 // store named by one string), error, signing, hpke, policy,
-// generation, layout (object names), format, sealed and generation_list (the signed
-// objects), cache; then the two roles that use all of it: machine (opens)
+// generation, layout (object names), format, revocation (machine ids, the
+// negations that exclude revoked ones, the signed revocation list), sealed
+// and generation_list (the signed objects), cache; then the two roles that use all of it: machine (opens)
 // and authority (writes).
 
 mod authority;
@@ -51,12 +52,13 @@ mod layout;
 mod machine;
 mod name;
 mod policy;
+mod revocation;
 mod sealed;
 mod signing;
 mod store;
 mod watch;
 
-pub use authority::{Authority, MasterRotation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
+pub use authority::{Authority, MasterRotation, Revocation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
 pub use generation::GenerationState;
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
@@ -65,6 +67,7 @@ pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use policy::{policy_id, CanonicalPolicy};
+pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
 pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
 pub use watch::{Watch, WatchEvent};
 #[cfg(feature = "etcd")]

@@ -4,8 +4,11 @@
 use zeroize::Zeroizing;
 
 use super::error::{codec, malformed, Result, WrapError};
-use super::format::{check_policy, check_signed, reader, suite, writer, SEALED_MAGIC, SUITE_X25519_CHACHA};
+use super::format::{
+    check_policy, check_signed, reader, suite, writer, SEALED_EXCLUDING_MAGIC, SEALED_MAGIC, SUITE_X25519_CHACHA,
+};
 use super::policy::{policy_id, CanonicalPolicy};
+use super::revocation;
 use super::signing::{AuthorityKey, SEALED_CONTEXT, SIGNATURE_LEN};
 use crate::abe::{self, AbeError, AttributeKey, PublicKey};
 
@@ -19,6 +22,9 @@ pub(crate) struct SealedKey {
     pub(crate) version: u32,
     pub(crate) generation: u32,
     pub(crate) policy: String,
+    /// Revoked machine ids the CP-ABE policy excludes
+    /// (`policy and not machine: ID ...`), sorted; empty in a `KFP2` copy.
+    pub(crate) excluded: Vec<String>,
     pub(crate) public: [u8; 32],
     pub(crate) abe_ct: Vec<u8>,
     /// Everything before the signature, and the signature.
@@ -37,8 +43,10 @@ fn plaintext(policy_id: &[u8; 32], version: u32, generation: u32, public: &[u8; 
     p
 }
 
-/// Seals `private` under `policy` with generation `generation`'s key, and
-/// signs the result with `signer`.
+/// Seals `private` under `policy` with generation `generation`'s key, so
+/// that none of the `excluded` machine ids (sorted) can open it, and signs
+/// the result with `signer`.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn seal(
     signer: &AuthorityKey,
     abe_pk: &PublicKey,
@@ -47,14 +55,25 @@ pub(crate) fn seal(
     version: u32,
     public: &[u8; 32],
     private: &[u8; 32],
+    excluded: &[String],
 ) -> Result<Zeroizing<Vec<u8>>> {
     check_policy(policy)?;
     let pt = plaintext(policy.id(), version, generation, public, private);
+    let sealing = revocation::restricted(policy, excluded)?;
     // The policy goes in already parsed.
-    let ct = abe::encrypt_policy(abe_pk, policy.circuit(), &pt)?;
-    let mut w = writer(SEALED_MAGIC);
+    let ct = abe::encrypt_policy(abe_pk, sealing.circuit(), &pt)?;
+    let mut w = writer(if excluded.is_empty() { SEALED_MAGIC } else { SEALED_EXCLUDING_MAGIC });
     w.u16(SUITE_X25519_CHACHA).raw(&signer.public()).raw(policy.id()).u32(version).u32(generation);
-    w.bytes16(policy.as_bytes()).bytes16(public).bytes32(&ct);
+    w.bytes16(policy.as_bytes());
+    if !excluded.is_empty() {
+        // Ids are checked (at most 64 bytes) before they are revoked; the
+        // CP-ABE policy above already bounds their number.
+        w.len16(excluded.len());
+        for id in excluded {
+            w.bytes16(id.as_bytes());
+        }
+    }
+    w.bytes16(public).bytes32(&ct);
     // The policy was checked above; a CP-ABE ciphertext under a policy the
     // parser accepts is far below 4 GiB.
     let mut bytes = w.into_bytes();
@@ -66,13 +85,29 @@ pub(crate) fn seal(
 impl SealedKey {
     pub(crate) fn parse(bytes: &[u8]) -> Result<Self> {
         const O: &str = "sealed policy key";
-        let mut r = reader(bytes, O, SEALED_MAGIC)?;
+        let excluding = bytes.starts_with(SEALED_EXCLUDING_MAGIC);
+        let mut r = reader(bytes, O, if excluding { SEALED_EXCLUDING_MAGIC } else { SEALED_MAGIC })?;
         suite(&mut r, O)?;
         let authority = r.array("authority key").map_err(codec(O))?;
         let policy_id = r.array("policy id").map_err(codec(O))?;
         let version = r.u32("key version").map_err(codec(O))?;
         let generation = r.u32("generation").map_err(codec(O))?;
         let policy = r.text16("policy").map_err(codec(O))?.to_owned();
+        let mut excluded: Vec<String> = Vec::new();
+        if excluding {
+            let n = r.u16("excluded count").map_err(codec(O))?;
+            if n == 0 {
+                return Err(malformed(O, "a KFP3 copy excludes at least one machine (KFP2 excludes none)"));
+            }
+            for i in 0..n {
+                let id = r.text16(|| format!("excluded[{i}]")).map_err(codec(O))?;
+                // Sorted and unique: one sealing, one encoding.
+                if excluded.last().is_some_and(|p| p.as_str() >= id) {
+                    return Err(malformed(O, format!("excluded id {id:?} is out of order or repeated")));
+                }
+                excluded.push(id.to_owned());
+            }
+        }
         let public: [u8; 32] =
             r.bytes16("public key").map_err(codec(O))?.try_into().map_err(|_| malformed(O, "public key is not 32 bytes"))?;
         let abe_ct = r.bytes32("CP-ABE ciphertext").map_err(codec(O))?.to_vec();
@@ -84,7 +119,7 @@ impl SealedKey {
         if policy_id != self::policy_id(&policy) {
             return Err(malformed(O, "policy id does not match the policy"));
         }
-        Ok(Self { authority, policy_id, version, generation, policy, public, abe_ct, signed, signature })
+        Ok(Self { authority, policy_id, version, generation, policy, excluded, public, abe_ct, signed, signature })
     }
 
     /// Checks that the authority whose public key is `trusted` made this
@@ -116,8 +151,15 @@ impl SealedKey {
         if !ok || super::hpke::public_of(&private)? != self.public {
             return Err(tampered());
         }
-        // The CP-ABE policy must be the one the header names.
-        if abe::policy_of(&self.abe_ct).map(|p| p.to_string()).ok().as_deref() != Some(self.policy.as_str()) {
+        // The CP-ABE policy must be the one the header names, with the
+        // negations of the machines it excludes.
+        let expect = if self.excluded.is_empty() {
+            self.policy.clone()
+        } else {
+            let header = CanonicalPolicy::parse(&self.policy).map_err(|_| tampered())?;
+            revocation::restricted(&header, &self.excluded).map_err(|_| tampered())?.as_str().to_owned()
+        };
+        if abe::policy_of(&self.abe_ct).map(|p| p.to_string()).ok().as_deref() != Some(expect.as_str()) {
             return Err(tampered());
         }
         Ok(private)

@@ -34,6 +34,7 @@ __all__ = [
     "UnknownAlgorithm",
     "WrongAuthority",
     "ReplayedObject",
+    "MachineRevoked",
     "StoreError",
     "NoAuthority",
     "AuthorityExists",
@@ -162,6 +163,11 @@ class ReplayedObject(KeyfenceError):
     or replayed."""
 
 
+class MachineRevoked(KeyfenceError):
+    """The machine id is revoked: the authority refuses to issue it a key
+    again, and the revoked machine cannot open the policy keys sealed since."""
+
+
 class StoreError(KeyfenceError):
     """The store is unusable: its state contradicts itself, or an object name is invalid."""
 
@@ -247,6 +253,7 @@ CLASSES: Dict[int, Type[KeyfenceError]] = {
     306: StoreError,
     307: WrongAuthority,
     308: ReplayedObject,
+    309: MachineRevoked,
     400: StoreIOError,
     401: StoreError,
     402: StoreLocked,

@@ -1,0 +1,249 @@
+//! Machine ids and their revocation: the `machine` attribute the
+//! authority sets, the policies sealed so that revoked machines cannot
+//! open them (`policy and not machine: ID`, TKN20's negation), and the
+//! signed list of revoked ids (`public/revoked`) a machine or a forwarder
+//! reads.
+//!
+//! A revoked id stays excluded from the sealed copies of every generation
+//! the machine holds a key for (the generations live when it was revoked,
+//! and older ones); the next generations are made after its revocation,
+//! and `issue` refuses the id, so it never holds a key for them and their
+//! copies need no negation. Two master rotations after a revocation the
+//! negation has left every live copy: the policies stop growing.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rand_core::{OsRng, RngCore};
+
+use super::error::{codec, Result, WrapError};
+use super::format::{check_signed, reader, writer, REVOKED_MAGIC};
+use super::policy::CanonicalPolicy;
+use super::signing::{AuthorityKey, REVOKED_CONTEXT, SIGNATURE_LEN};
+
+/// The attribute label that carries a machine's id. The authority sets
+/// it on every key it issues, so a policy can name one machine
+/// (`not machine: 3f…`).
+pub const MACHINE_LABEL: &str = "machine";
+
+/// Longest machine id `issue` accepts (the ids it makes are 32 hex digits).
+pub const MAX_MACHINE_ID: usize = 64;
+
+const O: &str = "revocation list";
+
+/// A fresh machine id: 128 random bits in lowercase hex, so two ids the
+/// authority makes are distinct without it recording either (issuing
+/// writes nothing to the store).
+pub(crate) fn new_machine_id() -> String {
+    let mut b = [0u8; 16];
+    OsRng.fill_bytes(&mut b);
+    super::layout::hex(&b)
+}
+
+/// Refuses an id a policy could not name: empty, longer than
+/// [`MAX_MACHINE_ID`], or with a character outside `[A-Za-z0-9_]`.
+///
+/// # Errors
+/// [`WrapError::InvalidMachineId`].
+pub(crate) fn check_machine_id(id: &str) -> Result<()> {
+    let bad = |reason: &str| Err(WrapError::InvalidMachineId { id: id.chars().take(80).collect(), reason: reason.into() });
+    if id.is_empty() {
+        return bad("it is empty");
+    }
+    if id.len() > MAX_MACHINE_ID {
+        return bad("it is longer than 64 characters");
+    }
+    if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return bad("a policy names only [A-Za-z0-9_]");
+    }
+    Ok(())
+}
+
+/// The policy a policy key is sealed under when `excluded` machines must
+/// not open it: `(policy) and not machine: a and not machine: b ...`,
+/// canonical; `policy` itself when none is excluded.
+///
+/// # Errors
+/// [`WrapError::Abe`] (`POLICY_TOO_LARGE`) when the negations make the
+/// policy larger than the CP-ABE format holds: rotate the master key,
+/// which compacts them.
+pub(crate) fn restricted(policy: &CanonicalPolicy, excluded: &[String]) -> Result<CanonicalPolicy> {
+    if excluded.is_empty() {
+        return Ok(policy.clone());
+    }
+    let mut text = format!("({policy})");
+    for id in excluded {
+        text.push_str(&format!(" and not {MACHINE_LABEL}: {id}"));
+    }
+    CanonicalPolicy::parse(&text).map_err(|e| WrapError::Abe(e.into()))
+}
+
+/// One revoked machine, as the authority's state records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Revoked {
+    /// Its id.
+    pub(crate) id: String,
+    /// The newest generation that was live when it was revoked: the
+    /// machine may hold keys of it and of older ones, never of newer ones.
+    pub(crate) through: u32,
+    /// Its policy keys are not all replaced and retired yet (an
+    /// interrupted `revoke`; running it again finishes).
+    pub(crate) pending: bool,
+}
+
+/// The ids whose negation the sealed copies of generation `generation`
+/// carry: the machines that may hold a key of it.
+pub(crate) fn excluded_for(revoked: &[Revoked], generation: u32) -> Vec<String> {
+    let mut ids: Vec<String> = revoked.iter().filter(|r| r.through >= generation).map(|r| r.id.clone()).collect();
+    ids.sort();
+    ids
+}
+
+/// The signed list of revoked ids, sorted, dated now.
+pub(crate) fn encode_list(signer: &AuthorityKey, revoked: &[Revoked]) -> Vec<u8> {
+    let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
+    let mut ids: Vec<&str> = revoked.iter().map(|r| r.id.as_str()).collect();
+    ids.sort_unstable();
+    let mut w = writer(REVOKED_MAGIC);
+    // Ids are at most 64 bytes; the count is bounded by the state's u32.
+    w.raw(&signer.public()).u64(at).len32(ids.len());
+    for id in ids {
+        w.bytes16(id.as_bytes());
+    }
+    let mut bytes = w.into_bytes().to_vec();
+    let signature = signer.sign(REVOKED_CONTEXT, &bytes);
+    bytes.extend_from_slice(&signature);
+    bytes
+}
+
+/// A verified revocation list.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RevocationList {
+    /// When the authority committed it (its clock).
+    pub committed_at: Option<SystemTime>,
+    /// The revoked machine ids, sorted.
+    pub ids: Vec<String>,
+}
+
+impl RevocationList {
+    /// Reads a list and checks that the authority `trusted` signed it.
+    ///
+    /// # Errors
+    /// [`WrapError::Malformed`] (`revocation list`),
+    /// [`WrapError::WrongAuthority`], [`WrapError::Tampered`].
+    pub(crate) fn verify(bytes: &[u8], trusted: &[u8; 32]) -> Result<Self> {
+        let mut r = reader(bytes, O, REVOKED_MAGIC)?;
+        let authority = r.array("authority key").map_err(codec(O))?;
+        let at = r.u64("commit time").map_err(codec(O))?;
+        let n = r.u32("id count").map_err(codec(O))?;
+        let mut ids: Vec<String> = Vec::new();
+        for i in 0..n {
+            let id = r.text16(|| format!("id[{i}]")).map_err(codec(O))?;
+            if ids.last().is_some_and(|p| p.as_str() >= id) {
+                return Err(super::error::malformed(O, format!("id {id:?} is out of order or repeated")));
+            }
+            ids.push(id.to_owned());
+        }
+        let signed = &bytes[..bytes.len() - r.remaining()];
+        let signature: [u8; SIGNATURE_LEN] = r.array("signature").map_err(codec(O))?;
+        r.finish().map_err(codec(O))?;
+        check_signed(O, REVOKED_CONTEXT, trusted, &authority, signed, &signature)?;
+        Ok(Self { committed_at: Some(UNIX_EPOCH + Duration::from_micros(at)), ids })
+    }
+
+    /// Whether `id` is revoked.
+    pub fn contains(&self, id: &str) -> bool {
+        self.ids.binary_search_by(|p| p.as_str().cmp(id)).is_ok()
+    }
+}
+
+/// The newest revocation list a machine has accepted. Ids are never taken
+/// off the list, so a list that lacks one already seen was put back by
+/// whoever can write the store, and is refused.
+#[derive(Debug, Default)]
+pub(crate) struct SeenRevocations(Mutex<RevocationList>);
+
+impl SeenRevocations {
+    /// Verifies `bytes` (the store's `public/revoked`; `None` when absent),
+    /// refuses it if it goes back on the newest accepted, else accepts it.
+    ///
+    /// # Errors
+    /// As [`RevocationList::verify`]; [`WrapError::Replayed`] for a list
+    /// that lacks an id already seen (or is absent after one was seen).
+    pub(crate) fn accept(&self, bytes: Option<&[u8]>, trusted: &[u8; 32]) -> Result<RevocationList> {
+        let list = match bytes {
+            Some(b) => RevocationList::verify(b, trusted)?,
+            None => RevocationList::default(),
+        };
+        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(missing) = seen.ids.iter().find(|id| !list.contains(id)) {
+            return Err(WrapError::Replayed { object: O, reason: format!("it lacks revoked machine {missing}") });
+        }
+        if list.ids.len() >= seen.ids.len() {
+            *seen = list.clone();
+        }
+        Ok(list)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_a_policy_can_name_only() {
+        let id = new_machine_id();
+        assert_eq!(id.len(), 32);
+        check_machine_id(&id).unwrap();
+        assert_ne!(id, new_machine_id());
+        for bad in ["", "a-b", "a b", "é", &"a".repeat(65)] {
+            assert_eq!(check_machine_id(bad).unwrap_err().code(), crate::ErrorCode::InvalidAttributes, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_restricted_policy_excludes_exactly_the_named_machines() {
+        let p = CanonicalPolicy::parse("region: EU or country: US").unwrap();
+        assert_eq!(restricted(&p, &[]).unwrap(), p);
+        let r = restricted(&p, &["m1".into(), "m2".into()]).unwrap();
+        let at = |s: &str| s.parse().unwrap();
+        assert!(r.eval(&at("region=EU,machine=m3")));
+        assert!(!r.eval(&at("region=EU,machine=m1")));
+        assert!(!r.eval(&at("country=US,machine=m2")));
+        assert!(!r.eval(&at("region=NA,machine=m3")));
+        // Negation needs the label: a key without an id opens nothing restricted.
+        assert!(!r.eval(&at("region=EU")));
+        // One canonical text, whatever built it.
+        assert_eq!(CanonicalPolicy::parse(r.as_str()).unwrap(), r);
+    }
+
+    #[test]
+    fn generations_exclude_the_machines_that_may_hold_their_keys() {
+        let revoked = |id: &str, through| Revoked { id: id.into(), through, pending: false };
+        let list = [revoked("b", 3), revoked("a", 5)];
+        assert_eq!(excluded_for(&list, 3), vec!["a".to_owned(), "b".into()]);
+        assert_eq!(excluded_for(&list, 4), vec!["a".to_owned()]);
+        assert!(excluded_for(&list, 6).is_empty());
+    }
+
+    #[test]
+    fn the_list_is_signed_and_never_goes_back() {
+        let k = AuthorityKey::generate();
+        let one = encode_list(&k, &[Revoked { id: "m1".into(), through: 1, pending: false }]);
+        let two = encode_list(&k, &[Revoked { id: "m2".into(), through: 1, pending: true }, Revoked { id: "m1".into(), through: 1, pending: false }]);
+        let l = RevocationList::verify(&two, &k.public()).unwrap();
+        assert_eq!(l.ids, vec!["m1".to_owned(), "m2".into()]);
+        assert!(l.contains("m2") && !l.contains("m3"));
+        let mut bad = two.clone();
+        let n = bad.len();
+        bad[n - 70] ^= 1;
+        assert_eq!(RevocationList::verify(&bad, &k.public()).unwrap_err().code(), crate::ErrorCode::InvalidEnvelope);
+        let other = AuthorityKey::generate();
+        assert_eq!(RevocationList::verify(&two, &other.public()).unwrap_err().code(), crate::ErrorCode::WrongAuthority);
+        let seen = SeenRevocations::default();
+        seen.accept(Some(&one), &k.public()).unwrap();
+        seen.accept(Some(&two), &k.public()).unwrap();
+        assert_eq!(seen.accept(Some(&one), &k.public()).unwrap_err().code(), crate::ErrorCode::ReplayedObject);
+        assert_eq!(seen.accept(None, &k.public()).unwrap_err().code(), crate::ErrorCode::ReplayedObject);
+    }
+}
