@@ -119,7 +119,8 @@ mkdir -p "$WORK/c" "$WORK/c-pc"
 (
     export PATH="$c_path"
     unset LD_LIBRARY_PATH CARGO_TARGET_DIR
-    cmake -S "$SMOKE/c" -B "$WORK/c-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release >/dev/null
+    cmake -S "$SMOKE/c" -B "$WORK/c-build" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_BUILD_TYPE=Release \
+        -DKEYFENCE_EXPECTED_VERSION="$VERSION" >/dev/null
     cmake --build "$WORK/c-build" >/dev/null
     # pkg-config, with the RUNPATH the user sets when linking by hand.
     cc -std=c99 -Wall -Wextra -Werror "$SMOKE/c/smoke.c" \
