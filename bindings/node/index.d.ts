@@ -495,27 +495,32 @@ export declare namespace sign {
 
 export declare namespace wrap {
   /**
-   * An authority opened on a store directory: issues machine keys, wraps
+   * An authority opened on a store (a directory or `etcd://...`): issues machine keys, wraps
    * secrets, rotates keys. Holds the master keys: `util.inspect` never shows
    * them. Calls on one authority run one at a time.
    */
   export class Authority {
     /**
      * Creates an authority, with its first master generation, in the store
-     * directory `dir`.
+     * named `dir`: a directory, or
+     * `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=]`.
      *
      * Rejects with `KeyfenceError` code `AUTHORITY_EXISTS` if the store
-     * already holds one, `STORE_IO` if the directory cannot be written.
+     * already holds one, `STORE_IO` if it cannot be written,
+     * `STORE_CONFLICT` if another authority was created at the same time,
+     * `INVALID_ARGUMENT` for a name that names no store.
      */
     static init(dir: string): Promise<Authority>
     /** `init` on the calling thread. */
     static initSync(dir: string): wrap.Authority
     /**
-     * Opens the authority in the store directory `dir`.
+     * Opens the authority in the store named `dir` (a directory or
+     * `etcd://...`, as `init` takes).
      *
      * Rejects with `KeyfenceError` code `NO_AUTHORITY` if the store holds
      * none, `INCONSISTENT_STATE` or `INVALID_ENVELOPE` if its state does
-     * not decode, `STORE_IO`.
+     * not decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
+     * store.
      */
     static open(dir: string): Promise<Authority>
     /** `open` on the calling thread. */
@@ -559,10 +564,12 @@ export declare namespace wrap {
   export class Machine {
     /**
      * A machine holding `machineKey` (from `Authority.issue`) that reads
-     * sealed policy keys from the store directory `dir`.
+     * sealed policy keys from the store named `dir` (a directory or
+     * `etcd://...`).
      *
      * Throws `KeyfenceError` code `INVALID_KEY` if the machine key does not
-     * decode, `STORE_IO`.
+     * decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
+     * store.
      */
     constructor(machineKey: Uint8Array, dir: string)
     /**
@@ -580,13 +587,55 @@ export declare namespace wrap {
      *
      * Rejects with `KeyfenceError` code `POLICY_NOT_SATISFIED`,
      * `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `INVALID_ENVELOPE`
-     * (malformed or tampered), `STORE_IO`.
+     * (malformed or tampered), `REPLAYED_OBJECT` (the store put back a
+     * generation list older than one this machine has seen), `STORE_IO`.
      */
     open(envelope: Uint8Array): Promise<Buffer>
     /** `open` on the calling thread. */
     openSync(envelope: Uint8Array): Buffer
+    /**
+     * Follows the store: a watch (etcd's stream, or a poll of a directory
+     * every 100 ms) brings each change to the cache as it is committed: a
+     * retired policy key is forgotten at once, a rotated one opened ahead,
+     * a new generation list verified. Until the machine is collected; a
+     * second call changes nothing. Resolves once the watch has started.
+     *
+     * Rejects with `KeyfenceError` code `STORE_IO` if it cannot start.
+     */
+    follow(): Promise<void>
+    /** `follow` on the calling thread. */
+    followSync(): void
+    /** The cache's counters, and what following the store has done. */
+    cacheStats(): wrap.CacheStats
     /** The attribute labels of the machine key (not secret; for logs). */
     get labels(): Array<string>
+  }
+  /**
+   * A machine's cache counters (`Machine.cacheStats`), with what following
+   * the store (`Machine.follow`) has done.
+   */
+  export interface CacheStats {
+    /** Opens served from the cache. */
+    hits: number
+    /** Opens (and openings ahead) that had to open the policy key. */
+    misses: number
+    /** Keys dropped for capacity or age. */
+    evictions: number
+    /** Keys held now. */
+    entries: number
+    /** Store changes applied from the watch. */
+    watchEvents: number
+    /** Full resyncs (the cache cleared after the watch lost changes). */
+    resyncs: number
+    /** Generation lists (rotations) received through the watch. */
+    propagations: number
+    /**
+     * The last propagation delay, authority commit to this cache, in
+     * microseconds.
+     */
+    propagationLastUs: number
+    /** The longest propagation delay, in microseconds. */
+    propagationMaxUs: number
   }
   /** A report of a master-key rotation. */
   export interface MasterRotation {

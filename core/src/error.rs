@@ -92,6 +92,10 @@ pub enum ErrorCode {
     /// An envelope or sealed policy key was made by another authority than
     /// the one the machine key trusts (its signature names another key).
     WrongAuthority = 307,
+    /// A store object the authority signed, but older than one the machine
+    /// has already accepted (a generation list put back): the store was
+    /// rolled back or replayed.
+    ReplayedObject = 308,
 
     // 400-499: the store.
     /// The store could not read or write an object.
@@ -154,6 +158,7 @@ impl ErrorCode {
         ErrorCode::AuthorityExists,
         ErrorCode::InconsistentState,
         ErrorCode::WrongAuthority,
+        ErrorCode::ReplayedObject,
         ErrorCode::StoreIo,
         ErrorCode::InvalidStoreKey,
         ErrorCode::StoreLocked,
@@ -194,6 +199,7 @@ impl ErrorCode {
             ErrorCode::AuthorityExists => "AUTHORITY_EXISTS",
             ErrorCode::InconsistentState => "INCONSISTENT_STATE",
             ErrorCode::WrongAuthority => "WRONG_AUTHORITY",
+            ErrorCode::ReplayedObject => "REPLAYED_OBJECT",
             ErrorCode::StoreIo => "STORE_IO",
             ErrorCode::InvalidStoreKey => "INVALID_STORE_KEY",
             ErrorCode::StoreLocked => "STORE_LOCKED",

@@ -15,7 +15,7 @@ use std::time::Duration;
 use keyfence::policy::Attributes;
 use keyfence::wrap::{
     nearest_capable, Authority, CacheConfig, Envelope, FileStore, GenerationState, Machine, MachineInfo, MachineKey,
-    MemoryStore, Peer, PublicMachine, Store, WrapError,
+    MemoryStore, Peer, PublicMachine, Store, WatchEvent, WrapError,
 };
 
 fn attrs(s: &str) -> Attributes {
@@ -57,6 +57,9 @@ const SUITE: &[(&str, fn())] = &[
     ("machines_accept_only_what_their_authority_signed", machines_accept_only_what_their_authority_signed),
     ("the_public_view_decides_as_the_machine_does", the_public_view_decides_as_the_machine_does),
     ("many_policies_rotate_and_retire_in_chunked_commits", many_policies_rotate_and_retire_in_chunked_commits),
+    ("a_watch_sees_puts_and_deletes_on_every_store", a_watch_sees_puts_and_deletes_on_every_store),
+    ("a_following_machine_learns_of_rotations_and_retirements", a_following_machine_learns_of_rotations_and_retirements),
+    ("a_replayed_generation_list_is_refused", a_replayed_generation_list_is_refused),
 ];
 
 /// Runs every test of [`SUITE`] with stores from `make`.
@@ -621,4 +624,188 @@ fn a_machine_forgets_a_policy_key_whose_sealed_copy_is_gone() {
     assert!(m.forget(&copies[0]));
     assert!(!m.forget(&copies[0]), "forgotten once");
     assert_eq!(m.open(old.to_bytes()).unwrap_err().code(), keyfence::ErrorCode::UnknownPolicyKey);
+}
+
+/// Waits (up to 30 s) for an event of `w` that `want` accepts, returning
+/// the events seen before it too.
+fn wait_for(w: &keyfence::wrap::Watch, want: impl Fn(&WatchEvent) -> bool) -> Vec<WatchEvent> {
+    let start = std::time::Instant::now();
+    let mut seen = Vec::new();
+    while start.elapsed() < Duration::from_secs(30) {
+        if let Some(e) = w.next_timeout(Duration::from_millis(50)) {
+            let done = want(&e);
+            seen.push(e);
+            if done {
+                return seen;
+            }
+        }
+    }
+    panic!("no awaited event in 30 s; saw {seen:?}");
+}
+
+/// Waits (up to 30 s) until `cond` holds.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(30), "{what}: not after 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// The same watch API on every store: a new object, a replaced one and a
+/// deletion under the prefix arrive, in revision order; nothing outside
+/// the prefix does.
+fn a_watch_sees_puts_and_deletes_on_every_store() {
+    let store = new_store();
+    store.put("public/before", b"0").unwrap();
+    let w = store.clone().watch("public/", 0).unwrap();
+    let mut revisions = Vec::new();
+    let put = |key: &'static str| move |e: &WatchEvent| matches!(e, WatchEvent::Put { key: k, .. } if k == key);
+    store.put("public/a", b"1").unwrap();
+    revisions.extend(wait_for(&w, put("public/a")).iter().map(WatchEvent::revision));
+    store.put("sealed/elsewhere", b"x").unwrap();
+    store.put("public/a", b"2").unwrap();
+    let seen = wait_for(&w, put("public/a"));
+    assert!(seen.iter().all(|e| e.key() == Some("public/a")), "only the prefix: {seen:?}");
+    revisions.extend(seen.iter().map(WatchEvent::revision));
+    store.delete("public/a").unwrap();
+    let seen = wait_for(&w, |e| matches!(e, WatchEvent::Delete { key, .. } if key == "public/a"));
+    revisions.extend(seen.iter().map(WatchEvent::revision));
+    assert!(revisions.windows(2).all(|p| p[0] < p[1]), "{revisions:?}");
+    assert!(w.next_timeout(Duration::from_millis(300)).is_none(), "nothing more");
+    assert!(store.clone().watch("../x/", 0).is_err());
+}
+
+/// A machine that follows its store, on every store: a policy-key
+/// rotation's new key is in its cache before any envelope needs it, the
+/// retirement of the old one reaches the cache at once (a time to live
+/// of an hour notwithstanding), and each new generation list is counted
+/// with its propagation delay.
+fn a_following_machine_learns_of_rotations_and_retirements() {
+    let (store, mut a) = setup();
+    let old = a.wrap("region: EU", b"v1").unwrap();
+    let long = CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() };
+    let m = Arc::new(Machine::new(a.issue(&attrs("region=EU")).unwrap(), store.clone(), long));
+    let _follower = m.follow().unwrap();
+    assert_eq!(&m.open(old.to_bytes()).unwrap()[..], b"v1");
+    assert_eq!(m.cache_stats().misses, 1);
+
+    a.rotate_policy_key("region: EU").unwrap();
+    // Version 2 is opened ahead: the cache holds both versions, and the
+    // re-wrapped envelope opens from it without a miss.
+    eventually("the rotated key reaches the cache", || m.cache_stats().entries == 2);
+    let rewrapped = store.list("envelopes/").unwrap();
+    let env = Envelope::parse(&store.get(&rewrapped[0]).unwrap().unwrap()).unwrap();
+    assert_eq!(env.key_version, 2);
+    assert_eq!(&m.open_envelope(&env).unwrap()[..], b"v1");
+    assert_eq!(m.cache_stats().misses, 2, "one more miss: the opening ahead, not the envelope");
+
+    a.retire_policy_keys("region: EU").unwrap();
+    eventually("the retirement reaches the cache", || m.cache_stats().entries == 1);
+    assert_eq!(m.open(old.to_bytes()).unwrap_err().code(), keyfence::ErrorCode::UnknownPolicyKey);
+
+    let before = m.cache_stats().propagations;
+    a.rotate_master().unwrap();
+    eventually("the new generation list is seen", || m.cache_stats().propagations > before);
+    let s = m.cache_stats();
+    assert!(s.watch_events >= 4 && s.resyncs == 0, "{s:?}");
+    assert!(s.propagation_last <= s.propagation_max && s.propagation_max < Duration::from_secs(30), "{s:?}");
+    assert_eq!(&m.open_envelope(&env).unwrap()[..], b"v1");
+}
+
+#[test]
+fn a_watch_on_the_memory_store() {
+    a_watch_sees_puts_and_deletes_on_every_store()
+}
+
+#[test]
+fn a_following_machine_on_the_memory_store() {
+    a_following_machine_learns_of_rotations_and_retirements()
+}
+
+#[test]
+fn a_replayed_generation_list_on_the_memory_store() {
+    a_replayed_generation_list_is_refused()
+}
+
+/// A generation list the authority signed is put back after a newer one:
+/// a machine that saw the newer one refuses it (REPLAYED_OBJECT); an
+/// unsigned or modified list is refused by every machine.
+fn a_replayed_generation_list_is_refused() {
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    let first = store.get("public/generations").unwrap().unwrap();
+    a.rotate_master().unwrap();
+    a.rotate_master().unwrap();
+    let m = machine(&a, &store, "region=EU");
+    let newer = m.public();
+    m.open(env.to_bytes()).unwrap();
+    newer.can_open(&env).unwrap();
+    // Generation 1, retired by now, is live again in the old list.
+    store.put("public/generations", &first).unwrap();
+    m.clear_cache();
+    let err = m.open(env.to_bytes()).unwrap_err();
+    assert!(matches!(err, WrapError::Replayed { .. }), "{err}");
+    assert_eq!(err.code(), keyfence::ErrorCode::ReplayedObject);
+    assert!(err.to_string().contains("generation 1"), "{err}");
+    assert_eq!(newer.can_open(&env).unwrap_err().code(), keyfence::ErrorCode::ReplayedObject);
+    // Withheld (deleted) is refused the same way.
+    store.delete("public/generations").unwrap();
+    assert_eq!(m.open(env.to_bytes()).unwrap_err().code(), keyfence::ErrorCode::ReplayedObject);
+    // Forged: the text list of old, or the signed one with a byte changed.
+    for forged in [b"1 0\n2 0\n3 0\n".to_vec(), { let mut f = first.clone(); f[50] ^= 1; f }] {
+        store.put("public/generations", &forged).unwrap();
+        let fresh = machine(&a, &store, "region=EU");
+        let err = fresh.open(env.to_bytes()).unwrap_err();
+        assert!(matches!(err, WrapError::Malformed { .. } | WrapError::Tampered { .. }), "{err}");
+    }
+}
+
+#[test]
+fn an_unsigned_generation_list_is_signed_when_the_authority_opens_the_store() {
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    a.rotate_master().unwrap();
+    // The list as keyfence wrote it before signing it: generation 1
+    // decrypt-only, 2 active.
+    let text = b"1 1\n2 0\n".to_vec();
+    store.put("public/generations", &text).unwrap();
+    let m = machine(&a, &store, "region=EU");
+    let err = m.open(env.to_bytes()).unwrap_err();
+    assert!(matches!(err, WrapError::Malformed { .. }), "{err}");
+    assert!(err.to_string().contains("unsigned text list"), "{err}");
+    drop(a);
+    let a = Authority::open(store.clone()).unwrap();
+    let signed = store.get("public/generations").unwrap().unwrap();
+    assert!(signed.starts_with(b"KFG2"), "{signed:?}");
+    assert_eq!(&*m.open(env.to_bytes()).unwrap(), b"s");
+    // Opening a store whose list is signed writes nothing.
+    drop(a);
+    Authority::open(store.clone()).unwrap();
+    assert_eq!(store.get("public/generations").unwrap().unwrap(), signed);
+}
+
+/// A polled store keeps no history: a watch resumed from an earlier
+/// revision begins with `Compacted`, then goes on with the changes; a
+/// machine applying `Compacted` clears its cache and counts a resync.
+#[test]
+fn a_resumed_poll_and_a_compaction_make_a_full_resync() {
+    let dir = tempfile::tempdir().unwrap();
+    for store in [Arc::new(MemoryStore::default()) as Arc<dyn Store>, Arc::new(FileStore::open(dir.path()).unwrap())] {
+        let w = store.clone().watch("public/", 7).unwrap();
+        assert_eq!(w.next_timeout(Duration::from_secs(5)), Some(WatchEvent::Compacted { revision: 0 }));
+        store.put("public/x", b"1").unwrap();
+        let seen = wait_for(&w, |e| e.key() == Some("public/x"));
+        assert_eq!(seen.len(), 1, "{seen:?}");
+    }
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    let m = machine(&a, &store, "region=EU");
+    m.open(env.to_bytes()).unwrap();
+    assert_eq!(m.cache_stats().entries, 1);
+    m.apply(&WatchEvent::Compacted { revision: 3 });
+    let s = m.cache_stats();
+    assert_eq!((s.entries, s.resyncs, s.watch_events), (0, 1, 1), "{s:?}");
+    m.open(env.to_bytes()).unwrap();
+    assert_eq!(m.cache_stats().misses, 2, "opened again after the resync");
 }

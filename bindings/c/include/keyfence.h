@@ -134,6 +134,12 @@ enum keyfence_result
    */
   KEYFENCE_WRONG_AUTHORITY = 307,
   /*
+   A store object the authority signed, but older than one the machine
+   has already accepted (a generation list put back): the store was
+   rolled back or replayed.
+   */
+  KEYFENCE_REPLAYED_OBJECT = 308,
+  /*
    The store could not read or write an object.
    */
   KEYFENCE_STORE_IO = 400,
@@ -248,7 +254,7 @@ typedef struct keyfence_abe_master_key keyfence_abe_master_key;
 typedef struct keyfence_abe_public_key keyfence_abe_public_key;
 
 /*
- An authority opened on a store directory: issues machine keys, wraps
+ An authority opened on a store (a directory or `etcd://...`): issues machine keys, wraps
  secrets, rotates. Not thread-safe: the functions that change it
  (`_wrap`, `_rotate_master`) need the handle to themselves.
  */
@@ -452,6 +458,51 @@ typedef struct keyfence_class_metrics {
    */
   uint64_t p999_ns;
 } keyfence_class_metrics;
+
+/*
+ A machine's cache counters (`keyfence_machine_cache_stats`), with what
+ following the store (`keyfence_machine_follow`) has done.
+ */
+typedef struct keyfence_cache_stats {
+  /*
+   Opens served from the cache.
+   */
+  uint64_t hits;
+  /*
+   Opens (and openings ahead) that had to open the policy key.
+   */
+  uint64_t misses;
+  /*
+   Keys dropped for capacity or age.
+   */
+  uint64_t evictions;
+  /*
+   Keys held now.
+   */
+  uint64_t entries;
+  /*
+   Store changes applied from the watch.
+   */
+  uint64_t watch_events;
+  /*
+   Full resyncs (the cache cleared after the watch lost changes).
+   */
+  uint64_t resyncs;
+  /*
+   Generation lists (rotations) received through the watch: how many
+   propagation delays were measured.
+   */
+  uint64_t propagations;
+  /*
+   The last propagation delay, authority commit to this cache, in
+   microseconds.
+   */
+  uint64_t propagation_last_us;
+  /*
+   The longest propagation delay, in microseconds.
+   */
+  uint64_t propagation_max_us;
+} keyfence_cache_stats;
 
 #ifdef __cplusplus
 extern "C" {
@@ -1321,28 +1372,33 @@ keyfence_result keyfence_engine_metrics_prometheus(const struct keyfence_engine 
 
 /*
  Creates an authority with its first master generation in the store
- directory `store_dir` and returns it in `*out` (free it with
- `keyfence_authority_free`).
+ named `store_name` (a store name: a directory, or
+ `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=]`) and
+ returns it in `*out` (free it with `keyfence_authority_free`).
 
  Errors: `KEYFENCE_AUTHORITY_EXISTS` if the store already holds one,
- `KEYFENCE_STORE_IO` if the directory cannot be written.
+ `KEYFENCE_STORE_IO` if the store cannot be written,
+ `KEYFENCE_STORE_CONFLICT` if another authority was created at the same
+ time, `KEYFENCE_INVALID_ARGUMENT` for a name that names no store.
 
  # Safety
- `store_dir` is a NUL-terminated string; `out` is writable.
+ `store_name` is a NUL-terminated string; `out` is writable.
  */
-keyfence_result keyfence_authority_init(const char *store_dir, struct keyfence_authority **out);
+keyfence_result keyfence_authority_init(const char *store_name, struct keyfence_authority **out);
 
 /*
- Opens the authority in the store directory `store_dir` into `*out`.
+ Opens the authority in the store named `store_name` (a directory or
+ `etcd://...`, as `keyfence_authority_init` takes) into `*out`.
 
  Errors: `KEYFENCE_NO_AUTHORITY` if the store holds none,
  `KEYFENCE_INVALID_ENVELOPE` / `KEYFENCE_INCONSISTENT_STATE` if its state
- does not decode, `KEYFENCE_STORE_IO`.
+ does not decode, `KEYFENCE_STORE_IO`, `KEYFENCE_INVALID_ARGUMENT` for a
+ name that names no store.
 
  # Safety
- `store_dir` is a NUL-terminated string; `out` is writable.
+ `store_name` is a NUL-terminated string; `out` is writable.
  */
-keyfence_result keyfence_authority_open(const char *store_dir, struct keyfence_authority **out);
+keyfence_result keyfence_authority_open(const char *store_name, struct keyfence_authority **out);
 
 /*
  Issues a machine key for `attrs` (`label=value,label=value`): one
@@ -1422,18 +1478,20 @@ void keyfence_authority_free(struct keyfence_authority *authority);
 /*
  A machine holding the machine key `key[0..len]` (as issued by
  `keyfence_authority_issue`) that reads sealed policy keys from the
- store directory `store_dir`, into `*out`.
+ store named `store_name` (a directory or `etcd://...`, as
+ `keyfence_authority_init` takes), into `*out`.
 
  Errors: `KEYFENCE_INVALID_KEY` / `KEYFENCE_INVALID_ENVELOPE` if the
- machine key does not decode, `KEYFENCE_STORE_IO`.
+ machine key does not decode, `KEYFENCE_STORE_IO`,
+ `KEYFENCE_INVALID_ARGUMENT` for a name that names no store.
 
  # Safety
- `key` points to `len` readable bytes; `store_dir` is a NUL-terminated
+ `key` points to `len` readable bytes; `store_name` is a NUL-terminated
  string; `out` is writable.
  */
 keyfence_result keyfence_machine_new(const uint8_t *key,
                                      size_t len,
-                                     const char *store_dir,
+                                     const char *store_name,
                                      struct keyfence_machine **out);
 
 /*
@@ -1463,7 +1521,9 @@ keyfence_result keyfence_machine_could_open(const struct keyfence_machine *machi
  `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_WRONG_AUTHORITY` (the envelope
  or its sealed policy key was signed by another authority than the one
  the machine key trusts), `KEYFENCE_INVALID_ENVELOPE` (malformed, or its
- signature fails), `KEYFENCE_STORE_IO`.
+ signature fails), `KEYFENCE_REPLAYED_OBJECT` (the store put back a
+ generation list older than one this machine has seen),
+ `KEYFENCE_STORE_IO`.
 
  # Safety
  `machine` is a live handle; `env` points to `len` readable bytes;
@@ -1475,8 +1535,36 @@ keyfence_result keyfence_machine_open(const struct keyfence_machine *machine,
                                       struct keyfence_bytes *secret);
 
 /*
- Frees a machine (its keys and cached policy keys are wiped); NULL is a
- no-op.
+ Makes the machine follow its store: a watch (etcd's stream, or a poll
+ of a directory every 100 ms) brings each change to the cache as it is
+ committed: a retired policy key is forgotten at once, a rotated one
+ opened ahead, a new generation list verified (and a replayed one
+ refused). Counted in `keyfence_machine_cache_stats`. Until the machine
+ is freed; calling it again changes nothing.
+
+ Errors: `KEYFENCE_STORE_IO` if the watch cannot start,
+ `KEYFENCE_INVALID_ARGUMENT` for a NULL handle.
+
+ # Safety
+ `machine` is a live handle.
+ */
+keyfence_result keyfence_machine_follow(const struct keyfence_machine *machine);
+
+/*
+ Writes the machine's cache counters, and what following its store has
+ done, to `*out`.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for a NULL pointer.
+
+ # Safety
+ `machine` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_machine_cache_stats(const struct keyfence_machine *machine,
+                                             struct keyfence_cache_stats *out);
+
+/*
+ Frees a machine (its keys and cached policy keys are wiped, and it stops
+ following its store); NULL is a no-op.
 
  # Safety
  `machine` is NULL or a live handle no other thread uses, not used

@@ -77,6 +77,10 @@ pub enum keyfence_result {
     /// An envelope or sealed policy key was made by another authority than
     /// the one the machine key trusts (its signature names another key).
     KEYFENCE_WRONG_AUTHORITY = 307,
+    /// A store object the authority signed, but older than one the machine
+    /// has already accepted (a generation list put back): the store was
+    /// rolled back or replayed.
+    KEYFENCE_REPLAYED_OBJECT = 308,
     // 400-499: the store.
     /// The store could not read or write an object.
     KEYFENCE_STORE_IO = 400,
@@ -124,7 +128,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 35] = [
+const ALL_RESULTS: [keyfence_result; 36] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
@@ -147,6 +151,7 @@ const ALL_RESULTS: [keyfence_result; 35] = [
     keyfence_result::KEYFENCE_AUTHORITY_EXISTS,
     keyfence_result::KEYFENCE_INCONSISTENT_STATE,
     keyfence_result::KEYFENCE_WRONG_AUTHORITY,
+    keyfence_result::KEYFENCE_REPLAYED_OBJECT,
     keyfence_result::KEYFENCE_STORE_IO,
     keyfence_result::KEYFENCE_INVALID_STORE_KEY,
     keyfence_result::KEYFENCE_STORE_LOCKED,

@@ -3,17 +3,17 @@
 //! or `etcd://HOST:PORT[,HOST:PORT...]/PREFIX` for an etcd cluster.
 
 use std::ffi::c_char;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use keyfence_core::policy::Attributes;
-use keyfence_core::wrap::{Authority, CacheConfig, Envelope, Machine, MachineKey, Store};
+use keyfence_core::wrap::{Authority, CacheConfig, Envelope, Follower, Machine, MachineKey, Store};
 
 use crate::bytes::{self, keyfence_bytes};
 use crate::error::{keyfence_result, Error};
 use crate::ffi;
 use crate::policy;
 
-/// An authority opened on a store directory: issues machine keys, wraps
+/// An authority opened on a store (a directory or `etcd://...`): issues machine keys, wraps
 /// secrets, rotates. Not thread-safe: the functions that change it
 /// (`_wrap`, `_rotate_master`) need the handle to themselves.
 pub struct keyfence_authority(Authority);
@@ -21,47 +21,79 @@ pub struct keyfence_authority(Authority);
 /// A machine: its machine key and the store holding the replicated sealed
 /// policy keys, with a cache of opened policy keys. Thread-safe: one
 /// handle may open envelopes from many threads at once.
-pub struct keyfence_machine(pub(crate) Machine);
+pub struct keyfence_machine(pub(crate) Arc<Machine>, Mutex<Option<Follower>>);
+
+/// A machine's cache counters (`keyfence_machine_cache_stats`), with what
+/// following the store (`keyfence_machine_follow`) has done.
+#[repr(C)]
+#[derive(Debug, Default)]
+pub struct keyfence_cache_stats {
+    /// Opens served from the cache.
+    pub hits: u64,
+    /// Opens (and openings ahead) that had to open the policy key.
+    pub misses: u64,
+    /// Keys dropped for capacity or age.
+    pub evictions: u64,
+    /// Keys held now.
+    pub entries: u64,
+    /// Store changes applied from the watch.
+    pub watch_events: u64,
+    /// Full resyncs (the cache cleared after the watch lost changes).
+    pub resyncs: u64,
+    /// Generation lists (rotations) received through the watch: how many
+    /// propagation delays were measured.
+    pub propagations: u64,
+    /// The last propagation delay, authority commit to this cache, in
+    /// microseconds.
+    pub propagation_last_us: u64,
+    /// The longest propagation delay, in microseconds.
+    pub propagation_max_us: u64,
+}
 
 pub(crate) fn store(name: &str) -> Result<Arc<dyn Store>, Error> {
     Ok(keyfence_core::wrap::open_store(name)?)
 }
 
 /// Creates an authority with its first master generation in the store
-/// directory `store_dir` and returns it in `*out` (free it with
-/// `keyfence_authority_free`).
+/// named `store_name` (a store name: a directory, or
+/// `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=]`) and
+/// returns it in `*out` (free it with `keyfence_authority_free`).
 ///
 /// Errors: `KEYFENCE_AUTHORITY_EXISTS` if the store already holds one,
-/// `KEYFENCE_STORE_IO` if the directory cannot be written.
+/// `KEYFENCE_STORE_IO` if the store cannot be written,
+/// `KEYFENCE_STORE_CONFLICT` if another authority was created at the same
+/// time, `KEYFENCE_INVALID_ARGUMENT` for a name that names no store.
 ///
 /// # Safety
-/// `store_dir` is a NUL-terminated string; `out` is writable.
+/// `store_name` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_init(store_dir: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_init(store_name: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
-        let a = Authority::init(store(unsafe { ffi::text(store_dir, "store_dir")? })?)?;
+        let a = Authority::init(store(unsafe { ffi::text(store_name, "store_name")? })?)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_authority(a)) };
         Ok(())
     })
 }
 
-/// Opens the authority in the store directory `store_dir` into `*out`.
+/// Opens the authority in the store named `store_name` (a directory or
+/// `etcd://...`, as `keyfence_authority_init` takes) into `*out`.
 ///
 /// Errors: `KEYFENCE_NO_AUTHORITY` if the store holds none,
 /// `KEYFENCE_INVALID_ENVELOPE` / `KEYFENCE_INCONSISTENT_STATE` if its state
-/// does not decode, `KEYFENCE_STORE_IO`.
+/// does not decode, `KEYFENCE_STORE_IO`, `KEYFENCE_INVALID_ARGUMENT` for a
+/// name that names no store.
 ///
 /// # Safety
-/// `store_dir` is a NUL-terminated string; `out` is writable.
+/// `store_name` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_open(store_dir: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_open(store_name: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
-        let a = Authority::open(store(unsafe { ffi::text(store_dir, "store_dir")? })?)?;
+        let a = Authority::open(store(unsafe { ffi::text(store_name, "store_name")? })?)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_authority(a)) };
         Ok(())
@@ -198,28 +230,30 @@ pub unsafe extern "C" fn keyfence_authority_free(authority: *mut keyfence_author
 
 /// A machine holding the machine key `key[0..len]` (as issued by
 /// `keyfence_authority_issue`) that reads sealed policy keys from the
-/// store directory `store_dir`, into `*out`.
+/// store named `store_name` (a directory or `etcd://...`, as
+/// `keyfence_authority_init` takes), into `*out`.
 ///
 /// Errors: `KEYFENCE_INVALID_KEY` / `KEYFENCE_INVALID_ENVELOPE` if the
-/// machine key does not decode, `KEYFENCE_STORE_IO`.
+/// machine key does not decode, `KEYFENCE_STORE_IO`,
+/// `KEYFENCE_INVALID_ARGUMENT` for a name that names no store.
 ///
 /// # Safety
-/// `key` points to `len` readable bytes; `store_dir` is a NUL-terminated
+/// `key` points to `len` readable bytes; `store_name` is a NUL-terminated
 /// string; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_machine_new(
     key: *const u8,
     len: usize,
-    store_dir: *const c_char,
+    store_name: *const c_char,
     out: *mut *mut keyfence_machine,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promises, passed on.
-        let (key, dir) = unsafe { (ffi::slice(key, len, "key")?, ffi::text(store_dir, "store_dir")?) };
+        let (key, dir) = unsafe { (ffi::slice(key, len, "key")?, ffi::text(store_name, "store_name")?) };
         let m = Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default());
         // SAFETY: checked non-NULL; writable by the caller's promise.
-        unsafe { ffi::give(out, keyfence_machine(m)) };
+        unsafe { ffi::give(out, keyfence_machine(Arc::new(m), Mutex::new(None))) };
         Ok(())
     })
 }
@@ -261,7 +295,9 @@ pub unsafe extern "C" fn keyfence_machine_could_open(
 /// `KEYFENCE_UNKNOWN_POLICY_KEY`, `KEYFENCE_WRONG_AUTHORITY` (the envelope
 /// or its sealed policy key was signed by another authority than the one
 /// the machine key trusts), `KEYFENCE_INVALID_ENVELOPE` (malformed, or its
-/// signature fails), `KEYFENCE_STORE_IO`.
+/// signature fails), `KEYFENCE_REPLAYED_OBJECT` (the store put back a
+/// generation list older than one this machine has seen),
+/// `KEYFENCE_STORE_IO`.
 ///
 /// # Safety
 /// `machine` is a live handle; `env` points to `len` readable bytes;
@@ -284,8 +320,64 @@ pub unsafe extern "C" fn keyfence_machine_open(
     })
 }
 
-/// Frees a machine (its keys and cached policy keys are wiped); NULL is a
-/// no-op.
+/// Makes the machine follow its store: a watch (etcd's stream, or a poll
+/// of a directory every 100 ms) brings each change to the cache as it is
+/// committed: a retired policy key is forgotten at once, a rotated one
+/// opened ahead, a new generation list verified (and a replayed one
+/// refused). Counted in `keyfence_machine_cache_stats`. Until the machine
+/// is freed; calling it again changes nothing.
+///
+/// Errors: `KEYFENCE_STORE_IO` if the watch cannot start,
+/// `KEYFENCE_INVALID_ARGUMENT` for a NULL handle.
+///
+/// # Safety
+/// `machine` is a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_follow(machine: *const keyfence_machine) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promise.
+        let m = unsafe { ffi::borrow(machine, "machine")? };
+        let mut follower = m.1.lock().unwrap_or_else(|e| e.into_inner());
+        if follower.is_none() {
+            *follower = Some(m.0.follow()?);
+        }
+        Ok(())
+    })
+}
+
+/// Writes the machine's cache counters, and what following its store has
+/// done, to `*out`.
+///
+/// Errors: `KEYFENCE_INVALID_ARGUMENT` for a NULL pointer.
+///
+/// # Safety
+/// `machine` is a live handle; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_cache_stats(machine: *const keyfence_machine, out: *mut keyfence_cache_stats) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promise.
+        let s = unsafe { ffi::borrow(machine, "machine")? }.0.cache_stats();
+        let us = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let stats = keyfence_cache_stats {
+            hits: s.hits,
+            misses: s.misses,
+            evictions: s.evictions,
+            entries: s.entries as u64,
+            watch_events: s.watch_events,
+            resyncs: s.resyncs,
+            propagations: s.propagations,
+            propagation_last_us: us(s.propagation_last),
+            propagation_max_us: us(s.propagation_max),
+        };
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { out.write(stats) };
+        Ok(())
+    })
+}
+
+/// Frees a machine (its keys and cached policy keys are wiped, and it stops
+/// following its store); NULL is a no-op.
 ///
 /// # Safety
 /// `machine` is NULL or a live handle no other thread uses, not used

@@ -1,7 +1,7 @@
 //! `keyfence bench ...`: the performance figures the issues set targets for.
 
 use std::process::ExitCode;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Result;
 use clap::Subcommand;
@@ -48,7 +48,10 @@ pub enum BenchCmd {
     },
     /// A store against the file store, in the same run: wraps per second
     /// (each one commit), envelope fetches with a cached open per second,
-    /// and the bytes stored per envelope. Works in a fresh sub-store of
+    /// the bytes stored per envelope, and how long one master rotation
+    /// takes to reach `--watchers` machines following the store (p50, p99,
+    /// max: from the commit time signed into the generation list to each
+    /// machine having verified it). Works in a fresh sub-store of
     /// `--store` (for etcd, `PREFIX/bench-...`, deleted afterwards).
     Store {
         /// The store to measure: a directory or etcd://HOST:PORT[,...]/PREFIX.
@@ -60,6 +63,10 @@ pub enum BenchCmd {
         /// Wraps (and then fetches) per store.
         #[arg(long, default_value_t = 300)]
         ops: usize,
+        /// Machines following the store for the propagation figure (0: not
+        /// measured).
+        #[arg(long, default_value_t = 500)]
+        watchers: usize,
     },
     /// Load and faults for a bounded time: signing through the engine and
     /// a key process killed every few seconds, wrap and open on
@@ -79,25 +86,27 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Sign(args) => return crate::sign_cmd::bench(args),
         BenchCmd::Remote(args) => return crate::remote_cmd::bench(args),
         BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
-        BenchCmd::Store { store, json, ops } => bench_store(&store, json, ops)?,
+        BenchCmd::Store { store, json, ops, watchers } => bench_store(&store, json, ops, watchers)?,
         BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Abe { json, iters, threads } => {
             let msg = b"a 23-byte test message!";
             let (pk, msk) = abe::setup()?;
             if !json {
                 outln!(
-                    "{:<12} {:>10} {:>11} {:>11} {:>10} {:>12}",
-                    "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "floor_ms", "ct_overhead"
+                    "{:<12} {:>10} {:>11} {:>11} {:>10} {:>10} {:>12}",
+                    "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "cold_ms", "floor_ms", "ct_overhead"
                 );
             }
             for (name, policy, attrs) in keyfence::bench::abe_cases() {
                 let p = parse(&policy)?;
                 let (mut kg, mut en, mut de, mut fl, mut fp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                let mut cold = Vec::new();
                 let mut overhead = 0;
                 // Decryption runs with a key loaded once, as a machine
                 // holds its key: the key's precomputation (done when it is
                 // decoded) is not paid per decryption.
-                let loaded = abe::AttributeKey::from_bytes(&abe::keygen(&msk, &attrs)?.to_bytes())?;
+                let key_bytes = zeroize::Zeroizing::new(abe::keygen(&msk, &attrs)?.to_bytes());
+                let loaded = abe::AttributeKey::from_bytes(&key_bytes)?;
                 for _ in 0..iters.max(1) {
                     let t = Instant::now();
                     let key = abe::keygen(&msk, &attrs)?;
@@ -113,6 +122,17 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     };
                     de.push(t.elapsed().as_secs_f64() * 1e3);
                     anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext");
+                    // From a cold key, as a process that loads a key to
+                    // decrypt once pays: decoding and precomputation too.
+                    let t = Instant::now();
+                    let fresh = abe::AttributeKey::from_bytes(&key_bytes)?;
+                    let pt = match threads {
+                        Some(t) => abe::decrypt_with_threads(&fresh, &ct, t)?,
+                        None => abe::decrypt(&fresh, &ct)?,
+                    };
+                    cold.push(t.elapsed().as_secs_f64() * 1e3);
+                    anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext from a cold key");
+                    drop(fresh);
                     // The bound, timed right after, in the same conditions.
                     let floor = keyfence::bench::decrypt_floor(&loaded, &ct)?;
                     fl.push(floor.total().as_secs_f64() * 1e3);
@@ -120,14 +140,14 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
                     overhead = ct.len() - msg.len();
                 }
                 let (floor, floor_pairing) = (median_ms(fl), median_ms(fp));
-                let (kg, en, de) = (median_ms(kg), median_ms(en), median_ms(de));
+                let (kg, en, de, cold) = (median_ms(kg), median_ms(en), median_ms(de), median_ms(cold));
                 if json {
                     outln!(
                         "{}",
-                        serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "decrypt_floor_ms": floor, "decrypt_floor_pairing_ms": floor_pairing, "ct_overhead": overhead})
+                        serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "decrypt_cold_ms": cold, "decrypt_floor_ms": floor, "decrypt_floor_pairing_ms": floor_pairing, "ct_overhead": overhead})
                     );
                 } else {
-                    outln!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {floor:>10.3} {overhead:>12}");
+                    outln!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {cold:>10.3} {floor:>10.3} {overhead:>12}");
                 }
             }
         }
@@ -178,7 +198,7 @@ fn bench_substore(name: &str) -> String {
 }
 
 /// Wraps, fetches and sizes on one store (see `BenchCmd::Store`).
-fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, json: bool, ops: usize) -> Result<()> {
+fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, json: bool, ops: usize, watchers: usize) -> Result<()> {
     use keyfence::wrap::{Authority, CacheConfig, Machine};
     let mut auth = Authority::init(store.clone())?;
     let secret = [7u8; 1024];
@@ -209,22 +229,61 @@ fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, j
     } else {
         outln!("{kind:<6} wrap {wrap_s:>9.1}/s   fetch+open (cached) {open_s:>9.1}/s   {per_envelope} bytes per envelope (1 KiB secret)");
     }
+    if watchers > 0 {
+        let (p50, p99, max) = propagation(&mut auth, &machine, &store, watchers)?;
+        if json {
+            outln!("{}", serde_json::json!({"store": kind, "op": "watch_propagation", "watchers": watchers, "p50_ms": p50, "p99_ms": p99, "max_ms": max}));
+        } else {
+            outln!("{kind:<6} one rotation reaches {watchers} following machines: p50 {p50:.1} ms, p99 {p99:.1} ms, max {max:.1} ms");
+        }
+    }
     Ok(())
 }
 
-fn bench_store(name: &str, json: bool, ops: usize) -> Result<()> {
+/// Starts `n` machines (with `machine`'s key) following `store`, rotates
+/// the master key once, waits (up to 120 s) until every one has verified
+/// the new generation list, and returns the p50, p99 and max of their
+/// propagation delays, in milliseconds.
+fn propagation(
+    auth: &mut keyfence::wrap::Authority,
+    machine: &keyfence::wrap::Machine,
+    store: &std::sync::Arc<dyn keyfence::wrap::Store>,
+    n: usize,
+) -> Result<(f64, f64, f64)> {
+    use keyfence::wrap::{CacheConfig, Machine};
+    use std::sync::Arc;
+    let key = auth.issue(machine.attributes())?;
+    let machines: Vec<Arc<Machine>> = (0..n).map(|_| Arc::new(Machine::new(key.clone(), store.clone(), CacheConfig::default()))).collect();
+    let followers = machines.iter().map(|m| m.follow()).collect::<Result<Vec<_>, _>>()?;
+    // Every watch connected (an etcd watch starts from the revision of its
+    // call, but its stream connects afterwards) before the change.
+    std::thread::sleep(Duration::from_secs(2));
+    auth.rotate_master()?;
+    let start = Instant::now();
+    while machines.iter().any(|m| m.cache_stats().propagations == 0) {
+        anyhow::ensure!(start.elapsed() < Duration::from_secs(120), "the rotation did not reach every machine in 120 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let mut ms: Vec<f64> = machines.iter().map(|m| m.cache_stats().propagation_last.as_secs_f64() * 1e3).collect();
+    drop(followers);
+    ms.sort_by(|a, b| a.total_cmp(b));
+    let at = |q: f64| ms[((ms.len() as f64 * q).ceil() as usize).clamp(1, ms.len()) - 1];
+    Ok((at(0.5), at(0.99), ms[ms.len() - 1]))
+}
+
+fn bench_store(name: &str, json: bool, ops: usize, watchers: usize) -> Result<()> {
     use keyfence::wrap::{open_store, Batch, FileStore, Op};
     let dir = crate::files::scratch_dir("bench-store")?;
-    measure_store("file", std::sync::Arc::new(FileStore::open(dir.path())?), json, ops)?;
+    measure_store("file", std::sync::Arc::new(FileStore::open(dir.path())?), json, ops, watchers)?;
     drop(dir);
     if !name.starts_with("etcd://") {
         let sub = bench_substore(name);
-        let result = measure_store("dir", open_store(&sub)?, json, ops);
+        let result = measure_store("dir", open_store(&sub)?, json, ops, watchers);
         let _ = std::fs::remove_dir_all(&sub);
         return result;
     }
     let store = open_store(&bench_substore(name))?;
-    let result = measure_store("etcd", store.clone(), json, ops);
+    let result = measure_store("etcd", store.clone(), json, ops, watchers);
     // Leave nothing behind: the sub-store's objects, in commits of 100.
     for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {
         for chunk in store.list(prefix)?.chunks(100) {

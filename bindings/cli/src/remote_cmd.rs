@@ -282,7 +282,11 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         let opened = match &opener {
             Opener::Isolated(public, kp) => {
                 let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-                ring.open_isolated(public, kp, &abs(&args.store), &abs(&args.machine_key), &abs(&file))
+                // The key process may run elsewhere than here: a directory
+                // goes to it absolute, an `etcd://` name as it is.
+                let etcd = args.store.to_str().is_some_and(|s| s.starts_with("etcd://"));
+                let store = if etcd { args.store.clone() } else { abs(&args.store) };
+                ring.open_isolated(public, kp, &store, &abs(&args.machine_key), &abs(&file))
             }
             Opener::Machine(machine) => ring.open(machine, &read(&file)?),
         };

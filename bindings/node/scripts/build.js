@@ -20,7 +20,7 @@ run(path.join(here, 'node_modules', '.bin', 'napi'), [
   '--js', 'binding.js', '--dts', 'index.d.ts', '--', '--locked',
 ], { env })
 
-run('cargo', ['build', '--release', '--locked', '-p', 'keyfence', '--bin', 'keyfence-key-process'], {
+run('cargo', ['build', '--release', '--locked', '-p', 'keyfence', '--bin', 'keyfence-key-process', '--features', 'shipped'], {
   env: { ...process.env, CARGO_TARGET_DIR: targetDir },
 })
 const keyProcess = path.join(here, 'keyfence-key-process')

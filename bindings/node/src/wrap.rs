@@ -1,12 +1,15 @@
-//! Policy-key wrapping on a store directory: the authority (issues machine
-//! keys, wraps secrets, rotates) and the machine (opens envelopes). Every
+//! Policy-key wrapping on a store named by one string (a directory, or
+//! `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=]`,
+//! `keyfence::wrap::open_store`): the authority (issues machine keys,
+//! wraps secrets, rotates) and the machine (opens envelopes, follows the
+//! store). Every
 //! call that may run CP-ABE or touch the store is a promise computed on
 //! the libuv thread pool, with a `*Sync` twin.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use keyfence::wrap::{self as core, CacheConfig, Envelope, FileStore, Store};
+use keyfence::wrap::{self as core, CacheConfig, Envelope, Follower, Store};
 use keyfence::ErrorCode;
 use napi::bindgen_prelude::{AsyncTask, Buffer, Uint8Array};
 use napi::Env;
@@ -18,11 +21,12 @@ use crate::error::{js, KfError, KfResult};
 use crate::policy;
 use crate::task::Job;
 
-fn store(dir: &str) -> KfResult<Arc<dyn Store>> {
-    Ok(Arc::new(FileStore::open(dir)?))
+/// The store `name` names: a directory or `etcd://...`.
+fn store(name: &str) -> KfResult<Arc<dyn Store>> {
+    Ok(core::open_store(name)?)
 }
 
-/// An authority opened on a store directory: issues machine keys, wraps
+/// An authority opened on a store (a directory or `etcd://...`): issues machine keys, wraps
 /// secrets, rotates keys. Holds the master keys: `util.inspect` never shows
 /// them. Calls on one authority run one at a time.
 #[napi(namespace = "wrap")]
@@ -94,10 +98,13 @@ impl Authority {
 #[napi(namespace = "wrap")]
 impl Authority {
     /// Creates an authority, with its first master generation, in the store
-    /// directory `dir`.
+    /// named `dir`: a directory, or
+    /// `etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=]`.
     ///
     /// Rejects with `KeyfenceError` code `AUTHORITY_EXISTS` if the store
-    /// already holds one, `STORE_IO` if the directory cannot be written.
+    /// already holds one, `STORE_IO` if it cannot be written,
+    /// `STORE_CONFLICT` if another authority was created at the same time,
+    /// `INVALID_ARGUMENT` for a name that names no store.
     #[napi(ts_return_type = "Promise<Authority>")]
     pub fn init(dir: String) -> AsyncTask<Job<core::Authority, Authority>> {
         init_job(dir).spawn()
@@ -109,11 +116,13 @@ impl Authority {
         init_job(dir).run_sync(&env)
     }
 
-    /// Opens the authority in the store directory `dir`.
+    /// Opens the authority in the store named `dir` (a directory or
+    /// `etcd://...`, as `init` takes).
     ///
     /// Rejects with `KeyfenceError` code `NO_AUTHORITY` if the store holds
     /// none, `INCONSISTENT_STATE` or `INVALID_ENVELOPE` if its state does
-    /// not decode, `STORE_IO`.
+    /// not decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
+    /// store.
     #[napi(ts_return_type = "Promise<Authority>")]
     pub fn open(dir: String) -> AsyncTask<Job<core::Authority, Authority>> {
         open_job(dir).spawn()
@@ -180,20 +189,50 @@ impl Authority {
 #[napi(namespace = "wrap")]
 pub struct Machine {
     pub(crate) inner: Arc<core::Machine>,
+    /// Set by `follow`: the watch, stopped when the machine is collected.
+    follower: Arc<Mutex<Option<Follower>>>,
+}
+
+/// A machine's cache counters (`Machine.cacheStats`), with what following
+/// the store (`Machine.follow`) has done.
+#[napi(object, namespace = "wrap")]
+pub struct CacheStats {
+    /// Opens served from the cache.
+    pub hits: f64,
+    /// Opens (and openings ahead) that had to open the policy key.
+    pub misses: f64,
+    /// Keys dropped for capacity or age.
+    pub evictions: f64,
+    /// Keys held now.
+    pub entries: f64,
+    /// Store changes applied from the watch.
+    pub watch_events: f64,
+    /// Full resyncs (the cache cleared after the watch lost changes).
+    pub resyncs: f64,
+    /// Generation lists (rotations) received through the watch.
+    pub propagations: f64,
+    /// The last propagation delay, authority commit to this cache, in
+    /// microseconds.
+    pub propagation_last_us: f64,
+    /// The longest propagation delay, in microseconds.
+    pub propagation_max_us: f64,
 }
 
 #[napi(namespace = "wrap")]
 impl Machine {
     /// A machine holding `machineKey` (from `Authority.issue`) that reads
-    /// sealed policy keys from the store directory `dir`.
+    /// sealed policy keys from the store named `dir` (a directory or
+    /// `etcd://...`).
     ///
     /// Throws `KeyfenceError` code `INVALID_KEY` if the machine key does not
-    /// decode, `STORE_IO`.
+    /// decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
+    /// store.
     #[napi(constructor)]
     pub fn new(env: Env, machine_key: Uint8Array, dir: String) -> napi::Result<Self> {
         let made = || -> KfResult<Self> {
             let key = core::MachineKey::from_bytes(&machine_key)?;
-            Ok(Machine { inner: Arc::new(core::Machine::new(key, store(&dir)?, CacheConfig::default())) })
+            let inner = Arc::new(core::Machine::new(key, store(&dir)?, CacheConfig::default()));
+            Ok(Machine { inner, follower: Arc::default() })
         };
         js(&env, made())
     }
@@ -214,7 +253,8 @@ impl Machine {
     ///
     /// Rejects with `KeyfenceError` code `POLICY_NOT_SATISFIED`,
     /// `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `INVALID_ENVELOPE`
-    /// (malformed or tampered), `STORE_IO`.
+    /// (malformed or tampered), `REPLAYED_OBJECT` (the store put back a
+    /// generation list older than one this machine has seen), `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
     pub fn open(&self, envelope: Uint8Array) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
         self.open_job(envelope).spawn()
@@ -226,6 +266,42 @@ impl Machine {
         self.open_job(envelope).run_sync(&env)
     }
 
+    /// Follows the store: a watch (etcd's stream, or a poll of a directory
+    /// every 100 ms) brings each change to the cache as it is committed: a
+    /// retired policy key is forgotten at once, a rotated one opened ahead,
+    /// a new generation list verified. Until the machine is collected; a
+    /// second call changes nothing. Resolves once the watch has started.
+    ///
+    /// Rejects with `KeyfenceError` code `STORE_IO` if it cannot start.
+    #[napi(ts_return_type = "Promise<void>")]
+    pub fn follow(&self) -> AsyncTask<Job<(), ()>> {
+        self.follow_job().spawn()
+    }
+
+    /// `follow` on the calling thread.
+    #[napi]
+    pub fn follow_sync(&self, env: Env) -> napi::Result<()> {
+        self.follow_job().run_sync(&env)
+    }
+
+    /// The cache's counters, and what following the store has done.
+    #[napi]
+    pub fn cache_stats(&self) -> CacheStats {
+        let s = self.inner.cache_stats();
+        let us = |d: std::time::Duration| d.as_micros() as f64;
+        CacheStats {
+            hits: s.hits as f64,
+            misses: s.misses as f64,
+            evictions: s.evictions as f64,
+            entries: s.entries as f64,
+            watch_events: s.watch_events as f64,
+            resyncs: s.resyncs as f64,
+            propagations: s.propagations as f64,
+            propagation_last_us: us(s.propagation_last),
+            propagation_max_us: us(s.propagation_max),
+        }
+    }
+
     /// The attribute labels of the machine key (not secret; for logs).
     #[napi(getter)]
     pub fn labels(&self) -> Vec<String> {
@@ -234,6 +310,20 @@ impl Machine {
 }
 
 impl Machine {
+    fn follow_job(&self) -> Job<(), ()> {
+        let (m, follower) = (self.inner.clone(), self.follower.clone());
+        Job::new(
+            move || {
+                let mut f = follower.lock().map_err(|_| KfError::new(ErrorCode::Internal, "an earlier follow panicked"))?;
+                if f.is_none() {
+                    *f = Some(m.follow()?);
+                }
+                Ok(())
+            },
+            |()| (),
+        )
+    }
+
     fn open_job(&self, envelope: Uint8Array) -> Job<Zeroizing<Vec<u8>>, Buffer> {
         let m = self.inner.clone();
         let env = envelope.to_vec();

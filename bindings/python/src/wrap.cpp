@@ -1,5 +1,6 @@
 // keyfence.wrap's native half: the authority and the machine side of
-// policy-key wrapping, on the embedded file store.
+// policy-key wrapping, on a store named by one string: a directory or
+// etcd://HOST:PORT[,HOST:PORT...]/PREFIX.
 #include "native.h"
 
 namespace kfpy {
@@ -59,15 +60,40 @@ py::bytes machine_open(const Machine &mc, py::handle env) {
     return out.to_bytes();
 }
 
+void machine_follow(const Machine &mc) {
+    nogil([&] { return keyfence_machine_follow(mc.get()); });
+}
+
+py::dict machine_cache_stats(const Machine &mc) {
+    keyfence_cache_stats s{};
+    nogil([&] { return keyfence_machine_cache_stats(mc.get(), &s); });
+    py::dict d;
+    d["hits"] = s.hits;
+    d["misses"] = s.misses;
+    d["evictions"] = s.evictions;
+    d["entries"] = s.entries;
+    d["watch_events"] = s.watch_events;
+    d["resyncs"] = s.resyncs;
+    d["propagations"] = s.propagations;
+    d["propagation_last_us"] = s.propagation_last_us;
+    d["propagation_max_us"] = s.propagation_max_us;
+    return d;
+}
+
 }  // namespace
 
 void bind_wrap(py::module_ &m) {
-    py::class_<Authority>(m, "Authority", "An authority opened on a store directory.")
+    py::class_<Authority>(m, "Authority",
+                         "An authority opened on a store, named by one string: a directory, or "
+                         "etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=] for an etcd cluster.")
         .def_static("init", [](py::handle store) { return authority_make(store, true); }, py::arg("store"),
-                    "Creates an authority, with its first master generation, in the store directory.\n\n"
-                    "Raises AuthorityExists if the store holds one, StoreIOError if it cannot be written.")
+                    "Creates an authority, with its first master generation, in the store named (a directory "
+                    "or etcd://...).\n\n"
+                    "Raises AuthorityExists if the store holds one, StoreIOError if it cannot be written, "
+                    "StoreConflict if another authority was created at the same time, InvalidArgument for "
+                    "a name that names no store.")
         .def_static("open", [](py::handle store) { return authority_make(store, false); }, py::arg("store"),
-                    "Opens the authority in the store directory.\n\n"
+                    "Opens the authority in the store named (a directory or etcd://...).\n\n"
                     "Raises NoAuthority if the store holds none, StoreError if its state does not decode.")
         .def("issue", &authority_issue, py::arg("attributes"),
              "Issues a machine key (bytes, a secret: give it to that machine only) for a mapping of "
@@ -90,7 +116,9 @@ void bind_wrap(py::module_ &m) {
     py::class_<Machine>(m, "Machine", "A machine: its machine key and the store of sealed policy keys.")
         .def(py::init(&machine_new), py::arg("machine_key"), py::arg("store"),
              "A machine holding the machine key the authority issued it, reading sealed policy keys from "
-             "the store directory.\n\nRaises InvalidKey if the machine key does not decode.")
+             "the store named (a directory or etcd://...).\n\n"
+             "Raises InvalidKey if the machine key does not decode, InvalidArgument for a name that "
+             "names no store.")
         .def("could_open", &machine_could_open, py::arg("envelope"),
              "Whether this machine could open the envelope, from its policy and the machine's attributes "
              "alone (no cryptography): to forward the request to a machine that can.\n\n"
@@ -98,7 +126,17 @@ void bind_wrap(py::module_ &m) {
         .def("open", &machine_open, py::arg("envelope"),
              "Opens the envelope and returns its secret. The first open under a policy decrypts its policy "
              "key with CP-ABE (milliseconds); later ones hit the cache.\n\n"
-             "Raises PolicyNotSatisfied, RetiredGeneration, UnknownPolicyKey, InvalidEnvelope, StoreError.")
+             "Raises PolicyNotSatisfied, RetiredGeneration, UnknownPolicyKey, InvalidEnvelope, "
+             "ReplayedObject (the store put back an older generation list), StoreError.")
+        .def("follow", &machine_follow,
+             "Follows the store: a watch (etcd's stream, or a poll of a directory every 100 ms) brings "
+             "each change to the cache as it is committed: a retired policy key is forgotten at once, a "
+             "rotated one opened ahead, a new generation list verified. Until the machine is freed; a "
+             "second call changes nothing.\n\nRaises StoreIOError if the watch cannot start.")
+        .def("cache_stats", &machine_cache_stats,
+             "The cache's counters as a dict of ints: hits, misses, evictions, entries, and what "
+             "following the store did: watch_events, resyncs, propagations (generation lists received), "
+             "propagation_last_us and propagation_max_us (authority commit to this cache).")
         .def("__repr__", [](const Machine &) { return std::string("<keyfence.wrap.Machine (secret)>"); });
 }
 

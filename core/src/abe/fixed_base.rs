@@ -20,8 +20,16 @@ fn nibble(bytes: &[u8; 32], i: usize) -> u8 {
 }
 
 /// A table for one base point of a curve group.
-pub(crate) struct Table<A> {
+pub(crate) struct Table<A: Copy + Default> {
     rows: Vec<[A; 16]>,
+}
+
+/// A table of a secret point (an attribute key's Boneh-Katz points) is as
+/// secret as the point: wiped when dropped.
+impl<A: Copy + Default> Drop for Table<A> {
+    fn drop(&mut self) {
+        super::group::wipe(self.rows.as_flattened_mut());
+    }
 }
 
 /// The rows of a table: `k * 16^i * base` for `k` in 0..16, projective.
@@ -50,11 +58,15 @@ pub(crate) fn g2_table(base: &G2Affine) -> Table<G2Affine> {
 /// `batch_normalize`, which blstrs keeps, inverts every point, and took
 /// 3.4 ms per table instead of a fraction of one.
 pub(crate) fn g1_table(base: &G1Affine) -> Table<G1Affine> {
-    let proj = table_points(G1Projective::from(base));
+    let mut proj = table_points(G1Projective::from(base));
     // The identities (k = 0) stay out of blst's batch.
-    let finite: Vec<blst::blst_p1> =
+    let mut finite: Vec<blst::blst_p1> =
         proj.chunks(16).flat_map(|row| row[1..].iter().map(|p| *p.as_ref())).collect();
     let aff = blst::p1_affines::from(&finite);
+    // The temporaries hold multiples of a secret point. (blst's
+    // `p1_affines` offers no way to overwrite its own buffer.)
+    super::group::wipe_to(&mut proj, G1Projective::identity());
+    super::group::wipe(&mut finite);
     let rows = aff
         .as_slice()
         .chunks(15)

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::OnceLock;
 
-use blstrs::{G1Affine, G2Affine, Gt, Scalar};
+use blstrs::{G1Affine, G1Projective, G2Affine, Gt, Scalar};
 use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
@@ -223,7 +223,10 @@ impl AttributeKey {
         2 + labels.map(|l| 2 + l.len() + 1 + 32).sum::<usize>()
     }
 
-    /// Decodes an attribute key.
+    /// Decodes an attribute key. Its G2 points are checked to be in G2;
+    /// its G1 points to be on the curve and not the identity, not to be
+    /// in G1, which decryption does not need (docs/abe.md, "Subgroup
+    /// checks").
     ///
     /// # Errors
     /// [`super::AbeError::Malformed`] naming the field at fault: truncated,
@@ -253,7 +256,12 @@ impl AttributeKey {
         }
         ar.finish_as("attributes").map_err(&e)?;
         let k1 = matrix::decode_g2(r.bytes16("k1").map_err(&e)?, (3, 1), O, "k1")?.map(Wiped);
-        let k2 = matrix::decode_g1(r.bytes16("k2").map_err(&e)?, (4, 1), O, "k2")?.map(Wiped);
+        // The key's G1 points are checked to be on the curve, not in G1:
+        // decryption only pairs them (through sums) with the ciphertext's
+        // G2 points, which it checks, so a component outside G1 changes no
+        // result (docs/abe.md, "Subgroup checks"). Those checks were most
+        // of the cost of loading a 50-attribute key.
+        let k2 = matrix::decode_g1_on_curve(r.bytes16("k2").map_err(&e)?, (4, 1), O, "k2")?.map(Wiped);
         let mut maps = [BTreeMap::new(), BTreeMap::new()];
         for (which, map) in ["k3", "k3wild"].iter().zip(maps.iter_mut()) {
             let n = r.u16(|| format!("{which}.count")).map_err(&e)?;
@@ -261,7 +269,7 @@ impl AttributeKey {
                 let label_bytes = r.bytes16(|| format!("{which}[{i}].label")).map_err(&e)?;
                 let label = utf8(label_bytes, O, &format!("{which}[{i}].label"))?;
                 let m = r.bytes16(|| format!("{which}[{i}]")).map_err(&e)?;
-                let m = matrix::decode_g1(m, (4, 1), O, &format!("{which}[{i}]"))?;
+                let m = matrix::decode_g1_on_curve(m, (4, 1), O, &format!("{which}[{i}]"))?;
                 if map.insert(label, m.map(Wiped)).is_some() {
                     return Err(malformed(O, format!("{which}[{i}].label"), "duplicate label"));
                 }
@@ -275,7 +283,7 @@ impl AttributeKey {
             }
         }
         let key = Self { attrs, k1, k2, k3, k3wild, cache: Default::default() };
-        // A decoded key is a loaded key: precompute now, not in the
+        // A decoded key is a loaded key: compute its lines now, not in the
         // middle of its first decryption.
         key.cache();
         Ok(key)
@@ -302,10 +310,15 @@ impl Eq for AttributeKey {}
 impl AttributeKey {
     /// The key's precomputed values, built on first use.
     pub(crate) fn cache(&self) -> &super::key_cache::KeyCache {
-        self.cache.get_or_init(|| {
-            let bk = self.k3.get(super::policy::BK_LABEL).map(|m| m.e.iter().map(|p| &p.0));
-            super::key_cache::KeyCache::new(self.k1.e.iter().map(|q| &q.0), bk)
-        })
+        self.cache.get_or_init(|| super::key_cache::KeyCache::new(self.k1.e.iter().map(|q| &q.0)))
+    }
+
+    /// `id` times each of the Boneh-Katz attribute's `k3` points, from the
+    /// cache's tables (from the key's second decryption on); `None` when
+    /// the caller should multiply without them.
+    pub(crate) fn bk_times(&self, id: &Scalar) -> Option<Vec<G1Projective>> {
+        let points = || self.k3.get(super::policy::BK_LABEL).map(|m| m.e.iter().map(|p| &p.0).collect());
+        self.cache().bk_times(points, id)
     }
 
     /// Overwrites the key material: `k1`, `k2` and every `k3`. The hashed

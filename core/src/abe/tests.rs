@@ -166,3 +166,19 @@ fn keys_still_round_trip_and_decrypt_after_the_wiping_changes() {
     let lazy = LazyHeader::parse(&hdr).unwrap();
     assert_eq!(decapsulate(&lazy, &bk, &again, D).unwrap().0, real);
 }
+
+#[test]
+fn the_boneh_katz_tables_wait_for_their_decryption_and_agree_with_plain_multiplication() {
+    use super::key_cache::TABLES_AT;
+    let (pk, msk) = setup().unwrap();
+    let loaded = AttributeKey::from_bytes(&key(&msk, "a=x").to_bytes()).unwrap();
+    assert!(!loaded.cache().has_bk_tables(), "a loaded key has no tables before it decrypts");
+    for round in 1..=TABLES_AT + 2 {
+        let msg = format!("message {round}");
+        let ct = super::encrypt(&pk, "a: x", msg.as_bytes()).unwrap();
+        assert_eq!(&*super::decrypt(&loaded, &ct).unwrap(), msg.as_bytes(), "decryption {round}");
+        // Plain multiplications until the TABLES_AT-th decryption, which
+        // builds the tables; every one recovers the message.
+        assert_eq!(loaded.cache().has_bk_tables(), round >= TABLES_AT, "decryption {round}");
+    }
+}

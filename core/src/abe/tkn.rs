@@ -541,8 +541,8 @@ pub(crate) fn decapsulate_with<'a>(
             a1.add(&c3, None);
             if attr.wild {
                 // The Boneh-Katz wire: its scalar, the id, is public and
-                // its points have tables in the key's cache.
-                match (w.label == BK_LABEL).then(|| key.cache().bk_times(&w.value)).flatten() {
+                // its points get tables in the key's cache.
+                match (w.label == BK_LABEL).then(|| key.bk_times(&w.value)).flatten() {
                     Some(col) => a2.add_products(&col),
                     None => a2.add(&k3(&w.label, false)?, Some(w.value)),
                 }

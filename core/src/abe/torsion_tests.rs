@@ -88,6 +88,22 @@ fn add_torsion(h: &mut Header) {
     h.c3neg.iter_mut().flatten().for_each(tweak);
 }
 
+/// Adds order-3, order-11 and order-33 components to every G1 point of an
+/// attribute key (`k2`, every `k3` and `k3wild`).
+fn add_torsion_to_key(key: &mut super::AttributeKey) {
+    let ts = [torsion_point(3), torsion_point(11)];
+    let tweak = |m: &mut Mat<super::group::Wiped<G1Affine>>| {
+        for (i, p) in m.e.iter_mut().enumerate() {
+            let q = (G1Projective::from(p.0) + ts[i % 2] + if i % 3 == 0 { ts[1 - i % 2] } else { G1Projective::identity() })
+                .to_affine();
+            assert!(!bool::from(q.is_torsion_free()));
+            p.0 = q;
+        }
+    };
+    tweak(&mut key.k2);
+    key.k3.values_mut().chain(key.k3wild.values_mut()).for_each(tweak);
+}
+
 const POLICY: &str = "a: x and not b: y and (c: z or d: w)";
 const ATTRS: &str = "a=x,b=q,c=z";
 
@@ -130,5 +146,34 @@ fn a_ciphertext_with_small_order_components_and_a_valid_mac_decrypts() {
         let mut bad = ct.clone();
         bad[i] ^= 0x01;
         assert!(decrypt(&key, &bad).is_err(), "flipping bit 0 of byte {i} was accepted");
+    }
+}
+
+/// The same claim for keys, which `AttributeKey::from_bytes` checks on the
+/// curve only: a key whose every G1 point carries a small-order component
+/// loads, and decrypts every ciphertext (a negation and the Boneh-Katz
+/// attribute's tables included) exactly as the clean key does.
+#[test]
+fn a_key_with_small_order_components_decrypts_as_its_projection() {
+    let (pk, msk) = setup().unwrap();
+    let clean = keygen(&msk, &ATTRS.parse().unwrap()).unwrap();
+    let mut dirty = super::AttributeKey::from_bytes(&clean.to_bytes()).unwrap();
+    add_torsion_to_key(&mut dirty);
+    let dirty = super::AttributeKey::from_bytes(&dirty.to_bytes()).expect("a key is checked on the curve only");
+    assert_ne!(clean.to_bytes(), dirty.to_bytes());
+    let p = AbePolicy::from_policy(&keyfence_policy::parse(POLICY).unwrap()).unwrap();
+    let bk = p.with_bk(hash_value("some id"));
+    let (hdr, real) = encapsulate(&mut OsRng, &pk, &bk);
+    let encoded = hdr.encode(&p).unwrap();
+    let lazy = LazyHeader::parse(&encoded).unwrap();
+    for strict in [false, true] {
+        let opts = Decap { threads: 1, strict };
+        assert_eq!(decapsulate(&lazy, &bk, &dirty, opts).unwrap().0, real, "strict {strict}");
+    }
+    // Past the decryption that builds the Boneh-Katz tables too.
+    for i in 0..super::key_cache::TABLES_AT + 1 {
+        let msg = format!("message {i}");
+        let ct = super::encrypt(&pk, POLICY, msg.as_bytes()).unwrap();
+        assert_eq!(&*decrypt(&dirty, &ct).unwrap(), msg.as_bytes(), "decryption {i}");
     }
 }

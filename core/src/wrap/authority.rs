@@ -14,6 +14,7 @@ use super::error::{codec, limit, malformed, Result, StateError};
 use super::error::WrapError;
 use super::format::{check_policy, reader, writer, Envelope, STATE_MAGIC};
 use super::generation::GenerationState;
+use super::generation_list;
 use super::signing::AuthorityKey;
 use super::layout::{self, hex};
 use super::machine::MachineKey;
@@ -203,8 +204,8 @@ impl Authority {
         // for the command line, so an `init` that dies before committing
         // leaves a store with no authority, which `init` can fill, never
         // an authority that no command recognises as a store.
-        let list = layout::encode_generations(a.generations.iter().map(|g| (g.number, g.state)));
-        a.put(layout::GENERATIONS, list.as_bytes());
+        let list = generation_list::encode(&a.signer, a.generations.iter().map(|g| (g.number, g.state)));
+        a.put(layout::GENERATIONS, &list);
         a.commit()?;
         // Expecting no state: of two `init`s racing on a store without a
         // lock, one commits.
@@ -214,18 +215,29 @@ impl Authority {
         }
     }
 
-    /// Opens the authority in `store`. Opening only reads: the cleanup an
-    /// interrupted operation may leave (sealed copies no committed state
-    /// refers to) is done by the next rotation, under the writer lock.
+    /// Opens the authority in `store`. Opening only reads, with one
+    /// exception: a store whose generation list is still the unsigned text
+    /// an earlier keyfence wrote gets it signed, from the authority's state
+    /// under the writer lock, because machines refuse the unsigned list.
+    /// The cleanup an interrupted operation may leave (sealed copies no
+    /// committed state refers to) is done by the next rotation.
     ///
     /// # Errors
     /// [`WrapError::State`] if there is no authority; [`WrapError::Malformed`]
-    /// if its state does not decode.
+    /// if its state does not decode; the store's errors when signing an
+    /// unsigned generation list.
     pub fn open(store: Arc<dyn Store>) -> Result<Self> {
         let (bytes, stamp) = store.get_stamped(layout::STATE)?.ok_or(StateError::NoAuthority)?;
         let bytes = Zeroizing::new(bytes);
         let mut a = Self::decode(store, &bytes)?;
         a.stamp = Some(stamp);
+        if a.store.get(layout::GENERATIONS)?.as_deref().is_some_and(generation_list::is_unsigned_text) {
+            a.change(|a| {
+                let list = generation_list::encode(&a.signer, a.generations.iter().map(|g| (g.number, g.state)));
+                a.put(layout::GENERATIONS, &list);
+                Ok(())
+            })?;
+        }
         Ok(a)
     }
 
@@ -381,8 +393,8 @@ impl Authority {
         let state = self.encode();
         self.put(layout::STATE, &state);
         self.seen = state_digest(&state);
-        let list = layout::encode_generations(self.generations.iter().map(|g| (g.number, g.state)));
-        self.put(layout::GENERATIONS, list.as_bytes());
+        let list = generation_list::encode(&self.signer, self.generations.iter().map(|g| (g.number, g.state)));
+        self.put(layout::GENERATIONS, &list);
         Ok(())
     }
 
@@ -617,38 +629,43 @@ impl Authority {
         let current = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?.version;
         let mut rewrapped = 0;
         let mut skipped = Vec::new();
-        for name in self.store.list(layout::ENVELOPES)? {
-            let Some(bytes) = self.store.get(&name)? else { continue };
-            let skip = |reason| Skipped { name: name.clone(), reason };
-            let env = match Envelope::parse(&bytes) {
-                Ok(env) => env,
-                Err(e) => {
-                    skipped.push(skip(SkipReason::Malformed(e.to_string())));
+        // Read in batches: one request per 128 envelopes on etcd, not one each.
+        let names = self.store.list(layout::ENVELOPES)?;
+        for chunk in names.chunks(128) {
+            let values = self.store.get_many(chunk)?;
+            for (name, bytes) in chunk.iter().zip(values) {
+                let Some(bytes) = bytes else { continue };
+                let skip = |reason| Skipped { name: name.clone(), reason };
+                let env = match Envelope::parse(&bytes) {
+                    Ok(env) => env,
+                    Err(e) => {
+                        skipped.push(skip(SkipReason::Malformed(e.to_string())));
+                        continue;
+                    }
+                };
+                if env.policy_id != *pid || env.key_version == current {
                     continue;
                 }
-            };
-            if env.policy_id != *pid || env.key_version == current {
-                continue;
+                if let Err(e) = env.verify(&self.signer.public()) {
+                    skipped.push(skip(SkipReason::NotSigned(e.to_string())));
+                    continue;
+                }
+                if *name != layout::envelope(&env.secret_id) {
+                    skipped.push(skip(SkipReason::Misnamed(hex(&env.secret_id))));
+                    continue;
+                }
+                let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
+                    skipped.push(skip(SkipReason::RetiredVersion(env.key_version)));
+                    continue;
+                };
+                let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
+                    skipped.push(skip(SkipReason::DoesNotOpen(env.key_version)));
+                    continue;
+                };
+                self.seal_envelope(&env.secret_id, pid, &secret)?;
+                rewrapped += 1;
+                self.flush_if_large()?;
             }
-            if let Err(e) = env.verify(&self.signer.public()) {
-                skipped.push(skip(SkipReason::NotSigned(e.to_string())));
-                continue;
-            }
-            if name != layout::envelope(&env.secret_id) {
-                skipped.push(skip(SkipReason::Misnamed(hex(&env.secret_id))));
-                continue;
-            }
-            let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
-                skipped.push(skip(SkipReason::RetiredVersion(env.key_version)));
-                continue;
-            };
-            let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
-                skipped.push(skip(SkipReason::DoesNotOpen(env.key_version)));
-                continue;
-            };
-            self.seal_envelope(&env.secret_id, pid, &secret)?;
-            rewrapped += 1;
-            self.flush_if_large()?;
         }
         Ok((rewrapped, skipped))
     }

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use zeroize::Zeroizing;
 
@@ -41,6 +41,22 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Keys currently held.
     pub entries: usize,
+    /// Store changes applied from a watch ([`Machine::apply`](super::Machine::apply)).
+    pub watch_events: u64,
+    /// Full resyncs: the cache cleared because a watch lost changes (an
+    /// etcd compaction, a polled store resumed).
+    pub resyncs: u64,
+    /// Generation lists accepted from a watch: how many propagation delays
+    /// were measured.
+    pub propagations: u64,
+    /// The last propagation delay: from the authority's commit (the time it
+    /// signs into the generation list, by its clock) to this machine having
+    /// verified the new list (by this one's). Clocks apart skew it.
+    pub propagation_last: Duration,
+    /// The longest propagation delay measured.
+    pub propagation_max: Duration,
+    /// The sum of the delays measured (divide by `propagations`).
+    pub propagation_total: Duration,
 }
 
 pub(crate) type KeyId = ([u8; 32], u32);
@@ -60,6 +76,10 @@ pub(crate) struct PolicyKeyCache {
     /// Bumped by every `forget` and `clear`: a load that began before one
     /// does not insert what it loaded, which may be what was forgotten.
     epoch: AtomicU64,
+    watch_events: AtomicU64,
+    resyncs: AtomicU64,
+    /// Count, last, max and total of the propagation delays.
+    propagation: Mutex<(u64, Duration, Duration, Duration)>,
 }
 
 impl PolicyKeyCache {
@@ -72,6 +92,9 @@ impl PolicyKeyCache {
             misses: AtomicU64::new(0),
             evictions: AtomicU64::new(0),
             epoch: AtomicU64::new(0),
+            watch_events: AtomicU64::new(0),
+            resyncs: AtomicU64::new(0),
+            propagation: Mutex::new(Default::default()),
         }
     }
 
@@ -133,12 +156,40 @@ impl PolicyKeyCache {
     }
 
     pub(crate) fn stats(&self) -> CacheStats {
+        let p = *self.propagation.lock().unwrap_or_else(|e| e.into_inner());
         CacheStats {
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
             evictions: self.evictions.load(Ordering::Relaxed),
             entries: self.map.lock().unwrap_or_else(|e| e.into_inner()).len(),
+            watch_events: self.watch_events.load(Ordering::Relaxed),
+            resyncs: self.resyncs.load(Ordering::Relaxed),
+            propagations: p.0,
+            propagation_last: p.1,
+            propagation_max: p.2,
+            propagation_total: p.3,
         }
+    }
+
+    /// Whether `id` is held (and not expired), without counting a hit.
+    pub(crate) fn holds(&self, id: &KeyId) -> bool {
+        self.map.lock().unwrap_or_else(|e| e.into_inner()).get(id).is_some_and(|e| e.at.elapsed() < self.cfg.ttl)
+    }
+
+    pub(crate) fn count_event(&self) {
+        self.watch_events.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_resync(&self) {
+        self.resyncs.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts the delay from `committed` to now (zero if this clock is
+    /// behind the committer's).
+    pub(crate) fn count_propagation(&self, committed: SystemTime) {
+        let d = SystemTime::now().duration_since(committed).unwrap_or_default();
+        let mut p = self.propagation.lock().unwrap_or_else(|e| e.into_inner());
+        *p = (p.0 + 1, d, p.2.max(d), p.3 + d);
     }
 
     pub(crate) fn clear(&self) {

@@ -51,6 +51,16 @@ pub enum WrapError {
         /// The first bytes of the authority key the machine trusts, hex.
         trusted: String,
     },
+    /// An object the authority did sign, but older than one this machine
+    /// has already accepted: whoever can write the store put back (or
+    /// withheld) a newer one. Nothing is opened on its word.
+    #[error("{object} refused: it is older than one already seen ({reason}); the store was rolled back or replayed")]
+    Replayed {
+        /// `generation list`.
+        object: &'static str,
+        /// How it goes back on the newer one.
+        reason: String,
+    },
     /// Bytes that are not the named object.
     #[error("malformed {object}: {reason}")]
     Malformed {
@@ -145,6 +155,7 @@ impl WrapError {
             WrapError::UnknownPolicyKey { .. } => ErrorCode::UnknownPolicyKey,
             WrapError::Tampered { .. } => ErrorCode::InvalidEnvelope,
             WrapError::WrongAuthority { .. } => ErrorCode::WrongAuthority,
+            WrapError::Replayed { .. } => ErrorCode::ReplayedObject,
             WrapError::Malformed { object: "machine key", .. } => ErrorCode::InvalidKey,
             WrapError::Malformed { object: "authority state" | "generation list", .. } => ErrorCode::InconsistentState,
             WrapError::Malformed { .. } => ErrorCode::InvalidEnvelope,
@@ -200,6 +211,7 @@ mod tests {
             (WrapError::Tampered { object: "envelope" }, ErrorCode::InvalidEnvelope),
             (WrapError::Tampered { object: "sealed policy key" }, ErrorCode::InvalidEnvelope),
             (wrong_authority("envelope", &[1; 32], &[2; 32]), ErrorCode::WrongAuthority),
+            (WrapError::Replayed { object: "generation list", reason: "x".into() }, ErrorCode::ReplayedObject),
             (malformed("envelope", "x"), ErrorCode::InvalidEnvelope),
             (malformed("sealed policy key", "x"), ErrorCode::InvalidEnvelope),
             (malformed("machine key", "x"), ErrorCode::InvalidKey),

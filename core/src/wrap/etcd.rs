@@ -26,6 +26,7 @@ use base64::Engine as _;
 use serde_json::{json, Value};
 
 use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock};
+use super::watch::{Watch, WatchEvent};
 
 /// etcd's default `--max-request-bytes` (1.5 MiB), less room for the
 /// request's framing: the largest value, or sum of keys and values of one
@@ -293,68 +294,6 @@ impl EtcdStore {
     }
 }
 
-/// A change to an object under a watched prefix.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchEvent {
-    /// The object was created or replaced at `revision`.
-    Put {
-        /// The object's name (without the store's prefix).
-        key: String,
-        /// The revision of the change.
-        revision: i64,
-    },
-    /// The object was deleted at `revision`.
-    Delete {
-        /// The object's name.
-        key: String,
-        /// The revision of the change.
-        revision: i64,
-    },
-    /// etcd compacted away the revisions the watch was to resume from: the
-    /// changes in between are lost to it, so the watcher must read the
-    /// prefix again in full. The watch goes on with the changes after
-    /// `revision`, the cluster's revision when it learnt of the compaction.
-    Compacted {
-        /// The revision the watch resumes after.
-        revision: i64,
-    },
-}
-
-impl WatchEvent {
-    /// The revision of the change (or the one resumed after a compaction).
-    pub fn revision(&self) -> i64 {
-        match self {
-            WatchEvent::Put { revision, .. } | WatchEvent::Delete { revision, .. } | WatchEvent::Compacted { revision } => *revision,
-        }
-    }
-}
-
-/// The changes under a prefix from a revision on, in revision order, each
-/// once, across reconnections ([`EtcdStore::watch`]). Stops when dropped.
-pub struct Watch {
-    rx: mpsc::Receiver<WatchEvent>,
-    stop: Arc<AtomicBool>,
-}
-
-impl std::fmt::Debug for Watch {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Watch")
-    }
-}
-
-impl Watch {
-    /// The next change, waiting up to `wait`; `None` if there was none.
-    pub fn next_timeout(&self, wait: Duration) -> Option<WatchEvent> {
-        self.rx.recv_timeout(wait).ok()
-    }
-}
-
-impl Drop for Watch {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-    }
-}
-
 impl EtcdStore {
     /// The cluster's current revision: a watch from it sees every later
     /// change.
@@ -389,7 +328,7 @@ impl EtcdStore {
             .name("keyfence-etcd-watch".into())
             .spawn(move || this.follow(start, after, tx, flag))
             .map_err(|e| io_err(prefix, format!("cannot start the watch thread: {e}")))?;
-        Ok(Watch { rx, stop })
+        Ok(Watch::from_channel(rx, stop))
     }
 
     /// The watch thread: one stream at a time, resumed after `last`.
@@ -471,7 +410,10 @@ impl EtcdStore {
                     let event = if e.get("type").and_then(Value::as_str) == Some("DELETE") {
                         WatchEvent::Delete { key, revision }
                     } else {
-                        WatchEvent::Put { key, revision }
+                        // The value is in the event: a watcher need not read it
+                        // again (a bad encoding leaves it to that read).
+                        let value = bytes(kv.get("value").unwrap_or(&Value::Null), &key).ok();
+                        WatchEvent::Put { key, revision, value }
                     };
                     if tx.send(event).is_err() {
                         return;
@@ -566,6 +508,35 @@ impl Store for EtcdStore {
     /// a paused process could believe it still holds.
     fn lock(&self, _wait: Duration) -> Result<StoreLock, StoreError> {
         Ok(StoreLock::new(()))
+    }
+
+    /// One read-only transaction per 128 objects (etcd's `--max-txn-ops`),
+    /// each a linearizable read of all of them at one revision.
+    fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_TXN_OPS) {
+            let mut success = Vec::with_capacity(chunk.len());
+            for k in chunk {
+                success.push(json!({ "request_range": { "key": b64(self.full(k)?.as_bytes()) } }));
+            }
+            let first = chunk.first().map_or("", String::as_str);
+            let v = self.call(first, "/v3/kv/txn", &json!({ "success": success }))?;
+            let responses = v.get("responses").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+            if responses.len() != chunk.len() {
+                return Err(io_err(first, format!("etcd answered {} reads of {}", responses.len(), chunk.len())));
+            }
+            for (k, r) in chunk.iter().zip(responses) {
+                let kv = r.pointer("/response_range/kvs/0");
+                out.push(kv.map(|kv| bytes(kv.get("value").unwrap_or(&Value::Null), k)).transpose()?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// etcd's own watch stream ([`EtcdStore::watch`]): no polling, and a
+    /// revision to resume from that etcd remembers until it compacts.
+    fn watch(self: Arc<Self>, prefix: &str, after: i64) -> Result<Watch, StoreError> {
+        EtcdStore::watch(&self, prefix, after)
     }
 
     /// One etcd transaction: `compare` the `mod_revision` of each expected

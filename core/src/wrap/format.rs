@@ -39,6 +39,9 @@ pub(crate) const ENVELOPE_MAGIC: &[u8; 4] = b"KFE2";
 pub(crate) const SEALED_MAGIC: &[u8; 4] = b"KFP2";
 pub(crate) const MACHINE_MAGIC: &[u8; 4] = b"KFM2";
 pub(crate) const STATE_MAGIC: &[u8; 4] = b"KFA2";
+/// The signed generation list (`2` as the other objects of this version;
+/// the list before it was unsigned text, with no magic).
+pub(crate) const GENERATIONS_MAGIC: &[u8; 4] = b"KFG2";
 
 /// Longest canonical policy text the objects' 16-bit policy fields hold.
 pub(crate) const MAX_POLICY_TEXT: usize = u16::MAX as usize;

@@ -1,22 +1,21 @@
-//! The names of the objects in the store, and the replicated generation
-//! list: built and read here only (`docs/wrapping.md`, "Store layout").
+//! The names of the objects in the store: built and read here only
+//! (`docs/wrapping.md`, "Store layout").
 //!
 //! ```text
 //! authority/state                           the authority's private state ("KFA2")
-//! public/generations                        "{generation} {state}\n" per generation, oldest first
+//! public/generations                        the signed generation list ("KFG2", generation_list.rs)
 //! sealed/{policy id}/{version}/{generation} a sealed policy key ("KFP2")
 //! envelopes/{secret id}                     an envelope ("KFE2")
 //! ```
 //!
 //! Ids are lowercase hex, numbers decimal without leading zeros.
 
-use super::generation::GenerationState;
-use super::error::{malformed, Result};
-
 /// The authority's private state.
 pub(crate) const STATE: &str = "authority/state";
 /// The replicated list of generations and their states, for machines.
 pub(crate) const GENERATIONS: &str = "public/generations";
+/// Prefix of the objects every machine reads besides the sealed keys.
+pub(crate) const PUBLIC: &str = "public/";
 /// Prefix of every sealed policy key.
 pub(crate) const SEALED: &str = "sealed/";
 /// Prefix of every envelope.
@@ -61,28 +60,6 @@ pub(crate) fn envelope(secret_id: &[u8; 16]) -> String {
     format!("{ENVELOPES}{}", hex(secret_id))
 }
 
-/// The generation list: one line `"{generation} {state}\n"` per
-/// generation, oldest first, the state as in the authority state (0
-/// active, 1 decrypt-only, 2 retired).
-pub(crate) fn encode_generations(generations: impl IntoIterator<Item = (u32, GenerationState)>) -> String {
-    generations.into_iter().map(|(n, s)| format!("{n} {}\n", s.code())).collect()
-}
-
-/// Reads the generation list; an absent list is an empty one.
-pub(crate) fn decode_generations(bytes: &[u8]) -> Result<Vec<(u32, GenerationState)>> {
-    const O: &str = "generation list";
-    let text = std::str::from_utf8(bytes).map_err(|_| malformed(O, "not UTF-8"))?;
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let bad = || malformed(O, format!("bad line {line:?}"));
-        let (n, s) = line.split_once(' ').ok_or_else(bad)?;
-        let n: u32 = n.parse().map_err(|_| bad())?;
-        let s = s.parse::<u8>().ok().and_then(GenerationState::from_code).ok_or_else(bad)?;
-        out.push((n, s));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,17 +82,5 @@ mod tests {
             assert_eq!(parse_sealed(&bad), None, "{bad}");
         }
         assert_eq!(envelope(&[1; 16]), format!("envelopes/{}", "01".repeat(16)));
-    }
-
-    #[test]
-    fn the_generation_list_reads_back() {
-        let gens = vec![(1, GenerationState::Retired), (2, GenerationState::DecryptOnly), (3, GenerationState::Active)];
-        let text = encode_generations(gens.clone());
-        assert_eq!(text, "1 2\n2 1\n3 0\n");
-        assert_eq!(decode_generations(text.as_bytes()).unwrap(), gens);
-        assert_eq!(decode_generations(b"").unwrap(), vec![]);
-        for bad in [&b"1 7\n"[..], b"x 0\n", b"1\n", b"\xff"] {
-            assert!(decode_generations(bad).is_err());
-        }
     }
 }

@@ -11,11 +11,13 @@ use zeroize::Zeroizing;
 use super::cache::{CacheConfig, CacheStats, PolicyKeyCache};
 use super::error::{codec, limit, malformed, Result, WrapError};
 use super::format::{reader, writer, Envelope, MACHINE_MAGIC};
+use super::generation_list::{GenerationList, Seen};
 use super::hpke;
 use super::layout::{self, hex};
 use super::sealed::SealedKey;
 use super::signing;
 use super::store::Store;
+use super::watch::WatchEvent;
 use crate::abe::AttributeKey;
 
 /// A machine's keys: its attributes, one CP-ABE attribute key per live
@@ -212,6 +214,8 @@ pub struct Machine {
     key: MachineKey,
     store: Arc<dyn Store>,
     cache: PolicyKeyCache,
+    /// The newest generation list accepted: an older one is refused.
+    seen: Seen,
 }
 
 impl fmt::Debug for Machine {
@@ -223,7 +227,7 @@ impl fmt::Debug for Machine {
 impl Machine {
     /// A machine with `key`, reading sealed policy keys from `store`.
     pub fn new(key: MachineKey, store: Arc<dyn Store>, cache: CacheConfig) -> Self {
-        Self { key, store, cache: PolicyKeyCache::new(cache) }
+        Self { key, store, cache: PolicyKeyCache::new(cache), seen: Seen::default() }
     }
 
     /// This machine's attributes.
@@ -289,7 +293,7 @@ impl Machine {
     /// generation, checked (header, authority, signature) but not opened,
     /// with this machine's key for that generation.
     fn sealed_copy(&self, env: &Envelope) -> Result<(SealedKey, &AttributeKey)> {
-        let (sealed, g) = sealed_copy(&*self.store, &self.key.authority, &self.key.generations(), env)?;
+        let (sealed, g) = sealed_copy(&*self.store, &self.seen, &self.key.authority, &self.key.generations(), env)?;
         // `g` is one of this key's generations.
         let key = self.key.keys.iter().find(|(k, _)| *k == g).map(|(_, k)| k);
         key.map(|k| (sealed, k)).ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
@@ -320,63 +324,130 @@ impl Machine {
         layout::parse_sealed(name).is_some_and(|s| self.cache.forget(&(s.policy_id, s.version)))
     }
 
-    /// Follows `store`'s deletions of sealed copies with a watch (see
-    /// [`EtcdStore::watch`](super::EtcdStore::watch)) and [`forget`]s each
-    /// as it arrives, so a retirement reaches this machine's cache without
-    /// waiting for its time to live; after a compaction it clears the
-    /// cache. Stops when the returned [`Follower`] is dropped.
-    ///
-    /// [`forget`]: Machine::forget
+    /// Follows the store's changes with two watches ([`Store::watch`]:
+    /// etcd's stream, or polling for a directory), one on `sealed/` and one
+    /// on `public/`, and [`apply`](Machine::apply)s each as it arrives:
+    /// a retirement reaches the cache without waiting for its time to
+    /// live, a new or rotated policy key this machine may open is opened
+    /// ahead of the first envelope that needs it, and a new generation list
+    /// is verified (and a replayed one refused) as soon as it is written.
+    /// Stops when the returned [`Follower`] is dropped (or this machine is).
     ///
     /// # Errors
-    /// [`WrapError::Store`] if the watch cannot start.
-    #[cfg(feature = "etcd")]
-    pub fn follow(self: &Arc<Self>, store: &super::etcd::EtcdStore) -> Result<Follower> {
-        use super::etcd::WatchEvent;
+    /// [`WrapError::Store`] if a watch cannot start.
+    pub fn follow(self: &Arc<Self>) -> Result<Follower> {
         use std::sync::atomic::{AtomicBool, Ordering};
-        let watch = store.watch(layout::SEALED, 0)?;
         let stop = Arc::new(AtomicBool::new(false));
-        let (machine, flag) = (Arc::downgrade(self), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("keyfence-machine-follow".into())
-            .spawn(move || {
-                while !flag.load(Ordering::SeqCst) {
-                    let Some(event) = watch.next_timeout(std::time::Duration::from_millis(100)) else { continue };
-                    let Some(m) = machine.upgrade() else { return };
-                    match event {
-                        WatchEvent::Delete { key, .. } => {
-                            m.forget(&key);
-                        }
-                        WatchEvent::Compacted { .. } => m.clear_cache(),
-                        WatchEvent::Put { .. } => {}
+        let mut threads = Vec::new();
+        for prefix in [layout::SEALED, layout::PUBLIC] {
+            let watch = self.store.clone().watch(prefix, 0)?;
+            let (machine, flag) = (Arc::downgrade(self), stop.clone());
+            let thread = std::thread::Builder::new()
+                .name("keyfence-machine-follow".into())
+                .spawn(move || {
+                    while !flag.load(Ordering::SeqCst) {
+                        let Some(event) = watch.next_timeout(std::time::Duration::from_millis(100)) else { continue };
+                        let Some(m) = machine.upgrade() else { return };
+                        m.apply(&event);
                     }
+                })
+                .map_err(|e| super::store::StoreError::Io { key: prefix.into(), source: e })?;
+            threads.push(thread);
+        }
+        Ok(Follower { stop, threads })
+    }
+
+    /// Brings the cache up to one change of the store (what
+    /// [`Machine::follow`] does with each event; a caller running its own
+    /// watch can do it instead): a deleted sealed copy is forgotten, a new
+    /// one opened ahead if this machine may open it, a new generation list
+    /// verified and its propagation delay counted, and after a compaction
+    /// the cache is cleared (a full resync, counted). Best effort: a change
+    /// that cannot be applied (a store that fails, a replayed list) is
+    /// left to the next [`Machine::open`], which reads and checks the store
+    /// itself and reports the error.
+    pub fn apply(&self, event: &WatchEvent) {
+        self.cache.count_event();
+        match event {
+            WatchEvent::Delete { key, .. } => {
+                self.forget(key);
+            }
+            WatchEvent::Put { key, value, .. } if key == layout::GENERATIONS => {
+                // The list the feed carried, or (a polled store) the store's.
+                let list = match value {
+                    Some(v) => self.seen.accept(Some(v), &self.key.authority),
+                    None => self.generations(),
+                };
+                if let Ok(list) = list {
+                    self.cache.count_propagation(list.committed_at);
                 }
-            })
-            .map_err(|e| super::store::StoreError::Io { key: layout::SEALED.into(), source: e })?;
-        Ok(Follower { stop, thread: Some(thread) })
+            }
+            WatchEvent::Put { key, value, .. } => self.warm(key, value.as_deref()),
+            WatchEvent::Compacted { .. } => {
+                self.cache.count_resync();
+                self.clear_cache();
+                let _ = self.generations();
+            }
+        }
+    }
+
+    /// The store's generation list, verified and checked against the
+    /// newest one this machine has seen.
+    fn generations(&self) -> Result<GenerationList> {
+        self.seen.accept(self.store.get(layout::GENERATIONS)?.as_deref(), &self.key.authority)
+    }
+
+    /// Opens the policy key of the sealed copy `name` into the cache, if it
+    /// is for a generation this machine holds a key for, signed by its
+    /// authority, under a policy its attributes satisfy, and not cached;
+    /// `value` is the copy if the watch carried it, else it is read.
+    fn warm(&self, name: &str, value: Option<&[u8]>) {
+        let Some(s) = layout::parse_sealed(name) else { return };
+        let Some(key) = self.key.keys.iter().find(|(g, _)| *g == s.generation).map(|(_, k)| k) else { return };
+        if self.cache.holds(&(s.policy_id, s.version)) {
+            return;
+        }
+        let read;
+        let blob = match value {
+            Some(v) => v,
+            None => match self.store.get(name) {
+                Ok(Some(b)) => {
+                    read = b;
+                    &read[..]
+                }
+                _ => return,
+            },
+        };
+        let Ok(sealed) = SealedKey::parse(blob) else { return };
+        let named = sealed.policy_id == s.policy_id && sealed.version == s.version && sealed.generation == s.generation;
+        if !named || sealed.verify(&self.key.authority).is_err() {
+            return;
+        }
+        let Ok(policy) = super::policy::CanonicalPolicy::parse(&sealed.policy) else { return };
+        if !policy.eval(&self.key.attrs) {
+            return;
+        }
+        let _ = self.cache.get_or_load((s.policy_id, s.version), || sealed.open(key));
     }
 }
 
 /// A machine following its store's changes ([`Machine::follow`]); stops
 /// (within a tenth of a second) when dropped.
-#[cfg(feature = "etcd")]
 pub struct Follower {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
 }
 
-#[cfg(feature = "etcd")]
 impl fmt::Debug for Follower {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("Follower")
     }
 }
 
-#[cfg(feature = "etcd")]
 impl Drop for Follower {
     fn drop(&mut self) {
         self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
-        if let Some(t) = self.thread.take() {
+        for t in self.threads.drain(..) {
             let _ = t.join();
         }
     }
@@ -392,16 +463,13 @@ fn precheck(authority: &[u8; 32], attrs: &Attributes, env: &Envelope) -> Result<
     Ok(())
 }
 
-fn live_generations(store: &dyn Store) -> Result<Vec<u32>> {
-    let list = store.get(layout::GENERATIONS)?.unwrap_or_default();
-    Ok(layout::decode_generations(&list)?.into_iter().filter(|(_, s)| s.is_live()).map(|(n, _)| n).collect())
-}
-
 /// The sealed copy of the policy key of `env` for the newest of `have`
-/// (a machine key's generations, newest first) that is live, checked
-/// (header, authority, signature) but not opened, and that generation.
-fn sealed_copy(store: &dyn Store, authority: &[u8; 32], have: &[u32], env: &Envelope) -> Result<(SealedKey, u32)> {
-    let live = live_generations(store)?;
+/// (a machine key's generations, newest first) that is live by the
+/// store's generation list (verified, and refused if it goes back on the
+/// newest list `seen`), checked (header, authority, signature) but not
+/// opened, and that generation.
+fn sealed_copy(store: &dyn Store, seen: &Seen, authority: &[u8; 32], have: &[u32], env: &Envelope) -> Result<(SealedKey, u32)> {
+    let live = seen.accept(store.get(layout::GENERATIONS)?.as_deref(), authority)?.live();
     let usable: Vec<u32> = have.iter().copied().filter(|g| live.contains(g)).collect();
     if usable.is_empty() {
         return Err(WrapError::RetiredGeneration { have: have.to_vec(), live });
@@ -427,6 +495,7 @@ fn sealed_copy(store: &dyn Store, authority: &[u8; 32], have: &[u32], env: &Enve
 pub struct PublicMachine {
     info: MachineInfo,
     store: Arc<dyn Store>,
+    seen: Seen,
 }
 
 impl fmt::Debug for PublicMachine {
@@ -439,7 +508,7 @@ impl PublicMachine {
     /// The machine described by `info`, reading sealed policy keys from
     /// `store`.
     pub fn new(info: MachineInfo, store: Arc<dyn Store>) -> Self {
-        Self { info, store }
+        Self { info, store, seen: Seen::default() }
     }
 
     /// What the machine key says about itself.
@@ -467,7 +536,7 @@ impl PublicMachine {
     /// The error [`Machine::open`] would return for the same reason.
     pub fn can_open(&self, envelope: &Envelope) -> Result<()> {
         precheck(&self.info.authority, &self.info.attrs, envelope)?;
-        sealed_copy(&*self.store, &self.info.authority, &self.info.generations, envelope).map(drop)
+        sealed_copy(&*self.store, &self.seen, &self.info.authority, &self.info.generations, envelope).map(drop)
     }
 }
 

@@ -28,10 +28,11 @@
 //!
 //! See `docs/wrapping.md` for the formats and the crash-safety argument.
 
-// Direction, bottom to top (each module uses only those before it): store
+// Direction, bottom to top (each module uses only those before it): watch
+// (change feeds, and polling for stores without one), store
 // (the contract and the file store), etcd (the store on etcd), name (a
 // store named by one string), error, signing, hpke, policy,
-// generation, layout (object names), format and sealed (the signed
+// generation, layout (object names), format, sealed and generation_list (the signed
 // objects), cache; then the two roles that use all of it: machine (opens)
 // and authority (writes).
 
@@ -44,6 +45,7 @@ mod etcd;
 mod faulty;
 mod format;
 mod generation;
+mod generation_list;
 mod hpke;
 mod layout;
 mod machine;
@@ -52,6 +54,7 @@ mod policy;
 mod sealed;
 mod signing;
 mod store;
+mod watch;
 
 pub use authority::{Authority, MasterRotation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
 pub use generation::GenerationState;
@@ -60,11 +63,10 @@ pub use error::{Result, StateError, WrapError};
 #[cfg(feature = "testing")]
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{nearest_capable, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
-#[cfg(feature = "etcd")]
-pub use machine::Follower;
+pub use machine::{nearest_capable, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use policy::{policy_id, CanonicalPolicy};
-pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock};
+pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
+pub use watch::{Watch, WatchEvent};
 #[cfg(feature = "etcd")]
-pub use etcd::{EtcdConfig, EtcdStore, Watch, WatchEvent, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
-pub use name::open_store;
+pub use etcd::{EtcdConfig, EtcdStore, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
+pub use name::{open_store, open_store_path};

@@ -33,6 +33,19 @@ pub fn open_store(name: &str) -> Result<Arc<dyn Store>, StoreError> {
     Ok(Arc::new(FileStore::open(name)?))
 }
 
+/// [`open_store`] for a name held as a path (a command-line argument, a
+/// key process's request): a UTF-8 path is a store name, `etcd://`
+/// included; any other is a directory.
+///
+/// # Errors
+/// As [`open_store`].
+pub fn open_store_path(name: &std::path::Path) -> Result<Arc<dyn Store>, StoreError> {
+    match name.to_str() {
+        Some(s) => open_store(s),
+        None => Ok(Arc::new(FileStore::open(name)?)),
+    }
+}
+
 #[cfg(not(feature = "etcd"))]
 fn open_etcd(name: &str, _rest: &str) -> Result<Arc<dyn Store>, StoreError> {
     Err(StoreError::InvalidName { name: name.to_owned(), reason: "this build has no etcd store (the `etcd` feature)".into() })

@@ -16,6 +16,7 @@ pub(crate) const SIGNATURE_LEN: usize = 64;
 /// as another, whatever their bytes.
 pub(crate) const ENVELOPE_CONTEXT: &[u8] = b"keyfence/v2 envelope signature\0";
 pub(crate) const SEALED_CONTEXT: &[u8] = b"keyfence/v2 sealed policy key signature\0";
+pub(crate) const GENERATIONS_CONTEXT: &[u8] = b"keyfence/v2 generation list signature\0";
 
 /// The authority's signing key (wiped on drop by `ed25519-dalek`).
 pub(crate) struct AuthorityKey(SigningKey);

@@ -13,6 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use super::watch::{self, Watch};
+
 /// A store failure.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -84,12 +86,16 @@ impl StoreError {
     }
 }
 
+/// How often a store without a change feed is polled by
+/// [`Store::watch`]: the most a change waits before a watcher sees it.
+pub const POLL_EVERY: Duration = Duration::from_millis(100);
+
 /// A key-value store with atomic, durable single-object writes.
 ///
 /// `put` must be atomic (a reader sees the old or the new value, never a
 /// mix) and durable when it returns: the authority's crash safety rests on
 /// that alone.
-pub trait Store: Send + Sync {
+pub trait Store: Send + Sync + 'static {
     /// The object, if present.
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError>;
     /// Creates or replaces the object atomically.
@@ -147,6 +153,48 @@ pub trait Store: Send + Sync {
         }
         Ok(())
     }
+
+    /// The objects `keys` names, in order (`None` for an absent one): for a
+    /// caller that reads many, such as a policy-key rotation reading every
+    /// envelope. By default one [`Store::get`] each; a replicated store
+    /// answers many in one request ([`EtcdStore`](super::EtcdStore): up to
+    /// 128 a transaction).
+    ///
+    /// # Errors
+    /// As [`Store::get`].
+    fn get_many(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        keys.iter().map(|k| self.get(k)).collect()
+    }
+
+    /// Watches the objects under `prefix` (which ends with `/`) for
+    /// changes after revision `after`: 0 for "from now", or the revision
+    /// of an event an earlier watch on this store delivered, to resume
+    /// where it stopped. Events come in revision order, each once; when
+    /// the changes since `after` cannot be told (etcd compacted them, or
+    /// the store keeps no history) the watch begins with
+    /// [`WatchEvent::Compacted`] and the watcher reads the prefix again.
+    ///
+    /// By default the store is polled every [`POLL_EVERY`]: a listing of
+    /// the prefix and a digest of each value, so a store whose values are
+    /// large should override it ([`FileStore`] compares file metadata,
+    /// [`EtcdStore`](super::EtcdStore) follows etcd's watch stream).
+    ///
+    /// # Errors
+    /// [`StoreError::InvalidKey`] for a prefix that is not a store key;
+    /// the errors of the first listing.
+    fn watch(self: Arc<Self>, prefix: &str, after: i64) -> Result<Watch, StoreError> {
+        check_key(prefix.trim_end_matches('/'))?;
+        let p = prefix.to_owned();
+        watch::poll(prefix, POLL_EVERY, after != 0, move || {
+            let mut snap = watch::Snapshot::new();
+            for key in self.list(&p)? {
+                if let Some((value, _)) = self.get_stamped(&key)? {
+                    snap.insert(key, digest(&value));
+                }
+            }
+            Ok(snap)
+        })
+    }
 }
 
 /// Which version of an object was read: a store's revision, or a digest of
@@ -168,10 +216,7 @@ impl Stamp {
 
     /// The stamp of a value in a store without revisions: its BLAKE2b-256.
     pub fn of_value(value: &[u8]) -> Self {
-        let h = blake2b_simd::Params::new().hash_length(32).personal(b"keyfence-stamp").hash(value);
-        let mut d = [0u8; 32];
-        d.copy_from_slice(h.as_bytes());
-        Stamp(StampKind::Digest(d))
+        Stamp(StampKind::Digest(digest(value)))
     }
 
     /// The revision, for a stamp made by [`Stamp::revision`].
@@ -192,6 +237,15 @@ impl std::fmt::Debug for Stamp {
             StampKind::Digest(d) => write!(f, "Stamp(digest {:02x}{:02x}{:02x}{:02x}…)", d[0], d[1], d[2], d[3]),
         }
     }
+}
+
+/// BLAKE2b-256 of a value: its stamp in a store without revisions, its
+/// fingerprint in a polled watch.
+fn digest(value: &[u8]) -> [u8; 32] {
+    let h = blake2b_simd::Params::new().hash_length(32).personal(b"keyfence-stamp").hash(value);
+    let mut d = [0u8; 32];
+    d.copy_from_slice(h.as_bytes());
+    d
 }
 
 /// One write of a [`Batch`].
@@ -362,6 +416,34 @@ impl Syncer {
 }
 
 impl FileStore {
+
+    /// Each object under `prefix` and a digest of its inode, size and
+    /// modification time (what a poll compares).
+    fn fingerprints(&self, prefix: &str) -> Result<watch::Snapshot, StoreError> {
+        let mut snap = watch::Snapshot::new();
+        for key in self.list(prefix)? {
+            let meta = match fs::metadata(self.path(&key)?) {
+                Ok(m) => m,
+                // Deleted since the listing: absent from this snapshot.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io(&key)(e)),
+            };
+            let mut id = Vec::with_capacity(40);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::MetadataExt;
+                id.extend_from_slice(&meta.dev().to_le_bytes());
+                id.extend_from_slice(&meta.ino().to_le_bytes());
+                id.extend_from_slice(&meta.ctime().to_le_bytes());
+                id.extend_from_slice(&meta.ctime_nsec().to_le_bytes());
+            }
+            id.extend_from_slice(&meta.len().to_le_bytes());
+            let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+            id.extend_from_slice(&modified.as_nanos().to_le_bytes());
+            snap.insert(key, digest(&id));
+        }
+        Ok(snap)
+    }
     /// Opens (creating if needed) a store rooted at `root`. Directories it
     /// creates (the root, its missing parents, the folders inside) are
     /// mode 700; an existing root keeps its mode.
@@ -467,6 +549,20 @@ impl Store for FileStore {
         }
         out.sort();
         Ok(out)
+    }
+
+    /// Polls every [`POLL_EVERY`], comparing each file's inode, size and
+    /// modification time, never its contents: a poll of `sealed/` costs a
+    /// directory walk however large the objects. Polling rather than
+    /// inotify, because a file store shared by several machines lives on a
+    /// network file system (NFS, a replicated volume) where inotify sees
+    /// only this machine's writes, and because inotify needs one watch per
+    /// directory, against a per-user limit; a write is a rename of a new
+    /// file, so its inode changes even within one tick of the clock.
+    fn watch(self: Arc<Self>, prefix: &str, after: i64) -> Result<Watch, StoreError> {
+        let p = prefix.to_owned();
+        check_key(p.trim_end_matches('/'))?;
+        watch::poll(prefix, POLL_EVERY, after != 0, move || self.fingerprints(&p))
     }
 
     /// An advisory lock (`flock`) on `ROOT/.lock`, which also records the

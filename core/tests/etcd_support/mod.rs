@@ -40,9 +40,24 @@ pub fn etcd_binary() -> Option<PathBuf> {
     found
 }
 
+/// A port for a member to listen on: drawn below Linux's ephemeral range
+/// (32768 and up), so that no connection made meanwhile (the tests make
+/// many on loopback) is handed it by the OS, and free when drawn. Another
+/// program may still take it before the member binds it: then the member
+/// exits, and [`Cluster::start`] starts the whole cluster again on other
+/// ports.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use rand_core::RngCore;
+    loop {
+        let port = 20_000 + (rand_core::OsRng.next_u32() % 12_768) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
+
+/// How many times a cluster whose port was taken is started again.
+const START_ATTEMPTS: usize = 5;
 
 struct Member {
     name: String,
@@ -90,20 +105,46 @@ impl Cluster {
     /// Starts three members and waits (bounded) until they serve.
     /// `None` when etcd is not installed (see [`etcd_binary`]).
     pub fn start() -> Option<Cluster> {
-        Self::start_with(false)
+        Self::start_with(false, None)
+    }
+
+    /// Like [`Cluster::start`], with member 0's client port `taken` on the
+    /// first attempt (a port the caller holds): for the test that a taken
+    /// port makes the cluster start again elsewhere.
+    pub fn start_on_taken_port(taken: u16) -> Option<Cluster> {
+        Self::start_with(false, Some(taken))
     }
 
     /// Like [`Cluster::start`], with TLS and client certificates required
     /// on the client port (`--client-cert-auth`).
     pub fn start_tls() -> Option<Cluster> {
-        Self::start_with(true)
+        Self::start_with(true, None)
     }
 
-    fn start_with(tls: bool) -> Option<Cluster> {
+    fn start_with(tls: bool, taken: Option<u16>) -> Option<Cluster> {
         let bin = etcd_binary()?;
+        for attempt in 1..=START_ATTEMPTS {
+            let mut c = Self::spawn_cluster(bin.clone(), tls, taken.filter(|_| attempt == 1));
+            match c.try_wait_ready(START_WAIT) {
+                Ok(()) => return Some(c),
+                Err(logs) if logs.contains("address already in use") && attempt < START_ATTEMPTS => {
+                    eprintln!("etcd_support: a member's port was taken; starting the cluster again on other ports");
+                }
+                Err(logs) => panic!("etcd cluster did not start\n{logs}"),
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// Three members on new ports (member 0's client port `first`, if
+    /// given) in a new directory, not yet waited for.
+    fn spawn_cluster(bin: PathBuf, tls: bool, first: Option<u16>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let members: Vec<Member> =
+        let mut members: Vec<Member> =
             (0..3).map(|i| Member { name: format!("m{i}"), client: free_port(), peer: free_port(), child: None }).collect();
+        if let Some(port) = first {
+            members[0].client = port;
+        }
         let initial = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
         let token = format!("keyfence-{}-{}", std::process::id(), members[0].client);
         let tls = tls.then(|| {
@@ -116,8 +157,7 @@ impl Cluster {
         for i in 0..3 {
             c.spawn(i, "new");
         }
-        c.wait_ready(START_WAIT);
-        Some(c)
+        c
     }
 
     fn spawn(&mut self, i: usize, state: &str) {
@@ -219,6 +259,14 @@ impl Cluster {
     /// Waits until every running member answers a linearizable read
     /// (which needs a leader).
     pub fn wait_ready(&mut self, wait: Duration) {
+        if let Err(logs) = self.try_wait_ready(wait) {
+            panic!("{logs}");
+        }
+    }
+
+    /// [`Cluster::wait_ready`], with what went wrong and the logs as the
+    /// error (a member that exited, or no answer in time).
+    fn try_wait_ready(&mut self, wait: Duration) -> Result<(), String> {
         let start = Instant::now();
         for i in 0..3 {
             if self.members[i].child.is_none() {
@@ -226,15 +274,18 @@ impl Cluster {
             }
             loop {
                 if let Some(status) = self.members[i].child.as_mut().unwrap().try_wait().unwrap() {
-                    panic!("etcd member {i} exited ({status}) while starting\n{}", self.logs());
+                    return Err(format!("etcd member {i} exited ({status}) while starting\n{}", self.logs()));
                 }
                 if self.member_store(i, Duration::ZERO).get("probe").is_ok() {
                     break;
                 }
-                assert!(start.elapsed() < wait, "etcd cluster not ready after {wait:?}\n{}", self.logs());
+                if start.elapsed() >= wait {
+                    return Err(format!("etcd cluster not ready after {wait:?}\n{}", self.logs()));
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
+        Ok(())
     }
 
     /// The index of the current leader, asked of the members in turn

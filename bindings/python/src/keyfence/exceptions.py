@@ -33,6 +33,7 @@ __all__ = [
     "UnknownPolicyKey",
     "UnknownAlgorithm",
     "WrongAuthority",
+    "ReplayedObject",
     "StoreError",
     "NoAuthority",
     "AuthorityExists",
@@ -155,6 +156,12 @@ class WrongAuthority(KeyfenceError):
     the one the machine key trusts."""
 
 
+class ReplayedObject(KeyfenceError):
+    """A store object the authority signed, but older than one this machine
+    already accepted (a generation list put back): the store was rolled back
+    or replayed."""
+
+
 class StoreError(KeyfenceError):
     """The store is unusable: its state contradicts itself, or an object name is invalid."""
 
@@ -239,6 +246,7 @@ CLASSES: Dict[int, Type[KeyfenceError]] = {
     305: AuthorityExists,
     306: StoreError,
     307: WrongAuthority,
+    308: ReplayedObject,
     400: StoreIOError,
     401: StoreError,
     402: StoreLocked,

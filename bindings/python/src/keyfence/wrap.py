@@ -9,6 +9,12 @@ attributes allow, reading sealed policy keys from the replicated store::
     machine = keyfence.wrap.Machine(auth.issue({"region": "EU"}), "/srv/keyfence")
     assert machine.open(envelope) == b"customer secret"
 
+A store is named by one string: a directory, as above, or
+``etcd://HOST:PORT[,HOST:PORT...]/PREFIX[?cacert=&cert=&key=]`` for a store
+on an etcd cluster. ``machine.follow()`` keeps a machine's cache in step with
+the store through a watch (a retired key forgotten at once, a rotated one
+opened ahead), and ``machine.cache_stats()`` counts what it did.
+
 See ``docs/wrapping.md`` for formats, rotation and the threat model.
 """
 

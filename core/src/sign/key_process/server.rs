@@ -385,11 +385,12 @@ fn load(source: &KeySource) -> Result<PrivateKey, String> {
 /// decoded on the isolated path: the key process's loader, never its
 /// client.
 fn open_envelope(store: &Path, machine_key: &Path, envelope: &[u8], name: &str) -> Result<PrivateKey, String> {
-    use crate::wrap::{CacheConfig, FileStore, Machine, MachineKey};
+    use crate::wrap::{open_store_path, CacheConfig, Machine, MachineKey};
     let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?);
     let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
-    let store = FileStore::open(store).map_err(|e| format!("{}: {e}", store.display()))?;
-    let machine = Machine::new(mk, Arc::new(store), CacheConfig::default());
+    // A store name (a directory or `etcd://...`), as the client was given.
+    let store = open_store_path(store).map_err(|e| format!("{}: {e}", store.display()))?;
+    let machine = Machine::new(mk, store, CacheConfig::default());
     let secret = machine.open(envelope).map_err(|e| format!("opening {name}: {e}"))?;
     PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in {name}: {e}"))
 }

@@ -90,14 +90,14 @@ pub fn load_envelope_key(
     machine_key: &std::path::Path,
     envelope: &[u8],
 ) -> Result<Arc<PrivateKey>, KeyRingError> {
-    use crate::wrap::{CacheConfig, FileStore, MachineInfo, MachineKey};
+    use crate::wrap::{open_store_path, CacheConfig, MachineInfo, MachineKey};
     // `fs::read` sizes its buffer from the file: one allocation, wiped on
     // drop, no copy left behind by growth.
     let bytes = zeroize::Zeroizing::new(std::fs::read(machine_key).map_err(|e| {
         KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display()))
     })?);
     let parsed = Envelope::parse(envelope)?;
-    let dir: Arc<dyn crate::wrap::Store> = Arc::new(FileStore::open(store).map_err(WrapError::from)?);
+    let dir = open_store_path(store).map_err(WrapError::from)?;
     match keys {
         Some(kp) => {
             let info = MachineInfo::from_key_bytes(&bytes)?;
