@@ -117,17 +117,7 @@ static int decode(void *ctx, OSSL_CORE_BIO *cin, int selection, OSSL_CALLBACK *o
         ret = 0;
         goto out;
     }
-    int object_type = OSSL_OBJECT_PKEY;
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_int(OSSL_OBJECT_PARAM_TYPE, &object_type),
-        /* Constructed, so the type's length is counted. */
-        OSSL_PARAM_construct_utf8_string(OSSL_OBJECT_PARAM_DATA_TYPE, (char *)kf_type_name(key->type), 0),
-        OSSL_PARAM_construct_octet_string(OSSL_OBJECT_PARAM_REFERENCE, &key, sizeof(key)),
-        OSSL_PARAM_construct_end(),
-    };
-    ret = object_cb(params, object_cbarg);
-    /* The keymgmt holds its own reference if it took the key. */
-    kf_key_free(key);
+    ret = kf_key_pass(key, object_cb, object_cbarg);
 out:
     OPENSSL_free(data);
     return ret;

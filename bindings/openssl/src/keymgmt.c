@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <openssl/core_names.h>
+#include <openssl/core_object.h>
 #include <openssl/err.h>
 #include <openssl/params.h>
 #include <openssl/x509.h>
@@ -19,6 +20,20 @@ const char *kf_type_name(int type) {
     case KF_RSA: return "RSA";
     default: return "ED25519";
     }
+}
+
+int kf_key_pass(kf_key *key, OSSL_CALLBACK *cb, void *cbarg) {
+    int object_type = OSSL_OBJECT_PKEY;
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_int(OSSL_OBJECT_PARAM_TYPE, &object_type),
+        /* Constructed, so the type's length is counted. */
+        OSSL_PARAM_construct_utf8_string(OSSL_OBJECT_PARAM_DATA_TYPE, (char *)kf_type_name(key->type), 0),
+        OSSL_PARAM_construct_octet_string(OSSL_OBJECT_PARAM_REFERENCE, &key, sizeof(key)),
+        OSSL_PARAM_construct_end(),
+    };
+    int ok = cb(params, cbarg);
+    kf_key_free(key);
+    return ok;
 }
 
 kf_key *kf_key_new(kf_prov *prov, int type) {

@@ -79,6 +79,10 @@ void kf_key_free(kf_key *key);
 /* A key from a parsed key file (taken over): the public key decoded, the
  * private key opened or reached once to prove the file usable. */
 kf_key *kf_key_from_file(kf_prov *prov, kf_keyfile *file);
+/* Hands `key` to OpenSSL as a key object by reference (the decoder's and
+ * the store's answer), then drops this reference: the keymgmt holds its
+ * own if it took the key. Returns the callback's result. */
+int kf_key_pass(kf_key *key, OSSL_CALLBACK *cb, void *cbarg);
 /* The key's handle for this process (reopened after a fork). */
 keyfence_private_key *kf_key_handle(kf_key *key, keyfence_engine **engine);
 

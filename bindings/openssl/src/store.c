@@ -63,16 +63,7 @@ static int st_load(void *vctx, OSSL_CALLBACK *cb, void *cbarg, OSSL_PASSPHRASE_C
     }
     kf_key *key = kf_key_from_file(c->prov, &file);
     if (key == NULL) return 0;
-    int object_type = OSSL_OBJECT_PKEY;
-    OSSL_PARAM params[] = {
-        OSSL_PARAM_construct_int(OSSL_OBJECT_PARAM_TYPE, &object_type),
-        OSSL_PARAM_construct_utf8_string(OSSL_OBJECT_PARAM_DATA_TYPE, (char *)kf_type_name(key->type), 0),
-        OSSL_PARAM_construct_octet_string(OSSL_OBJECT_PARAM_REFERENCE, &key, sizeof(key)),
-        OSSL_PARAM_construct_end(),
-    };
-    ok = cb(params, cbarg);
-    kf_key_free(key); /* the keymgmt holds its own reference if it took it */
-    return ok;
+    return kf_key_pass(key, cb, cbarg);
 }
 
 static int st_eof(void *vctx) { return ((store_ctx *)vctx)->eof; }

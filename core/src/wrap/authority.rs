@@ -587,19 +587,8 @@ impl Authority {
         // process made is reused, and one it rotated away is never used.
         self.change(|a| {
             let pid = *policy.id();
-            if a.current(&pid).is_none() {
-                limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
-                let (private, public) = hpke::keypair(&mut OsRng);
-                let k = PolicyKey { policy, version: 1, public, private };
-                // Sealed copies first, then the commit: an interruption leaves
-                // only unreferenced copies, which the next rotation deletes.
-                a.seal_everywhere(&k)?;
-                a.keys.push(k);
-                a.commit()?;
-            }
-            let mut secret_id = [0u8; 16];
-            OsRng.fill_bytes(&mut secret_id);
-            a.seal_envelope(&secret_id, &pid, secret)
+            a.ensure_policy_key(policy)?;
+            a.seal_new_envelope(&pid, secret)
         })
     }
 
@@ -619,24 +608,42 @@ impl Authority {
         }
         self.change(|a| {
             let pid = *policy.id();
-            if a.current(&pid).is_none() {
-                limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
-                let (private, public) = hpke::keypair(&mut OsRng);
-                let k = PolicyKey { policy, version: 1, public, private };
-                a.seal_everywhere(&k)?;
-                a.keys.push(k);
-                a.commit()?;
+            if a.ensure_policy_key(policy)? {
+                // The new key in a commit of its own, before the chunks.
                 a.flush()?;
             }
             let mut out = Vec::with_capacity(secrets.len());
             for s in secrets {
-                let mut secret_id = [0u8; 16];
-                OsRng.fill_bytes(&mut secret_id);
-                out.push(a.seal_envelope(&secret_id, &pid, s)?);
+                out.push(a.seal_new_envelope(&pid, s)?);
                 a.flush_if_large()?;
             }
             Ok(out)
         })
+    }
+
+    /// Makes the first key of `policy`, in the change in progress, unless
+    /// it has one; whether it made one.
+    fn ensure_policy_key(&mut self, policy: CanonicalPolicy) -> Result<bool> {
+        if self.current(policy.id()).is_some() {
+            return Ok(false);
+        }
+        limit("policy key count", self.keys.len() + 1, u32::MAX as usize)?;
+        let (private, public) = hpke::keypair(&mut OsRng);
+        let k = PolicyKey { policy, version: 1, public, private };
+        // Sealed copies first, then the commit: an interruption leaves
+        // only unreferenced copies, which the next rotation deletes.
+        self.seal_everywhere(&k)?;
+        self.keys.push(k);
+        self.commit()?;
+        Ok(true)
+    }
+
+    /// Seals `secret` under the current key of `pid` as a new envelope,
+    /// with a fresh random id, in the change in progress.
+    fn seal_new_envelope(&self, pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
+        let mut secret_id = [0u8; 16];
+        OsRng.fill_bytes(&mut secret_id);
+        self.seal_envelope(&secret_id, pid, secret)
     }
 
     fn seal_envelope(&self, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
