@@ -234,6 +234,7 @@ def authority_calls(w: World) -> Dict[str, Callable[[Any], Any]]:
         "issue": lambda a: a.issue({"region": "EU"}),
         "wrap": lambda a: a.wrap("region: EU", b"secret"),
         "rotate_master": lambda a: a.rotate_master(),
+        "revoke": lambda a: a.revoke("0" * 32),
     }
 
 
