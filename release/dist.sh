@@ -46,11 +46,19 @@ PATH="$PY_VENV/bin:$PATH" "$PY_VENV/bin/auditwheel" repair -w "$OUT" "$STAGE"/wh
 
 echo "dist: the C tarball"
 c_name="keyfence-$VERSION-linux-x86_64"
+# The OpenSSL provider (lib/ossl-modules/keyfence.so) is no part of the
+# wheel, so pip's build did not make it; the C package ships it. (Its
+# target exists only where CMake found OpenSSL 3's headers.)
+provider=()
+if [ -d "$PY_BUILD/keyfence/bindings/openssl/CMakeFiles/keyfence_provider.dir" ]; then
+    cmake --build "$PY_BUILD" --target keyfence_provider >/dev/null
+    provider=("$STAGE/c/$c_name"/lib/ossl-modules/keyfence.so)
+fi
 cmake --install "$PY_BUILD/keyfence" --prefix "$STAGE/c/$c_name" >/dev/null
 # cargo's release profile keeps debug information (for profiling); what
 # users install does not need it.
 strip --strip-debug "$STAGE/c/$c_name"/lib/libkeyfence.so."$VERSION" "$STAGE/c/$c_name"/lib/libkeyfence.a \
-    "$STAGE/c/$c_name"/lib/keyfence-key-process
+    "$STAGE/c/$c_name"/lib/keyfence-key-process "${provider[@]}"
 tar -C "$STAGE/c" --owner=0 --group=0 --numeric-owner -czf "$OUT/$c_name.tar.gz" "$c_name"
 
 echo "dist: the npm packages"
