@@ -40,6 +40,7 @@ fs.rmSync(out, { recursive: true, force: true })
 const common = {
   version: main.version,
   license: main.license,
+  repository: main.repository,
   engines: main.engines,
 }
 
