@@ -123,7 +123,8 @@ pub enum ErrorCode {
     /// The engine has shut down.
     ShutDown = 503,
     /// The private key could not be loaded: not a key, an unsupported type,
-    /// size or curve, or inconsistent.
+    /// size or curve, or inconsistent; or a key file
+    /// ([`crate::key_file`]) that does not parse.
     InvalidPrivateKey = 504,
     /// The request does not fit the key: wrong algorithm family, a digest
     /// or ciphertext of the wrong length, an unknown algorithm name, another

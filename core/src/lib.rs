@@ -13,6 +13,7 @@ pub mod abe;
 pub mod bench;
 pub mod codec;
 mod error;
+pub mod key_file;
 pub mod wrap;
 pub(crate) mod wipe;
 

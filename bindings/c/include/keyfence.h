@@ -243,6 +243,34 @@ typedef uint32_t keyfence_op_class;
 #endif // __cplusplus
 
 /*
+ The text fields of a key file: the `field` argument of
+ `keyfence_key_file_text` (a `uint32_t`, so that no value C passes is
+ undefined behaviour in Rust).
+ */
+typedef enum keyfence_key_file_field {
+  /*
+   A local key's store (a directory or `etcd://...`).
+   */
+  KEYFENCE_KEY_FILE_STORE = 0,
+  /*
+   A local key's machine key file.
+   */
+  KEYFENCE_KEY_FILE_MACHINE_KEY = 1,
+  /*
+   A remote key's client certificate file.
+   */
+  KEYFENCE_KEY_FILE_TLS_CERT = 2,
+  /*
+   A remote key's client certificate key file.
+   */
+  KEYFENCE_KEY_FILE_TLS_KEY = 3,
+  /*
+   A remote key's CA certificates file.
+   */
+  KEYFENCE_KEY_FILE_TLS_CA = 4,
+} keyfence_key_file_field;
+
+/*
  An attribute key (decrypts what its attributes satisfy). Wiped when
  freed. Thread-safe.
  */
@@ -285,6 +313,13 @@ typedef struct keyfence_engine keyfence_engine;
  does not keep it).
  */
 typedef struct keyfence_engine_config keyfence_engine_config;
+
+/*
+ A parsed key file. Immutable, so it may be read from several threads;
+ the pointers its accessors return stay valid until
+ `keyfence_key_file_free`.
+ */
+typedef struct keyfence_key_file keyfence_key_file;
 
 /*
  A machine: its machine key and the store holding the replicated sealed
@@ -785,6 +820,107 @@ keyfence_result keyfence_error_message(char *buf, size_t cap, size_t *out_n);
  `position` is NULL (then only the answer is returned) or writable.
  */
 bool keyfence_error_position(size_t *position);
+
+/*
+ Parses a key file's body (the bytes of its `KEYFENCE KEY` PEM block,
+ after base64) into `*out`.
+
+ Errors: `KEYFENCE_INVALID_PRIVATE_KEY` with a message naming the field
+ at fault (bad magic, another version, a field cut short, an unknown or
+ repeated field, a field missing); `KEYFENCE_INVALID_ARGUMENT` for NULL
+ arguments.
+
+ # Safety
+ `body` points to `len` readable bytes; `out` is writable.
+ */
+keyfence_result keyfence_key_file_parse(const uint8_t *body,
+                                        size_t len,
+                                        struct keyfence_key_file **out);
+
+/*
+ Whether the key is signed by key servers (else this machine opens it).
+ False for NULL.
+
+ # Safety
+ `file` is NULL or a live handle.
+ */
+bool keyfence_key_file_is_remote(const struct keyfence_key_file *file);
+
+/*
+ The key's public half (DER `SubjectPublicKeyInfo`) into `*data` and
+ `*len`, borrowed from `file`.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for NULL arguments.
+
+ # Safety
+ `file` is a live handle; `data` and `len` are writable.
+ */
+keyfence_result keyfence_key_file_public_key(const struct keyfence_key_file *file,
+                                             const uint8_t **data,
+                                             size_t *len);
+
+/*
+ The key's envelope into `*data` and `*len`, borrowed from `file`.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for NULL arguments.
+
+ # Safety
+ `file` is a live handle; `data` and `len` are writable.
+ */
+keyfence_result keyfence_key_file_envelope(const struct keyfence_key_file *file,
+                                           const uint8_t **data,
+                                           size_t *len);
+
+/*
+ A text field into `*out` (NUL-terminated, borrowed from `file`), or NULL
+ when the file does not name it: a local key's store or machine key left
+ to the provider's configuration, or a field of the other mode.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for a `field` that is no
+ `keyfence_key_file_field` or NULL arguments.
+
+ # Safety
+ `file` is a live handle; `out` is writable.
+ */
+keyfence_result keyfence_key_file_text(const struct keyfence_key_file *file,
+                                       uint32_t field,
+                                       const char **out);
+
+/*
+ How many key servers a remote key file names (0 for a local key or
+ NULL).
+
+ # Safety
+ `file` is NULL or a live handle.
+ */
+size_t keyfence_key_file_peer_count(const struct keyfence_key_file *file);
+
+/*
+ Key server `index` of a remote key file: its name, `host:port`,
+ attributes and server name (NULL when it is the name), each
+ NUL-terminated and borrowed from `file`.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` for an index not below
+ `keyfence_key_file_peer_count` or NULL arguments (`server_name` may not
+ be NULL either; `*server_name` may be).
+
+ # Safety
+ `file` is a live handle; the four outputs are writable.
+ */
+keyfence_result keyfence_key_file_peer(const struct keyfence_key_file *file,
+                                       size_t index,
+                                       const char **name,
+                                       const char **addr,
+                                       const char **attrs,
+                                       const char **server_name);
+
+/*
+ Frees a key file; NULL is a no-op.
+
+ # Safety
+ `file` is NULL or a live handle, not used afterwards.
+ */
+void keyfence_key_file_free(struct keyfence_key_file *file);
 
 /*
  Writes `attrs[0..count]` as the `label=value,...` text every function

@@ -253,6 +253,12 @@ impl Coded for keyfence_core::sign::KeyError {
     }
 }
 
+impl Coded for keyfence_core::key_file::KeyFileError {
+    fn code(&self) -> ErrorCode {
+        keyfence_core::key_file::KeyFileError::code(self)
+    }
+}
+
 impl Coded for keyfence_core::sign::remote::KeyRingError {
     fn code(&self) -> ErrorCode {
         keyfence_core::sign::remote::KeyRingError::code(self)

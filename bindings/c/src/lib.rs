@@ -19,6 +19,7 @@ pub mod abe;
 pub mod bytes;
 pub mod error;
 mod ffi;
+pub mod key_file;
 pub mod policy;
 pub mod remote;
 pub mod sign;

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
+use keyfence::key_file::{KeyFile, KeyFilePeer, KeyLocation, PEM_LABEL};
 use keyfence::sign::remote::{RemoteConfig, RemoteSigner, TlsFiles};
 use keyfence::sign::PrivateKey;
 use keyfence::wrap::Envelope;
@@ -19,25 +20,6 @@ use crate::exit;
 use crate::files::{read, Output};
 use crate::remote_cmd::parse_peer;
 use crate::wrap_cmd::open_machine;
-
-/// The PEM label of a key file.
-pub const LABEL: &str = "KEYFENCE KEY";
-/// The body's magic, then its version byte (docs/openssl.md).
-const MAGIC: &[u8] = b"KFKEY";
-const VERSION: u8 = 1;
-
-/// Field tags of version 1 (bindings/openssl/src/keyfile.h reads them).
-mod tag {
-    pub const MODE: u8 = 1;
-    pub const PUBLIC_KEY: u8 = 2;
-    pub const ENVELOPE: u8 = 3;
-    pub const STORE: u8 = 4;
-    pub const MACHINE_KEY: u8 = 5;
-    pub const TLS_CERT: u8 = 6;
-    pub const TLS_KEY: u8 = 7;
-    pub const TLS_CA: u8 = 8;
-    pub const PEER: u8 = 9;
-}
 
 /// `keyfence provider-key`.
 #[derive(Args)]
@@ -96,12 +78,6 @@ pub struct ProviderConfigArgs {
     timeout_ms: Option<u32>,
 }
 
-fn field(out: &mut Vec<u8>, tag: u8, value: &[u8]) {
-    out.push(tag);
-    out.extend_from_slice(&u32::try_from(value.len()).unwrap_or(u32::MAX).to_be_bytes());
-    out.extend_from_slice(value);
-}
-
 /// A path as the server will read it: absolute, since servers rarely run
 /// in the directory the file was written from. etcd:// names stay as given.
 fn absolute(p: &Path) -> Result<String> {
@@ -116,12 +92,12 @@ fn absolute(p: &Path) -> Result<String> {
 /// The PEM text of a key file body.
 pub fn pem(body: &[u8]) -> String {
     let b64 = boring::base64::encode_block(body);
-    let mut s = format!("-----BEGIN {LABEL}-----\n");
+    let mut s = format!("-----BEGIN {PEM_LABEL}-----\n");
     for chunk in b64.as_bytes().chunks(64) {
         s.push_str(std::str::from_utf8(chunk).unwrap_or_default());
         s.push('\n');
     }
-    s.push_str(&format!("-----END {LABEL}-----\n"));
+    s.push_str(&format!("-----END {PEM_LABEL}-----\n"));
     s
 }
 
@@ -132,30 +108,29 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
     let out = Output::new(&args.out, &inputs)?;
     let envelope = read(&args.envelope)?;
     let env = Envelope::parse(&envelope).with_context(|| format!("reading {}", args.envelope.display()))?;
-    let mut body = MAGIC.to_vec();
-    body.push(VERSION);
-    let spki = if args.remote {
-        let (Some(cert), Some(key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca) else {
+    let (location, public_key) = if args.remote {
+        let (Some(cert), Some(tls_key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca) else {
             return Err(exit::input("--remote needs --tls-cert, --tls-key and --tls-ca"));
         };
         let peers = args.peers.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>>>()?;
-        let files = TlsFiles { cert: absolute(cert)?.into(), key: absolute(key)?.into(), ca: absolute(ca)?.into() };
-        let mut config = RemoteConfig::new(peers, files.clone());
+        let (tls_cert, tls_key, tls_ca) = (absolute(cert)?, absolute(tls_key)?, absolute(ca)?);
+        let files = TlsFiles { cert: tls_cert.clone().into(), key: tls_key.clone().into(), ca: tls_ca.clone().into() };
+        let mut config = RemoteConfig::new(peers, files);
         config.connect_timeout = Duration::from_secs(5);
         let remote = RemoteSigner::start(config)?;
         let key = remote.key(&env).context("asking the key servers for the key's public half")?;
-        field(&mut body, tag::MODE, &[1]);
-        for (t, p) in [(tag::TLS_CERT, &files.cert), (tag::TLS_KEY, &files.key), (tag::TLS_CA, &files.ca)] {
-            field(&mut body, t, p.to_str().unwrap_or_default().as_bytes());
-        }
-        for p in &args.peers {
-            // NAME,HOST:PORT,ATTRIBUTES as NAME NUL HOST:PORT NUL ATTRIBUTES
-            // (parse_peer checked the three parts).
-            let mut parts = p.splitn(3, ',');
-            let v = [parts.next(), parts.next(), parts.next()].map(Option::unwrap_or_default).join("\0");
-            field(&mut body, tag::PEER, v.as_bytes());
-        }
-        key.public_key_der()?
+        let peers = args
+            .peers
+            .iter()
+            .map(|p| {
+                // NAME,HOST:PORT,ATTRIBUTES (parse_peer checked the three parts).
+                let mut parts = p.splitn(3, ',').map(str::to_string);
+                let [name, addr, attrs] = [parts.next(), parts.next(), parts.next()].map(Option::unwrap_or_default);
+                KeyFilePeer { name, addr, attrs, server_name: None }
+            })
+            .collect();
+        let location = KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers };
+        (location, key.public_key_der()?)
     } else {
         let (Some(store), Some(mk)) = (&args.store, &args.machine_key) else {
             return Err(exit::input("a local key needs --store and --machine-key (or --remote)"));
@@ -163,13 +138,10 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
         let machine = open_machine(store, mk)?;
         let secret = machine.open(&envelope).context("this machine cannot open the envelope")?;
         let key = PrivateKey::from_pem(&secret).map_err(|e| exit::input(format!("the envelope holds no usable private key: {e}")))?;
-        field(&mut body, tag::MODE, &[0]);
-        field(&mut body, tag::STORE, absolute(store)?.as_bytes());
-        field(&mut body, tag::MACHINE_KEY, absolute(mk)?.as_bytes());
-        key.public_key_der()?
+        let location = KeyLocation::Local { store: Some(absolute(store)?), machine_key: Some(absolute(mk)?) };
+        (location, key.public_key_der()?)
     };
-    field(&mut body, tag::PUBLIC_KEY, &spki);
-    field(&mut body, tag::ENVELOPE, &envelope);
+    let body = KeyFile { location, public_key, envelope }.to_bytes().map_err(|e| exit::input(e.to_string()))?;
     out.write_public(pem(&body).as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }

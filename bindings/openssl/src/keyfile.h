@@ -1,6 +1,7 @@
 /* The keyfence key file (docs/openssl.md, "The key file"): a PEM block
  * labelled KEYFENCE KEY whose body says where the private key is and
- * carries its public half. Parsing only; nothing here touches a key. */
+ * carries its public half. keyfence's core reads it (keyfence_key_file_parse);
+ * this is the provider's copy of what it read. Nothing here touches a key. */
 #ifndef KF_KEYFILE_H
 #define KF_KEYFILE_H
 
@@ -8,25 +9,9 @@
 #include <stdint.h>
 
 #define KF_PEM_LABEL "KEYFENCE KEY"
-#define KF_FILE_MAGIC "KFKEY"
-#define KF_FILE_VERSION 1
 #define KF_MAX_PEERS 16
 
 enum kf_mode { KF_MODE_LOCAL = 0, KF_MODE_REMOTE = 1 };
-
-/* Field tags of version 1. A reader refuses a tag it does not know: a
- * later version that adds one bumps the version byte. */
-enum kf_tag {
-    KF_TAG_MODE = 1,
-    KF_TAG_PUBLIC_KEY = 2,
-    KF_TAG_ENVELOPE = 3,
-    KF_TAG_STORE = 4,
-    KF_TAG_MACHINE_KEY = 5,
-    KF_TAG_TLS_CERT = 6,
-    KF_TAG_TLS_KEY = 7,
-    KF_TAG_TLS_CA = 8,
-    KF_TAG_PEER = 9,
-};
 
 typedef struct {
     char *name, *addr, *attrs, *server_name; /* server_name may be NULL */
@@ -44,8 +29,8 @@ typedef struct {
     size_t n_peers;
 } kf_keyfile;
 
-/* Parses the PEM body's bytes (after base64). Returns 0 and fills *out,
- * or -1 with a reason in err[0..errcap]. */
+/* Reads the PEM body's bytes (after base64). Returns 0 and fills *out,
+ * or -1 with keyfence's reason (naming the field at fault) in err[0..errcap]. */
 int kf_keyfile_parse(const uint8_t *der, size_t len, kf_keyfile *out, char *err, size_t errcap);
 
 void kf_keyfile_clear(kf_keyfile *f);

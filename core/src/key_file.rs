@@ -1,0 +1,459 @@
+//! The keyfence key file: what an unmodified OpenSSL program (nginx,
+//! HAProxy, Python's `ssl`) loads in place of a private key through
+//! keyfence's OpenSSL provider (docs/openssl.md, "The key file").
+//!
+//! It says where the private key is, either opened on this machine from its
+//! envelope or signed by key servers, and carries the key's public half, so
+//! a server matches its certificate without asking anyone. It holds no
+//! secret: the envelope is encrypted to its policy, and the rest are names.
+//!
+//! The body (what the PEM block `KEYFENCE KEY` carries, after base64) is
+//! versioned: `KFKEY`, a version byte, then fields of a tag (1 byte), a
+//! length (4 bytes, big-endian) and a value. A reader refuses another
+//! version, a tag it does not know and a field given twice, so a version
+//! that adds a field bumps the version byte. One codec, here: the command
+//! line writes it and the provider reads it through the C ABI.
+//!
+//! ```
+//! use keyfence::key_file::{KeyFile, KeyLocation};
+//!
+//! let file = KeyFile {
+//!     location: KeyLocation::Local { store: Some("/var/lib/keyfence".into()), machine_key: None },
+//!     public_key: vec![0x30, 0x59],
+//!     envelope: vec![1, 2, 3],
+//! };
+//! let body = file.to_bytes()?;
+//! assert_eq!(KeyFile::from_bytes(&body)?, file);
+//! assert!(KeyFile::from_bytes(&body[..body.len() - 1]).unwrap_err().to_string().contains("truncated"));
+//! # Ok::<(), keyfence::key_file::KeyFileError>(())
+//! ```
+
+use crate::ErrorCode;
+
+/// The PEM label of a key file.
+pub const PEM_LABEL: &str = "KEYFENCE KEY";
+/// The version of the body this module writes and reads.
+pub const VERSION: u8 = 1;
+/// The most key servers one remote key file names.
+pub const MAX_PEERS: usize = 16;
+const MAGIC: &[u8] = b"KFKEY";
+/// The largest field a reader takes: an envelope is a few kilobytes, and a
+/// hostile length must not make the reader allocate gigabytes.
+const MAX_FIELD: usize = 1 << 20;
+
+/// Field tags of version 1.
+mod tag {
+    pub const MODE: u8 = 1;
+    pub const PUBLIC_KEY: u8 = 2;
+    pub const ENVELOPE: u8 = 3;
+    pub const STORE: u8 = 4;
+    pub const MACHINE_KEY: u8 = 5;
+    pub const TLS_CERT: u8 = 6;
+    pub const TLS_KEY: u8 = 7;
+    pub const TLS_CA: u8 = 8;
+    pub const PEER: u8 = 9;
+}
+
+fn tag_name(t: u8) -> &'static str {
+    match t {
+        tag::MODE => "mode",
+        tag::PUBLIC_KEY => "public key",
+        tag::ENVELOPE => "envelope",
+        tag::STORE => "store",
+        tag::MACHINE_KEY => "machine key",
+        tag::TLS_CERT => "TLS certificate",
+        tag::TLS_KEY => "TLS key",
+        tag::TLS_CA => "TLS CA",
+        tag::PEER => "peer",
+        _ => "unknown",
+    }
+}
+
+/// A key file: where a private key is, and its public half.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFile {
+    /// Where the private key is used from.
+    pub location: KeyLocation,
+    /// The public key, DER `SubjectPublicKeyInfo`.
+    pub public_key: Vec<u8>,
+    /// The key's envelope (`keyfence authority wrap --out`).
+    pub envelope: Vec<u8>,
+}
+
+/// Where a key file's private key is used from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyLocation {
+    /// Opened by this machine from the envelope. A name left out is taken
+    /// from the provider's configuration.
+    Local {
+        /// The store's name (a directory or `etcd://...`).
+        store: Option<String>,
+        /// The machine key file's path.
+        machine_key: Option<String>,
+    },
+    /// Signed by key servers (`keyfence serve`) over mutual TLS.
+    Remote {
+        /// This client's certificate (PEM file path).
+        tls_cert: String,
+        /// This client's certificate key (PEM file path).
+        tls_key: String,
+        /// The CA certificates the servers' must come from (PEM file path).
+        tls_ca: String,
+        /// The key servers, at least one and at most [`MAX_PEERS`].
+        peers: Vec<KeyFilePeer>,
+    },
+}
+
+/// A key server named in a remote key file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyFilePeer {
+    /// Its name in metrics and errors (and its certificate's DNS name
+    /// unless `server_name` is given).
+    pub name: String,
+    /// `host:port`.
+    pub addr: String,
+    /// Its machine's attributes (`label=value,...`).
+    pub attrs: String,
+    /// The DNS name its certificate must carry, if not `name`.
+    pub server_name: Option<String>,
+}
+
+/// A key file that cannot be read or written, with the field at fault.
+/// Its code is [`ErrorCode::InvalidPrivateKey`]: the file stands for a
+/// private key that cannot be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct KeyFileError(String);
+
+impl KeyFileError {
+    /// The stable error code: [`ErrorCode::InvalidPrivateKey`].
+    pub fn code(&self) -> ErrorCode {
+        ErrorCode::InvalidPrivateKey
+    }
+}
+
+fn err(msg: impl Into<String>) -> KeyFileError {
+    KeyFileError(msg.into())
+}
+
+impl KeyFile {
+    /// The body of version [`VERSION`] (what the PEM block carries).
+    ///
+    /// Errors: a field that version 1 cannot carry: an empty public key,
+    /// envelope or name, a peer part holding a NUL byte, no peer or more
+    /// than [`MAX_PEERS`] for a remote key, a field over 1 MiB.
+    pub fn to_bytes(&self) -> Result<Vec<u8>, KeyFileError> {
+        let mut out = MAGIC.to_vec();
+        out.push(VERSION);
+        let mut field = |t: u8, value: &[u8]| -> Result<(), KeyFileError> {
+            if value.is_empty() || value.len() > MAX_FIELD {
+                return Err(err(format!("key file field {t} ({}) must hold 1 to {MAX_FIELD} bytes", tag_name(t))));
+            }
+            out.push(t);
+            // MAX_FIELD fits in 4 bytes.
+            out.extend_from_slice(&(value.len() as u32).to_be_bytes());
+            out.extend_from_slice(value);
+            Ok(())
+        };
+        match &self.location {
+            KeyLocation::Local { store, machine_key } => {
+                field(tag::MODE, &[0])?;
+                for (t, v) in [(tag::STORE, store), (tag::MACHINE_KEY, machine_key)] {
+                    if let Some(v) = v {
+                        field(t, text_bytes(t, v)?)?;
+                    }
+                }
+            }
+            KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers } => {
+                if peers.is_empty() || peers.len() > MAX_PEERS {
+                    return Err(err(format!("a remote key file names 1 to {MAX_PEERS} key servers, not {}", peers.len())));
+                }
+                field(tag::MODE, &[1])?;
+                for (t, v) in [(tag::TLS_CERT, tls_cert), (tag::TLS_KEY, tls_key), (tag::TLS_CA, tls_ca)] {
+                    field(t, text_bytes(t, v)?)?;
+                }
+                for p in peers {
+                    let mut parts = vec![p.name.as_str(), p.addr.as_str(), p.attrs.as_str()];
+                    parts.extend(p.server_name.as_deref());
+                    if parts.iter().any(|s| s.is_empty() || s.contains('\0')) {
+                        return Err(err(format!("key server {:?}: every part must be non-empty and free of NUL", p.name)));
+                    }
+                    field(tag::PEER, parts.join("\0").as_bytes())?;
+                }
+            }
+        }
+        field(tag::PUBLIC_KEY, &self.public_key)?;
+        field(tag::ENVELOPE, &self.envelope)?;
+        Ok(out)
+    }
+
+    /// Reads a body of version [`VERSION`].
+    ///
+    /// Errors, each naming the field at fault: not a key file (bad magic),
+    /// another version, a field cut short, an unknown or repeated field, a
+    /// field of the other mode, a malformed value (empty, not UTF-8, a NUL
+    /// in a name, a peer not `name NUL host:port NUL attributes [NUL
+    /// server name]`), too many peers, or a field missing (the mode, the
+    /// public key, the envelope; a remote key's TLS files and peers).
+    pub fn from_bytes(body: &[u8]) -> Result<KeyFile, KeyFileError> {
+        let rest = body.strip_prefix(MAGIC).ok_or_else(|| err("not a keyfence key file body (bad magic)"))?;
+        let (&version, mut rest) = rest.split_first().ok_or_else(|| err("not a keyfence key file body (bad magic)"))?;
+        if version != VERSION {
+            return Err(err(format!("key file version {version} is not supported (this keyfence reads version {VERSION})")));
+        }
+        let mut f = Fields::default();
+        while !rest.is_empty() {
+            if rest.len() < 5 {
+                return Err(err("key file truncated inside a field header"));
+            }
+            let t = rest[0];
+            let n = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+            rest = &rest[5..];
+            if n > MAX_FIELD || n > rest.len() {
+                return Err(err(format!("key file truncated: field {t} claims {n} bytes, {} remain", rest.len())));
+            }
+            let (value, after) = rest.split_at(n);
+            rest = after;
+            f.take(t, value)?;
+        }
+        f.finish()
+    }
+}
+
+fn text_bytes<'a>(t: u8, v: &'a str) -> Result<&'a [u8], KeyFileError> {
+    if v.contains('\0') {
+        return Err(err(format!("key file field {t} ({}) holds a NUL character", tag_name(t))));
+    }
+    Ok(v.as_bytes())
+}
+
+/// The fields read so far, each at most once.
+#[derive(Default)]
+struct Fields {
+    mode: Option<u8>,
+    public_key: Option<Vec<u8>>,
+    envelope: Option<Vec<u8>>,
+    store: Option<String>,
+    machine_key: Option<String>,
+    tls_cert: Option<String>,
+    tls_key: Option<String>,
+    tls_ca: Option<String>,
+    peers: Vec<KeyFilePeer>,
+}
+
+fn malformed(t: u8) -> KeyFileError {
+    err(format!("key file field {t} ({}) is malformed or repeated", tag_name(t)))
+}
+
+fn text(t: u8, v: &[u8]) -> Result<String, KeyFileError> {
+    match std::str::from_utf8(v) {
+        Ok(s) if !s.is_empty() && !s.contains('\0') => Ok(s.to_string()),
+        _ => Err(malformed(t)),
+    }
+}
+
+/// Sets a field read once; a second one is an error.
+fn once<T>(slot: &mut Option<T>, t: u8, value: T) -> Result<(), KeyFileError> {
+    if slot.is_some() {
+        return Err(malformed(t));
+    }
+    *slot = Some(value);
+    Ok(())
+}
+
+impl Fields {
+    fn take(&mut self, t: u8, v: &[u8]) -> Result<(), KeyFileError> {
+        match t {
+            tag::MODE => match v {
+                [m @ (0 | 1)] => once(&mut self.mode, t, *m),
+                _ => Err(malformed(t)),
+            },
+            tag::PUBLIC_KEY | tag::ENVELOPE if v.is_empty() => Err(malformed(t)),
+            tag::PUBLIC_KEY => once(&mut self.public_key, t, v.to_vec()),
+            tag::ENVELOPE => once(&mut self.envelope, t, v.to_vec()),
+            tag::STORE => once(&mut self.store, t, text(t, v)?),
+            tag::MACHINE_KEY => once(&mut self.machine_key, t, text(t, v)?),
+            tag::TLS_CERT => once(&mut self.tls_cert, t, text(t, v)?),
+            tag::TLS_KEY => once(&mut self.tls_key, t, text(t, v)?),
+            tag::TLS_CA => once(&mut self.tls_ca, t, text(t, v)?),
+            tag::PEER => {
+                if self.peers.len() == MAX_PEERS {
+                    return Err(err(format!("key file names more than {MAX_PEERS} key servers")));
+                }
+                let s = std::str::from_utf8(v).map_err(|_| malformed(t))?;
+                let parts: Vec<&str> = s.split('\0').collect();
+                let (name, addr, attrs, server_name) = match parts[..] {
+                    [n, a, at] => (n, a, at, None),
+                    [n, a, at, sn] => (n, a, at, Some(sn).filter(|s| !s.is_empty())),
+                    _ => return Err(malformed(t)),
+                };
+                if name.is_empty() || addr.is_empty() || attrs.is_empty() {
+                    return Err(malformed(t));
+                }
+                self.peers.push(KeyFilePeer {
+                    name: name.into(),
+                    addr: addr.into(),
+                    attrs: attrs.into(),
+                    server_name: server_name.map(str::to_string),
+                });
+                Ok(())
+            }
+            _ => Err(err(format!("key file has unknown field {t}"))),
+        }
+    }
+
+    fn finish(self) -> Result<KeyFile, KeyFileError> {
+        let lacks = |what: &str| err(format!("key file lacks its {what}"));
+        let mode = self.mode.ok_or_else(|| lacks("mode"))?;
+        let public_key = self.public_key.ok_or_else(|| lacks("public key"))?;
+        let envelope = self.envelope.ok_or_else(|| lacks("envelope"))?;
+        let location = if mode == 0 {
+            if self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_ca.is_some() || !self.peers.is_empty() {
+                return Err(err("key file of a local key names key servers or TLS files"));
+            }
+            KeyLocation::Local { store: self.store, machine_key: self.machine_key }
+        } else {
+            if self.store.is_some() || self.machine_key.is_some() {
+                return Err(err("key file of a remote key names a store or machine key"));
+            }
+            let (Some(tls_cert), Some(tls_key), Some(tls_ca)) = (self.tls_cert, self.tls_key, self.tls_ca) else {
+                return Err(lacks("TLS files of a remote key"));
+            };
+            if self.peers.is_empty() {
+                return Err(lacks("peers of a remote key"));
+            }
+            KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers: self.peers }
+        };
+        Ok(KeyFile { location, public_key, envelope })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn remote() -> KeyFile {
+        KeyFile {
+            location: KeyLocation::Remote {
+                tls_cert: "/etc/kf/client.crt".into(),
+                tls_key: "/etc/kf/client.key".into(),
+                tls_ca: "/etc/kf/ca.crt".into(),
+                peers: vec![
+                    KeyFilePeer { name: "ks1".into(), addr: "127.0.0.1:9000".into(), attrs: "role=ks".into(), server_name: None },
+                    KeyFilePeer {
+                        name: "ks2".into(),
+                        addr: "[::1]:9001".into(),
+                        attrs: "role=ks,region=EU".into(),
+                        server_name: Some("ks.example".into()),
+                    },
+                ],
+            },
+            public_key: vec![0x30; 91],
+            envelope: vec![7; 400],
+        }
+    }
+
+    /// A body of raw fields, for files the writer would refuse to make.
+    fn body(fields: &[(u8, &[u8])]) -> Vec<u8> {
+        let mut out = b"KFKEY\x01".to_vec();
+        for (t, v) in fields {
+            out.push(*t);
+            out.extend_from_slice(&(v.len() as u32).to_be_bytes());
+            out.extend_from_slice(v);
+        }
+        out
+    }
+
+    fn refused(b: &[u8], needle: &str) {
+        let e = KeyFile::from_bytes(b).expect_err(needle);
+        assert!(e.to_string().contains(needle), "{e} lacks {needle:?}");
+        assert_eq!(e.code(), ErrorCode::InvalidPrivateKey);
+    }
+
+    #[test]
+    fn both_modes_round_trip() {
+        let local = KeyFile {
+            location: KeyLocation::Local { store: Some("etcd://127.0.0.1:2379/kf".into()), machine_key: Some("/m.key".into()) },
+            public_key: vec![1; 44],
+            envelope: vec![2; 300],
+        };
+        for f in [local, remote()] {
+            assert_eq!(KeyFile::from_bytes(&f.to_bytes().unwrap()).unwrap(), f);
+        }
+    }
+
+    #[test]
+    fn every_malformed_body_is_refused_with_the_field_at_fault() {
+        let good = remote().to_bytes().unwrap();
+        refused(b"KFKE", "bad magic");
+        refused(b"KFKEY", "bad magic");
+        refused(b"PEM!!\x01", "bad magic");
+        refused(b"KFKEY\x02", "version 2 is not supported");
+        refused(&good[..good.len() - 20], "field 3 claims 400 bytes, 380 remain");
+        refused(&good[..9], "truncated inside a field header");
+        let mut unknown = good.clone();
+        unknown.extend_from_slice(&[99, 0, 0, 0, 1, 0]);
+        refused(&unknown, "unknown field 99");
+        refused(&body(&[(1, &[0]), (1, &[0]), (2, b"k"), (3, b"e")]), "field 1 (mode) is malformed or repeated");
+        refused(&body(&[(1, &[2]), (2, b"k"), (3, b"e")]), "field 1 (mode)");
+        refused(&body(&[(1, &[0]), (2, b""), (3, b"e")]), "field 2 (public key)");
+        refused(&body(&[(1, &[0]), (4, b"a\0b"), (2, b"k"), (3, b"e")]), "field 4 (store)");
+        refused(&body(&[(1, &[0]), (5, &[0xff, 0xfe]), (2, b"k"), (3, b"e")]), "field 5 (machine key)");
+        refused(&body(&[(1, &[0]), (2, b"k")]), "lacks its envelope");
+        refused(&body(&[(2, b"k"), (3, b"e")]), "lacks its mode");
+        refused(&body(&[(1, &[0]), (3, b"e")]), "lacks its public key");
+        refused(&body(&[(1, &[1]), (9, b"a\0b:1\0c=d"), (2, b"k"), (3, b"e")]), "lacks its TLS files");
+        let tls: [(u8, &[u8]); 3] = [(6, b"c"), (7, b"k"), (8, b"a")];
+        let mut f: Vec<(u8, &[u8])> = vec![(1, &[1]), (2, b"k"), (3, b"e")];
+        f.extend(tls);
+        refused(&body(&f), "lacks its peers");
+        for bad_peer in [&b"a\0b:1"[..], b"\0b:1\0c=d", b"a\0b:1\0c=d\0s\0x", b"a\0\0c=d"] {
+            let mut g = f.clone();
+            g.push((9, bad_peer));
+            refused(&body(&g), "field 9 (peer)");
+        }
+        let mut g = f.clone();
+        g.push((4, b"/store"));
+        g.push((9, b"a\0b:1\0c=d"));
+        refused(&body(&g), "remote key names a store");
+        refused(&body(&[(1, &[0]), (6, b"c"), (2, b"k"), (3, b"e")]), "local key names key servers or TLS files");
+        let peer: &[u8] = b"a\0b:1\0c=d";
+        let mut many = f.clone();
+        many.extend(std::iter::repeat((9, peer)).take(MAX_PEERS + 1));
+        refused(&body(&many), "more than 16 key servers");
+    }
+
+    #[test]
+    fn the_writer_refuses_what_the_reader_would() {
+        let mut f = remote();
+        if let KeyLocation::Remote { peers, .. } = &mut f.location {
+            peers[0].attrs = "a\0b".into();
+        }
+        assert!(f.to_bytes().unwrap_err().to_string().contains("free of NUL"));
+        let mut f = remote();
+        if let KeyLocation::Remote { peers, .. } = &mut f.location {
+            peers.clear();
+        }
+        assert!(f.to_bytes().is_err());
+        let mut f = remote();
+        f.envelope.clear();
+        assert!(f.to_bytes().unwrap_err().to_string().contains("field 3 (envelope)"));
+    }
+
+    proptest! {
+        /// Whatever the bytes, a typed error or a file that writes back to
+        /// the same body: never a panic, never two readings of one body.
+        #[test]
+        fn any_body_is_read_or_refused(cut in 0usize..600, flip in any::<(usize, u8)>(), extra in proptest::collection::vec(any::<u8>(), 0..40)) {
+            let mut b = remote().to_bytes().unwrap();
+            b.truncate(cut.max(6).min(b.len()));
+            let i = flip.0 % b.len();
+            b[i] ^= flip.1;
+            b.extend_from_slice(&extra);
+            if let Ok(f) = KeyFile::from_bytes(&b) {
+                prop_assert_eq!(KeyFile::from_bytes(&f.to_bytes().unwrap()).unwrap(), f);
+            }
+        }
+    }
+}
