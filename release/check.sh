@@ -82,20 +82,25 @@ say "the sdist: unpacked and built into a wheel by pip, as from source"
 # Unpacked in the target directory, always at one path: cargo keys the
 # workspace's crates by where they are, so a fresh directory each run would
 # compile them again and leave the old build behind. The toolchain stays on
-# PATH: building from source needs it.
+# PATH: building from source needs it. A debug build: what is checked is
+# that the sdist holds all a build reads, and a debug build reuses the
+# dependencies (BoringSSL among them) that the Rust tests compiled, where
+# a release build would compile the core once more. The wheel is thrown away.
 target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
 sdist_build="$target_dir/sdist-build"
 rm -rf "$sdist_build/src" "$sdist_build/wheel" && mkdir -p "$sdist_build/src"
 tar -C "$sdist_build/src" -xzf "$SDIST"
 sdist_root="$sdist_build/src/keyfence-$VERSION"
-for f in PKG-INFO pyproject.toml workspace/Cargo.lock workspace/CMakeLists.txt workspace/THIRD-PARTY-NOTICES.txt; do
+for f in PKG-INFO pyproject.toml workspace/Cargo.lock workspace/CMakeLists.txt \
+         workspace/LICENSE-APACHE workspace/LICENSE-MIT workspace/THIRD-PARTY-NOTICES.txt; do
     [ -f "$sdist_root/$f" ] || fail "the sdist lacks $f"
 done
 CARGO_TARGET_DIR="$target_dir" "$PY_VENV/bin/python" -m pip wheel -q --disable-pip-version-check --no-deps \
-    --no-build-isolation --config-settings=build-dir="$sdist_build/cmake" -w "$sdist_build/wheel" "$sdist_root" ||
+    --no-build-isolation --config-settings=build-dir="$sdist_build/cmake" --config-settings=cmake.build-type=Debug \
+    -w "$sdist_build/wheel" "$sdist_root" ||
     fail "pip cannot build a wheel from the sdist"
 # The same package files as the shipped wheel (auditwheel adds only its records).
-package_files() { "$PYTHON" -m zipfile -l "$1" | awk '{print $1}' | grep '^keyfence/' | grep -v '^keyfence\.libs/' | sort; }
+package_files() { "$PYTHON" -m zipfile -l "$1" | awk '{print $1}' | grep '^keyfence/' | grep -v -e '^keyfence\.libs/' -e '/$' | sort; }
 diff <(package_files "$sdist_build"/wheel/keyfence-"$VERSION"-*.whl) <(package_files "$WHEEL") ||
     fail "the wheel built from the sdist holds other files than the shipped wheel (diff above)"
 
