@@ -461,7 +461,7 @@ pub struct BenchRemoteArgs {
 
 /// CPU time (user and system) of process `pid` (`self` for this one) so
 /// far. Linux only (`/proc`); zero elsewhere.
-fn cpu_of(pid: &str) -> Duration {
+pub(crate) fn cpu_of(pid: &str) -> Duration {
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return Duration::ZERO };
     let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else { return Duration::ZERO };
     let f: Vec<&str> = rest.split_whitespace().collect();
@@ -546,10 +546,43 @@ pub fn bench(args: BenchRemoteArgs) -> Result<ExitCode> {
     bench_in(&args, scratch.path())
 }
 
-fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
-    let dur = Duration::from_secs_f64(args.seconds);
+/// A key server in its own process on loopback (`keyfence serve`, port
+/// from the OS), holding envelopes of the keys it was given, and a client
+/// connected to it: what `bench remote` and `bench sign --path remote`
+/// measure. Its own process, so that its CPU time (`/proc/PID/stat`) is its
+/// own; killed by pid when dropped, after the client.
+pub(crate) struct LoopbackServer {
+    /// The client, connected to the server alone.
+    pub remote: RemoteSigner,
+    /// The server's machine (its key and store), to open the same
+    /// envelopes in this process.
+    pub machine: Machine,
+    /// One envelope per key given, in order.
+    pub envelopes: Vec<Envelope>,
+    /// The server process's id, for its CPU time.
+    pub pid: u32,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    // Last: dropped (killed) after the client has closed its connections.
+    _server: ServerProcess,
+}
+
+/// Starts [`LoopbackServer`] in `scratch` (certificates, store, machine key
+/// and envelopes are written there) holding `keys` (PEM or DER), with
+/// `server_threads` RSA and EC signing threads each (default: the cores)
+/// and `connections` client connections.
+///
+/// # Errors
+/// A key the authority cannot wrap, the server not starting or not saying
+/// where it listens, the client not starting.
+pub(crate) fn loopback_server(
+    scratch: &Path,
+    keys: &[(&str, &[u8])],
+    server_threads: Option<usize>,
+    connections: usize,
+) -> Result<LoopbackServer> {
     let files = crate::pki::make(scratch, &["server", "client"])?;
-    // An authority, a US machine key for the server, and two US-only keys.
+    // An authority, a US machine key for the server, and US-only keys.
     let store_dir = scratch.join("store");
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&store_dir)?);
     let mut authority = Authority::init(store.clone())?;
@@ -557,21 +590,13 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     crate::files::create_new(&scratch.join("server.machine"), &machine_key.to_bytes())?;
     let env_dir = scratch.join("envelopes");
     std::fs::create_dir_all(&env_dir)?;
-    // Name, algorithm, key, target ratio, gokeyless's published figure.
-    type Case = (&'static str, Algorithm, zeroize::Zeroizing<Vec<u8>>, f64, f64);
-    let cases: [Case; 2] = [
-        ("ecdsa-p256-sha256", Algorithm::EcdsaP256Sha256, ec_pem()?, 0.5, 10_000.0),
-        ("rsa2048-pss-sha256", Algorithm::RsaPssSha256, rsa_pem()?, 0.8, 200.0),
-    ];
     let mut envelopes = Vec::new();
-    for (name, _, pem, _, _) in &cases {
-        let env = authority.wrap("country: US", pem)?;
+    for (name, key) in keys {
+        let env = authority.wrap("country: US", key)?;
         crate::files::create_new(&env_dir.join(format!("{name}.env")), env.to_bytes())?;
         envelopes.push(env);
     }
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
 
-    // The server in its own process, so its CPU time is its own.
     let exe = std::env::current_exe().context("finding the keyfence binary to start the server")?;
     let mut child = Command::new(exe)
         .arg("serve")
@@ -583,7 +608,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
         .arg("--machine-key").arg(scratch.join("server.machine"))
         .arg("--envelopes").arg(&env_dir)
         .args(["--connection-in-flight", "4096", "--tenant-in-flight", "4096"])
-        .args(args.server_threads.map(|t| vec!["--threads".to_string(), t.to_string()]).unwrap_or_default())
+        .args(server_threads.map(|t| vec!["--threads".to_string(), t.to_string()]).unwrap_or_default())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
@@ -596,15 +621,32 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
         .strip_prefix("listening ")
         .and_then(|a| a.trim().parse().ok())
         .with_context(|| format!("the server said {line:?}"))?;
-    let server_pid = server.0.id().to_string();
+    let pid = server.0.id();
 
     let mut rc = RemoteConfig::new(vec![PeerConfig::new("server", addr, "country=US".parse()?)], files[1].clone());
-    rc.connections_per_peer = args.connections.max(1);
+    rc.connections_per_peer = connections.max(1);
     let remote = RemoteSigner::start(rc)?;
+    let machine = Machine::new(machine_key, store, CacheConfig::default());
+    Ok(LoopbackServer { remote, machine, envelopes, pid, addr, _server: server })
+}
+
+fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
+    let dur = Duration::from_secs_f64(args.seconds);
+    // Name, algorithm, key, target ratio, gokeyless's published figure.
+    type Case = (&'static str, Algorithm, zeroize::Zeroizing<Vec<u8>>, f64, f64);
+    let cases: [Case; 2] = [
+        ("ecdsa-p256-sha256", Algorithm::EcdsaP256Sha256, ec_pem()?, 0.5, 10_000.0),
+        ("rsa2048-pss-sha256", Algorithm::RsaPssSha256, rsa_pem()?, 0.8, 200.0),
+    ];
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let keys: Vec<(&str, &[u8])> = cases.iter().map(|(name, _, pem, _, _)| (*name, &pem[..])).collect();
+    let server = loopback_server(scratch, &keys, args.server_threads, args.connections)?;
+    let (addr, server_pid) = (server.addr, server.pid.to_string());
+    let (remote, machine, envelopes) = (&server.remote, &server.machine, &server.envelopes);
+
     let mut config = EngineConfig::default();
     config.slow = ClassConfig { threads: args.in_flight, queue_capacity: 4 * args.in_flight };
     let engine = Engine::new(config)?;
-    let machine = Machine::new(machine_key, store, CacheConfig::default());
 
     if !args.json {
         outln!("keyfence serve on {addr} (separate process), {:.1} s per measurement, {} remote operations in flight", args.seconds, args.in_flight);
@@ -613,7 +655,7 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
             "alg", "engine/core/s", "server/core/s", "ratio", "target", "server/s", "local p50", "remote p50", "remote p99", "gokeyless"
         );
     }
-    for ((name, alg, _, target, gokeyless), env) in cases.iter().zip(&envelopes) {
+    for ((name, alg, _, target, gokeyless), env) in cases.iter().zip(envelopes.iter()) {
         let local = Arc::new(PrivateKey::from_bytes(&machine.open_envelope(env)?)?);
         let remote_key = remote.key(env)?;
         // Warm up both paths.

@@ -185,6 +185,57 @@ fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("unknown path gpu"));
 }
 
+/// `bench sign --per-cpu`: by default P-256, Ed25519 and RSA-2048 (PSS),
+/// each through raw BoringSSL, the engine, the key process and a key server
+/// on loopback, one row each with its signatures per CPU-second, its ratio
+/// to raw's (raw's own is 1) and issue 29's target. No figure is asserted
+/// on: only the shape, and that each ratio is the quotient of the figures.
+#[test]
+fn bench_sign_per_cpu_prints_every_path_against_raw() {
+    let o = keyfence(&["bench", "sign", "--json", "--per-cpu", "--seconds", "0.05", "--threads", "1"]);
+    ok(&o, "keyfence bench sign --per-cpu");
+    let rows: Vec<serde_json::Value> =
+        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let expected: Vec<(&str, &str)> = ["rsa2048-pss-sha256", "ecdsa-p256-sha256", "ed25519"]
+        .into_iter()
+        .flat_map(|alg| ["raw", "engine", "isolated", "remote"].map(|path| (alg, path)))
+        .collect();
+    let got: Vec<(&str, &str)> = rows.iter().map(|v| (v["alg"].as_str().unwrap(), v["path"].as_str().unwrap())).collect();
+    assert_eq!(got, expected);
+    for chunk in rows.chunks(4) {
+        let raw = chunk[0]["per_cpu_second"].as_f64().unwrap();
+        assert_eq!(chunk[0]["vs_raw"].as_f64(), Some(1.0), "{}", chunk[0]);
+        for v in chunk {
+            let per_cpu = v["per_cpu_second"].as_f64().unwrap();
+            assert!(per_cpu > 0.0, "{v}");
+            let vs_raw = v["vs_raw"].as_f64().unwrap();
+            // Both rounded in the row: the figure to the unit, the ratio to 0.001.
+            assert!((vs_raw - per_cpu / raw).abs() <= 0.0005 + 1.0 / raw, "{v}: raw {raw}");
+            let cheap = v["alg"] != "rsa2048-pss-sha256";
+            let target = match v["path"].as_str().unwrap() {
+                "engine" if cheap => Some(0.97),
+                "isolated" if cheap => Some(0.9),
+                "remote" if cheap => Some(0.85),
+                _ => None,
+            };
+            assert_eq!(v["target"].as_f64(), target, "{v}");
+            for k in ["ops_per_s", "p50_us", "p99_us", "cpu_us_per_op"] {
+                assert!(v[k].as_f64().unwrap() > 0.0, "{v}");
+            }
+        }
+    }
+    // A path can be asked for alone, remote included; raw stays.
+    let o = keyfence(&[
+        "bench", "sign", "--json", "--per-cpu", "--seconds", "0.05", "--threads", "1", "--case", "ed25519", "--path", "remote",
+    ]);
+    ok(&o, "keyfence bench sign --per-cpu --path remote");
+    let paths: Vec<String> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["path"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(paths, ["raw", "remote"]);
+}
+
 #[test]
 fn isolated_signing_verifies_and_reports_key_process_errors() {
     let d = Dir::new("sign-isolated");
