@@ -484,22 +484,26 @@ fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies
 /// result.
 mod cost {
     /// A G1 point decoded and checked to be on the curve.
-    pub(super) const G1_ON_CURVE: u32 = 2;
+    pub(super) const G1_ON_CURVE: u32 = 1;
     /// A G1 point decoded with its subgroup check (strict mode).
-    pub(super) const G1_CHECKED: u32 = 30;
+    pub(super) const G1_CHECKED: u32 = 55;
     /// A G2 point decoded with its subgroup check.
-    pub(super) const G2_CHECKED: u32 = 40;
+    pub(super) const G2_CHECKED: u32 = 65;
     /// A G2 point's Miller-loop lines recorded.
-    pub(super) const LINES: u32 = 60;
+    pub(super) const LINES: u32 = 100;
+    /// A wire's share of the sums, besides decoding: a few additions.
+    pub(super) const WIRE: u32 = 6;
+    /// The Boneh-Katz wire's four products from the key's tables.
+    pub(super) const BK_PRODUCTS: u32 = 240;
     /// A multi-scalar multiplication: fixed part, and per term.
-    pub(super) const MSM_BASE: u32 = 40;
-    pub(super) const MSM_TERM: u32 = 30;
+    pub(super) const MSM_BASE: u32 = 100;
+    pub(super) const MSM_TERM: u32 = 90;
     /// A Miller loop's Fp12 squarings (every lane pays them), and each
     /// pair's line evaluations.
-    pub(super) const SQUARINGS: u32 = 60;
-    pub(super) const PAIR: u32 = 25;
+    pub(super) const SQUARINGS: u32 = 120;
+    pub(super) const PAIR: u32 = 130;
     /// Starting and joining a scoped thread.
-    pub(super) const SPAWN: u32 = 30;
+    pub(super) const SPAWN: u32 = 60;
 }
 
 /// How many lanes a Miller loop over `pairs` pairs is best split into,
@@ -535,26 +539,80 @@ pub(crate) fn decapsulate_with<'a>(
     let (pi, d) = policy.occurrences();
     let threads = opts.threads;
 
-    // Decode every ciphertext element the key needs. G2 points are
-    // subgroup-checked here (they meet the key's secret G1 points) and
-    // their lines recorded (the work a Miller loop does for them anyway);
-    // G1 points only in strict mode, otherwise after a MAC failure (see
-    // `Deferred`).
+    // The wires' share: decode each used wire's G1 points (subgroup-
+    // checked only in strict mode, otherwise after a MAC failure, see
+    // `Deferred`) and add them, and the key's points for the wire, into
+    // per-copy sums. p1[j] (3 rows, ciphertext side) and p2[j] (4 rows,
+    // key side) are sums of plain points plus, for terms that carry a
+    // scalar (negations, wildcards), one multi-scalar multiplication per
+    // row, done later. A run of wires stops at its first error, the one
+    // a single pass over all the wires would meet first.
+    let k3 = |label: &str, wild: bool| -> Result<Vec<G1Affine>> {
+        let map = if wild { &key.k3wild } else { &key.k3 };
+        map.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
+            malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
+        })
+    };
+    let decode_g1 = |i: usize, neg: bool| -> Result<Vec<G1Affine>> {
+        let (b, f) = if neg { (hdr.c3neg[i], format!("c3neg[{i}]")) } else { (hdr.c3[i], format!("c3[{i}]")) };
+        let m = if opts.strict { matrix::decode_g1(b, (3, 1), CT, &f) } else { matrix::decode_g1_on_curve(b, (3, 1), CT, &f) };
+        m.map(|m| m.e)
+    };
+    let sums = |run: &[usize]| -> Result<Sums> {
+        let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+        let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+        for &i in run {
+            let w = &policy.wires[i];
+            let j = pi[i];
+            let attr = *key.attrs.get(&w.label).ok_or(AbeError::NotSatisfied)?;
+            let c3 = decode_g1(i, false)?;
+            let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
+            let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
+            if w.positive {
+                a1.add(&c3, None);
+                if attr.wild {
+                    // The Boneh-Katz wire: its scalar, the id, is public
+                    // and its points get tables in the key's cache.
+                    match (w.label == BK_LABEL).then(|| key.bk_times(&w.value)).flatten() {
+                        Some(col) => a2.add_products(&col),
+                        None => a2.add(&k3(&w.label, false)?, Some(w.value)),
+                    }
+                    a2.add(&k3(&w.label, true)?, None);
+                } else {
+                    a2.add(&k3(&w.label, false)?, None);
+                }
+            } else {
+                let c3neg = decode_g1(i, true)?;
+                let y = if attr.wild { w.value + Scalar::ONE } else { attr.value };
+                let diff = Option::<Scalar>::from((w.value - y).invert())
+                    .ok_or_else(|| malformed(CT, format!("policy.wires[{i}]"), "negated value equals the key's"))?;
+                a1.add(&c3, Some(diff * y));
+                a1.add(&c3neg, Some(diff));
+                if attr.wild {
+                    a2.add(&k3(&w.label, false)?, Some(diff * y));
+                    a2.add(&k3(&w.label, true)?, Some(diff));
+                } else {
+                    a2.add(&k3(&w.label, false)?, Some(diff));
+                }
+            }
+        }
+        Ok(Sums { p1, p2 })
+    };
+
+    // The work of this step: runs of wires (on one thread, a single run:
+    // nothing to merge), then the ciphertext's G2 points, whose subgroup
+    // checks (they meet the key's secret G1 points) and lines (the work a
+    // Miller loop does for them anyway) are most of it.
     enum Job<'b> {
-        G1(&'b [u8], String),
+        Wires(&'b [usize], u32),
         G2(&'b [u8], String),
     }
-    enum Point {
-        G1(Vec<G1Affine>),
+    enum Out {
+        Sums(Sums),
         G2(Vec<G2Affine>, Vec<Lines>),
     }
-    let mut jobs = Vec::new();
     let mut copies = vec![false; d];
     for &i in used {
-        jobs.push(Job::G1(hdr.c3[i], format!("c3[{i}]")));
-        if !policy.wires[i].positive {
-            jobs.push(Job::G1(hdr.c3neg[i], format!("c3neg[{i}]")));
-        }
         copies[pi[i]] = true;
     }
     if opts.strict {
@@ -563,90 +621,50 @@ pub(crate) fn decapsulate_with<'a>(
     let deferred = if opts.strict {
         Deferred(Vec::new())
     } else {
-        Deferred(jobs.iter().filter_map(|j| if let Job::G1(b, f) = j { Some((*b, f.clone())) } else { None }).collect())
+        let neg = |i: usize| (!policy.wires[i].positive).then(|| (hdr.c3neg[i], format!("c3neg[{i}]")));
+        Deferred(used.iter().flat_map(|&i| std::iter::once((hdr.c3[i], format!("c3[{i}]"))).chain(neg(i))).collect())
     };
+    let g1_cost = if opts.strict { cost::G1_CHECKED } else { cost::G1_ON_CURVE };
+    let wire_cost = |i: usize| {
+        let w = &policy.wires[i];
+        let points = if w.positive { 3 } else { 6 };
+        let bk = if w.label == BK_LABEL { cost::BK_PRODUCTS } else { 0 };
+        points * g1_cost + cost::WIRE + bk
+    };
+    // Runs small enough to even out the lanes around the G2 jobs.
+    let per_run = if threads <= 1 { used.len().max(1) } else { used.len().div_ceil(4 * threads).max(1) };
+    let mut jobs: Vec<Job<'_>> =
+        used.chunks(per_run).map(|run| Job::Wires(run, run.iter().map(|&i| wire_cost(i)).sum())).collect();
     for (j, &c) in copies.iter().enumerate() {
         if c {
             jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
         }
     }
     jobs.push(Job::G2(hdr.c1, "c1".into()));
-    let g1_cost = 3 * if opts.strict { cost::G1_CHECKED } else { cost::G1_ON_CURVE };
     let job_cost = |job: &Job<'_>| match job {
-        Job::G1(..) => g1_cost,
+        Job::Wires(_, c) => *c,
         Job::G2(..) => 4 * (cost::G2_CHECKED + cost::LINES),
     };
-    let decoded = par_map_weighted(&jobs, threads, job_cost, |job| match job {
-        Job::G1(b, f) if opts.strict => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
-        Job::G1(b, f) => matrix::decode_g1_on_curve(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
+    let done = par_map_weighted(&jobs, threads, job_cost, |job| match job {
+        Job::Wires(run, _) => sums(run).map(Out::Sums),
         Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| {
             let lines = m.e.iter().map(|q| Lines::new(q.as_ref())).collect();
-            Point::G2(m.e, lines)
+            Out::G2(m.e, lines)
         }),
     });
-    let mut decoded = decoded.into_iter();
-    let mut next_g1 = || -> Result<Vec<G1Affine>> {
-        match decoded.next() {
-            Some(Ok(Point::G1(p))) => Ok(p),
-            Some(Err(e)) => Err(e),
-            _ => Err(AbeError::Internal("decoded points out of order")),
-        }
-    };
-
-    // Per copy j: p1[j] (3 rows, ciphertext side) and p2[j] (4 rows, key
-    // side), as sums of plain points plus, for terms that carry a scalar
-    // (negations, wildcards), one multi-scalar multiplication per row.
     let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
     let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
-    let k3 = |label: &str, wild: bool| -> Result<Vec<G1Affine>> {
-        let map = if wild { &key.k3wild } else { &key.k3 };
-        map.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
-            malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
-        })
-    };
-    for &i in used {
-        let w = &policy.wires[i];
-        let j = pi[i];
-        let attr = *key.attrs.get(&w.label).ok_or(AbeError::NotSatisfied)?;
-        let c3 = next_g1()?;
-        let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
-        let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
-        if w.positive {
-            a1.add(&c3, None);
-            if attr.wild {
-                // The Boneh-Katz wire: its scalar, the id, is public and
-                // its points get tables in the key's cache.
-                match (w.label == BK_LABEL).then(|| key.bk_times(&w.value)).flatten() {
-                    Some(col) => a2.add_products(&col),
-                    None => a2.add(&k3(&w.label, false)?, Some(w.value)),
-                }
-                a2.add(&k3(&w.label, true)?, None);
-            } else {
-                a2.add(&k3(&w.label, false)?, None);
-            }
-        } else {
-            let c3neg = next_g1()?;
-            let y = if attr.wild { w.value + Scalar::ONE } else { attr.value };
-            let diff = Option::<Scalar>::from((w.value - y).invert())
-                .ok_or_else(|| malformed(CT, format!("policy.wires[{i}]"), "negated value equals the key's"))?;
-            a1.add(&c3, Some(diff * y));
-            a1.add(&c3neg, Some(diff));
-            if attr.wild {
-                a2.add(&k3(&w.label, false)?, Some(diff * y));
-                a2.add(&k3(&w.label, true)?, Some(diff));
-            } else {
-                a2.add(&k3(&w.label, false)?, Some(diff));
-            }
-        }
-    }
     let (mut g2_points, mut g2_lines) = (Vec::new(), Vec::new());
-    for r in decoded {
+    for r in done {
         match r? {
-            Point::G2(p, l) => {
+            Out::Sums(s) => {
+                Acc::merge_into(&mut p1, s.p1);
+                Acc::merge_into(&mut p2, s.p2);
+            }
+            Out::G2(p, l) => {
                 g2_points.push(p);
                 g2_lines.push(l);
             }
-            Point::G1(_) => return Err(AbeError::Internal("a G1 point among the G2 jobs")),
         }
     }
     let c1 = g2_points.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
@@ -705,6 +723,12 @@ pub(crate) fn decapsulate_with<'a>(
     Ok((r, deferred))
 }
 
+/// A run of wires' per-copy sums (see [`decapsulate_with`]).
+struct Sums {
+    p1: Vec<Option<Acc>>,
+    p2: Vec<Option<Acc>>,
+}
+
 /// A column of G1 sums: plain points added as they come, scalar terms
 /// gathered for one multi-scalar multiplication per row.
 struct Acc {
@@ -725,6 +749,23 @@ impl Acc {
                 Some(s) => {
                     self.pts[m].push(G1Projective::from(p));
                     self.sc[m].push(s);
+                }
+            }
+        }
+    }
+
+    /// Adds the per-copy sums of another run of wires to `into`.
+    fn merge_into(into: &mut [Option<Acc>], from: Vec<Option<Acc>>) {
+        for (slot, acc) in into.iter_mut().zip(from) {
+            let Some(acc) = acc else { continue };
+            match slot {
+                None => *slot = Some(acc),
+                Some(s) => {
+                    for (m, (plain, (pts, sc))) in acc.plain.iter().zip(acc.pts.into_iter().zip(acc.sc)).enumerate() {
+                        s.plain[m] += plain;
+                        s.pts[m].extend(pts);
+                        s.sc[m].extend(sc);
+                    }
                 }
             }
         }
