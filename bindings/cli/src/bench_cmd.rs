@@ -16,15 +16,20 @@ pub enum BenchCmd {
     /// decrypt times and the ciphertext overhead.
     Abe {
         /// One JSON object per line: case, keygen_ms, encrypt_ms,
-        /// decrypt_ms, decrypt_floor_ms (the primitives decryption cannot
-        /// skip, timed in the same run: `keyfence::bench::decrypt_floor`),
-        /// decrypt_floor_pairing_ms (its pairing part alone), ct_overhead.
+        /// decrypt_ms, decrypt_cold_ms, the same three operations on two
+        /// threads (keygen_ms_2threads, encrypt_ms_2threads,
+        /// decrypt_ms_2threads: `*_with_threads(.., 2)`, alternated with
+        /// the one-thread runs in the same iterations), decrypt_floor_ms
+        /// (the primitives decryption cannot skip, timed in the same run:
+        /// `keyfence::bench::decrypt_floor`), decrypt_floor_pairing_ms (its
+        /// pairing part alone), ct_overhead.
         #[arg(long)]
         json: bool,
         /// Iterations per operation.
         #[arg(long, default_value_t = 20)]
         iters: usize,
-        /// Threads for decryption (default 1, the library's default).
+        /// Threads for the keygen_ms, encrypt_ms, decrypt_ms and
+        /// decrypt_cold_ms columns (default 1, the library's default).
         #[arg(long)]
         threads: Option<usize>,
     },
@@ -95,71 +100,96 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Store { store, json, ops, watchers } => bench_store(&store, json, ops, watchers)?,
         BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Fleet(args) => crate::fleet::run(args)?,
-        BenchCmd::Abe { json, iters, threads } => {
-            let msg = b"a 23-byte test message!";
-            let (pk, msk) = abe::setup()?;
-            if !json {
-                outln!(
-                    "{:<12} {:>10} {:>11} {:>11} {:>10} {:>10} {:>12}",
-                    "case", "keygen_ms", "encrypt_ms", "decrypt_ms", "cold_ms", "floor_ms", "ct_overhead"
-                );
-            }
-            for (name, policy, attrs) in keyfence::bench::abe_cases() {
-                let p = parse(&policy)?;
-                let (mut kg, mut en, mut de, mut fl, mut fp) = (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
-                let mut cold = Vec::new();
-                let mut overhead = 0;
-                // Decryption runs with a key loaded once, as a machine
-                // holds its key: the key's precomputation (done when it is
-                // decoded) is not paid per decryption.
-                let key_bytes = zeroize::Zeroizing::new(abe::keygen(&msk, &attrs)?.to_bytes());
-                let loaded = abe::AttributeKey::from_bytes(&key_bytes)?;
-                for _ in 0..iters.max(1) {
-                    let t = Instant::now();
-                    let key = abe::keygen(&msk, &attrs)?;
-                    kg.push(t.elapsed().as_secs_f64() * 1e3);
-                    drop(key);
-                    let t = Instant::now();
-                    let ct = abe::encrypt_policy(&pk, &p, msg)?;
-                    en.push(t.elapsed().as_secs_f64() * 1e3);
-                    let t = Instant::now();
-                    let pt = match threads {
-                        Some(t) => abe::decrypt_with_threads(&loaded, &ct, t)?,
-                        None => abe::decrypt(&loaded, &ct)?,
-                    };
-                    de.push(t.elapsed().as_secs_f64() * 1e3);
-                    anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext");
-                    // From a cold key, as a process that loads a key to
-                    // decrypt once pays: decoding and precomputation too.
-                    let t = Instant::now();
-                    let fresh = abe::AttributeKey::from_bytes(&key_bytes)?;
-                    let pt = match threads {
-                        Some(t) => abe::decrypt_with_threads(&fresh, &ct, t)?,
-                        None => abe::decrypt(&fresh, &ct)?,
-                    };
-                    cold.push(t.elapsed().as_secs_f64() * 1e3);
-                    anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext from a cold key");
-                    drop(fresh);
-                    // The bound, timed right after, in the same conditions.
-                    let floor = keyfence::bench::decrypt_floor(&loaded, &ct)?;
-                    fl.push(floor.total().as_secs_f64() * 1e3);
-                    fp.push(floor.pairing.as_secs_f64() * 1e3);
-                    overhead = ct.len() - msg.len();
-                }
-                let (floor, floor_pairing) = (median_ms(fl), median_ms(fp));
-                let (kg, en, de, cold) = (median_ms(kg), median_ms(en), median_ms(de), median_ms(cold));
-                if json {
-                    outln!(
-                        "{}",
-                        serde_json::json!({"case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "decrypt_cold_ms": cold, "decrypt_floor_ms": floor, "decrypt_floor_pairing_ms": floor_pairing, "ct_overhead": overhead})
-                    );
-                } else {
-                    outln!("{name:<12} {kg:>10.3} {en:>11.3} {de:>11.3} {cold:>10.3} {floor:>10.3} {overhead:>12}");
-                }
-            }
-        }
+        BenchCmd::Abe { json, iters, threads } => bench_abe(json, iters, threads.unwrap_or(1))?,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `keyfence bench abe`: every operation on one thread (or `threads`) and
+/// on two, alternated within each iteration (which goes first swaps from
+/// one iteration to the next), so that both see the same machine.
+fn bench_abe(json: bool, iters: usize, threads: usize) -> Result<()> {
+    let msg = b"a 23-byte test message!";
+    let (pk, msk) = abe::setup()?;
+    if !json {
+        outln!(
+            "{:<12} {:>10} {:>10} {:>11} {:>11} {:>11} {:>11} {:>10} {:>10} {:>12}",
+            "case", "keygen_ms", "keygen_2t", "encrypt_ms", "encrypt_2t", "decrypt_ms", "decrypt_2t", "cold_ms", "floor_ms",
+            "ct_overhead"
+        );
+    }
+    let ms = |t: Instant| t.elapsed().as_secs_f64() * 1e3;
+    for (name, policy, attrs) in keyfence::bench::abe_cases() {
+        let p = parse(&policy)?;
+        // [variant][sample]: variant 0 on `threads` threads, 1 on two.
+        let (mut kg, mut en, mut de) = ([Vec::new(), Vec::new()], [Vec::new(), Vec::new()], [Vec::new(), Vec::new()]);
+        let (mut fl, mut fp, mut cold) = (Vec::new(), Vec::new(), Vec::new());
+        let mut overhead = 0;
+        // Decryption runs with a key loaded once, as a machine holds its
+        // key: the key's precomputation (done when it is decoded) is not
+        // paid per decryption. Each variant has its own copy, decrypting
+        // once an iteration, so that both reach the decryption at which a
+        // key builds its Boneh-Katz tables (the 16th) in the same
+        // iteration, as the one-thread figure always has.
+        let key_bytes = zeroize::Zeroizing::new(abe::keygen(&msk, &attrs)?.to_bytes());
+        let loaded = [abe::AttributeKey::from_bytes(&key_bytes)?, abe::AttributeKey::from_bytes(&key_bytes)?];
+        for i in 0..iters.max(1) {
+            let order = if i % 2 == 0 { [0, 1] } else { [1, 0] };
+            let on = |v: usize| [threads, 2][v];
+            for v in order {
+                let start = Instant::now();
+                let key = abe::keygen_with_threads(&msk, &attrs, on(v))?;
+                kg[v].push(ms(start));
+                drop(key);
+            }
+            let mut cts = [Vec::new(), Vec::new()];
+            for v in order {
+                let start = Instant::now();
+                cts[v] = abe::encrypt_policy_with_threads(&pk, &p, msg, on(v))?;
+                en[v].push(ms(start));
+            }
+            // Each variant decrypts the other's ciphertext.
+            for v in order {
+                let start = Instant::now();
+                let pt = abe::decrypt_with_threads(&loaded[v], &cts[1 - v], on(v))?;
+                de[v].push(ms(start));
+                anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext on {} threads", on(v));
+            }
+            let ct = &cts[0];
+            // From a cold key, as a process that loads a key to decrypt
+            // once pays: decoding and precomputation too.
+            let start = Instant::now();
+            let fresh = abe::AttributeKey::from_bytes(&key_bytes)?;
+            let pt = abe::decrypt_with_threads(&fresh, ct, threads)?;
+            cold.push(ms(start));
+            anyhow::ensure!(pt[..] == msg[..], "{name}: wrong plaintext from a cold key");
+            drop(fresh);
+            // The bound, timed right after, in the same conditions.
+            let floor = keyfence::bench::decrypt_floor(&loaded[0], ct)?;
+            fl.push(floor.total().as_secs_f64() * 1e3);
+            fp.push(floor.pairing.as_secs_f64() * 1e3);
+            overhead = ct.len() - msg.len();
+        }
+        let (floor, floor_pairing, cold) = (median_ms(fl), median_ms(fp), median_ms(cold));
+        let [kg, kg2] = kg.map(median_ms);
+        let [en, en2] = en.map(median_ms);
+        let [de, de2] = de.map(median_ms);
+        if json {
+            outln!(
+                "{}",
+                serde_json::json!({
+                    "case": name, "keygen_ms": kg, "encrypt_ms": en, "decrypt_ms": de, "decrypt_cold_ms": cold,
+                    "keygen_ms_2threads": kg2, "encrypt_ms_2threads": en2, "decrypt_ms_2threads": de2,
+                    "decrypt_floor_ms": floor, "decrypt_floor_pairing_ms": floor_pairing, "ct_overhead": overhead,
+                })
+            );
+        } else {
+            outln!(
+                "{name:<12} {kg:>10.3} {kg2:>10.3} {en:>11.3} {en2:>11.3} {de:>11.3} {de2:>11.3} {cold:>10.3} {floor:>10.3} {overhead:>12}"
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The cached `Machine::open` a binding is measured against: a file store

@@ -88,7 +88,8 @@ fn bench_abe_prints_one_json_object_per_case() {
     let names: Vec<&str> = cases.iter().map(|c| c["case"].as_str().unwrap()).collect();
     assert_eq!(names, ["small", "and50", "or50", "and50neg25"]);
     for c in &cases {
-        for k in ["keygen_ms", "encrypt_ms", "decrypt_ms", "decrypt_cold_ms"] {
+        let two = ["keygen_ms_2threads", "encrypt_ms_2threads", "decrypt_ms_2threads"];
+        for k in ["keygen_ms", "encrypt_ms", "decrypt_ms", "decrypt_cold_ms"].into_iter().chain(two) {
             assert!(c[k].as_f64().unwrap() > 0.0, "{c}");
         }
         assert!(c["ct_overhead"].as_u64().unwrap() > 2000);

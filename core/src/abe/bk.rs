@@ -48,13 +48,16 @@ fn keystream_xor(key: &[u8; 32], data: &mut [u8]) {
     }
 }
 
+/// Encrypts `msg` to `policy`, the header's wires on up to `threads`
+/// threads.
 pub(crate) fn encrypt<R: RngCore + CryptoRng + ?Sized>(
     rng: &mut R,
     pk: &PublicKey,
     policy: &AbePolicy,
     msg: &[u8],
+    threads: usize,
 ) -> Result<Vec<u8>> {
-    encrypt_header_with(rng, pk, policy, msg, |_| {})
+    encrypt_header_with(rng, pk, policy, msg, threads, |_| {})
 }
 
 /// [`encrypt`], letting `edit` change the header's group elements before
@@ -65,13 +68,14 @@ pub(crate) fn encrypt_header_with<R: RngCore + CryptoRng + ?Sized>(
     pk: &PublicKey,
     policy: &AbePolicy,
     msg: &[u8],
+    threads: usize,
     edit: impl FnOnce(&mut Header),
 ) -> Result<Vec<u8>> {
     let mut seed = Zeroizing::new([0u8; SEED_LEN]);
     rng.fill_bytes(&mut seed[..]);
     let (id, mac_key) = expand_seed(&seed[..]);
     let bk_policy = policy.with_bk(scalar_reduce_be(&id));
-    let (mut header, key) = encapsulate(rng, pk, &bk_policy);
+    let (mut header, key) = encapsulate(rng, pk, &bk_policy, threads);
     edit(&mut header);
     let c1 = header.encode(policy)?;
 

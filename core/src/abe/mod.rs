@@ -95,8 +95,36 @@ pub fn setup_with_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(P
 /// [`AbeError::AttributeTooLong`] for a label over 65,535 bytes,
 /// [`AbeError::TooLarge`] if the attributes together would not fit the key
 /// format's 16-bit attribute field.
+///
+/// Runs on the calling thread; [`keygen_with_threads`] spreads the
+/// attributes over more cores.
 pub fn keygen(msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
-    keygen_rng(&mut OsRng, msk, attrs)
+    keygen_rng(&mut OsRng, msk, attrs, 1)
+}
+
+/// [`keygen`] on up to `threads` scoped threads (0 and 1 both mean the
+/// caller's; none outlives the call).
+///
+/// A key's cost is one component per attribute (about 1.5 ms each), each
+/// computed from the master key and its label alone, so the attributes
+/// are dealt to the threads and the key comes out the same as from
+/// [`keygen`]; a 50-attribute key takes about half as long on two idle
+/// cores (`docs/benchmarks.md`). Worth it only with idle cores, which is
+/// why it is not the default.
+///
+/// ```
+/// # let (pk, msk) = keyfence::abe::setup()?;
+/// let attrs = keyfence::policy::Attributes::from_pairs((0..8).map(|i| (format!("a{i}"), "v")));
+/// let key = keyfence::abe::keygen_with_threads(&msk, &attrs, 2)?;
+/// let ct = keyfence::abe::encrypt(&pk, "a0: v and a7: v", b"x")?;
+/// assert_eq!(&keyfence::abe::decrypt(&key, &ct)?[..], b"x");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`keygen`].
+pub fn keygen_with_threads(msk: &MasterSecretKey, attrs: &Attributes, threads: usize) -> Result<AttributeKey> {
+    keygen_rng(&mut OsRng, msk, attrs, threads)
 }
 
 /// [`keygen`] with an explicit random source (known-answer tests; behind
@@ -110,10 +138,15 @@ pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(
     msk: &MasterSecretKey,
     attrs: &Attributes,
 ) -> Result<AttributeKey> {
-    keygen_rng(rng, msk, attrs)
+    keygen_rng(rng, msk, attrs, 1)
 }
 
-fn keygen_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
+fn keygen_rng<R: RngCore + CryptoRng + ?Sized>(
+    rng: &mut R,
+    msk: &MasterSecretKey,
+    attrs: &Attributes,
+    threads: usize,
+) -> Result<AttributeKey> {
     // Sets built with `from_pairs` reach here unchecked; this is the one
     // door every key passes, whichever binding built the set.
     attrs.validate()?;
@@ -138,7 +171,7 @@ fn keygen_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, msk: &MasterSecretKe
         }
         hashed.insert(label.to_owned(), oracle::hash_value(value));
     }
-    tkn::keygen(rng, msk, &hashed)
+    tkn::keygen(rng, msk, &hashed, threads.max(1))
 }
 
 /// Encrypts `msg` so that only keys whose attributes satisfy `policy` can
@@ -167,8 +200,36 @@ pub fn encrypt(pk: &PublicKey, policy: &str, msg: &[u8]) -> Result<Vec<u8>> {
 /// [`AbeError::ReservedLabel`] for the Boneh-Katz label;
 /// [`AbeError::TooLarge`] for a message too long for the format's 32-bit
 /// fields (about 4 GiB).
+///
+/// Runs on the calling thread; [`encrypt_policy_with_threads`] spreads the
+/// policy's terms over more cores.
 pub fn encrypt_policy(pk: &PublicKey, policy: &Policy, msg: &[u8]) -> Result<Vec<u8>> {
-    encrypt_rng(&mut OsRng, pk, policy, msg)
+    encrypt_rng(&mut OsRng, pk, policy, msg, 1)
+}
+
+/// [`encrypt_policy`] on up to `threads` scoped threads (0 and 1 both
+/// mean the caller's; none outlives the call).
+///
+/// A ciphertext's cost is one component per term of the policy (about
+/// 1 ms each); every random value is drawn first, then the terms are
+/// dealt to the threads, so the ciphertext is what [`encrypt_policy`]
+/// would have made from the same random bytes. A 50-term policy takes
+/// about half as long on two idle cores (`docs/benchmarks.md`). Worth it
+/// only with idle cores, which is why it is not the default.
+///
+/// ```
+/// # let (pk, msk) = keyfence::abe::setup()?;
+/// # let key = keyfence::abe::keygen(&msk, &"region=EU".parse()?)?;
+/// let policy = keyfence::policy::parse("region: EU or region: UK")?;
+/// let ct = keyfence::abe::encrypt_policy_with_threads(&pk, &policy, b"x", 2)?;
+/// assert_eq!(&keyfence::abe::decrypt(&key, &ct)?[..], b"x");
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// # Errors
+/// As [`encrypt_policy`].
+pub fn encrypt_policy_with_threads(pk: &PublicKey, policy: &Policy, msg: &[u8], threads: usize) -> Result<Vec<u8>> {
+    encrypt_rng(&mut OsRng, pk, policy, msg, threads)
 }
 
 /// [`encrypt_policy`] with an explicit random source (known-answer tests;
@@ -183,7 +244,7 @@ pub fn encrypt_policy_with_rng<R: RngCore + CryptoRng + ?Sized>(
     policy: &Policy,
     msg: &[u8],
 ) -> Result<Vec<u8>> {
-    encrypt_rng(rng, pk, policy, msg)
+    encrypt_rng(rng, pk, policy, msg, 1)
 }
 
 fn encrypt_rng<R: RngCore + CryptoRng + ?Sized>(
@@ -191,9 +252,10 @@ fn encrypt_rng<R: RngCore + CryptoRng + ?Sized>(
     pk: &PublicKey,
     policy: &Policy,
     msg: &[u8],
+    threads: usize,
 ) -> Result<Vec<u8>> {
     let p = AbePolicy::from_policy(policy)?;
-    bk::encrypt(rng, pk, &p, msg)
+    bk::encrypt(rng, pk, &p, msg, threads.max(1))
 }
 
 /// Decrypts `ciphertext` with `key`.
@@ -335,3 +397,5 @@ pub fn policy_of(ciphertext: &[u8]) -> Result<Policy> {
 mod tests;
 #[cfg(test)]
 mod torsion_tests;
+#[cfg(test)]
+mod thread_tests;

@@ -14,7 +14,7 @@ use super::{keygen, setup, AttributeKey, PublicKey};
 fn encapsulated(pk: &PublicKey, policy: &str) -> (Vec<u8>, AbePolicy, Gt) {
     let p = AbePolicy::from_policy(&keyfence_policy::parse(policy).unwrap()).unwrap();
     let bk = p.with_bk(hash_value("some id"));
-    let (hdr, key) = encapsulate(&mut OsRng, pk, &bk);
+    let (hdr, key) = encapsulate(&mut OsRng, pk, &bk, 1);
     (hdr.encode(&p).unwrap(), bk, key)
 }
 

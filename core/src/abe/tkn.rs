@@ -25,7 +25,7 @@ use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
 use super::lines::{miller_loop, Lines};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
-use super::parallel::par_map;
+use super::parallel::{par_map, par_map_weighted};
 use super::policy::{AbePolicy, BK_LABEL};
 
 fn random_mat<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, rows: usize, cols: usize) -> Mat<Scalar> {
@@ -108,11 +108,13 @@ pub(crate) fn setup<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(Pub
 }
 
 /// Issues a key for `attrs` (label -> hashed value), adding the
-/// Boneh-Katz wildcard attribute.
+/// Boneh-Katz wildcard attribute, its per-attribute components on up to
+/// `threads` threads.
 pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
     rng: &mut R,
     msk: &MasterSecretKey,
     attrs: &BTreeMap<String, Scalar>,
+    threads: usize,
 ) -> Result<AttributeKey> {
     let mut all: BTreeMap<String, KeyAttr> =
         attrs.iter().map(|(l, v)| (l.clone(), KeyAttr { wild: false, value: *v })).collect();
@@ -128,23 +130,32 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
     k2s.wipe();
     wipe(&mut s);
 
-    let mut k3 = BTreeMap::new();
-    let mut k3wild = BTreeMap::new();
-    for (label, attr) in &all {
+    // Each attribute's components depend on the master key, `As` and the
+    // label alone (no draw from `rng`): computed on `threads` threads,
+    // the key is the same bytes as on one.
+    let entries: Vec<(&String, &KeyAttr)> = all.iter().collect();
+    let comps = par_map(&entries, threads, |(label, attr)| {
         let u = label_matrices(label.as_bytes());
         // Derived from the master's PRF key: secret.
         let (mut v0, mut v1) = prf(&msk.prf_key, label.as_bytes());
-        if attr.wild {
-            k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, None, &v0, None));
-            k3wild.insert(label.clone(), k3_component(msk, &a_s, &u.u1, None, &v1, None));
+        let comp = if attr.wild {
+            (k3_component(msk, &a_s, &u.u0, None, &v0, None), Some(k3_component(msk, &a_s, &u.u1, None, &v1, None)))
         } else {
-            let y = attr.value;
-            k3.insert(label.clone(), k3_component(msk, &a_s, &u.u0, Some(&u.u1), &v0, Some((&v1, y))));
-        }
+            (k3_component(msk, &a_s, &u.u0, Some(&u.u1), &v0, Some((&v1, attr.value))), None)
+        };
         v0.wipe();
         v1.wipe();
-    }
+        comp
+    });
     wipe(&mut a_s);
+    let mut k3 = BTreeMap::new();
+    let mut k3wild = BTreeMap::new();
+    for ((label, _), (c, wild)) in entries.into_iter().zip(comps) {
+        k3.insert(label.clone(), c);
+        if let Some(w) = wild {
+            k3wild.insert(label.clone(), w);
+        }
+    }
     Ok(AttributeKey { attrs: all, k1, k2, k3, k3wild, cache: Default::default() })
 }
 
@@ -213,11 +224,13 @@ pub(crate) struct Header {
 }
 
 /// Encrypts a fresh Gt element to `policy` (already augmented by the
-/// Boneh-Katz transform). Returns the header and the element.
+/// Boneh-Katz transform), the wires' components on up to `threads`
+/// threads. Returns the header and the element.
 pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
     rng: &mut R,
     pk: &PublicKey,
     policy: &AbePolicy,
+    threads: usize,
 ) -> (Header, Gt) {
     let (pi, d) = policy.occurrences();
     let r = [random_scalar(rng), random_scalar(rng)];
@@ -256,9 +269,10 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
     let key = Gt::from(fixed_base::gt_pow(&tables.btk[0], &r[0]) * fixed_base::gt_pow(&tables.btk[1], &r[1]));
 
     let wb = |m: usize, l: usize| G1Projective::from(pk.wb1.at(m, l));
-    let mut c3 = Vec::with_capacity(policy.wires.len());
-    let mut c3neg = Vec::with_capacity(policy.wires.len());
-    for (i, w) in policy.wires.iter().enumerate() {
+    // Every draw from `rng` is behind us: the wires' components depend on
+    // the drawn values alone, so `threads` threads give the same bytes.
+    let wires: Vec<(usize, &super::policy::Wire)> = policy.wires.iter().enumerate().collect();
+    let comps = par_map(&wires, threads, |&(i, w)| {
         let u = label_matrices(w.label.as_bytes());
         let (u0, u1) = (|m, l| G1Projective::from(u.u0.at(m, l)), |m, l| G1Projective::from(u.u1.at(m, l)));
         let rj = ri[pi[i]];
@@ -271,25 +285,27 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
             Mat { rows: 3, cols: 1, e: aff }
         };
         if w.positive {
-            c3.push(row3(&|m| {
+            let c3 = row3(&|m| {
                 G1Projective::multi_exp(
                     &[u0(m, 0), u0(m, 1), u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)],
                     &[y * rj[0], y * rj[1], rj[0], rj[1], rs[0], rs[1]],
                 )
-            }));
-            c3neg.push(None);
+            });
+            (c3, None)
         } else {
-            c3.push(row3(&|m| {
+            let c3 = row3(&|m| {
                 G1Projective::multi_exp(&[u0(m, 0), u0(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], -rs[0], -rs[1]])
-            }));
-            c3neg.push(Some(row3(&|m| {
+            });
+            let c3neg = row3(&|m| {
                 G1Projective::multi_exp(
                     &[u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)],
                     &[rj[0], rj[1], y * rs[0], y * rs[1]],
                 )
-            })));
+            });
+            (c3, Some(c3neg))
         }
-    }
+    });
+    let (c3, c3neg): (Vec<_>, Vec<_>) = comps.into_iter().unzip();
     // The randomness and its shares would let anyone recompute `key`.
     let mut r = r;
     wipe(&mut r);
@@ -449,7 +465,11 @@ fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies
             jobs.push(Job::G2(b, format!("c2[{j}]")));
         }
     }
-    par_map(&jobs, threads, |job| match job {
+    let job_cost = |job: &Job<'_>| match job {
+        Job::G1(..) => 3 * cost::G1_CHECKED,
+        Job::G2(..) => 4 * cost::G2_CHECKED,
+    };
+    par_map_weighted(&jobs, threads, job_cost, |job| match job {
         Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(drop),
         Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(drop),
     })
@@ -457,9 +477,58 @@ fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies
     .collect()
 }
 
+/// Estimated costs in microseconds of one core (release build, the
+/// benchmark machine; `thread_tests::stage_costs` measures them), by which
+/// a decryption deals its work to threads and decides whether a split is
+/// worth a thread's start. Only the balance depends on them, never a
+/// result.
+mod cost {
+    /// A G1 point decoded and checked to be on the curve.
+    pub(super) const G1_ON_CURVE: u32 = 1;
+    /// A G1 point decoded with its subgroup check (strict mode).
+    pub(super) const G1_CHECKED: u32 = 55;
+    /// A G2 point decoded with its subgroup check.
+    pub(super) const G2_CHECKED: u32 = 65;
+    /// A G2 point's Miller-loop lines recorded.
+    pub(super) const LINES: u32 = 100;
+    /// A wire's share of the sums, besides decoding: a few additions.
+    pub(super) const WIRE: u32 = 6;
+    /// The Boneh-Katz wire's four products from the key's tables.
+    pub(super) const BK_PRODUCTS: u32 = 240;
+    /// A multi-scalar multiplication: fixed part, and per term.
+    pub(super) const MSM_BASE: u32 = 100;
+    pub(super) const MSM_TERM: u32 = 90;
+    /// A Miller loop's Fp12 squarings (every lane pays them), and each
+    /// pair's line evaluations.
+    pub(super) const SQUARINGS: u32 = 120;
+    pub(super) const PAIR: u32 = 130;
+    /// Starting and joining a scoped thread.
+    pub(super) const SPAWN: u32 = 60;
+}
+
+/// How many lanes a Miller loop over `pairs` pairs is best split into,
+/// with up to `threads`: each lane repeats the squarings and costs a
+/// thread's start, so a short loop stays whole.
+fn miller_lanes(pairs: usize, threads: usize) -> usize {
+    let t = |k: usize| {
+        let k32 = u32::try_from(k).unwrap_or(u32::MAX);
+        let per = u32::try_from(pairs.div_ceil(k)).unwrap_or(u32::MAX);
+        cost::SQUARINGS.saturating_add(per.saturating_mul(cost::PAIR)).saturating_add((k32 - 1).saturating_mul(cost::SPAWN))
+    };
+    (1..=threads.clamp(1, pairs.max(1))).min_by_key(|&k| (t(k), k)).unwrap_or(1)
+}
+
 /// The decryption equation over the given set of wires. Only
 /// [`decapsulate`] calls it with a satisfying set; tests call it with
 /// others to show that no other set recovers the key.
+///
+/// On more than one thread it runs in three parallel steps, each dealt
+/// by estimated cost ([`cost`]) with the calling thread taking a share:
+/// decoding (the G2 points' subgroup checks and lines are the bulk), the
+/// negations' multi-scalar multiplications, and the Miller loop split
+/// into lanes whose products meet before the one final exponentiation.
+/// The results, errors included, are those of one thread: every step
+/// returns its items in order.
 pub(crate) fn decapsulate_with<'a>(
     hdr: &LazyHeader<'a>,
     policy: &AbePolicy,
@@ -470,25 +539,80 @@ pub(crate) fn decapsulate_with<'a>(
     let (pi, d) = policy.occurrences();
     let threads = opts.threads;
 
-    // Decode every ciphertext element the key needs, in parallel. G2
-    // points are subgroup-checked here (they meet the key's secret G1
-    // points); G1 points only in strict mode, otherwise after a MAC
-    // failure (see `Deferred`).
+    // The wires' share: decode each used wire's G1 points (subgroup-
+    // checked only in strict mode, otherwise after a MAC failure, see
+    // `Deferred`) and add them, and the key's points for the wire, into
+    // per-copy sums. p1[j] (3 rows, ciphertext side) and p2[j] (4 rows,
+    // key side) are sums of plain points plus, for terms that carry a
+    // scalar (negations, wildcards), one multi-scalar multiplication per
+    // row, done later. A run of wires stops at its first error, the one
+    // a single pass over all the wires would meet first.
+    let k3 = |label: &str, wild: bool| -> Result<Vec<G1Affine>> {
+        let map = if wild { &key.k3wild } else { &key.k3 };
+        map.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
+            malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
+        })
+    };
+    let decode_g1 = |i: usize, neg: bool| -> Result<Vec<G1Affine>> {
+        let (b, f) = if neg { (hdr.c3neg[i], format!("c3neg[{i}]")) } else { (hdr.c3[i], format!("c3[{i}]")) };
+        let m = if opts.strict { matrix::decode_g1(b, (3, 1), CT, &f) } else { matrix::decode_g1_on_curve(b, (3, 1), CT, &f) };
+        m.map(|m| m.e)
+    };
+    let sums = |run: &[usize]| -> Result<Sums> {
+        let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+        let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+        for &i in run {
+            let w = &policy.wires[i];
+            let j = pi[i];
+            let attr = *key.attrs.get(&w.label).ok_or(AbeError::NotSatisfied)?;
+            let c3 = decode_g1(i, false)?;
+            let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
+            let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
+            if w.positive {
+                a1.add(&c3, None);
+                if attr.wild {
+                    // The Boneh-Katz wire: its scalar, the id, is public
+                    // and its points get tables in the key's cache.
+                    match (w.label == BK_LABEL).then(|| key.bk_times(&w.value)).flatten() {
+                        Some(col) => a2.add_products(&col),
+                        None => a2.add(&k3(&w.label, false)?, Some(w.value)),
+                    }
+                    a2.add(&k3(&w.label, true)?, None);
+                } else {
+                    a2.add(&k3(&w.label, false)?, None);
+                }
+            } else {
+                let c3neg = decode_g1(i, true)?;
+                let y = if attr.wild { w.value + Scalar::ONE } else { attr.value };
+                let diff = Option::<Scalar>::from((w.value - y).invert())
+                    .ok_or_else(|| malformed(CT, format!("policy.wires[{i}]"), "negated value equals the key's"))?;
+                a1.add(&c3, Some(diff * y));
+                a1.add(&c3neg, Some(diff));
+                if attr.wild {
+                    a2.add(&k3(&w.label, false)?, Some(diff * y));
+                    a2.add(&k3(&w.label, true)?, Some(diff));
+                } else {
+                    a2.add(&k3(&w.label, false)?, Some(diff));
+                }
+            }
+        }
+        Ok(Sums { p1, p2 })
+    };
+
+    // The work of this step: runs of wires (on one thread, a single run:
+    // nothing to merge), then the ciphertext's G2 points, whose subgroup
+    // checks (they meet the key's secret G1 points) and lines (the work a
+    // Miller loop does for them anyway) are most of it.
     enum Job<'b> {
-        G1(&'b [u8], String),
+        Wires(&'b [usize], u32),
         G2(&'b [u8], String),
     }
-    enum Point {
-        G1(Vec<G1Affine>),
-        G2(Vec<G2Affine>),
+    enum Out {
+        Sums(Sums),
+        G2(Vec<G2Affine>, Vec<Lines>),
     }
-    let mut jobs = Vec::new();
     let mut copies = vec![false; d];
     for &i in used {
-        jobs.push(Job::G1(hdr.c3[i], format!("c3[{i}]")));
-        if !policy.wires[i].positive {
-            jobs.push(Job::G1(hdr.c3neg[i], format!("c3neg[{i}]")));
-        }
         copies[pi[i]] = true;
     }
     if opts.strict {
@@ -497,90 +621,61 @@ pub(crate) fn decapsulate_with<'a>(
     let deferred = if opts.strict {
         Deferred(Vec::new())
     } else {
-        Deferred(jobs.iter().filter_map(|j| if let Job::G1(b, f) = j { Some((*b, f.clone())) } else { None }).collect())
+        let neg = |i: usize| (!policy.wires[i].positive).then(|| (hdr.c3neg[i], format!("c3neg[{i}]")));
+        Deferred(used.iter().flat_map(|&i| std::iter::once((hdr.c3[i], format!("c3[{i}]"))).chain(neg(i))).collect())
     };
+    let g1_cost = if opts.strict { cost::G1_CHECKED } else { cost::G1_ON_CURVE };
+    let wire_cost = |i: usize| {
+        let w = &policy.wires[i];
+        let points = if w.positive { 3 } else { 6 };
+        let bk = if w.label == BK_LABEL { cost::BK_PRODUCTS } else { 0 };
+        points * g1_cost + cost::WIRE + bk
+    };
+    // Runs small enough to even out the lanes around the G2 jobs.
+    let per_run = if threads <= 1 { used.len().max(1) } else { used.len().div_ceil(4 * threads).max(1) };
+    let mut jobs: Vec<Job<'_>> =
+        used.chunks(per_run).map(|run| Job::Wires(run, run.iter().map(|&i| wire_cost(i)).sum())).collect();
     for (j, &c) in copies.iter().enumerate() {
         if c {
             jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
         }
     }
     jobs.push(Job::G2(hdr.c1, "c1".into()));
-    let decoded = par_map(&jobs, threads, |job| match job {
-        Job::G1(b, f) if opts.strict => matrix::decode_g1(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
-        Job::G1(b, f) => matrix::decode_g1_on_curve(b, (3, 1), CT, f).map(|m| Point::G1(m.e)),
-        Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| Point::G2(m.e)),
-    });
-    let mut decoded = decoded.into_iter();
-    let mut next_g1 = || -> Result<Vec<G1Affine>> {
-        match decoded.next() {
-            Some(Ok(Point::G1(p))) => Ok(p),
-            Some(Err(e)) => Err(e),
-            _ => Err(AbeError::Internal("decoded points out of order")),
-        }
+    let job_cost = |job: &Job<'_>| match job {
+        Job::Wires(_, c) => *c,
+        Job::G2(..) => 4 * (cost::G2_CHECKED + cost::LINES),
     };
-
-    // Per copy j: p1[j] (3 rows, ciphertext side) and p2[j] (4 rows, key
-    // side), as sums of plain points plus, for terms that carry a scalar
-    // (negations, wildcards), one multi-scalar multiplication per row.
+    let done = par_map_weighted(&jobs, threads, job_cost, |job| match job {
+        Job::Wires(run, _) => sums(run).map(Out::Sums),
+        Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| {
+            let lines = m.e.iter().map(|q| Lines::new(q.as_ref())).collect();
+            Out::G2(m.e, lines)
+        }),
+    });
     let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
     let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
-    let k3 = |label: &str, wild: bool| -> Result<Vec<G1Affine>> {
-        let map = if wild { &key.k3wild } else { &key.k3 };
-        map.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
-            malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
-        })
-    };
-    for &i in used {
-        let w = &policy.wires[i];
-        let j = pi[i];
-        let attr = *key.attrs.get(&w.label).ok_or(AbeError::NotSatisfied)?;
-        let c3 = next_g1()?;
-        let a1 = p1[j].get_or_insert_with(|| Acc::new(3));
-        let a2 = p2[j].get_or_insert_with(|| Acc::new(4));
-        if w.positive {
-            a1.add(&c3, None);
-            if attr.wild {
-                // The Boneh-Katz wire: its scalar, the id, is public and
-                // its points get tables in the key's cache.
-                match (w.label == BK_LABEL).then(|| key.bk_times(&w.value)).flatten() {
-                    Some(col) => a2.add_products(&col),
-                    None => a2.add(&k3(&w.label, false)?, Some(w.value)),
-                }
-                a2.add(&k3(&w.label, true)?, None);
-            } else {
-                a2.add(&k3(&w.label, false)?, None);
-            }
-        } else {
-            let c3neg = next_g1()?;
-            let y = if attr.wild { w.value + Scalar::ONE } else { attr.value };
-            let diff = Option::<Scalar>::from((w.value - y).invert())
-                .ok_or_else(|| malformed(CT, format!("policy.wires[{i}]"), "negated value equals the key's"))?;
-            a1.add(&c3, Some(diff * y));
-            a1.add(&c3neg, Some(diff));
-            if attr.wild {
-                a2.add(&k3(&w.label, false)?, Some(diff * y));
-                a2.add(&k3(&w.label, true)?, Some(diff));
-            } else {
-                a2.add(&k3(&w.label, false)?, Some(diff));
-            }
-        }
-    }
-    let mut g2_points = Vec::new();
-    for r in decoded {
+    let (mut g2_points, mut g2_lines) = (Vec::new(), Vec::new());
+    for r in done {
         match r? {
-            Point::G2(p) => g2_points.push(p),
-            Point::G1(_) => return Err(AbeError::Internal("a G1 point among the G2 jobs")),
+            Out::Sums(s) => {
+                Acc::merge_into(&mut p1, s.p1);
+                Acc::merge_into(&mut p2, s.p2);
+            }
+            Out::G2(p, l) => {
+                g2_points.push(p);
+                g2_lines.push(l);
+            }
         }
     }
     let c1 = g2_points.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
+    let c1_lines = g2_lines.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
 
-    // Totals of every row, the multi-scalar multiplications in parallel.
+    // Totals of every row, the multi-scalar multiplications dealt by
+    // their size (a row of plain sums is already done and costs nothing).
     let accs: Vec<&Acc> = p1.iter().chain(p2.iter()).flatten().collect();
     let rows: Vec<(usize, usize)> =
         accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
-    // Plain sums are already done; only scalar terms are worth a thread.
-    let heavy = accs.iter().any(|a| a.pts.iter().any(|p| p.len() > 1));
-    let totals = par_map(&rows, if heavy { threads } else { 1 }, |&(a, m)| accs[a].row(m));
+    let totals = par_map_weighted(&rows, threads, |&(a, m)| accs[a].cost(m), |&(a, m)| accs[a].row(m));
     let mut totals = totals.into_iter();
     let n1: usize = p1.iter().flatten().count();
     let mut ptot = [G1Projective::identity(); 3];
@@ -596,15 +691,17 @@ pub(crate) fn decapsulate_with<'a>(
     let mut g1a = vec![G1Affine::default(); g1s.len()];
     G1Projective::batch_normalize(&g1s, &mut g1a);
 
-    // The ciphertext's G2 points get their lines recorded here (the work
-    // a Miller loop does for them anyway); k1's come from the key.
-    let ct_g2: Vec<G2Affine> = g2_points.into_iter().flatten().chain(c1).collect();
-    let ct_lines = par_map(&ct_g2, threads, |q| Lines::new(q.as_ref()));
+    // The ciphertext's lines were recorded as its points were decoded;
+    // k1's come from the key.
     let k1_lines = &key.cache().k1_lines;
-    let (c2_lines, c1_lines) = ct_lines.split_at(n_c2);
-    let lines: Vec<&Lines> = c2_lines.iter().chain(k1_lines).chain(c1_lines).collect();
+    let c2_lines: Vec<&Lines> = g2_lines.iter().flatten().collect();
+    if c2_lines.len() != n_c2 {
+        return Err(AbeError::Internal("pairing inputs do not line up"));
+    }
+    let lines: Vec<&Lines> = c2_lines.into_iter().chain(k1_lines).chain(&c1_lines).collect();
     let identity = |p: &G1Affine| bool::from(p.is_identity());
-    if lines.len() != g1a.len() || ct_g2.iter().chain(key.k1.e.iter().map(|w| &w.0)).any(|q| bool::from(q.is_identity())) {
+    let ct_g2 = g2_points.iter().flatten().chain(&c1);
+    if lines.len() != g1a.len() || ct_g2.chain(key.k1.e.iter().map(|w| &w.0)).any(|q| bool::from(q.is_identity())) {
         return Err(AbeError::Internal("pairing inputs do not line up"));
     }
     // A pair with the identity contributes 1 to the product; the loop
@@ -614,15 +711,22 @@ pub(crate) fn decapsulate_with<'a>(
     if pairs.is_empty() {
         return Ok((Gt::identity(), deferred));
     }
-    // One shared-squaring Miller loop per thread over a share of the pairs.
-    let per = pairs.len().div_ceil(threads.clamp(1, 2));
+    // One shared-squaring Miller loop per lane over a share of the pairs.
+    let per = pairs.len().div_ceil(miller_lanes(pairs.len(), threads));
     let chunks: Vec<&[(&Lines, blst::blst_p1_affine)]> = pairs.chunks(per).collect();
     let loops = par_map(&chunks, threads, |c| miller_loop(c));
     let mut f = loops[0];
     for l in &loops[1..] {
         f *= *l;
     }
-    Ok((super::group::gt_from_fp12(&f.final_exp()), deferred))
+    let r = super::group::gt_from_fp12(&f.final_exp());
+    Ok((r, deferred))
+}
+
+/// A run of wires' per-copy sums (see [`decapsulate_with`]).
+struct Sums {
+    p1: Vec<Option<Acc>>,
+    p2: Vec<Option<Acc>>,
 }
 
 /// A column of G1 sums: plain points added as they come, scalar terms
@@ -650,10 +754,35 @@ impl Acc {
         }
     }
 
+    /// Adds the per-copy sums of another run of wires to `into`.
+    fn merge_into(into: &mut [Option<Acc>], from: Vec<Option<Acc>>) {
+        for (slot, acc) in into.iter_mut().zip(from) {
+            let Some(acc) = acc else { continue };
+            match slot {
+                None => *slot = Some(acc),
+                Some(s) => {
+                    for (m, (plain, (pts, sc))) in acc.plain.iter().zip(acc.pts.into_iter().zip(acc.sc)).enumerate() {
+                        s.plain[m] += plain;
+                        s.pts[m].extend(pts);
+                        s.sc[m].extend(sc);
+                    }
+                }
+            }
+        }
+    }
+
     /// Adds precomputed products to the plain sums.
     fn add_products(&mut self, col: &[G1Projective]) {
         for (sum, p) in self.plain.iter_mut().zip(col) {
             *sum += p;
+        }
+    }
+
+    /// The estimated cost of [`Acc::row`] (see [`cost`]).
+    fn cost(&self, m: usize) -> u32 {
+        match u32::try_from(self.pts[m].len()).unwrap_or(u32::MAX) {
+            0 => 0,
+            n => cost::MSM_BASE.saturating_add(n.saturating_mul(cost::MSM_TERM)),
         }
     }
 

@@ -113,7 +113,7 @@ fn small_order_components_do_not_change_the_decrypted_element() {
     let key = keygen(&msk, &ATTRS.parse().unwrap()).unwrap();
     let p = AbePolicy::from_policy(&keyfence_policy::parse(POLICY).unwrap()).unwrap();
     let bk = p.with_bk(hash_value("some id"));
-    let (mut hdr, real) = encapsulate(&mut OsRng, &pk, &bk);
+    let (mut hdr, real) = encapsulate(&mut OsRng, &pk, &bk, 1);
     let clean = hdr.encode(&p).unwrap();
     add_torsion(&mut hdr);
     let dirty = hdr.encode(&p).unwrap();
@@ -135,7 +135,7 @@ fn a_ciphertext_with_small_order_components_and_a_valid_mac_decrypts() {
     let key = keygen(&msk, &ATTRS.parse().unwrap()).unwrap();
     let p = AbePolicy::from_policy(&keyfence_policy::parse(POLICY).unwrap()).unwrap();
     let msg = b"the same plaintext";
-    let ct = encrypt_header_with(&mut OsRng, &pk, &p, msg, add_torsion).unwrap();
+    let ct = encrypt_header_with(&mut OsRng, &pk, &p, msg, 1, add_torsion).unwrap();
     assert_eq!(&decrypt(&key, &ct).unwrap()[..], msg);
     // CIRCL's rejection set, on request. Strict mode checks the points
     // the key does not use first: the field named is `d: w`'s.
@@ -163,7 +163,7 @@ fn a_key_with_small_order_components_decrypts_as_its_projection() {
     assert_ne!(clean.to_bytes(), dirty.to_bytes());
     let p = AbePolicy::from_policy(&keyfence_policy::parse(POLICY).unwrap()).unwrap();
     let bk = p.with_bk(hash_value("some id"));
-    let (hdr, real) = encapsulate(&mut OsRng, &pk, &bk);
+    let (hdr, real) = encapsulate(&mut OsRng, &pk, &bk, 1);
     let encoded = hdr.encode(&p).unwrap();
     let lazy = LazyHeader::parse(&encoded).unwrap();
     for strict in [false, true] {
