@@ -27,17 +27,5 @@ use crate::policy::Attributes;
 /// assert_eq!(cases.iter().map(|c| c.0).collect::<Vec<_>>(), ["small", "and50", "or50", "and50neg25"]);
 /// ```
 pub fn abe_cases() -> Vec<(&'static str, String, Attributes)> {
-    let clauses = |neg: bool, op: &str| {
-        (0..50)
-            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
-            .collect::<Vec<_>>()
-            .join(op)
-    };
-    let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
-    vec![
-        ("small", "country: US or region: EU".into(), Attributes::from_pairs([("country", "FR"), ("region", "EU")])),
-        ("and50", clauses(false, " and "), all.clone()),
-        ("or50", clauses(false, " or "), all.clone()),
-        ("and50neg25", clauses(true, " and "), all),
-    ]
+    crate::abe::circl_benchmark_shapes()
 }

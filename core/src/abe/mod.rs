@@ -393,9 +393,31 @@ pub fn policy_of(ciphertext: &[u8]) -> Result<Policy> {
     bk::parse(ciphertext)?.header.policy.to_policy()
 }
 
+/// CIRCL's CP-ABE benchmark shapes (`keyfence::bench::abe_cases` documents
+/// them); here, outside the `bench` feature, so that the unit tests run
+/// the same shapes in every build.
+#[cfg(any(test, feature = "bench"))]
+pub(crate) fn circl_benchmark_shapes() -> Vec<(&'static str, String, keyfence_policy::Attributes)> {
+    use keyfence_policy::Attributes;
+    let clauses = |neg: bool, op: &str| {
+        (0..50)
+            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
+            .collect::<Vec<_>>()
+            .join(op)
+    };
+    let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
+    vec![
+        ("small", "country: US or region: EU".into(), Attributes::from_pairs([("country", "FR"), ("region", "EU")])),
+        ("and50", clauses(false, " and "), all.clone()),
+        ("or50", clauses(false, " or "), all.clone()),
+        ("and50neg25", clauses(true, " and "), all),
+    ]
+}
+
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
 mod torsion_tests;
 #[cfg(test)]
 mod thread_tests;
+

@@ -16,26 +16,16 @@ use super::{
     PublicKey,
 };
 
-/// CIRCL's benchmark shapes (as `keyfence::bench::abe_cases`, which the
-/// `bench` feature gates), and two with repeated labels, whose ciphertexts
-/// carry several `c2` copies.
+/// CIRCL's benchmark shapes, and two with repeated labels, whose
+/// ciphertexts carry several `c2` copies.
 fn shapes() -> Vec<(&'static str, String, Attributes)> {
-    let clauses = |neg: bool, op: &str| {
-        (0..50)
-            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
-            .collect::<Vec<_>>()
-            .join(op)
-    };
-    let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
     let repeated = (0..12).map(|i| format!("(r: v{} or not s: x{i})", i % 3)).collect::<Vec<_>>().join(" and ");
-    vec![
-        ("small", "country: US or region: EU".into(), Attributes::from_pairs([("country", "FR"), ("region", "EU")])),
-        ("and50", clauses(false, " and "), all.clone()),
-        ("or50", clauses(false, " or "), all.clone()),
-        ("and50neg25", clauses(true, " and "), all),
+    let mut shapes = super::circl_benchmark_shapes();
+    shapes.extend([
         ("repeated", repeated, Attributes::from_pairs([("r", "v0"), ("s", "y")])),
         ("repeated_neg", "not a: x and not a: y and not a: z and b: w".into(), Attributes::from_pairs([("a", "q"), ("b", "w")])),
-    ]
+    ]);
+    shapes
 }
 
 fn authority() -> &'static (PublicKey, MasterSecretKey) {
