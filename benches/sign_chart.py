@@ -58,56 +58,81 @@ def load(path):
     return ratios, p50
 
 
-def svg(ratios, algs, out):
-    width, height, left, top, bottom = 760, 320, 60, 30, 70
+def bar_chart(out, *, title, size, algs, paths, colour, bar, target, legend, legend_step, target_label):
+    """Grouped bars, one group per algorithm and one bar per path, on a
+    0-1.2 ratio axis: `bar(alg, path)` gives (value, range or None) or
+    None for no bar, `target(alg, path)` the red dash, if any."""
+    width, height = size
+    left, top, bottom = 60, 30, 70
     plot_h = height - top - bottom
     top_value = 1.2
     group_w = (width - left - 20) / len(algs)
-    bar_w = group_w / (len(PATHS) + 1)
+    bar_w = group_w / (len(paths) + 1)
     y = lambda v: top + plot_h * (1 - min(v, top_value) / top_value)
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
-        f'<text x="{left}" y="16" font-size="13">Throughput ratio, median of same-run ratios '
-        "(engine/raw, isolated/engine, offload-sim/engine)</text>",
+        f'<text x="{left}" y="16" font-size="13">{title}</text>',
     ]
     for v in [0, 0.25, 0.5, 0.75, 1.0]:
         parts.append(f'<line x1="{left}" x2="{width - 20}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
         parts.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>')
     for i, alg in enumerate(algs):
         gx = left + i * group_w + bar_w / 2
-        for j, name in enumerate(PATHS):
-            runs = ratios.get((alg, name))
-            if not runs:
+        for j, name in enumerate(paths):
+            b = bar(alg, name)
+            if b is None:
                 continue
-            v = statistics.median(o for o, _ in runs)
+            v, spread = b
             x = gx + j * bar_w
             parts.append(
                 f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bar_w - 2:.1f}" height="{y(0) - y(v):.1f}" '
-                f'fill="{COLOURS[name]}"/>'
+                f'fill="{colour[name]}"/>'
             )
-            parts.append(f'<text x="{x + bar_w / 2 - 1:.1f}" y="{y(v) - 3:.1f}" text-anchor="middle">{v:.2f}</text>')
-            target = TARGETS.get((alg, name))
-            if target:
+            mid = x + bar_w / 2 - 1
+            top_of_bar = v
+            if spread is not None:
                 parts.append(
-                    f'<line x1="{x - 2:.1f}" x2="{x + bar_w:.1f}" y1="{y(target):.1f}" y2="{y(target):.1f}" '
+                    f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="{y(spread[0]):.1f}" y2="{y(spread[1]):.1f}" stroke="#333"/>'
+                )
+                top_of_bar = max(v, spread[1])
+            parts.append(f'<text x="{mid:.1f}" y="{y(top_of_bar) - 3:.1f}" text-anchor="middle">{v:.2f}</text>')
+            t = target(alg, name)
+            if t:
+                parts.append(
+                    f'<line x1="{x - 2:.1f}" x2="{x + bar_w:.1f}" y1="{y(t):.1f}" y2="{y(t):.1f}" '
                     'stroke="#c00" stroke-width="2" stroke-dasharray="4 2"/>'
                 )
         parts.append(
-            f'<text x="{gx + 1.5 * bar_w:.1f}" y="{height - bottom + 16}" text-anchor="middle">{alg}</text>'
+            f'<text x="{gx + (len(paths) - 1) * bar_w / 2 + bar_w / 2:.1f}" y="{height - bottom + 16}" '
+            f'text-anchor="middle">{alg}</text>'
         )
     lx = left
-    for name in PATHS:
-        parts.append(f'<rect x="{lx}" y="{height - 30}" width="12" height="12" fill="{COLOURS[name]}"/>')
-        parts.append(f'<text x="{lx + 16}" y="{height - 20}">{name} / {BASE[name]}</text>')
-        lx += 170
+    for name in paths:
+        parts.append(f'<rect x="{lx}" y="{height - 30}" width="12" height="12" fill="{colour[name]}"/>')
+        parts.append(f'<text x="{lx + 16}" y="{height - 20}">{legend(name)}</text>')
+        lx += legend_step
     parts.append(
         f'<line x1="{lx}" x2="{lx + 20}" y1="{height - 24}" y2="{height - 24}" stroke="#c00" '
         'stroke-width="2" stroke-dasharray="4 2"/>'
     )
-    parts.append(f'<text x="{lx + 24}" y="{height - 20}">issue 7 target</text>')
+    parts.append(f'<text x="{lx + 24}" y="{height - 20}">{target_label}</text>')
     parts.append("</svg>")
     with open(out, "w") as f:
         f.write("\n".join(parts) + "\n")
+
+
+def svg(ratios, algs, out):
+    def bar(alg, name):
+        runs = ratios.get((alg, name))
+        return (statistics.median(o for o, _ in runs), None) if runs else None
+
+    bar_chart(
+        out,
+        title="Throughput ratio, median of same-run ratios (engine/raw, isolated/engine, offload-sim/engine)",
+        size=(760, 320), algs=algs, paths=PATHS, colour=COLOURS, bar=bar,
+        target=lambda alg, name: TARGETS.get((alg, name)),
+        legend=lambda name: f"{name} / {BASE[name]}", legend_step=170, target_label="issue 7 target",
+    )
 
 
 # The paths of the per-CPU figures, in the order they hop further away.
@@ -140,62 +165,21 @@ def load_per_cpu(path):
 def per_cpu_svg(runs, targets, algs, out):
     """Grouped bars: per algorithm, each path's median vs_raw (1.0 = raw
     BoringSSL), its range as a line, its target as a red dash."""
-    paths = [p for p in PER_CPU_PATHS if any((a, p) in runs for a in algs)]
-    width, height, left, top, bottom = 820, 340, 60, 30, 70
-    plot_h = height - top - bottom
-    top_value = 1.2
-    group_w = (width - left - 20) / len(algs)
-    bar_w = group_w / (len(paths) + 1)
-    y = lambda v: top + plot_h * (1 - min(v, top_value) / top_value)
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="11">',
-        f'<text x="{left}" y="16" font-size="13">Signatures per CPU-second of every process a path uses, '
-        "over raw BoringSSL's in the same run (median of runs, range as a line)</text>",
-    ]
-    for v in [0, 0.25, 0.5, 0.75, 1.0]:
-        parts.append(f'<line x1="{left}" x2="{width - 20}" y1="{y(v):.1f}" y2="{y(v):.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end">{v:.2f}</text>')
-    for i, alg in enumerate(algs):
-        gx = left + i * group_w + bar_w / 2
-        for j, name in enumerate(paths):
-            r = runs.get((alg, name))
-            if not r:
-                continue
-            ratios = [v for _, v in r]
-            v = statistics.median(ratios)
-            x = gx + j * bar_w
-            parts.append(
-                f'<rect x="{x:.1f}" y="{y(v):.1f}" width="{bar_w - 2:.1f}" height="{y(0) - y(v):.1f}" '
-                f'fill="{PER_CPU_COLOURS[name]}"/>'
-            )
-            mid = x + bar_w / 2 - 1
-            parts.append(
-                f'<line x1="{mid:.1f}" x2="{mid:.1f}" y1="{y(min(ratios)):.1f}" y2="{y(max(ratios)):.1f}" stroke="#333"/>'
-            )
-            parts.append(f'<text x="{mid:.1f}" y="{y(max(v, max(ratios))) - 3:.1f}" text-anchor="middle">{v:.2f}</text>')
-            target = targets.get((alg, name))
-            if target:
-                parts.append(
-                    f'<line x1="{x - 2:.1f}" x2="{x + bar_w:.1f}" y1="{y(target):.1f}" y2="{y(target):.1f}" '
-                    'stroke="#c00" stroke-width="2" stroke-dasharray="4 2"/>'
-                )
-        parts.append(
-            f'<text x="{gx + (len(paths) - 1) * bar_w / 2 + bar_w / 2:.1f}" y="{height - bottom + 16}" '
-            f'text-anchor="middle">{alg}</text>'
-        )
-    lx = left
-    for name in paths:
-        parts.append(f'<rect x="{lx}" y="{height - 30}" width="12" height="12" fill="{PER_CPU_COLOURS[name]}"/>')
-        parts.append(f'<text x="{lx + 16}" y="{height - 20}">{name}</text>')
-        lx += 120
-    parts.append(
-        f'<line x1="{lx}" x2="{lx + 20}" y1="{height - 24}" y2="{height - 24}" stroke="#c00" '
-        'stroke-width="2" stroke-dasharray="4 2"/>'
+    def bar(alg, name):
+        r = runs.get((alg, name))
+        if not r:
+            return None
+        ratios = [v for _, v in r]
+        return statistics.median(ratios), (min(ratios), max(ratios))
+
+    bar_chart(
+        out,
+        title="Signatures per CPU-second of every process a path uses, "
+        "over raw BoringSSL's in the same run (median of runs, range as a line)",
+        size=(820, 340), algs=algs, paths=[p for p in PER_CPU_PATHS if any((a, p) in runs for a in algs)],
+        colour=PER_CPU_COLOURS, bar=bar, target=lambda alg, name: targets.get((alg, name)),
+        legend=lambda name: name, legend_step=120, target_label="issue 29 target",
     )
-    parts.append(f'<text x="{lx + 24}" y="{height - 20}">issue 29 target</text>')
-    parts.append("</svg>")
-    with open(out, "w") as f:
-        f.write("\n".join(parts) + "\n")
 
 
 def per_cpu_main(a):
