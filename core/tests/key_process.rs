@@ -768,3 +768,63 @@ fn an_owner_gone_with_replies_unread_ends_the_key_process_quietly() {
     assert!(out.status.success(), "{:?}: {stderr}", out.status);
     assert!(stderr.is_empty(), "the key process printed after its owner left: {stderr}");
 }
+
+/// A batch holds its requests until it ends, then they all complete: none
+/// can be answered while the batch is open, since none has been written.
+#[test]
+fn a_batch_writes_its_requests_when_it_ends() {
+    let dir = Dir::new("batch");
+    let keys = KeyProcess::start(config()).unwrap();
+    let key = keys.load(KeySource::File(key_file(&dir.0, "ec.pem", KeyKind::EcP256))).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let alg = Algorithm::EcdsaP256Sha256;
+    let pending = engine.batch(|| {
+        let pending: Vec<_> = (0..32u8).map(|i| engine.sign(&key, alg, &[i]).unwrap()).collect();
+        // Unbatched, one ECDSA signature in the key process takes well
+        // under a millisecond; held, none can come back however long this is.
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(pending.iter().all(|f| !f.handle().is_done()), "a reply came back before the batch was written");
+        pending
+    });
+    for (i, f) in pending.into_iter().enumerate() {
+        let sig = f.wait().unwrap();
+        assert!(verifies(&key, alg, &[i as u8], &sig));
+    }
+}
+
+/// Waiting inside a batch sends the batch first (it would otherwise wait
+/// for its own unsent request), and a batch that unwinds still sends
+/// what it holds.
+#[test]
+fn waiting_in_a_batch_or_leaving_it_by_a_panic_loses_nothing() {
+    let dir = Dir::new("batch-wait");
+    let keys = KeyProcess::start(config()).unwrap();
+    let key = keys.load(KeySource::File(key_file(&dir.0, "ed.pem", KeyKind::Ed25519))).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let alg = Algorithm::Ed25519;
+    let t = Instant::now();
+    let sig = engine.batch(|| engine.sign(&key, alg, b"inside").unwrap().wait().unwrap());
+    assert!(verifies(&key, alg, b"inside", &sig));
+    // The default timeout is 2 s: a wait stuck on its own batch would end there.
+    assert!(t.elapsed() < Duration::from_secs(1), "{:?}", t.elapsed());
+
+    let (done, saw) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let (d, s) = (done.clone(), saw.clone());
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        engine.batch(|| {
+            engine
+                .submit_with_callback(Request::sign(key.clone(), alg, b"unwound".to_vec()), move |r| {
+                    s.store(r.is_ok(), Ordering::Release);
+                    d.store(true, Ordering::Release);
+                })
+                .unwrap();
+            panic!("the caller fails mid-batch");
+        })
+    }));
+    assert!(caught.is_err());
+    let until = Instant::now() + Duration::from_secs(5);
+    while !done.load(Ordering::Acquire) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    assert!(saw.load(Ordering::Acquire), "the request submitted before the panic was not answered");
+}

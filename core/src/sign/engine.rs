@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::backend::{Backend, HolderBackend, Reply, SoftwareBackend};
+use super::batch;
 use super::completion_queue::CompletionQueue;
 use super::deadline::Deadlines;
 use super::executor::{ClassConfig, Executor};
@@ -247,6 +248,39 @@ impl Engine {
         exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
         core.deadlines.watch(record.clone());
         Ok(record)
+    }
+
+    /// Runs `submit` as one submission batch: requests it submits on this
+    /// thread to a key process are written together when it returns (one
+    /// system call and one wake-up of the key process for all of them)
+    /// instead of one by one. What an event loop calls around the
+    /// submissions of one wake-up. Every other backend starts each request
+    /// as it is submitted, as outside a batch.
+    ///
+    /// Nothing submitted is held past the batch: it is written when
+    /// `submit` returns or unwinds, and earlier when a request must wait
+    /// for room in the key process or [`SignFuture::wait`] is called inside
+    /// the batch. Admission is unchanged: past the key process's
+    /// `max_in_flight` requests outstanding, a submission is refused with
+    /// [`SignError::Overloaded`], as in any burst faster than the replies.
+    /// Nested batches join the outermost.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey};
+    /// # let engine = Engine::new(EngineConfig::default())?;
+    /// # let key = Arc::new(PrivateKey::generate(KeyKind::EcP256)?);
+    /// let pending = engine.batch(|| {
+    ///     (0..16).map(|_| engine.sign(&key, Algorithm::EcdsaP256Sha256, b"hello")).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// for signature in pending {
+    ///     assert!(!signature.wait()?.is_empty());
+    /// }
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn batch<R>(&self, submit: impl FnOnce() -> R) -> R {
+        let _scope = batch::begin();
+        submit()
     }
 
     /// Submits `req`; the result arrives through the returned future.

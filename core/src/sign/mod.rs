@@ -44,7 +44,7 @@
 //!
 //! | layer | modules | what |
 //! | --- | --- | --- |
-//! | 0 | `types` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL |
+//! | 0 | `types`, `batch` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL; the submitting thread's batch, which backends that write requests join |
 //! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
 //! | 2 | `private_key`; `wire` | [`PrivateKey`], the one public handle over both; the codec both signing protocols speak (framing, the hello's shape, the operation in an OP body, the ERR body and its codes) |
 //! | 3 | `exposition`, then `metrics`; `completion_queue` | Prometheus text; per-class counters and latency, [`MetricsSource`]; the pollable [`CompletionQueue`] |
@@ -104,6 +104,8 @@ codecs_without_sign! {
 
 #[cfg(feature = "sign")]
 mod backend;
+#[cfg(feature = "sign")]
+mod batch;
 #[cfg(feature = "sign")]
 mod completion_queue;
 #[cfg(feature = "sign")]

@@ -261,7 +261,11 @@ impl SignFuture {
     /// time and then polls until at most 100 µs past it; when the
     /// executor is busy, that CPU belongs to the workers and `wait` just
     /// sleeps.
+    ///
+    /// Inside a submission batch ([`Engine::batch`](super::Engine::batch)),
+    /// `wait` first sends what the batch holds, so waiting there is safe.
     pub fn wait(mut self) -> Result<Output, SignError> {
+        super::batch::flush_now();
         struct Unpark(std::thread::Thread);
         impl Wake for Unpark {
             fn wake(self: Arc<Self>) {

@@ -9,7 +9,7 @@ use std::io::{self, Read};
 use std::os::unix::net::UnixStream;
 use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -17,6 +17,7 @@ use zeroize::Zeroizing;
 
 use super::protocol::{self as p, kind, ErrorCode, Frame};
 use super::writer::FrameWriter;
+use crate::sign::batch;
 use crate::sign::held_key::Answer;
 use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError};
 use crate::sign::wire;
@@ -164,12 +165,19 @@ impl Conn {
     }
 
     /// Sends operation `op` on key `key_id` once a slot is free (until
-    /// `deadline`); `pending` hears the answer.
-    pub(super) fn send_op(&self, key_id: u64, op: &Operation, deadline: Instant, pending: Pending) {
+    /// `deadline`); `pending` hears the answer. Inside a submission batch
+    /// ([`batch`]) the request is queued and leaves with the batch's other
+    /// requests when it ends.
+    pub(super) fn send_op(self: &Arc<Self>, key_id: u64, op: &Operation, deadline: Instant, pending: Pending) {
         let op = match wire::op::fit(op, p::MAX_OP_DATA) {
             Ok(op) => op,
             Err(e) => return pending.fail(e),
         };
+        // Waiting for room while this thread holds unsent requests of its
+        // own would wait for replies that cannot come.
+        if !self.has_room() {
+            batch::flush_now();
+        }
         if !self.acquire_slot(deadline) {
             let e = if self.is_dead() {
                 backend_error(BackendFailure::Died, "the key process died")
@@ -187,13 +195,20 @@ impl Conn {
         p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), &op);
         // If the write fails, the reader fails whatever is registered when
         // it sees the connection end.
-        self.writer.send(&frame);
+        let me = || -> Arc<dyn batch::Flush> { self.clone() };
+        if batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(self))) {
+            self.writer.queue(&frame);
+        } else {
+            self.writer.send(&frame);
+        }
     }
 
     /// Performs `op` and waits for the answer until `deadline`.
-    pub(super) fn perform(&self, key_id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
+    pub(super) fn perform(self: &Arc<Self>, key_id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send_op(key_id, op, deadline, Pending::OpCall(tx));
+        // Waiting here for the reply: it must not sit in a batch.
+        batch::flush_now();
         let timeout = deadline.saturating_duration_since(Instant::now());
         let frame = rx.recv_timeout(timeout).map_err(|_| SignError::TimedOut { timeout })??;
         if frame.kind == kind::ERR {
@@ -281,6 +296,12 @@ impl Conn {
             child.wait().map(|s| s.to_string()).unwrap_or_else(|e| format!("unknown ({e})"))
         };
         format!("pid {} {end}; {status}", self.pid)
+    }
+}
+
+impl batch::Flush for Conn {
+    fn flush(&self) {
+        self.writer.flush();
     }
 }
 
