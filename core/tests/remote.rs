@@ -672,3 +672,32 @@ fn a_peer_that_never_reads_its_replies_is_cut_off() {
     let remote = client(&[("sfo1", sfo.local_addr())]);
     remote.key(&world.us_key).unwrap();
 }
+
+/// A peer that takes requests and never answers them (its signer stalls)
+/// is left when the attempt's request timeout passes, and the operation
+/// is answered by the next capable peer, well before the caller's
+/// deadline. The first attempt is sent without waiting (the connection is
+/// up after `key`), so the connection's own timer must end it.
+#[test]
+fn a_peer_that_stops_answering_is_left_after_the_request_timeout() {
+    let world = World::new();
+    let stalled: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_secs(10)));
+    let iad = start_server(&world, "iad1", ServerOptions { backend: Some(stalled), ..Default::default() });
+    let sfo = start_server(&world, "sfo1", ServerOptions::default());
+    // The stalled peer is the nearest: sfo1 is 2 x 15 ms away.
+    let mut config = client_config(&[("iad1", iad.local_addr()), ("sfo1", distant(sfo.local_addr(), Duration::from_millis(15)))]);
+    config.request_timeout = Duration::from_millis(200);
+    let remote = RemoteSigner::start(config).unwrap();
+    remote.measure();
+    let key = remote.key(&world.us_key).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let t = Instant::now();
+    let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"failover".to_vec()).with_timeout(Duration::from_secs(3));
+    let sig = engine.submit(req).unwrap().wait().unwrap();
+    let took = t.elapsed();
+    assert!(verify_ecdsa(&key.public_key_der().unwrap(), b"failover", &sig));
+    assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(3), "{took:?}");
+    let m = remote.metrics();
+    let peer = |n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.clone();
+    assert_eq!((peer("iad1").timed_out, peer("sfo1").ok), (1, 1), "{m:?}");
+}

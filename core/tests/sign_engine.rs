@@ -273,3 +273,80 @@ fn bad_configuration_is_refused() {
     c.default_timeout = Duration::ZERO;
     assert!(matches!(Engine::new(c), Err(SignError::Config(_))));
 }
+
+/// An EC worker with more operations waiting runs them as one batch: what
+/// their completions hold back (here a probe; in production a key
+/// server's replies or a completion queue's wake-up) is flushed once, when
+/// the worker runs out of work. A lone operation runs outside any batch,
+/// so nothing of it waits. Deterministic: the first operation holds the
+/// only worker until the other three are queued.
+#[test]
+fn an_ec_worker_batches_the_completions_of_queued_work_and_holds_a_lone_one_back_not_at_all() {
+    use keyfence::sign::{flush_later, Backend, Flush, Operation, Output};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+
+    struct Probe(AtomicUsize);
+    impl Flush for Probe {
+        fn flush(&self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    struct Gated {
+        gate: Mutex<mpsc::Receiver<()>>,
+        probe: Arc<dyn Flush>,
+        batched: Mutex<Vec<bool>>,
+    }
+    impl Backend for Gated {
+        fn name(&self) -> &str {
+            "gated"
+        }
+        fn class(&self, _: &PrivateKey, _: &Operation) -> OpClass {
+            OpClass::Ec
+        }
+        fn perform(&self, key: &PrivateKey, op: &Operation, _: Instant) -> Result<Output, SignError> {
+            let first = self.batched.lock().unwrap().is_empty();
+            if first {
+                self.gate.lock().unwrap().recv().unwrap();
+            }
+            self.batched.lock().unwrap().push(flush_later(&self.probe));
+            key.perform(op)
+        }
+    }
+
+    let (open, gate) = mpsc::channel();
+    let probe = Arc::new(Probe(AtomicUsize::new(0)));
+    let backend = Arc::new(Gated { gate: Mutex::new(gate), probe: probe.clone(), batched: Mutex::new(Vec::new()) });
+    let mut config = small_config();
+    config.ec = ClassConfig { threads: 1, queue_capacity: 16 };
+    let engine = Engine::with_backend(config, backend.clone()).unwrap();
+    let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
+    let cq = CompletionQueue::new().unwrap();
+    let sign = |i: u8| engine.submit_to_queue(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]), &cq, u64::from(i));
+    let first = sign(0).unwrap();
+    // The worker has taken the first operation and waits at the gate.
+    while engine.metrics().class(OpClass::Ec).in_flight == 0 {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let rest: Vec<_> = (1..4).map(|i| sign(i).unwrap()).collect();
+    open.send(()).unwrap();
+    let mut done = Vec::new();
+    let until = Instant::now() + Duration::from_secs(5);
+    while done.len() < 4 && Instant::now() < until {
+        if readable(cq.as_raw_fd(), 100) {
+            cq.drain_into(&mut done);
+        }
+    }
+    assert_eq!(done.len(), 4, "every completion arrives, its wake-up included");
+    assert!(done.iter().all(|c| c.result.is_ok()));
+    // The first ran alone (the queue was empty when it was taken); the
+    // second was taken with two more waiting, so it ran in a batch. The
+    // rest share it unless it reached its time bound (100 µs) first, which
+    // a busy machine can make it do: then a new batch opens, each flushed
+    // once.
+    let batched = backend.batched.lock().unwrap().clone();
+    assert_eq!(&batched[..2], &[false, true], "{batched:?}");
+    let flushes = probe.0.load(Ordering::SeqCst);
+    assert!(flushes >= 1 && flushes <= batched.iter().filter(|b| **b).count(), "{flushes} flushes, {batched:?}");
+    drop((first, rest));
+}

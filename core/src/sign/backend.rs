@@ -236,7 +236,10 @@ impl Backend for HolderBackend {
     }
 
     fn admit(&self, key: &PrivateKey, op: &Operation) -> Result<bool, SignError> {
-        self.0.admit(self.class(key, op))
+        match key.as_held() {
+            Some(held) => self.0.admit(held.id(), self.class(key, op)),
+            None => Ok(false),
+        }
     }
 
     fn perform(&self, key: &PrivateKey, op: &Operation, deadline: Instant) -> Result<Output, SignError> {

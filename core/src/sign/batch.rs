@@ -20,10 +20,25 @@
 use std::cell::RefCell;
 use std::sync::Arc;
 
-/// Something holding requests queued during a batch.
-pub(crate) trait Flush: Send + Sync {
-    /// Sends whatever is queued.
+/// Something that holds writes or wake-ups back during a batch: a
+/// connection's queued requests, a completion channel's wake-up of its
+/// event loop.
+pub trait Flush: Send + Sync {
+    /// Sends whatever is held (writes it, wakes the reader).
     fn flush(&self);
+}
+
+/// Whether this thread is in a batch (an [`Engine::batch`](super::Engine::batch)
+/// scope, or an executor worker with more operations waiting, where
+/// completion callbacks run); if it is, `target` is flushed when the batch
+/// ends, and the caller may hold its write or wake-up back until then.
+/// Outside a batch it returns false: flush now.
+///
+/// What a binding's completion channel calls before waking its event loop,
+/// so that a worker finishing a run of operations wakes the loop once for
+/// them all (the C ABI's completion queue does the same).
+pub fn flush_later(target: &Arc<dyn Flush>) -> bool {
+    defer(|| target.clone(), |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(target)))
 }
 
 thread_local! {

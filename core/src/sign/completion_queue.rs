@@ -15,6 +15,7 @@ use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::batch;
 use super::types::{Output, Resource, SignError};
 
 /// One finished operation taken from a [`CompletionQueue`].
@@ -36,13 +37,29 @@ pub(crate) struct CqShared {
 }
 
 impl CqShared {
-    pub(crate) fn push(&self, user_data: u64, id: u64, result: Result<Output, SignError>) {
+    /// Queues a completion and makes the descriptor readable; in a batch
+    /// (an executor worker with more operations waiting), once the batch
+    /// ends, so that the loop wakes once for several completions.
+    pub(crate) fn push(self: &Arc<Self>, user_data: u64, id: u64, result: Result<Output, SignError>) {
         self.items.lock().unwrap_or_else(|e| e.into_inner()).push_back(Completion { user_data, id, result });
+        let me = || -> Arc<dyn batch::Flush> { self.clone() };
+        if !batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(self))) {
+            self.signal();
+        }
+    }
+
+    fn signal(&self) {
         if !self.signaled.swap(true, Ordering::SeqCst) {
             // One byte per drain cycle at most, so the socket buffer never
             // fills; a failed write could only mean the reader is gone.
             let _ = (&self.writer).write(&[1]);
         }
+    }
+}
+
+impl batch::Flush for CqShared {
+    fn flush(&self) {
+        self.signal();
     }
 }
 

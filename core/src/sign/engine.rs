@@ -219,7 +219,7 @@ impl Engine {
             exec.stats.error(e.kind());
             return Err(e);
         }
-        let direct = match backend.admit(&req.key, &req.op) {
+        let direct = match backend.admit(&req.key, &req.op).and_then(|d| if d { exec.admit_direct().map(|()| d) } else { Ok(d) }) {
             Ok(direct) => direct,
             Err(e) => {
                 exec.stats.error(e.kind());

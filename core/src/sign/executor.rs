@@ -10,9 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
+use crossbeam_channel::{Receiver, Sender, TryRecvError, TrySendError};
 
 use super::backend::{Backend, Reply};
+use super::batch;
 use super::metrics::{ClassMetrics, ClassStats};
 use super::op_record::{OpRecord, Work};
 use super::types::{OpClass, Resource, SignError};
@@ -46,13 +47,29 @@ impl Executor {
             let (rx, stats, shutdown) = (rx.clone(), stats.clone(), shutdown.clone());
             std::thread::Builder::new()
                 .name(format!("keyfence-{class}-{i}"))
-                .spawn(move || work(&rx, &stats, &shutdown))
+                .spawn(move || work(class, &rx, &stats, &shutdown))
                 .map_err(|e| SignError::io(Resource::Thread, format!("cannot start a {class} worker thread: {e}")))?;
         }
         Ok(Executor { class, tx, rx, stats, config })
     }
 
     /// Queues an operation without waiting.
+    /// Admits an operation that a backend starts on the submitting thread
+    /// ([`Backend::admit`]), which never enters the queue. On the slow
+    /// class it still counts against the class's size: at most `threads +
+    /// queue_capacity` operations, queued, running or started directly,
+    /// the bound a deployment sizes its remote work by (Little's law in
+    /// `docs/remote.md`). The fast classes' direct work is bounded by the
+    /// key process's own in-flight limit.
+    pub(crate) fn admit_direct(&self) -> Result<(), SignError> {
+        let capacity = self.config.threads + self.config.queue_capacity;
+        let held = self.stats.in_flight.load(Ordering::Relaxed) + self.stats.queued.load(Ordering::Relaxed);
+        if self.class == OpClass::Slow && held >= capacity {
+            return Err(SignError::Overloaded { class: self.class, capacity });
+        }
+        Ok(())
+    }
+
     pub(crate) fn try_push(&self, queued: Queued) -> Result<(), SignError> {
         // Counted before the push so that a worker's decrement never
         // precedes it.
@@ -73,28 +90,87 @@ impl Executor {
     }
 }
 
+thread_local! {
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether this thread is one of an executor's workers, where a backend's
+/// [`Backend::start`] may wait (a connect, a backoff); on the submitting
+/// thread it must not.
+pub(crate) fn on_worker() -> bool {
+    ON_WORKER.with(std::cell::Cell::get)
+}
+
 /// A worker: takes operations until the engine is dropped and the queue is
 /// empty. After shutdown, queued operations are answered `ShutDown` rather
 /// than performed.
-fn work(rx: &Receiver<Queued>, stats: &ClassStats, shutdown: &AtomicBool) {
-    while let Ok((record, backend)) = rx.recv() {
-        stats.queued.fetch_sub(1, Ordering::Relaxed);
-        if shutdown.load(Ordering::Acquire) {
-            record.finish(Err(SignError::ShutDown));
-            continue;
+///
+/// An EC worker with more operations waiting runs them in a submission
+/// batch ([`batch`]): what their completions write (a key server's
+/// replies, a completion queue's wake-up byte) leaves when the worker
+/// runs out of work, or after [`MAX_HELD`] operations or [`MAX_HOLD`],
+/// in one write and one wake-up of the reader instead of one per
+/// operation. A lone operation is never held. Never on the RSA class (one
+/// operation is long enough that a wait would show) or the slow class
+/// (its backends wait).
+fn work(class: OpClass, rx: &Receiver<Queued>, stats: &ClassStats, shutdown: &AtomicBool) {
+    ON_WORKER.with(|w| w.set(true));
+    let holds = class == OpClass::Ec;
+    // The open batch, when it opened, and the operations run in it.
+    let mut held: Option<(batch::Scope, Instant, usize)> = None;
+    loop {
+        // Never wait for work with a batch open: another worker may have
+        // taken what was queued, and what the batch holds would wait too.
+        let (record, backend) = match rx.try_recv() {
+            Ok(queued) => queued,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                held = None;
+                match rx.recv() {
+                    Ok(queued) => queued,
+                    Err(_) => break,
+                }
+            }
+        };
+        if holds && held.is_none() && !rx.is_empty() {
+            held = Some((batch::begin(), Instant::now(), 0));
         }
-        // Already ended (timed out or cancelled while queued): skip.
-        let Some(work) = record.start() else { continue };
-        if Instant::now() >= record.deadline {
-            drop(work);
-            let timeout = record.timeout;
-            record.finish(Err(SignError::TimedOut { timeout }));
-            continue;
+        run(record, backend, stats, shutdown);
+        if let Some((_, since, n)) = &mut held {
+            *n += 1;
+            if rx.is_empty() || *n >= MAX_HELD || since.elapsed() >= MAX_HOLD {
+                // Dropping the scope writes what it holds.
+                held = None;
+            }
         }
-        let Work { key, op } = work;
-        let reply = Reply::new(record, backend.clone());
-        // A panicking backend drops the reply while unwinding, which answers
-        // the caller with an error; the worker lives on.
-        let _ = catch_unwind(AssertUnwindSafe(move || backend.start(key, op, reply)));
     }
+}
+
+/// Operations one EC worker runs at most before what their completions
+/// hold is written...
+const MAX_HELD: usize = 16;
+/// ...and the longest the first of them waits (the key process holds its
+/// replies the same way).
+const MAX_HOLD: std::time::Duration = std::time::Duration::from_micros(100);
+
+/// Runs one queued operation.
+fn run(record: Arc<OpRecord>, backend: Arc<dyn Backend>, stats: &ClassStats, shutdown: &AtomicBool) {
+    stats.queued.fetch_sub(1, Ordering::Relaxed);
+    if shutdown.load(Ordering::Acquire) {
+        record.finish(Err(SignError::ShutDown));
+        return;
+    }
+    // Already ended (timed out or cancelled while queued): skip.
+    let Some(work) = record.start() else { return };
+    if Instant::now() >= record.deadline {
+        drop(work);
+        let timeout = record.timeout;
+        record.finish(Err(SignError::TimedOut { timeout }));
+        return;
+    }
+    let Work { key, op } = work;
+    let reply = Reply::new(record, backend.clone());
+    // A panicking backend drops the reply while unwinding, which answers
+    // the caller with an error; the worker lives on.
+    let _ = catch_unwind(AssertUnwindSafe(move || backend.start(key, op, reply)));
 }

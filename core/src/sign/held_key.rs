@@ -34,9 +34,10 @@ pub(crate) trait KeyHolder: Send + Sync + 'static {
     /// The executor class for operations with a key of `kind`.
     fn class(&self, kind: KeyKind) -> OpClass;
 
-    /// As [`Backend::admit`](super::Backend::admit): `Ok(true)` to start
-    /// on the submitting thread, `Ok(false)` to queue, an error to refuse.
-    fn admit(&self, class: OpClass) -> Result<bool, SignError>;
+    /// As [`Backend::admit`](super::Backend::admit), for key `id`:
+    /// `Ok(true)` to start on the submitting thread, `Ok(false)` to queue,
+    /// an error to refuse.
+    fn admit(&self, id: u64, class: OpClass) -> Result<bool, SignError>;
 
     /// Performs `op` with key `id`, waiting until `deadline` at most.
     fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError>;

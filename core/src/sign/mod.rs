@@ -151,6 +151,8 @@ pub use backend::LatencyBackend;
 #[cfg(feature = "sign")]
 pub use backend::{Backend, Reply, SoftwareBackend};
 #[cfg(feature = "sign")]
+pub use batch::{flush_later, Flush};
+#[cfg(feature = "sign")]
 pub use completion_queue::{Completion, CompletionQueue};
 #[cfg(feature = "sign")]
 pub use engine::{Engine, EngineConfig};

@@ -25,10 +25,13 @@ pub fn config() -> EngineConfig {
     config
 }
 
-/// Every slow worker busy and the slow queue at least half full.
+/// The slow class holding at least its workers' worth of operations and
+/// half a queue more: queued behind busy workers (a backend that waits),
+/// or in flight without a worker (the remote client sends without waiting
+/// and counts against the same size).
 pub fn saturated(engine: &Engine) -> bool {
     let slow = engine.metrics().class(OpClass::Slow).clone();
-    slow.in_flight >= SLOW_THREADS && slow.queue_depth >= SLOW_QUEUE / 2
+    slow.in_flight + slow.queue_depth >= SLOW_THREADS + SLOW_QUEUE / 2
 }
 
 /// A thread that keeps an engine's slow class full.

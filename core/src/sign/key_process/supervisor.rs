@@ -378,7 +378,7 @@ impl KeyHolder for Supervisor {
     /// with `overloaded` when `max_in_flight` requests are outstanding;
     /// queued on the executor (to wait for the restart) when the key
     /// process is down.
-    fn admit(&self, class: OpClass) -> Result<bool, SignError> {
+    fn admit(&self, _id: u64, class: OpClass) -> Result<bool, SignError> {
         let state = self.state();
         let Some(conn) = state.conn.as_ref().filter(|c| !c.is_dead()) else {
             return Ok(false);

@@ -3,7 +3,8 @@
 //! bound, and failing everything in flight at once when the connection
 //! ends. Many threads share one connection; replies come in any order.
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -14,6 +15,7 @@ use boring::ssl::SslConnector;
 use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
 
 use super::link::{self, Handler, Link, Outbox};
+use crate::sign::batch;
 use super::protocol::{self as p, kind, Frame, RemoteErrorCode};
 
 /// Why one attempt on one connection did not get a reply frame.
@@ -29,7 +31,24 @@ pub(crate) enum CallError {
     NoRoom,
 }
 
-type Waiter = Sender<Result<Frame, CallError>>;
+/// Whoever waits for a reply: a thread blocked in [`ClientConn::call`],
+/// or a callback that [`ClientConn::send_async`] registered, which the
+/// connection's thread runs (so it must not block).
+enum Waiter {
+    Thread(Sender<Result<Frame, CallError>>),
+    Callback(Box<dyn FnOnce(Result<Frame, CallError>) + Send>),
+}
+
+impl Waiter {
+    fn answer(self, result: Result<Frame, CallError>) {
+        match self {
+            Waiter::Thread(tx) => {
+                let _ = tx.send(result);
+            }
+            Waiter::Callback(f) => f(result),
+        }
+    }
+}
 
 /// One live connection.
 pub(crate) struct ClientConn {
@@ -39,6 +58,10 @@ pub(crate) struct ClientConn {
     next_id: AtomicU64,
     max_in_flight: u32,
     in_flight: AtomicU32,
+    /// When each callback's attempt times out, earliest first; the
+    /// connection's thread answers those still waiting then. Entries of
+    /// requests already answered stay until their time and are skipped.
+    timers: Mutex<BinaryHeap<Reverse<(Instant, u64)>>>,
 }
 
 struct InFlight<'a>(&'a AtomicU32);
@@ -102,6 +125,7 @@ impl ClientConn {
             next_id: AtomicU64::new(1),
             max_in_flight,
             in_flight: AtomicU32::new(0),
+            timers: Mutex::new(BinaryHeap::new()),
         });
         let c = conn.clone();
         std::thread::Builder::new()
@@ -135,17 +159,101 @@ impl ClientConn {
             map.drain().map(|(_, w)| w).collect()
         };
         for w in waiters {
-            let _ = w.send(Err(CallError::Lost(why.clone())));
+            w.answer(Err(CallError::Lost(why.clone())));
         }
+    }
+
+    /// Claims a request slot, or says there is none (the announced
+    /// maximum is in flight).
+    fn claim(&self) -> Result<(), CallError> {
+        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+            return Err(CallError::NoRoom);
+        }
+        Ok(())
+    }
+
+    /// Whether a request slot is free now.
+    pub(crate) fn has_room(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) < self.max_in_flight
+    }
+
+    /// A request id for [`ClientConn::send_async`].
+    pub(crate) fn next_request_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Sends `frame` (encoded with request id `id`) without waiting:
+    /// `done` is called once, on the connection's thread (or on this one
+    /// if the connection has no room or has ended), with the reply, or
+    /// with [`CallError::TimedOut`] at `until`, or with
+    /// [`CallError::Lost`] when the connection ends first. `done` must
+    /// not block: it runs where replies are read.
+    pub(crate) fn send_async(
+        self: &Arc<Self>,
+        id: u64,
+        frame: &[u8],
+        until: Instant,
+        done: impl FnOnce(Result<Frame, CallError>) + Send + 'static,
+    ) {
+        if let Err(e) = self.claim() {
+            return done(Err(e));
+        }
+        // The slot is given back however the request ends. The closure
+        // holds the connection until then; a connection that ends answers
+        // every waiter, which drops it.
+        let conn = self.clone();
+        let waiter = Waiter::Callback(Box::new(move |result| {
+            conn.in_flight.fetch_sub(1, Ordering::AcqRel);
+            done(result);
+        }));
+        {
+            let mut map = self.pending();
+            if self.is_dead() {
+                drop(map);
+                return waiter.answer(Err(CallError::Lost("the connection had ended".into())));
+            }
+            map.insert(id, waiter);
+        }
+        self.timers.lock().unwrap_or_else(|e| e.into_inner()).push(Reverse((until, id)));
+        // In a submission batch the frame waits for the batch's end: one
+        // wake-up of the connection's thread and one TLS record for all.
+        let me = || -> Arc<dyn batch::Flush> { self.clone() };
+        if batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(self))) {
+            self.outbox.queue(frame);
+        } else {
+            self.outbox.send(frame);
+        }
+    }
+
+    /// Answers the callbacks whose time is up with [`CallError::TimedOut`];
+    /// returns when the next one is due.
+    fn expire(&self, now: Instant) -> Option<Instant> {
+        let mut expired = Vec::new();
+        let next = {
+            let mut timers = self.timers.lock().unwrap_or_else(|e| e.into_inner());
+            while let Some(&Reverse((at, id))) = timers.peek() {
+                if at > now {
+                    break;
+                }
+                timers.pop();
+                expired.push(id);
+            }
+            timers.peek().map(|Reverse((at, _))| *at)
+        };
+        for id in expired {
+            let waiter = self.pending().remove(&id);
+            if let Some(w) = waiter {
+                w.answer(Err(CallError::TimedOut));
+            }
+        }
+        next
     }
 
     /// Sends the frame `encode` writes for a request id, and waits for its
     /// reply until `deadline`.
     pub(crate) fn call(&self, encode: impl FnOnce(&mut Vec<u8>, u64), deadline: Instant) -> Result<Frame, CallError> {
-        if self.in_flight.fetch_add(1, Ordering::AcqRel) >= self.max_in_flight {
-            self.in_flight.fetch_sub(1, Ordering::AcqRel);
-            return Err(CallError::NoRoom);
-        }
+        self.claim()?;
         let _slot = InFlight(&self.in_flight);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = bounded(1);
@@ -154,7 +262,7 @@ impl ClientConn {
             if self.is_dead() {
                 return Err(CallError::Lost("the connection had ended".into()));
             }
-            map.insert(id, tx);
+            map.insert(id, Waiter::Thread(tx));
         }
         let mut frame = Vec::new();
         encode(&mut frame, id);
@@ -172,6 +280,12 @@ impl ClientConn {
     }
 }
 
+impl batch::Flush for ClientConn {
+    fn flush(&self) {
+        self.outbox.wake();
+    }
+}
+
 /// The connection thread's handler: each reply to whoever waits for it.
 struct Replies<'a>(&'a ClientConn);
 
@@ -181,10 +295,15 @@ impl Handler for Replies<'_> {
             return Err(format!("the server sent a frame of kind {:#04x}", frame.kind));
         }
         // A reply nobody waits for (the caller timed out) is dropped.
-        if let Some(w) = self.0.pending().remove(&frame.id) {
-            let _ = w.send(Ok(frame));
+        let waiter = self.0.pending().remove(&frame.id);
+        if let Some(w) = waiter {
+            w.answer(Ok(frame));
         }
         Ok(())
+    }
+
+    fn due(&mut self, now: Instant) -> Option<Instant> {
+        self.0.expire(now)
     }
 }
 

@@ -11,12 +11,13 @@ use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use boring::ssl::{ErrorCode as SslErrorCode, SslStream};
 
 use super::poll;
+use crate::sign::batch;
 use super::protocol::{Decoder, Frame};
 
 /// Bytes queued for a peer that does not read them before the connection
@@ -63,6 +64,28 @@ impl Outbox {
         true
     }
 
+    /// Queues encoded frames without waking the connection's thread: the
+    /// caller promises a [`Outbox::wake`] soon (a submission batch that
+    /// ends). False once the connection is closed.
+    pub(crate) fn queue(&self, frames: &[u8]) -> bool {
+        if self.is_closed() {
+            return false;
+        }
+        let mut buf = self.buf();
+        if buf.len() + frames.len() > MAX_UNWRITTEN {
+            drop(buf);
+            self.close();
+            return false;
+        }
+        buf.extend_from_slice(frames);
+        true
+    }
+
+    /// Wakes the connection's thread to write what is queued.
+    pub(crate) fn wake(&self) {
+        let _ = (&self.waker).write(&[1]);
+    }
+
     /// Ends the connection: the loop stops at its next turn and the socket
     /// is shut down at once, so the peer sees it closed even if the loop is
     /// busy.
@@ -78,6 +101,24 @@ impl Outbox {
     }
 }
 
+impl batch::Flush for Outbox {
+    fn flush(&self) {
+        self.wake();
+    }
+}
+
+/// Queues `frames` on a shared outbox: at once, or, inside a submission
+/// batch (an executor worker with more operations waiting), with one
+/// wake-up of the connection's thread when the batch ends.
+pub(crate) fn send_batched(outbox: &Arc<Outbox>, frames: &[u8]) -> bool {
+    let me = || -> Arc<dyn batch::Flush> { outbox.clone() };
+    if batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(outbox))) {
+        outbox.queue(frames)
+    } else {
+        outbox.send(frames)
+    }
+}
+
 /// What a side does with each frame it reads.
 pub(crate) trait Handler {
     /// Handles one frame. An error ends the connection, with its text as
@@ -89,6 +130,13 @@ pub(crate) trait Handler {
     /// (up to [`LINGER`]) so everything before the bad bytes is answered.
     fn busy(&self) -> bool {
         false
+    }
+
+    /// Called on every turn: handles whatever is due at `now` (requests
+    /// that timed out) and says when the next thing is, so that the
+    /// connection's thread wakes then even if nothing arrives.
+    fn due(&mut self, _now: Instant) -> Option<Instant> {
+        None
     }
 }
 
@@ -233,8 +281,18 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
                 return format!("{why} (answers still unwritten after {LINGER:?})");
             }
         }
-        let timeout = match &closing {
-            Some((_, until)) => i32::try_from(until.saturating_duration_since(Instant::now()).as_millis()).unwrap_or(i32::MAX).max(1),
+        let now = Instant::now();
+        let wake_at = match (&closing, handler.due(now)) {
+            (Some((_, until)), Some(due)) => Some((*until).min(due)),
+            (Some((_, until)), None) => Some(*until),
+            (None, due) => due,
+        };
+        // Rounded up, so that a wake-up never comes before what is due.
+        let timeout = match wake_at {
+            Some(at) => {
+                let left = at.saturating_duration_since(now);
+                i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX).max(1)
+            }
             None => -1,
         };
         match poll::wait(fd, want_write, link.waker.as_raw_fd(), timeout) {

@@ -110,6 +110,15 @@ impl Pool {
         }
     }
 
+    /// A live connection with a free request slot, without waiting: the
+    /// next slot's, else any other's; `None` when none is (then
+    /// [`Pool::get`], which may connect and wait, is the way).
+    pub(crate) fn ready(&self) -> Option<Arc<ClientConn>> {
+        let n = self.slots.len();
+        let first = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..n).find_map(|k| self.slots[(first + k) % n].lock().conn.clone().filter(|c| !c.is_dead() && c.has_room()))
+    }
+
     /// Live connections now.
     pub(crate) fn live(&self) -> usize {
         self.slots.iter().filter(|s| s.lock().conn.as_ref().is_some_and(|c| !c.is_dead())).count()

@@ -689,7 +689,7 @@ impl Conn {
             };
             done_span.in_scope(|| tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered"));
             drop((admitted, slot));
-            outbox.send(&frame);
+            link::send_batched(&outbox, &frame);
             drop(unanswered);
         };
         let req = Request::new(key.clone(), op).with_timeout(head.budget);

@@ -10,15 +10,15 @@
 //! deadline bounds it all: each request carries what is left of it.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use rand_core::{OsRng, RngCore};
 
 use super::backoff::backoff;
-use super::breaker::{BreakerConfig, BreakerState};
+use super::breaker::{BreakerConfig, BreakerState, Permit};
 use super::conn::{error_of, CallError};
 use super::keyring::KeyId;
 use super::metrics::{request_stats, Outcome, RequestStats};
@@ -28,6 +28,7 @@ use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode};
 use super::retry_budget::{RetryBudget, RetryBudgetConfig};
 use super::routing::{self, PeerConfig, PeerState};
 use super::tls::{self, TlsFiles};
+use crate::sign::executor;
 use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
 use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError};
 use crate::sign::wire;
@@ -184,7 +185,27 @@ pub(crate) struct Client {
     retries_refused: AtomicU64,
     /// Dropped with the client: stops the round-trip thread.
     _stop: Sender<()>,
+    /// The client itself, for answers that arrive on other threads.
+    me: Weak<Client>,
+    /// Where work that must not wait where it is goes
+    /// ([`Client::on_helper`]); dropped with the client, which ends the
+    /// helper threads.
+    helpers: OnceLock<Sender<Box<dyn FnOnce() + Send>>>,
+    /// Jobs reserved on the helpers' queue and not yet started.
+    helpers_queued: AtomicUsize,
 }
+
+/// Helper threads per client: retries after an attempt sent without
+/// waiting failed, and connects needed on a submitting thread. Both are
+/// rare while peers are up; when a connection with many requests in flight
+/// ends, its retries queue here (each bounded by its deadline and the
+/// retry budget).
+const HELPERS: usize = 8;
+
+/// Jobs that may wait for a helper; past it a retry is refused as if over
+/// the retry budget (the caller hears the attempt's error), so a flood of
+/// failures cannot grow the queue without bound.
+const HELPER_QUEUE: usize = 4096;
 
 /// How one attempt ended, for routing.
 enum Attempt<T> {
@@ -264,7 +285,10 @@ impl RemoteSigner {
             })
             .collect();
         let (stop, stopped) = bounded(0);
-        let client = Arc::new(Client {
+        let client = Arc::new_cyclic(|me| Client {
+            me: me.clone(),
+            helpers: OnceLock::new(),
+            helpers_queued: AtomicUsize::new(0),
             budget: RetryBudget::new(config.retry_budget),
             config,
             peers,
@@ -305,7 +329,7 @@ impl RemoteSigner {
         if capable.is_empty() {
             return Err(no_capable_peer(&envelope.policy));
         }
-        let key = RemoteKey { key_id: KeyId::of_envelope(envelope.to_bytes()).0, capable, tenant };
+        let key = Arc::new(RemoteKey { key_id: KeyId::of_envelope(envelope.to_bytes()).0, capable, tenant });
         let deadline = Instant::now() + c.config.connect_timeout + c.config.request_timeout;
         let (kind, der) = c.route(&key, deadline, |peer, head, until| {
             let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
@@ -315,7 +339,7 @@ impl RemoteSigner {
             })
         })?;
         let id = c.next_key.fetch_add(1, Ordering::Relaxed);
-        c.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(id, Arc::new(key));
+        c.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(id, key);
         let holder: Arc<dyn KeyHolder> = c.clone();
         Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, id, kind, der))))
     }
@@ -480,106 +504,302 @@ fn trace_id() -> [u8; 16] {
     t
 }
 
+/// One operation's way through the peers: what its attempts so far have
+/// left, so that routing can stop after any attempt and go on later on
+/// another thread (an attempt sent without waiting, answered on a
+/// connection's thread).
+struct Route {
+    key: Arc<RemoteKey>,
+    deadline: Instant,
+    start: Instant,
+    head: Head,
+    tried: Vec<usize>,
+    last: Option<SignError>,
+    /// Attempts made.
+    made: u32,
+    /// The operation's span, entered wherever its routing runs.
+    span: tracing::Span,
+}
+
+/// What routing does after an attempt.
+enum Step<T> {
+    Done(T),
+    Stop(SignError),
+    Next,
+}
+
 impl Client {
-    /// Runs `attempt` on the capable peers of `key`, nearest first, with
-    /// failover, backoff, the retry budget and breakers, until one answers
-    /// or `deadline`.
-    fn route<T>(
-        &self,
-        key: &RemoteKey,
-        deadline: Instant,
-        mut attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
-    ) -> Result<T, SignError> {
+    /// Starts routing an operation on `key` until `deadline`.
+    fn begin(&self, key: Arc<RemoteKey>, deadline: Instant) -> Route {
         self.operations.fetch_add(1, Ordering::Relaxed);
         let start = Instant::now();
         self.budget.request(start);
-        let trace = trace_id();
-        let mut head = Head { key_id: key.key_id, budget: Duration::ZERO, trace_id: trace, tenant: key.tenant };
+        let head = Head { key_id: key.key_id, budget: Duration::ZERO, trace_id: trace_id(), tenant: key.tenant };
         let span = tracing::debug_span!("keyfence.remote.route", trace_id = %head.trace_hex(), tenant = key.tenant);
-        let _entered = span.enter();
-        let mut last: Option<SignError> = None;
-        let mut tried: Vec<usize> = Vec::new();
-        for n in 0..self.config.max_attempts {
-            let now = Instant::now();
-            if now >= deadline {
-                break;
+        Route { key, deadline, start, head, tried: Vec::new(), last: None, made: 0, span }
+    }
+
+    /// The peer for the next attempt, its breaker's permit, and the
+    /// backoff to wait before it (zero for a first attempt); `None` when
+    /// routing must stop (attempts, deadline, retry budget, every breaker
+    /// open). Never waits itself, so a connection's thread may decide.
+    fn next_peer(&self, r: &mut Route) -> Option<(usize, Permit, Duration)> {
+        if r.made >= self.config.max_attempts {
+            return None;
+        }
+        let now = Instant::now();
+        if now >= r.deadline {
+            return None;
+        }
+        // The nearest capable peer not yet tried whose breaker lets a
+        // request through; when all were tried, the nearest again.
+        let order = routing::order(&r.key.capable, &self.peers, now);
+        let fresh: Vec<usize> = order.iter().copied().filter(|i| !r.tried.contains(i)).collect();
+        let candidates = if fresh.is_empty() { order } else { fresh };
+        let Some((i, permit)) = candidates.iter().find_map(|&i| self.peers[i].breaker.allow(now).map(|p| (i, p))) else {
+            r.last.get_or_insert_with(|| {
+                backend_error(BackendFailure::Unavailable, "every capable peer's circuit breaker is open")
+            });
+            return None;
+        };
+        if r.made > 0 {
+            if !self.budget.try_retry(now) {
+                self.retries_refused.fetch_add(1, Ordering::Relaxed);
+                self.peers[i].breaker.neutral(permit);
+                return None;
             }
-            // The nearest capable peer not yet tried whose breaker lets a
-            // request through; when all were tried, the nearest again.
-            let order = routing::order(&key.capable, &self.peers, now);
-            let fresh: Vec<usize> = order.iter().copied().filter(|i| !tried.contains(i)).collect();
-            let candidates = if fresh.is_empty() { order } else { fresh };
-            let Some((i, permit)) = candidates.iter().find_map(|&i| self.peers[i].breaker.allow(now).map(|p| (i, p)))
-            else {
-                last.get_or_insert_with(|| {
-                    backend_error(BackendFailure::Unavailable, "every capable peer's circuit breaker is open")
-                });
-                break;
-            };
-            if n > 0 {
-                if !self.budget.try_retry(now) {
-                    self.retries_refused.fetch_add(1, Ordering::Relaxed);
-                    self.peers[i].breaker.neutral(permit);
-                    break;
-                }
-                self.retries.fetch_add(1, Ordering::Relaxed);
-                let wait = backoff(n - 1, self.config.backoff_base, self.config.backoff_cap, OsRng.next_u64());
-                if Instant::now() + wait >= deadline {
-                    self.peers[i].breaker.neutral(permit);
-                    break;
-                }
-                std::thread::sleep(wait);
+            self.retries.fetch_add(1, Ordering::Relaxed);
+            let wait = backoff(r.made - 1, self.config.backoff_base, self.config.backoff_cap, OsRng.next_u64());
+            if Instant::now() + wait >= r.deadline {
+                self.peers[i].breaker.neutral(permit);
+                return None;
             }
-            let peer = &self.peers[i];
-            tried.push(i);
-            let sent = Instant::now();
-            head.budget = deadline.saturating_duration_since(sent);
-            let until = deadline.min(sent + self.config.request_timeout);
-            peer.stats.begin();
-            tracing::debug!(peer = %peer.config.name, attempt = n + 1, budget_us = head.budget.as_micros() as u64, "sending");
-            match attempt(peer, &head, until) {
-                Attempt::Done(v) => {
-                    peer.breaker.success(permit);
-                    peer.stats.end(Outcome::Ok, sent.elapsed());
-                    return Ok(v);
-                }
-                Attempt::Final(e) => {
+            return Some((i, permit, wait));
+        }
+        Some((i, permit, Duration::ZERO))
+    }
+
+    /// An attempt on peer `i` leaves now: its budget in the head, and
+    /// when it gives up (the request timeout, never past the deadline).
+    fn sending(&self, r: &mut Route, i: usize) -> (Instant, Instant) {
+        let peer = &self.peers[i];
+        r.made += 1;
+        r.tried.push(i);
+        let sent = Instant::now();
+        r.head.budget = r.deadline.saturating_duration_since(sent);
+        peer.stats.begin();
+        tracing::debug!(peer = %peer.config.name, attempt = r.made, budget_us = r.head.budget.as_micros() as u64, "sending");
+        (sent, r.deadline.min(sent + self.config.request_timeout))
+    }
+
+    /// Records how the attempt sent to peer `i` at `sent` ended: breaker,
+    /// counters, and what routing does next.
+    fn end_attempt<T>(&self, r: &mut Route, i: usize, permit: Permit, sent: Instant, attempt: Attempt<T>) -> Step<T> {
+        let peer = &self.peers[i];
+        match attempt {
+            Attempt::Done(v) => {
+                peer.breaker.success(permit);
+                peer.stats.end(Outcome::Ok, sent.elapsed());
+                Step::Done(v)
+            }
+            Attempt::Final(e) => {
+                peer.breaker.neutral(permit);
+                // The server's `timed_out` carries no duration: report
+                // the caller's own timeout.
+                let e = match e {
+                    SignError::TimedOut { .. } => SignError::TimedOut { timeout: r.deadline.saturating_duration_since(r.start) },
+                    e => e,
+                };
+                let outcome = if e.kind() == crate::sign::ErrorKind::TimedOut { Outcome::TimedOut } else { Outcome::Failed };
+                peer.stats.end(outcome, sent.elapsed());
+                tracing::debug!(peer = %peer.config.name, error = %e, "final");
+                Step::Stop(e)
+            }
+            Attempt::Next { error, breaker } => {
+                if breaker {
+                    peer.breaker.failure(permit, Instant::now());
+                } else {
                     peer.breaker.neutral(permit);
-                    // The server's `timed_out` carries no duration: report
-                    // the caller's own timeout.
-                    let e = match e {
-                        SignError::TimedOut { .. } => {
-                            SignError::TimedOut { timeout: deadline.saturating_duration_since(start) }
-                        }
-                        e => e,
-                    };
-                    let outcome = if e.kind() == crate::sign::ErrorKind::TimedOut { Outcome::TimedOut } else { Outcome::Failed };
-                    peer.stats.end(outcome, sent.elapsed());
-                    tracing::debug!(peer = %peer.config.name, error = %e, "final");
-                    return Err(e);
                 }
-                Attempt::Next { error, breaker } => {
-                    if breaker {
-                        peer.breaker.failure(permit, Instant::now());
-                    } else {
-                        peer.breaker.neutral(permit);
-                    }
-                    let outcome = match &error {
-                        SignError::PeerOverloaded { .. } => Outcome::Overloaded,
-                        SignError::Backend { failure: BackendFailure::GaveUp, .. } => Outcome::TimedOut,
-                        _ => Outcome::Failed,
-                    };
-                    peer.stats.end(outcome, sent.elapsed());
-                    peer.failovers.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(peer = %peer.config.name, error = %error, "trying the next peer");
-                    last = Some(error);
-                }
+                let outcome = match &error {
+                    SignError::PeerOverloaded { .. } => Outcome::Overloaded,
+                    SignError::Backend { failure: BackendFailure::GaveUp, .. } => Outcome::TimedOut,
+                    _ => Outcome::Failed,
+                };
+                peer.stats.end(outcome, sent.elapsed());
+                peer.failovers.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(peer = %peer.config.name, error = %error, "trying the next peer");
+                r.last = Some(error);
+                Step::Next
             }
         }
-        Err(match last {
-            Some(e) if Instant::now() < deadline => e,
-            _ => SignError::TimedOut { timeout: deadline.saturating_duration_since(start) },
+    }
+
+    /// The error routing ends with when no attempt succeeded.
+    fn give_up(r: &mut Route) -> SignError {
+        match r.last.take() {
+            Some(e) if Instant::now() < r.deadline => e,
+            _ => SignError::TimedOut { timeout: r.deadline.saturating_duration_since(r.start) },
+        }
+    }
+
+    /// Runs `attempt` on the capable peers of `r`'s key, nearest first,
+    /// with failover, backoff, the retry budget and breakers, until one
+    /// answers or the deadline; blocks throughout.
+    fn run_route<T>(&self, r: &mut Route, attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>) -> Result<T, SignError> {
+        let next = self.next_peer(r);
+        self.run_route_from(r, next, attempt)
+    }
+
+    /// As [`Client::run_route`], with the next attempt already chosen.
+    fn run_route_from<T>(
+        &self,
+        r: &mut Route,
+        mut next: Option<(usize, Permit, Duration)>,
+        mut attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
+    ) -> Result<T, SignError> {
+        let _entered = r.span.clone().entered();
+        while let Some((i, permit, wait)) = next {
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+            let (sent, until) = self.sending(r, i);
+            match self.end_attempt(r, i, permit, sent, attempt(&self.peers[i], &r.head, until)) {
+                Step::Done(v) => return Ok(v),
+                Step::Stop(e) => return Err(e),
+                Step::Next => next = self.next_peer(r),
+            }
+        }
+        Err(Self::give_up(r))
+    }
+
+    /// As [`Client::run_route`], for a new operation.
+    fn route<T>(
+        &self,
+        key: &Arc<RemoteKey>,
+        deadline: Instant,
+        attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
+    ) -> Result<T, SignError> {
+        let mut r = self.begin(key.clone(), deadline);
+        self.run_route(&mut r, attempt)
+    }
+
+    /// Routes an operation, blocking, from wherever `r` stands (with
+    /// the next attempt chosen, if `next`).
+    fn run_op(&self, r: &mut Route, next: Option<Option<(usize, Permit, Duration)>>, op: &Operation) -> Result<Output, SignError> {
+        let op = match wire::op::fit(op, p::MAX_OP_DATA) {
+            Ok(op) => op,
+            Err(e) => {
+                if let Some(Some((i, permit, _))) = next {
+                    self.peers[i].breaker.neutral(permit);
+                }
+                return Err(e);
+            }
+        };
+        let next = next.unwrap_or_else(|| self.next_peer(r));
+        self.run_route_from(r, next, |peer, head, until| {
+            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_op(out, id, head, &op), until));
+            attempt_of(frame, |f| Ok(f.body))
         })
+    }
+
+    /// Runs `job` on one of the client's helper threads (started when
+    /// first needed): what cannot wait where it is (a retry decided on a
+    /// connection's thread, a connect needed on the submitting thread).
+    /// Call [`Client::reserve_helper`] first.
+    fn on_helper(&self, job: impl FnOnce() + Send + 'static) {
+        let tx = self.helpers.get_or_init(|| {
+            let (tx, rx) = crossbeam_channel::unbounded::<Box<dyn FnOnce() + Send>>();
+            for n in 0..HELPERS {
+                let rx = rx.clone();
+                // A thread that cannot start leaves the others; with none,
+                // the job's answer is dropped unsent, which answers its
+                // caller with an error.
+                let _ = std::thread::Builder::new().name(format!("keyfence-remote-{n}")).spawn(move || {
+                    for job in rx {
+                        job();
+                    }
+                });
+            }
+            tx
+        });
+        let queued = self.me.clone();
+        let _ = tx.send(Box::new(move || {
+            if let Some(c) = queued.upgrade() {
+                c.helpers_queued.fetch_sub(1, Ordering::AcqRel);
+            }
+            job();
+        }));
+    }
+
+    /// Reserves a place for one job on the helpers' queue; false when
+    /// [`HELPER_QUEUE`] jobs are waiting already.
+    fn reserve_helper(&self) -> bool {
+        if self.helpers_queued.fetch_add(1, Ordering::AcqRel) >= HELPER_QUEUE {
+            self.helpers_queued.fetch_sub(1, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    /// Sends the first attempt of `op` without waiting, when the nearest
+    /// peer is connected; its answer (or the rest of the routing, on a
+    /// helper thread, if it fails over) reaches `answer`. Gives `answer`
+    /// back when no connection is ready.
+    fn start_async(&self, r: Route, op: Operation, answer: Answer) -> Result<(), Box<(Route, Operation, Answer)>> {
+        let Some(me) = self.me.upgrade() else { return Err(Box::new((r, op, answer))) };
+        let mut r = r;
+        let span = r.span.clone();
+        let _entered = span.enter();
+        let Some((i, permit, _)) = self.next_peer(&mut r) else {
+            answer.send(Err(Self::give_up(&mut r)));
+            return Ok(());
+        };
+        let Some(conn) = self.peers[i].pool.ready() else {
+            self.peers[i].breaker.neutral(permit);
+            return Err(Box::new((r, op, answer)));
+        };
+        let fitted = match wire::op::fit(&op, p::MAX_OP_DATA) {
+            Ok(f) => f,
+            Err(e) => {
+                self.peers[i].breaker.neutral(permit);
+                answer.send(Err(e));
+                return Ok(());
+            }
+        };
+        let (sent, until) = self.sending(&mut r, i);
+        let id = conn.next_request_id();
+        let mut frame = Vec::new();
+        p::encode_op(&mut frame, id, &r.head, &fitted);
+        drop(fitted);
+        conn.send_async(id, &frame, until, move |reply| {
+            let span = r.span.clone();
+            let _entered = span.enter();
+            let attempt = attempt_of(reply, |f| Ok(f.body));
+            match me.end_attempt(&mut r, i, permit, sent, attempt) {
+                Step::Done(v) => answer.send(Ok(v)),
+                Step::Stop(e) => answer.send(Err(e)),
+                // The retry is decided here (budget, breakers, deadline);
+                // only its backoff and attempt, which wait, go to a helper.
+                // Too many retries waiting already: this one is refused
+                // like one over the retry budget.
+                Step::Next if !me.reserve_helper() => {
+                    me.retries_refused.fetch_add(1, Ordering::Relaxed);
+                    answer.send(Err(Client::give_up(&mut r)));
+                }
+                Step::Next => match me.next_peer(&mut r) {
+                    None => {
+                        me.helpers_queued.fetch_sub(1, Ordering::AcqRel);
+                        answer.send(Err(Client::give_up(&mut r)));
+                    }
+                    Some(next) => {
+                        let client = me.clone();
+                        me.on_helper(move || answer.send(client.run_op(&mut r, Some(Some(next)), &op)));
+                    }
+                },
+            }
+        });
+        Ok(())
     }
 
     fn key(&self, id: u64) -> Option<Arc<RemoteKey>> {
@@ -631,21 +851,40 @@ impl KeyHolder for Client {
         OpClass::Slow
     }
 
-    fn admit(&self, _class: OpClass) -> Result<bool, SignError> {
-        Ok(false)
+    /// On the submitting thread when the key's nearest peer is connected:
+    /// the request is then only written, and its answer comes on the
+    /// connection's thread, so no executor thread is held per operation
+    /// in flight. Otherwise (a connect to make, every breaker open) on the
+    /// slow executor, which may wait.
+    fn admit(&self, id: u64, _class: OpClass) -> Result<bool, SignError> {
+        let Some(key) = self.key(id) else { return Ok(false) };
+        let now = Instant::now();
+        let first = routing::order(&key.capable, &self.peers, now).into_iter().next();
+        Ok(first.is_some_and(|i| self.peers[i].pool.ready().is_some()))
     }
 
     fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
         let key = self.key(id).ok_or_else(|| backend_error(BackendFailure::Refused, "the key was forgotten"))?;
-        let op = wire::op::fit(op, p::MAX_OP_DATA)?;
-        self.route(&key, deadline, |peer, head, until| {
-            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_op(out, id, head, &op), until));
-            attempt_of(frame, |f| Ok(f.body))
-        })
+        let mut r = self.begin(key, deadline);
+        self.run_op(&mut r, None, op)
     }
 
     fn start(&self, id: u64, op: Operation, deadline: Instant, answer: Answer) {
-        answer.send(self.perform(id, &op, deadline));
+        let Some(key) = self.key(id) else {
+            return answer.send(Err(backend_error(BackendFailure::Refused, "the key was forgotten")));
+        };
+        let r = self.begin(key, deadline);
+        let Err(back) = self.start_async(r, op, answer) else { return };
+        let (mut r, op, answer) = *back;
+        // No connection ready: connecting waits, which an executor worker
+        // may do and the submitting thread may not.
+        if executor::on_worker() {
+            answer.send(self.run_op(&mut r, None, &op));
+        } else if let Some(me) = self.me.upgrade().filter(|_| self.reserve_helper()) {
+            self.on_helper(move || answer.send(me.run_op(&mut r, None, &op)));
+        } else {
+            answer.send(Err(SignError::Overloaded { class: OpClass::Slow, capacity: HELPER_QUEUE }));
+        }
     }
 
     fn forget(&self, id: u64) {
