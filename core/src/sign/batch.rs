@@ -60,6 +60,12 @@ pub(crate) fn defer(target: impl FnOnce() -> Arc<dyn Flush>, same: impl Fn(&Arc<
     })
 }
 
+/// [`defer`] for a target held in an `Arc`: a clone of it is registered
+/// the first time it joins the batch.
+pub(crate) fn defer_arc<T: Flush + 'static>(target: &Arc<T>) -> bool {
+    defer(|| -> Arc<dyn Flush> { target.clone() }, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(target)))
+}
+
 /// Flushes everything this thread's batch has queued so far, and keeps
 /// the batch open.
 pub(crate) fn flush_now() {
@@ -117,8 +123,7 @@ mod tests {
     }
 
     fn register(c: &Arc<Counter>) -> bool {
-        let as_dyn: Arc<dyn Flush> = c.clone();
-        defer(|| as_dyn.clone(), |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(c)))
+        defer_arc(c)
     }
 
     #[test]

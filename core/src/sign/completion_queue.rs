@@ -42,8 +42,7 @@ impl CqShared {
     /// ends, so that the loop wakes once for several completions.
     pub(crate) fn push(self: &Arc<Self>, user_data: u64, id: u64, result: Result<Output, SignError>) {
         self.items.lock().unwrap_or_else(|e| e.into_inner()).push_back(Completion { user_data, id, result });
-        let me = || -> Arc<dyn batch::Flush> { self.clone() };
-        if !batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(self))) {
+        if !batch::defer_arc(self) {
             self.signal();
         }
     }

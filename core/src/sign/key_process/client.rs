@@ -195,8 +195,7 @@ impl Conn {
         p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), &op);
         // If the write fails, the reader fails whatever is registered when
         // it sees the connection end.
-        let me = || -> Arc<dyn batch::Flush> { self.clone() };
-        if batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(self))) {
+        if batch::defer_arc(self) {
             self.writer.queue(&frame);
         } else {
             self.writer.send(&frame);

@@ -218,8 +218,7 @@ impl ClientConn {
         self.timers.lock().unwrap_or_else(|e| e.into_inner()).push(Reverse((until, id)));
         // In a submission batch the frame waits for the batch's end: one
         // wake-up of the connection's thread and one TLS record for all.
-        let me = || -> Arc<dyn batch::Flush> { self.clone() };
-        if batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(self))) {
+        if batch::defer_arc(self) {
             self.outbox.queue(frame);
         } else {
             self.outbox.send(frame);

@@ -111,8 +111,7 @@ impl batch::Flush for Outbox {
 /// batch (an executor worker with more operations waiting), with one
 /// wake-up of the connection's thread when the batch ends.
 pub(crate) fn send_batched(outbox: &Arc<Outbox>, frames: &[u8]) -> bool {
-    let me = || -> Arc<dyn batch::Flush> { outbox.clone() };
-    if batch::defer(me, |t| std::ptr::addr_eq(Arc::as_ptr(t), Arc::as_ptr(outbox))) {
+    if batch::defer_arc(outbox) {
         outbox.queue(frames)
     } else {
         outbox.send(frames)
