@@ -219,7 +219,10 @@ impl Engine {
             exec.stats.error(e.kind());
             return Err(e);
         }
-        let direct = match backend.admit(&req.key, &req.op).and_then(|d| if d { exec.admit_direct().map(|()| d) } else { Ok(d) }) {
+        // Started here, it never enters the queue, so the class's bound is
+        // checked apart (see `Executor::admit_direct`).
+        let admitted = backend.admit(&req.key, &req.op);
+        let direct = match admitted.and_then(|direct| if direct { exec.admit_direct().map(|()| true) } else { Ok(false) }) {
             Ok(direct) => direct,
             Err(e) => {
                 exec.stats.error(e.kind());

@@ -132,11 +132,22 @@ pub(crate) fn capable(policy: &CanonicalPolicy, peers: &[PeerState]) -> Vec<usiz
 /// `capable` peers nearest first (measured round-trip time; unmeasured
 /// last, in configuration order), without those whose breaker is open.
 pub(crate) fn order(capable: &[usize], peers: &[PeerState], now: Instant) -> Vec<usize> {
-    let mut v: Vec<usize> = capable
-        .iter()
-        .copied()
-        .filter(|&i| peers[i].breaker.state(now) != super::breaker::BreakerState::Open)
-        .collect();
-    v.sort_by_key(|&i| (peers[i].rtt().unwrap_or(Duration::MAX), i));
+    let mut v: Vec<usize> = usable(capable, peers, now).collect();
+    v.sort_by_key(|&i| nearness(peers, i));
     v
+}
+
+/// The first of [`order`], without building the order: what admission
+/// asks for every operation.
+pub(crate) fn nearest(capable: &[usize], peers: &[PeerState], now: Instant) -> Option<usize> {
+    usable(capable, peers, now).min_by_key(|&i| nearness(peers, i))
+}
+
+fn usable<'a>(capable: &'a [usize], peers: &'a [PeerState], now: Instant) -> impl Iterator<Item = usize> + 'a {
+    capable.iter().copied().filter(move |&i| peers[i].breaker.state(now) != super::breaker::BreakerState::Open)
+}
+
+/// Measured round-trip time first, unmeasured last, then configuration order.
+fn nearness(peers: &[PeerState], i: usize) -> (Duration, usize) {
+    (peers[i].rtt().unwrap_or(Duration::MAX), i)
 }

@@ -497,6 +497,15 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
     }
 }
 
+/// One attempt of `op` that waits for its reply: a connection from the
+/// peer's pool (connecting if need be), the request, the reply.
+fn blocking_attempt(op: &Operation) -> impl FnMut(&PeerState, &Head, Instant) -> Attempt<Output> + '_ {
+    move |peer, head, until| {
+        let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_op(out, id, head, op), until));
+        attempt_of(frame, |f| Ok(f.body))
+    }
+}
+
 /// A fresh random trace id.
 fn trace_id() -> [u8; 16] {
     let mut t = [0u8; 16];
@@ -684,23 +693,23 @@ impl Client {
         self.run_route(&mut r, attempt)
     }
 
-    /// Routes an operation, blocking, from wherever `r` stands (with
-    /// the next attempt chosen, if `next`).
-    fn run_op(&self, r: &mut Route, next: Option<Option<(usize, Permit, Duration)>>, op: &Operation) -> Result<Output, SignError> {
+    /// Routes an operation, blocking, from wherever `r` stands.
+    fn run_op(&self, r: &mut Route, op: &Operation) -> Result<Output, SignError> {
+        let op = wire::op::fit(op, p::MAX_OP_DATA)?;
+        self.run_route(r, blocking_attempt(&op))
+    }
+
+    /// As [`Client::run_op`], with the next attempt already chosen (on a
+    /// connection's thread). `op` fitted once already, so it fits again.
+    fn run_op_from(&self, r: &mut Route, next: (usize, Permit, Duration), op: &Operation) -> Result<Output, SignError> {
         let op = match wire::op::fit(op, p::MAX_OP_DATA) {
             Ok(op) => op,
             Err(e) => {
-                if let Some(Some((i, permit, _))) = next {
-                    self.peers[i].breaker.neutral(permit);
-                }
+                self.peers[next.0].breaker.neutral(next.1);
                 return Err(e);
             }
         };
-        let next = next.unwrap_or_else(|| self.next_peer(r));
-        self.run_route_from(r, next, |peer, head, until| {
-            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_op(out, id, head, &op), until));
-            attempt_of(frame, |f| Ok(f.body))
-        })
+        self.run_route_from(r, Some(next), blocking_attempt(&op))
     }
 
     /// Runs `job` on one of the client's helper threads (started when
@@ -794,7 +803,7 @@ impl Client {
                     }
                     Some(next) => {
                         let client = me.clone();
-                        me.on_helper(move || answer.send(client.run_op(&mut r, Some(Some(next)), &op)));
+                        me.on_helper(move || answer.send(client.run_op_from(&mut r, next, &op)));
                     }
                 },
             }
@@ -859,14 +868,14 @@ impl KeyHolder for Client {
     fn admit(&self, id: u64, _class: OpClass) -> Result<bool, SignError> {
         let Some(key) = self.key(id) else { return Ok(false) };
         let now = Instant::now();
-        let first = routing::order(&key.capable, &self.peers, now).into_iter().next();
+        let first = routing::nearest(&key.capable, &self.peers, now);
         Ok(first.is_some_and(|i| self.peers[i].pool.ready().is_some()))
     }
 
     fn perform(&self, id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
         let key = self.key(id).ok_or_else(|| backend_error(BackendFailure::Refused, "the key was forgotten"))?;
         let mut r = self.begin(key, deadline);
-        self.run_op(&mut r, None, op)
+        self.run_op(&mut r, op)
     }
 
     fn start(&self, id: u64, op: Operation, deadline: Instant, answer: Answer) {
@@ -879,9 +888,9 @@ impl KeyHolder for Client {
         // No connection ready: connecting waits, which an executor worker
         // may do and the submitting thread may not.
         if executor::on_worker() {
-            answer.send(self.run_op(&mut r, None, &op));
+            answer.send(self.run_op(&mut r, &op));
         } else if let Some(me) = self.me.upgrade().filter(|_| self.reserve_helper()) {
-            self.on_helper(move || answer.send(me.run_op(&mut r, None, &op)));
+            self.on_helper(move || answer.send(me.run_op(&mut r, &op)));
         } else {
             answer.send(Err(SignError::Overloaded { class: OpClass::Slow, capacity: HELPER_QUEUE }));
         }
