@@ -10,6 +10,7 @@
 //! ciphertexts (the known-answer tests rely on it).
 
 use std::collections::BTreeMap;
+use std::sync::OnceLock;
 
 use blstrs::{G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
 use ff::Field;
@@ -25,7 +26,7 @@ use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
 use super::lines::{miller_loop, Lines};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
-use super::parallel::{par_map, par_map_weighted};
+use super::parallel::{par_map, with_crew, Crew};
 use super::policy::{AbePolicy, BK_LABEL};
 
 fn random_mat<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, rows: usize, cols: usize) -> Mat<Scalar> {
@@ -446,7 +447,13 @@ pub(crate) fn decapsulate<'a>(
 
 /// Strict mode's extra work: every point of the header the key does not
 /// use, fully checked (the used ones are checked as they are decoded).
-fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies: &[bool], threads: usize) -> Result<()> {
+fn check_unused<'a: 'env, 'env>(
+    hdr: &LazyHeader<'a>,
+    policy: &AbePolicy,
+    used: &[usize],
+    copies: &[bool],
+    crew: &Crew<'env>,
+) -> Result<()> {
     enum Job<'b> {
         G1(&'b [u8], String),
         G2(&'b [u8], String),
@@ -469,7 +476,7 @@ fn check_unused(hdr: &LazyHeader<'_>, policy: &AbePolicy, used: &[usize], copies
         Job::G1(..) => 3 * cost::G1_CHECKED,
         Job::G2(..) => 4 * cost::G2_CHECKED,
     };
-    par_map_weighted(&jobs, threads, job_cost, |job| match job {
+    crew.map(jobs, job_cost, |job| match job {
         Job::G1(b, f) => matrix::decode_g1(b, (3, 1), CT, f).map(drop),
         Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(drop),
     })
@@ -502,18 +509,19 @@ mod cost {
     /// pair's line evaluations.
     pub(super) const SQUARINGS: u32 = 120;
     pub(super) const PAIR: u32 = 130;
-    /// Starting and joining a scoped thread.
-    pub(super) const SPAWN: u32 = 60;
+    /// Handing a share to a crew's helper, already running, and taking
+    /// its result back (`parallel::Crew`).
+    pub(super) const HANDOFF: u32 = 15;
 }
 
 /// How many lanes a Miller loop over `pairs` pairs is best split into,
 /// with up to `threads`: each lane repeats the squarings and costs a
-/// thread's start, so a short loop stays whole.
+/// handoff, so a short loop stays whole.
 fn miller_lanes(pairs: usize, threads: usize) -> usize {
     let t = |k: usize| {
         let k32 = u32::try_from(k).unwrap_or(u32::MAX);
         let per = u32::try_from(pairs.div_ceil(k)).unwrap_or(u32::MAX);
-        cost::SQUARINGS.saturating_add(per.saturating_mul(cost::PAIR)).saturating_add((k32 - 1).saturating_mul(cost::SPAWN))
+        cost::SQUARINGS.saturating_add(per.saturating_mul(cost::PAIR)).saturating_add((k32 - 1).saturating_mul(cost::HANDOFF))
     };
     (1..=threads.clamp(1, pairs.max(1))).min_by_key(|&k| (t(k), k)).unwrap_or(1)
 }
@@ -522,13 +530,15 @@ fn miller_lanes(pairs: usize, threads: usize) -> usize {
 /// [`decapsulate`] calls it with a satisfying set; tests call it with
 /// others to show that no other set recovers the key.
 ///
-/// On more than one thread it runs in three parallel steps, each dealt
-/// by estimated cost ([`cost`]) with the calling thread taking a share:
-/// decoding (the G2 points' subgroup checks and lines are the bulk), the
-/// negations' multi-scalar multiplications, and the Miller loop split
-/// into lanes whose products meet before the one final exponentiation.
-/// The results, errors included, are those of one thread: every step
-/// returns its items in order.
+/// On more than one thread it runs in three parallel steps on one crew
+/// (`parallel::Crew`: helper threads started once and kept awake between
+/// the steps), each thread taking items heaviest first by estimated cost
+/// ([`cost`]), the calling thread among them: decoding (the G2 points'
+/// subgroup checks and lines are the bulk), the negations' multi-scalar
+/// multiplications, and the Miller loop split into lanes whose products
+/// meet before the one final exponentiation, which the calling thread
+/// runs alone once the helpers have left. The results, errors included,
+/// are those of one thread: every step returns its items in order.
 pub(crate) fn decapsulate_with<'a>(
     hdr: &LazyHeader<'a>,
     policy: &AbePolicy,
@@ -537,7 +547,6 @@ pub(crate) fn decapsulate_with<'a>(
     opts: Decap,
 ) -> Result<(Gt, Deferred<'a>)> {
     let (pi, d) = policy.occurrences();
-    let threads = opts.threads;
 
     // The wires' share: decode each used wire's G1 points (subgroup-
     // checked only in strict mode, otherwise after a MAC failure, see
@@ -615,9 +624,6 @@ pub(crate) fn decapsulate_with<'a>(
     for &i in used {
         copies[pi[i]] = true;
     }
-    if opts.strict {
-        check_unused(hdr, policy, used, &copies, threads)?;
-    }
     let deferred = if opts.strict {
         Deferred(Vec::new())
     } else {
@@ -631,95 +637,119 @@ pub(crate) fn decapsulate_with<'a>(
         let bk = if w.label == BK_LABEL { cost::BK_PRODUCTS } else { 0 };
         points * g1_cost + cost::WIRE + bk
     };
-    // Runs small enough to even out the lanes around the G2 jobs.
-    let per_run = if threads <= 1 { used.len().max(1) } else { used.len().div_ceil(4 * threads).max(1) };
-    let mut jobs: Vec<Job<'_>> =
-        used.chunks(per_run).map(|run| Job::Wires(run, run.iter().map(|&i| wire_cost(i)).sum())).collect();
-    for (j, &c) in copies.iter().enumerate() {
-        if c {
-            jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
-        }
-    }
-    jobs.push(Job::G2(hdr.c1, "c1".into()));
     let job_cost = |job: &Job<'_>| match job {
         Job::Wires(_, c) => *c,
         Job::G2(..) => 4 * (cost::G2_CHECKED + cost::LINES),
     };
-    let done = par_map_weighted(&jobs, threads, job_cost, |job| match job {
+    let decode = |job: &Job<'_>| match job {
         Job::Wires(run, _) => sums(run).map(Out::Sums),
         Job::G2(b, f) => matrix::decode_g2(b, (4, 1), CT, f).map(|m| {
             let lines = m.e.iter().map(|q| Lines::new(q.as_ref())).collect();
             Out::G2(m.e, lines)
         }),
-    });
-    let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
-    let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
-    let (mut g2_points, mut g2_lines) = (Vec::new(), Vec::new());
-    for r in done {
-        match r? {
-            Out::Sums(s) => {
-                Acc::merge_into(&mut p1, s.p1);
-                Acc::merge_into(&mut p2, s.p2);
-            }
-            Out::G2(p, l) => {
-                g2_points.push(p);
-                g2_lines.push(l);
+    };
+    // What later steps' shares read from earlier steps' results: set
+    // between the steps, declared here to outlive the crew.
+    let decoded: OnceLock<(Vec<Vec<Lines>>, Vec<Lines>)> = OnceLock::new();
+    let rows: OnceLock<Vec<Acc>> = OnceLock::new();
+    let points: OnceLock<Vec<G1Affine>> = OnceLock::new();
+    let pairs_at: OnceLock<Vec<(&Lines, blst::blst_p1_affine)>> = OnceLock::new();
+
+    // One crew for every step: its helpers start once and stay awake
+    // between the steps.
+    let r = with_crew(opts.threads, |crew| -> Result<Gt> {
+        if opts.strict {
+            check_unused(hdr, policy, used, &copies, &crew)?;
+        }
+        // Runs small enough to even out the threads around the G2 jobs.
+        let threads = crew.threads();
+        let per_run = if threads <= 1 { used.len().max(1) } else { used.len().div_ceil(4 * threads).max(1) };
+        let mut jobs: Vec<Job<'_>> =
+            used.chunks(per_run).map(|run| Job::Wires(run, run.iter().map(|&i| wire_cost(i)).sum())).collect();
+        for (j, &c) in copies.iter().enumerate() {
+            if c {
+                jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
             }
         }
-    }
-    let c1 = g2_points.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
-    let c1_lines = g2_lines.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
-
-    // Totals of every row, the multi-scalar multiplications dealt by
-    // their size (a row of plain sums is already done and costs nothing).
-    let accs: Vec<&Acc> = p1.iter().chain(p2.iter()).flatten().collect();
-    let rows: Vec<(usize, usize)> =
-        accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
-    let totals = par_map_weighted(&rows, threads, |&(a, m)| accs[a].cost(m), |&(a, m)| accs[a].row(m));
-    let mut totals = totals.into_iter();
-    let n1: usize = p1.iter().flatten().count();
-    let mut ptot = [G1Projective::identity(); 3];
-    for _ in 0..n1 {
-        for t in ptot.iter_mut() {
-            *t += totals.next().ok_or(AbeError::Internal("a row total is missing"))?;
+        jobs.push(Job::G2(hdr.c1, "c1".into()));
+        let done = crew.map(jobs, job_cost, decode);
+        let mut p1: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+        let mut p2: Vec<Option<Acc>> = (0..d).map(|_| None).collect();
+        let (mut g2_points, mut g2_lines) = (Vec::new(), Vec::new());
+        for r in done {
+            match r? {
+                Out::Sums(s) => {
+                    Acc::merge_into(&mut p1, s.p1);
+                    Acc::merge_into(&mut p2, s.p2);
+                }
+                Out::G2(p, l) => {
+                    g2_points.push(p);
+                    g2_lines.push(l);
+                }
+            }
         }
-    }
-    let mut g1s: Vec<G1Projective> = totals.collect();
-    let n_c2 = g1s.len();
-    g1s.extend(ptot.iter().map(|p| -p));
-    g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
-    let mut g1a = vec![G1Affine::default(); g1s.len()];
-    G1Projective::batch_normalize(&g1s, &mut g1a);
+        let c1 = g2_points.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
+        let c1_lines = g2_lines.pop().ok_or(AbeError::Internal("c1 missing from the decoded points"))?;
+        let (g2_lines, c1_lines) = decoded.get_or_init(|| (g2_lines, c1_lines));
 
-    // The ciphertext's lines were recorded as its points were decoded;
-    // k1's come from the key.
-    let k1_lines = &key.cache().k1_lines;
-    let c2_lines: Vec<&Lines> = g2_lines.iter().flatten().collect();
-    if c2_lines.len() != n_c2 {
-        return Err(AbeError::Internal("pairing inputs do not line up"));
-    }
-    let lines: Vec<&Lines> = c2_lines.into_iter().chain(k1_lines).chain(&c1_lines).collect();
-    let identity = |p: &G1Affine| bool::from(p.is_identity());
-    let ct_g2 = g2_points.iter().flatten().chain(&c1);
-    if lines.len() != g1a.len() || ct_g2.chain(key.k1.e.iter().map(|w| &w.0)).any(|q| bool::from(q.is_identity())) {
-        return Err(AbeError::Internal("pairing inputs do not line up"));
-    }
-    // A pair with the identity contributes 1 to the product; the loop
-    // wants finite points, so such pairs are left out.
-    let pairs: Vec<(&Lines, blst::blst_p1_affine)> =
-        lines.into_iter().zip(&g1a).filter(|(_, p)| !identity(p)).map(|(l, p)| (l, *p.as_ref())).collect();
-    if pairs.is_empty() {
-        return Ok((Gt::identity(), deferred));
-    }
-    // One shared-squaring Miller loop per lane over a share of the pairs.
-    let per = pairs.len().div_ceil(miller_lanes(pairs.len(), threads));
-    let chunks: Vec<&[(&Lines, blst::blst_p1_affine)]> = pairs.chunks(per).collect();
-    let loops = par_map(&chunks, threads, |c| miller_loop(c));
-    let mut f = loops[0];
-    for l in &loops[1..] {
-        f *= *l;
-    }
-    let r = super::group::gt_from_fp12(&f.final_exp());
+        // Totals of every row, the multi-scalar multiplications dealt by
+        // their size (a row of plain sums is already done and costs nothing).
+        let n1: usize = p1.iter().flatten().count();
+        let accs = rows.get_or_init(|| p1.into_iter().chain(p2).flatten().collect());
+        let cells: Vec<(usize, usize)> =
+            accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
+        let totals = crew.map(cells, |&(a, m)| accs[a].cost(m), |&(a, m)| accs[a].row(m));
+        let mut totals = totals.into_iter();
+        let mut ptot = [G1Projective::identity(); 3];
+        for _ in 0..n1 {
+            for t in ptot.iter_mut() {
+                *t += totals.next().ok_or(AbeError::Internal("a row total is missing"))?;
+            }
+        }
+        let mut g1s: Vec<G1Projective> = totals.collect();
+        let n_c2 = g1s.len();
+        g1s.extend(ptot.iter().map(|p| -p));
+        g1s.extend(key.k2.e.iter().map(|w| G1Projective::from(w.0)));
+        let mut g1a = vec![G1Affine::default(); g1s.len()];
+        G1Projective::batch_normalize(&g1s, &mut g1a);
+        let g1a = points.get_or_init(|| g1a);
+
+        // The ciphertext's lines were recorded as its points were decoded;
+        // k1's come from the key.
+        let k1_lines = &key.cache().k1_lines;
+        let c2_lines: Vec<&Lines> = g2_lines.iter().flatten().collect();
+        if c2_lines.len() != n_c2 {
+            return Err(AbeError::Internal("pairing inputs do not line up"));
+        }
+        let lines: Vec<&Lines> = c2_lines.into_iter().chain(k1_lines).chain(c1_lines).collect();
+        let identity = |p: &G1Affine| bool::from(p.is_identity());
+        let ct_g2 = g2_points.iter().flatten().chain(&c1);
+        if lines.len() != g1a.len() || ct_g2.chain(key.k1.e.iter().map(|w| &w.0)).any(|q| bool::from(q.is_identity())) {
+            return Err(AbeError::Internal("pairing inputs do not line up"));
+        }
+        // A pair with the identity contributes 1 to the product; the loop
+        // wants finite points, so such pairs are left out.
+        let pairs = pairs_at.get_or_init(|| {
+            lines.into_iter().zip(g1a).filter(|(_, p)| !identity(p)).map(|(l, p)| (l, *p.as_ref())).collect()
+        });
+        if pairs.is_empty() {
+            return Ok(Gt::identity());
+        }
+        // One shared-squaring Miller loop per lane over a share of the pairs.
+        let per = pairs.len().div_ceil(miller_lanes(pairs.len(), threads));
+        let chunks: Vec<&[(&Lines, blst::blst_p1_affine)]> = pairs.chunks(per).collect();
+        let lane_cost = |c: &&[(&Lines, blst::blst_p1_affine)]| {
+            cost::SQUARINGS.saturating_add(u32::try_from(c.len()).unwrap_or(u32::MAX).saturating_mul(cost::PAIR))
+        };
+        let loops = crew.map(chunks, lane_cost, |c| miller_loop(c));
+        let mut f = loops.first().copied().ok_or(AbeError::Internal("no Miller loop ran"))?;
+        for l in loops.iter().skip(1) {
+            f *= *l;
+        }
+        // The final exponentiation does not split: the helpers may go.
+        drop(crew);
+        Ok(super::group::gt_from_fp12(&f.final_exp()))
+    })?;
     Ok((r, deferred))
 }
 
