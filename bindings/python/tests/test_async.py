@@ -172,3 +172,44 @@ def test_one_engine_many_loops(pems: Dict[str, bytes]) -> None:
         assert len(asyncio.run(engine.sign(key, "ed25519", b"x"))) == 64
     assert len(engine._queues) <= 1  # closed loops are forgotten
     engine.close()
+
+
+def test_a_future_that_refuses_its_result_strands_no_other(pems: Dict[str, bytes], pyca_keys: Dict[str, Any]) -> None:
+    """The native drain completes every finished operation even when one
+    future raises: the others get their signatures, the pending map loses
+    every entry it resolved, and the first error reaches the loop."""
+    import select
+
+    from keyfence import _core
+
+    class Refuses:
+        def done(self) -> bool:
+            return False
+
+        def set_result(self, value: bytes) -> None:
+            raise ValueError("refused")
+
+    loop = asyncio.new_event_loop()
+    try:
+        with sign.Engine() as engine:
+            key = sign.PrivateKey.from_pem(pems["p256"])
+            queue = _core.CompletionQueue()
+            good = [loop.create_future() for _ in range(3)]
+            pending: Dict[int, Any] = {1: good[0], 2: Refuses(), 3: good[1], 4: good[2]}
+            for token in pending:
+                engine._native.submit(key, "ecdsa-p256-sha256", b"%d" % token, 0, queue, token)
+            deadline = time.monotonic() + 30
+            with pytest.raises(ValueError, match="refused"):
+                while time.monotonic() < deadline:
+                    select.select([queue.fileno()], [], [], 1)
+                    queue.resolve(pending, keyfence.exceptions._from_code)
+            # The rest arrive on later wake-ups if they were not ready yet.
+            while pending and time.monotonic() < deadline:
+                select.select([queue.fileno()], [], [], 1)
+                queue.resolve(pending, keyfence.exceptions._from_code)
+            assert pending == {}
+            pub = pyca_keys["p256"].public_key()
+            for token, fut in zip((1, 3, 4), good):
+                pub.verify(fut.result(), b"%d" % token, ec.ECDSA(hashes.SHA256()))
+    finally:
+        loop.close()

@@ -1,7 +1,8 @@
 # Types of the native module (bindings/python/src/*.cpp). The public
 # modules re-export from here; checked against the built module by stubtest.
+import asyncio
 from os import PathLike
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple, Union
 
 _Buffer = Union[bytes, bytearray, memoryview]
 _Path = Union[str, PathLike[str]]
@@ -99,7 +100,9 @@ class RemoteSigner:
 class CompletionQueue:
     def __init__(self) -> None: ...
     def fileno(self) -> int: ...
-    def drain(self, max: int = 1024) -> list[tuple[int, int, Optional[bytes], Optional[str]]]: ...
+    def resolve(
+        self, pending: dict[int, asyncio.Future[bytes]], error: Callable[[int, str], BaseException], max: int = 1024
+    ) -> int: ...
 
 class Operation:
     @property
