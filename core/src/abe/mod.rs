@@ -279,7 +279,9 @@ pub fn decrypt(key: &AttributeKey, ciphertext: &[u8]) -> Result<Zeroizing<Vec<u8
     decrypt_with(key, ciphertext, &DecryptOptions::new())
 }
 
-/// [`decrypt`] on up to `threads` scoped threads (none outlives the call).
+/// [`decrypt`] on up to `threads` scoped threads (at most 16; none
+/// outlives the call). The threads start once and serve every step of the
+/// decryption.
 ///
 /// Decryption validates the ciphertext's G2 points (about 40 us each) and
 /// runs a multi-Miller loop; both split across threads. On a machine with

@@ -97,6 +97,12 @@ fn run_lanes<T: Sync, R: Send>(items: &[T], lanes: &[Vec<usize>], f: &(impl Fn(&
 const SPIN: Duration = Duration::from_micros(500);
 const SPIN_HOT: Duration = Duration::from_micros(20);
 
+/// The most threads a crew works with, the calling one included: a
+/// decryption has no more items per step than that keeps busy (its runs
+/// of wires are cut for four per thread, and there are a dozen pairs),
+/// and a caller asking for a thousand would otherwise start a thousand.
+const MAX_CREW: usize = 16;
+
 type CrewJob<'env> = Box<dyn FnOnce() + Send + 'env>;
 
 /// Helper threads kept for the length of one operation, fed one share per
@@ -120,6 +126,7 @@ pub(crate) struct Crew<'env> {
 /// leave while the calling thread finishes alone, so that waiting for
 /// them at the end costs nothing.
 pub(crate) fn with_crew<'env, R>(threads: usize, body: impl FnOnce(Crew<'env>) -> R) -> R {
+    let threads = threads.min(MAX_CREW);
     if threads <= 1 {
         return body(Crew { helpers: Vec::new() });
     }
@@ -333,6 +340,7 @@ mod tests {
         assert_eq!(par_map(&[1, 2, 3], 64, |x| x + 1), vec![2, 3, 4]);
         assert_eq!(par_map(&[] as &[u8], 4, |x| *x), Vec::<u8>::new());
         assert_eq!(with_crew(64, |c| c.map(vec![1, 2, 3], |_| MIN_SPLIT_US, |x| x + 1)), vec![2, 3, 4]);
+        assert_eq!(with_crew(1000, |c| c.threads()), MAX_CREW);
         assert_eq!(with_crew(4, |c| c.map(Vec::<u8>::new(), |_| MIN_SPLIT_US, |x| *x)), Vec::<u8>::new());
     }
 }
