@@ -81,11 +81,11 @@ async function nodeAbe() {
 const signAlgs = ['ecdsa-p256-sha256', 'ed25519', 'rsa2048-pss-sha256']
 const perCpuTarget = { 'ecdsa-p256-sha256': 0.8, ed25519: 0.8 }
 
-// Raw BoringSSL and the Rust engine side by side, per algorithm: rows of
-// `keyfence bench sign --json --per-cpu`.
-function rustSign() {
-  const cases = signAlgs.flatMap((a) => ['--case', a])
-  const args = ['bench', 'sign', '--json', '--per-cpu', '--path', 'engine', '--seconds', String(seconds), ...cases]
+// Raw BoringSSL and the Rust engine side by side, for one algorithm: rows
+// of `keyfence bench sign --json --per-cpu`, for half the Node run's time
+// (it runs before and after it).
+function rustSign(alg) {
+  const args = ['bench', 'sign', '--json', '--per-cpu', '--path', 'engine', '--seconds', String(seconds / 2), '--case', alg]
   return execFileSync(cli, args, { encoding: 'utf8' }).trim().split('\n').map((l) => JSON.parse(l))
 }
 
@@ -141,23 +141,32 @@ for (let r = 0; r < rounds; r++) {
       ;(abe.promise[name] ??= []).push(node[name].promise)
     }
   }
-  const rows = rustSign()
+  // Per algorithm: raw BoringSSL (and the Rust engine) right before and
+  // right after the Node run, and Node against their mean. This host's
+  // speed drifts over seconds, so a ratio against a raw figure taken once,
+  // earlier, carries the drift.
   for (const alg of signAlgs) {
-    const raw = rows.find((x) => x.alg === alg && x.path === 'raw')
+    const before = rustSign(alg)
     const m = await nodeSign(alg)
+    const after = rustSign(alg)
+    const mean = (path, field) => (before.find((x) => x.path === path)[field] + after.find((x) => x.path === path)[field]) / 2
+    const rawPerCpu = mean('raw', 'per_cpu_second')
     const perCpuSecond = m.ops / m.cpu
-    const vsRaw = perCpuSecond / raw.per_cpu_second
-    const pick = ({ alg, path, per_cpu_second, vs_raw, target, ops_per_s }) => ({ alg, path, per_cpu_second, vs_raw, target, ops_per_s })
-    console.log(JSON.stringify({ round: r, ...pick(raw) }))
+    const vsRaw = perCpuSecond / rawPerCpu
+    console.log(JSON.stringify({
+      round: r, alg, path: 'raw', per_cpu_second: Math.round(rawPerCpu), vs_raw: 1, target: null, ops_per_s: Math.round(mean('raw', 'ops_per_s')),
+      per_cpu_second_before: before.find((x) => x.path === 'raw').per_cpu_second,
+      per_cpu_second_after: after.find((x) => x.path === 'raw').per_cpu_second,
+    }))
     console.log(JSON.stringify({
       round: r, alg, path: 'node-promise', per_cpu_second: Math.round(perCpuSecond), vs_raw: Math.round(vsRaw * 1000) / 1000,
       target: perCpuTarget[alg] ?? null, ops_per_s: Math.round(m.ops / m.wall),
     }))
-    perCpu[alg].raw.push(raw.per_cpu_second)
+    perCpu[alg].raw.push(rawPerCpu)
     perCpu[alg].node.push(perCpuSecond)
     perCpu[alg].vsRaw.push(vsRaw)
     if (alg === 'ecdsa-p256-sha256') {
-      sign.rust.push(rows.find((x) => x.alg === alg && x.path === 'engine').ops_per_s)
+      sign.rust.push(mean('engine', 'ops_per_s'))
       sign.node.push(m.ops / m.wall)
     }
   }
