@@ -9,10 +9,12 @@
 //! writer: at low load a reply goes out at once from the worker, under load
 //! replies that finish while one write is under way leave in the next
 //! single write, and an EC worker that already has its next job queued
-//! holds its reply back (100 µs, 16 replies at most) to send it with the
+//! holds its reply back (400 µs, 32 replies at most) to send it with the
 //! next. Measured with `keyfence bench sign --case ecdsa-p256-sha256`,
 //! holding back took the key process's CPU per P-256 signature from 1.38x
-//! to 1.18x the in-process engine's.
+//! to 1.18x the in-process engine's (at 100 µs and 16); 400 µs and 32 took
+//! the isolated path from about 0.77x to 0.81x raw BoringSSL per CPU-second
+//! (1 ms and 64 was worse again: the client then waits on held replies).
 
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -428,10 +430,13 @@ fn work(rx: &Receiver<Job>, shared: &Shared, defer: bool) {
     shared.writer.flush();
 }
 
-/// Replies one worker holds back at most before writing them...
-const MAX_HELD: usize = 16;
+/// Replies one worker holds back at most before writing them. The hold
+/// never delays a reply when nothing else is queued, so one request at a
+/// time is answered at once; under load it adds at most this to a reply's
+/// wait, next to a queue already that long or longer...
+const MAX_HELD: usize = 32;
 /// ...and the longest the first of them waits for company.
-const MAX_HOLD: Duration = Duration::from_micros(100);
+const MAX_HOLD: Duration = Duration::from_micros(400);
 
 /// Runs one job; returns its reply frame.
 fn perform(job: &Job, shared: &Shared) -> Zeroizing<Vec<u8>> {
