@@ -166,7 +166,7 @@ impl Completions {
         let wake = state.ready.is_empty();
         state.ready.push((pending.0, result));
         // An engine worker with more operations waiting wakes the main
-        // thread once, when it has run them (at most 16, or 100 µs).
+        // thread once, when it has run them (at most 32, or 400 µs).
         if wake && !flush_later(&self.waker) {
             self.shared.wake(&state);
         }
