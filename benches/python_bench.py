@@ -250,7 +250,7 @@ def main() -> None:
                 "vs_raw": round(vs_raw, 3), "target": PER_CPU_TARGET.get(alg), "ops_per_s": round(ops, 1),
             }), flush=True)
             signing[alg] = {"raw_per_cpu_second": raw_pcs, "python_per_cpu_second": per_cpu,
-                            "rust_engine_ops_per_s": engine_ops, "python_asyncio_ops_per_s": ops}
+                            "rust_engine_ops_per_s": engine_ops, f"{path.replace('-', '_')}_ops_per_s": ops}
             ratios.setdefault(f"{alg} per CPU-s {path}/raw", []).append(vs_raw)
             if alg == "ecdsa-p256-sha256":
                 ratios.setdefault("ecdsa-p256 throughput python/rust", []).append(ops / engine_ops)

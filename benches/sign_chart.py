@@ -136,10 +136,10 @@ def svg(ratios, algs, out):
 
 
 # The paths of the per-CPU figures, in the order they hop further away.
-PER_CPU_PATHS = ["engine", "isolated", "remote", "python-asyncio", "node-promise"]
+PER_CPU_PATHS = ["engine", "isolated", "remote", "python-asyncio", "python-uvloop", "node-promise"]
 PER_CPU_COLOURS = {
     "engine": "#4c72b0", "isolated": "#dd8452", "remote": "#c44e52",
-    "python-asyncio": "#55a868", "node-promise": "#8172b3",
+    "python-asyncio": "#55a868", "python-uvloop": "#64b5cd", "node-promise": "#8172b3",
 }
 
 

@@ -341,7 +341,7 @@ fn an_ec_worker_batches_the_completions_of_queued_work_and_holds_a_lone_one_back
     assert!(done.iter().all(|c| c.result.is_ok()));
     // The first ran alone (the queue was empty when it was taken); the
     // second was taken with two more waiting, so it ran in a batch. The
-    // rest share it unless it reached its time bound (100 µs) first, which
+    // rest share it unless it reached its time bound (400 µs) first, which
     // a busy machine can make it do: then a new batch opens, each flushed
     // once.
     let batched = backend.batched.lock().unwrap().clone();
