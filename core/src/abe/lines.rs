@@ -21,7 +21,7 @@ use blstrs::{Fp, Fp12};
 use ff::Field;
 
 /// Lines in a Miller loop of BLS12-381 (blst's `Qlines[68]`).
-const LINES: usize = 68;
+pub(crate) const LINES: usize = 68;
 
 /// The loop's schedule for `|x| = 0xd201000000010000`: each group starts
 /// with an addition line, followed by that many doubling lines (each after
@@ -62,11 +62,32 @@ fn px2(p: &blst_p1_affine) -> (Fp, Fp) {
 /// not yet final-exponentiated: the input of `final_exp`. Every `P` must
 /// be finite (a pair with the identity contributes 1 and is left out by
 /// the caller).
+#[cfg(test)]
 pub(crate) fn miller_loop(pairs: &[(&Lines, blst_p1_affine)]) -> blst_fp12 {
+    miller_loop_share(pairs, 0..pairs.len() * LINES)
+}
+
+/// One lane's share of the Miller loop of `pairs`: every squaring, but
+/// only the lines numbered in `share`, where pair `i`'s line `k` is number
+/// `i * LINES + k`.
+///
+/// A line multiplied in at step `k` is raised by the squarings after `k`,
+/// which every share runs alike, so the product of shares that partition
+/// `0..pairs.len() * LINES` is [`miller_loop`]'s output, whichever lane
+/// took which line. Lanes can thus split one pair's lines between them
+/// and do equal work: with whole pairs, 11 pairs on two lanes were 6 and
+/// 5, and the lane with 6 set the step's time.
+pub(crate) fn miller_loop_share(pairs: &[(&Lines, blst_p1_affine)], share: std::ops::Range<usize>) -> blst_fp12 {
+    // Only the pairs the share touches.
+    let first = share.start / LINES;
+    let pairs = &pairs[first.min(pairs.len())..share.end.div_ceil(LINES).min(pairs.len())];
     let at: Vec<(Fp, Fp)> = pairs.iter().map(|(_, p)| px2(p)).collect();
     let mut f = blst_fp12::from(Fp12::ONE);
     let mul_lines = |f: &mut blst_fp12, k: usize| {
-        for ((lines, _), (x, y)) in pairs.iter().zip(&at) {
+        for (i, ((lines, _), (x, y))) in pairs.iter().zip(&at).enumerate() {
+            if !share.contains(&((first + i) * LINES + k)) {
+                continue;
+            }
             let mut l = lines.0[k];
             for e in 0..2 {
                 l.fp2[1].fp[e] = (Fp::from(l.fp2[1].fp[e]) * x).into();
@@ -87,10 +108,19 @@ pub(crate) fn miller_loop(pairs: &[(&Lines, blst_p1_affine)]) -> blst_fp12 {
             mul_lines(&mut f, k);
         }
     }
-    // x is negative.
+    // x is negative (conjugation is multiplicative, so the shares may
+    // each conjugate).
     let mut f = Fp12::from(f);
     f.conjugate();
     f.into()
+}
+
+/// The lines of `pairs` pairs dealt to `lanes` lanes in equal contiguous
+/// shares (see [`miller_loop_share`]), none empty.
+pub(crate) fn shares(pairs: usize, lanes: usize) -> Vec<std::ops::Range<usize>> {
+    let total = pairs * LINES;
+    let lanes = lanes.clamp(1, total.max(1));
+    (0..lanes).map(|j| total * j / lanes..total * (j + 1) / lanes).filter(|r| !r.is_empty()).collect()
 }
 
 #[cfg(test)]
@@ -113,5 +143,33 @@ mod tests {
             let theirs = blst_fp12::miller_loop_n(&q, &p).final_exp();
             assert_eq!(ours, theirs, "{n} pairs");
         }
+    }
+
+    /// Shares that split pairs anywhere multiply to the whole loop's
+    /// output, exactly (before the final exponentiation).
+    #[test]
+    fn shares_of_the_lines_multiply_to_the_whole_loop() {
+        let mut rng = rand_core::OsRng;
+        let ps: Vec<G1Affine> = (0..3).map(|_| G1Projective::random(&mut rng).to_affine()).collect();
+        let qs: Vec<G2Affine> = (0..3).map(|_| (G2Projective::generator() * Scalar::random(&mut rng)).to_affine()).collect();
+        let lines: Vec<Lines> = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
+        let pairs: Vec<(&Lines, blst_p1_affine)> = lines.iter().zip(&ps).map(|(l, p)| (l, *p.as_ref())).collect();
+        let whole = Fp12::from(miller_loop(&pairs));
+        for lanes in [1, 2, 3, 4, 5, 7] {
+            let split = shares(pairs.len(), lanes);
+            assert_eq!(split.len(), lanes);
+            assert_eq!(split.first().map(|r| r.start), Some(0));
+            assert_eq!(split.last().map(|r| r.end), Some(3 * LINES));
+            assert!(split.windows(2).all(|w| w[0].end == w[1].start), "{split:?}");
+            let sizes: Vec<usize> = split.iter().map(|r| r.len()).collect();
+            assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{sizes:?}");
+            let product = split.iter().map(|r| Fp12::from(miller_loop_share(&pairs, r.clone()))).fold(Fp12::ONE, |a, b| a * b);
+            assert_eq!(product, whole, "{lanes} lanes");
+        }
+        // A share of part of one pair, and one that leaves a line out, are
+        // not the whole.
+        let part = Fp12::from(miller_loop_share(&pairs, 0..3 * LINES - 1));
+        assert_ne!(part, whole);
+        assert_eq!(shares(1, 200).len(), LINES);
     }
 }

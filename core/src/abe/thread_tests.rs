@@ -136,7 +136,7 @@ fn stage_costs() {
     use group::{Curve, Group};
     use std::time::Instant;
 
-    use super::lines::{miller_loop, Lines};
+    use super::lines::{miller_loop, miller_loop_share, Lines, LINES};
 
     let med = |f: &dyn Fn()| {
         let mut v: Vec<f64> = (0..51)
@@ -168,6 +168,12 @@ fn stage_costs() {
         eprintln!("Miller loop of {n}: {:.1} us", med(&|| { std::hint::black_box(miller_loop(&pairs)); }));
     }
     let pairs: Vec<_> = lines.iter().zip(&ps).map(|(l, p)| (l, *p.as_ref())).collect();
+    // Two lanes' shares of 11 pairs: whole pairs (6 and 5) or equal
+    // shares of the lines (one pair split).
+    let halves = super::lines::shares(11, 2);
+    for (name, share) in [("6 whole pairs", 0..6 * LINES), ("5 whole pairs", 6 * LINES..11 * LINES), ("half the lines", halves[0].clone())] {
+        eprintln!("Miller share of 11, {name}: {:.1} us", med(&|| { std::hint::black_box(miller_loop_share(&pairs, share.clone())); }));
+    }
     let f = miller_loop(&pairs);
     eprintln!("final exponentiation: {:.1} us", med(&|| { std::hint::black_box(f.final_exp()); }));
 }

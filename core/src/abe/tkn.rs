@@ -23,7 +23,7 @@ use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
 use super::group::{g1_subgroup_check, random_scalar, wipe, wipe_to, Wiped};
 use super::keys::{AttributeKey, KeyAttr, MasterSecretKey, PublicKey};
-use super::lines::{miller_loop, Lines};
+use super::lines::{self, Lines};
 use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
 use super::parallel::{par_map, with_crew, Crew};
@@ -520,8 +520,9 @@ mod cost {
 fn miller_lanes(pairs: usize, threads: usize) -> usize {
     let t = |k: usize| {
         let k32 = u32::try_from(k).unwrap_or(u32::MAX);
-        let per = u32::try_from(pairs.div_ceil(k)).unwrap_or(u32::MAX);
-        cost::SQUARINGS.saturating_add(per.saturating_mul(cost::PAIR)).saturating_add((k32 - 1).saturating_mul(cost::HANDOFF))
+        // The lines split evenly (see `lines::shares`).
+        let per = u32::try_from(pairs).unwrap_or(u32::MAX).saturating_mul(cost::PAIR).div_ceil(k32);
+        cost::SQUARINGS.saturating_add(per).saturating_add((k32 - 1).saturating_mul(cost::HANDOFF))
     };
     (1..=threads.clamp(1, pairs.max(1))).min_by_key(|&k| (t(k), k)).unwrap_or(1)
 }
@@ -735,13 +736,15 @@ pub(crate) fn decapsulate_with<'a>(
         if pairs.is_empty() {
             return Ok(Gt::identity());
         }
-        // One shared-squaring Miller loop per lane over a share of the pairs.
-        let per = pairs.len().div_ceil(miller_lanes(pairs.len(), threads));
-        let chunks: Vec<&[(&Lines, blst::blst_p1_affine)]> = pairs.chunks(per).collect();
-        let lane_cost = |c: &&[(&Lines, blst::blst_p1_affine)]| {
-            cost::SQUARINGS.saturating_add(u32::try_from(c.len()).unwrap_or(u32::MAX).saturating_mul(cost::PAIR))
+        // One Miller loop per lane, each over an equal share of the pairs'
+        // lines (a pair may be split between two lanes), all squarings in
+        // each.
+        let split = lines::shares(pairs.len(), miller_lanes(pairs.len(), threads));
+        let lane_cost = |share: &std::ops::Range<usize>| {
+            let work = u32::try_from(share.len()).unwrap_or(u32::MAX).saturating_mul(cost::PAIR);
+            cost::SQUARINGS.saturating_add(work / u32::try_from(lines::LINES).unwrap_or(1))
         };
-        let loops = crew.map(chunks, lane_cost, |c| miller_loop(c));
+        let loops = crew.map(split, lane_cost, |share| lines::miller_loop_share(pairs, share.clone()));
         let mut f = loops.first().copied().ok_or(AbeError::Internal("no Miller loop ran"))?;
         for l in loops.iter().skip(1) {
             f *= *l;
