@@ -129,12 +129,18 @@ mod tests {
     use blstrs::{G1Affine, G1Projective, G2Affine, G2Projective, Scalar};
     use group::{Curve, Group};
 
+    /// `n` random pairs: the G1 points, the G2 points and their lines.
+    fn random_pairs(n: usize) -> (Vec<G1Affine>, Vec<G2Affine>, Vec<Lines>) {
+        let mut rng = rand_core::OsRng;
+        let ps: Vec<G1Affine> = (0..n).map(|_| G1Projective::random(&mut rng).to_affine()).collect();
+        let qs: Vec<G2Affine> = (0..n).map(|_| (G2Projective::generator() * Scalar::random(&mut rng)).to_affine()).collect();
+        let lines = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
+        (ps, qs, lines)
+    }
+
     #[test]
     fn agrees_with_blsts_own_multi_miller_loop() {
-        let mut rng = rand_core::OsRng;
-        let ps: Vec<G1Affine> = (0..5).map(|_| G1Projective::random(&mut rng).to_affine()).collect();
-        let qs: Vec<G2Affine> = (0..5).map(|_| (G2Projective::generator() * Scalar::random(&mut rng)).to_affine()).collect();
-        let lines: Vec<Lines> = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
+        let (ps, qs, lines) = random_pairs(5);
         for n in [1, 2, 5] {
             let pairs: Vec<(&Lines, blst_p1_affine)> = lines.iter().zip(&ps).take(n).map(|(l, p)| (l, *p.as_ref())).collect();
             let ours = miller_loop(&pairs).final_exp();
@@ -149,10 +155,7 @@ mod tests {
     /// output, exactly (before the final exponentiation).
     #[test]
     fn shares_of_the_lines_multiply_to_the_whole_loop() {
-        let mut rng = rand_core::OsRng;
-        let ps: Vec<G1Affine> = (0..3).map(|_| G1Projective::random(&mut rng).to_affine()).collect();
-        let qs: Vec<G2Affine> = (0..3).map(|_| (G2Projective::generator() * Scalar::random(&mut rng)).to_affine()).collect();
-        let lines: Vec<Lines> = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
+        let (ps, _, lines) = random_pairs(3);
         let pairs: Vec<(&Lines, blst_p1_affine)> = lines.iter().zip(&ps).map(|(l, p)| (l, *p.as_ref())).collect();
         let whole = Fp12::from(miller_loop(&pairs));
         for lanes in [1, 2, 3, 4, 5, 7] {
