@@ -89,7 +89,8 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
     match cmd {
         AbeCmd::Setup { out, force } => {
             let msk_path = out.join("msk.bin");
-            if !force && msk_path.exists() {
+            // A device or a FIFO where msk.bin goes holds no key to orphan.
+            if !force && std::fs::metadata(&msk_path).is_ok_and(|m| m.is_file()) {
                 return Err(exit::input(format!(
                     "{} already exists: replacing it would orphan every key issued from it (use --force to replace it)",
                     msk_path.display()
@@ -103,7 +104,11 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
             let (pk, msk) = abe::setup()?;
             pk_out.write_public(&pk.to_bytes())?;
             msk_out.write_private(&msk.to_bytes())?;
-            outln!("wrote {} and {}", pk_out.path().display(), msk_path.display());
+            if pk_out.is_std() || msk_out.is_std() {
+                eprintln!("wrote {} and {}", pk_out.path().display(), msk_path.display());
+            } else {
+                outln!("wrote {} and {}", pk_out.path().display(), msk_path.display());
+            }
         }
         AbeCmd::Keygen { msk, attrs, out } => {
             let out = Output::new(&out, &[&msk])?;

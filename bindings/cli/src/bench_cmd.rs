@@ -224,16 +224,6 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
     Ok(())
 }
 
-/// A sub-store of `name` nobody else uses: `name/bench-...` (before an
-/// etcd name's options).
-pub(crate) fn bench_substore(name: &str) -> String {
-    let tag = format!("bench-{}-{:016x}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng));
-    match name.split_once('?') {
-        Some((main, opts)) => format!("{}/{tag}?{opts}", main.trim_end_matches('/')),
-        None => format!("{}/{tag}", name.trim_end_matches('/')),
-    }
-}
-
 /// Wraps, fetches and sizes on one store (see `BenchCmd::Store`).
 fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, json: bool, ops: usize, watchers: usize) -> Result<()> {
     use keyfence::wrap::{Authority, CacheConfig, Machine};
@@ -314,12 +304,12 @@ fn bench_store(name: &str, json: bool, ops: usize, watchers: usize) -> Result<()
     measure_store("file", std::sync::Arc::new(FileStore::open(dir.path())?), json, ops, watchers)?;
     drop(dir);
     if !name.starts_with("etcd://") {
-        let sub = bench_substore(name);
+        let sub = crate::files::scratch_store(name);
         let result = measure_store("dir", open_store(&sub)?, json, ops, watchers);
         let _ = std::fs::remove_dir_all(&sub);
         return result;
     }
-    let store = open_store(&bench_substore(name))?;
+    let store = open_store(&crate::files::scratch_store(name))?;
     let result = measure_store("etcd", store.clone(), json, ops, watchers);
     // Leave nothing behind: the sub-store's objects, in commits of 100.
     for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {

@@ -143,7 +143,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
     ensure!(dcs >= 1 && per_dc >= 2 && envelopes >= POLICIES.len(), "at least 1 data center, 2 machines each, 20 envelopes");
     let scratch;
     let (kind, store): (&str, Arc<dyn Store>) = match &args.store {
-        Some(name) if name.starts_with("etcd://") => ("etcd", open_store(&crate::bench_cmd::bench_substore(name))?),
+        Some(name) if name.starts_with("etcd://") => ("etcd", open_store(&crate::files::scratch_store(name))?),
         _ => {
             scratch = crate::files::scratch_dir("bench-fleet")?;
             ("file", Arc::new(FileStore::open(scratch.path())?))

@@ -15,7 +15,7 @@ use keyfence::wrap::{
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
-use crate::files::{is_std, outln, read, read_secret, Output};
+use crate::files::{outln, read, read_secret, Output};
 
 #[derive(Subcommand)]
 pub enum AuthorityCmd {
@@ -189,8 +189,8 @@ fn etcd_name(dir: &Path) -> Option<&str> {
 }
 
 /// What a command did, on standard output unless its output went there.
-fn report(out: &Path, what: std::fmt::Arguments<'_>) -> Result<()> {
-    if is_std(out) {
+fn report(out: &Output, what: std::fmt::Arguments<'_>) -> Result<()> {
+    if out.is_std() {
         eprintln!("{what}");
         return Ok(());
     }
@@ -236,7 +236,7 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             let key = a.issue(&attrs)?;
             out_file.write_private(&key.to_bytes())?;
             let id = key.id().unwrap_or_default();
-            report(&out, format_args!("issued a key for {{{attrs}}} as machine {id} (generations {:?})", key.generations()))?;
+            report(&out_file, format_args!("issued a key for {{{attrs}}} as machine {id} (generations {:?})", key.generations()))?;
         }
         AuthorityCmd::Wrap { store: dir, policy, input, out } => {
             parse_policy(&policy)?;
@@ -244,7 +244,7 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             let mut a = Authority::open(store(&dir)?)?;
             let env = a.wrap(&policy, &read_secret(&input)?)?;
             out_file.write_public(env.to_bytes())?;
-            report(&out, format_args!("wrapped under `{}` (policy key version {})", env.policy, env.key_version))?;
+            report(&out_file, format_args!("wrapped under `{}` (policy key version {})", env.policy, env.key_version))?;
         }
         AuthorityCmd::Rotate { store: dir } => {
             let mut a = Authority::open(store(&dir)?)?;

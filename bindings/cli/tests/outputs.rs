@@ -183,34 +183,255 @@ fn no_command_replaces_a_master_secret_key() {
     assert_ne!(std::fs::read(d.0.join("auth/msk.bin")).unwrap(), msk);
 }
 
+/// The commands whose outputs must land where their links lead: public
+/// outputs (a ciphertext, an envelope, a signature) and secret ones.
+const LINK_CASES: [&[&str]; 5] = [
+    &["abe", "encrypt", "--pk", "auth/pk.bin", "--policy", "region: EU", "--in", "in/msg", "--out", "OUT"],
+    &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/secret", "--out", "OUT"],
+    &["sign", "--key", "in/ed.pem", "--alg", "ed25519", "--in", "in/msg", "--out", "OUT"],
+    &["abe", "decrypt", "--key", "in/user.key", "--in", "in/ct", "--out", "OUT"],
+    &["abe", "keygen", "--msk", "auth/msk.bin", "--attrs", "region=EU", "--out", "OUT"],
+];
+
+/// The temporary files an output left in `dir` (none, when it went well).
+fn leftovers(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp-")).collect()
+}
+
 #[test]
-fn a_link_planted_at_an_output_is_replaced_not_followed() {
+fn a_link_of_ones_own_is_followed_and_its_target_replaced_whole() {
+    let d = Dir::new("out-own-link");
+    fixture(&d);
+    std::fs::create_dir_all(d.0.join("real")).unwrap();
+    let target = d.0.join("real/target");
+    for args in LINK_CASES {
+        std::fs::write(&target, b"the old contents").unwrap();
+        let _ = std::fs::remove_file(d.0.join("link"));
+        // A relative link, as `ln -s real/target link` makes.
+        std::os::unix::fs::symlink("real/target", d.0.join("link")).unwrap();
+        ok_in(&d.0, &with_out(args, "link").iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(std::fs::symlink_metadata(d.0.join("link")).unwrap().file_type().is_symlink(), "{args:?}: the link was replaced");
+        let now = std::fs::read(&target).unwrap();
+        assert!(now != b"the old contents" && !now.is_empty(), "{args:?} did not write what the link names");
+        assert!(leftovers(&d.0).is_empty() && leftovers(&d.0.join("real")).is_empty(), "{args:?}");
+    }
+}
+
+/// Makes `p` belong to `uid` (the link itself, not what it names).
+fn lchown(p: &Path, uid: u32) {
+    let o = Command::new("chown").arg("-h").arg(uid.to_string()).arg(p).output().expect("chown");
+    assert!(o.status.success(), "chown -h {uid} {}: {}", p.display(), stderr(&o));
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+#[test]
+fn a_link_planted_in_a_shared_folder_by_another_user_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    if !is_root() {
+        // Planting a link as another user needs root (CI runs as root).
+        eprintln!("SKIPPED: a_link_planted_in_a_shared_folder_by_another_user_is_refused needs root to make another user's link");
+        return;
+    }
     let d = Dir::new("out-planted");
     fixture(&d);
+    // A folder like /tmp: sticky and writable by everyone, owned by root.
+    let shared = d.0.join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
     let victim = d.0.join("victim");
-    // Public outputs (a ciphertext, an envelope, a signature) and secret ones.
-    let cases: [&[&str]; 5] = [
-        &["abe", "encrypt", "--pk", "auth/pk.bin", "--policy", "region: EU", "--in", "in/msg", "--out", "planted"],
-        &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/secret", "--out", "planted"],
-        &["sign", "--key", "in/ed.pem", "--alg", "ed25519", "--in", "in/msg", "--out", "planted"],
-        &["abe", "decrypt", "--key", "in/user.key", "--in", "in/ct", "--out", "planted"],
-        &["abe", "keygen", "--msk", "auth/msk.bin", "--attrs", "region=EU", "--out", "planted"],
-    ];
-    for args in cases {
+    for args in LINK_CASES {
         std::fs::write(&victim, b"the victim's file").unwrap();
-        let _ = std::fs::remove_file(d.0.join("planted"));
-        std::os::unix::fs::symlink(&victim, d.0.join("planted")).unwrap();
-        ok_in(&d.0, args);
-        assert_eq!(std::fs::read(&victim).unwrap(), b"the victim's file", "{args:?} wrote through the link");
-        let meta = std::fs::symlink_metadata(d.0.join("planted")).unwrap();
-        assert!(meta.file_type().is_file(), "{args:?}: the link was not replaced");
-        // No temporary file left behind.
-        let left: Vec<_> = std::fs::read_dir(&d.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .filter(|n| n.contains(".tmp-"))
-            .collect();
-        assert!(left.is_empty(), "{left:?}");
+        let planted = shared.join("planted");
+        let _ = std::fs::remove_file(&planted);
+        std::os::unix::fs::symlink(&victim, &planted).unwrap();
+        // Another user's link: refused, nothing written anywhere.
+        lchown(&planted, 65534);
+        let o = run_in(&d.0, &with_out(args, "shared/planted").iter().map(String::as_str).collect::<Vec<_>>());
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains("shared/planted") && err.contains("protected_symlinks"), "{args:?}: {err}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"the victim's file", "{args:?} wrote through the planted link");
+        assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_symlink(), "{args:?} replaced the link");
+        assert!(leftovers(&shared).is_empty(), "{args:?}");
+        // The same link in a folder deeper down the path is refused too:
+        // the rule holds for every link of the path, not the last alone.
+        let _ = std::fs::remove_file(shared.join("dir"));
+        std::os::unix::fs::symlink(d.0.join("in"), shared.join("dir")).unwrap();
+        lchown(&shared.join("dir"), 65534);
+        let o = run_in(&d.0, &with_out(args, "shared/dir/new-file").iter().map(String::as_str).collect::<Vec<_>>());
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stderr(&o));
+        assert!(!d.0.join("in/new-file").exists(), "{args:?} wrote through a planted folder link");
+        // The user's own link there is followed (as the kernel's rule does).
+        lchown(&planted, 0);
+        ok_in(&d.0, &with_out(args, "shared/planted").iter().map(String::as_str).collect::<Vec<_>>());
+        assert_ne!(std::fs::read(&victim).unwrap(), b"the victim's file", "{args:?}");
+    }
+    // So is a link that belongs to the folder's owner.
+    let theirs = d.0.join("theirs");
+    std::fs::create_dir(&theirs).unwrap();
+    std::fs::set_permissions(&theirs, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    lchown(&theirs, 65534);
+    std::fs::write(&victim, b"the victim's file").unwrap();
+    std::os::unix::fs::symlink(&victim, theirs.join("link")).unwrap();
+    lchown(&theirs.join("link"), 65534);
+    ok_in(&d.0, &with_out(LINK_CASES[0], "theirs/link").iter().map(String::as_str).collect::<Vec<_>>());
+    assert_ne!(std::fs::read(&victim).unwrap(), b"the victim's file");
+}
+
+/// Every command that writes a file, with `OUT` where its output goes; the
+/// second field says whether the same inputs give the same bytes (then the
+/// special targets must receive exactly those; otherwise as many).
+fn writers() -> Vec<(Vec<&'static str>, bool)> {
+    let mut v: Vec<(Vec<&'static str>, bool)> = CASES
+        .iter()
+        .filter(|c| !c.args.contains(&"--remote"))
+        .map(|c| {
+            let deterministic = matches!(c.args[..2], ["abe", "decrypt"] | ["machine", "open"] | ["sign", _]);
+            (c.args.to_vec(), deterministic)
+        })
+        .collect();
+    v.push((vec!["provider-key", "--envelope", "in/ed.env", "--store", "store", "--machine-key", "in/m.machine", "--out", "OUT"], true));
+    v
+}
+
+/// What a command writes when `OUT` is a fresh regular file.
+fn regular_output(d: &Dir, args: &[&str]) -> Vec<u8> {
+    let _ = std::fs::remove_file(d.0.join("regular"));
+    ok_in(&d.0, &with_out(args, "regular").iter().map(String::as_str).collect::<Vec<_>>());
+    std::fs::read(d.0.join("regular")).unwrap()
+}
+
+/// A FIFO at `p` (by `mkfifo`), and a thread that reads it to its end.
+fn fifo_with_reader(p: &Path) -> FifoReader {
+    let o = Command::new("mkfifo").arg(p).output().expect("mkfifo");
+    assert!(o.status.success(), "mkfifo: {}", stderr(&o));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = p.to_path_buf();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::read(path).unwrap());
+    });
+    FifoReader { path: p.to_path_buf(), rx }
+}
+
+/// What a FIFO's reader got.
+struct FifoReader {
+    path: PathBuf,
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+}
+
+impl FifoReader {
+    /// The bytes read; a writer that never came (the FIFO replaced by a
+    /// file, say) fails the test in 30 s instead of hanging it.
+    fn join(self) -> Vec<u8> {
+        self.rx
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .unwrap_or_else(|_| panic!("nothing was written into the FIFO {} in 30 s", self.path.display()))
+    }
+}
+
+fn is_fifo(p: &Path) -> bool {
+    use std::os::unix::fs::FileTypeExt;
+    std::fs::symlink_metadata(p).unwrap().file_type().is_fifo()
+}
+
+/// Checks bytes that went to a special target against a regular run's.
+fn same_output(what: &str, args: &[&str], got: &[u8], regular: &[u8], deterministic: bool) {
+    if deterministic {
+        assert!(got == regular, "{args:?} into {what}: other bytes than into a file");
+    } else {
+        assert_eq!(got.len(), regular.len(), "{args:?} into {what}: {} bytes, a file gets {}", got.len(), regular.len());
+    }
+}
+
+#[test]
+fn outputs_onto_fifos_and_descriptor_links_are_written_in_place() {
+    let d = Dir::new("out-special");
+    fixture(&d);
+    ok_in(&d.0, &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/ed.pem", "--out", "in/ed.env"]);
+    for (i, (args, deterministic)) in writers().into_iter().enumerate() {
+        let regular = regular_output(&d, &args);
+        // A FIFO with a reader: the reader gets the bytes, the FIFO stays.
+        let fifo = d.0.join(format!("fifo-{i}"));
+        let reader = fifo_with_reader(&fifo);
+        ok_in(&d.0, &with_out(&args, &format!("fifo-{i}")).iter().map(String::as_str).collect::<Vec<_>>());
+        same_output("a FIFO", &args, &reader.join(), &regular, deterministic);
+        assert!(is_fifo(&fifo), "{args:?}: the FIFO was replaced");
+        // A link to this process's standard output, to `/dev/stdout`, to
+        // `/dev/fd/1`: what the command prints is the output; the link
+        // stays. (The machine's own `/dev/stdout` is reached through a
+        // link here, so a regression replaces the link, not the device.)
+        for (name, to) in [("so", "/proc/self/fd/1"), ("devstdout", "/dev/stdout"), ("devfd", "/dev/fd/1")] {
+            let link = d.0.join(format!("{name}-{i}"));
+            std::os::unix::fs::symlink(to, &link).unwrap();
+            let o = run_in(&d.0, &with_out(&args, &format!("{name}-{i}")).iter().map(String::as_str).collect::<Vec<_>>());
+            assert!(o.status.success(), "{args:?} --out {name} -> {to}: {}", stderr(&o));
+            same_output(to, &args, &o.stdout, &regular, deterministic);
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "{args:?}: {name} was replaced");
+        }
+        // Standard error, through a link to `/dev/stderr`.
+        let link = d.0.join(format!("se-{i}"));
+        std::os::unix::fs::symlink("/dev/stderr", &link).unwrap();
+        let o = run_in(&d.0, &with_out(&args, &format!("se-{i}")).iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{args:?}");
+        same_output("/dev/stderr", &args, &o.stderr, &regular, deterministic);
+        assert!(leftovers(&d.0).is_empty(), "{args:?}");
+    }
+    // `abe setup --out DIR` writes two files into DIR: both FIFOs.
+    let setup = d.0.join("setup-fifos");
+    std::fs::create_dir(&setup).unwrap();
+    let (pk, msk) = (fifo_with_reader(&setup.join("pk.bin")), fifo_with_reader(&setup.join("msk.bin")));
+    ok_in(&d.0, &["abe", "setup", "--out", "setup-fifos"]);
+    let (pk, msk) = (pk.join(), msk.join());
+    assert_eq!((pk.len(), msk.len()), (std::fs::read(d.0.join("auth/pk.bin")).unwrap().len(), std::fs::read(d.0.join("auth/msk.bin")).unwrap().len()));
+    assert!(is_fifo(&setup.join("pk.bin")) && is_fifo(&setup.join("msk.bin")));
+}
+
+#[test]
+fn outputs_onto_devices_are_written_in_place_never_replaced() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !is_root() {
+        eprintln!("SKIPPED: outputs_onto_devices_are_written_in_place_never_replaced needs root for mknod");
+        return;
+    }
+    let d = Dir::new("out-devices");
+    fixture(&d);
+    ok_in(&d.0, &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/ed.pem", "--out", "in/ed.env"]);
+    // A null device of the scratch folder's own (what `--out /dev/null`
+    // meets), and a link to it.
+    let o = Command::new("mknod").arg(d.0.join("null")).args(["c", "1", "3"]).output().expect("mknod");
+    assert!(o.status.success(), "mknod: {}", stderr(&o));
+    std::os::unix::fs::symlink("null", d.0.join("to-null")).unwrap();
+    let check = |p: &Path, what: &str| {
+        let m = std::fs::symlink_metadata(p).unwrap();
+        assert!(m.file_type().is_char_device() && m.rdev() == libc::makedev(1, 3), "{what}: the device was replaced: {m:?}");
+    };
+    let mut all = writers();
+    all.push((vec!["abe", "setup", "--out", "OUT"], false));
+    for (args, _) in all {
+        if args[..2] == ["abe", "setup"] {
+            // The two files of `abe setup --out DIR`, devices.
+            let dir = d.0.join("setup-devices");
+            std::fs::create_dir_all(&dir).unwrap();
+            for f in ["pk.bin", "msk.bin"] {
+                let _ = std::fs::remove_file(dir.join(f));
+                let o = Command::new("mknod").arg(dir.join(f)).args(["c", "1", "3"]).output().unwrap();
+                assert!(o.status.success());
+            }
+            ok_in(&d.0, &["abe", "setup", "--out", "setup-devices"]);
+            check(&dir.join("pk.bin"), "abe setup pk.bin");
+            check(&dir.join("msk.bin"), "abe setup msk.bin");
+            continue;
+        }
+        for out in ["null", "to-null"] {
+            ok_in(&d.0, &with_out(&args, out).iter().map(String::as_str).collect::<Vec<_>>());
+            check(&d.0.join("null"), &format!("{args:?} --out {out}"));
+        }
+        assert!(std::fs::symlink_metadata(d.0.join("to-null")).unwrap().file_type().is_symlink());
+        assert!(leftovers(&d.0).is_empty(), "{args:?}");
     }
 }
 
