@@ -237,7 +237,7 @@ fn the_tenant_comes_from_the_configured_certificate_field() {
     // A certificate without a URI names no tenant: refused at the hello.
     let (_s, reply) = hello_as("tenant-a", sfo.local_addr());
     assert_eq!((reply.kind, p::parse_error(&reply.body).0), (kind::ERR, RemoteErrorCode::NotAllowed));
-    assert!(p::parse_error(&reply.body).1.contains("names no tenant"));
+    assert!(p::parse_error(&reply.body).1.contains("has no URI name"), "{:?}", p::parse_error(&reply.body));
 
     // The default, the CN: a certificate without one is refused; DNS
     // names it by its first DNS name.
@@ -252,6 +252,97 @@ fn the_tenant_comes_from_the_configured_certificate_field() {
     s.write_all(&f).unwrap();
     assert_eq!(replies(&mut s, 2), [(1, None), (2, None)]);
     assert_eq!(dns.metrics().tenants[0].name, "dns-only");
+}
+
+/// Makes `NAME.pem` and `NAME.key`, a client certificate from the test CA
+/// whose subject has the common names `cns` (each with its ASN.1 string
+/// type), as a CA that checks names by another reading might sign it.
+fn crafted_client(name: &str, cns: &[(&str, boring::asn1::Asn1Type)]) {
+    use boring::asn1::Asn1Time;
+    use boring::bn::{BigNum, MsbOption};
+    use boring::ec::{EcGroup, EcKey};
+    use boring::hash::MessageDigest;
+    use boring::pkey::PKey;
+    use boring::x509::{X509Builder, X509NameBuilder, X509};
+    let dir = &Pki::get().dir;
+    let ca = X509::from_pem(&std::fs::read(dir.join("ca.pem")).unwrap()).unwrap();
+    let ca_key = PKey::private_key_from_pem(&std::fs::read(dir.join("ca.key")).unwrap()).unwrap();
+    let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
+    let mut subject = X509NameBuilder::new().unwrap();
+    for (cn, ty) in cns {
+        subject.append_entry_by_nid_with_type(boring::nid::Nid::COMMONNAME, cn, *ty).unwrap();
+    }
+    let subject = subject.build();
+    let mut b = X509Builder::new().unwrap();
+    b.set_version(2).unwrap();
+    let mut serial = BigNum::new().unwrap();
+    serial.rand(64, MsbOption::MAYBE_ZERO, false).unwrap();
+    b.set_serial_number(&serial.to_asn1_integer().unwrap()).unwrap();
+    b.set_subject_name(&subject).unwrap();
+    b.set_issuer_name(ca.subject_name()).unwrap();
+    b.set_pubkey(&key).unwrap();
+    b.set_not_before(&Asn1Time::days_from_now(0).unwrap()).unwrap();
+    b.set_not_after(&Asn1Time::days_from_now(2).unwrap()).unwrap();
+    b.sign(&ca_key, MessageDigest::sha256()).unwrap();
+    std::fs::write(dir.join(format!("{name}.pem")), b.build().to_pem().unwrap()).unwrap();
+    std::fs::write(dir.join(format!("{name}.key")), key.private_key_to_pem_pkcs8().unwrap()).unwrap();
+}
+
+/// The BMPString bytes (UTF-16, big-endian) of ASCII `s`, as the `&str`
+/// BoringSSL's name builder takes them for a string of that type (they
+/// are ASCII and NULs, so valid UTF-8).
+fn bmp(s: &str) -> String {
+    s.chars().flat_map(|c| ['\0', c]).collect()
+}
+
+#[test]
+fn a_certificate_that_names_its_tenant_ambiguously_is_refused() {
+    use boring::asn1::Asn1Type;
+    let world = World::new();
+    // shop-a may sign with the US key; nobody else may sign anything.
+    let mut allow = AllowList::new();
+    allow.allow("shop-a", KeyId::of_envelope(world.us_key.to_bytes()));
+    let sfo = start_server(&world, "sfo1", ServerOptions { allow: Some(allow), ..Default::default() });
+    let utf8 = Asn1Type::UTF8STRING;
+    // What a CA checking a `.shop-b.example` suffix may sign for shop-b; a
+    // reader stopping at the NUL sees shop-a. Then two common names (Go's
+    // pkix.Name keeps the last, a first-entry reader the first), a control
+    // character, and the NUL in a BMPString (two bytes per character).
+    crafted_client("nul-cn", &[("shop-a\0.shop-b.example", utf8)]);
+    crafted_client("two-cn", &[("shop-a", utf8), ("shop-b", utf8)]);
+    crafted_client("ctl-cn", &[("shop-a\n", utf8)]);
+    crafted_client("bmp-nul-cn", &[(bmp("shop-a\0x").as_str(), Asn1Type::BMPSTRING)]);
+    for (cert, why) in [
+        ("nul-cn", "not plain text"),
+        ("two-cn", "gives 2 common names"),
+        ("ctl-cn", "control character"),
+        ("bmp-nul-cn", "not plain text"),
+    ] {
+        let (_s, reply) = hello_as(cert, sfo.local_addr());
+        let (code, message) = p::parse_error(&reply.body);
+        assert_eq!((reply.kind, code), (kind::ERR, RemoteErrorCode::NotAllowed), "{cert}: {message}");
+        assert!(message.contains(why), "{cert}: {message}");
+    }
+    assert!(sfo.metrics().tenants.iter().all(|t| t.name != "shop-a"), "a refused certificate became shop-a");
+    // The same name, whole and once, is shop-a, whatever string type the CA
+    // used: a BMPString decodes to the same text.
+    crafted_client("bmp-cn", &[(bmp("shop-a").as_str(), Asn1Type::BMPSTRING)]);
+    for cert in ["bmp-cn"] {
+        let mut s = session(cert, sfo.local_addr());
+        let mut f = Vec::new();
+        p::encode_op(&mut f, 1, &head(&world.us_key, 0), &sign_op(b"m".to_vec()));
+        s.write_all(&f).unwrap();
+        assert_eq!(replies(&mut s, 1), [(1, None)], "{cert}");
+    }
+    assert_eq!(tenant(&sfo, "shop-a").stats.counts.ok, 1);
+    // Several DNS names when the tenant comes from the DNS name: which one
+    // counts is a guess, so none does.
+    issue_cert_with(&Pki::get().dir, "ca", "two-dns", "/CN=x", "DNS:shop-a,DNS:shop-b");
+    let dns = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::DnsName), ..Default::default() });
+    let (_s, reply) = hello_as("two-dns", dns.local_addr());
+    let (code, message) = p::parse_error(&reply.body);
+    assert_eq!(code, RemoteErrorCode::NotAllowed);
+    assert!(message.contains("gives 2 DNS names"), "{message}");
 }
 
 #[test]

@@ -93,8 +93,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64 << 20)]
     queued_bytes: usize,
     /// Which part of a client's certificate names its tenant: `cn` (the
-    /// subject's common name), `dns` (the first DNS subject alternative
-    /// name) or `uri` (the first URI one). Never the request frames.
+    /// subject's common name), `dns` (its DNS subject alternative name) or
+    /// `uri` (its URI one). Never the request frames. A certificate that
+    /// gives the field twice, or with a NUL or a control character in it,
+    /// names no tenant and is refused (docs/security.md).
     #[arg(long, default_value = "cn")]
     tenant_from: TenantSource,
     /// TENANT=KEY[,KEY...]: the keys TENANT may use. KEY is an id as

@@ -450,7 +450,10 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream, hs: u64) {
     // Who the client is comes from its certificate, which the CA signed,
     // and from nothing it sends.
     let source = inner.config.tenant_from;
-    let tenant_name = stream.ssl().peer_certificate().and_then(|c| source.tenant_of(&c));
+    let tenant_name = match stream.ssl().peer_certificate() {
+        Some(c) => source.tenant_of(&c),
+        None => Err("no client certificate".to_string()),
+    };
     let mut decoder = p::Decoder::new();
     let hello = match link::read_frame(&mut stream, &mut decoder) {
         Ok(f) => f,
@@ -461,9 +464,12 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream, hs: u64) {
     let open = inner.open.fetch_add(1, Ordering::AcqRel);
     let open_slot = Open(&inner.open);
     let answer = match (hello.kind, p::parse_hello_request(&hello.body)) {
-        (kind::HELLO, Ok(())) if tenant_name.is_none() => Err(p::error_body(
+        (kind::HELLO, Ok(())) if tenant_name.is_err() => Err(p::error_body(
             RemoteErrorCode::NotAllowed,
-            &format!("the client certificate names no tenant (this server reads it from: {source})"),
+            &format!(
+                "{} (this server reads the tenant from: {source})",
+                tenant_name.as_ref().err().map_or("", String::as_str)
+            ),
         )),
         (kind::HELLO, Ok(())) if open >= inner.config.max_connections => {
             inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -480,9 +486,16 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream, hs: u64) {
         Ok(body) => p::encode(&mut frame, kind::HELLO, 0, &[body]),
         Err(body) => p::encode(&mut frame, kind::ERR, hello.id, &[body]),
     }
-    let Some(tenant_name) = tenant_name.filter(|_| answer.is_ok()) else {
-        let _ = stream.write_all(&frame);
-        return failed("bad hello, or a certificate without a tenant".into());
+    let tenant_name = match (tenant_name, &answer) {
+        (Ok(name), Ok(_)) => name,
+        (Err(why), _) => {
+            let _ = stream.write_all(&frame);
+            return failed(format!("no tenant: {why}"));
+        }
+        (Ok(_), Err(_)) => {
+            let _ = stream.write_all(&frame);
+            return failed("bad hello".into());
+        }
     };
     if stream.write_all(&frame).is_err() {
         return failed("cannot answer the hello".into());

@@ -30,16 +30,24 @@ pub(crate) const MAX_TRACKED: usize = 10_000;
 pub(crate) const OVERFLOW: &str = "(overflow)";
 
 /// Which part of a client's certificate names its tenant.
+///
+/// The tenant is the whole field, compared as whole bytes: a certificate
+/// whose field holds a NUL or another control character, or that gives
+/// the field more than once (two common names, two DNS names), names no
+/// tenant and is refused. A reader that stops at a NUL, or keeps the first
+/// of two names where another reads the last (Go's `pkix.Name` keeps the
+/// last common name), would otherwise let a CA that checked one reading
+/// sign a certificate that this server reads as another tenant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum TenantSource {
     /// The subject's common name (CN). The default.
     #[default]
     CommonName,
-    /// The first DNS name among the subject alternative names.
+    /// The DNS name among the subject alternative names (exactly one).
     DnsName,
-    /// The first URI among the subject alternative names (a SPIFFE id,
-    /// say).
+    /// The URI among the subject alternative names (exactly one; a SPIFFE
+    /// id, say).
     Uri,
 }
 
@@ -53,19 +61,61 @@ impl TenantSource {
         }
     }
 
-    /// The tenant `cert` names, or `None` when it has no such field (or
-    /// an empty or non-UTF-8 one).
-    pub(crate) fn tenant_of(self, cert: &X509Ref) -> Option<String> {
-        let name = match self {
-            TenantSource::CommonName => {
-                let entry = cert.subject_name().entries_by_nid(Nid::COMMONNAME).next()?;
-                entry.data().as_utf8().ok()?.to_string()
-            }
-            TenantSource::DnsName => cert.subject_alt_names()?.iter().find_map(|n| n.dnsname().map(str::to_string))?,
-            TenantSource::Uri => cert.subject_alt_names()?.iter().find_map(|n| n.uri().map(str::to_string))?,
+    /// The tenant `cert` names, or why it names none: no such field, an
+    /// empty one, one given more than once, or one holding a NUL, another
+    /// control character or bytes that are not text.
+    pub(crate) fn tenant_of(self, cert: &X509Ref) -> Result<String, String> {
+        let field = match self {
+            TenantSource::CommonName => "common name",
+            TenantSource::DnsName => "DNS name",
+            TenantSource::Uri => "URI name",
         };
-        (!name.is_empty()).then_some(name)
+        let names: Vec<Option<String>> = match self {
+            TenantSource::CommonName => cert.subject_name().entries_by_nid(Nid::COMMONNAME).map(|e| whole_text(e.data())).collect(),
+            TenantSource::DnsName | TenantSource::Uri => cert
+                .subject_alt_names()
+                .map(|names| {
+                    names
+                        .iter()
+                        .filter_map(|n| if self == TenantSource::DnsName { n.dnsname() } else { n.uri() })
+                        .map(|s| Some(s.to_string()))
+                        .collect()
+                })
+                .unwrap_or_default(),
+        };
+        let name = match names.as_slice() {
+            [] => return Err(format!("the client certificate has no {field}")),
+            [one] => one.clone().ok_or_else(|| {
+                format!("the client certificate's {field} is not plain text (a NUL byte, or bytes that do not decode whole)")
+            })?,
+            more => {
+                return Err(format!(
+                    "the client certificate gives {} {field}s; a tenant must be named once (readers differ on which one counts)",
+                    more.len()
+                ))
+            }
+        };
+        if name.is_empty() {
+            return Err(format!("the client certificate's {field} is empty"));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(format!("the client certificate's {field} holds a NUL or another control character"));
+        }
+        Ok(name)
     }
+}
+
+/// The text of an ASN.1 string, only when it accounts for every byte of
+/// the string: BoringSSL's conversion to UTF-8 ends at the first NUL, so
+/// `shop-a\0.shop-b.example` would read as `shop-a`. The text is kept when
+/// encoding it back (as UTF-8, UTF-16 for a BMPString, UTF-32 for a
+/// UniversalString) gives the stored bytes exactly.
+fn whole_text(s: &boring::asn1::Asn1StringRef) -> Option<String> {
+    let text = s.as_utf8().ok()?.to_string();
+    let raw = s.as_slice();
+    let utf16: Vec<u8> = text.encode_utf16().flat_map(u16::to_be_bytes).collect();
+    let utf32: Vec<u8> = text.chars().flat_map(|c| u32::from(c).to_be_bytes()).collect();
+    (raw == text.as_bytes() || raw == utf16.as_slice() || raw == utf32.as_slice()).then_some(text)
 }
 
 impl fmt::Display for TenantSource {
