@@ -221,6 +221,18 @@ static int km_get_params(void *keydata, OSSL_PARAM params[]) {
         if (EVP_PKEY_get_params(k->pub, one)) *p = one[0];
     }
     ERR_clear_error();
+    /* keyfence signs ECDSA with the curve's own digest (P-256 with SHA-256,
+     * P-384 with SHA-384), where the default provider would say SHA-256
+     * for every curve: `openssl req` and `x509 -CAkey` sign with the
+     * digest this names unless told another. */
+    OSSL_PARAM *d = OSSL_PARAM_locate(params, OSSL_PKEY_PARAM_DEFAULT_DIGEST);
+    if (d != NULL && k->type == KF_EC) {
+        char group[64] = {0};
+        size_t n = 0;
+        bool p384 = EVP_PKEY_get_utf8_string_param(k->pub, OSSL_PKEY_PARAM_GROUP_NAME, group, sizeof(group), &n) &&
+                    strcmp(group, "secp384r1") == 0;
+        if (!OSSL_PARAM_set_utf8_string(d, p384 ? "SHA384" : "SHA256")) return 0;
+    }
     return 1;
 }
 

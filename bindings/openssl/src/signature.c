@@ -138,9 +138,67 @@ static const OSSL_PARAM *settable_ctx_params(void *vc, void *provctx) {
     return p;
 }
 
+static const char *alg_name(sig_ctx *c);
+
+/* The DER AlgorithmIdentifier of each algorithm keyfence signs with, as
+ * a certificate, a request or a CRL names it (RFC 5758, RFC 4055, RFC
+ * 8410). OpenSSL's ASN1_item_sign_ctx copies it into what it signs; a
+ * provider key has no ASN.1 method to make it from. */
+static const unsigned char aid_ecdsa_sha256[] = {0x30, 0x0a, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x02};
+static const unsigned char aid_ecdsa_sha384[] = {0x30, 0x0a, 0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x04, 0x03, 0x03};
+static const unsigned char aid_ed25519[] = {0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70};
+/* sha{256,384,512}WithRSAEncryption: 1.2.840.113549.1.1.{11,12,13}, NULL
+ * parameters. The byte at [12] is the last arc. */
+static const unsigned char aid_rsa_pkcs1[] = {0x30, 0x0d, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86,
+                                              0xf7, 0x0d, 0x01, 0x01, 0x0b, 0x05, 0x00};
+/* id-RSASSA-PSS with RSASSA-PSS-params {hash, MGF1 with the same hash,
+ * salt the hash's length, trailer 1 (the default, left out)}. The last
+ * arcs of both hash OIDs (2.16.840.1.101.3.4.2.{1,2,3}) and the salt are
+ * filled in at the offsets below; the tests compare the result with the
+ * AlgorithmIdentifier OpenSSL writes for a PEM key. */
+enum { PSS_HASH_ARC = 29, PSS_MGF1_HASH_ARC = 59, PSS_SALT = 66 };
+static const unsigned char aid_rsa_pss[] = {
+    0x30, 0x41, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0a, /* id-RSASSA-PSS */
+    0x30, 0x34,                                                                   /* params */
+    0xa0, 0x0f, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00,
+    0xa1, 0x1c, 0x30, 0x1a, 0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x08, /* MGF1 */
+    0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00,
+    0xa2, 0x03, 0x02, 0x01, 0x20,
+};
+
+/* Sets `p` to the AlgorithmIdentifier of `alg` (keyfence's name). */
+static int set_algorithm_id(sig_ctx *c, OSSL_PARAM *p, const char *alg) {
+    unsigned char der[sizeof(aid_rsa_pss)];
+    size_t n;
+    int bits = strstr(alg, "sha384") != NULL ? 384 : strstr(alg, "sha512") != NULL ? 512 : 256;
+    if (strcmp(alg, "ed25519") == 0) {
+        memcpy(der, aid_ed25519, n = sizeof(aid_ed25519));
+    } else if (strncmp(alg, "ecdsa-", 6) == 0) {
+        memcpy(der, bits == 384 ? aid_ecdsa_sha384 : aid_ecdsa_sha256, n = sizeof(aid_ecdsa_sha256));
+    } else if (strncmp(alg, "rsa-pkcs1-", 10) == 0) {
+        memcpy(der, aid_rsa_pkcs1, n = sizeof(aid_rsa_pkcs1));
+        der[12] = bits == 256 ? 0x0b : bits == 384 ? 0x0c : 0x0d;
+    } else if (strncmp(alg, "rsa-pss-", 8) == 0) {
+        memcpy(der, aid_rsa_pss, n = sizeof(aid_rsa_pss));
+        der[PSS_HASH_ARC] = der[PSS_MGF1_HASH_ARC] = bits == 256 ? 0x01 : bits == 384 ? 0x02 : 0x03;
+        der[PSS_SALT] = (unsigned char)(bits / 8);
+    } else {
+        kf_raise(c->prov, KF_R_UNSUPPORTED, "no AlgorithmIdentifier for %s", alg);
+        return 0;
+    }
+    return OSSL_PARAM_set_octet_string(p, der, n);
+}
+
 static int get_ctx_params(void *vc, OSSL_PARAM params[]) {
     sig_ctx *c = vc;
     OSSL_PARAM *p;
+    if ((p = OSSL_PARAM_locate(params, OSSL_SIGNATURE_PARAM_ALGORITHM_ID)) != NULL) {
+        /* Only a context with a key knows its algorithm; unset, the
+         * caller sees the parameter unanswered (return_size untouched)
+         * and refuses, as OpenSSL does for a key without one. */
+        const char *alg = c->key != NULL ? alg_name(c) : NULL;
+        if (c->key != NULL && (alg == NULL || !set_algorithm_id(c, p, alg))) return 0;
+    }
     if ((p = OSSL_PARAM_locate(params, OSSL_SIGNATURE_PARAM_DIGEST)) != NULL && !OSSL_PARAM_set_utf8_string(p, c->md))
         return 0;
     if ((p = OSSL_PARAM_locate(params, OSSL_SIGNATURE_PARAM_PAD_MODE)) != NULL) {
@@ -166,6 +224,7 @@ static const OSSL_PARAM *gettable_ctx_params(void *vc, void *provctx) {
     (void)vc;
     (void)provctx;
     static const OSSL_PARAM p[] = {
+        OSSL_PARAM_octet_string(OSSL_SIGNATURE_PARAM_ALGORITHM_ID, NULL, 0),
         OSSL_PARAM_utf8_string(OSSL_SIGNATURE_PARAM_DIGEST, NULL, 0),
         OSSL_PARAM_utf8_string(OSSL_SIGNATURE_PARAM_PAD_MODE, NULL, 0),
         OSSL_PARAM_utf8_string(OSSL_SIGNATURE_PARAM_PSS_SALTLEN, NULL, 0),
@@ -173,8 +232,6 @@ static const OSSL_PARAM *gettable_ctx_params(void *vc, void *provctx) {
     };
     return p;
 }
-
-static const char *alg_name(sig_ctx *c);
 
 static int digest_sign_init(void *vc, const char *mdname, void *vkey, const OSSL_PARAM params[]) {
     sig_ctx *c = vc;
