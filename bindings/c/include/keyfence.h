@@ -1171,7 +1171,9 @@ keyfence_result keyfence_remote_metrics_prometheus(const struct keyfence_remote 
                                                    struct keyfence_bytes *out);
 
 /*
- Frees a remote signer, closing its connections; NULL is a no-op.
+ Frees a remote signer, closing its connections; NULL is a no-op. It
+ returns once the signer's threads have ended (at most 5 s in all), as
+ `keyfence_engine_free` does.
 
  # Safety
  `remote` is NULL or a live handle no other thread uses, not used
@@ -1251,6 +1253,10 @@ keyfence_result keyfence_engine_new(const struct keyfence_engine_config *config,
 /*
  Shuts the engine down and frees it; NULL is a no-op. Queued operations
  fail with `KEYFENCE_SHUT_DOWN`; keys from its key process stop working.
+ It returns once every thread the engine started has ended (an
+ operation under way is let finish, at most 5 s in all), so a library
+ unloaded right after finds none of its threads running. Do not call it
+ from a completion callback while holding a lock that callbacks take.
 
  # Safety
  `engine` is NULL or a live handle no other thread uses, not used

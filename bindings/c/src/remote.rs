@@ -255,7 +255,9 @@ pub unsafe extern "C" fn keyfence_remote_metrics_prometheus(
     unsafe { bytes::make(out, "out", || Ok(ffi::borrow(remote, "remote")?.0.metrics().prometheus())) }
 }
 
-/// Frees a remote signer, closing its connections; NULL is a no-op.
+/// Frees a remote signer, closing its connections; NULL is a no-op. It
+/// returns once the signer's threads have ended (at most 5 s in all), as
+/// `keyfence_engine_free` does.
 ///
 /// # Safety
 /// `remote` is NULL or a live handle no other thread uses, not used

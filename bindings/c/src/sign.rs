@@ -213,6 +213,10 @@ pub unsafe extern "C" fn keyfence_engine_new(config: *const keyfence_engine_conf
 
 /// Shuts the engine down and frees it; NULL is a no-op. Queued operations
 /// fail with `KEYFENCE_SHUT_DOWN`; keys from its key process stop working.
+/// It returns once every thread the engine started has ended (an
+/// operation under way is let finish, at most 5 s in all), so a library
+/// unloaded right after finds none of its threads running. Do not call it
+/// from a completion callback while holding a lock that callbacks take.
 ///
 /// # Safety
 /// `engine` is NULL or a live handle no other thread uses, not used

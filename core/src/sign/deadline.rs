@@ -9,6 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use super::op_record::OpRecord;
+use super::threads::Joined;
 use super::types::{Resource, SignError};
 
 struct Entry(Arc<OpRecord>);
@@ -54,9 +55,10 @@ impl Shared {
     }
 }
 
-/// The handle the engine keeps; dropping it stops the thread.
+/// The handle the engine keeps; dropping it stops the thread and joins it.
 pub(crate) struct Deadlines {
     shared: Arc<Shared>,
+    thread: Joined,
 }
 
 impl Deadlines {
@@ -67,11 +69,11 @@ impl Deadlines {
             stop: AtomicBool::new(false),
         });
         let s = shared.clone();
-        std::thread::Builder::new()
-            .name("keyfence-deadlines".into())
-            .spawn(move || run(&s))
+        let mut thread = Joined::new();
+        thread
+            .spawn("keyfence-deadlines".into(), move || run(&s))
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the deadline thread: {e}")))?;
-        Ok(Deadlines { shared })
+        Ok(Deadlines { shared, thread })
     }
 
     /// Watches `record`'s deadline. One short lock; the thread is woken only
@@ -100,8 +102,14 @@ impl Deadlines {
 
 impl Drop for Deadlines {
     fn drop(&mut self) {
-        self.shared.stop.store(true, AtomicOrdering::Release);
+        {
+            // Under the lock, so the thread is either waiting (and woken)
+            // or will see the flag before it waits.
+            let _st = self.shared.lock();
+            self.shared.stop.store(true, AtomicOrdering::Release);
+        }
         self.shared.wake.notify_one();
+        self.thread.join();
     }
 }
 

@@ -367,6 +367,41 @@ mod tests {
     use super::*;
     use crate::sign::KeyKind;
 
+    /// Dropping the last handle ends and joins every worker before it
+    /// returns, also with an operation under way and work still queued: a
+    /// library unloaded right after (OpenSSL's providers at exit) must
+    /// find none of its threads running.
+    #[cfg(feature = "testing")]
+    #[test]
+    fn dropping_the_engine_joins_every_worker() {
+        use crate::sign::LatencyBackend;
+        for busy in [false, true] {
+            let mut config = EngineConfig::default();
+            config.slow = ClassConfig { threads: 2, queue_capacity: 8 };
+            let backend = Arc::new(LatencyBackend::new(Duration::from_millis(100)));
+            let engine = Engine::with_backend(config, backend).unwrap();
+            let live: Vec<_> = engine.core.executors.iter().map(|e| e.live.clone()).collect();
+            let futures = if busy {
+                let key = Arc::new(PrivateKey::generate(KeyKind::Ed25519).unwrap());
+                (0..4).map(|_| engine.sign(&key, Algorithm::Ed25519, b"m").unwrap()).collect()
+            } else {
+                Vec::new()
+            };
+            if busy {
+                // Two running, two queued.
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            drop(engine);
+            let left: Vec<usize> = live.iter().map(|l| l.load(Ordering::Acquire)).collect();
+            assert_eq!(left, [0, 0, 0], "workers still running after the drop (busy: {busy})");
+            for f in futures {
+                // The two under way finished; the two queued were answered.
+                let r = f.wait();
+                assert!(matches!(r, Ok(_) | Err(SignError::ShutDown)), "{r:?}");
+            }
+        }
+    }
+
     #[test]
     fn finished_operations_do_not_accumulate_in_the_deadline_heap() {
         let engine = Engine::new(EngineConfig::default()).unwrap();

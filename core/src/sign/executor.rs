@@ -16,6 +16,7 @@ use super::backend::{Backend, Reply};
 use super::batch;
 use super::metrics::{ClassMetrics, ClassStats};
 use super::op_record::{OpRecord, Work};
+use super::threads::Joined;
 use super::types::{OpClass, Resource, SignError};
 
 /// A queued operation and the backend that will run it.
@@ -37,20 +38,49 @@ pub(crate) struct Executor {
     rx: Receiver<Queued>,
     pub(crate) stats: Arc<ClassStats>,
     config: ClassConfig,
+    workers: Joined,
+    /// Workers whose loop has not returned: 0 once the executor is
+    /// dropped (its drop joins them), which the tests hold it to.
+    #[cfg(test)]
+    pub(crate) live: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Executor {
+    /// Starts the class's workers. On an error, those already started are
+    /// ended and joined before it returns.
     pub(crate) fn start(class: OpClass, config: ClassConfig, shutdown: Arc<AtomicBool>) -> Result<Self, SignError> {
         let (tx, rx) = crossbeam_channel::bounded::<Queued>(config.queue_capacity);
         let stats = Arc::new(ClassStats::new(class, config.threads));
+        let mut workers = Joined::new();
+        #[cfg(test)]
+        let live = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         for i in 0..config.threads {
             let (rx, stats, shutdown) = (rx.clone(), stats.clone(), shutdown.clone());
-            std::thread::Builder::new()
-                .name(format!("keyfence-{class}-{i}"))
-                .spawn(move || work(class, &rx, &stats, &shutdown))
+            #[cfg(test)]
+            let live = {
+                live.fetch_add(1, Ordering::AcqRel);
+                live.clone()
+            };
+            // On an error `tx` and `workers` drop in that order: the
+            // workers started see the queue close, and are joined.
+            workers
+                .spawn(format!("keyfence-{class}-{i}"), move || {
+                    work(class, &rx, &stats, &shutdown);
+                    #[cfg(test)]
+                    live.fetch_sub(1, Ordering::AcqRel);
+                })
                 .map_err(|e| SignError::io(Resource::Thread, format!("cannot start a {class} worker thread: {e}")))?;
         }
-        Ok(Executor { class, tx, rx, stats, config })
+        Ok(Executor {
+            class,
+            tx,
+            rx,
+            stats,
+            config,
+            workers,
+            #[cfg(test)]
+            live,
+        })
     }
 
     /// Queues an operation without waiting.
@@ -87,6 +117,17 @@ impl Executor {
 
     pub(crate) fn metrics(&self) -> ClassMetrics {
         ClassMetrics::snapshot(&self.stats, self.config.threads, self.config.queue_capacity, self.rx.len())
+    }
+}
+
+impl Drop for Executor {
+    /// Closes the queue (a worker answers what is still queued with
+    /// `ShutDown` when the engine's shutdown flag is set, then finds the
+    /// queue closed and ends) and joins the workers.
+    fn drop(&mut self) {
+        let (closed, _) = crossbeam_channel::bounded(0);
+        drop(std::mem::replace(&mut self.tx, closed));
+        self.workers.join();
     }
 }
 

@@ -137,6 +137,8 @@ pub mod remote;
 #[cfg(feature = "sign")]
 mod request;
 #[cfg(feature = "sign")]
+mod threads;
+#[cfg(feature = "sign")]
 pub mod tls;
 #[cfg(feature = "sign")]
 pub mod wire;

@@ -20,6 +20,7 @@ use super::sys;
 use super::writer::FrameWriter;
 use super::KeyProcessConfig;
 use crate::sign::held_key::{Answer, KeyHolder};
+use crate::sign::threads::Joined;
 use crate::sign::types::{BackendFailure, KeyKind, OpClass, Operation, Output, Resource, SignError};
 
 /// The key-process program's file name, looked for beside the library and
@@ -56,6 +57,10 @@ pub(super) struct Supervisor {
     pub(super) next_key: AtomicU64,
     pub(super) restarts: AtomicU64,
     closed: AtomicBool,
+    /// The readers of this supervisor's connections, one per key process
+    /// started (those that ended are let go as new ones start); joined
+    /// when it is dropped.
+    readers: Mutex<Joined>,
 }
 
 /// The key-process program: the configured command if there is one (its
@@ -132,6 +137,7 @@ impl Supervisor {
             next_key: AtomicU64::new(1),
             restarts: AtomicU64::new(0),
             closed: AtomicBool::new(false),
+            readers: Mutex::new(Joined::new()),
         });
         let conn = sup.spawn()?;
         sup.state().conn = Some(conn);
@@ -192,7 +198,7 @@ impl Supervisor {
         };
         let conn = Arc::new(Conn::new(pid, flags, child, writer, config.max_in_flight));
         let (weak, c) = (Arc::downgrade(self), conn.clone());
-        let started = std::thread::Builder::new().name(format!("keyfence-key-process-{pid}")).spawn(move || {
+        let started = self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(format!("keyfence-key-process-{pid}"), move || {
             let exit = c.read_replies(reader, decoder);
             on_exit(weak, exit);
         });
@@ -437,7 +443,10 @@ impl Supervisor {
 }
 
 impl Drop for Supervisor {
+    /// Ends the key process, then joins its reader, which sees the socket
+    /// close (and, the supervisor being gone, starts no other).
     fn drop(&mut self) {
         self.stop();
+        self.readers.get_mut().unwrap_or_else(|e| e.into_inner()).join();
     }
 }

@@ -16,6 +16,7 @@ use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
 
 use super::link::{self, Handler, Link, Outbox};
 use crate::sign::batch;
+use crate::sign::threads::Joined;
 use super::protocol::{self as p, kind, Frame, RemoteErrorCode};
 
 /// Why one attempt on one connection did not get a reply frame.
@@ -62,6 +63,8 @@ pub(crate) struct ClientConn {
     /// connection's thread answers those still waiting then. Entries of
     /// requests already answered stay until their time and are skipped.
     timers: Mutex<BinaryHeap<Reverse<(Instant, u64)>>>,
+    /// The connection's thread, joined by [`ClientConn::join`].
+    thread: Mutex<Joined>,
 }
 
 struct InFlight<'a>(&'a AtomicU32);
@@ -126,11 +129,13 @@ impl ClientConn {
             max_in_flight,
             in_flight: AtomicU32::new(0),
             timers: Mutex::new(BinaryHeap::new()),
+            thread: Mutex::new(Joined::new()),
         });
         let c = conn.clone();
-        std::thread::Builder::new()
-            .name("keyfence-remote-conn".into())
-            .spawn(move || {
+        conn.thread
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .spawn("keyfence-remote-conn".into(), move || {
                 let why = link::run(link, &c.outbox, &mut Replies(&c));
                 c.fail_all(why);
             })
@@ -150,6 +155,13 @@ impl ClientConn {
     /// Ends the connection; whatever is in flight fails.
     pub(crate) fn close(&self) {
         self.outbox.close();
+    }
+
+    /// Waits for the connection's thread to end (after [`ClientConn::close`])
+    /// and joins it, unless this is that thread.
+    pub(crate) fn join(&self) {
+        let mut thread = std::mem::take(&mut *self.thread.lock().unwrap_or_else(|e| e.into_inner()));
+        thread.join();
     }
 
     fn fail_all(&self, why: String) {

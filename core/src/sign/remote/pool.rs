@@ -136,8 +136,16 @@ impl Pool {
 
 impl Drop for Pool {
     /// Each connection's thread holds its connection: without this, the
-    /// threads and sockets of a dropped client would live on.
+    /// threads and sockets of a dropped client would live on. Every
+    /// connection is closed first, then each thread joined, so they end
+    /// side by side.
     fn drop(&mut self) {
-        self.close_all();
+        let conns: Vec<Arc<ClientConn>> = self.slots.iter().filter_map(|s| s.lock().conn.take()).collect();
+        for c in &conns {
+            c.close();
+        }
+        for c in &conns {
+            c.join();
+        }
     }
 }

@@ -30,6 +30,7 @@ use super::routing::{self, PeerConfig, PeerState};
 use super::tls::{self, TlsFiles};
 use crate::sign::executor;
 use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
+use crate::sign::threads::Joined;
 use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError};
 use crate::sign::wire;
 use crate::sign::PrivateKey;
@@ -193,6 +194,20 @@ pub(crate) struct Client {
     helpers: OnceLock<Sender<Box<dyn FnOnce() + Send>>>,
     /// Jobs reserved on the helpers' queue and not yet started.
     helpers_queued: AtomicUsize,
+    /// The round-trip thread and the helpers, joined when the client is
+    /// dropped.
+    threads: Mutex<Joined>,
+}
+
+impl Drop for Client {
+    /// Stops the round-trip thread and the helpers (their channels close)
+    /// and joins them; the pools then close and join their connections.
+    fn drop(&mut self) {
+        let (closed, _) = bounded(0);
+        drop(std::mem::replace(&mut self._stop, closed));
+        drop(self.helpers.take());
+        self.threads.get_mut().unwrap_or_else(|e| e.into_inner()).join();
+    }
 }
 
 /// Helper threads per client: retries after an attempt sent without
@@ -298,11 +313,14 @@ impl RemoteSigner {
             retries: AtomicU64::new(0),
             retries_refused: AtomicU64::new(0),
             _stop: stop,
+            threads: Mutex::new(Joined::new()),
         });
         let weak = Arc::downgrade(&client);
-        std::thread::Builder::new()
-            .name("keyfence-remote-rtt".into())
-            .spawn(move || measure_loop(&weak, &stopped))
+        client
+            .threads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .spawn("keyfence-remote-rtt".into(), move || measure_loop(&weak, &stopped))
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the round-trip thread: {e}")))?;
         Ok(RemoteSigner { client })
     }
@@ -719,12 +737,13 @@ impl Client {
     fn on_helper(&self, job: impl FnOnce() + Send + 'static) {
         let tx = self.helpers.get_or_init(|| {
             let (tx, rx) = crossbeam_channel::unbounded::<Box<dyn FnOnce() + Send>>();
+            let mut threads = self.threads.lock().unwrap_or_else(|e| e.into_inner());
             for n in 0..HELPERS {
                 let rx = rx.clone();
                 // A thread that cannot start leaves the others; with none,
                 // the job's answer is dropped unsent, which answers its
                 // caller with an error.
-                let _ = std::thread::Builder::new().name(format!("keyfence-remote-{n}")).spawn(move || {
+                let _ = threads.spawn(format!("keyfence-remote-{n}"), move || {
                     for job in rx {
                         job();
                     }
