@@ -23,6 +23,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -54,6 +55,12 @@ pub enum Isolation {
     /// a [`RemoteSigner`] it starts: only envelopes can be loaded, and the
     /// secret never comes here (`docs/remote.md`).
     Remote(RemoteConfig),
+    /// In the key agent listening on this socket (`keyfence agent`,
+    /// `docs/deploy.md`): only envelopes can be loaded, which the agent
+    /// opens with its own machine key and store; this process holds
+    /// neither, nor any private key. The engine connects again when the
+    /// agent restarts.
+    Agent(std::path::PathBuf),
 }
 
 /// A [`ManagedEngine`]'s settings: the engine's sizes and deadline, and
@@ -115,9 +122,15 @@ impl Parts {
         machine_key: &std::path::Path,
         envelope: &[u8],
     ) -> Result<Arc<PrivateKey>, LoadError> {
-        match &self.remote {
-            Some(remote) => Ok(remote.key(&Envelope::parse(envelope).map_err(KeyRingError::from)?)?),
-            None => Ok(load_envelope_key(self.key_process.as_ref(), store, machine_key, envelope)?),
+        match (&self.remote, &self.key_process) {
+            (Some(remote), _) => Ok(remote.key(&Envelope::parse(envelope).map_err(KeyRingError::from)?)?),
+            // The agent's machine key and store: the ones named here are
+            // not read (a worker holding only the agent's socket has none).
+            (None, Some(kp)) if kp.is_agent() => {
+                Envelope::parse(envelope).map_err(KeyRingError::from)?;
+                Ok(kp.load(KeySource::AgentEnvelope(envelope.to_vec()))?)
+            }
+            (None, kp) => Ok(load_envelope_key(kp.as_ref(), store, machine_key, envelope)?),
         }
     }
 }
@@ -196,6 +209,7 @@ impl ManagedEngine {
         let (key_process, remote) = match config.isolation {
             Isolation::InProcess => (None, None),
             Isolation::KeyProcess(c) => (Some(KeyProcess::start(c)?), None),
+            Isolation::Agent(socket) => (Some(KeyProcess::start(KeyProcessConfig::with_agent(socket))?), None),
             Isolation::Remote(c) => {
                 let signer = RemoteSigner::start(c)?;
                 engine.attach_metrics(Arc::new(signer.clone()));
@@ -267,8 +281,19 @@ impl ManagedEngine {
             (KeySource::EnvelopeBytes { store, machine_key, envelope }, ..) => {
                 parts.open_envelope(&store, &machine_key, &envelope)
             }
+            (KeySource::AgentEnvelope(envelope), Some(kp), None) if kp.is_agent() => {
+                parts.open_envelope(Path::new(""), Path::new(""), &envelope)
+            }
+            (KeySource::AgentEnvelope(_), ..) => Err(SignError::InvalidArgument(
+                "an agent's envelope is for an engine whose keys are in an agent".into(),
+            )
+            .into()),
             (_, _, Some(_)) => Err(SignError::InvalidArgument(
                 "an engine whose keys are on remote key servers loads envelopes only".into(),
+            )
+            .into()),
+            (_, Some(kp), None) if kp.is_agent() => Err(SignError::InvalidArgument(
+                "an engine whose keys are in an agent loads envelopes only, which the agent opens".into(),
             )
             .into()),
             (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),

@@ -55,7 +55,9 @@ impl Pending {
 pub(super) struct Conn {
     pub(super) pid: u32,
     pub(super) flags: u32,
-    pub(super) child: Mutex<Child>,
+    /// The key process this connection started; `None` for an agent's
+    /// connection (the agent is not ours to end).
+    pub(super) child: Mutex<Option<Child>>,
     pub(super) writer: FrameWriter,
     pending: Mutex<HashMap<u64, Pending>>,
     pub(super) dead: AtomicBool,
@@ -65,7 +67,7 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    pub(super) fn new(pid: u32, flags: u32, child: Child, writer: FrameWriter, max_in_flight: u32) -> Self {
+    pub(super) fn new(pid: u32, flags: u32, child: Option<Child>, writer: FrameWriter, max_in_flight: u32) -> Self {
         Conn {
             pid,
             flags,
@@ -285,14 +287,20 @@ impl Conn {
         };
         self.slot_freed.notify_all();
         self.writer.shutdown();
-        let message = format!("the key process (pid {}) died: {end}", self.pid);
+        let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
+        let message = match &*child {
+            Some(_) => format!("the key process (pid {}) died: {end}", self.pid),
+            None => format!("the connection to the agent (pid {}) ended: {end}", self.pid),
+        };
         for pending in drained {
             pending.fail(backend_error(BackendFailure::Died, message.clone()));
         }
-        let status = {
-            let mut child = self.child.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = child.kill();
-            child.wait().map(|s| s.to_string()).unwrap_or_else(|e| format!("unknown ({e})"))
+        let status = match child.as_mut() {
+            Some(child) => {
+                let _ = child.kill();
+                child.wait().map(|s| s.to_string()).unwrap_or_else(|e| format!("unknown ({e})"))
+            }
+            None => "the agent closed the connection".to_string(),
         };
         format!("pid {} {end}; {status}", self.pid)
     }

@@ -47,6 +47,7 @@
 //! reply, the reader); `supervisor` starts the process and restarts it;
 //! `server` is the key process's side.
 
+mod agent;
 mod client;
 #[cfg(feature = "testing")]
 pub mod protocol;
@@ -66,6 +67,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+pub use agent::{group_id, user_id, Agent, AgentConfig, AgentStats};
 pub use protocol::{KeySource, Status};
 #[cfg(feature = "testing")]
 pub use server::{serve, ServeOptions};
@@ -107,6 +109,14 @@ pub struct KeyProcessConfig {
     /// How long an operation submitted while the key process restarts
     /// waits for it (never past its own deadline). Default 500 ms.
     pub restart_wait: Duration,
+    /// A key agent's socket (`keyfence agent`): the keys are held by the
+    /// agent listening there instead of a key process started here, and
+    /// only envelopes can be loaded ([`KeySource::AgentEnvelope`]), which
+    /// the agent opens with its own machine key. When the agent goes away
+    /// the connection is made again (backing off up to 1 s) and the keys
+    /// loaded again; `command`, `rsa_threads` and `ec_threads` are the
+    /// agent's own business then. Default: none.
+    pub agent: Option<std::path::PathBuf>,
 }
 
 impl Default for KeyProcessConfig {
@@ -120,6 +130,7 @@ impl Default for KeyProcessConfig {
             restart: true,
             start_timeout: Duration::from_secs(10),
             restart_wait: Duration::from_millis(500),
+            agent: None,
         }
     }
 }
@@ -133,6 +144,12 @@ impl KeyProcessConfig {
         S: Into<OsString>,
     {
         KeyProcessConfig { command: command.into_iter().map(Into::into).collect(), ..Self::default() }
+    }
+
+    /// The default configuration for keys held by the agent listening on
+    /// `socket` ([`KeyProcessConfig::agent`]).
+    pub fn with_agent(socket: impl Into<std::path::PathBuf>) -> Self {
+        KeyProcessConfig { agent: Some(socket.into()), ..Self::default() }
     }
 }
 
@@ -212,6 +229,12 @@ impl KeyProcess {
         let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
         let frame = conn.call(kind::STATUS, &[], self.sup.config.start_timeout)?;
         Status::parse(&frame.body).map_err(|e| backend_error(BackendFailure::Protocol, format!("bad status reply: {e}")))
+    }
+
+    /// Whether the keys are held by a key agent this connects to
+    /// ([`KeyProcessConfig::agent`]) rather than a key process of its own.
+    pub fn is_agent(&self) -> bool {
+        self.sup.is_agent()
     }
 
     /// The running key process's pid, if one is running.

@@ -74,15 +74,19 @@ pub mod flags {
     pub const NOT_DUMPABLE: u32 = 1;
     /// `RLIMIT_CORE` is 0.
     pub const NO_CORE: u32 = 2;
-    /// The peer's credentials were checked: it is the parent, same user.
+    /// The peer's credentials were checked: it is the parent, same user
+    /// (a key process), or a user the agent admits (an agent).
     pub const PEER_CHECKED: u32 = 4;
+    /// The server is a key agent (`keyfence agent`): it opens envelopes
+    /// with its own machine key and serves many clients.
+    pub const AGENT: u32 = 8;
 }
 
-/// Whether a key process sends `code` in an ERR reply (1 to 9,
-/// `docs/isolation.md`); its client reads any other as
-/// [`ErrorCode::Internal`].
+/// Whether a key process or an agent sends `code` in an ERR reply (1 to
+/// 9, and `NOT_ALLOWED` from an agent: `docs/isolation.md`); its client
+/// reads any other as [`ErrorCode::Internal`].
 pub fn sends(code: ErrorCode) -> bool {
-    !matches!(code, ErrorCode::TenantLimit | ErrorCode::Version | ErrorCode::ShuttingDown | ErrorCode::NotAllowed)
+    !matches!(code, ErrorCode::TenantLimit | ErrorCode::Version | ErrorCode::ShuttingDown)
 }
 
 /// Where the key process gets a key. Every source is loaded again after a
@@ -119,6 +123,11 @@ pub enum KeySource {
         /// The envelope (`keyfence authority wrap --out`).
         envelope: Vec<u8>,
     },
+    /// A keyfence envelope given by its bytes, opened by the server with
+    /// its own machine key and store: what a client of a key agent
+    /// (`keyfence agent`) loads, holding no machine key or store itself. A
+    /// key process refuses it; an agent takes nothing else.
+    AgentEnvelope(Vec<u8>),
 }
 
 impl fmt::Debug for KeySource {
@@ -138,6 +147,7 @@ impl fmt::Debug for KeySource {
                 .field("machine_key", machine_key)
                 .field("envelope", &format_args!("{} bytes", envelope.len()))
                 .finish(),
+            KeySource::AgentEnvelope(envelope) => write!(f, "AgentEnvelope({} bytes)", envelope.len()),
         }
     }
 }
@@ -209,6 +219,9 @@ pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
         KeySource::EnvelopeBytes { store, machine_key, envelope } => {
             w.u8(4).bytes32(path_bytes(store)).bytes32(path_bytes(machine_key)).bytes32(envelope);
         }
+        KeySource::AgentEnvelope(envelope) => {
+            w.u8(5).bytes32(envelope);
+        }
     }
     w.into_bytes()
 }
@@ -233,7 +246,8 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
             machine_key: path_from(r.bytes32("load machine key path")?),
             envelope: r.bytes32("load envelope bytes")?.to_vec(),
         },
-        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes)")),
+        5 => KeySource::AgentEnvelope(r.bytes32("load envelope bytes")?.to_vec()),
+        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes, 5 agent envelope)")),
     };
     r.finish_as("load (trailing bytes)")?;
     Ok((key_id, source))

@@ -30,6 +30,7 @@ use zeroize::Zeroizing;
 use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::sys;
 use super::writer::FrameWriter;
+use crate::sign::threads::Joined;
 use crate::sign::types::{Operation, SignError};
 use crate::sign::PrivateKey;
 
@@ -53,7 +54,26 @@ impl Default for ServeOptions {
     }
 }
 
+/// Opens the envelopes an agent's clients name, with the agent's own
+/// machine key and store (the agent's side of [`KeySource::AgentEnvelope`]).
+pub(crate) trait EnvelopeOpener: Send + Sync {
+    /// The private key in `envelope`, or why not (naming no secret).
+    fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String>;
+}
+
+/// What a connection may ask of the server it speaks to.
+#[derive(Clone)]
+pub(crate) enum Role {
+    /// The key process: one client, its parent, which names the sources of
+    /// its keys and may have it drop privileges.
+    KeyProcess,
+    /// An agent: many clients, each of which may only have envelopes
+    /// opened with the agent's own machine key, and signs with them.
+    Agent(Arc<dyn EnvelopeOpener>),
+}
+
 struct Job {
+    conn: Arc<Conn>,
     id: u64,
     key: Arc<PrivateKey>,
     op: Operation,
@@ -61,6 +81,7 @@ struct Job {
 }
 
 struct LoadJob {
+    conn: Arc<Conn>,
     id: u64,
     key_id: u64,
     source: KeySource,
@@ -77,23 +98,69 @@ const MAX_QUEUED_LOADS: usize = 16;
 /// be 4 GiB.
 const MAX_QUEUED_BYTES: usize = 64 << 20;
 
-/// Where the reader hands work: bounded queues, refused as busy when full.
-struct Pools {
+/// The signing and loading threads, and the bounded queues to them: one
+/// set per key process, or one for all of an agent's connections.
+pub(crate) struct Workers {
     rsa: Sender<Job>,
     ec: Sender<Job>,
     load: Sender<LoadJob>,
+    /// Bytes of operation input queued or being signed, for all
+    /// connections together.
+    queued_bytes: AtomicUsize,
+    threads: Joined,
 }
 
-struct Shared {
+impl Workers {
+    /// Starts `options`' signing threads and the loaders, with room for
+    /// `capacity` operations queued per class.
+    pub(crate) fn start(options: &ServeOptions, capacity: usize) -> io::Result<Arc<Workers>> {
+        let (rsa_tx, rsa_rx) = crossbeam_channel::bounded::<Job>(capacity);
+        let (ec_tx, ec_rx) = crossbeam_channel::bounded::<Job>(capacity);
+        let (load_tx, load_rx) = crossbeam_channel::bounded::<LoadJob>(MAX_QUEUED_LOADS);
+        let mut threads = Joined::new();
+        for (rx, n, name) in [(&rsa_rx, options.rsa_threads, "rsa"), (&ec_rx, options.ec_threads, "ec")] {
+            for i in 0..n.max(1) {
+                let rx = rx.clone();
+                let defer = name == "ec";
+                threads.spawn(format!("key-process-{name}-{i}"), move || work(&rx, defer))?;
+            }
+        }
+        for i in 0..LOADERS {
+            let rx = load_rx.clone();
+            threads.spawn(format!("key-process-load-{i}"), move || load_keys(&rx))?;
+        }
+        Ok(Arc::new(Workers { rsa: rsa_tx, ec: ec_tx, load: load_tx, queued_bytes: AtomicUsize::new(0), threads }))
+    }
+}
+
+impl Drop for Workers {
+    /// Closes the queues, so the threads end once they are empty, and
+    /// joins them.
+    fn drop(&mut self) {
+        let (rsa, _) = crossbeam_channel::bounded(0);
+        let (ec, _) = crossbeam_channel::bounded(0);
+        let (load, _) = crossbeam_channel::bounded(0);
+        drop((std::mem::replace(&mut self.rsa, rsa), std::mem::replace(&mut self.ec, ec), std::mem::replace(&mut self.load, load)));
+        self.threads.join();
+    }
+}
+
+/// One client's connection: its keys (under the ids it chose), its writer
+/// and its counts.
+struct Conn {
     keys: RwLock<HashMap<u64, Arc<PrivateKey>>>,
     writer: FrameWriter,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
-    queued_bytes: AtomicUsize,
     flags: u32,
+    role: Role,
+    workers: Arc<Workers>,
+    /// An agent's client's user: its operations in flight over all its
+    /// connections, and the most it may have.
+    user: Option<(Arc<AtomicUsize>, usize)>,
 }
 
-impl Shared {
+impl Conn {
     fn ok(&self, id: u64, body: &[u8]) {
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 4 + body.len()));
         p::encode(&mut frame, kind::OK, id, &[body]);
@@ -107,8 +174,11 @@ impl Shared {
     }
 
     fn done(&self, bytes: usize) {
-        self.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+        self.workers.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        if let Some((user, _)) = &self.user {
+            user.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 }
 
@@ -122,17 +192,6 @@ impl Shared {
 /// # Errors
 /// The I/O error that ended the connection, or a refused peer or hello.
 pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
-    let mut writer = None;
-    let result = serve_on(stream, options, &mut writer);
-    // The last frame (an error saying why the connection ends) must leave
-    // before the process does.
-    if let Some(shared) = writer {
-        shared.writer.close();
-    }
-    result
-}
-
-fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Shared>>) -> io::Result<()> {
     let mut flags = 0;
     if options.check_peer {
         sys::check_peer_is_parent(&stream)?;
@@ -144,20 +203,38 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
     if sys::disable_core_dumps().is_ok() {
         flags |= p::flags::NO_CORE;
     }
-    let mut reader = stream.try_clone()?;
-    let shared = Arc::new(Shared {
-        keys: RwLock::new(HashMap::new()),
-        writer: FrameWriter::new(stream)?,
-        in_flight: AtomicUsize::new(0),
-        max_in_flight: AtomicUsize::new(0),
-        queued_bytes: AtomicUsize::new(0),
-        flags,
-    });
-    *out = Some(shared.clone());
+    // The queues are sized by the hello (no queue can hold more than the
+    // in-flight bound the reader enforces; bounded anyway, so that a
+    // mistake there shows as `busy`, not memory): the workers start when
+    // it has come.
+    serve_conn(stream, flags, Role::KeyProcess, None, p::MAX_IN_FLIGHT, |max| {
+        Workers::start(options, max as usize)
+    })
+}
 
+/// Serves one connection: its hello, then its requests until the peer
+/// closes it. `workers` gives the threads its work goes to, once the
+/// hello has said how many requests the client keeps in flight (at most
+/// `cap`). The writer is closed before this returns, so that the last
+/// frame (an error saying why the connection ends) leaves first.
+pub(crate) fn serve_conn(
+    stream: UnixStream,
+    flags: u32,
+    role: Role,
+    user: Option<(Arc<AtomicUsize>, usize)>,
+    cap: u32,
+    workers: impl FnOnce(u32) -> io::Result<Arc<Workers>>,
+) -> io::Result<()> {
+    let mut reader = stream.try_clone()?;
+    let writer = FrameWriter::new(stream)?;
     let mut decoder = p::Decoder::new();
     // Key bytes (LOAD from bytes) pass through it: wiped when done.
     let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
+    let say = |id: u64, code: ErrorCode, message: &str| {
+        let mut frame = Vec::new();
+        p::encode(&mut frame, kind::ERR, id, &[&p::error_body(code, message)]);
+        writer.send(&frame);
+    };
     // The hello comes first and fixes the in-flight bound; a peer that
     // never sends one is not kept waiting on forever.
     reader.set_read_timeout(Some(HELLO_TIMEOUT))?;
@@ -171,70 +248,56 @@ fn serve_on(stream: UnixStream, options: &ServeOptions, out: &mut Option<Arc<Sha
         }
         decoder.push(&buf[..n]);
     };
-    if hello.kind != kind::HELLO {
-        shared.err(hello.id, ErrorCode::Malformed, "expected a hello first");
-        return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer did not start with a hello"));
-    }
-    let max = match p::parse_hello_request(&hello.body) {
-        Ok(max) => max,
+    let result = (|| {
+        if hello.kind != kind::HELLO {
+            say(hello.id, ErrorCode::Malformed, "expected a hello first");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer did not start with a hello"));
+        }
+        let max = match p::parse_hello_request(&hello.body) {
+            Ok(max) => max.min(cap),
+            Err(e) => {
+                say(hello.id, ErrorCode::Malformed, &e.to_string());
+                return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            }
+        };
+        reader.set_read_timeout(None)?;
+        let workers = workers(max)?;
+        Ok((max, workers))
+    })();
+    let (max, workers) = match result {
+        Ok(v) => v,
         Err(e) => {
-            shared.err(hello.id, ErrorCode::Malformed, &e.to_string());
-            return Err(io::Error::new(io::ErrorKind::InvalidData, e));
+            writer.close();
+            return Err(e);
         }
     };
-    reader.set_read_timeout(None)?;
-    shared.max_in_flight.store(max as usize, Ordering::Relaxed);
+    let conn = Arc::new(Conn {
+        keys: RwLock::new(HashMap::new()),
+        writer,
+        in_flight: AtomicUsize::new(0),
+        max_in_flight: AtomicUsize::new(max as usize),
+        flags,
+        role,
+        workers,
+        user,
+    });
     let mut hello_frame = Vec::new();
     p::encode(&mut hello_frame, kind::HELLO, 0, &[&p::hello_reply(std::process::id(), flags)]);
-    shared.writer.send(&hello_frame);
-
-    // No queue can hold more than the in-flight bound the reader enforces;
-    // bounded anyway, so that a mistake there shows as `busy`, not memory.
-    let (rsa_tx, rsa_rx) = crossbeam_channel::bounded::<Job>(max as usize);
-    let (ec_tx, ec_rx) = crossbeam_channel::bounded::<Job>(max as usize);
-    let (load_tx, load_rx) = crossbeam_channel::bounded::<LoadJob>(MAX_QUEUED_LOADS);
-    let mut workers = Vec::new();
-    for (rx, n, name) in [(&rsa_rx, options.rsa_threads, "rsa"), (&ec_rx, options.ec_threads, "ec")] {
-        for i in 0..n.max(1) {
-            let (rx, shared) = (rx.clone(), shared.clone());
-            let defer = name == "ec";
-            workers.push(
-                std::thread::Builder::new()
-                    .name(format!("key-process-{name}-{i}"))
-                    .spawn(move || work(&rx, &shared, defer))?,
-            );
-        }
-    }
-    for i in 0..LOADERS {
-        let (rx, shared) = (load_rx.clone(), shared.clone());
-        workers.push(std::thread::Builder::new().name(format!("key-process-load-{i}")).spawn(move || load_keys(&rx, &shared))?);
-    }
-    drop((rsa_rx, ec_rx, load_rx));
-
-    let pools = Pools { rsa: rsa_tx, ec: ec_tx, load: load_tx };
-    let result = read_loop(&mut reader, &mut decoder, &mut buf, &shared, &pools);
-    drop(pools);
-    for w in workers {
-        let _ = w.join();
-    }
+    conn.writer.send(&hello_frame);
+    let result = read_loop(&mut reader, &mut decoder, &mut buf, &conn);
+    conn.writer.close();
     result
 }
 
-fn read_loop(
-    reader: &mut UnixStream,
-    decoder: &mut p::Decoder,
-    buf: &mut [u8],
-    shared: &Arc<Shared>,
-    pools: &Pools,
-) -> io::Result<()> {
+fn read_loop(reader: &mut UnixStream, decoder: &mut p::Decoder, buf: &mut [u8], conn: &Arc<Conn>) -> io::Result<()> {
     loop {
         loop {
             match decoder.next_frame() {
-                Ok(Some(frame)) => dispatch(frame, shared, pools),
+                Ok(Some(frame)) => dispatch(frame, conn),
                 Ok(None) => break,
                 Err(e) => {
                     // The stream cannot be resynchronised: say why, then close.
-                    shared.err(0, ErrorCode::Malformed, &e.to_string());
+                    conn.err(0, ErrorCode::Malformed, &e.to_string());
                     return Err(io::Error::new(io::ErrorKind::InvalidData, e));
                 }
             }
@@ -249,81 +312,95 @@ fn read_loop(
     }
 }
 
-fn dispatch(frame: Frame, shared: &Arc<Shared>, pools: &Pools) {
+fn dispatch(frame: Frame, conn: &Arc<Conn>) {
     let id = frame.id;
+    let workers = &conn.workers;
     match frame.kind {
         kind::OP => {
             let (key_id, timeout, op) = match p::parse_op(&frame.body) {
                 Ok(v) => v,
-                Err(e) => return shared.err(id, ErrorCode::Malformed, &e.to_string()),
+                Err(e) => return conn.err(id, ErrorCode::Malformed, &e.to_string()),
             };
             let bytes = op.input_len();
-            let in_flight = shared.in_flight.fetch_add(1, Ordering::AcqRel);
-            let queued = shared.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
-            if in_flight >= shared.max_in_flight.load(Ordering::Relaxed) {
-                shared.done(bytes);
-                return shared.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
+            let in_flight = conn.in_flight.fetch_add(1, Ordering::AcqRel);
+            let queued = workers.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
+            let user_in_flight = conn.user.as_ref().map(|(u, max)| (u.fetch_add(1, Ordering::AcqRel), *max));
+            if in_flight >= conn.max_in_flight.load(Ordering::Relaxed) {
+                conn.done(bytes);
+                return conn.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
+            }
+            if let Some((n, max)) = user_in_flight.filter(|(n, max)| n >= max) {
+                conn.done(bytes);
+                return conn.err(
+                    id,
+                    ErrorCode::Busy,
+                    &format!("this user has {n} requests in flight over its connections, the most the agent takes ({max})"),
+                );
             }
             if queued + bytes > MAX_QUEUED_BYTES {
-                shared.done(bytes);
-                return shared.err(id, ErrorCode::Busy, "more request bytes in flight than the key process holds (64 MiB)");
+                conn.done(bytes);
+                return conn.err(id, ErrorCode::Busy, "more request bytes in flight than the key process holds (64 MiB)");
             }
-            let key = shared.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).cloned();
+            let key = conn.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).cloned();
             let Some(key) = key else {
-                shared.done(bytes);
-                return shared.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}"));
+                conn.done(bytes);
+                return conn.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}"));
             };
             if let Err(e) = key.check(&op) {
-                shared.done(bytes);
-                return shared.err(id, ErrorCode::Invalid, &e.to_string());
+                conn.done(bytes);
+                return conn.err(id, ErrorCode::Invalid, &e.to_string());
             }
-            let pool = if key.kind().is_rsa() { &pools.rsa } else { &pools.ec };
-            let job = Job { id, key, op, deadline: Instant::now() + timeout };
+            let pool = if key.kind().is_rsa() { &workers.rsa } else { &workers.ec };
+            let job = Job { conn: conn.clone(), id, key, op, deadline: Instant::now() + timeout };
             if let Err(e) = pool.try_send(job) {
-                shared.done(bytes);
+                conn.done(bytes);
                 match e {
-                    TrySendError::Full(_) => shared.err(id, ErrorCode::Busy, "the signing queue is full"),
-                    TrySendError::Disconnected(_) => {
-                        shared.err(id, ErrorCode::Internal, "the key process is shutting down")
-                    }
+                    TrySendError::Full(_) => conn.err(id, ErrorCode::Busy, "the signing queue is full"),
+                    TrySendError::Disconnected(_) => conn.err(id, ErrorCode::Internal, "the key process is shutting down"),
                 }
             }
         }
         kind::LOAD => {
             let (key_id, source) = match p::parse_load_request(&frame.body) {
                 Ok(v) => v,
-                Err(e) => return shared.err(id, ErrorCode::Malformed, &e.to_string()),
+                Err(e) => return conn.err(id, ErrorCode::Malformed, &e.to_string()),
             };
-            if let Err(e) = pools.load.try_send(LoadJob { id, key_id, source }) {
+            if matches!(conn.role, Role::Agent(_)) && !matches!(source, KeySource::AgentEnvelope(_)) {
+                return conn.err(
+                    id,
+                    ErrorCode::NotAllowed,
+                    "an agent loads only envelopes, which it opens with its own machine key and store; it reads no file, path or key bytes a client names",
+                );
+            }
+            if let Err(e) = workers.load.try_send(LoadJob { conn: conn.clone(), id, key_id, source }) {
                 match e {
-                    TrySendError::Full(_) => shared.err(id, ErrorCode::Busy, "too many key loads waiting (16)"),
-                    TrySendError::Disconnected(_) => {
-                        shared.err(id, ErrorCode::Internal, "the key process is shutting down")
-                    }
+                    TrySendError::Full(_) => conn.err(id, ErrorCode::Busy, "too many key loads waiting (16)"),
+                    TrySendError::Disconnected(_) => conn.err(id, ErrorCode::Internal, "the key process is shutting down"),
                 }
             }
         }
-        kind::UNLOAD => {
-            match p::parse_unload_request(&frame.body) {
-                Ok(key_id) => {
-                    let removed = shared.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&key_id);
-                    match removed {
-                        Some(_) => shared.ok(id, &[]),
-                        None => shared.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}")),
-                    }
+        kind::UNLOAD => match p::parse_unload_request(&frame.body) {
+            Ok(key_id) => {
+                let removed = conn.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&key_id);
+                match removed {
+                    Some(_) => conn.ok(id, &[]),
+                    None => conn.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}")),
                 }
-                Err(e) => shared.err(id, ErrorCode::Malformed, &e.to_string()),
             }
+            Err(e) => conn.err(id, ErrorCode::Malformed, &e.to_string()),
+        },
+        kind::DROP_PRIVILEGES if matches!(conn.role, Role::Agent(_)) => {
+            conn.err(id, ErrorCode::NotAllowed, "an agent's privileges are its own: its clients cannot change them")
         }
         kind::DROP_PRIVILEGES => {
             match p::parse_drop_privileges_request(&frame.body) {
                 // Changing credentials can reset the dumpable flag: set it
                 // again before answering.
                 Ok((uid, gid)) => match sys::drop_privileges(uid, gid).and_then(|()| sys::set_not_dumpable()) {
-                    Ok(()) => shared.ok(id, &[]),
-                    Err(e) => shared.err(id, ErrorCode::Privileges, &e.to_string()),
+                    Ok(()) => conn.ok(id, &[]),
+                    Err(e) => conn.err(id, ErrorCode::Privileges, &e.to_string()),
                 },
-                Err(e) => shared.err(id, ErrorCode::Malformed, &e.to_string()),
+                Err(e) => conn.err(id, ErrorCode::Malformed, &e.to_string()),
             }
         }
         kind::STATUS => {
@@ -334,39 +411,43 @@ fn dispatch(frame: Frame, shared: &Arc<Shared>, pools: &Pools) {
                 gid,
                 // Read again: a privilege drop may have changed it.
                 flags: if sys::is_dumpable() {
-                    shared.flags & !p::flags::NOT_DUMPABLE
+                    conn.flags & !p::flags::NOT_DUMPABLE
                 } else {
-                    shared.flags | p::flags::NOT_DUMPABLE
+                    conn.flags | p::flags::NOT_DUMPABLE
                 },
-                keys: shared.keys.read().unwrap_or_else(|e| e.into_inner()).len() as u32,
-                in_flight: shared.in_flight.load(Ordering::Relaxed) as u32,
+                keys: conn.keys.read().unwrap_or_else(|e| e.into_inner()).len() as u32,
+                in_flight: conn.in_flight.load(Ordering::Relaxed) as u32,
             };
-            shared.ok(id, &status.encode());
+            conn.ok(id, &status.encode());
         }
-        other => shared.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
+        other => conn.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
     }
 }
 
-/// A loader thread: loads keys until the reader is gone.
-fn load_keys(rx: &Receiver<LoadJob>, shared: &Shared) {
-    for LoadJob { id, key_id, source } in rx {
-        match load(&source) {
+/// A loader thread: loads keys until the queue closes.
+fn load_keys(rx: &Receiver<LoadJob>) {
+    for LoadJob { conn, id, key_id, source } in rx {
+        match load(&source, &conn.role) {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => {
-                    shared.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
-                    shared.ok(id, &body);
+                    conn.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
+                    conn.ok(id, &body);
                 }
-                Err(e) => shared.err(id, ErrorCode::Load, &e.to_string()),
+                Err(e) => conn.err(id, ErrorCode::Load, &e.to_string()),
             },
-            Err(msg) => shared.err(id, ErrorCode::Load, &msg),
+            Err(msg) => conn.err(id, ErrorCode::Load, &msg),
         }
     }
 }
 
 /// Loads a key from its source; the message names the source, never its
 /// contents.
-fn load(source: &KeySource) -> Result<PrivateKey, String> {
+fn load(source: &KeySource, role: &Role) -> Result<PrivateKey, String> {
     match source {
+        KeySource::AgentEnvelope(envelope) => match role {
+            Role::Agent(opener) => opener.open(envelope),
+            Role::KeyProcess => Err("a key process opens an envelope only with the machine key and store its client names".into()),
+        },
         KeySource::File(path) => {
             let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?);
             PrivateKey::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
@@ -397,8 +478,8 @@ fn open_envelope(store: &Path, machine_key: &Path, envelope: &[u8], name: &str) 
     PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in {name}: {e}"))
 }
 
-fn work(rx: &Receiver<Job>, shared: &Shared, defer: bool) {
-    let mut next = None;
+fn work(rx: &Receiver<Job>, defer: bool) {
+    let mut next: Option<Job> = None;
     // When the oldest reply held back was queued, and how many are held.
     let mut held: Option<(Instant, usize)> = None;
     loop {
@@ -409,25 +490,31 @@ fn work(rx: &Receiver<Job>, shared: &Shared, defer: bool) {
                 Err(_) => break,
             },
         };
-        let reply = perform(&job, shared);
-        // With another job already queued, this reply can wait for the
-        // next one and both leave in one write: fewer system calls here
-        // and fewer wake-ups of the peer's reader under load. The wait is
-        // bounded in time and count. Never for RSA: its operations are
-        // long enough that even one wait would show.
+        let reply = perform(&job);
+        // With another job already queued for the same connection, this
+        // reply can wait for the next one and both leave in one write:
+        // fewer system calls here and fewer wake-ups of the peer's reader
+        // under load. The wait is bounded in time and count. Never for
+        // RSA: its operations are long enough that even one wait would
+        // show.
         let hold = defer && held.is_none_or(|(since, n)| n < MAX_HELD && since.elapsed() < MAX_HOLD);
         if hold {
-            if let Ok(job) = rx.try_recv() {
-                shared.writer.queue(&reply);
-                held = Some(held.map_or((Instant::now(), 1), |(since, n)| (since, n + 1)));
-                next = Some(job);
+            if let Ok(following) = rx.try_recv() {
+                if Arc::ptr_eq(&following.conn, &job.conn) {
+                    job.conn.writer.queue(&reply);
+                    held = Some(held.map_or((Instant::now(), 1), |(since, n)| (since, n + 1)));
+                } else {
+                    // Another client's: this one's replies leave now.
+                    job.conn.writer.send(&reply);
+                    held = None;
+                }
+                next = Some(following);
                 continue;
             }
         }
-        shared.writer.send(&reply);
+        job.conn.writer.send(&reply);
         held = None;
     }
-    shared.writer.flush();
 }
 
 /// Replies one worker holds back at most before writing them. The hold
@@ -441,7 +528,7 @@ const MAX_HELD: usize = 32;
 const MAX_HOLD: Duration = Duration::from_micros(400);
 
 /// Runs one job; returns its reply frame.
-fn perform(job: &Job, shared: &Shared) -> Zeroizing<Vec<u8>> {
+fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
     let result = if Instant::now() >= job.deadline {
         Err((ErrorCode::TimedOut, "the deadline passed before the operation started".to_string()))
     } else {
@@ -451,7 +538,7 @@ fn perform(job: &Job, shared: &Shared) -> Zeroizing<Vec<u8>> {
             Err(e) => Err((ErrorCode::Invalid, e.to_string())),
         }
     };
-    shared.done(job.op.input_len());
+    job.conn.done(job.op.input_len());
     let mut frame = Zeroizing::new(Vec::new());
     match result {
         Ok(out) => {

@@ -123,7 +123,8 @@ impl Supervisor {
                 p::MAX_IN_FLIGHT
             )));
         }
-        let command = resolve_command(&config)?;
+        // An agent is reached by its socket: no program to find.
+        let command = if config.agent.is_some() { Vec::new() } else { resolve_command(&config)? };
         let sup = Arc::new(Supervisor {
             config,
             command,
@@ -148,9 +149,70 @@ impl Supervisor {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts a key process, exchanges hellos and starts its reader.
+    /// Whether the keys are held by an agent this supervisor connects to,
+    /// rather than a key process it starts.
+    pub(super) fn is_agent(&self) -> bool {
+        self.config.agent.is_some()
+    }
+
+    /// What holds the keys, for messages: "the key process" or "the agent".
+    pub(super) fn holder(&self) -> &'static str {
+        if self.is_agent() {
+            "the agent"
+        } else {
+            "the key process"
+        }
+    }
+
+    /// Connects to the agent, exchanges hellos and starts the reader.
+    fn connect(self: &Arc<Self>, socket: &Path) -> Result<Arc<Conn>, SignError> {
+        let config = &self.config;
+        let fail = |what: String| backend_error(BackendFailure::Unavailable, what);
+        let ours = UnixStream::connect(socket)
+            .map_err(|e| fail(format!("cannot connect to the agent at {}: {e}", socket.display())))?;
+        // The hello's pid must be the process the kernel says is there.
+        let (peer_pid, ..) = sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
+        let (flags, decoder) = handshake(&ours, peer_pid, config).map_err(|e| {
+            if e.kind() == io::ErrorKind::PermissionDenied {
+                backend_error(BackendFailure::Refused, format!("the agent at {} refused: {e}", socket.display()))
+            } else {
+                fail(format!("the agent at {} did not answer: {e}", socket.display()))
+            }
+        })?;
+        if flags & p::flags::AGENT == 0 {
+            return Err(fail(format!("{} is not a keyfence agent", socket.display())));
+        }
+        let reader = ours.try_clone().map_err(|e| SignError::io(Resource::Socket, format!("cannot clone the agent socket: {e}")))?;
+        let writer = FrameWriter::new(ours)
+            .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's writer: {e}")))?;
+        let conn = Arc::new(Conn::new(peer_pid, flags, None, writer, config.max_in_flight));
+        self.start_reader(&conn, reader, decoder)?;
+        Ok(conn)
+    }
+
+    /// Starts `conn`'s reader, which delivers replies and, when the
+    /// connection ends, records why and starts another.
+    fn start_reader(self: &Arc<Self>, conn: &Arc<Conn>, reader: UnixStream, decoder: p::Decoder) -> Result<(), SignError> {
+        let (weak, c) = (Arc::downgrade(self), conn.clone());
+        let started =
+            self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(format!("keyfence-key-process-{}", conn.pid), move || {
+                let exit = c.read_replies(reader, decoder);
+                on_exit(weak, exit);
+            });
+        if let Err(e) = started {
+            end(conn);
+            return Err(SignError::io(Resource::Thread, format!("cannot start the reader of {}: {e}", self.holder())));
+        }
+        Ok(())
+    }
+
+    /// Starts a key process (or connects to the agent), exchanges hellos
+    /// and starts its reader.
     fn spawn(self: &Arc<Self>) -> Result<Arc<Conn>, SignError> {
         let config = &self.config;
+        if let Some(socket) = &config.agent {
+            return self.connect(socket);
+        }
         let process_error = |what: String| SignError::io(Resource::Process, what);
         let (ours, theirs) = UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
         let mut cmd = Command::new(&self.command[0]);
@@ -196,16 +258,8 @@ impl Supervisor {
                 return Err(SignError::io(Resource::Thread, format!("cannot start the key-process writer: {e}")));
             }
         };
-        let conn = Arc::new(Conn::new(pid, flags, child, writer, config.max_in_flight));
-        let (weak, c) = (Arc::downgrade(self), conn.clone());
-        let started = self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(format!("keyfence-key-process-{pid}"), move || {
-            let exit = c.read_replies(reader, decoder);
-            on_exit(weak, exit);
-        });
-        if let Err(e) = started {
-            end(&conn);
-            return Err(SignError::io(Resource::Thread, format!("cannot start the key-process reader: {e}")));
-        }
+        let conn = Arc::new(Conn::new(pid, flags, Some(child), writer, config.max_in_flight));
+        self.start_reader(&conn, reader, decoder)?;
         Ok(conn)
     }
 
@@ -219,14 +273,15 @@ impl Supervisor {
             }
             if self.closed.load(Ordering::Acquire) || !self.config.restart {
                 let why = state.last_exit.clone().unwrap_or_else(|| "it is not running".into());
-                return Err(backend_error(BackendFailure::Unavailable, format!("the key process is gone ({why})")));
+                return Err(backend_error(BackendFailure::Unavailable, format!("{} is gone ({why})", self.holder())));
             }
             let now = Instant::now();
             if now >= deadline {
                 let why = state.last_exit.clone().unwrap_or_else(|| "starting".into());
+                let doing = if self.is_agent() { "is being reconnected to" } else { "is restarting" };
                 return Err(backend_error(
                     BackendFailure::Unavailable,
-                    format!("the key process is restarting (last exit: {why})"),
+                    format!("{} {doing} (last exit: {why})", self.holder()),
                 ));
             }
             state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
@@ -271,12 +326,14 @@ impl Supervisor {
     }
 }
 
-/// Closes the connection, then kills and reaps its key process.
+/// Closes the connection, then kills and reaps its key process (an
+/// agent's connection is only closed).
 fn end(conn: &Conn) {
     conn.writer.shutdown();
-    let mut child = conn.child.lock().unwrap_or_else(|e| e.into_inner());
-    let _ = child.kill();
-    let _ = child.wait();
+    if let Some(child) = conn.child.lock().unwrap_or_else(|e| e.into_inner()).as_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }
 
 /// Sends `Hello` and reads the key process's: its pid (which must be the
@@ -302,8 +359,9 @@ fn handshake(ours: &UnixStream, pid: u32, config: &KeyProcessConfig) -> io::Resu
     };
     ours.set_read_timeout(None)?;
     if frame.kind == kind::ERR {
-        let (_, msg) = p::parse_error(&frame.body);
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("it refused the hello: {msg}")));
+        let (code, msg) = p::parse_error(&frame.body);
+        let kind = if code == p::ErrorCode::NotAllowed { io::ErrorKind::PermissionDenied } else { io::ErrorKind::InvalidData };
+        return Err(io::Error::new(kind, format!("it refused the hello: {msg}")));
     }
     let (their_pid, flags) =
         p::parse_hello_reply(&frame.body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
@@ -336,7 +394,13 @@ fn restart(sup: &Arc<Supervisor>) {
         if sup.closed.load(Ordering::Acquire) || Arc::strong_count(sup) == 1 {
             return;
         }
-        if let Ok(conn) = sup.spawn() {
+        let spawned = sup.spawn();
+        if let Err(e) = &spawned {
+            // Why operations fail meanwhile ("cannot connect to the agent
+            // ...: connection refused").
+            sup.state().last_exit = Some(e.to_string());
+        }
+        if let Ok(conn) = spawned {
             let setup = sup.state().setup.clone();
             match sup.replay(&conn, &setup) {
                 Ok(lost) => {

@@ -41,10 +41,10 @@ pub(crate) fn disable_core_dumps() -> io::Result<()> {
     Ok(())
 }
 
-/// Refuses a peer that is not our parent running as our user. Over the
-/// socket pair the parent made, `SO_PEERCRED` reports the process that
-/// created the pair; anything else on the other end is not our client.
-pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<()> {
+/// The credentials of the process at the other end of `stream`
+/// (`SO_PEERCRED`): its pid, user and group, as the kernel recorded them
+/// when it connected (or made the pair).
+pub(crate) fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, u32)> {
     let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
     let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
     // SAFETY: `cred` and `len` are valid for writes and `len` holds the
@@ -62,15 +62,101 @@ pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<()> {
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
+    Ok((cred.pid as u32, cred.uid, cred.gid))
+}
+
+/// The supplementary groups of the process at the other end of `stream`
+/// (`SO_PEERGROUPS`, Linux 4.13 and later).
+pub(crate) fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: `groups` is valid for `len` bytes of writes and outlives
+        // the call; the kernel writes at most `len` bytes and reports in
+        // `len` how many it needs when that is too few (ERANGE).
+        let rc = unsafe {
+            libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len)
+        };
+        let n = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(n);
+            return Ok(groups);
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::ERANGE) || n <= groups.len() || n > 65536 {
+            return Err(e);
+        }
+        groups.resize(n, 0);
+    }
+}
+
+/// Refuses a peer that is not our parent running as our user. Over the
+/// socket pair the parent made, `SO_PEERCRED` reports the process that
+/// created the pair; anything else on the other end is not our client.
+pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<()> {
+    let (pid, peer_uid, _) = peer_credentials(stream)?;
     // SAFETY: getppid and getuid cannot fail and touch no memory.
     let (ppid, uid) = unsafe { (libc::getppid(), libc::getuid()) };
-    if cred.pid != ppid || cred.uid != uid {
+    if pid != ppid as u32 || peer_uid != uid {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
-            format!("peer pid {} uid {} is not the parent {ppid} as uid {uid}", cred.pid, cred.uid),
+            format!("peer pid {pid} uid {peer_uid} is not the parent {ppid} as uid {uid}"),
         ));
     }
     Ok(())
+}
+
+/// The names of user `uid` and group `gid` (`getpwuid_r`, `getgrgid_r`),
+/// for messages; the number when there is none.
+pub(crate) fn user_name(uid: u32) -> String {
+    let mut pw: libc::passwd = unsafe_zeroed_passwd();
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 4096];
+    // SAFETY: `pw`, `buf` and `out` are live and writable for the call,
+    // `buf.len()` is the buffer's size; on success `out` points at `pw`,
+    // whose strings point into `buf`, read before `buf` is dropped.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc == 0 && !out.is_null() && !pw.pw_name.is_null() {
+        // SAFETY: a NUL-terminated name inside `buf`, per getpwuid_r.
+        return unsafe { CStr::from_ptr(pw.pw_name) }.to_string_lossy().into_owned();
+    }
+    uid.to_string()
+}
+
+/// A `passwd` of zeros (null pointers and ids 0), for getpwuid_r to fill.
+fn unsafe_zeroed_passwd() -> libc::passwd {
+    // SAFETY: `passwd` is a C struct of integers and pointers, for which
+    // all-zero bytes are a valid value (null pointers).
+    unsafe { std::mem::zeroed() }
+}
+
+/// The user and group ids `name` stands for (a number, or a name looked up
+/// with `getpwnam_r` / `getgrnam_r`).
+pub(crate) fn lookup_id(name: &str, group: bool) -> io::Result<u32> {
+    if let Ok(n) = name.parse::<u32>() {
+        return Ok(n);
+    }
+    let c = std::ffi::CString::new(name).map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in a name"))?;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let found = if group {
+        // SAFETY: `group` is a C struct of integers and pointers, for which
+        // all-zero bytes are a valid value.
+        let mut gr: libc::group = unsafe { std::mem::zeroed() };
+        let mut out: *mut libc::group = std::ptr::null_mut();
+        // SAFETY: as in user_name: every pointer is live and writable for
+        // the call, and the id is read from `gr` before `buf` is dropped.
+        let rc = unsafe { libc::getgrnam_r(c.as_ptr(), &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
+        (rc == 0 && !out.is_null()).then_some(gr.gr_gid)
+    } else {
+        let mut pw: libc::passwd = unsafe_zeroed_passwd();
+        let mut out: *mut libc::passwd = std::ptr::null_mut();
+        // SAFETY: as in user_name, for getpwnam_r.
+        let rc = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+        (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
+    };
+    found.ok_or_else(|| {
+        io::Error::new(io::ErrorKind::NotFound, format!("no {} called {name}", if group { "group" } else { "user" }))
+    })
 }
 
 /// Drops to `uid`/`gid` for good: supplementary groups cleared, group then
