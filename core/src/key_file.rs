@@ -11,8 +11,11 @@
 //! versioned: `KFKEY`, a version byte, then fields of a tag (1 byte), a
 //! length (4 bytes, big-endian) and a value. A reader refuses another
 //! version, a tag it does not know and a field given twice, so a version
-//! that adds a field bumps the version byte. One codec, here: the command
-//! line writes it and the provider reads it through the C ABI.
+//! that adds a field bumps the version byte: version 2 adds the agent
+//! mode and its socket. A file is written in the oldest version that
+//! carries it (local and remote keys in version 1, which older providers
+//! read), and this reader reads both. One codec, here: the command line
+//! writes it and the provider reads it through the C ABI.
 //!
 //! ```
 //! use keyfence::key_file::{KeyFile, KeyLocation};
@@ -32,8 +35,9 @@ use crate::ErrorCode;
 
 /// The PEM label of a key file.
 pub const PEM_LABEL: &str = "KEYFENCE KEY";
-/// The version of the body this module writes and reads.
-pub const VERSION: u8 = 1;
+/// The newest version of the body this module writes and reads (it reads
+/// every version from 1).
+pub const VERSION: u8 = 2;
 /// The most key servers one remote key file names.
 pub const MAX_PEERS: usize = 16;
 const MAGIC: &[u8] = b"KFKEY";
@@ -52,6 +56,16 @@ mod tag {
     pub const TLS_KEY: u8 = 7;
     pub const TLS_CA: u8 = 8;
     pub const PEER: u8 = 9;
+    /// Version 2: the agent's socket.
+    pub const AGENT_SOCKET: u8 = 10;
+}
+
+/// The modes (the MODE field's byte).
+mod mode {
+    pub const LOCAL: u8 = 0;
+    pub const REMOTE: u8 = 1;
+    /// Version 2.
+    pub const AGENT: u8 = 2;
 }
 
 fn tag_name(t: u8) -> &'static str {
@@ -65,6 +79,7 @@ fn tag_name(t: u8) -> &'static str {
         tag::TLS_KEY => "TLS key",
         tag::TLS_CA => "TLS CA",
         tag::PEER => "peer",
+        tag::AGENT_SOCKET => "agent socket",
         _ => "unknown",
     }
 }
@@ -102,6 +117,13 @@ pub enum KeyLocation {
         /// The key servers, at least one and at most [`MAX_PEERS`].
         peers: Vec<KeyFilePeer>,
     },
+    /// Held by the key agent listening on a Unix socket (`keyfence
+    /// agent`), which opens the envelope with its own machine key: the
+    /// process loading the file holds only the socket's name.
+    Agent {
+        /// The agent's socket (an absolute path).
+        socket: String,
+    },
 }
 
 /// A key server named in a remote key file.
@@ -137,14 +159,15 @@ fn err(msg: impl Into<String>) -> KeyFileError {
 }
 
 impl KeyFile {
-    /// The body of version [`VERSION`] (what the PEM block carries).
+    /// The body (what the PEM block carries), in version 1 for a local or
+    /// remote key and version 2 for an agent's.
     ///
-    /// Errors: a field that version 1 cannot carry: an empty public key,
+    /// Errors: a field the format cannot carry: an empty public key,
     /// envelope or name, a peer part holding a NUL byte, no peer or more
     /// than [`MAX_PEERS`] for a remote key, a field over 1 MiB.
     pub fn to_bytes(&self) -> Result<Vec<u8>, KeyFileError> {
         let mut out = MAGIC.to_vec();
-        out.push(VERSION);
+        out.push(if matches!(self.location, KeyLocation::Agent { .. }) { 2 } else { 1 });
         let mut field = |t: u8, value: &[u8]| -> Result<(), KeyFileError> {
             if value.is_empty() || value.len() > MAX_FIELD {
                 return Err(err(format!("key file field {t} ({}) must hold 1 to {MAX_FIELD} bytes", tag_name(t))));
@@ -157,7 +180,7 @@ impl KeyFile {
         };
         match &self.location {
             KeyLocation::Local { store, machine_key } => {
-                field(tag::MODE, &[0])?;
+                field(tag::MODE, &[mode::LOCAL])?;
                 for (t, v) in [(tag::STORE, store), (tag::MACHINE_KEY, machine_key)] {
                     if let Some(v) = v {
                         field(t, text_bytes(t, v)?)?;
@@ -168,7 +191,7 @@ impl KeyFile {
                 if peers.is_empty() || peers.len() > MAX_PEERS {
                     return Err(err(format!("a remote key file names 1 to {MAX_PEERS} key servers, not {}", peers.len())));
                 }
-                field(tag::MODE, &[1])?;
+                field(tag::MODE, &[mode::REMOTE])?;
                 for (t, v) in [(tag::TLS_CERT, tls_cert), (tag::TLS_KEY, tls_key), (tag::TLS_CA, tls_ca)] {
                     field(t, text_bytes(t, v)?)?;
                 }
@@ -181,36 +204,54 @@ impl KeyFile {
                     field(tag::PEER, parts.join("\0").as_bytes())?;
                 }
             }
+            KeyLocation::Agent { socket } => {
+                field(tag::MODE, &[mode::AGENT])?;
+                field(tag::AGENT_SOCKET, text_bytes(tag::AGENT_SOCKET, socket)?)?;
+            }
         }
         field(tag::PUBLIC_KEY, &self.public_key)?;
         field(tag::ENVELOPE, &self.envelope)?;
         Ok(out)
     }
 
-    /// Reads a body of version [`VERSION`].
+    /// Reads a body of version 1 or 2.
     ///
     /// Errors, each naming the field at fault: not a key file (bad magic),
-    /// another version, a field cut short, an unknown or repeated field, a
-    /// field of the other mode, a malformed value (empty, not UTF-8, a NUL
-    /// in a name, a peer not `name NUL host:port NUL attributes [NUL
-    /// server name]`), too many peers, or a field missing (the mode, the
-    /// public key, the envelope; a remote key's TLS files and peers).
+    /// another version, a damaged file (an unknown field tag where a field
+    /// should start: bytes edited or a line lost), a field cut short, a
+    /// repeated field, a field of another mode or a newer version, a
+    /// malformed value (empty, not UTF-8, a NUL in a name, a peer not
+    /// `name NUL host:port NUL attributes [NUL server name]`), too many
+    /// peers, or a field missing (the mode, the public key, the envelope; a
+    /// remote key's TLS files and peers; an agent key's socket).
     pub fn from_bytes(body: &[u8]) -> Result<KeyFile, KeyFileError> {
         let rest = body.strip_prefix(MAGIC).ok_or_else(|| err("not a keyfence key file body (bad magic)"))?;
         let (&version, mut rest) = rest.split_first().ok_or_else(|| err("not a keyfence key file body (bad magic)"))?;
-        if version != VERSION {
-            return Err(err(format!("key file version {version} is not supported (this keyfence reads version {VERSION})")));
+        if !(1..=VERSION).contains(&version) {
+            return Err(err(format!("key file version {version} is not supported (this keyfence reads versions 1 to {VERSION})")));
         }
-        let mut f = Fields::default();
+        let mut f = Fields { version, ..Fields::default() };
         while !rest.is_empty() {
-            if rest.len() < 5 {
-                return Err(err("key file truncated inside a field header"));
-            }
+            let at = body.len() - rest.len();
             let t = rest[0];
+            // A tag no version knows is a damaged file, not a field: what
+            // follows is no length worth reporting.
+            if tag_name(t) == "unknown" {
+                return Err(err(format!(
+                    "the key file is damaged: byte {at} should start a field but holds {t}, which is no field's tag (a line lost or edited?); write it again with `keyfence provider-key`"
+                )));
+            }
+            if rest.len() < 5 {
+                return Err(err(format!("key file truncated inside the header of field {t} ({})", tag_name(t))));
+            }
             let n = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
             rest = &rest[5..];
             if n > MAX_FIELD || n > rest.len() {
-                return Err(err(format!("key file truncated: field {t} claims {n} bytes, {} remain", rest.len())));
+                return Err(err(format!(
+                    "key file truncated or damaged: field {t} ({}) at byte {at} claims {n} bytes, {} remain",
+                    tag_name(t),
+                    rest.len()
+                )));
             }
             let (value, after) = rest.split_at(n);
             rest = after;
@@ -230,7 +271,9 @@ fn text_bytes<'a>(t: u8, v: &'a str) -> Result<&'a [u8], KeyFileError> {
 /// The fields read so far, each at most once.
 #[derive(Default)]
 struct Fields {
+    version: u8,
     mode: Option<u8>,
+    agent_socket: Option<String>,
     public_key: Option<Vec<u8>>,
     envelope: Option<Vec<u8>>,
     store: Option<String>,
@@ -265,9 +308,11 @@ impl Fields {
     fn take(&mut self, t: u8, v: &[u8]) -> Result<(), KeyFileError> {
         match t {
             tag::MODE => match v {
-                [m @ (0 | 1)] => once(&mut self.mode, t, *m),
+                [m @ (mode::LOCAL | mode::REMOTE)] => once(&mut self.mode, t, *m),
+                [m @ mode::AGENT] if self.version >= 2 => once(&mut self.mode, t, *m),
                 _ => Err(malformed(t)),
             },
+            tag::AGENT_SOCKET if self.version >= 2 => once(&mut self.agent_socket, t, text(t, v)?),
             tag::PUBLIC_KEY | tag::ENVELOPE if v.is_empty() => Err(malformed(t)),
             tag::PUBLIC_KEY => once(&mut self.public_key, t, v.to_vec()),
             tag::ENVELOPE => once(&mut self.envelope, t, v.to_vec()),
@@ -307,13 +352,23 @@ impl Fields {
         let mode = self.mode.ok_or_else(|| lacks("mode"))?;
         let public_key = self.public_key.ok_or_else(|| lacks("public key"))?;
         let envelope = self.envelope.ok_or_else(|| lacks("envelope"))?;
-        let location = if mode == 0 {
-            if self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_ca.is_some() || !self.peers.is_empty() {
+        let remote_fields = self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_ca.is_some() || !self.peers.is_empty();
+        let local_fields = self.store.is_some() || self.machine_key.is_some();
+        if mode != mode::AGENT && self.agent_socket.is_some() {
+            return Err(err("key file of a local or remote key names an agent socket"));
+        }
+        let location = if mode == mode::AGENT {
+            if remote_fields || local_fields {
+                return Err(err("key file of an agent's key names a store, a machine key, key servers or TLS files"));
+            }
+            KeyLocation::Agent { socket: self.agent_socket.ok_or_else(|| lacks("agent socket"))? }
+        } else if mode == mode::LOCAL {
+            if remote_fields {
                 return Err(err("key file of a local key names key servers or TLS files"));
             }
             KeyLocation::Local { store: self.store, machine_key: self.machine_key }
         } else {
-            if self.store.is_some() || self.machine_key.is_some() {
+            if local_fields {
                 return Err(err("key file of a remote key names a store or machine key"));
             }
             let (Some(tls_cert), Some(tls_key), Some(tls_ca)) = (self.tls_cert, self.tls_key, self.tls_ca) else {
@@ -378,8 +433,16 @@ mod tests {
             public_key: vec![1; 44],
             envelope: vec![2; 300],
         };
-        for f in [local, remote()] {
-            assert_eq!(KeyFile::from_bytes(&f.to_bytes().unwrap()).unwrap(), f);
+        let agent = KeyFile {
+            location: KeyLocation::Agent { socket: "/run/keyfence/agent.sock".into() },
+            public_key: vec![1; 44],
+            envelope: vec![2; 300],
+        };
+        // Local and remote keys stay in version 1, which older readers take.
+        for (f, version) in [(local, 1), (remote(), 1), (agent, 2)] {
+            let b = f.to_bytes().unwrap();
+            assert_eq!(b[5], version, "{f:?}");
+            assert_eq!(KeyFile::from_bytes(&b).unwrap(), f);
         }
     }
 
@@ -389,12 +452,26 @@ mod tests {
         refused(b"KFKE", "bad magic");
         refused(b"KFKEY", "bad magic");
         refused(b"PEM!!\x01", "bad magic");
-        refused(b"KFKEY\x02", "version 2 is not supported");
-        refused(&good[..good.len() - 20], "field 3 claims 400 bytes, 380 remain");
-        refused(&good[..9], "truncated inside a field header");
+        refused(b"KFKEY\x03", "version 3 is not supported");
+        refused(b"KFKEY\x00", "version 0 is not supported");
+        refused(&good[..good.len() - 20], "field 3 (envelope) at byte");
+        refused(&good[..good.len() - 20], "claims 400 bytes, 380 remain");
+        refused(&good[..9], "truncated inside the header of field 1 (mode)");
         let mut unknown = good.clone();
         unknown.extend_from_slice(&[99, 0, 0, 0, 1, 0]);
-        refused(&unknown, "unknown field 99");
+        refused(&unknown, &format!("damaged: byte {} should start a field but holds 99", good.len()));
+        // Version 2's agent fields are no version 1 file's.
+        refused(&body(&[(1, &[2]), (10, b"/s"), (2, b"k"), (3, b"e")]), "field 1 (mode)");
+        refused(&body(&[(1, &[0]), (10, b"/s"), (2, b"k"), (3, b"e")]), "unknown field 10");
+        let v2 = |fields: &[(u8, &[u8])]| {
+            let mut b = body(fields);
+            b[5] = 2;
+            b
+        };
+        refused(&v2(&[(1, &[2]), (2, b"k"), (3, b"e")]), "lacks its agent socket");
+        refused(&v2(&[(1, &[2]), (10, b"/s"), (4, b"/store"), (2, b"k"), (3, b"e")]), "agent's key names a store");
+        refused(&v2(&[(1, &[0]), (10, b"/s"), (2, b"k"), (3, b"e")]), "local or remote key names an agent socket");
+        refused(&v2(&[(1, &[2]), (10, b""), (2, b"k"), (3, b"e")]), "field 10 (agent socket)");
         refused(&body(&[(1, &[0]), (1, &[0]), (2, b"k"), (3, b"e")]), "field 1 (mode) is malformed or repeated");
         refused(&body(&[(1, &[2]), (2, b"k"), (3, b"e")]), "field 1 (mode)");
         refused(&body(&[(1, &[0]), (2, b""), (3, b"e")]), "field 2 (public key)");
@@ -422,6 +499,30 @@ mod tests {
         let mut many = f.clone();
         many.extend(std::iter::repeat((9, peer)).take(MAX_PEERS + 1));
         refused(&body(&many), "more than 16 key servers");
+    }
+
+    /// A PEM file with one base64 line deleted still decodes, into bytes
+    /// shifted by 48: the reader says the file is damaged, never that
+    /// some field 19 claims billions of bytes as if that were a field.
+    /// (A loss inside one long field can leave a file that reads; the
+    /// provider then finds its public key is not the key's.)
+    #[test]
+    fn a_file_with_a_line_lost_is_reported_damaged() {
+        let good = remote().to_bytes().unwrap();
+        let mut caught = 0;
+        // 48 bytes are one 64-character base64 line.
+        for line in 0..good.len() / 48 {
+            let mut b = good[..line * 48].to_vec();
+            b.extend_from_slice(&good[(line + 1) * 48..]);
+            let Err(e) = KeyFile::from_bytes(&b) else { continue };
+            let e = e.to_string();
+            caught += 1;
+            assert!(
+                e.contains("damaged") || e.contains("malformed") || e.contains("lacks") || e.contains("bad magic"),
+                "line {line}: {e}"
+            );
+        }
+        assert!(caught >= good.len() / 48 / 2, "{caught} of {} losses caught", good.len() / 48);
     }
 
     #[test]

@@ -268,6 +268,10 @@ typedef enum keyfence_key_file_field {
    A remote key's CA certificates file.
    */
   KEYFENCE_KEY_FILE_TLS_CA = 4,
+  /*
+   An agent's key: the agent's socket.
+   */
+  KEYFENCE_KEY_FILE_AGENT_SOCKET = 5,
 } keyfence_key_file_field;
 
 /*
@@ -838,13 +842,22 @@ keyfence_result keyfence_key_file_parse(const uint8_t *body,
                                         struct keyfence_key_file **out);
 
 /*
- Whether the key is signed by key servers (else this machine opens it).
- False for NULL.
+ Whether the key is signed by key servers (else this machine or a key
+ agent opens it). False for NULL.
 
  # Safety
  `file` is NULL or a live handle.
  */
 bool keyfence_key_file_is_remote(const struct keyfence_key_file *file);
+
+/*
+ Whether the key is held by a key agent (`keyfence agent`) whose socket
+ the file names (`KEYFENCE_KEY_FILE_AGENT_SOCKET`). False for NULL.
+
+ # Safety
+ `file` is NULL or a live handle.
+ */
+bool keyfence_key_file_is_agent(const struct keyfence_key_file *file);
 
 /*
  The key's public half (DER `SubjectPublicKeyInfo`) into `*data` and
@@ -1229,6 +1242,23 @@ keyfence_result keyfence_engine_config_set_isolated(struct keyfence_engine_confi
                                                     const char *key_process);
 
 /*
+ Keeps the engine's keys in the key agent listening on `socket`
+ (`keyfence agent`, docs/deploy.md): keys loaded with
+ `keyfence_key_from_envelope(engine, NULL, NULL, ...)` are opened and
+ held by the agent, with its own machine key and store, so this process
+ needs neither (a server's workers running as `www-data` hold only the
+ socket). The engine connects when it is made (`keyfence_engine_new`
+ fails with `KEYFENCE_BACKEND_FAILED` and the reason when no agent
+ answers or it refuses this user), and again, loading its keys again,
+ when the agent restarts.
+
+ # Safety
+ `config` is a live handle; `socket` is a NUL-terminated string.
+ */
+keyfence_result keyfence_engine_config_set_agent(struct keyfence_engine_config *config,
+                                                 const char *socket);
+
+/*
  Frees an engine configuration; NULL is a no-op.
 
  # Safety
@@ -1299,18 +1329,25 @@ keyfence_result keyfence_key_from_pem(const struct keyfence_engine *engine,
  after a restart. With `engine` NULL or an engine without a key process,
  the envelope is opened here, as `keyfence_machine_open` does.
 
+ With an engine whose keys are in an agent
+ (`keyfence_engine_config_set_agent`), `store_dir` and
+ `machine_key_path` are NULL: the agent opens the envelope with its own
+ machine key and store, and this process reads nothing.
+
  Errors: `KEYFENCE_IO` if the machine key file cannot be read,
  `KEYFENCE_INVALID_KEY` if it does not decode, `KEYFENCE_STORE_IO`,
  `KEYFENCE_INVALID_ENVELOPE`, `KEYFENCE_POLICY_NOT_SATISFIED`,
  `KEYFENCE_RETIRED_GENERATION`, `KEYFENCE_UNKNOWN_POLICY_KEY`,
  `KEYFENCE_WRONG_AUTHORITY` (as `keyfence_machine_open`),
  `KEYFENCE_INVALID_PRIVATE_KEY` if the envelope holds no usable key,
- `KEYFENCE_BACKEND_FAILED` if the key process refuses it.
+ `KEYFENCE_BACKEND_FAILED` if the key process or the agent refuses it
+ (the agent's reason in the message), `KEYFENCE_INVALID_ARGUMENT` for
+ NULL names with an engine that has no agent.
 
  # Safety
  `engine` is NULL or a live handle; `store_dir` and `machine_key_path`
- are NUL-terminated strings; `env` points to `len` readable bytes; `out`
- is writable.
+ are NUL-terminated strings (or NULL, with an agent's engine); `env`
+ points to `len` readable bytes; `out` is writable.
  */
 keyfence_result keyfence_key_from_envelope(const struct keyfence_engine *engine,
                                            const char *store_dir,

@@ -15,7 +15,7 @@ use crate::ffi;
 pub struct keyfence_key_file {
     file: KeyFile,
     /// The text fields as C strings, indexed by `keyfence_key_file_field`.
-    texts: [Option<CString>; 5],
+    texts: [Option<CString>; 6],
     /// Each peer's name, address, attributes and server name.
     peers: Vec<[Option<CString>; 4]>,
 }
@@ -37,6 +37,8 @@ pub enum keyfence_key_file_field {
     KEYFENCE_KEY_FILE_TLS_KEY = 3,
     /// A remote key's CA certificates file.
     KEYFENCE_KEY_FILE_TLS_CA = 4,
+    /// An agent's key: the agent's socket.
+    KEYFENCE_KEY_FILE_AGENT_SOCKET = 5,
 }
 
 /// A text of the format, which the core has checked to hold no NUL.
@@ -48,7 +50,10 @@ impl keyfence_key_file {
     fn new(file: KeyFile) -> Result<Self, Error> {
         let opt = |s: &Option<String>| s.as_deref().map(c_text).transpose();
         let (texts, peers) = match &file.location {
-            KeyLocation::Local { store, machine_key } => ([opt(store)?, opt(machine_key)?, None, None, None], Vec::new()),
+            KeyLocation::Local { store, machine_key } => {
+                ([opt(store)?, opt(machine_key)?, None, None, None, None], Vec::new())
+            }
+            KeyLocation::Agent { socket } => ([None, None, None, None, None, Some(c_text(socket)?)], Vec::new()),
             KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers } => {
                 let peers = peers
                     .iter()
@@ -56,7 +61,7 @@ impl keyfence_key_file {
                         Ok([Some(c_text(&p.name)?), Some(c_text(&p.addr)?), Some(c_text(&p.attrs)?), opt(&p.server_name)?])
                     })
                     .collect::<Result<Vec<_>, Error>>()?;
-                ([None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?)], peers)
+                ([None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None], peers)
             }
         };
         Ok(keyfence_key_file { file, texts, peers })
@@ -93,8 +98,8 @@ pub unsafe extern "C" fn keyfence_key_file_parse(
     }
 }
 
-/// Whether the key is signed by key servers (else this machine opens it).
-/// False for NULL.
+/// Whether the key is signed by key servers (else this machine or a key
+/// agent opens it). False for NULL.
 ///
 /// # Safety
 /// `file` is NULL or a live handle.
@@ -102,6 +107,17 @@ pub unsafe extern "C" fn keyfence_key_file_parse(
 pub unsafe extern "C" fn keyfence_key_file_is_remote(file: *const keyfence_key_file) -> bool {
     // SAFETY: the caller's promise; NULL becomes `None`.
     unsafe { file.as_ref() }.is_some_and(|f| matches!(f.file.location, KeyLocation::Remote { .. }))
+}
+
+/// Whether the key is held by a key agent (`keyfence agent`) whose socket
+/// the file names (`KEYFENCE_KEY_FILE_AGENT_SOCKET`). False for NULL.
+///
+/// # Safety
+/// `file` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_file_is_agent(file: *const keyfence_key_file) -> bool {
+    // SAFETY: the caller's promise; NULL becomes `None`.
+    unsafe { file.as_ref() }.is_some_and(|f| matches!(f.file.location, KeyLocation::Agent { .. }))
 }
 
 /// The key's public half (DER `SubjectPublicKeyInfo`) into `*data` and

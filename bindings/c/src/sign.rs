@@ -183,6 +183,34 @@ pub unsafe extern "C" fn keyfence_engine_config_set_isolated(
     })
 }
 
+/// Keeps the engine's keys in the key agent listening on `socket`
+/// (`keyfence agent`, docs/deploy.md): keys loaded with
+/// `keyfence_key_from_envelope(engine, NULL, NULL, ...)` are opened and
+/// held by the agent, with its own machine key and store, so this process
+/// needs neither (a server's workers running as `www-data` hold only the
+/// socket). The engine connects when it is made (`keyfence_engine_new`
+/// fails with `KEYFENCE_BACKEND_FAILED` and the reason when no agent
+/// answers or it refuses this user), and again, loading its keys again,
+/// when the agent restarts.
+///
+/// # Safety
+/// `config` is a live handle; `socket` is a NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_set_agent(
+    config: *mut keyfence_engine_config,
+    socket: *const c_char,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promises.
+        let (c, socket) = unsafe { (ffi::borrow_mut(config, "config")?, ffi::text(socket, "socket")?) };
+        if socket.is_empty() {
+            return Err(Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, "socket is empty"));
+        }
+        c.0.isolation = Isolation::Agent(socket.into());
+        Ok(())
+    })
+}
+
 /// Frees an engine configuration; NULL is a no-op.
 ///
 /// # Safety
@@ -271,18 +299,25 @@ pub unsafe extern "C" fn keyfence_key_from_pem(
 /// after a restart. With `engine` NULL or an engine without a key process,
 /// the envelope is opened here, as `keyfence_machine_open` does.
 ///
+/// With an engine whose keys are in an agent
+/// (`keyfence_engine_config_set_agent`), `store_dir` and
+/// `machine_key_path` are NULL: the agent opens the envelope with its own
+/// machine key and store, and this process reads nothing.
+///
 /// Errors: `KEYFENCE_IO` if the machine key file cannot be read,
 /// `KEYFENCE_INVALID_KEY` if it does not decode, `KEYFENCE_STORE_IO`,
 /// `KEYFENCE_INVALID_ENVELOPE`, `KEYFENCE_POLICY_NOT_SATISFIED`,
 /// `KEYFENCE_RETIRED_GENERATION`, `KEYFENCE_UNKNOWN_POLICY_KEY`,
 /// `KEYFENCE_WRONG_AUTHORITY` (as `keyfence_machine_open`),
 /// `KEYFENCE_INVALID_PRIVATE_KEY` if the envelope holds no usable key,
-/// `KEYFENCE_BACKEND_FAILED` if the key process refuses it.
+/// `KEYFENCE_BACKEND_FAILED` if the key process or the agent refuses it
+/// (the agent's reason in the message), `KEYFENCE_INVALID_ARGUMENT` for
+/// NULL names with an engine that has no agent.
 ///
 /// # Safety
 /// `engine` is NULL or a live handle; `store_dir` and `machine_key_path`
-/// are NUL-terminated strings; `env` points to `len` readable bytes; `out`
-/// is writable.
+/// are NUL-terminated strings (or NULL, with an agent's engine); `env`
+/// points to `len` readable bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_from_envelope(
     engine: *const keyfence_engine,
@@ -292,14 +327,21 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
-    let (engine, dir, path, envelope) = unsafe {
-        (
-            engine.as_ref(),
-            ffi::text(store_dir, "store_dir"),
-            ffi::text(machine_key_path, "machine_key_path"),
-            ffi::slice(env, len, "env"),
-        )
+    let engine = unsafe { engine.as_ref() };
+    // An agent's engine names no store or machine key: NULL stands for the
+    // agent's own.
+    let agent = engine.is_some_and(|e| e.0.is_agent());
+    let name = |p: *const c_char, what: &str| {
+        if agent && p.is_null() {
+            return Ok("");
+        }
+        // SAFETY: the caller's promise: NULL (refused by `text`) or a
+        // NUL-terminated string.
+        unsafe { ffi::text(p, what) }
     };
+    // SAFETY: the caller's promise.
+    let (dir, path, envelope) =
+        (name(store_dir, "store_dir"), name(machine_key_path, "machine_key_path"), unsafe { ffi::slice(env, len, "env") });
     // SAFETY: `out` is NULL or writable, by the caller's promise.
     unsafe {
         key_out(out, || {

@@ -69,7 +69,9 @@ int main(void) {
     CHECK(keyfence_key_file_peer_count(f) == 0);
     const char *name, *addr, *attrs, *sn;
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_peer(f, 0, &name, &addr, &attrs, &sn));
-    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_text(f, 5, &name));
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_text(f, 6, &name));
+    expect_text(f, KEYFENCE_KEY_FILE_AGENT_SOCKET, NULL);
+    CHECK(!keyfence_key_file_is_agent(f));
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_envelope(f, NULL, &len));
     keyfence_key_file_free(f);
 
@@ -94,13 +96,26 @@ int main(void) {
     CHECK(strcmp(addr, "[::1]:9001") == 0 && sn != NULL && strcmp(sn, "ks.example") == 0);
     keyfence_key_file_free(f);
 
+    /* Version 2: a key held by an agent, named by its socket alone. */
+    n = header(b);
+    b[5] = 2;
+    n = field(b, n, 1, "\x02", 1);
+    n = field(b, n, 10, "/run/keyfence/agent.sock", 24);
+    n = field(b, n, 2, spki, sizeof spki);
+    n = field(b, n, 3, env, sizeof env);
+    OK(keyfence_key_file_parse(b, n, &f));
+    CHECK(keyfence_key_file_is_agent(f) && !keyfence_key_file_is_remote(f));
+    expect_text(f, KEYFENCE_KEY_FILE_AGENT_SOCKET, "/run/keyfence/agent.sock");
+    expect_text(f, KEYFENCE_KEY_FILE_STORE, NULL);
+    keyfence_key_file_free(f);
+
     /* Malformed bodies, each refused with the field at fault. */
-    refused(b, n - 2, "field 3 claims 5 bytes, 3 remain");
-    refused(b, 9, "truncated inside a field header");
-    refused((const uint8_t *)"KFKEY\x02", 6, "version 2 is not supported");
+    refused(b, n - 2, "field 3 (envelope) at byte");
+    refused(b, 9, "truncated inside the header of field 1 (mode)");
+    refused((const uint8_t *)"KFKEY\x03", 6, "version 3 is not supported");
     refused((const uint8_t *)"-----BEGIN", 10, "bad magic");
     size_t m = field(b, n, 99, "x", 1);
-    refused(b, m, "unknown field 99");
+    refused(b, m, "holds 99, which is no field's tag");
     m = header(b);
     m = field(b, m, 1, "\x01", 1);
     m = field(b, m, 2, spki, sizeof spki);
@@ -113,7 +128,7 @@ int main(void) {
 
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_parse(NULL, 4, &f));
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_parse(b, m, NULL));
-    CHECK(!keyfence_key_file_is_remote(NULL) && keyfence_key_file_peer_count(NULL) == 0);
+    CHECK(!keyfence_key_file_is_remote(NULL) && !keyfence_key_file_is_agent(NULL) && keyfence_key_file_peer_count(NULL) == 0);
     keyfence_key_file_free(NULL);
     puts("test_key_file: ok");
     return 0;

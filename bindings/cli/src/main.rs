@@ -2,10 +2,11 @@
 
 // Direction, bottom to top (each module uses only those before it): exit,
 // files, key_process, offload_sim, pki; abe_cmd, policy_cmd, wrap_cmd; then
-// remote_cmd, sign_cmd (which takes remote_cmd's options), provider_cmd,
-// soak, demo and bench_cmd; this file on top.
+// remote_cmd, agent_cmd, sign_cmd (which takes remote_cmd's options),
+// provider_cmd, soak, demo and bench_cmd; this file on top.
 
 mod abe_cmd;
+mod agent_cmd;
 mod bench_cmd;
 mod demo;
 mod exit;
@@ -54,6 +55,10 @@ enum Command {
     /// Run a key server: sign over mutual TLS with the keys this machine's
     /// attributes allow (docs/remote.md).
     Serve(remote_cmd::ServeArgs),
+    /// Run the key agent: hold this machine's keys and sign for the local
+    /// users it allows over a Unix socket (servers whose workers are not
+    /// root; docs/deploy.md).
+    Agent(agent_cmd::AgentArgs),
     /// Write a key file OpenSSL programs load through keyfence's OpenSSL
     /// provider (docs/openssl.md).
     ProviderKey(provider_cmd::ProviderKeyArgs),
@@ -91,6 +96,7 @@ fn main() -> ExitCode {
         Command::Sign(args) => sign_cmd::sign(args),
         Command::Bench(cmd) => bench_cmd::run(cmd),
         Command::Serve(args) => remote_cmd::serve(args),
+        Command::Agent(args) => agent_cmd::agent(args),
         Command::ProviderKey(args) => provider_cmd::provider_key(args),
         Command::ProviderConfig(args) => provider_cmd::provider_config(args),
         Command::Demo => demo::run(),

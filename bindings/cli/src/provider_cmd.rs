@@ -33,11 +33,17 @@ pub struct ProviderKeyArgs {
     /// Local key: the store a machine opens the envelope against (a
     /// directory or etcd://...). The envelope is opened once here, to
     /// prove this machine may and to take the public key.
-    #[arg(long, conflicts_with = "remote", required_unless_present = "remote")]
+    #[arg(long, conflicts_with_all = ["remote", "agent"], required_unless_present_any = ["remote", "agent"])]
     store: Option<PathBuf>,
     /// Local key: this machine's key file.
-    #[arg(long, conflicts_with = "remote", required_unless_present = "remote")]
+    #[arg(long, conflicts_with_all = ["remote", "agent"], required_unless_present_any = ["remote", "agent"])]
     machine_key: Option<PathBuf>,
+    /// Agent's key: the socket of the key agent that holds it (`keyfence
+    /// agent`, docs/deploy.md). The agent loads the envelope once now, to
+    /// prove it may and to give the public key; the server then needs only
+    /// the socket.
+    #[arg(long, conflicts_with = "remote")]
+    agent: Option<PathBuf>,
     /// Remote key: signed by key servers (`keyfence serve`); the public
     /// key is asked of them now.
     #[arg(long, requires = "peers")]
@@ -131,6 +137,14 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
             .collect();
         let location = KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers };
         (location, key.public_key_der()?)
+    } else if let Some(socket) = &args.agent {
+        use keyfence::sign::key_process::KeySource;
+        use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+        let mut config = ManagedConfig::default();
+        config.isolation = Isolation::Agent(socket.clone());
+        let engine = ManagedEngine::start(config).context("reaching the key agent")?;
+        let key = engine.load(KeySource::AgentEnvelope(envelope.clone())).context("the agent cannot load the key")?;
+        (KeyLocation::Agent { socket: absolute(socket)? }, key.public_key_der()?)
     } else {
         let (Some(store), Some(mk)) = (&args.store, &args.machine_key) else {
             return Err(exit::input("a local key needs --store and --machine-key (or --remote)"));

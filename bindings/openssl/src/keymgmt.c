@@ -88,6 +88,14 @@ static int open_handle(kf_key *k, keyfence_engine *engine) {
             kf_raise_keyfence(prov, KF_R_KEY_UNAVAILABLE, r, "cannot open the key's envelope");
             return 0;
         }
+    } else if (f->mode == KF_MODE_AGENT) {
+        /* The agent opens the envelope with its own machine key and
+         * store: this process names neither. */
+        r = keyfence_key_from_envelope(engine, NULL, NULL, f->envelope, f->envelope_len, &h);
+        if (r != KEYFENCE_OK) {
+            kf_raise_keyfence(prov, KF_R_KEY_UNAVAILABLE, r, "the key agent cannot load the key");
+            return 0;
+        }
     } else {
         keyfence_remote_config *cfg = NULL;
         r = keyfence_remote_config_new(f->tls_cert, f->tls_key, f->tls_ca, &cfg);
@@ -127,7 +135,8 @@ keyfence_private_key *kf_key_handle(kf_key *k, keyfence_engine **engine) {
         kf_raise(k->prov, KF_R_PUBLIC_ONLY, "this %s key was made from public parameters", kf_type_name(k->type));
         return NULL;
     }
-    keyfence_engine *e = kf_engine(k->prov);
+    keyfence_engine *e =
+        k->file.mode == KF_MODE_AGENT ? kf_agent_engine(k->prov, k->file.agent_socket) : kf_engine(k->prov);
     if (e == NULL) return NULL;
     keyfence_private_key *h = NULL;
     pthread_mutex_lock(&k->lock);

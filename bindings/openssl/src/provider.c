@@ -98,6 +98,49 @@ out:
     return e;
 }
 
+keyfence_engine *kf_agent_engine(kf_prov *prov, const char *socket) {
+    keyfence_engine *e = NULL;
+    pthread_mutex_lock(&prov->lock);
+    pid_t me = getpid();
+    size_t free_slot = prov->n_agents;
+    for (size_t i = 0; i < prov->n_agents; i++) {
+        struct kf_agent_engine *a = &prov->agents[i];
+        if (a->pid == me && strcmp(a->socket, socket) == 0) {
+            e = a->engine;
+            goto out;
+        }
+        /* A parent's entry is left alone (see kf_engine): its slot is
+         * reused, its engine never freed here. */
+        if (a->pid != me && free_slot == prov->n_agents) free_slot = i;
+    }
+    if (free_slot == KF_MAX_AGENTS) {
+        kf_raise(prov, KF_R_ENGINE, "key files name more than %d key agents", KF_MAX_AGENTS);
+        goto out;
+    }
+    char *name = strdup(socket);
+    keyfence_engine_config *cfg = NULL;
+    keyfence_result r = name == NULL ? KEYFENCE_IO : keyfence_engine_config_new(&cfg);
+    if (r == KEYFENCE_OK && prov->timeout_ms != 0) r = keyfence_engine_config_set_timeout_ms(cfg, prov->timeout_ms);
+    if (r == KEYFENCE_OK) r = keyfence_engine_config_set_agent(cfg, socket);
+    if (r == KEYFENCE_OK) r = keyfence_engine_new(cfg, &e);
+    keyfence_engine_config_free(cfg);
+    if (r != KEYFENCE_OK) {
+        kf_raise_keyfence(prov, KF_R_KEY_UNAVAILABLE, r, "cannot use the key agent");
+        free(name);
+        e = NULL;
+        goto out;
+    }
+    struct kf_agent_engine *slot = &prov->agents[free_slot];
+    if (free_slot == prov->n_agents) prov->n_agents++;
+    else free(slot->socket);
+    slot->socket = name;
+    slot->pid = me;
+    slot->engine = e;
+out:
+    pthread_mutex_unlock(&prov->lock);
+    return e;
+}
+
 static const OSSL_ALGORITHM *query(void *provctx, int op, int *no_cache) {
     (void)provctx;
     *no_cache = 0;
@@ -143,6 +186,10 @@ static void teardown(void *provctx) {
     kf_prov *prov = provctx;
     /* Only this process's own engine is freed (see kf_engine). */
     if (prov->engine != NULL && prov->engine_pid == getpid()) keyfence_engine_free(prov->engine);
+    for (size_t i = 0; i < prov->n_agents; i++) {
+        if (prov->agents[i].pid == getpid()) keyfence_engine_free(prov->agents[i].engine);
+        free(prov->agents[i].socket);
+    }
     free(prov->key_process);
     free(prov->store);
     free(prov->machine_key);

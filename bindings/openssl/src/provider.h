@@ -25,6 +25,9 @@ enum {
     KF_R_PUBLIC_ONLY = 6,
 };
 
+/* Key agents one process reaches at most (key files name their socket). */
+#define KF_MAX_AGENTS 8
+
 typedef struct kf_prov {
     const OSSL_CORE_HANDLE *handle;
     OSSL_FUNC_core_new_error_fn *new_error;
@@ -41,6 +44,15 @@ typedef struct kf_prov {
     pthread_mutex_t lock;
     pid_t engine_pid;
     keyfence_engine *engine;
+    /* Engines whose keys are in a key agent, one per socket the key files
+     * name (agent mode), made by the process that uses them (a forked
+     * worker makes its own, as for `engine`). */
+    struct kf_agent_engine {
+        char *socket;
+        pid_t pid;
+        keyfence_engine *engine;
+    } agents[KF_MAX_AGENTS];
+    size_t n_agents;
 } kf_prov;
 
 enum kf_type { KF_EC = 0, KF_RSA = 1, KF_ED25519 = 2 };
@@ -71,6 +83,9 @@ void kf_raise_keyfence(kf_prov *prov, int reason, keyfence_result r, const char 
 
 /* This process's engine, started on first use. NULL after raising. */
 keyfence_engine *kf_engine(kf_prov *prov);
+/* This process's engine for the key agent on `socket`, connected on first
+ * use. NULL after raising (no agent answers, or it refuses this user). */
+keyfence_engine *kf_agent_engine(kf_prov *prov, const char *socket);
 
 const char *kf_type_name(int type);
 kf_key *kf_key_new(kf_prov *prov, int type);

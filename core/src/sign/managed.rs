@@ -368,6 +368,13 @@ impl ManagedEngine {
         self.with(|p| Ok::<_, SignError>(p.key_process.as_ref().and_then(KeyProcess::pid))).ok().flatten()
     }
 
+    /// Whether the engine's keys are held by a key agent
+    /// ([`Isolation::Agent`]), whose envelopes need no store or machine key
+    /// here. False once closed.
+    pub fn is_agent(&self) -> bool {
+        self.with(|p| Ok::<_, SignError>(p.key_process.as_ref().is_some_and(KeyProcess::is_agent))).unwrap_or(false)
+    }
+
     /// The engine's key process, for its status and restart counts.
     ///
     /// # Errors

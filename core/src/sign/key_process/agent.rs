@@ -150,8 +150,9 @@ struct Inner {
     accepted: AtomicU64,
     refused: AtomicU64,
     /// The socket file's device and inode, so that stopping removes this
-    /// agent's socket and never one a later agent made.
-    socket_id: (u64, u64),
+    /// agent's socket and never one a later agent made; `None` for a
+    /// socket systemd made, which is its to remove.
+    socket_id: Option<(u64, u64)>,
 }
 
 impl Inner {
@@ -184,6 +185,21 @@ impl Agent {
     /// file that is not a socket; [`SignError::Io`] when the socket cannot
     /// be bound or threads cannot start.
     pub fn start(config: AgentConfig) -> Result<Agent, SignError> {
+        Self::start_on(config, None)
+    }
+
+    /// As [`Agent::start`], serving `listener` (a socket systemd made and
+    /// passed, with its own mode and group: socket activation) instead of
+    /// binding [`AgentConfig::socket`], which then only names it in
+    /// messages; stopping leaves the socket to its maker.
+    ///
+    /// # Errors
+    /// As [`Agent::start`].
+    pub fn with_listener(config: AgentConfig, listener: UnixListener) -> Result<Agent, SignError> {
+        Self::start_on(config, Some(listener))
+    }
+
+    fn start_on(config: AgentConfig, given: Option<UnixListener>) -> Result<Agent, SignError> {
         if config.max_connections == 0 || config.connection_in_flight == 0 || config.user_in_flight == 0 {
             return Err(SignError::Config("agent sizes (connections, in flight) must be at least 1".into()));
         }
@@ -198,9 +214,15 @@ impl Agent {
         // Neither a core dump nor a debugger of the same user reads the keys.
         let _ = sys::set_not_dumpable();
         let _ = sys::disable_core_dumps();
-        let listener = bind(&config)?;
-        let meta = std::fs::metadata(&config.socket)
-            .map_err(|e| SignError::io(Resource::Socket, format!("{}: {e}", config.socket.display())))?;
+        let (listener, socket_id) = match given {
+            Some(l) => (l, None),
+            None => {
+                let l = bind(&config)?;
+                let meta = std::fs::metadata(&config.socket)
+                    .map_err(|e| SignError::io(Resource::Socket, format!("{}: {e}", config.socket.display())))?;
+                (l, Some((meta.dev(), meta.ino())))
+            }
+        };
         let options = ServeOptions { rsa_threads: config.rsa_threads, ec_threads: config.ec_threads, check_peer: false };
         let capacity = (config.connection_in_flight as usize).max(config.user_in_flight);
         let workers = Workers::start(&options, capacity)
@@ -217,7 +239,7 @@ impl Agent {
             users: Mutex::new(HashMap::new()),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
-            socket_id: (meta.dev(), meta.ino()),
+            socket_id,
         });
         let mut accept = Joined::new();
         let i = inner.clone();
@@ -249,7 +271,9 @@ impl Agent {
         if inner.stop.swap(true, Ordering::AcqRel) {
             return;
         }
-        // Wakes the accept loop, which sees the flag.
+        // Wakes the accept loop, which sees the flag. (A socket systemd
+        // passed may live at another path: its accept thread is let go at
+        // the join's bound; the process is ending then anyway.)
         let _ = UnixStream::connect(&inner.config.socket);
         self.accept.join();
         for s in inner.conns().values() {
@@ -257,7 +281,7 @@ impl Agent {
         }
         inner.conn_threads.lock().unwrap_or_else(|e| e.into_inner()).join();
         if let Ok(meta) = std::fs::symlink_metadata(&inner.config.socket) {
-            if (meta.dev(), meta.ino()) == inner.socket_id {
+            if Some((meta.dev(), meta.ino())) == inner.socket_id {
                 let _ = std::fs::remove_file(&inner.config.socket);
             }
         }

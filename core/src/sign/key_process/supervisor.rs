@@ -397,8 +397,13 @@ fn restart(sup: &Arc<Supervisor>) {
         let spawned = sup.spawn();
         if let Err(e) = &spawned {
             // Why operations fail meanwhile ("cannot connect to the agent
-            // ...: connection refused").
-            sup.state().last_exit = Some(e.to_string());
+            // ...: connection refused"), without the error's own prefix,
+            // which theirs repeats.
+            let why = match e {
+                SignError::Backend { reason, .. } => reason.clone(),
+                e => e.to_string(),
+            };
+            sup.state().last_exit = Some(why);
         }
         if let Ok(conn) = spawned {
             let setup = sup.state().setup.clone();

@@ -1,0 +1,130 @@
+//! `keyfence agent`: the key agent for servers whose workers are not root
+//! (docs/deploy.md). It alone reads the machine key and the store, and
+//! signs for the users it allows over a Unix socket.
+
+use std::os::fd::FromRawFd;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use keyfence::sign::key_process::{group_id, user_id, Agent, AgentConfig};
+
+use crate::exit;
+use crate::files::outln;
+
+/// `keyfence agent`.
+#[derive(Args)]
+pub struct AgentArgs {
+    /// Where the socket is made (its folder must exist; systemd's
+    /// RuntimeDirectory makes /run/keyfence). With systemd's socket
+    /// activation (LISTEN_FDS), the socket systemd passes is served and
+    /// this names it in messages only.
+    #[arg(long)]
+    socket: PathBuf,
+    /// The store envelopes are opened against (a directory or
+    /// etcd://...).
+    #[arg(long)]
+    store: String,
+    /// This machine's key file (`keyfence authority issue --out`), read
+    /// once at start: only the agent holds it.
+    #[arg(long)]
+    machine_key: PathBuf,
+    /// A user (name or id) whose processes may connect. Repeatable. The
+    /// agent's own user and root always may.
+    #[arg(long = "allow-user")]
+    allow_users: Vec<String>,
+    /// A group (name or id) whose members may connect: a client's primary
+    /// or supplementary group. Repeatable.
+    #[arg(long = "allow-group")]
+    allow_groups: Vec<String>,
+    /// The socket file's mode, in octal.
+    #[arg(long, default_value = "660")]
+    socket_mode: String,
+    /// The socket file's group (name or id); default: the agent's.
+    #[arg(long)]
+    socket_group: Option<String>,
+    /// Signing threads per class (RSA, and EC/Ed25519); default: the
+    /// number of cores.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Connections at once at most.
+    #[arg(long, default_value_t = 1024)]
+    max_connections: usize,
+    /// Requests one connection may have in flight at most.
+    #[arg(long, default_value_t = 1024)]
+    connection_in_flight: u32,
+    /// Requests one user may have in flight over all its connections.
+    #[arg(long, default_value_t = 4096)]
+    user_in_flight: usize,
+    /// Log on standard error at this level (error, warn, info, debug):
+    /// refused clients are warnings.
+    #[arg(long, default_value = "warn")]
+    log: String,
+    /// Stop after this many seconds (for tests); default: run until killed.
+    #[arg(long)]
+    seconds: Option<f64>,
+}
+
+/// The socket systemd passed (socket activation: `LISTEN_PID` is this
+/// process and `LISTEN_FDS` at least 1, the first at descriptor 3).
+fn listen_fd() -> Option<std::os::unix::net::UnixListener> {
+    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
+    let fds: u32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+    if pid != std::process::id() || fds < 1 {
+        return None;
+    }
+    // SAFETY: systemd's protocol: with LISTEN_PID naming this process,
+    // descriptor 3 is an open listening socket handed to it, which nothing
+    // else in this process owns; it is taken once (the variables are
+    // removed just below).
+    let listener = unsafe { std::os::unix::net::UnixListener::from_raw_fd(3) };
+    // Not passed on to anything this process starts.
+    std::env::remove_var("LISTEN_PID");
+    std::env::remove_var("LISTEN_FDS");
+    Some(listener)
+}
+
+/// Runs `keyfence agent`.
+pub fn agent(args: AgentArgs) -> Result<ExitCode> {
+    let level: tracing::Level = args.log.parse().map_err(|_| exit::input(format!("unknown log level {}", args.log)))?;
+    tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
+    let mut config = AgentConfig::new(&args.socket, &args.store, &args.machine_key);
+    let id = |name: &str, group: bool| {
+        (if group { group_id(name) } else { user_id(name) })
+            .map_err(|e| exit::input(format!("--allow-{}: {e}", if group { "group" } else { "user" })))
+    };
+    config.allow_users = args.allow_users.iter().map(|u| id(u, false)).collect::<Result<_>>()?;
+    config.allow_groups = args.allow_groups.iter().map(|g| id(g, true)).collect::<Result<_>>()?;
+    config.socket_mode = u32::from_str_radix(&args.socket_mode, 8)
+        .ok()
+        .filter(|m| *m <= 0o777)
+        .ok_or_else(|| exit::input(format!("--socket-mode {} is not an octal mode such as 660", args.socket_mode)))?;
+    config.socket_group = args.socket_group.as_deref().map(|g| id(g, true)).transpose()?;
+    if let Some(t) = args.threads {
+        if !(1..=1024).contains(&t) {
+            return Err(exit::input("--threads must be 1 to 1024"));
+        }
+        config.rsa_threads = t;
+        config.ec_threads = t;
+    }
+    config.max_connections = args.max_connections;
+    config.connection_in_flight = args.connection_in_flight;
+    config.user_in_flight = args.user_in_flight;
+    let agent = match listen_fd() {
+        Some(listener) => Agent::with_listener(config, listener),
+        None => Agent::start(config),
+    }
+    .with_context(|| format!("cannot start the agent on {}", args.socket.display()))?;
+    outln!("listening {}", agent.socket().display());
+    match args.seconds {
+        Some(s) if s > 0.0 && s.is_finite() => std::thread::sleep(Duration::from_secs_f64(s)),
+        Some(_) => return Err(exit::input("--seconds must be positive")),
+        None => loop {
+            std::thread::park();
+        },
+    }
+    drop(agent);
+    Ok(ExitCode::SUCCESS)
+}
