@@ -79,9 +79,20 @@ pub struct ProviderConfigArgs {
     #[arg(long)]
     isolated: bool,
     /// The deadline of one signature, in milliseconds (default: the
-    /// engine's, 1000).
+    /// engine's).
     #[arg(long)]
     timeout_ms: Option<u32>,
+    /// Where the provider also writes the reasons some programs drop or
+    /// never show (Apache's key loads and failed handshakes, stunnel's
+    /// error details): auto (standard error, or syslog when it goes
+    /// nowhere), stderr, syslog or off.
+    #[arg(long, value_parser = ["auto", "stderr", "syslog", "off"])]
+    log: Option<String>,
+    /// Print what to `.include` at the end of an existing openssl.cnf (the
+    /// system's, whose other settings stay) instead of a whole file for
+    /// OPENSSL_CONF (docs/openssl.md).
+    #[arg(long)]
+    include: bool,
 }
 
 /// A path as the server will read it: absolute, since servers rarely run
@@ -163,16 +174,34 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
 /// Runs `keyfence provider-config`: an openssl.cnf for OPENSSL_CONF.
 pub fn provider_config(args: ProviderConfigArgs) -> Result<ExitCode> {
     let module = absolute(&args.module)?;
-    let mut s = String::from(
-        "# openssl.cnf for keyfence's OpenSSL provider (keyfence provider-config).\n\
-         # Use it with OPENSSL_CONF=<this file>; docs/openssl.md.\n\
-         openssl_conf = openssl_init\n\n\
-         [openssl_init]\nproviders = provider_sect\n\n\
-         [provider_sect]\n# OpenSSL's own algorithms stay available: keyfence only signs with its keys.\n\
-         default = default_sect\nkeyfence = keyfence_sect\n\n\
-         [default_sect]\nactivate = 1\n\n\
-         [keyfence_sect]\n",
-    );
+    let mut s = if args.include {
+        // Sections of their own names, so none of the including file's is
+        // changed but [openssl_init], which the snippet reopens to name its
+        // providers (OpenSSL merges a section given twice).
+        String::from(
+            "# keyfence's OpenSSL provider (keyfence provider-config --include): add\n\
+             #   .include /path/to/this/file\n\
+             # at the end of an openssl.cnf whose [openssl_init] names no providers\n\
+             # (Debian's /etc/ssl/openssl.cnf). One that does: add `keyfence = keyfence_sect`\n\
+             # to its providers section instead, and keep only [keyfence_sect] below.\n\n\
+             [openssl_init]\nproviders = keyfence_providers\n\n\
+             [keyfence_providers]\n# OpenSSL's own algorithms stay available: keyfence only signs with its keys.\n\
+             default = keyfence_default\nkeyfence = keyfence_sect\n\n\
+             [keyfence_default]\nactivate = 1\n\n\
+             [keyfence_sect]\n",
+        )
+    } else {
+        String::from(
+            "# openssl.cnf for keyfence's OpenSSL provider (keyfence provider-config).\n\
+             # Use it with OPENSSL_CONF=<this file>; docs/openssl.md.\n\
+             openssl_conf = openssl_init\n\n\
+             [openssl_init]\nproviders = provider_sect\n\n\
+             [provider_sect]\n# OpenSSL's own algorithms stay available: keyfence only signs with its keys.\n\
+             default = default_sect\nkeyfence = keyfence_sect\n\n\
+             [default_sect]\nactivate = 1\n\n\
+             [keyfence_sect]\n",
+        )
+    };
     s.push_str(&format!("module = {module}\nactivate = 1\n"));
     if let Some(store) = &args.store {
         s.push_str(&format!("store = {}\n", absolute(store)?));
@@ -186,6 +215,9 @@ pub fn provider_config(args: ProviderConfigArgs) -> Result<ExitCode> {
             return Err(exit::input("--timeout-ms must be in 1..600000"));
         }
         s.push_str(&format!("timeout-ms = {t}\n"));
+    }
+    if let Some(log) = &args.log {
+        s.push_str(&format!("log = {log}\n"));
     }
     crate::files::stdout_bytes(s.as_bytes())?;
     Ok(ExitCode::SUCCESS)

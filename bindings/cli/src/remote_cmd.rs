@@ -359,7 +359,7 @@ pub struct RemoteOpts {
     pub remote: bool,
     /// The key's envelope (`keyfence authority wrap --out`).
     #[arg(long)]
-    envelope: Option<PathBuf>,
+    pub envelope: Option<PathBuf>,
     /// A key server: NAME,HOST:PORT,ATTRIBUTES, for example
     /// `sfo1,10.0.0.7:7543,country=US,region=NA`; its certificate must
     /// name it NAME. Repeatable: the nearest whose attributes satisfy the

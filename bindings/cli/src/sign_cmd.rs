@@ -13,7 +13,7 @@ use boring::pkey::{PKey, Private};
 use boring::rsa::Padding;
 use boring::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
-use keyfence::sign::key_process::{KeyProcess, KeySource};
+use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig, KeySource};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use zeroize::Zeroizing;
 
@@ -38,7 +38,7 @@ pub struct SignArgs {
     /// Private key, PEM or DER (PKCS#1, PKCS#8 or SEC1): RSA 2048-4096,
     /// ECDSA P-256 or P-384, Ed25519; not password-protected. Not with
     /// `--remote`.
-    #[arg(long, required_unless_present = "remote", conflicts_with = "remote")]
+    #[arg(long, required_unless_present_any = ["remote", "agent"], conflicts_with_all = ["remote", "agent"])]
     key: Option<PathBuf>,
     /// The signature algorithm (the list is filled in from the library).
     #[arg(long)]
@@ -59,8 +59,13 @@ pub struct SignArgs {
     timeout_ms: u64,
     /// Sign in a key process: this process never reads the key
     /// file; a separate `keyfence key-process` loads it and signs.
-    #[arg(long, conflicts_with = "remote")]
+    #[arg(long, conflicts_with_all = ["remote", "agent"])]
     isolated: bool,
+    /// Sign through the key agent on this socket (`keyfence agent`) with
+    /// the key in `--envelope`, which the agent opens with its own machine
+    /// key: this process reads neither.
+    #[arg(long, requires = "envelope", conflicts_with = "remote")]
+    agent: Option<PathBuf>,
     #[command(flatten)]
     remote: crate::remote_cmd::RemoteOpts,
 }
@@ -75,11 +80,20 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         args.key.iter().map(PathBuf::as_path).chain([args.input.as_path()]).chain(args.remote.inputs()).collect();
     let out = Output::new(&args.out, &inputs)?;
     // Started first so that they outlive the key handle.
-    let keys = if args.isolated { Some(key_process(1)?) } else { None };
+    let keys = match (&args.agent, args.isolated) {
+        (Some(socket), _) => Some(KeyProcess::start(KeyProcessConfig::with_agent(socket)).context("reaching the key agent")?),
+        (None, true) => Some(key_process(1)?),
+        (None, false) => None,
+    };
     let remote = if args.remote.remote { Some(crate::remote_cmd::remote_key(&args.remote, timeout)?) } else { None };
     let key_path = args.key.clone().unwrap_or_default();
     let key = match (&keys, &remote) {
         (_, Some((key, _))) => key.clone(),
+        (Some(keys), None) if keys.is_agent() => {
+            let envelope = args.remote.envelope.as_deref().unwrap_or(std::path::Path::new(""));
+            keys.load(KeySource::AgentEnvelope(read(envelope)?))
+                .with_context(|| format!("the agent cannot load {}", envelope.display()))?
+        }
         (Some(keys), None) => {
             let path = std::path::absolute(&key_path).with_context(|| format!("resolving {}", key_path.display()))?;
             keys.load(KeySource::File(path)).with_context(|| format!("loading {}", key_path.display()))?

@@ -76,24 +76,52 @@ int kf_find_body(const char *buf, size_t n, unsigned char **data, long *len) {
     return ok;
 }
 
+/* The body itself, as DER: what OpenSSL's own PEM decoder (pem2der)
+ * passes on when a program reads a key file by its path through
+ * OSSL_STORE (`openssl pkey -in file.kfk`, whose file: store decodes the
+ * PEM block first). 0 unless it is a key file's body. */
+static int read_der_body(kf_prov *prov, OSSL_CORE_BIO *cin, unsigned char **data, long *len) {
+    size_t n = 0;
+    char *buf = read_all(prov, cin, &n);
+    if (buf == NULL) return 0;
+    int ok = n > 5 && n < KF_MAX_INPUT && memcmp(buf, "KFKEY", 5) == 0;
+    if (ok) {
+        *data = OPENSSL_malloc(n);
+        ok = *data != NULL;
+        if (ok) memcpy(*data, buf, n);
+        *len = (long)n;
+    }
+    free(buf);
+    return ok;
+}
+
 static int decode(void *ctx, OSSL_CORE_BIO *cin, int selection, OSSL_CALLBACK *object_cb, void *object_cbarg,
-                  int type) {
+                  int type, int der) {
     kf_prov *prov = ctx;
     if (selection != 0 && (selection & OSSL_KEYMGMT_SELECT_PRIVATE_KEY) == 0) return 1;
     unsigned char *data = NULL;
     long len = 0;
     /* Not a key file: another decoder's business. */
-    if (!read_body(prov, cin, &data, &len)) return 1;
+    if (!(der ? read_der_body(prov, cin, &data, &len) : read_body(prov, cin, &data, &len))) return 1;
     int ret = 1;
     kf_keyfile file;
     char err[256];
     if (kf_keyfile_parse(data, (size_t)len, &file, err, sizeof(err)) != 0) {
         kf_raise(prov, KF_R_BAD_KEY_FILE, "%s", err);
+        /* From a PEM block it is a key file, damaged. (DER input may be
+         * another program's guess: mod_ssl decodes a key file's text as
+         * base64 after its PEM read failed; the block, checked in
+         * decode_pem_to_der, said what was wrong.) */
+        if (!der) kf_log_last(prov, "bad keyfence key file");
         ret = 0;
         goto out;
     }
     /* The type is in the public key: look before opening anything. */
     const unsigned char *p = file.spki;
+    /* A public key that does not decode is reported by kf_key_from_file;
+     * what d2i says about it, and only that, is dropped here (never the
+     * caller's errors). */
+    ERR_set_mark();
     EVP_PKEY *pub = d2i_PUBKEY(NULL, &p, (long)file.spki_len);
     int file_type = pub == NULL ? -1
                     : EVP_PKEY_is_a(pub, "EC") ? KF_EC
@@ -101,7 +129,7 @@ static int decode(void *ctx, OSSL_CORE_BIO *cin, int selection, OSSL_CALLBACK *o
                     : EVP_PKEY_is_a(pub, "ED25519") ? KF_ED25519
                                                     : -2;
     EVP_PKEY_free(pub);
-    if (file_type == -1) ERR_clear_error();
+    ERR_pop_to_mark();
     if (file_type >= 0 && file_type != type) {
         kf_keyfile_clear(&file);
         goto out; /* the decoder of its own type answers */
@@ -112,28 +140,74 @@ static int decode(void *ctx, OSSL_CORE_BIO *cin, int selection, OSSL_CALLBACK *o
         kf_keyfile_clear(&file);
         goto out;
     }
+    /* A key file that reads but whose key cannot be used (an agent down, a
+     * policy not satisfied) is passed on as a reference to no key, which
+     * the keymgmt refuses to load: OpenSSL then keeps the reason raised
+     * here as a hard error, where a plain decode failure would be dropped
+     * on the way through OSSL_STORE (a key file read by its path). */
     kf_key *key = kf_key_from_file(prov, &file);
-    if (key == NULL) {
-        ret = 0;
-        goto out;
-    }
-    ret = kf_key_pass(key, object_cb, object_cbarg);
+    /* Some programs drop or never show the reason (Apache, stunnel 5.68):
+     * it is written where the provider logs, too. */
+    if (key == NULL) kf_log_last(prov, "a keyfence key cannot be used");
+    ret = kf_key_pass(key, type, object_cb, object_cbarg);
 out:
     OPENSSL_free(data);
     return ret;
 }
 
-#define DECODE_FN(fname, type)                                                                      \
+#define DECODE_FN(fname, type, der)                                                                 \
     static int fname(void *ctx, OSSL_CORE_BIO *cin, int selection, OSSL_CALLBACK *cb, void *cbarg,         \
                      OSSL_PASSPHRASE_CALLBACK *pw_cb, void *pw_cbarg) {                                     \
         (void)pw_cb;                                                                                        \
         (void)pw_cbarg;                                                                                     \
-        return decode(ctx, cin, selection, cb, cbarg, type);                                         \
+        return decode(ctx, cin, selection, cb, cbarg, type, der);                                           \
     }
 
-DECODE_FN(decode_ec_pem, KF_EC)
-DECODE_FN(decode_rsa_pem, KF_RSA)
-DECODE_FN(decode_ed25519_pem, KF_ED25519)
+DECODE_FN(decode_ec_pem, KF_EC, 0)
+DECODE_FN(decode_rsa_pem, KF_RSA, 0)
+DECODE_FN(decode_ed25519_pem, KF_ED25519, 0)
+DECODE_FN(decode_ec_der, KF_EC, 1)
+DECODE_FN(decode_rsa_der, KF_RSA, 1)
+DECODE_FN(decode_ed25519_der, KF_ED25519, 1)
+
+/* A KEYFENCE KEY PEM block becomes its body, as DER: OpenSSL's own PEM
+ * decoder passes no PEM label it does not know, so this is how a key
+ * file read by its plain path through OSSL_STORE's file: scheme (`openssl
+ * pkey -in x.kfk`, `-key x.kfk`) reaches the DER decoders above. */
+static int decode_pem_to_der(void *ctx, OSSL_CORE_BIO *cin, int selection, OSSL_CALLBACK *cb, void *cbarg,
+                             OSSL_PASSPHRASE_CALLBACK *pw_cb, void *pw_cbarg) {
+    (void)selection;
+    (void)pw_cb;
+    (void)pw_cbarg;
+    unsigned char *data = NULL;
+    long len = 0;
+    if (!read_body(ctx, cin, &data, &len)) return 1;
+    /* A block whose body is no key file body is left to the PEM decoder,
+     * which says so; one that is damaged is refused here, with the reason
+     * (OSSL_STORE would drop the DER decoders' error). */
+    if (len < 5 || memcmp(data, "KFKEY", 5) != 0) {
+        OPENSSL_free(data);
+        return 1;
+    }
+    kf_keyfile file;
+    char err[256];
+    if (kf_keyfile_parse(data, (size_t)len, &file, err, sizeof(err)) != 0) {
+        kf_raise(ctx, KF_R_BAD_KEY_FILE, "%s", err);
+        kf_log_last(ctx, "bad keyfence key file");
+        OPENSSL_free(data);
+        return 0;
+    }
+    kf_keyfile_clear(&file);
+    int object_type = OSSL_OBJECT_PKEY;
+    OSSL_PARAM params[] = {
+        OSSL_PARAM_construct_octet_string(OSSL_OBJECT_PARAM_DATA, data, (size_t)len),
+        OSSL_PARAM_construct_int(OSSL_OBJECT_PARAM_TYPE, &object_type),
+        OSSL_PARAM_construct_end(),
+    };
+    int ok = cb(params, cbarg);
+    OPENSSL_free(data);
+    return ok;
+}
 
 #define DECODER(name, fn)                                                  \
     const OSSL_DISPATCH name[] = {                                        \
@@ -146,3 +220,7 @@ DECODE_FN(decode_ed25519_pem, KF_ED25519)
 DECODER(kf_decoder_ec, decode_ec_pem);
 DECODER(kf_decoder_rsa, decode_rsa_pem);
 DECODER(kf_decoder_ed25519, decode_ed25519_pem);
+DECODER(kf_decoder_ec_der, decode_ec_der);
+DECODER(kf_decoder_rsa_der, decode_rsa_der);
+DECODER(kf_decoder_ed25519_der, decode_ed25519_der);
+DECODER(kf_decoder_pem_to_der, decode_pem_to_der);

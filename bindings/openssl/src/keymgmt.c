@@ -22,12 +22,12 @@ const char *kf_type_name(int type) {
     }
 }
 
-int kf_key_pass(kf_key *key, OSSL_CALLBACK *cb, void *cbarg) {
+int kf_key_pass(kf_key *key, int type, OSSL_CALLBACK *cb, void *cbarg) {
     int object_type = OSSL_OBJECT_PKEY;
     OSSL_PARAM params[] = {
         OSSL_PARAM_construct_int(OSSL_OBJECT_PARAM_TYPE, &object_type),
         /* Constructed, so the type's length is counted. */
-        OSSL_PARAM_construct_utf8_string(OSSL_OBJECT_PARAM_DATA_TYPE, (char *)kf_type_name(key->type), 0),
+        OSSL_PARAM_construct_utf8_string(OSSL_OBJECT_PARAM_DATA_TYPE, (char *)kf_type_name(type), 0),
         OSSL_PARAM_construct_octet_string(OSSL_OBJECT_PARAM_REFERENCE, &key, sizeof(key)),
         OSSL_PARAM_construct_end(),
     };
@@ -201,6 +201,9 @@ static void km_free(void *keydata) { kf_key_free(keydata); }
 static void *km_load(const void *reference, size_t reference_sz) {
     if (reference == NULL || reference_sz != sizeof(kf_key *)) return NULL;
     kf_key *k = *(kf_key *const *)reference;
+    /* A key file whose key could not be used (see decoder.c): refused, so
+     * that OpenSSL keeps the reason the decoder raised. */
+    if (k == NULL) return NULL;
     __atomic_add_fetch(&k->refs, 1, __ATOMIC_ACQ_REL);
     return k;
 }
@@ -274,12 +277,18 @@ static const OSSL_PARAM *km_gettable_params(void *provctx) {
  * exports the keyfence key's public half to the default provider. */
 static int km_export(void *keydata, int selection, OSSL_CALLBACK *cb, void *cbarg) {
     kf_key *k = keydata;
-    /* Asked for the private key too (OpenSSL moving the key to another
-     * provider to sign there), export nothing: a public half alone would
-     * pass for the key and the signature would fail later. */
-    if (k->pub == NULL || (selection & OSSL_KEYMGMT_SELECT_PRIVATE_KEY) != 0 ||
-        (selection & OSSL_KEYMGMT_SELECT_PUBLIC_KEY) == 0)
+    /* Asked for the private key too (printing it, writing it to a file,
+     * PKCS#12, or OpenSSL moving the key to another provider to sign
+     * there), export nothing, and say why: a public half alone would pass
+     * for the key and fail later. */
+    if (k->pub != NULL && (selection & OSSL_KEYMGMT_SELECT_PRIVATE_KEY) != 0) {
+        kf_raise(k->prov, KF_R_NO_EXPORT,
+                 "the private half of a keyfence key never leaves where it is held (this process's engine, the key "
+                 "process, the agent or the key servers): it cannot be printed, written or exported; its public half "
+                 "can (openssl pkey -pubout)");
         return 0;
+    }
+    if (k->pub == NULL || (selection & OSSL_KEYMGMT_SELECT_PUBLIC_KEY) == 0) return 0;
     OSSL_PARAM *params = NULL;
     if (!EVP_PKEY_todata(k->pub, EVP_PKEY_PUBLIC_KEY, &params)) return 0;
     int ok = cb(params, cbarg);

@@ -6,6 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <syslog.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <openssl/core_names.h>
@@ -32,6 +36,12 @@ static const OSSL_ALGORITHM decoders[] = {
     {"EC:id-ecPublicKey:1.2.840.10045.2.1", PROPS ",input=pem", kf_decoder_ec, "KEYFENCE KEY files"},
     {"RSA:rsaEncryption:1.2.840.113549.1.1.1", PROPS ",input=pem", kf_decoder_rsa, "KEYFENCE KEY files"},
     {"ED25519:1.3.101.112", PROPS ",input=pem", kf_decoder_ed25519, "KEYFENCE KEY files"},
+    /* The body as DER, after OpenSSL's own PEM decoding: a key file read
+     * by its plain path through OSSL_STORE (`openssl pkey -in x.kfk`). */
+    {"EC:id-ecPublicKey:1.2.840.10045.2.1", PROPS ",input=der", kf_decoder_ec_der, "KEYFENCE KEY bodies"},
+    {"RSA:rsaEncryption:1.2.840.113549.1.1.1", PROPS ",input=der", kf_decoder_rsa_der, "KEYFENCE KEY bodies"},
+    {"ED25519:1.3.101.112", PROPS ",input=der", kf_decoder_ed25519_der, "KEYFENCE KEY bodies"},
+    {"DER", PROPS ",input=pem", kf_decoder_pem_to_der, "KEYFENCE KEY blocks to their bodies"},
     {NULL, NULL, NULL, NULL},
 };
 
@@ -49,24 +59,69 @@ static const OSSL_ITEM reasons[] = {
     {KF_R_UNSUPPORTED, "not supported by keyfence"},
     {KF_R_ENGINE, "keyfence engine failed"},
     {KF_R_PUBLIC_ONLY, "keyfence key has no private half"},
+    {KF_R_NO_EXPORT, "keyfence key cannot be exported"},
     {0, NULL},
 };
 
-void kf_raise(kf_prov *prov, int reason, const char *fmt, ...) {
+/* The detail of the last error this thread raised (kf_log_last). */
+static __thread char last_message[768];
+
+void kf_raise_at(kf_prov *prov, const char *file, int line, int reason, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
+    vsnprintf(last_message, sizeof(last_message), fmt, ap);
+    va_end(ap);
     if (prov != NULL && prov->new_error != NULL && prov->vset_error != NULL) {
         prov->new_error(prov->handle);
-        if (prov->set_error_debug != NULL) prov->set_error_debug(prov->handle, __FILE__, __LINE__, "keyfence");
+        if (prov->set_error_debug != NULL) prov->set_error_debug(prov->handle, file, line, "keyfence");
+        va_start(ap, fmt);
         prov->vset_error(prov->handle, (uint32_t)reason, fmt, ap);
+        va_end(ap);
     }
-    va_end(ap);
 }
 
-void kf_raise_keyfence(kf_prov *prov, int reason, keyfence_result r, const char *what) {
+void kf_raise_keyfence_at(kf_prov *prov, const char *file, int line, int reason, keyfence_result r, const char *what) {
     char msg[512] = {0};
     keyfence_error_message(msg, sizeof(msg), NULL);
-    kf_raise(prov, reason, "%s: %s: %s", what, keyfence_result_name(r), msg);
+    kf_raise_at(prov, file, line, reason, "%s: %s: %s", what, keyfence_result_name(r), msg);
+}
+
+/* Whether standard error goes somewhere: open, and not /dev/null (where
+ * Apache puts it with `ErrorLog syslog:`, and daemons after detaching). */
+static bool stderr_is_read(void) {
+    struct stat st;
+    if (fstat(STDERR_FILENO, &st) != 0) return false;
+    return !(S_ISCHR(st.st_mode) && st.st_rdev == makedev(1, 3));
+}
+
+void kf_log_last(kf_prov *prov, const char *what) {
+    if (prov == NULL || prov->log_mode == KF_LOG_OFF) return;
+    char line[1024];
+    snprintf(line, sizeof(line), "keyfence provider (pid %d): %s: %s", (int)getpid(), what, last_message);
+    /* The same line once a minute at most; another line at once. */
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static char last_line[1024];
+    static time_t last_at;
+    time_t now = time(NULL);
+    pthread_mutex_lock(&lock);
+    bool repeat = strcmp(line, last_line) == 0 && now - last_at < 60;
+    if (!repeat) {
+        memcpy(last_line, line, sizeof(line));
+        last_at = now;
+    }
+    pthread_mutex_unlock(&lock);
+    if (repeat) return;
+    if (prov->log_mode == KF_LOG_STDERR || (prov->log_mode == KF_LOG_AUTO && stderr_is_read())) {
+        /* One write, so that lines of several processes do not mix. */
+        size_t n = strlen(line);
+        if (n > sizeof(line) - 2) n = sizeof(line) - 2;
+        line[n++] = '\n';
+        ssize_t w = write(STDERR_FILENO, line, n);
+        (void)w;
+    } else {
+        /* No openlog: the program's own identity and facility stay. */
+        syslog(LOG_ERR, "%s", line);
+    }
 }
 
 keyfence_engine *kf_engine(kf_prov *prov) {
@@ -239,8 +294,9 @@ __attribute__((visibility("default"))) int OSSL_provider_init(const OSSL_CORE_HA
     pthread_mutex_init(&prov->lock, NULL);
     if (core_get_params != NULL) {
         /* Settings in the provider's section of openssl.cnf. */
-        char *isolated = NULL, *key_process = NULL, *timeout = NULL, *store = NULL, *machine_key = NULL;
+        char *isolated = NULL, *key_process = NULL, *timeout = NULL, *store = NULL, *machine_key = NULL, *log = NULL;
         OSSL_PARAM p[] = {
+            OSSL_PARAM_utf8_ptr("log", &log, 0),
             OSSL_PARAM_utf8_ptr("isolated", &isolated, 0),
             OSSL_PARAM_utf8_ptr("key-process", &key_process, 0),
             OSSL_PARAM_utf8_ptr("timeout-ms", &timeout, 0),
@@ -250,6 +306,18 @@ __attribute__((visibility("default"))) int OSSL_provider_init(const OSSL_CORE_HA
         };
         if (core_get_params(handle, p)) {
             prov->isolated = truthy(isolated);
+            if (log != NULL) {
+                if (strcmp(log, "auto") == 0) prov->log_mode = KF_LOG_AUTO;
+                else if (strcmp(log, "stderr") == 0) prov->log_mode = KF_LOG_STDERR;
+                else if (strcmp(log, "syslog") == 0) prov->log_mode = KF_LOG_SYSLOG;
+                else if (strcmp(log, "off") == 0) prov->log_mode = KF_LOG_OFF;
+                else {
+                    ERR_raise_data(ERR_LIB_PROV, ERR_R_PASSED_INVALID_ARGUMENT,
+                                   "keyfence: log must be auto, stderr, syslog or off, not %s", log);
+                    teardown(prov);
+                    return 0;
+                }
+            }
             prov->key_process = dup_or_null(key_process);
             prov->store = dup_or_null(store);
             prov->machine_key = dup_or_null(machine_key);

@@ -23,6 +23,7 @@ enum {
     KF_R_UNSUPPORTED = 4,
     KF_R_ENGINE = 5,
     KF_R_PUBLIC_ONLY = 6,
+    KF_R_NO_EXPORT = 7,
 };
 
 /* Key agents one process reaches at most (key files name their socket). */
@@ -38,6 +39,7 @@ typedef struct kf_prov {
     bool isolated;
     char *key_process; /* NULL: the one beside libkeyfence */
     unsigned timeout_ms;
+    int log_mode; /* enum kf_log_mode */
     char *store, *machine_key; /* defaults for key files that name none */
     /* The engine of the process that made it: a forked child (nginx's
      * workers) has none of its threads, so it starts its own. */
@@ -73,13 +75,33 @@ typedef struct kf_key {
     keyfence_remote *remote;
 } kf_key;
 
-void kf_raise(kf_prov *prov, int reason, const char *fmt, ...)
+/* Raises an OpenSSL error with `reason` and a formatted detail, placed at
+ * the caller's file and line (kf_raise is a macro). The detail is also
+ * kept as this thread's last message, for kf_log_last. */
+void kf_raise_at(kf_prov *prov, const char *file, int line, int reason, const char *fmt, ...)
 #if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
+    __attribute__((format(printf, 5, 6)))
 #endif
     ;
+#define kf_raise(prov, ...) kf_raise_at((prov), __FILE__, __LINE__, __VA_ARGS__)
 /* Raises `reason` with keyfence's last error (its code name and message). */
-void kf_raise_keyfence(kf_prov *prov, int reason, keyfence_result r, const char *what);
+#define kf_raise_keyfence(prov, reason, r, what) kf_raise_keyfence_at((prov), __FILE__, __LINE__, (reason), (r), (what))
+void kf_raise_keyfence_at(kf_prov *prov, const char *file, int line, int reason, keyfence_result r, const char *what);
+
+/* Where the provider writes the reasons some programs never show (Apache
+ * drops a key's load error from its queue, logs failed handshakes only at
+ * LogLevel info; stunnel 5.68 prints no error detail): `log` in the
+ * provider's section of openssl.cnf. */
+enum kf_log_mode {
+    KF_LOG_AUTO = 0,   /* standard error, or syslog when it is /dev/null or closed */
+    KF_LOG_STDERR = 1,
+    KF_LOG_SYSLOG = 2,
+    KF_LOG_OFF = 3,
+};
+/* Writes `what` and this thread's last raised message as one line, where
+ * the configuration says; the same line is written at most once a minute
+ * per process, so a failing key cannot flood a log. */
+void kf_log_last(kf_prov *prov, const char *what);
 
 /* This process's engine, started on first use. NULL after raising. */
 keyfence_engine *kf_engine(kf_prov *prov);
@@ -94,10 +116,12 @@ void kf_key_free(kf_key *key);
 /* A key from a parsed key file (taken over): the public key decoded, the
  * private key opened or reached once to prove the file usable. */
 kf_key *kf_key_from_file(kf_prov *prov, kf_keyfile *file);
-/* Hands `key` to OpenSSL as a key object by reference (the decoder's and
- * the store's answer), then drops this reference: the keymgmt holds its
- * own if it took the key. Returns the callback's result. */
-int kf_key_pass(kf_key *key, OSSL_CALLBACK *cb, void *cbarg);
+/* Hands `key` (of `type`) to OpenSSL as a key object by reference (the
+ * decoder's and the store's answer), then drops this reference: the
+ * keymgmt holds its own if it took the key. A NULL key is a reference the
+ * keymgmt refuses to load (a key file whose key cannot be used). Returns
+ * the callback's result. */
+int kf_key_pass(kf_key *key, int type, OSSL_CALLBACK *cb, void *cbarg);
 /* The key's handle for this process (reopened after a fork). */
 keyfence_private_key *kf_key_handle(kf_key *key, keyfence_engine **engine);
 
@@ -109,5 +133,7 @@ extern const OSSL_DISPATCH kf_store[];
 extern const OSSL_DISPATCH kf_keymgmt_ec[], kf_keymgmt_rsa[], kf_keymgmt_ed25519[];
 extern const OSSL_DISPATCH kf_signature_ecdsa[], kf_signature_rsa[], kf_signature_ed25519[];
 extern const OSSL_DISPATCH kf_decoder_ec[], kf_decoder_rsa[], kf_decoder_ed25519[];
+extern const OSSL_DISPATCH kf_decoder_ec_der[], kf_decoder_rsa_der[], kf_decoder_ed25519_der[];
+extern const OSSL_DISPATCH kf_decoder_pem_to_der[];
 
 #endif

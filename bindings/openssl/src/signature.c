@@ -327,9 +327,16 @@ static int sign_message(sig_ctx *c, unsigned char *sig, size_t *siglen, size_t s
     if (alg == NULL) return 0;
     keyfence_engine *engine = NULL;
     keyfence_private_key *h = kf_key_handle(c->key, &engine);
-    if (h == NULL) return 0;
+    if (h == NULL) {
+        kf_log_last(c->prov, "a signature failed");
+        return 0;
+    }
     keyfence_bytes out = {0};
-    if (!kf_sign_wait(c->prov, engine, h, alg, msg, len, &out)) return 0;
+    if (!kf_sign_wait(c->prov, engine, h, alg, msg, len, &out)) {
+        /* Apache logs a failed handshake only at LogLevel info. */
+        kf_log_last(c->prov, "a signature failed");
+        return 0;
+    }
     int ok = out.len <= sigsize;
     if (ok) {
         memcpy(sig, out.data, out.len);

@@ -63,7 +63,7 @@ static int st_load(void *vctx, OSSL_CALLBACK *cb, void *cbarg, OSSL_PASSPHRASE_C
     }
     kf_key *key = kf_key_from_file(c->prov, &file);
     if (key == NULL) return 0;
-    return kf_key_pass(key, cb, cbarg);
+    return kf_key_pass(key, key->type, cb, cbarg);
 }
 
 static int st_eof(void *vctx) { return ((store_ctx *)vctx)->eof; }

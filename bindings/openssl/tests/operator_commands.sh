@@ -7,10 +7,13 @@
 #   x509 -req -CAkey, then openssl verify of the leaf;
 #   ca -gencrl, then crl -verify;  an OCSP response, then ocsp -verify;
 #   RSA PKCS#1 v1.5 and PSS with SHA-256/384/512;
+#   the key file named by its plain path as well as by keyfence:PATH;
+#   `provider-config --include` added to the system's openssl.cnf;
 # and each signature algorithm the certificate names is the one OpenSSL
 # names when it signs with the same key as a PEM file. What keyfence does
-# not sign (P-256 with SHA-384, PSS with another salt, SHA-1) is refused
-# with the provider's reason, never a crash.
+# not sign (P-256 with SHA-384, PSS with another salt, SHA-1), and every
+# way of taking the private half out (pkey -text, -out, pkcs12 -export),
+# is refused with the provider's reason, never a crash.
 #
 # MODULES is meant to hold the provider built under AddressSanitizer and
 # UBSan (keyfence_provider_asan); the ASan runtime is then preloaded into
@@ -140,5 +143,34 @@ for cnf in local.cnf isolated.cnf; do
     refused "$cnf" "a salt of its length" req -x509 -new -key "$kf" -sigopt rsa_padding_mode:pss \
         -sigopt rsa_pss_saltlen:max -subj /CN=x -days 1 -out bad.crt
     refused "$cnf" "digest sha1" req -new -key "$kf" -sha1 -subj /CN=x -out bad.csr
+    # The private half never leaves: printing, writing and PKCS#12 say so.
+    refused "$cnf" "cannot be exported" pkey -in "$kf" -text -noout
+    refused "$cnf" "cannot be exported" pkey -in "$kf" -out exported.pem
+    refused "$cnf" "cannot be exported" pkcs12 -export -inkey "$kf" -in "$keys/rsa2048.crt" -out x.p12 -passout pass:x
+    [ ! -s exported.pem ] || fail "a private key was written"
+    # One spelling everywhere: the plain path, as servers take it, works
+    # in the openssl command line too, beside keyfence:PATH.
+    for k in ec256 rsa2048 ed25519; do
+        ok "$cnf" pkey -in "$keys/$k.kfk" -pubout -out "plain-$k.pub"
+        ok "$cnf" pkey -in "keyfence:$keys/$k.kfk" -pubout -out "uri-$k.pub"
+        cmp -s "plain-$k.pub" "uri-$k.pub" || fail "$k: the plain path and keyfence: give other keys"
+        ok "$cnf" req -new -key "$keys/$k.kfk" -subj /CN=plain -out "plain-$k.csr"
+        ok "$cnf" req -verify -in "plain-$k.csr" -noout
+    done
+    # A key this machine may not open, by its plain path: OpenSSL 3.0's
+    # file: store drops the decoder's error, so the provider's own line
+    # says why.
+    refused "$cnf" "POLICY_NOT_SATISFIED" pkey -in "$keys/fr.kfk" -pubout
 done
+
+# provider-config --include: the system's openssl.cnf, its settings kept,
+# with the provider added by one .include line at its end.
+"$cli" provider-config --module "$modules/keyfence.so" --include >include.cnf
+cp /etc/ssl/openssl.cnf system.cnf
+echo ".include $PWD/include.cnf" >>system.cnf
+"${asan_env[@]}" env OPENSSL_CONF="$PWD/system.cnf" openssl list -providers | grep -q "keyfence provider" ||
+    fail "the included configuration does not load the provider"
+ok system.cnf req -new -key "$keys/ec256.kfk" -subj /CN=included -out included.csr
+ok system.cnf req -verify -in included.csr -noout
+ok system.cnf dgst -sha256 -out /dev/null system.cnf
 echo "operator commands: all signed, verified and refused as expected"

@@ -92,7 +92,7 @@ nginx_conf() {
         echo "  fastcgi_temp_path $dir/tmp; uwsgi_temp_path $dir/tmp; scgi_temp_path $dir/tmp;"
         while [ $# -gt 0 ]; do
             echo "  server { listen 127.0.0.1:$1 ssl; ssl_protocols TLSv1.2 TLSv1.3;"
-            echo "    ssl_certificate $work/$2; ssl_certificate_key $work/$3;"
+            echo "    ssl_certificate $work/$2; ssl_certificate_key $work/$3; ${nginx_server_extra:-}"
             echo "    location / { return 200 \"ok\\n\"; } }"
             shift 3
         done
@@ -128,6 +128,30 @@ w=$(worker_of n2)
 pgrep -P "$w" -f keyfence-key-process >/dev/null || fail "the isolated worker has no key process"
 if python3 "$here/memscan.py" "$w" "$scalar" >/dev/null; then fail "the isolated nginx worker holds the private key"; fi
 if python3 "$here/memscan.py" "$(cat n2/master.pid)" "$scalar" >/dev/null; then fail "the isolated nginx master holds the private key"; fi
+
+echo "== RSA key exchange: refused at negotiation by the cipher string docs/openssl.md gives"
+# keyfence signs and never decrypts: a TLS 1.2 client offering only RSA
+# key exchange (AES128-GCM-SHA256) would have the server decrypt its
+# premaster secret with the RSA key. Without `!kRSA` nginx picks that
+# suite and the handshake fails halfway (the control); with it, the
+# server refuses at negotiation and says so.
+rsa_only() { # PORT: what a TLS 1.2 client with only RSA key exchange gets
+    echo | timeout 10 openssl s_client -connect "127.0.0.1:$1" -tls1_2 -cipher AES128-GCM-SHA256 -CAfile keys/ca.pem 2>&1 || true
+}
+pk1=$(free_port) pk2=$(free_port)
+nginx_conf "$work/nk1" "$pk1" keys/rsa2048.crt keys/rsa2048.kfk
+nginx_server_extra="ssl_ciphers HIGH:!aNULL:!MD5:!kRSA;"
+nginx_conf "$work/nk2" "$pk2" keys/rsa2048.crt keys/rsa2048.kfk
+nginx_server_extra=""
+start_nginx "$work/nk1" local.cnf
+start_nginx "$work/nk2" local.cnf
+wait_port "$pk1"
+wait_port "$pk2"
+rsa_only "$pk1" >/dev/null
+grep -q "decryption failed" nk1/error.log || fail "the control did not fail halfway: $(tail -2 nk1/error.log)"
+grep -q "handshake failure" <<<"$(rsa_only "$pk2")" || fail "!kRSA: the RSA-only client was not refused at negotiation"
+grep -q "no shared cipher" nk2/error.log || fail "!kRSA: nginx does not say why: $(tail -2 nk2/error.log)"
+check_serves "$pk2"
 
 echo "== nginx, a remote key (keyfence serve opens it; this machine may not)"
 openssl ecparam -name prime256v1 -genkey -noout -out mesh-ca.key

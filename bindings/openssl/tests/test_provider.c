@@ -333,9 +333,9 @@ static void test_bad_files(void) {
     refused("truncated.kfk", "bad keyfence key file", "truncated");
     unsigned char *v2 = malloc((size_t)len);
     memcpy(v2, body, (size_t)len);
-    v2[5] = 2;
-    write_body("version2.kfk", v2, len);
-    refused("version2.kfk", "bad keyfence key file", "version 2 is not supported");
+    v2[5] = 3;
+    write_body("version3.kfk", v2, len);
+    refused("version3.kfk", "bad keyfence key file", "version 3 is not supported");
     memcpy(v2, body, (size_t)len);
     v2[0] = 'X';
     write_body("magic.kfk", v2, len);
@@ -346,7 +346,7 @@ static void test_bad_files(void) {
     memcpy(more, body, (size_t)len);
     memcpy(more + len, "\x63\x00\x00\x00\x01\x00", 6);
     write_body("unknown.kfk", more, len + 6);
-    refused("unknown.kfk", "bad keyfence key file", "unknown field 99");
+    refused("unknown.kfk", "bad keyfence key file", "holds 99, which is no field's tag");
     free(more);
     OPENSSL_free(body);
     /* Garbage between the PEM lines. */

@@ -1,0 +1,155 @@
+//! `keyfence agent` as an operator runs it: started by hand or by systemd's
+//! socket activation, signing for `keyfence sign --agent` and for the key
+//! files `provider-key --agent` writes; and the systemd units it ships
+//! with, checked by systemd's own verifier.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{ok, openssl, stderr, Dir};
+
+/// A store, a machine key (country=US) and a P-256 key wrapped under
+/// `country: US`, in `d`.
+fn world(d: &Dir) {
+    ok(&["authority", "init", "--store", &d.p("store")]);
+    ok(&["authority", "issue", "--store", &d.p("store"), "--attrs", "country=US", "--out", &d.p("us.machine")]);
+    openssl(d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ec.pem"]);
+    openssl(d, &["pkey", "-in", "ec.pem", "-pubout", "-out", "ec.pub"]);
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: US", "--in", &d.p("ec.pem"), "--out", &d.p("ec.env")]);
+}
+
+/// Kills the child when dropped, whatever happens to the test.
+struct Killed(Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits (at most 20 s) for `child` to print a line starting `listening`.
+fn wait_listening(child: &mut Child) {
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with("listening") {
+                let _ = tx.send(());
+            }
+        }
+    });
+    assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "the agent did not start");
+}
+
+/// `keyfence sign --agent SOCKET` of `msg`, verified with `openssl`.
+fn signs_through(d: &Dir, socket: &Path) {
+    std::fs::write(d.0.join("msg"), b"signed by the agent").unwrap();
+    ok(&[
+        "sign", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in",
+        &d.p("msg"), "--out", &d.p("msg.sig"),
+    ]);
+    openssl(d, &["dgst", "-sha256", "-verify", "ec.pub", "-signature", "msg.sig", "msg"]);
+}
+
+fn agent_args<'a>(d: &'a Dir, socket: &'a str) -> Vec<String> {
+    ["agent", "--socket", socket, "--store", &d.p("store"), "--machine-key", &d.p("us.machine")]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+#[test]
+fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
+    let d = Dir::new("agent-cli");
+    world(&d);
+    let socket = d.0.join("agent.sock");
+    let mut agent = Killed(
+        Command::new(env!("CARGO_BIN_EXE_keyfence"))
+            .args(agent_args(&d, socket.to_str().unwrap()))
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(&mut agent.0);
+    signs_through(&d, &socket);
+    // The key file names the socket and nothing that opens keys.
+    ok(&["provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--out", &d.p("ec.kfk")]);
+    let text = std::fs::read_to_string(d.0.join("ec.kfk")).unwrap();
+    assert!(text.starts_with("-----BEGIN KEYFENCE KEY-----"), "{text}");
+    // An envelope the agent's machine may not open: its reason.
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: FR", "--in", &d.p("ec.pem"), "--out", &d.p("fr.env")]);
+    let o = common::keyfence(&[
+        "provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("fr.env"), "--out", &d.p("fr.kfk"),
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("POLICY_NOT_SATISFIED"), "{}", stderr(&o));
+    assert!(!d.0.join("fr.kfk").exists());
+    // No agent there: a clear error, at once.
+    let start = Instant::now();
+    let o = common::keyfence(&[
+        "sign", "--agent", &d.p("nobody.sock"), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"),
+        "--out", &d.p("x.sig"),
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("cannot connect to the agent"), "{}", stderr(&o));
+    assert!(start.elapsed() < Duration::from_secs(10));
+}
+
+#[test]
+fn systemd_socket_activation_hands_the_agent_its_socket() {
+    if Command::new("systemd-socket-activate").arg("--help").output().is_err() {
+        eprintln!("SKIPPED: no systemd-socket-activate");
+        return;
+    }
+    let d = Dir::new("agent-activation");
+    world(&d);
+    let socket = d.0.join("activated.sock");
+    // systemd-socket-activate listens, then starts the agent with the
+    // socket at descriptor 3 (LISTEN_FDS) when the first client comes.
+    let mut args = vec!["-l".to_string(), socket.to_str().unwrap().to_string(), env!("CARGO_BIN_EXE_keyfence").to_string()];
+    args.extend(agent_args(&d, socket.to_str().unwrap()));
+    let _activator = Killed(Command::new("systemd-socket-activate").args(&args).stdout(Stdio::null()).spawn().unwrap());
+    let until = Instant::now() + Duration::from_secs(20);
+    while !socket.exists() {
+        assert!(Instant::now() < until, "systemd-socket-activate made no socket");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    signs_through(&d, &socket);
+    signs_through(&d, &socket);
+}
+
+/// The shipped units, as systemd reads them: `systemd-analyze verify`
+/// passes (with `/usr/bin/keyfence` pointed at this build), and fails on a
+/// unit spoiled on purpose, so the check can fail.
+#[test]
+fn the_systemd_units_verify() {
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no systemd-analyze");
+        return;
+    }
+    let d = Dir::new("agent-units");
+    let units = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("systemd");
+    let names = ["keyfence-agent.socket", "keyfence-agent.service", "keyfence-serve.service"];
+    for name in names {
+        let text = std::fs::read_to_string(units.join(name)).unwrap();
+        std::fs::write(d.0.join(name), text.replace("/usr/bin/keyfence", env!("CARGO_BIN_EXE_keyfence"))).unwrap();
+    }
+    let verify = |files: &[&str]| {
+        Command::new("systemd-analyze")
+            .arg("verify")
+            .args(files.iter().map(|n| d.0.join(n)))
+            .output()
+            .unwrap()
+    };
+    let o = verify(&names);
+    assert!(o.status.success() && o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
+    let spoiled = std::fs::read_to_string(d.0.join(names[1])).unwrap().replace("ProtectSystem=strict", "ProtectSystem=sometimes");
+    std::fs::write(d.0.join("spoiled.service"), spoiled).unwrap();
+    let o = verify(&["spoiled.service"]);
+    assert!(!o.stderr.is_empty(), "systemd-analyze verify did not see a spoiled unit");
+    // The system user the units name.
+    let users = std::fs::read_to_string(units.join("sysusers.d/keyfence.conf")).unwrap();
+    assert!(users.lines().any(|l| l.starts_with("u keyfence ")), "{users}");
+}
