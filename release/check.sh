@@ -130,7 +130,9 @@ prefix="$WORK/keyfence-$VERSION-linux-x86_64"
 for f in include/keyfence.h lib/libkeyfence.so."$VERSION" lib/libkeyfence.a lib/keyfence-key-process \
          lib/cmake/keyfence/keyfenceConfig.cmake lib/pkgconfig/keyfence.pc \
          share/doc/keyfence/LICENSE-APACHE share/doc/keyfence/LICENSE-MIT \
-         share/doc/keyfence/THIRD-PARTY-NOTICES.txt share/doc/keyfence/CHANGELOG.md; do
+         share/doc/keyfence/THIRD-PARTY-NOTICES.txt share/doc/keyfence/CHANGELOG.md \
+         share/keyfence/systemd/keyfence-agent.service share/keyfence/systemd/keyfence-agent.socket \
+         share/keyfence/systemd/keyfence-serve.service share/keyfence/systemd/sysusers.d/keyfence.conf; do
     [ -e "$prefix/$f" ] || fail "the C tarball lacks $f"
 done
 # Relocatable: no path of the machine that built it.
