@@ -5,6 +5,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "openssl_keys.h"
 
@@ -237,6 +239,73 @@ static void isolated(const char *key_process) {
     keyfence_engine_config_free(cfg);
 }
 
+/* An engine made before fork() (a preforking server): in the child it
+ * starts its threads and its key process again on first use; keys in
+ * memory keep working; a key the parent loaded into its key process fails
+ * at once with SHUT_DOWN naming the fork, and loads again in the child.
+ * Nothing hangs (an alarm ends a child that would), and the child ending
+ * its copy of the engine leaves the parent's key process running. */
+static void forked(const char *key_process) {
+    keyfence_engine *e = NULL;
+    OK(keyfence_engine_new(NULL, &e));
+    keyfence_engine_config *cfg = NULL;
+    OK(keyfence_engine_config_new(&cfg));
+    OK(keyfence_engine_config_set_isolated(cfg, key_process));
+    keyfence_engine *iso = NULL;
+    OK(keyfence_engine_new(cfg, &iso));
+    keyfence_engine_config_free(cfg);
+    char *pem;
+    size_t n;
+    EVP_PKEY *k = kf_openssl_key("P-256", &pem, &n);
+    keyfence_private_key *held = NULL;
+    OK(keyfence_key_from_pem(iso, (const uint8_t *)pem, n, &held));
+    keyfence_bytes sig = {0};
+    /* Both engines' threads are running when the process forks. */
+    OK(keyfence_engine_sign(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
+    keyfence_bytes_free(&sig);
+    OK(keyfence_engine_sign(iso, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
+    keyfence_bytes_free(&sig);
+    fflush(NULL);
+    pid_t child = fork();
+    CHECK(child >= 0);
+    if (child == 0) {
+        alarm(20);
+        for (int round = 0; round < 2; round++) {
+            OK(keyfence_engine_sign(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 1000, &sig));
+            CHECK(kf_openssl_verify(ec_ossl, MSG, sizeof MSG, sig.data, sig.len));
+            keyfence_bytes_free(&sig);
+        }
+        FAILS(KEYFENCE_SHUT_DOWN,
+              keyfence_engine_sign(iso, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 1000, &sig));
+        MESSAGE_HAS("before this process");
+        MESSAGE_HAS("load the key again");
+        keyfence_private_key *again = NULL;
+        OK(keyfence_key_from_pem(iso, (const uint8_t *)pem, n, &again));
+        OK(keyfence_engine_sign(iso, again, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 1000, &sig));
+        CHECK(kf_openssl_verify(k, MSG, sizeof MSG, sig.data, sig.len));
+        keyfence_bytes_free(&sig);
+        keyfence_key_free(again);
+        keyfence_key_free(held);
+        keyfence_engine_free(iso);
+        keyfence_engine_free(e);
+        /* Not exit(): the parent's parts, left alone here, are no leak to
+         * report. */
+        _exit(0);
+    }
+    int status = 0;
+    CHECK(waitpid(child, &status, 0) == child);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    /* The parent's key process lived through the child's end. */
+    OK(keyfence_engine_sign(iso, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
+    CHECK(kf_openssl_verify(k, MSG, sizeof MSG, sig.data, sig.len));
+    keyfence_bytes_free(&sig);
+    free(pem);
+    EVP_PKEY_free(k);
+    keyfence_key_free(held);
+    keyfence_engine_free(iso);
+    keyfence_engine_free(e);
+}
+
 int main(int argc, char **argv) {
     CHECK(argc == 2);
     keys();
@@ -249,6 +318,7 @@ int main(int argc, char **argv) {
     deadline();
     cancel();
     isolated(argv[1]);
+    forked(argv[1]);
     keyfence_key_free(ec_key);
     keyfence_key_free(rsa_key);
     keyfence_key_free(NULL);

@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::batch;
+use super::threads::Origin;
 use super::types::{Output, Resource, SignError};
 
 /// One finished operation taken from a [`CompletionQueue`].
@@ -34,6 +35,9 @@ pub(crate) struct CqShared {
     signaled: AtomicBool,
     reader: UnixStream,
     writer: UnixStream,
+    /// The process the queue was made in: a forked child shares its
+    /// socket pair with the parent, and may find its lock held forever.
+    pub(crate) origin: Origin,
 }
 
 impl CqShared {
@@ -111,6 +115,7 @@ impl CompletionQueue {
                 signaled: AtomicBool::new(false),
                 reader,
                 writer,
+                origin: Origin::here(),
             }),
         })
     }
@@ -128,6 +133,12 @@ impl CompletionQueue {
     /// level-triggered loop comes back for them and an edge-triggered one
     /// sees a new edge.
     pub fn drain_up_to(&self, out: &mut Vec<Completion>, max: usize) -> usize {
+        // A queue made before this process forked never receives anything
+        // here (the engine refuses to queue onto it), and its lock may be
+        // held by a thread that is not here.
+        if self.shared.origin.forked() {
+            return 0;
+        }
         let s = &self.shared;
         // Empty the socket first, then clear the flag. The other order loses
         // wake-ups: a push between clearing and reading sets the flag and

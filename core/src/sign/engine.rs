@@ -13,6 +13,7 @@ use super::metrics::{EngineMetrics, MetricsSource, SourceMetrics};
 use super::op_record::{Notify, OpHandle, OpRecord, SignFuture, Work};
 use super::private_key::PrivateKey;
 use super::request::Request;
+use super::threads::Origin;
 use super::types::{Algorithm, OpClass, Output, SignError};
 
 /// How an [`Engine`] is sized. [`EngineConfig::default`] derives the sizes
@@ -91,6 +92,7 @@ impl EngineConfig {
 }
 
 struct Core {
+    origin: Origin,
     executors: Vec<Executor>,
     deadlines: Deadlines,
     backend: Arc<dyn Backend>,
@@ -133,6 +135,17 @@ impl Drop for Core {
 #[derive(Clone)]
 pub struct Engine {
     core: Arc<Core>,
+}
+
+impl Drop for Engine {
+    /// In a forked child, the engine is left as it is: ending it would
+    /// wait for threads that are not here and close queues another
+    /// process's threads may hold locks in.
+    fn drop(&mut self) {
+        if self.core.origin.forked() {
+            std::mem::forget(self.core.clone());
+        }
+    }
 }
 
 impl std::fmt::Debug for Engine {
@@ -180,6 +193,7 @@ impl Engine {
         };
         Ok(Engine {
             core: Arc::new(Core {
+                origin: Origin::here(),
                 executors,
                 deadlines,
                 backend,
@@ -198,6 +212,18 @@ impl Engine {
 
     fn submit_inner(&self, req: Request, notify: Notify) -> Result<Arc<OpRecord>, SignError> {
         let core = &*self.core;
+        // In a forked child the engine's threads do not exist: nothing
+        // would ever run or time out what is queued.
+        if core.origin.forked() {
+            return Err(SignError::forked(
+                "this engine",
+                core.origin.pid(),
+                "its threads are that process's; make an engine in this process",
+            ));
+        }
+        if let Some(held) = req.key.as_held() {
+            held.usable_here()?;
+        }
         // A key held elsewhere runs on its holder and nowhere else: a
         // request that names another backend is a mistake, said at once.
         let backend: Arc<dyn Backend> = match (req.key.as_held(), req.backend) {
@@ -324,6 +350,13 @@ impl Engine {
         queue: &CompletionQueue,
         user_data: u64,
     ) -> Result<OpHandle, SignError> {
+        if queue.shared.origin.forked() {
+            return Err(SignError::forked(
+                "this completion queue",
+                queue.shared.origin.pid(),
+                "its descriptor is shared with that process; make a queue in this process",
+            ));
+        }
         let record = self.submit_inner(req, Notify::Queue(queue.shared.clone(), user_data))?;
         Ok(OpHandle { record })
     }

@@ -9,6 +9,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::threads::Origin;
 use super::types::{Input, KeyKind, OpClass, Operation, Output, SignError};
 
 /// Where the answer to an operation on a held key goes: called once.
@@ -61,11 +62,27 @@ pub(crate) struct HeldKey {
     id: u64,
     kind: KeyKind,
     public_der: Vec<u8>,
+    origin: Origin,
 }
 
 impl HeldKey {
     pub(crate) fn new(holder: Arc<dyn KeyHolder>, id: u64, kind: KeyKind, public_der: Vec<u8>) -> Self {
-        HeldKey { holder, id, kind, public_der }
+        HeldKey { holder, id, kind, public_der, origin: Origin::here() }
+    }
+
+    /// Refuses a key loaded before this process forked: its holder (the
+    /// parent's key process connection, agent connection or key servers'
+    /// client) is the parent's, whose socket and locks this process shares
+    /// or cannot take. It fails at once, never waits.
+    pub(crate) fn usable_here(&self) -> Result<(), SignError> {
+        if self.origin.forked() {
+            return Err(SignError::forked(
+                "this key",
+                self.origin.pid(),
+                "its holder (key process, agent or key servers) is that process's; load the key again in this process",
+            ));
+        }
+        Ok(())
     }
 
     pub(crate) fn holder(&self) -> &Arc<dyn KeyHolder> {
@@ -114,6 +131,14 @@ impl fmt::Debug for HeldKey {
 
 impl Drop for HeldKey {
     fn drop(&mut self) {
+        if self.origin.forked() {
+            // The parent's holder: telling it anything, or dropping the
+            // last handle on it (which ends its key process), is the
+            // parent's business. One count more, never given back, keeps
+            // it from being dropped here.
+            std::mem::forget(self.holder.clone());
+            return;
+        }
         self.holder.forget(self.id);
     }
 }

@@ -24,8 +24,9 @@
 //! ```
 
 use std::path::Path;
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, TryLockError};
+use std::time::{Duration, Instant};
 
 use zeroize::Zeroizing;
 
@@ -37,6 +38,7 @@ use super::op_record::{OpHandle, SignFuture};
 use super::private_key::PrivateKey;
 use super::remote::{load_envelope_key, KeyRingError, RemoteConfig, RemoteSigner};
 use super::request::Request;
+use super::threads::Origin;
 use super::types::{Algorithm, KeyError, Output, SignError};
 use crate::wrap::Envelope;
 
@@ -114,6 +116,32 @@ struct Parts {
 }
 
 impl Parts {
+    /// Starts the engine's threads, then what `config`'s isolation names.
+    fn start(config: &ManagedConfig) -> Result<Parts, SignError> {
+        let engine = Engine::new(config.engine.clone())?;
+        let (key_process, remote) = match &config.isolation {
+            Isolation::InProcess => (None, None),
+            Isolation::KeyProcess(c) => (Some(KeyProcess::start(c.clone())?), None),
+            Isolation::Agent(socket) => (Some(KeyProcess::start(KeyProcessConfig::with_agent(socket))?), None),
+            Isolation::Remote(c) => {
+                let signer = RemoteSigner::start(c.clone())?;
+                engine.attach_metrics(Arc::new(signer.clone()));
+                (None, Some(signer))
+            }
+        };
+        Ok(Parts { engine, key_process, remote })
+    }
+
+    /// Ends the key process and the remote signer's connections now.
+    fn stop(&self) {
+        if let Some(kp) = &self.key_process {
+            kp.stop();
+        }
+        if let Some(remote) = &self.remote {
+            remote.disconnect();
+        }
+    }
+
     /// The key an envelope holds: from the peers that may open it, or as
     /// [`load_envelope_key`] loads it (here, or in the key process).
     fn open_envelope(
@@ -144,6 +172,17 @@ impl Parts {
 /// later call fails with [`SignError::ShutDown`].
 pub struct ManagedEngine {
     parts: RwLock<Option<Parts>>,
+    /// What the parts were started from, to start them again in a forked
+    /// child.
+    config: ManagedConfig,
+    /// The process the engine was made in.
+    origin: Origin,
+    /// The parts a forked child started for itself (see
+    /// [`ManagedEngine::child_parts`]). Never locked in the process the
+    /// engine was made in, so no thread of that process can hold it when
+    /// it forks.
+    child: Mutex<Option<(Origin, Arc<Parts>)>>,
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for ManagedEngine {
@@ -205,26 +244,72 @@ impl ManagedEngine {
     /// program, [`SignError::Io`] if threads or the key process cannot be
     /// started; nothing is left running then.
     pub fn start(config: ManagedConfig) -> Result<Self, SignError> {
-        let engine = Engine::new(config.engine)?;
-        let (key_process, remote) = match config.isolation {
-            Isolation::InProcess => (None, None),
-            Isolation::KeyProcess(c) => (Some(KeyProcess::start(c)?), None),
-            Isolation::Agent(socket) => (Some(KeyProcess::start(KeyProcessConfig::with_agent(socket))?), None),
-            Isolation::Remote(c) => {
-                let signer = RemoteSigner::start(c)?;
-                engine.attach_metrics(Arc::new(signer.clone()));
-                (None, Some(signer))
-            }
-        };
-        Ok(ManagedEngine { parts: RwLock::new(Some(Parts { engine, key_process, remote })) })
+        let parts = Parts::start(&config)?;
+        Ok(ManagedEngine {
+            parts: RwLock::new(Some(parts)),
+            config,
+            origin: Origin::here(),
+            child: Mutex::new(None),
+            closed: AtomicBool::new(false),
+        })
     }
 
-    /// Runs `f` on the running parts.
+    /// Runs `f` on the running parts: in a child forked after the engine
+    /// was made, the child's own ([`ManagedEngine::child_parts`]).
     fn with<T, E: From<SignError>>(&self, f: impl FnOnce(&Parts) -> Result<T, E>) -> Result<T, E> {
+        if self.origin.forked() {
+            let parts = self.child_parts()?;
+            return f(&parts);
+        }
         match &*self.parts.read().unwrap_or_else(|e| e.into_inner()) {
             Some(parts) => f(parts),
             None => Err(SignError::ShutDown.into()),
         }
+    }
+
+    /// The parts of this process, a child forked after the engine was made
+    /// (a preforking server, gunicorn `--preload`, multiprocessing's fork
+    /// start method). The child has the parent's memory but none of its
+    /// threads, and the parent's key process and sockets are the parent's:
+    /// on first use, the child starts its own engine threads, key process,
+    /// agent connection or remote signer, from the engine's configuration,
+    /// and never touches the parent's. Keys in this process's memory keep
+    /// working; keys the parent loaded into a key process, an agent or key
+    /// servers fail at once ([`SignError::Forked`]) and are loaded again.
+    fn child_parts(&self) -> Result<Arc<Parts>, SignError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(SignError::ShutDown);
+        }
+        // The lock is never taken in the process the engine was made in;
+        // a grandchild may find it held by a thread of the child it forked
+        // from, which is not here: bounded, then an error, never a hang.
+        let until = Instant::now() + Duration::from_millis(200);
+        let mut guard = loop {
+            match self.child.try_lock() {
+                Ok(g) => break g,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) if Instant::now() < until => std::thread::sleep(Duration::from_millis(1)),
+                Err(TryLockError::WouldBlock) => {
+                    return Err(SignError::forked(
+                        "this engine",
+                        self.origin.pid(),
+                        "it could not start again here, as a thread of the process that forked held it; make an engine in this process",
+                    ))
+                }
+            }
+        };
+        if let Some((origin, parts)) = &*guard {
+            if !origin.forked() {
+                return Ok(parts.clone());
+            }
+        }
+        // A grandchild: the child's parts are another process's too.
+        if let Some(old) = guard.take() {
+            std::mem::forget(old);
+        }
+        let parts = Arc::new(Parts::start(&self.config)?);
+        *guard = Some((Origin::here(), parts.clone()));
+        Ok(parts)
     }
 
     /// The request bindings build from their arguments: `data` signed with
@@ -385,7 +470,9 @@ impl ManagedEngine {
 
     /// Whether [`ManagedEngine::close`] has been called.
     pub fn is_closed(&self) -> bool {
-        self.parts.read().unwrap_or_else(|e| e.into_inner()).is_none()
+        // A flag, not the parts' lock: in a forked child that lock may be
+        // held by a thread that is not there.
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Shuts the engine down now: queued operations fail with
@@ -394,14 +481,25 @@ impl ManagedEngine {
     /// connections close, and every later call fails with
     /// [`SignError::ShutDown`]. Calling it again does nothing.
     pub fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        if self.origin.forked() {
+            // A forked child ends what it started itself, and never the
+            // parent's parts.
+            let mine = match self.child.try_lock() {
+                Ok(mut g) => g.take(),
+                Err(TryLockError::Poisoned(p)) => p.into_inner().take(),
+                Err(TryLockError::WouldBlock) => None,
+            };
+            match mine {
+                Some((origin, parts)) if !origin.forked() => parts.stop(),
+                Some(other) => std::mem::forget(other),
+                None => {}
+            }
+            return;
+        }
         let parts = self.parts.write().unwrap_or_else(|e| e.into_inner()).take();
         if let Some(parts) = parts {
-            if let Some(kp) = &parts.key_process {
-                kp.stop();
-            }
-            if let Some(remote) = &parts.remote {
-                remote.disconnect();
-            }
+            parts.stop();
         }
     }
 }
@@ -409,5 +507,11 @@ impl ManagedEngine {
 impl Drop for ManagedEngine {
     fn drop(&mut self) {
         self.close();
+        if self.origin.forked() {
+            // The parent's parts: dropping them here would wait for its
+            // threads and end its key process. Left as they are.
+            let parent = self.parts.get_mut().unwrap_or_else(|e| e.into_inner()).take();
+            std::mem::forget(parent);
+        }
     }
 }

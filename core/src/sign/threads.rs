@@ -20,9 +20,41 @@ use std::time::{Duration, Instant};
 /// dropping thread holds would otherwise wait forever).
 pub(crate) const JOIN_BOUND: Duration = Duration::from_secs(5);
 
+/// The process an object was made in, to tell a forked child from its
+/// parent: after `fork()` the child has the parent's memory (engines,
+/// key-process connections, locks) but none of its threads, and a thread
+/// that held a lock at the fork holds it forever in the child. An object
+/// made before the fork must then neither be used nor ended there (ending
+/// it could kill the parent's key process or shut its sockets down).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Origin(u32);
+
+impl Origin {
+    /// This process.
+    pub(crate) fn here() -> Self {
+        Origin(std::process::id())
+    }
+
+    /// Whether this is a forked child of the process the object was made
+    /// in (one `getpid` call).
+    pub(crate) fn forked(self) -> bool {
+        self.0 != std::process::id()
+    }
+
+    /// The process id it was made in.
+    pub(crate) fn pid(self) -> u32 {
+        self.0
+    }
+}
+
 /// Threads to join, in the order they were started.
-#[derive(Default)]
-pub(crate) struct Joined(Vec<JoinHandle<()>>);
+pub(crate) struct Joined(Vec<JoinHandle<()>>, Origin);
+
+impl Default for Joined {
+    fn default() -> Self {
+        Joined(Vec::new(), Origin::here())
+    }
+}
 
 impl Joined {
     /// No threads yet.
@@ -54,6 +86,12 @@ impl Joined {
     /// (an owner dropped by its own thread: the last engine handle dropped
     /// in a callback), is left to end by itself.
     pub(crate) fn join(&mut self) {
+        if self.1.forked() {
+            // Another process's threads (this is a forked child): none of
+            // them exists here, and nothing can be joined.
+            std::mem::forget(std::mem::take(&mut self.0));
+            return;
+        }
         let me = std::thread::current().id();
         let handles: Vec<JoinHandle<()>> = self.0.drain(..).filter(|h| h.thread().id() != me).collect();
         let until = Instant::now() + JOIN_BOUND;

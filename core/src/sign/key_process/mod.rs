@@ -161,6 +161,17 @@ pub struct KeyProcess {
     sup: Arc<Supervisor>,
 }
 
+impl Drop for KeyProcess {
+    /// In a forked child, the parent's key process (or agent connection)
+    /// is left alone: ending it here would kill the parent's key process
+    /// and shut down the socket both processes share.
+    fn drop(&mut self) {
+        if self.sup.origin.forked() {
+            std::mem::forget(self.sup.clone());
+        }
+    }
+}
+
 impl std::fmt::Debug for KeyProcess {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("KeyProcess").field("pid", &self.pid()).field("restarts", &self.restarts()).finish()

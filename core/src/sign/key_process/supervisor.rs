@@ -20,7 +20,7 @@ use super::sys;
 use super::writer::FrameWriter;
 use super::KeyProcessConfig;
 use crate::sign::held_key::{Answer, KeyHolder};
-use crate::sign::threads::Joined;
+use crate::sign::threads::{Joined, Origin};
 use crate::sign::types::{BackendFailure, KeyKind, OpClass, Operation, Output, Resource, SignError};
 
 /// The key-process program's file name, looked for beside the library and
@@ -61,6 +61,8 @@ pub(super) struct Supervisor {
     /// started (those that ended are let go as new ones start); joined
     /// when it is dropped.
     readers: Mutex<Joined>,
+    /// The process it was started in (see [`Origin`]).
+    pub(super) origin: Origin,
 }
 
 /// The key-process program: the configured command if there is one (its
@@ -139,6 +141,7 @@ impl Supervisor {
             restarts: AtomicU64::new(0),
             closed: AtomicBool::new(false),
             readers: Mutex::new(Joined::new()),
+            origin: Origin::here(),
         });
         let conn = sup.spawn()?;
         sup.state().conn = Some(conn);

@@ -30,7 +30,7 @@ use super::routing::{self, PeerConfig, PeerState};
 use super::tls::{self, TlsFiles};
 use crate::sign::executor;
 use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
-use crate::sign::threads::Joined;
+use crate::sign::threads::{Joined, Origin};
 use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError};
 use crate::sign::wire;
 use crate::sign::PrivateKey;
@@ -197,6 +197,8 @@ pub(crate) struct Client {
     /// The round-trip thread and the helpers, joined when the client is
     /// dropped.
     threads: Mutex<Joined>,
+    /// The process it was started in.
+    origin: Origin,
 }
 
 impl Drop for Client {
@@ -258,6 +260,16 @@ pub struct RemoteSigner {
     client: Arc<Client>,
 }
 
+impl Drop for RemoteSigner {
+    /// In a forked child, the parent's connections and threads are left
+    /// alone (closing them here would end the parent's TLS sessions).
+    fn drop(&mut self) {
+        if self.client.origin.forked() {
+            std::mem::forget(self.client.clone());
+        }
+    }
+}
+
 impl std::fmt::Debug for RemoteSigner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RemoteSigner")
@@ -314,6 +326,7 @@ impl RemoteSigner {
             retries_refused: AtomicU64::new(0),
             _stop: stop,
             threads: Mutex::new(Joined::new()),
+            origin: Origin::here(),
         });
         let weak = Arc::downgrade(&client);
         client

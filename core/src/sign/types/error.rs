@@ -146,6 +146,22 @@ pub enum SignError {
     /// The engine shut down before the operation ran.
     #[error("the signing engine has shut down")]
     ShutDown,
+    /// The object was made in another process, which this one forked from:
+    /// a key loaded into a key process, an agent or key servers before
+    /// `fork()`, an engine or a completion queue made before it (their
+    /// threads, sockets and locks are the parent's). Its code is
+    /// `SHUT_DOWN`: it never works here, and nothing waits on it.
+    #[error("{what} was made in process {pid}, before this process ({here}) forked from it: {advice}")]
+    Forked {
+        /// What it is ("this key", "this engine").
+        what: &'static str,
+        /// The process it was made in.
+        pid: u32,
+        /// This process.
+        here: u32,
+        /// What to do instead.
+        advice: &'static str,
+    },
     /// The algorithm needs a different kind of key.
     #[error("{alg} cannot be used with {key} key")]
     KeyMismatch {
@@ -355,7 +371,7 @@ impl SignError {
             SignError::Overloaded { .. } | SignError::PeerOverloaded { .. } => ErrorCode::Overloaded,
             SignError::TimedOut { .. } => ErrorCode::TimedOut,
             SignError::Cancelled => ErrorCode::Cancelled,
-            SignError::ShutDown => ErrorCode::ShutDown,
+            SignError::ShutDown | SignError::Forked { .. } => ErrorCode::ShutDown,
             SignError::KeyMismatch { .. }
             | SignError::DigestNotSupported(_)
             | SignError::DigestLength { .. }
@@ -376,6 +392,11 @@ impl SignError {
     /// A backend failure of `backend`.
     pub(crate) fn backend(backend: &str, failure: BackendFailure, reason: impl Into<String>) -> Self {
         SignError::Backend { backend: backend.to_string(), failure, reason: reason.into() }
+    }
+
+    /// `what`, made in process `pid`, used in a child forked from it.
+    pub(crate) fn forked(what: &'static str, pid: u32, advice: &'static str) -> Self {
+        SignError::Forked { what, pid, here: std::process::id(), advice }
     }
 
     /// An operating-system refusal of `resource`.
@@ -409,6 +430,7 @@ mod tests {
             (SignError::TimedOut { timeout: Duration::from_secs(1) }, ErrorCode::TimedOut),
             (SignError::Cancelled, ErrorCode::Cancelled),
             (SignError::ShutDown, ErrorCode::ShutDown),
+            (SignError::Forked { what: "x", pid: 1, here: 2, advice: "y" }, ErrorCode::ShutDown),
             (SignError::KeyMismatch { alg, key }, ErrorCode::InvalidRequest),
             (SignError::DigestNotSupported(Algorithm::Ed25519), ErrorCode::InvalidRequest),
             (SignError::DigestLength { alg, expected: 32, got: 1 }, ErrorCode::InvalidRequest),
