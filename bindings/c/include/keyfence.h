@@ -24,6 +24,24 @@
 #include <stdint.h>
 
 /*
+ The major version of the header a program was compiled against
+ (`keyfence_version()` is the library's, at run time). The soname
+ `libkeyfence.so.0` changes with it from 1.0 on; before 1.0 each minor
+ version may break the ABI (README.md, "Versions").
+ */
+#define KEYFENCE_VERSION_MAJOR 0
+
+/*
+ The header's minor version.
+ */
+#define KEYFENCE_VERSION_MINOR 1
+
+/*
+ The header's patch version.
+ */
+#define KEYFENCE_VERSION_PATCH 0
+
+/*
  The result of every keyfence function: `KEYFENCE_OK` or the error's
  stable code (`docs/errors.md`). Numbers never change meaning.
  */
@@ -555,7 +573,9 @@ extern "C" {
 
 /*
  The library's version, `MAJOR.MINOR.PATCH`, as a static NUL-terminated
- string (never freed).
+ string (never freed): compare it with `KEYFENCE_VERSION_MAJOR` and
+ `KEYFENCE_VERSION_MINOR` to check at run time that the library loaded
+ is the one the program was compiled for.
  */
 const char *keyfence_version(void);
 
@@ -1196,7 +1216,7 @@ void keyfence_remote_free(struct keyfence_remote *remote);
 
 /*
  Default settings: threads per class from the core count, bounded
- queues, a 1 s deadline per operation, keys in this process.
+ queues, a 2 s deadline per operation, keys in this process.
 
  # Safety
  `out` is writable.
@@ -1219,7 +1239,8 @@ keyfence_result keyfence_engine_config_set_class(struct keyfence_engine_config *
 
 /*
  Sets the deadline of operations submitted without one, in
- milliseconds (at least 1).
+ milliseconds; 0 restores the default (2000 ms), as a 0 deadline means
+ "the engine's" everywhere else in this API.
 
  # Safety
  `config` is a live handle.

@@ -95,7 +95,7 @@ pub type keyfence_sign_callback = Option<
 >;
 
 /// Default settings: threads per class from the core count, bounded
-/// queues, a 1 s deadline per operation, keys in this process.
+/// queues, a 2 s deadline per operation, keys in this process.
 ///
 /// # Safety
 /// `out` is writable.
@@ -139,7 +139,8 @@ pub unsafe extern "C" fn keyfence_engine_config_set_class(
 }
 
 /// Sets the deadline of operations submitted without one, in
-/// milliseconds (at least 1).
+/// milliseconds; 0 restores the default (2000 ms), as a 0 deadline means
+/// "the engine's" everywhere else in this API.
 ///
 /// # Safety
 /// `config` is a live handle.
@@ -151,7 +152,10 @@ pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let c = unsafe { ffi::borrow_mut(config, "config")? };
-        c.0.engine.default_timeout = Duration::from_millis(u64::from(timeout_ms.max(1)));
+        c.0.engine.default_timeout = match timeout_ms {
+            0 => keyfence_core::sign::EngineConfig::default().default_timeout,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
         Ok(())
     })
 }
@@ -781,5 +785,27 @@ pub unsafe extern "C" fn keyfence_engine_metrics_prometheus(
 impl Coded for LoadError {
     fn code(&self) -> keyfence_core::ErrorCode {
         LoadError::code(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// 0 is "the engine's default" for a per-call deadline; the engine's
+    /// own default deadline takes 0 the same way, never as 1 ms.
+    #[test]
+    fn a_zero_default_deadline_restores_the_default() {
+        let mut cfg: *mut keyfence_engine_config = std::ptr::null_mut();
+        // SAFETY: `cfg` is a writable out-pointer; the handle made is used
+        // and freed here only.
+        unsafe {
+            assert_eq!(keyfence_engine_config_new(&mut cfg), keyfence_result::KEYFENCE_OK);
+            assert_eq!(keyfence_engine_config_set_timeout_ms(cfg, 5), keyfence_result::KEYFENCE_OK);
+            assert_eq!((*cfg).0.engine.default_timeout, Duration::from_millis(5));
+            assert_eq!(keyfence_engine_config_set_timeout_ms(cfg, 0), keyfence_result::KEYFENCE_OK);
+            assert_eq!((*cfg).0.engine.default_timeout, keyfence_core::sign::EngineConfig::default().default_timeout);
+            keyfence_engine_config_free(cfg);
+        }
     }
 }
