@@ -182,14 +182,25 @@ export declare namespace sign {
     attachRemote(remote: sign.RemoteSigner): void
     /**
      * Starts an engine: its worker threads, and its key process when
-     * `isolated` is set.
+     * `isolated` is set, or its connection to the key agent when `agent`
+     * is.
      *
      * Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
-     * no key process found), `IO` (threads), `BACKEND_FAILED` (the key
-     * process does not start).
+     * no key process found), `INVALID_ARGUMENT` (`agent` with `isolated`
+     * or `keyProcess`, or empty), `IO` (threads), `BACKEND_FAILED` (the
+     * key process does not start; no agent answers on `agent`, or it
+     * refuses this user: the reason in the message).
      */
     constructor(options?: sign.EngineOptions | undefined | null)
-    /** Whether keys loaded with `loadKey` go to a key process. */
+    /**
+     * The key agent's socket when the engine's keys are in an agent
+     * (`new Engine({ agent })`), else null.
+     */
+    get agent(): string | null
+    /**
+     * Whether the engine's keys are outside this process: in its key
+     * process (`isolated`), or in the key agent (`agent`).
+     */
     get isolated(): boolean
     /** The key process's pid, while one runs. */
     get keyProcessPid(): number | null
@@ -211,13 +222,21 @@ export declare namespace sign {
      * the machine key's secret nor the private key is ever here. Without
      * one, it is opened here, as `Machine.open` does.
      *
+     * With an agent's engine (`new Engine({ agent })`) the envelope alone:
+     * `loadEnvelope(envelope)`; the agent opens it with its own machine key
+     * and store, and this process reads neither (a store and machine key
+     * given anyway are not read).
+     *
      * Throws `KeyfenceError` code `IO` (the machine key file cannot be
      * read), `INVALID_KEY`, `INVALID_ENVELOPE`, `POLICY_NOT_SATISFIED`,
      * `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `WRONG_AUTHORITY`,
      * `STORE_IO`, `INVALID_PRIVATE_KEY`, `BACKEND_FAILED` (the key process
-     * refused it), `SHUT_DOWN` after `close`.
+     * or the agent refused it: the agent's reason, such as
+     * `POLICY_NOT_SATISFIED`, in the message), `INVALID_ARGUMENT` (the
+     * envelope alone with an engine that is not an agent's), `SHUT_DOWN`
+     * after `close`.
      */
-    loadEnvelope(store: string, machineKey: string, envelope: Uint8Array): sign.PrivateKey
+    loadEnvelope(...args: [store: string, machineKey: string, envelope: Uint8Array] | [envelope: Uint8Array]): sign.PrivateKey
     /**
      * Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
      * `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
@@ -415,6 +434,16 @@ export declare namespace sign {
      * default: `keyfence-key-process` beside the addon.
      */
     keyProcess?: string
+    /**
+     * The socket of the machine's key agent (`keyfence agent`,
+     * docs/deploy.md), e.g. `'/run/keyfence/agent.sock'`: the agent holds
+     * the machine key and the store, opens the envelopes this engine loads
+     * (`engine.loadEnvelope(envelope)`, no store or machine key here) and
+     * signs for it. The engine connects when it is made, and again, loading
+     * its keys again, when the agent restarts. Not with `isolated` or
+     * `keyProcess`.
+     */
+    agent?: string
   }
   /** Latency of successful operations, in milliseconds. */
   export interface Latency {

@@ -173,7 +173,7 @@ describe(abe.AttributeKey, (k) => ({ labels: k.labels, secret: '<not shown>' }))
 describe(wrap.Authority, () => ({ secret: '<not shown>' }))
 describe(wrap.Machine, (m) => ({ labels: m.labels, secret: '<not shown>' }))
 describe(sign.PrivateKey, (k) => ({ kind: k.kind, local: k.isLocal, secret: '<not shown>' }))
-describe(sign.Engine, (e) => ({ isolated: e.isolated }))
+describe(sign.Engine, (e) => (e.agent === null ? { isolated: e.isolated } : { isolated: e.isolated, agent: e.agent }))
 describe(sign.RemoteSigner, () => ({}))
 
 module.exports = {

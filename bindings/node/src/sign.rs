@@ -112,6 +112,14 @@ pub struct EngineOptions {
     /// The key-process program, a path (never looked up on `PATH`);
     /// default: `keyfence-key-process` beside the addon.
     pub key_process: Option<String>,
+    /// The socket of the machine's key agent (`keyfence agent`,
+    /// docs/deploy.md), e.g. `'/run/keyfence/agent.sock'`: the agent holds
+    /// the machine key and the store, opens the envelopes this engine loads
+    /// (`engine.loadEnvelope(envelope)`, no store or machine key here) and
+    /// signs for it. The engine connects when it is made, and again, loading
+    /// its keys again, when the agent restarts. Not with `isolated` or
+    /// `keyProcess`.
+    pub agent: Option<String>,
 }
 
 /// Options of one signature.
@@ -146,6 +154,8 @@ fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
 pub struct Engine {
     pub(crate) inner: ManagedEngine,
     completions: Arc<Completions>,
+    /// The key agent's socket, for an agent's engine.
+    agent: Option<String>,
 }
 
 /// Latency of successful operations, in milliseconds.
@@ -239,15 +249,19 @@ fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignO
 #[napi(namespace = "sign")]
 impl Engine {
     /// Starts an engine: its worker threads, and its key process when
-    /// `isolated` is set.
+    /// `isolated` is set, or its connection to the key agent when `agent`
+    /// is.
     ///
     /// Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
-    /// no key process found), `IO` (threads), `BACKEND_FAILED` (the key
-    /// process does not start).
+    /// no key process found), `INVALID_ARGUMENT` (`agent` with `isolated`
+    /// or `keyProcess`, or empty), `IO` (threads), `BACKEND_FAILED` (the
+    /// key process does not start; no agent answers on `agent`, or it
+    /// refuses this user: the reason in the message).
     #[napi(constructor)]
     pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self> {
         let completions = Completions::new(&env)?;
         let mut config = ManagedConfig::default();
+        let mut agent = None;
         if let Some(o) = options {
             class_config(&mut config.engine.rsa, o.rsa);
             class_config(&mut config.engine.ec, o.ec);
@@ -255,17 +269,38 @@ impl Engine {
             if let Some(t) = o.timeout_ms {
                 config.engine.default_timeout = Duration::from_millis(u64::from(t));
             }
-            if o.isolated.unwrap_or(false) || o.key_process.is_some() {
+            if let Some(socket) = o.agent {
+                let refused = if o.isolated.unwrap_or(false) || o.key_process.is_some() {
+                    Some("options.agent and options.isolated (or keyProcess) are exclusive: an engine's keys are either in its own key process or in the key agent")
+                } else if socket.is_empty() {
+                    Some("options.agent is empty: name the agent's socket, such as '/run/keyfence/agent.sock'")
+                } else {
+                    None
+                };
+                if let Some(message) = refused {
+                    return Err(KfError::new(ErrorCode::InvalidArgument, message).into_napi(&env));
+                }
+                config.isolation = Isolation::Agent(socket.clone().into());
+                agent = Some(socket);
+            } else if o.isolated.unwrap_or(false) || o.key_process.is_some() {
                 config.isolation = Isolation::KeyProcess(match o.key_process {
                     Some(p) => KeyProcessConfig::with_command([p]),
                     None => KeyProcessConfig::default(),
                 });
             }
         }
-        js(&env, ManagedEngine::start(config).map_err(Into::into)).map(|inner| Engine { inner, completions })
+        js(&env, ManagedEngine::start(config).map_err(Into::into)).map(|inner| Engine { inner, completions, agent })
     }
 
-    /// Whether keys loaded with `loadKey` go to a key process.
+    /// The key agent's socket when the engine's keys are in an agent
+    /// (`new Engine({ agent })`), else null.
+    #[napi(getter)]
+    pub fn agent(&self) -> Option<String> {
+        self.agent.clone()
+    }
+
+    /// Whether the engine's keys are outside this process: in its key
+    /// process (`isolated`), or in the key agent (`agent`).
     #[napi(getter)]
     pub fn isolated(&self) -> bool {
         self.inner.has_key_process()
@@ -297,14 +332,54 @@ impl Engine {
     /// the machine key's secret nor the private key is ever here. Without
     /// one, it is opened here, as `Machine.open` does.
     ///
+    /// With an agent's engine (`new Engine({ agent })`) the envelope alone:
+    /// `loadEnvelope(envelope)`; the agent opens it with its own machine key
+    /// and store, and this process reads neither (a store and machine key
+    /// given anyway are not read).
+    ///
     /// Throws `KeyfenceError` code `IO` (the machine key file cannot be
     /// read), `INVALID_KEY`, `INVALID_ENVELOPE`, `POLICY_NOT_SATISFIED`,
     /// `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `WRONG_AUTHORITY`,
     /// `STORE_IO`, `INVALID_PRIVATE_KEY`, `BACKEND_FAILED` (the key process
-    /// refused it), `SHUT_DOWN` after `close`.
-    #[napi]
-    pub fn load_envelope(&self, env: Env, store: String, machine_key: String, envelope: Uint8Array) -> napi::Result<PrivateKey> {
-        let source = KeySource::EnvelopeBytes { store: store.into(), machine_key: machine_key.into(), envelope: envelope.to_vec() };
+    /// or the agent refused it: the agent's reason, such as
+    /// `POLICY_NOT_SATISFIED`, in the message), `INVALID_ARGUMENT` (the
+    /// envelope alone with an engine that is not an agent's), `SHUT_DOWN`
+    /// after `close`.
+    #[napi(
+        ts_args_type = "...args: [store: string, machineKey: string, envelope: Uint8Array] | [envelope: Uint8Array]"
+    )]
+    pub fn load_envelope(
+        &self,
+        env: Env,
+        first: Either<String, Uint8Array>,
+        machine_key: Option<String>,
+        envelope: Option<Uint8Array>,
+    ) -> napi::Result<PrivateKey> {
+        let source = match (first, machine_key, envelope) {
+            (Either::A(store), Some(machine_key), Some(envelope)) => {
+                KeySource::EnvelopeBytes { store: store.into(), machine_key: machine_key.into(), envelope: envelope.to_vec() }
+            }
+            (Either::B(envelope), None, None) => {
+                // A closed engine says SHUT_DOWN, as every call on it does.
+                if !self.inner.is_agent() && !self.inner.is_closed() {
+                    return Err(KfError::new(
+                        ErrorCode::InvalidArgument,
+                        "loadEnvelope(envelope) without a store and machine key needs an engine whose keys are in \
+                         a key agent (new Engine({ agent })); otherwise call loadEnvelope(store, machineKey, envelope)",
+                    )
+                    .into_napi(&env));
+                }
+                KeySource::AgentEnvelope(envelope.to_vec())
+            }
+            _ => {
+                return Err(KfError::new(
+                    ErrorCode::InvalidArgument,
+                    "invalid argument: loadEnvelope takes (store: string, machineKey: string, envelope: Uint8Array), \
+                     or (envelope: Uint8Array) with an agent's engine",
+                )
+                .into_napi(&env))
+            }
+        };
         js(&env, self.inner.load(source).map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
 

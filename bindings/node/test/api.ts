@@ -57,7 +57,14 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const kind: string = sk.kind
   const isolated: boolean = engine.isolated
   const pid: number | null | undefined = engine.keyProcessPid
+  const opened: kf.sign.PrivateKey = engine.loadEnvelope(dir, 'machine.key', env)
   engine.close()
+
+  const viaAgent = new kf.sign.Engine({ agent: '/run/keyfence/agent.sock', timeoutMs: 1000 })
+  const socket: string | null = viaAgent.agent
+  const agentKey: kf.sign.PrivateKey = viaAgent.loadEnvelope(env)
+  const agentSig: Buffer = await viaAgent.sign(agentKey, 'ecdsa-p256-sha256', Buffer.from('data'))
+  viaAgent.close()
 
   try {
     kf.policy.check('a: b or', {})
@@ -68,5 +75,5 @@ export async function everything(dir: string, pem: string): Promise<void> {
       void [code, position]
     }
   }
-  void [v, ok, canonical, pt, pt2, k2, pk, msk, labels, could, policy, authSync, n, yes, secret, secret2, mk, r2, sig, sig2, p99, overloaded, spki, kind, isolated, pid]
+  void [v, ok, canonical, pt, pt2, k2, pk, msk, labels, could, policy, authSync, n, yes, secret, secret2, mk, r2, sig, sig2, p99, overloaded, spki, kind, isolated, pid, opened, socket, agentSig]
 }

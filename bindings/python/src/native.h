@@ -212,7 +212,11 @@ struct Authority : Closable<keyfence_authority, keyfence_authority_free> {
     explicit Authority(keyfence_authority *a) : Closable(a, "authority", KEYFENCE_INVALID_ARGUMENT) {}
 };
 struct Engine : Closable<keyfence_engine, keyfence_engine_free> {
-    explicit Engine(keyfence_engine *e) : Closable(e, "engine", KEYFENCE_SHUT_DOWN) {}
+    explicit Engine(keyfence_engine *e, bool agent = false)
+        : Closable(e, "engine", KEYFENCE_SHUT_DOWN), agent(agent) {}
+    // Whether its keys are in a key agent (made with agent=...): envelopes
+    // then load without a store or machine key.
+    const bool agent;
 };
 struct RemoteSigner : Closable<keyfence_remote, keyfence_remote_free> {
     explicit RemoteSigner(keyfence_remote *r) : Closable(r, "remote signer", KEYFENCE_SHUT_DOWN) {}

@@ -38,7 +38,8 @@ PrivateKey load_key(Engine *engine, F &&load) {
     return PrivateKey(out);
 }
 
-std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool isolated, py::object key_process) {
+std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool isolated, py::object key_process,
+                                   py::object agent) {
     keyfence_engine_config *cfg = nullptr;
     check(keyfence_engine_config_new(&cfg));
     Handle<keyfence_engine_config, keyfence_engine_config_free> config(cfg);
@@ -50,9 +51,19 @@ std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool i
     std::optional<std::string> program;
     if (!key_process.is_none()) program = path(key_process, "key_process");
     if (isolated) check(keyfence_engine_config_set_isolated(cfg, program ? program->c_str() : nullptr));
+    // The agent's socket: the engine connects to it now (BackendFailed, with
+    // the reason, when no agent answers or it refuses this user).
+    if (!agent.is_none()) {
+        if (isolated)
+            raise_value("agent and isolated=True are exclusive: an engine's keys are either in its own key process "
+                        "or in the key agent");
+        std::string socket = path(agent, "agent");
+        if (socket.empty()) raise_value("agent is an empty path: name the agent's socket, such as /run/keyfence/agent.sock");
+        check(keyfence_engine_config_set_agent(cfg, socket.c_str()));
+    }
     keyfence_engine *out = nullptr;
     nogil([&] { return keyfence_engine_new(cfg, &out); });
-    return std::make_unique<Engine>(out);
+    return std::make_unique<Engine>(out, !agent.is_none());
 }
 
 PrivateKey key_from_pem(py::handle pem, py::handle engine_obj) {
@@ -95,15 +106,37 @@ PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::ha
 
 // Loads the key an envelope holds with the machine key *file*: with an
 // isolated engine its key process opens the envelope and this process reads
-// only the machine key's public part; otherwise it is opened here.
+// only the machine key's public part; otherwise it is opened here. With an
+// agent's engine the agent opens it with its own machine key and store:
+// `store` and `machine_key` may be None then (and are not read if given).
 PrivateKey key_load_envelope(py::handle store, py::handle machine_key, py::handle envelope, py::handle engine_obj) {
     Engine *engine = engine_arg(engine_obj);
-    std::string dir = path(store, "store");
-    std::string mk = path(machine_key, "machine_key");
+    std::optional<std::string> dir, mk;
+    if (!store.is_none()) dir = path(store, "store");
+    if (!machine_key.is_none()) mk = path(machine_key, "machine_key");
     Bytes env(envelope, "envelope");
+    if ((!dir || !mk) && !(engine && engine->agent)) {
+        // A closed engine says so, as every other call on it does.
+        if (engine && engine->closed()) engine->raise_closed();
+        raise_value(std::string(!dir ? "store" : "machine_key") +
+                    " is None: only an engine whose keys are in a key agent (Engine(agent=...)) loads an envelope "
+                    "without a store and machine key");
+    }
     return load_key(engine, [&](keyfence_engine *e, keyfence_private_key **out) {
-        return keyfence_key_from_envelope(e, dir.c_str(), mk.c_str(), env.data(), env.size(), out);
+        return keyfence_key_from_envelope(e, dir ? dir->c_str() : nullptr, mk ? mk->c_str() : nullptr, env.data(),
+                                          env.size(), out);
     });
+}
+
+// load_envelope(envelope, engine=...): the short form for an agent's engine.
+PrivateKey key_load_agent_envelope(py::handle envelope, py::handle engine_obj) {
+    Engine *engine = engine_arg(engine_obj);
+    { Bytes checked(envelope, "envelope"); }  // a wrong type is a TypeError first, as in the long form
+    if (!(engine && engine->agent) && !(engine && engine->closed()))
+        raise_value("load_envelope(envelope) needs an engine whose keys are in a key agent (Engine(agent=...)); "
+                    "otherwise name the store and the machine key file: "
+                    "load_envelope(store, machine_key, envelope, engine=...)");
+    return key_load_envelope(py::none(), py::none(), envelope, engine_obj);
 }
 
 py::bytes engine_sign(Engine &engine, const PrivateKey &key, py::handle alg, py::handle data, uint32_t timeout_ms) {
@@ -239,7 +272,7 @@ void engine_attach_remote(Engine &engine, RemoteSigner &remote) {
 void bind_sign(py::module_ &m) {
     py::class_<Engine>(m, "Engine", "A signing engine (see keyfence.sign.Engine).")
         .def(py::init(&engine_new), py::arg("classes"), py::arg("timeout_ms"), py::arg("isolated"),
-             py::arg("key_process"))
+             py::arg("key_process"), py::arg("agent") = py::none())
         .def("sign", &engine_sign, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"))
         .def("submit", &engine_submit, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"),
              py::arg("queue"), py::arg("token"))
@@ -258,13 +291,24 @@ void bind_sign(py::module_ &m) {
                     py::arg("engine") = py::none(),
                     "Opens an envelope holding a private key with a Machine and loads the key, without its "
                     "bytes ever becoming a Python object.\n\nRaises as Machine.open and from_pem.")
-        .def_static("load_envelope", &key_load_envelope, py::arg("store"), py::arg("machine_key"), py::arg("envelope"),
-                    py::kw_only(), py::arg("engine") = py::none(),
+        .def_static("load_envelope", &key_load_envelope, py::arg("store"), py::arg("machine_key"),
+                    py::arg("envelope"), py::kw_only(), py::arg("engine") = py::none(),
                     "Loads the private key an envelope holds, opened with the machine key file machine_key "
                     "against the store folder. With an isolated engine its key process opens the envelope and "
                     "keeps the key: this process reads only the machine key's public part, so neither the "
-                    "machine key's secret nor the private key is ever here. Otherwise it is opened here.\n\n"
-                    "Raises ResourceError (the machine key file cannot be read), and as Machine.open and from_pem.")
+                    "machine key's secret nor the private key is ever here. Otherwise it is opened here. With "
+                    "an agent's engine (Engine(agent=...)) the agent opens it with its own machine key and "
+                    "store: store and machine_key may be None, and are not read.\n\n"
+                    "Raises ResourceError (the machine key file cannot be read), InvalidArgument (store or "
+                    "machine_key None without an agent's engine), BackendFailed (the agent refuses it, its "
+                    "reason in the message, e.g. POLICY_NOT_SATISFIED), and as Machine.open and from_pem.")
+        .def_static("load_envelope", &key_load_agent_envelope, py::arg("envelope"), py::kw_only(),
+                    py::arg("engine") = py::none(),
+                    "Loads the private key an envelope holds through an agent's engine (Engine(agent=...)): "
+                    "the agent opens it with its own machine key and store, and this process reads neither. "
+                    "Same as load_envelope(None, None, envelope, engine=engine).\n\n"
+                    "Raises InvalidArgument (engine is not an agent's), BackendFailed (the agent refuses it, "
+                    "its reason in the message, e.g. POLICY_NOT_SATISFIED), InvalidEnvelope.")
         .def("public_key_der",
              [](const PrivateKey &k) {
                  Owned out;

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import threading
-from typing import Callable, Dict, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -108,3 +109,102 @@ def key_server(keyfence_cli: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[p
             os.kill(int((d / "server.pid").read_text()), 9)
         except ProcessLookupError:
             pass
+
+
+class KeyAgent:
+    """A `keyfence agent` (docs/deploy.md) on ``socket`` in ``dir``, with
+    the store and machine key (``country=US``) only it reads, and in the
+    same folder what a client has: ``key.env`` and ``rsa.env`` (keys
+    wrapped under ``country: US``, their public halves ``key.pub`` and
+    ``rsa.pub``) and ``fr.env`` (under ``country: FR``, which the agent's
+    machine may not open). Made with the command line, as an operator
+    would."""
+
+    def __init__(self, cli: pathlib.Path, d: pathlib.Path) -> None:
+        self.cli = cli
+        self.dir = d
+        self.socket = d / "agent.sock"
+        self.proc: Optional["subprocess.Popen[bytes]"] = None
+        self.reader: Optional[threading.Thread] = None
+        self.starts = 0
+
+    def run(self, *args: str) -> None:
+        subprocess.run([str(self.cli), *args], cwd=self.dir, check=True, timeout=120, capture_output=True)
+
+    def make_world(self) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.run("authority", "init", "--store", "store")
+        self.run("authority", "issue", "--store", "store", "--attrs", "country=US", "--out", "machine.key")
+        for name, key in (
+            ("key", ec.generate_private_key(ec.SECP256R1())),
+            ("rsa", rsa.generate_private_key(public_exponent=65537, key_size=2048)),
+        ):
+            (self.dir / f"{name}.pem").write_bytes(_pem(key))
+            (self.dir / f"{name}.pub").write_bytes(
+                key.public_key().public_bytes(
+                    serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+                )
+            )
+            self.run("authority", "wrap", "--store", "store", "--policy", "country: US", "--in", f"{name}.pem", "--out", f"{name}.env")
+        self.run("authority", "wrap", "--store", "store", "--policy", "country: FR", "--in", "key.pem", "--out", "fr.env")
+        # From here on only the envelopes hold the keys.
+        for name in ("key", "rsa"):
+            (self.dir / f"{name}.pem").unlink()
+
+    def start(self, wait: float = 30.0) -> None:
+        """Starts the agent and waits (at most `wait` seconds) for its
+        `listening` line."""
+        assert self.proc is None, "the agent runs already"
+        self.starts += 1
+        log = open(self.dir / f"agent-{self.starts}.log", "wb")
+        proc = subprocess.Popen(
+            [str(self.cli), "agent", "--socket", str(self.socket), "--store", "store", "--machine-key", "machine.key"],
+            cwd=self.dir,
+            stdout=subprocess.PIPE,
+            stderr=log,
+        )
+        log.close()
+        self.proc = proc
+        listening = threading.Event()
+
+        def read() -> None:
+            assert proc.stdout
+            for line in proc.stdout:
+                if line.startswith(b"listening"):
+                    listening.set()
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+        if not listening.wait(wait):
+            self.kill()
+            raise AssertionError(f"the agent did not start in {wait} s: {(self.dir / f'agent-{self.starts}.log').read_text()}")
+
+    def kill(self) -> None:
+        """Kills the agent by its pid (SIGKILL: it leaves its socket file,
+        as a crash would) and reaps it."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            os.kill(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+        # Its output ended with it: the reader has seen the end.
+        if self.reader:
+            self.reader.join(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.fixture()
+def key_agent(keyfence_cli: pathlib.Path, tmp_path: pathlib.Path) -> Iterator[KeyAgent]:
+    """A running key agent and the envelopes its clients load (KeyAgent);
+    killed afterwards, whatever the test did."""
+    agent = KeyAgent(keyfence_cli, tmp_path / "agent")
+    agent.make_world()
+    try:
+        agent.start()
+        yield agent
+    finally:
+        agent.kill()

@@ -1,6 +1,7 @@
 """docs/python.md: the example program is shown unchanged and runs, the
-API block runs as a script top to bottom, and every other Python block
-says why it is not run."""
+API block runs as a script top to bottom, the key agent's block runs
+against a real agent, and every other Python block says why it is not
+run."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import pathlib
 import re
 import subprocess
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from conftest import KeyAgent  # the key_agent fixture's type
 
 REPO = pathlib.Path(__file__).resolve().parents[3]
 EXAMPLE = REPO / "bindings" / "python" / "examples" / "service.py"
@@ -20,12 +25,21 @@ def blocks() -> list[tuple[str, str]]:
     return re.findall(r"```(python[^\n]*)\n(.*?)```", text, re.S)
 
 
-def api_block() -> str:
+def section_block(title: str) -> str:
+    """The first Python block of the section `## title`."""
     text = DOC.read_text(encoding="utf-8")
-    section = text.split("\n## The API\n", 1)[1]
+    section = text.split(f"\n## {title}\n", 1)[1]
     found = re.search(r"```python\n(.*?)```", section, re.S)
-    assert found, "docs/python.md's API section has no python block"
+    assert found, f"docs/python.md's section {title!r} has no python block"
     return found.group(1)
+
+
+def api_block() -> str:
+    return section_block("The API")
+
+
+def agent_block() -> str:
+    return section_block("Through a key agent")
 
 
 def test_doc_shows_the_example() -> None:
@@ -45,10 +59,21 @@ def test_the_api_block_runs_top_to_bottom(tmp_path: pathlib.Path) -> None:
     assert r.returncode == 0, r.stderr
 
 
+def test_the_agent_block_runs_against_an_agent(key_agent: KeyAgent) -> None:
+    """The page's shell block makes the same files (key.env, key.pub) and
+    agent (agent.sock) that the key_agent fixture does; docs/run_blocks.py
+    runs the page's blocks as they are."""
+    script = key_agent.dir / "agent_block.py"
+    script.write_text(agent_block(), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=key_agent.dir)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False"]
+
+
 def test_every_python_block_is_run_or_says_why_not() -> None:
-    example, api = EXAMPLE.read_text(encoding="utf-8"), api_block()
+    example, api, agent = EXAMPLE.read_text(encoding="utf-8"), api_block(), agent_block()
     for info, code in blocks():
-        if code in (example, api):
+        if code in (example, api, agent):
             continue
         # A block that needs what a test cannot give it says why in its info
         # string, as docs/run_blocks.py reads it: `no-run (the reason)`.

@@ -47,6 +47,15 @@ async def signing(pem: bytes) -> bytes:
         return sig
 
 
+async def agent_signing(envelope: bytes) -> bytes:
+    with sign.Engine(agent="/run/keyfence/agent.sock", timeout=0.5) as engine:
+        socket: str | None = engine.agent
+        key = sign.PrivateKey.load_envelope(envelope, engine=engine)
+        same = sign.PrivateKey.load_envelope(None, None, envelope, engine=engine)
+        del socket, same
+        return await engine.sign(key, "ecdsa-p256-sha256", b"data")
+
+
 def remote_signing(machine: wrap.Machine, envelope: bytes) -> bool:
     peers = [sign.Peer("sfo1", "127.0.0.1:7543", {"country": "US"}), sign.Peer("iad1", "[::1]:7543", {}, "iad1.mesh")]
     with sign.RemoteSigner(peers, cert="c.pem", key="c.key", ca="ca.pem", tenant=3, request_timeout=0.5) as remote:

@@ -26,6 +26,15 @@ that any engine signs with (``docs/remote.md``)::
         cert="edge.pem", key="edge.key", ca="mesh-ca.pem")
     key = remote.open_or_forward(machine, envelope)  # here if allowed, else remote
     signature = await engine.sign(key, "ecdsa-p256-sha256", data)
+
+A server whose workers should hold neither the machine key nor the store
+reaches its keys through the machine's key agent (``keyfence agent``,
+``docs/deploy.md``): the agent opens envelopes and signs, and the worker
+holds only its socket::
+
+    engine = keyfence.sign.Engine(agent="/run/keyfence/agent.sock")
+    key = keyfence.sign.PrivateKey.load_envelope(envelope, engine=engine)
+    signature = await engine.sign(key, "ecdsa-p256-sha256", data)
 """
 
 from __future__ import annotations
@@ -98,19 +107,28 @@ class Engine:
             process, which this process cannot read.
         key_process: the ``keyfence-key-process`` program; by default the one
             installed beside the native module (never looked up on PATH).
+        agent: the socket of a key agent (``keyfence agent``,
+            ``docs/deploy.md``) that holds this machine's keys: envelopes
+            load through it with no store or machine key here
+            (``PrivateKey.load_envelope(envelope, engine=...)``), and it
+            signs for this engine. The engine connects now, and again when
+            the agent restarts, loading its keys again. Not with
+            ``isolated=True``.
 
     Raises:
         InvalidArgumentType: a setting of the wrong type.
-        InvalidArgument: a setting out of range.
+        InvalidArgument: a setting out of range, or ``agent`` with
+            ``isolated=True``.
         InvalidConfig: settings the engine cannot use.
-        BackendFailed: the key process did not start.
+        BackendFailed: the key process did not start, or no agent answers
+            on ``agent`` or it refuses this user (the reason in the message).
 
     The engine is thread-safe; :meth:`close` (or leaving a ``with`` block)
     shuts it down, failing queued operations with :class:`~keyfence.ShutDown`,
     as every later call on it fails.
     """
 
-    __slots__ = ("_native", "_queues", "__weakref__")
+    __slots__ = ("_native", "_queues", "_agent", "__weakref__")
 
     def __init__(
         self,
@@ -123,6 +141,7 @@ class Engine:
         timeout: Optional[float] = None,
         isolated: bool = False,
         key_process: Optional[StrPath] = None,
+        agent: Optional[StrPath] = None,
     ) -> None:
         t = _count(threads, "threads")
         cap = _count(queue_capacity, "queue_capacity")
@@ -133,12 +152,26 @@ class Engine:
         ]
         if key_process is not None and not isolated:
             raise InvalidArgument("key_process is only used with isolated=True")
+        if agent is not None and isolated:
+            raise InvalidArgument(
+                "agent and isolated=True are exclusive: an engine's keys are either in its own key process "
+                "or in the key agent"
+            )
         self._queues: Dict[asyncio.AbstractEventLoop, _LoopQueue] = {}
-        self._native = _core.Engine(classes, _ms(timeout, "timeout"), bool(isolated), key_process)
+        self._native = _core.Engine(classes, _ms(timeout, "timeout"), bool(isolated), key_process, agent)
+        self._agent: Optional[str] = None if agent is None else os.fsdecode(os.fspath(agent))
 
     def __repr__(self) -> str:
         native = getattr(self, "_native", None)
-        return f"<keyfence.sign.Engine{' (closed)' if native is None or native.closed else ''}>"
+        agent = getattr(self, "_agent", None)
+        where = f" (agent {agent})" if agent else ""
+        return f"<keyfence.sign.Engine{where}{' (closed)' if native is None or native.closed else ''}>"
+
+    @property
+    def agent(self) -> Optional[str]:
+        """The key agent's socket when this engine's keys are in an agent
+        (``Engine(agent=...)``), else None."""
+        return getattr(self, "_agent", None)
 
     def __enter__(self) -> "Engine":
         return self
@@ -215,7 +248,9 @@ class Engine:
     def load_key(self, pem: Union[Buffer, str]) -> PrivateKey:
         """Loads a private key through this engine: with ``isolated=True``
         it goes to the key process and this process keeps only a handle.
-        Same as ``PrivateKey.from_pem(pem, engine=self)``."""
+        Same as ``PrivateKey.from_pem(pem, engine=self)``. An agent's
+        engine loads envelopes only (``PrivateKey.load_envelope``): this
+        raises :class:`~keyfence.InvalidArgument` there."""
         return _core.PrivateKey.from_pem(pem, self)
 
     def metrics_prometheus(self) -> str:
