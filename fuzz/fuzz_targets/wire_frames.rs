@@ -10,13 +10,16 @@ mod pieces;
 use keyfence::sign::wire::{self, encode, hello, op, public_key, ErrorCode};
 use libfuzzer_sys::fuzz_target;
 
-/// A hello of `N` fields under the body's own magic and version: if it
+/// A hello of `N` fields under the body's own magic and version, and under
+/// the key server's (so a wrong magic or version is refused too): if it
 /// parses, it re-encodes to the same bytes.
 fn hellos<const N: usize>(body: &[u8]) {
     let (Some(magic), Some(version)) = (body.get(..4), body.get(4..6)) else { return };
-    let (magic, version) = (magic.try_into().unwrap(), u16::from_be_bytes([version[0], version[1]]));
-    if let Ok(fields) = hello::parse_hello(body, magic, version, [""; N]) {
-        assert_eq!(hello::hello(magic, version, &fields)[..], body[..]);
+    let own = (magic.try_into().unwrap(), u16::from_be_bytes([version[0], version[1]]));
+    for (magic, version) in [own, (*b"KFRS", 1)] {
+        if let Ok(fields) = hello::parse_hello(body, magic, version, [""; N]) {
+            assert_eq!(hello::hello(magic, version, &fields)[..], body[..]);
+        }
     }
 }
 

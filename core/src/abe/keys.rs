@@ -228,9 +228,13 @@ impl AttributeKey {
     /// in G1, which decryption does not need (docs/abe.md, "Subgroup
     /// checks").
     ///
+    /// Labels must come sorted and each once, as CIRCL and
+    /// [`AttributeKey::to_bytes`] write them: one key, one encoding.
+    ///
     /// # Errors
     /// [`super::AbeError::Malformed`] naming the field at fault: truncated,
-    /// wrong shape, invalid point, duplicate label, or trailing bytes.
+    /// wrong shape, invalid point, a label out of order or repeated, or
+    /// trailing bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         const O: &str = "attribute key";
         let e = codec(O);
@@ -250,9 +254,10 @@ impl AttributeKey {
             let v = ar.take(32, || format!("attributes[{i}].value")).map_err(&e)?;
             let value = group::scalar_from_be(v)
                 .ok_or_else(|| malformed(O, format!("attributes[{i}].value"), "scalar is not below the group order"))?;
-            if attrs.insert(label, KeyAttr { wild, value }).is_some() {
-                return Err(malformed(O, format!("attributes[{i}].label"), "duplicate label"));
+            if attrs.last_key_value().is_some_and(|(p, _)| *p >= label) {
+                return Err(malformed(O, format!("attributes[{i}].label"), "label out of order or repeated"));
             }
+            attrs.insert(label, KeyAttr { wild, value });
         }
         ar.finish_as("attributes").map_err(&e)?;
         let k1 = matrix::decode_g2(r.bytes16("k1").map_err(&e)?, (3, 1), O, "k1")?.map(Wiped);
@@ -269,10 +274,11 @@ impl AttributeKey {
                 let label_bytes = r.bytes16(|| format!("{which}[{i}].label")).map_err(&e)?;
                 let label = utf8(label_bytes, O, &format!("{which}[{i}].label"))?;
                 let m = r.bytes16(|| format!("{which}[{i}]")).map_err(&e)?;
-                let m = matrix::decode_g1_on_curve(m, (4, 1), O, &format!("{which}[{i}]"))?;
-                if map.insert(label, m.map(Wiped)).is_some() {
-                    return Err(malformed(O, format!("{which}[{i}].label"), "duplicate label"));
+                if map.last_key_value().is_some_and(|(p, _)| *p >= label) {
+                    return Err(malformed(O, format!("{which}[{i}].label"), "label out of order or repeated"));
                 }
+                let m = matrix::decode_g1_on_curve(m, (4, 1), O, &format!("{which}[{i}]"))?;
+                map.insert(label, m.map(Wiped));
             }
         }
         r.finish().map_err(&e)?;

@@ -32,6 +32,12 @@ pub(crate) struct GenerationList {
 /// The list's encoding, signed by `signer`, dated now.
 pub(crate) fn encode(signer: &AuthorityKey, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
     let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
+    encode_at(signer, at, generations)
+}
+
+/// The list's encoding, signed by `signer`, dated `at` (microseconds
+/// since the epoch).
+pub(crate) fn encode_at(signer: &AuthorityKey, at: u64, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
     let generations: Vec<_> = generations.into_iter().collect();
     let mut w = writer(GENERATIONS_MAGIC);
     // The count fits: the authority refuses a 65,536th generation.

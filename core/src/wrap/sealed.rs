@@ -62,24 +62,40 @@ pub(crate) fn seal(
     let sealing = revocation::restricted(policy, excluded)?;
     // The policy goes in already parsed.
     let ct = abe::encrypt_policy(abe_pk, sealing.circuit(), &pt)?;
+    let mut bytes = unsigned(&signer.public(), policy.id(), version, generation, policy.as_bytes(), excluded, public, &ct);
+    let signature = signer.sign(SEALED_CONTEXT, &bytes);
+    bytes.extend_from_slice(&signature);
+    Ok(bytes)
+}
+
+/// What a sealed copy's signature covers: `KFP2` when it excludes no
+/// machine, else `KFP3` with the excluded ids.
+#[allow(clippy::too_many_arguments)]
+fn unsigned(
+    authority: &[u8; 32],
+    policy_id: &[u8; 32],
+    version: u32,
+    generation: u32,
+    policy: &[u8],
+    excluded: &[String],
+    public: &[u8; 32],
+    abe_ct: &[u8],
+) -> Zeroizing<Vec<u8>> {
     let mut w = writer(if excluded.is_empty() { SEALED_MAGIC } else { SEALED_EXCLUDING_MAGIC });
-    w.u16(SUITE_X25519_CHACHA).raw(&signer.public()).raw(policy.id()).u32(version).u32(generation);
-    w.bytes16(policy.as_bytes());
+    w.u16(SUITE_X25519_CHACHA).raw(authority).raw(policy_id).u32(version).u32(generation);
+    w.bytes16(policy);
     if !excluded.is_empty() {
         // Ids are checked (at most 64 bytes) before they are revoked; the
-        // CP-ABE policy above already bounds their number.
+        // CP-ABE policy already bounds their number.
         w.len16(excluded.len());
         for id in excluded {
             w.bytes16(id.as_bytes());
         }
     }
-    w.bytes16(public).bytes32(&ct);
-    // The policy was checked above; a CP-ABE ciphertext under a policy the
+    // The policy was checked; a CP-ABE ciphertext under a policy the
     // parser accepts is far below 4 GiB.
-    let mut bytes = w.into_bytes();
-    let signature = signer.sign(SEALED_CONTEXT, &bytes);
-    bytes.extend_from_slice(&signature);
-    Ok(bytes)
+    w.bytes16(public).bytes32(abe_ct);
+    w.into_bytes()
 }
 
 impl SealedKey {
@@ -120,6 +136,24 @@ impl SealedKey {
             return Err(malformed(O, "policy id does not match the policy"));
         }
         Ok(Self { authority, policy_id, version, generation, policy, excluded, public, abe_ct, signed, signature })
+    }
+
+    /// The copy written again from what was read (for the fuzzers: one
+    /// copy, one encoding).
+    #[cfg(feature = "testing")]
+    pub(crate) fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = unsigned(
+            &self.authority,
+            &self.policy_id,
+            self.version,
+            self.generation,
+            self.policy.as_bytes(),
+            &self.excluded,
+            &self.public,
+            &self.abe_ct,
+        );
+        bytes.extend_from_slice(&self.signature);
+        bytes.to_vec()
     }
 
     /// Checks that the authority whose public key is `trusted` made this
