@@ -10,7 +10,8 @@
 # DIR/endpoints (`127.0.0.1:P1,127.0.0.1:P2,127.0.0.1:P3`, the part of an
 # `etcd://` store name before the prefix) and in DIR/pids, one a line, the
 # pid of each member's process group (`timeout` and etcd under it) to kill
-# with `kill -9 -- -PID`. Each member is killed by itself after 600 s.
+# with `kill -9 -- -PID`. Each member is killed by itself after 600 s, or
+# KEYFENCE_ETCD_LIFETIME seconds (a long benchmark on the cluster).
 #
 # Ports are drawn below Linux's ephemeral range (32768 and up), where the
 # OS hands none out, and a member that finds its port taken anyway exits:
@@ -55,7 +56,7 @@ for attempt in 1 2 3 4 5; do
         # A process group of its own (setsid execs, keeping the pid), so
         # that one kill ends `timeout` and the member; `timeout` ends a
         # member that a crashed test left behind.
-        setsid timeout -s KILL 600 etcd --name "m$i" --data-dir "$dir/m$i-$attempt" \
+        setsid timeout -s KILL "${KEYFENCE_ETCD_LIFETIME:-600}" etcd --name "m$i" --data-dir "$dir/m$i-$attempt" \
             --listen-client-urls "http://127.0.0.1:${client[$i]}" --advertise-client-urls "http://127.0.0.1:${client[$i]}" \
             --listen-peer-urls "http://127.0.0.1:${peer[$i]}" --initial-advertise-peer-urls "http://127.0.0.1:${peer[$i]}" \
             --initial-cluster "$initial" --initial-cluster-state new --initial-cluster-token "fixture-$$-$attempt" \

@@ -9,7 +9,7 @@ use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
 use keyfence::policy::Attributes;
-use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, Store, StoreError, WatchEvent, WrapError, ETCD_MAX_REQUEST};
+use keyfence::wrap::{Authority, Batch, CacheConfig, Machine, Op, Store, StoreError, WatchEvent, ETCD_MAX_REQUEST};
 use keyfence::ErrorCode;
 
 use etcd_support::Cluster;
@@ -66,7 +66,11 @@ fn the_store_contract_holds_on_etcd_with_paged_listing_and_the_request_limit() {
 #[test]
 fn the_store_name_opens_an_etcd_store() {
     let Some(cluster) = Cluster::start() else { return };
-    let s = keyfence::wrap::open_store(&cluster.name("named/prefix")).unwrap();
+    // Opening never makes a store: a prefix without one is refused, with
+    // the code the bindings promise.
+    let err = keyfence::wrap::open_store(&cluster.name("named/prefix")).err().unwrap();
+    assert!(matches!(err, StoreError::NotAStore { .. }) && err.code() == ErrorCode::StoreIo, "{err}");
+    let s = keyfence::wrap::create_store(&cluster.name("named/prefix")).unwrap();
     s.put("public/x", b"1").unwrap();
     assert_eq!(cluster.store("named/prefix").get("public/x").unwrap().as_deref(), Some(&b"1"[..]));
 }
@@ -99,6 +103,9 @@ impl Store for Gate {
     fn lock(&self, wait: Duration) -> Result<keyfence::wrap::StoreLock, StoreError> {
         self.inner.lock(wait)
     }
+    fn lock_is_exclusive(&self) -> bool {
+        self.inner.lock_is_exclusive()
+    }
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
         if self.arrived.fetch_add(1, Ordering::SeqCst) < 2 {
             self.both.wait();
@@ -108,10 +115,12 @@ impl Store for Gate {
 }
 
 /// Two authorities (two handles, as two processes would have) on one
-/// cluster rotate from the same state: exactly one commits, the other is
-/// told STORE_CONFLICT with nothing of it written, and its re-run succeeds.
+/// cluster rotate from the same state, their first commits held until
+/// both have sent one: both rotations commit, one after the other (the
+/// second waits for the first's fence), and neither's sealed copies
+/// overwrite the other's.
 #[test]
-fn two_authorities_racing_a_rotation_one_commits_and_the_other_re_runs() {
+fn two_authorities_racing_a_rotation_both_commit_in_turn() {
     let Some(cluster) = Cluster::start() else { return };
     let store = cluster.store("race");
     let mut a = Authority::init(store.clone()).unwrap();
@@ -132,22 +141,98 @@ fn two_authorities_racing_a_rotation_one_commits_and_the_other_re_runs() {
         });
         (ha.join().unwrap(), hb.join().unwrap())
     });
-    let (won, mut loser, err) = match (ra, rb) {
-        (Ok(r), Err(e)) => (r, b, e),
-        (Err(e), Ok(r)) => (r, a, e),
-        (ra, rb) => panic!("exactly one rotation must commit: {ra:?} / {rb:?}"),
-    };
-    assert!(matches!(err, WrapError::Store(StoreError::Conflict { .. })), "{err}");
-    assert_eq!(err.code(), ErrorCode::StoreConflict);
-    assert_eq!(won.new_generation, 2);
-    // Nothing of the loser's rotation is there: one copy per generation.
+    let mut gens = vec![ra.unwrap().new_generation, rb.unwrap().new_generation];
+    gens.sort();
+    assert_eq!(gens, vec![2, 3]);
+    let waited = [a.last_conflicts(), b.last_conflicts()];
+    assert!(waited.iter().any(|c| !c.waited.is_zero()), "one waited for the other's fence: {waited:?}");
+    // Generation 1 retired: one copy each for generations 2 and 3.
     let sealed = store.list("sealed/").unwrap();
     assert_eq!(sealed.len(), before.len() * 2, "{sealed:?}");
-    let again = loser.rotate_master().unwrap();
-    assert_eq!(again.new_generation, 3);
+    assert_eq!(store.get("authority/fence").unwrap(), None);
 
-    let m = Machine::new(loser.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
     assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"secret");
+}
+
+/// Issue 44.2's scenario, five times: three loops wrap, each under a
+/// policy no one used before (each commits a policy key to the state),
+/// while two `rotate` run and the leader is SIGKILLed. Every run, a
+/// rotation commits and the other commits too or ends with a clear
+/// conflict; every envelope a loop was handed opens with a key issued
+/// afterwards.
+#[test]
+fn rotations_under_wraps_of_new_policies_and_a_leader_kill_commit() {
+    let Some(mut cluster) = Cluster::start() else { return };
+    for run in 0..5 {
+        let prefix = format!("starve{run}");
+        let store = cluster.store(&prefix);
+        let mut a = Authority::init(store.clone()).unwrap();
+        // Over a chunk's worth of policies: a rotation commits in several.
+        let first: Vec<_> = (0..66).map(|i| (a.wrap(&format!("region: EU or n: p{i}"), b"first").unwrap(), b"first".to_vec())).collect();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        let handed = std::sync::Mutex::new(first);
+        let failed_wraps = AtomicUsize::new(0);
+        let (rotations, killed) = std::thread::scope(|t| {
+            for l in 0..3 {
+                let (store, stop, handed, failed_wraps) = (store.clone(), &stop, &handed, &failed_wraps);
+                t.spawn(move || {
+                    let mut a = Authority::open(store).unwrap();
+                    let mut i = 0;
+                    while !stop.load(Ordering::SeqCst) {
+                        i += 1;
+                        let secret = format!("loop {l} wrap {i}").into_bytes();
+                        match a.wrap(&format!("region: EU or loop: l{l}w{i}"), &secret) {
+                            Ok(env) => handed.lock().unwrap().push((env, secret)),
+                            // A leader kill fails some: they printed nothing.
+                            Err(_) => {
+                                failed_wraps.fetch_add(1, Ordering::SeqCst);
+                                std::thread::sleep(Duration::from_millis(50));
+                            }
+                        }
+                    }
+                });
+            }
+            std::thread::sleep(Duration::from_millis(300));
+            let rotators: Vec<_> = (0..2)
+                .map(|_| {
+                    let store = store.clone();
+                    t.spawn(move || {
+                        let mut a = Authority::open(store).unwrap();
+                        let r = a.rotate_master();
+                        (r, a.last_conflicts())
+                    })
+                })
+                .collect();
+            std::thread::sleep(Duration::from_millis(150));
+            let leader = cluster.leader();
+            cluster.kill(leader);
+            let rotations: Vec<_> = rotators.into_iter().map(|h| h.join().unwrap()).collect();
+            std::thread::sleep(Duration::from_millis(300));
+            stop.store(true, Ordering::SeqCst);
+            (rotations, leader)
+        });
+        let committed = rotations.iter().filter(|(r, _)| r.is_ok()).count();
+        eprintln!(
+            "run {run}: {committed} of 2 rotations committed ({:?}); {} envelopes handed out, {} wraps failed",
+            rotations.iter().map(|(r, c)| (r.as_ref().map(|r| r.new_generation).map_err(|e| e.to_string()), *c)).collect::<Vec<_>>(),
+            handed.lock().unwrap().len(),
+            failed_wraps.load(Ordering::SeqCst)
+        );
+        assert!(committed >= 1, "run {run}: no rotation committed: {rotations:?}");
+        for (r, _) in &rotations {
+            if let Err(e) = r {
+                assert_eq!(e.code(), ErrorCode::StoreConflict, "run {run}: {e}");
+            }
+        }
+        cluster.restart(killed);
+        cluster.wait_ready(Duration::from_secs(60));
+        let a = Authority::open(store.clone()).unwrap();
+        let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
+        for (env, secret) in handed.lock().unwrap().iter() {
+            assert_eq!(&m.open(env.to_bytes()).unwrap_or_else(|e| panic!("run {run}: {e}"))[..], &secret[..]);
+        }
+    }
 }
 
 /// The leader is SIGKILLed in the middle of a loop of wraps and rotations:
@@ -211,7 +296,7 @@ fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
 fn tls_with_a_client_certificate_is_spoken_and_required() {
     let Some(cluster) = Cluster::start_tls() else { return };
     let name = cluster.name("tls");
-    let s = keyfence::wrap::open_store(&name).unwrap();
+    let s = keyfence::wrap::create_store(&name).unwrap();
     let mut a = Authority::init(s.clone()).unwrap();
     let env = a.wrap("region: EU", b"over TLS").unwrap();
     let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), s.clone(), CacheConfig::default());
@@ -503,4 +588,138 @@ fn a_hundred_thousand_envelopes_in_one_store() {
     eprintln!("a policy-key rotation re-wrapping {} of the {N} envelopes: {:?}", r.rewrapped, t.elapsed());
     let name = format!("envelopes/{}", envs[1].secret_id.iter().map(|b| format!("{b:02x}")).collect::<String>());
     assert_eq!(keyfence::wrap::Envelope::parse(&store.get(&name).unwrap().unwrap()).unwrap().key_version, 2);
+}
+
+/// Issue 44.1 on etcd: a store under another's prefix, in either order, is
+/// refused at `init` with nothing written, and an authority whose sealed
+/// copies came to hold a store does not open (so never cleans up there).
+/// Before, the outer authority's rotation deleted every key of the inner
+/// store, its master keys included.
+#[test]
+fn nested_etcd_stores_are_refused_and_nothing_is_deleted() {
+    use keyfence::wrap::{create_store, open_store};
+    let Some(cluster) = Cluster::start() else { return };
+    // The inner store first, with an envelope; then an init around it.
+    let mut inner = Authority::init(create_store(&cluster.name("acme/sealed/prod")).unwrap()).unwrap();
+    let env = inner.wrap("region: EU", b"inner").unwrap();
+    let every_key = |s: &Arc<dyn Store>| -> Vec<String> {
+        ["authority/", "public/", "sealed/", "envelopes/"].iter().flat_map(|p| s.list(p).unwrap()).collect()
+    };
+    let inner_keys = every_key(&cluster.store("acme/sealed/prod"));
+    assert!(inner_keys.len() >= 4 && inner_keys.contains(&"authority/state".to_string()), "{inner_keys:?}");
+    let err = Authority::init(create_store(&cluster.name("acme")).unwrap()).err().expect("init around a store");
+    assert!(err.to_string().contains("holds the keyfence store at acme/sealed/prod"), "{err}");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(open_store(&cluster.name("acme")).is_err(), "no store was made at acme");
+    let inner_store = cluster.store("acme/sealed/prod");
+    assert_eq!(every_key(&inner_store), inner_keys);
+    let m = Machine::new(inner.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), inner_store.clone(), CacheConfig::default());
+    assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"inner");
+
+    // The outer store first; then an init inside it.
+    let mut outer = Authority::init(create_store(&cluster.name("beta")).unwrap()).unwrap();
+    outer.wrap("region: EU", b"outer").unwrap();
+    let err = Authority::init(create_store(&cluster.name("beta/sealed/prod")).unwrap()).err().expect("init inside a store");
+    assert!(err.to_string().contains("lies inside the keyfence store at beta"), "{err}");
+    assert_eq!(cluster.store("beta/sealed/prod").list("public/").unwrap(), Vec::<String>::new(), "the refused init wrote");
+
+    // A store planted inside the outer one's sealed copies by hand (an
+    // older keyfence did not refuse it): the outer authority does not
+    // open, and its keys stay.
+    let planted = cluster.store("beta/sealed/prod");
+    planted.put("public/generations", b"x").unwrap();
+    planted.put("authority/state", b"master keys").unwrap();
+    let err = Authority::open(open_store(&cluster.name("beta")).unwrap()).err().expect("open over a nested store");
+    assert!(err.to_string().contains("holds the keyfence store at beta/sealed/prod"), "{err}");
+    assert_eq!(planted.get("authority/state").unwrap().as_deref(), Some(&b"master keys"[..]));
+}
+
+/// `key` (the whole etcd key) as it was at `revision`, through a live
+/// member: `Err` with etcd's message when that revision is compacted.
+fn read_at(cluster: &Cluster, key: &str, revision: i64) -> Result<Option<Vec<u8>>, String> {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let body = serde_json::json!({ "key": b64.encode(key), "revision": revision.to_string() }).to_string();
+    for e in cluster.endpoints() {
+        let agent: ureq::Agent =
+            ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).http_status_as_error(false).build().new_agent();
+        let Ok(mut reply) = agent.post(format!("http://{e}/v3/kv/range")).send(body.as_str()) else { continue };
+        let v: serde_json::Value = serde_json::from_str(&reply.body_mut().read_to_string().unwrap()).unwrap();
+        if let Some(err) = v.get("error").or_else(|| v.get("message")) {
+            return Err(err.to_string());
+        }
+        let value = v["kvs"].get(0).and_then(|kv| kv["value"].as_str()).map(|s| b64.decode(s).unwrap());
+        return Ok(value);
+    }
+    panic!("no member answered");
+}
+
+/// Issue 44.3: after a revocation re-wraps the store, the cluster's old
+/// revisions no longer hold the envelopes as they were (which the revoked
+/// machine's key opens): `revoke` compacts, unless told to keep the
+/// history of a cluster shared with others.
+#[test]
+fn a_revocation_compacts_the_history_that_still_held_the_old_envelopes() {
+    let Some(cluster) = Cluster::start() else { return };
+    for keep_history in [false, true] {
+        let prefix = format!("compact{}", u8::from(keep_history));
+        let etcd = keyfence::wrap::EtcdStore::open(cluster.config(&prefix)).unwrap();
+        let store: Arc<dyn Store> = Arc::new(etcd.clone());
+        let mut a = Authority::init(store.clone()).unwrap();
+        let env = a.wrap("region: EU", b"before").unwrap();
+        let doomed = a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap();
+        let name = format!("{prefix}/envelopes/{}", env.secret_id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let old = etcd.revision().unwrap();
+        assert_eq!(read_at(&cluster, &name, old).unwrap().as_deref(), Some(env.to_bytes()));
+        a.set_compact_after_revoke(!keep_history);
+        let r = a.revoke(doomed.id().unwrap()).unwrap();
+        assert_eq!((r.rewrapped, r.compacted), (1, !keep_history));
+        match read_at(&cluster, &name, old) {
+            Err(e) => assert!(!keep_history && e.contains("compacted"), "{e}"),
+            Ok(v) => assert!(keep_history && v.as_deref() == Some(env.to_bytes()), "the old revision still holds the old envelope"),
+        }
+        // Whatever the history, the store serves only what the machine
+        // cannot open.
+        let m = Machine::new(doomed.clone(), store.clone(), CacheConfig::default());
+        let now = store.get(&name[prefix.len() + 1..]).unwrap().unwrap();
+        assert!(m.open(&now).is_err());
+    }
+}
+
+/// Issue 44.4: an envelope in an etcd store loads into a key process. Its
+/// client reads the store and sends the objects opening reads; the key
+/// process, under a sandbox that kills it at its first `socket`, opens
+/// the envelope from them. Before, the store's name went to the key
+/// process through `std::path::absolute` (`./etcd:/127.0.0.1:P/kp`, a
+/// directory the key process opened as its store) or the key process
+/// connected to etcd itself.
+#[test]
+fn an_envelope_on_etcd_loads_into_a_sandboxed_key_process() {
+    use keyfence::sign::key_process::{protocol::flags, KeyProcess, KeyProcessConfig};
+    use keyfence::sign::{remote::load_envelope_key, Algorithm};
+    let Some(cluster) = Cluster::start() else { return };
+    let name = cluster.name("kp");
+    let mut a = Authority::init(keyfence::wrap::create_store(&name).unwrap()).unwrap();
+    let ec = boring::ec::EcKey::generate(&boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap();
+    let pem = boring::pkey::PKey::from_ec_key(ec).unwrap().private_key_to_pem_pkcs8().unwrap();
+    let env = a.wrap("region: EU", &pem).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mk = dir.path().join("machine.key");
+    std::fs::write(&mk, a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap().to_bytes()).unwrap();
+    let kp = KeyProcess::start(KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")])).unwrap();
+    let key = load_envelope_key(Some(&kp), std::path::Path::new(&name), &mk, env.to_bytes()).unwrap();
+    assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
+    let status = kp.status().unwrap();
+    assert!(status.flags & flags::SANDBOXED != 0 && status.keys == 1, "{status:?}");
+    assert_eq!(kp.restarts(), 0, "the key process died (a forbidden call?)");
+    assert!(!std::path::Path::new("etcd:").exists(), "a directory named after the store was made");
+    // A restart loads it again, from the store's objects of then.
+    let pid = kp.pid().unwrap();
+    std::process::Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap();
+    let t = std::time::Instant::now();
+    while kp.restarts() == 0 && t.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(kp.wait_running(Duration::from_secs(5)));
+    assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
 }

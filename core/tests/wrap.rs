@@ -811,3 +811,83 @@ fn a_resumed_poll_and_a_compaction_make_a_full_resync() {
     m.open(env.to_bytes()).unwrap();
     assert_eq!(m.cache_stats().misses, 2, "opened again after the resync");
 }
+
+/// Issue 44: a store inside another's prefix was wiped by the outer one's
+/// clean-up, master keys included. Both nestings are refused (before any
+/// directory is made), and clean-up deletes only names that are sealed
+/// copies, never one it cannot account for.
+#[test]
+fn nested_directory_stores_are_refused_and_clean_up_keeps_what_it_did_not_write() {
+    use keyfence::wrap::{create_store, open_store, StoreError};
+    let dir = tempfile::tempdir().unwrap();
+    let d = |p: &str| dir.path().join(p).to_str().unwrap().to_string();
+    // The outer store first: an init inside it is refused, nothing made.
+    let mut outer = Authority::init(create_store(&d("acme")).unwrap()).unwrap();
+    outer.wrap("region: EU", b"outer").unwrap();
+    let err = create_store(&d("acme/sealed/prod")).err().unwrap();
+    assert!(matches!(&err, StoreError::Nested { inside: true, .. }) && err.to_string().contains("lies inside"), "{err}");
+    assert!(!dir.path().join("acme/sealed/prod").exists(), "the refused init made its directory");
+    // The inner store first: an init around it is refused, and so is
+    // opening an authority over one found there later.
+    let mut inner = Authority::init(create_store(&d("other/sealed/prod")).unwrap()).unwrap();
+    inner.wrap("region: EU", b"inner").unwrap();
+    let err = Authority::init(create_store(&d("other")).unwrap()).err().unwrap();
+    assert!(err.to_string().contains("holds the keyfence store at"), "{err}");
+    let state = dir.path().join("other/sealed/prod/authority/state");
+    assert!(state.is_file(), "the inner store lost its master keys");
+    // An outer store whose sealed folder came to hold a store (copied in
+    // by hand): its authority does not open, so never cleans up there.
+    std::fs::create_dir_all(dir.path().join("acme/sealed/prod")).unwrap();
+    let copied = FileStore::open(dir.path().join("acme/sealed/prod")).unwrap();
+    copied.put("public/generations", b"x").unwrap();
+    copied.put("authority/state", b"master keys").unwrap();
+    let err = Authority::open(open_store(&d("acme")).unwrap()).err().unwrap();
+    assert!(err.to_string().contains("holds the keyfence store at"), "{err}");
+    assert_eq!(std::fs::read(dir.path().join("acme/sealed/prod/authority/state")).unwrap(), b"master keys");
+
+    // Clean-up itself, on a store with no nesting check: a rotation
+    // deletes retired sealed copies but no name that is not one.
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let mut a = Authority::init(store.clone()).unwrap();
+    a.wrap("region: EU", b"s").unwrap();
+    for foreign in ["sealed/prod/authority/state", "sealed/prod/public/generations", "sealed/notes.txt"] {
+        store.put(foreign, b"not the authority's").unwrap();
+    }
+    let before: Vec<String> = store.list("sealed/").unwrap();
+    a.rotate_master().unwrap();
+    a.rotate_master().unwrap();
+    let after = store.list("sealed/").unwrap();
+    for foreign in ["sealed/prod/authority/state", "sealed/prod/public/generations", "sealed/notes.txt"] {
+        assert_eq!(store.get(foreign).unwrap().as_deref(), Some(&b"not the authority's"[..]), "{foreign} was deleted");
+    }
+    // ...while the sealed copies of retired generations did go.
+    assert!(before.iter().any(|n| n.ends_with("/1") && !after.contains(n)), "{before:?} -> {after:?}");
+}
+
+/// Issue 47: opening a store never makes one (a mistyped path was created,
+/// then reported as a key problem); only an authority's init does.
+#[test]
+fn opening_a_store_never_creates_it() {
+    use keyfence::wrap::{open_store, StoreError};
+    let dir = tempfile::tempdir().unwrap();
+    let typo = dir.path().join("typo/deep");
+    let err = open_store(typo.to_str().unwrap()).err().unwrap();
+    assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+    assert_eq!(err.code(), keyfence::ErrorCode::StoreIo);
+    assert!(err.to_string().contains("authority init"), "{err}");
+    assert!(!dir.path().join("typo").exists(), "opening made a directory");
+}
+
+/// Issue 46.3's fuzzing found an attribute key with its labels out of
+/// order, which parsed and then encoded differently (two encodings of one
+/// key): a machine key holding one is refused, naming the field. The seed
+/// is the fuzzer's own (`fuzz/seeds/wrap_parse`); the in-order key beside
+/// it still parses and encodes to its own bytes.
+#[test]
+fn a_key_whose_labels_are_out_of_order_is_refused() {
+    let good = include_bytes!("../../fuzz/seeds/wrap_parse/machine_key");
+    let bad = include_bytes!("../../fuzz/seeds/wrap_parse/machine_key_labels_out_of_order");
+    assert_eq!(&MachineKey::from_bytes(good).unwrap().to_bytes()[..], &good[..]);
+    let err = MachineKey::from_bytes(bad).unwrap_err().to_string();
+    assert!(err.contains("label out of order or repeated"), "{err}");
+}

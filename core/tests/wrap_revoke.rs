@@ -242,3 +242,28 @@ fn wrapping_many_at_once_stores_each(store: Arc<dyn Store>) {
         assert_eq!(&m.open(&stored).unwrap()[..], &s[..]);
     }
 }
+
+/// Issue 44.6: `issue` refuses an id that is a keyword of the policy
+/// language, and revoking one (an earlier keyfence issued it) works and
+/// leaves the store wrapping: before, `revoke --machine not` failed to
+/// parse its own negation, or on a store with no policy committed and
+/// made every later wrap fail.
+#[test]
+fn keyword_machine_ids_are_never_issued_and_revoking_one_keeps_the_store_wrapping() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let mut a = Authority::init(store.clone()).unwrap();
+    for keyword in ["not", "and", "or"] {
+        let err = a.issue(&format!("region=EU,machine={keyword}").parse().unwrap()).unwrap_err();
+        assert!(matches!(err, WrapError::InvalidMachineId { .. }) && err.to_string().contains("keyword"), "{err}");
+    }
+    // On a store with no policy yet, then with one.
+    a.revoke("not").unwrap();
+    let env = a.wrap("region: EU", b"after").unwrap();
+    a.revoke("or").unwrap();
+    // The store's copy, re-wrapped by the second revocation.
+    let m = machine(&a, &store, "region=EU");
+    let (_, now) = served(&store).into_iter().find(|(_, e)| e.secret_id == env.secret_id).unwrap();
+    assert_eq!(now.key_version, 2);
+    assert_eq!(&m.open(now.to_bytes()).unwrap()[..], b"after");
+    assert_eq!(a.status().unwrap().revoked, vec!["not".to_string(), "or".to_string()]);
+}

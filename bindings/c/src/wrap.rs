@@ -50,6 +50,8 @@ pub struct keyfence_cache_stats {
     pub propagation_max_us: u64,
 }
 
+/// The existing store `name` names: opening never creates one
+/// (`KEYFENCE_STORE_IO`, saying so, for a name that holds none).
 pub(crate) fn store(name: &str) -> Result<Arc<dyn Store>, Error> {
     Ok(keyfence_core::wrap::open_store(name)?)
 }
@@ -71,7 +73,7 @@ pub unsafe extern "C" fn keyfence_authority_init(store_name: *const c_char, out:
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
-        let a = Authority::init(store(unsafe { ffi::text(store_name, "store_name")? })?)?;
+        let a = Authority::init(keyfence_core::wrap::create_store(unsafe { ffi::text(store_name, "store_name")? })?)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_authority(a)) };
         Ok(())

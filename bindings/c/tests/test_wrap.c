@@ -1,6 +1,7 @@
 /* Policy-key wrapping through the C API: an authority and two machines on
  * one file store, with the errors a server meets. */
 #define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -11,8 +12,21 @@ int main(void) {
     CHECK(mkdtemp(dir) != NULL);
 
     keyfence_authority *auth = NULL, *again = NULL;
-    FAILS(KEYFENCE_NO_AUTHORITY, keyfence_authority_open(dir, &again));
+    /* Opening never creates a store: a directory without one, or a typo,
+     * is STORE_IO saying so, and nothing is made. */
+    FAILS(KEYFENCE_STORE_IO, keyfence_authority_open(dir, &again));
+    MESSAGE_HAS("is not a keyfence store");
+    char typo[sizeof dir + 16];
+    snprintf(typo, sizeof typo, "%s/typo/deep", dir);
+    FAILS(KEYFENCE_STORE_IO, keyfence_authority_open(typo, &again));
+    CHECK(access(typo, F_OK) != 0);
     OK(keyfence_authority_init(dir, &auth));
+    /* A store inside another is refused, with nothing made. */
+    char inner[sizeof dir + 16];
+    snprintf(inner, sizeof inner, "%s/sealed/in", dir);
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_authority_init(inner, &again));
+    MESSAGE_HAS("lies inside the keyfence store");
+    CHECK(access(inner, F_OK) != 0);
     FAILS(KEYFENCE_AUTHORITY_EXISTS, keyfence_authority_init(dir, &again));
     CHECK(again == NULL);
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_authority_init(NULL, &again));

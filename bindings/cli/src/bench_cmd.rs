@@ -299,17 +299,17 @@ fn propagation(
 }
 
 fn bench_store(name: &str, json: bool, ops: usize, watchers: usize) -> Result<()> {
-    use keyfence::wrap::{open_store, Batch, FileStore, Op};
+    use keyfence::wrap::{create_store, Batch, FileStore, Op};
     let dir = crate::files::scratch_dir("bench-store")?;
     measure_store("file", std::sync::Arc::new(FileStore::open(dir.path())?), json, ops, watchers)?;
     drop(dir);
     if !name.starts_with("etcd://") {
         let sub = crate::files::scratch_store(name);
-        let result = measure_store("dir", open_store(&sub)?, json, ops, watchers);
+        let result = measure_store("dir", create_store(&sub)?, json, ops, watchers);
         let _ = std::fs::remove_dir_all(&sub);
         return result;
     }
-    let store = open_store(&crate::files::scratch_store(name))?;
+    let store = create_store(&crate::files::scratch_store(name))?;
     let result = measure_store("etcd", store.clone(), json, ops, watchers);
     // Leave nothing behind: the sub-store's objects, in commits of 100.
     for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {

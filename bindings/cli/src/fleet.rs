@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use clap::Args;
 use keyfence::policy::Attributes;
-use keyfence::wrap::{open_store, Authority, Batch, CacheConfig, Envelope, FileStore, Machine, MachineKey, Op, Store};
+use keyfence::wrap::{create_store, Authority, Batch, CacheConfig, Envelope, FileStore, Machine, MachineKey, Op, Store};
 
 use crate::files::outln;
 
@@ -143,7 +143,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
     ensure!(dcs >= 1 && per_dc >= 2 && envelopes >= POLICIES.len(), "at least 1 data center, 2 machines each, 20 envelopes");
     let scratch;
     let (kind, store): (&str, Arc<dyn Store>) = match &args.store {
-        Some(name) if name.starts_with("etcd://") => ("etcd", open_store(&crate::files::scratch_store(name))?),
+        Some(name) if name.starts_with("etcd://") => ("etcd", create_store(&crate::files::scratch_store(name))?),
         _ => {
             scratch = crate::files::scratch_dir("bench-fleet")?;
             ("file", Arc::new(FileStore::open(scratch.path())?))
@@ -299,7 +299,7 @@ fn measure(args: &FleetArgs, kind: &str, store: Arc<dyn Store>, dcs: usize, per_
     let (p50, p99) = propagated(&caches, &before)?;
     emit(with(
         "revoke",
-        serde_json::json!({"revoke_s": revoke_s, "rekeyed": r.rekeyed, "rewrapped": r.rewrapped, "propagation_p50_ms": p50, "propagation_p99_ms": p99}),
+        serde_json::json!({"revoke_s": revoke_s, "rekeyed_after_s": r.rekeyed_after.as_secs_f64(), "compacted": r.compacted, "revoke_to_wrap": revoke_s / wrap_s, "rekeyed": r.rekeyed, "rewrapped": r.rewrapped, "propagation_p50_ms": p50, "propagation_p99_ms": p99}),
     ))?;
     drop(followers);
 

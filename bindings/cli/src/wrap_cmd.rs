@@ -10,7 +10,7 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use keyfence::policy::Attributes;
 use keyfence::wrap::{
-    open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineInfo, MachineKey, Skipped, Store,
+    create_store, open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineInfo, MachineKey, Skipped, Store, StoreError,
 };
 
 use crate::abe_cmd::parse_policy;
@@ -97,6 +97,12 @@ pub enum AuthorityCmd {
         /// The machine id (`keyfence machine info --key FILE` shows it).
         #[arg(long)]
         machine: String,
+        /// Do not compact the etcd cluster's history afterwards: its old
+        /// revisions keep the envelopes as they were, which the revoked
+        /// machine still opens. For a cluster shared with others (etcd's
+        /// compaction is the whole cluster's); compact it on their schedule.
+        #[arg(long)]
+        keep_history: bool,
     },
     /// Show generations, policy keys and envelopes.
     Status {
@@ -164,12 +170,18 @@ const STORE_MARK: &str = "public/generations";
 /// with a message about its contents.
 pub(crate) fn store(dir: &Path) -> Result<Arc<dyn Store>> {
     if let Some(name) = etcd_name(dir) {
-        let s = open_store(name).with_context(|| format!("cannot open store {name}"))?;
-        if s.get(STORE_MARK)?.is_none() {
+        // Opening refuses a prefix without a store with the core's words;
+        // the command line says it as the input error it is.
+        let s = match open_store(name) {
+            Ok(s) if s.get(STORE_MARK)?.is_some() => Some(s),
+            Ok(_) | Err(StoreError::NotAStore { .. }) => None,
+            Err(e) => return Err(anyhow::Error::new(e).context(format!("cannot open store {name}"))),
+        };
+        let Some(s) = s else {
             return Err(exit::input(format!(
                 "{name} holds no keyfence store: no authority in this store (`keyfence authority init --store {name}` creates one)"
             )));
-        }
+        };
         return Ok(s);
     }
     if !dir.join(STORE_MARK).is_file() {
@@ -180,6 +192,30 @@ pub(crate) fn store(dir: &Path) -> Result<Arc<dyn Store>> {
         )));
     }
     Ok(Arc::new(FileStore::open(dir).with_context(|| format!("cannot open store {}", dir.display()))?))
+}
+
+/// Says on standard error what an operation met from other writers on a
+/// store without a lock (etcd), when it met anything: an operator
+/// wondering why a rotation took long, or why it says "run it again"
+/// after retrying, reads it here.
+fn report_conflicts(a: &Authority) {
+    let c = a.last_conflicts();
+    let mut parts = Vec::new();
+    if !c.waited.is_zero() {
+        parts.push(format!("waited {:.1} s for another rotation or revocation", c.waited.as_secs_f64()));
+    }
+    if c.rebased > 0 {
+        parts.push(format!("took in {} commit(s) of other writers", c.rebased));
+    }
+    if c.held_wraps {
+        parts.push("made wraps that add a policy wait for it".into());
+    }
+    if c.retried > 0 {
+        parts.push(format!("started over {} time(s) after a conflict", c.retried));
+    }
+    if !parts.is_empty() {
+        eprintln!("keyfence: other writers on this store: {}", parts.join("; "));
+    }
 }
 
 /// The store name in `--store`, when it names an etcd store rather than
@@ -218,15 +254,15 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
     match cmd {
         AuthorityCmd::Init { store: dir } => {
             if let Some(name) = etcd_name(&dir) {
-                Authority::init(open_store(name).with_context(|| format!("cannot open store {name}"))?)?;
+                Authority::init(create_store(name).with_context(|| format!("cannot create store {name}"))?)?;
                 outln!("authority created in {name} (master generation 1)");
                 return Ok(ExitCode::SUCCESS);
             }
             if dir.exists() && !dir.is_dir() {
                 return Err(exit::input(format!("{} exists and is not a directory", dir.display())));
             }
-            let created = FileStore::open(&dir).with_context(|| format!("cannot create store {}", dir.display()))?;
-            Authority::init(Arc::new(created))?;
+            let name = dir.to_str().ok_or_else(|| exit::input(format!("{} is not UTF-8", dir.display())))?;
+            Authority::init(create_store(name).with_context(|| format!("cannot create store {}", dir.display()))?)?;
             outln!("authority created in {} (master generation 1)", dir.display());
         }
         AuthorityCmd::Issue { store: dir, attrs, out } => {
@@ -242,13 +278,17 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             parse_policy(&policy)?;
             let out_file = Output::new(&out, &[&input, &dir])?;
             let mut a = Authority::open(store(&dir)?)?;
-            let env = a.wrap(&policy, &read_secret(&input)?)?;
+            let env = a.wrap(&policy, &read_secret(&input)?);
+            report_conflicts(&a);
+            let env = env?;
             out_file.write_public(env.to_bytes())?;
             report(&out_file, format_args!("wrapped under `{}` (policy key version {})", env.policy, env.key_version))?;
         }
         AuthorityCmd::Rotate { store: dir } => {
             let mut a = Authority::open(store(&dir)?)?;
-            let r = a.rotate_master()?;
+            let r = a.rotate_master();
+            report_conflicts(&a);
+            let r = r?;
             outln!(
                 "master generation {} is active; re-sealed {} policy key(s); {}",
                 r.new_generation,
@@ -257,7 +297,10 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             );
         }
         AuthorityCmd::RotatePolicy { store: dir, policy } => {
-            let r = policy_authority(&dir, &policy)?.rotate_policy_key(&policy)?;
+            let mut a = policy_authority(&dir, &policy)?;
+            let r = a.rotate_policy_key(&policy);
+            report_conflicts(&a);
+            let r = r?;
             outln!(
                 "policy key version {}; re-wrapped {} envelope(s); skipped {}; version(s) {:?} kept decrypt-only until `keyfence authority retire-policy-key`",
                 r.version,
@@ -267,7 +310,10 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             );
         }
         AuthorityCmd::RetirePolicyKey { store: dir, policy } => {
-            let r = policy_authority(&dir, &policy)?.retire_policy_keys(&policy)?;
+            let mut a = policy_authority(&dir, &policy)?;
+            let r = a.retire_policy_keys(&policy);
+            report_conflicts(&a);
+            let r = r?;
             outln!(
                 "policy key version {} remains; retired version(s) {:?}; re-wrapped {} envelope(s) first; skipped {}",
                 r.version,
@@ -276,8 +322,12 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
                 report_skipped(&r.skipped)
             );
         }
-        AuthorityCmd::Revoke { store: dir, machine } => {
-            let r = Authority::open(store(&dir)?)?.revoke(&machine)?;
+        AuthorityCmd::Revoke { store: dir, machine, keep_history } => {
+            let mut a = Authority::open(store(&dir)?)?;
+            a.set_compact_after_revoke(!keep_history);
+            let r = a.revoke(&machine);
+            report_conflicts(&a);
+            let r = r?;
             if r.already {
                 outln!("machine {} was already revoked; nothing to do", r.id);
             } else {
@@ -290,6 +340,9 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
                     r.retired,
                     report_skipped(&r.skipped)
                 );
+            }
+            if r.compacted {
+                outln!("the store's history was compacted: its old revisions no longer hold what the machine could open");
             }
         }
         AuthorityCmd::Status { store: dir } => {

@@ -39,7 +39,8 @@ fn authority(a: core::Authority) -> Authority {
 }
 
 fn init_job(dir: String) -> Job<core::Authority, Authority> {
-    Job::new(move || Ok(core::Authority::init(store(&dir)?)?), authority)
+    // The one call that may create the store: opening never does.
+    Job::new(move || Ok(core::Authority::init(core::create_store(&dir)?)?), authority)
 }
 
 fn open_job(dir: String) -> Job<core::Authority, Authority> {

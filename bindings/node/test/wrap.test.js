@@ -56,8 +56,14 @@ test('errors', async (t) => {
   })
   const auth = await kf.wrap.Authority.init(dir)
   await assert.rejects(kf.wrap.Authority.init(dir), { code: 'AUTHORITY_EXISTS' })
-  await assert.rejects(kf.wrap.Authority.open(empty), { code: 'NO_AUTHORITY' })
-  assert.throws(() => kf.wrap.Authority.openSync(empty), { code: 'NO_AUTHORITY' })
+  // Opening never creates a store: a directory without one, or a typo,
+  // is STORE_IO saying so, and nothing is made.
+  await assert.rejects(kf.wrap.Authority.open(empty), { code: 'STORE_IO', message: /is not a keyfence store/ })
+  assert.throws(() => kf.wrap.Authority.openSync(path.join(empty, 'typo')), { code: 'STORE_IO' })
+  assert.equal(fs.existsSync(path.join(empty, 'typo')), false)
+  // A store inside another is refused, with nothing made.
+  await assert.rejects(kf.wrap.Authority.init(path.join(dir, 'sealed', 'in')), { code: 'INVALID_ARGUMENT', message: /lies inside the keyfence store/ })
+  assert.equal(fs.existsSync(path.join(dir, 'sealed', 'in')), false)
   await assert.rejects(auth.wrap('a: b or', Buffer.from('x')), (e) => e instanceof kf.KeyfenceError && e.code === 'POLICY_SYNTAX' && e.position === 7)
   await assert.rejects(auth.issue({ a: '' }), { code: 'INVALID_ATTRIBUTES' })
 

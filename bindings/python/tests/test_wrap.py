@@ -33,10 +33,20 @@ def test_rotation_keeps_envelopes_open(store: pathlib.Path) -> None:
 
 
 def test_store_errors(store: pathlib.Path, tmp_path: pathlib.Path) -> None:
-    with pytest.raises(keyfence.NoAuthority) as e:
+    # Opening never creates a store: a mistyped name is a store I/O error
+    # that says so, and nothing is made there.
+    with pytest.raises(keyfence.StoreIOError) as e:
         wrap.Authority.open(store)
     assert isinstance(e.value, keyfence.StoreError)
+    assert "is not a keyfence store" in str(e.value)
+    assert not store.exists()
     wrap.Authority.init(store)
+    # A store inside another, or around one, is refused with nothing made.
+    with pytest.raises(keyfence.InvalidArgument, match="lies inside the keyfence store"):
+        wrap.Authority.init(store / "sealed" / "inner")
+    assert not (store / "sealed" / "inner").exists()
+    with pytest.raises(keyfence.InvalidArgument, match="holds the keyfence store"):
+        wrap.Authority.init(store.parent)
     with pytest.raises(keyfence.AuthorityExists):
         wrap.Authority.init(store)
     afile = tmp_path / "a-file"

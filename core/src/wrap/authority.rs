@@ -1,8 +1,9 @@
 //! The authority: master key generations, the policy keyring, wrapping,
 //! issuing machine keys and rotation.
 
+use std::collections::HashSet;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use keyfence_policy::Attributes;
 use rand_core::{OsRng, RngCore};
@@ -12,6 +13,7 @@ use super::error::{codec, limit, malformed, Result, StateError};
 // Named by the intra-doc links of the `# Errors` sections.
 #[allow(unused_imports)]
 use super::error::WrapError;
+use super::fence::{self, Fence};
 use super::format::{check_policy, reader, writer, Envelope, STATE_MAGIC};
 use super::generation::GenerationState;
 use super::generation_list;
@@ -145,6 +147,33 @@ pub struct Revocation {
     /// Older policy key versions deleted with their sealed copies (every
     /// one a revoked machine may have cached).
     pub retired: usize,
+    /// Whether the store's history was compacted afterwards
+    /// ([`Store::compact`]; see [`Authority::set_compact_after_revoke`]).
+    pub compacted: bool,
+    /// From the call to the commit of the new versions: from then on every
+    /// wrap seals to a version the machine cannot open. Zero when nothing
+    /// was re-keyed (`already`).
+    pub rekeyed_after: Duration,
+}
+
+/// How the last operation of an [`Authority`] got past other writers on
+/// a store without a writer lock (etcd): [`Authority::last_conflicts`].
+/// All zero on a store whose lock keeps other writers out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Conflicts {
+    /// Times it started over from the committed state after a conflict
+    /// met before it had committed anything, each after a jittered pause.
+    pub retried: u32,
+    /// Times one of its commits met a commit of a wrap that added a policy
+    /// key, took that key in and was sent again.
+    pub rebased: u32,
+    /// Time it waited for another long operation (a rotation, a
+    /// revocation) to finish.
+    pub waited: Duration,
+    /// Whether it met so many wraps adding policy keys that it made them
+    /// wait for it (its fence became exclusive).
+    pub held_wraps: bool,
 }
 
 /// A summary of the authority's state.
@@ -175,16 +204,73 @@ const LOCK_WAIT: Duration = Duration::from_secs(30);
 /// operations per transaction and, at envelope sizes, its 1.5 MiB request.
 const CHUNK_OPS: usize = 64;
 
+/// Times an operation starts over after a conflict met before it
+/// committed anything (as etcd's STM does), before it gives up with
+/// [`StoreError::Conflict`].
+const RETRIES: u32 = 8;
+/// The first pause before starting over, doubled each time up to
+/// [`MAX_PAUSE`]; each pause is drawn from its upper half, so writers that
+/// collided once do not collide again in step.
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+const MAX_PAUSE: Duration = Duration::from_secs(1);
+/// Re-bases one commit makes before it gives up: each is another writer's
+/// commit in the time it took to send one.
+const REBASES: u32 = 256;
+/// Re-bases of one commit after which a long operation makes its fence
+/// exclusive: wraps commit faster than it can re-base and send.
+const ESCALATE_AFTER: u32 = 4;
+/// Longest a long operation waits for another's fence. A holder that dies
+/// stops renewing it: its fence then holds for at most [`fence::TTL`].
+const FENCE_WAIT: Duration = Duration::from_secs(600);
+
+/// A pause of between half and all of `pause`.
+fn jittered(pause: Duration) -> Duration {
+    let half = pause.as_micros() as u64 / 2;
+    Duration::from_micros(half + OsRng.next_u64() % (half + 1))
+}
+
+/// What a state holds that a conflicting commit is compared on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct View {
+    generations: Vec<(u32, GenerationState)>,
+    keys: HashSet<([u8; 32], u32)>,
+    revoked: Vec<Revoked>,
+}
+
+/// The fence this authority holds, and the stamp of its record.
+struct HeldFence {
+    record: Fence,
+    stamp: Stamp,
+    renewed: Instant,
+}
+
+/// Whether a write is one a started-over attempt would repeat: sealed
+/// copies no committed state names yet are not (the attempt that follows
+/// writes them again, or the next rotation deletes them), nor is a fence.
+fn is_durable(op: &Op) -> bool {
+    !(op.key() == layout::FENCE || matches!(op, Op::Put(k, _) if k.starts_with(layout::SEALED)))
+}
+
 /// The authority of a keyfence deployment: holds the master keys.
 ///
 /// Many processes (and handles) may open one store. Reading never writes;
 /// every change (`init`, `wrap`, the rotations) takes the store's writer
 /// lock, re-reads the committed state under it, gathers its writes and
 /// commits them with [`Store::commit`], expecting the state it read, so no
-/// writer works from a stale state and none undoes another's commit. On a
-/// store without a lock (etcd) two writers racing: one commits, the other
-/// gets [`StoreError::Conflict`] with nothing written. `issue` and
-/// `status` read the latest committed state.
+/// writer works from a stale state and none undoes another's commit.
+///
+/// On a store without a writer lock (etcd), writers race, and none is
+/// starved (`docs/wrapping.md`, "Writers at once"):
+/// - a long operation (the rotations, retiring, revoking) first takes the
+///   store's fence, so two of them never interleave;
+/// - a commit that meets a wrap's new policy key takes it in and is sent
+///   again (re-based), so a stream of wraps cannot starve a rotation;
+/// - an operation that meets any other conflict before it has committed
+///   anything starts over, up to 8 times with jittered pauses, before it
+///   gives up with [`StoreError::Conflict`].
+///
+/// [`Authority::last_conflicts`] says what the last operation met. `issue`
+/// and `status` read the latest committed state.
 pub struct Authority {
     store: Arc<dyn Store>,
     signer: AuthorityKey,
@@ -200,6 +286,23 @@ pub struct Authority {
     stamp: Option<Stamp>,
     /// The writes of the change in progress, committed together.
     pending: std::sync::Mutex<Batch>,
+    /// What the committed state this change builds on holds.
+    base: View,
+    /// What the state last encoded (`commit`) holds: `base` once flushed.
+    encoded: View,
+    /// Whether this attempt committed a write it would repeat if it
+    /// started over.
+    committed: bool,
+    /// The fence the change in progress holds.
+    fence: Option<HeldFence>,
+    /// For a wrap adding a policy key, on a store without a writer lock:
+    /// the stamp of the fence record it found not exclusive (`None`:
+    /// absent), which its commit expects.
+    fence_seen: Option<Option<Stamp>>,
+    /// What the last operation met.
+    conflicts: Conflicts,
+    /// Whether `revoke` compacts the store's history when it is done.
+    compact_after_revoke: bool,
 }
 
 impl std::fmt::Debug for Authority {
@@ -217,6 +320,8 @@ impl Authority {
     /// # Errors
     /// [`WrapError::State`] if the store already holds an authority.
     pub fn init(store: Arc<dyn Store>) -> Result<Self> {
+        // A store owns its prefix: none inside another, none around one.
+        store.check_nesting(true)?;
         // Create-exclusive: two `init`s on one store cannot both succeed.
         let _lock = store.lock(LOCK_WAIT)?;
         if store.get_stamped(layout::STATE)?.is_some() {
@@ -232,6 +337,13 @@ impl Authority {
             seen: [0; 32],
             stamp: None,
             pending: Default::default(),
+            base: View::default(),
+            encoded: View::default(),
+            committed: false,
+            fence: None,
+            fence_seen: None,
+            conflicts: Conflicts::default(),
+            compact_after_revoke: true,
         };
         // The generation list first: it is what makes a directory a store
         // for the command line, so an `init` that dies before committing
@@ -261,11 +373,13 @@ impl Authority {
     /// unsigned generation list.
     pub fn open(store: Arc<dyn Store>) -> Result<Self> {
         let (bytes, stamp) = store.get_stamped(layout::STATE)?.ok_or(StateError::NoAuthority)?;
+        store.check_nesting(false)?;
         let bytes = Zeroizing::new(bytes);
         let mut a = Self::decode(store, &bytes)?;
         a.stamp = Some(stamp);
+        a.base = a.view();
         if a.store.get(layout::GENERATIONS)?.as_deref().is_some_and(generation_list::is_unsigned_text) {
-            a.change(|a| {
+            a.change(None, |a| {
                 let list = generation_list::encode(&a.signer, a.generations.iter().map(|g| (g.number, g.state)));
                 a.put(layout::GENERATIONS, &list);
                 Ok(())
@@ -289,10 +403,54 @@ impl Authority {
     fn refresh(&mut self) -> Result<()> {
         let (fresh, stamp) = self.latest()?;
         if let Some(fresh) = fresh {
-            *self = fresh;
+            self.take_state(fresh);
         }
         self.stamp = Some(stamp);
+        self.base = self.view();
         Ok(())
+    }
+
+    /// Takes the state of `fresh`, keeping what belongs to the change in
+    /// progress (its fence, what it met).
+    fn take_state(&mut self, fresh: Self) {
+        self.signer = fresh.signer;
+        self.generations = fresh.generations;
+        self.keys = fresh.keys;
+        self.revoked = fresh.revoked;
+        self.seen = fresh.seen;
+    }
+
+    fn view(&self) -> View {
+        View {
+            generations: self.generations.iter().map(|g| (g.number, g.state)).collect(),
+            keys: self.keys.iter().map(|k| (*k.policy_id(), k.version)).collect(),
+            revoked: self.revoked.clone(),
+        }
+    }
+
+    /// What the last operation on this value met from other writers.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use keyfence::wrap::{Authority, MemoryStore};
+    ///
+    /// let mut a = Authority::init(Arc::new(MemoryStore::default()))?;
+    /// a.rotate_master()?;
+    /// assert_eq!(a.last_conflicts().retried, 0);
+    /// # Ok::<(), keyfence::wrap::WrapError>(())
+    /// ```
+    pub fn last_conflicts(&self) -> Conflicts {
+        self.conflicts
+    }
+
+    /// Whether [`Authority::revoke`] compacts the store's history once the
+    /// envelopes are re-wrapped (on by default). On etcd, the old revisions
+    /// hold every envelope and sealed copy as they were before, which the
+    /// revoked machine's key still opens; compacting drops them. etcd's
+    /// compaction is the whole cluster's: turn it off on a cluster shared
+    /// with others, and compact on their schedule.
+    pub fn set_compact_after_revoke(&mut self, compact: bool) {
+        self.compact_after_revoke = compact;
     }
 
     /// Adds a write to the change in progress.
@@ -305,25 +463,72 @@ impl Authority {
     }
 
     /// Commits the writes gathered so far, expecting the state this change
-    /// started from. When they included the state, the stamp of the state
-    /// just written becomes the expectation of the next flush: read back,
-    /// and a conflict if it is not ours (another writer came between).
+    /// started from (and the fence it holds). When they included the
+    /// state, the stamp of the state just written becomes the expectation
+    /// of the next flush: read back, and a conflict if it is not ours
+    /// (another writer came between). A conflict with a wrap that added a
+    /// policy key is re-based on it ([`Authority::rebase`]) and sent again.
     fn flush(&mut self) -> Result<()> {
-        let ops = std::mem::take(&mut self.pending.lock().unwrap_or_else(|e| e.into_inner()).ops);
-        if ops.is_empty() {
-            return Ok(());
-        }
-        let wrote_state = ops.iter().any(|o| o.key() == layout::STATE);
-        let batch = Batch { expect: vec![(layout::STATE.to_owned(), self.stamp)], ops };
-        self.store.commit(&batch)?;
-        if wrote_state {
-            let now = self.store.get_stamped(layout::STATE)?.map(|(bytes, stamp)| (state_digest(&Zeroizing::new(bytes)), stamp));
-            match now {
-                Some((digest, stamp)) if digest == self.seen => self.stamp = Some(stamp),
-                _ => return Err(StoreError::Conflict { key: layout::STATE.to_owned() }.into()),
+        let mut rebases = 0;
+        loop {
+            let mut ops = std::mem::take(&mut self.pending.lock().unwrap_or_else(|e| e.into_inner()).ops);
+            let renew = self.fence.as_ref().is_some_and(|f| f.renewed.elapsed() >= fence::TTL / 3);
+            if ops.is_empty() && !renew {
+                return Ok(());
+            }
+            // Over a chunk (a re-base sealed many keys it took in): sealed
+            // copies go ahead in commits of their own, as a rotation's do.
+            let mut rest = Vec::new();
+            if ops.len() > CHUNK_OPS {
+                let (mut head, mut others): (Vec<Op>, Vec<Op>) =
+                    ops.into_iter().partition(|o| matches!(o, Op::Put(k, _) if k.starts_with(layout::SEALED)));
+                if head.len() > CHUNK_OPS {
+                    others.splice(0..0, head.drain(CHUNK_OPS..));
+                    ops = head;
+                    rest = others;
+                } else {
+                    head.extend(others);
+                    ops = head;
+                }
+            }
+            let mut expect = vec![(layout::STATE.to_owned(), self.stamp)];
+            let mut renewed = None;
+            if let (None, Some(seen)) = (&self.fence, self.fence_seen) {
+                expect.push((layout::FENCE.to_owned(), seen));
+            }
+            if let Some(f) = &self.fence {
+                expect.push((layout::FENCE.to_owned(), Some(f.stamp)));
+                if renew {
+                    let r = f.record.renewed();
+                    ops.push(Op::Put(layout::FENCE.to_owned(), r.encode()));
+                    renewed = Some(r);
+                }
+            }
+            let batch = Batch { expect, ops };
+            match self.store.commit(&batch) {
+                Ok(()) => {
+                    self.committed_batch(&batch, renewed)?;
+                    if rest.is_empty() {
+                        return Ok(());
+                    }
+                    let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+                    rest.append(&mut pending.ops);
+                    pending.ops = rest;
+                }
+                Err(StoreError::Conflict { .. }) if rebases < REBASES => {
+                    let ops = batch.ops.into_iter().filter(|o| o.key() != layout::FENCE).chain(rest).collect();
+                    if !self.rebase(ops)? {
+                        return Err(StoreError::Conflict { key: layout::STATE.to_owned() }.into());
+                    }
+                    rebases += 1;
+                    self.conflicts.rebased += 1;
+                    if rebases >= ESCALATE_AFTER && self.fence.as_ref().is_some_and(|f| !f.record.exclusive) {
+                        self.make_fence_exclusive()?;
+                    }
+                }
+                Err(e) => return Err(e.into()),
             }
         }
-        Ok(())
     }
 
     /// Commits what is gathered once it is a chunk's worth.
@@ -334,21 +539,267 @@ impl Authority {
         Ok(())
     }
 
-    /// Runs a change under the store's writer lock, from the committed
-    /// state. If it fails midway, this value may hold changes that were
-    /// never committed; forgetting which state it was read from makes the
-    /// next operation read the committed one again instead of building on
-    /// them.
-    fn change<T>(&mut self, f: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
-        let _lock = self.store.lock(LOCK_WAIT)?;
-        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Batch::default();
-        self.refresh()?;
-        let result = f(self).and_then(|t| self.flush().map(|()| t));
-        if result.is_err() {
-            *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Batch::default();
+    /// After `batch` committed: the stamps the next commit expects.
+    fn committed_batch(&mut self, batch: &Batch, renewed: Option<Fence>) -> Result<()> {
+        if batch.ops.iter().any(|o| o.key() == layout::STATE) {
+            let now = self.store.get_stamped(layout::STATE)?.map(|(bytes, stamp)| (state_digest(&Zeroizing::new(bytes)), stamp));
+            match now {
+                Some((digest, stamp)) if digest == self.seen => self.stamp = Some(stamp),
+                _ => return Err(StoreError::Conflict { key: layout::STATE.to_owned() }.into()),
+            }
+            self.base = self.encoded.clone();
+        }
+        if batch.ops.iter().any(is_durable) {
+            self.committed = true;
+        }
+        if let Some(record) = renewed {
+            let bytes = record.encode();
+            match self.store.get_stamped(layout::FENCE)? {
+                Some((now, stamp)) if now == bytes => {
+                    self.fence = Some(HeldFence { record, stamp, renewed: Instant::now() });
+                }
+                _ => return Err(StoreError::Conflict { key: layout::FENCE.to_owned() }.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// After a conflict: takes in what another writer committed, when that
+    /// cannot touch the change in progress, and gathers `ops` (the writes
+    /// that were refused) again on top of it. Whether it could.
+    ///
+    /// It can when the committed state differs from the one this change
+    /// read only by first versions of policies this change does not know:
+    /// what a wrap under a new policy commits. Those keys join this value;
+    /// a generation this change is adding gets their sealed copies; a
+    /// revocation not yet committed gives each a second version, since the
+    /// first was sealed without the revoked machine's negation. Any other
+    /// difference (another rotation or revocation, a fence lost) is a
+    /// conflict.
+    fn rebase(&mut self, ops: Vec<Op>) -> Result<bool> {
+        if let Some(held) = &self.fence {
+            if self.store.get_stamped(layout::FENCE)?.map(|(_, s)| s) != Some(held.stamp) {
+                return Ok(false);
+            }
+        } else if self.fence_seen.is_some() {
+            // A wrap adding a key: a fence renewed is still no reason to
+            // wait; one made exclusive is (starting over, it waits).
+            match self.store.get_stamped(layout::FENCE)? {
+                None => self.fence_seen = Some(None),
+                Some((bytes, stamp)) => match Fence::parse(&bytes) {
+                    Some(f) if f.is_live() && f.exclusive => return Ok(false),
+                    _ => self.fence_seen = Some(Some(stamp)),
+                },
+            }
+        }
+        let Some((bytes, stamp)) = self.store.get_stamped(layout::STATE)? else { return Ok(false) };
+        let bytes = Zeroizing::new(bytes);
+        let fresh = Self::decode(self.store.clone(), &bytes)?;
+        let theirs = fresh.view();
+        if theirs.generations != self.base.generations
+            || theirs.revoked != self.base.revoked
+            || fresh.signer.public() != self.signer.public()
+            || !self.base.keys.is_subset(&theirs.keys)
+        {
+            return Ok(false);
+        }
+        let ours: HashSet<[u8; 32]> = self.keys.iter().map(|k| *k.policy_id()).chain(self.base.keys.iter().map(|(p, _)| *p)).collect();
+        let added: Vec<PolicyKey> = fresh.keys.into_iter().filter(|k| !self.base.keys.contains(&(*k.policy_id(), k.version))).collect();
+        if added.iter().any(|k| k.version != 1 || ours.contains(k.policy_id())) {
+            return Ok(false);
+        }
+        let adopted: HashSet<([u8; 32], u32)> = added.iter().map(|k| (*k.policy_id(), k.version)).collect();
+        let had_state = ops.iter().any(|o| o.key() == layout::STATE);
+        {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            *pending = Batch::default();
+            for op in ops {
+                let keep = match &op {
+                    // Encoded again below, from the merged state.
+                    Op::Put(k, _) => ![layout::STATE, layout::GENERATIONS, layout::REVOKED].contains(&k.as_str()),
+                    // A clean-up that listed the new keys' copies before
+                    // it knew them.
+                    Op::Delete(k) => !layout::parse_sealed(k).is_some_and(|n| adopted.contains(&(n.policy_id, n.version))),
+                };
+                if keep {
+                    pending.push(op);
+                }
+            }
+        }
+        let adding: Vec<u32> = self
+            .live()
+            .map(|g| g.number)
+            .filter(|n| !self.base.generations.iter().any(|(b, st)| b == n && st.is_live()))
+            .collect();
+        let revoking = self.revoked.iter().any(|r| !self.base.revoked.iter().any(|b| b.id == r.id));
+        for k in added {
+            for g in self.generations.iter().filter(|g| adding.contains(&g.number)) {
+                let excluded = revocation::excluded_for(&self.revoked, g.number);
+                let blob = sealed::seal(&self.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
+                self.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob);
+            }
+            let policy = k.policy.clone();
+            self.keys.push(k);
+            if revoking {
+                let (private, public) = hpke::keypair(&mut OsRng);
+                let next = PolicyKey { policy, version: 2, public, private };
+                self.seal_everywhere(&next)?;
+                self.keys.push(next);
+            }
+        }
+        self.stamp = Some(stamp);
+        self.base = theirs;
+        if had_state {
+            self.commit()?;
+        } else {
+            // This value no longer is the state it was decoded from.
             self.seen = [0; 32];
         }
-        result
+        Ok(true)
+    }
+
+    /// Runs a change under the store's writer lock, from the committed
+    /// state: `long` names a long operation, which takes the store's fence
+    /// where the lock keeps no one out. A conflict met before anything was
+    /// committed starts it over from the state committed then (so `f` may
+    /// run more than once). If it fails midway, this value may hold changes
+    /// that were never committed; forgetting which state it was read from
+    /// makes the next operation read the committed one again instead of
+    /// building on them.
+    fn change<T>(&mut self, long: Option<&'static str>, mut f: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        let _lock = self.store.lock(LOCK_WAIT)?;
+        self.conflicts = Conflicts::default();
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let result = self.attempt(long, &mut f);
+            if let Some(held) = self.fence.take() {
+                self.release_fence(held);
+            }
+            match result {
+                Ok(t) => return Ok(t),
+                Err(e) => {
+                    *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Batch::default();
+                    self.seen = [0; 32];
+                    let conflict = matches!(e, WrapError::Store(StoreError::Conflict { .. }));
+                    if !conflict || self.committed || self.conflicts.retried >= RETRIES {
+                        return Err(e);
+                    }
+                    self.conflicts.retried += 1;
+                    std::thread::sleep(jittered(pause));
+                    pause = (pause * 2).min(MAX_PAUSE);
+                }
+            }
+        }
+    }
+
+    fn attempt<T>(&mut self, long: Option<&'static str>, f: &mut impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
+        *self.pending.lock().unwrap_or_else(|e| e.into_inner()) = Batch::default();
+        self.committed = false;
+        self.fence_seen = None;
+        if let Some(operation) = long {
+            if !self.store.lock_is_exclusive() {
+                self.take_fence(operation)?;
+            }
+        }
+        self.refresh()?;
+        let t = f(self)?;
+        self.flush()?;
+        Ok(t)
+    }
+
+    /// Takes the store's fence for `operation`, waiting while another long
+    /// operation holds it (up to [`FENCE_WAIT`]).
+    fn take_fence(&mut self, operation: &'static str) -> Result<()> {
+        let start = Instant::now();
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let expect = match self.store.get_stamped(layout::FENCE)? {
+                None => None,
+                Some((bytes, stamp)) => match Fence::parse(&bytes) {
+                    Some(other) if other.is_live() => {
+                        if start.elapsed() >= FENCE_WAIT {
+                            return Err(StoreError::Fenced { operation: other.operation, process: other.process, waited: start.elapsed() }.into());
+                        }
+                        std::thread::sleep(jittered(pause));
+                        pause = (pause * 2).min(MAX_PAUSE);
+                        continue;
+                    }
+                    // Expired, or not a record: it holds nothing.
+                    _ => Some(stamp),
+                },
+            };
+            let mine = Fence::new(operation);
+            let bytes = mine.encode();
+            let take = Batch { expect: vec![(layout::FENCE.to_owned(), expect)], ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())] };
+            match self.store.commit(&take) {
+                Ok(()) => {}
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            if let Some((now, stamp)) = self.store.get_stamped(layout::FENCE)? {
+                if now == bytes {
+                    self.fence = Some(HeldFence { record: mine, stamp, renewed: Instant::now() });
+                    self.conflicts.waited += start.elapsed();
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// Makes the fence this change holds exclusive: wraps that would add a
+    /// policy key wait until it is let go.
+    fn make_fence_exclusive(&mut self) -> Result<()> {
+        let Some(held) = &self.fence else { return Ok(()) };
+        let record = held.record.exclusive();
+        let bytes = record.encode();
+        let batch = Batch { expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))], ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())] };
+        self.store.commit(&batch)?;
+        match self.store.get_stamped(layout::FENCE)? {
+            Some((now, stamp)) if now == bytes => {
+                self.fence = Some(HeldFence { record, stamp, renewed: Instant::now() });
+                self.conflicts.held_wraps = true;
+                Ok(())
+            }
+            _ => Err(StoreError::Conflict { key: layout::FENCE.to_owned() }.into()),
+        }
+    }
+
+    /// For a wrap about to add a policy key, on a store without a writer
+    /// lock: waits while a long operation holds the fence exclusively (up
+    /// to [`FENCE_WAIT`]), then notes the fence's stamp for the commit to
+    /// expect, so that a fence made exclusive meanwhile stops the commit.
+    fn respect_fence(&mut self) -> Result<()> {
+        if self.store.lock_is_exclusive() || self.fence.is_some() {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let seen = match self.store.get_stamped(layout::FENCE)? {
+                None => None,
+                Some((bytes, stamp)) => match Fence::parse(&bytes) {
+                    Some(f) if f.is_live() && f.exclusive => {
+                        if start.elapsed() >= FENCE_WAIT {
+                            return Err(StoreError::Fenced { operation: f.operation, process: f.process, waited: start.elapsed() }.into());
+                        }
+                        std::thread::sleep(jittered(pause));
+                        pause = (pause * 2).min(MAX_PAUSE);
+                        continue;
+                    }
+                    _ => Some(stamp),
+                },
+            };
+            self.fence_seen = Some(seen);
+            self.conflicts.waited += start.elapsed();
+            return Ok(());
+        }
+    }
+
+    /// Lets the fence go; if that fails (the store is down), it expires
+    /// within [`fence::TTL`].
+    fn release_fence(&self, held: HeldFence) {
+        let release = Batch { expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))], ops: vec![Op::Delete(layout::FENCE.to_owned())] };
+        let _ = self.store.commit(&release);
     }
 
     /// The authority's public (Ed25519 verification) key: every envelope
@@ -420,7 +871,23 @@ impl Authority {
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
-        Ok(Self { store, signer, generations, keys, revoked, seen: state_digest(b), stamp: None, pending: Default::default() })
+        Ok(Self {
+            store,
+            signer,
+            generations,
+            keys,
+            revoked,
+            seen: state_digest(b),
+            stamp: None,
+            pending: Default::default(),
+            base: View::default(),
+            encoded: View::default(),
+            committed: false,
+            fence: None,
+            fence_seen: None,
+            conflicts: Conflicts::default(),
+            compact_after_revoke: true,
+        })
     }
 
     /// The state's encoding. Every count and length was checked when the
@@ -457,6 +924,7 @@ impl Authority {
         let state = self.encode();
         self.put(layout::STATE, &state);
         self.seen = state_digest(&state);
+        self.encoded = self.view();
         let list = generation_list::encode(&self.signer, self.generations.iter().map(|g| (g.number, g.state)));
         self.put(layout::GENERATIONS, &list);
         if !self.revoked.is_empty() {
@@ -471,12 +939,16 @@ impl Authority {
 
     /// Deletes sealed copies that no committed state refers to: left by an
     /// interrupted wrap or rotation, or belonging to retired generations.
+    /// Only names that are sealed copies' (`sealed/{policy id}/{version}/
+    /// {generation}`): a name this authority cannot account for (another
+    /// store's, someone's file) is never deleted.
     fn collect_garbage(&mut self) -> Result<usize> {
-        let wanted = |name: &str| {
-            layout::parse_sealed(name).is_some_and(|s| {
+        let wanted = |name: &str| match layout::parse_sealed(name) {
+            Some(s) => {
                 self.keys.iter().any(|k| *k.policy_id() == s.policy_id && k.version == s.version)
                     && self.live().any(|g| g.number == s.generation)
-            })
+            }
+            None => true,
         };
         let unwanted: Vec<String> = self.store.list(layout::SEALED)?.into_iter().filter(|n| !wanted(n)).collect();
         let removed = unwanted.len();
@@ -538,7 +1010,7 @@ impl Authority {
         let attrs = &attrs;
         MachineKey::check_attributes(attrs)?;
         let id = attrs.get(MACHINE_LABEL).unwrap_or_default();
-        revocation::check_machine_id(id)?;
+        revocation::check_new_machine_id(id)?;
         // Keys for the generations live now, not when this value was read.
         let (fresh, _) = self.latest()?;
         let this = fresh.as_ref().unwrap_or(self);
@@ -585,9 +1057,9 @@ impl Authority {
         limit("secret length", secret.len(), super::format::MAX_SECRET)?;
         // Under the lock, from the committed state: a policy key another
         // process made is reused, and one it rotated away is never used.
-        self.change(|a| {
+        self.change(None, |a| {
             let pid = *policy.id();
-            a.ensure_policy_key(policy)?;
+            a.ensure_policy_key(policy.clone())?;
             a.seal_new_envelope(&pid, secret)
         })
     }
@@ -606,9 +1078,9 @@ impl Authority {
         for s in secrets {
             limit("secret length", s.len(), super::format::MAX_SECRET)?;
         }
-        self.change(|a| {
+        self.change(None, |a| {
             let pid = *policy.id();
-            if a.ensure_policy_key(policy)? {
+            if a.ensure_policy_key(policy.clone())? {
                 // The new key in a commit of its own, before the chunks.
                 a.flush()?;
             }
@@ -628,6 +1100,7 @@ impl Authority {
             return Ok(false);
         }
         limit("policy key count", self.keys.len() + 1, u32::MAX as usize)?;
+        self.respect_fence()?;
         let (private, public) = hpke::keypair(&mut OsRng);
         let k = PolicyKey { policy, version: 1, public, private };
         // Sealed copies first, then the commit: an interruption leaves
@@ -665,30 +1138,13 @@ impl Authority {
     /// stays; this value re-reads the committed state on its next call,
     /// and running the rotation again completes (or repeats) it.
     pub fn rotate_master(&mut self) -> Result<MasterRotation> {
-        self.change(Self::rotate_master_locked)
+        self.change(Some("rotate master"), Self::rotate_master_locked)
     }
 
     fn rotate_master_locked(&mut self) -> Result<MasterRotation> {
         limit("master generation count", self.generations.len() + 1, MAX_GENERATIONS)?;
         let number = self.generations.iter().map(|g| g.number).max().unwrap_or(0) + 1;
         let (pk, msk) = abe::setup()?;
-        let new = Generation { number, state: GenerationState::Active, pk, msk: Some(msk) };
-        // Empty: every revoked machine was revoked before this generation
-        // existed and is refused a key of it. This is where the negations
-        // compact.
-        let excluded = revocation::excluded_for(&self.revoked, number);
-        // The new generation's copies go first, in commits of their own
-        // (each comparing the state): until the state names the generation
-        // no machine holds a key for it, so a rotation interrupted here
-        // leaves only copies the next rotation overwrites or deletes. One
-        // commit for them all would bound the policy keys a store can hold
-        // by etcd's 128 operations per transaction.
-        for i in 0..self.keys.len() {
-            let k = &self.keys[i];
-            let blob = sealed::seal(&self.signer, &new.pk, number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
-            self.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
-            self.flush_if_large()?;
-        }
         let mut retired = None;
         for g in &mut self.generations {
             match g.state {
@@ -701,7 +1157,28 @@ impl Authority {
                 GenerationState::Retired => {}
             }
         }
-        self.generations.push(new);
+        // Named in this value before its copies are made: a wrap's new
+        // policy key taken in by a re-base gets its copy too.
+        self.generations.push(Generation { number, state: GenerationState::Active, pk, msk: Some(msk) });
+        // Empty: every revoked machine was revoked before this generation
+        // existed and is refused a key of it. This is where the negations
+        // compact.
+        let excluded = revocation::excluded_for(&self.revoked, number);
+        // The new generation's copies go first, in commits of their own
+        // (each comparing the state): until the state names the generation
+        // no machine holds a key for it, so a rotation interrupted here
+        // leaves only copies the next rotation overwrites or deletes. One
+        // commit for them all would bound the policy keys a store can hold
+        // by etcd's 128 operations per transaction. Keys a re-base adds
+        // past `n` are sealed by it.
+        let n = self.keys.len();
+        for i in 0..n {
+            let g = self.generations.last().ok_or_else(|| StateError::Inconsistent("no generation".into()))?;
+            let k = &self.keys[i];
+            let blob = sealed::seal(&self.signer, &g.pk, number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
+            self.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
+            self.flush_if_large()?;
+        }
         self.commit()?;
         // The new generation (with the copies not yet committed); the
         // retired copies are deleted after it, in commits of their own.
@@ -726,21 +1203,21 @@ impl Authority {
     /// failures.
     pub fn rotate_policy_key(&mut self, policy: &str) -> Result<PolicyRotation> {
         let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
-        self.change(|a| {
+        self.change(Some("rotate policy key"), |a| {
             let pid = *policy.id();
             let old = a.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?;
             limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
             limit("policy key count", a.keys.len() + 1, u32::MAX as usize)?;
             let version = old.version + 1;
             let (private, public) = hpke::keypair(&mut OsRng);
-            let k = PolicyKey { policy, version, public, private };
+            let k = PolicyKey { policy: policy.clone(), version, public, private };
             a.seal_everywhere(&k)?;
             a.keys.push(k);
             a.commit()?;
             // The new key is committed before any envelope moves to it:
             // the re-wrapping goes in chunks, each expecting this state.
             a.flush()?;
-            let (rewrapped, skipped) = a.rewrap_store(&pid)?;
+            let (rewrapped, skipped) = a.rewrap_store(&[pid])?;
             let decrypt_only = a.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
             a.collect_garbage()?;
             Ok(PolicyRotation { version, rewrapped, skipped, decrypt_only })
@@ -759,10 +1236,10 @@ impl Authority {
     /// failures (nothing is retired before the envelopes are re-wrapped).
     pub fn retire_policy_keys(&mut self, policy: &str) -> Result<PolicyRetirement> {
         let policy = CanonicalPolicy::parse(policy).map_err(AbeError::from)?;
-        self.change(|a| {
+        self.change(Some("retire policy keys"), |a| {
             let pid = *policy.id();
             let version = a.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?.version;
-            let (rewrapped, skipped) = a.rewrap_store(&pid)?;
+            let (rewrapped, skipped) = a.rewrap_store(&[pid])?;
             let retired: Vec<u32> =
                 a.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
             a.keys.retain(|k| *k.policy_id() != pid || k.version == version);
@@ -780,7 +1257,16 @@ impl Authority {
     /// version with its sealed copies, so a policy key the machine cached
     /// opens nothing the store serves. Every policy, because issuing
     /// records no machine's attributes (it writes nothing): the authority
-    /// cannot know which policies the machine satisfies.
+    /// cannot know which policies the machine satisfies. From its first
+    /// commit (after re-keying, before any envelope moves) every wrap seals
+    /// to a version the machine cannot open. Then the store's history is
+    /// compacted ([`Authority::set_compact_after_revoke`]), so the old
+    /// envelopes are not still readable by revision.
+    ///
+    /// What the machine may still know: every secret stored under a policy
+    /// it satisfied before, whether or not it opened it, if it kept the
+    /// policy keys it cached (revocation replaces keys for what comes
+    /// next; it cannot take back what was readable).
     ///
     /// An interruption leaves the id recorded as pending (its old versions
     /// still live); running `revoke` again for it makes one more version
@@ -792,10 +1278,12 @@ impl Authority {
     /// [`WrapError::InvalidMachineId`] for an id a policy cannot name;
     /// [`WrapError::Abe`] (`POLICY_TOO_LARGE`) when a policy with its
     /// negations no longer fits the CP-ABE format (rotate the master key
-    /// twice, which compacts them); store failures (a re-run continues).
+    /// twice, which compacts them); store failures (a re-run continues),
+    /// the compaction's included (a re-run compacts).
     pub fn revoke(&mut self, id: &str) -> Result<Revocation> {
         revocation::check_machine_id(id)?;
-        self.change(|a| {
+        let started = Instant::now();
+        let mut report = self.change(Some("revoke"), |a| {
             let mut report = Revocation {
                 id: id.to_owned(),
                 resumed: false,
@@ -804,6 +1292,8 @@ impl Authority {
                 rewrapped: 0,
                 skipped: Vec::new(),
                 retired: 0,
+                compacted: false,
+                rekeyed_after: Duration::ZERO,
             };
             match a.revoked.iter().find(|r| r.id == id) {
                 Some(r) if !r.pending => {
@@ -836,19 +1326,26 @@ impl Authority {
             }
             report.rekeyed = pids.len();
             // The id and the new versions, committed before any envelope
-            // moves: from here `issue` refuses the id.
+            // moves: from here `issue` refuses the id, and wraps seal to
+            // versions the machine cannot open.
             a.commit()?;
             a.flush()?;
-            for pid in &pids {
-                let (rewrapped, skipped) = a.rewrap_store(pid)?;
-                report.rewrapped += rewrapped;
-                report.skipped.extend(skipped);
-            }
+            report.rekeyed_after = started.elapsed();
+            // Every policy now: a re-base may have taken in (and re-keyed)
+            // policies a wrap added meanwhile.
+            let mut pids: Vec<[u8; 32]> = a.keys.iter().map(|k| *k.policy_id()).collect();
+            pids.sort();
+            pids.dedup();
+            let (rewrapped, skipped) = a.rewrap_store(&pids)?;
+            report.rewrapped += rewrapped;
+            report.skipped.extend(skipped);
             a.flush()?;
             let before = a.keys.len();
-            let current: Vec<([u8; 32], u32)> =
+            // Older versions of the policies re-keyed go; a policy a wrap
+            // added since (sealed with the negation) keeps its key.
+            let current: std::collections::HashMap<[u8; 32], u32> =
                 pids.iter().filter_map(|p| a.current(p).map(|k| (*p, k.version))).collect();
-            a.keys.retain(|k| current.iter().any(|(p, v)| p == k.policy_id() && *v == k.version));
+            a.keys.retain(|k| current.get(k.policy_id()).is_none_or(|v| *v == k.version));
             report.retired = before - a.keys.len();
             if let Some(r) = a.revoked.iter_mut().find(|r| r.id == id) {
                 r.pending = false;
@@ -857,56 +1354,119 @@ impl Authority {
             a.flush()?;
             a.collect_garbage()?;
             Ok(report)
+        })?;
+        // Also when it was already done: a re-run after a failed
+        // compaction compacts.
+        if self.compact_after_revoke {
+            report.compacted = self.store.compact()?;
+        }
+        Ok(report)
+    }
+
+    /// Re-wraps the store's envelopes of the policies `pids` sealed to an
+    /// older version of their key to the current one, in one pass over
+    /// the store. Store failures stop it (a re-run continues); a bad
+    /// envelope is skipped and reported.
+    ///
+    /// The store's round trips, not the cryptography, bound it, so they
+    /// overlap: a reader thread fetches the next 128 envelopes while this
+    /// one's are opened and sealed again (on every core) and committed.
+    fn rewrap_store(&mut self, pids: &[[u8; 32]]) -> Result<(usize, Vec<Skipped>)> {
+        let mut current = std::collections::HashMap::new();
+        for pid in pids {
+            let k = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?;
+            current.insert(*pid, k.version);
+        }
+        let names = self.store.list(layout::ENVELOPES)?;
+        let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
+        let store = self.store.clone();
+        let (mut rewrapped, mut skipped) = (0, Vec::new());
+        std::thread::scope(|scope| -> Result<()> {
+            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            scope.spawn(move || {
+                // One request per 128 envelopes on etcd, not one each.
+                for chunk in names.chunks(128) {
+                    let read = store.get_many(chunk).map(|values| (chunk.to_vec(), values));
+                    let failed = read.is_err();
+                    if tx.send(read).is_err() || failed {
+                        return;
+                    }
+                }
+            });
+            for read in rx {
+                let (chunk, values) = read?;
+                let pairs: Vec<(&str, Option<&[u8]>)> = chunk.iter().map(String::as_str).zip(values.iter().map(Option::as_deref)).collect();
+                let outcomes = self.rewrap_chunk(&pairs, &current, workers);
+                for (name, outcome) in chunk.iter().cloned().zip(outcomes) {
+                    match outcome? {
+                        Rewrap::Done(env) => {
+                            self.put(&name, env.to_bytes());
+                            rewrapped += 1;
+                            self.flush_if_large()?;
+                        }
+                        Rewrap::Skip(reason) => skipped.push(Skipped { name, reason }),
+                        Rewrap::Keep => {}
+                    }
+                }
+            }
+            Ok(())
+        })?;
+        Ok((rewrapped, skipped))
+    }
+
+    /// What to do with each of `values` (envelopes read from the store,
+    /// with the names they were read under), on `workers` threads.
+    fn rewrap_chunk(&self, values: &[(&str, Option<&[u8]>)], current: &std::collections::HashMap<[u8; 32], u32>, workers: usize) -> Vec<Result<Rewrap>> {
+        let per = values.len().div_ceil(workers.max(1)).max(1);
+        std::thread::scope(|scope| {
+            let parts: Vec<_> = values
+                .chunks(per)
+                .map(|part| scope.spawn(move || part.iter().map(|(name, bytes)| self.rewrap_one(name, *bytes, current)).collect::<Vec<_>>()))
+                .collect();
+            parts
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_else(|_| vec![Err(StateError::Inconsistent("a re-wrapping thread panicked".into()).into())]))
+                .collect()
         })
     }
 
-    /// Re-wraps the store's envelopes of policy `pid` sealed to an older
-    /// version of its key to the current one. Store failures stop it (a
-    /// re-run continues); a bad envelope is skipped and reported.
-    fn rewrap_store(&mut self, pid: &[u8; 32]) -> Result<(usize, Vec<Skipped>)> {
-        let current = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?.version;
-        let mut rewrapped = 0;
-        let mut skipped = Vec::new();
-        // Read in batches: one request per 128 envelopes on etcd, not one each.
-        let names = self.store.list(layout::ENVELOPES)?;
-        for chunk in names.chunks(128) {
-            let values = self.store.get_many(chunk)?;
-            for (name, bytes) in chunk.iter().zip(values) {
-                let Some(bytes) = bytes else { continue };
-                let skip = |reason| Skipped { name: name.clone(), reason };
-                let env = match Envelope::parse(&bytes) {
-                    Ok(env) => env,
-                    Err(e) => {
-                        skipped.push(skip(SkipReason::Malformed(e.to_string())));
-                        continue;
-                    }
-                };
-                if env.policy_id != *pid || env.key_version == current {
-                    continue;
-                }
-                if let Err(e) = env.verify(&self.signer.public()) {
-                    skipped.push(skip(SkipReason::NotSigned(e.to_string())));
-                    continue;
-                }
-                if *name != layout::envelope(&env.secret_id) {
-                    skipped.push(skip(SkipReason::Misnamed(hex(&env.secret_id))));
-                    continue;
-                }
-                let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
-                    skipped.push(skip(SkipReason::RetiredVersion(env.key_version)));
-                    continue;
-                };
-                let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
-                    skipped.push(skip(SkipReason::DoesNotOpen(env.key_version)));
-                    continue;
-                };
-                self.seal_envelope(&env.secret_id, pid, &secret)?;
-                rewrapped += 1;
-                self.flush_if_large()?;
-            }
+    fn rewrap_one(&self, name: &str, bytes: Option<&[u8]>, current: &std::collections::HashMap<[u8; 32], u32>) -> Result<Rewrap> {
+        let Some(bytes) = bytes else { return Ok(Rewrap::Keep) };
+        let env = match Envelope::parse(bytes) {
+            Ok(env) => env,
+            Err(e) => return Ok(Rewrap::Skip(SkipReason::Malformed(e.to_string()))),
+        };
+        let Some(&version) = current.get(&env.policy_id) else { return Ok(Rewrap::Keep) };
+        if env.key_version == version {
+            return Ok(Rewrap::Keep);
         }
-        Ok((rewrapped, skipped))
+        if let Err(e) = env.verify(&self.signer.public()) {
+            return Ok(Rewrap::Skip(SkipReason::NotSigned(e.to_string())));
+        }
+        if name != layout::envelope(&env.secret_id) {
+            return Ok(Rewrap::Skip(SkipReason::Misnamed(hex(&env.secret_id))));
+        }
+        let pid = &env.policy_id;
+        let Some(old) = self.keys.iter().find(|k| k.policy_id() == pid && k.version == env.key_version) else {
+            return Ok(Rewrap::Skip(SkipReason::RetiredVersion(env.key_version)));
+        };
+        let Ok(secret) = hpke::open(&old.private, &env.enc, env.aad(), &env.ciphertext) else {
+            return Ok(Rewrap::Skip(SkipReason::DoesNotOpen(env.key_version)));
+        };
+        let secret = Zeroizing::new(secret);
+        let k = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
+        Ok(Rewrap::Done(Envelope::seal(&self.signer, &env.secret_id, &k.policy, k.version, &k.public, &secret)?))
     }
+}
+
+/// What re-wrapping decided for one object of `envelopes/`.
+enum Rewrap {
+    /// Sealed to the current version: the new envelope to write.
+    Done(Envelope),
+    /// Left as it is, and why.
+    Skip(SkipReason),
+    /// Not one to re-wrap (another policy, already current, gone).
+    Keep,
 }
 
 /// A digest of the state's bytes (which hold secrets, so they are not

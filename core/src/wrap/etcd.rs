@@ -17,7 +17,6 @@
 //! member without a leader during an election) is retried on the next
 //! until [`EtcdConfig::retry_for`] has passed.
 
-use std::io::BufRead;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -25,7 +24,7 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock};
+use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock, STORE_MARK};
 use super::watch::{Watch, WatchEvent};
 
 /// etcd's default `--max-request-bytes` (1.5 MiB), less room for the
@@ -38,6 +37,17 @@ pub const MAX_TXN_OPS: usize = 128;
 
 /// Keys per page when listing.
 const PAGE: usize = 1000;
+
+/// Largest reply read from a member: a transaction of 128 objects at
+/// etcd's request limit, in base64 and JSON, is under it. A hostile or
+/// broken endpoint's larger reply is an error, not memory.
+const MAX_REPLY: u64 = 16 << 20;
+/// Longest line of a watch stream (one message: the events of one
+/// revision, which one request of at most 1.5 MiB wrote).
+const MAX_WATCH_LINE: usize = 4 << 20;
+/// Most bytes of names one listing gathers (about 3 million envelopes'
+/// names): a listing that pages on past it is not a store's.
+const MAX_LISTING: usize = 256 << 20;
 
 /// How to reach an etcd cluster.
 #[derive(Clone)]
@@ -61,6 +71,12 @@ pub struct EtcdConfig {
     /// revision it has reached, so nothing is missed) and checks whether
     /// its [`Watch`] was dropped.
     pub watch_idle: Duration,
+    /// Whether plain HTTP may go to an endpoint that is not on this
+    /// machine (a loopback address or `localhost`). Off by default: without
+    /// TLS, anyone on the path reads the store (the authority's state
+    /// holds the master keys) and answers for it. The store name's
+    /// `insecure-transport=1` turns it on.
+    pub plaintext: bool,
 }
 
 impl std::fmt::Debug for EtcdConfig {
@@ -86,6 +102,7 @@ impl EtcdConfig {
             request_timeout: Duration::from_secs(5),
             retry_for: Duration::from_secs(30),
             watch_idle: Duration::from_secs(10),
+            plaintext: false,
         }
     }
 }
@@ -141,9 +158,121 @@ fn bytes(v: &Value, key: &str) -> Result<Vec<u8>, StoreError> {
 }
 
 /// Why one attempt failed: worth another endpoint, or final.
-enum Failure {
+pub(super) enum Failure {
     Retry(String),
     Final(String),
+}
+
+// What the gateway's answers say, apart from the requests that fetch
+// them: functions of the bytes alone, so that the fuzzers reach each one
+// (`wrap::fuzzing`, fuzz target `etcd_replies`).
+
+/// The JSON of an answer with HTTP `status` from `url`, or why it failed.
+pub(super) fn answer(url: &str, status: u16, text: &[u8]) -> Result<Value, Failure> {
+    let v: Value = serde_json::from_slice(text).map_err(|e| Failure::Retry(format!("{url}: answer is not JSON ({e})")))?;
+    if status == 200 && v.get("error").is_none() {
+        return Ok(v);
+    }
+    let msg = v.get("message").or_else(|| v.get("error")).and_then(Value::as_str).unwrap_or("").to_owned();
+    // gRPC codes: 14 unavailable, 4 deadline exceeded, 10 aborted:
+    // a member without a leader, an election, an overloaded member.
+    let code = int(v.get("code").unwrap_or(&Value::Null));
+    if matches!(code, 4 | 10 | 14) || status == 503 || msg.contains("leader") || msg.contains("timed out") {
+        Err(Failure::Retry(format!("{url}: {msg} (HTTP {status})")))
+    } else {
+        Err(Failure::Final(format!("{url}: {msg} (HTTP {status}, gRPC code {code})")))
+    }
+}
+
+/// The cluster's revision in an answer's header.
+pub(super) fn revision_of(v: &Value) -> i64 {
+    int(v.pointer("/header/revision").unwrap_or(&Value::Null))
+}
+
+/// The value and stamp of the one object a range answer holds, if any.
+pub(super) fn range_value(v: &Value, key: &str) -> Result<Option<(Vec<u8>, Stamp)>, StoreError> {
+    let Some(kv) = v.get("kvs").and_then(Value::as_array).and_then(|a| a.first()) else {
+        return Ok(None);
+    };
+    let value = bytes(kv.get("value").unwrap_or(&Value::Null), key)?;
+    Ok(Some((value, Stamp::revision(int(kv.get("mod_revision").unwrap_or(&Value::Null))))))
+}
+
+/// The names one page of a keys-only range answer holds (each key less
+/// `store_prefix`), and whether another page follows.
+pub(super) fn list_page(v: &Value, store_prefix: &str, prefix: &str) -> Result<(Vec<String>, bool), StoreError> {
+    let kvs = v.get("kvs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+    let mut names = Vec::with_capacity(kvs.len());
+    for kv in kvs {
+        let k = bytes(kv.get("key").unwrap_or(&Value::Null), prefix)?;
+        let k = String::from_utf8(k).map_err(|_| io_err(prefix, "etcd holds a key that is not UTF-8"))?;
+        let name = k.strip_prefix(store_prefix).ok_or_else(|| io_err(prefix, "etcd answered outside the range"))?;
+        names.push(name.to_owned());
+    }
+    let more = v.get("more").and_then(Value::as_bool).unwrap_or(false) && !kvs.is_empty();
+    Ok((names, more))
+}
+
+/// The values of a read-only transaction's answer, one per key read.
+pub(super) fn txn_values(v: &Value, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    let first = keys.first().map_or("", String::as_str);
+    let responses = v.get("responses").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
+    if responses.len() != keys.len() {
+        return Err(io_err(first, format!("etcd answered {} reads of {}", responses.len(), keys.len())));
+    }
+    let mut out = Vec::with_capacity(keys.len());
+    for (k, r) in keys.iter().zip(responses) {
+        let kv = r.pointer("/response_range/kvs/0");
+        out.push(kv.map(|kv| bytes(kv.get("value").unwrap_or(&Value::Null), k)).transpose()?);
+    }
+    Ok(out)
+}
+
+/// Whether a transaction's comparisons held (and its writes were made).
+pub(super) fn txn_succeeded(v: &Value) -> bool {
+    v.get("succeeded").and_then(Value::as_bool).unwrap_or(false)
+}
+
+/// One line of a watch stream, as the watch thread reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub enum WatchLine {
+    /// Not a watch message (not JSON, no `result`): the stream is over.
+    End,
+    /// etcd compacted the revisions the watch was to resume from.
+    Compacted,
+    /// The changes after the revision seen so far, in order (each key
+    /// less the store's prefix).
+    Events(Vec<WatchEvent>),
+}
+
+/// Reads one line of a watch stream whose watcher has seen revision
+/// `last`, for a store whose keys start with `store_prefix`.
+pub(super) fn watch_line(line: &str, store_prefix: &str, last: i64) -> WatchLine {
+    let Ok(v) = serde_json::from_str::<Value>(line) else { return WatchLine::End };
+    let Some(r) = v.get("result") else { return WatchLine::End };
+    if int(r.get("compact_revision").unwrap_or(&Value::Null)) != 0 {
+        return WatchLine::Compacted;
+    }
+    let mut events = Vec::new();
+    for e in r.get("events").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]) {
+        let kv = e.get("kv").unwrap_or(&Value::Null);
+        let revision = int(kv.get("mod_revision").unwrap_or(&Value::Null));
+        let Ok(key) = bytes(kv.get("key").unwrap_or(&Value::Null), "").map(String::from_utf8) else { continue };
+        let Ok(key) = key else { continue };
+        if revision <= last {
+            continue;
+        }
+        let key = key.strip_prefix(store_prefix).unwrap_or(&key).to_owned();
+        events.push(if e.get("type").and_then(Value::as_str) == Some("DELETE") {
+            WatchEvent::Delete { key, revision }
+        } else {
+            // The value is in the event: a watcher need not read it
+            // again (a bad encoding leaves it to that read).
+            let value = bytes(kv.get("value").unwrap_or(&Value::Null), &key).ok();
+            WatchEvent::Put { key, revision, value }
+        });
+    }
+    WatchLine::Events(events)
 }
 
 impl EtcdStore {
@@ -161,6 +290,17 @@ impl EtcdStore {
         let prefix = config.prefix.trim_matches('/');
         if prefix.is_empty() || check_key(prefix).is_err() {
             return Err(bad(format!("prefix {prefix:?}: not empty, `/`-separated parts of [A-Za-z0-9._-]")));
+        }
+        for e in &config.endpoints {
+            check_endpoint(e).map_err(bad)?;
+        }
+        if config.ca_pem.is_none() && !config.plaintext {
+            if let Some(e) = config.endpoints.iter().find(|e| !is_loopback(e)) {
+                return Err(bad(format!(
+                    "{e} is not on this machine, and without TLS anyone on the path reads the store and answers for it: \
+                     give the cluster's CA (`?cacert=FILE`), or `?insecure-transport=1` to speak plain HTTP anyway"
+                )));
+            }
         }
         let scheme = if config.ca_pem.is_some() { "https" } else { "http" };
         let mut builder = ureq::Agent::config_builder()
@@ -219,6 +359,46 @@ impl EtcdStore {
         })
     }
 
+    /// The names under `prefix` (relative to the store's prefix; `""` for
+    /// every one), in pages of keys only, all at the revision of the first
+    /// page, so a listing is one consistent snapshot however long it is.
+    fn names_under(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let start = format!("{}{prefix}", self.prefix);
+        let end = prefix_end(start.as_bytes());
+        let mut from = start.clone().into_bytes();
+        let mut revision = 0i64;
+        let mut out = Vec::new();
+        let mut bytes = 0usize;
+        loop {
+            let mut req = json!({
+                "key": b64(&from), "range_end": b64(&end), "limit": PAGE, "keys_only": true,
+            });
+            if revision != 0 {
+                req["revision"] = json!(revision.to_string());
+            }
+            let v = self.call(prefix, "/v3/kv/range", &req)?;
+            if revision == 0 {
+                revision = revision_of(&v);
+            }
+            let (names, more) = list_page(&v, &self.prefix, prefix)?;
+            // Each page must move on, and the whole stay a store's size: an
+            // endpoint saying `more` forever is an error, not memory.
+            let from_name = std::str::from_utf8(&from).unwrap_or("").strip_prefix(self.prefix.as_str()).unwrap_or("").trim_end_matches('\0');
+            if names.len() > PAGE || (more && names.last().is_none_or(|l| l.as_str() <= from_name)) {
+                return Err(io_err(prefix, "etcd answered a listing page that does not move on"));
+            }
+            bytes += names.iter().map(String::len).sum::<usize>();
+            if bytes > MAX_LISTING {
+                return Err(io_err(prefix, format!("a listing of more than {MAX_LISTING} bytes of names")));
+            }
+            out.extend(names);
+            if !more {
+                return Ok(out);
+            }
+            from = format!("{}{}\0", self.prefix, out.last().map_or("", String::as_str)).into_bytes();
+        }
+    }
+
     /// The prefix every object is stored under, with its final `/`.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -235,22 +415,10 @@ impl EtcdStore {
         let text = resp
             .body_mut()
             .with_config()
-            .limit(64 << 20)
+            .limit(MAX_REPLY)
             .read_to_vec()
             .map_err(|e| Failure::Retry(format!("{url}: reading the answer: {e}")))?;
-        let v: Value = serde_json::from_slice(&text).map_err(|e| Failure::Retry(format!("{url}: answer is not JSON ({e})")))?;
-        if status == 200 && v.get("error").is_none() {
-            return Ok(v);
-        }
-        let msg = v.get("message").or_else(|| v.get("error")).and_then(Value::as_str).unwrap_or("").to_owned();
-        // gRPC codes: 14 unavailable, 4 deadline exceeded, 10 aborted:
-        // a member without a leader, an election, an overloaded member.
-        let code = int(v.get("code").unwrap_or(&Value::Null));
-        if matches!(code, 4 | 10 | 14) || status == 503 || msg.contains("leader") || msg.contains("timed out") {
-            Err(Failure::Retry(format!("{url}: {msg} (HTTP {status})")))
-        } else {
-            Err(Failure::Final(format!("{url}: {msg} (HTTP {status}, gRPC code {code})")))
-        }
+        answer(url, status, &text)
     }
 
     /// POSTs `body` to `path` on the endpoints in turn, from the one that
@@ -303,7 +471,7 @@ impl EtcdStore {
     pub fn revision(&self) -> Result<i64, StoreError> {
         let full = format!("{}public/generations", self.prefix);
         let v = self.call("", "/v3/kv/range", &json!({ "key": b64(full.as_bytes()), "count_only": true }))?;
-        Ok(int(v.pointer("/header/revision").unwrap_or(&Value::Null)))
+        Ok(revision_of(&v))
     }
 
     /// Watches the objects under `prefix` for changes after revision
@@ -366,59 +534,48 @@ impl EtcdStore {
             let mut line = String::new();
             loop {
                 line.clear();
-                match lines.read_line(&mut line) {
+                // A line past the bound (an endpoint that never ends one)
+                // is a broken stream: the next member.
+                match read_line_bounded(&mut lines, &mut line, MAX_WATCH_LINE) {
                     Ok(0) | Err(_) => break,
                     Ok(_) => {}
                 }
                 if stop.load(Ordering::SeqCst) {
                     return;
                 }
-                let Ok(v) = serde_json::from_str::<Value>(&line) else { break };
-                let Some(r) = v.get("result") else { break };
-                pause = Duration::from_millis(20);
-                let compacted = int(r.get("compact_revision").unwrap_or(&Value::Null));
-                if compacted != 0 {
-                    // What came before the compaction is gone: the watcher
-                    // reads everything again, and the watch goes on from
-                    // now (0: the current revision, read on reconnecting).
-                    let now = match self.revision() {
-                        Ok(r) => r,
-                        Err(_) => {
-                            last = 0;
-                            continue;
+                let events = match watch_line(&line, &self.prefix, last) {
+                    WatchLine::End => break,
+                    WatchLine::Events(events) => events,
+                    WatchLine::Compacted => {
+                        pause = Duration::from_millis(20);
+                        // What came before the compaction is gone: the
+                        // watcher reads everything again, and the watch
+                        // goes on from now (0: the current revision, read
+                        // on reconnecting).
+                        let now = match self.revision() {
+                            Ok(r) => r,
+                            Err(_) => {
+                                last = 0;
+                                continue;
+                            }
+                        };
+                        last = now;
+                        if tx.send(WatchEvent::Compacted { revision: now }).is_err() {
+                            return;
                         }
-                    };
-                    last = now;
-                    if tx.send(WatchEvent::Compacted { revision: now }).is_err() {
-                        return;
+                        break;
                     }
-                    break;
-                }
+                };
+                pause = Duration::from_millis(20);
                 // Events of one revision (one transaction) come in one
                 // message: the revisions it holds are complete once all of
                 // it is sent, and a resumed stream starts after them.
                 let mut reached = last;
-                for e in r.get("events").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]) {
-                    let kv = e.get("kv").unwrap_or(&Value::Null);
-                    let revision = int(kv.get("mod_revision").unwrap_or(&Value::Null));
-                    let Ok(key) = bytes(kv.get("key").unwrap_or(&Value::Null), "").map(String::from_utf8) else { continue };
-                    let Ok(key) = key else { continue };
-                    if revision <= last {
-                        continue;
-                    }
-                    let key = key.strip_prefix(&self.prefix).unwrap_or(&key).to_owned();
-                    let event = if e.get("type").and_then(Value::as_str) == Some("DELETE") {
-                        WatchEvent::Delete { key, revision }
-                    } else {
-                        // The value is in the event: a watcher need not read it
-                        // again (a bad encoding leaves it to that read).
-                        let value = bytes(kv.get("value").unwrap_or(&Value::Null), &key).ok();
-                        WatchEvent::Put { key, revision, value }
-                    };
+                for event in events {
+                    reached = reached.max(event.revision());
                     if tx.send(event).is_err() {
                         return;
                     }
-                    reached = reached.max(revision);
                 }
                 last = reached;
             }
@@ -427,6 +584,55 @@ impl EtcdStore {
             n += 1;
         }
     }
+}
+
+/// Reads one line (up to and with its `\n`) into `line`, refusing one
+/// longer than `max` bytes: `BufRead::read_line` grows without bound.
+fn read_line_bounded(r: &mut impl std::io::BufRead, line: &mut String, max: usize) -> std::io::Result<usize> {
+    let mut bytes = Vec::new();
+    loop {
+        let buf = r.fill_buf()?;
+        if buf.is_empty() {
+            break;
+        }
+        let (take, done) = match buf.iter().position(|b| *b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (buf.len(), false),
+        };
+        if bytes.len() + take > max {
+            return Err(std::io::Error::other(format!("a watch line longer than {max} bytes")));
+        }
+        bytes.extend_from_slice(&buf[..take]);
+        r.consume(take);
+        if done {
+            break;
+        }
+    }
+    line.push_str(std::str::from_utf8(&bytes).map_err(|_| std::io::Error::other("a watch line that is not UTF-8"))?);
+    Ok(bytes.len())
+}
+
+/// Refuses an endpoint that is not `HOST:PORT`: a user name before an `@`
+/// (`etcd://10.0.0.1:2379@127.0.0.1:23790/p` would connect to 127.0.0.1),
+/// a path, a query, anything a URL would read as something else.
+pub(crate) fn check_endpoint(e: &str) -> Result<(), String> {
+    let Some((host, port)) = e.rsplit_once(':') else { return Err(format!("endpoint {e:?} is not HOST:PORT")) };
+    let host_ok = if let Some(v6) = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        v6.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+    };
+    if !host_ok || port.parse::<u16>().is_err() {
+        return Err(format!("endpoint {e:?} is not HOST:PORT (a name, an IPv4 address or a bracketed IPv6 address, and a port)"));
+    }
+    Ok(())
+}
+
+/// Whether `HOST:PORT` names this machine.
+fn is_loopback(e: &str) -> bool {
+    let host = e.rsplit_once(':').map_or(e, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host.eq_ignore_ascii_case("localhost") || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The first key after every key that starts with `p`: etcd's `range_end`.
@@ -449,11 +655,7 @@ impl Store for EtcdStore {
     fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, Stamp)>, StoreError> {
         let full = self.full(key)?;
         let v = self.call(key, "/v3/kv/range", &json!({ "key": b64(full.as_bytes()) }))?;
-        let Some(kv) = v.get("kvs").and_then(Value::as_array).and_then(|a| a.first()) else {
-            return Ok(None);
-        };
-        let value = bytes(kv.get("value").unwrap_or(&Value::Null), key)?;
-        Ok(Some((value, Stamp::revision(int(kv.get("mod_revision").unwrap_or(&Value::Null))))))
+        range_value(&v, key)
     }
 
     fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
@@ -469,38 +671,32 @@ impl Store for EtcdStore {
         Ok(())
     }
 
-    /// Pages of keys only, all at the revision of the first page, so a
-    /// listing is one consistent snapshot however long it is.
+    /// A consistent snapshot of the names ([`EtcdStore::names_under`]).
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         check_key(prefix.trim_end_matches('/'))?;
-        let start = format!("{}{prefix}", self.prefix);
-        let end = prefix_end(start.as_bytes());
-        let mut from = start.clone().into_bytes();
-        let mut revision = 0i64;
-        let mut out = Vec::new();
-        loop {
-            let mut req = json!({
-                "key": b64(&from), "range_end": b64(&end), "limit": PAGE, "keys_only": true,
-            });
-            if revision != 0 {
-                req["revision"] = json!(revision.to_string());
+        self.names_under(prefix)
+    }
+
+    /// Another store's mark (`public/generations`) at a prefix around this
+    /// one (this store lies inside it), or below this one: on `init`
+    /// anywhere below, else among the sealed copies, which clean-up walks.
+    fn check_nesting(&self, creating: bool) -> Result<(), StoreError> {
+        let name = self.prefix.trim_end_matches('/');
+        let parts: Vec<&str> = name.split('/').collect();
+        for i in 1..parts.len() {
+            let outer = parts[..i].join("/");
+            let mark = format!("{outer}/{STORE_MARK}");
+            let v = self.call(&mark, "/v3/kv/range", &json!({ "key": b64(mark.as_bytes()), "keys_only": true }))?;
+            if range_value(&v, &mark)?.is_some() {
+                return Err(StoreError::Nested { store: name.to_owned(), other: outer, inside: true });
             }
-            let v = self.call(prefix, "/v3/kv/range", &req)?;
-            if revision == 0 {
-                revision = int(v.pointer("/header/revision").unwrap_or(&Value::Null));
-            }
-            let kvs = v.get("kvs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
-            for kv in kvs {
-                let k = bytes(kv.get("key").unwrap_or(&Value::Null), prefix)?;
-                let k = String::from_utf8(k).map_err(|_| io_err(prefix, "etcd holds a key that is not UTF-8"))?;
-                let name = k.strip_prefix(&self.prefix).ok_or_else(|| io_err(prefix, "etcd answered outside the range"))?;
-                out.push(name.to_owned());
-            }
-            if !v.get("more").and_then(Value::as_bool).unwrap_or(false) || kvs.is_empty() {
-                return Ok(out);
-            }
-            from = format!("{}{}\0", self.prefix, out.last().map_or("", String::as_str)).into_bytes();
         }
+        let below = if creating { self.names_under("")? } else { self.list(super::layout::SEALED)? };
+        let nested = format!("/{STORE_MARK}");
+        if let Some(inner) = below.iter().find_map(|n| n.strip_suffix(nested.as_str())) {
+            return Err(StoreError::Nested { store: name.to_owned(), other: format!("{}{inner}", self.prefix), inside: false });
+        }
+        Ok(())
     }
 
     /// Holds nothing: every commit is a transaction that compares what it
@@ -508,6 +704,20 @@ impl Store for EtcdStore {
     /// a paused process could believe it still holds.
     fn lock(&self, _wait: Duration) -> Result<StoreLock, StoreError> {
         Ok(StoreLock::new(()))
+    }
+
+    fn lock_is_exclusive(&self) -> bool {
+        false
+    }
+
+    /// etcd's compaction at the current revision, physical (the call
+    /// returns once the members dropped the old revisions). It is the
+    /// whole cluster's: a cluster shared with others loses their history
+    /// too, which is why a revocation lets the caller skip it.
+    fn compact(&self) -> Result<bool, StoreError> {
+        let revision = self.revision()?;
+        self.call("", "/v3/kv/compaction", &json!({ "revision": revision.to_string(), "physical": true }))?;
+        Ok(true)
     }
 
     /// One read-only transaction per 128 objects (etcd's `--max-txn-ops`),
@@ -521,14 +731,7 @@ impl Store for EtcdStore {
             }
             let first = chunk.first().map_or("", String::as_str);
             let v = self.call(first, "/v3/kv/txn", &json!({ "success": success }))?;
-            let responses = v.get("responses").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
-            if responses.len() != chunk.len() {
-                return Err(io_err(first, format!("etcd answered {} reads of {}", responses.len(), chunk.len())));
-            }
-            for (k, r) in chunk.iter().zip(responses) {
-                let kv = r.pointer("/response_range/kvs/0");
-                out.push(kv.map(|kv| bytes(kv.get("value").unwrap_or(&Value::Null), k)).transpose()?);
-            }
+            out.extend(txn_values(&v, chunk)?);
         }
         Ok(out)
     }
@@ -570,7 +773,7 @@ impl Store for EtcdStore {
             });
         }
         let v = self.call(&first, "/v3/kv/txn", &json!({ "compare": compare, "success": success }))?;
-        if v.get("succeeded").and_then(Value::as_bool).unwrap_or(false) {
+        if txn_succeeded(&v) {
             return Ok(());
         }
         let key = batch.expect.first().map(|(k, _)| k.clone()).unwrap_or(first);

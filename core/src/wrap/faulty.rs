@@ -90,4 +90,7 @@ impl Store for FaultyStore {
     fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError> {
         self.inner.lock(wait)
     }
+    fn lock_is_exclusive(&self) -> bool {
+        self.inner.lock_is_exclusive()
+    }
 }

@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! authority/state                           the authority's private state ("KFA2")
+//! authority/fence                           held by a long operation on etcd (fence.rs)
 //! public/generations                        the signed generation list ("KFG2", generation_list.rs)
 //! public/revoked                            the signed list of revoked machine ids ("KFR2", revocation.rs)
 //! sealed/{policy id}/{version}/{generation} a sealed policy key ("KFP2")
@@ -13,6 +14,8 @@
 
 /// The authority's private state.
 pub(crate) const STATE: &str = "authority/state";
+/// The fence a long operation holds on a store without a writer lock.
+pub(crate) const FENCE: &str = "authority/fence";
 /// The replicated list of generations and their states, for machines.
 pub(crate) const GENERATIONS: &str = "public/generations";
 /// The signed list of revoked machine ids.

@@ -246,6 +246,28 @@ impl Machine {
         Self { key, store, cache: PolicyKeyCache::new(cache), seen: Seen::default(), revocations: SeenRevocations::default() }
     }
 
+    /// A machine that reads nothing but `objects` (names and values, as
+    /// [`objects_for_opening`] gathers them from a store): for a process
+    /// that must not reach the store itself, such as the key process. The
+    /// objects are as untrusted as a store's: each is verified as the
+    /// machine key's authority's when it is used.
+    ///
+    /// # Errors
+    /// [`WrapError::Malformed`] for more than 64 objects, or a name that is
+    /// not the generation list, the revocation list or a sealed copy.
+    pub fn with_objects(key: MachineKey, objects: &[(String, Vec<u8>)]) -> Result<Self> {
+        const O: &str = "objects for opening";
+        limit("objects for opening", objects.len(), MAX_OPENING_OBJECTS)?;
+        let store = super::store::MemoryStore::default();
+        for (name, value) in objects {
+            if name != layout::GENERATIONS && name != layout::REVOKED && layout::parse_sealed(name).is_none() {
+                return Err(malformed(O, format!("{name:?} is not an object opening reads")));
+            }
+            store.put(name, value).map_err(|e| malformed(O, e.to_string()))?;
+        }
+        Ok(Self::new(key, Arc::new(store), CacheConfig::default()))
+    }
+
     /// This machine's attributes.
     pub fn attributes(&self) -> &Attributes {
         self.key.attributes()
@@ -584,6 +606,26 @@ impl PublicMachine {
         precheck(&self.info.authority, &self.info.attrs, envelope)?;
         sealed_copy(&*self.store, &self.seen, &self.info.authority, self.info.id(), &self.info.generations, envelope).map(drop)
     }
+}
+
+/// Most objects [`Machine::with_objects`] takes: the generation list, the
+/// revocation list and a sealed copy per generation a store keeps.
+const MAX_OPENING_OBJECTS: usize = 64;
+
+/// The objects of `store` that opening `envelope` reads, by name: the
+/// generation list and every sealed copy of the envelope's policy key
+/// version. A process that holds the machine key but must not reach the
+/// store (the key process) opens with them alone
+/// ([`Machine::with_objects`]); the one that fetches them needs no key.
+///
+/// # Errors
+/// [`WrapError::Store`].
+pub fn objects_for_opening(store: &dyn Store, envelope: &Envelope) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut names = vec![layout::GENERATIONS.to_owned()];
+    let copies = format!("{}{}/{}/", layout::SEALED, hex(&envelope.policy_id), envelope.key_version);
+    names.extend(store.list(&copies)?.into_iter().filter(|n| layout::parse_sealed(n).is_some()).take(MAX_OPENING_OBJECTS - 1));
+    let values = store.get_many(&names)?;
+    Ok(names.into_iter().zip(values).filter_map(|(n, v)| v.map(|v| (n, v))).collect())
 }
 
 /// A machine a request could be forwarded to.

@@ -35,7 +35,8 @@
 // generation, layout (object names), format, revocation (machine ids, the
 // negations that exclude revoked ones, the signed revocation list), sealed
 // and generation_list (the signed objects), cache; then the two roles that use all of it: machine (opens)
-// and authority (writes).
+// and authority (writes). Beside them, fuzzing (`testing` only): doors to
+// the parsers above that are not public, for the fuzzers.
 
 mod authority;
 mod cache;
@@ -44,7 +45,10 @@ mod error;
 mod etcd;
 #[cfg(feature = "testing")]
 mod faulty;
+mod fence;
 mod format;
+#[cfg(feature = "testing")]
+pub mod fuzzing;
 mod generation;
 mod generation_list;
 mod hpke;
@@ -58,18 +62,18 @@ mod signing;
 mod store;
 mod watch;
 
-pub use authority::{Authority, MasterRotation, Revocation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
+pub use authority::{Authority, Conflicts, MasterRotation, Revocation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
 pub use generation::GenerationState;
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
 #[cfg(feature = "testing")]
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{nearest_capable, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
+pub use machine::{nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use policy::{policy_id, CanonicalPolicy};
 pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
 pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
 pub use watch::{Watch, WatchEvent};
 #[cfg(feature = "etcd")]
 pub use etcd::{EtcdConfig, EtcdStore, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
-pub use name::{open_store, open_store_path};
+pub use name::{create_store, open_store, open_store_path};

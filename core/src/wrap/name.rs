@@ -6,24 +6,76 @@
 
 use std::sync::Arc;
 
-use super::store::{FileStore, Store, StoreError};
+use super::store::{FileStore, Store, StoreError, STORE_MARK};
 
-/// Opens the store `name` names (see the module documentation).
+/// Opens the existing store `name` names (see the module documentation).
+/// It never creates one: a mistyped directory is not made, and a name
+/// that holds no store is an error, not an empty store that later fails
+/// as a missing key would. [`create_store`] is what an authority's `init`
+/// uses.
 ///
 /// ```
 /// let dir = tempfile::tempdir()?;
-/// let store = keyfence::wrap::open_store(dir.path().to_str().unwrap())?;
-/// store.put("public/x", b"1")?;
+/// let name = dir.path().join("store");
+/// let name = name.to_str().unwrap();
+/// assert!(keyfence::wrap::open_store(name).is_err()); // nothing there yet
+/// keyfence::wrap::Authority::init(keyfence::wrap::create_store(name)?)?;
+/// let store = keyfence::wrap::open_store(name)?;
+/// assert!(store.get("public/generations")?.is_some());
 /// assert!(keyfence::wrap::open_store("etcd://").is_err());
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// # Errors
-/// [`StoreError::InvalidName`] for an `etcd://` name without an endpoint
-/// or prefix, an unknown option, an unreadable certificate file, or an
-/// `etcd://` name in a build without the `etcd` feature;
-/// [`StoreError::Io`] for a directory that cannot be created.
+/// [`StoreError::NotAStore`] for a directory that does not exist or holds
+/// no store, or an etcd prefix without one; [`StoreError::InvalidName`]
+/// for an `etcd://` name without an endpoint or prefix, an unknown option,
+/// an unreadable certificate file, or an `etcd://` name in a build
+/// without the `etcd` feature; [`StoreError::Io`] for a store that cannot
+/// be read.
 pub fn open_store(name: &str) -> Result<Arc<dyn Store>, StoreError> {
+    // A directory is looked at before anything is made.
+    if !name.is_empty() && !name.starts_with("etcd://") && !std::path::Path::new(name).join(STORE_MARK).is_file() {
+        return Err(StoreError::NotAStore { name: shown(name) });
+    }
+    let store = open_or_create(name)?;
+    if store.get(STORE_MARK)?.is_none() {
+        return Err(StoreError::NotAStore { name: shown(name) });
+    }
+    Ok(store)
+}
+
+/// The store `name` names, made if it is a directory that does not exist
+/// yet (mode 700, its missing parents too): for an authority's `init`
+/// (which then refuses a store already there, or nested in or around
+/// another), and for scratch stores. Refuses a directory name inside
+/// another store before creating anything.
+///
+/// # Errors
+/// As [`open_store`], but for a store not being there;
+/// [`StoreError::Nested`] for a directory inside another store;
+/// [`StoreError::Io`] for a directory that cannot be created.
+pub fn create_store(name: &str) -> Result<Arc<dyn Store>, StoreError> {
+    if !name.starts_with("etcd://") && !name.is_empty() {
+        // Before the directory is made: an init inside another store must
+        // leave nothing there.
+        let abs = std::path::absolute(name).unwrap_or_else(|_| std::path::PathBuf::from(name));
+        for outer in abs.ancestors().skip(1) {
+            if outer.join(STORE_MARK).is_file() {
+                return Err(StoreError::Nested { store: name.to_owned(), other: outer.display().to_string(), inside: true });
+            }
+        }
+    }
+    open_or_create(name)
+}
+
+/// The name as messages show it: an etcd name without its options (which
+/// name files, never passwords, but need not be repeated).
+fn shown(name: &str) -> String {
+    name.split('?').next().unwrap_or(name).to_owned()
+}
+
+fn open_or_create(name: &str) -> Result<Arc<dyn Store>, StoreError> {
     if let Some(rest) = name.strip_prefix("etcd://") {
         return open_etcd(name, rest);
     }
@@ -42,7 +94,8 @@ pub fn open_store(name: &str) -> Result<Arc<dyn Store>, StoreError> {
 pub fn open_store_path(name: &std::path::Path) -> Result<Arc<dyn Store>, StoreError> {
     match name.to_str() {
         Some(s) => open_store(s),
-        None => Ok(Arc::new(FileStore::open(name)?)),
+        None if name.join(STORE_MARK).is_file() => Ok(Arc::new(FileStore::open(name)?)),
+        None => Err(StoreError::NotAStore { name: name.display().to_string() }),
     }
 }
 
@@ -65,10 +118,7 @@ pub(crate) fn etcd_config(name: &str, rest: &str) -> Result<super::etcd::EtcdCon
     let (hosts, prefix) = main.split_once('/').ok_or_else(|| bad("no /PREFIX after the endpoints".into()))?;
     let endpoints: Vec<String> = hosts.split(',').map(str::to_owned).collect();
     for e in &endpoints {
-        let port = e.rsplit_once(':').map(|(h, p)| (h, p.parse::<u16>()));
-        if !matches!(port, Some((h, Ok(_))) if !h.is_empty()) {
-            return Err(bad(format!("endpoint {e:?} is not HOST:PORT")));
-        }
+        super::etcd::check_endpoint(e).map_err(bad)?;
     }
     let mut config = super::etcd::EtcdConfig::new(endpoints, prefix);
     let read = |what: &str, path: &str| std::fs::read(path).map_err(|e| bad(format!("{what} {path:?}: {e}")));
@@ -78,7 +128,8 @@ pub(crate) fn etcd_config(name: &str, rest: &str) -> Result<super::etcd::EtcdCon
             Some(("cacert", p)) => config.ca_pem = Some(read("cacert", p)?),
             Some(("cert", p)) => cert = Some(read("cert", p)?),
             Some(("key", p)) => key = Some(zeroize::Zeroizing::new(read("key", p)?)),
-            _ => return Err(bad(format!("unknown option {opt:?} (cacert=, cert=, key=)"))),
+            Some(("insecure-transport", "1")) => config.plaintext = true,
+            _ => return Err(bad(format!("unknown option {opt:?} (cacert=, cert=, key=, insecure-transport=1)"))),
         }
     }
     match (cert, key) {
@@ -107,11 +158,25 @@ mod tests {
             ("h:1/kf?color=red", "unknown option"),
             ("h:1/kf?cert=/dev/null", "together"),
             ("h:1/kf?cacert=/nonexistent/ca.pem", "/nonexistent/ca.pem"),
+            ("10.255.255.1:2379@127.0.0.1:23790/t7", "HOST:PORT"),
+            ("127.0.0.1:2379/kf?insecure-transport=yes", "unknown option"),
         ] {
             let err = etcd_config("n", bad).unwrap_err();
             assert!(err.to_string().contains(why), "{bad}: {err}");
             assert_eq!(err.code(), crate::ErrorCode::InvalidArgument);
         }
         assert!(matches!(open_store("etcd://h:1/"), Err(StoreError::InvalidName { .. })));
+    }
+
+    #[test]
+    fn plain_http_goes_only_to_this_machine_unless_the_name_says_so() {
+        use super::super::etcd::EtcdStore;
+        for local in ["127.0.0.1:2379", "localhost:2379", "[::1]:2379", "127.8.9.1:1"] {
+            EtcdStore::open(etcd_config("n", &format!("{local}/kf")).unwrap()).unwrap();
+        }
+        let err = EtcdStore::open(etcd_config("n", "127.0.0.1:2379,10.1.2.3:2379/kf").unwrap()).unwrap_err();
+        assert!(err.to_string().contains("10.1.2.3:2379 is not on this machine") && err.to_string().contains("cacert"), "{err}");
+        assert_eq!(err.code(), crate::ErrorCode::InvalidArgument);
+        EtcdStore::open(etcd_config("n", "10.1.2.3:2379/kf?insecure-transport=1").unwrap()).unwrap();
     }
 }

@@ -40,6 +40,22 @@ pub(crate) fn new_machine_id() -> String {
     super::layout::hex(&b)
 }
 
+/// Refuses an id `issue` must not give a machine: one [`check_machine_id`]
+/// refuses, or a keyword of the policy language (`and`, `or`, `not`),
+/// which a policy an operator writes (`not machine: not`) cannot name
+/// without quotes. Revoking such an id, which an earlier keyfence issued,
+/// works: the negations quote it.
+///
+/// # Errors
+/// [`WrapError::InvalidMachineId`].
+pub(crate) fn check_new_machine_id(id: &str) -> Result<()> {
+    check_machine_id(id)?;
+    if matches!(id, "and" | "or" | "not") {
+        return Err(WrapError::InvalidMachineId { id: id.to_owned(), reason: "it is a keyword of the policy language".into() });
+    }
+    Ok(())
+}
+
 /// Refuses an id a policy could not name: empty, longer than
 /// [`MAX_MACHINE_ID`], or with a character outside `[A-Za-z0-9_]`.
 ///
@@ -73,7 +89,10 @@ pub(crate) fn restricted(policy: &CanonicalPolicy, excluded: &[String]) -> Resul
     }
     let mut text = format!("({policy})");
     for id in excluded {
-        text.push_str(&format!(" and not {MACHINE_LABEL}: {id}"));
+        // Quoted: an id that is a keyword (`not`) is still a value. Ids
+        // hold no quote or backslash; the canonical text drops the quotes
+        // where they are not needed.
+        text.push_str(&format!(" and not {MACHINE_LABEL}: \"{id}\""));
     }
     CanonicalPolicy::parse(&text).map_err(|e| WrapError::Abe(e.into()))
 }
@@ -104,6 +123,12 @@ pub(crate) fn encode_list(signer: &AuthorityKey, revoked: &[Revoked]) -> Vec<u8>
     let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
     let mut ids: Vec<&str> = revoked.iter().map(|r| r.id.as_str()).collect();
     ids.sort_unstable();
+    encode_ids(signer, at, &ids)
+}
+
+/// The signed list of `ids` (sorted), dated `at` (microseconds since the
+/// epoch).
+pub(crate) fn encode_ids(signer: &AuthorityKey, at: u64, ids: &[&str]) -> Vec<u8> {
     let mut w = writer(REVOKED_MAGIC);
     // Ids are at most 64 bytes; the count is bounded by the state's u32.
     w.raw(&signer.public()).u64(at).len32(ids.len());
@@ -199,6 +224,22 @@ mod tests {
         for bad in ["", "a-b", "a b", "é", &"a".repeat(65)] {
             assert_eq!(check_machine_id(bad).unwrap_err().code(), crate::ErrorCode::InvalidAttributes, "{bad:?}");
         }
+        // Keywords: never issued, still revocable.
+        for keyword in ["not", "and", "or"] {
+            assert!(check_new_machine_id(keyword).unwrap_err().to_string().contains("keyword"));
+            check_machine_id(keyword).unwrap();
+        }
+        check_new_machine_id("nothing").unwrap();
+    }
+
+    #[test]
+    fn a_keyword_id_is_excluded_as_a_value() {
+        let p = CanonicalPolicy::parse("region: EU").unwrap();
+        let r = restricted(&p, &["not".into(), "m1".into()]).unwrap();
+        let at = |s: &str| s.parse().unwrap();
+        assert!(!r.eval(&at("region=EU,machine=not")));
+        assert!(r.eval(&at("region=EU,machine=m3")));
+        assert_eq!(r.to_string(), r#"region: EU and not machine: "not" and not machine: m1"#);
     }
 
     #[test]

@@ -40,6 +40,17 @@ pub enum StoreError {
         /// How long this writer waited.
         waited: Duration,
     },
+    /// Another long operation (a rotation, a revocation) held the store's
+    /// fence for longer than this one waits.
+    #[error("{operation} by {process} is still running on this store; gave up waiting after {waited:?}")]
+    Fenced {
+        /// What holds it.
+        operation: String,
+        /// The holder, `pid@host`.
+        process: String,
+        /// How long this writer waited.
+        waited: Duration,
+    },
     /// Another writer committed between this writer's read of `key` and
     /// its commit; nothing of the commit was written. Re-run the operation.
     #[error("store object {key:?} changed since it was read (another writer committed first); nothing was written: run it again")]
@@ -70,18 +81,38 @@ pub enum StoreError {
         /// What is wrong with it.
         reason: String,
     },
+    /// A name that names no keyfence store: a directory that does not
+    /// exist or holds none, an etcd prefix without one. Opening never
+    /// creates a store; only an authority's `init` does.
+    #[error("{name} is not a keyfence store: no authority has been created there (`keyfence authority init --store {name}` creates one)")]
+    NotAStore {
+        /// The name as given, with any password removed.
+        name: String,
+    },
+    /// A store whose name lies inside another keyfence store's, or holds
+    /// one: a store owns its prefix (its directory) and nothing else, and
+    /// the outer store's clean-up must never meet the inner store's keys.
+    #[error("{store} {} the keyfence store at {other}: a store owns its prefix and nothing else; choose a name outside it", if *.inside { "lies inside" } else { "holds" })]
+    Nested {
+        /// The store refused.
+        store: String,
+        /// The other store.
+        other: String,
+        /// Whether `store` lies inside `other` (else it holds it).
+        inside: bool,
+    },
 }
 
 impl StoreError {
     /// The stable code of this error (`docs/errors.md`).
     pub fn code(&self) -> crate::ErrorCode {
         match self {
-            StoreError::Io { .. } => crate::ErrorCode::StoreIo,
+            StoreError::Io { .. } | StoreError::NotAStore { .. } => crate::ErrorCode::StoreIo,
             StoreError::InvalidKey(_) => crate::ErrorCode::InvalidStoreKey,
-            StoreError::Locked { .. } => crate::ErrorCode::StoreLocked,
+            StoreError::Locked { .. } | StoreError::Fenced { .. } => crate::ErrorCode::StoreLocked,
             StoreError::Conflict { .. } => crate::ErrorCode::StoreConflict,
             StoreError::TooLarge { .. } => crate::ErrorCode::LimitExceeded,
-            StoreError::InvalidName { .. } => crate::ErrorCode::InvalidArgument,
+            StoreError::InvalidName { .. } | StoreError::Nested { .. } => crate::ErrorCode::InvalidArgument,
         }
     }
 }
@@ -104,6 +135,21 @@ pub trait Store: Send + Sync + 'static {
     fn delete(&self, key: &str) -> Result<(), StoreError>;
     /// Names of the objects under `prefix` (which ends with `/`), sorted.
     fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError>;
+    /// Refuses ([`StoreError::Nested`]) a store whose name lies inside
+    /// another keyfence store, or that holds one: when `creating` (an
+    /// authority's `init`), anywhere below it; else where the authority
+    /// would meet it (at its top and among its sealed copies), so that
+    /// opening stays cheap in a store of many envelopes. The default
+    /// (stores with no names around them, such as [`MemoryStore`]) finds
+    /// nothing.
+    ///
+    /// # Errors
+    /// [`StoreError::Nested`]; what listing the store can fail with.
+    fn check_nesting(&self, creating: bool) -> Result<(), StoreError> {
+        let _ = creating;
+        Ok(())
+    }
+
     /// Takes the store's writer lock, waiting up to `wait` for another
     /// writer to finish. An authority holds it from re-reading its state to
     /// committing the change, so two processes (or two handles) on one store
@@ -113,6 +159,30 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// [`StoreError::Locked`] after `wait`; [`StoreError::Io`].
     fn lock(&self, wait: Duration) -> Result<StoreLock, StoreError>;
+
+    /// Whether [`Store::lock`] keeps every other writer out until it is
+    /// released (true by default: a file lock, a mutex). A store whose lock
+    /// holds nothing ([`EtcdStore`](super::EtcdStore)) says false, and an
+    /// authority's long operations then take the fence in
+    /// `authority/fence` instead, so that two of them never interleave.
+    /// A wrapper must answer as the store it wraps.
+    fn lock_is_exclusive(&self) -> bool {
+        true
+    }
+
+    /// Forgets the store's history: the earlier values and the deleted
+    /// objects a reader could still ask for by revision. etcd keeps them
+    /// until a compaction, so after a revocation the old envelopes and
+    /// sealed copies stay readable (`etcdctl get --rev OLD`) to whoever can
+    /// read the store, the revoked machine included. Whether there was a
+    /// history to forget; the default (a store that keeps none) does
+    /// nothing.
+    ///
+    /// # Errors
+    /// The store's, when it cannot compact.
+    fn compact(&self) -> Result<bool, StoreError> {
+        Ok(false)
+    }
 
     /// The object and the [`Stamp`] of the version read, for a later
     /// [`Store::commit`] to check that it has not changed. By default the
@@ -479,7 +549,83 @@ fn io(key: &str) -> impl FnOnce(std::io::Error) -> StoreError + '_ {
     move |source| StoreError::Io { key: key.to_owned(), source }
 }
 
+/// The object whose presence makes a prefix a keyfence store (the
+/// authority writes it first at `init`; every machine's copy has it).
+pub(crate) const STORE_MARK: &str = "public/generations";
+/// The names a store's directory holds at its top.
+const STORE_TOP: [&str; 5] = ["authority", "public", "sealed", "envelopes", ".lock"];
+/// Entries an `init` looks through for a store below at most: a directory
+/// with more is no place to create a store in.
+const NESTING_WALK: usize = 100_000;
+
+impl FileStore {
+    /// A directory below `dir` (or `dir` itself unless `skip_self`) that
+    /// holds a store's mark, looking at `budget` entries at most (an error
+    /// past it).
+    fn store_below(&self, dir: &Path, skip_self: bool, budget: &mut usize) -> Result<Option<PathBuf>, StoreError> {
+        if !skip_self && dir.join(STORE_MARK).is_file() {
+            return Ok(Some(dir.to_path_buf()));
+        }
+        let entries = match fs::read_dir(dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(StoreError::Io { key: dir.display().to_string(), source: e }),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| StoreError::Io { key: dir.display().to_string(), source: e })?;
+            *budget = budget.checked_sub(1).ok_or_else(|| StoreError::Io {
+                key: self.root.display().to_string(),
+                source: std::io::Error::other(format!("holds more than {NESTING_WALK} entries: create a store in a new or empty directory")),
+            })?;
+            // Never through a link: what it leads to is not in this store.
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                if let Some(found) = self.store_below(&entry.path(), false, budget)? {
+                    return Ok(Some(found));
+                }
+            }
+        }
+        Ok(None)
+    }
+}
+
 impl Store for FileStore {
+    fn check_nesting(&self, creating: bool) -> Result<(), StoreError> {
+        let name = self.root.display().to_string();
+        let abs = std::path::absolute(&self.root).unwrap_or_else(|_| self.root.clone());
+        for outer in abs.ancestors().skip(1) {
+            if outer.join(STORE_MARK).is_file() {
+                return Err(StoreError::Nested { store: name, other: outer.display().to_string(), inside: true });
+            }
+        }
+        let mut budget = NESTING_WALK;
+        let inner = if creating {
+            self.store_below(&self.root, true, &mut budget)?
+        } else {
+            // What the authority touches: its top (anything not its own
+            // is looked through) and its sealed copies, which clean-up
+            // deletes. Never the envelopes, which may be many.
+            let mut found = self.store_below(&self.root.join("sealed"), true, &mut budget)?;
+            if found.is_none() {
+                if let Ok(entries) = fs::read_dir(&self.root) {
+                    for entry in entries.flatten() {
+                        let foreign = !STORE_TOP.iter().any(|t| entry.file_name() == *t);
+                        if foreign && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                            found = self.store_below(&entry.path(), false, &mut budget)?;
+                            if found.is_some() {
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            found
+        };
+        match inner {
+            Some(inner) => Err(StoreError::Nested { store: name, other: inner.display().to_string(), inside: false }),
+            None => Ok(()),
+        }
+    }
+
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         match fs::read(self.path(key)?) {
             Ok(b) => Ok(Some(b)),

@@ -1,0 +1,189 @@
+//! A hostile (or on-path) etcd endpoint (issue 44.5): a fake member on
+//! loopback that answers the JSON gateway's calls with an endless watch
+//! line, a listing that says "more" forever, or a 60 MiB reply. Each
+//! attack ends in a clear error (or a bounded, reconnecting watch) within
+//! seconds, having read a bounded number of bytes, and the process's
+//! memory stays small. Before, the same endpoint grew a machine to 5 GB.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keyfence::wrap::{EtcdConfig, EtcdStore, Store};
+
+/// What the fake member does.
+#[derive(Clone, Copy)]
+enum Attack {
+    /// A watch stream that never ends its first line.
+    EndlessWatchLine,
+    /// Every listing page is the same one, with `more: true`.
+    MoreForever,
+    /// Every read is answered with 60 MiB.
+    HugeReply,
+}
+
+/// A fake etcd member on a port the OS hands out, serving until dropped.
+struct Fake {
+    port: u16,
+    /// Bytes of bodies written to clients, counted as they go.
+    sent: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port));
+    }
+}
+
+fn fake(attack: Attack) -> Fake {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (sent, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let (s, st) = (sent.clone(), stop.clone());
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            if st.load(Ordering::SeqCst) {
+                return;
+            }
+            let Ok(conn) = conn else { continue };
+            let (s, st) = (s.clone(), st.clone());
+            std::thread::spawn(move || serve(conn, attack, &s, &st));
+        }
+    });
+    Fake { port, sent, stop }
+}
+
+fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, stop: &AtomicBool) {
+    conn.set_write_timeout(Some(Duration::from_secs(5))).ok();
+    let mut r = BufReader::new(conn.try_clone().unwrap());
+    let mut w = conn;
+    let mut path = String::new();
+    let mut len = 0usize;
+    let mut line = String::new();
+    while r.read_line(&mut line).unwrap_or(0) > 0 {
+        if path.is_empty() {
+            path = line.split_whitespace().nth(1).unwrap_or("").to_owned();
+        }
+        if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+            len = v.trim().parse().unwrap_or(0);
+        }
+        if line == "\r\n" {
+            break;
+        }
+        line.clear();
+    }
+    let mut body = vec![0; len];
+    let _ = r.read_exact(&mut body);
+    let head = |w: &mut TcpStream, n: Option<usize>| {
+        let length = n.map_or(String::new(), |n| format!("content-length: {n}\r\n"));
+        write!(w, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{length}connection: close\r\n\r\n")
+    };
+    let header = r#"{"header":{"revision":"7"}"#;
+    match (attack, path.as_str()) {
+        (Attack::EndlessWatchLine, "/v3/watch") => {
+            let _ = head(&mut w, None);
+            let chunk = vec![b'a'; 64 << 10];
+            while !stop.load(Ordering::SeqCst) && w.write_all(&chunk).is_ok() {
+                sent.fetch_add(chunk.len(), Ordering::SeqCst);
+            }
+        }
+        (Attack::MoreForever, "/v3/kv/range") if String::from_utf8_lossy(&body).contains("keys_only") => {
+            // The same page, forever announcing another.
+            let reply = format!(r#"{header},"kvs":[{{"key":"{}"}}],"more":true,"count":"2"}}"#, b64("kf/envelopes/aa"));
+            let _ = head(&mut w, Some(reply.len()));
+            let _ = w.write_all(reply.as_bytes());
+            sent.fetch_add(reply.len(), Ordering::SeqCst);
+        }
+        (Attack::HugeReply, _) => {
+            let n = 60 << 20;
+            let _ = head(&mut w, Some(n));
+            let _ = w.write_all(br#"{"header":{"revision":"7"},"kvs":[{"key":"a","value":""#);
+            let chunk = vec![b'A'; 64 << 10];
+            let mut left = n;
+            while left > 0 && !stop.load(Ordering::SeqCst) {
+                let k = left.min(chunk.len());
+                if w.write_all(&chunk[..k]).is_err() {
+                    break;
+                }
+                sent.fetch_add(k, Ordering::SeqCst);
+                left -= k;
+            }
+        }
+        _ => {
+            // Anything else: a plain empty answer at revision 7.
+            let reply = format!("{header}}}");
+            let _ = head(&mut w, Some(reply.len()));
+            let _ = w.write_all(reply.as_bytes());
+        }
+    }
+}
+
+fn b64(s: &str) -> String {
+    const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in s.as_bytes().chunks(3) {
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            out.push(if i <= c.len() { A[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
+        }
+    }
+    out
+}
+
+fn store(f: &Fake) -> Arc<EtcdStore> {
+    let mut c = EtcdConfig::new(vec![format!("127.0.0.1:{}", f.port)], "kf");
+    c.retry_for = Duration::from_secs(2);
+    c.watch_idle = Duration::from_secs(2);
+    Arc::new(EtcdStore::open(c).unwrap())
+}
+
+/// This process's resident memory, in MiB.
+fn rss_mib() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: usize = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().split_whitespace().next().unwrap().parse().unwrap();
+    kb / 1024
+}
+
+#[test]
+fn a_listing_that_says_more_forever_fails_at_once() {
+    let f = fake(Attack::MoreForever);
+    let s = store(&f);
+    let t = Instant::now();
+    let err = s.list("envelopes/").unwrap_err();
+    assert!(err.to_string().contains("does not move on"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn a_sixty_mebibyte_reply_is_refused_not_read() {
+    let before = rss_mib();
+    let f = fake(Attack::HugeReply);
+    let s = store(&f);
+    let t = Instant::now();
+    let err = s.get("envelopes/aa").unwrap_err();
+    assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    assert!(err.to_string().contains("reading the answer") || err.to_string().contains("no member answered"), "{err}");
+    let grew = rss_mib().saturating_sub(before);
+    assert!(grew < 100, "resident memory grew {grew} MiB");
+}
+
+#[test]
+fn an_endless_watch_line_is_cut_and_the_watch_reconnects() {
+    let before = rss_mib();
+    let f = fake(Attack::EndlessWatchLine);
+    let s = store(&f);
+    let watch = s.clone().watch("public/", 7).unwrap();
+    // Each connection is dropped after at most one bounded line; the fake
+    // keeps sending to new ones. Bytes sent grow by connections, and
+    // memory does not follow them.
+    std::thread::sleep(Duration::from_secs(4));
+    let sent = f.sent.load(Ordering::SeqCst);
+    let grew = rss_mib().saturating_sub(before);
+    drop(watch);
+    assert!(sent > 4 << 20, "the attack did not run: {sent} bytes");
+    assert!(grew < 100, "resident memory grew {grew} MiB while {sent} bytes were sent");
+}
