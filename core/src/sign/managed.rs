@@ -381,6 +381,12 @@ impl ManagedEngine {
                 "an engine whose keys are in an agent loads envelopes only, which the agent opens".into(),
             )
             .into()),
+            // What a key process is sent for an envelope: the store's
+            // objects come from this process, never from a caller.
+            (KeySource::EnvelopeObjects { .. }, ..) => Err(SignError::InvalidArgument(
+                "an envelope is loaded as Envelope or EnvelopeBytes; the objects of the store are read here".into(),
+            )
+            .into()),
             (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
             (KeySource::File(path), None, None) => Ok(Arc::new(PrivateKey::from_bytes(&read(&path)?)?)),
             (KeySource::Bytes(bytes), kp, None) => {

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use zeroize::Zeroizing;
 
-use super::protocol::{self as p, kind, ErrorCode, Frame};
+use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::writer::FrameWriter;
 use crate::sign::batch;
 use crate::sign::held_key::Answer;
@@ -27,6 +27,32 @@ pub(super) const NAME: &str = "key-process";
 
 pub(super) fn backend_error(failure: BackendFailure, reason: impl Into<String>) -> SignError {
     SignError::backend(NAME, failure, reason)
+}
+
+/// `source` as a key process is sent it: an envelope source becomes the
+/// envelope with the store's objects opening it reads, fetched here, so
+/// that the key process never names a store (a directory it would open,
+/// an etcd cluster it would connect to). Other sources go as they are.
+/// Called at every load and again when a restart replays the loads, so the
+/// objects are the store's of that moment.
+pub(super) fn for_the_wire(source: &KeySource) -> Result<std::borrow::Cow<'_, KeySource>, SignError> {
+    use std::borrow::Cow;
+    let (store, machine_key, envelope) = match source {
+        KeySource::Envelope { store, machine_key, envelope } => {
+            let bytes = std::fs::read(envelope)
+                .map_err(|e| backend_error(BackendFailure::Refused, format!("reading {}: {e}", envelope.display())))?;
+            (store, machine_key, Cow::Owned(bytes))
+        }
+        KeySource::EnvelopeBytes { store, machine_key, envelope } => (store, machine_key, Cow::Borrowed(&envelope[..])),
+        _ => return Ok(Cow::Borrowed(source)),
+    };
+    let refused = |e: String| backend_error(BackendFailure::Refused, e);
+    let parsed = crate::wrap::Envelope::parse(&envelope).map_err(|e| refused(format!("the envelope: {e}")))?;
+    let dir = crate::wrap::open_store_path(store).map_err(|e| refused(format!("{}: {e}", store.display())))?;
+    let objects = crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
+    // The key process may run in another directory.
+    let machine_key = std::path::absolute(machine_key).unwrap_or_else(|_| machine_key.clone());
+    Ok(Cow::Owned(KeySource::EnvelopeObjects { machine_key, envelope: envelope.into_owned(), objects }))
 }
 
 /// What waits for a reply.

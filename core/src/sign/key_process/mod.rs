@@ -53,6 +53,7 @@ mod client;
 pub mod protocol;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod protocol;
+mod sandbox;
 mod server;
 mod supervisor;
 mod sys;
@@ -207,9 +208,18 @@ impl KeyProcess {
     pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, SignError> {
         let sup = &self.sup;
         let key_id = sup.next_key.fetch_add(1, Ordering::Relaxed);
+        let wire = if self.is_agent() { std::borrow::Cow::Borrowed(&source) } else { client::for_the_wire(&source)? };
         let conn = sup.live_conn(Instant::now() + sup.config.start_timeout)?;
-        let body = p::load_request(key_id, &source);
-        let frame = conn.call(kind::LOAD, &body, sup.config.start_timeout)?;
+        let body = p::load_request(key_id, &wire);
+        drop(wire);
+        let frame = conn.call(kind::LOAD, &body, sup.config.start_timeout).map_err(|e| match (e, &source) {
+            // The key process is sent the envelope's bytes, not its file:
+            // the file's name is added here, for the operator.
+            (SignError::Backend { backend, failure, reason }, KeySource::Envelope { envelope, .. }) => {
+                SignError::Backend { backend, failure, reason: format!("{}: {reason}", envelope.display()) }
+            }
+            (e, _) => e,
+        })?;
         let (kind, public_der) = p::parse_loaded_reply(&frame.body)
             .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad load reply: {e}")))?;
         sup.state().setup.push(Setup::Load(key_id, source));
@@ -229,6 +239,19 @@ impl KeyProcess {
         conn.call(kind::DROP_PRIVILEGES, &p::drop_privileges_request(uid, gid), sup.config.start_timeout)?;
         sup.state().setup.push(Setup::DropPrivileges(uid, gid));
         Ok(())
+    }
+
+    /// Has the key process make a call its sandbox forbids (test builds
+    /// only): with the sandbox it dies and is started again, as after any
+    /// crash; without it, this returns `Ok(true)`.
+    ///
+    /// # Errors
+    /// [`SignError::Backend`] (`Died`) when the sandbox killed it.
+    #[cfg(feature = "testing")]
+    pub fn test_forbidden_call(&self) -> Result<bool, SignError> {
+        let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
+        let frame = conn.call(kind::TEST_FORBIDDEN_CALL, &[], self.sup.config.start_timeout)?;
+        Ok(frame.body.first() == Some(&1))
     }
 
     /// The key process's own account of itself: pid, ids, hardening
@@ -290,7 +313,7 @@ impl KeyProcess {
 /// and `keyfence key-process` are this function. Arguments:
 /// `--rsa-threads N`, `--ec-threads N`.
 pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
-    let mut options = server::ServeOptions::default();
+    let mut options = server::ServeOptions { sandbox: true, ..server::ServeOptions::default() };
     let mut args = args.into_iter().skip(1);
     while let Some(arg) = args.next() {
         let value = args.next().and_then(|v| v.into_string().ok()).and_then(|v| v.parse::<usize>().ok());

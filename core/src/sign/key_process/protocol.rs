@@ -66,6 +66,10 @@ pub mod kind {
     pub const DROP_PRIVILEGES: u8 = 0x05;
     /// Ask for the process's status.
     pub const STATUS: u8 = 0x06;
+    /// Make a call the sandbox forbids (test builds only): the sandbox
+    /// kills the key process.
+    #[cfg(feature = "testing")]
+    pub const TEST_FORBIDDEN_CALL: u8 = 0x7e;
 }
 
 /// Hardening the key process confirms in its hello.
@@ -80,6 +84,9 @@ pub mod flags {
     /// The server is a key agent (`keyfence agent`): it opens envelopes
     /// with its own machine key and serves many clients.
     pub const AGENT: u32 = 8;
+    /// The seccomp sandbox is installed: no sockets, connections, programs
+    /// or other processes' memory (`sandbox.rs`).
+    pub const SANDBOXED: u32 = 16;
 }
 
 /// Whether a key process or an agent sends `code` in an ERR reply (1 to
@@ -123,6 +130,21 @@ pub enum KeySource {
         /// The envelope (`keyfence authority wrap --out`).
         envelope: Vec<u8>,
     },
+    /// A keyfence envelope with the store's objects opening it reads
+    /// ([`objects_for_opening`](crate::wrap::objects_for_opening): the
+    /// generation list and the sealed copies of its policy key), opened
+    /// with the machine key file. What a key process is sent for the two
+    /// envelope sources above: its client reads the store, so the key
+    /// process never names one, connects to one or reads its files; it
+    /// verifies every object as the machine key's authority's.
+    EnvelopeObjects {
+        /// The machine key file.
+        machine_key: PathBuf,
+        /// The envelope.
+        envelope: Vec<u8>,
+        /// The store's objects, by name.
+        objects: Vec<(String, Vec<u8>)>,
+    },
     /// A keyfence envelope given by its bytes, opened by the server with
     /// its own machine key and store: what a client of a key agent
     /// (`keyfence agent`) loads, holding no machine key or store itself. A
@@ -148,6 +170,12 @@ impl fmt::Debug for KeySource {
                 .field("envelope", &format_args!("{} bytes", envelope.len()))
                 .finish(),
             KeySource::AgentEnvelope(envelope) => write!(f, "AgentEnvelope({} bytes)", envelope.len()),
+            KeySource::EnvelopeObjects { machine_key, envelope, objects } => f
+                .debug_struct("EnvelopeObjects")
+                .field("machine_key", machine_key)
+                .field("envelope", &format_args!("{} bytes", envelope.len()))
+                .field("objects", &objects.iter().map(|(n, _)| n).collect::<Vec<_>>())
+                .finish(),
         }
     }
 }
@@ -222,6 +250,14 @@ pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
         KeySource::AgentEnvelope(envelope) => {
             w.u8(5).bytes32(envelope);
         }
+        KeySource::EnvelopeObjects { machine_key, envelope, objects } => {
+            // At most 64 objects (`objects_for_opening`), names of a few
+            // dozen bytes.
+            w.u8(6).bytes32(path_bytes(machine_key)).bytes32(envelope).u16(objects.len().min(u16::MAX as usize) as u16);
+            for (name, value) in objects.iter().take(u16::MAX as usize) {
+                w.bytes16(name.as_bytes()).bytes32(value);
+            }
+        }
     }
     w.into_bytes()
 }
@@ -247,7 +283,18 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
             envelope: r.bytes32("load envelope bytes")?.to_vec(),
         },
         5 => KeySource::AgentEnvelope(r.bytes32("load envelope bytes")?.to_vec()),
-        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes, 5 agent envelope)")),
+        6 => {
+            let machine_key = path_from(r.bytes32("load machine key path")?);
+            let envelope = r.bytes32("load envelope bytes")?.to_vec();
+            let n = r.u16("load object count")?;
+            let mut objects = Vec::with_capacity(usize::from(n).min(64));
+            for _ in 0..n {
+                let name = std::str::from_utf8(r.bytes16("load object name")?).map_err(|_| BodyError::Value("load object name (not UTF-8)"))?;
+                objects.push((name.to_owned(), r.bytes32("load object value")?.to_vec()));
+            }
+            KeySource::EnvelopeObjects { machine_key, envelope, objects }
+        }
+        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes, 5 agent envelope, 6 envelope with objects)")),
     };
     r.finish_as("load (trailing bytes)")?;
     Ok((key_id, source))
@@ -451,6 +498,11 @@ mod tests {
             KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() },
             KeySource::Bytes(Zeroizing::new(vec![1, 2, 3])),
             KeySource::EnvelopeBytes { store: "/s".into(), machine_key: "/m".into(), envelope: b"KFE2...".to_vec() },
+            KeySource::EnvelopeObjects {
+                machine_key: "/m".into(),
+                envelope: b"KFE2...".to_vec(),
+                objects: vec![("public/generations".into(), b"KFG2".to_vec()), ("sealed/aa/1/2".into(), vec![0; 300])],
+            },
         ] {
             let (id, parsed) = parse_load_request(&load_request(77, &source)).unwrap();
             assert_eq!(id, 77);
@@ -460,6 +512,10 @@ mod tests {
                     KeySource::EnvelopeBytes { store: s1, machine_key: m1, envelope: e1 },
                     KeySource::EnvelopeBytes { store: s2, machine_key: m2, envelope: e2 },
                 ) => assert_eq!((s1, m1, e1), (s2, m2, e2)),
+                (
+                    KeySource::EnvelopeObjects { machine_key: m1, envelope: e1, objects: o1 },
+                    KeySource::EnvelopeObjects { machine_key: m2, envelope: e2, objects: o2 },
+                ) => assert_eq!((m1, e1, o1), (m2, e2, o2)),
                 _ => assert_eq!(format!("{parsed:?}"), format!("{source:?}")),
             }
         }

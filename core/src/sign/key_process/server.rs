@@ -45,12 +45,15 @@ pub struct ServeOptions {
     /// user (always on in `keyfence-key-process`; tests that serve in-process turn
     /// it off).
     pub check_peer: bool,
+    /// Install the seccomp sandbox (the key process's `main` does; a test
+    /// serving in its own process must not, as it covers every thread).
+    pub sandbox: bool,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true }
+        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false }
     }
 }
 
@@ -202,6 +205,14 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     }
     if sys::disable_core_dumps().is_ok() {
         flags |= p::flags::NO_CORE;
+    }
+    // Before the first request, so no key is loaded outside it. A kernel
+    // without seccomp leaves the flag off, which the status shows.
+    if options.sandbox {
+        match super::sandbox::install() {
+            Ok(()) => flags |= p::flags::SANDBOXED,
+            Err(e) => eprintln!("keyfence key process: running without its sandbox: {e}"),
+        }
     }
     // The queues are sized by the hello (no queue can hold more than the
     // in-flight bound the reader enforces; bounded anyway, so that a
@@ -403,6 +414,12 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>) {
                 Err(e) => conn.err(id, ErrorCode::Malformed, &e.to_string()),
             }
         }
+        #[cfg(feature = "testing")]
+        kind::TEST_FORBIDDEN_CALL => {
+            // `socket`: the sandbox kills the process here.
+            let survived = std::net::UdpSocket::bind("127.0.0.1:0").is_ok();
+            conn.ok(id, &[u8::from(survived)]);
+        }
         kind::STATUS => {
             let (uid, gid) = sys::ids();
             let status = p::Status {
@@ -452,30 +469,27 @@ fn load(source: &KeySource, role: &Role) -> Result<PrivateKey, String> {
             let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| format!("reading {}: {e}", path.display()))?);
             PrivateKey::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
         }
-        KeySource::Envelope { store, machine_key, envelope } => {
-            let env = std::fs::read(envelope).map_err(|e| format!("reading {}: {e}", envelope.display()))?;
-            open_envelope(store, machine_key, &env, &envelope.display().to_string())
+        // The client reads the store and sends what opening needs: a key
+        // process names no store, connects to none, reads none of its files.
+        KeySource::Envelope { .. } | KeySource::EnvelopeBytes { .. } => {
+            Err("a key process opens no store: its client sends the envelope with the store's objects (a client older than this key process)".into())
         }
-        KeySource::EnvelopeBytes { store, machine_key, envelope } => {
-            open_envelope(store, machine_key, envelope, "the envelope")
-        }
+        KeySource::EnvelopeObjects { machine_key, envelope, objects } => open_envelope(machine_key, envelope, objects),
         KeySource::Bytes(bytes) => PrivateKey::from_bytes(bytes).map_err(|e| e.to_string()),
     }
 }
 
-/// Opens `envelope` (called `name` in messages) with the machine key file
-/// against the store. This is the one place the secret machine key is
-/// decoded on the isolated path: the key process's loader, never its
-/// client.
-fn open_envelope(store: &Path, machine_key: &Path, envelope: &[u8], name: &str) -> Result<PrivateKey, String> {
-    use crate::wrap::{open_store_path, CacheConfig, Machine, MachineKey};
+/// Opens `envelope` with the machine key file and the store's objects the
+/// client sent, each verified as the machine key's authority's. This is
+/// the one place the secret machine key is decoded on the isolated path:
+/// the key process's loader, never its client.
+fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8>)]) -> Result<PrivateKey, String> {
+    use crate::wrap::{Machine, MachineKey};
     let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?);
     let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
-    // A store name (a directory or `etcd://...`), as the client was given.
-    let store = open_store_path(store).map_err(|e| format!("{}: {e}", store.display()))?;
-    let machine = Machine::new(mk, store, CacheConfig::default());
-    let secret = machine.open(envelope).map_err(|e| format!("opening {name}: {e}"))?;
-    PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in {name}: {e}"))
+    let machine = Machine::with_objects(mk, objects).map_err(|e| e.to_string())?;
+    let secret = machine.open(envelope).map_err(|e| format!("opening the envelope: {e}"))?;
+    PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
 }
 
 fn work(rx: &Receiver<Job>, defer: bool) {

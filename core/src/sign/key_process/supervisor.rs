@@ -297,7 +297,18 @@ impl Supervisor {
         for step in setup {
             match step {
                 Setup::Load(key_id, source) => {
-                    let body = p::load_request(*key_id, source);
+                    // Envelopes with the store's objects of now.
+                    let wire = match self.is_agent() {
+                        true => std::borrow::Cow::Borrowed(source),
+                        false => match super::client::for_the_wire(source) {
+                            Ok(w) => w,
+                            Err(_) => {
+                                lost.push(*key_id);
+                                continue;
+                            }
+                        },
+                    };
+                    let body = p::load_request(*key_id, &wire);
                     // A source that went away (file deleted, envelope
                     // revoked) loses that key; the others live on.
                     match conn.call(kind::LOAD, &body, self.config.start_timeout) {

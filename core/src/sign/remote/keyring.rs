@@ -103,11 +103,12 @@ pub fn load_envelope_key(
             let info = MachineInfo::from_key_bytes(&bytes)?;
             drop(bytes);
             PublicMachine::new(info, dir).can_open(&parsed)?;
-            // The key process may run in another directory later.
-            let abs = |p: &std::path::Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+            // The store's name as given (a directory or `etcd://...`): the
+            // key process is sent the objects read from it here, never the
+            // name (`KeyProcess::load`).
             Ok(kp.load(KeySource::EnvelopeBytes {
-                store: abs(store),
-                machine_key: abs(machine_key),
+                store: store.to_path_buf(),
+                machine_key: machine_key.to_path_buf(),
                 envelope: envelope.to_vec(),
             })?)
         }
