@@ -15,8 +15,9 @@
 #  - the agent killed: handshakes fail and the servers log why; started
 #    again: handshakes succeed without restarting the servers;
 #  - with the agent down, or a key it cannot open, `nginx -t` and Apache's
-#    start fail, saying why.
-# Needs root (the servers drop to www-data) and Debian's nginx and apache2.
+#    start fail, saying why; so does stunnel's (agent down).
+# Needs root (the servers drop to www-data) and Debian's nginx, apache2 and
+# stunnel4.
 set -euo pipefail
 cli="$1" modules="$2" work="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -24,23 +25,33 @@ missing=""
 [ "$(id -u)" = 0 ] || missing="root"
 command -v nginx >/dev/null || missing="$missing nginx"
 command -v apache2 >/dev/null || missing="$missing apache2"
+command -v stunnel4 >/dev/null || missing="$missing stunnel4"
 id www-data >/dev/null 2>&1 || missing="$missing www-data"
 if [ -n "$missing" ]; then
     [ -n "${KEYFENCE_REQUIRE_SERVERS:-}" ] && { echo "FAIL: missing:$missing" >&2; exit 1; }
     echo "SKIPPED: needs$missing"
     exit 0
 fi
-rm -rf "$work" && mkdir -p "$work" && cd "$work"
+# The workers (www-data) must reach the agent's socket in the work
+# folder: one in /tmp, which every user can traverse, whatever the build
+# folder's parents allow (ctest's is under /root/.cache: www-data could not
+# reach a socket there, and every handshake failed). WORK names where it is.
+rm -rf "$work" && mkdir -p "$work"
+work="$(mktemp -d "${TMPDIR:-/tmp}/keyfence-deployed.XXXXXX")"
+echo "$work" >"$3/work-folder"
 chmod 755 "$work"
+cd "$work"
 
 pids=()
 cleanup() {
-    local p
+    local rc=$? p
     if [ -f a/apache.pid ]; then kill "$(cat a/apache.pid)" 2>/dev/null || true; fi
     for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
     # Apache's children end with their parent; wait for its pid file to go.
     for _ in $(seq 50); do [ -f a/apache.pid ] || break; sleep 0.1; done
+    # Kept when the test failed, for its logs.
+    if [ "$rc" = 0 ]; then rm -rf "$work"; else echo "deployed.sh: the servers' logs are in $work" >&2; fi
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -235,4 +246,11 @@ grep -q "cannot connect to the agent" nt.out || fail "nginx -t with the agent do
 apache_conf "$work/ad" "$(free_port)" keys/ec256.crt agent-ec256.kfk
 OPENSSL_CONF="$work/keyfence.cnf" apache2 -f "$work/ad/apache.conf" -k start 2>ad.err && fail "Apache started with the agent down"
 grep -q "cannot connect to the agent" ad/error.log || fail "Apache's log with the agent down: $(cat ad/error.log)"
+# stunnel, which showed only "bad keyfence key file": the reason on its
+# output at its default level (the provider's log line).
+printf 'foreground = yes\npid =\n[tls]\naccept = 127.0.0.1:%s\nconnect = 127.0.0.1:9\ncert = %s\nkey = %s\n' \
+    "$(free_port)" "$work/keys/ec256.crt" "$work/agent-ec256.kfk" >stunnel.conf
+OPENSSL_CONF="$work/keyfence.cnf" timeout 20 stunnel4 stunnel.conf >stunnel.out 2>&1 && fail "stunnel started with the agent down"
+grep -q "cannot connect to the agent" stunnel.out || fail "stunnel with the agent down: $(cat stunnel.out)"
+echo "nginx -t, Apache and stunnel refused keys they cannot use, each saying why"
 echo "deployed: ok"

@@ -17,7 +17,7 @@
 //! flood is refused while the others are served.
 
 use std::collections::HashMap;
-use std::io::{self, Write};
+use std::io;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -406,10 +406,18 @@ fn hardening() -> u32 {
 
 /// Tells a client why it is not served, in place of the hello it waits
 /// for, and closes the connection.
-fn refuse(mut stream: UnixStream, code: ErrorCode, why: &str) {
+fn refuse(stream: UnixStream, code: ErrorCode, why: &str) {
     let mut frame = Vec::new();
     p::encode(&mut frame, kind::ERR, 0, &[&p::error_body(code, why)]);
     let _ = stream.set_write_timeout(Some(std::time::Duration::from_secs(1)));
-    let _ = stream.write_all(&frame);
+    let _ = super::sys::send_all(&stream, &frame);
     let _ = stream.shutdown(std::net::Shutdown::Write);
+    // Read what the client sent (its hello) until it closes, briefly:
+    // closing with its bytes unread would reset the connection, and the
+    // client could see the reset before the reason. Briefly, because this
+    // is the accept thread: a client that never closes holds it 50 ms.
+    let _ = stream.set_read_timeout(Some(std::time::Duration::from_millis(50)));
+    let mut sink = [0u8; 512];
+    let mut reader = &stream;
+    while matches!(std::io::Read::read(&mut reader, &mut sink), Ok(n) if n > 0) {}
 }

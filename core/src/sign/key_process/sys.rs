@@ -1,7 +1,7 @@
 //! The few system calls the key process needs that the standard library
 //! does not offer: process hardening, peer credentials, privilege drop,
 //! and where the code of this library was loaded from.
-// libc calls: prctl, setrlimit, getsockopt, setgid/setuid, dladdr.
+// libc calls: prctl, setrlimit, getsockopt, setgid/setuid, dladdr, send.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, OsStr};
@@ -37,6 +37,31 @@ pub(crate) fn disable_core_dumps() -> io::Result<()> {
     let rc = unsafe { libc::setrlimit(libc::RLIMIT_CORE, &limit) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Writes all of `buf` to `stream` with `send(MSG_NOSIGNAL)`: a peer that
+/// has gone is an `EPIPE` error, never a `SIGPIPE`, which would end a host
+/// program that keeps the default disposition (a C server, a CLI tool),
+/// when the key process or agent it signs through dies.
+pub(crate) fn send_all(stream: &UnixStream, mut buf: &[u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // call, which only reads it; the descriptor is owned by `stream`,
+        // which outlives the call.
+        let n = unsafe { libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::Error::new(io::ErrorKind::WriteZero, "the socket took no bytes"));
+        }
+        buf = &buf[n as usize..];
     }
     Ok(())
 }
