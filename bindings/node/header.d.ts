@@ -2,15 +2,39 @@
  * src/ and this header (header.d.ts); do not edit. test/types.test.js fails
  * when it is stale. */
 
+import type { KeyObject } from 'node:crypto'
+
 /**
- * Every error keyfence raises. `code` is the core's stable error code
- * (docs/errors.md), e.g. 'POLICY_SYNTAX', 'POLICY_NOT_SATISFIED',
+ * The error of every failure keyfence reports. `code` is the core's stable
+ * error code (docs/errors.md), e.g. 'POLICY_SYNTAX', 'POLICY_NOT_SATISFIED',
  * 'INVALID_CIPHERTEXT', 'OVERLOADED', 'TIMED_OUT', 'INVALID_ARGUMENT'.
+ *
+ * An argument of the wrong JavaScript type is not one: it throws a
+ * `TypeError` with code 'ERR_INVALID_ARG_TYPE' (or 'ERR_INVALID_THIS'), a
+ * number out of range a `RangeError` with code 'ERR_OUT_OF_RANGE', as
+ * Node's own APIs do.
  */
 export declare class KeyfenceError extends Error {
-  readonly name: 'KeyfenceError'
-  /** The stable error code. */
+  /**
+   * 'KeyfenceError'; for a signature whose `AbortSignal` was aborted,
+   * 'AbortError' (code 'ABORT_ERR'), or 'TimeoutError' (code 'TIMED_OUT')
+   * when the signal's reason is a `TimeoutError` (`AbortSignal.timeout`).
+   */
+  readonly name: 'KeyfenceError' | 'AbortError' | 'TimeoutError'
+  /** The stable error code ('ABORT_ERR' for an aborted signature). */
   readonly code: string
   /** For 'POLICY_SYNTAX' and 'POLICY_TOO_LARGE': the byte offset of the fault in the policy text. */
   readonly position?: number
 }
+
+/** Bytes, wherever keyfence takes them: a `Buffer`, any `TypedArray`, a `DataView` or an `ArrayBuffer`. */
+export type Bytes = ArrayBufferView | ArrayBuffer
+
+/**
+ * Attributes (`{ region: 'EU', country: 'FR' }`): an object, of which only
+ * its own enumerable properties are read, or a `Map` of strings to strings.
+ */
+export type Attributes = Readonly<Record<string, string>> | ReadonlyMap<string, string>
+
+/** A private key: PEM text, PEM or DER bytes, or a private `KeyObject` of `node:crypto`. */
+export type PrivateKeyInput = string | Bytes | KeyObject

@@ -2,26 +2,42 @@
  * src/ and this header (header.d.ts); do not edit. test/types.test.js fails
  * when it is stale. */
 
+import type { KeyObject } from 'node:crypto'
+
 /**
- * Every error keyfence raises. `code` is the core's stable error code
- * (docs/errors.md), e.g. 'POLICY_SYNTAX', 'POLICY_NOT_SATISFIED',
+ * The error of every failure keyfence reports. `code` is the core's stable
+ * error code (docs/errors.md), e.g. 'POLICY_SYNTAX', 'POLICY_NOT_SATISFIED',
  * 'INVALID_CIPHERTEXT', 'OVERLOADED', 'TIMED_OUT', 'INVALID_ARGUMENT'.
+ *
+ * An argument of the wrong JavaScript type is not one: it throws a
+ * `TypeError` with code 'ERR_INVALID_ARG_TYPE' (or 'ERR_INVALID_THIS'), a
+ * number out of range a `RangeError` with code 'ERR_OUT_OF_RANGE', as
+ * Node's own APIs do.
  */
 export declare class KeyfenceError extends Error {
-  readonly name: 'KeyfenceError'
-  /** The stable error code. */
+  /**
+   * 'KeyfenceError'; for a signature whose `AbortSignal` was aborted,
+   * 'AbortError' (code 'ABORT_ERR'), or 'TimeoutError' (code 'TIMED_OUT')
+   * when the signal's reason is a `TimeoutError` (`AbortSignal.timeout`).
+   */
+  readonly name: 'KeyfenceError' | 'AbortError' | 'TimeoutError'
+  /** The stable error code ('ABORT_ERR' for an aborted signature). */
   readonly code: string
   /** For 'POLICY_SYNTAX' and 'POLICY_TOO_LARGE': the byte offset of the fault in the policy text. */
   readonly position?: number
 }
 
+/** Bytes, wherever keyfence takes them: a `Buffer`, any `TypedArray`, a `DataView` or an `ArrayBuffer`. */
+export type Bytes = ArrayBufferView | ArrayBuffer
+
 /**
- * Which binding artifact the generated loader actually loaded: `'native'` for
- * a native addon, otherwise the `platformArchABI` of the WASI flavor. Every
- * flavor napi-rs can build is listed, because `NAPI_RS_NATIVE_LIBRARY_PATH`
- * can point the loader at a WASI artifact this package does not build itself.
+ * Attributes (`{ region: 'EU', country: 'FR' }`): an object, of which only
+ * its own enumerable properties are read, or a `Map` of strings to strings.
  */
-export declare const __napiBindingTarget: 'native' | 'wasm32-wasi' | 'wasm32-wasip1'
+export type Attributes = Readonly<Record<string, string>> | ReadonlyMap<string, string>
+
+/** A private key: PEM text, PEM or DER bytes, or a private `KeyObject` of `node:crypto`. */
+export type PrivateKeyInput = string | Bytes | KeyObject
 
 /** The version of the keyfence core this addon was built from. */
 export declare function version(): string
@@ -37,7 +53,7 @@ export declare namespace abe {
      *
      * Throws `KeyfenceError` with code `INVALID_KEY`.
      */
-    static fromBytes(bytes: Uint8Array): AttributeKey
+    static fromBytes(bytes: Bytes): AttributeKey
     /**
      * The key in CIRCL's format: a secret in a JavaScript buffer, which
      * keyfence cannot wipe (overwrite it with `fill(0)` when done).
@@ -59,7 +75,7 @@ export declare namespace abe {
      *
      * Throws `KeyfenceError` with code `INVALID_KEY`.
      */
-    static fromBytes(bytes: Uint8Array): MasterKey
+    static fromBytes(bytes: Bytes): MasterKey
     /**
      * The key in CIRCL's format: a secret in a JavaScript buffer, which
      * keyfence cannot wipe (overwrite it with `fill(0)` when done).
@@ -74,7 +90,7 @@ export declare namespace abe {
      * Throws `KeyfenceError` with code `INVALID_KEY` for bytes that are not
      * one (the message names the field at fault).
      */
-    static fromBytes(bytes: Uint8Array): PublicKey
+    static fromBytes(bytes: Bytes): PublicKey
     /** The key in CIRCL's format. */
     toBytes(): Buffer
   }
@@ -91,7 +107,7 @@ export declare namespace abe {
    *
    * Throws `KeyfenceError` code `INVALID_CIPHERTEXT` or `INVALID_ATTRIBUTES`.
    */
-  export function couldDecrypt(attrs: Record<string, string>, ciphertext: Uint8Array): boolean
+  export function couldDecrypt(attrs: Attributes, ciphertext: Bytes): boolean
   /**
    * Decrypts `ciphertext` with `key`.
    *
@@ -100,9 +116,9 @@ export declare namespace abe {
    * bytes are malformed (the message names the field), tampered with, or
    * made for another authority. Never a wrong plaintext.
    */
-  export function decrypt(key: abe.AttributeKey, ciphertext: Uint8Array): Promise<Buffer>
+  export function decrypt(key: abe.AttributeKey, ciphertext: Bytes): Promise<Buffer>
   /** `decrypt` on the calling thread. */
-  export function decryptSync(key: abe.AttributeKey, ciphertext: Uint8Array): Buffer
+  export function decryptSync(key: abe.AttributeKey, ciphertext: Bytes): Buffer
   /**
    * Encrypts `message` so that only attribute keys satisfying `policy`
    * (`'region: EU and not country: DE'`) can decrypt it; the ciphertext is
@@ -111,25 +127,26 @@ export declare namespace abe {
    * Rejects with `KeyfenceError` code `POLICY_SYNTAX` (with `position`),
    * `POLICY_TOO_LARGE`, `RESERVED_LABEL` or `LIMIT_EXCEEDED`.
    */
-  export function encrypt(publicKey: abe.PublicKey, policy: string, message: Uint8Array): Promise<Buffer>
+  export function encrypt(publicKey: abe.PublicKey, policy: string, message: Bytes): Promise<Buffer>
   /** `encrypt` on the calling thread. */
-  export function encryptSync(publicKey: abe.PublicKey, policy: string, message: Uint8Array): Buffer
+  export function encryptSync(publicKey: abe.PublicKey, policy: string, message: Bytes): Buffer
   /**
-   * Issues an attribute key for `attrs` (`{ country: 'FR', region: 'EU' }`).
+   * Issues an attribute key for `attrs` (`{ country: 'FR', region: 'EU' }`,
+   * or a `Map`).
    *
    * Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES` (an empty label
-   * or value), `RESERVED_LABEL`, or `LIMIT_EXCEEDED` (attributes too many or
-   * too long for the key format).
+   * or value, text with a lone surrogate), `RESERVED_LABEL`, or
+   * `LIMIT_EXCEEDED` (attributes too many or too long for the key format).
    */
-  export function keygen(masterKey: abe.MasterKey, attrs: Record<string, string>): Promise<AttributeKey>
+  export function keygen(masterKey: abe.MasterKey, attrs: Attributes): Promise<AttributeKey>
   /** `keygen` on the calling thread. */
-  export function keygenSync(masterKey: abe.MasterKey, attrs: Record<string, string>): abe.AttributeKey
+  export function keygenSync(masterKey: abe.MasterKey, attrs: Attributes): abe.AttributeKey
   /**
    * The canonical text of the policy `ciphertext` was encrypted under.
    *
    * Throws `KeyfenceError` code `INVALID_CIPHERTEXT`.
    */
-  export function policyOf(ciphertext: Uint8Array): string
+  export function policyOf(ciphertext: Bytes): string
   /**
    * Generates a new authority: its public key and master secret key, from
    * the operating system's random source.
@@ -151,7 +168,8 @@ export declare namespace policy {
   export function canonical(policy: string): string
   /**
    * Whether `attrs` satisfy `policy`, from the policy alone (no keys, no
-   * cryptography).
+   * cryptography). `attrs` is an object of labels to values (its own
+   * enumerable properties) or a `Map`.
    *
    * ```js
    * kf.policy.check('region: EU and not country: DE', { region: 'EU', country: 'FR' }) // true
@@ -159,9 +177,10 @@ export declare namespace policy {
    *
    * Throws `KeyfenceError` with code `POLICY_SYNTAX` (and `position`, the
    * byte offset of the fault) or `POLICY_TOO_LARGE` for a policy that does
-   * not parse, `INVALID_ATTRIBUTES` for an empty label or value.
+   * not parse, `INVALID_ATTRIBUTES` for an empty label or value or one with
+   * a lone surrogate.
    */
-  export function check(policy: string, attrs: Record<string, string>): boolean
+  export function check(policy: string, attrs: Attributes): boolean
 }
 
 export declare namespace sign {
@@ -205,14 +224,15 @@ export declare namespace sign {
     /** The key process's pid, while one runs. */
     get keyProcessPid(): number | null
     /**
-     * Loads a private key for this engine from PEM or DER: into its
+     * Loads a private key for this engine from PEM or DER, or a private
+     * `KeyObject` of `node:crypto`: into its
      * key process when it has one (this process keeps only a
      * handle), else into this process as `PrivateKey.fromPem` does.
      *
      * Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
      * if the key process refuses it, `SHUT_DOWN` after `close`.
      */
-    loadKey(pem: string | Uint8Array): sign.PrivateKey
+    loadKey(pem: PrivateKeyInput): sign.PrivateKey
     /**
      * Loads the private key an envelope holds, opened with the machine key
      * file `machineKey` against the store folder `store`. With an isolated
@@ -236,7 +256,7 @@ export declare namespace sign {
      * envelope alone with an engine that is not an agent's), `SHUT_DOWN`
      * after `close`.
      */
-    loadEnvelope(...args: [store: string, machineKey: string, envelope: Uint8Array] | [envelope: Uint8Array]): sign.PrivateKey
+    loadEnvelope(...args: [store: string, machineKey: string, envelope: Bytes] | [envelope: Bytes]): sign.PrivateKey
     /**
      * Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
      * `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
@@ -248,14 +268,15 @@ export declare namespace sign {
      * algorithm, or one that does not fit the key), `BACKEND_FAILED`,
      * `SHUT_DOWN`.
      */
-    sign(key: sign.PrivateKey, algorithm: string, data: Uint8Array, options?: sign.SignOptions | undefined | null): Promise<Buffer>
+    sign(key: sign.PrivateKey, algorithm: string, data: Bytes, options?: sign.SignOptions | undefined | null): Promise<Buffer>
     /**
      * `sign`, waiting on the calling thread for the signature: for
-     * scripts, never for a server's event loop.
+     * scripts, never for a server's event loop. It cannot be aborted:
+     * `options.signal` is refused (a `TypeError`); pass it to `sign`.
      *
      * Throws as `sign` rejects.
      */
-    signSync(key: sign.PrivateKey, algorithm: string, data: Uint8Array, options?: sign.SignOptions | undefined | null): Buffer
+    signSync(key: sign.PrivateKey, algorithm: string, data: Bytes, options?: sign.SignSyncOptions | undefined | null): Buffer
     /**
      * A snapshot of every class's counters and latency percentiles.
      *
@@ -285,13 +306,14 @@ export declare namespace sign {
   export class PrivateKey {
     /**
      * Loads a private key held in this process from PEM or DER (PKCS#1,
-     * PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519). For a key
-     * kept in a key process, use `engine.loadKey`.
+     * PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519), or from a
+     * private `KeyObject` of `node:crypto`. For a key kept in a key
+     * process, use `engine.loadKey`.
      *
      * Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
      * never the key's contents).
      */
-    static fromPem(pem: string | Uint8Array): PrivateKey
+    static fromPem(pem: PrivateKeyInput): PrivateKey
     /**
      * The kind of key: `rsa-2048` (any size), `ec-p256`, `ec-p384` or
      * `ed25519`.
@@ -340,7 +362,7 @@ export declare namespace sign {
      * answered), `OVERLOADED` (every capable peer refused for want of
      * room), `SHUT_DOWN` after `close`.
      */
-    key(envelope: Uint8Array): Promise<sign.PrivateKey>
+    key(envelope: Bytes): Promise<sign.PrivateKey>
     /**
      * The key in `envelope`: opened here when `machine`'s attributes
      * satisfy its policy (signed in this process), otherwise a handle on
@@ -348,7 +370,7 @@ export declare namespace sign {
      *
      * Rejects as `machine.open` and `key`.
      */
-    openOrForward(machine: wrap.Machine, envelope: Uint8Array): Promise<sign.PrivateKey>
+    openOrForward(machine: wrap.Machine, envelope: Bytes): Promise<sign.PrivateKey>
     /**
      * Per-peer round-trip time, breaker, connections, failovers, requests
      * and latency, in Prometheus text format.
@@ -376,21 +398,19 @@ export declare namespace sign {
     submitted: number
     /** Operations completed successfully. */
     completed: number
-    /**
-     * Operations that ended in an error, by kind (`overloaded`,
-     * `timed_out`, `cancelled`, `shut_down`, `invalid`, `failed`).
-     */
-    errors: Record<string, number>
+    /** Operations that ended in an error, by kind. */
+    errors: ErrorCounts
     /** Latency of successful operations. */
     latency: sign.Latency
   }
   /** The size of one executor class. */
   export interface ClassOptions {
-    /** Worker threads (1 to 4096). */
+    /** Worker threads, a whole number from 1 to 4096. */
     threads?: number
     /**
-     * Operations that may wait in the queue; beyond it, `sign` rejects at
-     * once with code `OVERLOADED`.
+     * Operations that may wait in the queue, a whole number from 1 to
+     * 16777216 (2^24); beyond it, `sign` rejects at once with code
+     * `OVERLOADED`.
      */
     queueCapacity?: number
   }
@@ -419,8 +439,8 @@ export declare namespace sign {
     slow?: sign.ClassOptions
     /**
      * The deadline of a signature that does not set its own, in
-     * milliseconds (default 2000); past it the promise rejects with code
-     * `TIMED_OUT`.
+     * milliseconds, a whole number from 1 to 2^32 - 1 (default 2000); past
+     * it the promise rejects with code `TIMED_OUT`.
      */
     timeoutMs?: number
     /**
@@ -444,6 +464,21 @@ export declare namespace sign {
      * `keyProcess`.
      */
     agent?: string
+  }
+  /** Operations of one executor class that ended in an error, by kind. */
+  export interface ErrorCounts {
+    /** Refused at submission: the queue was full (`OVERLOADED`). */
+    overloaded: number
+    /** Past their deadline (`TIMED_OUT`). */
+    timedOut: number
+    /** Cancelled through their `AbortSignal`. */
+    cancelled: number
+    /** Dropped by `close` (`SHUT_DOWN`). */
+    shutDown: number
+    /** Refused as invalid (`INVALID_REQUEST`). */
+    invalid: number
+    /** Failed in the backend (`BACKEND_FAILED`). */
+    failed: number
   }
   /** Latency of successful operations, in milliseconds. */
   export interface Latency {
@@ -471,9 +506,10 @@ export declare namespace sign {
     address: string
     /**
      * Its machine's attributes (`{ country: 'US' }`): the keys whose
-     * policy they satisfy are the keys it is asked for.
+     * policy they satisfy are the keys it is asked for. An object or a
+     * `Map`, as everywhere attributes are taken.
      */
-    attributes: Record<string, string>
+    attributes: Attributes
     /** The DNS name its certificate carries, when not `name`. */
     serverName?: string
   }
@@ -491,34 +527,53 @@ export declare namespace sign {
      */
     ca: string
     /**
-     * An id sent with each request for older servers (default 0);
-     * servers of this version ignore it and take the tenant from this
-     * client's certificate (docs/remote.md, "Tenants").
+     * An id sent with each request for older servers, a whole number
+     * from 0 to 2^32 - 1 (default 0); servers of this version ignore it
+     * and take the tenant from this client's certificate (docs/remote.md,
+     * "Tenants").
      */
     tenant?: number
-    /** Milliseconds for a TCP connect and TLS handshake (default 1000). */
+    /**
+     * Milliseconds for a TCP connect and TLS handshake, a whole number
+     * from 1 to 2^32 - 1 (default 1000).
+     */
     connectTimeoutMs?: number
     /**
      * Milliseconds one attempt waits for its reply before the next peer
-     * is tried, never past the signature's deadline (default 1000).
+     * is tried, never past the signature's deadline; a whole number from
+     * 1 to 2^32 - 1 (default 1000).
      */
     requestTimeoutMs?: number
-    /** Attempts per operation, the first included (default 3). */
+    /**
+     * Attempts per operation, the first included; a whole number from 1
+     * to 2^32 - 1 (default 3).
+     */
     maxAttempts?: number
   }
   /** Options of one signature. */
   export interface SignOptions {
     /**
-     * This signature's deadline in milliseconds (a positive integer up
+     * This signature's deadline in milliseconds (a whole number from 1
      * to 2^32 - 1), instead of the engine's.
      */
     timeoutMs?: number
     /**
-     * Aborting it cancels the signature: the promise rejects with code
-     * `CANCELLED` (its `cause` is the signal's reason); a signature still
-     * queued never runs. An already aborted signal rejects at once.
+     * Aborting it cancels the signature; a signature still queued never
+     * runs. The promise rejects with a `KeyfenceError` named `AbortError`,
+     * code `ABORT_ERR`, whose `cause` is the signal's reason; when that
+     * reason is a `TimeoutError` (`AbortSignal.timeout(ms)`), one named
+     * `TimeoutError` with code `TIMED_OUT`, as the engine's own deadline
+     * gives. An already aborted signal rejects at once.
      */
-    signal?: AbortSignal
+    signal?: AbortSignal | null
+  }
+  /** Options of one `signSync` (which cannot be aborted: no `signal`). */
+  export interface SignSyncOptions {
+    /**
+     * This signature's deadline in milliseconds (a whole number from 1
+     * to 2^32 - 1), instead of the engine's.
+     */
+    timeoutMs?: number
   }
 }
 
@@ -562,9 +617,9 @@ export declare namespace wrap {
      * Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES`,
      * `RESERVED_LABEL`, `LIMIT_EXCEEDED`, `STORE_IO`.
      */
-    issue(attrs: Record<string, string>): Promise<Buffer>
+    issue(attrs: Attributes): Promise<Buffer>
     /** `issue` on the calling thread. */
-    issueSync(attrs: Record<string, string>): Buffer
+    issueSync(attrs: Attributes): Buffer
     /**
      * Wraps `secret` under `policy` into an envelope: the secret sealed to
      * the policy's key (created on first use and sealed under CP-ABE).
@@ -572,9 +627,9 @@ export declare namespace wrap {
      * Rejects with `KeyfenceError` code `POLICY_SYNTAX` (with `position`),
      * `POLICY_TOO_LARGE`, `LIMIT_EXCEEDED`, `STORE_IO`.
      */
-    wrap(policy: string, secret: Uint8Array): Promise<Buffer>
+    wrap(policy: string, secret: Bytes): Promise<Buffer>
     /** `wrap` on the calling thread. */
-    wrapSync(policy: string, secret: Uint8Array): Buffer
+    wrapSync(policy: string, secret: Bytes): Buffer
     /**
      * Rotates the master key: a new active generation, policy keys
      * re-sealed under it; envelopes are never touched.
@@ -615,7 +670,7 @@ export declare namespace wrap {
      * decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
      * store.
      */
-    constructor(machineKey: Uint8Array, dir: string)
+    constructor(machineKey: Bytes, dir: string)
     /**
      * Whether this machine could open `envelope`, from its policy and the
      * machine's attributes, without cryptography.
@@ -623,7 +678,7 @@ export declare namespace wrap {
      * Throws `KeyfenceError` code `INVALID_ENVELOPE` for bytes that are not
      * an envelope.
      */
-    couldOpen(envelope: Uint8Array): boolean
+    couldOpen(envelope: Bytes): boolean
     /**
      * Opens `envelope`. The first open under a policy decrypts its policy
      * key with CP-ABE (milliseconds, on the thread pool); later ones hit
@@ -634,9 +689,9 @@ export declare namespace wrap {
      * (malformed or tampered), `REPLAYED_OBJECT` (the store put back a
      * generation list older than one this machine has seen), `STORE_IO`.
      */
-    open(envelope: Uint8Array): Promise<Buffer>
+    open(envelope: Bytes): Promise<Buffer>
     /** `open` on the calling thread. */
-    openSync(envelope: Uint8Array): Buffer
+    openSync(envelope: Bytes): Buffer
     /**
      * Follows the store: a watch (etcd's stream, or a poll of a directory
      * every 100 ms) brings each change to the cache as it is committed: a

@@ -28,7 +28,7 @@ impl PublicKey {
     /// Throws `KeyfenceError` with code `INVALID_KEY` for bytes that are not
     /// one (the message names the field at fault).
     #[napi(factory)]
-    pub fn from_bytes(env: Env, bytes: Uint8Array) -> napi::Result<Self> {
+    pub fn from_bytes(env: Env, #[napi(ts_arg_type = "Bytes")] bytes: Uint8Array) -> napi::Result<Self> {
         js(&env, abe::PublicKey::from_bytes(&bytes).map(|k| PublicKey { inner: Arc::new(k) }).map_err(Into::into))
     }
 
@@ -52,7 +52,7 @@ impl MasterKey {
     ///
     /// Throws `KeyfenceError` with code `INVALID_KEY`.
     #[napi(factory)]
-    pub fn from_bytes(env: Env, bytes: Uint8Array) -> napi::Result<Self> {
+    pub fn from_bytes(env: Env, #[napi(ts_arg_type = "Bytes")] bytes: Uint8Array) -> napi::Result<Self> {
         js(&env, abe::MasterSecretKey::from_bytes(&bytes).map(|k| MasterKey { inner: Arc::new(k) }).map_err(Into::into))
     }
 
@@ -77,7 +77,7 @@ impl AttributeKey {
     ///
     /// Throws `KeyfenceError` with code `INVALID_KEY`.
     #[napi(factory)]
-    pub fn from_bytes(env: Env, bytes: Uint8Array) -> napi::Result<Self> {
+    pub fn from_bytes(env: Env, #[napi(ts_arg_type = "Bytes")] bytes: Uint8Array) -> napi::Result<Self> {
         js(&env, abe::AttributeKey::from_bytes(&bytes).map(|k| AttributeKey { inner: Arc::new(k) }).map_err(Into::into))
     }
 
@@ -134,19 +134,27 @@ fn keygen_job(master_key: &MasterKey, attrs: HashMap<String, String>) -> Job<abe
     Job::new(move || Ok(abe::keygen(&msk, &policy::attributes(attrs)?)?), |k| AttributeKey { inner: Arc::new(k) })
 }
 
-/// Issues an attribute key for `attrs` (`{ country: 'FR', region: 'EU' }`).
+/// Issues an attribute key for `attrs` (`{ country: 'FR', region: 'EU' }`,
+/// or a `Map`).
 ///
 /// Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES` (an empty label
-/// or value), `RESERVED_LABEL`, or `LIMIT_EXCEEDED` (attributes too many or
-/// too long for the key format).
+/// or value, text with a lone surrogate), `RESERVED_LABEL`, or
+/// `LIMIT_EXCEEDED` (attributes too many or too long for the key format).
 #[napi(namespace = "abe", ts_return_type = "Promise<AttributeKey>")]
-pub fn keygen(master_key: &MasterKey, attrs: HashMap<String, String>) -> AsyncTask<Job<abe::AttributeKey, AttributeKey>> {
+pub fn keygen(
+    master_key: &MasterKey,
+    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+) -> AsyncTask<Job<abe::AttributeKey, AttributeKey>> {
     keygen_job(master_key, attrs).spawn()
 }
 
 /// `keygen` on the calling thread.
 #[napi(namespace = "abe")]
-pub fn keygen_sync(env: Env, master_key: &MasterKey, attrs: HashMap<String, String>) -> napi::Result<AttributeKey> {
+pub fn keygen_sync(
+    env: Env,
+    master_key: &MasterKey,
+    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+) -> napi::Result<AttributeKey> {
     keygen_job(master_key, attrs).run_sync(&env)
 }
 
@@ -163,13 +171,22 @@ fn encrypt_job(public_key: &PublicKey, policy: String, message: Uint8Array) -> J
 /// Rejects with `KeyfenceError` code `POLICY_SYNTAX` (with `position`),
 /// `POLICY_TOO_LARGE`, `RESERVED_LABEL` or `LIMIT_EXCEEDED`.
 #[napi(namespace = "abe", ts_return_type = "Promise<Buffer>")]
-pub fn encrypt(public_key: &PublicKey, policy: String, message: Uint8Array) -> AsyncTask<Job<Vec<u8>, Buffer>> {
+pub fn encrypt(
+    public_key: &PublicKey,
+    policy: String,
+    #[napi(ts_arg_type = "Bytes")] message: Uint8Array,
+) -> AsyncTask<Job<Vec<u8>, Buffer>> {
     encrypt_job(public_key, policy, message).spawn()
 }
 
 /// `encrypt` on the calling thread.
 #[napi(namespace = "abe")]
-pub fn encrypt_sync(env: Env, public_key: &PublicKey, policy: String, message: Uint8Array) -> napi::Result<Buffer> {
+pub fn encrypt_sync(
+    env: Env,
+    public_key: &PublicKey,
+    policy: String,
+    #[napi(ts_arg_type = "Bytes")] message: Uint8Array,
+) -> napi::Result<Buffer> {
     encrypt_job(public_key, policy, message).run_sync(&env)
 }
 
@@ -191,13 +208,20 @@ fn decrypt_job(key: &AttributeKey, ciphertext: Uint8Array) -> Job<zeroize::Zeroi
 /// bytes are malformed (the message names the field), tampered with, or
 /// made for another authority. Never a wrong plaintext.
 #[napi(namespace = "abe", ts_return_type = "Promise<Buffer>")]
-pub fn decrypt(key: &AttributeKey, ciphertext: Uint8Array) -> AsyncTask<Job<zeroize::Zeroizing<Vec<u8>>, Buffer>> {
+pub fn decrypt(
+    key: &AttributeKey,
+    #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
+) -> AsyncTask<Job<zeroize::Zeroizing<Vec<u8>>, Buffer>> {
     decrypt_job(key, ciphertext).spawn()
 }
 
 /// `decrypt` on the calling thread.
 #[napi(namespace = "abe")]
-pub fn decrypt_sync(env: Env, key: &AttributeKey, ciphertext: Uint8Array) -> napi::Result<Buffer> {
+pub fn decrypt_sync(
+    env: Env,
+    key: &AttributeKey,
+    #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
+) -> napi::Result<Buffer> {
     decrypt_job(key, ciphertext).run_sync(&env)
 }
 
@@ -206,7 +230,11 @@ pub fn decrypt_sync(env: Env, key: &AttributeKey, ciphertext: Uint8Array) -> nap
 ///
 /// Throws `KeyfenceError` code `INVALID_CIPHERTEXT` or `INVALID_ATTRIBUTES`.
 #[napi(namespace = "abe")]
-pub fn could_decrypt(env: Env, attrs: HashMap<String, String>, ciphertext: Uint8Array) -> napi::Result<bool> {
+pub fn could_decrypt(
+    env: Env,
+    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+    #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
+) -> napi::Result<bool> {
     js(&env, policy::attributes(attrs).and_then(|a| Ok(abe::could_decrypt(&a, &ciphertext)?)))
 }
 
@@ -214,6 +242,6 @@ pub fn could_decrypt(env: Env, attrs: HashMap<String, String>, ciphertext: Uint8
 ///
 /// Throws `KeyfenceError` code `INVALID_CIPHERTEXT`.
 #[napi(namespace = "abe")]
-pub fn policy_of(env: Env, ciphertext: Uint8Array) -> napi::Result<String> {
+pub fn policy_of(env: Env, #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array) -> napi::Result<String> {
     js(&env, abe::policy_of(&ciphertext).map(|p| p.to_string()).map_err(Into::into))
 }

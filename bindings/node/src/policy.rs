@@ -31,7 +31,8 @@ pub(crate) fn parse(text: &str) -> KfResult<policy::Policy> {
 }
 
 /// Whether `attrs` satisfy `policy`, from the policy alone (no keys, no
-/// cryptography).
+/// cryptography). `attrs` is an object of labels to values (its own
+/// enumerable properties) or a `Map`.
 ///
 /// ```js
 /// kf.policy.check('region: EU and not country: DE', { region: 'EU', country: 'FR' }) // true
@@ -39,9 +40,14 @@ pub(crate) fn parse(text: &str) -> KfResult<policy::Policy> {
 ///
 /// Throws `KeyfenceError` with code `POLICY_SYNTAX` (and `position`, the
 /// byte offset of the fault) or `POLICY_TOO_LARGE` for a policy that does
-/// not parse, `INVALID_ATTRIBUTES` for an empty label or value.
+/// not parse, `INVALID_ATTRIBUTES` for an empty label or value or one with
+/// a lone surrogate.
 #[napi(namespace = "policy")]
-pub fn check(env: Env, policy: String, attrs: HashMap<String, String>) -> napi::Result<bool> {
+pub fn check(
+    env: Env,
+    policy: String,
+    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+) -> napi::Result<bool> {
     js(&env, parse(&policy).and_then(|p| Ok(p.eval(&attributes(attrs)?))))
 }
 

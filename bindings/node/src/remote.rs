@@ -26,7 +26,9 @@ pub struct Peer {
     /// `host:port` where it listens.
     pub address: String,
     /// Its machine's attributes (`{ country: 'US' }`): the keys whose
-    /// policy they satisfy are the keys it is asked for.
+    /// policy they satisfy are the keys it is asked for. An object or a
+    /// `Map`, as everywhere attributes are taken.
+    #[napi(ts_type = "Attributes")]
     pub attributes: HashMap<String, String>,
     /// The DNS name its certificate carries, when not `name`.
     pub server_name: Option<String>,
@@ -44,16 +46,20 @@ pub struct RemoteOptions {
     /// The CA certificates (a PEM file) the servers' certificates must
     /// chain to; nothing else is trusted.
     pub ca: String,
-    /// An id sent with each request for older servers (default 0);
-    /// servers of this version ignore it and take the tenant from this
-    /// client's certificate (docs/remote.md, "Tenants").
+    /// An id sent with each request for older servers, a whole number
+    /// from 0 to 2^32 - 1 (default 0); servers of this version ignore it
+    /// and take the tenant from this client's certificate (docs/remote.md,
+    /// "Tenants").
     pub tenant: Option<u32>,
-    /// Milliseconds for a TCP connect and TLS handshake (default 1000).
+    /// Milliseconds for a TCP connect and TLS handshake, a whole number
+    /// from 1 to 2^32 - 1 (default 1000).
     pub connect_timeout_ms: Option<u32>,
     /// Milliseconds one attempt waits for its reply before the next peer
-    /// is tried, never past the signature's deadline (default 1000).
+    /// is tried, never past the signature's deadline; a whole number from
+    /// 1 to 2^32 - 1 (default 1000).
     pub request_timeout_ms: Option<u32>,
-    /// Attempts per operation, the first included (default 3).
+    /// Attempts per operation, the first included; a whole number from 1
+    /// to 2^32 - 1 (default 3).
     pub max_attempts: Option<u32>,
 }
 
@@ -152,7 +158,10 @@ impl RemoteSigner {
     /// answered), `OVERLOADED` (every capable peer refused for want of
     /// room), `SHUT_DOWN` after `close`.
     #[napi(ts_return_type = "Promise<sign.PrivateKey>")]
-    pub fn key(&self, envelope: Uint8Array) -> AsyncTask<Job<Arc<keyfence::sign::PrivateKey>, PrivateKey>> {
+    pub fn key(
+        &self,
+        #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array,
+    ) -> AsyncTask<Job<Arc<keyfence::sign::PrivateKey>, PrivateKey>> {
         key_job(self.signer(), envelope.to_vec(), None).spawn()
     }
 
@@ -161,7 +170,7 @@ impl RemoteSigner {
     /// the peers that may hold it, as `key` gives.
     ///
     /// Rejects as `machine.open` and `key`.
-    #[napi(ts_args_type = "machine: wrap.Machine, envelope: Uint8Array", ts_return_type = "Promise<sign.PrivateKey>")]
+    #[napi(ts_args_type = "machine: wrap.Machine, envelope: Bytes", ts_return_type = "Promise<sign.PrivateKey>")]
     pub fn open_or_forward(
         &self,
         machine: &Machine,

@@ -3,12 +3,11 @@
 //! keys. `engine.sign` returns a promise that the engine settles through
 //! [`Completions`]: no thread, and no libuv work item, per signature.
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
-use keyfence::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
+use keyfence::sign::managed::{millis, Isolation, LoadError, ManagedConfig, ManagedEngine};
 use keyfence::sign::{self as core, ClassConfig, KeyKind, OpClass, Request};
 use keyfence::ErrorCode;
 use napi::bindgen_prelude::{Array, Buffer, Either, Function, Object, Uint8Array, Unknown};
@@ -39,13 +38,17 @@ pub struct PrivateKey {
 #[napi(namespace = "sign")]
 impl PrivateKey {
     /// Loads a private key held in this process from PEM or DER (PKCS#1,
-    /// PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519). For a key
-    /// kept in a key process, use `engine.loadKey`.
+    /// PKCS#8, SEC1; RSA 2048-4096, ECDSA P-256/P-384, Ed25519), or from a
+    /// private `KeyObject` of `node:crypto`. For a key kept in a key
+    /// process, use `engine.loadKey`.
     ///
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
     /// never the key's contents).
     #[napi(factory)]
-    pub fn from_pem(env: Env, pem: Either<String, Uint8Array>) -> napi::Result<Self> {
+    pub fn from_pem(
+        env: Env,
+        #[napi(ts_arg_type = "PrivateKeyInput")] pem: Either<String, Uint8Array>,
+    ) -> napi::Result<Self> {
         let bytes = pem_bytes(&pem);
         js(&env, core::PrivateKey::from_bytes(&bytes).map(|k| PrivateKey { inner: Arc::new(k) }).map_err(Into::into))
     }
@@ -83,10 +86,11 @@ impl PrivateKey {
 /// The size of one executor class.
 #[napi(object, namespace = "sign")]
 pub struct ClassOptions {
-    /// Worker threads (1 to 4096).
+    /// Worker threads, a whole number from 1 to 4096.
     pub threads: Option<u32>,
-    /// Operations that may wait in the queue; beyond it, `sign` rejects at
-    /// once with code `OVERLOADED`.
+    /// Operations that may wait in the queue, a whole number from 1 to
+    /// 16777216 (2^24); beyond it, `sign` rejects at once with code
+    /// `OVERLOADED`.
     pub queue_capacity: Option<u32>,
 }
 
@@ -102,9 +106,9 @@ pub struct EngineOptions {
     /// process (the key process).
     pub slow: Option<ClassOptions>,
     /// The deadline of a signature that does not set its own, in
-    /// milliseconds (default 2000); past it the promise rejects with code
-    /// `TIMED_OUT`.
-    pub timeout_ms: Option<u32>,
+    /// milliseconds, a whole number from 1 to 2^32 - 1 (default 2000); past
+    /// it the promise rejects with code `TIMED_OUT`.
+    pub timeout_ms: Option<f64>,
     /// Keep keys loaded with `engine.loadKey` in a key process
     /// (`keyfence-key-process`, found beside the addon), so that a memory
     /// disclosure in this process cannot reach them. Default false.
@@ -125,14 +129,25 @@ pub struct EngineOptions {
 /// Options of one signature.
 #[napi(object, namespace = "sign", object_to_js = false)]
 pub struct SignOptions<'env> {
-    /// This signature's deadline in milliseconds (a positive integer up
+    /// This signature's deadline in milliseconds (a whole number from 1
     /// to 2^32 - 1), instead of the engine's.
     pub timeout_ms: Option<f64>,
-    /// Aborting it cancels the signature: the promise rejects with code
-    /// `CANCELLED` (its `cause` is the signal's reason); a signature still
-    /// queued never runs. An already aborted signal rejects at once.
-    #[napi(ts_type = "AbortSignal")]
+    /// Aborting it cancels the signature; a signature still queued never
+    /// runs. The promise rejects with a `KeyfenceError` named `AbortError`,
+    /// code `ABORT_ERR`, whose `cause` is the signal's reason; when that
+    /// reason is a `TimeoutError` (`AbortSignal.timeout(ms)`), one named
+    /// `TimeoutError` with code `TIMED_OUT`, as the engine's own deadline
+    /// gives. An already aborted signal rejects at once.
+    #[napi(ts_type = "AbortSignal | null")]
     pub signal: Option<Object<'env>>,
+}
+
+/// Options of one `signSync` (which cannot be aborted: no `signal`).
+#[napi(object, namespace = "sign", object_to_js = false)]
+pub struct SignSyncOptions {
+    /// This signature's deadline in milliseconds (a whole number from 1
+    /// to 2^32 - 1), instead of the engine's.
+    pub timeout_ms: Option<f64>,
 }
 
 fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
@@ -190,11 +205,46 @@ pub struct ClassMetrics {
     pub submitted: f64,
     /// Operations completed successfully.
     pub completed: f64,
-    /// Operations that ended in an error, by kind (`overloaded`,
-    /// `timed_out`, `cancelled`, `shut_down`, `invalid`, `failed`).
-    pub errors: HashMap<String, f64>,
+    /// Operations that ended in an error, by kind.
+    pub errors: ErrorCounts,
     /// Latency of successful operations.
     pub latency: Latency,
+}
+
+/// Operations of one executor class that ended in an error, by kind.
+#[napi(object, namespace = "sign")]
+pub struct ErrorCounts {
+    /// Refused at submission: the queue was full (`OVERLOADED`).
+    pub overloaded: f64,
+    /// Past their deadline (`TIMED_OUT`).
+    pub timed_out: f64,
+    /// Cancelled through their `AbortSignal`.
+    pub cancelled: f64,
+    /// Dropped by `close` (`SHUT_DOWN`).
+    pub shut_down: f64,
+    /// Refused as invalid (`INVALID_REQUEST`).
+    pub invalid: f64,
+    /// Failed in the backend (`BACKEND_FAILED`).
+    pub failed: f64,
+}
+
+fn error_counts(errors: &core::ErrorCounts) -> ErrorCounts {
+    let mut out =
+        ErrorCounts { overloaded: 0.0, timed_out: 0.0, cancelled: 0.0, shut_down: 0.0, invalid: 0.0, failed: 0.0 };
+    for (kind, n) in errors.iter() {
+        // Exhaustive: a new kind in the core is a compile error here, not a
+        // key missing from JavaScript.
+        let slot = match kind {
+            core::ErrorKind::Overloaded => &mut out.overloaded,
+            core::ErrorKind::TimedOut => &mut out.timed_out,
+            core::ErrorKind::Cancelled => &mut out.cancelled,
+            core::ErrorKind::ShutDown => &mut out.shut_down,
+            core::ErrorKind::Invalid => &mut out.invalid,
+            core::ErrorKind::Failed => &mut out.failed,
+        };
+        *slot = n as f64;
+    }
+    out
 }
 
 /// A snapshot of every executor class of an engine.
@@ -221,7 +271,7 @@ fn class_metrics(m: &core::ClassMetrics) -> ClassMetrics {
         in_flight: n(m.in_flight),
         submitted: m.submitted as f64,
         completed: m.completed as f64,
-        errors: m.errors.iter().map(|(k, v)| (k.name().to_string(), v as f64)).collect(),
+        errors: error_counts(&m.errors),
         latency: Latency {
             count: m.latency.count as f64,
             p50: ms(m.latency.p50),
@@ -240,10 +290,10 @@ impl From<LoadError> for KfError {
 }
 
 /// The request `sign` and `signSync` submit. The timeout is a number, not
-/// u32, so that -1 or 1.5 is refused rather than wrapped or truncated.
-fn request(key: &PrivateKey, algorithm: &str, data: &[u8], options: Option<SignOptions>) -> KfResult<Request> {
-    let timeout = options.and_then(|o| o.timeout_ms);
-    Ok(ManagedEngine::request(key.inner.clone(), algorithm, data.to_vec(), timeout)?)
+/// u32, so that -1 or 1.5 is refused rather than wrapped or truncated
+/// (index.js refuses them first, with a `RangeError`).
+fn request(key: &PrivateKey, algorithm: &str, data: &[u8], timeout_ms: Option<f64>) -> KfResult<Request> {
+    Ok(ManagedEngine::request(key.inner.clone(), algorithm, data.to_vec(), timeout_ms)?)
 }
 
 #[napi(namespace = "sign")]
@@ -267,7 +317,12 @@ impl Engine {
             class_config(&mut config.engine.ec, o.ec);
             class_config(&mut config.engine.slow, o.slow);
             if let Some(t) = o.timeout_ms {
-                config.engine.default_timeout = Duration::from_millis(u64::from(t));
+                // A number, not u32, so that nothing wraps (index.js
+                // refuses what this would, with a `RangeError`).
+                match millis(t, "options.timeoutMs") {
+                    Ok(d) => config.engine.default_timeout = d,
+                    Err(e) => return Err(KfError::from(e).into_napi(&env)),
+                }
             }
             if let Some(socket) = o.agent {
                 let refused = if o.isolated.unwrap_or(false) || o.key_process.is_some() {
@@ -312,14 +367,19 @@ impl Engine {
         self.inner.key_process_pid()
     }
 
-    /// Loads a private key for this engine from PEM or DER: into its
+    /// Loads a private key for this engine from PEM or DER, or a private
+    /// `KeyObject` of `node:crypto`: into its
     /// key process when it has one (this process keeps only a
     /// handle), else into this process as `PrivateKey.fromPem` does.
     ///
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
     /// if the key process refuses it, `SHUT_DOWN` after `close`.
     #[napi]
-    pub fn load_key(&self, env: Env, pem: Either<String, Uint8Array>) -> napi::Result<PrivateKey> {
+    pub fn load_key(
+        &self,
+        env: Env,
+        #[napi(ts_arg_type = "PrivateKeyInput")] pem: Either<String, Uint8Array>,
+    ) -> napi::Result<PrivateKey> {
         let inner = self.inner.load(KeySource::Bytes(pem_bytes(&pem)));
         js(&env, inner.map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
@@ -346,7 +406,7 @@ impl Engine {
     /// envelope alone with an engine that is not an agent's), `SHUT_DOWN`
     /// after `close`.
     #[napi(
-        ts_args_type = "...args: [store: string, machineKey: string, envelope: Uint8Array] | [envelope: Uint8Array]"
+        ts_args_type = "...args: [store: string, machineKey: string, envelope: Bytes] | [envelope: Bytes]"
     )]
     pub fn load_envelope(
         &self,
@@ -398,10 +458,10 @@ impl Engine {
         env: &'env Env,
         key: &PrivateKey,
         algorithm: String,
-        data: Uint8Array,
+        #[napi(ts_arg_type = "Bytes")] data: Uint8Array,
         options: Option<SignOptions>,
     ) -> napi::Result<Unknown<'env>> {
-        Ok(self.submit(env, key, &algorithm, &data, options)?.0)
+        Ok(self.submit(env, key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?.0)
     }
 
     /// `sign`, returning `[promise, cancel]`: what `index.js` uses for a
@@ -418,7 +478,7 @@ impl Engine {
         algorithm: String,
         data: Uint8Array,
     ) -> napi::Result<Array<'env>> {
-        let (promise, handle) = self.submit(env, key, &algorithm, &data, Some(options))?;
+        let (promise, handle) = self.submit(env, key, &algorithm, &data, options.timeout_ms)?;
         let cancel: Function<(), bool> =
             env.create_function_from_closure("cancel", move |_| Ok(handle.as_ref().is_some_and(|h| h.cancel())))?;
         let mut out = env.create_array(2)?;
@@ -435,14 +495,14 @@ impl Engine {
         key: &PrivateKey,
         algorithm: &str,
         data: &[u8],
-        options: Option<SignOptions>,
+        timeout_ms: Option<f64>,
     ) -> napi::Result<(Unknown<'env>, Option<core::OpHandle>)> {
         let (pending, promise) = self.completions.begin(env)?;
         // The callback owns the promise's token; if the engine refuses the
         // request it drops the callback uncalled, and the token is taken
         // back from this slot to reject the promise at once.
         let slot = Arc::new(Mutex::new(Some(pending)));
-        let submitted = request(key, algorithm, data, options).and_then(|req| {
+        let submitted = request(key, algorithm, data, timeout_ms).and_then(|req| {
             let (done, slot) = (self.completions.clone(), slot.clone());
             Ok(self.inner.submit_with_callback(req, move |result| {
                 if let Some(p) = slot.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -462,7 +522,8 @@ impl Engine {
     }
 
     /// `sign`, waiting on the calling thread for the signature: for
-    /// scripts, never for a server's event loop.
+    /// scripts, never for a server's event loop. It cannot be aborted:
+    /// `options.signal` is refused (a `TypeError`); pass it to `sign`.
     ///
     /// Throws as `sign` rejects.
     #[napi]
@@ -471,17 +532,11 @@ impl Engine {
         env: Env,
         key: &PrivateKey,
         algorithm: String,
-        data: Uint8Array,
-        options: Option<SignOptions>,
+        #[napi(ts_arg_type = "Bytes")] data: Uint8Array,
+        options: Option<SignSyncOptions>,
     ) -> napi::Result<Buffer> {
         let run = || -> KfResult<Buffer> {
-            if options.as_ref().is_some_and(|o| o.signal.is_some()) {
-                return Err(KfError::new(
-                    ErrorCode::InvalidArgument,
-                    "signSync cannot be aborted: pass a signal to sign, which returns a promise",
-                ));
-            }
-            let sig = self.inner.submit(request(key, &algorithm, &data, options)?)?.wait()?;
+            let sig = self.inner.submit(request(key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?)?.wait()?;
             Ok(Buffer::from(sig.to_vec()))
         };
         js(&env, run())

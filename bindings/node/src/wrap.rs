@@ -173,13 +173,20 @@ impl Authority {
     /// Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES`,
     /// `RESERVED_LABEL`, `LIMIT_EXCEEDED`, `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn issue(&self, attrs: HashMap<String, String>) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
+    pub fn issue(
+        &self,
+        #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+    ) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
         self.issue_job(attrs).spawn()
     }
 
     /// `issue` on the calling thread.
     #[napi]
-    pub fn issue_sync(&self, env: Env, attrs: HashMap<String, String>) -> napi::Result<Buffer> {
+    pub fn issue_sync(
+        &self,
+        env: Env,
+        #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+    ) -> napi::Result<Buffer> {
         self.issue_job(attrs).run_sync(&env)
     }
 
@@ -189,13 +196,22 @@ impl Authority {
     /// Rejects with `KeyfenceError` code `POLICY_SYNTAX` (with `position`),
     /// `POLICY_TOO_LARGE`, `LIMIT_EXCEEDED`, `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn wrap(&self, policy: String, secret: Uint8Array) -> AsyncTask<Job<Vec<u8>, Buffer>> {
+    pub fn wrap(
+        &self,
+        policy: String,
+        #[napi(ts_arg_type = "Bytes")] secret: Uint8Array,
+    ) -> AsyncTask<Job<Vec<u8>, Buffer>> {
         self.wrap_job(policy, secret).spawn()
     }
 
     /// `wrap` on the calling thread.
     #[napi]
-    pub fn wrap_sync(&self, env: Env, policy: String, secret: Uint8Array) -> napi::Result<Buffer> {
+    pub fn wrap_sync(
+        &self,
+        env: Env,
+        policy: String,
+        #[napi(ts_arg_type = "Bytes")] secret: Uint8Array,
+    ) -> napi::Result<Buffer> {
         self.wrap_job(policy, secret).run_sync(&env)
     }
 
@@ -281,7 +297,7 @@ impl Machine {
     /// decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
     /// store.
     #[napi(constructor)]
-    pub fn new(env: Env, machine_key: Uint8Array, dir: String) -> napi::Result<Self> {
+    pub fn new(env: Env, #[napi(ts_arg_type = "Bytes")] machine_key: Uint8Array, dir: String) -> napi::Result<Self> {
         let made = || -> KfResult<Self> {
             let key = core::MachineKey::from_bytes(&machine_key)?;
             let inner = Arc::new(core::Machine::new(key, store(&dir)?, CacheConfig::default()));
@@ -296,7 +312,7 @@ impl Machine {
     /// Throws `KeyfenceError` code `INVALID_ENVELOPE` for bytes that are not
     /// an envelope.
     #[napi]
-    pub fn could_open(&self, env: Env, envelope: Uint8Array) -> napi::Result<bool> {
+    pub fn could_open(&self, env: Env, #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array) -> napi::Result<bool> {
         js(&env, Envelope::parse(&envelope).map(|e| self.inner.could_open(&e)).map_err(Into::into))
     }
 
@@ -309,13 +325,16 @@ impl Machine {
     /// (malformed or tampered), `REPLAYED_OBJECT` (the store put back a
     /// generation list older than one this machine has seen), `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn open(&self, envelope: Uint8Array) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
+    pub fn open(
+        &self,
+        #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array,
+    ) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
         self.open_job(envelope).spawn()
     }
 
     /// `open` on the calling thread.
     #[napi]
-    pub fn open_sync(&self, env: Env, envelope: Uint8Array) -> napi::Result<Buffer> {
+    pub fn open_sync(&self, env: Env, #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array) -> napi::Result<Buffer> {
         self.open_job(envelope).run_sync(&env)
     }
 

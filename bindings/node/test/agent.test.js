@@ -166,10 +166,12 @@ test('the agent refuses what its machine may not open, with its reason', async (
   assert.ok(Date.now() - start < 10000)
   // Bytes that are no envelope are refused here, before the agent.
   assert.throws(() => engine.loadEnvelope(Buffer.from('junk')), { code: 'INVALID_ENVELOPE' })
-  // Wrong types and counts.
-  assert.throws(() => engine.loadEnvelope('key.env'), { code: 'INVALID_ARGUMENT' })
-  assert.throws(() => engine.loadEnvelope(w.env('key'), 'machine.key'), { code: 'INVALID_ARGUMENT' })
-  assert.throws(() => engine.loadEnvelope(null, null, w.env('key')), { code: 'INVALID_ARGUMENT' })
+  // Wrong types and counts: TypeErrors naming the argument.
+  const argType = (name) => (e) => e instanceof TypeError && e.code === 'ERR_INVALID_ARG_TYPE' && e.message.includes(`"${name}"`)
+  assert.throws(() => engine.loadEnvelope('key.env'), argType('machineKey'))
+  assert.throws(() => engine.loadEnvelope(w.env('key'), 'machine.key'), argType('store'))
+  assert.throws(() => engine.loadEnvelope(null, null, w.env('key')), argType('store'))
+  assert.throws(() => engine.loadEnvelope(42), argType('envelope'))
   // An agent's engine loads envelopes only: no key bytes.
   assert.throws(() => engine.loadKey(fs.readFileSync(w.f('key.env'))), (e) => e.code === 'INVALID_ARGUMENT' && /envelopes only/.test(e.message))
   // The engine still signs after the refusals.
@@ -201,8 +203,9 @@ test('agent options are checked', async (t) => {
   const w = world(t)
   await w.start()
   const invalid = (e) => e instanceof kf.KeyfenceError && e.code === 'INVALID_ARGUMENT' && e.message.length > 20
-  assert.throws(() => new kf.sign.Engine({ agent: 5 }), invalid)
-  assert.throws(() => new kf.sign.Engine({ agent: { path: w.socket } }), invalid)
+  const argType = { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /"options\.agent" property must be of type string/ }
+  assert.throws(() => new kf.sign.Engine({ agent: 5 }), argType)
+  assert.throws(() => new kf.sign.Engine({ agent: { path: w.socket } }), argType)
   assert.throws(() => new kf.sign.Engine({ agent: w.socket, isolated: true }), (e) => invalid(e) && /exclusive/.test(e.message))
   assert.throws(() => new kf.sign.Engine({ agent: w.socket, keyProcess: '/bin/true' }), (e) => invalid(e) && /exclusive/.test(e.message))
   assert.throws(() => new kf.sign.Engine({ agent: '' }), (e) => invalid(e) && /empty/.test(e.message))

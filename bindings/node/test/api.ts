@@ -1,10 +1,13 @@
 // Type-checked by test/types.test.js with `tsc --noEmit`: every part of the
 // API as a TypeScript user writes it, against the generated index.d.ts.
+import * as crypto from 'node:crypto'
 import * as kf from '..'
 
 export async function everything(dir: string, pem: string): Promise<void> {
   const v: string = kf.version()
-  const ok: boolean = kf.policy.check('region: EU', { region: 'EU' })
+  const ok: boolean = kf.policy.check('region: EU', { region: 'EU' }) && kf.policy.check('region: EU', new Map([['region', 'EU']]))
+  const attrs: kf.Attributes = new Map<string, string>()
+  const bytes: kf.Bytes[] = [Buffer.alloc(1), new Uint16Array(1), new DataView(new ArrayBuffer(1)), new ArrayBuffer(1)]
   const canonical: string = kf.policy.canonical('region:EU')
 
   const { publicKey, masterKey }: kf.abe.AuthorityKeys = await kf.abe.setup()
@@ -18,7 +21,7 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const msk: kf.abe.MasterKey = kf.abe.MasterKey.fromBytes(masterKey.toBytes())
   const ak: kf.abe.AttributeKey = kf.abe.AttributeKey.fromBytes(key.toBytes())
   const labels: string[] = ak.labels
-  const could: boolean = kf.abe.couldDecrypt({ region: 'EU' }, ct)
+  const could: boolean = kf.abe.couldDecrypt(attrs, new DataView(ct.buffer, ct.byteOffset, ct.length))
   const policy: string = kf.abe.policyOf(ct)
 
   const auth: kf.wrap.Authority = await kf.wrap.Authority.init(dir)
@@ -38,9 +41,21 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const engine = new kf.sign.Engine({ isolated: false, ec: { threads: 2, queueCapacity: 1024 }, timeoutMs: 1000 })
   const sk: kf.sign.PrivateKey = kf.sign.PrivateKey.fromPem(pem)
   const sk2: kf.sign.PrivateKey = kf.sign.PrivateKey.fromPem(Buffer.from(pem))
+  const sk3: kf.sign.PrivateKey = kf.sign.PrivateKey.fromPem(crypto.createPrivateKey(pem))
+  const held2: kf.sign.PrivateKey = engine.loadKey(crypto.createPrivateKey(pem))
   const held: kf.sign.PrivateKey = engine.loadKey(pem)
   const sig: Buffer = await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { timeoutMs: 50 })
   await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { signal: new AbortController().signal })
+  await engine.sign(sk, 'ecdsa-p256-sha256', new ArrayBuffer(4), { signal: AbortSignal.timeout(100), timeoutMs: 50 })
+  try {
+    await engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { signal: AbortSignal.abort() })
+  } catch (e) {
+    if (e instanceof kf.KeyfenceError && e.name === 'AbortError') void e.code
+  }
+  // @ts-expect-error signSync cannot be aborted: its options have no signal
+  engine.signSync(sk, 'ecdsa-p256-sha256', Buffer.from('data'), { signal: new AbortController().signal })
+  // @ts-expect-error the generated loader's marker is no export of keyfence
+  void kf.__napiBindingTarget
   const remote = new kf.sign.RemoteSigner({
     peers: [{ name: 'sfo1', address: '127.0.0.1:7543', attributes: { country: 'US' } }],
     cert: 'c.pem', key: 'c.key', ca: 'ca.pem', requestTimeoutMs: 500,
@@ -52,7 +67,7 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const sig2: Buffer = engine.signSync(sk2, 'ecdsa-p256-sha256', Buffer.from('data'))
   const metrics: kf.sign.EngineMetrics = engine.metrics()
   const p99: number = metrics.ec.latency.p99
-  const overloaded: number | undefined = metrics.ec.errors['overloaded']
+  const overloaded: number = metrics.ec.errors.overloaded + metrics.ec.errors.timedOut + metrics.ec.errors.shutDown
   const spki: Buffer = held.publicKeyDer()
   const kind: string = sk.kind
   const isolated: boolean = engine.isolated
@@ -75,5 +90,6 @@ export async function everything(dir: string, pem: string): Promise<void> {
       void [code, position]
     }
   }
+  void [bytes, sk3, held2]
   void [v, ok, canonical, pt, pt2, k2, pk, msk, labels, could, policy, authSync, n, yes, secret, secret2, mk, r2, sig, sig2, p99, overloaded, spki, kind, isolated, pid, opened, socket, agentSig]
 }

@@ -81,6 +81,8 @@ test('a key this machine may not open is signed by the server that may', async (
 })
 
 test('refusals have stable codes', async (t) => {
+  const engine = new kf.sign.Engine()
+  t.after(() => engine.close())
   const s = server(t)
   const eu = remote(s, { country: 'DE' })
   await assert.rejects(eu.key(s.env), (e) => e instanceof kf.KeyfenceError && e.code === 'BACKEND_FAILED' && /no configured peer/.test(e.message))
@@ -91,9 +93,12 @@ test('refusals have stable codes', async (t) => {
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [], ...tls }), { code: 'INVALID_CONFIG' })
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: 'not an address', attributes: US }], ...tls }), { code: 'INVALID_CONFIG' })
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: { a: '' } }], ...tls }), { code: 'INVALID_ATTRIBUTES' })
-  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: US }], ...tls, maxAttempts: 0 }), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: US }], ...tls, maxAttempts: 0 }), { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' })
   assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ name: 'x', address: s.addr, attributes: US }], ...tls, cert: s.f('missing.pem') }), { code: 'INVALID_CONFIG' })
-  assert.throws(() => new kf.sign.RemoteSigner({ peers: 'sfo1', ...tls }), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: 'sfo1', ...tls }), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /"options\.peers" property must be an instance of Array/ })
+  // A peer's attributes may be a Map, as everywhere attributes are taken.
+  const signer = new kf.sign.RemoteSigner({ peers: [{ name: 'sfo1', address: s.addr, attributes: new Map(Object.entries(US)) }], ...tls })
+  assert.equal(verify(s, await engine.sign(await signer.key(s.env), 'ecdsa-p256-sha256', msg)), true)
 })
 
 test('a killed server fails in bounded time', async (t) => {
@@ -106,4 +111,25 @@ test('a killed server fails in bounded time', async (t) => {
   const t0 = Date.now()
   await assert.rejects(engine.sign(key, 'ecdsa-p256-sha256', msg), (e) => ['BACKEND_FAILED', 'TIMED_OUT'].includes(e.code))
   assert.ok(Date.now() - t0 < 5000, `${Date.now() - t0} ms`)
+})
+
+test('options are checked before anything starts: RangeError, TypeError naming the option', () => {
+  const tls = { cert: 'client.pem', key: 'client.key', ca: 'ca.pem' }
+  const peers = [{ name: 'sfo1', address: '127.0.0.1:1', attributes: US }]
+  const range = (name) => ({ name: 'RangeError', code: 'ERR_OUT_OF_RANGE', message: new RegExp(`"options\\.${name}" is out of range`) })
+  const type = (name) => ({ name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: new RegExp(`"options\\.${name.replace(/[[\]]/g, '\\$&')}"`) })
+  for (const [field, values] of [['connectTimeoutMs', [0, -1, 1.5, 2 ** 32 + 5]], ['requestTimeoutMs', [0, 2 ** 32]], ['maxAttempts', [0, 2.5]], ['tenant', [-1, 2 ** 32, 0.5]]]) {
+    for (const v of values) assert.throws(() => new kf.sign.RemoteSigner({ peers, ...tls, [field]: v }), range(field))
+    assert.throws(() => new kf.sign.RemoteSigner({ peers, ...tls, [field]: '5' }), type(field))
+  }
+  assert.throws(() => new kf.sign.RemoteSigner({ peers, ...tls, cert: undefined }), type('cert'))
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ address: '127.0.0.1:1', attributes: US }], ...tls }), type('peers[0].name'))
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ ...peers[0], attributes: [['country', 'US']] }], ...tls }), type('peers[0].attributes'))
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ ...peers[0], port: 1 }], ...tls }), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /unknown property "port"/ })
+  assert.throws(() => new kf.sign.RemoteSigner({ peers, ...tls, retries: 2 }), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /unknown property "retries"/ })
+  assert.throws(() => new kf.sign.RemoteSigner(), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /"options" argument must be of type object/ })
+  // A peer's attributes are read as everywhere: a Map's entries, an
+  // object's own properties; the core refuses an empty value either way.
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ ...peers[0], attributes: new Map([['a', '']]) }], ...tls }), { code: 'INVALID_ATTRIBUTES' })
+  assert.throws(() => new kf.sign.RemoteSigner({ peers: [{ ...peers[0], attributes: { a: '\ud800' } }], ...tls }), { name: 'KeyfenceError', code: 'INVALID_ARGUMENT' })
 })

@@ -67,7 +67,7 @@ test('errors: bad keys, unknown algorithms, mismatches, closed engine', async ()
   await assert.rejects(engine.sign(sk, 'rsa-sha1', Buffer.from('x')), { code: 'INVALID_REQUEST' })
   await assert.rejects(engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x')), { code: 'INVALID_REQUEST' })
   assert.throws(() => engine.signSync(sk, 'ed25519', Buffer.from('x')), { code: 'INVALID_REQUEST' })
-  assert.throws(() => new kf.sign.Engine({ ec: { threads: 0 } }), { code: 'INVALID_CONFIG' })
+  assert.throws(() => new kf.sign.Engine({ ec: { threads: 0 } }), { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' })
   assert.throws(() => new kf.sign.Engine({ keyProcess: 'no-such-program' }), { code: 'INVALID_CONFIG' })
   engine.close()
   await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('x')), { code: 'SHUT_DOWN' })
@@ -117,7 +117,8 @@ test('an AbortSignal cancels queued signatures, which never run', async (t) => {
   assert.ok(cancelled.length > 200, `${cancelled.length} of 300 cancelled`)
   for (const r of cancelled) {
     assert.ok(r.reason instanceof kf.KeyfenceError)
-    assert.equal(r.reason.code, 'CANCELLED')
+    assert.equal(r.reason.name, 'AbortError')
+    assert.equal(r.reason.code, 'ABORT_ERR')
     assert.equal(r.reason.cause, reason)
   }
   // The cancelled ones did not run: the engine completed only the others.
@@ -135,19 +136,22 @@ test('an aborted signal rejects at once; a shared signal keeps no listeners', as
   t.after(() => engine.close())
   const sk = kf.sign.PrivateKey.fromPem(keys.p256.pem)
   const gone = AbortSignal.abort('shutting down')
-  await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('x'), { signal: gone }), (e) => e instanceof kf.KeyfenceError && e.code === 'CANCELLED' && e.cause === 'shutting down')
+  await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('x'), { signal: gone }), (e) => e instanceof kf.KeyfenceError && e.name === 'AbortError' && e.code === 'ABORT_ERR' && e.cause === 'shutting down')
   // One long-lived signal for a whole server: every settled signature
   // removes its listener.
   const shutdown = new AbortController()
   const sigs = await Promise.all(Array.from({ length: 1000 }, () => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal })))
   assert.ok(sigs.every((s) => crypto.verify('sha256', Buffer.from('y'), keys.p256.publicKey, s)))
   assert.equal(events.getEventListeners(shutdown.signal, 'abort').length, 0)
-  for (const timeoutMs of [-1, 0, 1.5, 2 ** 32]) {
-    await assert.rejects(engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal, timeoutMs }), { code: 'INVALID_ARGUMENT' })
+  for (const timeoutMs of [-1, 0, 1.5, 2 ** 32, 2 ** 32 + 5, NaN, Infinity]) {
+    assert.throws(() => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal, timeoutMs }), { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' })
+    assert.throws(() => engine.signSync(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { timeoutMs }), { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' })
   }
   assert.equal(events.getEventListeners(shutdown.signal, 'abort').length, 0)
-  assert.throws(() => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: {} }), { code: 'INVALID_ARGUMENT' })
-  assert.throws(() => engine.signSync(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal }), { code: 'INVALID_ARGUMENT' })
+  assert.throws(() => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: {} }), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /"options\.signal" property must be an instance of AbortSignal/ })
+  assert.throws(() => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { timeout: 5 }), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /unknown property "timeout"/ })
+  assert.throws(() => engine.sign(sk, 'ecdsa-p256-sha256', Buffer.from('y'), 'fast'), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE' })
+  assert.throws(() => engine.signSync(sk, 'ecdsa-p256-sha256', Buffer.from('y'), { signal: shutdown.signal }), { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE', message: /signSync.*cannot be aborted/ })
   assert.equal(typeof engine.signCancellable, 'undefined')
 })
 
@@ -185,7 +189,8 @@ test('1,000 signatures in flight on one signal: one listener, no leak warning, a
   const rejected = results.filter((r) => r.status === 'rejected')
   for (const r of rejected) {
     assert.ok(r.reason instanceof kf.KeyfenceError)
-    assert.equal(r.reason.code, 'CANCELLED')
+    assert.equal(r.reason.name, 'AbortError')
+    assert.equal(r.reason.code, 'ABORT_ERR')
     assert.equal(r.reason.cause, reason)
   }
   assert.ok(rejected.length >= 500, `${rejected.length} of 1000 cancelled`)
@@ -194,6 +199,80 @@ test('1,000 signatures in flight on one signal: one listener, no leak warning, a
   assert.equal(m.completed, results.length - rejected.length)
   await settleWarnings()
   assert.deepEqual(warnings.map((w) => `${w.name}: ${w.message}`), [])
+})
+
+test('AbortSignal.timeout: a TimeoutError with the code of the engine\'s deadline', async (t) => {
+  const engine = new kf.sign.Engine({ rsa: { threads: 1, queueCapacity: 1000 }, timeoutMs: 60000 })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.rsa.pem)
+  // About a millisecond each on one thread: most of 300 are still queued
+  // when the 20 ms signal fires.
+  const signal = AbortSignal.timeout(20)
+  const results = await Promise.allSettled(Array.from({ length: 300 }, () => engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x'), { signal })))
+  const rejected = results.filter((r) => r.status === 'rejected')
+  assert.ok(rejected.length > 0)
+  for (const r of rejected) {
+    assert.ok(r.reason instanceof kf.KeyfenceError)
+    assert.equal(r.reason.name, 'TimeoutError')
+    assert.equal(r.reason.code, 'TIMED_OUT')
+    assert.ok(r.reason.cause instanceof DOMException)
+    assert.equal(r.reason.cause.name, 'TimeoutError')
+    assert.equal(r.reason.cause, signal.reason)
+  }
+  // Fired already: at once.
+  await assert.rejects(engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x'), { signal }), { name: 'TimeoutError', code: 'TIMED_OUT' })
+  // Any other reason is an abort, whatever its type.
+  for (const reason of [undefined, 'bye', 42, new Error('gone'), new DOMException('stop', 'AbortError')]) {
+    const c = new AbortController()
+    c.abort(reason)
+    await assert.rejects(engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x'), { signal: c.signal }), (e) => e instanceof kf.KeyfenceError && e.name === 'AbortError' && e.code === 'ABORT_ERR' && e.cause === c.signal.reason)
+  }
+})
+
+test('engine options are checked: a RangeError out of range, a TypeError for a wrong type or an unknown option', (t) => {
+  const range = { name: 'RangeError', code: 'ERR_OUT_OF_RANGE' }
+  const type = { name: 'TypeError', code: 'ERR_INVALID_ARG_TYPE' }
+  // Each of these wrapped or truncated before: -1 as no deadline, 2^32 + 5
+  // as 5 ms, 1.5 as 1 ms.
+  for (const timeoutMs of [-1, 0, 1.5, 2 ** 32, 2 ** 32 + 5, NaN, Infinity, -Infinity]) {
+    assert.throws(() => new kf.sign.Engine({ timeoutMs }), { ...range, message: /"options\.timeoutMs" is out of range\. It must be an integer >= 1 and <= 4294967295/ })
+  }
+  for (const cls of ['rsa', 'ec', 'slow']) {
+    for (const threads of [0, -1, 1.5, 4097, 2 ** 32 + 1]) assert.throws(() => new kf.sign.Engine({ [cls]: { threads } }), { ...range, message: new RegExp(`"options\\.${cls}\\.threads"`) })
+    for (const queueCapacity of [0, 0.5, 2 ** 24 + 1, 2 ** 32]) assert.throws(() => new kf.sign.Engine({ [cls]: { queueCapacity } }), range)
+    assert.throws(() => new kf.sign.Engine({ [cls]: { threads: '2' } }), type)
+    assert.throws(() => new kf.sign.Engine({ [cls]: 4 }), type)
+    assert.throws(() => new kf.sign.Engine({ [cls]: null }), type)
+    assert.throws(() => new kf.sign.Engine({ [cls]: { thread: 2 } }), { ...type, message: /"options\.\w+" property has an unknown property "thread": it takes threads, queueCapacity/ })
+  }
+  assert.throws(() => new kf.sign.Engine({ timeoutMs: '100' }), type)
+  assert.throws(() => new kf.sign.Engine({ timeoutMs: 100n }), type)
+  assert.throws(() => new kf.sign.Engine({ isolated: 'yes' }), type)
+  assert.throws(() => new kf.sign.Engine({ isolated: 1 }), type)
+  assert.throws(() => new kf.sign.Engine({ keyProcess: 5 }), type)
+  assert.throws(() => new kf.sign.Engine({ agent: 5 }), type)
+  assert.throws(() => new kf.sign.Engine({ timeout: 1000 }), { ...type, message: /unknown property "timeout": it takes rsa, ec, slow, timeoutMs, isolated, keyProcess, agent/ })
+  for (const options of [5, 'fast', true, [], () => {}]) assert.throws(() => new kf.sign.Engine(options), { ...type, message: /"options" argument must be of type object/ })
+  // What is in range works, at both ends; undefined is the default.
+  for (const options of [undefined, null, {}, { timeoutMs: 1 }, { timeoutMs: 2 ** 32 - 1 }, { ec: { threads: 1, queueCapacity: 1 } }, { timeoutMs: undefined, rsa: undefined }]) {
+    const engine = new kf.sign.Engine(options)
+    t.after(() => engine.close())
+  }
+})
+
+test('metrics: every key is camelCase, errors by kind included', async (t) => {
+  const engine = new kf.sign.Engine({ timeoutMs: 1 })
+  t.after(() => engine.close())
+  const sk = kf.sign.PrivateKey.fromPem(keys.p256.pem)
+  await assert.rejects(engine.sign(sk, 'rsa-pss-sha256', Buffer.from('x')), { code: 'INVALID_REQUEST' })
+  const m = engine.metrics()
+  const keysOf = (o, at = 'metrics') => Object.entries(o).flatMap(([k, v]) => [`${at}.${k}`, ...(v !== null && typeof v === 'object' ? keysOf(v, `${at}.${k}`) : [])])
+  const all = keysOf(m)
+  assert.ok(all.length > 50)
+  assert.deepEqual(all.filter((k) => !/^[a-z][a-zA-Z0-9]*$/.test(k.slice(k.lastIndexOf('.') + 1))), [])
+  for (const cls of ['rsa', 'ec', 'slow']) {
+    assert.deepEqual(Object.keys(m[cls].errors), ['overloaded', 'timedOut', 'cancelled', 'shutDown', 'invalid', 'failed'])
+  }
 })
 
 test('metrics count per class', async (t) => {

@@ -34,3 +34,27 @@ test('a TypeScript file using the whole API type-checks (tsc --noEmit)', () => {
   const tsc = path.join(here, 'node_modules', 'typescript', 'bin', 'tsc')
   execFileSync(process.execPath, [tsc, '-p', 'tsconfig.json'], { cwd: here, stdio: 'inherit' })
 })
+
+test('index.d.ts declares what index.js exports, no more and no less', () => {
+  const ts = require('typescript')
+  const kf = require('..')
+  const file = path.join(here, 'index.d.ts')
+  const program = ts.createProgram([file], { noEmit: true, types: ['node'], typeRoots: [path.join(here, 'node_modules', '@types')] })
+  const checker = program.getTypeChecker()
+  const isValue = (s) => (s.flags & ts.SymbolFlags.Value) !== 0
+  const names = (symbols) => symbols.filter(isValue).map((s) => s.name).sort()
+  const top = checker.getExportsOfModule(checker.getSymbolAtLocation(program.getSourceFile(file)))
+  // Not the generated loader's `__napiBindingTarget` (undefined from index.js).
+  assert.deepEqual(names(top), Object.keys(kf).sort())
+  for (const ns of top.filter((s) => s.flags & ts.SymbolFlags.Namespace)) {
+    const members = checker.getExportsOfModule(ns)
+    assert.deepEqual(names(members), Object.keys(kf[ns.name]).sort(), `namespace ${ns.name}`)
+    for (const cls of members.filter((s) => s.flags & ts.SymbolFlags.Class)) {
+      const runtime = kf[ns.name][cls.name]
+      const declared = (table) => [...(table || new Map()).values()].filter((s) => s.flags & (ts.SymbolFlags.Method | ts.SymbolFlags.GetAccessor)).map((s) => s.name).sort()
+      const own = (o) => Object.getOwnPropertyNames(o).filter((n) => !['constructor', 'length', 'name', 'prototype'].includes(n)).sort()
+      assert.deepEqual(declared(cls.members), own(runtime.prototype), `${ns.name}.${cls.name} methods`)
+      assert.deepEqual(declared(cls.exports), own(runtime), `${ns.name}.${cls.name} statics`)
+    }
+  }
+})
