@@ -93,17 +93,43 @@ fn the_engine_starts_restarts_and_stops_its_key_process() {
     assert!(!our_key_process(second), "key process {second} outlived the engine's close");
     assert_eq!(engine.key_process_pid(), None);
     assert!(!engine.has_key_process());
-    // The handle stays safe to use: it fails, clearly, on any engine.
+    // The handle stays safe to use: on any engine it fails as shut down
+    // (its engine was closed), not as a key process that crashed.
     let other = Engine::new(EngineConfig::default()).unwrap();
     let e = other.sign(&key, keyfence::sign::Algorithm::EcdsaP256Sha256, b"x").unwrap().wait().unwrap_err();
-    assert_eq!(e.code(), ErrorCode::BackendFailed, "{e}");
-    assert!(e.to_string().contains("gone"), "{e}");
+    assert_eq!(e, SignError::ShutDown, "{e}");
+    assert_eq!(e.code(), ErrorCode::ShutDown);
     // Later calls say the engine is closed, with the code bindings report.
     assert_eq!(sign(&engine, &key, b"x").unwrap_err(), SignError::ShutDown);
     assert_eq!(engine.metrics().unwrap_err(), SignError::ShutDown);
     assert_eq!(engine.load(KeySource::Bytes(p256_pem())).unwrap_err().code(), ErrorCode::ShutDown);
     engine.close(); // idempotent
     assert!(engine.is_closed());
+}
+
+#[test]
+fn operations_in_flight_when_the_engine_closes_fail_as_shut_down() {
+    let engine = key_process_engine();
+    let key = engine.load(KeySource::Bytes(p256_pem())).unwrap();
+    let keys = engine.key_process().unwrap().unwrap();
+    // Queued, sent to the key process, or waiting for its reply when the
+    // engine closes: each signs or fails with ShutDown, never with the
+    // key process's death (the engine killed it, on purpose).
+    let futures: Vec<_> = (0..300u32)
+        .map(|i| {
+            let req = ManagedEngine::request(key.clone(), "ecdsa-p256-sha256", i.to_be_bytes().to_vec(), None).unwrap();
+            engine.submit(req).unwrap()
+        })
+        .collect();
+    engine.close();
+    for f in futures {
+        if let Err(e) = f.wait() {
+            assert_eq!(e, SignError::ShutDown, "{e}");
+        }
+    }
+    // The key process's own handle says the same.
+    assert_eq!(keys.status().unwrap_err(), SignError::ShutDown);
+    assert_eq!(keys.load(KeySource::Bytes(p256_pem())).unwrap_err(), SignError::ShutDown);
 }
 
 #[test]

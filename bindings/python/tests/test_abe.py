@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import copy
 import pickle
 from typing import Tuple
 
@@ -84,15 +85,37 @@ def test_bad_key_bytes(cls: type) -> None:
         cls.from_bytes("not bytes")  # type: ignore[attr-defined]
 
 
-def test_secrets_are_not_shown_or_pickled(authority: Authority) -> None:
+def test_secrets_are_not_shown_copied_or_pickled(authority: Authority) -> None:
     pk, msk = authority
     key = abe.keygen(msk, {"a": "b"})
     for secret in (msk, key):
         r = repr(secret)
         assert "secret" in r and len(r) < 60
-        with pytest.raises(TypeError):
-            pickle.dumps(secret)
+        # keyfence's own error, a TypeError as copy and pickle raise, saying why.
+        for attempt in (pickle.dumps, copy.copy, copy.deepcopy):
+            with pytest.raises(keyfence.InvalidArgumentType, match="secrets are not copied or pickled") as e:
+                attempt(secret)
+            assert isinstance(e.value, TypeError) and "from_bytes()" in str(e.value)
     assert repr(pk) == "<keyfence.abe.PublicKey>"
+
+
+def test_public_keys_compare_by_value(authority: Authority) -> None:
+    """As pyca/cryptography's public keys: equal when their bytes are, and
+    (unlike those) hashable to match; a copy is the key itself."""
+    pk, msk = authority
+    same = abe.PublicKey.from_bytes(pk.to_bytes())
+    assert same is not pk
+    assert same == pk and pk == same and not same != pk
+    assert hash(same) == hash(pk) and len({pk, same}) == 1 and {pk: 1}[same] == 1
+    other, _ = abe.setup()
+    assert other != pk and pk != other and not other == pk
+    assert len({pk, same, other}) == 2
+    # Against what is not a public key: unequal, never an error.
+    for non_key in (msk, abe.keygen(msk, {"a": "b"}), pk.to_bytes(), None, "pk", 0, object()):
+        assert pk != non_key and non_key != pk and not pk == non_key
+    assert copy.copy(pk) is pk and copy.deepcopy(pk) is pk
+    with pytest.raises(keyfence.InvalidArgumentType, match="not pickled"):
+        pickle.dumps(pk)
 
 
 def test_errors_of_each_function(authority: Authority) -> None:

@@ -79,6 +79,11 @@ def test_an_agents_engine_loads_envelopes_without_store_or_machine_key_and_signs
     assert repr(engine) == f"<keyfence.sign.Engine (agent {a.socket}) (closed)>"
     with pytest.raises(keyfence.ShutDown, match="closed"):
         sign.PrivateKey.load_envelope(env, engine=engine)
+    # Its keys went with it: on another engine they fail as shut down too,
+    # not as a lost connection to the agent.
+    with sign.Engine() as other:
+        with pytest.raises(keyfence.ShutDown):
+            other.sign_sync(key, "ecdsa-p256-sha256", MSG)
 
 
 def test_the_agent_refuses_what_its_machine_may_not_open(key_agent: KeyAgent) -> None:

@@ -1,7 +1,7 @@
 """docs/python.md: the example program is shown unchanged and runs, the
 API block runs as a script top to bottom, the key agent's block runs
-against a real agent, and every other Python block says why it is not
-run."""
+against a real agent, the fork block forks and signs, and every other
+Python block says why it is not run."""
 
 from __future__ import annotations
 
@@ -42,6 +42,10 @@ def agent_block() -> str:
     return section_block("Through a key agent")
 
 
+def fork_block() -> str:
+    return section_block("After fork()")
+
+
 def test_doc_shows_the_example() -> None:
     assert EXAMPLE.read_text(encoding="utf-8") in [code for _, code in blocks()]
 
@@ -70,10 +74,24 @@ def test_the_agent_block_runs_against_an_agent(key_agent: KeyAgent) -> None:
     assert r.stdout.split() == ["False"]
 
 
+def test_the_fork_block_forks_and_signs(tmp_path: pathlib.Path) -> None:
+    """A pool's workers sign with the parent's engine; the child of
+    os.fork() is refused the parent's isolated key, with ShutDown naming
+    the fork, and loads it again."""
+    script = tmp_path / "fork.py"
+    script.write_text(fork_block(), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert re.fullmatch(
+        r"this key was made in process \d+, before this process \(\d+\) forked from it: .*load the key again in this process\n",
+        r.stdout,
+    ), r.stdout
+
+
 def test_every_python_block_is_run_or_says_why_not() -> None:
-    example, api, agent = EXAMPLE.read_text(encoding="utf-8"), api_block(), agent_block()
+    example, api, agent, fork = EXAMPLE.read_text(encoding="utf-8"), api_block(), agent_block(), fork_block()
     for info, code in blocks():
-        if code in (example, api, agent):
+        if code in (example, api, agent, fork):
             continue
         # A block that needs what a test cannot give it says why in its info
         # string, as docs/run_blocks.py reads it: `no-run (the reason)`.

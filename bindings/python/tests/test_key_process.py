@@ -10,7 +10,7 @@ from typing import Any, Dict
 
 import pytest
 from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.hazmat.primitives.asymmetric import ec, padding
 
 import keyfence
 from keyfence import sign
@@ -75,3 +75,47 @@ def test_an_envelope_opened_by_the_key_process(tmp_path: pathlib.Path, pems: Dic
                 sign.PrivateKey.load_envelope(store, tmp_path / "missing", envelope, engine=engine)
             with pytest.raises(keyfence.InvalidEnvelope):
                 sign.PrivateKey.load_envelope(store, fra1, b"junk", engine=engine)
+
+
+def test_a_closed_engines_keys_fail_with_shut_down(pems: Dict[str, bytes]) -> None:
+    """Closing an isolated engine ends its key process on purpose: its keys
+    then fail as shut down, on that engine and on any other, never as a
+    key process that died (of the SIGKILL the close sent it)."""
+    engine = sign.Engine(isolated=True)
+    key = engine.load_key(pems["p256"])
+    assert engine.sign_sync(key, "ecdsa-p256-sha256", b"before")
+    engine.close()
+    with pytest.raises(keyfence.ShutDown, match="closed"):
+        engine.sign_sync(key, "ecdsa-p256-sha256", b"after")
+    with sign.Engine() as other:
+        for attempt in (
+            lambda: other.sign_sync(key, "ecdsa-p256-sha256", b"after"),
+            lambda: asyncio.run(other.sign(key, "ecdsa-p256-sha256", b"after")),
+        ):
+            with pytest.raises(keyfence.ShutDown) as e:
+                attempt()
+            assert e.value.code == "SHUT_DOWN" and not isinstance(e.value, keyfence.BackendFailed)
+            assert "SIGKILL" not in str(e.value) and "died" not in str(e.value), str(e.value)
+
+
+def test_signatures_in_flight_when_an_isolated_engine_closes(pems: Dict[str, bytes], pyca_keys: Dict[str, Any]) -> None:
+    """Queued, at the key process or on their way back when the engine
+    closes: each one signs, or fails with ShutDown (RSA, so that closing
+    finds many still at the key process)."""
+
+    async def main() -> list[Any]:
+        engine = sign.Engine(isolated=True, rsa_threads=1)
+        key = engine.load_key(pems["rsa2048"])
+        tasks = [asyncio.ensure_future(engine.sign(key, "rsa-pss-sha256", b"%d" % i)) for i in range(400)]
+        await asyncio.sleep(0)  # every task has submitted its operation
+        engine.close()
+        return await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+
+    results = asyncio.run(main())
+    public = pyca_keys["rsa2048"].public_key()
+    for i, r in enumerate(results):
+        if isinstance(r, bytes):
+            public.verify(r, b"%d" % i, padding.PSS(padding.MGF1(hashes.SHA256()), 32), hashes.SHA256())
+        else:
+            assert isinstance(r, keyfence.ShutDown), repr(r)
+    assert any(isinstance(r, keyfence.ShutDown) for r in results)

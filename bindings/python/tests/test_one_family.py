@@ -306,3 +306,179 @@ def test_bad_bytes(world: World) -> None:
                 e = raised(lambda: call(form))  # type: ignore[arg-type]
                 check_error(e)
                 assert not isinstance(e, keyfence.InvalidArgumentType), (name, e)
+
+
+# What a message about an argument must never show: the native module's
+# own names and pybind11's C++ types.
+NATIVE_NAMES = ("kfpy", "::", "Handle<", "_core", "incompatible function arguments", "pybind11")
+
+
+def test_a_wrong_keyfence_object_is_named_with_the_type_taken(world: World) -> None:
+    """Every public callable given keyfence objects of the wrong class, in
+    every position: InvalidArgumentType naming the argument and the type
+    it takes, in the API's names, never pybind11's C++ types. (A remote
+    signer is left out: attach_remote takes one.)"""
+    w = world
+    objects = [w.pk, w.msk, w.attr_key, w.authority, w.machine, w.engine, w.key]
+    walked = 0
+    for name, fn in public_callables(w):
+        for obj in objects:
+            for n in range(1, 5):
+                try:
+                    result = fn(*[obj] * n)
+                    if inspect.iscoroutine(result):
+                        result = asyncio.run(result)
+                except BaseException as e:  # noqa: B036
+                    check_error(e, keyfence.InvalidArgumentType)
+                    assert not any(s in str(e) for s in NATIVE_NAMES), f"{name}: {e}"
+                    walked += 1
+                    continue
+                assert name == "keyfence.sign.Peer" and n >= 3, f"{name} accepted {n} {obj!r}: {result!r}"
+    assert walked > 500
+    # The reported cases, word for word.
+    cases: List[Tuple[Callable[[], Any], str]] = [
+        (lambda: abe.encrypt(w.msk, "region: EU", b"m"), "pk must be a keyfence.abe.PublicKey, not 'keyfence.abe.MasterSecretKey'"),
+        (lambda: abe.keygen(w.pk, {"a": "b"}), "msk must be a keyfence.abe.MasterSecretKey, not 'keyfence.abe.PublicKey'"),
+        (lambda: abe.decrypt(w.msk, w.ct), "key must be a keyfence.abe.AttributeKey, not 'keyfence.abe.MasterSecretKey'"),
+        (lambda: w.engine.sign_sync(w.msk, "ecdsa-p256-sha256", b"x"), "key must be a keyfence.sign.PrivateKey, not 'keyfence.abe.MasterSecretKey'"),
+        (lambda: w.engine.sign(w.attr_key, "ecdsa-p256-sha256", b"x"), "key must be a keyfence.sign.PrivateKey, not 'keyfence.abe.AttributeKey'"),
+        (lambda: sign.PrivateKey.from_envelope(w.authority, w.envelope), "machine must be a keyfence.wrap.Machine, not 'keyfence.wrap.Authority'"),
+        (lambda: sign.PrivateKey.from_pem(w.pem, engine=w.machine), "engine must be a keyfence.sign.Engine or None, not 'keyfence.wrap.Machine'"),
+        (lambda: sign.PrivateKey.load_envelope(w.envelope, engine=w.remote), "engine must be a keyfence.sign.Engine or None, not 'keyfence.sign.RemoteSigner'"),
+        (lambda: abe.PublicKey.to_bytes(w.msk), "keyfence.abe.PublicKey.to_bytes() is a method of keyfence.abe.PublicKey, not of 'keyfence.abe.MasterSecretKey'"),
+        (lambda: abe.PublicKey(), "keyfence.abe.PublicKey is not made by calling it: use keyfence.abe.setup() or PublicKey.from_bytes()"),
+    ]
+    for call, message in cases:
+        e = raised(call)
+        check_error(e, keyfence.InvalidArgumentType)
+        assert isinstance(e, TypeError) and str(e) == message, str(e)
+
+
+def all_members(world: World) -> Iterator[Tuple[str, Callable[..., Any]]]:
+    """public_callables, and every public method unbound, from its class."""
+    for name, fn in public_callables(world):
+        yield name, fn
+        if isinstance(fn, type):
+            for attr in dir(fn):
+                member = inspect.getattr_static(fn, attr)
+                if attr.startswith("_") or isinstance(member, property) or not callable(getattr(fn, attr)):
+                    continue  # a property, or a Peer's field
+                if any(attr in vars(base) for base in fn.__mro__ if base.__module__ == "builtins"):
+                    continue
+                yield f"{name}.{attr} (unbound)", getattr(fn, attr)
+
+
+# Classes only keyfence's functions make: calling one raises, whatever it
+# is given, so its signature takes anything.
+MADE_BY_FUNCTIONS = {abe.PublicKey, abe.MasterSecretKey, abe.AttributeKey, wrap.Authority, sign.PrivateKey}
+
+
+def test_every_public_callable_has_a_signature(world: World) -> None:
+    """inspect.signature works on every public function, class and method
+    (bound and unbound), with the parameters' real names, and each says
+    where it is public and what it does, in the API's names."""
+    seen = 0
+    for name, fn in all_members(world):
+        sig = inspect.signature(fn)
+        seen += 1
+        assert not any(s in str(sig) for s in NATIVE_NAMES), (name, str(sig))
+        kinds = {p.kind for p in sig.parameters.values()}
+        if fn not in MADE_BY_FUNCTIONS and not name.startswith("keyfence.sign.PrivateKey.load_envelope"):
+            assert inspect.Parameter.VAR_KEYWORD not in kinds, (name, str(sig))
+            assert inspect.Parameter.VAR_POSITIONAL not in kinds, (name, str(sig))
+        if not isinstance(fn, type):
+            assert fn.__module__.startswith("keyfence.") and "_core" not in fn.__module__, (name, fn.__module__)
+            assert fn.__qualname__ in name, (name, fn.__qualname__)
+            assert fn.__doc__ and not any(s in fn.__doc__ for s in NATIVE_NAMES), (name, fn.__doc__)
+    assert seen > 60
+    w = world
+    expected: Dict[Callable[..., Any], List[str]] = {
+        abe.PublicKey.from_bytes: ["data"],
+        abe.MasterSecretKey.to_bytes: ["self"],
+        w.pk.to_bytes: [],
+        wrap.Authority.init: ["store"],
+        w.authority.issue: ["attributes"],
+        w.authority.wrap: ["policy", "secret"],
+        w.authority.revoke: ["machine_id"],
+        wrap.Machine: ["machine_key", "store"],
+        w.machine.open: ["envelope"],
+        w.machine.cache_stats: [],
+        sign.PrivateKey.from_pem: ["pem", "engine"],
+        sign.PrivateKey.from_envelope: ["machine", "envelope", "engine"],
+        sign.PrivateKey.load_envelope: ["args", "engine"],
+        w.key.public_key_der: [],
+        sign.Engine.sign: ["self", "key", "algorithm", "data", "timeout"],
+        w.engine.load_key: ["pem"],
+    }
+    for fn, params in expected.items():
+        assert list(inspect.signature(fn).parameters) == params, (fn, inspect.signature(fn))
+    assert inspect.signature(sign.PrivateKey.from_pem).parameters["engine"].default is None
+    assert inspect.signature(sign.PrivateKey.load_envelope).parameters["engine"].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_everything_that_closes_closes_in_a_with_block(world: World) -> None:
+    """Each public class with close() is a context manager whose exit
+    closes it (on an exception too); the test names how to make each."""
+    w = world
+    fresh: Dict[type, Callable[[], Any]] = {
+        wrap.Authority: lambda: wrap.Authority.open(w.store),
+        sign.Engine: lambda: sign.Engine(threads=1),
+        sign.RemoteSigner: w.new_remote,
+    }
+    closing = sorted((c for c in w.instances() if callable(getattr(c, "close", None))), key=lambda c: c.__name__)
+    assert sorted(fresh, key=lambda c: c.__name__) == closing
+    for cls, make in fresh.items():
+        with make() as obj:
+            assert type(obj) is cls and not obj.closed
+        assert obj.closed, cls
+        with pytest.raises(RuntimeError):
+            with make() as obj:
+                raise RuntimeError("the block failed")
+        assert obj.closed, cls
+
+
+def test_secrets_and_handles_are_not_copied_or_pickled(world: World) -> None:
+    """copy.copy, copy.deepcopy and pickle of a keyfence object that holds a
+    secret, threads or connections raise InvalidArgumentType (a TypeError)
+    saying so; a public key, immutable, copies as itself; a Peer is data."""
+    import copy
+    import pickle
+
+    secrets = {abe.MasterSecretKey, abe.AttributeKey, wrap.Authority, wrap.Machine, sign.PrivateKey}
+    handles = {sign.Engine, sign.RemoteSigner}
+    instances = world.instances()
+    assert secrets | handles | {abe.PublicKey, sign.Peer} == set(instances)
+    for cls, obj in instances.items():
+        if cls in secrets or cls in handles:
+            for attempt in (lambda: copy.copy(obj), lambda: copy.deepcopy(obj), lambda: pickle.dumps(obj)):
+                e = raised(attempt)
+                check_error(e, keyfence.InvalidArgumentType)
+                assert isinstance(e, TypeError) and "not copied or pickled" in str(e), str(e)
+                assert ("holds a secret" in str(e)) == (cls in secrets), str(e)
+                assert "Invoked" not in str(e) and "cannot pickle" not in str(e)
+    pk = world.pk
+    assert copy.copy(pk) is pk and copy.deepcopy({"pk": pk})["pk"] is pk
+    e = raised(lambda: pickle.dumps(pk))
+    check_error(e, keyfence.InvalidArgumentType)
+    assert "to_bytes()" in str(e)
+    assert pickle.loads(pickle.dumps(world.peer)) == world.peer
+
+
+def test_pybind11_dispatch_errors_say_what_the_public_callable_takes() -> None:
+    """The backstop for a native call no check of ours caught: pybind11's
+    list of C++ overloads and the call's argument values (which may be
+    secrets) give way to the public callable's own signature."""
+    from keyfence._guard import translate
+
+    native = TypeError(
+        "abe_encrypt(): incompatible function arguments. The following argument types are supported:\n"
+        "    1. (pk: kfpy::Handle<keyfence_abe_public_key, &keyfence_abe_public_key_free>, policy: object, "
+        "message: object) -> bytes\n\nInvoked with: <keyfence.abe.MasterSecretKey (secret)>, 'a: b', b'the plaintext'"
+    )
+    e = translate(native, inspect.unwrap(abe.encrypt))
+    assert isinstance(e, keyfence.InvalidArgumentType)
+    check_error(e, keyfence.InvalidArgumentType)
+    assert str(e) == (
+        "invalid argument: an argument of a type it does not take; it takes "
+        "keyfence.abe.encrypt(pk: PublicKey, policy: str, message: Buffer) -> bytes"
+    ), str(e)

@@ -32,6 +32,21 @@ def test_misuse_is_caught(tmp_path: pathlib.Path) -> None:
     assert r.returncode == 1 and r.stdout.count("error:") == 2, r.stdout
 
 
+def test_the_engine_argument_is_typed(tmp_path: pathlib.Path) -> None:
+    """engine= takes a keyfence.sign.Engine or None, not Any: anything else
+    is caught before it runs (typed_usage.py passes both)."""
+    bad = tmp_path / "bad_engine.py"
+    bad.write_text(
+        "from keyfence import sign, wrap\n"
+        "sign.PrivateKey.from_pem(b'', engine='an engine')\n"
+        "sign.PrivateKey.from_envelope(wrap.Machine(b'', 's'), b'', engine=object())\n"
+        "sign.PrivateKey.load_envelope(b'', engine=1)\n"
+    )
+    r = mypy("--strict", str(bad))
+    assert r.returncode == 1 and r.stdout.count("error:") == 3, r.stdout
+    assert r.stdout.count('"Engine | None"') + r.stdout.count('"Optional[Engine]"') >= 2, r.stdout
+
+
 def test_stubs_match_the_native_module() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "keyfence._core", "--allowlist", str(HERE / "stubtest-allowlist.txt")],

@@ -88,6 +88,23 @@ def test_closed_authority(store: pathlib.Path) -> None:
     assert "closed" in repr(auth)
 
 
+def test_authority_in_a_with_block(store: pathlib.Path) -> None:
+    # Leaving the block closes it (wiping its master keys), as Engine and
+    # RemoteSigner do; on an exception too.
+    with wrap.Authority.init(store) as auth:
+        assert isinstance(auth, wrap.Authority) and not auth.closed
+        env = auth.wrap("region: EU", b"s")
+    assert auth.closed
+    with pytest.raises(keyfence.InvalidArgument, match="closed"):
+        auth.wrap("region: EU", b"s")
+    with pytest.raises(RuntimeError):
+        with wrap.Authority.open(store) as again:
+            machine_key = again.issue({"region": "EU"})
+            raise RuntimeError("the block failed")
+    assert again.closed
+    assert wrap.Machine(machine_key, store).open(env) == b"s"
+
+
 def test_one_authority_from_many_threads(
     store: pathlib.Path, in_threads: Callable[[int, Callable[[int], None]], None]
 ) -> None:

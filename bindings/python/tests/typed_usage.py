@@ -16,7 +16,8 @@ def cpabe() -> bytes:
     ok: bool = abe.could_decrypt({"region": "EU"}, ct) and policy.check("a: b", {"a": "b"})
     text: str = abe.policy_of(ct) + policy.canonical("a: b")
     pk2 = abe.PublicKey.from_bytes(pk.to_bytes())
-    del ok, text, pk2
+    same: bool = pk == pk2 and hash(pk) == hash(pk2)
+    del ok, text, pk2, same
     try:
         return abe.decrypt(key, ct)
     except keyfence.PolicySyntaxError as e:
@@ -28,10 +29,10 @@ def cpabe() -> bytes:
 
 
 def wrapping(path: str) -> bytes:
-    auth = wrap.Authority.init(path)
-    machine_key: bytes = auth.issue({"region": "EU"})
-    envelope: bytes = auth.wrap("region: EU", b"secret")
-    n: int = auth.rotate_master()
+    with wrap.Authority.init(path) as auth:
+        machine_key: bytes = auth.issue({"region": "EU"})
+        envelope: bytes = auth.wrap("region: EU", b"secret")
+        n: int = auth.rotate_master()
     m = wrap.Machine(machine_key, path)
     del n
     return m.open(envelope) if m.could_open(envelope) else b""
@@ -40,6 +41,10 @@ def wrapping(path: str) -> bytes:
 async def signing(pem: bytes) -> bytes:
     with sign.Engine(threads=2, queue_capacity=1024, timeout=0.5, isolated=False) as engine:
         key = sign.PrivateKey.from_pem(pem)
+        held: sign.PrivateKey = sign.PrivateKey.from_pem(pem, engine=engine)
+        loaded: sign.PrivateKey = engine.load_key(pem)
+        none: sign.PrivateKey = sign.PrivateKey.from_pem(pem, engine=None)
+        del held, loaded, none
         sig: bytes = await engine.sign(key, "ecdsa-p256-sha256", b"data")
         sig2: bytes = engine.sign_sync(key, "rsa-pss-sha256", b"data", timeout=1.0)
         workers: int = engine.metrics()["ec"]["workers"]
@@ -60,6 +65,9 @@ def remote_signing(machine: wrap.Machine, envelope: bytes) -> bool:
     peers = [sign.Peer("sfo1", "127.0.0.1:7543", {"country": "US"}), sign.Peer("iad1", "[::1]:7543", {}, "iad1.mesh")]
     with sign.RemoteSigner(peers, cert="c.pem", key="c.key", ca="ca.pem", tenant=3, request_timeout=0.5) as remote:
         key: sign.PrivateKey = remote.open_or_forward(machine, envelope)
+        with sign.Engine(isolated=True) as engine:
+            here = sign.PrivateKey.from_envelope(machine, envelope, engine=engine)
+            del here
         text: str = remote.metrics()
         del text
         return key.is_local

@@ -8,8 +8,8 @@ import os
 from typing import Any, Mapping, NamedTuple, Optional, Sequence, Union
 
 from . import _core
-from ._args import _ms
-from ._guard import guard, guard_class
+from ._args import _ms, public_name
+from ._guard import guard, guard_class, not_copied
 from .exceptions import InvalidArgument, InvalidArgumentType
 from .wrap import Machine
 
@@ -155,6 +155,12 @@ class RemoteSigner:
 
 
 guard_class(RemoteSigner)
+public_name(RemoteSigner, "keyfence.sign.RemoteSigner")
+not_copied(
+    RemoteSigner,
+    "keyfence.sign.RemoteSigner is not copied or pickled: it owns connections to the key servers; share "
+    "this one (it is thread-safe), or make one in each process",
+)
 # A Peer with the wrong number of fields is an argument error like any
 # other (its fields' types are checked where RemoteSigner uses them).
 setattr(Peer, "__new__", staticmethod(guard(Peer.__new__)))

@@ -12,15 +12,17 @@ decrypts exactly the ciphertexts whose policy its attributes satisfy::
     assert keyfence.abe.decrypt(key, ct) == b"secret"
 
 Every function that computes releases the GIL, so threads run in parallel.
-Keys pickle to nothing: move them with ``to_bytes``/``from_bytes``.
+Keys are not pickled (nor secret keys copied): move them with
+``to_bytes``/``from_bytes``. Public keys compare by value.
 """
 
 from __future__ import annotations
 
-from typing import Mapping, Tuple, Union
+from typing import Any, Mapping, Tuple, Union
 
 from . import _core
-from ._guard import guard, guard_class
+from ._args import instance
+from ._guard import Native, guard
 
 __all__ = [
     "PublicKey",
@@ -39,8 +41,55 @@ Buffer = Union[bytes, bytearray, memoryview]
 PublicKey = _core.PublicKey
 MasterSecretKey = _core.MasterSecretKey
 AttributeKey = _core.AttributeKey
-for _cls in (PublicKey, MasterSecretKey, AttributeKey):
-    guard_class(_cls)
+
+
+def _key_class(cls: Any, made_by: str) -> Native:
+    """The Python face of one key class: ``from_bytes`` and ``to_bytes``
+    with real signatures, and no constructor of its own."""
+    face = Native(cls, f"keyfence.abe.{cls.__name__}")
+    native_from_bytes, native_to_bytes = face.native["from_bytes"], face.native["to_bytes"]
+
+    def from_bytes(data: Buffer) -> Any:
+        return native_from_bytes(data)
+
+    def to_bytes(self: Any) -> bytes:
+        return bytes(native_to_bytes(self))
+
+    from_bytes.__annotations__["return"] = cls.__name__
+    face.static(from_bytes)
+    face.method(to_bytes)
+    face.made_by(f"{made_by} or {cls.__name__}.from_bytes()")
+    return face
+
+
+_public = _key_class(PublicKey, "keyfence.abe.setup()")
+_public.pickled_never("move it with to_bytes() and PublicKey.from_bytes()")
+_key_class(MasterSecretKey, "keyfence.abe.setup()").not_copied(
+    "move it with to_bytes() and MasterSecretKey.from_bytes(), and keep those bytes as secret as the key"
+)
+_key_class(AttributeKey, "keyfence.abe.keygen()").not_copied(
+    "move it with to_bytes() and AttributeKey.from_bytes(), and keep those bytes as secret as the key"
+)
+_native_public_bytes = _public.native["to_bytes"]
+
+
+class _ByValue:
+    """What a PublicKey compares and hashes by: its encoding (as
+    pyca/cryptography compares public keys: by value, not identity)."""
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, PublicKey):
+            return NotImplemented
+        return bytes(_native_public_bytes(self)) == bytes(_native_public_bytes(other))
+
+    def __hash__(self) -> int:
+        return hash(bytes(_native_public_bytes(self)))
+
+
+for _name in ("__eq__", "__hash__"):
+    _fn = vars(_ByValue)[_name]
+    _fn.__qualname__ = f"PublicKey.{_name}"
+    setattr(PublicKey, _name, _fn)
 
 
 @guard
@@ -58,6 +107,7 @@ def keygen(msk: MasterSecretKey, attributes: Mapping[str, str]) -> AttributeKey:
         ReservedLabel: a label keyfence reserves.
         LimitExceeded: attributes too many or too long for the key format.
     """
+    instance(msk, MasterSecretKey, "msk")
     return _core.abe_keygen(msk, attributes)
 
 
@@ -69,6 +119,7 @@ def encrypt(pk: PublicKey, policy: str, message: Buffer) -> bytes:
         PolicySyntaxError: the policy does not parse or is too large.
         LimitExceeded: a message near 4 GiB.
     """
+    instance(pk, PublicKey, "pk")
     return _core.abe_encrypt(pk, policy, message)
 
 
@@ -81,6 +132,7 @@ def decrypt(key: AttributeKey, ciphertext: Buffer) -> bytes:
         InvalidCiphertext: malformed (the message names the field), tampered
             with, or made for another authority. Never a wrong plaintext.
     """
+    instance(key, AttributeKey, "key")
     return _core.abe_decrypt(key, ciphertext)
 
 

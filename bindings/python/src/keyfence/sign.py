@@ -42,13 +42,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Union, cast
 
 from . import _core
-from ._args import _count, _ms
-from ._guard import guard_class
+from ._args import _count, _ms, instance, public_name
+from ._guard import Native, guard_class, not_copied
 from ._remote import Peer, RemoteSigner
 from .exceptions import InvalidArgument, InvalidArgumentType, _from_code
+from .wrap import Machine
 
 __all__ = ["Engine", "Peer", "PrivateKey", "RemoteSigner"]
 
@@ -56,7 +57,73 @@ Buffer = Union[bytes, bytearray, memoryview]
 StrPath = Union[str, "os.PathLike[str]"]
 
 PrivateKey = _core.PrivateKey
-guard_class(PrivateKey)
+
+
+def _private_key() -> None:
+    face = Native(PrivateKey, "keyfence.sign.PrivateKey")
+    native = face.native
+
+    @face.static
+    def from_pem(pem: Union[Buffer, str], engine: Optional[Engine] = None) -> PrivateKey:
+        instance(engine, Engine, "engine", none=True)
+        return cast(PrivateKey, native["from_pem"](pem, engine))
+
+    @face.static
+    def from_envelope(machine: Machine, envelope: Buffer, engine: Optional[Engine] = None) -> PrivateKey:
+        instance(machine, Machine, "machine")
+        instance(engine, Engine, "engine", none=True)
+        return cast(PrivateKey, native["from_envelope"](machine, envelope, engine))
+
+    @face.static
+    def load_envelope(*args: Any, engine: Optional[Engine] = None) -> PrivateKey:
+        """Loads the private key an envelope holds, in one of two forms.
+
+        ``load_envelope(store, machine_key, envelope, engine=...)`` opens it
+        with the machine key file ``machine_key`` against the store
+        ``store``. With an isolated engine its key process opens the
+        envelope and keeps the key: this process reads only the machine
+        key's public part, so neither the machine key's secret nor the
+        private key is ever here. Otherwise it is opened here. With an
+        agent's engine (``Engine(agent=...)``) the agent opens it with its
+        own machine key and store: ``store`` and ``machine_key`` may be
+        None, and are not read.
+
+        ``load_envelope(envelope, engine=...)``, with an agent's engine
+        only, is the same as ``load_envelope(None, None, envelope,
+        engine=...)``.
+
+        Raises:
+            ResourceError: the machine key file cannot be read.
+            InvalidArgument: ``store`` or ``machine_key`` None, or the
+                envelope alone, without an agent's engine.
+            BackendFailed: the agent refuses it (its reason in the message,
+                e.g. ``POLICY_NOT_SATISFIED``).
+            InvalidEnvelope: bytes that are not an envelope; and as
+                :meth:`keyfence.wrap.Machine.open` and :meth:`from_pem`.
+        """
+        instance(engine, Engine, "engine", none=True)
+        if len(args) not in (1, 3):
+            raise InvalidArgumentType(
+                "load_envelope takes the envelope, or the store, the machine key file and the envelope "
+                f"(and engine=...), not {len(args)} positional arguments"
+            )
+        return cast(PrivateKey, native["load_envelope"](*args, engine=engine))
+
+    @face.method
+    def public_key_der(self: Any) -> bytes:
+        return bytes(native["public_key_der"](self))
+
+    face.made_by(
+        "PrivateKey.from_pem(), from_envelope() or load_envelope(), Engine.load_key(), "
+        "or RemoteSigner.key() or open_or_forward()"
+    )
+    face.not_copied(
+        "load it again where it is needed, from its PEM or envelope (PrivateKey.from_pem, from_envelope, "
+        "load_envelope)"
+    )
+
+
+_private_key()
 
 # The C API's executor classes (keyfence_op_class).
 _RSA, _EC, _SLOW = 0, 1, 2
@@ -223,6 +290,8 @@ class Engine:
             BackendFailed: the key process or device failed.
             ShutDown: the engine was closed.
         """
+        if not isinstance(key, PrivateKey):  # inline: this path runs once per signature
+            instance(key, PrivateKey, "key")
         loop = asyncio.get_running_loop()
         q = self._queues.get(loop) or self._queue(loop)
         fut: "asyncio.Future[bytes]" = loop.create_future()
@@ -243,6 +312,8 @@ class Engine:
     def sign_sync(self, key: PrivateKey, algorithm: str, data: Buffer, *, timeout: Optional[float] = None) -> bytes:
         """Signs and waits for the result, with the GIL released: for scripts
         and worker threads, not for an event loop. Raises as :meth:`sign`."""
+        if not isinstance(key, PrivateKey):
+            instance(key, PrivateKey, "key")
         return self._native.sign(key, algorithm, data, _ms(timeout, "timeout"))
 
     def load_key(self, pem: Union[Buffer, str]) -> PrivateKey:
@@ -251,7 +322,7 @@ class Engine:
         Same as ``PrivateKey.from_pem(pem, engine=self)``. An agent's
         engine loads envelopes only (``PrivateKey.load_envelope``): this
         raises :class:`~keyfence.InvalidArgument` there."""
-        return _core.PrivateKey.from_pem(pem, self)
+        return PrivateKey.from_pem(pem, self)
 
     def metrics_prometheus(self) -> str:
         """Every class's queue depths, counters and latency histograms, and
@@ -276,6 +347,12 @@ class Engine:
 
 
 guard_class(Engine)
+public_name(Engine, "keyfence.sign.Engine")
+not_copied(
+    Engine,
+    "keyfence.sign.Engine is not copied or pickled: it owns worker threads, and a key process or agent "
+    "connection; share this one (it is thread-safe), or make one in each process",
+)
 
 # Their home is keyfence._remote; their public name is here.
 Peer.__module__ = RemoteSigner.__module__ = __name__

@@ -20,12 +20,84 @@ See ``docs/wrapping.md`` for formats, rotation and the threat model.
 
 from __future__ import annotations
 
+import os
+from typing import Any, Dict, Mapping, Union, cast
+
 from . import _core
-from ._guard import guard_class
+from ._guard import Native
 
 __all__ = ["Authority", "Machine"]
 
+Buffer = Union[bytes, bytearray, memoryview]
+StrPath = Union[str, "os.PathLike[str]"]
+
 Authority = _core.Authority
 Machine = _core.Machine
-guard_class(Authority)
-guard_class(Machine)
+
+
+def _authority() -> None:
+    face = Native(Authority, "keyfence.wrap.Authority")
+    native = face.native
+
+    @face.static
+    def init(store: StrPath) -> Authority:
+        return cast(Authority, native["init"](store))
+
+    @face.static
+    def open(store: StrPath) -> Authority:
+        return cast(Authority, native["open"](store))
+
+    @face.method
+    def issue(self: Any, attributes: Mapping[str, str]) -> bytes:
+        return bytes(native["issue"](self, attributes))
+
+    @face.method
+    def wrap(self: Any, policy: str, secret: Buffer) -> bytes:
+        return bytes(native["wrap"](self, policy, secret))
+
+    @face.method
+    def rotate_master(self: Any) -> int:
+        return int(native["rotate_master"](self))
+
+    @face.method
+    def revoke(self: Any, machine_id: str) -> int:
+        return int(native["revoke"](self, machine_id))
+
+    @face.method
+    def close(self: Any) -> None:
+        native["close"](self)
+
+    face.made_by("keyfence.wrap.Authority.init(store) or Authority.open(store)")
+    face.closes()
+    face.not_copied("open the store again with Authority.open(store) where another authority is needed")
+
+
+def _machine() -> None:
+    face = Native(Machine, "keyfence.wrap.Machine")
+    native = face.native
+
+    @face.method
+    def __init__(self: Any, machine_key: Buffer, store: StrPath) -> None:
+        native["__init__"](self, machine_key, store)
+
+    @face.method
+    def could_open(self: Any, envelope: Buffer) -> bool:
+        return bool(native["could_open"](self, envelope))
+
+    @face.method
+    def open(self: Any, envelope: Buffer) -> bytes:
+        return bytes(native["open"](self, envelope))
+
+    @face.method
+    def follow(self: Any) -> None:
+        native["follow"](self)
+
+    @face.method
+    def cache_stats(self: Any) -> Dict[str, int]:
+        return cast(Dict[str, int], native["cache_stats"](self))
+
+    face.not_copied("make a Machine from its machine key in each process that needs one")
+
+
+_authority()
+_machine()

@@ -87,6 +87,10 @@ pub(super) struct Conn {
     pub(super) writer: FrameWriter,
     pending: Mutex<HashMap<u64, Pending>>,
     pub(super) dead: AtomicBool,
+    /// Its owner ended it ([`Conn::close_by_owner`]): the engine that owns
+    /// the key process (or agent connection) was closed, so what it cannot
+    /// do now fails with [`SignError::ShutDown`], not as a crash.
+    closed_by_owner: AtomicBool,
     free_slots: Mutex<u32>,
     slot_freed: Condvar,
     next_request: AtomicU64,
@@ -101,6 +105,7 @@ impl Conn {
             writer,
             pending: Mutex::new(HashMap::new()),
             dead: AtomicBool::new(false),
+            closed_by_owner: AtomicBool::new(false),
             free_slots: Mutex::new(max_in_flight),
             slot_freed: Condvar::new(),
             next_request: AtomicU64::new(1),
@@ -109,6 +114,24 @@ impl Conn {
 
     pub(super) fn is_dead(&self) -> bool {
         self.dead.load(Ordering::Acquire)
+    }
+
+    /// Marks the connection as ended by its owner, before it is ended:
+    /// the operations in flight then, and any tried on it later, fail
+    /// with [`SignError::ShutDown`].
+    pub(super) fn close_by_owner(&self) {
+        self.closed_by_owner.store(true, Ordering::Release);
+    }
+
+    /// The error of an operation the dead connection cannot run:
+    /// [`SignError::ShutDown`] when its owner ended it, else a
+    /// [`BackendFailure::Died`] error saying `reason`.
+    fn dead_error(&self, reason: impl Into<String>) -> SignError {
+        if self.closed_by_owner.load(Ordering::Acquire) {
+            SignError::ShutDown
+        } else {
+            backend_error(BackendFailure::Died, reason)
+        }
     }
 
     fn pending(&self) -> MutexGuard<'_, HashMap<u64, Pending>> {
@@ -170,13 +193,13 @@ impl Conn {
         let id = self.next_id();
         let (tx, rx) = crossbeam_channel::bounded(1);
         if self.register(id, Pending::Call(tx)).is_err() {
-            return Err(backend_error(BackendFailure::Died, "the key process died"));
+            return Err(self.dead_error("the key process died"));
         }
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 4 + body.len()));
         p::encode(&mut frame, kind, id, &[body]);
         if !self.writer.send(&frame) {
             self.pending().remove(&id);
-            return Err(backend_error(BackendFailure::Died, "cannot write to the key process"));
+            return Err(self.dead_error("cannot write to the key process"));
         }
         let reply = match rx.recv_timeout(timeout) {
             Ok(r) => r?,
@@ -208,7 +231,7 @@ impl Conn {
         }
         if !self.acquire_slot(deadline) {
             let e = if self.is_dead() {
-                backend_error(BackendFailure::Died, "the key process died")
+                self.dead_error("the key process died")
             } else {
                 backend_error(BackendFailure::NoRoom, "no room: the key process has max_in_flight requests outstanding")
             };
@@ -217,7 +240,7 @@ impl Conn {
         let id = self.next_id();
         if let Err(pending) = self.register(id, pending) {
             self.release_slot();
-            return pending.fail(backend_error(BackendFailure::Died, "the key process died"));
+            return pending.fail(self.dead_error("the key process died"));
         }
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 15 + op.input_len()));
         p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), &op);
@@ -319,7 +342,7 @@ impl Conn {
             None => format!("the connection to the agent (pid {}) ended: {end}", self.pid),
         };
         for pending in drained {
-            pending.fail(backend_error(BackendFailure::Died, message.clone()));
+            pending.fail(self.dead_error(message.clone()));
         }
         let status = match child.as_mut() {
             Some(child) => {

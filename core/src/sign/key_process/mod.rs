@@ -204,7 +204,8 @@ impl KeyProcess {
     /// found, not a key, envelope not openable by this machine key) or
     /// because the key process is not running;
     /// [`SignError::InputTooLarge`] for key bytes or paths longer than one
-    /// request can carry.
+    /// request can carry; [`SignError::ShutDown`] once stopped
+    /// ([`KeyProcess::stop`]).
     pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, SignError> {
         let sup = &self.sup;
         let key_id = sup.next_key.fetch_add(1, Ordering::Relaxed);
@@ -258,7 +259,8 @@ impl KeyProcess {
     /// flags, keys, requests in flight.
     ///
     /// # Errors
-    /// [`SignError::Backend`] if it is not running or does not answer.
+    /// [`SignError::Backend`] if it is not running or does not answer;
+    /// [`SignError::ShutDown`] once stopped ([`KeyProcess::stop`]).
     pub fn status(&self) -> Result<Status, SignError> {
         let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
         let frame = conn.call(kind::STATUS, &[], self.sup.config.start_timeout)?;
@@ -293,10 +295,11 @@ impl KeyProcess {
     }
 
     /// Ends the key process now, even while key handles from it are still
-    /// alive (they fail from then on with [`SignError::Backend`]: "the key
-    /// process is gone"), and starts no other. What an owner calls when it
-    /// closes; dropping the last clone and the last key does the same.
-    /// Idempotent.
+    /// alive (they fail from then on, on any engine, with
+    /// [`SignError::ShutDown`], as do the operations in flight and later
+    /// calls on this `KeyProcess`), and starts no other. What an owner
+    /// calls when it closes; dropping the last clone and the last key does
+    /// the same. Idempotent.
     pub fn stop(&self) {
         self.sup.stop();
     }

@@ -274,7 +274,12 @@ impl Supervisor {
             if let Some(conn) = state.conn.as_ref().filter(|c| !c.is_dead()) {
                 return Ok(conn.clone());
             }
-            if self.closed.load(Ordering::Acquire) || !self.config.restart {
+            // Stopped by its owner (the engine was closed): the keys went
+            // with it, on purpose.
+            if self.closed.load(Ordering::Acquire) {
+                return Err(SignError::ShutDown);
+            }
+            if !self.config.restart {
                 let why = state.last_exit.clone().unwrap_or_else(|| "it is not running".into());
                 return Err(backend_error(BackendFailure::Unavailable, format!("{} is gone ({why})", self.holder())));
             }
@@ -353,11 +358,15 @@ fn end(conn: &Conn) {
 /// Sends `Hello` and reads the key process's: its pid (which must be the
 /// child's) and hardening flags.
 fn handshake(ours: &UnixStream, pid: u32, config: &KeyProcessConfig) -> io::Result<(u32, p::Decoder)> {
-    use std::io::Write;
     let mut hello = Vec::new();
     p::encode(&mut hello, kind::HELLO, 0, &[&p::hello_request(config.max_in_flight)]);
     let mut ours = ours;
-    ours.write_all(&hello)?;
+    // MSG_NOSIGNAL: a peer already gone is an error, not a SIGPIPE in the
+    // host program. A peer that refuses this process (an agent's
+    // allow-list) may answer and close before the hello arrives: the write
+    // then fails, and the refusal is in the socket to read. It is the
+    // better message.
+    let wrote = sys::send_all(ours, &hello);
     ours.set_read_timeout(Some(config.start_timeout))?;
     let mut decoder = p::Decoder::new();
     let mut buf = [0u8; 256];
@@ -365,9 +374,12 @@ fn handshake(ours: &UnixStream, pid: u32, config: &KeyProcessConfig) -> io::Resu
         if let Some(f) = decoder.next_frame().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))? {
             break f;
         }
-        let n = ours.read(&mut buf)?;
+        let n = match ours.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => return Err(wrote.err().unwrap_or(e)),
+        };
         if n == 0 {
-            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello"));
+            return Err(wrote.err().unwrap_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello")));
         }
         decoder.push(&buf[..n]);
     };
@@ -428,6 +440,7 @@ fn restart(sup: &Arc<Supervisor>) {
                         // Stopped while this one started: it must not
                         // outlive the stop.
                         drop(state);
+                        conn.close_by_owner();
                         end(&conn);
                         return;
                     }
@@ -509,11 +522,15 @@ impl KeyHolder for Supervisor {
 
 impl Supervisor {
     /// Ends the key process for good: no restart follows, and operations
-    /// on its keys fail with "the key process is gone". Idempotent.
+    /// on its keys, those in flight included, fail with
+    /// [`SignError::ShutDown`]. Idempotent.
     pub(super) fn stop(&self) {
         self.closed.store(true, Ordering::Release);
         let conn = self.state().conn.take();
         if let Some(conn) = conn {
+            // Before the connection ends, so that its reader fails what
+            // is in flight as shut down, not as a crash.
+            conn.close_by_owner();
             // The key process would read end-of-file and exit by itself,
             // but perhaps after this process has gone, and then anything
             // it prints lands on a terminal whose command has finished.
