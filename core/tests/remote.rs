@@ -701,3 +701,42 @@ fn a_peer_that_stops_answering_is_left_after_the_request_timeout() {
     let peer = |n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.clone();
     assert_eq!((peer("iad1").timed_out, peer("sfo1").ok), (1, 1), "{m:?}");
 }
+
+/// Issue 44.6: a forwarder reads the store's signed revocation list and
+/// never asks a peer whose `machine` attribute it names. Before, nothing
+/// read `public/revoked` outside a test.
+#[test]
+fn forwarding_never_asks_a_revoked_machine() {
+    let mut world = World::new();
+    let servers: Vec<_> = ["sfo1", "iad1"].iter().map(|n| start_server(&world, n, ServerOptions::default())).collect();
+    // The peers as the forwarder knows them, each with its machine id.
+    let peers = [("sfo1", "mSFO"), ("iad1", "mIAD")]
+        .iter()
+        .zip(&servers)
+        .map(|((n, id), s)| {
+            keyfence::sign::remote::PeerConfig::new(*n, s.local_addr(), format!("{},machine={id}", attrs_of(n)).parse().unwrap())
+        })
+        .collect();
+    let mut config = client_config(&[]);
+    config.peers = peers;
+    let remote = RemoteSigner::start(config).unwrap();
+    let tokyo = world.machine("country=JP,region=APAC");
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+
+    world.authority.revoke("mSFO").unwrap();
+    for i in 0..10 {
+        let key = remote.open_or_forward(&tokyo, world.us_key.to_bytes()).unwrap();
+        engine.sign(&key, keyfence::sign::Algorithm::EcdsaP256Sha256, format!("m{i}").as_bytes()).unwrap().wait().unwrap();
+    }
+    let m = remote.metrics();
+    let asked = |n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.requests;
+    assert_eq!(asked("sfo1"), 0, "the revoked machine was asked");
+    assert!(asked("iad1") >= 10);
+
+    // Both revoked: none is asked, and the error says why.
+    world.authority.revoke("mIAD").unwrap();
+    let err = remote.open_or_forward(&tokyo, world.us_key.to_bytes()).err().unwrap().to_string();
+    assert!(err.contains("revoked machine (sfo1, iad1)"), "{err}");
+    // A key server that is no forwarder is asked as before.
+    assert!(remote.key(&world.us_key).is_ok());
+}

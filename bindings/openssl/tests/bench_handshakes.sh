@@ -15,26 +15,10 @@ set -euo pipefail
 cli="$1" modules="$2" work="$3" secs="${4:-3}" rounds="${5:-3}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
-pids=()
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-    local i
-    for i in $(seq 200); do
-        python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    echo "nothing listens on port $1" >&2
-    exit 1
-}
-bash "$here/make_keys.sh" "$cli" keys
-"$cli" provider-config --module "$modules/keyfence.so" >local.cnf
-"$cli" provider-config --module "$modules/keyfence.so" --isolated >isolated.cnf
+# shellcheck source=common.sh
+. "$here/common.sh"
+trap stop_servers EXIT
+keys_and_configs
 user_line=""
 [ "$(id -u)" = 0 ] && user_line="user root;"
 # As deployed: www-data workers, keys in the agent (its socket's group
@@ -117,7 +101,7 @@ apache_dirs=()
 stop_apaches() {
     local d
     for d in "${apache_dirs[@]}"; do [ -f "$d/apache.pid" ] && kill "$(cat "$d/apache.pid")" 2>/dev/null; done
-    cleanup
+    stop_servers
 }
 trap stop_apaches EXIT
 start plain local.cnf pem

@@ -42,28 +42,18 @@ echo "$work" >"$3/work-folder"
 chmod 755 "$work"
 cd "$work"
 
-pids=()
+# shellcheck source=common.sh
+. "$here/common.sh"
 cleanup() {
-    local rc=$? p
+    local rc=$?
     if [ -f a/apache.pid ]; then kill "$(cat a/apache.pid)" 2>/dev/null || true; fi
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    stop_servers
     # Apache's children end with their parent; wait for its pid file to go.
     for _ in $(seq 50); do [ -f a/apache.pid ] || break; sleep 0.1; done
     # Kept when the test failed, for its logs.
     if [ "$rc" = 0 ]; then rm -rf "$work"; else echo "deployed.sh: the servers' logs are in $work" >&2; fi
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-wait_port() {
-    local i
-    for i in $(seq 200); do
-        python3 -c "import socket; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    fail "nothing listens on port $1"
-}
 get() { # PORT VERSION: one HTTPS request, the chain verified
     curl -sS --max-time 10 --cacert keys/ca.pem --resolve "localhost:$1:127.0.0.1" \
         --tlsv"$2" --tls-max "$2" "https://localhost:$1/" 2>/dev/null || return 1

@@ -15,15 +15,10 @@ set -euo pipefail
 cli="$1" modules="$2" work="$3" runs="${4:-1000}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=common.sh
+. "$here/common.sh"
 
-bash "$here/make_keys.sh" "$cli" keys
-"$cli" provider-config --module "$modules/keyfence.so" >local.cnf
-"$cli" provider-config --module "$modules/keyfence.so" --isolated >isolated.cnf
-preload=()
-if ldd "$modules/keyfence.so" | grep -q libasan; then
-    preload=("LD_PRELOAD=$(cc -print-file-name=libasan.so)" "ASAN_OPTIONS=halt_on_error=1:exitcode=23:detect_leaks=0")
-fi
+keys_and_configs
 
 # A local key whose machine key is gone: the engine starts, the envelope
 # cannot be opened.
@@ -61,10 +56,10 @@ PY
 # loads CNF FILE REASON: RUNS failing loads, four at a time.
 loads() {
     local cnf="$1" file="$2" reason="$3" out start=$SECONDS
-    env "${preload[@]}" OPENSSL_CONF="$PWD/$cnf" openssl pkey -in "keyfence:$PWD/$file" -pubout >/dev/null 2>one.err &&
+    "${asan_env[@]}" env OPENSSL_CONF="$PWD/$cnf" openssl pkey -in "keyfence:$PWD/$file" -pubout >/dev/null 2>one.err &&
         fail "$file loaded"
     grep -q "$reason" one.err || fail "$file: no '$reason' in: $(cat one.err)"
-    out="$(seq "$runs" | xargs -P 4 -I{} env "${preload[@]}" OPENSSL_CONF="$PWD/$cnf" \
+    out="$(seq "$runs" | xargs -P 4 -I{} "${asan_env[@]}" env OPENSSL_CONF="$PWD/$cnf" \
         sh -c 'openssl pkey -in "keyfence:$0" -pubout >/dev/null 2>&1; echo $?' "$PWD/$file" | sort | uniq -c)"
     [ "$(echo "$out" | awk '$2 != 1 { bad += $1 } END { print bad + 0 }')" = 0 ] ||
         fail "$file ($cnf): exit codes over $runs runs (count code): $out"

@@ -22,23 +22,15 @@ set -euo pipefail
 cli="$1" modules="$2" work="$3"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
-fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=common.sh
+. "$here/common.sh"
 
-bash "$here/make_keys.sh" "$cli" keys
-"$cli" provider-config --module "$modules/keyfence.so" >local.cnf
-"$cli" provider-config --module "$modules/keyfence.so" --isolated >isolated.cnf
+keys_and_configs
 keys="$PWD/keys"
 
-# The sanitizers' runtime, when the module was built with them (its
-# dependencies name libasan). halt_on_error: the first report ends the
-# command with exit 23, which `ossl` turns into a failure.
-asan_env=()
-if ldd "$modules/keyfence.so" | grep -q libasan; then
-    asan_env=(env "LD_PRELOAD=$(cc -print-file-name=libasan.so)"
-        "ASAN_OPTIONS=halt_on_error=1:exitcode=23:detect_leaks=0"
-        "UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1")
-    echo "the provider runs under AddressSanitizer and UBSan"
-fi
+# With the sanitizers (common.sh's asan_env), a report ends the command
+# with exit 23, which `ossl` turns into a failure.
+if [ "${#asan_env[@]}" -gt 0 ]; then echo "the provider runs under AddressSanitizer and UBSan"; fi
 
 # ossl CONF ARGS...: openssl with keyfence's provider; a crash or a
 # sanitizer report fails the test, whatever the command was expected to do.

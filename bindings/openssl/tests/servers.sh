@@ -30,28 +30,11 @@ if ! command -v nginx >/dev/null; then
 fi
 rm -rf "$work" && mkdir -p "$work" && cd "$work"
 
-pids=()
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-free_port() { python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-# Waits (at most 20 s) until something accepts on 127.0.0.1:$1.
-wait_port() {
-    local i
-    for i in $(seq 200); do
-        python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 0.2)" 2>/dev/null && return 0
-        sleep 0.1
-    done
-    fail "nothing listens on port $1"
-}
+# shellcheck source=common.sh
+. "$here/common.sh"
+trap stop_servers EXIT
 
-bash "$here/make_keys.sh" "$cli" keys
-"$cli" provider-config --module "$modules/keyfence.so" >local.cnf
-"$cli" provider-config --module "$modules/keyfence.so" --isolated >isolated.cnf
+keys_and_configs
 
 # curl PORT VERSION (1.2 or 1.3): one HTTPS request, the chain verified.
 get() {

@@ -711,23 +711,10 @@ impl Authority {
     /// operation holds it (up to [`FENCE_WAIT`]).
     fn take_fence(&mut self, operation: &'static str) -> Result<()> {
         let start = Instant::now();
-        let mut pause = FIRST_PAUSE;
         loop {
-            let expect = match self.store.get_stamped(layout::FENCE)? {
-                None => None,
-                Some((bytes, stamp)) => match Fence::parse(&bytes) {
-                    Some(other) if other.is_live() => {
-                        if start.elapsed() >= FENCE_WAIT {
-                            return Err(StoreError::Fenced { operation: other.operation, process: other.process, waited: start.elapsed() }.into());
-                        }
-                        std::thread::sleep(jittered(pause));
-                        pause = (pause * 2).min(MAX_PAUSE);
-                        continue;
-                    }
-                    // Expired, or not a record: it holds nothing.
-                    _ => Some(stamp),
-                },
-            };
+            // Any live record keeps another long operation out; an expired
+            // one, or one that is not a record, holds nothing.
+            let expect = self.wait_for_fence(start, Fence::is_live)?;
             let mine = Fence::new(operation);
             let bytes = mine.encode();
             let take = Batch { expect: vec![(layout::FENCE.to_owned(), expect)], ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())] };
@@ -742,6 +729,26 @@ impl Authority {
                     self.conflicts.waited += start.elapsed();
                     return Ok(());
                 }
+            }
+        }
+    }
+
+    /// Waits while the fence record `holds` (with jittered pauses, up to
+    /// [`FENCE_WAIT`] since `start`), then gives the stamp of what is
+    /// there (`None`: nothing), for a commit to expect.
+    fn wait_for_fence(&self, start: Instant, holds: impl Fn(&Fence) -> bool) -> Result<Option<Stamp>> {
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let Some((bytes, stamp)) = self.store.get_stamped(layout::FENCE)? else { return Ok(None) };
+            match Fence::parse(&bytes) {
+                Some(f) if holds(&f) => {
+                    if start.elapsed() >= FENCE_WAIT {
+                        return Err(StoreError::Fenced { operation: f.operation, process: f.process, waited: start.elapsed() }.into());
+                    }
+                    std::thread::sleep(jittered(pause));
+                    pause = (pause * 2).min(MAX_PAUSE);
+                }
+                _ => return Ok(Some(stamp)),
             }
         }
     }
@@ -773,26 +780,9 @@ impl Authority {
             return Ok(());
         }
         let start = Instant::now();
-        let mut pause = FIRST_PAUSE;
-        loop {
-            let seen = match self.store.get_stamped(layout::FENCE)? {
-                None => None,
-                Some((bytes, stamp)) => match Fence::parse(&bytes) {
-                    Some(f) if f.is_live() && f.exclusive => {
-                        if start.elapsed() >= FENCE_WAIT {
-                            return Err(StoreError::Fenced { operation: f.operation, process: f.process, waited: start.elapsed() }.into());
-                        }
-                        std::thread::sleep(jittered(pause));
-                        pause = (pause * 2).min(MAX_PAUSE);
-                        continue;
-                    }
-                    _ => Some(stamp),
-                },
-            };
-            self.fence_seen = Some(seen);
-            self.conflicts.waited += start.elapsed();
-            return Ok(());
-        }
+        self.fence_seen = Some(self.wait_for_fence(start, |f| f.is_live() && f.exclusive)?);
+        self.conflicts.waited += start.elapsed();
+        Ok(())
     }
 
     /// Lets the fence go; if that fails (the store is down), it expires

@@ -34,7 +34,7 @@ use crate::sign::threads::{Joined, Origin};
 use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError};
 use crate::sign::wire;
 use crate::sign::PrivateKey;
-use crate::wrap::{CanonicalPolicy, Envelope, Machine, Peer};
+use crate::wrap::{CanonicalPolicy, Envelope, Machine, Peer, RevocationList, MACHINE_LABEL};
 
 /// The backend name in errors and metrics.
 pub const NAME: &str = "remote";
@@ -355,8 +355,34 @@ impl RemoteSigner {
     /// # Errors
     /// As [`RemoteSigner::key`].
     pub fn key_for_tenant(&self, envelope: &Envelope, tenant: u64) -> Result<Arc<PrivateKey>, SignError> {
+        self.key_among(envelope, tenant, None)
+    }
+
+    /// As [`RemoteSigner::key`], never from a peer whose attributes name a
+    /// machine id in `revoked` (its `machine` attribute): a revoked
+    /// machine's key server is not trusted with the request.
+    ///
+    /// # Errors
+    /// As [`RemoteSigner::key`]; [`BackendFailure::Refused`] naming the
+    /// revoked peers when every peer that may hold the key is revoked.
+    pub fn key_avoiding(&self, envelope: &Envelope, revoked: &RevocationList) -> Result<Arc<PrivateKey>, SignError> {
+        self.key_among(envelope, self.client.config.tenant, Some(revoked))
+    }
+
+    fn key_among(&self, envelope: &Envelope, tenant: u64, revoked: Option<&RevocationList>) -> Result<Arc<PrivateKey>, SignError> {
         let c = &self.client;
-        let capable = routing::capable(&envelope.policy, &c.peers);
+        let mut capable = routing::capable(&envelope.policy, &c.peers);
+        if let Some(revoked) = revoked {
+            let is_revoked = |i: &usize| c.peers[*i].config.attributes.get(MACHINE_LABEL).is_some_and(|id| revoked.contains(id));
+            let out: Vec<String> = capable.iter().filter(|i| is_revoked(i)).map(|&i| c.peers[i].config.name.clone()).collect();
+            capable.retain(|i| !is_revoked(i));
+            if capable.is_empty() && !out.is_empty() {
+                return Err(backend_error(
+                    BackendFailure::Refused,
+                    format!("every peer that may hold the key is a revoked machine ({}): none is asked", out.join(", ")),
+                ));
+            }
+        }
         if capable.is_empty() {
             return Err(no_capable_peer(&envelope.policy));
         }
@@ -377,7 +403,8 @@ impl RemoteSigner {
 
     /// The key in `envelope` from `machine` if its attributes allow it
     /// (opened here, signed in this process), otherwise a handle on the
-    /// peers that may hold it: the Geo Key Manager decision.
+    /// peers that may hold it, but no peer whose `machine` attribute the
+    /// store's revocation list names: the Geo Key Manager decision.
     ///
     /// # Errors
     /// [`OpenOrForwardError::Wrap`] for a malformed envelope or one the
@@ -390,7 +417,11 @@ impl RemoteSigner {
             let secret = machine.open_envelope(&env)?;
             return Ok(Arc::new(PrivateKey::from_bytes(&secret)?));
         }
-        Ok(self.key(&env)?)
+        // What a forwarder checks: the store's signed list of revoked
+        // machines (refused if it goes back on the newest this machine has
+        // seen); a peer it names is not asked.
+        let revoked = machine.revocations()?;
+        Ok(self.key_avoiding(&env, &revoked)?)
     }
 
     /// Measures every peer's round-trip time now (one ping each, in
