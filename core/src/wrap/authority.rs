@@ -328,23 +328,8 @@ impl Authority {
             return Err(StateError::AuthorityExists.into());
         }
         let (pk, msk) = abe::setup()?;
-        let mut a = Self {
-            store,
-            signer: AuthorityKey::generate(),
-            generations: vec![Generation { number: 1, state: GenerationState::Active, pk, msk: Some(msk) }],
-            keys: Vec::new(),
-            revoked: Vec::new(),
-            seen: [0; 32],
-            stamp: None,
-            pending: Default::default(),
-            base: View::default(),
-            encoded: View::default(),
-            committed: false,
-            fence: None,
-            fence_seen: None,
-            conflicts: Conflicts::default(),
-            compact_after_revoke: true,
-        };
+        let generations = vec![Generation { number: 1, state: GenerationState::Active, pk, msk: Some(msk) }];
+        let mut a = Self::with_state(store, AuthorityKey::generate(), generations, Vec::new(), Vec::new(), [0; 32]);
         // The generation list first: it is what makes a directory a store
         // for the command line, so an `init` that dies before committing
         // leaves a store with no authority, which `init` can fill, never
@@ -861,13 +846,25 @@ impl Authority {
         if generations.iter().filter(|g| g.state == GenerationState::Active).count() != 1 {
             return Err(malformed(O, "exactly one generation must be active"));
         }
-        Ok(Self {
+        Ok(Self::with_state(store, signer, generations, keys, revoked, state_digest(b)))
+    }
+
+    /// An authority holding this state, with no change in progress.
+    fn with_state(
+        store: Arc<dyn Store>,
+        signer: AuthorityKey,
+        generations: Vec<Generation>,
+        keys: Vec<PolicyKey>,
+        revoked: Vec<Revoked>,
+        seen: [u8; 32],
+    ) -> Self {
+        Self {
             store,
             signer,
             generations,
             keys,
             revoked,
-            seen: state_digest(b),
+            seen,
             stamp: None,
             pending: Default::default(),
             base: View::default(),
@@ -877,7 +874,7 @@ impl Authority {
             fence_seen: None,
             conflicts: Conflicts::default(),
             compact_after_revoke: true,
-        })
+        }
     }
 
     /// The state's encoding. Every count and length was checked when the
