@@ -3,6 +3,8 @@
 //! authorities racing, and a leader killed in the middle of wrapping.
 
 mod etcd_support;
+#[macro_use]
+mod store_support;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
@@ -85,21 +87,7 @@ struct Gate {
 }
 
 impl Store for Gate {
-    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, keyfence::wrap::Stamp)>, StoreError> {
-        self.inner.get_stamped(key)
-    }
-    fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, value)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.list(prefix)
-    }
+    passes_reads_and_writes_to_inner!();
     fn lock(&self, wait: Duration) -> Result<keyfence::wrap::StoreLock, StoreError> {
         self.inner.lock(wait)
     }

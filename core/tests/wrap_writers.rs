@@ -7,12 +7,15 @@
 //! a wrap that loses a race starts over. The same on a real etcd cluster
 //! with its leader killed is in `store_etcd.rs`.
 
+#[macro_use]
+mod store_support;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use keyfence::policy::Attributes;
-use keyfence::wrap::{Authority, Batch, CacheConfig, Conflicts, Envelope, Machine, MemoryStore, Stamp, Store, StoreError, StoreLock};
+use keyfence::wrap::{Authority, Batch, CacheConfig, Conflicts, Envelope, Machine, MemoryStore, Store, StoreError, StoreLock};
 
 type Hook = Box<dyn FnMut(&Arc<dyn Store>) + Send>;
 
@@ -35,21 +38,7 @@ impl Lockless {
 }
 
 impl Store for Lockless {
-    fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        self.inner.get(key)
-    }
-    fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, Stamp)>, StoreError> {
-        self.inner.get_stamped(key)
-    }
-    fn put(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.inner.put(key, value)
-    }
-    fn delete(&self, key: &str) -> Result<(), StoreError> {
-        self.inner.delete(key)
-    }
-    fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        self.inner.list(prefix)
-    }
+    passes_reads_and_writes_to_inner!();
     fn lock(&self, _wait: Duration) -> Result<StoreLock, StoreError> {
         Ok(StoreLock::new(()))
     }
