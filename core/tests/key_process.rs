@@ -345,6 +345,24 @@ fn envelopes_are_opened_inside_the_key_process() {
     assert!(verifies(&key, Algorithm::EcdsaP256Sha256, b"edge", &sig));
     let err = keys.load(source("us.key")).unwrap_err().to_string();
     assert!(err.contains("customer.kfe"), "{err}");
+
+    // Issue 44.6: whoever writes the store puts back the generation list
+    // from before a rotation (generation 1 active again). The client reads
+    // it and sends it; the key process starts each load from the lists
+    // kept beside the machine key and refuses it. A copy of the key with
+    // no floor beside it takes the old list: the attack is real.
+    let store: Arc<dyn Store> = Arc::new(FileStore::open(&store_dir).unwrap());
+    let old = store.get("public/generations").unwrap().unwrap();
+    authority.rotate_master().unwrap();
+    let mk = authority.issue(&"region=EU".parse().unwrap()).unwrap();
+    std::fs::write(dir.0.join("eu2.key"), &mk.to_bytes()[..]).unwrap();
+    std::fs::write(dir.0.join("copy.key"), &mk.to_bytes()[..]).unwrap();
+    keys.load(source("eu2.key")).unwrap();
+    assert!(dir.0.join("eu2.key.newest").is_file());
+    store.put("public/generations", &old).unwrap();
+    let err = keys.load(source("eu2.key")).unwrap_err().to_string();
+    assert!(err.contains("rolled back or replayed"), "{err}");
+    keys.load(source("copy.key")).unwrap();
 }
 
 #[test]

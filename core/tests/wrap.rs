@@ -763,6 +763,78 @@ fn a_replayed_generation_list_is_refused() {
     }
 }
 
+/// Issue 44.6: a store writer puts back the lists from before two
+/// rotations and a revocation. A fresh process without a floor accepts
+/// them (what the issue found); one that keeps the newest lists beside its
+/// key, or that is required to start from a handed-over floor, refuses
+/// them, and a floor from the file never lowers.
+#[test]
+fn a_fresh_process_starts_from_the_newest_lists_kept_beside_its_key() {
+    use keyfence::wrap::{newest_lists_beside, NewestLists};
+    use keyfence::ErrorCode;
+    let (store, mut a) = setup();
+    a.wrap("region: EU", b"s").unwrap();
+    let old_generations = store.get("public/generations").unwrap().unwrap();
+    a.rotate_master().unwrap();
+    a.rotate_master().unwrap();
+    let victim = a.issue(&attrs("region=US")).unwrap();
+    a.revoke(victim.id().unwrap()).unwrap();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let key_path = dir.path().join("machine.key");
+    let key = a.issue(&attrs("region=EU")).unwrap();
+    std::fs::write(&key_path, key.to_bytes()).unwrap();
+    let kept = newest_lists_beside(&key_path).unwrap();
+    assert_eq!(kept, dir.path().join("machine.key.newest"));
+    assert!(newest_lists_beside(std::path::Path::new("/dev/stdin")).is_none());
+
+    let first = Machine::new(key.clone(), store.clone(), CacheConfig::default()).keep_newest_in(&kept).unwrap();
+    first.open(env.to_bytes()).unwrap();
+    assert_eq!(first.revocations().unwrap().ids.len(), 1);
+    let floor = NewestLists::from_bytes(&std::fs::read(&kept).unwrap()).unwrap();
+    assert_eq!(floor, first.newest_lists());
+    assert!(floor.generations().is_some() && floor.revoked().is_some());
+
+    // The rollback.
+    store.put("public/generations", &old_generations).unwrap();
+    store.delete("public/revoked").unwrap();
+    let forgetful = Machine::new(key.clone(), store.clone(), CacheConfig::default());
+    assert!(forgetful.revocations().unwrap().ids.is_empty(), "without a floor the old list is taken");
+    assert_ne!(forgetful.open(env.to_bytes()).unwrap_err().code(), ErrorCode::ReplayedObject);
+
+    let next = Machine::new(key.clone(), store.clone(), CacheConfig::default()).keep_newest_in(&kept).unwrap();
+    let e = next.open(env.to_bytes()).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::ReplayedObject, "{e}");
+    assert!(e.to_string().contains("generation 1"), "{e}");
+    assert_eq!(next.revocations().unwrap_err().code(), ErrorCode::ReplayedObject);
+    // The file still holds the newer lists: a refused list is never kept.
+    assert_eq!(NewestLists::from_bytes(&std::fs::read(&kept).unwrap()).unwrap(), floor);
+
+    // A floor handed over rather than kept.
+    let handed = Machine::new(key.clone(), store.clone(), CacheConfig::default());
+    handed.require(&floor).unwrap();
+    assert_eq!(handed.open(env.to_bytes()).unwrap_err().code(), ErrorCode::ReplayedObject);
+    // Requiring an older floor after a newer one changes nothing.
+    let older = NewestLists::from_bytes(&{
+        let mut b = b"KFN2".to_vec();
+        b.extend_from_slice(&(old_generations.len() as u32).to_le_bytes());
+        b.extend_from_slice(&old_generations);
+        b.extend_from_slice(&0u32.to_le_bytes());
+        b
+    })
+    .unwrap();
+    handed.require(&older).unwrap();
+    assert_eq!(handed.newest_lists(), floor);
+    // Another authority's lists are no floor for this machine.
+    let (other_store, other) = setup();
+    let stranger = Machine::new(other.issue(&attrs("region=EU")).unwrap(), other_store, CacheConfig::default());
+    assert_eq!(stranger.require(&floor).unwrap_err().code(), ErrorCode::WrongAuthority);
+    // A file that does not decode is an error that names it.
+    std::fs::write(&kept, b"KFN2\x01").unwrap();
+    let e = Machine::new(key, store, CacheConfig::default()).keep_newest_in(&kept).unwrap_err();
+    assert!(e.to_string().contains("machine.key.newest"), "{e}");
+}
+
 #[test]
 fn an_unsigned_generation_list_is_signed_when_the_authority_opens_the_store() {
     let (store, mut a) = setup();

@@ -366,10 +366,13 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The machine of the key file `key` on the store `dir`, starting from
+/// (and keeping) the newest lists beside its key: a store that serves
+/// lists older than an earlier run accepted is refused.
 pub fn open_machine(dir: &Path, key: &Path) -> Result<Machine> {
     let store = store(dir)?;
-    let key = MachineKey::from_bytes(&read_secret(key)?).context("machine key")?;
-    Ok(Machine::new(key, store, CacheConfig::default()))
+    let mk = MachineKey::from_bytes(&read_secret(key)?).context("machine key")?;
+    Ok(Machine::new(mk, store, CacheConfig::default()).keep_newest_beside(key)?)
 }
 
 pub fn machine(cmd: MachineCmd) -> Result<ExitCode> {

@@ -316,6 +316,33 @@ fn a_revoked_machine_is_refused_from_the_command_line() {
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
 
+/// Issue 44.6: each `machine open` is a fresh process, and a store writer
+/// puts back the generation list from before two rotations. The key's
+/// `.newest` file, written by the run before, makes the next run refuse
+/// it; a copy of the key elsewhere, with no floor, takes the old list.
+#[test]
+fn a_rolled_back_generation_list_is_refused_by_the_next_run() {
+    let d = Dir::new("newest");
+    let s = d.p("store");
+    ok(&["authority", "init", "--store", &s]);
+    std::fs::write(d.p("pem"), b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap();
+    let old = std::fs::read(d.p("store/public/generations")).unwrap();
+    ok(&["authority", "rotate", "--store", &s]);
+    ok(&["authority", "rotate", "--store", &s]);
+    ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU", "--out", &d.p("fra.key")]);
+    std::fs::copy(d.p("fra.key"), d.p("copy.key")).unwrap();
+    ok(&["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", &d.p("pem"), "--out", &d.p("env")]);
+    ok(&["machine", "open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env"), "--out", &d.p("out")]);
+    assert!(std::path::Path::new(&d.p("fra.key.newest")).is_file(), "the run keeps the lists it accepted");
+
+    std::fs::write(d.p("store/public/generations"), &old).unwrap();
+    let o = run(&["machine", "open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env"), "--out", &d.p("out2")]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("rolled back or replayed"), "{o:?}");
+    let o = run(&["machine", "open", "--store", &s, "--key", &d.p("copy.key"), "--in", &d.p("env"), "--out", &d.p("out3")]);
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("replayed"), "without a floor the old list is taken: {o:?}");
+}
+
 /// `bench fleet` at a tiny size: every phase reports what it measured,
 /// the revocation re-keyed every policy and re-wrapped every envelope,
 /// and the propagation to each data center's cache was measured.

@@ -48,6 +48,8 @@ pub(crate) const STATE_MAGIC: &[u8; 4] = b"KFA2";
 /// The signed generation list (`2` as the other objects of this version;
 /// the list before it was unsigned text, with no magic).
 pub(crate) const GENERATIONS_MAGIC: &[u8; 4] = b"KFG2";
+/// The newest lists a machine accepted, kept beside its key (`newest`).
+pub(crate) const NEWEST_MAGIC: &[u8; 4] = b"KFN2";
 
 /// Longest canonical policy text the objects' 16-bit policy fields hold.
 pub(crate) const MAX_POLICY_TEXT: usize = u16::MAX as usize;

@@ -110,11 +110,32 @@ pub(crate) fn is_unsigned_text(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| b.is_ascii_digit() || *b == b' ' || *b == b'\n')
 }
 
-/// The newest generation list a machine has accepted.
-#[derive(Debug, Default)]
-pub(crate) struct Seen(Mutex<Option<GenerationList>>);
+/// Called with the bytes of each list that becomes the newest accepted,
+/// outside any lock: what keeps the newest lists across processes
+/// (`newest::Keeper`) writes them down.
+pub(crate) type OnNewer = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// The newest generation list a machine has accepted, with its signed
+/// bytes (what it hands on: [`crate::wrap::NewestLists`]).
+#[derive(Default)]
+pub(crate) struct Seen {
+    newest: Mutex<Option<(GenerationList, Vec<u8>)>>,
+    on_newer: Option<OnNewer>,
+}
+
+impl std::fmt::Debug for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("Seen").field("newest", &newest.as_ref().map(|(l, _)| l)).finish_non_exhaustive()
+    }
+}
 
 impl Seen {
+    /// Calls `f` with each list that becomes the newest accepted.
+    pub(crate) fn on_newer(&mut self, f: OnNewer) {
+        self.on_newer = Some(f);
+    }
+
     /// Verifies `bytes` (an absent list is an empty one, which only a
     /// machine that has seen none accepts) and accepts it unless it goes
     /// back on the newest list accepted so far, which it then replaces.
@@ -126,14 +147,55 @@ impl Seen {
             Some(b) => GenerationList::verify(b, trusted)?,
             None => GenerationList { committed_at: UNIX_EPOCH, generations: Vec::new() },
         };
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = &*seen {
+        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((s, _)) = &*seen {
             if let Some(why) = list.goes_back_on(s) {
                 return Err(WrapError::Replayed { object: O, reason: why });
             }
         }
-        *seen = Some(list.clone());
+        let Some(bytes) = bytes else {
+            // Only a machine that has seen no list gets here: nothing newer.
+            return Ok(list);
+        };
+        let newer = seen.as_ref().is_none_or(|(_, b)| b.as_slice() != bytes);
+        *seen = Some((list.clone(), bytes.to_vec()));
+        drop(seen);
+        if let (true, Some(f)) = (newer, &self.on_newer) {
+            f(bytes);
+        }
         Ok(list)
+    }
+
+    /// Raises the floor to `bytes`, a list signed by `trusted` that a
+    /// caller requires (kept from an earlier process, or carried by a
+    /// client): later lists must not go back on it. A list older than the
+    /// newest accepted leaves that one in place.
+    ///
+    /// # Errors
+    /// As [`GenerationList::verify`].
+    pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
+        let list = GenerationList::verify(bytes, trusted)?;
+        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.as_ref().is_none_or(|(s, _)| list.goes_back_on(s).is_none()) {
+            *seen = Some((list, bytes.to_vec()));
+        }
+        Ok(())
+    }
+
+    /// The signed bytes of the newest list accepted, if any.
+    pub(crate) fn newest_bytes(&self) -> Option<Vec<u8>> {
+        self.newest.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, b)| b.clone())
+    }
+}
+
+/// Whether the list `candidate` may replace `floor` (both signed by
+/// `trusted`): it does not go back on it. A floor that does not verify is
+/// no floor.
+pub(crate) fn is_newer_or_same(candidate: &[u8], floor: &[u8], trusted: &[u8; 32]) -> bool {
+    match (GenerationList::verify(candidate, trusted), GenerationList::verify(floor, trusted)) {
+        (Ok(c), Ok(f)) => c.goes_back_on(&f).is_none(),
+        (Ok(_), Err(_)) => true,
+        (Err(_), _) => false,
     }
 }
 

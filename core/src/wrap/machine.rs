@@ -3,6 +3,7 @@
 //! it can open one.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use keyfence_policy::Attributes;
@@ -14,6 +15,7 @@ use super::format::{reader, writer, Envelope, MACHINE_MAGIC};
 use super::generation_list::{GenerationList, Seen};
 use super::hpke;
 use super::layout::{self, hex};
+use super::newest::{self, NewestLists};
 use super::revocation::{RevocationList, SeenRevocations, MACHINE_LABEL};
 use super::sealed::SealedKey;
 use super::signing;
@@ -266,6 +268,90 @@ impl Machine {
             store.put(name, value).map_err(|e| malformed(O, e.to_string()))?;
         }
         Ok(Self::new(key, Arc::new(store), CacheConfig::default()))
+    }
+
+    /// Keeps the newest generation and revocation lists this machine
+    /// accepts in the file `path` (see [`newest_lists_beside`] for the
+    /// usual place), and starts from the lists it holds: a store that
+    /// serves an older list, one from before a retirement or a revocation,
+    /// is refused ([`WrapError::Replayed`]) by every process of this
+    /// machine, not only by the one that saw the newer list. Processes of
+    /// one machine may share the file.
+    ///
+    /// Lists in the file that another authority signed (the machine was
+    /// issued a key by a new authority) are ignored and replaced. Writing
+    /// is best effort: a file that cannot be written keeps the floor it
+    /// had, and this process still refuses older lists from memory.
+    ///
+    /// # Errors
+    /// [`WrapError::Store`] (`STORE_IO`) if the file exists but cannot be
+    /// read; [`WrapError::Malformed`] (`newest lists`, naming the file) if
+    /// it does not decode or a list in it fails its authority's signature
+    /// (delete the file to start again from the store).
+    ///
+    /// [`newest_lists_beside`]: super::newest_lists_beside
+    pub fn keep_newest_in(mut self, path: impl Into<PathBuf>) -> Result<Self> {
+        let path = path.into();
+        if let Some(kept) = newest::read(&path)? {
+            match self.require(&kept) {
+                Ok(()) | Err(WrapError::WrongAuthority { .. }) => {}
+                Err(e) => return Err(in_file(e, &path)),
+            }
+        }
+        let keeper = Arc::new(newest::Keeper::new(path, self.key.authority));
+        let k = keeper.clone();
+        self.seen.on_newer(Arc::new(move |b: &[u8]| k.record(newest::Kind::Generations, b)));
+        self.revocations.on_newer(Arc::new(move |b: &[u8]| keeper.record(newest::Kind::Revoked, b)));
+        Ok(self)
+    }
+
+    /// [`Machine::keep_newest_in`] the usual place, beside the machine key
+    /// file `machine_key` ([`newest_lists_beside`]); this machine as it is
+    /// when the key is not a regular file (standard input).
+    ///
+    /// # Errors
+    /// As [`Machine::keep_newest_in`].
+    ///
+    /// [`newest_lists_beside`]: super::newest_lists_beside
+    pub fn keep_newest_beside(self, machine_key: &Path) -> Result<Self> {
+        match newest::newest_lists_beside(machine_key) {
+            Some(path) => self.keep_newest_in(path),
+            None => Ok(self),
+        }
+    }
+
+    /// Requires `lists` as a floor: from now on this machine refuses a
+    /// generation list that goes back on them, or a revocation list that
+    /// lacks one of their ids. Lists older than those it already accepted
+    /// change nothing.
+    ///
+    /// # Errors
+    /// [`WrapError::Malformed`], [`WrapError::WrongAuthority`] or
+    /// [`WrapError::Tampered`] for a list this machine's authority did not
+    /// sign; nothing is required then.
+    pub fn require(&self, lists: &NewestLists) -> Result<()> {
+        let authority = &self.key.authority;
+        // Both checked before either is taken.
+        if let Some(g) = lists.generations() {
+            super::generation_list::GenerationList::verify(g, authority)?;
+        }
+        if let Some(r) = lists.revoked() {
+            RevocationList::verify(r, authority)?;
+        }
+        if let Some(g) = lists.generations() {
+            self.seen.raise(g, authority)?;
+        }
+        if let Some(r) = lists.revoked() {
+            self.revocations.raise(r, authority)?;
+        }
+        Ok(())
+    }
+
+    /// The newest generation and revocation lists this machine has
+    /// accepted (or was required to), as the authority signed them: what
+    /// to hand to the next process ([`Machine::require`]).
+    pub fn newest_lists(&self) -> NewestLists {
+        NewestLists::new(self.seen.newest_bytes(), self.revocations.newest_bytes())
     }
 
     /// This machine's attributes.
@@ -707,4 +793,10 @@ mod tests {
             }
         }
     }
+}
+
+/// `e`, a list kept in `path` that fails its checks, said with the file's
+/// name and what to do.
+fn in_file(e: WrapError, path: &Path) -> WrapError {
+    malformed("newest lists", format!("{}: {e} (delete the file to start again from the store)", path.display()))
 }

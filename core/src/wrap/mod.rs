@@ -34,7 +34,8 @@
 // store named by one string), error, signing, hpke, policy,
 // generation, layout (object names), format, revocation (machine ids, the
 // negations that exclude revoked ones, the signed revocation list), sealed
-// and generation_list (the signed objects), cache; then the two roles that use all of it: machine (opens)
+// and generation_list (the signed objects), newest (the newest of those
+// lists a machine accepted, kept across processes), cache; then the two roles that use all of it: machine (opens)
 // and authority (writes). Beside them, fuzzing (`testing` only): doors to
 // the parsers above that are not public, for the fuzzers.
 
@@ -55,6 +56,7 @@ mod hpke;
 mod layout;
 mod machine;
 mod name;
+mod newest;
 mod policy;
 mod revocation;
 mod sealed;
@@ -70,6 +72,7 @@ pub use error::{Result, StateError, WrapError};
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
+pub use newest::{newest_lists_beside, NewestLists};
 pub use policy::{policy_id, CanonicalPolicy};
 pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
 pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};

@@ -182,13 +182,29 @@ impl RevocationList {
     }
 }
 
-/// The newest revocation list a machine has accepted. Ids are never taken
-/// off the list, so a list that lacks one already seen was put back by
-/// whoever can write the store, and is refused.
-#[derive(Debug, Default)]
-pub(crate) struct SeenRevocations(Mutex<RevocationList>);
+/// The newest revocation list a machine has accepted, with its signed
+/// bytes. Ids are never taken off the list, so a list that lacks one
+/// already seen was put back by whoever can write the store, and is
+/// refused.
+#[derive(Default)]
+pub(crate) struct SeenRevocations {
+    newest: Mutex<(RevocationList, Option<Vec<u8>>)>,
+    on_newer: Option<super::generation_list::OnNewer>,
+}
+
+impl std::fmt::Debug for SeenRevocations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        f.debug_struct("SeenRevocations").field("newest", &newest.0).finish_non_exhaustive()
+    }
+}
 
 impl SeenRevocations {
+    /// Calls `f` with each list that becomes the newest accepted.
+    pub(crate) fn on_newer(&mut self, f: super::generation_list::OnNewer) {
+        self.on_newer = Some(f);
+    }
+
     /// Verifies `bytes` (the store's `public/revoked`; `None` when absent),
     /// refuses it if it goes back on the newest accepted, else accepts it.
     ///
@@ -200,14 +216,49 @@ impl SeenRevocations {
             Some(b) => RevocationList::verify(b, trusted)?,
             None => RevocationList::default(),
         };
-        let mut seen = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(missing) = seen.ids.iter().find(|id| !list.contains(id)) {
+        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(missing) = seen.0.ids.iter().find(|id| !list.contains(id)) {
             return Err(WrapError::Replayed { object: O, reason: format!("it lacks revoked machine {missing}") });
         }
-        if list.ids.len() >= seen.ids.len() {
-            *seen = list.clone();
+        let Some(bytes) = bytes else { return Ok(list) };
+        let newer = seen.1.as_deref() != Some(bytes);
+        *seen = (list.clone(), Some(bytes.to_vec()));
+        drop(seen);
+        if let (true, Some(f)) = (newer, &self.on_newer) {
+            f(bytes);
         }
         Ok(list)
+    }
+
+    /// Raises the floor to `bytes`, a list signed by `trusted` that a
+    /// caller requires: later lists must hold each of its ids. A list that
+    /// lacks an id of the newest accepted leaves that one in place.
+    ///
+    /// # Errors
+    /// As [`RevocationList::verify`].
+    pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
+        let list = RevocationList::verify(bytes, trusted)?;
+        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
+        if seen.0.ids.iter().all(|id| list.contains(id)) {
+            *seen = (list, Some(bytes.to_vec()));
+        }
+        Ok(())
+    }
+
+    /// The signed bytes of the newest list accepted, if any.
+    pub(crate) fn newest_bytes(&self) -> Option<Vec<u8>> {
+        self.newest.lock().unwrap_or_else(|e| e.into_inner()).1.clone()
+    }
+}
+
+/// Whether the list `candidate` may replace `floor` (both signed by
+/// `trusted`): it holds every id of it. A floor that does not verify is
+/// no floor.
+pub(crate) fn is_newer_or_same(candidate: &[u8], floor: &[u8], trusted: &[u8; 32]) -> bool {
+    match (RevocationList::verify(candidate, trusted), RevocationList::verify(floor, trusted)) {
+        (Ok(c), Ok(f)) => f.ids.iter().all(|id| c.contains(id)),
+        (Ok(_), Err(_)) => true,
+        (Err(_), _) => false,
     }
 }
 

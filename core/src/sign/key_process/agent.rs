@@ -210,7 +210,10 @@ impl Agent {
             .map_err(|e| SignError::Config(format!("{}: {e}", config.machine_key.display())))?;
         let store =
             open_store(&config.store).map_err(|e| SignError::Config(format!("cannot open the store {}: {e}", config.store)))?;
-        let opener: Arc<dyn EnvelopeOpener> = Arc::new(MachineOpener(Machine::new(mk, store, CacheConfig::default())));
+        let machine = Machine::new(mk, store, CacheConfig::default())
+            .keep_newest_beside(&config.machine_key)
+            .map_err(|e| SignError::Config(e.to_string()))?;
+        let opener: Arc<dyn EnvelopeOpener> = Arc::new(MachineOpener(machine));
         // Neither a core dump nor a debugger of the same user reads the keys.
         let _ = sys::set_not_dumpable();
         let _ = sys::disable_core_dumps();

@@ -487,7 +487,11 @@ fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8
     use crate::wrap::{Machine, MachineKey};
     let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?);
     let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
-    let machine = Machine::with_objects(mk, objects).map_err(|e| e.to_string())?;
+    // The newest lists this machine accepted, beside its key: a client
+    // cannot hand the key process older ones than an earlier run saw.
+    let machine = Machine::with_objects(mk, objects)
+        .and_then(|m| m.keep_newest_beside(machine_key))
+        .map_err(|e| e.to_string())?;
     let secret = machine.open(envelope).map_err(|e| format!("opening the envelope: {e}"))?;
     PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
 }

@@ -113,7 +113,8 @@ pub fn load_envelope_key(
             })?)
         }
         None => {
-            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default());
+            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default())
+                .keep_newest_beside(machine_key)?;
             let secret = machine.open_envelope(&parsed)?;
             Ok(Arc::new(PrivateKey::from_bytes(&secret)?))
         }
