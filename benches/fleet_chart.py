@@ -23,6 +23,7 @@ SERIES = [
     ("rotate_master", "rotate_master_s", "master rotation (s)", "#55a868"),
     ("rotate_policy_key", "rotate_policy_key_s", "policy-key rotation (s)", "#c44e52"),
     ("revoke", "revoke_s", "revocation with re-wrap (s)", "#8172b3"),
+    ("revoke_alone", "revoke_s", "revocation, no cache following (s)", "#da8bc3"),
     ("revoke", "propagation_p99_ms", "revocation reaching every cache, p99 (s)", "#937860"),
 ]
 
@@ -47,17 +48,19 @@ def value(run, phase, field):
 
 
 def table(runs):
-    print("| store | data centers x machines | envelopes | issue | wrap | master rotation | policy-key rotation | revocation (re-wrapped) | propagation p50 / p99 (revocation) | stored | per-DC wrapping |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| store | data centers x machines | envelopes | issue | wrap | master rotation | policy-key rotation | revocation (re-wrapped), caches following | revocation, authority alone (/ wrap) | propagation p50 / p99 (revocation) | stored | per-DC wrapping |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for (store, dcs, per_dc, envs), run in sorted(runs.items(), key=lambda kv: (kv[0][0], kv[0][3])):
         rv = run.get("revoke", {})
+        ra = run.get("revoke_alone", {})
         st = run.get("storage", {})
         print(
             f"| {store} | {dcs} x {per_dc} | {envs:,} | {value(run, 'issue', 'issue_s'):.1f} s "
             f"| {value(run, 'wrap', 'wrap_s'):.1f} s | {value(run, 'rotate_master', 'rotate_master_s'):.2f} s "
             f"| {value(run, 'rotate_policy_key', 'rotate_policy_key_s'):.1f} s "
-            + (f"| {rv['revoke_s']:.1f} s ({rv['rewrapped']:,}) | {rv['propagation_p50_ms']:.0f} / {rv['propagation_p99_ms']:.0f} ms "
-               if rv else "| not measured | not measured ")
+            + (f"| {rv['revoke_s']:.1f} s ({rv['rewrapped']:,}) " if rv else "| not measured ")
+            + (f"| {ra['revoke_s']:.1f} s ({ra['revoke_to_wrap']:.2f}x) " if ra else "| not measured ")
+            + (f"| {rv['propagation_p50_ms']:.0f} / {rv['propagation_p99_ms']:.0f} ms " if rv else "| not measured ")
             + f"| {st.get('storage_bytes', 0) / 1e6:.1f} MB | {st.get('per_dc_wrapping_bytes', 0) / 1e6:.1f} MB |"
         )
 

@@ -91,9 +91,10 @@ fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, stop: &AtomicBool)
                 sent.fetch_add(chunk.len(), Ordering::SeqCst);
             }
         }
-        (Attack::MoreForever, "/v3/kv/range") if String::from_utf8_lossy(&body).contains("keys_only") => {
-            // The same page, forever announcing another.
-            let reply = format!(r#"{header},"kvs":[{{"key":"{}"}}],"more":true,"count":"2"}}"#, b64("kf/envelopes/aa"));
+        (Attack::MoreForever, "/v3/kv/range") if String::from_utf8_lossy(&body).contains("range_end") => {
+            // The same page, forever announcing another (with a value, for
+            // a scan; a listing ignores it).
+            let reply = format!(r#"{header},"kvs":[{{"key":"{}","value":"{}"}}],"more":true,"count":"2"}}"#, b64("kf/envelopes/aa"), b64("x"));
             let _ = head(&mut w, Some(reply.len()));
             let _ = w.write_all(reply.as_bytes());
             sent.fetch_add(reply.len(), Ordering::SeqCst);
@@ -156,6 +157,18 @@ fn a_listing_that_says_more_forever_fails_at_once() {
     let err = s.list("envelopes/").unwrap_err();
     assert!(err.to_string().contains("does not move on"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    // A scan (what a revocation's re-wrap reads with) takes the first page
+    // and refuses the second, the same one again.
+    let mut pages = 0;
+    let err = s
+        .scan("envelopes/", 128, &mut |names, values| {
+            assert_eq!((names, values), (vec!["envelopes/aa".to_owned()], vec![Some(b"x".to_vec())]));
+            pages += 1;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("does not move on"), "{err}");
+    assert_eq!(pages, 1);
 }
 
 #[test]

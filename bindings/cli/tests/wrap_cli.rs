@@ -351,11 +351,12 @@ fn the_fleet_benchmark_runs_every_phase() {
     let out = ok(&["bench", "fleet", "--json", "--dcs", "3", "--machines", "2", "--envelopes", "40"]);
     let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
-    assert_eq!(phases, ["issue", "wrap", "storage", "dc_share", "rotate_master", "rotate_policy_key", "revoke"], "{out}");
+    assert_eq!(phases, ["issue", "wrap", "storage", "dc_share", "rotate_master", "rotate_policy_key", "revoke", "revoke_alone"], "{out}");
     let get = |phase: &str, key: &str| lines.iter().find(|l| l["phase"] == phase).unwrap()[key].clone();
     assert_eq!(get("issue", "keys"), 6);
     assert_eq!((get("revoke", "rekeyed"), get("revoke", "rewrapped")), (20.into(), 40.into()), "{out}");
     assert_eq!(get("rotate_policy_key", "rewrapped"), 2);
+    assert_eq!(get("revoke_alone", "rewrapped"), 40, "{out}");
     assert!(get("storage", "storage_bytes").as_u64().unwrap() > 40 * 300, "{out}");
     assert!(get("storage", "per_dc_wrapping_bytes").as_u64().unwrap() > 0, "{out}");
     for phase in ["rotate_master", "rotate_policy_key", "revoke"] {

@@ -37,6 +37,7 @@ struct Generation {
     msk: Option<MasterSecretKey>,
 }
 
+#[derive(Clone)]
 struct PolicyKey {
     policy: CanonicalPolicy,
     version: u32,
@@ -1355,36 +1356,65 @@ impl Authority {
     /// the store. Store failures stop it (a re-run continues); a bad
     /// envelope is skipped and reported.
     ///
-    /// The store's round trips, not the cryptography, bound it, so they
-    /// overlap: a reader thread fetches the next 128 envelopes while this
-    /// one's are opened and sealed again (on every core) and committed.
+    /// Three stages overlap, so that the slowest alone bounds it: a reader
+    /// thread scans the envelopes [`SCAN_PAGE`] at a time (one etcd range
+    /// each, names and values together),
+    /// workers on every core open and seal them again, and this thread
+    /// commits the results while the workers go on with the next ones
+    /// (etcd's round trips leave its core idle).
     fn rewrap_store(&mut self, pids: &[[u8; 32]]) -> Result<(usize, Vec<Skipped>)> {
+        let mut keys = Vec::new();
         let mut current = std::collections::HashMap::new();
         for pid in pids {
             let k = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?;
             current.insert(*pid, k.version);
+            keys.extend(self.keys.iter().filter(|k| k.policy_id() == pid).cloned());
         }
-        let names = self.store.list(layout::ENVELOPES)?;
+        // The workers' own copy of what they need: this thread keeps
+        // `self` to commit with.
+        let rewrapper = Rewrapper { signer: self.signer.clone(), keys, current };
         let workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(8);
         let store = self.store.clone();
         let (mut rewrapped, mut skipped) = (0, Vec::new());
         std::thread::scope(|scope| -> Result<()> {
-            let (tx, rx) = std::sync::mpsc::sync_channel(2);
+            let (read_tx, read_rx) = std::sync::mpsc::sync_channel(2);
+            // Shared by the workers alone: when they stop (this thread
+            // stopped taking their results), the reader's next send fails
+            // and it stops too, instead of waiting on a full channel.
+            let read_rx = Arc::new(std::sync::Mutex::new(read_rx));
+            let (done_tx, done_rx) = std::sync::mpsc::sync_channel(workers + 1);
             scope.spawn(move || {
-                // One request per 128 envelopes on etcd, not one each.
-                for chunk in names.chunks(128) {
-                    let read = store.get_many(chunk).map(|values| (chunk.to_vec(), values));
-                    let failed = read.is_err();
-                    if tx.send(read).is_err() || failed {
-                        return;
-                    }
+                // A page's names and values in one request on etcd; a
+                // closed channel (the re-wrap stopped) ends the scan.
+                let scanned = store.scan(layout::ENVELOPES, SCAN_PAGE, &mut |names, values| {
+                    read_tx.send(Ok((names, values))).map_err(|_| StoreError::Conflict { key: layout::ENVELOPES.into() })
+                });
+                if let Err(e) = scanned {
+                    let _ = read_tx.send(Err(e));
                 }
             });
-            for read in rx {
-                let (chunk, values) = read?;
-                let pairs: Vec<(&str, Option<&[u8]>)> = chunk.iter().map(String::as_str).zip(values.iter().map(Option::as_deref)).collect();
-                let outcomes = self.rewrap_chunk(&pairs, &current, workers);
-                for (name, outcome) in chunk.iter().cloned().zip(outcomes) {
+            for _ in 0..workers {
+                let (read_rx, done_tx, rewrapper) = (read_rx.clone(), done_tx.clone(), &rewrapper);
+                scope.spawn(move || loop {
+                    // The lock is held only to take the next chunk.
+                    let next = read_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
+                    let Ok(read) = next else { return };
+                    let done = read.map(|(chunk, values)| {
+                        let outcomes: Vec<Result<Rewrap>> =
+                            chunk.iter().zip(&values).map(|(name, bytes)| rewrapper.rewrap_one(name, bytes.as_deref())).collect();
+                        (chunk, outcomes)
+                    });
+                    if done_tx.send(done).is_err() {
+                        return;
+                    }
+                });
+            }
+            // Only the workers hold these now: the loop below ends when
+            // they do, and they end when it stops taking results.
+            drop((done_tx, read_rx));
+            for done in done_rx {
+                let (chunk, outcomes) = done?;
+                for (name, outcome) in chunk.into_iter().zip(outcomes) {
                     match outcome? {
                         Rewrap::Done(env) => {
                             self.put(&name, env.to_bytes());
@@ -1400,30 +1430,31 @@ impl Authority {
         })?;
         Ok((rewrapped, skipped))
     }
+}
 
-    /// What to do with each of `values` (envelopes read from the store,
-    /// with the names they were read under), on `workers` threads.
-    fn rewrap_chunk(&self, values: &[(&str, Option<&[u8]>)], current: &std::collections::HashMap<[u8; 32], u32>, workers: usize) -> Vec<Result<Rewrap>> {
-        let per = values.len().div_ceil(workers.max(1)).max(1);
-        std::thread::scope(|scope| {
-            let parts: Vec<_> = values
-                .chunks(per)
-                .map(|part| scope.spawn(move || part.iter().map(|(name, bytes)| self.rewrap_one(name, *bytes, current)).collect::<Vec<_>>()))
-                .collect();
-            parts
-                .into_iter()
-                .flat_map(|h| h.join().unwrap_or_else(|_| vec![Err(StateError::Inconsistent("a re-wrapping thread panicked".into()).into())]))
-                .collect()
-        })
-    }
+/// Envelopes a re-wrap reads a page: etcd counts the whole rest of the
+/// range for every range request, so pages of 128 made a 100,000-envelope
+/// scan quadratic enough to bound a revocation; 1,000 (etcd's listing page
+/// here too) is about 0.5 MB of envelopes.
+const SCAN_PAGE: usize = 1000;
 
-    fn rewrap_one(&self, name: &str, bytes: Option<&[u8]>, current: &std::collections::HashMap<[u8; 32], u32>) -> Result<Rewrap> {
+/// What re-wrapping envelopes needs, apart from the store: the signing
+/// key, every key of the policies being re-wrapped, and the version each
+/// is re-wrapped to.
+struct Rewrapper {
+    signer: AuthorityKey,
+    keys: Vec<PolicyKey>,
+    current: std::collections::HashMap<[u8; 32], u32>,
+}
+
+impl Rewrapper {
+    fn rewrap_one(&self, name: &str, bytes: Option<&[u8]>) -> Result<Rewrap> {
         let Some(bytes) = bytes else { return Ok(Rewrap::Keep) };
         let env = match Envelope::parse(bytes) {
             Ok(env) => env,
             Err(e) => return Ok(Rewrap::Skip(SkipReason::Malformed(e.to_string()))),
         };
-        let Some(&version) = current.get(&env.policy_id) else { return Ok(Rewrap::Keep) };
+        let Some(&version) = self.current.get(&env.policy_id) else { return Ok(Rewrap::Keep) };
         if env.key_version == version {
             return Ok(Rewrap::Keep);
         }
@@ -1441,7 +1472,11 @@ impl Authority {
             return Ok(Rewrap::Skip(SkipReason::DoesNotOpen(env.key_version)));
         };
         let secret = Zeroizing::new(secret);
-        let k = self.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
+        let k = self
+            .keys
+            .iter()
+            .find(|k| k.policy_id() == pid && k.version == version)
+            .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
         Ok(Rewrap::Done(Envelope::seal(&self.signer, &env.secret_id, &k.policy, k.version, &k.public, &secret)?))
     }
 }

@@ -19,7 +19,9 @@ pub(crate) const SEALED_CONTEXT: &[u8] = b"keyfence/v2 sealed policy key signatu
 pub(crate) const GENERATIONS_CONTEXT: &[u8] = b"keyfence/v2 generation list signature\0";
 pub(crate) const REVOKED_CONTEXT: &[u8] = b"keyfence/v2 revocation list signature\0";
 
-/// The authority's signing key (wiped on drop by `ed25519-dalek`).
+/// The authority's signing key (wiped on drop by `ed25519-dalek`, each
+/// copy).
+#[derive(Clone)]
 pub(crate) struct AuthorityKey(SigningKey);
 
 impl AuthorityKey {

@@ -236,6 +236,31 @@ pub trait Store: Send + Sync + 'static {
         keys.iter().map(|k| self.get(k)).collect()
     }
 
+    /// Every object under `prefix` (which ends with `/`), in name order,
+    /// handed to `each` a page at a time (at most `page` names, with their
+    /// values; `None` for one deleted in between): for a caller that
+    /// reads a whole prefix, such as a revocation re-wrapping every
+    /// envelope, without holding it all. Pages reflect the store as each
+    /// is read, not one snapshot. By default a listing, then
+    /// [`Store::get_many`] per page; [`EtcdStore`](super::EtcdStore) reads
+    /// names and values together, one range request a page, with no
+    /// listing first.
+    ///
+    /// # Errors
+    /// As [`Store::list`] and [`Store::get_many`]; `each`'s own, which
+    /// stops the scan.
+    fn scan(
+        &self,
+        prefix: &str,
+        page: usize,
+        each: &mut dyn FnMut(Vec<String>, Vec<Option<Vec<u8>>>) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        for names in self.list(prefix)?.chunks(page.max(1)) {
+            each(names.to_vec(), self.get_many(names)?)?;
+        }
+        Ok(())
+    }
+
     /// Watches the objects under `prefix` (which ends with `/`) for
     /// changes after revision `after`: 0 for "from now", or the revision
     /// of an event an earlier watch on this store delivered, to resume
