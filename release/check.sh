@@ -54,6 +54,20 @@ bare_path() {
     done
     echo "$dir"
 }
+# No path of the machine that built it in any shipped file, binaries
+# included (a panic's location, an assertion's file name, debug
+# information): the checkout, the target directory, Cargo's home, where the
+# dependencies' sources are. `./x` builds with the maps that make them
+# relative (x: build_path_maps).
+no_build_paths() { # no_build_paths DIR WHAT
+    local found
+    found="$(grep -rla -e "$ROOT/" -e "${CARGO_TARGET_DIR:-$ROOT/target}/" -e "${CARGO_HOME:-$HOME/.cargo}/" "$1" || true)"
+    if [ -n "$found" ]; then
+        printf '%s\n' "$found" >&2
+        fail "$2 names the build machine's paths (in the files above)"
+    fi
+}
+
 # The interpreter itself, not a version manager's shim that needs a PATH.
 PYTHON="$(python3 -c 'import os, sys; print(os.path.realpath(sys.executable))')"
 
@@ -63,6 +77,8 @@ say "the wheel: auditwheel and contents"
 tr -s ' \n' '  ' <"$WORK/auditwheel.txt" | grep -Eq 'consistent with the following platform tag: "manylinux_[0-9]+_[0-9]+_x86_64"' ||
     { cat "$WORK/auditwheel.txt"; fail "auditwheel reports no manylinux tag for $WHEEL"; }
 wheel_files="$("$PYTHON" -m zipfile -l "$WHEEL")"
+"$PYTHON" -m zipfile -e "$WHEEL" "$WORK/wheel-files"
+no_build_paths "$WORK/wheel-files" "the wheel"
 for f in keyfence/_core keyfence/libkeyfence.so.0 keyfence/keyfence-key-process \
          keyfence/LICENSE-APACHE keyfence/LICENSE-MIT keyfence/THIRD-PARTY-NOTICES.txt; do
     grep -q "$f" <<<"$wheel_files" || fail "the wheel lacks $f"
@@ -115,6 +131,8 @@ for f in keyfence/index.d.ts keyfence/LICENSE-APACHE keyfence/THIRD-PARTY-NOTICE
          keyfence-linux-x64-gnu/LICENSE-MIT keyfence-linux-x64-gnu/THIRD-PARTY-NOTICES.txt; do
     [ -e "$WORK/node-project/node_modules/$f" ] || fail "the installed npm packages lack $f"
 done
+no_build_paths "$WORK/node-project/node_modules/keyfence" "the npm package"
+no_build_paths "$WORK/node-project/node_modules/keyfence-linux-x64-gnu" "the npm platform package"
 mkdir -p "$WORK/node"
 node_version="$(cd "$WORK/node-project" && env -u LD_LIBRARY_PATH PATH="$bin" node "$SMOKE/smoke.js" "$WORK/vectors" "$WORK/node")"
 # The types: a TypeScript consumer compiles against the installed package.
@@ -136,7 +154,7 @@ for f in include/keyfence.h lib/libkeyfence.so."$VERSION" lib/libkeyfence.a lib/
     [ -e "$prefix/$f" ] || fail "the C tarball lacks $f"
 done
 # Relocatable: no path of the machine that built it.
-if grep -rIl -e "$ROOT" -e "$CARGO_TARGET_DIR" "$prefix"; then fail "the C tarball names the build machine's paths (above)"; fi
+no_build_paths "$prefix" "the C tarball"
 c_path="$(printf %s "$PATH" | tr : '\n' | grep -v -e '\.cargo/bin' -e '\.rustup' | paste -sd:)"
 for tool in cargo rustc; do
     if PATH="$c_path" command -v "$tool" >/dev/null 2>&1; then fail "$tool is on the C consumer's PATH"; fi
