@@ -350,3 +350,56 @@ fn an_ec_worker_batches_the_completions_of_queued_work_and_holds_a_lone_one_back
     assert!(flushes >= 1 && flushes <= batched.iter().filter(|b| **b).count(), "{flushes} flushes, {batched:?}");
     drop((first, rest));
 }
+
+/// A caller that waits anyway (`Engine::perform`: the OpenSSL provider,
+/// `keyfence_engine_sign`) has a backend that computes in place run on its
+/// own thread, counted in the class's metrics, while `submit` still hands
+/// the same work to an executor thread; a backend that does not say it
+/// computes in place is always submitted.
+#[test]
+fn perform_runs_in_place_work_on_the_callers_thread_and_counts_it() {
+    use keyfence::sign::{Backend, Operation, Output};
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+    struct Where {
+        threads: Mutex<Vec<ThreadId>>,
+        in_place: bool,
+    }
+    impl Backend for Where {
+        fn name(&self) -> &str {
+            "where"
+        }
+        fn class(&self, _: &PrivateKey, _: &Operation) -> OpClass {
+            OpClass::Ec
+        }
+        fn perform(&self, key: &PrivateKey, op: &Operation, _: Instant) -> Result<Output, SignError> {
+            self.threads.lock().unwrap().push(std::thread::current().id());
+            key.perform(op)
+        }
+        fn performs_in_place(&self) -> bool {
+            self.in_place
+        }
+    }
+    let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
+    let me = std::thread::current().id();
+    for in_place in [true, false] {
+        let backend = Arc::new(Where { threads: Mutex::new(Vec::new()), in_place });
+        let engine = Engine::with_backend(small_config(), backend.clone()).unwrap();
+        let sig = engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"here".to_vec())).unwrap();
+        assert!(verify(&key, Algorithm::EcdsaP256Sha256, b"here", &sig));
+        engine.submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"there".to_vec())).unwrap().wait().unwrap();
+        let threads = backend.threads.lock().unwrap().clone();
+        assert_eq!(threads.len(), 2);
+        assert_eq!(threads[0] == me, in_place, "perform on the caller's thread only in place");
+        assert_ne!(threads[1], me, "submit always hands over");
+        let m = engine.metrics();
+        assert_eq!((m.class(OpClass::Ec).submitted, m.class(OpClass::Ec).completed), (2, 2));
+        // A request the key cannot do is refused at once, and counted.
+        let err = engine.perform(Request::sign(key.clone(), Algorithm::Ed25519, b"x".to_vec())).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Invalid, "{err}");
+    }
+    // The software backend computes in place.
+    let engine = Engine::new(small_config()).unwrap();
+    let sig = engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"soft".to_vec())).unwrap();
+    assert!(verify(&key, Algorithm::EcdsaP256Sha256, b"soft", &sig));
+}

@@ -1409,12 +1409,15 @@ void keyfence_key_free(struct keyfence_private_key *key);
 /*
  Signs `msg[0..len]` with `key` and the algorithm named `alg`
  (`"ecdsa-p256-sha256"`, `"rsa-pss-sha256"`, `"ed25519"`, ...; see
- docs/signing.md), waiting for the result: for scripts and tools, not
- for an event loop. `timeout_ms` 0 uses the engine's deadline.
+ docs/signing.md), waiting for the result: for scripts, tools and
+ synchronous callers (the OpenSSL provider), not for an event loop. A
+ key in this process's memory is signed on the calling thread, with no
+ hand-off to an engine thread; a key held by a key process or an agent
+ goes through the engine. `timeout_ms` 0 uses the engine's deadline.
 
  Errors: `KEYFENCE_INVALID_REQUEST` (unknown algorithm, or one that does
- not fit the key), `KEYFENCE_OVERLOADED`, `KEYFENCE_TIMED_OUT`,
- `KEYFENCE_BACKEND_FAILED`, `KEYFENCE_SHUT_DOWN`.
+ not fit the key), `KEYFENCE_OVERLOADED` (a held key's queue is full),
+ `KEYFENCE_TIMED_OUT`, `KEYFENCE_BACKEND_FAILED`, `KEYFENCE_SHUT_DOWN`.
 
  # Safety
  `engine` and `key` are live handles; `alg` is a NUL-terminated string;

@@ -58,6 +58,15 @@ pub trait Backend: Send + Sync + 'static {
         Ok(false)
     }
 
+    /// Whether a caller that waits for the result anyway
+    /// ([`Engine::perform`](super::Engine::perform)) may run
+    /// [`Backend::perform`] on its own thread instead of an executor's:
+    /// only for a backend that computes in this process and never waits
+    /// for anything (the software backend). The default is no.
+    fn performs_in_place(&self) -> bool {
+        false
+    }
+
     /// Starts `op` with `key` and answers through `reply`, now or later and
     /// from any thread. The engine calls this (not [`Backend::perform`]) on
     /// an executor thread, or on the submitting thread when
@@ -176,6 +185,10 @@ impl Backend for SoftwareBackend {
 
     fn perform(&self, key: &PrivateKey, op: &Operation, _deadline: Instant) -> Result<Output, SignError> {
         key.perform(op)
+    }
+
+    fn performs_in_place(&self) -> bool {
+        true
     }
 }
 

@@ -324,6 +324,46 @@ impl Engine {
         Ok(SignFuture { record: self.submit_inner(req, Notify::Future)? })
     }
 
+    /// Performs `req` and waits for its outcome. When the engine would
+    /// queue it for an executor thread of a backend that computes in this
+    /// process (the software backend, with a key in this process's
+    /// memory), the calling thread performs it instead: it waits either
+    /// way, and a synchronous caller (the OpenSSL provider signing for a
+    /// handshake, `keyfence_engine_sign`) then pays no hand-off to another
+    /// thread and back, which on two busy cores is a tenth of a P-256 TLS
+    /// handshake. The class's counters and latency count it as any other
+    /// operation; it is bounded by the callers' threads, not the queue.
+    /// Anything else (a key held by a key process or an agent, another
+    /// backend) is submitted and waited for: `submit(req)?.wait()`.
+    ///
+    /// # Errors
+    /// As [`Engine::submit`] and [`SignFuture::wait`].
+    pub fn perform(&self, req: Request) -> Result<Output, SignError> {
+        let core = &*self.core;
+        let here = req.key.as_held().is_none() && !core.origin.forked();
+        let backend = req.backend.clone().unwrap_or_else(|| core.backend.clone());
+        if !here || !backend.performs_in_place() {
+            return self.submit(req)?.wait();
+        }
+        let exec = &core.executors[backend.class(&req.key, &req.op).index()];
+        if let Err(e) = req.key.check(&req.op) {
+            exec.stats.error(e.kind());
+            return Err(e);
+        }
+        exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let result = backend.perform(&req.key, &req.op, started + req.timeout.unwrap_or(core.config.default_timeout));
+        match &result {
+            Ok(_) => {
+                exec.stats.completed.fetch_add(1, Ordering::Relaxed);
+                exec.stats.latency.record(started.elapsed());
+                exec.stats.record_service(started.elapsed());
+            }
+            Err(e) => exec.stats.error(e.kind()),
+        }
+        result
+    }
+
     /// Submits `req`; `callback` is called once with the result, on an
     /// engine thread (a worker or the deadline thread) or on the thread that
     /// cancels. Keep it short: hand the result to your own loop. If this

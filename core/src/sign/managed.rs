@@ -407,6 +407,15 @@ impl ManagedEngine {
         self.with(|p| p.engine.submit(req))
     }
 
+    /// Performs `req` and waits ([`Engine::perform`]: on the calling
+    /// thread for a key in this process).
+    ///
+    /// # Errors
+    /// As [`Engine::perform`]; [`SignError::ShutDown`] once closed.
+    pub fn perform(&self, req: Request) -> Result<Output, SignError> {
+        self.with(|p| p.engine.perform(req))
+    }
+
     /// Submits `req` with a callback ([`Engine::submit_with_callback`]).
     ///
     /// # Errors
