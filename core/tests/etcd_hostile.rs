@@ -22,6 +22,9 @@ enum Attack {
     MoreForever,
     /// Every read is answered with 60 MiB.
     HugeReply,
+    /// Every listing page holds two names in the wrong order, with
+    /// `more: true`: its last name never moves on.
+    Reordered,
 }
 
 /// A fake etcd member on a port the OS hands out, serving until dropped.
@@ -99,6 +102,18 @@ fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, stop: &AtomicBool)
             let _ = w.write_all(reply.as_bytes());
             sent.fetch_add(reply.len(), Ordering::SeqCst);
         }
+        (Attack::Reordered, "/v3/kv/range") if String::from_utf8_lossy(&body).contains("range_end") => {
+            let reply = format!(
+                r#"{header},"kvs":[{{"key":"{}","value":"{}"}},{{"key":"{}","value":"{}"}}],"more":true,"count":"3"}}"#,
+                b64("kf/envelopes/m"),
+                b64("x"),
+                b64("kf/envelopes/b"),
+                b64("y")
+            );
+            let _ = head(&mut w, Some(reply.len()));
+            let _ = w.write_all(reply.as_bytes());
+            sent.fetch_add(reply.len(), Ordering::SeqCst);
+        }
         (Attack::HugeReply, _) => {
             let n = 60 << 20;
             let _ = head(&mut w, Some(n));
@@ -169,6 +184,24 @@ fn a_listing_that_says_more_forever_fails_at_once() {
         .unwrap_err();
     assert!(err.to_string().contains("does not move on"), "{err}");
     assert_eq!(pages, 1);
+}
+
+/// A page whose names go backwards would have its last name never move
+/// on, and a scan (a revocation's re-wrap) read and re-wrap the same
+/// envelopes forever: refused at the first page.
+#[test]
+fn a_scan_page_out_of_order_is_refused_at_once() {
+    let f = fake(Attack::Reordered);
+    let s = store(&f);
+    let mut pages = 0;
+    let err = s
+        .scan("envelopes/", 1000, &mut |_, _| {
+            pages += 1;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("does not move on"), "{err}");
+    assert_eq!(pages, 0);
 }
 
 #[test]

@@ -825,10 +825,35 @@ fn a_fresh_process_starts_from_the_newest_lists_kept_beside_its_key() {
     .unwrap();
     handed.require(&older).unwrap();
     assert_eq!(handed.newest_lists(), floor);
+    // A floor handed over to a machine that keeps a file is written to it:
+    // the next process starts there too.
+    let fresh_dir = tempfile::tempdir().unwrap();
+    let fresh_file = fresh_dir.path().join("handed.newest");
+    let keeper = Machine::new(key.clone(), store.clone(), CacheConfig::default()).keep_newest_in(&fresh_file).unwrap();
+    keeper.require(&floor).unwrap();
+    assert_eq!(NewestLists::from_bytes(&std::fs::read(&fresh_file).unwrap()).unwrap(), floor);
     // Another authority's lists are no floor for this machine.
     let (other_store, other) = setup();
-    let stranger = Machine::new(other.issue(&attrs("region=EU")).unwrap(), other_store, CacheConfig::default());
+    let stranger = Machine::new(other.issue(&attrs("region=EU")).unwrap(), other_store.clone(), CacheConfig::default());
     assert_eq!(stranger.require(&floor).unwrap_err().code(), ErrorCode::WrongAuthority);
+    // A file that holds this authority's generation list beside another
+    // authority's revocation list (the key issued again by a new one)
+    // still raises the generation floor.
+    let other_revoked = {
+        let mut o = other;
+        let victim = o.issue(&attrs("region=US")).unwrap();
+        o.revoke(victim.id().unwrap()).unwrap();
+        other_store.get("public/revoked").unwrap().unwrap()
+    };
+    let mixed_file = fresh_dir.path().join("mixed.newest");
+    let mut mixed = b"KFN2".to_vec();
+    for list in [floor.generations().unwrap(), &other_revoked[..]] {
+        mixed.extend_from_slice(&(list.len() as u32).to_le_bytes());
+        mixed.extend_from_slice(list);
+    }
+    std::fs::write(&mixed_file, &mixed).unwrap();
+    let m = Machine::new(key.clone(), store.clone(), CacheConfig::default()).keep_newest_in(&mixed_file).unwrap();
+    assert_eq!(m.open(env.to_bytes()).unwrap_err().code(), ErrorCode::ReplayedObject);
     // A file that does not decode is an error that names it.
     std::fs::write(&kept, b"KFN2\x01").unwrap();
     let e = Machine::new(key, store, CacheConfig::default()).keep_newest_in(&kept).unwrap_err();

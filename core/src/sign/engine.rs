@@ -351,8 +351,10 @@ impl Engine {
             return Err(e);
         }
         exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
+        exec.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
         let result = backend.perform(&req.key, &req.op, started + req.timeout.unwrap_or(core.config.default_timeout));
+        exec.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         match &result {
             Ok(_) => {
                 exec.stats.completed.fetch_add(1, Ordering::Relaxed);

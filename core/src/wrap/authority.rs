@@ -1400,8 +1400,16 @@ impl Authority {
                     let next = read_rx.lock().unwrap_or_else(|e| e.into_inner()).recv();
                     let Ok(read) = next else { return };
                     let done = read.map(|(chunk, values)| {
-                        let outcomes: Vec<Result<Rewrap>> =
-                            chunk.iter().zip(&values).map(|(name, bytes)| rewrapper.rewrap_one(name, bytes.as_deref())).collect();
+                        let outcomes: Vec<Result<Rewrap>> = chunk
+                            .iter()
+                            .zip(&values)
+                            .map(|(name, bytes)| {
+                                // A panic is this envelope's error, not the
+                                // whole scope's (which would re-raise it).
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrapper.rewrap_one(name, bytes.as_deref())))
+                                    .unwrap_or_else(|_| Err(StateError::Inconsistent("re-wrapping an envelope panicked".into()).into()))
+                            })
+                            .collect();
                         (chunk, outcomes)
                     });
                     if done_tx.send(done).is_err() {

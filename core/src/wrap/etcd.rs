@@ -749,23 +749,45 @@ impl Store for EtcdStore {
         each: &mut dyn FnMut(Vec<String>, Vec<Option<Vec<u8>>>) -> Result<(), StoreError>,
     ) -> Result<(), StoreError> {
         check_key(prefix.trim_end_matches('/'))?;
-        let page = page.clamp(1, PAGE);
+        let most = page.clamp(1, PAGE);
+        // The first page is small; then each holds as many values as fit
+        // half the reply cap at the largest value seen so far, so a store
+        // of large values pages in fewer of them rather than failing on a
+        // reply over the cap.
+        let mut page = most.min(MAX_TXN_OPS);
+        let mut largest = 0usize;
         let start = format!("{}{prefix}", self.prefix);
         let end = prefix_end(start.as_bytes());
         let mut from = start.into_bytes();
         let mut last: Option<String> = None;
+        let mut listed = 0usize;
         loop {
             let req = json!({ "key": b64(&from), "range_end": b64(&end), "limit": page });
             let v = self.call(prefix, "/v3/kv/range", &req)?;
             let (names, values, more) = range_page(&v, &self.prefix, prefix)?;
-            if names.len() > page || names.first().is_some_and(|f| last.as_ref().is_some_and(|l| f <= l)) || (more && names.is_empty()) {
+            // Names rise strictly, within the page and past the last page,
+            // and stay under the prefix: an endpoint that repeats or
+            // reorders a page is an error, not a loop. And the whole stays a
+            // store's size, as for a listing.
+            let rising = names.windows(2).all(|w| w[0] < w[1])
+                && names.first().is_none_or(|f| last.as_ref().is_none_or(|l| f > l))
+                && names.iter().all(|n| n.starts_with(prefix));
+            if names.len() > page || !rising || (more && names.is_empty()) {
                 return Err(io_err(prefix, "etcd answered a page that does not move on"));
             }
+            listed += names.iter().map(String::len).sum::<usize>();
+            if listed > MAX_LISTING {
+                return Err(io_err(prefix, format!("a scan of more than {MAX_LISTING} bytes of names")));
+            }
             let Some(tail) = names.last().cloned() else { return Ok(()) };
+            largest = largest.max(values.iter().map(Vec::len).max().unwrap_or(0) + tail.len());
             each(names, values.into_iter().map(Some).collect())?;
             if !more {
                 return Ok(());
             }
+            // Base64 and JSON make a value about 4/3 its size, and more.
+            let fits = (MAX_REPLY as usize / 2) / (largest * 3 / 2 + 64).max(1);
+            page = fits.clamp(1, most);
             from = format!("{}{tail}\0", self.prefix).into_bytes();
             last = Some(tail);
         }

@@ -176,8 +176,14 @@ impl Seen {
     pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
         let list = GenerationList::verify(bytes, trusted)?;
         let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.as_ref().is_none_or(|(s, _)| list.goes_back_on(s).is_none()) {
+        let raised = seen.as_ref().is_none_or(|(s, b)| list.goes_back_on(s).is_none() && b.as_slice() != bytes);
+        if raised {
             *seen = Some((list, bytes.to_vec()));
+        }
+        drop(seen);
+        // A floor handed over is kept as one accepted from the store is.
+        if let (true, Some(f)) = (raised, &self.on_newer) {
+            f(bytes);
         }
         Ok(())
     }

@@ -293,9 +293,19 @@ impl Machine {
     pub fn keep_newest_in(mut self, path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         if let Some(kept) = newest::read(&path)? {
-            match self.require(&kept) {
-                Ok(()) | Err(WrapError::WrongAuthority { .. }) => {}
-                Err(e) => return Err(in_file(e, &path)),
+            // Each list on its own: one of another authority (the file
+            // kept from before the key was issued again) is skipped, and
+            // the other still counts.
+            let authority = self.key.authority;
+            let raised = [
+                kept.generations().map(|g| self.seen.raise(g, &authority)),
+                kept.revoked().map(|r| self.revocations.raise(r, &authority)),
+            ];
+            for r in raised.into_iter().flatten() {
+                match r {
+                    Ok(()) | Err(WrapError::WrongAuthority { .. }) => {}
+                    Err(e) => return Err(in_file(e, &path)),
+                }
             }
         }
         let keeper = Arc::new(newest::Keeper::new(path, self.key.authority));

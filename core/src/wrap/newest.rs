@@ -177,17 +177,28 @@ impl Keeper {
     fn update(&self, kind: Kind, bytes: &[u8]) -> std::io::Result<()> {
         let mut lock_name = self.path.as_os_str().to_os_string();
         lock_name.push(".lock");
-        let mut opts = fs::OpenOptions::new();
-        opts.read(true).write(true).create(true).truncate(false);
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::OpenOptionsExt;
-            opts.mode(0o600).custom_flags(libc::O_NOFOLLOW);
+        let lock = open_lock(&PathBuf::from(lock_name))?;
+        // Best effort, so bounded: a process stopped while it holds the
+        // lock (a command suspended at a terminal) must not stall opens.
+        let start = std::time::Instant::now();
+        loop {
+            match lock.try_lock() {
+                Ok(()) => break,
+                Err(fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                Err(fs::TryLockError::WouldBlock) => return Err(std::io::ErrorKind::WouldBlock.into()),
+                Err(fs::TryLockError::Error(e)) => return Err(e),
+            }
         }
-        let lock = opts.open(PathBuf::from(lock_name))?;
-        lock.lock()?;
-        // A file that does not decode is replaced: it was no floor.
-        let mut lists = read(&self.path).ok().flatten().unwrap_or_default();
+        // A file that does not decode was no floor and is replaced; one
+        // that cannot be read is left alone (rewriting it would drop the
+        // other list's floor).
+        let mut lists = match fs::read(&self.path) {
+            Ok(b) => NewestLists::from_bytes(&b).unwrap_or_default(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => NewestLists::default(),
+            Err(e) => return Err(e),
+        };
         let slot = match kind {
             Kind::Generations => &mut lists.generations,
             Kind::Revoked => &mut lists.revoked,
@@ -201,6 +212,32 @@ impl Keeper {
         }
         *slot = Some(bytes.to_vec());
         write_replacing(&self.path, &lists.to_bytes())
+    }
+}
+
+/// How long an update waits for another process's update of the same file.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The lock file beside the lists: opened for reading when it exists (an
+/// advisory lock needs no more, so a user who can read it can lock it,
+/// whoever made it), else created readable by all.
+fn open_lock(path: &Path) -> std::io::Result<fs::File> {
+    let mut read = fs::OpenOptions::new();
+    read.read(true);
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut read, libc::O_NOFOLLOW);
+    match read.open(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let mut create = fs::OpenOptions::new();
+            create.read(true).write(true).create(true).truncate(false);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                create.mode(0o644).custom_flags(libc::O_NOFOLLOW);
+            }
+            create.open(path)
+        }
+        other => other,
     }
 }
 

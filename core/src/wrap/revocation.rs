@@ -239,8 +239,14 @@ impl SeenRevocations {
     pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
         let list = RevocationList::verify(bytes, trusted)?;
         let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.0.ids.iter().all(|id| list.contains(id)) {
+        let raised = seen.0.ids.iter().all(|id| list.contains(id)) && seen.1.as_deref() != Some(bytes);
+        if raised {
             *seen = (list, Some(bytes.to_vec()));
+        }
+        drop(seen);
+        // A floor handed over is kept as one accepted from the store is.
+        if let (true, Some(f)) = (raised, &self.on_newer) {
+            f(bytes);
         }
         Ok(())
     }
