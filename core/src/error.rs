@@ -137,6 +137,11 @@ pub enum ErrorCode {
     BackendFailed = 507,
     /// The engine's configuration is unusable.
     InvalidConfig = 508,
+    /// A PKCS#11 token or its module is gone and did not come back after
+    /// its sessions were opened again.
+    TokenUnavailable = 509,
+    /// A PKCS#11 token needs a PIN none was given for, or refused the PIN.
+    TokenLogin = 510,
 }
 
 impl ErrorCode {
@@ -178,6 +183,8 @@ impl ErrorCode {
         ErrorCode::CryptoFailed,
         ErrorCode::BackendFailed,
         ErrorCode::InvalidConfig,
+        ErrorCode::TokenUnavailable,
+        ErrorCode::TokenLogin,
     ];
 
     /// The code's stable name, `SCREAMING_SNAKE_CASE`: Node's `err.code`,
@@ -220,6 +227,8 @@ impl ErrorCode {
             ErrorCode::CryptoFailed => "CRYPTO_FAILED",
             ErrorCode::BackendFailed => "BACKEND_FAILED",
             ErrorCode::InvalidConfig => "INVALID_CONFIG",
+            ErrorCode::TokenUnavailable => "TOKEN_UNAVAILABLE",
+            ErrorCode::TokenLogin => "TOKEN_LOGIN",
         }
     }
 

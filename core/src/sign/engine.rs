@@ -39,6 +39,10 @@ pub struct EngineConfig {
     /// 64 queued per thread. By Little's law, `threads / latency` is its
     /// throughput: 8 threads at 200 ms serve 40 operations a second.
     pub slow: ClassConfig,
+    /// The PKCS#11 token executor ([`OpClass::Token`]): one thread per
+    /// operation a token performs at once, each with its own session.
+    /// Default 2 per core, at least 4, and 256 queued per thread.
+    pub token: ClassConfig,
     /// The timeout of requests that do not set one. Default 2 s, an order
     /// of magnitude above a loaded RSA-4096 signature, as the seeds advise.
     pub default_timeout: Duration,
@@ -51,6 +55,7 @@ impl Default for EngineConfig {
             rsa: ClassConfig { threads: cores, queue_capacity: 256 * cores },
             ec: ClassConfig { threads: cores, queue_capacity: 4096 * cores },
             slow: ClassConfig { threads: (4 * cores).max(8), queue_capacity: 64 * (4 * cores).max(8) },
+            token: ClassConfig { threads: (2 * cores).max(4), queue_capacity: 256 * (2 * cores).max(4) },
             default_timeout: Duration::from_secs(2),
         }
     }
@@ -63,6 +68,7 @@ impl EngineConfig {
             OpClass::Rsa => &self.rsa,
             OpClass::Ec => &self.ec,
             OpClass::Slow => &self.slow,
+            OpClass::Token => &self.token,
         }
     }
 

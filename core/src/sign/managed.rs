@@ -344,6 +344,12 @@ impl ManagedEngine {
     ///   ([`load_envelope_key`]). Every source is loaded again after a
     ///   restart.
     /// - Remote: only envelopes; the peers that may open one hold the key.
+    /// - A PKCS#11 URI ([`KeySource::Pkcs11`]) is loaded where the keys are
+    ///   held: in this process, or in the key process or agent, so that an
+    ///   isolated engine's process never maps the token's module nor reads
+    ///   its PIN. The module and PIN come from the URI or the holder's
+    ///   environment (`KEYFENCE_PKCS11_MODULE`, `KEYFENCE_PKCS11_PIN_FILE`,
+    ///   `KEYFENCE_PKCS11_PIN`); an agent's from its own configuration.
     ///
     /// # Errors
     /// [`LoadError::Key`] for bytes or a file that are not a usable key,
@@ -368,6 +374,13 @@ impl ManagedEngine {
             }
             (KeySource::AgentEnvelope(envelope), Some(kp), None) if kp.is_agent() => {
                 parts.open_envelope(Path::new(""), Path::new(""), &envelope)
+            }
+            // A token key: whatever holds this engine's keys loads the
+            // module and reads the PIN; this process only when it holds
+            // them itself.
+            (KeySource::Pkcs11(uri), Some(kp), None) => Ok(kp.load(KeySource::Pkcs11(uri))?),
+            (KeySource::Pkcs11(uri), None, None) => {
+                Ok(Arc::new(crate::sign::pkcs11::load(&uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())?))
             }
             (KeySource::AgentEnvelope(_), ..) => Err(SignError::InvalidArgument(
                 "an agent's envelope is for an engine whose keys are in an agent".into(),

@@ -26,6 +26,9 @@
 //!   dies; [`offload`] sends RSA to an offload device (Intel QAT through
 //!   QATlib behind the `qat` feature, with the RSA encoding the device
 //!   needs; a simulated device behind `bench`).
+//! - [`pkcs11`]: keys in a PKCS#11 token (an HSM, a TPM, a cloud KMS's
+//!   library, SoftHSM2), named by RFC 7512 URIs; the token holds the key
+//!   and signs on the engine's own token class.
 //! - [`remote`]: a key server (`keyfence serve`) and the client backend
 //!   that forwards operations on keys this machine may not open to the
 //!   nearest peer that may, over mutual TLS.
@@ -53,7 +56,7 @@
 //! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
 //! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
 //! | 8 | `tls` | the TLS private-key method |
-//! | 9 | `key_process`, `offload` | backends: the key process (client, supervisor, server), the offload device |
+//! | 9 | `pkcs11`, then `key_process`, `offload` | backends: the key process (client, supervisor, server), the offload device |
 //! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `key_process` and `wrap`) |
 //! | 11 | `managed` | [`ManagedEngine`](managed::ManagedEngine): an engine that starts, owns and stops what holds its keys (in process, a key process, remote key servers), loads keys there, refuses work once closed; the one call the bindings and the OpenSSL provider make |
 //!
@@ -131,6 +134,8 @@ pub mod offload;
 #[cfg(feature = "sign")]
 mod op_record;
 #[cfg(feature = "sign")]
+pub mod pkcs11;
+#[cfg(feature = "sign")]
 mod private_key;
 #[cfg(feature = "sign")]
 pub mod remote;
@@ -145,7 +150,7 @@ pub mod wire;
 
 pub use types::{
     Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass,
-    Operation, Output, Resource, SignError,
+    Operation, Output, Resource, SignError, TokenFailure,
 };
 
 #[cfg(all(feature = "sign", feature = "testing"))]

@@ -31,6 +31,7 @@ use super::server::{serve_conn, EnvelopeOpener, Role, ServeOptions, Workers};
 use super::sys;
 use crate::sign::threads::Joined;
 use crate::sign::types::{Resource, SignError};
+use crate::sign::pkcs11::{self, Pkcs11Settings};
 use crate::sign::PrivateKey;
 use crate::wrap::{open_store, CacheConfig, Machine, MachineKey};
 
@@ -71,6 +72,13 @@ pub struct AgentConfig {
     /// Requests one user may have in flight over all its connections.
     /// Default 4096.
     pub user_in_flight: usize,
+    /// The PKCS#11 module and PIN the agent loads keys with, when its
+    /// clients name token keys by URI ([`KeySource::Pkcs11`](super::KeySource::Pkcs11)).
+    /// The agent loads this module and reads this PIN file only: a URI
+    /// naming another module or PIN file is refused, so a client cannot
+    /// make the agent load a library or read a file. Default: none, and
+    /// token keys are refused.
+    pub pkcs11: Option<Pkcs11Settings>,
 }
 
 impl AgentConfig {
@@ -92,6 +100,7 @@ impl AgentConfig {
             max_connections: 1024,
             connection_in_flight: 1024,
             user_in_flight: 4096,
+            pkcs11: None,
         }
     }
 }
@@ -126,13 +135,23 @@ pub fn group_id(name: &str) -> io::Result<u32> {
     sys::lookup_id(name, true)
 }
 
-/// Opens envelopes with the agent's machine.
-struct MachineOpener(Machine);
+/// Opens envelopes with the agent's machine, and token keys with its
+/// PKCS#11 settings.
+struct MachineOpener(Machine, Option<Pkcs11Settings>);
 
 impl EnvelopeOpener for MachineOpener {
     fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String> {
         let secret = self.0.open(envelope).map_err(|e| format!("{}: {e}", e.code().name()))?;
         PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
+    }
+
+    fn load_pkcs11(&self, uri: &str) -> Result<PrivateKey, SignError> {
+        match &self.1 {
+            Some(settings) => pkcs11::load(uri, settings),
+            None => Err(SignError::InvalidArgument(
+                "this agent was started without a PKCS#11 module (`keyfence agent --pkcs11-module`): it loads no token keys".into(),
+            )),
+        }
     }
 }
 
@@ -213,7 +232,13 @@ impl Agent {
         let machine = Machine::new(mk, store, CacheConfig::default())
             .keep_newest_beside(&config.machine_key)
             .map_err(|e| SignError::Config(e.to_string()))?;
-        let opener: Arc<dyn EnvelopeOpener> = Arc::new(MachineOpener(machine));
+        // The agent's module and PIN file are the only ones a client's URI
+        // may name.
+        let pkcs11 = config.pkcs11.clone().map(|mut s| {
+            s.fixed = true;
+            s
+        });
+        let opener: Arc<dyn EnvelopeOpener> = Arc::new(MachineOpener(machine, pkcs11));
         // Neither a core dump nor a debugger of the same user reads the keys.
         let _ = sys::set_not_dumpable();
         let _ = sys::disable_core_dumps();

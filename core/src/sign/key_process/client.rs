@@ -19,7 +19,7 @@ use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::writer::FrameWriter;
 use crate::sign::batch;
 use crate::sign::held_key::Answer;
-use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError};
+use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError, TokenFailure};
 use crate::sign::wire;
 
 /// The backend name in errors and metrics.
@@ -370,6 +370,13 @@ fn reply_error(code: ErrorCode, msg: String, timeout: Duration) -> SignError {
         ErrorCode::TimedOut => SignError::TimedOut { timeout },
         ErrorCode::Busy => backend_error(BackendFailure::NoRoom, msg),
         ErrorCode::Malformed => backend_error(BackendFailure::Protocol, msg),
+        ErrorCode::TokenUnavailable | ErrorCode::TokenLogin => {
+            let failure = if code == ErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
+            // The key process's message is the token's error as displayed
+            // there: `pkcs11:token=LABEL: reason`.
+            let (token, reason) = msg.split_once(": ").map_or(("pkcs11".into(), msg.clone()), |(t, r)| (t.to_string(), r.to_string()));
+            SignError::Token { token, failure, reason }
+        }
         _ => backend_error(BackendFailure::Refused, msg),
     }
 }

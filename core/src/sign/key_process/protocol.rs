@@ -150,6 +150,13 @@ pub enum KeySource {
     /// (`keyfence agent`) loads, holding no machine key or store itself. A
     /// key process refuses it; an agent takes nothing else.
     AgentEnvelope(Vec<u8>),
+    /// A key in a PKCS#11 token, named by its RFC 7512 URI
+    /// ([`pkcs11`](crate::sign::pkcs11)). Whatever holds the engine's keys
+    /// loads the module and reads the PIN: this process, the key process,
+    /// or the agent (which loads only the module and PIN file it was
+    /// started with). The URI holds no PIN (one with `pin-value` is
+    /// refused), so it is safe to keep and to log.
+    Pkcs11(String),
 }
 
 impl fmt::Debug for KeySource {
@@ -170,6 +177,7 @@ impl fmt::Debug for KeySource {
                 .field("envelope", &format_args!("{} bytes", envelope.len()))
                 .finish(),
             KeySource::AgentEnvelope(envelope) => write!(f, "AgentEnvelope({} bytes)", envelope.len()),
+            KeySource::Pkcs11(uri) => f.debug_tuple("Pkcs11").field(uri).finish(),
             KeySource::EnvelopeObjects { machine_key, envelope, objects } => f
                 .debug_struct("EnvelopeObjects")
                 .field("machine_key", machine_key)
@@ -250,6 +258,9 @@ pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
         KeySource::AgentEnvelope(envelope) => {
             w.u8(5).bytes32(envelope);
         }
+        KeySource::Pkcs11(uri) => {
+            w.u8(7).bytes32(uri.as_bytes());
+        }
         KeySource::EnvelopeObjects { machine_key, envelope, objects } => {
             // At most 64 objects (`objects_for_opening`), names of a few
             // dozen bytes.
@@ -294,7 +305,10 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
             }
             KeySource::EnvelopeObjects { machine_key, envelope, objects }
         }
-        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes, 5 agent envelope, 6 envelope with objects)")),
+        7 => KeySource::Pkcs11(
+            std::str::from_utf8(r.bytes32("load PKCS#11 URI")?).map_err(|_| BodyError::Value("load PKCS#11 URI (not UTF-8)"))?.to_owned(),
+        ),
+        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes, 5 agent envelope, 6 envelope with objects, 7 PKCS#11 URI)")),
     };
     r.finish_as("load (trailing bytes)")?;
     Ok((key_id, source))
@@ -503,6 +517,7 @@ mod tests {
                 envelope: b"KFE2...".to_vec(),
                 objects: vec![("public/generations".into(), b"KFG2".to_vec()), ("sealed/aa/1/2".into(), vec![0; 300])],
             },
+            KeySource::Pkcs11("pkcs11:token=edge;object=k?module-path=/m.so".into()),
         ] {
             let (id, parsed) = parse_load_request(&load_request(77, &source)).unwrap();
             assert_eq!(id, 77);

@@ -31,7 +31,7 @@ use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::sys;
 use super::writer::FrameWriter;
 use crate::sign::threads::Joined;
-use crate::sign::types::{Operation, SignError};
+use crate::sign::types::{Operation, SignError, TokenFailure};
 use crate::sign::PrivateKey;
 
 /// How the key process runs.
@@ -62,6 +62,11 @@ impl Default for ServeOptions {
 pub(crate) trait EnvelopeOpener: Send + Sync {
     /// The private key in `envelope`, or why not (naming no secret).
     fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String>;
+
+    /// The key a client names by PKCS#11 URI, on the module and with the
+    /// PIN this server was started with; refused when it was started with
+    /// none.
+    fn load_pkcs11(&self, uri: &str) -> Result<PrivateKey, SignError>;
 }
 
 /// What a connection may ask of the server it speaks to.
@@ -401,11 +406,11 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 Ok(v) => v,
                 Err(e) => return conn.err(id, ErrorCode::Malformed, &e.to_string()),
             };
-            if matches!(conn.role, Role::Agent(_)) && !matches!(source, KeySource::AgentEnvelope(_)) {
+            if matches!(conn.role, Role::Agent(_)) && !matches!(source, KeySource::AgentEnvelope(_) | KeySource::Pkcs11(_)) {
                 return conn.err(
                     id,
                     ErrorCode::NotAllowed,
-                    "an agent loads only envelopes, which it opens with its own machine key and store; it reads no file, path or key bytes a client names",
+                    "an agent loads only envelopes, which it opens with its own machine key and store, and keys on the PKCS#11 token it was started with; it reads no file, path or key bytes a client names",
                 );
             }
             if let Err(e) = workers.load.try_send(LoadJob { conn: conn.clone(), id, key_id, source }) {
@@ -466,10 +471,29 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
     }
 }
 
+/// The wire code of a PKCS#11 token's failure that has one, so the
+/// client's caller sees `TOKEN_UNAVAILABLE` or `TOKEN_LOGIN` as it would
+/// without the key process.
+fn token_code(e: &SignError) -> Option<ErrorCode> {
+    match e {
+        SignError::Token { failure: TokenFailure::Unavailable, .. } => Some(ErrorCode::TokenUnavailable),
+        SignError::Token { failure: TokenFailure::Login, .. } => Some(ErrorCode::TokenLogin),
+        _ => None,
+    }
+}
+
 /// A loader thread: loads keys until the queue closes.
 fn load_keys(rx: &Receiver<LoadJob>) {
     for LoadJob { conn, id, key_id, source } in rx {
-        match load(&source, &conn.role) {
+        let loaded = match &source {
+            KeySource::Pkcs11(uri) => match &conn.role {
+                Role::KeyProcess => crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env()),
+                Role::Agent(opener) => opener.load_pkcs11(uri),
+            }
+            .map_err(|e| (token_code(&e).unwrap_or(ErrorCode::Load), e.to_string())),
+            _ => load(&source, &conn.role).map_err(|msg| (ErrorCode::Load, msg)),
+        };
+        match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => {
                     conn.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
@@ -477,7 +501,7 @@ fn load_keys(rx: &Receiver<LoadJob>) {
                 }
                 Err(e) => conn.err(id, ErrorCode::Load, &e.to_string()),
             },
-            Err(msg) => conn.err(id, ErrorCode::Load, &msg),
+            Err((code, msg)) => conn.err(id, code, &msg),
         }
     }
 }
@@ -501,6 +525,7 @@ fn load(source: &KeySource, role: &Role) -> Result<PrivateKey, String> {
         }
         KeySource::EnvelopeObjects { machine_key, envelope, objects } => open_envelope(machine_key, envelope, objects),
         KeySource::Bytes(bytes) => PrivateKey::from_bytes(bytes).map_err(|e| e.to_string()),
+        KeySource::Pkcs11(_) => Err("a PKCS#11 key is loaded by the loader's token path".into()),
     }
 }
 
@@ -578,7 +603,7 @@ fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
         match job.key.perform(&job.op) {
             Ok(out) => Ok(out),
             Err(SignError::Crypto { reason, .. }) => Err((ErrorCode::Crypto, reason)),
-            Err(e) => Err((ErrorCode::Invalid, e.to_string())),
+            Err(e) => Err((token_code(&e).unwrap_or(ErrorCode::Invalid), e.to_string())),
         }
     };
     job.conn.done(job.op.input_len());

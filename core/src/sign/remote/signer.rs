@@ -551,6 +551,11 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         RemoteErrorCode::Malformed | RemoteErrorCode::Version => {
             Attempt::Final(backend_error(BackendFailure::Protocol, format!("{}: {msg}", code.name())))
         }
+        // The peer's token is gone or will not log in: another peer may
+        // hold the key on a token that works.
+        RemoteErrorCode::TokenUnavailable | RemoteErrorCode::TokenLogin => {
+            Attempt::Next { error: backend_error(BackendFailure::Refused, format!("{}: {msg}", code.name())), breaker: true }
+        }
         // A server never sends the key process's own codes (the protocol
         // reads them as internal).
         RemoteErrorCode::Internal | RemoteErrorCode::Load | RemoteErrorCode::Privileges => {

@@ -106,6 +106,23 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// How a PKCS#11 token failed ([`SignError::Token`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum TokenFailure {
+    /// The token or its module is gone, and opening a session again did not
+    /// bring it back (`TOKEN_UNAVAILABLE`).
+    Unavailable,
+    /// The token needs a PIN none was given for, or refused the PIN
+    /// (`TOKEN_LOGIN`). A refused PIN is not tried again.
+    Login,
+    /// No such token or key, several match, or a key keyfence cannot use
+    /// (`INVALID_PRIVATE_KEY`).
+    NotFound,
+    /// The token declined the operation (`BACKEND_FAILED`).
+    Refused,
+}
+
 /// Why a private-key operation did not produce a result.
 ///
 /// No variant carries key material, inputs or outputs.
@@ -242,6 +259,19 @@ pub enum SignError {
         /// What kind of failure it was.
         failure: BackendFailure,
         /// What went wrong, in words.
+        reason: String,
+    },
+    /// A PKCS#11 token failed or refused: gone and not back after one
+    /// reopen, a refused PIN, no such key, or an operation the token
+    /// declined. The code depends on `failure`.
+    #[error("{token}: {reason}")]
+    Token {
+        /// The token (`pkcs11:token=LABEL`).
+        token: String,
+        /// What kind of failure it was.
+        failure: TokenFailure,
+        /// What went wrong, in words (PKCS#11's `CKR_` name where there is
+        /// one; never a PIN).
         reason: String,
     },
     /// The engine configuration is unusable.
@@ -383,6 +413,12 @@ impl SignError {
             | SignError::InputTooLarge { .. } => ErrorCode::InvalidRequest,
             SignError::Crypto { .. } => ErrorCode::CryptoFailed,
             SignError::Backend { .. } => ErrorCode::BackendFailed,
+            SignError::Token { failure, .. } => match failure {
+                TokenFailure::Unavailable => ErrorCode::TokenUnavailable,
+                TokenFailure::Login => ErrorCode::TokenLogin,
+                TokenFailure::NotFound => ErrorCode::InvalidPrivateKey,
+                TokenFailure::Refused => ErrorCode::BackendFailed,
+            },
             SignError::Config(_) => ErrorCode::InvalidConfig,
             SignError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             SignError::Io { .. } => ErrorCode::Io,

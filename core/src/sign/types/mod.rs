@@ -12,7 +12,7 @@ mod operation;
 pub use algorithm::{Algorithm, AlgorithmError, Hash};
 #[cfg(feature = "sign")]
 pub(crate) use algorithm::Family;
-pub use error::{BackendFailure, CryptoOp, ErrorKind, KeyError, Resource, SignError};
+pub use error::{BackendFailure, CryptoOp, ErrorKind, KeyError, Resource, SignError, TokenFailure};
 pub use key_kind::KeyKind;
 pub use op_class::OpClass;
 pub use operation::{Input, Operation, Output};

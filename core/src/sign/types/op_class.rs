@@ -13,18 +13,23 @@ pub enum OpClass {
     /// Operations that wait on something outside the process: offload
     /// devices, remote key servers, a key process.
     Slow,
+    /// Operations on keys in a PKCS#11 token this process loaded: each
+    /// call blocks its thread until the token answers, so they get threads
+    /// of their own and never hold up software keys or the slow class.
+    Token,
 }
 
 impl OpClass {
     /// Every class, in index order.
-    pub const ALL: [OpClass; 3] = [OpClass::Rsa, OpClass::Ec, OpClass::Slow];
+    pub const ALL: [OpClass; 4] = [OpClass::Rsa, OpClass::Ec, OpClass::Slow, OpClass::Token];
 
-    /// `rsa`, `ec` or `slow`.
+    /// `rsa`, `ec`, `slow` or `token`.
     pub fn name(self) -> &'static str {
         match self {
             OpClass::Rsa => "rsa",
             OpClass::Ec => "ec",
             OpClass::Slow => "slow",
+            OpClass::Token => "token",
         }
     }
 

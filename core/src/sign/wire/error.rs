@@ -54,11 +54,16 @@ pub enum ErrorCode {
     /// Refused before any work; another peer may be configured to allow
     /// it. Key server only.
     NotAllowed = 13,
+    /// The PKCS#11 token holding the key is gone and did not come back
+    /// when its sessions were opened again.
+    TokenUnavailable = 14,
+    /// The PKCS#11 token needs a PIN none was given for, or refused it.
+    TokenLogin = 15,
 }
 
 impl ErrorCode {
     /// Every code, in numeric order.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 15] = [
         ErrorCode::Malformed,
         ErrorCode::UnknownKey,
         ErrorCode::Load,
@@ -72,6 +77,8 @@ impl ErrorCode {
         ErrorCode::Version,
         ErrorCode::ShuttingDown,
         ErrorCode::NotAllowed,
+        ErrorCode::TokenUnavailable,
+        ErrorCode::TokenLogin,
     ];
 
     /// The key process's name for [`ErrorCode::Overloaded`]: more requests
@@ -100,6 +107,8 @@ impl ErrorCode {
             ErrorCode::Version => "version",
             ErrorCode::ShuttingDown => "shutting_down",
             ErrorCode::NotAllowed => "not_allowed",
+            ErrorCode::TokenUnavailable => "token_unavailable",
+            ErrorCode::TokenLogin => "token_login",
         }
     }
 }
@@ -148,13 +157,15 @@ mod tests {
             (11, "version"),
             (12, "shutting_down"),
             (13, "not_allowed"),
+            (14, "token_unavailable"),
+            (15, "token_login"),
         ];
         assert_eq!(ErrorCode::ALL.map(|c| (c as u8, c.name())), want);
         for c in ErrorCode::ALL {
             assert_eq!(ErrorCode::from_u8(c as u8), c);
         }
         assert_eq!(ErrorCode::Busy as u8, 6);
-        for b in [0, 14, 200, 255] {
+        for b in [0, 16, 200, 255] {
             assert_eq!(ErrorCode::from_u8(b), ErrorCode::Internal);
         }
     }

@@ -1,0 +1,849 @@
+//! A PKCS#11 token: its module (loaded once per process), its sessions
+//! (one pool per token, growing to as many as sign at once: the engine's
+//! token threads, or a key process's workers), the login, and the keys
+//! this process uses on it. The token is the [`KeyHolder`] of those keys,
+//! so the engine runs them on its own executor class ([`OpClass::Token`]).
+//!
+//! A session the token no longer knows (`CKR_SESSION_HANDLE_INVALID`,
+//! `CKR_DEVICE_REMOVED`, ...) is dropped with every other session of the
+//! token; the token is logged into again, the key found again by its
+//! attributes, and the operation retried once. A token that is still gone
+//! fails with [`TokenFailure::Unavailable`]. A refused PIN is never tried
+//! again by itself: every later operation fails at once with
+//! [`TokenFailure::Login`], so keyfence cannot lock the token's PIN.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::Instant;
+
+use cryptoki::context::{CInitializeArgs, Pkcs11};
+use cryptoki::error::{Error as CkError, RvError};
+use cryptoki::mechanism::eddsa::{EddsaParams, EddsaSignatureScheme};
+use cryptoki::mechanism::rsa::{PkcsMgfType, PkcsPssParams};
+use cryptoki::mechanism::{Mechanism, MechanismType};
+use cryptoki::object::{Attribute, AttributeType, KeyType, ObjectClass, ObjectHandle};
+use cryptoki::session::{Session, UserType};
+use cryptoki::slot::Slot;
+use zeroize::Zeroizing;
+
+use super::uri::{ObjectType, Pkcs11Uri};
+use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
+use crate::sign::local_key::digest_of;
+use crate::sign::private_key::PrivateKey;
+use crate::sign::types::{Algorithm, Family, Hash, Input, KeyKind, OpClass, Operation, Output, SignError, TokenFailure};
+
+/// Where the module and the PIN come from when the URI does not say, and
+/// what a URI may name: see [`Pkcs11Settings::from_env`].
+#[derive(Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Pkcs11Settings {
+    /// The module used when the URI names none (`KEYFENCE_PKCS11_MODULE`).
+    pub module: Option<PathBuf>,
+    /// The file holding the PIN when the URI names none
+    /// (`KEYFENCE_PKCS11_PIN_FILE`).
+    pub pin_file: Option<PathBuf>,
+    /// The PIN itself, when no file is named (`KEYFENCE_PKCS11_PIN`).
+    pub pin: Option<Zeroizing<String>>,
+    /// Refuse a URI's `module-path`, `module-name` and `pin-source` unless
+    /// they name the module and PIN file above: what an agent sets, so a
+    /// client cannot make it load a library or read a file of its choice.
+    pub fixed: bool,
+}
+
+impl std::fmt::Debug for Pkcs11Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pkcs11Settings")
+            .field("module", &self.module)
+            .field("pin_file", &self.pin_file)
+            .field("pin", &self.pin.as_ref().map(|_| "<set>"))
+            .field("fixed", &self.fixed)
+            .finish()
+    }
+}
+
+impl Pkcs11Settings {
+    /// Settings from the environment: `KEYFENCE_PKCS11_MODULE` (the
+    /// module's file), `KEYFENCE_PKCS11_PIN_FILE` (a file whose first line
+    /// is the PIN) and `KEYFENCE_PKCS11_PIN` (the PIN itself; for a
+    /// service manager's credential, never typed on a command line).
+    pub fn from_env() -> Self {
+        let path = |name| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        Pkcs11Settings {
+            module: path("KEYFENCE_PKCS11_MODULE"),
+            pin_file: path("KEYFENCE_PKCS11_PIN_FILE"),
+            pin: std::env::var("KEYFENCE_PKCS11_PIN").ok().filter(|p| !p.is_empty()).map(Zeroizing::new),
+            fixed: false,
+        }
+    }
+
+    /// The module file `uri` names, or these settings' module.
+    fn module_for(&self, uri: &Pkcs11Uri) -> Result<PathBuf, SignError> {
+        let named = match (&uri.module_path, &uri.module_name) {
+            (Some(p), _) => Some(p.clone()),
+            (None, Some(name)) => Some(p11_kit_module(name)?),
+            (None, None) => None,
+        };
+        match (named, &self.module) {
+            (Some(p), Some(fixed)) if self.fixed && !same_file(&p, fixed) => Err(SignError::InvalidArgument(format!(
+                "this signer loads only the PKCS#11 module it was started with ({}); the URI names {}",
+                fixed.display(),
+                p.display()
+            ))),
+            (Some(_), None) if self.fixed => Err(SignError::InvalidArgument(
+                "this signer was started without a PKCS#11 module, and loads none a client names".into(),
+            )),
+            (Some(p), _) => Ok(p),
+            (None, Some(m)) => Ok(m.clone()),
+            (None, None) => Err(SignError::Config(
+                "no PKCS#11 module: name it in the URI (`?module-path=/usr/lib/softhsm/libsofthsm2.so`) or set KEYFENCE_PKCS11_MODULE"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The PIN for `uri`: its `pin-source`, else the PIN file, else the
+    /// PIN; `None` when none is given.
+    fn pin_for(&self, uri: &Pkcs11Uri) -> Result<Option<Zeroizing<String>>, SignError> {
+        let file = match (&uri.pin_source, &self.pin_file) {
+            (Some(p), Some(fixed)) if self.fixed && !same_file(p, fixed) => {
+                return Err(SignError::InvalidArgument(
+                    "this signer reads only the PIN file it was started with; the URI's pin-source names another".into(),
+                ))
+            }
+            (Some(_), None) if self.fixed => {
+                return Err(SignError::InvalidArgument("this signer reads no PIN file a client names".into()))
+            }
+            (Some(p), _) => Some(p),
+            (None, f) => f.as_ref(),
+        };
+        match file {
+            Some(path) => read_pin(path).map(Some),
+            None => Ok(self.pin.clone()),
+        }
+    }
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    a == b || matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+}
+
+/// The first line of `path`, without its line end.
+fn read_pin(path: &Path) -> Result<Zeroizing<String>, SignError> {
+    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read the PIN file {}: {e}", path.display())))?);
+    let text = std::str::from_utf8(&bytes).map_err(|_| SignError::InvalidArgument(format!("the PIN file {} is not UTF-8", path.display())))?;
+    let pin = text.split(['\n', '\r']).next().unwrap_or("");
+    if pin.is_empty() {
+        return Err(SignError::InvalidArgument(format!("the PIN file {} is empty", path.display())));
+    }
+    Ok(Zeroizing::new(pin.to_owned()))
+}
+
+/// The file p11-kit's configuration names for module `name`
+/// (`/etc/pkcs11/modules/NAME.module`, then the packaged ones), as
+/// `module-name=` asks.
+fn p11_kit_module(name: &str) -> Result<PathBuf, SignError> {
+    let dirs = ["/etc/pkcs11/modules", "/usr/share/p11-kit/modules"];
+    for dir in dirs {
+        let Ok(text) = std::fs::read_to_string(Path::new(dir).join(format!("{name}.module"))) else { continue };
+        for line in text.lines() {
+            if let Some(v) = line.trim().strip_prefix("module:") {
+                let v = v.trim();
+                let p = PathBuf::from(v);
+                if p.is_absolute() {
+                    return Ok(p);
+                }
+                let multiarch = format!("/usr/lib/{}-linux-gnu/pkcs11", std::env::consts::ARCH);
+                return Ok(Path::new(&multiarch).join(p));
+            }
+        }
+    }
+    Err(SignError::Config(format!("no p11-kit module named `{name}` (looked for {name}.module in {})", dirs.join(", "))))
+}
+
+/// A module loaded and initialized in this process.
+struct Module {
+    ctx: Pkcs11,
+    path: PathBuf,
+}
+
+/// The modules and tokens this process has open, so every key of a token
+/// shares one session pool and one login. Entries of another process
+/// (before a `fork`) are never reused: PKCS#11 needs `C_Initialize` again
+/// in a child.
+struct Registry {
+    pid: u32,
+    modules: Vec<Arc<Module>>,
+    tokens: Vec<Weak<Token>>,
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
+    let mut guard = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let pid = std::process::id();
+    if guard.as_ref().map_or(true, |r| r.pid != pid) {
+        // A parent's modules: forgotten, never finalized here (the parent
+        // owns them); a fresh load initializes the module for this process.
+        if let Some(old) = guard.take() {
+            std::mem::forget(old);
+        }
+        *guard = Some(Registry { pid, modules: Vec::new(), tokens: Vec::new() });
+    }
+    f(guard.as_mut().expect("set above"))
+}
+
+fn load_module(path: &Path) -> Result<Arc<Module>, SignError> {
+    let canonical = std::fs::canonicalize(path)
+        .map_err(|e| SignError::Config(format!("the PKCS#11 module {} cannot be opened: {e}", path.display())))?;
+    with_registry(|r| {
+        if let Some(m) = r.modules.iter().find(|m| m.path == canonical) {
+            return Ok(m.clone());
+        }
+        let ctx = Pkcs11::new(&canonical)
+            .map_err(|e| SignError::Config(format!("the PKCS#11 module {} cannot be loaded: {e}", path.display())))?;
+        match ctx.initialize(CInitializeArgs::OsThreads) {
+            Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
+            Err(e) => {
+                return Err(SignError::Config(format!("the PKCS#11 module {} failed to initialize: {}", path.display(), rv(&e))))
+            }
+        }
+        let m = Arc::new(Module { ctx, path: canonical });
+        r.modules.push(m.clone());
+        Ok(m)
+    })
+}
+
+/// A short name for a PKCS#11 error: the `CKR_` code's name where there
+/// is one (never a PIN or key material: the module reports codes).
+fn rv(e: &CkError) -> String {
+    match e {
+        CkError::Pkcs11(code, function) => format!("{function:?} returned {code:?}"),
+        other => other.to_string(),
+    }
+}
+
+/// Errors after which the session, the login or the object handle may be
+/// stale: the token was removed and put back, or its module restarted.
+fn reopens(e: &CkError) -> bool {
+    matches!(
+        e,
+        CkError::Pkcs11(
+            RvError::SessionHandleInvalid
+                | RvError::SessionClosed
+                | RvError::DeviceRemoved
+                | RvError::DeviceError
+                | RvError::TokenNotPresent
+                | RvError::UserNotLoggedIn
+                | RvError::ObjectHandleInvalid
+                | RvError::KeyHandleInvalid
+                | RvError::CryptokiNotInitialized,
+            _
+        )
+    )
+}
+
+/// The sessions of a token.
+struct Sessions {
+    /// Open sessions not in use, with the generation they were opened in.
+    idle: Vec<(u64, Session)>,
+    /// Bumped when every session is dropped after a failure: sessions and
+    /// object handles of earlier generations are not used again.
+    generation: u64,
+    /// Whether this process is logged in (PKCS#11 logs in per token and
+    /// application, not per session).
+    logged_in: bool,
+    /// The token's refusal of the PIN, kept so the PIN is not tried again.
+    login_refused: Option<String>,
+}
+
+/// A token this process uses, and the keys it uses on it.
+pub(crate) struct Token {
+    module: Arc<Module>,
+    slot: Slot,
+    /// `pkcs11:token=LABEL`, the holder's name in errors and metrics.
+    name: String,
+    /// Kept to log in again after the token comes back.
+    pin: Mutex<Option<Zeroizing<String>>>,
+    login_required: bool,
+    sessions: Mutex<Sessions>,
+    keys: RwLock<HashMap<u64, Arc<TokenKey>>>,
+    next_id: AtomicU64,
+}
+
+/// One key on the token: how to find it again, and its handle now.
+struct TokenKey {
+    template: Vec<Attribute>,
+    handle: Mutex<(u64, ObjectHandle)>,
+    kind: KeyKind,
+}
+
+impl Token {
+    fn fail(&self, failure: TokenFailure, reason: impl Into<String>) -> SignError {
+        SignError::Token { token: self.name.clone(), failure, reason: reason.into() }
+    }
+
+    /// Opens (or reuses) the token `uri` selects in `module`.
+    fn open(module: Arc<Module>, uri: &Pkcs11Uri, pin: Option<Zeroizing<String>>) -> Result<Arc<Token>, SignError> {
+        let name = |label: &str| format!("pkcs11:token={label}");
+        let unavailable = |reason: String| SignError::Token {
+            token: uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name),
+            failure: TokenFailure::Unavailable,
+            reason,
+        };
+        let slots = module.ctx.get_slots_with_token().map_err(|e| unavailable(format!("listing the slots: {}", rv(&e))))?;
+        let mut found = Vec::new();
+        let mut seen = Vec::new();
+        for slot in slots {
+            let Ok(info) = module.ctx.get_token_info(slot) else { continue };
+            if !info.token_initialized() {
+                continue;
+            }
+            let label = info.label().trim_end().to_string();
+            seen.push(label.clone());
+            let matches = uri.token.as_deref().map_or(true, |t| t == label)
+                && uri.serial.as_deref().map_or(true, |s| s == info.serial_number().trim_end())
+                && uri.manufacturer.as_deref().map_or(true, |m| m == info.manufacturer_id().trim_end())
+                && uri.model.as_deref().map_or(true, |m| m == info.model().trim_end())
+                && uri.slot_id.map_or(true, |id| id == slot.id());
+            if matches {
+                found.push((slot, label, info.login_required()));
+            }
+        }
+        let (slot, label, login_required) = match found.len() {
+            1 => found.remove(0),
+            0 if seen.is_empty() => return Err(unavailable(format!("the module {} has no token", module.path.display()))),
+            0 => {
+                return Err(SignError::Token {
+                    token: uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name),
+                    failure: TokenFailure::NotFound,
+                    reason: format!("no token matches the URI in {} (its tokens: {})", module.path.display(), seen.join(", ")),
+                })
+            }
+            n => {
+                return Err(SignError::Token {
+                    token: "pkcs11:".into(),
+                    failure: TokenFailure::NotFound,
+                    reason: format!("{n} tokens match the URI ({}); add token=, serial= or slot-id=", seen.join(", ")),
+                })
+            }
+        };
+        with_registry(|r| {
+            r.tokens.retain(|t| t.strong_count() > 0);
+            let existing = r.tokens.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.module, &module) && t.slot == slot);
+            if let Some(t) = existing {
+                let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+                let mut current = t.pin.lock().unwrap_or_else(|e| e.into_inner());
+                let same = current.as_ref().map(|p| p.as_bytes()) == pin.as_ref().map(|p| p.as_bytes());
+                if !same && sessions.login_refused.is_some() {
+                    // The PIN was refused and a new one is given (the
+                    // operator fixed the PIN file): try that one.
+                    *current = pin;
+                    sessions.login_refused = None;
+                } else if !same && pin.is_some() && current.is_some() {
+                    // The first key's PIN logged in; a different PIN for
+                    // the same token in one process is a configuration
+                    // mistake that should not be papered over.
+                    drop((current, sessions));
+                    return Err(t.fail(TokenFailure::Login, "this process already uses the token with another PIN"));
+                }
+                drop((current, sessions));
+                return Ok(t);
+            }
+            let t = Arc::new(Token {
+                module,
+                slot,
+                name: name(&label),
+                pin: Mutex::new(pin),
+                login_required,
+                sessions: Mutex::new(Sessions { idle: Vec::new(), generation: 0, logged_in: false, login_refused: None }),
+                keys: RwLock::new(HashMap::new()),
+                next_id: AtomicU64::new(1),
+            });
+            r.tokens.push(Arc::downgrade(&t));
+            Ok(t)
+        })
+    }
+
+    /// Runs `f` on a logged-in session; after an error that may mean the
+    /// token went away and came back, drops every session, logs in again
+    /// and runs `f` once more (with `true`: find objects again).
+    fn with_session<T>(&self, mut f: impl FnMut(&Session, u64, bool) -> Result<T, CkError>) -> Result<T, SignError> {
+        let mut last = None;
+        for retry in [false, true] {
+            let (generation, session) = match self.checkout() {
+                Ok(s) => s,
+                Err(e) if retry => return Err(e),
+                Err(e @ SignError::Token { failure: TokenFailure::Login, .. }) => return Err(e),
+                Err(e) => {
+                    last = Some(e);
+                    self.reset(None);
+                    continue;
+                }
+            };
+            match f(&session, generation, retry) {
+                Ok(v) => {
+                    self.checkin(generation, session);
+                    return Ok(v);
+                }
+                Err(e) if reopens(&e) && !retry => {
+                    drop(session);
+                    self.reset(Some(generation));
+                    last = Some(self.fail(TokenFailure::Unavailable, rv(&e)));
+                }
+                Err(e) if reopens(&e) => {
+                    drop(session);
+                    self.reset(Some(generation));
+                    return Err(self.fail(TokenFailure::Unavailable, format!("{} (after opening the session again)", rv(&e))));
+                }
+                Err(e) => {
+                    // The session itself is fine (a refused mechanism, a
+                    // bad input): it goes back to the pool.
+                    self.checkin(generation, session);
+                    return Err(self.fail(TokenFailure::Refused, rv(&e)));
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| self.fail(TokenFailure::Unavailable, "the token did not answer")))
+    }
+
+    fn checkout(&self) -> Result<(u64, Session), SignError> {
+        let (generation, login) = {
+            let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(refused) = &s.login_refused {
+                return Err(self.fail(TokenFailure::Login, refused.clone()));
+            }
+            let generation = s.generation;
+            while let Some((g, session)) = s.idle.pop() {
+                if g == generation && s.logged_in {
+                    return Ok((g, session));
+                }
+            }
+            (generation, !s.logged_in)
+        };
+        let session = self
+            .module
+            .ctx
+            .open_ro_session(self.slot)
+            .map_err(|e| self.fail(TokenFailure::Unavailable, format!("opening a session: {}", rv(&e))))?;
+        if login {
+            self.login(&session)?;
+        }
+        Ok((generation, session))
+    }
+
+    fn login(&self, session: &Session) -> Result<(), SignError> {
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if s.logged_in {
+            return Ok(());
+        }
+        let pin = self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some(pin) = &pin else {
+            if self.login_required {
+                return Err(self.fail(
+                    TokenFailure::Login,
+                    "the token needs a PIN: name a file holding it with `pin-source=file:/path` in the URI, or set KEYFENCE_PKCS11_PIN_FILE or KEYFENCE_PKCS11_PIN",
+                ));
+            }
+            s.logged_in = true;
+            return Ok(());
+        };
+        let secret = cryptoki::types::AuthPin::new(pin.as_str().to_owned());
+        match session.login(UserType::User, Some(&secret)) {
+            Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {
+                s.logged_in = true;
+                Ok(())
+            }
+            Err(e @ CkError::Pkcs11(RvError::PinIncorrect | RvError::PinLocked | RvError::PinLenRange | RvError::PinExpired | RvError::PinInvalid, _)) => {
+                let reason = format!("the token refused the PIN ({}); keyfence does not try it again", rv(&e));
+                s.login_refused = Some(reason.clone());
+                Err(self.fail(TokenFailure::Login, reason))
+            }
+            Err(e) => Err(self.fail(TokenFailure::Unavailable, format!("logging in: {}", rv(&e)))),
+        }
+    }
+
+    fn checkin(&self, generation: u64, session: Session) {
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if s.generation == generation {
+            s.idle.push((generation, session));
+        }
+    }
+
+    /// Drops every session (of `generation`, unless a later one already
+    /// did) and the login.
+    fn reset(&self, generation: Option<u64>) {
+        let idle = {
+            let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            if generation.is_some_and(|g| g != s.generation) {
+                return;
+            }
+            s.generation += 1;
+            s.logged_in = false;
+            std::mem::take(&mut s.idle)
+        };
+        drop(idle);
+    }
+
+    /// Finds the one private key `uri` names, and reads its public key.
+    fn find_key(self: &Arc<Self>, uri: &Pkcs11Uri) -> Result<(Vec<Attribute>, ObjectHandle, KeyKind, Vec<u8>), SignError> {
+        if let Some(t) = uri.object_type.filter(|t| *t != ObjectType::Private) {
+            return Err(SignError::InvalidArgument(format!(
+                "the URI names a {t:?} object; keyfence signs with private keys (`type=private`, or no type)"
+            )));
+        }
+        if uri.object.is_none() && uri.id.is_none() {
+            return Err(SignError::InvalidArgument("the URI names no key: add `object=LABEL` or `id=%01...`".into()));
+        }
+        let mut template = vec![Attribute::Class(ObjectClass::PRIVATE_KEY)];
+        if let Some(label) = &uri.object {
+            template.push(Attribute::Label(label.as_bytes().to_vec()));
+        }
+        if let Some(id) = &uri.id {
+            template.push(Attribute::Id(id.clone()));
+        }
+        let described = uri.object.clone().map_or_else(|| "the id given".to_string(), |o| format!("object={o}"));
+        let this = self.clone();
+        self.with_session(move |session, generation, _| {
+            let handles = session.find_objects(&template)?;
+            let handle = match handles.as_slice() {
+                [h] => *h,
+                [] => return Ok(Err(this.fail(TokenFailure::NotFound, format!("no private key with {described} on the token (is the PIN right, and the key a token object?)")))),
+                many => {
+                    return Ok(Err(this.fail(
+                        TokenFailure::NotFound,
+                        format!("{} private keys match {described}; add `id=` to the URI", many.len()),
+                    )))
+                }
+            };
+            Ok(public_key(session, handle).map(|(kind, der)| (template.clone(), handle, kind, der, generation)))
+        })?
+        .map(|(template, handle, kind, der, _)| (template, handle, kind, der))
+    }
+
+    /// Performs `op` with key `key`.
+    fn run(&self, key: &TokenKey, op: &Operation) -> Result<Output, SignError> {
+        self.with_session(|session, generation, refind| {
+            let handle = {
+                let mut h = key.handle.lock().unwrap_or_else(|e| e.into_inner());
+                if refind || h.0 != generation {
+                    match session.find_objects(&key.template)?.as_slice() {
+                        [one] => *h = (generation, *one),
+                        _ => return Err(CkError::Pkcs11(RvError::KeyHandleInvalid, cryptoki::context::Function::FindObjects)),
+                    }
+                }
+                h.1
+            };
+            sign_on(session, handle, key.kind, op)
+        })?
+    }
+}
+
+/// `op` on the token: the mechanism for each algorithm, with the digest
+/// computed here (so `CKM_ECDSA`, `CKM_RSA_PKCS` and `CKM_RSA_PKCS_PSS`,
+/// which every token offers, rather than the hash-and-sign mechanisms
+/// fewer do).
+fn sign_on(session: &Session, handle: ObjectHandle, kind: KeyKind, op: &Operation) -> Result<Result<Output, SignError>, CkError> {
+    let (alg, input) = match op {
+        Operation::DecryptRaw { ciphertext } => {
+            return Ok(Ok(Zeroizing::new(session.decrypt(&Mechanism::RsaX509, handle, ciphertext)?)));
+        }
+        Operation::Sign { alg, input } => (*alg, input),
+    };
+    let Some(hash) = alg.hash() else {
+        // Ed25519 signs the whole message.
+        let Input::Message(m) = input else {
+            return Ok(Err(SignError::DigestNotSupported(alg)));
+        };
+        let mech = Mechanism::Eddsa(EddsaParams::new(EddsaSignatureScheme::Pure));
+        return Ok(Ok(Zeroizing::new(session.sign(&mech, handle, m)?)));
+    };
+    let (bytes, prehashed) = match input {
+        Input::Message(m) => (m, false),
+        Input::Digest(d) => (d, true),
+    };
+    let digest = match digest_of(hash, bytes, prehashed) {
+        Ok(d) => d,
+        Err(e) => return Ok(Err(e)),
+    };
+    match alg.family() {
+        Family::RsaPkcs1 => {
+            let mut data = digest_info_prefix(hash).to_vec();
+            data.extend_from_slice(&digest);
+            Ok(Ok(Zeroizing::new(session.sign(&Mechanism::RsaPkcs, handle, &data)?)))
+        }
+        Family::RsaPss => {
+            let (hash_alg, mgf) = match hash {
+                Hash::Sha256 => (MechanismType::SHA256, PkcsMgfType::MGF1_SHA256),
+                Hash::Sha384 => (MechanismType::SHA384, PkcsMgfType::MGF1_SHA384),
+                Hash::Sha512 => (MechanismType::SHA512, PkcsMgfType::MGF1_SHA512),
+                Hash::Md5Sha1 => return Ok(Err(SignError::KeyMismatch { alg, key: kind })),
+            };
+            let params = PkcsPssParams { hash_alg, mgf, s_len: (hash.len() as u64).into() };
+            Ok(Ok(Zeroizing::new(session.sign(&Mechanism::RsaPkcsPss(params), handle, &digest)?)))
+        }
+        Family::EcdsaP256 | Family::EcdsaP384 => {
+            let raw = session.sign(&Mechanism::Ecdsa, handle, &digest)?;
+            Ok(ecdsa_der(&raw))
+        }
+        _ => Ok(Err(SignError::KeyMismatch { alg, key: kind })),
+    }
+}
+
+/// The DER `DigestInfo` header PKCS#1 v1.5 puts before a digest (none for
+/// TLS 1.0's MD5+SHA-1).
+fn digest_info_prefix(hash: Hash) -> &'static [u8] {
+    match hash {
+        Hash::Md5Sha1 => &[],
+        Hash::Sha256 => &[0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20],
+        Hash::Sha384 => &[0x30, 0x41, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x02, 0x05, 0x00, 0x04, 0x30],
+        Hash::Sha512 => &[0x30, 0x51, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x03, 0x05, 0x00, 0x04, 0x40],
+    }
+}
+
+/// PKCS#11's `r || s` as the DER `ECDSA-Sig-Value` TLS and X.509 use.
+fn ecdsa_der(raw: &[u8]) -> Result<Output, SignError> {
+    use boring::bn::BigNum;
+    use boring::ecdsa::EcdsaSig;
+    let bad = |what: &str| SignError::Crypto { op: crate::sign::CryptoOp::Sign, reason: format!("the token's ECDSA signature {what}") };
+    if raw.is_empty() || raw.len() % 2 != 0 {
+        return Err(bad("is not r || s of equal lengths"));
+    }
+    let (r, s) = raw.split_at(raw.len() / 2);
+    let sig = BigNum::from_slice(r)
+        .and_then(|r| BigNum::from_slice(s).and_then(|s| EcdsaSig::from_private_components(r, s)))
+        .map_err(|_| bad("cannot be read"))?;
+    Ok(Zeroizing::new(sig.to_der().map_err(|_| bad("cannot be encoded"))?))
+}
+
+const P256_OID: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
+const P384_OID: &[u8] = &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x22];
+const ED25519_OID: &[u8] = &[0x06, 0x03, 0x2b, 0x65, 0x70];
+const ED25519_NAME: &[u8] = b"\x13\x0cedwards25519";
+
+/// The key's kind and its public key (DER `SubjectPublicKeyInfo`), read
+/// from the token: RSA's modulus and exponent from the private key object,
+/// an EC or Ed25519 point from the public key object beside it (same
+/// `CKA_ID`, else same label). Nothing secret is read.
+fn public_key(session: &Session, handle: ObjectHandle) -> Result<(KeyKind, Vec<u8>), SignError> {
+    use boring::pkey::PKey;
+    let unsupported = |what: String| SignError::Token { token: String::new(), failure: TokenFailure::NotFound, reason: what };
+    let attr = |h, t: AttributeType| -> Option<Attribute> { session.get_attributes(h, &[t]).ok()?.into_iter().next() };
+    let key_type = match attr(handle, AttributeType::KeyType) {
+        Some(Attribute::KeyType(t)) => t,
+        _ => return Err(unsupported("the private key object has no readable key type".into())),
+    };
+    let crypto = |e: boring::error::ErrorStack| unsupported(format!("the token's public key cannot be read: {e}"));
+    if key_type == KeyType::RSA {
+        let (Some(Attribute::Modulus(n)), Some(Attribute::PublicExponent(e))) =
+            (attr(handle, AttributeType::Modulus), attr(handle, AttributeType::PublicExponent))
+        else {
+            return Err(unsupported("the RSA key object shows no modulus and public exponent".into()));
+        };
+        let rsa = boring::rsa::Rsa::from_public_components(
+            boring::bn::BigNum::from_slice(&n).map_err(crypto)?,
+            boring::bn::BigNum::from_slice(&e).map_err(crypto)?,
+        )
+        .map_err(crypto)?;
+        let bits = rsa.n().num_bits() as u32;
+        if !(2048..=4096).contains(&bits) {
+            return Err(unsupported(format!("RSA keys must be 2048 to 4096 bits; this one has {bits} bits")));
+        }
+        let der = PKey::from_rsa(rsa).and_then(|p| p.public_key_to_der()).map_err(crypto)?;
+        return Ok((KeyKind::Rsa { bits }, der));
+    }
+    if key_type != KeyType::EC && key_type != KeyType::EC_EDWARDS {
+        return Err(unsupported(format!("unsupported key type {key_type}; RSA, ECDSA (P-256, P-384) and Ed25519 are supported")));
+    }
+    let params = match attr(handle, AttributeType::EcParams) {
+        Some(Attribute::EcParams(p)) => p,
+        _ => return Err(unsupported("the EC key object shows no curve (CKA_EC_PARAMS)".into())),
+    };
+    let point = public_point(session, handle).ok_or_else(|| {
+        unsupported("the token holds no public key object beside the private key (same CKA_ID or label): keyfence reads the public key from it".into())
+    })?;
+    if key_type == KeyType::EC_EDWARDS {
+        if params != ED25519_OID && params != ED25519_NAME {
+            return Err(unsupported("an Edwards curve other than Ed25519".into()));
+        }
+        if point.len() != 32 {
+            return Err(unsupported("the Ed25519 public key is not 32 bytes".into()));
+        }
+        let mut der = vec![0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00];
+        der.extend_from_slice(&point);
+        return Ok((KeyKind::Ed25519, der));
+    }
+    let (kind, nid) = match params.as_slice() {
+        P256_OID => (KeyKind::EcP256, boring::nid::Nid::X9_62_PRIME256V1),
+        P384_OID => (KeyKind::EcP384, boring::nid::Nid::SECP384R1),
+        _ => return Err(unsupported("an elliptic curve other than P-256 and P-384".into())),
+    };
+    let group = boring::ec::EcGroup::from_curve_name(nid).map_err(crypto)?;
+    let mut ctx = boring::bn::BigNumContext::new().map_err(crypto)?;
+    let p = boring::ec::EcPoint::from_bytes(&group, &point, &mut ctx).map_err(crypto)?;
+    let ec = boring::ec::EcKey::from_public_key(&group, &p).map_err(crypto)?;
+    let der = PKey::from_ec_key(ec).and_then(|p| p.public_key_to_der()).map_err(crypto)?;
+    Ok((kind, der))
+}
+
+/// The public point of the key pair `private` belongs to, unwrapped from
+/// the DER OCTET STRING PKCS#11 gives it in.
+fn public_point(session: &Session, private: ObjectHandle) -> Option<Vec<u8>> {
+    let attrs = session.get_attributes(private, &[AttributeType::Id, AttributeType::Label]).ok()?;
+    let mut template = vec![Attribute::Class(ObjectClass::PUBLIC_KEY)];
+    for a in attrs {
+        match a {
+            Attribute::Id(id) if !id.is_empty() => template.push(Attribute::Id(id)),
+            Attribute::Label(l) if !l.is_empty() => template.push(Attribute::Label(l)),
+            _ => {}
+        }
+    }
+    let handles = session.find_objects(&template).ok()?;
+    let [public] = handles.as_slice() else { return None };
+    match session.get_attributes(*public, &[AttributeType::EcPoint]).ok()?.into_iter().next()? {
+        Attribute::EcPoint(p) => Some(unwrap_octet_string(p)),
+        _ => None,
+    }
+}
+
+fn unwrap_octet_string(p: Vec<u8>) -> Vec<u8> {
+    let inner = match p.as_slice() {
+        [0x04, n, rest @ ..] if *n < 0x80 && rest.len() == *n as usize => rest,
+        [0x04, 0x81, n, rest @ ..] if rest.len() == *n as usize => rest,
+        _ => return p,
+    };
+    inner.to_vec()
+}
+
+impl KeyHolder for Token {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn class(&self, _kind: KeyKind) -> OpClass {
+        OpClass::Token
+    }
+
+    fn admit(&self, _id: u64, _class: OpClass) -> Result<bool, SignError> {
+        Ok(false)
+    }
+
+    fn perform(&self, id: u64, op: &Operation, _deadline: Instant) -> Result<Output, SignError> {
+        let key = self.keys.read().unwrap_or_else(|e| e.into_inner()).get(&id).cloned();
+        let key = key.ok_or_else(|| self.fail(TokenFailure::NotFound, "the key was unloaded"))?;
+        self.run(&key, op)
+    }
+
+    fn start(&self, id: u64, op: Operation, deadline: Instant, answer: Answer) {
+        answer.send(self.perform(id, &op, deadline));
+    }
+
+    fn forget(&self, id: u64) {
+        self.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
+    }
+
+    fn max_input(&self) -> usize {
+        usize::MAX
+    }
+}
+
+/// Loads the key `uri` names: finds its token and object, reads its
+/// public key, and checks with one signature that the two belong together.
+pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<PrivateKey, SignError> {
+    let module = load_module(&settings.module_for(uri)?)?;
+    let pin = settings.pin_for(uri)?;
+    let token = Token::open(module, uri, pin)?;
+    let (template, handle, kind, public_der) = token.find_key(uri).map_err(|e| match e {
+        SignError::Token { token: t, failure, reason } if t.is_empty() => SignError::Token { token: token.name.clone(), failure, reason },
+        e => e,
+    })?;
+    let generation = token.sessions.lock().unwrap_or_else(|e| e.into_inner()).generation;
+    let key = Arc::new(TokenKey { template, handle: Mutex::new((generation, handle)), kind });
+    let id = token.next_id.fetch_add(1, Ordering::Relaxed);
+    token.keys.write().unwrap_or_else(|e| e.into_inner()).insert(id, key);
+    let holder: Arc<dyn KeyHolder> = token.clone();
+    let private = PrivateKey::held(HeldKey::new(holder, id, kind, public_der));
+    self_test(&private).map_err(|e| token.fail(TokenFailure::NotFound, format!("the private key and the public key read beside it do not match ({e})")))?;
+    Ok(private)
+}
+
+/// Signs a fixed message with the token key and verifies it against the
+/// public key read from the token.
+fn self_test(key: &PrivateKey) -> Result<(), String> {
+    use boring::pkey::PKey;
+    use boring::sign::Verifier;
+    let alg = match key.kind() {
+        KeyKind::Rsa { .. } => Algorithm::RsaPkcs1Sha256,
+        KeyKind::EcP256 => Algorithm::EcdsaP256Sha256,
+        KeyKind::EcP384 => Algorithm::EcdsaP384Sha384,
+        KeyKind::Ed25519 => Algorithm::Ed25519,
+    };
+    let msg = b"keyfence: does the token's key match its public key?";
+    let sig = key.sign(alg, msg).map_err(|e| e.to_string())?;
+    let der = key.public_key_der().map_err(|e| e.to_string())?;
+    let public = PKey::public_key_from_der(&der).map_err(|e| e.to_string())?;
+    let ok = match alg.hash().and_then(Hash::message_digest) {
+        Some(md) => Verifier::new(md, &public).and_then(|mut v| v.verify_oneshot(&sig, msg)),
+        None => Verifier::new_without_digest(&public).and_then(|mut v| v.verify_oneshot(&sig, msg)),
+    };
+    match ok {
+        Ok(true) => Ok(()),
+        _ => Err("a test signature does not verify".into()),
+    }
+}
+
+/// Generates a key pair of `kind` on the token `uri` names (see
+/// [`super::generate`]).
+pub(crate) fn generate(uri: &Pkcs11Uri, kind: KeyKind, settings: &Pkcs11Settings) -> Result<(), SignError> {
+    let Some(label) = uri.object.clone() else {
+        return Err(SignError::InvalidArgument("name the new key with `object=LABEL` in the URI".into()));
+    };
+    let module = load_module(&settings.module_for(uri)?)?;
+    let token = Token::open(module, uri, settings.pin_for(uri)?)?;
+    let fail = |e: CkError| token.fail(TokenFailure::Refused, rv(&e));
+    let session = token.module.ctx.open_rw_session(token.slot).map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
+    token.login(&session)?;
+    let mut label_and_id = vec![Attribute::Label(label.as_bytes().to_vec())];
+    if let Some(id) = &uri.id {
+        label_and_id.push(Attribute::Id(id.clone()));
+    }
+    for attr in &label_and_id {
+        let existing = session.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), attr.clone()]).map_err(fail)?;
+        if !existing.is_empty() {
+            return Err(SignError::InvalidArgument(format!("{}: a private key with this {} exists already", token.name, match attr {
+                Attribute::Label(_) => "label",
+                _ => "id",
+            })));
+        }
+    }
+    let mut public = vec![Attribute::Token(true), Attribute::Verify(true)];
+    let mut private = vec![
+        Attribute::Token(true),
+        Attribute::Private(true),
+        Attribute::Sensitive(true),
+        Attribute::Extractable(false),
+        Attribute::Sign(true),
+    ];
+    public.extend(label_and_id.iter().cloned());
+    private.extend(label_and_id);
+    let mechanism = match kind {
+        KeyKind::Rsa { bits } => {
+            public.push(Attribute::ModulusBits(u64::from(bits).into()));
+            public.push(Attribute::PublicExponent(vec![0x01, 0x00, 0x01]));
+            public.push(Attribute::Encrypt(true));
+            private.push(Attribute::Decrypt(true));
+            Mechanism::RsaPkcsKeyPairGen
+        }
+        KeyKind::EcP256 | KeyKind::EcP384 => {
+            public.push(Attribute::EcParams(if kind == KeyKind::EcP256 { P256_OID } else { P384_OID }.to_vec()));
+            Mechanism::EccKeyPairGen
+        }
+        KeyKind::Ed25519 => {
+            public.push(Attribute::EcParams(ED25519_NAME.to_vec()));
+            Mechanism::EccEdwardsKeyPairGen
+        }
+    };
+    session.generate_key_pair(&mechanism, &public, &private).map_err(fail)?;
+    Ok(())
+}

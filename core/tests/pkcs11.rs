@@ -1,0 +1,284 @@
+//! Keys in a PKCS#11 token (SoftHSM2, vectors/softhsm-fixture.sh): every
+//! algorithm signs through the engine's token class and BoringSSL verifies
+//! it against the public key openssl wrote when it made the key; the
+//! secret is never read out; every failure an operator meets (wrong PIN,
+//! no PIN, no such key, no module, a PIN in the URI, the token's folder
+//! deleted while in use) is a typed error, and nothing hangs; 10,000
+//! signatures with 64 in flight.
+
+mod pkcs11_support;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use boring::pkey::PKey;
+use keyfence::sign::key_process::KeySource;
+use keyfence::sign::managed::{ManagedConfig, ManagedEngine};
+use keyfence::sign::pkcs11::{self, Pkcs11Settings};
+use keyfence::sign::{Algorithm, Hash, Input, KeyKind, OpClass, Operation, PrivateKey, Request, SignError};
+use keyfence::ErrorCode;
+use pkcs11_support::{module, pin, token, uri};
+
+fn engine() -> ManagedEngine {
+    ManagedEngine::start(ManagedConfig::default()).unwrap()
+}
+
+fn load(engine: &ManagedEngine, uri: &str) -> Result<Arc<PrivateKey>, keyfence::sign::managed::LoadError> {
+    engine.load(KeySource::Pkcs11(uri.to_string()))
+}
+
+fn verify(public_der: &[u8], alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
+    use boring::sign::{RsaPssSaltlen, Verifier};
+    let public = PKey::public_key_from_der(public_der).unwrap();
+    let md = alg.hash().map(|h| match h {
+        Hash::Sha256 => boring::hash::MessageDigest::sha256(),
+        Hash::Sha384 => boring::hash::MessageDigest::sha384(),
+        Hash::Sha512 => boring::hash::MessageDigest::sha512(),
+        Hash::Md5Sha1 => unreachable!(),
+    });
+    let mut v = match md {
+        Some(md) => Verifier::new(md, &public).unwrap(),
+        None => Verifier::new_without_digest(&public).unwrap(),
+    };
+    if alg.name().starts_with("rsa-pss") {
+        v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS).unwrap();
+        v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).unwrap();
+        v.set_rsa_mgf1_md(md.unwrap()).unwrap();
+    }
+    v.verify_oneshot(sig, msg).unwrap_or(false)
+}
+
+/// The public key openssl wrote when it made the key (not the token's).
+fn pem_public(dir: &Path, label: &str) -> Vec<u8> {
+    let pem = std::fs::read(dir.join("keys").join(format!("{label}.pem"))).unwrap();
+    PKey::private_key_from_pem(&pem).unwrap().public_key_to_der().unwrap()
+}
+
+#[test]
+fn every_algorithm_signs_on_the_token_class_and_verifies_against_openssls_key() {
+    let Some(dir) = token() else { return };
+    let engine = engine();
+    let cases: &[(&str, KeyKind, &[Algorithm])] = &[
+        ("tls-p256", KeyKind::EcP256, &[Algorithm::EcdsaP256Sha256]),
+        ("tls-p384", KeyKind::EcP384, &[Algorithm::EcdsaP384Sha384]),
+        (
+            "tls-rsa",
+            KeyKind::Rsa { bits: 2048 },
+            &[
+                Algorithm::RsaPkcs1Sha256,
+                Algorithm::RsaPkcs1Sha384,
+                Algorithm::RsaPkcs1Sha512,
+                Algorithm::RsaPssSha256,
+                Algorithm::RsaPssSha384,
+                Algorithm::RsaPssSha512,
+            ],
+        ),
+        ("tls-ed", KeyKind::Ed25519, &[Algorithm::Ed25519]),
+    ];
+    for (label, kind, algs) in cases {
+        let key = load(&engine, &uri(dir, label)).unwrap_or_else(|e| panic!("{label}: {e}"));
+        assert!(!key.is_local(), "{label}: the token holds the key");
+        assert_eq!(key.kind(), *kind);
+        let public = key.public_key_der().unwrap();
+        assert_eq!(public, pem_public(dir, label), "{label}: the public key read from the token is openssl's");
+        assert!(!format!("{key:?}").contains(&pin(dir)));
+        for alg in *algs {
+            let msg = format!("{label} signs with {alg}").into_bytes();
+            let sig = engine.perform(Request::sign(key.clone(), *alg, msg.clone())).unwrap();
+            assert!(verify(&public, *alg, &msg, &sig), "{label} {alg}: verifies");
+            assert!(!verify(&public, *alg, b"another message", &sig), "{label} {alg}: the check can fail");
+            if let Some(hash) = alg.hash() {
+                let digest = hash.digest(&msg).unwrap();
+                let op = Operation::Sign { alg: *alg, input: Input::Digest(digest) };
+                let sig = engine.perform(Request::new(key.clone(), op)).unwrap();
+                assert!(verify(&public, *alg, &msg, &sig), "{label} {alg}: a digest the caller computed");
+            }
+        }
+    }
+    // Raw RSA decryption, as TLS's RSA key exchange asks: the token's
+    // answer is the padded block.
+    let rsa = load(&engine, &uri(dir, "tls-rsa")).unwrap();
+    let public = boring::rsa::Rsa::public_key_from_der(&rsa.public_key_der().unwrap()).unwrap();
+    let mut ct = vec![0; 256];
+    public.public_encrypt(b"premaster", &mut ct, boring::rsa::Padding::PKCS1).unwrap();
+    let out = engine.perform(Request::new(rsa.clone(), Operation::DecryptRaw { ciphertext: ct })).unwrap();
+    assert!(out.ends_with(b"\0premaster") && out[..2] == [0, 2]);
+    let m = engine.metrics().unwrap();
+    assert!(m.class(OpClass::Token).completed >= 13, "token keys run on the token class: {:?}", m.class(OpClass::Token));
+    assert_eq!(m.class(OpClass::Ec).completed + m.class(OpClass::Rsa).completed, 0);
+}
+
+#[test]
+fn the_secret_stays_in_the_token() {
+    use cryptoki::context::{CInitializeArgs, Pkcs11};
+    use cryptoki::object::{Attribute, AttributeType, ObjectClass};
+    let Some(dir) = token() else { return };
+    // Loaded through keyfence first (which reads no secret attribute)...
+    let key = pkcs11::load(&uri(dir, "tls-p256"), &Pkcs11Settings::default()).unwrap();
+    assert!(!key.is_local());
+    // ...then asked directly: the key is sensitive and not extractable,
+    // and its value cannot be read, so keyfence cannot have read it.
+    let ctx = Pkcs11::new(module(dir)).unwrap();
+    let _ = ctx.initialize(CInitializeArgs::OsThreads);
+    let slot = ctx
+        .get_slots_with_token()
+        .unwrap()
+        .into_iter()
+        .find(|s| ctx.get_token_info(*s).unwrap().label().trim_end() == "edge")
+        .unwrap();
+    let session = ctx.open_ro_session(slot).unwrap();
+    session.login(cryptoki::session::UserType::User, Some(&cryptoki::types::AuthPin::new(pin(dir)))).ok();
+    let handle = session.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), Attribute::Label(b"tls-p256".to_vec())]).unwrap()[0];
+    let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
+    assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
+    assert!(session.get_attributes(handle, &[AttributeType::Value]).map_or(true, |v| v.is_empty()), "the scalar cannot be read");
+    std::mem::forget(ctx); // keyfence's module handle is the same library
+    key.sign(Algorithm::EcdsaP256Sha256, b"still signs").unwrap();
+}
+
+#[test]
+fn every_failure_is_a_typed_error_and_nothing_hangs() {
+    let Some(dir) = token() else { return };
+    let engine = engine();
+    let code = |uri: &str| load(&engine, uri).map(|_| ()).unwrap_err();
+    let m = module(dir);
+    let good_pin = format!("pin-source=file:{}", dir.join("pin").display());
+
+    let e = code(&format!("pkcs11:token=edge;object=nothing-here?module-path={m}&{good_pin}"));
+    assert_eq!(e.code(), ErrorCode::InvalidPrivateKey, "{e}");
+    assert!(e.to_string().contains("no private key with object=nothing-here"), "{e}");
+
+    let e = code(&format!("pkcs11:token=no-such-token;object=tls-p256?module-path={m}&{good_pin}"));
+    assert_eq!(e.code(), ErrorCode::InvalidPrivateKey, "{e}");
+    assert!(e.to_string().contains("its tokens: ") && e.to_string().contains("edge"), "{e}");
+
+    let e = code(&format!("pkcs11:token=edge;object=tls-p256?module-path={m}&pin-value=1234"));
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("pin-source") && !e.to_string().contains("1234"), "{e}");
+
+    let e = code("pkcs11:token=edge;object=tls-p256?module-path=/nonexistent/libnothing.so");
+    assert_eq!(e.code(), ErrorCode::InvalidConfig, "{e}");
+
+    let e = code(&format!("pkcs11:token=edge;object=tls-p256;type=cert?module-path={m}&{good_pin}"));
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+
+    let e = code(&format!("pkcs11:token=edge;object=tls-p256?module-path={m}&pin-source=file:{}/missing", dir.display()));
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("cannot read the PIN file"), "{e}");
+}
+
+/// The URI of a spare token's key `k` (no PIN source).
+fn spare_token(dir: &Path, label: &str) -> String {
+    assert!(pkcs11_support::SPARE_TOKENS.contains(&label));
+    format!("pkcs11:token={label};object=k?module-path={}", module(dir))
+}
+
+#[test]
+fn a_wrong_or_missing_pin_is_token_login_and_is_not_tried_again() {
+    let Some(dir) = token() else { return };
+    let base = spare_token(dir, "logins");
+    let settings = Pkcs11Settings::default();
+    let with = |file: &str| format!("{base}&pin-source=file:{}", dir.join(file).display());
+    pkcs11::generate(&with("logins.pin"), KeyKind::EcP256, &settings).unwrap_or_else(|e| panic!("{e}"));
+    let e = pkcs11::generate(&with("logins.pin"), KeyKind::EcP256, &settings).unwrap_err();
+    assert!(e.to_string().contains("exists already"), "{e}");
+    // A second process-wide load of the same token with another PIN is
+    // refused; a fresh token keeps the test independent of that rule.
+    let base = spare_token(dir, "logins2");
+    let with = |file: &str| format!("{base}&pin-source=file:{}", dir.join(file).display());
+    pkcs11::generate(&with("logins2.pin"), KeyKind::Ed25519, &settings).unwrap();
+
+    let wrong = pkcs11::load(&with("logins2.badpin"), &settings).unwrap_err();
+    assert_eq!(wrong.code(), ErrorCode::TokenLogin, "{wrong}");
+    assert!(wrong.to_string().contains("PinIncorrect") && !wrong.to_string().contains("0000"), "{wrong}");
+    let again = pkcs11::load(&with("logins2.badpin"), &settings).unwrap_err();
+    assert!(again.to_string().contains("does not try it again"), "{again}");
+    // The operator fixes the PIN: the next load uses it.
+    let key = pkcs11::load(&with("logins2.pin"), &settings).unwrap();
+    key.sign(Algorithm::Ed25519, b"x").unwrap();
+
+    // No PIN at all, on a token that needs one.
+    let base = spare_token(dir, "nopin");
+    let e = pkcs11::load(&base, &settings).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
+    assert!(e.to_string().contains("needs a PIN"), "{e}");
+}
+
+#[test]
+fn the_tokens_folder_deleted_mid_run_fails_in_bounded_time() {
+    let Some(dir) = token() else { return };
+    let base = spare_token(dir, "doomed");
+    let folder = std::path::PathBuf::from(std::fs::read_to_string(dir.join("doomed.folder")).unwrap());
+    let uri = format!("{base}&pin-source=file:{}", dir.join("doomed.pin").display());
+    pkcs11::generate(&uri, KeyKind::EcP256, &Pkcs11Settings::default()).unwrap();
+    let engine = engine();
+    let key = load(&engine, &uri).unwrap();
+    let sign = || engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"m".to_vec()));
+    sign().unwrap();
+    std::fs::remove_dir_all(&folder).unwrap();
+    let started = Instant::now();
+    let mut errors = Vec::new();
+    for _ in 0..20 {
+        if let Err(e) = sign() {
+            errors.push(e);
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    eprintln!("after the folder went: {} of 20 failed; first: {:?}", errors.len(), errors.first().map(ToString::to_string));
+    // Every signature fails, each as the token's own error: SoftHSM
+    // cannot log in again once its folder is gone.
+    assert_eq!(errors.len(), 20);
+    for e in &errors {
+        assert_eq!(e.code(), ErrorCode::TokenUnavailable, "{e}");
+    }
+    // Loading it again finds no such token.
+    let e = load(&engine, &uri).map(|_| ()).unwrap_err();
+    assert!(matches!(e.code(), ErrorCode::InvalidPrivateKey | ErrorCode::TokenUnavailable), "{e}");
+    // The other token is untouched.
+    let other = load(&engine, &uri_for(dir, "tls-p256")).unwrap();
+    engine.perform(Request::sign(other, Algorithm::EcdsaP256Sha256, b"m".to_vec())).unwrap();
+}
+
+fn uri_for(dir: &Path, label: &str) -> String {
+    uri(dir, label)
+}
+
+#[test]
+fn ten_thousand_signatures_with_64_in_flight() {
+    let Some(dir) = token() else { return };
+    let engine = engine();
+    let key = load(&engine, &uri(dir, "tls-p256")).unwrap();
+    let public = key.public_key_der().unwrap();
+    let mut in_flight = std::collections::VecDeque::new();
+    let mut done = 0;
+    for i in 0..10_000u32 {
+        if in_flight.len() == 64 {
+            let (msg, fut): (Vec<u8>, keyfence::sign::SignFuture) = in_flight.pop_front().unwrap();
+            let sig = fut.wait().unwrap();
+            if done % 500 == 0 {
+                assert!(verify(&public, Algorithm::EcdsaP256Sha256, &msg, &sig));
+            }
+            done += 1;
+        }
+        let msg = i.to_be_bytes().to_vec();
+        let fut = engine.submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, msg.clone()).with_timeout(Duration::from_secs(30))).unwrap();
+        in_flight.push_back((msg, fut));
+    }
+    for (_, fut) in in_flight {
+        fut.wait().unwrap();
+        done += 1;
+    }
+    assert_eq!(done, 10_000);
+    let m = engine.metrics().unwrap();
+    assert_eq!(m.class(OpClass::Token).completed, 10_000);
+    assert_eq!(m.class(OpClass::Token).errors.total(), 0);
+}
+
+#[test]
+fn a_sign_error_from_the_token_keeps_its_code() {
+    // The code table: a token failure is never a generic backend error.
+    let e = SignError::Token { token: "pkcs11:token=t".into(), failure: keyfence::sign::TokenFailure::Unavailable, reason: "r".into() };
+    assert_eq!(e.code(), ErrorCode::TokenUnavailable);
+    assert_eq!(e.to_string(), "pkcs11:token=t: r");
+}
