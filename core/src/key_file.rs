@@ -37,7 +37,7 @@ use crate::ErrorCode;
 pub const PEM_LABEL: &str = "KEYFENCE KEY";
 /// The newest version of the body this module writes and reads (it reads
 /// every version from 1).
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// The most key servers one remote key file names.
 pub const MAX_PEERS: usize = 16;
 const MAGIC: &[u8] = b"KFKEY";
@@ -58,6 +58,8 @@ mod tag {
     pub const PEER: u8 = 9;
     /// Version 2: the agent's socket.
     pub const AGENT_SOCKET: u8 = 10;
+    /// Version 3: a token key's PKCS#11 URI.
+    pub const PKCS11_URI: u8 = 11;
 }
 
 /// The modes (the MODE field's byte).
@@ -66,6 +68,8 @@ mod mode {
     pub const REMOTE: u8 = 1;
     /// Version 2.
     pub const AGENT: u8 = 2;
+    /// Version 3.
+    pub const PKCS11: u8 = 3;
 }
 
 fn tag_name(t: u8) -> &'static str {
@@ -80,6 +84,7 @@ fn tag_name(t: u8) -> &'static str {
         tag::TLS_CA => "TLS CA",
         tag::PEER => "peer",
         tag::AGENT_SOCKET => "agent socket",
+        tag::PKCS11_URI => "PKCS#11 URI",
         _ => "unknown",
     }
 }
@@ -91,7 +96,8 @@ pub struct KeyFile {
     pub location: KeyLocation,
     /// The public key, DER `SubjectPublicKeyInfo`.
     pub public_key: Vec<u8>,
-    /// The key's envelope (`keyfence authority wrap --out`).
+    /// The key's envelope (`keyfence authority wrap --out`); empty for a
+    /// token key, which has none.
     pub envelope: Vec<u8>,
 }
 
@@ -123,6 +129,16 @@ pub enum KeyLocation {
     Agent {
         /// The agent's socket (an absolute path).
         socket: String,
+    },
+    /// In a PKCS#11 token, named by its RFC 7512 URI (which holds no PIN):
+    /// loaded by the engine's key process, by the agent on `agent`'s
+    /// socket, or in the loading process, which then maps the token's
+    /// module (docs/pkcs11.md).
+    Pkcs11 {
+        /// The key's URI.
+        uri: String,
+        /// The agent that loads it, if one does (an absolute path).
+        agent: Option<String>,
     },
 }
 
@@ -167,7 +183,11 @@ impl KeyFile {
     /// than [`MAX_PEERS`] for a remote key, a field over 1 MiB.
     pub fn to_bytes(&self) -> Result<Vec<u8>, KeyFileError> {
         let mut out = MAGIC.to_vec();
-        out.push(if matches!(self.location, KeyLocation::Agent { .. }) { 2 } else { 1 });
+        out.push(match self.location {
+            KeyLocation::Pkcs11 { .. } => 3,
+            KeyLocation::Agent { .. } => 2,
+            _ => 1,
+        });
         let mut field = |t: u8, value: &[u8]| -> Result<(), KeyFileError> {
             if value.is_empty() || value.len() > MAX_FIELD {
                 return Err(err(format!("key file field {t} ({}) must hold 1 to {MAX_FIELD} bytes", tag_name(t))));
@@ -208,9 +228,18 @@ impl KeyFile {
                 field(tag::MODE, &[mode::AGENT])?;
                 field(tag::AGENT_SOCKET, text_bytes(tag::AGENT_SOCKET, socket)?)?;
             }
+            KeyLocation::Pkcs11 { uri, agent } => {
+                field(tag::MODE, &[mode::PKCS11])?;
+                field(tag::PKCS11_URI, text_bytes(tag::PKCS11_URI, uri)?)?;
+                if let Some(socket) = agent {
+                    field(tag::AGENT_SOCKET, text_bytes(tag::AGENT_SOCKET, socket)?)?;
+                }
+            }
         }
         field(tag::PUBLIC_KEY, &self.public_key)?;
-        field(tag::ENVELOPE, &self.envelope)?;
+        if !matches!(self.location, KeyLocation::Pkcs11 { .. }) || !self.envelope.is_empty() {
+            field(tag::ENVELOPE, &self.envelope)?;
+        }
         Ok(out)
     }
 
@@ -274,6 +303,7 @@ struct Fields {
     version: u8,
     mode: Option<u8>,
     agent_socket: Option<String>,
+    pkcs11_uri: Option<String>,
     public_key: Option<Vec<u8>>,
     envelope: Option<Vec<u8>>,
     store: Option<String>,
@@ -310,9 +340,11 @@ impl Fields {
             tag::MODE => match v {
                 [m @ (mode::LOCAL | mode::REMOTE)] => once(&mut self.mode, t, *m),
                 [m @ mode::AGENT] if self.version >= 2 => once(&mut self.mode, t, *m),
+                [m @ mode::PKCS11] if self.version >= 3 => once(&mut self.mode, t, *m),
                 _ => Err(malformed(t)),
             },
             tag::AGENT_SOCKET if self.version >= 2 => once(&mut self.agent_socket, t, text(t, v)?),
+            tag::PKCS11_URI if self.version >= 3 => once(&mut self.pkcs11_uri, t, text(t, v)?),
             tag::PUBLIC_KEY | tag::ENVELOPE if v.is_empty() => Err(malformed(t)),
             tag::PUBLIC_KEY => once(&mut self.public_key, t, v.to_vec()),
             tag::ENVELOPE => once(&mut self.envelope, t, v.to_vec()),
@@ -351,9 +383,19 @@ impl Fields {
         let lacks = |what: &str| err(format!("key file lacks its {what}"));
         let mode = self.mode.ok_or_else(|| lacks("mode"))?;
         let public_key = self.public_key.ok_or_else(|| lacks("public key"))?;
-        let envelope = self.envelope.ok_or_else(|| lacks("envelope"))?;
         let remote_fields = self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_ca.is_some() || !self.peers.is_empty();
         let local_fields = self.store.is_some() || self.machine_key.is_some();
+        if mode == mode::PKCS11 {
+            if remote_fields || local_fields || self.envelope.is_some() {
+                return Err(err("key file of a token key names a store, a machine key, key servers, TLS files or an envelope"));
+            }
+            let uri = self.pkcs11_uri.ok_or_else(|| lacks("PKCS#11 URI"))?;
+            return Ok(KeyFile { location: KeyLocation::Pkcs11 { uri, agent: self.agent_socket }, public_key, envelope: Vec::new() });
+        }
+        if self.pkcs11_uri.is_some() {
+            return Err(err("key file of an envelope's key names a PKCS#11 URI"));
+        }
+        let envelope = self.envelope.ok_or_else(|| lacks("envelope"))?;
         if mode != mode::AGENT && self.agent_socket.is_some() {
             return Err(err("key file of a local or remote key names an agent socket"));
         }
@@ -438,8 +480,13 @@ mod tests {
             public_key: vec![1; 44],
             envelope: vec![2; 300],
         };
+        let token = |agent: Option<&str>| KeyFile {
+            location: KeyLocation::Pkcs11 { uri: "pkcs11:token=edge;object=tls".into(), agent: agent.map(Into::into) },
+            public_key: vec![1; 44],
+            envelope: Vec::new(),
+        };
         // Local and remote keys stay in version 1, which older readers take.
-        for (f, version) in [(local, 1), (remote(), 1), (agent, 2)] {
+        for (f, version) in [(local, 1), (remote(), 1), (agent, 2), (token(None), 3), (token(Some("/run/a.sock")), 3)] {
             let b = f.to_bytes().unwrap();
             assert_eq!(b[5], version, "{f:?}");
             assert_eq!(KeyFile::from_bytes(&b).unwrap(), f);
@@ -452,7 +499,7 @@ mod tests {
         refused(b"KFKE", "bad magic");
         refused(b"KFKEY", "bad magic");
         refused(b"PEM!!\x01", "bad magic");
-        refused(b"KFKEY\x03", "version 3 is not supported");
+        refused(b"KFKEY\x04", "version 4 is not supported");
         refused(b"KFKEY\x00", "version 0 is not supported");
         refused(&good[..good.len() - 20], "field 3 (envelope) at byte");
         refused(&good[..good.len() - 20], "claims 400 bytes, 380 remain");
@@ -472,6 +519,16 @@ mod tests {
         refused(&v2(&[(1, &[2]), (10, b"/s"), (4, b"/store"), (2, b"k"), (3, b"e")]), "agent's key names a store");
         refused(&v2(&[(1, &[0]), (10, b"/s"), (2, b"k"), (3, b"e")]), "local or remote key names an agent socket");
         refused(&v2(&[(1, &[2]), (10, b""), (2, b"k"), (3, b"e")]), "field 10 (agent socket)");
+        // Version 3's token mode: its URI, no envelope, no older file's.
+        let v3 = |fields: &[(u8, &[u8])]| {
+            let mut b = body(fields);
+            b[5] = 3;
+            b
+        };
+        refused(&v2(&[(1, &[3]), (11, b"pkcs11:"), (2, b"k")]), "field 1 (mode)");
+        refused(&v3(&[(1, &[3]), (2, b"k")]), "lacks its PKCS#11 URI");
+        refused(&v3(&[(1, &[3]), (11, b"pkcs11:"), (2, b"k"), (3, b"e")]), "token key names");
+        refused(&v3(&[(1, &[0]), (11, b"pkcs11:"), (2, b"k"), (3, b"e")]), "envelope's key names a PKCS#11 URI");
         refused(&body(&[(1, &[0]), (1, &[0]), (2, b"k"), (3, b"e")]), "field 1 (mode) is malformed or repeated");
         refused(&body(&[(1, &[2]), (2, b"k"), (3, b"e")]), "field 1 (mode)");
         refused(&body(&[(1, &[0]), (2, b""), (3, b"e")]), "field 2 (public key)");

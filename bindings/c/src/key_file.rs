@@ -15,7 +15,7 @@ use crate::ffi;
 pub struct keyfence_key_file {
     file: KeyFile,
     /// The text fields as C strings, indexed by `keyfence_key_file_field`.
-    texts: [Option<CString>; 6],
+    texts: [Option<CString>; 7],
     /// Each peer's name, address, attributes and server name.
     peers: Vec<[Option<CString>; 4]>,
 }
@@ -37,8 +37,11 @@ pub enum keyfence_key_file_field {
     KEYFENCE_KEY_FILE_TLS_KEY = 3,
     /// A remote key's CA certificates file.
     KEYFENCE_KEY_FILE_TLS_CA = 4,
-    /// An agent's key: the agent's socket.
+    /// An agent's key: the agent's socket (also a token key's, when the
+    /// agent loads it).
     KEYFENCE_KEY_FILE_AGENT_SOCKET = 5,
+    /// A token key's PKCS#11 URI (docs/pkcs11.md).
+    KEYFENCE_KEY_FILE_PKCS11_URI = 6,
 }
 
 /// A text of the format, which the core has checked to hold no NUL.
@@ -51,9 +54,10 @@ impl keyfence_key_file {
         let opt = |s: &Option<String>| s.as_deref().map(c_text).transpose();
         let (texts, peers) = match &file.location {
             KeyLocation::Local { store, machine_key } => {
-                ([opt(store)?, opt(machine_key)?, None, None, None, None], Vec::new())
+                ([opt(store)?, opt(machine_key)?, None, None, None, None, None], Vec::new())
             }
-            KeyLocation::Agent { socket } => ([None, None, None, None, None, Some(c_text(socket)?)], Vec::new()),
+            KeyLocation::Agent { socket } => ([None, None, None, None, None, Some(c_text(socket)?), None], Vec::new()),
+            KeyLocation::Pkcs11 { uri, agent } => ([None, None, None, None, None, opt(agent)?, Some(c_text(uri)?)], Vec::new()),
             KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers } => {
                 let peers = peers
                     .iter()
@@ -61,7 +65,7 @@ impl keyfence_key_file {
                         Ok([Some(c_text(&p.name)?), Some(c_text(&p.addr)?), Some(c_text(&p.attrs)?), opt(&p.server_name)?])
                     })
                     .collect::<Result<Vec<_>, Error>>()?;
-                ([None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None], peers)
+                ([None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None, None], peers)
             }
         };
         Ok(keyfence_key_file { file, texts, peers })
@@ -120,6 +124,19 @@ pub unsafe extern "C" fn keyfence_key_file_is_agent(file: *const keyfence_key_fi
     unsafe { file.as_ref() }.is_some_and(|f| matches!(f.file.location, KeyLocation::Agent { .. }))
 }
 
+/// Whether the key is in a PKCS#11 token, named by the file's URI
+/// (`KEYFENCE_KEY_FILE_PKCS11_URI`), loaded by the agent whose socket the
+/// file names if it names one (`KEYFENCE_KEY_FILE_AGENT_SOCKET`). Such a
+/// file has no envelope. False for NULL.
+///
+/// # Safety
+/// `file` is NULL or a live handle.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_file_is_pkcs11(file: *const keyfence_key_file) -> bool {
+    // SAFETY: the caller's promise; NULL becomes `None`.
+    unsafe { file.as_ref() }.is_some_and(|f| matches!(f.file.location, KeyLocation::Pkcs11 { .. }))
+}
+
 /// The key's public half (DER `SubjectPublicKeyInfo`) into `*data` and
 /// `*len`, borrowed from `file`.
 ///
@@ -137,7 +154,8 @@ pub unsafe extern "C" fn keyfence_key_file_public_key(
     unsafe { view(file, data, len, |f| &f.public_key) }
 }
 
-/// The key's envelope into `*data` and `*len`, borrowed from `file`.
+/// The key's envelope into `*data` and `*len`, borrowed from `file`
+/// (empty for a token key).
 ///
 /// Errors: `KEYFENCE_INVALID_ARGUMENT` for NULL arguments.
 ///

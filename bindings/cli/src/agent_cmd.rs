@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use clap::Args;
 use keyfence::sign::key_process::{group_id, user_id, Agent, AgentConfig};
+use keyfence::sign::pkcs11::Pkcs11Settings;
 
 use crate::exit;
 use crate::files::outln;
@@ -65,6 +66,16 @@ pub struct AgentArgs {
     /// Stop after this many seconds (for tests); default: run until killed.
     #[arg(long)]
     seconds: Option<f64>,
+    /// The PKCS#11 module whose token keys clients may name by URI
+    /// (docs/pkcs11.md). Only the agent loads it; a client's URI may name
+    /// no other module. Without it, token keys are refused.
+    #[arg(long)]
+    pkcs11_module: Option<PathBuf>,
+    /// The file holding the token's PIN (first line), read by the agent
+    /// at each login; a client's URI may name no other PIN file.
+    /// Default: KEYFENCE_PKCS11_PIN_FILE or KEYFENCE_PKCS11_PIN.
+    #[arg(long, requires = "pkcs11_module")]
+    pkcs11_pin_file: Option<PathBuf>,
 }
 
 /// The socket systemd passed (socket activation: `LISTEN_PID` is this
@@ -108,6 +119,14 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
         }
         config.rsa_threads = t;
         config.ec_threads = t;
+    }
+    if let Some(module) = args.pkcs11_module {
+        let mut settings = Pkcs11Settings::from_env();
+        settings.module = Some(module);
+        if let Some(pin_file) = args.pkcs11_pin_file {
+            settings.pin_file = Some(pin_file);
+        }
+        config.pkcs11 = Some(settings);
     }
     config.max_connections = args.max_connections;
     config.connection_in_flight = args.connection_in_flight;

@@ -14,6 +14,7 @@ mod files;
 mod fleet;
 mod key_process;
 mod offload_sim;
+mod pkcs11_cmd;
 mod pki;
 mod policy_cmd;
 mod provider_cmd;
@@ -64,6 +65,10 @@ enum Command {
     ProviderKey(provider_cmd::ProviderKeyArgs),
     /// Print an openssl.cnf that loads keyfence's OpenSSL provider.
     ProviderConfig(provider_cmd::ProviderConfigArgs),
+    /// Keys in a PKCS#11 token: generate one, read its public key
+    /// (docs/pkcs11.md).
+    #[command(subcommand)]
+    Pkcs11(pkcs11_cmd::Pkcs11Cmd),
     /// Run the end-to-end demonstration.
     Demo,
 }
@@ -99,6 +104,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent_cmd::agent(args),
         Command::ProviderKey(args) => provider_cmd::provider_key(args),
         Command::ProviderConfig(args) => provider_cmd::provider_config(args),
+        Command::Pkcs11(cmd) => pkcs11_cmd::run(cmd),
         Command::Demo => demo::run(),
     };
     match result {

@@ -25,18 +25,23 @@ use crate::wrap_cmd::open_machine;
 #[derive(Args)]
 pub struct ProviderKeyArgs {
     /// The key's envelope (`keyfence authority wrap --out`).
-    #[arg(long)]
-    envelope: PathBuf,
+    #[arg(long, required_unless_present = "pkcs11", conflicts_with = "pkcs11")]
+    envelope: Option<PathBuf>,
+    /// Token key: its RFC 7512 URI (docs/pkcs11.md). Loaded once now, to
+    /// take the public key: here, or by the agent with `--agent`. The
+    /// file then names the URI, which holds no PIN.
+    #[arg(long, value_name = "URI", conflicts_with_all = ["remote", "store", "machine_key"])]
+    pkcs11: Option<String>,
     /// Where the key file goes (`-`: standard output). It holds no secret.
     #[arg(long)]
     out: PathBuf,
     /// Local key: the store a machine opens the envelope against (a
     /// directory or etcd://...). The envelope is opened once here, to
     /// prove this machine may and to take the public key.
-    #[arg(long, conflicts_with_all = ["remote", "agent"], required_unless_present_any = ["remote", "agent"])]
+    #[arg(long, conflicts_with_all = ["remote", "agent"], required_unless_present_any = ["remote", "agent", "pkcs11"])]
     store: Option<PathBuf>,
     /// Local key: this machine's key file.
-    #[arg(long, conflicts_with_all = ["remote", "agent"], required_unless_present_any = ["remote", "agent"])]
+    #[arg(long, conflicts_with_all = ["remote", "agent"], required_unless_present_any = ["remote", "agent", "pkcs11"])]
     machine_key: Option<PathBuf>,
     /// Agent's key: the socket of the key agent that holds it (`keyfence
     /// agent`, docs/deploy.md). The agent loads the envelope once now, to
@@ -120,11 +125,18 @@ pub fn pem(body: &[u8]) -> String {
 
 /// Runs `keyfence provider-key`.
 pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
-    let mut inputs: Vec<&Path> = vec![&args.envelope];
-    inputs.extend([&args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca].into_iter().flatten().map(PathBuf::as_path));
+    let inputs: Vec<&Path> = [&args.envelope, &args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .collect();
     let out = Output::new(&args.out, &inputs)?;
-    let envelope = read(&args.envelope)?;
-    let env = Envelope::parse(&envelope).with_context(|| format!("reading {}", args.envelope.display()))?;
+    if let Some(uri) = &args.pkcs11 {
+        return token_key_file(uri, args.agent.as_deref(), out);
+    }
+    let envelope_path = args.envelope.clone().unwrap_or_default();
+    let envelope = read(&envelope_path)?;
+    let env = Envelope::parse(&envelope).with_context(|| format!("reading {}", envelope_path.display()))?;
     let (location, public_key) = if args.remote {
         let (Some(cert), Some(tls_key), Some(ca)) = (&args.tls_cert, &args.tls_key, &args.tls_ca) else {
             return Err(exit::input("--remote needs --tls-cert, --tls-key and --tls-ca"));
@@ -167,6 +179,24 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
         (location, key.public_key_der()?)
     };
     let body = KeyFile { location, public_key, envelope }.to_bytes().map_err(|e| exit::input(e.to_string()))?;
+    out.write_public(pem(&body).as_bytes())?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `provider-key --pkcs11 URI`: loads the token key once (here, or in the
+/// agent on `agent`) for its public half, and writes a file naming the URI.
+fn token_key_file(uri: &str, agent: Option<&Path>, out: Output) -> Result<ExitCode> {
+    use keyfence::sign::key_process::KeySource;
+    use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+    let mut config = ManagedConfig::default();
+    if let Some(socket) = agent {
+        config.isolation = Isolation::Agent(socket.to_path_buf());
+    }
+    let engine = ManagedEngine::start(config).context("reaching the key agent")?;
+    let key = engine.load(KeySource::Pkcs11(uri.to_string())).context("loading the token's key")?;
+    let agent = agent.map(absolute).transpose()?;
+    let file = KeyFile { location: KeyLocation::Pkcs11 { uri: uri.to_string(), agent }, public_key: key.public_key_der()?, envelope: Vec::new() };
+    let body = file.to_bytes().map_err(|e| exit::input(e.to_string()))?;
     out.write_public(pem(&body).as_bytes())?;
     Ok(ExitCode::SUCCESS)
 }

@@ -16,7 +16,7 @@ use keyfence::sign::remote::{
     serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TenantSource,
     TlsFiles,
 };
-use keyfence::sign::key_process::KeyProcess;
+use keyfence::sign::key_process::KeySource;
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineInfo, PublicMachine, Store};
 
@@ -42,19 +42,27 @@ pub struct ServeArgs {
     #[arg(long)]
     ca: PathBuf,
     /// The store (replicated sealed policy keys): a directory or
-    /// etcd://HOST:PORT[,...]/PREFIX.
-    #[arg(long)]
-    store: PathBuf,
+    /// etcd://HOST:PORT[,...]/PREFIX. With `--envelopes`.
+    #[arg(long, required_unless_present = "pkcs11")]
+    store: Option<PathBuf>,
     /// This machine's key (`keyfence authority issue --out`): its
-    /// attributes decide which envelopes it may open.
-    #[arg(long)]
-    machine_key: PathBuf,
+    /// attributes decide which envelopes it may open. With `--envelopes`.
+    #[arg(long, required_unless_present = "pkcs11")]
+    machine_key: Option<PathBuf>,
     /// Envelope files, or directories of them (`*.env`; other files in
     /// them are listed as skipped); repeatable. Those this machine may not
     /// open are skipped and listed; with none left, it refuses to start
     /// (exit 2).
-    #[arg(long = "envelopes", required = true)]
+    #[arg(long = "envelopes", required_unless_present = "pkcs11", requires_all = ["store", "machine_key"])]
     envelopes: Vec<PathBuf>,
+    /// A key in a PKCS#11 token, by RFC 7512 URI (docs/pkcs11.md), served
+    /// under the SHA-256 of its public key (printed as `holding URI
+    /// (ID)`); repeatable. The module and PIN come from the URI or
+    /// KEYFENCE_PKCS11_MODULE and KEYFENCE_PKCS11_PIN_FILE; with
+    /// `--isolated`, only the key process loads the module and reads the
+    /// PIN. A key that does not load stops the server (exit 2).
+    #[arg(long = "pkcs11", value_name = "URI")]
+    pkcs11: Vec<String>,
     /// Serve Prometheus metrics over HTTP on this address.
     #[arg(long)]
     metrics: Option<SocketAddr>,
@@ -153,7 +161,7 @@ fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
             out.push(p.clone());
         }
     }
-    if out.is_empty() {
+    if out.is_empty() && !paths.is_empty() {
         let names: Vec<String> = skipped.iter().map(|f| f.display().to_string()).collect();
         let dirs: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
         return Err(exit::input(format!(
@@ -246,11 +254,15 @@ fn init_log(level: &str) -> Result<()> {
 }
 
 /// What `serve` opens envelopes with: the machine, or (isolated) only its
-/// public view.
+/// public view, the key process opening them.
 enum Opener {
     Machine(Machine),
-    /// The key process lives as long as the server.
-    Isolated(PublicMachine, KeyProcess),
+    Isolated(PublicMachine),
+}
+
+/// A key id in full (64 hex digits), as `--allow` and clients take it.
+fn hex_id(id: &KeyId) -> String {
+    id.0.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// The public view of the machine key in `key` with the store in `dir`.
@@ -273,32 +285,47 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     // Isolated, this process holds only the machine key's public view: the
     // key process alone decodes the secret one, for each load.
-    let opener = if args.isolated {
-        let public = public_machine(&args.store, &args.machine_key)?;
-        Opener::Isolated(public, crate::key_process::key_process(args.threads.unwrap_or(1))?)
-    } else {
-        Opener::Machine(crate::wrap_cmd::open_machine(&args.store, &args.machine_key)?)
+    let key_process = if args.isolated { Some(crate::key_process::key_process(args.threads.unwrap_or(1))?) } else { None };
+    let opener = match (&args.store, &args.machine_key, &key_process) {
+        (Some(store), Some(machine_key), Some(_)) => Some(Opener::Isolated(public_machine(store, machine_key)?)),
+        (Some(store), Some(machine_key), None) => Some(Opener::Machine(crate::wrap_cmd::open_machine(store, machine_key)?)),
+        _ => None,
     };
     let mut ring = KeyRing::new();
     for file in envelope_files(&args.envelopes)? {
-        let opened = match &opener {
-            Opener::Isolated(public, kp) => {
+        let opened = match (&opener, &key_process) {
+            (Some(Opener::Isolated(public)), Some(kp)) => {
                 let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
                 // The key process may run elsewhere than here: a directory
                 // goes to it absolute, an `etcd://` name as it is.
-                let etcd = args.store.to_str().is_some_and(|s| s.starts_with("etcd://"));
-                let store = if etcd { args.store.clone() } else { abs(&args.store) };
-                ring.open_isolated(public, kp, &store, &abs(&args.machine_key), &abs(&file))
+                let store = args.store.clone().unwrap_or_default();
+                let etcd = store.to_str().is_some_and(|s| s.starts_with("etcd://"));
+                let store = if etcd { store } else { abs(&store) };
+                ring.open_isolated(public, kp, &store, &abs(args.machine_key.as_deref().unwrap_or(Path::new(""))), &abs(&file))
             }
-            Opener::Machine(machine) => ring.open(machine, &read(&file)?),
+            (Some(Opener::Machine(machine)), _) => ring.open(machine, &read(&file)?),
+            _ => return Err(exit::input("--envelopes needs --store and --machine-key")),
         };
         match opened {
             Ok(id) => eprintln!("keyfence serve: holding {} ({id})", file.display()),
             Err(e) => eprintln!("keyfence serve: skipping {}: {e}", file.display()),
         }
     }
+    // Token keys: loaded where the keys are kept (the key process, when
+    // isolated), filed under their public key's hash. One that does not
+    // load is the operator's mistake to see now, not a key missing later.
+    for uri in &args.pkcs11 {
+        let key = match &key_process {
+            Some(kp) => kp.load(KeySource::Pkcs11(uri.clone())),
+            None => keyfence::sign::pkcs11::load(uri, &keyfence::sign::pkcs11::Pkcs11Settings::from_env()).map(Arc::new),
+        }
+        .map_err(|e| exit::input(format!("--pkcs11 {uri}: {e}")))?;
+        let id = KeyId::of_public_key(&key.public_key_der()?);
+        eprintln!("keyfence serve: holding {uri} ({id}, {})", hex_id(&id));
+        ring.insert(id, key);
+    }
     if ring.is_empty() {
-        return Err(exit::input("no envelope to serve: this machine could open none of the envelopes given (listed above)"));
+        return Err(exit::input("no key to serve: this machine could open none of the envelopes given (listed above)"));
     }
     let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
     config.name = args.name;
@@ -345,7 +372,8 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
             std::thread::park();
         },
     }
-    drop(opener);
+    // The key process lives as long as the server.
+    drop((opener, key_process));
     Ok(ExitCode::SUCCESS)
 }
 
@@ -354,12 +382,19 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
 pub struct RemoteOpts {
     /// Sign through remote key servers (`--peer`) with the key in
     /// `--envelope`, which this machine does not open (or, with `--store`
-    /// and `--machine-key`, opens only if its attributes allow).
-    #[arg(long, requires = "envelope", requires = "peers")]
+    /// and `--machine-key`, opens only if its attributes allow); or with
+    /// the token key whose public key (or certificate) is in
+    /// `--public-key`, which the servers hold (`keyfence serve --pkcs11`).
+    #[arg(long, requires = "peers")]
     pub remote: bool,
     /// The key's envelope (`keyfence authority wrap --out`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "public_key")]
     pub envelope: Option<PathBuf>,
+    /// With `--remote`: the public key (PEM) or certificate of a key the
+    /// servers hold in a PKCS#11 token; its id is the SHA-256 of the
+    /// public key, as `keyfence serve` prints it.
+    #[arg(long, requires = "remote")]
+    pub public_key: Option<PathBuf>,
     /// A key server: NAME,HOST:PORT,ATTRIBUTES, for example
     /// `sfo1,10.0.0.7:7543,country=US,region=NA`; its certificate must
     /// name it NAME. Repeatable: the nearest whose attributes satisfy the
@@ -390,8 +425,22 @@ pub struct RemoteOpts {
 impl RemoteOpts {
     /// The files these options read, which an output must not replace.
     pub fn inputs(&self) -> impl Iterator<Item = &Path> {
-        [&self.envelope, &self.tls_cert, &self.tls_key, &self.tls_ca, &self.machine_key].into_iter().flatten().map(PathBuf::as_path)
+        [&self.envelope, &self.public_key, &self.tls_cert, &self.tls_key, &self.tls_ca, &self.machine_key]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path)
     }
+}
+
+/// The public key (DER `SubjectPublicKeyInfo`) in `path`: a PEM public
+/// key or certificate.
+pub fn public_key_der(path: &Path) -> Result<Vec<u8>> {
+    let pem = read(path)?;
+    let key = match boring::x509::X509::from_pem(&pem) {
+        Ok(cert) => cert.public_key().and_then(|k| k.public_key_to_der()),
+        Err(_) => boring::pkey::PKey::public_key_from_pem(&pem).and_then(|k| k.public_key_to_der()),
+    };
+    key.map_err(|_| exit::input(format!("{} holds no PEM public key or certificate", path.display())))
 }
 
 /// Parses `NAME,HOST:PORT,ATTRIBUTES`.
@@ -413,7 +462,9 @@ pub fn parse_peer(s: &str) -> Result<PeerConfig> {
 /// would keep the machine key out of this process, is refused with
 /// `--remote`.)
 pub fn remote_key(opts: &RemoteOpts, timeout: Duration) -> Result<(Arc<PrivateKey>, RemoteSigner)> {
-    let envelope_path = opts.envelope.as_ref().context("--remote needs --envelope")?;
+    if opts.envelope.is_none() && opts.public_key.is_none() {
+        return Err(exit::input("--remote needs --envelope, or --public-key for a key the servers hold in a token"));
+    }
     let peers = opts.peers.iter().map(|p| parse_peer(p)).collect::<Result<Vec<_>>>()?;
     let (Some(cert), Some(key), Some(ca)) = (&opts.tls_cert, &opts.tls_key, &opts.tls_ca) else {
         return Err(exit::input("--remote needs --tls-cert, --tls-key and --tls-ca"));
@@ -423,6 +474,12 @@ pub fn remote_key(opts: &RemoteOpts, timeout: Duration) -> Result<(Arc<PrivateKe
     config.connect_timeout = timeout.min(config.connect_timeout);
     config.request_timeout = timeout.min(config.request_timeout);
     let remote = RemoteSigner::start(config)?;
+    if let Some(public) = &opts.public_key {
+        let id = KeyId::of_public_key(&public_key_der(public)?);
+        let key = remote.token_key(id).with_context(|| format!("the key servers' key {id}"))?;
+        return Ok((key, remote));
+    }
+    let envelope_path = opts.envelope.as_ref().context("--remote needs --envelope")?;
     let bytes = read(envelope_path)?;
     let key = match (&opts.store, &opts.machine_key) {
         (Some(store), Some(machine_key)) => {

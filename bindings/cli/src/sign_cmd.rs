@@ -14,6 +14,7 @@ use boring::rsa::Padding;
 use boring::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
 use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig, KeySource};
+use keyfence::sign::pkcs11::{Pkcs11Settings, Pkcs11Uri};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use zeroize::Zeroizing;
 
@@ -36,9 +37,13 @@ pub fn alg_help() -> String {
 #[derive(Args)]
 pub struct SignArgs {
     /// Private key, PEM or DER (PKCS#1, PKCS#8 or SEC1): RSA 2048-4096,
-    /// ECDSA P-256 or P-384, Ed25519; not password-protected. Not with
-    /// `--remote`.
-    #[arg(long, required_unless_present_any = ["remote", "agent"], conflicts_with_all = ["remote", "agent"])]
+    /// ECDSA P-256 or P-384, Ed25519; not password-protected. Or a key in
+    /// a PKCS#11 token, by RFC 7512 URI (`pkcs11:token=edge;object=tls`,
+    /// docs/pkcs11.md): the module and PIN come from the URI's
+    /// `module-path` and `pin-source` or KEYFENCE_PKCS11_MODULE and
+    /// KEYFENCE_PKCS11_PIN_FILE, never from the command line. Not with
+    /// `--remote`; with `--agent`, only a URI (the agent loads it).
+    #[arg(long, required_unless_present_any = ["remote", "agent"], conflicts_with = "remote")]
     key: Option<PathBuf>,
     /// The signature algorithm (the list is filled in from the library).
     #[arg(long)]
@@ -64,7 +69,7 @@ pub struct SignArgs {
     /// Sign through the key agent on this socket (`keyfence agent`) with
     /// the key in `--envelope`, which the agent opens with its own machine
     /// key: this process reads neither.
-    #[arg(long, requires = "envelope", conflicts_with = "remote")]
+    #[arg(long, conflicts_with = "remote")]
     agent: Option<PathBuf>,
     #[command(flatten)]
     remote: crate::remote_cmd::RemoteOpts,
@@ -76,8 +81,21 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         return Err(exit::input(format!("unknown signature algorithm `{}`; known: {}", args.alg, alg_names())));
     };
     let timeout = Duration::from_millis(args.timeout_ms);
-    let inputs: Vec<&std::path::Path> =
-        args.key.iter().map(PathBuf::as_path).chain([args.input.as_path()]).chain(args.remote.inputs()).collect();
+    // A `pkcs11:` URI names a token's key, not a file.
+    let token_uri = args.key.as_ref().and_then(|k| k.to_str()).filter(|k| Pkcs11Uri::is_uri(k)).map(str::to_owned);
+    if args.agent.is_some() && token_uri.is_none() && (args.key.is_some() || args.remote.envelope.is_none()) {
+        return Err(exit::input(
+            "with --agent, give the key as --envelope (which the agent opens) or as a pkcs11: URI (which the agent loads from its token)",
+        ));
+    }
+    let inputs: Vec<&std::path::Path> = args
+        .key
+        .iter()
+        .filter(|_| token_uri.is_none())
+        .map(PathBuf::as_path)
+        .chain([args.input.as_path()])
+        .chain(args.remote.inputs())
+        .collect();
     let out = Output::new(&args.out, &inputs)?;
     // Started first so that they outlive the key handle.
     let keys = match (&args.agent, args.isolated) {
@@ -89,6 +107,13 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
     let key_path = args.key.clone().unwrap_or_default();
     let key = match (&keys, &remote) {
         (_, Some((key, _))) => key.clone(),
+        (keys, None) if token_uri.is_some() => {
+            let uri = token_uri.clone().unwrap_or_default();
+            match keys {
+                Some(keys) => keys.load(KeySource::Pkcs11(uri)).context("loading the token's key")?,
+                None => Arc::new(keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env()).context("loading the token's key")?),
+            }
+        }
         (Some(keys), None) if keys.is_agent() => {
             let envelope = args.remote.envelope.as_deref().unwrap_or(std::path::Path::new(""));
             keys.load(KeySource::AgentEnvelope(read(envelope)?))
@@ -108,7 +133,11 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         }
     };
     if !key.kind().supports(alg) {
-        let what = if remote.is_some() { "the envelope's key".to_string() } else { key_path.display().to_string() };
+        let what = match (&remote, &token_uri) {
+            (Some(_), _) => "the envelope's key".to_string(),
+            (None, Some(uri)) => uri.clone(),
+            (None, None) => key_path.display().to_string(),
+        };
         return Err(exit::input(format!("{alg} cannot be used with {} key ({what})", key.kind())));
     }
     let input = read(&args.input)?;

@@ -12,7 +12,10 @@ use crate::sign::key_process::{KeyProcess, KeySource};
 use crate::sign::{KeyError, PrivateKey, SignError};
 use crate::wrap::{Envelope, Machine, PublicMachine, WrapError};
 
-/// A key's name on the wire: SHA-256 of its envelope's bytes.
+/// A key's name on the wire: SHA-256 of its envelope's bytes, or, for a
+/// key in a PKCS#11 token (which has no envelope), SHA-256 of its public
+/// key (DER `SubjectPublicKeyInfo`), which a client computes from the
+/// certificate it serves.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct KeyId(pub [u8; 32]);
 
@@ -20,6 +23,12 @@ impl KeyId {
     /// The id of the envelope `bytes`.
     pub fn of_envelope(bytes: &[u8]) -> Self {
         KeyId(boring::sha::sha256(bytes))
+    }
+
+    /// The id of a key without an envelope (a token's): SHA-256 of its
+    /// public key `spki_der`.
+    pub fn of_public_key(spki_der: &[u8]) -> Self {
+        KeyId(boring::sha::sha256(spki_der))
     }
 }
 

@@ -572,6 +572,11 @@ fn err_frame(id: u64, code: RemoteErrorCode, msg: &str) -> Vec<u8> {
 
 /// The wire code for an engine error.
 fn wire_code(e: &SignError) -> RemoteErrorCode {
+    match e.code() {
+        crate::ErrorCode::TokenUnavailable => return RemoteErrorCode::TokenUnavailable,
+        crate::ErrorCode::TokenLogin => return RemoteErrorCode::TokenLogin,
+        _ => {}
+    }
     match e.kind() {
         ErrorKind::Overloaded => RemoteErrorCode::Overloaded,
         ErrorKind::TimedOut => RemoteErrorCode::TimedOut,

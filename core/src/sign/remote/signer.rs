@@ -401,6 +401,39 @@ impl RemoteSigner {
         Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, id, kind, der))))
     }
 
+    /// A handle on a key without an envelope, a PKCS#11 token's, served
+    /// under `id` ([`KeyId::of_public_key`]) by whichever peers hold it
+    /// (`keyfence serve --pkcs11`): every configured peer is a candidate,
+    /// nearest first, and one that does not hold the key passes the
+    /// request on. The public key a peer returns must hash to `id`, so a
+    /// peer cannot substitute another key.
+    ///
+    /// # Errors
+    /// [`SignError::Backend`] when no peer holds the key or none answered,
+    /// or when the public key a peer gave does not match `id`.
+    pub fn token_key(&self, id: KeyId) -> Result<Arc<PrivateKey>, SignError> {
+        let c = &self.client;
+        let key = Arc::new(RemoteKey { key_id: id.0, capable: (0..c.peers.len()).collect(), tenant: c.config.tenant });
+        let deadline = Instant::now() + c.config.connect_timeout + c.config.request_timeout;
+        let (kind, der) = c.route(&key, deadline, |peer, head, until| {
+            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
+            attempt_of(frame, |f| {
+                p::parse_public_reply(&f.body)
+                    .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad public-key reply: {e}")))
+            })
+        })?;
+        if KeyId::of_public_key(&der) != id {
+            return Err(backend_error(
+                BackendFailure::Protocol,
+                format!("a peer answered for key {id} with a public key whose id is {}", KeyId::of_public_key(&der)),
+            ));
+        }
+        let handle = c.next_key.fetch_add(1, Ordering::Relaxed);
+        c.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, key);
+        let holder: Arc<dyn KeyHolder> = c.clone();
+        Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, handle, kind, der))))
+    }
+
     /// The key in `envelope` from `machine` if its attributes allow it
     /// (opened here, signed in this process), otherwise a handle on the
     /// peers that may hold it, but no peer whose `machine` attribute the
