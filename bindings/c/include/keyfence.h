@@ -199,7 +199,8 @@ enum keyfence_result
   KEYFENCE_SHUT_DOWN = 503,
   /*
    The private key could not be loaded: not a key, an unsupported type,
-   size or curve, or inconsistent.
+   size or curve, or inconsistent; or a PKCS#11 URI whose token or key
+   object is not there.
    */
   KEYFENCE_INVALID_PRIVATE_KEY = 504,
   /*
@@ -220,6 +221,16 @@ enum keyfence_result
    The engine's configuration is unusable.
    */
   KEYFENCE_INVALID_CONFIG = 508,
+  /*
+   A PKCS#11 token or its module is gone and did not come back after
+   its sessions were opened again.
+   */
+  KEYFENCE_TOKEN_UNAVAILABLE = 509,
+  /*
+   A PKCS#11 token needs a PIN none was given for, or refused the PIN
+   (a refused PIN is never tried again).
+   */
+  KEYFENCE_TOKEN_LOGIN = 510,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -251,6 +262,15 @@ enum keyfence_op_class
    key process, an offload device.
    */
   KEYFENCE_CLASS_SLOW = 2,
+  /*
+   Keys in a PKCS#11 token this process loaded
+   (`keyfence_key_load_pkcs11`): each operation blocks one of these
+   threads until the token answers, so they never hold up software
+   keys. A token key held by a key process or an agent counts here
+   on `KEYFENCE_CLASS_RSA` or `KEYFENCE_CLASS_EC` by its kind, as every
+   key they hold; the token's threads are theirs.
+   */
+  KEYFENCE_CLASS_TOKEN = 3,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -287,9 +307,14 @@ typedef enum keyfence_key_file_field {
    */
   KEYFENCE_KEY_FILE_TLS_CA = 4,
   /*
-   An agent's key: the agent's socket.
+   An agent's key: the agent's socket (also a token key's, when the
+   agent loads it).
    */
   KEYFENCE_KEY_FILE_AGENT_SOCKET = 5,
+  /*
+   A token key's PKCS#11 URI (docs/pkcs11.md).
+   */
+  KEYFENCE_KEY_FILE_PKCS11_URI = 6,
 } keyfence_key_file_field;
 
 /*
@@ -880,6 +905,17 @@ bool keyfence_key_file_is_remote(const struct keyfence_key_file *file);
 bool keyfence_key_file_is_agent(const struct keyfence_key_file *file);
 
 /*
+ Whether the key is in a PKCS#11 token, named by the file's URI
+ (`KEYFENCE_KEY_FILE_PKCS11_URI`), loaded by the agent whose socket the
+ file names if it names one (`KEYFENCE_KEY_FILE_AGENT_SOCKET`). Such a
+ file has no envelope. False for NULL.
+
+ # Safety
+ `file` is NULL or a live handle.
+ */
+bool keyfence_key_file_is_pkcs11(const struct keyfence_key_file *file);
+
+/*
  The key's public half (DER `SubjectPublicKeyInfo`) into `*data` and
  `*len`, borrowed from `file`.
 
@@ -893,7 +929,8 @@ keyfence_result keyfence_key_file_public_key(const struct keyfence_key_file *fil
                                              size_t *len);
 
 /*
- The key's envelope into `*data` and `*len`, borrowed from `file`.
+ The key's envelope into `*data` and `*len`, borrowed from `file`
+ (empty for a token key).
 
  Errors: `KEYFENCE_INVALID_ARGUMENT` for NULL arguments.
 
@@ -1376,6 +1413,62 @@ keyfence_result keyfence_key_from_envelope(const struct keyfence_engine *engine,
                                            const uint8_t *env,
                                            size_t len,
                                            struct keyfence_private_key **out);
+
+/*
+ Loads the private key that the PKCS#11 URI `uri` names (RFC 7512) into
+ `*out`: a handle on a key that never leaves its token (an HSM, a TPM, a
+ cloud KMS's PKCS#11 library, SoftHSM2). The token signs; the engine
+ runs its operations on the `KEYFENCE_CLASS_TOKEN` executor.
+
+ `uri` names the token and the key object (`token=`, `object=`, `id=`;
+ `type=private` or none), and may name the module (`module-path=` or
+ `module-name=`) and a file whose first line is the PIN
+ (`pin-source=file:/path`). What it leaves out comes from the
+ environment of the process that loads the key: `KEYFENCE_PKCS11_MODULE`,
+ then `KEYFENCE_PKCS11_PIN_FILE` or `KEYFENCE_PKCS11_PIN`. A PIN in the
+ URI itself (`pin-value=`) is refused, so a URI may be logged.
+
+ With `engine` NULL or an engine without a key process, this process
+ loads the module, once, and logs into the token, once: every key of a
+ token shares its sessions and its login. With an isolated engine
+ (`keyfence_engine_config_set_isolated`) the URI is sent to the key
+ process, which loads the module and reads the PIN (with the
+ environment it inherited from this process): this process never maps
+ the module nor reads the PIN, and the key is loaded again after a
+ restart. With an agent's engine (`keyfence_engine_config_set_agent`)
+ the agent loads it with its own module and PIN settings. An engine
+ whose keys are on remote key servers refuses it.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` (a URI that does not parse, with the
+ position; one that names no key, carries `pin-value`, or whose PIN
+ file cannot be read; an engine whose keys are remote),
+ `KEYFENCE_INVALID_CONFIG` (no module named, or one that cannot be
+ loaded or initialized), `KEYFENCE_INVALID_PRIVATE_KEY` (no such token,
+ the message listing the module's tokens, or no such key on it),
+ `KEYFENCE_TOKEN_LOGIN` (the token needs a PIN and none was given, or it
+ refused the PIN; a refused PIN is not tried again until another one is
+ given), `KEYFENCE_TOKEN_UNAVAILABLE` (the token does not answer),
+ `KEYFENCE_BACKEND_FAILED` (the key process or agent failed),
+ `KEYFENCE_SHUT_DOWN`. No message contains the PIN.
+
+ ```c
+ keyfence_private_key *key = NULL;
+ keyfence_result r = keyfence_key_load_pkcs11(engine,
+     "pkcs11:token=edge;object=tls-p256;type=private"
+     "?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/keyfence/pin",
+     &key);
+ if (r == KEYFENCE_TOKEN_LOGIN) {
+     // the PIN is missing or wrong: fix the PIN file, then load again
+ }
+ ```
+
+ # Safety
+ `engine` is NULL or a live handle; `uri` is a NUL-terminated string;
+ `out` is writable.
+ */
+keyfence_result keyfence_key_load_pkcs11(const struct keyfence_engine *engine,
+                                         const char *uri,
+                                         struct keyfence_private_key **out);
 
 /*
  Whether the key is in this process's memory (`*local` true) or a

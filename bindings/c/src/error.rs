@@ -106,7 +106,8 @@ pub enum keyfence_result {
     /// The engine has shut down.
     KEYFENCE_SHUT_DOWN = 503,
     /// The private key could not be loaded: not a key, an unsupported type,
-    /// size or curve, or inconsistent.
+    /// size or curve, or inconsistent; or a PKCS#11 URI whose token or key
+    /// object is not there.
     KEYFENCE_INVALID_PRIVATE_KEY = 504,
     /// The request does not fit the key: wrong algorithm family, a digest
     /// or ciphertext of the wrong length, an unknown algorithm name.
@@ -118,6 +119,12 @@ pub enum keyfence_result {
     KEYFENCE_BACKEND_FAILED = 507,
     /// The engine's configuration is unusable.
     KEYFENCE_INVALID_CONFIG = 508,
+    /// A PKCS#11 token or its module is gone and did not come back after
+    /// its sessions were opened again.
+    KEYFENCE_TOKEN_UNAVAILABLE = 509,
+    /// A PKCS#11 token needs a PIN none was given for, or refused the PIN
+    /// (a refused PIN is never tried again).
+    KEYFENCE_TOKEN_LOGIN = 510,
 }
 
 impl keyfence_result {
@@ -132,7 +139,7 @@ impl keyfence_result {
     pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
 }
 
-const ALL_RESULTS: [keyfence_result; 37] = [
+const ALL_RESULTS: [keyfence_result; 39] = [
     keyfence_result::KEYFENCE_OK,
     keyfence_result::KEYFENCE_INVALID_ARGUMENT,
     keyfence_result::KEYFENCE_INTERNAL,
@@ -170,6 +177,8 @@ const ALL_RESULTS: [keyfence_result; 37] = [
     keyfence_result::KEYFENCE_CRYPTO_FAILED,
     keyfence_result::KEYFENCE_BACKEND_FAILED,
     keyfence_result::KEYFENCE_INVALID_CONFIG,
+    keyfence_result::KEYFENCE_TOKEN_UNAVAILABLE,
+    keyfence_result::KEYFENCE_TOKEN_LOGIN,
 ];
 
 /// An error on its way to C: a code and the message for

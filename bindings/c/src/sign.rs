@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource};
 use keyfence_core::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
+use keyfence_core::sign::pkcs11::Pkcs11Settings;
 use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
 use zeroize::Zeroizing;
 
@@ -29,6 +30,13 @@ pub enum keyfence_op_class {
     /// Operations that wait on something outside the process: the
     /// key process, an offload device.
     KEYFENCE_CLASS_SLOW = 2,
+    /// Keys in a PKCS#11 token this process loaded
+    /// (`keyfence_key_load_pkcs11`): each operation blocks one of these
+    /// threads until the token answers, so they never hold up software
+    /// keys. A token key held by a key process or an agent counts here
+    /// on `KEYFENCE_CLASS_RSA` or `KEYFENCE_CLASS_EC` by its kind, as every
+    /// key they hold; the token's threads are theirs.
+    KEYFENCE_CLASS_TOKEN = 3,
 }
 
 fn class_of(n: u32) -> Result<OpClass, Error> {
@@ -127,6 +135,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_class(
             OpClass::Rsa => &mut c.0.engine.rsa,
             OpClass::Ec => &mut c.0.engine.ec,
             OpClass::Slow => &mut c.0.engine.slow,
+            OpClass::Token => &mut c.0.engine.token,
         };
         if threads > 0 {
             cc.threads = threads as usize;
@@ -354,6 +363,73 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
                 Some(e) => e.0.load(KeySource::EnvelopeBytes { store, machine_key, envelope: envelope.to_vec() })?,
                 None => keyfence_core::sign::remote::load_envelope_key(None, &store, &machine_key, envelope)?,
             })
+        })
+    }
+}
+
+/// Loads the private key that the PKCS#11 URI `uri` names (RFC 7512) into
+/// `*out`: a handle on a key that never leaves its token (an HSM, a TPM, a
+/// cloud KMS's PKCS#11 library, SoftHSM2). The token signs; the engine
+/// runs its operations on the `KEYFENCE_CLASS_TOKEN` executor.
+///
+/// `uri` names the token and the key object (`token=`, `object=`, `id=`;
+/// `type=private` or none), and may name the module (`module-path=` or
+/// `module-name=`) and a file whose first line is the PIN
+/// (`pin-source=file:/path`). What it leaves out comes from the
+/// environment of the process that loads the key: `KEYFENCE_PKCS11_MODULE`,
+/// then `KEYFENCE_PKCS11_PIN_FILE` or `KEYFENCE_PKCS11_PIN`. A PIN in the
+/// URI itself (`pin-value=`) is refused, so a URI may be logged.
+///
+/// With `engine` NULL or an engine without a key process, this process
+/// loads the module, once, and logs into the token, once: every key of a
+/// token shares its sessions and its login. With an isolated engine
+/// (`keyfence_engine_config_set_isolated`) the URI is sent to the key
+/// process, which loads the module and reads the PIN (with the
+/// environment it inherited from this process): this process never maps
+/// the module nor reads the PIN, and the key is loaded again after a
+/// restart. With an agent's engine (`keyfence_engine_config_set_agent`)
+/// the agent loads it with its own module and PIN settings. An engine
+/// whose keys are on remote key servers refuses it.
+///
+/// Errors: `KEYFENCE_INVALID_ARGUMENT` (a URI that does not parse, with the
+/// position; one that names no key, carries `pin-value`, or whose PIN
+/// file cannot be read; an engine whose keys are remote),
+/// `KEYFENCE_INVALID_CONFIG` (no module named, or one that cannot be
+/// loaded or initialized), `KEYFENCE_INVALID_PRIVATE_KEY` (no such token,
+/// the message listing the module's tokens, or no such key on it),
+/// `KEYFENCE_TOKEN_LOGIN` (the token needs a PIN and none was given, or it
+/// refused the PIN; a refused PIN is not tried again until another one is
+/// given), `KEYFENCE_TOKEN_UNAVAILABLE` (the token does not answer),
+/// `KEYFENCE_BACKEND_FAILED` (the key process or agent failed),
+/// `KEYFENCE_SHUT_DOWN`. No message contains the PIN.
+///
+/// ```c
+/// keyfence_private_key *key = NULL;
+/// keyfence_result r = keyfence_key_load_pkcs11(engine,
+///     "pkcs11:token=edge;object=tls-p256;type=private"
+///     "?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/keyfence/pin",
+///     &key);
+/// if (r == KEYFENCE_TOKEN_LOGIN) {
+///     // the PIN is missing or wrong: fix the PIN file, then load again
+/// }
+/// ```
+///
+/// # Safety
+/// `engine` is NULL or a live handle; `uri` is a NUL-terminated string;
+/// `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_key_load_pkcs11(
+    engine: *const keyfence_engine,
+    uri: *const c_char,
+    out: *mut *mut keyfence_private_key,
+) -> keyfence_result {
+    // SAFETY: the caller's promises; NULL engine means in-process.
+    let (engine, uri) = unsafe { (engine.as_ref(), ffi::text(uri, "uri")) };
+    // SAFETY: `out` is NULL or writable, by the caller's promise.
+    unsafe {
+        key_out(out, || match engine {
+            Some(e) => Ok(e.0.load(KeySource::Pkcs11(uri?.to_owned()))?),
+            None => Ok(Arc::new(keyfence_core::sign::pkcs11::load(uri?, &Pkcs11Settings::from_env())?)),
         })
     }
 }
