@@ -27,9 +27,10 @@ static int copy(const keyfence_key_file *h, kf_keyfile *f) {
     const uint8_t *p;
     size_t n;
     const char *t;
-    f->mode = keyfence_key_file_is_remote(h)  ? KF_MODE_REMOTE
-              : keyfence_key_file_is_agent(h) ? KF_MODE_AGENT
-                                              : KF_MODE_LOCAL;
+    f->mode = keyfence_key_file_is_remote(h)    ? KF_MODE_REMOTE
+              : keyfence_key_file_is_agent(h)   ? KF_MODE_AGENT
+              : keyfence_key_file_is_pkcs11(h)  ? KF_MODE_PKCS11
+                                                : KF_MODE_LOCAL;
     if (keyfence_key_file_public_key(h, &p, &n) != KEYFENCE_OK || dup_bytes(p, n, &f->spki, &f->spki_len) != 0) return -1;
     if (keyfence_key_file_envelope(h, &p, &n) != KEYFENCE_OK || dup_bytes(p, n, &f->envelope, &f->envelope_len) != 0)
         return -1;
@@ -40,6 +41,7 @@ static int copy(const keyfence_key_file *h, kf_keyfile *f) {
         {KEYFENCE_KEY_FILE_STORE, &f->store},       {KEYFENCE_KEY_FILE_MACHINE_KEY, &f->machine_key},
         {KEYFENCE_KEY_FILE_TLS_CERT, &f->tls_cert}, {KEYFENCE_KEY_FILE_TLS_KEY, &f->tls_key},
         {KEYFENCE_KEY_FILE_TLS_CA, &f->tls_ca},     {KEYFENCE_KEY_FILE_AGENT_SOCKET, &f->agent_socket},
+        {KEYFENCE_KEY_FILE_PKCS11_URI, &f->pkcs11_uri},
     };
     for (size_t i = 0; i < sizeof(texts) / sizeof(texts[0]); i++)
         if (keyfence_key_file_text(h, texts[i].field, &t) != KEYFENCE_OK || dup_text(t, texts[i].slot) != 0) return -1;
@@ -83,6 +85,7 @@ void kf_keyfile_clear(kf_keyfile *f) {
     free(f->tls_key);
     free(f->tls_ca);
     free(f->agent_socket);
+    free(f->pkcs11_uri);
     for (size_t i = 0; i < f->n_peers; i++) {
         free(f->peers[i].name);
         free(f->peers[i].addr);

@@ -11,7 +11,7 @@
 #define KF_PEM_LABEL "KEYFENCE KEY"
 #define KF_MAX_PEERS 16
 
-enum kf_mode { KF_MODE_LOCAL = 0, KF_MODE_REMOTE = 1, KF_MODE_AGENT = 2 };
+enum kf_mode { KF_MODE_LOCAL = 0, KF_MODE_REMOTE = 1, KF_MODE_AGENT = 2, KF_MODE_PKCS11 = 3 };
 
 typedef struct {
     char *name, *addr, *attrs, *server_name; /* server_name may be NULL */
@@ -25,7 +25,8 @@ typedef struct {
     size_t envelope_len;
     char *store, *machine_key;                 /* local (either may be NULL: the provider's config fills in) */
     char *tls_cert, *tls_key, *tls_ca;         /* remote */
-    char *agent_socket;                        /* agent */
+    char *agent_socket;                        /* agent (or a token key's agent, may be NULL) */
+    char *pkcs11_uri;                          /* a token key's RFC 7512 URI (no envelope) */
     kf_peer peers[KF_MAX_PEERS];
     size_t n_peers;
 } kf_keyfile;

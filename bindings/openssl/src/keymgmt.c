@@ -88,6 +88,15 @@ static int open_handle(kf_key *k, keyfence_engine *engine) {
             kf_raise_keyfence(prov, KF_R_KEY_UNAVAILABLE, r, "cannot open the key's envelope");
             return 0;
         }
+    } else if (f->mode == KF_MODE_PKCS11) {
+        /* A token key: loaded where the engine keeps its keys (this
+         * process, the key process when isolated, or the agent the file
+         * names), which alone maps the token's module and reads its PIN. */
+        r = keyfence_key_load_pkcs11(engine, f->pkcs11_uri, &h);
+        if (r != KEYFENCE_OK) {
+            kf_raise_keyfence(prov, KF_R_KEY_UNAVAILABLE, r, "cannot load the token's key");
+            return 0;
+        }
     } else if (f->mode == KF_MODE_AGENT) {
         /* The agent opens the envelope with its own machine key and
          * store: this process names neither. */
@@ -135,8 +144,7 @@ keyfence_private_key *kf_key_handle(kf_key *k, keyfence_engine **engine) {
         kf_raise(k->prov, KF_R_PUBLIC_ONLY, "this %s key was made from public parameters", kf_type_name(k->type));
         return NULL;
     }
-    keyfence_engine *e =
-        k->file.mode == KF_MODE_AGENT ? kf_agent_engine(k->prov, k->file.agent_socket) : kf_engine(k->prov);
+    keyfence_engine *e = k->file.agent_socket != NULL ? kf_agent_engine(k->prov, k->file.agent_socket) : kf_engine(k->prov);
     if (e == NULL) return NULL;
     keyfence_private_key *h = NULL;
     pthread_mutex_lock(&k->lock);

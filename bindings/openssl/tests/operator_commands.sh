@@ -155,6 +155,41 @@ for cnf in local.cnf isolated.cnf; do
     refused "$cnf" "POLICY_NOT_SATISFIED" pkey -in "$keys/fr.kfk" -pubout
 done
 
+# Token keys (docs/pkcs11.md): key files naming a SoftHSM2 key by its
+# PKCS#11 URI, in process and in the key process, for every key type; the
+# certificates carry the public key openssl made the key with.
+fixture_rc=0
+bash "$here/../../../vectors/softhsm-fixture.sh" "$work/hsm" || fixture_rc=$?
+if [ "$fixture_rc" = 0 ]; then
+    set -a
+    # shellcheck disable=SC1091
+    . "$work/hsm/env"
+    set +a
+    for label in tls-p256 tls-p384 tls-rsa tls-ed; do
+        "$cli" provider-key --pkcs11 "pkcs11:token=edge;object=$label" --out "tok-$label.kfk"
+        grep -q "BEGIN KEYFENCE KEY" "tok-$label.kfk" || fail "no key file for $label"
+        openssl pkey -in "$work/hsm/keys/$label.pem" -pubout -out "tok-$label.ref.pub"
+        for cnf in local.cnf isolated.cnf; do
+            md=()
+            [ "$label" = tls-p384 ] && md=(-sha384)
+            ok "$cnf" req -x509 -new -key "keyfence:$PWD/tok-$label.kfk" "${md[@]}" -subj "/CN=token $label" -days 1 \
+                -out "tok-$label-$cnf.crt"
+            ok "$cnf" verify -CAfile "tok-$label-$cnf.crt" "tok-$label-$cnf.crt"
+            openssl x509 -in "tok-$label-$cnf.crt" -noout -pubkey >"tok-$label-$cnf.pub"
+            cmp -s "tok-$label-$cnf.pub" "tok-$label.ref.pub" || fail "$label ($cnf): the certificate's key is not the token's"
+        done
+        refused local.cnf "cannot be exported" pkey -in "tok-$label.kfk" -out exported.pem
+    done
+    # A key the token does not hold: no key file, and the reason.
+    "$cli" provider-key --pkcs11 "pkcs11:token=edge;object=nothing" --out none.kfk 2>err.txt && fail "a missing token key made a key file"
+    grep -q "no private key with object=nothing" err.txt || { cat err.txt >&2; fail "no reason for the missing token key"; }
+    echo "token keys: req -x509 signed in the token (in process and isolated), verified, the key the token's"
+elif [ "$fixture_rc" = 77 ]; then
+    echo "*** SKIPPED: token keys (no SoftHSM2) ***"
+else
+    fail "vectors/softhsm-fixture.sh failed"
+fi
+
 # provider-config --include: the system's openssl.cnf, its settings kept,
 # with the provider added by one .include line at its end.
 "$cli" provider-config --module "$modules/keyfence.so" --include >include.cnf
