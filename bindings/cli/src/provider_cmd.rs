@@ -185,17 +185,45 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
 
 /// `provider-key --pkcs11 URI`: loads the token key once (here, or in the
 /// agent on `agent`) for its public half, and writes a file naming the URI.
+///
+/// Without an agent, the module and PIN file this process found in its
+/// environment are written into the file's URI (`module-path`,
+/// `pin-source`, absolute): servers clear their workers' environment
+/// (nginx keeps only what `env` directives name), so the file must say
+/// where the module and the PIN are, as it says where a store is. Neither
+/// is a secret. An agent uses its own, and the URI is kept as given.
 fn token_key_file(uri: &str, agent: Option<&Path>, out: Output) -> Result<ExitCode> {
     use keyfence::sign::key_process::KeySource;
     use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+    use keyfence::sign::pkcs11::{Pkcs11Settings, Pkcs11Uri};
+    let mut parsed = Pkcs11Uri::parse(uri).map_err(|e| exit::input(e.to_string()))?;
+    if agent.is_none() {
+        let settings = Pkcs11Settings::from_env();
+        if parsed.module_path.is_none() && parsed.module_name.is_none() {
+            if let Some(m) = &settings.module {
+                parsed.module_path = Some(absolute(m)?.into());
+            }
+        }
+        if parsed.pin_source.is_none() {
+            match &settings.pin_file {
+                Some(f) => parsed.pin_source = Some(absolute(f)?.into()),
+                None if settings.pin.is_some() => eprintln!(
+                    "keyfence provider-key: the PIN came from KEYFENCE_PKCS11_PIN, which the file cannot name: \
+                     the server's processes need it too (or use a PIN file: KEYFENCE_PKCS11_PIN_FILE)"
+                ),
+                None => {}
+            }
+        }
+    }
+    let uri = parsed.to_string();
     let mut config = ManagedConfig::default();
     if let Some(socket) = agent {
         config.isolation = Isolation::Agent(socket.to_path_buf());
     }
     let engine = ManagedEngine::start(config).context("reaching the key agent")?;
-    let key = engine.load(KeySource::Pkcs11(uri.to_string())).context("loading the token's key")?;
+    let key = engine.load(KeySource::Pkcs11(uri.clone())).context("loading the token's key")?;
     let agent = agent.map(absolute).transpose()?;
-    let file = KeyFile { location: KeyLocation::Pkcs11 { uri: uri.to_string(), agent }, public_key: key.public_key_der()?, envelope: Vec::new() };
+    let file = KeyFile { location: KeyLocation::Pkcs11 { uri, agent }, public_key: key.public_key_der()?, envelope: Vec::new() };
     let body = file.to_bytes().map_err(|e| exit::input(e.to_string()))?;
     out.write_public(pem(&body).as_bytes())?;
     Ok(ExitCode::SUCCESS)

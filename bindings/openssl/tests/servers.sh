@@ -69,6 +69,9 @@ nginx_conf() {
     mkdir -p "$dir/tmp"
     {
         echo "daemon off; master_process on; worker_processes 1; $user_line"
+        # SoftHSM2 finds its tokens through SOFTHSM2_CONF, which nginx
+        # clears from its workers' environment unless told to keep it.
+        [ -z "${SOFTHSM2_CONF:-}" ] || echo "env SOFTHSM2_CONF;"
         echo "pid $dir/nginx.pid; error_log $dir/error.log info;"
         echo "events { worker_connections 64; }"
         echo "http { access_log off; client_body_temp_path $dir/tmp; proxy_temp_path $dir/tmp;"
@@ -111,6 +114,44 @@ w=$(worker_of n2)
 pgrep -P "$w" -f keyfence-key-process >/dev/null || fail "the isolated worker has no key process"
 if python3 "$here/memscan.py" "$w" "$scalar" >/dev/null; then fail "the isolated nginx worker holds the private key"; fi
 if python3 "$here/memscan.py" "$(cat n2/master.pid)" "$scalar" >/dev/null; then fail "the isolated nginx master holds the private key"; fi
+
+echo "== nginx, token keys (SoftHSM2 through a PKCS#11 URI key file), in process and isolated"
+# The certificate request is signed in the token through the provider;
+# the CA issues the certificate; nginx serves with the key file. With the
+# keys isolated, only the key process maps the token's module.
+tok_rc=0
+bash "$here/../../../vectors/softhsm-fixture.sh" "$work/hsm" >/dev/null || tok_rc=$?
+if [ "$tok_rc" = 0 ]; then
+    set -a
+    # shellcheck disable=SC1091
+    . "$work/hsm/env"
+    set +a
+    for t in p256 rsa; do
+        "$cli" provider-key --pkcs11 "pkcs11:token=edge;object=tls-$t" --out "tok-$t.kfk"
+        OPENSSL_CONF="$work/local.cnf" openssl req -new -key "keyfence:$work/tok-$t.kfk" -subj /CN=localhost -out "tok-$t.csr"
+        openssl x509 -req -in "tok-$t.csr" -CA keys/ca.pem -CAkey keys/ca.key -CAcreateserial -days 2 \
+            -extfile keys/san.ext -out "tok-$t.crt" 2>/dev/null
+    done
+    pt1=$(free_port) pt2=$(free_port) pt3=$(free_port) pt4=$(free_port)
+    nginx_conf "$work/nt1" "$pt1" tok-p256.crt tok-p256.kfk "$pt2" tok-rsa.crt tok-rsa.kfk
+    nginx_conf "$work/nt2" "$pt3" tok-p256.crt tok-p256.kfk "$pt4" tok-rsa.crt tok-rsa.kfk
+    start_nginx "$work/nt1" local.cnf
+    start_nginx "$work/nt2" isolated.cnf
+    wait_port "$pt1"
+    wait_port "$pt3"
+    check_serves "$pt1" "$pt2" "$pt3" "$pt4"
+    grep -q libsofthsm2 "/proc/$(worker_of nt1)/maps" || fail "the in-process worker does not map the token's module"
+    w=$(worker_of nt2)
+    if grep -q libsofthsm2 "/proc/$w/maps"; then fail "the isolated nginx worker maps the token's module"; fi
+    kp=$(pgrep -P "$w" -f keyfence-key-process | head -1)
+    [ -n "$kp" ] || fail "the isolated worker has no key process"
+    grep -q libsofthsm2 "/proc/$kp/maps" || fail "the key process does not map the token's module"
+    echo "token keys: nginx serves TLS 1.2 and 1.3 with P-256 and RSA keys in the token; isolated, only the key process maps the module"
+elif [ "$tok_rc" = 77 ]; then
+    echo "*** SKIPPED: token keys (no SoftHSM2) ***"
+else
+    fail "vectors/softhsm-fixture.sh failed"
+fi
 
 echo "== RSA key exchange: refused at negotiation by the cipher string docs/openssl.md gives"
 # keyfence signs and never decrypts: a TLS 1.2 client offering only RSA
