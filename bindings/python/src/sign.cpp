@@ -139,6 +139,17 @@ PrivateKey key_load_agent_envelope(py::handle envelope, py::handle engine_obj) {
     return key_load_envelope(py::none(), py::none(), envelope, engine_obj);
 }
 
+// Loads the key a PKCS#11 URI names where the engine holds its keys: here
+// (the module loaded and the PIN read in this process), or in the engine's
+// key process or agent, which this process never maps the module for.
+PrivateKey key_load_pkcs11(py::handle uri, py::handle engine_obj) {
+    Engine *engine = engine_arg(engine_obj);
+    std::string u = text(uri, "uri");
+    return load_key(engine, [&](keyfence_engine *e, keyfence_private_key **out) {
+        return keyfence_key_load_pkcs11(e, u.c_str(), out);
+    });
+}
+
 py::bytes engine_sign(Engine &engine, const PrivateKey &key, py::handle alg, py::handle data, uint32_t timeout_ms) {
     std::string a = text(alg, "algorithm");
     Bytes msg(data, "data");
@@ -228,7 +239,8 @@ size_t queue_resolve(const CompletionQueue &queue, py::dict pending, py::handle 
 
 py::dict engine_metrics(Engine &engine) {
     static const std::pair<const char *, uint32_t> classes[] = {
-        {"rsa", KEYFENCE_CLASS_RSA}, {"ec", KEYFENCE_CLASS_EC}, {"slow", KEYFENCE_CLASS_SLOW}};
+        {"rsa", KEYFENCE_CLASS_RSA}, {"ec", KEYFENCE_CLASS_EC}, {"slow", KEYFENCE_CLASS_SLOW},
+        {"token", KEYFENCE_CLASS_TOKEN}};
     // Each field of keyfence_class_metrics under its own name.
     using M = keyfence_class_metrics;
     static const std::pair<const char *, uint32_t M::*> gauges[] = {
@@ -309,6 +321,17 @@ void bind_sign(py::module_ &m) {
                     "Same as load_envelope(None, None, envelope, engine=engine).\n\n"
                     "Raises InvalidArgument (engine is not an agent's), BackendFailed (the agent refuses it, "
                     "its reason in the message, e.g. POLICY_NOT_SATISFIED), InvalidEnvelope.")
+        .def_static("load_pkcs11", &key_load_pkcs11, py::arg("uri"), py::kw_only(), py::arg("engine") = py::none(),
+                    "Loads the private key a PKCS#11 URI (RFC 7512) names: a handle on a key that never leaves "
+                    "its token, signed by the token on the engine's token class. The module and PIN come from "
+                    "the URI (module-path, pin-source=file:...) or the environment of the process that loads it "
+                    "(KEYFENCE_PKCS11_MODULE, KEYFENCE_PKCS11_PIN_FILE, KEYFENCE_PKCS11_PIN). With an isolated "
+                    "or an agent's engine that process is the key process or the agent, and this one never "
+                    "maps the module nor reads the PIN.\n\n"
+                    "Raises InvalidArgument (a URI that does not parse or holds a PIN, a PIN file that cannot "
+                    "be read), InvalidConfig (no module, or one that cannot be loaded), InvalidPrivateKey (no "
+                    "such token or key), TokenLogin (no PIN, or a PIN the token refused), TokenUnavailable, "
+                    "BackendFailed, ShutDown.")
         .def("public_key_der",
              [](const PrivateKey &k) {
                  Owned out;

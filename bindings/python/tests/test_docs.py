@@ -1,6 +1,7 @@
 """docs/python.md: the example program is shown unchanged and runs, the
 API block runs as a script top to bottom, the key agent's block runs
-against a real agent, the fork block forks and signs, and every other
+against a real agent, the token block signs in a SoftHSM2 token, the fork
+block forks and signs, and every other
 Python block says why it is not run."""
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ import re
 import subprocess
 import sys
 from typing import TYPE_CHECKING
+
+import pytest
 
 if TYPE_CHECKING:
     from conftest import KeyAgent  # the key_agent fixture's type
@@ -44,6 +47,10 @@ def agent_block() -> str:
 
 def fork_block() -> str:
     return section_block("After fork()")
+
+
+def token_block() -> str:
+    return section_block("Keys in a PKCS#11 token")
 
 
 def test_doc_shows_the_example() -> None:
@@ -88,10 +95,27 @@ def test_the_fork_block_forks_and_signs(tmp_path: pathlib.Path) -> None:
     ), r.stdout
 
 
+def test_the_token_block_signs_in_a_token(tmp_path: pathlib.Path) -> None:
+    """The page's shell block makes what vectors/softhsm-fixture.sh makes
+    (softhsm2.conf, pin, the token `edge` with the key `tls-p256`);
+    docs/run_blocks.py runs the page's blocks as they are."""
+    r = subprocess.run(
+        ["bash", str(REPO / "vectors" / "softhsm-fixture.sh"), str(tmp_path)], capture_output=True, text=True, timeout=300
+    )
+    if r.returncode == 77:
+        pytest.skip(r.stderr.strip())
+    assert r.returncode == 0, r.stderr
+    script = tmp_path / "token_block.py"
+    script.write_text(token_block(), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "INVALID_PRIVATE_KEY"]
+
+
 def test_every_python_block_is_run_or_says_why_not() -> None:
     example, api, agent, fork = EXAMPLE.read_text(encoding="utf-8"), api_block(), agent_block(), fork_block()
     for info, code in blocks():
-        if code in (example, api, agent, fork):
+        if code in (example, api, agent, fork, token_block()):
             continue
         # A block that needs what a test cannot give it says why in its info
         # string, as docs/run_blocks.py reads it: `no-run (the reason)`.

@@ -215,6 +215,7 @@ def engine_calls(w: World) -> Dict[str, Callable[[sign.Engine], Any]]:
         "sign": lambda e: e.sign(w.key, "ecdsa-p256-sha256", b"x"),
         "sign_sync": lambda e: e.sign_sync(w.key, "ecdsa-p256-sha256", b"x"),
         "load_key": lambda e: e.load_key(w.pem),
+        "load_pkcs11": lambda e: e.load_pkcs11("pkcs11:token=edge;object=tls-p256"),
         "metrics": lambda e: e.metrics(),
         "metrics_prometheus": lambda e: e.metrics_prometheus(),
         "attach_remote": lambda e: e.attach_remote(w.remote),
@@ -406,14 +407,17 @@ def test_every_public_callable_has_a_signature(world: World) -> None:
         sign.PrivateKey.from_pem: ["pem", "engine"],
         sign.PrivateKey.from_envelope: ["machine", "envelope", "engine"],
         sign.PrivateKey.load_envelope: ["args", "engine"],
+        sign.PrivateKey.load_pkcs11: ["uri", "engine"],
         w.key.public_key_der: [],
         sign.Engine.sign: ["self", "key", "algorithm", "data", "timeout"],
         w.engine.load_key: ["pem"],
+        w.engine.load_pkcs11: ["uri"],
     }
     for fn, params in expected.items():
         assert list(inspect.signature(fn).parameters) == params, (fn, inspect.signature(fn))
     assert inspect.signature(sign.PrivateKey.from_pem).parameters["engine"].default is None
     assert inspect.signature(sign.PrivateKey.load_envelope).parameters["engine"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(sign.PrivateKey.load_pkcs11).parameters["engine"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_everything_that_closes_closes_in_a_with_block(world: World) -> None:

@@ -117,7 +117,7 @@ def test_metrics_count_operations(pems: Dict[str, bytes]) -> None:
         for _ in range(5):
             engine.sign_sync(key, "ecdsa-p256-sha256", b"x")
         m = engine.metrics()
-        assert set(m) == {"rsa", "ec", "slow"}
+        assert set(m) == {"rsa", "ec", "slow", "token"}
         assert m["ec"]["completed"] == 5 and m["ec"]["workers"] == 1 and m["ec"]["queue_capacity"] == 64
         assert m["rsa"]["completed"] == 0
 

@@ -61,6 +61,20 @@ async def agent_signing(envelope: bytes) -> bytes:
         return await engine.sign(key, "ecdsa-p256-sha256", b"data")
 
 
+async def token_signing(uri: str) -> bytes:
+    with sign.Engine(isolated=True, token_threads=4) as engine:
+        key: sign.PrivateKey = engine.load_pkcs11(uri)
+        here: sign.PrivateKey = sign.PrivateKey.load_pkcs11(uri)
+        held: sign.PrivateKey = sign.PrivateKey.load_pkcs11(uri, engine=engine)
+        completed: int = engine.metrics()["token"]["completed"]
+        del here, held, completed
+        try:
+            return await engine.sign(key, "ecdsa-p256-sha256", b"data")
+        except keyfence.TokenLogin as e:
+            code: str = e.code
+            raise PermissionError(code) from e
+
+
 def remote_signing(machine: wrap.Machine, envelope: bytes) -> bool:
     peers = [sign.Peer("sfo1", "127.0.0.1:7543", {"country": "US"}), sign.Peer("iad1", "[::1]:7543", {}, "iad1.mesh")]
     with sign.RemoteSigner(peers, cert="c.pem", key="c.key", ca="ca.pem", tenant=3, request_timeout=0.5) as remote:

@@ -5,8 +5,9 @@ Every error has a stable code defined once in the Rust core and listed in
 All classes derive from :class:`KeyfenceError`, which carries the code's
 name as ``.code`` and its number as ``.number``. Where a standard
 exception fits, the class also derives from it (bad input is a
-:class:`ValueError`, an expired deadline a :class:`TimeoutError`), so
-generic handlers keep working.
+:class:`ValueError`, an expired deadline a :class:`TimeoutError`, a
+PKCS#11 token that is gone a :class:`ConnectionError`, a PIN it refused a
+:class:`PermissionError`), so generic handlers keep working.
 
 Branch on the class or on ``.code``, never on the message: messages are
 for people and may change. No message carries key material or plaintext.
@@ -49,6 +50,8 @@ __all__ = [
     "InvalidRequest",
     "BackendFailed",
     "InvalidConfig",
+    "TokenUnavailable",
+    "TokenLogin",
 ]
 
 
@@ -225,7 +228,29 @@ class BackendFailed(KeyfenceError):
 
 
 class InvalidConfig(KeyfenceError, ValueError):
-    """The engine's configuration is unusable."""
+    """The engine's configuration is unusable; or a PKCS#11 module that is
+    not named, or cannot be found, loaded or initialized."""
+
+
+class TokenUnavailable(KeyfenceError, ConnectionError):
+    """A PKCS#11 token or its module is gone (the device removed, the
+    module's service down) and did not come back when keyfence opened its
+    sessions again and retried once.
+
+    Also a :class:`ConnectionError`: like a peer that went away, the
+    operation may succeed later or on another signer, and the handlers
+    that retry or fail over on a lost connection apply.
+    """
+
+
+class TokenLogin(KeyfenceError, PermissionError):
+    """A PKCS#11 token needs a PIN and none was given, or it refused the PIN.
+
+    Also a :class:`PermissionError`: access was denied, and repeating the
+    call does not help. A refused PIN is never tried again (that could lock
+    the token): fix the PIN file, then load the key again. The message
+    never holds the PIN.
+    """
 
 
 #: The class of each error code, by number (``docs/errors.md``). A code
@@ -267,6 +292,8 @@ CLASSES: Dict[int, Type[KeyfenceError]] = {
     506: KeyfenceError,
     507: BackendFailed,
     508: InvalidConfig,
+    509: TokenUnavailable,
+    510: TokenLogin,
 }
 
 

@@ -35,6 +35,15 @@ holds only its socket::
     engine = keyfence.sign.Engine(agent="/run/keyfence/agent.sock")
     key = keyfence.sign.PrivateKey.load_envelope(envelope, engine=engine)
     signature = await engine.sign(key, "ecdsa-p256-sha256", data)
+
+Keys that never leave a PKCS#11 token (an HSM, a TPM, SoftHSM2) are named
+by an RFC 7512 URI; the token signs, on the engine's ``token`` class, and
+with ``isolated=True`` only the key process loads the token's module and
+reads its PIN::
+
+    engine = keyfence.sign.Engine(isolated=True)
+    key = engine.load_pkcs11("pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/keyfence/pin")
+    signature = await engine.sign(key, "ecdsa-p256-sha256", data)
 """
 
 from __future__ import annotations
@@ -109,24 +118,72 @@ def _private_key() -> None:
             )
         return cast(PrivateKey, native["load_envelope"](*args, engine=engine))
 
+    @face.static
+    def load_pkcs11(uri: str, *, engine: Optional[Engine] = None) -> PrivateKey:
+        """Loads the private key the PKCS#11 URI ``uri`` (RFC 7512) names:
+        a handle on a key that never leaves its token, which signs for it
+        on the engine's ``token`` executor class.
+
+        The URI names the token and the key object, and may name the
+        module and a file whose first line is the PIN; what it leaves out
+        comes from the environment of the process that loads the key:
+        ``KEYFENCE_PKCS11_MODULE``, then ``KEYFENCE_PKCS11_PIN_FILE`` or
+        ``KEYFENCE_PKCS11_PIN``. A PIN in the URI (``pin-value=``) is
+        refused. With ``engine`` None or an engine without a key process
+        the module is loaded here, once per process, and every key of a
+        token shares its sessions and login. With ``Engine(isolated=True)``
+        the key process loads it (with the environment it inherits from
+        this process), and with ``Engine(agent=...)`` the agent, with its
+        own module and PIN file: this process never maps the module nor
+        reads the PIN. The GIL is released while the token answers.
+
+        For example, with the module and the PIN file named in the URI:
+
+            engine = keyfence.sign.Engine(isolated=True)
+            key = keyfence.sign.PrivateKey.load_pkcs11(
+                "pkcs11:token=edge;object=tls-p256;type=private"
+                "?module-path=/usr/lib/softhsm/libsofthsm2.so&pin-source=file:/etc/keyfence/pin",
+                engine=engine,
+            )
+
+        Raises:
+            InvalidArgumentType: ``uri`` is not a str.
+            InvalidArgument: a URI that does not parse (its position in the
+                message), holds a PIN, or names a PIN file that cannot be
+                read; an engine whose keys are on remote key servers.
+            InvalidConfig: no module named, or one that cannot be loaded.
+            InvalidPrivateKey: no such token (the message lists the
+                module's tokens) or no such key on it.
+            TokenLogin: the token needs a PIN and none was given, or it
+                refused the PIN (not tried again: fix the PIN file and load
+                again). Also a :class:`PermissionError`.
+            TokenUnavailable: the token does not answer. Also a
+                :class:`ConnectionError`.
+            BackendFailed: the key process or the agent failed or refused.
+            ShutDown: the engine was closed.
+        """
+        instance(uri, str, "uri")
+        instance(engine, Engine, "engine", none=True)
+        return cast(PrivateKey, native["load_pkcs11"](uri, engine=engine))
+
     @face.method
     def public_key_der(self: Any) -> bytes:
         return bytes(native["public_key_der"](self))
 
     face.made_by(
-        "PrivateKey.from_pem(), from_envelope() or load_envelope(), Engine.load_key(), "
-        "or RemoteSigner.key() or open_or_forward()"
+        "PrivateKey.from_pem(), from_envelope(), load_envelope() or load_pkcs11(), Engine.load_key() or "
+        "load_pkcs11(), or RemoteSigner.key() or open_or_forward()"
     )
     face.not_copied(
-        "load it again where it is needed, from its PEM or envelope (PrivateKey.from_pem, from_envelope, "
-        "load_envelope)"
+        "load it again where it is needed, from its PEM, envelope or PKCS#11 URI (PrivateKey.from_pem, "
+        "from_envelope, load_envelope, load_pkcs11)"
     )
 
 
 _private_key()
 
 # The C API's executor classes (keyfence_op_class).
-_RSA, _EC, _SLOW = 0, 1, 2
+_RSA, _EC, _SLOW, _TOKEN = 0, 1, 2, 3
 
 
 class _LoopQueue:
@@ -166,6 +223,10 @@ class Engine:
             beyond it :meth:`sign` raises :class:`~keyfence.Overloaded` at once.
         rsa_threads, ec_threads, slow_threads: per-class thread counts,
             overriding ``threads``.
+        token_threads: threads of the class that runs the operations of
+            PKCS#11 token keys loaded in this process
+            (:meth:`load_pkcs11`): each waits on the token, so the class
+            has threads of its own (default: from the number of cores).
         timeout: the default deadline of an operation, in seconds (2 s
             unless set: the core's default); past it the operation raises
             :class:`~keyfence.TimedOut`.
@@ -205,6 +266,7 @@ class Engine:
         rsa_threads: Optional[int] = None,
         ec_threads: Optional[int] = None,
         slow_threads: Optional[int] = None,
+        token_threads: Optional[int] = None,
         timeout: Optional[float] = None,
         isolated: bool = False,
         key_process: Optional[StrPath] = None,
@@ -216,6 +278,7 @@ class Engine:
             (_RSA, _count(rsa_threads, "rsa_threads") or t, cap),
             (_EC, _count(ec_threads, "ec_threads") or t, cap),
             (_SLOW, _count(slow_threads, "slow_threads"), cap),
+            (_TOKEN, _count(token_threads, "token_threads"), cap),
         ]
         if key_process is not None and not isolated:
             raise InvalidArgument("key_process is only used with isolated=True")
@@ -324,6 +387,19 @@ class Engine:
         raises :class:`~keyfence.InvalidArgument` there."""
         return PrivateKey.from_pem(pem, self)
 
+    def load_pkcs11(self, uri: str) -> PrivateKey:
+        """Loads the private key the PKCS#11 URI ``uri`` names, through this
+        engine: in its key process with ``isolated=True``, in its agent with
+        ``agent=...``, else in this process. Same as
+        ``PrivateKey.load_pkcs11(uri, engine=self)``, which says where the
+        module and PIN come from; raises as it does. For example:
+
+            with keyfence.sign.Engine() as engine:
+                key = engine.load_pkcs11("pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/keyfence/pin")
+                signature = engine.sign_sync(key, "ecdsa-p256-sha256", b"data")
+        """
+        return PrivateKey.load_pkcs11(uri, engine=self)
+
     def metrics_prometheus(self) -> str:
         """Every class's queue depths, counters and latency histograms, and
         the figures of attached remote signers, in Prometheus text format:
@@ -340,7 +416,7 @@ class Engine:
 
     def metrics(self) -> Dict[str, Dict[str, int]]:
         """Counters and latency percentiles per executor class (``rsa``,
-        ``ec``, ``slow``): workers, queue_capacity, queue_depth, in_flight,
+        ``ec``, ``slow``, ``token``): workers, queue_capacity, queue_depth, in_flight,
         submitted, completed, errors, overloaded, timed_out, p50_ns, p99_ns,
         p999_ns."""
         return self._native.metrics()
