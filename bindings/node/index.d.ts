@@ -186,7 +186,7 @@ export declare namespace policy {
 export declare namespace sign {
   /**
    * The asynchronous signing engine: one executor per class of operation
-   * (RSA, EC/Ed25519, slow), each with its own threads and bounded queue,
+   * (RSA, EC/Ed25519, slow, PKCS#11 token), each with its own threads and bounded queue,
    * a deadline on every operation. Signatures complete as promises without
    * blocking the event loop.
    */
@@ -257,6 +257,44 @@ export declare namespace sign {
      * after `close`.
      */
     loadEnvelope(...args: [store: string, machineKey: string, envelope: Bytes] | [envelope: Bytes]): sign.PrivateKey
+    /**
+     * Loads the private key that the PKCS#11 URI `uri` (RFC 7512) names:
+     * a handle on a key that never leaves its token (an HSM, a TPM,
+     * SoftHSM2), which signs for it on the engine's `token` class.
+     *
+     * The URI names the token and the key object, and may name the
+     * module (`module-path=`) and a file whose first line is the PIN
+     * (`pin-source=file:/path`); what it leaves out comes from the
+     * environment of the process that loads the key:
+     * `KEYFENCE_PKCS11_MODULE`, then `KEYFENCE_PKCS11_PIN_FILE` or
+     * `KEYFENCE_PKCS11_PIN`. A PIN in the URI (`pin-value=`) is refused.
+     * Without a key process this process loads the module (once; every
+     * key of a token shares its sessions and login); with `isolated` the
+     * key process does, with the environment it inherited from this
+     * process, and with `agent` the agent, with its own module and PIN
+     * file: this process then never maps the module nor reads the PIN.
+     * It waits on the calling thread for the token, as `loadKey` and
+     * `loadEnvelope` do.
+     *
+     * ```js
+     * const { sign } = require('keyfence')
+     * const engine = new sign.Engine({ isolated: true })
+     * const key = engine.loadPkcs11('pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/keyfence/pin')
+     * const signature = await engine.sign(key, 'ecdsa-p256-sha256', data)
+     * ```
+     *
+     * Throws `KeyfenceError` code `INVALID_ARGUMENT` (a URI that does not
+     * parse, holds a PIN, or names a PIN file that cannot be read; an
+     * engine whose keys are on remote key servers), `INVALID_CONFIG` (no
+     * module named, or one that cannot be loaded), `INVALID_PRIVATE_KEY`
+     * (no such token, the message listing the module's tokens, or no such
+     * key on it), `TOKEN_LOGIN` (no PIN, or a PIN the token refused: it is
+     * not tried again, so fix the PIN file and load again),
+     * `TOKEN_UNAVAILABLE`, `BACKEND_FAILED` (the key process or the agent
+     * failed or refused), `SHUT_DOWN` after `close`. No message holds the
+     * PIN.
+     */
+    loadPkcs11(uri: string): sign.PrivateKey
     /**
      * Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
      * `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
@@ -422,6 +460,12 @@ export declare namespace sign {
     ec: sign.ClassMetrics
     /** Operations that wait outside the process (the key process). */
     slow: sign.ClassMetrics
+    /**
+     * Operations of PKCS#11 token keys loaded in this process (a key
+     * process's or an agent's token keys count under `rsa` or `ec`, by
+     * their kind).
+     */
+    token: sign.ClassMetrics
   }
   /**
    * How an engine is sized. Unset fields take the core's defaults, which
@@ -437,6 +481,12 @@ export declare namespace sign {
      * process (the key process).
      */
     slow?: sign.ClassOptions
+    /**
+     * The executor of PKCS#11 token keys this process loaded
+     * (`engine.loadPkcs11` on an engine without a key process): each
+     * operation waits on the token, so they have threads of their own.
+     */
+    token?: sign.ClassOptions
     /**
      * The deadline of a signature that does not set its own, in
      * milliseconds, a whole number from 1 to 2^32 - 1 (default 2000); past

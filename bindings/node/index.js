@@ -243,6 +243,7 @@ const engineOptions = options({
   rsa: classOptions,
   ec: classOptions,
   slow: classOptions,
+  token: classOptions,
   timeoutMs: millis,
   isolated: boolean,
   keyProcess: text,
@@ -579,6 +580,7 @@ const api = {
         // The private key is checked by withPrivateKey, past `this`.
         loadKey: (args) => [args[0]],
         loadEnvelope: checkLoadEnvelope,
+        loadPkcs11: any(text, 'uri'),
         sign: checkSign,
         signSync: checkSignSync,
         metrics: none,

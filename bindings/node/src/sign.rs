@@ -105,6 +105,10 @@ pub struct EngineOptions {
     /// The executor of operations that wait on something outside the
     /// process (the key process).
     pub slow: Option<ClassOptions>,
+    /// The executor of PKCS#11 token keys this process loaded
+    /// (`engine.loadPkcs11` on an engine without a key process): each
+    /// operation waits on the token, so they have threads of their own.
+    pub token: Option<ClassOptions>,
     /// The deadline of a signature that does not set its own, in
     /// milliseconds, a whole number from 1 to 2^32 - 1 (default 2000); past
     /// it the promise rejects with code `TIMED_OUT`.
@@ -162,7 +166,7 @@ fn class_config(c: &mut ClassConfig, o: Option<ClassOptions>) {
 }
 
 /// The asynchronous signing engine: one executor per class of operation
-/// (RSA, EC/Ed25519, slow), each with its own threads and bounded queue,
+/// (RSA, EC/Ed25519, slow, PKCS#11 token), each with its own threads and bounded queue,
 /// a deadline on every operation. Signatures complete as promises without
 /// blocking the event loop.
 #[napi(namespace = "sign")]
@@ -256,6 +260,10 @@ pub struct EngineMetrics {
     pub ec: ClassMetrics,
     /// Operations that wait outside the process (the key process).
     pub slow: ClassMetrics,
+    /// Operations of PKCS#11 token keys loaded in this process (a key
+    /// process's or an agent's token keys count under `rsa` or `ec`, by
+    /// their kind).
+    pub token: ClassMetrics,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -316,6 +324,7 @@ impl Engine {
             class_config(&mut config.engine.rsa, o.rsa);
             class_config(&mut config.engine.ec, o.ec);
             class_config(&mut config.engine.slow, o.slow);
+            class_config(&mut config.engine.token, o.token);
             if let Some(t) = o.timeout_ms {
                 // A number, not u32, so that nothing wraps (index.js
                 // refuses what this would, with a `RangeError`).
@@ -443,6 +452,46 @@ impl Engine {
         js(&env, self.inner.load(source).map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
 
+    /// Loads the private key that the PKCS#11 URI `uri` (RFC 7512) names:
+    /// a handle on a key that never leaves its token (an HSM, a TPM,
+    /// SoftHSM2), which signs for it on the engine's `token` class.
+    ///
+    /// The URI names the token and the key object, and may name the
+    /// module (`module-path=`) and a file whose first line is the PIN
+    /// (`pin-source=file:/path`); what it leaves out comes from the
+    /// environment of the process that loads the key:
+    /// `KEYFENCE_PKCS11_MODULE`, then `KEYFENCE_PKCS11_PIN_FILE` or
+    /// `KEYFENCE_PKCS11_PIN`. A PIN in the URI (`pin-value=`) is refused.
+    /// Without a key process this process loads the module (once; every
+    /// key of a token shares its sessions and login); with `isolated` the
+    /// key process does, with the environment it inherited from this
+    /// process, and with `agent` the agent, with its own module and PIN
+    /// file: this process then never maps the module nor reads the PIN.
+    /// It waits on the calling thread for the token, as `loadKey` and
+    /// `loadEnvelope` do.
+    ///
+    /// ```js
+    /// const { sign } = require('keyfence')
+    /// const engine = new sign.Engine({ isolated: true })
+    /// const key = engine.loadPkcs11('pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/keyfence/pin')
+    /// const signature = await engine.sign(key, 'ecdsa-p256-sha256', data)
+    /// ```
+    ///
+    /// Throws `KeyfenceError` code `INVALID_ARGUMENT` (a URI that does not
+    /// parse, holds a PIN, or names a PIN file that cannot be read; an
+    /// engine whose keys are on remote key servers), `INVALID_CONFIG` (no
+    /// module named, or one that cannot be loaded), `INVALID_PRIVATE_KEY`
+    /// (no such token, the message listing the module's tokens, or no such
+    /// key on it), `TOKEN_LOGIN` (no PIN, or a PIN the token refused: it is
+    /// not tried again, so fix the PIN file and load again),
+    /// `TOKEN_UNAVAILABLE`, `BACKEND_FAILED` (the key process or the agent
+    /// failed or refused), `SHUT_DOWN` after `close`. No message holds the
+    /// PIN.
+    #[napi]
+    pub fn load_pkcs11(&self, env: Env, uri: String) -> napi::Result<PrivateKey> {
+        js(&env, self.inner.load(KeySource::Pkcs11(uri)).map(|inner| PrivateKey { inner }).map_err(Into::into))
+    }
+
     /// Signs `data` with `key` and `algorithm` (`'ecdsa-p256-sha256'`,
     /// `'ecdsa-p384-sha384'`, `'rsa-pss-sha256'`, `'rsa-pkcs1-sha256'`,
     /// `'ed25519'`, ...; see docs/signing.md). The promise is settled by
@@ -552,6 +601,7 @@ impl Engine {
             rsa: class_metrics(m.class(OpClass::Rsa)),
             ec: class_metrics(m.class(OpClass::Ec)),
             slow: class_metrics(m.class(OpClass::Slow)),
+            token: class_metrics(m.class(OpClass::Token)),
         })
     }
 

@@ -75,6 +75,12 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const opened: kf.sign.PrivateKey = engine.loadEnvelope(dir, 'machine.key', env)
   engine.close()
 
+  const tokens = new kf.sign.Engine({ isolated: true, token: { threads: 4, queueCapacity: 256 } })
+  const tokenKey: kf.sign.PrivateKey = tokens.loadPkcs11('pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/keyfence/pin')
+  const tokenSig: Buffer = await tokens.sign(tokenKey, 'ecdsa-p256-sha256', Buffer.from('data'))
+  const tokenOps: number = tokens.metrics().token.completed
+  tokens.close()
+
   const viaAgent = new kf.sign.Engine({ agent: '/run/keyfence/agent.sock', timeoutMs: 1000 })
   const socket: string | null = viaAgent.agent
   const agentKey: kf.sign.PrivateKey = viaAgent.loadEnvelope(env)
@@ -91,5 +97,5 @@ export async function everything(dir: string, pem: string): Promise<void> {
     }
   }
   void [bytes, sk3, held2]
-  void [v, ok, canonical, pt, pt2, k2, pk, msk, labels, could, policy, authSync, n, yes, secret, secret2, mk, r2, sig, sig2, p99, overloaded, spki, kind, isolated, pid, opened, socket, agentSig]
+  void [v, ok, canonical, pt, pt2, k2, pk, msk, labels, could, policy, authSync, n, yes, secret, secret2, mk, r2, sig, sig2, p99, overloaded, spki, kind, isolated, pid, opened, socket, agentSig, tokenSig, tokenOps]
 }

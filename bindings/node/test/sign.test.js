@@ -237,7 +237,7 @@ test('engine options are checked: a RangeError out of range, a TypeError for a w
   for (const timeoutMs of [-1, 0, 1.5, 2 ** 32, 2 ** 32 + 5, NaN, Infinity, -Infinity]) {
     assert.throws(() => new kf.sign.Engine({ timeoutMs }), { ...range, message: /"options\.timeoutMs" is out of range\. It must be an integer >= 1 and <= 4294967295/ })
   }
-  for (const cls of ['rsa', 'ec', 'slow']) {
+  for (const cls of ['rsa', 'ec', 'slow', 'token']) {
     for (const threads of [0, -1, 1.5, 4097, 2 ** 32 + 1]) assert.throws(() => new kf.sign.Engine({ [cls]: { threads } }), { ...range, message: new RegExp(`"options\\.${cls}\\.threads"`) })
     for (const queueCapacity of [0, 0.5, 2 ** 24 + 1, 2 ** 32]) assert.throws(() => new kf.sign.Engine({ [cls]: { queueCapacity } }), range)
     assert.throws(() => new kf.sign.Engine({ [cls]: { threads: '2' } }), type)
@@ -251,7 +251,7 @@ test('engine options are checked: a RangeError out of range, a TypeError for a w
   assert.throws(() => new kf.sign.Engine({ isolated: 1 }), type)
   assert.throws(() => new kf.sign.Engine({ keyProcess: 5 }), type)
   assert.throws(() => new kf.sign.Engine({ agent: 5 }), type)
-  assert.throws(() => new kf.sign.Engine({ timeout: 1000 }), { ...type, message: /unknown property "timeout": it takes rsa, ec, slow, timeoutMs, isolated, keyProcess, agent/ })
+  assert.throws(() => new kf.sign.Engine({ timeout: 1000 }), { ...type, message: /unknown property "timeout": it takes rsa, ec, slow, token, timeoutMs, isolated, keyProcess, agent/ })
   for (const options of [5, 'fast', true, [], () => {}]) assert.throws(() => new kf.sign.Engine(options), { ...type, message: /"options" argument must be of type object/ })
   // What is in range works, at both ends; undefined is the default.
   for (const options of [undefined, null, {}, { timeoutMs: 1 }, { timeoutMs: 2 ** 32 - 1 }, { ec: { threads: 1, queueCapacity: 1 } }, { timeoutMs: undefined, rsa: undefined }]) {
@@ -270,7 +270,7 @@ test('metrics: every key is camelCase, errors by kind included', async (t) => {
   const all = keysOf(m)
   assert.ok(all.length > 50)
   assert.deepEqual(all.filter((k) => !/^[a-z][a-zA-Z0-9]*$/.test(k.slice(k.lastIndexOf('.') + 1))), [])
-  for (const cls of ['rsa', 'ec', 'slow']) {
+  for (const cls of ['rsa', 'ec', 'slow', 'token']) {
     assert.deepEqual(Object.keys(m[cls].errors), ['overloaded', 'timedOut', 'cancelled', 'shutDown', 'invalid', 'failed'])
   }
 })
