@@ -69,9 +69,10 @@ int main(void) {
     CHECK(keyfence_key_file_peer_count(f) == 0);
     const char *name, *addr, *attrs, *sn;
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_peer(f, 0, &name, &addr, &attrs, &sn));
-    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_text(f, 6, &name));
+    FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_text(f, KEYFENCE_KEY_FILE_PKCS11_URI + 1, &name));
     expect_text(f, KEYFENCE_KEY_FILE_AGENT_SOCKET, NULL);
-    CHECK(!keyfence_key_file_is_agent(f));
+    expect_text(f, KEYFENCE_KEY_FILE_PKCS11_URI, NULL);
+    CHECK(!keyfence_key_file_is_agent(f) && !keyfence_key_file_is_pkcs11(f));
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_key_file_envelope(f, NULL, &len));
     keyfence_key_file_free(f);
 
@@ -109,10 +110,43 @@ int main(void) {
     expect_text(f, KEYFENCE_KEY_FILE_STORE, NULL);
     keyfence_key_file_free(f);
 
+    /* Version 3: a key in a PKCS#11 token, named by its URI, with no
+     * envelope; loaded here, or by an agent when the file names one. */
+    static const char uri[] = "pkcs11:token=edge;object=tls-p256;type=private";
+    size_t v3 = header(b);
+    b[5] = 3;
+    v3 = field(b, v3, 1, "\x03", 1);
+    v3 = field(b, v3, 11, uri, sizeof uri - 1);
+    v3 = field(b, v3, 2, spki, sizeof spki);
+    OK(keyfence_key_file_parse(b, v3, &f));
+    CHECK(keyfence_key_file_is_pkcs11(f) && !keyfence_key_file_is_agent(f) && !keyfence_key_file_is_remote(f));
+    expect_text(f, KEYFENCE_KEY_FILE_PKCS11_URI, uri);
+    expect_text(f, KEYFENCE_KEY_FILE_AGENT_SOCKET, NULL);
+    expect_text(f, KEYFENCE_KEY_FILE_STORE, NULL);
+    OK(keyfence_key_file_public_key(f, &p, &len));
+    CHECK(len == sizeof spki && memcmp(p, spki, len) == 0);
+    keyfence_key_file_free(f);
+    v3 = field(b, v3, 10, "/run/keyfence/agent.sock", 24);
+    OK(keyfence_key_file_parse(b, v3, &f));
+    CHECK(keyfence_key_file_is_pkcs11(f));
+    expect_text(f, KEYFENCE_KEY_FILE_PKCS11_URI, uri);
+    expect_text(f, KEYFENCE_KEY_FILE_AGENT_SOCKET, "/run/keyfence/agent.sock");
+    keyfence_key_file_free(f);
+    /* The token mode and its URI are version 3's, not version 2's. */
+    b[5] = 2;
+    refused(b, v3, "field 1 (mode)");
+    CHECK(!keyfence_key_file_is_pkcs11(NULL));
+
     /* Malformed bodies, each refused with the field at fault. */
+    n = header(b);
+    b[5] = 2;
+    n = field(b, n, 1, "\x02", 1);
+    n = field(b, n, 10, "/run/keyfence/agent.sock", 24);
+    n = field(b, n, 2, spki, sizeof spki);
+    n = field(b, n, 3, env, sizeof env);
     refused(b, n - 2, "field 3 (envelope) at byte");
     refused(b, 9, "truncated inside the header of field 1 (mode)");
-    refused((const uint8_t *)"KFKEY\x03", 6, "version 3 is not supported");
+    refused((const uint8_t *)"KFKEY\x04", 6, "version 4 is not supported");
     refused((const uint8_t *)"-----BEGIN", 10, "bad magic");
     size_t m = field(b, n, 99, "x", 1);
     refused(b, m, "holds 99, which is no field's tag");
