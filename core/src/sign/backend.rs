@@ -262,6 +262,10 @@ impl Backend for HolderBackend {
         }
     }
 
+    fn performs_in_place(&self) -> bool {
+        self.0.performs_in_place()
+    }
+
     fn start(&self, key: Arc<PrivateKey>, op: Operation, reply: Reply) {
         let Some(held) = key.as_held() else {
             return reply.send(Err(SignError::backend(self.name(), BackendFailure::Refused, "the key is not held here")));

@@ -339,16 +339,34 @@ impl Engine {
     /// thread and back, which on two busy cores is a tenth of a P-256 TLS
     /// handshake. The class's counters and latency count it as any other
     /// operation; it is bounded by the callers' threads, not the queue.
-    /// Anything else (a key held by a key process or an agent, another
-    /// backend) is submitted and waited for: `submit(req)?.wait()`.
+    /// A key in a PKCS#11 token this process opened is performed in place
+    /// too, by at most as many callers at once as the token class has
+    /// workers (more are queued, with their deadline). Anything else (a
+    /// key held by a key process or an agent, another backend) is
+    /// submitted and waited for: `submit(req)?.wait()`.
     ///
     /// # Errors
     /// As [`Engine::submit`] and [`SignFuture::wait`].
     pub fn perform(&self, req: Request) -> Result<Output, SignError> {
         let core = &*self.core;
-        let here = req.key.as_held().is_none() && !core.origin.forked();
-        let backend = req.backend.clone().unwrap_or_else(|| core.backend.clone());
-        if !here || !backend.performs_in_place() {
+        if core.origin.forked() {
+            return self.submit(req)?.wait();
+        }
+        // A key in a PKCS#11 token this process opened: the token's call
+        // blocks whichever thread makes it, so a caller that waits anyway
+        // makes it, as a PKCS#11 provider does, saving two thread
+        // hand-offs per signature. At most the class's worker count are
+        // inside the token at once, in place or on workers: past that (a
+        // token that hangs holds them all) calls are queued, so every
+        // caller but those few keeps its deadline.
+        let (backend, bounded): (Arc<dyn Backend>, bool) = match req.key.as_held() {
+            None => (req.backend.clone().unwrap_or_else(|| core.backend.clone()), false),
+            Some(held) if req.backend.is_none() && held.holder().performs_in_place() && held.usable_here().is_ok() => {
+                (Arc::new(HolderBackend(held.holder().clone())), true)
+            }
+            Some(_) => return self.submit(req)?.wait(),
+        };
+        if !backend.performs_in_place() {
             return self.submit(req)?.wait();
         }
         let exec = &core.executors[backend.class(&req.key, &req.op).index()];
@@ -356,8 +374,14 @@ impl Engine {
             exec.stats.error(e.kind());
             return Err(e);
         }
+        if bounded && exec.stats.in_flight.fetch_add(1, Ordering::AcqRel) >= exec.stats.workers {
+            exec.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+            return self.submit(req)?.wait();
+        }
         exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
-        exec.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        if !bounded {
+            exec.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+        }
         let started = Instant::now();
         let result = backend.perform(&req.key, &req.op, started + req.timeout.unwrap_or(core.config.default_timeout));
         exec.stats.in_flight.fetch_sub(1, Ordering::Relaxed);

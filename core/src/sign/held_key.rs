@@ -49,6 +49,15 @@ pub(crate) trait KeyHolder: Send + Sync + 'static {
     /// The last handle on key `id` is gone.
     fn forget(&self, id: u64);
 
+    /// Whether a caller that waits for the result anyway
+    /// ([`Engine::perform`](super::Engine::perform)) may call
+    /// [`KeyHolder::perform`] on its own thread: a holder whose every call
+    /// blocks its thread in this process anyway (a PKCS#11 token). The
+    /// default is no.
+    fn performs_in_place(&self) -> bool {
+        false
+    }
+
     /// The largest input (message, digest, ciphertext) the holder takes in
     /// one request. Larger messages for algorithms with a hash are hashed
     /// on this side before they are sent; anything else larger is refused

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::completion_queue::CqShared;
 use super::metrics::ClassStats;
 use super::private_key::PrivateKey;
-use super::types::{Operation, Output, SignError};
+use super::types::{OpClass, Operation, Output, SignError};
 
 /// What the worker needs to perform the operation. Dropped as soon as the
 /// operation ends, whichever way.
@@ -260,7 +260,9 @@ impl SignFuture {
     /// `wait` sleeps until shortly before the operation's typical completion
     /// time and then polls until at most 100 µs past it; when the
     /// executor is busy, that CPU belongs to the workers and `wait` just
-    /// sleeps.
+    /// sleeps. It always sleeps for a PKCS#11 token's key
+    /// ([`OpClass::Token`]), whose module needs the CPU or waits on a
+    /// device.
     ///
     /// Inside a submission batch ([`Engine::batch`](super::Engine::batch)),
     /// `wait` first sends what the batch holds, so waiting there is safe.
@@ -282,8 +284,13 @@ impl SignFuture {
                 return r;
             }
             let stats = &self.record.stats;
+            // A token key is never waited for by spinning: its module works
+            // in this process on the very CPUs a spinning caller would take
+            // (SoftHSM2: four waiters spinning beside four token threads
+            // on two cores cut throughput fivefold), or waits on a network
+            // HSM for milliseconds.
             let eta = match stats.service_estimate() {
-                Some(est) if stats.mostly_idle() => self.record.submitted + est,
+                Some(est) if stats.mostly_idle() && stats.class != OpClass::Token => self.record.submitted + est,
                 _ => {
                     std::thread::park();
                     continue;

@@ -52,7 +52,7 @@ pub fn token() -> Option<&'static Path> {
 /// Tokens besides `edge`, with the user PIN 4321 (in DIR/LABEL.pin; a
 /// wrong one in DIR/LABEL.badpin) and no keys; DIR/LABEL.folder names the
 /// token's folder.
-pub const SPARE_TOKENS: [&str; 4] = ["logins", "logins2", "nopin", "doomed"];
+pub const SPARE_TOKENS: [&str; 5] = ["logins", "logins2", "nopin", "doomed", "relogin"];
 
 /// The module the fixture found.
 pub fn module(dir: &Path) -> String {

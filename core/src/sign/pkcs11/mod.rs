@@ -85,3 +85,22 @@ pub fn generate(uri: &str, kind: KeyKind, settings: &Pkcs11Settings) -> Result<V
     token::generate(&parsed, kind, settings)?;
     load(uri, settings)?.public_key_der()
 }
+
+/// The benchmark's floor: `threads` threads signing with the key `uri`
+/// names by calling the token directly, each on a session of its own, for
+/// `duration`; the signatures made. `keyfence bench pkcs11` sets the
+/// engine beside it (`bench` feature).
+///
+/// # Errors
+/// As [`load`], or the token's refusal of a signature.
+#[cfg(feature = "bench")]
+pub fn direct_sign_loop(
+    uri: &str,
+    settings: &Pkcs11Settings,
+    alg: super::Algorithm,
+    threads: usize,
+    duration: std::time::Duration,
+) -> Result<u64, SignError> {
+    let parsed = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
+    token::direct_sign_loop(&parsed, settings, alg, threads, duration)
+}

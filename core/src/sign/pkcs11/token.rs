@@ -256,6 +256,10 @@ struct Sessions {
     logged_in: bool,
     /// The token's refusal of the PIN, kept so the PIN is not tried again.
     login_refused: Option<String>,
+    /// The session that owns this generation's session copies of the keys
+    /// (see [`Token::usable_handle`]); never lent out, closed (and the
+    /// copies with it) when the sessions are dropped.
+    keeper: Option<Session>,
 }
 
 /// A token this process uses, and the keys it uses on it.
@@ -272,11 +276,25 @@ pub(crate) struct Token {
     next_id: AtomicU64,
 }
 
-/// One key on the token: how to find it again, and its handle now.
+/// One key on the token: how to find it again, and the handle signed
+/// with now (of a session copy when the token makes one).
 struct TokenKey {
     template: Vec<Attribute>,
-    handle: Mutex<(u64, ObjectHandle)>,
+    handle: Mutex<KeyHandle>,
     kind: KeyKind,
+    /// Cleared when the token refuses to copy the key (not
+    /// `CKA_COPYABLE`), so it is not asked again.
+    copyable: std::sync::atomic::AtomicBool,
+}
+
+/// The handle a key is signed with, and the session generation it belongs to.
+#[derive(Clone, Copy)]
+struct KeyHandle {
+    generation: u64,
+    handle: ObjectHandle,
+    /// Whether `handle` is a session copy (destroyed when the key is
+    /// forgotten).
+    copy: bool,
 }
 
 impl Token {
@@ -357,7 +375,7 @@ impl Token {
                 name: name(&label),
                 pin: Mutex::new(pin),
                 login_required,
-                sessions: Mutex::new(Sessions { idle: Vec::new(), generation: 0, logged_in: false, login_refused: None }),
+                sessions: Mutex::new(Sessions { idle: Vec::new(), generation: 0, logged_in: false, login_refused: None, keeper: None }),
                 keys: RwLock::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
             });
@@ -481,7 +499,7 @@ impl Token {
             }
             s.generation += 1;
             s.logged_in = false;
-            std::mem::take(&mut s.idle)
+            (std::mem::take(&mut s.idle), s.keeper.take())
         };
         drop(idle);
     }
@@ -496,7 +514,9 @@ impl Token {
         if uri.object.is_none() && uri.id.is_none() {
             return Err(SignError::InvalidArgument("the URI names no key: add `object=LABEL` or `id=%01...`".into()));
         }
-        let mut template = vec![Attribute::Class(ObjectClass::PRIVATE_KEY)];
+        // Token objects only: the session copies made for signing match the
+        // other attributes too.
+        let mut template = vec![Attribute::Class(ObjectClass::PRIVATE_KEY), Attribute::Token(true)];
         if let Some(label) = &uri.object {
             template.push(Attribute::Label(label.as_bytes().to_vec()));
         }
@@ -527,16 +547,47 @@ impl Token {
         self.with_session(|session, generation, refind| {
             let handle = {
                 let mut h = key.handle.lock().unwrap_or_else(|e| e.into_inner());
-                if refind || h.0 != generation {
+                if refind || h.generation != generation {
                     match session.find_objects(&key.template)?.as_slice() {
-                        [one] => *h = (generation, *one),
+                        [one] => *h = self.usable_handle(key, *one, generation),
                         _ => return Err(CkError::Pkcs11(RvError::KeyHandleInvalid, cryptoki::context::Function::FindObjects)),
                     }
                 }
-                h.1
+                h.handle
             };
             sign_on(session, handle, key.kind, op)
         })?
+    }
+
+    /// The handle to sign with for the token object `object`: a copy of it
+    /// as a session object when the token makes one, else `object` itself.
+    /// A token that keeps its objects in files (SoftHSM2) checks the file
+    /// of a token object at every `C_SignInit`, while a session object is
+    /// only in the module's memory: with SoftHSM2, two file opens and a
+    /// lock a signature less. The copy stays in the token with the
+    /// original's attributes (sensitive, not extractable); it lives as
+    /// long as the keeper session of this generation. pkcs11-provider
+    /// caches keys the same way.
+    fn usable_handle(&self, key: &TokenKey, object: ObjectHandle, generation: u64) -> KeyHandle {
+        let plain = KeyHandle { generation, handle: object, copy: false };
+        if !key.copyable.load(Ordering::Relaxed) {
+            return plain;
+        }
+        let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if s.generation != generation {
+            return plain;
+        }
+        if s.keeper.is_none() {
+            s.keeper = self.module.ctx.open_ro_session(self.slot).ok();
+        }
+        let Some(keeper) = &s.keeper else { return plain };
+        match keeper.copy_object(object, &[Attribute::Token(false)]) {
+            Ok(copy) => KeyHandle { generation, handle: copy, copy: true },
+            Err(_) => {
+                key.copyable.store(false, Ordering::Relaxed);
+                plain
+            }
+        }
     }
 }
 
@@ -740,7 +791,16 @@ impl KeyHolder for Token {
     }
 
     fn forget(&self, id: u64) {
-        self.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
+        let Some(key) = self.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&id) else { return };
+        let h = *key.handle.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
+        if let (true, true, Some(keeper)) = (h.copy, h.generation == s.generation, &s.keeper) {
+            let _ = keeper.destroy_object(h.handle);
+        }
+    }
+
+    fn performs_in_place(&self) -> bool {
+        true
     }
 
     fn max_input(&self) -> usize {
@@ -759,7 +819,15 @@ pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<Private
         e => e,
     })?;
     let generation = token.sessions.lock().unwrap_or_else(|e| e.into_inner()).generation;
-    let key = Arc::new(TokenKey { template, handle: Mutex::new((generation, handle)), kind });
+    let mut key = TokenKey {
+        template,
+        handle: Mutex::new(KeyHandle { generation, handle, copy: false }),
+        kind,
+        copyable: std::sync::atomic::AtomicBool::new(true),
+    };
+    let usable = token.usable_handle(&key, handle, generation);
+    *key.handle.get_mut().unwrap_or_else(|e| e.into_inner()) = usable;
+    let key = Arc::new(key);
     let id = token.next_id.fetch_add(1, Ordering::Relaxed);
     token.keys.write().unwrap_or_else(|e| e.into_inner()).insert(id, key);
     let holder: Arc<dyn KeyHolder> = token.clone();
@@ -846,4 +914,54 @@ pub(crate) fn generate(uri: &Pkcs11Uri, kind: KeyKind, settings: &Pkcs11Settings
     };
     session.generate_key_pair(&mechanism, &public, &private).map_err(fail)?;
     Ok(())
+}
+
+/// The floor a benchmark compares the engine with: `threads` threads, each
+/// with a session of its own, signing `alg` with the key `uri` names in a
+/// loop of `C_Sign` calls (the message hashed, an ECDSA signature
+/// DER-encoded, as any direct caller does) until `duration` has passed.
+/// No queue, no hand-off: what an OpenSSL provider calling the token on
+/// the handshake's thread does. Returns the signatures made.
+#[cfg(feature = "bench")]
+pub(crate) fn direct_sign_loop(
+    uri: &Pkcs11Uri,
+    settings: &Pkcs11Settings,
+    alg: Algorithm,
+    threads: usize,
+    duration: std::time::Duration,
+) -> Result<u64, SignError> {
+    // Loading the key opens the module and the token and logs in (per
+    // application, so every session below is logged in).
+    let key = load(uri, settings)?;
+    let held = key.as_held().ok_or_else(|| SignError::InvalidArgument("not a token key".into()))?;
+    let token = with_registry(|r| {
+        r.tokens.iter().filter_map(Weak::upgrade).find(|t| t.name == held.holder().name())
+    })
+    .ok_or_else(|| SignError::InvalidArgument("the token went away".into()))?;
+    let tkey = token.keys.read().unwrap_or_else(|e| e.into_inner()).get(&held.id()).cloned().expect("just loaded");
+    let kind = tkey.kind;
+    let until = Instant::now() + duration;
+    let counts: Vec<Result<u64, SignError>> = std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads.max(1))
+            .map(|t| {
+                let (token, tkey) = (&token, &tkey);
+                s.spawn(move || -> Result<u64, SignError> {
+                    let session = token.module.ctx.open_ro_session(token.slot).map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
+                    // The handle keyfence signs with (a session copy where the
+                    // token makes one): the floor gets the same help.
+                    let handle = tkey.handle.lock().unwrap_or_else(|e| e.into_inner()).handle;
+                    let mut n = 0u64;
+                    while Instant::now() < until {
+                        let msg = [t.to_be_bytes(), n.to_be_bytes()].concat();
+                        let op = Operation::Sign { alg, input: Input::Message(msg) };
+                        sign_on(&session, handle, kind, &op).map_err(|e| token.fail(TokenFailure::Refused, rv(&e)))??;
+                        n += 1;
+                    }
+                    Ok(n)
+                })
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(SignError::InvalidArgument("a thread panicked".into())))).collect()
+    });
+    counts.into_iter().sum()
 }
