@@ -328,23 +328,44 @@ def test_each_failure_raises_its_class(token: Token) -> None:
         engine.load_pkcs11(token.uri("tls-p256"))
 
 
-def test_a_token_that_goes_away_is_token_unavailable_and_a_connection_error(token: Token) -> None:
+def test_a_token_whose_files_go_away_fails_only_as_the_token(token: Token) -> None:
+    """The token's folder deleted while a key of it is loaded: keyfence
+    signs through a session copy of the key, in the module's memory, so
+    signatures may go on; what fails, fails as TokenUnavailable (a
+    ConnectionError), and loading the key again is refused with the
+    token's or the key's class. Nothing hangs."""
     uri = f"pkcs11:token=doomed;object=k?module-path={token.module}&pin-source=file:{token.dir / 'doomed.pin'}"
     public = serialization.load_pem_private_key((token.dir / "keys" / "doomed.pem").read_bytes(), None).public_key()
     with sign.Engine() as engine:
         key = engine.load_pkcs11(uri)
         verify(public, "ecdsa-p256-sha256", engine.sign_sync(key, "ecdsa-p256-sha256", b"m"), b"m")
         shutil.rmtree((token.dir / "doomed.folder").read_text())
-        with pytest.raises(keyfence.TokenUnavailable) as e:
-            engine.sign_sync(key, "ecdsa-p256-sha256", b"m")
-        assert isinstance(e.value, ConnectionError) and (e.value.code, e.value.number) == ("TOKEN_UNAVAILABLE", 509)
 
         async def later() -> bytes:
             return await engine.sign(key, "ecdsa-p256-sha256", b"m")
 
-        # Through the completion queue the same class.
-        with pytest.raises(keyfence.TokenUnavailable):
-            asyncio.run(later())
+        # Without and with asyncio (through the completion queue).
+        for attempt in [lambda: engine.sign_sync(key, "ecdsa-p256-sha256", b"m")] * 10 + [lambda: asyncio.run(later())] * 10:
+            try:
+                verify(public, "ecdsa-p256-sha256", attempt(), b"m")
+            except keyfence.TokenUnavailable as e:
+                assert isinstance(e, ConnectionError) and (e.code, e.number) == ("TOKEN_UNAVAILABLE", 509), repr(e)
+        with pytest.raises((keyfence.InvalidPrivateKey, keyfence.TokenUnavailable)):
+            engine.load_pkcs11(uri)
         # The other token is untouched.
         other = engine.load_pkcs11(token.uri("tls-p256"))
         assert engine.sign_sync(other, "ecdsa-p256-sha256", b"m")
+
+
+def test_token_unavailable_is_a_connection_error_and_token_login_a_permission_error() -> None:
+    """What the two codes raise, whichever call meets them (a token that
+    stops answering cannot be made on demand: SoftHSM2 keeps a session's
+    key in memory)."""
+    gone = keyfence.exceptions._from_code(509, "pkcs11:token=edge: the token does not answer")
+    assert type(gone) is keyfence.TokenUnavailable and isinstance(gone, ConnectionError) and isinstance(gone, OSError)
+    assert (gone.code, gone.number, str(gone)) == ("TOKEN_UNAVAILABLE", 509, "pkcs11:token=edge: the token does not answer")
+    refused = keyfence.exceptions._from_code(510, "pkcs11:token=edge: the token refused the PIN")
+    assert type(refused) is keyfence.TokenLogin and isinstance(refused, PermissionError)
+    assert refused.code == "TOKEN_LOGIN" and "TokenLogin(" in repr(refused)
+    # Neither is mistaken for the other, nor for a key process's failure.
+    assert not isinstance(gone, (PermissionError, keyfence.BackendFailed)) and not isinstance(refused, ConnectionError)

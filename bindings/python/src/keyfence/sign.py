@@ -1,9 +1,9 @@
 """Asynchronous signing: RSA, ECDSA and Ed25519 on BoringSSL, with keys in
-this process or in a key process.
+this process, in a key process, or in a PKCS#11 token.
 
 An :class:`Engine` runs operations on its own worker threads, one executor
-per class (RSA, EC, slow backends), each with a bounded queue, so a slow
-class never delays a fast one. From asyncio, :meth:`Engine.sign` returns an
+per class (RSA, EC, slow backends, PKCS#11 tokens), each with a bounded
+queue, so a slow class never delays a fast one. From asyncio, :meth:`Engine.sign` returns an
 awaitable completed through the engine's completion-queue file descriptor,
 registered with the running loop: no thread per operation, and a thousand
 signatures can be in flight from one event loop::
