@@ -122,3 +122,35 @@ fn only_the_key_process_loads_the_module_and_no_scalar_is_here() {
     assert!(in_my_memory(&scalar, mask) || in_my_memory(&reversed, mask), "the scan misses a scalar this process holds");
     drop(here);
 }
+
+/// A token that refuses the PIN inside the key process: SoftHSM2 logs the
+/// refusal through `syslog()`, whose socket the sandbox refuses rather
+/// than kills, so the caller hears `TOKEN_LOGIN` and the key process (the
+/// same pid) goes on signing with the keys it holds. Every load error has
+/// the code it has in process.
+#[test]
+fn a_refused_pin_in_the_key_process_is_token_login_and_the_process_lives() {
+    let Some(dir) = token() else { return };
+    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
+    iso.rsa_threads = 1;
+    iso.ec_threads = 1;
+    let mut config = ManagedConfig::default();
+    config.isolation = Isolation::KeyProcess(iso);
+    let engine = ManagedEngine::start(config).unwrap();
+    let key = engine.load(KeySource::Pkcs11(uri(dir, "tls-p256"))).unwrap();
+    let pid = engine.key_process_pid().unwrap();
+    let module = pkcs11_support::module(dir);
+    let load = |u: String| engine.load(KeySource::Pkcs11(u)).map(|_| ()).unwrap_err();
+    let e = load(format!("pkcs11:token=logins;object=k?module-path={module}&pin-source=file:{}", dir.join("logins.badpin").display()));
+    assert_eq!(e.code(), keyfence::ErrorCode::TokenLogin, "{e}");
+    assert_eq!(engine.key_process_pid(), Some(pid), "the key process died at the refused PIN");
+    let e = load(format!("pkcs11:token=edge;object=nothing?module-path={module}&pin-source=file:{}", dir.join("pin").display()));
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidPrivateKey, "{e}");
+    assert!(e.to_string().starts_with("pkcs11:token=edge: no private key with object=nothing"), "{e}");
+    let e = load(format!("pkcs11:token=edge;object=tls-p256?module-path={module}&pin-value=1"));
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidArgument, "{e}");
+    let e = load("pkcs11:token=edge;object=tls-p256?module-path=/nonexistent/lib.so".into());
+    assert_eq!(e.code(), keyfence::ErrorCode::InvalidConfig, "{e}");
+    engine.perform(Request::sign(key, Algorithm::EcdsaP256Sha256, b"still here".to_vec())).unwrap();
+    assert_eq!(engine.key_process_pid(), Some(pid));
+}

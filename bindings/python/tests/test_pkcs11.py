@@ -219,13 +219,6 @@ def test_isolated_refusals_never_show_the_pin(token: Token) -> None:
     assert not softhsm_mapped()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=keyfence.BackendFailed,
-    reason="a key process loads a token key with the typed error of a load here only for TOKEN_LOGIN and "
-    "TOKEN_UNAVAILABLE: a missing key or a bad URI comes back as BACKEND_FAILED (core: the key process's "
-    "LOAD error code)",
-)
 def test_isolated_load_errors_have_the_codes_of_a_load_here(token: Token) -> None:
     with sign.Engine(isolated=True) as engine:
         with pytest.raises(keyfence.InvalidPrivateKey):
@@ -234,12 +227,6 @@ def test_isolated_load_errors_have_the_codes_of_a_load_here(token: Token) -> Non
             engine.load_pkcs11("pkcs11:token=edge;object=tls-p256?pin-value=1234")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=keyfence.BackendFailed,
-    reason="SoftHSM2 reports a refused PIN through syslog(), whose socket() the key process's seccomp "
-    "sandbox forbids: the key process is killed (SIGSYS) instead of answering TOKEN_LOGIN",
-)
 def test_isolated_a_refused_pin_is_token_login(token: Token) -> None:
     with sign.Engine(isolated=True) as engine:
         with pytest.raises(keyfence.TokenLogin):

@@ -208,6 +208,9 @@ impl KeyProcess {
     /// ([`KeyProcess::stop`]).
     pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, SignError> {
         let sup = &self.sup;
+        if let KeySource::Pkcs11(uri) = &source {
+            crate::sign::pkcs11::precheck(uri, !self.is_agent())?;
+        }
         let key_id = sup.next_key.fetch_add(1, Ordering::Relaxed);
         let wire = if self.is_agent() { std::borrow::Cow::Borrowed(&source) } else { client::for_the_wire(&source)? };
         let conn = sup.live_conn(Instant::now() + sup.config.start_timeout)?;
@@ -218,6 +221,17 @@ impl KeyProcess {
             // the file's name is added here, for the operator.
             (SignError::Backend { backend, failure, reason }, KeySource::Envelope { envelope, .. }) => {
                 SignError::Backend { backend, failure, reason: format!("{}: {reason}", envelope.display()) }
+            }
+            // A token key the key process or agent could not load (the
+            // codes that cross the wire, TOKEN_LOGIN and TOKEN_UNAVAILABLE,
+            // are kept): no such token or key, or one the agent may not
+            // load, as in process.
+            (SignError::Backend { failure: BackendFailure::Refused, reason, .. }, KeySource::Pkcs11(_)) => {
+                let (token, reason) = match reason.split_once(": ") {
+                    Some((t, r)) if t.starts_with("pkcs11:") => (t.to_string(), r.to_string()),
+                    _ => ("pkcs11".to_string(), reason),
+                };
+                SignError::Token { token, failure: crate::sign::TokenFailure::NotFound, reason }
             }
             (e, _) => e,
         })?;

@@ -16,9 +16,15 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
 
-/// The calls that kill the key process.
+/// The calls that kill the key process. `socket` kills too, but for a
+/// local (`AF_UNIX`) socket, which fails with `EACCES` instead: a PKCS#11
+/// module the key process loads may log through `syslog()` (SoftHSM2 does
+/// when it refuses a PIN), whose first call opens one; with `socket`
+/// refused the message is dropped and the module goes on, where a kill
+/// would lose every operation in flight. Without a socket nothing
+/// connects, so nothing leaves either way.
 const DENIED: &[(i64, &str)] = &[
     (libc::SYS_socket, "socket"),
     (libc::SYS_connect, "connect"),
@@ -47,11 +53,24 @@ pub(crate) fn install() -> io::Result<()> {
     } else {
         return Err(io::Error::other("no seccomp filter for this architecture"));
     };
-    let rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
-    let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::KillProcess, arch)
-        .map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
-    let program: BpfProgram = filter.try_into().map_err(|e| io::Error::other(format!("seccomp filter: {e:?}")))?;
-    seccompiler::apply_filter_all_threads(&program).map_err(|e| io::Error::other(format!("installing the seccomp filter: {e}")))
+    let local = |op| -> io::Result<Vec<SeccompRule>> {
+        let c = SeccompCondition::new(0, SeccompCmpArgLen::Dword, op, libc::AF_UNIX as u64)
+            .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))?;
+        Ok(vec![SeccompRule::new(vec![c]).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))?])
+    };
+    let mut kill: BTreeMap<i64, Vec<SeccompRule>> = DENIED.iter().map(|(nr, _)| (*nr, Vec::new())).collect();
+    kill.insert(libc::SYS_socket, local(SeccompCmpOp::Ne)?);
+    let refuse: BTreeMap<i64, Vec<SeccompRule>> = [(libc::SYS_socket, local(SeccompCmpOp::Eq)?)].into_iter().collect();
+    // Two filters: the kernel applies the strictest answer of all, so a
+    // local socket gets EACCES (the second) and any other the kill.
+    for (rules, action) in [(refuse, SeccompAction::Errno(libc::EACCES as u32)), (kill, SeccompAction::KillProcess)] {
+        let filter = SeccompFilter::new(rules, SeccompAction::Allow, action, arch)
+            .map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
+        let program: BpfProgram = filter.try_into().map_err(|e| io::Error::other(format!("seccomp filter: {e:?}")))?;
+        seccompiler::apply_filter_all_threads(&program)
+            .map_err(|e| io::Error::other(format!("installing the seccomp filter: {e}")))?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -70,6 +70,19 @@ pub fn load(uri: &str, settings: &Pkcs11Settings) -> Result<PrivateKey, SignErro
     token::load(&parsed, settings)
 }
 
+/// What a process that hands `uri` to a key process can check without
+/// loading anything, so a mistake has the code it has in process: the URI
+/// parses (`INVALID_ARGUMENT`), and, unless an agent with modules of its
+/// own loads it (`own_module` false), names a module file that exists
+/// (`INVALID_CONFIG`).
+pub(crate) fn precheck(uri: &str, own_module: bool) -> Result<(), SignError> {
+    let parsed = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
+    if own_module {
+        token::module_exists(&parsed, &Pkcs11Settings::from_env())?;
+    }
+    Ok(())
+}
+
 /// Generates a key pair of `kind` on the token `uri` names, labelled with
 /// the URI's `object` (and `id`, if given): a private key that is
 /// sensitive, not extractable and may sign (RSA: and decrypt), and its

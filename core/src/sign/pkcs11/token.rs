@@ -162,6 +162,15 @@ fn p11_kit_module(name: &str) -> Result<PathBuf, SignError> {
     Err(SignError::Config(format!("no p11-kit module named `{name}` (looked for {name}.module in {})", dirs.join(", "))))
 }
 
+/// Checks that the module `uri` and `settings` name is a file, without
+/// loading it.
+pub(crate) fn module_exists(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<(), SignError> {
+    let path = settings.module_for(uri)?;
+    std::fs::metadata(&path)
+        .map(|_| ())
+        .map_err(|e| SignError::Config(format!("the PKCS#11 module {} cannot be opened: {e}", path.display())))
+}
+
 /// A module loaded and initialized in this process.
 struct Module {
     ctx: Pkcs11,

@@ -416,4 +416,17 @@ mod tests {
         let e = Pkcs11Uri::parse("pkcs11:token=a?pin-value=123456").unwrap_err();
         assert!(e.to_string().contains("pin-source") && !e.to_string().contains("123456"), "{e}");
     }
+
+    proptest::proptest! {
+        /// Whatever the text: a URI that prints back to itself, or an
+        /// error whose position is inside the text; never a panic.
+        #[test]
+        fn any_text_is_read_or_refused_where_it_goes_wrong(tail in "[a-z=;?&%0-9A-F/:._-]{0,60}") {
+            let s = format!("pkcs11:{tail}");
+            match Pkcs11Uri::parse(&s) {
+                Ok(u) => proptest::prop_assert_eq!(Pkcs11Uri::parse(&u.to_string()).unwrap(), u),
+                Err(e) => proptest::prop_assert!(e.position <= s.len(), "{e} for {s}"),
+            }
+        }
+    }
 }
