@@ -85,6 +85,10 @@ pub enum BenchCmd {
     /// lost keys and envelopes, peak memory, late calls) and exits 3 if
     /// anything was lost or late (docs/reliability.md).
     Soak(crate::soak::SoakArgs),
+    /// A PKCS#11 token key: signatures per CPU-second through the engine
+    /// against the same token called directly, alternated in one run
+    /// (docs/benchmarks.md, "Token keys").
+    Pkcs11(crate::pkcs11_cmd::BenchPkcs11Args),
 }
 
 fn median_ms(mut v: Vec<f64>) -> f64 {
@@ -99,6 +103,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Wrap { json, iters } => bench_wrap(json, iters)?,
         BenchCmd::Store { store, json, ops, watchers } => bench_store(&store, json, ops, watchers)?,
         BenchCmd::Soak(args) => return crate::soak::soak(args),
+        BenchCmd::Pkcs11(args) => return crate::pkcs11_cmd::bench(args),
         BenchCmd::Fleet(args) => crate::fleet::run(args)?,
         BenchCmd::Abe { json, iters, threads } => bench_abe(json, iters, threads.unwrap_or(1))?,
     }

@@ -81,3 +81,118 @@ pub fn run(cmd: Pkcs11Cmd) -> Result<ExitCode> {
     out.write_public(&pem)?;
     Ok(ExitCode::SUCCESS)
 }
+
+/// `keyfence bench pkcs11`.
+#[derive(Args)]
+pub struct BenchPkcs11Args {
+    /// The token key to sign with (docs/pkcs11.md).
+    #[arg(long)]
+    uri: String,
+    /// The signature algorithm.
+    #[arg(long, default_value = "ecdsa-p256-sha256")]
+    alg: String,
+    /// Seconds per measurement.
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Rounds; each measures both paths, in alternating order.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Threads calling the token: the direct loop's, and the engine's
+    /// token class (default: the cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Operations the engine's caller keeps in flight.
+    #[arg(long, default_value_t = 64)]
+    in_flight: usize,
+    /// One JSON object per round and one summary line.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `keyfence bench pkcs11`: signatures per CPU-second with a token key
+/// through the engine (its token class, `in_flight` outstanding) against
+/// the same token called directly on as many threads (the floor: no queue,
+/// no hand-off), alternated in one run so both see the same machine.
+pub fn bench(args: BenchPkcs11Args) -> Result<ExitCode> {
+    use keyfence::sign::key_process::KeySource;
+    use keyfence::sign::managed::{ManagedConfig, ManagedEngine};
+    use keyfence::sign::{Algorithm, ClassConfig, Request};
+    use std::time::{Duration, Instant};
+
+    let alg: Algorithm = args.alg.parse().map_err(|e| exit::input(format!("{e}")))?;
+    if !(args.seconds > 0.0 && args.seconds <= 600.0) || args.rounds == 0 || args.in_flight == 0 {
+        return Err(exit::input("--seconds must be in (0, 600], --rounds and --in-flight at least 1"));
+    }
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let duration = Duration::from_secs_f64(args.seconds);
+    let settings = Pkcs11Settings::from_env();
+    let mut config = ManagedConfig::default();
+    config.engine.token = ClassConfig { threads, queue_capacity: 4 * args.in_flight.max(threads) };
+    let engine = ManagedEngine::start(config)?;
+    let key = engine.load(KeySource::Pkcs11(args.uri.clone())).context("loading the token's key")?;
+    let cpu = || crate::remote_cmd::cpu_of("self");
+    let engine_run = || -> Result<(u64, Duration, Duration)> {
+        let (start, cpu0) = (Instant::now(), cpu());
+        let mut pending = std::collections::VecDeque::new();
+        let mut done = 0u64;
+        let mut i = 0u64;
+        while start.elapsed() < duration {
+            while pending.len() < args.in_flight {
+                i += 1;
+                pending.push_back(engine.submit(Request::sign(key.clone(), alg, i.to_be_bytes().to_vec()))?);
+            }
+            if let Some(f) = pending.pop_front() {
+                f.wait()?;
+                done += 1;
+            }
+        }
+        for f in pending {
+            f.wait()?;
+            done += 1;
+        }
+        Ok((done, start.elapsed(), cpu() - cpu0))
+    };
+    let direct_run = || -> Result<(u64, Duration, Duration)> {
+        let (start, cpu0) = (Instant::now(), cpu());
+        let n = keyfence::sign::pkcs11::direct_sign_loop(&args.uri, &settings, alg, threads, duration)?;
+        Ok((n, start.elapsed(), cpu() - cpu0))
+    };
+    let per_cpu = |(n, _, c): (u64, Duration, Duration)| n as f64 / c.max(Duration::from_millis(10)).as_secs_f64();
+    let per_s = |(n, w, _): (u64, Duration, Duration)| n as f64 / w.as_secs_f64();
+    let mut ratios = Vec::new();
+    for round in 0..args.rounds {
+        let (e, d) = if round % 2 == 0 {
+            let e = engine_run()?;
+            (e, direct_run()?)
+        } else {
+            let d = direct_run()?;
+            (engine_run()?, d)
+        };
+        let ratio = per_cpu(e) / per_cpu(d);
+        ratios.push(ratio);
+        if args.json {
+            println!(
+                "{}",
+                serde_json::json!({
+                    "round": round, "alg": alg.name(), "threads": threads, "in_flight": args.in_flight,
+                    "keyfence_per_s": per_s(e).round(), "direct_per_s": per_s(d).round(),
+                    "keyfence_per_cpu_s": per_cpu(e).round(), "direct_per_cpu_s": per_cpu(d).round(),
+                    "per_cpu_ratio": (ratio * 1000.0).round() / 1000.0,
+                })
+            );
+        } else {
+            println!(
+                "round {round}: keyfence {:.0}/s ({:.0}/CPU-s), direct {:.0}/s ({:.0}/CPU-s), per CPU-second {ratio:.3}x",
+                per_s(e), per_cpu(e), per_s(d), per_cpu(d)
+            );
+        }
+    }
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    let median = ratios[ratios.len() / 2];
+    if args.json {
+        println!("{}", serde_json::json!({ "summary": true, "alg": alg.name(), "median_per_cpu_ratio": (median * 1000.0).round() / 1000.0, "target": 1.0 }));
+    } else {
+        println!("median per CPU-second: {median:.3}x the token called directly (target 1.0x)");
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -359,17 +359,30 @@ impl Engine {
         // inside the token at once, in place or on workers: past that (a
         // token that hangs holds them all) calls are queued, so every
         // caller but those few keeps its deadline.
-        let (backend, bounded): (Arc<dyn Backend>, bool) = match req.key.as_held() {
-            None => (req.backend.clone().unwrap_or_else(|| core.backend.clone()), false),
+        // What performs the operation on this thread: a token key's holder,
+        // or a backend that computes in this process.
+        enum InPlace<'a> {
+            Holder(&'a crate::sign::held_key::HeldKey),
+            Backend(Arc<dyn Backend>),
+        }
+        let here = match req.key.as_held() {
+            None => {
+                let backend = req.backend.clone().unwrap_or_else(|| core.backend.clone());
+                if !backend.performs_in_place() {
+                    return self.submit(req)?.wait();
+                }
+                InPlace::Backend(backend)
+            }
             Some(held) if req.backend.is_none() && held.holder().performs_in_place() && held.usable_here().is_ok() => {
-                (Arc::new(HolderBackend(held.holder().clone())), true)
+                InPlace::Holder(held)
             }
             Some(_) => return self.submit(req)?.wait(),
         };
-        if !backend.performs_in_place() {
-            return self.submit(req)?.wait();
-        }
-        let exec = &core.executors[backend.class(&req.key, &req.op).index()];
+        let (class, bounded) = match &here {
+            InPlace::Holder(h) => (h.holder().class(req.key.kind()), true),
+            InPlace::Backend(b) => (b.class(&req.key, &req.op), false),
+        };
+        let exec = &core.executors[class.index()];
         if let Err(e) = req.key.check(&req.op) {
             exec.stats.error(e.kind());
             return Err(e);
@@ -383,7 +396,11 @@ impl Engine {
             exec.stats.in_flight.fetch_add(1, Ordering::Relaxed);
         }
         let started = Instant::now();
-        let result = backend.perform(&req.key, &req.op, started + req.timeout.unwrap_or(core.config.default_timeout));
+        let deadline = started + req.timeout.unwrap_or(core.config.default_timeout);
+        let result = match &here {
+            InPlace::Holder(h) => h.holder().perform(h.id(), &req.op, deadline),
+            InPlace::Backend(b) => b.perform(&req.key, &req.op, deadline),
+        };
         exec.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
         match &result {
             Ok(_) => {

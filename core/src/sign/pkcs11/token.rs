@@ -662,19 +662,41 @@ fn digest_info_prefix(hash: Hash) -> &'static [u8] {
     }
 }
 
-/// PKCS#11's `r || s` as the DER `ECDSA-Sig-Value` TLS and X.509 use.
+/// PKCS#11's `r || s` as the DER `ECDSA-Sig-Value` TLS and X.509 use:
+/// `SEQUENCE { INTEGER r, INTEGER s }`, each integer without leading
+/// zeros but one before a high bit. Written here rather than through
+/// BoringSSL's `BIGNUM`s: two allocations and a parse a signature less.
 fn ecdsa_der(raw: &[u8]) -> Result<Output, SignError> {
-    use boring::bn::BigNum;
-    use boring::ecdsa::EcdsaSig;
-    let bad = |what: &str| SignError::Crypto { op: crate::sign::CryptoOp::Sign, reason: format!("the token's ECDSA signature {what}") };
-    if raw.is_empty() || raw.len() % 2 != 0 {
-        return Err(bad("is not r || s of equal lengths"));
+    if raw.is_empty() || raw.len() % 2 != 0 || raw.len() > 132 {
+        return Err(SignError::Crypto {
+            op: crate::sign::CryptoOp::Sign,
+            reason: "the token's ECDSA signature is not r || s of equal lengths".into(),
+        });
     }
     let (r, s) = raw.split_at(raw.len() / 2);
-    let sig = BigNum::from_slice(r)
-        .and_then(|r| BigNum::from_slice(s).and_then(|s| EcdsaSig::from_private_components(r, s)))
-        .map_err(|_| bad("cannot be read"))?;
-    Ok(Zeroizing::new(sig.to_der().map_err(|_| bad("cannot be encoded"))?))
+    let integer = |v: &[u8], out: &mut Vec<u8>| {
+        let start = v.iter().position(|b| *b != 0).unwrap_or(v.len() - 1);
+        let v = &v[start..];
+        let pad = v[0] & 0x80 != 0;
+        out.push(0x02);
+        out.push((v.len() + usize::from(pad)) as u8);
+        if pad {
+            out.push(0);
+        }
+        out.extend_from_slice(v);
+    };
+    let mut body = Vec::with_capacity(raw.len() + 6);
+    integer(r, &mut body);
+    integer(s, &mut body);
+    let mut der = Vec::with_capacity(body.len() + 3);
+    der.push(0x30);
+    // At most 2 * (66 + 3) = 138 bytes: the long form's one length byte.
+    if body.len() >= 0x80 {
+        der.push(0x81);
+    }
+    der.push(body.len() as u8);
+    der.extend_from_slice(&body);
+    Ok(Zeroizing::new(der))
 }
 
 const P256_OID: &[u8] = &[0x06, 0x08, 0x2a, 0x86, 0x48, 0xce, 0x3d, 0x03, 0x01, 0x07];
@@ -973,4 +995,39 @@ pub(crate) fn direct_sign_loop(
         workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(SignError::InvalidArgument("a thread panicked".into())))).collect()
     });
     counts.into_iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    /// The DER this module writes is what BoringSSL writes for the same
+    /// r and s, across lengths, zeros and high bits.
+    #[test]
+    fn ecdsa_der_is_boringssls() {
+        use boring::bn::BigNum;
+        use boring::ecdsa::EcdsaSig;
+        let mut cases: Vec<Vec<u8>> = vec![vec![0; 64], vec![0xff; 64], vec![0x7f; 96], vec![0x80; 132]];
+        let mut x = 1u8;
+        for n in [32usize, 48, 66] {
+            for z in 0..3 {
+                let mut v: Vec<u8> = (0..2 * n).map(|_| {
+                    x = x.wrapping_mul(167).wrapping_add(13);
+                    x
+                }).collect();
+                for i in 0..z {
+                    v[i] = 0;
+                    v[n + i] = 0;
+                }
+                cases.push(v);
+            }
+        }
+        for raw in cases {
+            let (r, s) = raw.split_at(raw.len() / 2);
+            let want = EcdsaSig::from_private_components(BigNum::from_slice(r).unwrap(), BigNum::from_slice(s).unwrap())
+                .unwrap()
+                .to_der()
+                .unwrap();
+            assert_eq!(&super::ecdsa_der(&raw).unwrap()[..], &want[..], "{raw:02x?}");
+        }
+        assert!(super::ecdsa_der(&[1, 2, 3]).is_err());
+    }
 }
