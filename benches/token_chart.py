@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Charts `bindings/openssl/tests/bench_token.sh` (what `./x bench openssl`
+runs after the handshakes): keyfence's OpenSSL provider against
+pkcs11-provider, signing with SoftHSM2 keys from unmodified OpenSSL.
+
+    ./x bench openssl > bench.out        # the token lines are the JSON ones with "alg"
+    grep '"alg"' bench.out > docs/benchmarks-token.jsonl
+    python3 benches/token_chart.py docs/benchmarks-token.jsonl --svg docs/benchmarks-token.svg
+
+Prints a Markdown table (signatures per CPU-second each, the median of the
+same-round ratios and their range) and draws one bar per key type: the
+median ratio, its range as a whisker, and the 1.0x target as a line.
+"""
+
+import argparse
+import json
+import sys
+
+
+def rows(path):
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip().startswith("{")]
+
+
+def table(data):
+    out = [
+        "| key | keyfence (sig/CPU-s) | pkcs11-provider (sig/CPU-s) | keyfence / pkcs11-provider | rounds | target |",
+        "| --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in data:
+        rounds = r.get("rounds", [])
+        span = f"{min(rounds):.3f}-{max(rounds):.3f}" if rounds else ""
+        out.append(
+            f"| {r['alg']} | {r['keyfence_per_cpu_s']:,} | {r.get('pkcs11_provider_per_cpu_s', 0):,} | "
+            f"**{r.get('ratio', 0):.2f}x** | {span} | >= {r.get('target', 1.0)}x |"
+        )
+    return "\n".join(out)
+
+
+def svg(data):
+    width, height, left, top, bar = 520, 260, 150, 30, 36
+    scale = 300  # pixels for 1.0x
+    lines = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="18" font-size="13">keyfence / pkcs11-provider, signatures per CPU-second (SoftHSM2)</text>',
+    ]
+    for i, r in enumerate(data):
+        y = top + 20 + i * (bar + 24)
+        ratio = r.get("ratio", 0)
+        rounds = r.get("rounds", []) or [ratio]
+        lines.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{r["alg"]}</text>')
+        lines.append(f'<rect x="{left}" y="{y}" width="{ratio * scale:.1f}" height="{bar}" fill="#4c72b0"/>')
+        lo, hi = min(rounds) * scale + left, max(rounds) * scale + left
+        mid = y + bar / 2
+        lines.append(f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="black"/>')
+        lines.append(f'<text x="{left + ratio * scale + 6:.1f}" y="{y - 3}">{ratio:.2f}x</text>')
+    target = left + scale
+    lines.append(f'<line x1="{target}" y1="{top}" x2="{target}" y2="{height - 20}" stroke="#c44e52" stroke-dasharray="4 3"/>')
+    lines.append(f'<text x="{target + 4}" y="{height - 8}" fill="#c44e52">1.0x target</text>')
+    lines.append("</svg>")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("jsonl")
+    p.add_argument("--svg")
+    a = p.parse_args()
+    data = [r for r in rows(a.jsonl) if "pkcs11_provider_per_cpu_s" in r]
+    if not data:
+        sys.exit("no rows with pkcs11-provider's figures")
+    print(table(data))
+    if a.svg:
+        with open(a.svg, "w", encoding="utf-8") as f:
+            f.write(svg(data))
+
+
+if __name__ == "__main__":
+    main()
