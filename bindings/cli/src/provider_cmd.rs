@@ -65,6 +65,12 @@ pub struct ProviderKeyArgs {
     /// The CA certificates (PEM) the servers' certificates must come from.
     #[arg(long, requires = "remote", required_if_eq("remote", "true"))]
     tls_ca: Option<PathBuf>,
+    /// The certificate the server will present with this key (PEM): its
+    /// public key must be the key's, or no file is written. Catches a
+    /// token key or envelope paired with another key's certificate before
+    /// a server starts with it.
+    #[arg(long)]
+    cert: Option<PathBuf>,
 }
 
 /// `keyfence provider-config`.
@@ -125,14 +131,14 @@ pub fn pem(body: &[u8]) -> String {
 
 /// Runs `keyfence provider-key`.
 pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
-    let inputs: Vec<&Path> = [&args.envelope, &args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca]
+    let inputs: Vec<&Path> = [&args.envelope, &args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca, &args.cert]
         .into_iter()
         .flatten()
         .map(PathBuf::as_path)
         .collect();
     let out = Output::new(&args.out, &inputs)?;
     if let Some(uri) = &args.pkcs11 {
-        return token_key_file(uri, args.agent.as_deref(), out);
+        return token_key_file(uri, args.agent.as_deref(), args.cert.as_deref(), out);
     }
     let envelope_path = args.envelope.clone().unwrap_or_default();
     let envelope = read(&envelope_path)?;
@@ -178,9 +184,21 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
         let location = KeyLocation::Local { store: Some(absolute(store)?), machine_key: Some(absolute(mk)?) };
         (location, key.public_key_der()?)
     };
+    if let Some(cert) = &args.cert {
+        matches_certificate(cert, &public_key)?;
+    }
     let body = KeyFile { location, public_key, envelope }.to_bytes().map_err(|e| exit::input(e.to_string()))?;
     out.write_public(pem(&body).as_bytes())?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses a certificate whose public key is not `spki` (DER).
+fn matches_certificate(cert: &Path, spki: &[u8]) -> Result<()> {
+    let theirs = crate::remote_cmd::public_key_der(cert)?;
+    if theirs != spki {
+        return Err(exit::input(format!("{}: the certificate's public key is not the key's", cert.display())));
+    }
+    Ok(())
 }
 
 /// `provider-key --pkcs11 URI`: loads the token key once (here, or in the
@@ -192,7 +210,7 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
 /// (nginx keeps only what `env` directives name), so the file must say
 /// where the module and the PIN are, as it says where a store is. Neither
 /// is a secret. An agent uses its own, and the URI is kept as given.
-fn token_key_file(uri: &str, agent: Option<&Path>, out: Output) -> Result<ExitCode> {
+fn token_key_file(uri: &str, agent: Option<&Path>, cert: Option<&Path>, out: Output) -> Result<ExitCode> {
     use keyfence::sign::key_process::KeySource;
     use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
     use keyfence::sign::pkcs11::{Pkcs11Settings, Pkcs11Uri};
@@ -223,7 +241,11 @@ fn token_key_file(uri: &str, agent: Option<&Path>, out: Output) -> Result<ExitCo
     let engine = ManagedEngine::start(config).context("reaching the key agent")?;
     let key = engine.load(KeySource::Pkcs11(uri.clone())).context("loading the token's key")?;
     let agent = agent.map(absolute).transpose()?;
-    let file = KeyFile { location: KeyLocation::Pkcs11 { uri, agent }, public_key: key.public_key_der()?, envelope: Vec::new() };
+    let public_key = key.public_key_der()?;
+    if let Some(cert) = cert {
+        matches_certificate(cert, &public_key)?;
+    }
+    let file = KeyFile { location: KeyLocation::Pkcs11 { uri, agent }, public_key, envelope: Vec::new() };
     let body = file.to_bytes().map_err(|e| exit::input(e.to_string()))?;
     out.write_public(pem(&body).as_bytes())?;
     Ok(ExitCode::SUCCESS)

@@ -96,6 +96,27 @@ fn sign_with_a_token_key_in_process_and_isolated() {
     assert!(!o.status.success() && stderr(&o).contains("exists already"), "{}", stderr(&o));
     kf_ok(&env, &["sign", "--key", "pkcs11:token=edge;id=%42", "--alg", "ecdsa-p384-sha384", "--in", &d.p("msg"), "--out", &d.p("made.sig")]);
     verify(&d, "ecdsa-p384-sha384", "made.pub", "msg", "made.sig");
+    // A key file checked against the certificate the server will present:
+    // the token key's own passes, another key's is refused and no file is
+    // written.
+    openssl(&d, &["req", "-x509", "-new", "-key", &d.p("hsm/keys/tls-p256.pem"), "-subj", "/CN=edge", "-days", "1", "-out", "p256.crt"]);
+    openssl(&d, &["req", "-x509", "-new", "-key", &d.p("hsm/keys/tls-p384.pem"), "-subj", "/CN=edge", "-days", "1", "-out", "p384.crt"]);
+    kf_ok(&env, &["provider-key", "--pkcs11", "pkcs11:token=edge;object=tls-p256", "--cert", &d.p("p256.crt"), "--out", &d.p("ok.kfk")]);
+    let o = kf(&env, &["provider-key", "--pkcs11", "pkcs11:token=edge;object=tls-p256", "--cert", &d.p("p384.crt"), "--out", &d.p("bad.kfk")]);
+    assert!(!o.status.success() && stderr(&o).contains("the certificate's public key is not the key's"), "{}", stderr(&o));
+    assert!(!d.0.join("bad.kfk").exists());
+    // The file names the module and PIN file it was made with: a server
+    // whose environment is cleared (nginx's workers) still finds them.
+    let text = std::fs::read_to_string(d.0.join("ok.kfk")).unwrap();
+    let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
+    let der = boring::base64::decode_block(&body).unwrap();
+    let file = keyfence::key_file::KeyFile::from_bytes(&der).unwrap();
+    match file.location {
+        keyfence::key_file::KeyLocation::Pkcs11 { uri, agent: None } => {
+            assert!(uri.contains("module-path=/") && uri.contains("pin-source=file:/"), "{uri}");
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
