@@ -109,9 +109,23 @@ fn every_algorithm_signs_on_the_token_class_and_verifies_against_openssls_key() 
     assert_eq!(m.class(OpClass::Ec).completed + m.class(OpClass::Rsa).completed, 0);
 }
 
+/// The module opened directly (this process's keyfence has it initialized
+/// already, which the second `C_Initialize` says), and the slot of `label`.
+fn token_slot(dir: &Path, label: &str) -> (cryptoki::context::Pkcs11, cryptoki::slot::Slot) {
+    use cryptoki::context::{CInitializeArgs, Pkcs11};
+    let ctx = Pkcs11::new(module(dir)).unwrap();
+    let _ = ctx.initialize(CInitializeArgs::OsThreads);
+    let slot = ctx
+        .get_slots_with_token()
+        .unwrap()
+        .into_iter()
+        .find(|s| ctx.get_token_info(*s).unwrap().label().trim_end() == label)
+        .unwrap();
+    (ctx, slot)
+}
+
 #[test]
 fn the_secret_stays_in_the_token() {
-    use cryptoki::context::{CInitializeArgs, Pkcs11};
     use cryptoki::object::{Attribute, AttributeType, ObjectClass};
     let Some(dir) = token() else { return };
     // Loaded through keyfence first (which reads no secret attribute)...
@@ -119,14 +133,7 @@ fn the_secret_stays_in_the_token() {
     assert!(!key.is_local());
     // ...then asked directly: the key is sensitive and not extractable,
     // and its value cannot be read, so keyfence cannot have read it.
-    let ctx = Pkcs11::new(module(dir)).unwrap();
-    let _ = ctx.initialize(CInitializeArgs::OsThreads);
-    let slot = ctx
-        .get_slots_with_token()
-        .unwrap()
-        .into_iter()
-        .find(|s| ctx.get_token_info(*s).unwrap().label().trim_end() == "edge")
-        .unwrap();
+    let (ctx, slot) = token_slot(dir, "edge");
     let session = ctx.open_ro_session(slot).unwrap();
     session.login(cryptoki::session::UserType::User, Some(&cryptoki::types::AuthPin::new(pin(dir)))).ok();
     let handle = session.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), Attribute::Label(b"tls-p256".to_vec())]).unwrap()[0];
@@ -251,20 +258,12 @@ fn uri_for(dir: &Path, label: &str) -> String {
 /// signature, never the error.
 #[test]
 fn a_token_that_forgets_the_login_is_logged_into_again_and_retried_once() {
-    use cryptoki::context::{CInitializeArgs, Pkcs11};
     let Some(dir) = token() else { return };
     let uri = format!("{}&pin-source=file:{}", spare_token(dir, "relogin"), dir.join("relogin.pin").display());
     pkcs11::generate(&uri, KeyKind::EcP256, &Pkcs11Settings::default()).unwrap();
     let key = pkcs11::load(&uri, &Pkcs11Settings::default()).unwrap();
     key.sign(Algorithm::EcdsaP256Sha256, b"before").unwrap();
-    let ctx = Pkcs11::new(module(dir)).unwrap();
-    let _ = ctx.initialize(CInitializeArgs::OsThreads);
-    let slot = ctx
-        .get_slots_with_token()
-        .unwrap()
-        .into_iter()
-        .find(|s| ctx.get_token_info(*s).unwrap().label().trim_end() == "relogin")
-        .unwrap();
+    let (ctx, slot) = token_slot(dir, "relogin");
     let session = ctx.open_ro_session(slot).unwrap();
     session.logout().unwrap();
     // The control: a private key object cannot be used now without logging in.

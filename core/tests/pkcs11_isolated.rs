@@ -77,6 +77,16 @@ fn in_my_memory(masked: &[u8], mask: u8) -> bool {
     false
 }
 
+/// An engine whose keys are in a key process of one thread per class.
+fn key_process_engine() -> ManagedEngine {
+    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
+    iso.rsa_threads = 1;
+    iso.ec_threads = 1;
+    let mut config = ManagedConfig::default();
+    config.isolation = Isolation::KeyProcess(iso);
+    ManagedEngine::start(config).unwrap()
+}
+
 fn maps_module(pid: u32) -> Option<bool> {
     std::fs::read_to_string(format!("/proc/{pid}/maps")).ok().map(|m| m.contains("libsofthsm2"))
 }
@@ -84,12 +94,7 @@ fn maps_module(pid: u32) -> Option<bool> {
 #[test]
 fn only_the_key_process_loads_the_module_and_no_scalar_is_here() {
     let Some(dir) = token() else { return };
-    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
-    iso.rsa_threads = 1;
-    iso.ec_threads = 1;
-    let mut config = ManagedConfig::default();
-    config.isolation = Isolation::KeyProcess(iso);
-    let engine = ManagedEngine::start(config).unwrap();
+    let engine = key_process_engine();
     let key = engine.load(KeySource::Pkcs11(uri(dir, "tls-p256"))).unwrap();
     assert!(!key.is_local());
     let public = key.public_key_der().unwrap();
@@ -131,12 +136,7 @@ fn only_the_key_process_loads_the_module_and_no_scalar_is_here() {
 #[test]
 fn a_refused_pin_in_the_key_process_is_token_login_and_the_process_lives() {
     let Some(dir) = token() else { return };
-    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
-    iso.rsa_threads = 1;
-    iso.ec_threads = 1;
-    let mut config = ManagedConfig::default();
-    config.isolation = Isolation::KeyProcess(iso);
-    let engine = ManagedEngine::start(config).unwrap();
+    let engine = key_process_engine();
     let key = engine.load(KeySource::Pkcs11(uri(dir, "tls-p256"))).unwrap();
     let pid = engine.key_process_pid().unwrap();
     let module = pkcs11_support::module(dir);

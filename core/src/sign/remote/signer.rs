@@ -386,7 +386,15 @@ impl RemoteSigner {
         if capable.is_empty() {
             return Err(no_capable_peer(&envelope.policy));
         }
-        let key = Arc::new(RemoteKey { key_id: KeyId::of_envelope(envelope.to_bytes()).0, capable, tenant });
+        self.handle_on(RemoteKey { key_id: KeyId::of_envelope(envelope.to_bytes()).0, capable, tenant }, |_| Ok(()))
+    }
+
+    /// Asks the nearest of `key`'s peers for its public half (with the
+    /// failover of an operation, bounded by `connect_timeout +
+    /// request_timeout`), has `check` accept it, and gives a handle on it.
+    fn handle_on(&self, key: RemoteKey, check: impl Fn(&[u8]) -> Result<(), SignError>) -> Result<Arc<PrivateKey>, SignError> {
+        let c = &self.client;
+        let key = Arc::new(key);
         let deadline = Instant::now() + c.config.connect_timeout + c.config.request_timeout;
         let (kind, der) = c.route(&key, deadline, |peer, head, until| {
             let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
@@ -395,6 +403,7 @@ impl RemoteSigner {
                     .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad public-key reply: {e}")))
             })
         })?;
+        check(&der)?;
         let id = c.next_key.fetch_add(1, Ordering::Relaxed);
         c.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(id, key);
         let holder: Arc<dyn KeyHolder> = c.clone();
@@ -413,25 +422,14 @@ impl RemoteSigner {
     /// or when the public key a peer gave does not match `id`.
     pub fn token_key(&self, id: KeyId) -> Result<Arc<PrivateKey>, SignError> {
         let c = &self.client;
-        let key = Arc::new(RemoteKey { key_id: id.0, capable: (0..c.peers.len()).collect(), tenant: c.config.tenant });
-        let deadline = Instant::now() + c.config.connect_timeout + c.config.request_timeout;
-        let (kind, der) = c.route(&key, deadline, |peer, head, until| {
-            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
-            attempt_of(frame, |f| {
-                p::parse_public_reply(&f.body)
-                    .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad public-key reply: {e}")))
-            })
-        })?;
-        if KeyId::of_public_key(&der) != id {
-            return Err(backend_error(
+        let key = RemoteKey { key_id: id.0, capable: (0..c.peers.len()).collect(), tenant: c.config.tenant };
+        self.handle_on(key, |der| match KeyId::of_public_key(der) {
+            theirs if theirs == id => Ok(()),
+            theirs => Err(backend_error(
                 BackendFailure::Protocol,
-                format!("a peer answered for key {id} with a public key whose id is {}", KeyId::of_public_key(&der)),
-            ));
-        }
-        let handle = c.next_key.fetch_add(1, Ordering::Relaxed);
-        c.keys.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, key);
-        let holder: Arc<dyn KeyHolder> = c.clone();
-        Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, handle, kind, der))))
+                format!("a peer answered for key {id} with a public key whose id is {theirs}"),
+            )),
+        })
     }
 
     /// The key in `envelope` from `machine` if its attributes allow it
