@@ -183,6 +183,9 @@ impl KeyFile {
     /// than [`MAX_PEERS`] for a remote key, a field over 1 MiB.
     pub fn to_bytes(&self) -> Result<Vec<u8>, KeyFileError> {
         let mut out = MAGIC.to_vec();
+        if matches!(self.location, KeyLocation::Pkcs11 { .. }) && !self.envelope.is_empty() {
+            return Err(err("a token key's file carries no envelope"));
+        }
         out.push(match self.location {
             KeyLocation::Pkcs11 { .. } => 3,
             KeyLocation::Agent { .. } => 2,
@@ -597,6 +600,8 @@ mod tests {
         let mut f = remote();
         f.envelope.clear();
         assert!(f.to_bytes().unwrap_err().to_string().contains("field 3 (envelope)"));
+        let f = KeyFile { location: KeyLocation::Pkcs11 { uri: "pkcs11:token=t".into(), agent: None }, public_key: vec![1], envelope: vec![2] };
+        assert!(f.to_bytes().unwrap_err().to_string().contains("carries no envelope"));
     }
 
     proptest! {

@@ -147,15 +147,16 @@ fn key_server_messages_are_byte_for_byte_the_same() {
 }
 
 /// The first byte of an ERR body, as each side reads it: a key process's
-/// client knows codes 1 to 9 and 13 (`NOT_ALLOWED`, which a key agent
+/// client knows codes 1 to 9, 13 (`NOT_ALLOWED`, which a key agent
 /// sends to a user it does not admit; an older client reads it as
-/// `internal`), a key server's 1, 2, 4 to 7 and 9 to 13, and each reads
-/// any other byte as `internal` (9).
+/// `internal`) and 14 and 15 (a PKCS#11 token's `TOKEN_UNAVAILABLE` and
+/// `TOKEN_LOGIN`), a key server's 1, 2, 4 to 7 and 9 to 15, and each
+/// reads any other byte as `internal` (9).
 #[test]
 fn error_codes_read_as_they_always_have() {
-    let key_process: Vec<u8> = (0..=15).map(|b| kp::parse_error(&[b]).0 as u8).collect();
-    assert_eq!(key_process, [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 13, 9, 9]);
-    let key_server: Vec<(u8, &str)> = (0..=15)
+    let key_process: Vec<u8> = (0..=17).map(|b| kp::parse_error(&[b]).0 as u8).collect();
+    assert_eq!(key_process, [9, 1, 2, 3, 4, 5, 6, 7, 8, 9, 9, 9, 9, 13, 14, 15, 9, 9]);
+    let key_server: Vec<(u8, &str)> = (0..=17)
         .map(|b| {
             let c = rp::parse_error(&[b]).0;
             (c as u8, c.name())
@@ -178,6 +179,8 @@ fn error_codes_read_as_they_always_have() {
             (11, "version"),
             (12, "shutting_down"),
             (13, "not_allowed"),
+            (14, "token_unavailable"),
+            (15, "token_login"),
             (9, "internal"),
             (9, "internal"),
         ]

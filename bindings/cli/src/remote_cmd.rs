@@ -325,7 +325,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         ring.insert(id, key);
     }
     if ring.is_empty() {
-        return Err(exit::input("no key to serve: this machine could open none of the envelopes given (listed above)"));
+        return Err(exit::input("no envelope to serve: this machine could open none of the envelopes given (listed above)"));
     }
     let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
     config.name = args.name;

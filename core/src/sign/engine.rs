@@ -355,10 +355,11 @@ impl Engine {
         // A key in a PKCS#11 token this process opened: the token's call
         // blocks whichever thread makes it, so a caller that waits anyway
         // makes it, as a PKCS#11 provider does, saving two thread
-        // hand-offs per signature. At most the class's worker count are
-        // inside the token at once, in place or on workers: past that (a
-        // token that hangs holds them all) calls are queued, so every
-        // caller but those few keeps its deadline.
+        // hand-offs per signature. A caller goes in place only while fewer
+        // operations than the class has workers are in flight (in place
+        // or on the workers): past that (a token that hangs holds them
+        // all) calls are queued, so every caller but those few keeps its
+        // deadline. In place, the token's call itself has no deadline.
         // What performs the operation on this thread: a token key's holder,
         // or a backend that computes in this process.
         enum InPlace<'a> {
@@ -387,21 +388,31 @@ impl Engine {
             exec.stats.error(e.kind());
             return Err(e);
         }
-        if bounded && exec.stats.in_flight.fetch_add(1, Ordering::AcqRel) >= exec.stats.workers {
-            exec.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        /// Gives the in-flight count back however the call ends.
+        struct InFlight<'a>(&'a std::sync::atomic::AtomicUsize);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        let in_flight = &exec.stats.in_flight;
+        if bounded && in_flight.fetch_add(1, Ordering::AcqRel) >= exec.stats.workers {
+            in_flight.fetch_sub(1, Ordering::Relaxed);
             return self.submit(req)?.wait();
         }
-        exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
         if !bounded {
-            exec.stats.in_flight.fetch_add(1, Ordering::Relaxed);
+            in_flight.fetch_add(1, Ordering::Relaxed);
         }
+        let counted = InFlight(in_flight);
+        exec.stats.submitted.fetch_add(1, Ordering::Relaxed);
         let started = Instant::now();
-        let deadline = started + req.timeout.unwrap_or(core.config.default_timeout);
+        let timeout = req.timeout.unwrap_or(core.config.default_timeout);
+        let deadline = started.checked_add(timeout).unwrap_or(started + Duration::from_secs(86_400 * 365));
         let result = match &here {
             InPlace::Holder(h) => h.holder().perform(h.id(), &req.op, deadline),
             InPlace::Backend(b) => b.perform(&req.key, &req.op, deadline),
         };
-        exec.stats.in_flight.fetch_sub(1, Ordering::Relaxed);
+        drop(counted);
         match &result {
             Ok(_) => {
                 exec.stats.completed.fetch_add(1, Ordering::Relaxed);
@@ -515,7 +526,7 @@ mod tests {
             }
             drop(engine);
             let left: Vec<usize> = live.iter().map(|l| l.load(Ordering::Acquire)).collect();
-            assert_eq!(left, [0, 0, 0], "workers still running after the drop (busy: {busy})");
+            assert_eq!(left, [0, 0, 0, 0], "workers still running after the drop (busy: {busy})");
             for f in futures {
                 // The two under way finished; the two queued were answered.
                 let r = f.wait();

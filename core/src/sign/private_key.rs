@@ -208,7 +208,12 @@ impl PrivateKey {
         self.check(op)?;
         match &self.repr {
             Repr::Local(key) => key.perform_checked(op),
-            Repr::Held(key) => key.holder().perform(key.id(), op, Instant::now() + HELD_SYNC_TIMEOUT),
+            Repr::Held(key) => {
+                // After a fork the holder (its sessions, socket, process)
+                // is the parent's.
+                key.usable_here()?;
+                key.holder().perform(key.id(), op, Instant::now() + HELD_SYNC_TIMEOUT)
+            }
         }
     }
 

@@ -227,11 +227,7 @@ impl KeyProcess {
             // are kept): no such token or key, or one the agent may not
             // load, as in process.
             (SignError::Backend { failure: BackendFailure::Refused, reason, .. }, KeySource::Pkcs11(_)) => {
-                let (token, reason) = match reason.split_once(": ") {
-                    Some((t, r)) if t.starts_with("pkcs11:") => (t.to_string(), r.to_string()),
-                    _ => ("pkcs11".to_string(), reason),
-                };
-                SignError::Token { token, failure: crate::sign::TokenFailure::NotFound, reason }
+                crate::sign::pkcs11::load_error_from_wire(&reason)
             }
             (e, _) => e,
         })?;

@@ -376,7 +376,11 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 conn.done(bytes);
                 return conn.err(id, ErrorCode::Invalid, &e.to_string());
             }
-            let rsa = key.kind().is_rsa();
+            // A PKCS#11 token's key (held, not in this process's memory)
+            // blocks for as long as its token takes: like RSA, it goes to
+            // the RSA workers, never onto this reader and never ahead of the
+            // EC signatures.
+            let rsa = key.kind().is_rsa() || !key.is_local();
             let pool = if rsa { &workers.rsa } else { &workers.ec };
             let job = Job { conn: conn.clone(), id, key, op, deadline: Instant::now() + timeout };
             // An EC or Ed25519 signature (13-50 µs) that came alone is made
@@ -485,14 +489,19 @@ fn token_code(e: &SignError) -> Option<ErrorCode> {
 /// A loader thread: loads keys until the queue closes.
 fn load_keys(rx: &Receiver<LoadJob>) {
     for LoadJob { conn, id, key_id, source } in rx {
-        let loaded = match &source {
+        // A loader that panics (a module's bug, a parser's) answers this
+        // request and stays: two loader threads serve every client.
+        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &source {
+            // The code goes first in the message (`INVALID_ARGUMENT: ...`),
+            // so the client reports the load as it would in process.
             KeySource::Pkcs11(uri) => match &conn.role {
                 Role::KeyProcess => crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env()),
                 Role::Agent(opener) => opener.load_pkcs11(uri),
             }
-            .map_err(|e| (token_code(&e).unwrap_or(ErrorCode::Load), e.to_string())),
+            .map_err(|e| (token_code(&e).unwrap_or(ErrorCode::Load), format!("{}: {e}", e.code().name()))),
             _ => load(&source, &conn.role).map_err(|msg| (ErrorCode::Load, msg)),
-        };
+        }))
+        .unwrap_or_else(|_| Err((ErrorCode::Internal, "loading the key panicked".to_string())));
         match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => {

@@ -91,6 +91,10 @@ impl Pkcs11Settings {
                 fixed.display(),
                 p.display()
             ))),
+            // The fixed file itself, never the name the client gave: a link
+            // the client controls could point elsewhere by the time it is
+            // opened.
+            (Some(_), Some(fixed)) if self.fixed => Ok(fixed.clone()),
             (Some(_), None) if self.fixed => Err(SignError::InvalidArgument(
                 "this signer was started without a PKCS#11 module, and loads none a client names".into(),
             )),
@@ -115,6 +119,7 @@ impl Pkcs11Settings {
             (Some(_), None) if self.fixed => {
                 return Err(SignError::InvalidArgument("this signer reads no PIN file a client names".into()))
             }
+            (Some(_), Some(fixed)) if self.fixed => Some(fixed),
             (Some(p), _) => Some(p),
             (None, f) => f.as_ref(),
         };
@@ -356,26 +361,34 @@ impl Token {
                 })
             }
         };
-        with_registry(|r| {
+        let existing = with_registry(|r| {
             r.tokens.retain(|t| t.strong_count() > 0);
-            let existing = r.tokens.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.module, &module) && t.slot == slot);
-            if let Some(t) = existing {
-                let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
-                let mut current = t.pin.lock().unwrap_or_else(|e| e.into_inner());
-                let same = current.as_ref().map(|p| p.as_bytes()) == pin.as_ref().map(|p| p.as_bytes());
-                if !same && sessions.login_refused.is_some() {
-                    // The PIN was refused and a new one is given (the
-                    // operator fixed the PIN file): try that one.
-                    *current = pin;
-                    sessions.login_refused = None;
-                } else if !same && pin.is_some() && current.is_some() {
-                    // The first key's PIN logged in; a different PIN for
-                    // the same token in one process is a configuration
-                    // mistake that should not be papered over.
-                    drop((current, sessions));
-                    return Err(t.fail(TokenFailure::Login, "this process already uses the token with another PIN"));
-                }
+            r.tokens.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.module, &module) && t.slot == slot)
+        });
+        // The token's own locks are taken outside the registry's: a token
+        // that hangs in a call made under them must not stop every load.
+        if let Some(t) = existing {
+            let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            let mut current = t.pin.lock().unwrap_or_else(|e| e.into_inner());
+            let same = current.as_ref().map(|p| p.as_bytes()) == pin.as_ref().map(|p| p.as_bytes());
+            if !same && sessions.login_refused.is_some() {
+                // The PIN was refused and a new one is given (the
+                // operator fixed the PIN file): try that one.
+                *current = pin;
+                sessions.login_refused = None;
+            } else if !same && pin.is_some() && current.is_some() {
+                // The first key's PIN logged in; a different PIN for the
+                // same token in one process is a configuration mistake
+                // that should not be papered over.
                 drop((current, sessions));
+                return Err(t.fail(TokenFailure::Login, "this process already uses the token with another PIN"));
+            }
+            drop((current, sessions));
+            return Ok(t);
+        }
+        with_registry(|r| {
+            // Another thread may have opened it meanwhile.
+            if let Some(t) = r.tokens.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.module, &module) && t.slot == slot) {
                 return Ok(t);
             }
             let t = Arc::new(Token {
@@ -465,6 +478,11 @@ impl Token {
         if s.logged_in {
             return Ok(());
         }
+        // Another thread may have had the PIN refused since this one
+        // looked: it is not tried again.
+        if let Some(refused) = &s.login_refused {
+            return Err(self.fail(TokenFailure::Login, refused.clone()));
+        }
         let pin = self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some(pin) = &pin else {
             if self.login_required {
@@ -553,13 +571,22 @@ impl Token {
 
     /// Performs `op` with key `key`.
     fn run(&self, key: &TokenKey, op: &Operation) -> Result<Output, SignError> {
-        self.with_session(|session, generation, refind| {
+        self.with_session(|session, generation, _| {
             let handle = {
                 let mut h = key.handle.lock().unwrap_or_else(|e| e.into_inner());
-                if refind || h.generation != generation {
+                // Sessions were dropped since the handle was found (the
+                // retry after a reset comes here): find the key again, once
+                // per generation, whichever thread gets here first. A handle
+                // of a newer generation is never replaced by an older one.
+                if h.generation < generation {
                     match session.find_objects(&key.template)?.as_slice() {
                         [one] => *h = self.usable_handle(key, *one, generation),
-                        _ => return Err(CkError::Pkcs11(RvError::KeyHandleInvalid, cryptoki::context::Function::FindObjects)),
+                        // The key is gone from a token that answers: that
+                        // key's error, with no reset of the token's sessions.
+                        [] => return Ok(Err(self.fail(TokenFailure::NotFound, "the key is no longer on the token"))),
+                        many => {
+                            return Ok(Err(self.fail(TokenFailure::NotFound, format!("{} keys now match the key's URI", many.len()))))
+                        }
                     }
                 }
                 h.handle
@@ -592,10 +619,20 @@ impl Token {
         let Some(keeper) = &s.keeper else { return plain };
         match keeper.copy_object(object, &[Attribute::Token(false)]) {
             Ok(copy) => KeyHandle { generation, handle: copy, copy: true },
-            Err(_) => {
+            // The token will not copy this key: not asked again. Anything
+            // else (a token busy or gone) may pass.
+            Err(CkError::Pkcs11(
+                RvError::ActionProhibited
+                | RvError::AttributeReadOnly
+                | RvError::AttributeValueInvalid
+                | RvError::TemplateInconsistent
+                | RvError::FunctionNotSupported,
+                _,
+            )) => {
                 key.copyable.store(false, Ordering::Relaxed);
                 plain
             }
+            Err(_) => plain,
         }
     }
 }
@@ -742,7 +779,12 @@ fn public_key(session: &Session, handle: ObjectHandle) -> Result<(KeyKind, Vec<u
         Some(Attribute::EcParams(p)) => p,
         _ => return Err(unsupported("the EC key object shows no curve (CKA_EC_PARAMS)".into())),
     };
-    let point = public_point(session, handle).ok_or_else(|| {
+    let expected = match params.as_slice() {
+        P256_OID => 65,
+        P384_OID => 97,
+        _ => 32,
+    };
+    let point = public_point(session, handle, expected).ok_or_else(|| {
         unsupported("the token holds no public key object beside the private key (same CKA_ID or label): keyfence reads the public key from it".into())
     })?;
     if key_type == KeyType::EC_EDWARDS {
@@ -771,7 +813,7 @@ fn public_key(session: &Session, handle: ObjectHandle) -> Result<(KeyKind, Vec<u
 
 /// The public point of the key pair `private` belongs to, unwrapped from
 /// the DER OCTET STRING PKCS#11 gives it in.
-fn public_point(session: &Session, private: ObjectHandle) -> Option<Vec<u8>> {
+fn public_point(session: &Session, private: ObjectHandle, expected: usize) -> Option<Vec<u8>> {
     let attrs = session.get_attributes(private, &[AttributeType::Id, AttributeType::Label]).ok()?;
     let mut template = vec![Attribute::Class(ObjectClass::PUBLIC_KEY)];
     for a in attrs {
@@ -784,6 +826,9 @@ fn public_point(session: &Session, private: ObjectHandle) -> Option<Vec<u8>> {
     let handles = session.find_objects(&template).ok()?;
     let [public] = handles.as_slice() else { return None };
     match session.get_attributes(*public, &[AttributeType::EcPoint]).ok()?.into_iter().next()? {
+        // Some tokens give the point bare: a bare point of the curve's
+        // length is never read as a DER wrapper.
+        Attribute::EcPoint(p) if p.len() == expected => Some(p),
         Attribute::EcPoint(p) => Some(unwrap_octet_string(p)),
         _ => None,
     }
@@ -863,33 +908,54 @@ pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<Private
     token.keys.write().unwrap_or_else(|e| e.into_inner()).insert(id, key);
     let holder: Arc<dyn KeyHolder> = token.clone();
     let private = PrivateKey::held(HeldKey::new(holder, id, kind, public_der));
-    self_test(&private).map_err(|e| token.fail(TokenFailure::NotFound, format!("the private key and the public key read beside it do not match ({e})")))?;
-    Ok(private)
+    match self_test(&private) {
+        Ok(true) => Ok(private),
+        // The token failed, not the key: its own error.
+        Err(e @ SignError::Token { failure: TokenFailure::Unavailable | TokenFailure::Login, .. }) => Err(e),
+        Ok(false) => Err(token.fail(TokenFailure::NotFound, "the private key and the public key read beside it do not match")),
+        Err(e) => Err(token.fail(TokenFailure::NotFound, format!("the key cannot sign a test message: {e}"))),
+    }
 }
 
 /// Signs a fixed message with the token key and verifies it against the
-/// public key read from the token.
-fn self_test(key: &PrivateKey) -> Result<(), String> {
+/// public key read from the token: `Ok(false)` when the signature does
+/// not verify. An RSA key the token allows only PSS for
+/// (`CKA_ALLOWED_MECHANISMS`) is tried with PSS after PKCS#1 v1.5.
+fn self_test(key: &PrivateKey) -> Result<bool, SignError> {
     use boring::pkey::PKey;
-    use boring::sign::Verifier;
-    let alg = match key.kind() {
-        KeyKind::Rsa { .. } => Algorithm::RsaPkcs1Sha256,
-        KeyKind::EcP256 => Algorithm::EcdsaP256Sha256,
-        KeyKind::EcP384 => Algorithm::EcdsaP384Sha384,
-        KeyKind::Ed25519 => Algorithm::Ed25519,
-    };
+    use boring::sign::{RsaPssSaltlen, Verifier};
     let msg = b"keyfence: does the token's key match its public key?";
-    let sig = key.sign(alg, msg).map_err(|e| e.to_string())?;
-    let der = key.public_key_der().map_err(|e| e.to_string())?;
-    let public = PKey::public_key_from_der(&der).map_err(|e| e.to_string())?;
-    let ok = match alg.hash().and_then(Hash::message_digest) {
-        Some(md) => Verifier::new(md, &public).and_then(|mut v| v.verify_oneshot(&sig, msg)),
-        None => Verifier::new_without_digest(&public).and_then(|mut v| v.verify_oneshot(&sig, msg)),
+    let der = key.public_key_der()?;
+    let public = PKey::public_key_from_der(&der).map_err(crate::sign::local_key::crypto(crate::sign::CryptoOp::Sign))?;
+    let algs: &[Algorithm] = match key.kind() {
+        KeyKind::Rsa { .. } => &[Algorithm::RsaPkcs1Sha256, Algorithm::RsaPssSha256],
+        KeyKind::EcP256 => &[Algorithm::EcdsaP256Sha256],
+        KeyKind::EcP384 => &[Algorithm::EcdsaP384Sha384],
+        KeyKind::Ed25519 => &[Algorithm::Ed25519],
     };
-    match ok {
-        Ok(true) => Ok(()),
-        _ => Err("a test signature does not verify".into()),
+    let mut last = None;
+    for alg in algs {
+        let sig = match key.sign(*alg, msg) {
+            Ok(sig) => sig,
+            Err(e @ SignError::Token { failure: TokenFailure::Refused, .. }) => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        let verified = match alg.hash().and_then(Hash::message_digest) {
+            Some(md) => Verifier::new(md, &public).and_then(|mut v| {
+                if alg.name().starts_with("rsa-pss") {
+                    v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS)?;
+                    v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH)?;
+                }
+                v.verify_oneshot(&sig, msg)
+            }),
+            None => Verifier::new_without_digest(&public).and_then(|mut v| v.verify_oneshot(&sig, msg)),
+        };
+        return Ok(verified.unwrap_or(false));
     }
+    Err(last.unwrap_or_else(|| SignError::InvalidArgument("no algorithm to test the key with".into())))
 }
 
 /// Generates a key pair of `kind` on the token `uri` names (see
@@ -999,6 +1065,38 @@ pub(crate) fn direct_sign_loop(
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    /// A signer with a fixed module and PIN file (an agent) uses those
+    /// files themselves, never the name a client gave, even when that name
+    /// leads to them now: a link the client controls could lead elsewhere
+    /// by the time the file is opened.
+    #[test]
+    fn fixed_settings_use_their_own_files_never_the_clients_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let (module, pin) = (dir.path().join("module.so"), dir.path().join("pin"));
+        std::fs::write(&module, b"").unwrap();
+        std::fs::write(&pin, b"1234\n").unwrap();
+        let (module_link, pin_link) = (dir.path().join("m-link"), dir.path().join("p-link"));
+        std::os::unix::fs::symlink(&module, &module_link).unwrap();
+        std::os::unix::fs::symlink(&pin, &pin_link).unwrap();
+        let settings = Pkcs11Settings { module: Some(module.clone()), pin_file: Some(pin.clone()), pin: None, fixed: true };
+        let uri = Pkcs11Uri::parse(&format!(
+            "pkcs11:token=t;object=k?module-path={}&pin-source=file:{}",
+            module_link.display(),
+            pin_link.display()
+        ))
+        .unwrap();
+        assert_eq!(settings.module_for(&uri).unwrap(), module);
+        assert_eq!(settings.pin_for(&uri).unwrap().as_deref().map(String::as_str), Some("1234"));
+        // Now the links lead elsewhere: refused, and never followed.
+        std::fs::remove_file(&module_link).unwrap();
+        std::os::unix::fs::symlink("/bin/sh", &module_link).unwrap();
+        assert!(settings.module_for(&uri).is_err());
+        let unfixed = Pkcs11Settings { fixed: false, ..settings.clone() };
+        assert_eq!(unfixed.module_for(&uri).unwrap(), module_link);
+    }
+
     /// The DER this module writes is what BoringSSL writes for the same
     /// r and s, across lengths, zeros and high bits.
     #[test]

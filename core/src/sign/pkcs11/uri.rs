@@ -90,7 +90,7 @@ impl Pkcs11Uri {
     /// Whether `s` is meant as a PKCS#11 URI (starts with `pkcs11:`), so a
     /// caller that also takes file names knows which it was given.
     pub fn is_uri(s: &str) -> bool {
-        s.len() >= 7 && s[..7].eq_ignore_ascii_case("pkcs11:")
+        s.as_bytes().get(..7).is_some_and(|p| p.eq_ignore_ascii_case(b"pkcs11:"))
     }
 
     /// Parses `s`.
@@ -412,6 +412,10 @@ mod tests {
             let e = Pkcs11Uri::parse(s).unwrap_err();
             assert_eq!(e.position, *pos, "{s}: {e}");
             assert!(e.to_string().contains(msg), "{s}: {e}");
+        }
+        // Bytes that are not a character boundary at 7 are not a panic.
+        for s in ["pkcs11\u{e9}token=a", "pkcs1\u{20ac}", "\u{20ac}\u{20ac}\u{20ac}"] {
+            assert_eq!(Pkcs11Uri::parse(s).unwrap_err().position, 0, "{s}");
         }
         let e = Pkcs11Uri::parse("pkcs11:token=a?pin-value=123456").unwrap_err();
         assert!(e.to_string().contains("pin-source") && !e.to_string().contains("123456"), "{e}");

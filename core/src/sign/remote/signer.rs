@@ -31,7 +31,7 @@ use super::tls::{self, TlsFiles};
 use crate::sign::executor;
 use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
 use crate::sign::threads::{Joined, Origin};
-use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError};
+use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError, TokenFailure};
 use crate::sign::wire;
 use crate::sign::PrivateKey;
 use crate::wrap::{CanonicalPolicy, Envelope, Machine, Peer, RevocationList, MACHINE_LABEL};
@@ -584,8 +584,13 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         }
         // The peer's token is gone or will not log in: another peer may
         // hold the key on a token that works.
+        // The peer answers; its token may serve no key at all, but its
+        // envelopes' keys still work: the breaker is not touched. The
+        // token's code reaches the caller if no peer signs.
         RemoteErrorCode::TokenUnavailable | RemoteErrorCode::TokenLogin => {
-            Attempt::Next { error: backend_error(BackendFailure::Refused, format!("{}: {msg}", code.name())), breaker: true }
+            let failure = if code == RemoteErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
+            let (token, reason) = msg.split_once(": ").map_or(("pkcs11".to_string(), msg.clone()), |(t, r)| (t.to_string(), r.to_string()));
+            Attempt::Next { error: SignError::Token { token, failure, reason }, breaker: false }
         }
         // A server never sends the key process's own codes (the protocol
         // reads them as internal).
