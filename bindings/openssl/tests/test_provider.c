@@ -333,9 +333,9 @@ static void test_bad_files(void) {
     refused("truncated.kfk", "bad keyfence key file", "truncated");
     unsigned char *v2 = malloc((size_t)len);
     memcpy(v2, body, (size_t)len);
-    v2[5] = 3;
-    write_body("version3.kfk", v2, len);
-    refused("version3.kfk", "bad keyfence key file", "version 3 is not supported");
+    v2[5] = 4; /* version 3 is the token mode's: 4 is no version yet */
+    write_body("version4.kfk", v2, len);
+    refused("version4.kfk", "bad keyfence key file", "version 4 is not supported");
     memcpy(v2, body, (size_t)len);
     v2[0] = 'X';
     write_body("magic.kfk", v2, len);
