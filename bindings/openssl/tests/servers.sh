@@ -135,9 +135,12 @@ if [ "$tok_rc" = 0 ]; then
     pt1=$(free_port) pt2=$(free_port) pt3=$(free_port) pt4=$(free_port)
     nginx_conf "$work/nt1" "$pt1" tok-p256.crt tok-p256.kfk "$pt2" tok-rsa.crt tok-rsa.kfk
     nginx_conf "$work/nt2" "$pt3" tok-p256.crt tok-p256.kfk "$pt4" tok-rsa.crt tok-rsa.kfk
+    # One after the other, as an operator starts them: SoftHSM2's file
+    # store can show a token as absent to a process that reads it while
+    # another logs in (keyfence lists the slots again, three times).
     start_nginx "$work/nt1" local.cnf
-    start_nginx "$work/nt2" isolated.cnf
     wait_port "$pt1"
+    start_nginx "$work/nt2" isolated.cnf
     wait_port "$pt3"
     check_serves "$pt1" "$pt2" "$pt3" "$pt4"
     grep -q libsofthsm2 "/proc/$(worker_of nt1)/maps" || fail "the in-process worker does not map the token's module"

@@ -316,14 +316,14 @@ impl Token {
         SignError::Token { token: self.name.clone(), failure, reason: reason.into() }
     }
 
-    /// Opens (or reuses) the token `uri` selects in `module`.
-    fn open(module: Arc<Module>, uri: &Pkcs11Uri, pin: Option<Zeroizing<String>>) -> Result<Arc<Token>, SignError> {
-        let name = |label: &str| format!("pkcs11:token={label}");
-        let unavailable = |reason: String| SignError::Token {
-            token: uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name),
-            failure: TokenFailure::Unavailable,
-            reason,
-        };
+    /// The initialized tokens of `module` that `uri` selects (slot, label,
+    /// whether it needs a login), and the labels of all of them.
+    #[allow(clippy::type_complexity)]
+    fn matching(
+        module: &Module,
+        uri: &Pkcs11Uri,
+        unavailable: &dyn Fn(String) -> SignError,
+    ) -> Result<(Vec<(Slot, String, bool)>, Vec<String>), SignError> {
         let slots = module.ctx.get_slots_with_token().map_err(|e| unavailable(format!("listing the slots: {}", rv(&e))))?;
         let mut found = Vec::new();
         let mut seen = Vec::new();
@@ -343,6 +343,30 @@ impl Token {
                 found.push((slot, label, info.login_required()));
             }
         }
+        Ok((found, seen))
+    }
+
+    /// Opens (or reuses) the token `uri` selects in `module`.
+    fn open(module: Arc<Module>, uri: &Pkcs11Uri, pin: Option<Zeroizing<String>>) -> Result<Arc<Token>, SignError> {
+        let name = |label: &str| format!("pkcs11:token={label}");
+        let unavailable = |reason: String| SignError::Token {
+            token: uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name),
+            failure: TokenFailure::Unavailable,
+            reason,
+        };
+        // A token another process is writing (SoftHSM2 rewrites its files
+        // at a login) can read as absent for a moment: the slots are
+        // listed again, three times at most, before the token is missing.
+        let mut tries = 0;
+        let (found, seen) = loop {
+            let (found, seen) = Self::matching(&module, uri, &unavailable)?;
+            tries += 1;
+            if found.len() == 1 || tries == 3 {
+                break (found, seen);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        let mut found = found;
         let (slot, label, login_required) = match found.len() {
             1 => found.remove(0),
             0 if seen.is_empty() => return Err(unavailable(format!("the module {} has no token", module.path.display()))),
