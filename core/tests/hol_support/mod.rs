@@ -122,6 +122,14 @@ pub fn rounds(
 ) -> Vec<(Vec<Duration>, Vec<Duration>)> {
     let mut out = Vec::new();
     for round in 0..=rounds {
+        // Operations started together end together (a 200 ms wave), and the
+        // flood refills 2 ms after each refusal: between the two the class
+        // can look empty for an instant. Drained means not full again
+        // within a second.
+        let since = Instant::now();
+        while !saturated(loaded) && since.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         assert!(saturated(loaded), "the slow class drained: {:?}", loaded.metrics().class(OpClass::Slow));
         let (mut idle_lat, mut loaded_lat) = (Vec::new(), Vec::new());
         for i in 0..samples {
