@@ -205,7 +205,7 @@ fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
         }
         *guard = Some(Registry { pid, modules: Vec::new(), tokens: Vec::new() });
     }
-    f(guard.as_mut().expect("set above"))
+    f(guard.get_or_insert_with(|| Registry { pid, modules: Vec::new(), tokens: Vec::new() }))
 }
 
 fn load_module(path: &Path) -> Result<Arc<Module>, SignError> {
@@ -1059,7 +1059,7 @@ pub(crate) fn direct_sign_loop(
         r.tokens.iter().filter_map(Weak::upgrade).find(|t| t.name == held.holder().name())
     })
     .ok_or_else(|| SignError::InvalidArgument("the token went away".into()))?;
-    let tkey = token.keys.read().unwrap_or_else(|e| e.into_inner()).get(&held.id()).cloned().expect("just loaded");
+    let tkey = token.keys.read().unwrap_or_else(|e| e.into_inner()).get(&held.id()).cloned().ok_or_else(|| SignError::InvalidArgument("the key was unloaded".into()))?;
     let kind = tkey.kind;
     let until = Instant::now() + duration;
     let counts: Vec<Result<u64, SignError>> = std::thread::scope(|s| {
