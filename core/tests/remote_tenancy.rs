@@ -258,6 +258,30 @@ fn the_tenant_comes_from_the_configured_certificate_field() {
 /// whose subject has the common names `cns` (each with its ASN.1 string
 /// type), as a CA that checks names by another reading might sign it.
 fn crafted_client(name: &str, cns: &[(&str, boring::asn1::Asn1Type)]) {
+    crafted_client_with_sans(name, cns, &[]);
+}
+
+/// The DER of a subject alternative name extension's value holding
+/// `names`, each a context tag (`0x82` a DNS name, `0x86` a URI, `0x81` an
+/// email address) and its raw bytes: an IA5String may then hold bytes no
+/// string API of BoringSSL takes (`0xff`, UTF-8 past ASCII).
+fn san_der(names: &[(u8, &[u8])]) -> Vec<u8> {
+    let mut inner = Vec::new();
+    for (tag, bytes) in names {
+        assert!(bytes.len() < 128, "short form lengths only");
+        inner.push(*tag);
+        inner.push(bytes.len() as u8);
+        inner.extend_from_slice(bytes);
+    }
+    assert!(inner.len() < 128, "short form lengths only");
+    let mut der = vec![0x30, inner.len() as u8];
+    der.extend(inner);
+    der
+}
+
+/// As [`crafted_client`], with a subject alternative name extension that
+/// holds `sans` as raw DER ([`san_der`]) when it is not empty.
+fn crafted_client_with_sans(name: &str, cns: &[(&str, boring::asn1::Asn1Type)], sans: &[(u8, &[u8])]) {
     use boring::asn1::Asn1Time;
     use boring::bn::{BigNum, MsbOption};
     use boring::ec::{EcGroup, EcKey};
@@ -283,6 +307,13 @@ fn crafted_client(name: &str, cns: &[(&str, boring::asn1::Asn1Type)]) {
     b.set_pubkey(&key).unwrap();
     b.set_not_before(&Asn1Time::days_from_now(0).unwrap()).unwrap();
     b.set_not_after(&Asn1Time::days_from_now(2).unwrap()).unwrap();
+    if !sans.is_empty() {
+        // OpenSSL's configuration language: `DER:` and the bytes in hex
+        // are the extension's value as they are.
+        let hex: Vec<String> = san_der(sans).iter().map(|b| format!("{b:02X}")).collect();
+        let ext = boring::x509::X509Extension::new_nid(None, None, boring::nid::Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
+        b.append_extension(&ext).unwrap();
+    }
     b.sign(&ca_key, MessageDigest::sha256()).unwrap();
     std::fs::write(dir.join(format!("{name}.pem")), b.build().to_pem().unwrap()).unwrap();
     std::fs::write(dir.join(format!("{name}.key")), key.private_key_to_pem_pkcs8().unwrap()).unwrap();
@@ -343,6 +374,54 @@ fn a_certificate_that_names_its_tenant_ambiguously_is_refused() {
     let (code, message) = p::parse_error(&reply.body);
     assert_eq!(code, RemoteErrorCode::NotAllowed);
     assert!(message.contains("gives 2 DNS names"), "{message}");
+}
+
+/// Issue 55, item 5: a DNS or URI name that is not text (a `0xff` byte,
+/// which BoringSSL's accessor answers `None` for, or UTF-8 past ASCII in
+/// an IA5String) is counted and refuses the certificate. Before, it was
+/// dropped before the count: `DNS:shop-a, DNS:\xff.shop-b.example` (what
+/// a CA checking a `.shop-b.example` suffix may sign for shop-b) signed as
+/// `shop-a`.
+#[test]
+fn a_certificate_with_an_unreadable_dns_or_uri_name_is_refused() {
+    use boring::asn1::Asn1Type;
+    let world = World::new();
+    let utf8 = Asn1Type::UTF8STRING;
+    // A DNS name, a URI and an email address, as raw bytes.
+    let dns = |b: &'static [u8]| (0x82u8, b);
+    let uri = |b: &'static [u8]| (0x86u8, b);
+    let email = |b: &'static [u8]| (0x81u8, b);
+    let spiffe_a = b"spiffe://example.org/shop-a";
+    crafted_client_with_sans("ff-dns-last", &[("x", utf8)], &[dns(b"shop-a"), dns(b"\xff.shop-b.example")]);
+    crafted_client_with_sans("ff-dns-first", &[("x", utf8)], &[dns(b"\xff.shop-b.example"), dns(b"shop-a")]);
+    crafted_client_with_sans("ff-dns-alone", &[("x", utf8)], &[dns(b"shop-a\xff")]);
+    crafted_client_with_sans("latin-dns", &[("x", utf8)], &[dns("shop-\u{e9}".as_bytes())]);
+    crafted_client_with_sans("ff-uri", &[("x", utf8)], &[uri(spiffe_a), uri(b"spiffe://example.org/\xff.shop-b")]);
+    // Names of another kind are not counted, readable or not: each
+    // certificate below names shop-a once by the kind the server reads.
+    crafted_client_with_sans("dns-and-others", &[("x", utf8)], &[email(b"\xff@x"), dns(b"shop-a"), uri(b"\xff")]);
+    crafted_client_with_sans("uri-and-others", &[("x", utf8)], &[dns(b"\xff.shop-b.example"), uri(spiffe_a)]);
+
+    for (from, refused, served, tenant_name) in [
+        (TenantSource::DnsName, &["ff-dns-last", "ff-dns-first", "ff-dns-alone", "latin-dns"][..], "dns-and-others", "shop-a"),
+        (TenantSource::Uri, &["ff-uri"][..], "uri-and-others", "spiffe://example.org/shop-a"),
+    ] {
+        let sfo = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(from), ..Default::default() });
+        for cert in refused {
+            let (_s, reply) = hello_as(cert, sfo.local_addr());
+            let (code, message) = p::parse_error(&reply.body);
+            assert_eq!((reply.kind, code), (kind::ERR, RemoteErrorCode::NotAllowed), "{cert}: {message}");
+            assert!(message.contains("not plain text"), "{cert}: {message}");
+        }
+        assert!(sfo.metrics().tenants.is_empty(), "a refused certificate became a tenant: {:?}", sfo.metrics().tenants);
+        let mut s = session(served, sfo.local_addr());
+        let mut f = Vec::new();
+        p::encode_op(&mut f, 1, &head(&world.us_key, 0), &sign_op(b"m".to_vec()));
+        s.write_all(&f).unwrap();
+        assert_eq!(replies(&mut s, 1), [(1, None)], "{served}");
+        let names: Vec<String> = sfo.metrics().tenants.into_iter().map(|t| t.name).collect();
+        assert_eq!(names, [tenant_name], "{served}");
+    }
 }
 
 #[test]

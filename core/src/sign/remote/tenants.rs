@@ -34,9 +34,11 @@ pub(crate) const OVERFLOW: &str = "(overflow)";
 /// The tenant is the whole field, compared as whole bytes: a certificate
 /// whose field holds a NUL or another control character, or that gives
 /// the field more than once (two common names, two DNS names), names no
-/// tenant and is refused. A reader that stops at a NUL, or keeps the first
-/// of two names where another reads the last (Go's `pkix.Name` keeps the
-/// last common name), would otherwise let a CA that checked one reading
+/// tenant and is refused; every name of the kind counts, and one that is
+/// not text refuses the certificate rather than being skipped. A reader
+/// that stops at a NUL, or keeps the first of two names where another
+/// reads the last (Go's `pkix.Name` keeps the last common name), or skips
+/// a name it cannot read, would otherwise let a CA that checked one reading
 /// sign a certificate that this server reads as another tenant.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -70,24 +72,40 @@ impl TenantSource {
             TenantSource::DnsName => "DNS name",
             TenantSource::Uri => "URI name",
         };
+        // Every name of the kind counts, read or not: an unreadable one
+        // dropped here would leave `shop-a` the only DNS name of a
+        // certificate that also gives `\xff.shop-b.example`.
         let names: Vec<Option<String>> = match self {
             TenantSource::CommonName => cert.subject_name().entries_by_nid(Nid::COMMONNAME).map(|e| whole_text(e.data())).collect(),
-            TenantSource::DnsName | TenantSource::Uri => cert
-                .subject_alt_names()
-                .map(|names| {
-                    names
-                        .iter()
-                        .filter_map(|n| if self == TenantSource::DnsName { n.dnsname() } else { n.uri() })
-                        .map(|s| Some(s.to_string()))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            TenantSource::DnsName | TenantSource::Uri => {
+                let kind = if self == TenantSource::DnsName { boring_sys::GEN_DNS } else { boring_sys::GEN_URI };
+                cert.subject_alt_names()
+                    .map(|names| {
+                        names
+                            .iter()
+                            .filter(|n| general_name_kind(n) == kind)
+                            .map(|n| {
+                                // `None` from BoringSSL's accessor is bytes
+                                // that are not UTF-8; an IA5String holds
+                                // ASCII only, so other bytes are not text
+                                // either (readers differ on their decoding).
+                                let text = if self == TenantSource::DnsName { n.dnsname() } else { n.uri() };
+                                text.filter(|t| t.is_ascii()).map(str::to_string)
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            }
         };
+        if names.iter().any(Option::is_none) {
+            return Err(format!(
+                "the client certificate's {field}{} not plain text (a NUL byte, or bytes that do not decode whole)",
+                if names.len() > 1 { " (one of several) is" } else { " is" }
+            ));
+        }
         let name = match names.as_slice() {
             [] => return Err(format!("the client certificate has no {field}")),
-            [one] => one.clone().ok_or_else(|| {
-                format!("the client certificate's {field} is not plain text (a NUL byte, or bytes that do not decode whole)")
-            })?,
+            [Some(one)] => one.clone(),
             more => {
                 return Err(format!(
                     "the client certificate gives {} {field}s; a tenant must be named once (readers differ on which one counts)",
@@ -103,6 +121,21 @@ impl TenantSource {
         }
         Ok(name)
     }
+}
+
+/// The kind of a subject alternative name (`GEN_DNS`, `GEN_URI`, ...), as
+/// BoringSSL parsed it: the `boring` crate's accessors answer `None` both
+/// for another kind and for a name of the kind that is not UTF-8, and the
+/// second must be counted (and refused), not skipped.
+#[allow(unsafe_code)]
+fn general_name_kind(name: &boring::x509::GeneralNameRef) -> std::os::raw::c_int {
+    use foreign_types::ForeignTypeRef;
+    let mut kind = -1;
+    // SAFETY: `name.as_ptr()` is a valid GENERAL_NAME for the borrow;
+    // GENERAL_NAME_get0_value only reads it and writes the kind to
+    // `kind`; the returned pointer is not used.
+    unsafe { boring_sys::GENERAL_NAME_get0_value(name.as_ptr(), &mut kind) };
+    kind
 }
 
 /// The text of an ASN.1 string, only when it accounts for every byte of
@@ -408,6 +441,60 @@ mod tests {
         }
         assert_eq!(t.map.lock().unwrap().len(), MAX_TRACKED);
         assert_eq!(t.get("one more").name, OVERFLOW);
+    }
+
+    /// A self-signed certificate whose subject alternative names are
+    /// `names`, each a context tag (`0x82` DNS, `0x86` URI, `0x81` email)
+    /// and raw bytes, put in as DER so that an IA5String may hold any byte.
+    fn with_sans(names: &[(u8, &[u8])]) -> boring::x509::X509 {
+        use boring::ec::{EcGroup, EcKey};
+        use boring::pkey::PKey;
+        let mut inner = Vec::new();
+        for (tag, bytes) in names {
+            inner.extend([*tag, u8::try_from(bytes.len()).unwrap()]);
+            inner.extend_from_slice(bytes);
+        }
+        let mut der = vec![0x30, u8::try_from(inner.len()).unwrap()];
+        der.extend(inner);
+        let hex: Vec<String> = der.iter().map(|b| format!("{b:02X}")).collect();
+        let ext = boring::x509::X509Extension::new_nid(None, None, Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
+        let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
+        let mut b = boring::x509::X509Builder::new().unwrap();
+        b.set_version(2).unwrap();
+        b.set_pubkey(&key).unwrap();
+        b.set_not_before(&boring::asn1::Asn1Time::days_from_now(0).unwrap()).unwrap();
+        b.set_not_after(&boring::asn1::Asn1Time::days_from_now(1).unwrap()).unwrap();
+        b.append_extension(&ext).unwrap();
+        b.sign(&key, boring::hash::MessageDigest::sha256()).unwrap();
+        b.build()
+    }
+
+    /// Issue 55, item 5: every name of the kind read counts; one that is
+    /// not text refuses the certificate, wherever it stands, rather than
+    /// leaving the other name the only one.
+    #[test]
+    fn an_unreadable_dns_or_uri_name_is_counted_and_refuses_the_certificate() {
+        let (dns, uri, email) = (0x82u8, 0x86u8, 0x81u8);
+        let a_uri: &[u8] = b"spiffe://example.org/shop-a";
+        for (source, names) in [
+            (TenantSource::DnsName, vec![(dns, &b"shop-a"[..]), (dns, b"\xff.shop-b.example")]),
+            (TenantSource::DnsName, vec![(dns, &b"\xff.shop-b.example"[..]), (dns, b"shop-a")]),
+            (TenantSource::DnsName, vec![(dns, &b"shop-a\xff"[..])]),
+            (TenantSource::DnsName, vec![(dns, "shop-\u{e9}".as_bytes())]),
+            (TenantSource::Uri, vec![(uri, a_uri), (uri, b"spiffe://example.org/\xff")]),
+            (TenantSource::Uri, vec![(uri, &b"\xff"[..])]),
+        ] {
+            let err = source.tenant_of(&with_sans(&names)).unwrap_err();
+            assert!(err.contains("not plain text"), "{source} {names:?}: {err}");
+        }
+        // Names of the other kinds are not counted, readable or not.
+        let mixed = with_sans(&[(email, b"\xff@x"), (uri, b"\xff"), (dns, b"shop-a")]);
+        assert_eq!(TenantSource::DnsName.tenant_of(&mixed).as_deref(), Ok("shop-a"));
+        let mixed = with_sans(&[(dns, b"\xff.shop-b.example"), (uri, a_uri), (dns, b"shop-b")]);
+        assert_eq!(TenantSource::Uri.tenant_of(&mixed).as_deref(), Ok("spiffe://example.org/shop-a"));
+        // Two readable names are still two.
+        let two = with_sans(&[(dns, b"shop-a"), (dns, b"shop-b")]);
+        assert!(TenantSource::DnsName.tenant_of(&two).unwrap_err().contains("gives 2 DNS names"));
     }
 
     #[test]
