@@ -4,6 +4,9 @@
 //! attack ends in a clear error (or a bounded, reconnecting watch) within
 //! seconds, having read a bounded number of bytes, and the process's
 //! memory stays small. Before, the same endpoint grew a machine to 5 GB.
+//! Issue 55.6: listing pages of empty, repeated or falling names are
+//! refused at the first one, and an endpoint that pages validly but slowly
+//! forever is cut off at the listing's deadline.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -25,6 +28,21 @@ enum Attack {
     /// Every listing page holds two names in the wrong order, with
     /// `more: true`: its last name never moves on.
     Reordered,
+    /// Every listing page is the names asked for less one, each the store
+    /// prefix itself (an empty name), then one new, rising name, with
+    /// `more: true`: its last name always moves on (issue 55.6).
+    EmptyNames,
+    /// The first page holds `aa` and `bb`; every later one repeats `bb`,
+    /// then `cc`.
+    RepeatedAcrossPages,
+    /// A page that holds `aa` twice.
+    RepeatedInPage,
+    /// The first page holds `mm` and `nn`; every later one goes back to
+    /// `cc` and `dd`.
+    BackwardsAcrossPages,
+    /// Every page is one new, rising name, with `more: true`, answered
+    /// after 50 ms: valid, slow, forever.
+    SlowForever,
 }
 
 /// A fake etcd member on a port the OS hands out, serving until dropped.
@@ -32,6 +50,8 @@ struct Fake {
     port: u16,
     /// Bytes of bodies written to clients, counted as they go.
     sent: Arc<AtomicUsize>,
+    /// Listing pages answered.
+    pages: Arc<AtomicUsize>,
     stop: Arc<AtomicBool>,
 }
 
@@ -45,22 +65,28 @@ impl Drop for Fake {
 fn fake(attack: Attack) -> Fake {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (sent, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
-    let (s, st) = (sent.clone(), stop.clone());
+    let (sent, pages, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let (s, pg, st) = (sent.clone(), pages.clone(), stop.clone());
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             if st.load(Ordering::SeqCst) {
                 return;
             }
             let Ok(conn) = conn else { continue };
-            let (s, st) = (s.clone(), st.clone());
-            std::thread::spawn(move || serve(conn, attack, &s, &st));
+            let (s, pg, st) = (s.clone(), pg.clone(), st.clone());
+            std::thread::spawn(move || serve(conn, attack, &s, &pg, &st));
         }
     });
-    Fake { port, sent, stop }
+    Fake { port, sent, pages, stop }
 }
 
-fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, stop: &AtomicBool) {
+/// A range answer at revision 7 holding `keys` (each with the value `x`).
+fn page_of(keys: &[String], more: bool) -> String {
+    let kvs: Vec<String> = keys.iter().map(|k| format!(r#"{{"key":"{}","value":"{}"}}"#, b64(k), b64("x"))).collect();
+    format!(r#"{{"header":{{"revision":"7"}},"kvs":[{}],"more":{more},"count":"{}"}}"#, kvs.join(","), keys.len() + 1)
+}
+
+fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, pages: &AtomicUsize, stop: &AtomicBool) {
     conn.set_write_timeout(Some(Duration::from_secs(5))).ok();
     let mut r = BufReader::new(conn.try_clone().unwrap());
     let mut w = conn;
@@ -86,7 +112,39 @@ fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, stop: &AtomicBool)
         write!(w, "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n{length}connection: close\r\n\r\n")
     };
     let header = r#"{"header":{"revision":"7"}"#;
+    // A listing's request: how many names it asks for, and whether it is
+    // the first page (from the prefix itself).
+    let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    let listing = path == "/v3/kv/range" && request.get("range_end").is_some();
+    let limit = request.get("limit").and_then(serde_json::Value::as_u64).unwrap_or(1000) as usize;
+    let first = request.get("key").and_then(serde_json::Value::as_str) == Some(b64("kf/envelopes/").as_str());
+    let name = |n: usize| format!("kf/envelopes/{n:08}");
+    let send_page = |w: &mut TcpStream, keys: &[String]| {
+        pages.fetch_add(1, Ordering::SeqCst);
+        let reply = page_of(keys, true);
+        let _ = head(w, Some(reply.len()));
+        let _ = w.write_all(reply.as_bytes());
+        sent.fetch_add(reply.len(), Ordering::SeqCst);
+    };
     match (attack, path.as_str()) {
+        (Attack::EmptyNames, _) if listing => {
+            let mut keys = vec!["kf/".to_owned(); limit.saturating_sub(1)];
+            keys.push(name(pages.load(Ordering::SeqCst)));
+            send_page(&mut w, &keys);
+        }
+        (Attack::RepeatedAcrossPages, _) if listing => {
+            let keys = if first { ["kf/envelopes/aa", "kf/envelopes/bb"] } else { ["kf/envelopes/bb", "kf/envelopes/cc"] };
+            send_page(&mut w, &keys.map(str::to_owned));
+        }
+        (Attack::RepeatedInPage, _) if listing => send_page(&mut w, &["kf/envelopes/aa".to_owned(), "kf/envelopes/aa".to_owned()]),
+        (Attack::BackwardsAcrossPages, _) if listing => {
+            let keys = if first { ["kf/envelopes/mm", "kf/envelopes/nn"] } else { ["kf/envelopes/cc", "kf/envelopes/dd"] };
+            send_page(&mut w, &keys.map(str::to_owned));
+        }
+        (Attack::SlowForever, _) if listing => {
+            std::thread::sleep(Duration::from_millis(50));
+            send_page(&mut w, &[name(pages.load(Ordering::SeqCst))]);
+        }
         (Attack::EndlessWatchLine, "/v3/watch") => {
             let _ = head(&mut w, None);
             let chunk = vec![b'a'; 64 << 10];
@@ -202,6 +260,100 @@ fn a_scan_page_out_of_order_is_refused_at_once() {
         .unwrap_err();
     assert!(err.to_string().contains("does not move on"), "{err}");
     assert_eq!(pages, 0);
+}
+
+/// The `std::io::ErrorKind` and text of a store error that must be an
+/// I/O error (`STORE_IO`).
+fn io_kind(err: &keyfence::wrap::StoreError) -> (std::io::ErrorKind, String) {
+    match err {
+        keyfence::wrap::StoreError::Io { source, .. } => (source.kind(), err.to_string()),
+        other => panic!("not an I/O error: {other}"),
+    }
+}
+
+/// Issue 55, item 6: pages of 999 empty names (the store prefix itself)
+/// and one new, rising name, each saying "more", moved on by the old rule
+/// (its last name rose), and `authority status` ran for as long as the
+/// endpoint liked, memory growing 0.5 MB/s. The first page is refused, at
+/// once, for a listing and for a scan.
+#[test]
+fn a_page_of_empty_names_is_refused_at_once() {
+    let f = fake(Attack::EmptyNames);
+    let s = store(&f);
+    let t = Instant::now();
+    let err = s.list("envelopes/").unwrap_err();
+    let (kind, text) = io_kind(&err);
+    assert_eq!(kind, std::io::ErrorKind::InvalidData, "{text}");
+    assert!(text.contains("empty name"), "{text}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!(f.pages.load(Ordering::SeqCst), 1, "refused at the first page");
+    let t = Instant::now();
+    let mut handed = 0;
+    let err = s
+        .scan("envelopes/", 1000, &mut |_, _| {
+            handed += 1;
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(io_kind(&err).1.contains("empty name"), "{err}");
+    assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    assert_eq!((handed, f.pages.load(Ordering::SeqCst)), (0, 2));
+}
+
+/// A name repeated (within a page or on the next) or a page that goes
+/// back is refused at that page, for a listing and for a scan: each says
+/// which name and why.
+#[test]
+fn repeated_names_and_names_that_go_back_are_refused() {
+    for (attack, why, pages) in [
+        (Attack::RepeatedAcrossPages, "\"envelopes/bb\" repeated", 2),
+        (Attack::RepeatedInPage, "\"envelopes/aa\" repeated", 1),
+        (Attack::BackwardsAcrossPages, "\"envelopes/cc\" after \"envelopes/nn\" (names must rise)", 2),
+    ] {
+        let f = fake(attack);
+        let s = store(&f);
+        let t = Instant::now();
+        let (kind, text) = io_kind(&s.list("envelopes/").unwrap_err());
+        assert_eq!(kind, std::io::ErrorKind::InvalidData, "{text}");
+        assert!(text.contains(why) && text.contains("does not move on"), "{text}");
+        assert_eq!(f.pages.load(Ordering::SeqCst), pages, "{text}");
+        let mut handed = 0;
+        let err = s
+            .scan("envelopes/", 1000, &mut |_, _| {
+                handed += 1;
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(io_kind(&err).1.contains(why), "{err}");
+        // A scan hands on the pages before the bad one.
+        assert_eq!(handed, pages - 1, "{err}");
+        assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    }
+}
+
+/// An endpoint that answers every page validly (a new, rising name) but
+/// slowly, forever, is cut off by the listing's deadline (here 1 s; five
+/// minutes by default), for a listing and for a scan.
+#[test]
+fn a_slow_endless_listing_is_cut_off_at_its_deadline() {
+    let f = fake(Attack::SlowForever);
+    let deadline = Duration::from_secs(1);
+    let s = Arc::new(Arc::into_inner(store(&f)).unwrap().with_listing_deadline(deadline));
+    for scan in [false, true] {
+        let before = f.pages.load(Ordering::SeqCst);
+        let t = Instant::now();
+        let err = if scan {
+            s.scan("envelopes/", 1, &mut |_, _| Ok(())).unwrap_err()
+        } else {
+            s.list("envelopes/").unwrap_err()
+        };
+        let (kind, text) = io_kind(&err);
+        assert_eq!(kind, std::io::ErrorKind::TimedOut, "{text}");
+        assert!(text.contains("deadline"), "{text}");
+        // It ran until the deadline, paging validly, and stopped there.
+        assert!(f.pages.load(Ordering::SeqCst) - before >= 3, "scan {scan}: {text}");
+        assert!(t.elapsed() >= deadline && t.elapsed() < deadline + Duration::from_secs(5), "scan {scan}: {:?}", t.elapsed());
+    }
 }
 
 #[test]

@@ -46,8 +46,32 @@ const MAX_REPLY: u64 = 16 << 20;
 /// revision, which one request of at most 1.5 MiB wrote).
 const MAX_WATCH_LINE: usize = 4 << 20;
 /// Most bytes of names one listing gathers (about 3 million envelopes'
-/// names): a listing that pages on past it is not a store's.
+/// names): a listing that pages on past it is not a store's. A scan
+/// counts its names against it too; its values it does not: a scan holds
+/// one page at a time (each reply at most [`MAX_REPLY`]) and hands it to
+/// its caller, and a revocation's scan of a large store reads gigabytes
+/// of envelopes in all (1,286 bytes each), which the count of names and
+/// the deadline bound.
 const MAX_LISTING: usize = 256 << 20;
+/// Most names one listing (or scan) gathers: empty names are refused, but
+/// one-byte names would still be 24 bytes of `String` each and more,
+/// which bytes of names alone do not count. About 4 million: more than
+/// [`MAX_LISTING`] holds of envelopes' names.
+const MAX_LISTED_NAMES: usize = 4 << 20;
+
+/// How long one listing or scan may wait on etcd in all, by default
+/// ([`EtcdStore::with_listing_deadline`]); time in a scan's caller (a
+/// revocation re-wrapping a page) is not counted. Each page must move on,
+/// so an endpoint cannot page forever with one name; but one that answers
+/// a new name a page, slowly, would hold a command for as long as it
+/// likes within the bounds on names. Not the 30 s of `retry_for`: that is
+/// one call's, and a listing is thousands of calls. A page of 1,000 names
+/// took 33 ms from a loopback etcd's JSON gateway on the 2-core build
+/// machine (100,000 names of 77 bytes, read in 100 pages), so a
+/// listing at [`MAX_LISTED_NAMES`] (4,096 pages) takes about 135 s; five
+/// minutes leaves twice that for a slower cluster, so no listing the
+/// bounds on names allow is cut.
+const LISTING_DEADLINE: Duration = Duration::from_secs(300);
 
 /// How to reach an etcd cluster.
 #[derive(Clone)]
@@ -118,6 +142,8 @@ pub struct EtcdStore {
     /// The endpoint that answered last, tried first.
     next: Arc<AtomicUsize>,
     retry_for: Duration,
+    /// How long one listing or scan may wait on etcd in all.
+    listing_deadline: Duration,
     /// For watches: no overall timeout, `watch_idle` per read.
     watch_agent: ureq::Agent,
 }
@@ -367,8 +393,23 @@ impl EtcdStore {
             prefix: format!("{prefix}/"),
             next: Arc::new(AtomicUsize::new(0)),
             retry_for: config.retry_for,
+            listing_deadline: LISTING_DEADLINE,
             watch_agent: watch_builder.build().new_agent(),
         })
+    }
+
+    /// The store with another deadline for each listing and scan: the
+    /// most time one may wait on etcd in all before it fails with
+    /// [`StoreError::Io`] (kind [`std::io::ErrorKind::TimedOut`]); five
+    /// minutes by default, which a listing at the store's bound on names
+    /// (4 Mi) takes less than half of on a loopback cluster. Time in a
+    /// scan's caller is not counted. For tests of an endpoint that pages
+    /// slowly forever, and for a cluster slower than the default allows
+    /// for.
+    #[must_use]
+    pub fn with_listing_deadline(mut self, deadline: Duration) -> Self {
+        self.listing_deadline = deadline;
+        self
     }
 
     /// The names under `prefix` (relative to the store's prefix; `""` for
@@ -380,7 +421,7 @@ impl EtcdStore {
         let mut from = start.clone().into_bytes();
         let mut revision = 0i64;
         let mut out = Vec::new();
-        let mut bytes = 0usize;
+        let mut listing = Listing::new(prefix, self.listing_deadline);
         loop {
             let mut req = json!({
                 "key": b64(&from), "range_end": b64(&end), "limit": PAGE, "keys_only": true,
@@ -388,21 +429,14 @@ impl EtcdStore {
             if revision != 0 {
                 req["revision"] = json!(revision.to_string());
             }
-            let v = self.call(prefix, "/v3/kv/range", &req)?;
+            let v = listing.call(self, "/v3/kv/range", &req)?;
             if revision == 0 {
                 revision = revision_of(&v);
             }
             let (names, more) = list_page(&v, &self.prefix, prefix)?;
             // Each page must move on, and the whole stay a store's size: an
             // endpoint saying `more` forever is an error, not memory.
-            let from_name = std::str::from_utf8(&from).unwrap_or("").strip_prefix(self.prefix.as_str()).unwrap_or("").trim_end_matches('\0');
-            if names.len() > PAGE || (more && names.last().is_none_or(|l| l.as_str() <= from_name)) {
-                return Err(io_err(prefix, "etcd answered a listing page that does not move on"));
-            }
-            bytes += names.iter().map(String::len).sum::<usize>();
-            if bytes > MAX_LISTING {
-                return Err(io_err(prefix, format!("a listing of more than {MAX_LISTING} bytes of names")));
-            }
+            listing.check(&names, PAGE, more)?;
             out.extend(names);
             if !more {
                 return Ok(out);
@@ -436,6 +470,12 @@ impl EtcdStore {
     /// POSTs `body` to `path` on the endpoints in turn, from the one that
     /// answered last, until one answers or the retry time has passed.
     fn call(&self, key: &str, path: &str, body: &Value) -> Result<Value, StoreError> {
+        self.call_until(key, path, body, None)
+    }
+
+    /// As [`EtcdStore::call`], retrying no later than `until` either (a
+    /// listing's deadline).
+    fn call_until(&self, key: &str, path: &str, body: &Value, until: Option<Instant>) -> Result<Value, StoreError> {
         let body = serde_json::to_vec(body).map_err(|e| io_err(key, e.to_string()))?;
         let start = Instant::now();
         let mut pause = Duration::from_millis(20);
@@ -453,10 +493,11 @@ impl EtcdStore {
                     Err(Failure::Retry(m)) => last = m,
                 }
             }
-            if start.elapsed() >= self.retry_for {
-                return Err(io_err(key, format!("etcd {path}: no member answered in {:?}; last: {last}", self.retry_for)));
+            let now = Instant::now();
+            if start.elapsed() >= self.retry_for || until.is_some_and(|u| now >= u) {
+                return Err(io_err(key, format!("etcd {path}: no member answered in {:?}; last: {last}", now - start)));
             }
-            std::thread::sleep(pause);
+            std::thread::sleep(until.map_or(pause, |u| pause.min(u - now)));
             pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
@@ -659,6 +700,102 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
+/// One listing's (or scan's) progress, and what holds it to a store's
+/// bounds whatever an endpoint answers: each name is under the listing's
+/// prefix, not empty, and after the one before (within a page and across
+/// pages, so no name is repeated and every page moves on); a page holds at
+/// most the names asked for, and says "more" only with a name; the whole
+/// gathers at most [`MAX_LISTED_NAMES`] names and [`MAX_LISTING`] bytes of
+/// them, and waits on etcd at most its deadline in all. Each refusal is a
+/// [`StoreError::Io`] naming the problem (kind `InvalidData`, or
+/// `TimedOut` for the deadline), at the first page that breaks a rule.
+struct Listing<'a> {
+    prefix: &'a str,
+    last: Option<String>,
+    names: usize,
+    bytes: usize,
+    waited: Duration,
+    deadline: Duration,
+}
+
+impl<'a> Listing<'a> {
+    fn new(prefix: &'a str, deadline: Duration) -> Self {
+        Listing { prefix, last: None, names: 0, bytes: 0, waited: Duration::ZERO, deadline }
+    }
+
+    fn refuse(&self, kind: std::io::ErrorKind, msg: String) -> StoreError {
+        StoreError::Io { key: self.prefix.to_owned(), source: std::io::Error::new(kind, msg) }
+    }
+
+    /// One page's request, its time counted against the deadline.
+    fn call(&mut self, store: &EtcdStore, path: &str, body: &Value) -> Result<Value, StoreError> {
+        let timed_out = |l: &Self, last: String| {
+            l.refuse(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a listing still paging after {:?} waiting on etcd, its deadline ({} names so far){last}",
+                    l.waited, l.names
+                ),
+            )
+        };
+        let Some(left) = self.deadline.checked_sub(self.waited).filter(|l| !l.is_zero()) else {
+            return Err(timed_out(self, String::new()));
+        };
+        let t = Instant::now();
+        let v = store.call_until(self.prefix, path, body, Some(t + left));
+        self.waited += t.elapsed();
+        match v {
+            Err(e) if self.waited >= self.deadline => Err(timed_out(self, format!("; last: {e}"))),
+            v => v,
+        }
+    }
+
+    /// Checks one page of `names` (at most `asked`; `more` if another
+    /// follows) against the listing so far, and counts it.
+    fn check(&mut self, names: &[String], asked: usize, more: bool) -> Result<(), StoreError> {
+        use std::io::ErrorKind::InvalidData;
+        let bad = |l: &Self, what: String| l.refuse(InvalidData, format!("etcd answered a listing page {what}"));
+        if names.len() > asked {
+            return Err(bad(self, format!("of {} names, more than the {asked} asked for", names.len())));
+        }
+        if more && names.is_empty() {
+            return Err(bad(self, "that does not move on: no name, and \"more\"".into()));
+        }
+        let mut before = self.last.as_deref();
+        for name in names {
+            if name.is_empty() {
+                return Err(bad(self, "with an empty name (the store's prefix alone)".into()));
+            }
+            if !name.starts_with(self.prefix) {
+                return Err(bad(self, format!("with {name:?}, outside the range {:?}", self.prefix)));
+            }
+            if name == self.prefix {
+                return Err(bad(self, format!("with an empty name ({:?} alone)", self.prefix)));
+            }
+            match before {
+                Some(b) if name == b => return Err(bad(self, format!("that does not move on: {name:?} repeated"))),
+                Some(b) if name.as_str() < b => {
+                    return Err(bad(self, format!("that does not move on: {name:?} after {b:?} (names must rise)")))
+                }
+                _ => {}
+            }
+            before = Some(name);
+        }
+        self.names += names.len();
+        self.bytes += names.iter().map(String::len).sum::<usize>();
+        if self.names > MAX_LISTED_NAMES {
+            return Err(self.refuse(InvalidData, format!("a listing of more than {MAX_LISTED_NAMES} names")));
+        }
+        if self.bytes > MAX_LISTING {
+            return Err(self.refuse(InvalidData, format!("a listing of more than {MAX_LISTING} bytes of names")));
+        }
+        if let Some(l) = names.last() {
+            self.last = Some(l.clone());
+        }
+        Ok(())
+    }
+}
+
 impl Store for EtcdStore {
     fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.get_stamped(key)?.map(|(v, _)| v))
@@ -759,26 +896,16 @@ impl Store for EtcdStore {
         let start = format!("{}{prefix}", self.prefix);
         let end = prefix_end(start.as_bytes());
         let mut from = start.into_bytes();
-        let mut last: Option<String> = None;
-        let mut listed = 0usize;
+        let mut listing = Listing::new(prefix, self.listing_deadline);
         loop {
             let req = json!({ "key": b64(&from), "range_end": b64(&end), "limit": page });
-            let v = self.call(prefix, "/v3/kv/range", &req)?;
+            let v = listing.call(self, "/v3/kv/range", &req)?;
             let (names, values, more) = range_page(&v, &self.prefix, prefix)?;
             // Names rise strictly, within the page and past the last page,
             // and stay under the prefix: an endpoint that repeats or
             // reorders a page is an error, not a loop. And the whole stays a
             // store's size, as for a listing.
-            let rising = names.windows(2).all(|w| w[0] < w[1])
-                && names.first().is_none_or(|f| last.as_ref().is_none_or(|l| f > l))
-                && names.iter().all(|n| n.starts_with(prefix));
-            if names.len() > page || !rising || (more && names.is_empty()) {
-                return Err(io_err(prefix, "etcd answered a page that does not move on"));
-            }
-            listed += names.iter().map(String::len).sum::<usize>();
-            if listed > MAX_LISTING {
-                return Err(io_err(prefix, format!("a scan of more than {MAX_LISTING} bytes of names")));
-            }
+            listing.check(&names, page, more)?;
             let Some(tail) = names.last().cloned() else { return Ok(()) };
             largest = largest.max(values.iter().map(Vec::len).max().unwrap_or(0) + tail.len());
             each(names, values.into_iter().map(Some).collect())?;
@@ -789,7 +916,6 @@ impl Store for EtcdStore {
             let fits = (MAX_REPLY as usize / 2) / (largest * 3 / 2 + 64).max(1);
             page = fits.clamp(1, most);
             from = format!("{}{tail}\0", self.prefix).into_bytes();
-            last = Some(tail);
         }
     }
 
