@@ -3,7 +3,10 @@
 //! it against the public key openssl wrote when it made the key; the
 //! secret is never read out; every failure an operator meets (wrong PIN,
 //! no PIN, no such key, no module, a PIN in the URI, the token's folder
-//! deleted while in use) is a typed error, and nothing hangs; 10,000
+//! deleted while in use) is a typed error, and nothing hangs; a refused
+//! PIN reaches the token once, however many loads and threads ask, until
+//! the PIN changes (counted by a module that logs each `C_Login`); an
+//! agent's refusal names neither its module nor other tokens; 10,000
 //! signatures with 64 in flight.
 
 mod pkcs11_support;
@@ -18,7 +21,7 @@ use keyfence::sign::managed::{ManagedConfig, ManagedEngine};
 use keyfence::sign::pkcs11::{self, Pkcs11Settings};
 use keyfence::sign::{Algorithm, Hash, Input, KeyKind, OpClass, Operation, PrivateKey, Request, SignError};
 use keyfence::ErrorCode;
-use pkcs11_support::{module, pin, token, uri};
+use pkcs11_support::{counting_module, logins, module, pin, token, uri, CKR_PIN_INCORRECT};
 
 fn engine() -> ManagedEngine {
     ManagedEngine::start(ManagedConfig::default()).unwrap()
@@ -112,8 +115,13 @@ fn every_algorithm_signs_on_the_token_class_and_verifies_against_openssls_key() 
 /// The module opened directly (this process's keyfence has it initialized
 /// already, which the second `C_Initialize` says), and the slot of `label`.
 fn token_slot(dir: &Path, label: &str) -> (cryptoki::context::Pkcs11, cryptoki::slot::Slot) {
+    token_slot_in(Path::new(&module(dir)), label)
+}
+
+/// The same, through the module `module`.
+fn token_slot_in(module: &Path, label: &str) -> (cryptoki::context::Pkcs11, cryptoki::slot::Slot) {
     use cryptoki::context::{CInitializeArgs, Pkcs11};
-    let ctx = Pkcs11::new(module(dir)).unwrap();
+    let ctx = Pkcs11::new(module).unwrap();
     let _ = ctx.initialize(CInitializeArgs::OsThreads);
     let slot = ctx
         .get_slots_with_token()
@@ -210,6 +218,165 @@ fn a_wrong_or_missing_pin_is_token_login_and_is_not_tried_again() {
     let e = pkcs11::load(&base, &settings).unwrap_err();
     assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
     assert!(e.to_string().contains("needs a PIN"), "{e}");
+}
+
+/// The review's case (issue 55): a token whose PIN is not the one given,
+/// loaded again and again. The token hears the wrong PIN once, from eight
+/// threads at once and twenty loads after them; every load after the
+/// first refusal fails at once with `TOKEN_LOGIN`, saying why. The same
+/// wrong PIN from another source is another login, tried once too. Then
+/// the operator fixes the PIN file, and the next load logs in and signs.
+#[test]
+fn a_refused_pin_reaches_the_token_once_until_the_pin_file_changes() {
+    let Some(dir) = token() else { return };
+    let label = "counted";
+    let counting = counting_module(dir);
+    let pin_file = dir.join("counted.try");
+    std::fs::write(&pin_file, "0000\n").unwrap();
+    let base = format!("pkcs11:token={label};object=payments?module-path={}", counting.display());
+    let uri = format!("{base}&pin-source=file:{}", pin_file.display());
+    let settings = Pkcs11Settings::default();
+    let refused = |e: &SignError| {
+        assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
+        assert!(e.to_string().starts_with("pkcs11:token=counted: the token refused the PIN from"), "{e}");
+        assert!(e.to_string().contains("until the PIN changes") && !e.to_string().contains("0000"), "{e}");
+    };
+
+    // Eight threads at once: one sends the PIN, the others hear its answer.
+    let barrier = std::sync::Barrier::new(8);
+    let errors: Vec<SignError> = std::thread::scope(|s| {
+        let loads: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(|| {
+                    barrier.wait();
+                    pkcs11::load(&uri, &settings).map(|_| ()).unwrap_err()
+                })
+            })
+            .collect();
+        loads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    errors.iter().for_each(refused);
+    assert_eq!(logins(dir, label), [CKR_PIN_INCORRECT], "one C_Login for eight loads at once");
+
+    // Twenty loads after: none reaches the token, each says why.
+    for _ in 0..20 {
+        let e = pkcs11::load(&uri, &settings).map(|_| ()).unwrap_err();
+        refused(&e);
+        assert!(e.to_string().contains(&format!("the PIN file {} before (Login returned PinIncorrect)", pin_file.display())), "{e}");
+    }
+    // Through an engine as well (the same process's memory).
+    let e = load(&engine(), &uri).map(|_| ()).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
+    assert_eq!(logins(dir, label), [CKR_PIN_INCORRECT], "a refused PIN was sent again");
+
+    // The same wrong PIN as the settings' PIN (KEYFENCE_PKCS11_PIN) is
+    // another source: tried once, then remembered too.
+    let mut by_value = Pkcs11Settings::default();
+    by_value.pin = Some(zeroize::Zeroizing::new("0000".to_string()));
+    for _ in 0..5 {
+        let e = pkcs11::load(&base, &by_value).map(|_| ()).unwrap_err();
+        assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
+        assert!(e.to_string().contains("the PIN setting (KEYFENCE_PKCS11_PIN)"), "{e}");
+    }
+    assert_eq!(logins(dir, label), [CKR_PIN_INCORRECT; 2]);
+
+    // The operator fixes the PIN file: the next load logs in and signs.
+    std::fs::write(&pin_file, "4321\n").unwrap();
+    let key = pkcs11::load(&uri, &settings).unwrap_or_else(|e| panic!("{e}"));
+    let sig = key.sign(Algorithm::EcdsaP256Sha256, b"paid").unwrap();
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"paid", &sig));
+    assert_eq!(logins(dir, label), [CKR_PIN_INCORRECT, CKR_PIN_INCORRECT, 0]);
+    // Logged in: more keys of the token need no login.
+    pkcs11::load(&uri, &settings).unwrap();
+    assert_eq!(logins(dir, label).len(), 3);
+
+    // The control: the module counts every C_Login it is given (the
+    // token, logged in, answers CKR_USER_ALREADY_LOGGED_IN).
+    let (ctx, slot) = token_slot_in(&counting, label);
+    let session = ctx.open_ro_session(slot).unwrap();
+    for _ in 0..2 {
+        let _ = session.login(cryptoki::session::UserType::User, Some(&cryptoki::types::AuthPin::new("0000".into())));
+    }
+    drop(session);
+    std::mem::forget(ctx); // keyfence's module handle is the same library
+    assert_eq!(logins(dir, label).len(), 5, "the counting module missed a C_Login");
+}
+
+/// An agent answers clients it does not trust with its module and PIN
+/// file: a refusal names neither the module's path, nor the PIN file's,
+/// nor any token but the one the URI asked for, and a PIN refused for one
+/// client is not sent again for the next (the review's agent: twenty loads
+/// of a token whose PIN is not the agent's file's, one `C_Login`).
+#[test]
+fn an_agents_refusal_names_no_module_path_and_no_other_token() {
+    use keyfence::sign::key_process::{Agent, AgentConfig};
+    use keyfence::sign::managed::{Isolation, ManagedConfig};
+    use keyfence::wrap::{Authority, FileStore};
+    let Some(dir) = token() else { return };
+    let counting = counting_module(dir);
+    let agent_dir = dir.join("agent");
+    std::fs::create_dir_all(&agent_dir).unwrap();
+    let store = agent_dir.join("store");
+    let authority = Authority::init(Arc::new(FileStore::open(&store).unwrap())).unwrap();
+    let machine_key = agent_dir.join("machine.key");
+    std::fs::write(&machine_key, authority.issue(&"region=EU".parse().unwrap()).unwrap().to_bytes()).unwrap();
+    let mut config = AgentConfig::new(agent_dir.join("agent.sock"), store.to_str().unwrap(), &machine_key);
+    config.rsa_threads = 1;
+    config.ec_threads = 1;
+    // The agent's PIN file is `edge`'s: the spare tokens' PIN is another.
+    let mut settings = Pkcs11Settings::default();
+    settings.module = Some(counting.clone());
+    settings.pin_file = Some(dir.join("pin"));
+    config.pkcs11 = Some(settings);
+    let _agent = Agent::start(config).unwrap();
+    let mut client = ManagedConfig::default();
+    client.isolation = Isolation::Agent(agent_dir.join("agent.sock"));
+    let client = ManagedEngine::start(client).unwrap();
+    let load = |uri: &str| load(&client, uri).map(|_| ()).unwrap_err();
+    let discreet = |e: &keyfence::sign::managed::LoadError, token: &str| {
+        let msg = e.to_string();
+        for secret in [counting.to_str().unwrap(), "libsofthsm2", dir.to_str().unwrap(), &pin(dir)] {
+            assert!(!msg.contains(secret), "the refusal names {secret}: {msg}");
+        }
+        let words: Vec<&str> = msg.split(|c: char| !c.is_ascii_alphanumeric() && c != '-').collect();
+        for other in ["edge"].iter().chain(pkcs11_support::SPARE_TOKENS.iter()).filter(|l| **l != token) {
+            assert!(!words.contains(other), "the refusal names the token {other}: {msg}");
+        }
+    };
+
+    // The control: the agent's module and PIN file work for `edge`.
+    let key = client_key(&client, "pkcs11:token=edge;object=tls-p256");
+    client.perform(Request::sign(key, Algorithm::EcdsaP256Sha256, b"m".to_vec())).unwrap();
+
+    // The review's case: a token whose PIN is not the agent's file's.
+    for _ in 0..20 {
+        let e = load("pkcs11:token=counted-agent;object=payments");
+        assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
+        assert!(e.to_string().contains("pkcs11:token=counted-agent") && e.to_string().contains("this signer's PIN file"), "{e}");
+        discreet(&e, "counted-agent");
+    }
+    assert_eq!(logins(dir, "counted-agent"), [CKR_PIN_INCORRECT], "the agent sent a refused PIN again");
+
+    // No such token; a URI that matches every token; another module; another PIN file.
+    let e = load("pkcs11:token=no-such-token;object=payments");
+    assert_eq!(e.code(), ErrorCode::InvalidPrivateKey, "{e}");
+    assert!(e.to_string().contains("no token that matches the URI"), "{e}");
+    discreet(&e, "no-such-token");
+    let e = load("pkcs11:object=payments");
+    assert_eq!(e.code(), ErrorCode::InvalidPrivateKey, "{e}");
+    assert!(e.to_string().contains("tokens match the URI"), "{e}");
+    discreet(&e, "");
+    let e = load("pkcs11:token=edge;object=tls-p256?module-path=/usr/lib/other-pkcs11.so");
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    assert!(e.to_string().contains("loads only the PKCS#11 module it was started with"), "{e}");
+    discreet(&e, "edge");
+    let e = load("pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/other-pin");
+    assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
+    discreet(&e, "edge");
+}
+
+fn client_key(engine: &ManagedEngine, uri: &str) -> Arc<PrivateKey> {
+    load(engine, uri).unwrap_or_else(|e| panic!("{uri}: {e}"))
 }
 
 #[test]

@@ -13,7 +13,7 @@ use std::io::{Read, Seek, SeekFrom};
 use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
 use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
 use keyfence::sign::{Algorithm, Request};
-use pkcs11_support::{token, uri};
+use pkcs11_support::{counting_module, logins, token, uri, CKR_PIN_INCORRECT};
 
 const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
 
@@ -153,4 +153,42 @@ fn a_refused_pin_in_the_key_process_is_token_login_and_the_process_lives() {
     assert_eq!(e.code(), keyfence::ErrorCode::InvalidConfig, "{e}");
     engine.perform(Request::sign(key, Algorithm::EcdsaP256Sha256, b"still here".to_vec())).unwrap();
     assert_eq!(engine.key_process_pid(), Some(pid));
+}
+
+/// A key process remembers a refused PIN as a process does (issue 55): the
+/// memory is the key process's own, so loads through it, from several
+/// threads at once and twenty after, send the wrong PIN to the token once;
+/// the fixed PIN file's PIN logs in. (A key process started again after a
+/// crash starts with an empty memory, and may send a refused PIN once
+/// more: a restart is rare, and not worth keeping the memory on disk.)
+#[test]
+fn a_refused_pin_reaches_the_token_once_per_key_process() {
+    let Some(dir) = token() else { return };
+    let engine = key_process_engine();
+    let pid = engine.key_process_pid().unwrap();
+    let pin_file = dir.join("counted.try");
+    std::fs::write(&pin_file, "0000\n").unwrap();
+    let uri = format!(
+        "pkcs11:token=counted;object=payments?module-path={}&pin-source=file:{}",
+        counting_module(dir).display(),
+        pin_file.display()
+    );
+    let refused = |e: keyfence::sign::managed::LoadError| {
+        assert_eq!(e.code(), keyfence::ErrorCode::TokenLogin, "{e}");
+        assert!(e.to_string().contains("the token refused the PIN from") && e.to_string().contains("until the PIN changes"), "{e}");
+    };
+    std::thread::scope(|s| {
+        let loads: Vec<_> = (0..4).map(|_| s.spawn(|| engine.load(KeySource::Pkcs11(uri.clone())).map(|_| ()).unwrap_err())).collect();
+        loads.into_iter().for_each(|t| refused(t.join().unwrap()));
+    });
+    for _ in 0..20 {
+        refused(engine.load(KeySource::Pkcs11(uri.clone())).map(|_| ()).unwrap_err());
+    }
+    assert_eq!(logins(dir, "counted"), [CKR_PIN_INCORRECT], "the key process sent a refused PIN again");
+    assert_eq!(engine.key_process_pid(), Some(pid), "the key process was started again");
+    std::fs::write(&pin_file, "4321\n").unwrap();
+    let key = engine.load(KeySource::Pkcs11(uri.clone())).unwrap_or_else(|e| panic!("{e}"));
+    engine.perform(Request::sign(key, Algorithm::EcdsaP256Sha256, b"paid".to_vec())).unwrap();
+    assert_eq!(logins(dir, "counted"), [CKR_PIN_INCORRECT, 0]);
+    assert_eq!(maps_module(std::process::id()), Some(false), "this process mapped the PKCS#11 module");
 }

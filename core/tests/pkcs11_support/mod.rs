@@ -41,9 +41,31 @@ pub fn token() -> Option<&'static Path> {
             std::fs::write(dir.join(format!("{label}.pin")), "4321\n").unwrap();
             std::fs::write(dir.join(format!("{label}.badpin")), "0000\n").unwrap();
         }
+        // The counted tokens hold a key `payments` (imported as the
+        // fixture imports its keys, so that no test needs to load the
+        // module in its own process to make one).
+        for label in COUNTED_TOKENS {
+            let pem = dir.join("keys").join(format!("{label}-payments.pem"));
+            let o = Command::new("openssl")
+                .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
+                .arg(&pem)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "openssl genpkey: {}", String::from_utf8_lossy(&o.stderr));
+            let o = Command::new("softhsm2-util")
+                .args(["--import"])
+                .arg(&pem)
+                .args(["--token", label, "--label", "payments", "--id", "10", "--pin", "4321"])
+                .env("SOFTHSM2_CONF", dir.join("softhsm2.conf"))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "softhsm2-util --import on {label}: {}", String::from_utf8_lossy(&o.stderr));
+        }
         // SoftHSM finds its tokens through SOFTHSM2_CONF, read when the
-        // module initializes: before any test loads it.
+        // module initializes: before any test loads it. The counting
+        // module finds its log the same way (a key process inherits both).
         std::env::set_var("SOFTHSM2_CONF", dir.join("softhsm2.conf"));
+        std::env::set_var(LOGIN_LOG, login_log(&dir));
         Some(dir)
     })
     .as_deref()
@@ -52,7 +74,59 @@ pub fn token() -> Option<&'static Path> {
 /// Tokens besides `edge`, with the user PIN 4321 (in DIR/LABEL.pin; a
 /// wrong one in DIR/LABEL.badpin) and no keys; DIR/LABEL.folder names the
 /// token's folder.
-pub const SPARE_TOKENS: [&str; 5] = ["logins", "logins2", "nopin", "doomed", "relogin"];
+pub const SPARE_TOKENS: [&str; 7] = ["logins", "logins2", "nopin", "doomed", "relogin", "counted", "counted-agent"];
+
+/// The spare tokens that hold a P-256 key `payments` (id 10), for the
+/// tests that count logins through [`counting_module`].
+pub const COUNTED_TOKENS: [&str; 2] = ["counted", "counted-agent"];
+
+/// The variable naming the file the counting module logs each `C_Login`
+/// to ([`login_log`]).
+pub const LOGIN_LOG: &str = "KEYFENCE_TEST_LOGIN_LOG";
+
+/// The counting module's log: in SoftHSM2's token folder, where a key
+/// process's sandbox lets a token module write (SoftHSM2 lists only the
+/// folder's subfolders as tokens, so a file there is no token).
+fn login_log(dir: &Path) -> PathBuf {
+    dir.join("tokens").join("logins.log")
+}
+
+/// `CKR_PIN_INCORRECT`, as the counting module logs it.
+pub const CKR_PIN_INCORRECT: u64 = 0xa0;
+
+/// A PKCS#11 module that forwards to SoftHSM2's and logs every `C_Login`
+/// (counting_module.c), built once per test process with `cc` into DIR.
+pub fn counting_module(dir: &Path) -> PathBuf {
+    static MODULE: OnceLock<PathBuf> = OnceLock::new();
+    MODULE
+        .get_or_init(|| {
+            let src = dir.join("counting_module.c");
+            let lib = dir.join("counting_module.so");
+            std::fs::write(&src, include_str!("counting_module.c")).unwrap();
+            let o = Command::new("cc")
+                .args(["-shared", "-fPIC", "-O1", "-Wall", "-o"])
+                .arg(&lib)
+                .arg(format!("-DTARGET_MODULE=\"{}\"", module(dir)))
+                .arg(&src)
+                .args(["-ldl", "-lpthread"])
+                .output()
+                .expect("a C compiler (cc) builds the counting PKCS#11 module");
+            assert!(o.status.success(), "cc counting_module.c: {}", String::from_utf8_lossy(&o.stderr));
+            lib
+        })
+        .clone()
+}
+
+/// The codes of the `C_Login` calls made through the counting module on
+/// token `label`, in order (0: logged in).
+pub fn logins(dir: &Path, label: &str) -> Vec<u64> {
+    let log = std::fs::read_to_string(login_log(dir)).unwrap_or_default();
+    log.lines()
+        .filter_map(|l| l.rsplit_once(' '))
+        .filter(|(token, _)| *token == label)
+        .map(|(_, rv)| rv.parse().unwrap())
+        .collect()
+}
 
 /// The module the fixture found.
 pub fn module(dir: &Path) -> String {

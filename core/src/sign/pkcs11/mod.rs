@@ -26,7 +26,13 @@
 //!   every session is dropped, the token logged into again, the key found
 //!   again and the operation retried once; a token still gone fails with
 //!   `TOKEN_UNAVAILABLE`. A refused PIN fails with `TOKEN_LOGIN` and is
-//!   never tried again (that would lock the token).
+//!   never tried again (that would lock the token): the refusal is
+//!   remembered for the process (module, token, PIN source and a keyed
+//!   digest of the PIN), not with the token's keys, and every later load
+//!   with that PIN fails at once until the PIN file or variable changes.
+//! - With [`Pkcs11Settings::fixed`] (an agent answering its clients),
+//!   errors name neither the module's path nor the PIN file's, nor any
+//!   token but the one the URI selects.
 //! - The PIN comes from the URI's `pin-source` file, or
 //!   `KEYFENCE_PKCS11_PIN_FILE`, or `KEYFENCE_PKCS11_PIN`; never from the
 //!   URI itself. The module from `module-path`, `module-name` (p11-kit's
@@ -63,8 +69,9 @@ use super::types::{KeyKind, SignError};
 /// [`Pkcs11Settings::fixed`]) a module or PIN file other than the fixed
 /// ones; [`SignError::Config`] for a module that cannot be found, loaded
 /// or initialized; [`SignError::Token`] for no such token or key
-/// (`INVALID_PRIVATE_KEY`), a refused or missing PIN (`TOKEN_LOGIN`), or a
-/// token that does not answer (`TOKEN_UNAVAILABLE`).
+/// (`INVALID_PRIVATE_KEY`), a refused or missing PIN (`TOKEN_LOGIN`; a PIN
+/// this process had refused before is not sent to the token again until
+/// it changes), or a token that does not answer (`TOKEN_UNAVAILABLE`).
 pub fn load(uri: &str, settings: &Pkcs11Settings) -> Result<PrivateKey, SignError> {
     let parsed = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
     token::load(&parsed, settings)

@@ -9,13 +9,16 @@
 //! token; the token is logged into again, the key found again by its
 //! attributes, and the operation retried once. A token that is still gone
 //! fails with [`TokenFailure::Unavailable`]. A refused PIN is never tried
-//! again by itself: every later operation fails at once with
-//! [`TokenFailure::Login`], so keyfence cannot lock the token's PIN.
+//! again by itself: every later operation and load fails at once with
+//! [`TokenFailure::Login`], so keyfence cannot lock the token's PIN. The
+//! refusal is remembered for the whole process, not with the token's
+//! object (which goes when its last key does), until the PIN changes: see
+//! [`LoginMemory`].
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Condvar, LazyLock, Mutex, RwLock, Weak};
 use std::time::Instant;
 
 use cryptoki::context::{CInitializeArgs, Pkcs11};
@@ -49,6 +52,9 @@ pub struct Pkcs11Settings {
     /// Refuse a URI's `module-path`, `module-name` and `pin-source` unless
     /// they name the module and PIN file above: what an agent sets, so a
     /// client cannot make it load a library or read a file of its choice.
+    /// Errors then name neither the module's path nor the PIN file's, nor
+    /// the labels of tokens other than the one the URI selects: they go to
+    /// clients the signer does not trust.
     pub fixed: bool,
 }
 
@@ -86,9 +92,9 @@ impl Pkcs11Settings {
             (None, None) => None,
         };
         match (named, &self.module) {
+            // The fixed module's path is not the client's to learn.
             (Some(p), Some(fixed)) if self.fixed && !same_file(&p, fixed) => Err(SignError::InvalidArgument(format!(
-                "this signer loads only the PKCS#11 module it was started with ({}); the URI names {}",
-                fixed.display(),
+                "this signer loads only the PKCS#11 module it was started with; the URI names {}",
                 p.display()
             ))),
             // The fixed file itself, never the name the client gave: a link
@@ -109,7 +115,7 @@ impl Pkcs11Settings {
 
     /// The PIN for `uri`: its `pin-source`, else the PIN file, else the
     /// PIN; `None` when none is given.
-    fn pin_for(&self, uri: &Pkcs11Uri) -> Result<Option<Zeroizing<String>>, SignError> {
+    fn pin_for(&self, uri: &Pkcs11Uri) -> Result<Option<Pin>, SignError> {
         let file = match (&uri.pin_source, &self.pin_file) {
             (Some(p), Some(fixed)) if self.fixed && !same_file(p, fixed) => {
                 return Err(SignError::InvalidArgument(
@@ -124,23 +130,83 @@ impl Pkcs11Settings {
             (None, f) => f.as_ref(),
         };
         match file {
-            Some(path) => read_pin(path).map(Some),
-            None => Ok(self.pin.clone()),
+            Some(path) => {
+                // A fixed PIN file's path is not the client's to learn.
+                let shown = if self.fixed { "this signer's PIN file".to_string() } else { format!("the PIN file {}", path.display()) };
+                let secret = read_pin(path, &shown)?;
+                let source = PinSource::File(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()));
+                Ok(Some(Pin::new(secret, source, shown)))
+            }
+            None => Ok(self.pin.clone().map(|secret| Pin::new(secret, PinSource::Value, "the PIN setting (KEYFENCE_PKCS11_PIN)".into()))),
         }
     }
+}
+
+/// A PIN to log in with: the secret (zeroized when dropped; kept by the
+/// token's object to log in again after the token comes back), where it
+/// came from, and a keyed digest of it, which is all that the memory of
+/// refused PINs ([`LoginMemory`]) keeps.
+#[derive(Clone)]
+struct Pin {
+    secret: Zeroizing<String>,
+    source: PinSource,
+    digest: [u8; 32],
+    /// Where it came from, for messages: `the PIN file /etc/pin`, or, for
+    /// a signer with fixed settings (an agent), no path.
+    shown: String,
+}
+
+/// Where a PIN was read: a PIN file (its canonical path), or the settings'
+/// PIN (`KEYFENCE_PKCS11_PIN`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum PinSource {
+    File(PathBuf),
+    Value,
+}
+
+impl Pin {
+    fn new(secret: Zeroizing<String>, source: PinSource, shown: String) -> Pin {
+        let digest = pin_digest(&secret);
+        Pin { secret, source, digest, shown }
+    }
+
+    /// Whether `other` is the same PIN, compared in constant time (on the
+    /// digests, which have the same length whatever the PINs').
+    fn same_as(&self, other: &Pin) -> bool {
+        use subtle::ConstantTimeEq;
+        bool::from(self.digest.ct_eq(&other.digest))
+    }
+}
+
+/// A keyed BLAKE2b digest of `pin`, under a key drawn at random once per
+/// process: equal PINs give equal digests in this process, and a digest
+/// read out of its memory cannot be checked against guessed PINs without
+/// the key, nor matched with another process's.
+fn pin_digest(pin: &str) -> [u8; 32] {
+    static KEY: LazyLock<Zeroizing<[u8; 32]>> = LazyLock::new(|| {
+        use rand_core::RngCore;
+        let mut key = Zeroizing::new([0u8; 32]);
+        rand_core::OsRng.fill_bytes(&mut key[..]);
+        key
+    });
+    let hash = blake2b_simd::Params::new().hash_length(32).key(&KEY[..]).personal(b"keyfence-pin").hash(pin.as_bytes());
+    let mut out = [0u8; 32];
+    out.copy_from_slice(hash.as_bytes());
+    out
 }
 
 fn same_file(a: &Path, b: &Path) -> bool {
     a == b || matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
 }
 
-/// The first line of `path`, without its line end.
-fn read_pin(path: &Path) -> Result<Zeroizing<String>, SignError> {
-    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read the PIN file {}: {e}", path.display())))?);
-    let text = std::str::from_utf8(&bytes).map_err(|_| SignError::InvalidArgument(format!("the PIN file {} is not UTF-8", path.display())))?;
+/// The first line of `path`, without its line end; `shown` names the
+/// file in errors.
+fn read_pin(path: &Path, shown: &str) -> Result<Zeroizing<String>, SignError> {
+    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read {shown}: {e}")))?);
+    let text = std::str::from_utf8(&bytes).map_err(|_| SignError::InvalidArgument(format!("{shown} is not UTF-8")))?;
     let pin = text.split(['\n', '\r']).next().unwrap_or("");
     if pin.is_empty() {
-        return Err(SignError::InvalidArgument(format!("the PIN file {} is empty", path.display())));
+        return Err(SignError::InvalidArgument(format!("{shown} is empty")));
     }
     Ok(Zeroizing::new(pin.to_owned()))
 }
@@ -208,20 +274,23 @@ fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     f(guard.get_or_insert_with(|| Registry { pid, modules: Vec::new(), tokens: Vec::new() }))
 }
 
-fn load_module(path: &Path) -> Result<Arc<Module>, SignError> {
-    let canonical = std::fs::canonicalize(path)
-        .map_err(|e| SignError::Config(format!("the PKCS#11 module {} cannot be opened: {e}", path.display())))?;
+/// Loads (or reuses) the module at `path`. With `discreet` (a signer with
+/// fixed settings: an agent, answering its clients), errors do not name
+/// the module's path: the dynamic loader's message, which does, is left out.
+fn load_module(path: &Path, discreet: bool) -> Result<Arc<Module>, SignError> {
+    let shown = if discreet { "this signer's PKCS#11 module".to_string() } else { format!("the PKCS#11 module {}", path.display()) };
+    let canonical = std::fs::canonicalize(path).map_err(|e| SignError::Config(format!("{shown} cannot be opened: {e}")))?;
     with_registry(|r| {
         if let Some(m) = r.modules.iter().find(|m| m.path == canonical) {
             return Ok(m.clone());
         }
-        let ctx = Pkcs11::new(&canonical)
-            .map_err(|e| SignError::Config(format!("the PKCS#11 module {} cannot be loaded: {e}", path.display())))?;
+        let ctx = Pkcs11::new(&canonical).map_err(|e| match discreet {
+            true => SignError::Config(format!("{shown} cannot be loaded")),
+            false => SignError::Config(format!("{shown} cannot be loaded: {e}")),
+        })?;
         match ctx.initialize(CInitializeArgs::OsThreads) {
             Ok(()) | Err(CkError::Pkcs11(RvError::CryptokiAlreadyInitialized, _)) => {}
-            Err(e) => {
-                return Err(SignError::Config(format!("the PKCS#11 module {} failed to initialize: {}", path.display(), rv(&e))))
-            }
+            Err(e) => return Err(SignError::Config(format!("{shown} failed to initialize: {}", rv(&e)))),
         }
         let m = Arc::new(Module { ctx, path: canonical });
         r.modules.push(m.clone());
@@ -258,6 +327,149 @@ fn reopens(e: &CkError) -> bool {
     )
 }
 
+/// The token's answers to `C_Login` that refuse the PIN itself: trying the
+/// same PIN again cannot succeed, and a token that counts failed logins
+/// locks its user PIN after a few. (`CKR_PIN_EXPIRED` and
+/// `CKR_PIN_LOCKED` are answered for the right PIN too, but then only a new
+/// PIN helps, and the attempt may still count.)
+fn refuses_pin(e: &CkError) -> bool {
+    matches!(
+        e,
+        CkError::Pkcs11(RvError::PinIncorrect | RvError::PinInvalid | RvError::PinLenRange | RvError::PinExpired | RvError::PinLocked, _)
+    )
+}
+
+/// How the token describes itself (`CK_TOKEN_INFO`): one token, whichever
+/// slot it is in now.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+struct TokenIdentity {
+    label: String,
+    serial: String,
+    model: String,
+    manufacturer: String,
+}
+
+/// A login: with which module, on which token, with the PIN from where and
+/// which PIN (its keyed digest, never the PIN).
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct LoginKey {
+    module: PathBuf,
+    token: TokenIdentity,
+    source: PinSource,
+    digest: [u8; 32],
+}
+
+impl LoginKey {
+    /// The same module, token and PIN source (the PIN may differ).
+    fn same_place(&self, other: &LoginKey) -> bool {
+        self.module == other.module && self.token == other.token && self.source == other.source
+    }
+}
+
+enum LoginState {
+    /// A thread of process `pid` is in `C_Login` with this PIN: the others
+    /// wait for its answer rather than send the PIN too.
+    Trying { pid: u32 },
+    /// The token refused this PIN (the `CKR_` name).
+    Refused(String),
+}
+
+/// The memory of refused PINs: process-wide, so a refusal outlives the
+/// token's object (dropped with the token's last key, or at once when
+/// the load that made it fails), and every later load and login with the
+/// same PIN from the same source fails at once, without a `C_Login`.
+///
+/// Kept until the PIN changes: a login from the same source with another
+/// PIN (the PIN file rewritten, `KEYFENCE_PKCS11_PIN` set again), whatever
+/// the token answers, forgets the earlier refusal; so there is at most one
+/// refusal per module, token and PIN source. Only a keyed digest of the
+/// PIN is kept ([`pin_digest`]). A key process keeps its own (its memory
+/// is the process's), so a key process started again may try a refused
+/// PIN once more.
+///
+/// The check and the `C_Login` are one step for every thread: a thread
+/// that finds another in `C_Login` with the same PIN waits for its answer
+/// (not for logins elsewhere), so a refusal is seen even by a thread that
+/// was already past every other check.
+struct LoginMemory {
+    states: Mutex<HashMap<LoginKey, LoginState>>,
+    changed: Condvar,
+}
+
+static LOGINS: LazyLock<LoginMemory> = LazyLock::new(|| LoginMemory { states: Mutex::new(HashMap::new()), changed: Condvar::new() });
+
+impl LoginMemory {
+    /// The refusal of the PIN `key` names, if it was refused.
+    fn refusal(&self, key: &LoginKey) -> Option<String> {
+        match self.states.lock().unwrap_or_else(|e| e.into_inner()).get(key) {
+            Some(LoginState::Refused(why)) => Some(why.clone()),
+            _ => None,
+        }
+    }
+
+    /// Leave to send the PIN `key` names to the token, or its earlier
+    /// refusal; waits while another thread of this process is sending it.
+    fn begin(&'static self, key: LoginKey) -> Result<LoginAttempt, String> {
+        let pid = std::process::id();
+        let mut states = self.states.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match states.get(&key) {
+                Some(LoginState::Refused(why)) => return Err(why.clone()),
+                Some(LoginState::Trying { pid: p }) if *p == pid => {
+                    states = self.changed.wait(states).unwrap_or_else(|e| e.into_inner());
+                }
+                // Nobody is trying it (or only a thread of the parent of a
+                // `fork`, which is not in this process).
+                _ => {
+                    states.insert(key.clone(), LoginState::Trying { pid });
+                    return Ok(LoginAttempt { memory: self, key: Some(key) });
+                }
+            }
+        }
+    }
+}
+
+/// A `C_Login` under way (see [`LoginMemory::begin`]). Dropped without an
+/// answer (the token did not answer, or the call panicked), it leaves
+/// nothing behind: the next thread tries.
+struct LoginAttempt {
+    memory: &'static LoginMemory,
+    key: Option<LoginKey>,
+}
+
+impl LoginAttempt {
+    /// The token answered: `refused` is its refusal, `None` a login.
+    fn answered(mut self, refused: Option<String>) {
+        let Some(key) = self.key.take() else { return };
+        let mut states = self.memory.states.lock().unwrap_or_else(|e| e.into_inner());
+        // The PIN from this source has changed since any other refusal of
+        // it: that one is forgotten.
+        states.retain(|k, s| !(matches!(s, LoginState::Refused(_)) && k.same_place(&key) && k.digest != key.digest));
+        match refused {
+            Some(why) => {
+                states.insert(key, LoginState::Refused(why));
+            }
+            None => {
+                states.remove(&key);
+            }
+        }
+        drop(states);
+        self.memory.changed.notify_all();
+    }
+}
+
+impl Drop for LoginAttempt {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let mut states = self.memory.states.lock().unwrap_or_else(|e| e.into_inner());
+        if matches!(states.get(&key), Some(LoginState::Trying { .. })) {
+            states.remove(&key);
+        }
+        drop(states);
+        self.memory.changed.notify_all();
+    }
+}
+
 /// The sessions of a token.
 struct Sessions {
     /// Open sessions not in use, with the generation they were opened in.
@@ -266,10 +478,9 @@ struct Sessions {
     /// object handles of earlier generations are not used again.
     generation: u64,
     /// Whether this process is logged in (PKCS#11 logs in per token and
-    /// application, not per session).
+    /// application, not per session). A refused PIN is remembered in
+    /// [`LOGINS`], not here.
     logged_in: bool,
-    /// The token's refusal of the PIN, kept so the PIN is not tried again.
-    login_refused: Option<String>,
     /// The session that owns this generation's session copies of the keys
     /// (see [`Token::usable_handle`]); never lent out, closed (and the
     /// copies with it) when the sessions are dropped.
@@ -282,8 +493,11 @@ pub(crate) struct Token {
     slot: Slot,
     /// `pkcs11:token=LABEL`, the holder's name in errors and metrics.
     name: String,
+    /// What the token says it is: with the module and the PIN, the key of
+    /// the memory of refused PINs.
+    identity: TokenIdentity,
     /// Kept to log in again after the token comes back.
-    pin: Mutex<Option<Zeroizing<String>>>,
+    pin: Mutex<Option<Pin>>,
     login_required: bool,
     sessions: Mutex<Sessions>,
     keys: RwLock<HashMap<u64, Arc<TokenKey>>>,
@@ -316,14 +530,14 @@ impl Token {
         SignError::Token { token: self.name.clone(), failure, reason: reason.into() }
     }
 
-    /// The initialized tokens of `module` that `uri` selects (slot, label,
-    /// whether it needs a login), and the labels of all of them.
+    /// The initialized tokens of `module` that `uri` selects (slot,
+    /// identity, whether it needs a login), and the labels of all of them.
     #[allow(clippy::type_complexity)]
     fn matching(
         module: &Module,
         uri: &Pkcs11Uri,
         unavailable: &dyn Fn(String) -> SignError,
-    ) -> Result<(Vec<(Slot, String, bool)>, Vec<String>), SignError> {
+    ) -> Result<(Vec<(Slot, TokenIdentity, bool)>, Vec<String>), SignError> {
         let slots = module.ctx.get_slots_with_token().map_err(|e| unavailable(format!("listing the slots: {}", rv(&e))))?;
         let mut found = Vec::new();
         let mut seen = Vec::new();
@@ -332,28 +546,33 @@ impl Token {
             if !info.token_initialized() {
                 continue;
             }
-            let label = info.label().trim_end().to_string();
-            seen.push(label.clone());
-            let matches = uri.token.as_deref().map_or(true, |t| t == label)
-                && uri.serial.as_deref().map_or(true, |s| s == info.serial_number().trim_end())
-                && uri.manufacturer.as_deref().map_or(true, |m| m == info.manufacturer_id().trim_end())
-                && uri.model.as_deref().map_or(true, |m| m == info.model().trim_end())
+            let identity = TokenIdentity {
+                label: info.label().trim_end().to_string(),
+                serial: info.serial_number().trim_end().to_string(),
+                model: info.model().trim_end().to_string(),
+                manufacturer: info.manufacturer_id().trim_end().to_string(),
+            };
+            seen.push(identity.label.clone());
+            let matches = uri.token.as_deref().map_or(true, |t| t == identity.label)
+                && uri.serial.as_deref().map_or(true, |s| s == identity.serial)
+                && uri.manufacturer.as_deref().map_or(true, |m| m == identity.manufacturer)
+                && uri.model.as_deref().map_or(true, |m| m == identity.model)
                 && uri.slot_id.map_or(true, |id| id == slot.id());
             if matches {
-                found.push((slot, label, info.login_required()));
+                found.push((slot, identity, info.login_required()));
             }
         }
         Ok((found, seen))
     }
 
-    /// Opens (or reuses) the token `uri` selects in `module`.
-    fn open(module: Arc<Module>, uri: &Pkcs11Uri, pin: Option<Zeroizing<String>>) -> Result<Arc<Token>, SignError> {
+    /// Opens (or reuses) the token `uri` selects in `module`. With
+    /// `discreet` (a signer with fixed settings: an agent, answering a
+    /// client), errors name neither the module's path nor the labels of
+    /// tokens other than the one the URI selects.
+    fn open(module: Arc<Module>, uri: &Pkcs11Uri, pin: Option<Pin>, discreet: bool) -> Result<Arc<Token>, SignError> {
         let name = |label: &str| format!("pkcs11:token={label}");
-        let unavailable = |reason: String| SignError::Token {
-            token: uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name),
-            failure: TokenFailure::Unavailable,
-            reason,
-        };
+        let asked = || uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name);
+        let unavailable = |reason: String| SignError::Token { token: asked(), failure: TokenFailure::Unavailable, reason };
         // A token another process is writing (SoftHSM2 rewrites its files
         // at a login) can read as absent for a moment: the slots are
         // listed again, three times at most, before the token is missing.
@@ -367,22 +586,24 @@ impl Token {
             std::thread::sleep(std::time::Duration::from_millis(100));
         };
         let mut found = found;
-        let (slot, label, login_required) = match found.len() {
+        let not_found = |token: String, reason: String| SignError::Token { token, failure: TokenFailure::NotFound, reason };
+        let (slot, identity, login_required) = match found.len() {
             1 => found.remove(0),
+            0 if seen.is_empty() && discreet => return Err(unavailable("this signer's PKCS#11 module has no token".into())),
             0 if seen.is_empty() => return Err(unavailable(format!("the module {} has no token", module.path.display()))),
+            0 if discreet => return Err(not_found(asked(), "this signer has no token that matches the URI".into())),
             0 => {
-                return Err(SignError::Token {
-                    token: uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name),
-                    failure: TokenFailure::NotFound,
-                    reason: format!("no token matches the URI in {} (its tokens: {})", module.path.display(), seen.join(", ")),
-                })
+                return Err(not_found(
+                    asked(),
+                    format!("no token matches the URI in {} (its tokens: {})", module.path.display(), seen.join(", ")),
+                ))
             }
+            n if discreet => return Err(not_found("pkcs11:".into(), format!("{n} tokens match the URI; add token=, serial= or slot-id="))),
             n => {
-                return Err(SignError::Token {
-                    token: "pkcs11:".into(),
-                    failure: TokenFailure::NotFound,
-                    reason: format!("{n} tokens match the URI ({}); add token=, serial= or slot-id=", seen.join(", ")),
-                })
+                return Err(not_found(
+                    "pkcs11:".into(),
+                    format!("{n} tokens match the URI ({}); add token=, serial= or slot-id=", seen.join(", ")),
+                ))
             }
         };
         let existing = with_registry(|r| {
@@ -392,14 +613,18 @@ impl Token {
         // The token's own locks are taken outside the registry's: a token
         // that hangs in a call made under them must not stop every load.
         if let Some(t) = existing {
-            let mut sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
+            let sessions = t.sessions.lock().unwrap_or_else(|e| e.into_inner());
             let mut current = t.pin.lock().unwrap_or_else(|e| e.into_inner());
-            let same = current.as_ref().map(|p| p.as_bytes()) == pin.as_ref().map(|p| p.as_bytes());
-            if !same && sessions.login_refused.is_some() {
-                // The PIN was refused and a new one is given (the
-                // operator fixed the PIN file): try that one.
+            let same = match (current.as_ref(), pin.as_ref()) {
+                (Some(a), Some(b)) => a.same_as(b),
+                (a, b) => a.is_none() && b.is_none(),
+            };
+            let refused = current.as_ref().and_then(|p| LOGINS.refusal(&t.login_key(p)));
+            if !same && pin.is_some() && (refused.is_some() || (current.is_none() && !sessions.logged_in)) {
+                // The PIN was refused (or none was given) and a new one is
+                // given (the operator fixed the PIN file): that one is
+                // tried, once.
                 *current = pin;
-                sessions.login_refused = None;
             } else if !same && pin.is_some() && current.is_some() {
                 // The first key's PIN logged in; a different PIN for the
                 // same token in one process is a configuration mistake
@@ -418,16 +643,31 @@ impl Token {
             let t = Arc::new(Token {
                 module,
                 slot,
-                name: name(&label),
+                name: name(&identity.label),
+                identity,
                 pin: Mutex::new(pin),
                 login_required,
-                sessions: Mutex::new(Sessions { idle: Vec::new(), generation: 0, logged_in: false, login_refused: None, keeper: None }),
+                sessions: Mutex::new(Sessions { idle: Vec::new(), generation: 0, logged_in: false, keeper: None }),
                 keys: RwLock::new(HashMap::new()),
                 next_id: AtomicU64::new(1),
             });
             r.tokens.push(Arc::downgrade(&t));
             Ok(t)
         })
+    }
+
+    /// The key of the memory of refused PINs for logging into this token
+    /// with `pin`.
+    fn login_key(&self, pin: &Pin) -> LoginKey {
+        LoginKey { module: self.module.path.clone(), token: self.identity.clone(), source: pin.source.clone(), digest: pin.digest }
+    }
+
+    /// The error for a PIN refused before (`why`: the token's answer then).
+    fn refused_before(&self, pin: &Pin, why: &str) -> SignError {
+        self.fail(
+            TokenFailure::Login,
+            format!("the token refused the PIN from {} before ({why}); keyfence does not try it again until the PIN changes", pin.shown),
+        )
     }
 
     /// Runs `f` on a logged-in session; after an error that may mean the
@@ -475,8 +715,12 @@ impl Token {
     fn checkout(&self) -> Result<(u64, Session), SignError> {
         let (generation, login) = {
             let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(refused) = &s.login_refused {
-                return Err(self.fail(TokenFailure::Login, refused.clone()));
+            if !s.logged_in {
+                // A PIN refused before fails at once, without a session.
+                let pin = self.pin.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some((pin, why)) = pin.as_ref().and_then(|p| LOGINS.refusal(&self.login_key(p)).map(|why| (p, why))) {
+                    return Err(self.refused_before(pin, &why));
+                }
             }
             let generation = s.generation;
             while let Some((g, session)) = s.idle.pop() {
@@ -497,15 +741,12 @@ impl Token {
         Ok((generation, session))
     }
 
+    /// Logs this process into the token (once per token, under its
+    /// sessions' lock), unless the PIN was refused before ([`LOGINS`]).
     fn login(&self, session: &Session) -> Result<(), SignError> {
         let mut s = self.sessions.lock().unwrap_or_else(|e| e.into_inner());
         if s.logged_in {
             return Ok(());
-        }
-        // Another thread may have had the PIN refused since this one
-        // looked: it is not tried again.
-        if let Some(refused) = &s.login_refused {
-            return Err(self.fail(TokenFailure::Login, refused.clone()));
         }
         let pin = self.pin.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some(pin) = &pin else {
@@ -518,16 +759,23 @@ impl Token {
             s.logged_in = true;
             return Ok(());
         };
-        let secret = cryptoki::types::AuthPin::new(pin.as_str().to_owned());
+        // The check and the login are one step: a PIN another thread (of
+        // this token's object or another's) had refused since this one
+        // looked is not sent again, and one being sent now is waited for.
+        let attempt = LOGINS.begin(self.login_key(pin)).map_err(|why| self.refused_before(pin, &why))?;
+        let secret = cryptoki::types::AuthPin::new(pin.secret.as_str().to_owned());
         match session.login(UserType::User, Some(&secret)) {
             Ok(()) | Err(CkError::Pkcs11(RvError::UserAlreadyLoggedIn, _)) => {
+                attempt.answered(None);
                 s.logged_in = true;
                 Ok(())
             }
-            Err(e @ CkError::Pkcs11(RvError::PinIncorrect | RvError::PinLocked | RvError::PinLenRange | RvError::PinExpired | RvError::PinInvalid, _)) => {
-                let reason = format!("the token refused the PIN ({}); keyfence does not try it again", rv(&e));
-                s.login_refused = Some(reason.clone());
-                Err(self.fail(TokenFailure::Login, reason))
+            Err(e) if refuses_pin(&e) => {
+                attempt.answered(Some(rv(&e)));
+                Err(self.fail(
+                    TokenFailure::Login,
+                    format!("the token refused the PIN from {} ({}); keyfence does not try it again until the PIN changes", pin.shown, rv(&e)),
+                ))
             }
             Err(e) => Err(self.fail(TokenFailure::Unavailable, format!("logging in: {}", rv(&e)))),
         }
@@ -911,9 +1159,9 @@ impl KeyHolder for Token {
 /// Loads the key `uri` names: finds its token and object, reads its
 /// public key, and checks with one signature that the two belong together.
 pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<PrivateKey, SignError> {
-    let module = load_module(&settings.module_for(uri)?)?;
+    let module = load_module(&settings.module_for(uri)?, settings.fixed)?;
     let pin = settings.pin_for(uri)?;
-    let token = Token::open(module, uri, pin)?;
+    let token = Token::open(module, uri, pin, settings.fixed)?;
     let (template, handle, kind, public_der) = token.find_key(uri).map_err(|e| match e {
         SignError::Token { token: t, failure, reason } if t.is_empty() => SignError::Token { token: token.name.clone(), failure, reason },
         e => e,
@@ -988,8 +1236,8 @@ pub(crate) fn generate(uri: &Pkcs11Uri, kind: KeyKind, settings: &Pkcs11Settings
     let Some(label) = uri.object.clone() else {
         return Err(SignError::InvalidArgument("name the new key with `object=LABEL` in the URI".into()));
     };
-    let module = load_module(&settings.module_for(uri)?)?;
-    let token = Token::open(module, uri, settings.pin_for(uri)?)?;
+    let module = load_module(&settings.module_for(uri)?, settings.fixed)?;
+    let token = Token::open(module, uri, settings.pin_for(uri)?, settings.fixed)?;
     let fail = |e: CkError| token.fail(TokenFailure::Refused, rv(&e));
     let session = token.module.ctx.open_rw_session(token.slot).map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
     token.login(&session)?;
@@ -1112,13 +1360,48 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(settings.module_for(&uri).unwrap(), module);
-        assert_eq!(settings.pin_for(&uri).unwrap().as_deref().map(String::as_str), Some("1234"));
+        assert_eq!(settings.pin_for(&uri).unwrap().map(|p| p.secret.as_str().to_owned()).as_deref(), Some("1234"));
         // Now the links lead elsewhere: refused, and never followed.
         std::fs::remove_file(&module_link).unwrap();
         std::os::unix::fs::symlink("/bin/sh", &module_link).unwrap();
         assert!(settings.module_for(&uri).is_err());
         let unfixed = Pkcs11Settings { fixed: false, ..settings.clone() };
         assert_eq!(unfixed.module_for(&uri).unwrap(), module_link);
+    }
+
+    /// The memory of refused PINs: a refusal is kept (and given to the
+    /// next caller, who sends nothing), a caller that comes while another
+    /// is in `C_Login` with the same PIN waits for its answer, an attempt
+    /// that ends without an answer leaves nothing, and any answer to
+    /// another PIN from the same source forgets the refusal.
+    #[test]
+    fn a_refusal_is_kept_until_the_pin_from_its_source_changes() {
+        let key = |pin: &str| LoginKey {
+            module: PathBuf::from("/unit-test/module.so"),
+            token: TokenIdentity { label: "t".into(), serial: "unit".into(), model: "m".into(), manufacturer: "k".into() },
+            source: PinSource::File(PathBuf::from("/unit-test/pin")),
+            digest: pin_digest(pin),
+        };
+        assert_eq!(pin_digest("1111"), pin_digest("1111"));
+        assert_ne!(pin_digest("1111"), pin_digest("1112"));
+        assert!(LOGINS.refusal(&key("1111")).is_none());
+        LOGINS.begin(key("1111")).unwrap().answered(Some("Login returned PinIncorrect".into()));
+        assert_eq!(LOGINS.begin(key("1111")).err().as_deref(), Some("Login returned PinIncorrect"));
+        let other_source = LoginKey { source: PinSource::Value, ..key("1111") };
+        assert!(LOGINS.refusal(&other_source).is_none(), "another source is another login");
+
+        let first = LOGINS.begin(key("2222")).unwrap();
+        let waiter = std::thread::spawn(move || LOGINS.begin(key("2222")).map(drop));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!waiter.is_finished(), "the second caller sent the PIN while the first was");
+        first.answered(Some("Login returned PinIncorrect".into()));
+        assert_eq!(waiter.join().unwrap().err().as_deref(), Some("Login returned PinIncorrect"));
+        assert!(LOGINS.refusal(&key("1111")).is_none(), "the PIN changed: its earlier refusal is forgotten");
+
+        drop(LOGINS.begin(key("3333")).unwrap());
+        LOGINS.begin(key("3333")).unwrap().answered(None);
+        assert!(LOGINS.refusal(&key("2222")).is_none());
+        assert!(LOGINS.states.lock().unwrap().keys().all(|k| k.token.serial != "unit"), "nothing is left of the test's logins");
     }
 
     /// The DER this module writes is what BoringSSL writes for the same
