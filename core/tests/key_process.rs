@@ -77,7 +77,17 @@ fn keys_stay_in_the_key_process_and_sign_through_the_engine() {
     let dir = Dir::new("basic");
     let keys = KeyProcess::start(config()).unwrap();
     let hardening = keys.hardening_flags().unwrap();
-    assert_eq!(hardening, flags::NOT_DUMPABLE | flags::NO_CORE | flags::PEER_CHECKED | flags::SANDBOXED);
+    // Every layer on this kernel (Landlock included: ./x test runs on
+    // kernels that have it, and a missing layer must show, not pass).
+    assert_eq!(
+        hardening,
+        flags::NOT_DUMPABLE
+            | flags::NO_CORE
+            | flags::PEER_CHECKED
+            | flags::SANDBOXED
+            | flags::FILES_CONFINED
+            | flags::INHERITED_CLOSED
+    );
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let mut held = Vec::new();
     for (name, kind, alg) in [
@@ -1061,6 +1071,76 @@ fn an_agent_admits_clients_by_socket_mode_and_credentials() {
     config.allow_groups = vec![keyfence::sign::key_process::group_id("65534").unwrap()];
     let agent = Agent::start(config).unwrap();
     assert_eq!(probe(agent.socket()), "SIGNED");
+}
+
+/// Issue 55.1: the key process creates files only in a token module's
+/// folder (`KEYFENCE_PKCS11_TOKEN_DIRS`, SoftHSM2's `tokendir`): Landlock
+/// refuses the rest. On a kernel without Landlock (played by a test
+/// switch) the system call filter refuses every opening for writing, the
+/// token folder's too, and keys still load and sign. A server in this
+/// process, unsandboxed, creates the file: the control.
+#[test]
+fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock() {
+    let dir = Dir::new("files");
+    let tokens = dir.0.join("tokens");
+    std::fs::create_dir_all(&tokens).unwrap();
+    let with_env = |vars: &[String]| {
+        let mut c = config();
+        c.command = ["/usr/bin/env".to_string()].into_iter().chain(vars.iter().cloned()).chain([KEY_PROCESS.to_string()]).map(Into::into).collect();
+        KeyProcess::start(c).unwrap()
+    };
+    let token_dirs = format!("KEYFENCE_PKCS11_TOKEN_DIRS={}", tokens.display());
+    let ec = key_file(&dir.0, "ec.pem", KeyKind::EcP256);
+
+    let keys = with_env(&[token_dirs.clone()]);
+    let status = keys.status().unwrap();
+    assert!(status.flags & flags::FILES_CONFINED != 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
+    assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
+    assert!(!dir.0.join("outside").exists());
+    assert!(!keys.test_create_file(Path::new("/tmp/keyfence-sandbox-probe-never")).unwrap());
+    assert!(keys.test_create_file(&tokens.join("object")).unwrap(), "a token module's folder is writable");
+    assert!(tokens.join("object").exists());
+    let key = keys.load(KeySource::File(ec.clone())).unwrap();
+    assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
+    drop((key, keys));
+
+    let keys = with_env(&[token_dirs, "KEYFENCE_TEST_SANDBOX_WITHOUT_LANDLOCK=1".to_string()]);
+    let status = keys.status().unwrap();
+    assert!(status.flags & flags::FILES_CONFINED == 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
+    assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
+    assert!(!keys.test_create_file(&tokens.join("object2")).unwrap(), "without Landlock nothing is opened for writing");
+    assert!(!dir.0.join("outside").exists() && !tokens.join("object2").exists());
+    let key = keys.load(KeySource::File(ec)).unwrap();
+    assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok(), "reading still works");
+    assert_eq!(keys.restarts(), 0, "a refused opening is an error, not a kill");
+    drop((key, keys));
+
+    // The control: the same request to a server without the sandbox.
+    let (a, b) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || serve(b, &ServeOptions { check_peer: false, ..ServeOptions::default() }));
+    let mut raw = a;
+    let target = dir.0.join("created-by-the-control");
+    let mut frame = Vec::new();
+    p::encode(&mut frame, kind::HELLO, 0, &[&p::hello_request(8)]);
+    p::encode(&mut frame, kind::TEST_CREATE_FILE, 1, &[target.as_os_str().as_encoded_bytes()]);
+    raw.write_all(&frame).unwrap();
+    let mut decoder = p::Decoder::new();
+    let mut buf = [0u8; 256];
+    let reply = loop {
+        if let Some(f) = decoder.next_frame().unwrap() {
+            if f.id == 1 {
+                break f;
+            }
+            continue;
+        }
+        let n = raw.read(&mut buf).unwrap();
+        assert!(n > 0);
+        decoder.push(&buf[..n]);
+    };
+    assert_eq!((reply.kind, &reply.body[..]), (kind::OK, &[1u8][..]));
+    assert!(target.exists());
+    drop(raw);
+    let _ = server.join();
 }
 
 /// Issue 44.4: the key process runs under a seccomp sandbox from before

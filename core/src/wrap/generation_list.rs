@@ -112,14 +112,19 @@ pub(crate) fn is_unsigned_text(bytes: &[u8]) -> bool {
 
 /// Called with the bytes of each list that becomes the newest accepted,
 /// outside any lock: what keeps the newest lists across processes
-/// (`newest::Keeper`) writes them down.
-pub(crate) type OnNewer = std::sync::Arc<dyn Fn(&[u8]) + Send + Sync>;
+/// (`newest::Keeper`) writes them down. Its error is the caller's: a
+/// floor that cannot be kept is never skipped in silence, and the list is
+/// offered again with the next acceptance until it is kept.
+pub(crate) type OnNewer = std::sync::Arc<dyn Fn(&[u8]) -> Result<()> + Send + Sync>;
 
 /// The newest generation list a machine has accepted, with its signed
 /// bytes (what it hands on: [`crate::wrap::NewestLists`]).
 #[derive(Default)]
 pub(crate) struct Seen {
     newest: Mutex<Option<(GenerationList, Vec<u8>)>>,
+    /// The bytes `on_newer` last kept: a list accepted but not kept (its
+    /// write failed) is offered again.
+    kept: Mutex<Option<Vec<u8>>>,
     on_newer: Option<OnNewer>,
 }
 
@@ -141,7 +146,8 @@ impl Seen {
     /// back on the newest list accepted so far, which it then replaces.
     ///
     /// # Errors
-    /// As [`GenerationList::verify`]; [`WrapError::Replayed`].
+    /// As [`GenerationList::verify`]; [`WrapError::Replayed`]; `on_newer`'s
+    /// error (the list is accepted, but not kept).
     pub(crate) fn accept(&self, bytes: Option<&[u8]>, trusted: &[u8; 32]) -> Result<GenerationList> {
         let list = match bytes {
             Some(b) => GenerationList::verify(b, trusted)?,
@@ -157,13 +163,22 @@ impl Seen {
             // Only a machine that has seen no list gets here: nothing newer.
             return Ok(list);
         };
-        let newer = seen.as_ref().is_none_or(|(_, b)| b.as_slice() != bytes);
         *seen = Some((list.clone(), bytes.to_vec()));
         drop(seen);
-        if let (true, Some(f)) = (newer, &self.on_newer) {
-            f(bytes);
-        }
+        self.keep(bytes)?;
         Ok(list)
+    }
+
+    /// Hands `bytes`, now the newest, to `on_newer` unless it kept them
+    /// already.
+    fn keep(&self, bytes: &[u8]) -> Result<()> {
+        let Some(f) = &self.on_newer else { return Ok(()) };
+        if self.kept.lock().unwrap_or_else(|e| e.into_inner()).as_deref() == Some(bytes) {
+            return Ok(());
+        }
+        f(bytes)?;
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
+        Ok(())
     }
 
     /// Raises the floor to `bytes`, a list signed by `trusted` that a
@@ -172,7 +187,7 @@ impl Seen {
     /// newest accepted leaves that one in place.
     ///
     /// # Errors
-    /// As [`GenerationList::verify`].
+    /// As [`GenerationList::verify`]; `on_newer`'s error.
     pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
         let list = GenerationList::verify(bytes, trusted)?;
         let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
@@ -182,8 +197,8 @@ impl Seen {
         }
         drop(seen);
         // A floor handed over is kept as one accepted from the store is.
-        if let (true, Some(f)) = (raised, &self.on_newer) {
-            f(bytes);
+        if raised {
+            self.keep(bytes)?;
         }
         Ok(())
     }

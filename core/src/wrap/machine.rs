@@ -279,13 +279,17 @@ impl Machine {
     /// one machine may share the file.
     ///
     /// Lists in the file that another authority signed (the machine was
-    /// issued a key by a new authority) are ignored and replaced. Writing
-    /// is best effort: a file that cannot be written keeps the floor it
-    /// had, and this process still refuses older lists from memory.
+    /// issued a key by a new authority) are ignored and replaced. A floor
+    /// that cannot be kept is an error, never skipped: here when the file's
+    /// folder cannot take its lock file, and from [`Machine::open`] (and
+    /// every call that reads the lists) when an update cannot be written
+    /// or its lock is held for more than a second. The lock file is mode
+    /// 600, so only processes of this machine's user can hold it.
     ///
     /// # Errors
     /// [`WrapError::Store`] (`STORE_IO`) if the file exists but cannot be
-    /// read; [`WrapError::Malformed`] (`newest lists`, naming the file) if
+    /// read, or its folder cannot take the lock file;
+    /// [`WrapError::Malformed`] (`newest lists`, naming the file) if
     /// it does not decode or a list in it fails its authority's signature
     /// (delete the file to start again from the store).
     ///
@@ -293,26 +297,35 @@ impl Machine {
     pub fn keep_newest_in(mut self, path: impl Into<PathBuf>) -> Result<Self> {
         let path = path.into();
         if let Some(kept) = newest::read(&path)? {
-            // Each list on its own: one of another authority (the file
-            // kept from before the key was issued again) is skipped, and
-            // the other still counts.
-            let authority = self.key.authority;
-            let raised = [
-                kept.generations().map(|g| self.seen.raise(g, &authority)),
-                kept.revoked().map(|r| self.revocations.raise(r, &authority)),
-            ];
-            for r in raised.into_iter().flatten() {
-                match r {
-                    Ok(()) | Err(WrapError::WrongAuthority { .. }) => {}
-                    Err(e) => return Err(in_file(e, &path)),
-                }
-            }
+            self.require_kept(&kept).map_err(|e| in_file(e, &path))?;
         }
-        let keeper = Arc::new(newest::Keeper::new(path, self.key.authority));
+        let keeper = Arc::new(newest::Keeper::new(path, self.key.authority)?);
         let k = keeper.clone();
         self.seen.on_newer(Arc::new(move |b: &[u8]| k.record(newest::Kind::Generations, b)));
         self.revocations.on_newer(Arc::new(move |b: &[u8]| keeper.record(newest::Kind::Revoked, b)));
         Ok(self)
+    }
+
+    /// Requires lists kept by an earlier process of this machine (its
+    /// floor file, or what a key process's client read from it): each list
+    /// on its own, and one of another authority (kept from before the key
+    /// was issued again) is skipped while the other still counts.
+    ///
+    /// # Errors
+    /// As [`Machine::require`], but never [`WrapError::WrongAuthority`].
+    pub(crate) fn require_kept(&self, kept: &NewestLists) -> Result<()> {
+        let authority = self.key.authority;
+        let raised = [
+            kept.generations().map(|g| self.seen.raise(g, &authority)),
+            kept.revoked().map(|r| self.revocations.raise(r, &authority)),
+        ];
+        for r in raised.into_iter().flatten() {
+            match r {
+                Ok(()) | Err(WrapError::WrongAuthority { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
     }
 
     /// [`Machine::keep_newest_in`] the usual place, beside the machine key

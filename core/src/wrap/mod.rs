@@ -73,6 +73,11 @@ pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use newest::{newest_lists_beside, NewestLists};
+#[cfg(feature = "sign")]
+pub(crate) use {
+    layout::{GENERATIONS, REVOKED},
+    newest::record_lists,
+};
 pub use policy::{policy_id, CanonicalPolicy};
 pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
 pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};

@@ -147,11 +147,11 @@ pub(crate) enum Kind {
 }
 
 /// Writes the newest lists of one machine to its file as they are
-/// accepted. Several processes of one machine share the file: each
-/// update is made under an advisory lock (`PATH.lock`), merged with what
-/// the file holds (a list only replaces one it does not go back on) and
-/// written by rename, so the file only ever moves forward and is never
-/// torn.
+/// accepted. Several processes of one machine (of one user) share the
+/// file: each update is made under an advisory lock (`PATH.lock`, mode
+/// 600, so no other user can hold it), merged with what the file holds (a
+/// list only replaces one it does not go back on) and written by rename,
+/// so the file only ever moves forward and is never torn.
 pub(crate) struct Keeper {
     path: PathBuf,
     authority: [u8; 32],
@@ -161,25 +161,52 @@ pub(crate) struct Keeper {
 }
 
 impl Keeper {
-    pub(crate) fn new(path: PathBuf, authority: [u8; 32]) -> Self {
-        Self { path, authority, busy: Mutex::new(()) }
+    /// A keeper of the lists at `path`, after checking that it can keep
+    /// them there: its folder exists and the lock file opens. What cannot
+    /// be kept is said when a machine starts, not at its first update.
+    ///
+    /// # Errors
+    /// [`WrapError::Store`] (`STORE_IO`) naming the file and why.
+    pub(crate) fn new(path: PathBuf, authority: [u8; 32]) -> Result<Self> {
+        let keeper = Self { path, authority, busy: Mutex::new(()) };
+        open_lock(&keeper.lock_path()).map_err(|e| keeper.error(e))?;
+        Ok(keeper)
+    }
+
+    fn lock_path(&self) -> PathBuf {
+        let mut name = self.path.as_os_str().to_os_string();
+        name.push(".lock");
+        PathBuf::from(name)
+    }
+
+    fn error(&self, e: std::io::Error) -> WrapError {
+        let source = std::io::Error::new(
+            e.kind(),
+            format!(
+                "the newest lists cannot be kept there ({e}): a machine that cannot keep them would accept a store rolled back after its next restart; give it a folder it owns (an agent's --state-dir)"
+            ),
+        );
+        WrapError::Store(StoreError::Io { key: self.path.display().to_string(), source })
     }
 
     /// Records `bytes` (a list of `kind`, already verified and accepted)
-    /// as the newest, unless the file holds a newer one. Best effort: a
-    /// file that cannot be written leaves the floor where it was, and this
-    /// process still refuses older lists from memory.
-    pub(crate) fn record(&self, kind: Kind, bytes: &[u8]) {
+    /// as the newest, unless the file holds a newer one.
+    ///
+    /// # Errors
+    /// [`WrapError::Store`] (`STORE_IO`) when the file cannot be locked
+    /// (another process of this machine held it for more than a second)
+    /// or written: never skipped in silence, since a floor that is not
+    /// kept is no floor after a restart.
+    pub(crate) fn record(&self, kind: Kind, bytes: &[u8]) -> Result<()> {
         let _busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = self.update(kind, bytes);
+        self.update(kind, bytes).map_err(|e| self.error(e))
     }
 
     fn update(&self, kind: Kind, bytes: &[u8]) -> std::io::Result<()> {
-        let mut lock_name = self.path.as_os_str().to_os_string();
-        lock_name.push(".lock");
-        let lock = open_lock(&PathBuf::from(lock_name))?;
-        // Best effort, so bounded: a process stopped while it holds the
-        // lock (a command suspended at a terminal) must not stall opens.
+        let lock = open_lock(&self.lock_path())?;
+        // Bounded: a process stopped while it holds the lock (a command
+        // suspended at a terminal) must not stall opens for ever; it is an
+        // error after that, not a skipped update.
         let start = std::time::Instant::now();
         loop {
             match lock.try_lock() {
@@ -187,7 +214,12 @@ impl Keeper {
                 Err(fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => {
                     std::thread::sleep(std::time::Duration::from_millis(5))
                 }
-                Err(fs::TryLockError::WouldBlock) => return Err(std::io::ErrorKind::WouldBlock.into()),
+                Err(fs::TryLockError::WouldBlock) => {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::WouldBlock,
+                        format!("its lock {} was held by another process for more than {LOCK_WAIT:?}", self.lock_path().display()),
+                    ))
+                }
                 Err(fs::TryLockError::Error(e)) => return Err(e),
             }
         }
@@ -215,30 +247,59 @@ impl Keeper {
     }
 }
 
+/// Records the lists a key process accepted (a client sent them, and the
+/// key process opened an envelope with them) in the file at `path`, for
+/// the machine whose authority is `authority`: the key process writes no
+/// file, so its client keeps the floor it requires next time.
+///
+/// # Errors
+/// As [`Keeper::record`].
+pub(crate) fn record_lists(path: &Path, authority: [u8; 32], generations: Option<&[u8]>, revoked: Option<&[u8]>) -> Result<()> {
+    let keeper = Keeper::new(path.to_path_buf(), authority)?;
+    if let Some(g) = generations {
+        keeper.record(Kind::Generations, g)?;
+    }
+    if let Some(r) = revoked {
+        keeper.record(Kind::Revoked, r)?;
+    }
+    Ok(())
+}
+
 /// How long an update waits for another process's update of the same file.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The lock file beside the lists: opened for reading when it exists (an
-/// advisory lock needs no more, so a user who can read it can lock it,
-/// whoever made it), else created readable by all.
+/// The lock file beside the lists, opened without following a link:
+/// created with mode 600 when missing, so that no other user can open it
+/// (an advisory lock needs only a descriptor, and a user who could open
+/// it could hold it); an older one readable by others is made 600 when it
+/// is this user's.
 fn open_lock(path: &Path) -> std::io::Result<fs::File> {
     let mut read = fs::OpenOptions::new();
     read.read(true);
     #[cfg(unix)]
     std::os::unix::fs::OpenOptionsExt::custom_flags(&mut read, libc::O_NOFOLLOW);
-    match read.open(path) {
+    let file = match read.open(path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             let mut create = fs::OpenOptions::new();
             create.read(true).write(true).create(true).truncate(false);
             #[cfg(unix)]
             {
                 use std::os::unix::fs::OpenOptionsExt;
-                create.mode(0o644).custom_flags(libc::O_NOFOLLOW);
+                create.mode(0o600).custom_flags(libc::O_NOFOLLOW);
             }
-            create.open(path)
+            create.open(path)?
         }
-        other => other,
+        other => other?,
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // Tightening another user's file is refused (EPERM), and is theirs.
+        if file.metadata()?.mode() & 0o077 != 0 {
+            let _ = file.set_permissions(fs::Permissions::from_mode(0o600));
+        }
     }
+    Ok(file)
 }
 
 /// Writes `bytes` to a new file beside `path`, syncs it and renames it

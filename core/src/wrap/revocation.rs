@@ -189,6 +189,8 @@ impl RevocationList {
 #[derive(Default)]
 pub(crate) struct SeenRevocations {
     newest: Mutex<(RevocationList, Option<Vec<u8>>)>,
+    /// The bytes `on_newer` last kept (see `Seen`).
+    kept: Mutex<Option<Vec<u8>>>,
     on_newer: Option<super::generation_list::OnNewer>,
 }
 
@@ -221,13 +223,22 @@ impl SeenRevocations {
             return Err(WrapError::Replayed { object: O, reason: format!("it lacks revoked machine {missing}") });
         }
         let Some(bytes) = bytes else { return Ok(list) };
-        let newer = seen.1.as_deref() != Some(bytes);
         *seen = (list.clone(), Some(bytes.to_vec()));
         drop(seen);
-        if let (true, Some(f)) = (newer, &self.on_newer) {
-            f(bytes);
-        }
+        self.keep(bytes)?;
         Ok(list)
+    }
+
+    /// Hands `bytes`, now the newest, to `on_newer` unless it kept them
+    /// already.
+    fn keep(&self, bytes: &[u8]) -> Result<()> {
+        let Some(f) = &self.on_newer else { return Ok(()) };
+        if self.kept.lock().unwrap_or_else(|e| e.into_inner()).as_deref() == Some(bytes) {
+            return Ok(());
+        }
+        f(bytes)?;
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
+        Ok(())
     }
 
     /// Raises the floor to `bytes`, a list signed by `trusted` that a
@@ -245,8 +256,8 @@ impl SeenRevocations {
         }
         drop(seen);
         // A floor handed over is kept as one accepted from the store is.
-        if let (true, Some(f)) = (raised, &self.on_newer) {
-            f(bytes);
+        if raised {
+            self.keep(bytes)?;
         }
         Ok(())
     }

@@ -251,7 +251,7 @@ impl Agent {
                 (l, Some((meta.dev(), meta.ino())))
             }
         };
-        let options = ServeOptions { rsa_threads: config.rsa_threads, ec_threads: config.ec_threads, check_peer: false, sandbox: false };
+        let options = ServeOptions { rsa_threads: config.rsa_threads, ec_threads: config.ec_threads, check_peer: false, sandbox: false, inherited_closed: false };
         let capacity = (config.connection_in_flight as usize).max(config.user_in_flight);
         let workers = Workers::start(&options, capacity)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;

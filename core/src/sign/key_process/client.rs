@@ -49,10 +49,41 @@ pub(super) fn for_the_wire(source: &KeySource) -> Result<std::borrow::Cow<'_, Ke
     let refused = |e: String| backend_error(BackendFailure::Refused, e);
     let parsed = crate::wrap::Envelope::parse(&envelope).map_err(|e| refused(format!("the envelope: {e}")))?;
     let dir = crate::wrap::open_store_path(store).map_err(|e| refused(format!("{}: {e}", store.display())))?;
-    let objects = crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
+    let mut objects =
+        crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
     // The key process may run in another directory.
     let machine_key = std::path::absolute(machine_key).unwrap_or_else(|_| machine_key.clone());
+    // The floor this machine kept, for the key process to require.
+    if let Some(path) = crate::wrap::newest_lists_beside(&machine_key) {
+        match std::fs::read(&path) {
+            Ok(bytes) => objects.push((p::FLOOR_OBJECT.to_string(), bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(refused(format!("the newest lists kept in {}: {e}", path.display()))),
+        }
+    }
     Ok(Cow::Owned(KeySource::EnvelopeObjects { machine_key, envelope: envelope.into_owned(), objects }))
+}
+
+/// After the key process opened an envelope from `wire`'s objects, keeps
+/// the lists it accepted beside the machine key (`KEY.newest`), as an
+/// in-process machine would: the key process writes no file, and the next
+/// load (in any process of this machine) requires them.
+///
+/// # Errors
+/// [`SignError::Backend`] (`Refused`) when the file cannot be written or
+/// locked: a floor is never skipped in silence.
+pub(super) fn keep_floor(wire: &KeySource) -> Result<(), SignError> {
+    let KeySource::EnvelopeObjects { machine_key, objects, .. } = wire else { return Ok(()) };
+    let Some(path) = crate::wrap::newest_lists_beside(machine_key) else { return Ok(()) };
+    let refused = |e: String| backend_error(BackendFailure::Refused, e);
+    let find = |name: &str| objects.iter().find(|(n, _)| n == name).map(|(_, b)| b.as_slice());
+    // Only the public part: the authority that signs the lists.
+    let key = zeroize::Zeroizing::new(
+        std::fs::read(machine_key).map_err(|e| refused(format!("reading {}: {e}", machine_key.display())))?,
+    );
+    let info = crate::wrap::MachineInfo::from_key_bytes(&key).map_err(|e| refused(format!("{}: {e}", machine_key.display())))?;
+    crate::wrap::record_lists(&path, *info.authority(), find(crate::wrap::GENERATIONS), find(crate::wrap::REVOKED))
+        .map_err(|e| refused(e.to_string()))
 }
 
 /// What waits for a reply.

@@ -215,7 +215,6 @@ impl KeyProcess {
         let wire = if self.is_agent() { std::borrow::Cow::Borrowed(&source) } else { client::for_the_wire(&source)? };
         let conn = sup.live_conn(Instant::now() + sup.config.start_timeout)?;
         let body = p::load_request(key_id, &wire);
-        drop(wire);
         let frame = conn.call(kind::LOAD, &body, sup.config.start_timeout).map_err(|e| match (e, &source) {
             // The key process is sent the envelope's bytes, not its file:
             // the file's name is added here, for the operator.
@@ -233,6 +232,14 @@ impl KeyProcess {
         })?;
         let (kind, public_der) = p::parse_loaded_reply(&frame.body)
             .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad load reply: {e}")))?;
+        // The lists the key process opened with become this machine's
+        // floor; a floor that cannot be kept fails the load (the key
+        // process forgets the key with the id when the handle is never made).
+        if let Err(e) = client::keep_floor(&wire) {
+            conn.unload(key_id);
+            return Err(e);
+        }
+        drop(wire);
         sup.state().setup.push(Setup::Load(key_id, source));
         let holder: Arc<dyn KeyHolder> = sup.clone();
         Ok(Arc::new(PrivateKey::held(HeldKey::new(holder, key_id, kind, public_der))))
@@ -262,6 +269,20 @@ impl KeyProcess {
     pub fn test_forbidden_call(&self) -> Result<bool, SignError> {
         let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
         let frame = conn.call(kind::TEST_FORBIDDEN_CALL, &[], self.sup.config.start_timeout)?;
+        Ok(frame.body.first() == Some(&1))
+    }
+
+    /// Has the key process try to create the file `path` (test builds
+    /// only): `Ok(true)` if it did, which its sandbox allows only in a
+    /// token module's folder.
+    ///
+    /// # Errors
+    /// [`SignError::Backend`] if it is not running or does not answer.
+    #[cfg(feature = "testing")]
+    pub fn test_create_file(&self, path: &std::path::Path) -> Result<bool, SignError> {
+        use std::os::unix::ffi::OsStrExt;
+        let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
+        let frame = conn.call(kind::TEST_CREATE_FILE, path.as_os_str().as_bytes(), self.sup.config.start_timeout)?;
         Ok(frame.body.first() == Some(&1))
     }
 
@@ -324,7 +345,9 @@ impl KeyProcess {
 /// The key process's `main`: serves the protocol on standard input (the
 /// socket the engine passed) until the engine closes it. `keyfence-key-process`
 /// and `keyfence key-process` are this function. Arguments:
-/// `--rsa-threads N`, `--ec-threads N`.
+/// `--rsa-threads N`, `--ec-threads N`. It keeps nothing it inherited but
+/// standard input (standard output and error become `/dev/null`) and
+/// sandboxes itself before its first request (`docs/security.md`).
 pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
     let mut options = server::ServeOptions { sandbox: true, ..server::ServeOptions::default() };
     let mut args = args.into_iter().skip(1);
@@ -339,6 +362,11 @@ pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
             }
         }
     }
+    // Before anything else is opened or loaded: what the parent held (a
+    // server's sockets, its logs) is not the key process's to use. Its
+    // messages from here on reach nobody: the hello's flags say how it is
+    // confined, and its exit status how it ended.
+    options.inherited_closed = sys::close_inherited().is_ok();
     let stdin = match io::stdin().as_fd().try_clone_to_owned() {
         Ok(fd) => fd,
         Err(e) => {

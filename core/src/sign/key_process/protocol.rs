@@ -70,6 +70,10 @@ pub mod kind {
     /// kills the key process.
     #[cfg(feature = "testing")]
     pub const TEST_FORBIDDEN_CALL: u8 = 0x7e;
+    /// Try to create the file the body names (test builds only): the
+    /// reply's one byte says whether it was created.
+    #[cfg(feature = "testing")]
+    pub const TEST_CREATE_FILE: u8 = 0x7d;
 }
 
 /// Hardening the key process confirms in its hello.
@@ -84,10 +88,24 @@ pub mod flags {
     /// The server is a key agent (`keyfence agent`): it opens envelopes
     /// with its own machine key and serves many clients.
     pub const AGENT: u32 = 8;
-    /// The seccomp sandbox is installed: no sockets, connections, programs
-    /// or other processes' memory (`sandbox.rs`).
+    /// The system call allow-list is installed: no sockets, connections,
+    /// programs, io_uring or other processes' memory (`sandbox/syscalls.rs`).
     pub const SANDBOXED: u32 = 16;
+    /// Landlock confines the files: nothing written outside a token
+    /// module's folder, no other process's `/proc` (`sandbox/files.rs`).
+    /// Without it the allow-list refuses every opening for writing.
+    pub const FILES_CONFINED: u32 = 32;
+    /// Every descriptor inherited from the parent but the socket pair was
+    /// closed at start.
+    pub const INHERITED_CLOSED: u32 = 64;
 }
+
+/// The name under which a client sends, among an envelope's objects
+/// ([`KeySource::EnvelopeObjects`]), the newest lists its machine kept
+/// ([`NewestLists`](crate::wrap::NewestLists) bytes): the key process
+/// requires them as a floor and writes no file itself, so the client keeps
+/// the file. No store object has this name (`#` is not a store character).
+pub const FLOOR_OBJECT: &str = "#floor";
 
 /// Whether a key process or an agent sends `code` in an ERR reply (1 to
 /// 9, and `NOT_ALLOWED` from an agent: `docs/isolation.md`); its client

@@ -45,15 +45,18 @@ pub struct ServeOptions {
     /// user (always on in `keyfence-key-process`; tests that serve in-process turn
     /// it off).
     pub check_peer: bool,
-    /// Install the seccomp sandbox (the key process's `main` does; a test
-    /// serving in its own process must not, as it covers every thread).
+    /// Install the sandbox (the key process's `main` does; a test serving
+    /// in its own process must not, as it covers every thread).
     pub sandbox: bool,
+    /// The key process's `main` closed what it inherited
+    /// (`flags::INHERITED_CLOSED`).
+    pub inherited_closed: bool,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false }
+        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false, inherited_closed: false }
     }
 }
 
@@ -211,12 +214,18 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     if sys::disable_core_dumps().is_ok() {
         flags |= p::flags::NO_CORE;
     }
-    // Before the first request, so no key is loaded outside it. A kernel
-    // without seccomp leaves the flag off, which the status shows.
+    if options.inherited_closed {
+        flags |= p::flags::INHERITED_CLOSED;
+    }
+    // Before the first request, so no key is loaded outside it. A layer
+    // the kernel lacks leaves its flag off: the client says so.
     if options.sandbox {
-        match super::sandbox::install() {
-            Ok(()) => flags |= p::flags::SANDBOXED,
-            Err(e) => eprintln!("keyfence key process: running without its sandbox: {e}"),
+        let installed = super::sandbox::install();
+        if installed.syscalls {
+            flags |= p::flags::SANDBOXED;
+        }
+        if installed.files_abi.is_some() {
+            flags |= p::flags::FILES_CONFINED;
         }
     }
     // The queues are sized by the hello (no queue can hold more than the
@@ -449,6 +458,13 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             }
         }
         #[cfg(feature = "testing")]
+        kind::TEST_CREATE_FILE => {
+            use std::os::unix::ffi::OsStrExt;
+            let path = Path::new(std::ffi::OsStr::from_bytes(&frame.body));
+            let created = std::fs::OpenOptions::new().write(true).create_new(true).open(path).is_ok();
+            conn.ok(id, &[u8::from(created)]);
+        }
+        #[cfg(feature = "testing")]
         kind::TEST_FORBIDDEN_CALL => {
             // `socket`: the sandbox kills the process here.
             let survived = std::net::UdpSocket::bind("127.0.0.1:0").is_ok();
@@ -543,14 +559,18 @@ fn load(source: &KeySource, role: &Role) -> Result<PrivateKey, String> {
 /// the one place the secret machine key is decoded on the isolated path:
 /// the key process's loader, never its client.
 fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8>)]) -> Result<PrivateKey, String> {
-    use crate::wrap::{Machine, MachineKey};
+    use crate::wrap::{Machine, MachineKey, NewestLists};
     let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?);
     let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
-    // The newest lists this machine accepted, beside its key: a client
-    // cannot hand the key process older ones than an earlier run saw.
-    let machine = Machine::with_objects(mk, objects)
-        .and_then(|m| m.keep_newest_beside(machine_key))
-        .map_err(|e| e.to_string())?;
+    let (floor, objects): (Vec<_>, Vec<_>) = objects.iter().cloned().partition(|(name, _)| name == p::FLOOR_OBJECT);
+    let machine = Machine::with_objects(mk, &objects).map_err(|e| e.to_string())?;
+    // The newest lists this machine accepted before, which its client
+    // keeps (the key process writes no file): the store's objects must not
+    // go back on them.
+    if let Some((_, bytes)) = floor.first() {
+        let kept = NewestLists::from_bytes(bytes).map_err(|e| e.to_string())?;
+        machine.require_kept(&kept).map_err(|e| e.to_string())?;
+    }
     let secret = machine.open(envelope).map_err(|e| format!("opening the envelope: {e}"))?;
     PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
 }

@@ -247,6 +247,7 @@ impl Supervisor {
                 return Err(process_error(format!("the key process did not start: {e}")));
             }
         };
+        warn_unconfined(flags);
         let reader = match ours.try_clone() {
             Ok(r) => r,
             Err(e) => {
@@ -317,7 +318,12 @@ impl Supervisor {
                     // A source that went away (file deleted, envelope
                     // revoked) loses that key; the others live on.
                     match conn.call(kind::LOAD, &body, self.config.start_timeout) {
-                        Ok(_) => {}
+                        // The same lists as at the first load, as a rule:
+                        // keeping them again is for a store that moved on
+                        // meanwhile, and a failure shows at the next load.
+                        Ok(_) => {
+                            let _ = super::client::keep_floor(&wire);
+                        }
                         Err(SignError::Backend { .. }) => lost.push(*key_id),
                         Err(e) => return Err(e),
                     }
@@ -342,6 +348,25 @@ impl Supervisor {
             ));
         }
         Ok(conn)
+    }
+}
+
+/// Says once per process, as a warning, which layer of its sandbox a key
+/// process runs without (the key process itself has no standard error to
+/// say it on): a kernel without seccomp or Landlock.
+fn warn_unconfined(flags: u32) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    let missing: Vec<&str> = [
+        (p::flags::SANDBOXED, "its system call filter (seccomp)"),
+        (p::flags::FILES_CONFINED, "Landlock (it opens no file for writing instead, so a token module that writes its folder fails)"),
+        (p::flags::INHERITED_CLOSED, "closing what it inherited"),
+    ]
+    .iter()
+    .filter(|(f, _)| flags & f == 0)
+    .map(|(_, what)| *what)
+    .collect();
+    if !missing.is_empty() && !SAID.swap(true, Ordering::Relaxed) {
+        tracing::warn!(missing = %missing.join("; "), "the key process runs without part of its sandbox (docs/security.md)");
     }
 }
 

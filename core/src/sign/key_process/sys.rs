@@ -1,7 +1,8 @@
 //! The few system calls the key process needs that the standard library
 //! does not offer: process hardening, peer credentials, privilege drop,
 //! and where the code of this library was loaded from.
-// libc calls: prctl, setrlimit, getsockopt, setgid/setuid, dladdr, send.
+// libc calls: prctl, setrlimit, getsockopt, setgid/setuid, dladdr, send,
+// dup2, close_range.
 #![allow(unsafe_code)]
 
 use std::ffi::{CStr, OsStr};
@@ -238,4 +239,42 @@ pub(crate) fn library_path() -> Option<PathBuf> {
     // A relative name (the executable as started) is relative to the
     // working directory at start, which may have changed: not trusted.
     path.is_absolute().then_some(path)
+}
+
+/// Closes every descriptor above standard error and points standard
+/// output and error at `/dev/null`: a listening socket, a connection or a
+/// log the parent held is not the key process's. Its diagnostics reach
+/// the client through the protocol (the hello's flags) instead.
+///
+/// # Errors
+/// `/dev/null` cannot be opened, or a descriptor cannot be replaced.
+pub(crate) fn close_inherited() -> io::Result<()> {
+    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?;
+    for fd in [1, 2] {
+        // SAFETY: dup2 takes two descriptor numbers and touches no memory;
+        // `null` is open for the call, and 1 and 2 are this process's
+        // standard streams, which nothing in it holds as an owned object.
+        if unsafe { libc::dup2(null.as_raw_fd(), fd) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    drop(null);
+    // SAFETY: close_range takes integers only. Descriptors from 3 up are
+    // not owned by any object of this process yet: this runs before the
+    // key process opens anything (std's own, if any, are 0 to 2).
+    let rc = unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) };
+    if rc == 0 {
+        return Ok(());
+    }
+    // Before Linux 5.9: close what /proc/self/fd lists.
+    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|fd| *fd > 2)
+        .collect();
+    for fd in open {
+        // SAFETY: as above; a number that was the listing's own descriptor
+        // (closed already when read_dir's iterator dropped) fails harmlessly.
+        unsafe { libc::close(fd) };
+    }
+    Ok(())
 }
