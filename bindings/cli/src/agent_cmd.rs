@@ -32,6 +32,13 @@ pub struct AgentArgs {
     /// once at start: only the agent holds it.
     #[arg(long)]
     machine_key: PathBuf,
+    /// The agent's own state folder, where it keeps the newest lists it
+    /// accepted (so that a store rolled back is refused after a restart).
+    /// Default: systemd's STATE_DIRECTORY (StateDirectory=), else beside
+    /// the machine key; the agent refuses to start if it cannot write
+    /// there.
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
     /// A user (name or id) whose processes may connect. Repeatable. The
     /// agent's own user and root always may.
     #[arg(long = "allow-user")]
@@ -102,6 +109,10 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     let level: tracing::Level = args.log.parse().map_err(|_| exit::input(format!("unknown log level {}", args.log)))?;
     tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
     let mut config = AgentConfig::new(&args.socket, &args.store, &args.machine_key);
+    // systemd names the unit's StateDirectory= folders here, `:`-separated.
+    config.state_dir = args.state_dir.clone().or_else(|| {
+        std::env::var_os("STATE_DIRECTORY").and_then(|v| std::env::split_paths(&v).next()).filter(|p| p.is_absolute())
+    });
     let id = |name: &str, group: bool| {
         (if group { group_id(name) } else { user_id(name) })
             .map_err(|e| exit::input(format!("--allow-{}: {e}", if group { "group" } else { "user" })))

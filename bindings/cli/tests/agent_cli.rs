@@ -153,3 +153,110 @@ fn the_systemd_units_verify() {
     let users = std::fs::read_to_string(units.join("sysusers.d/keyfence.conf")).unwrap();
     assert!(users.lines().any(|l| l.starts_with("u keyfence ")), "{users}");
 }
+
+/// `chown -R USER PATH`.
+fn chown(path: &Path, user: &str) {
+    let o = Command::new("chown").args(["-R", user]).arg(path).output().unwrap();
+    assert!(o.status.success(), "chown {}: {}", path.display(), String::from_utf8_lossy(&o.stderr));
+}
+
+/// Issue 55.2: the agent keeps its machine's floor in its own state
+/// folder, and says so when it cannot. As deploy.md lays a server out: the
+/// machine key in a root-owned folder of mode 755 (the agent may read the
+/// key, not write beside it), the agent running as its own user (here
+/// `nobody`). Without a state folder it refuses to start; with one it
+/// keeps the lists there (lock 600), and a restarted agent refuses the
+/// store rolled back; a state folder that becomes unwritable fails the
+/// next update loudly instead of skipping it.
+#[test]
+fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    if Command::new("id").arg("nobody").output().map_or(true, |o| !o.status.success()) {
+        eprintln!("SKIPPED: no user nobody");
+        return;
+    }
+    let d = Dir::new("agent-state");
+    let s = d.p("store");
+    ok(&["authority", "init", "--store", &s]);
+    let old = std::fs::read(d.p("store/public/generations")).unwrap();
+    ok(&["authority", "rotate", "--store", &s]);
+    ok(&["authority", "issue", "--store", &s, "--attrs", "country=US", "--out", &d.p("us.machine")]);
+    openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ec.pem"]);
+    openssl(&d, &["pkey", "-in", "ec.pem", "-pubout", "-out", "ec.pub"]);
+    ok(&["authority", "wrap", "--store", &s, "--policy", "country: US", "--in", &d.p("ec.pem"), "--out", &d.p("ec.env")]);
+    std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let etc = d.0.join("etc");
+    std::fs::create_dir(&etc).unwrap();
+    std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::copy(d.p("us.machine"), etc.join("machine.key")).unwrap();
+    chown(&etc.join("machine.key"), "nobody");
+    chown(&d.0.join("store"), "nobody");
+    for dir in ["run", "state"] {
+        std::fs::create_dir(d.0.join(dir)).unwrap();
+        chown(&d.0.join(dir), "nobody");
+    }
+    std::fs::set_permissions(d.0.join("state"), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let socket = d.0.join("run/agent.sock");
+    let agent = |state: bool| {
+        let mut args = vec![
+            "agent".to_string(),
+            "--socket".into(),
+            socket.to_str().unwrap().into(),
+            "--store".into(),
+            s.clone(),
+            "--machine-key".into(),
+            etc.join("machine.key").to_str().unwrap().into(),
+        ];
+        if state {
+            args.extend(["--state-dir".to_string(), d.p("state")]);
+        }
+        let mut c = Command::new(env!("CARGO_BIN_EXE_keyfence"));
+        c.args(args).uid(65534).gid(65534).env_remove("STATE_DIRECTORY").stdout(Stdio::piped()).stderr(Stdio::piped());
+        c
+    };
+
+    // No state folder, and none beside the key it may write: no start.
+    let o = agent(false).output().unwrap();
+    assert!(!o.status.success(), "the agent started without a place for its floor");
+    let err = stderr(&o);
+    assert!(err.contains("--state-dir") && err.contains("machine.key.newest"), "{err}");
+
+    // With one: it keeps the lists there, the lock its own and 600.
+    let mut running = Killed(agent(true).spawn().unwrap());
+    wait_listening(&mut running.0);
+    signs_through(&d, &socket);
+    let floor = d.0.join("state/machine.newest");
+    assert!(floor.is_file(), "the floor is in the state folder");
+    let lock = std::fs::metadata(d.0.join("state/machine.newest.lock")).unwrap();
+    assert_eq!((lock.mode() & 0o777, lock.uid()), (0o600, 65534));
+    drop(running);
+
+    // The store rolled back: a restarted agent refuses it.
+    let newest = std::fs::read(d.p("store/public/generations")).unwrap();
+    std::fs::write(d.p("store/public/generations"), &old).unwrap();
+    let mut running = Killed(agent(true).spawn().unwrap());
+    wait_listening(&mut running.0);
+    std::fs::write(d.0.join("msg"), b"m").unwrap();
+    let o = common::keyfence(&[
+        "sign", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in",
+        &d.p("msg"), "--out", &d.p("msg.sig"),
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("REPLAYED_OBJECT"), "{}", stderr(&o));
+    drop(running);
+
+    // A newer list the agent cannot write down: the load fails, saying so.
+    std::fs::write(d.p("store/public/generations"), &newest).unwrap();
+    ok(&["authority", "rotate", "--store", &s]);
+    chown(&d.0.join("store"), "nobody");
+    let mut running = Killed(agent(true).spawn().unwrap());
+    wait_listening(&mut running.0);
+    std::fs::set_permissions(d.0.join("state"), std::fs::Permissions::from_mode(0o500)).unwrap();
+    std::fs::remove_file(d.0.join("state/machine.newest.lock")).unwrap();
+    let o = common::keyfence(&[
+        "sign", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in",
+        &d.p("msg"), "--out", &d.p("msg.sig"),
+    ]);
+    let err = stderr(&o);
+    assert!(!o.status.success() && err.contains("STORE_IO") && err.contains("machine.newest"), "{err}");
+}

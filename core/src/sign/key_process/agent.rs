@@ -48,6 +48,13 @@ pub struct AgentConfig {
     pub store: String,
     /// The machine key file, read once at start.
     pub machine_key: PathBuf,
+    /// The agent's own state folder (systemd's `StateDirectory`, owned by
+    /// the agent's user): the newest lists it accepted are kept there
+    /// (`machine.newest`, its lock mode 600), so that a store rolled back
+    /// after a restart is refused. Default: none, and they are kept beside
+    /// the machine key, which must then be in a folder the agent may
+    /// write; an agent that cannot keep them refuses to start.
+    pub state_dir: Option<PathBuf>,
     /// Users whose processes may connect, besides the agent's own user and
     /// root (who can read what the agent reads anyway).
     pub allow_users: Vec<u32>,
@@ -91,6 +98,7 @@ impl AgentConfig {
             socket: socket.into(),
             store: store.into(),
             machine_key: machine_key.into(),
+            state_dir: None,
             allow_users: Vec::new(),
             allow_groups: Vec::new(),
             socket_mode: 0o660,
@@ -135,13 +143,41 @@ pub fn group_id(name: &str) -> io::Result<u32> {
     sys::lookup_id(name, true)
 }
 
+/// Where the agent keeps its machine's newest lists: its state folder, or
+/// beside the machine key. Either must take the floor's lock file now: an
+/// agent that could not keep the floor would accept, after its next
+/// restart, a store rolled back to lists from before a retirement.
+fn keep_floor(machine: Machine, config: &AgentConfig) -> Result<Machine, SignError> {
+    let (path, hint) = match &config.state_dir {
+        Some(dir) => (dir.join("machine.newest"), "make the state folder the agent's own (systemd's StateDirectory=)"),
+        None => match crate::wrap::newest_lists_beside(&config.machine_key) {
+            Some(path) => (path, "give the agent a state folder it owns: --state-dir (systemd's StateDirectory=)"),
+            None => {
+                return Err(SignError::Config(format!(
+                    "the machine key {} is not a file: the agent keeps its newest lists beside it, or in --state-dir",
+                    config.machine_key.display()
+                )))
+            }
+        },
+    };
+    machine.keep_newest_in(&path).map_err(|e| SignError::Config(format!("{e}; {hint}")))
+}
+
 /// Opens envelopes with the agent's machine, and token keys with its
 /// PKCS#11 settings.
 struct MachineOpener(Machine, Option<Pkcs11Settings>);
 
 impl EnvelopeOpener for MachineOpener {
     fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String> {
-        let secret = self.0.open(envelope).map_err(|e| format!("{}: {e}", e.code().name()))?;
+        let secret = self.0.open(envelope).map_err(|e| {
+            // The floor could not be kept (its folder or lock): the
+            // operator's to fix, so it is said here too, not only to the
+            // client.
+            if e.code() == crate::ErrorCode::StoreIo {
+                tracing::warn!(error = %e, "an envelope was not opened: the store or the newest lists' file failed");
+            }
+            format!("{}: {e}", e.code().name())
+        })?;
         PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
     }
 
@@ -229,9 +265,7 @@ impl Agent {
             .map_err(|e| SignError::Config(format!("{}: {e}", config.machine_key.display())))?;
         let store =
             open_store(&config.store).map_err(|e| SignError::Config(format!("cannot open the store {}: {e}", config.store)))?;
-        let machine = Machine::new(mk, store, CacheConfig::default())
-            .keep_newest_beside(&config.machine_key)
-            .map_err(|e| SignError::Config(e.to_string()))?;
+        let machine = keep_floor(Machine::new(mk, store, CacheConfig::default()), &config)?;
         // The agent's module and PIN file are the only ones a client's URI
         // may name.
         let pkcs11 = config.pkcs11.clone().map(|mut s| {
