@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use keyfence::sign::key_process::{group_id, user_id, Agent, AgentConfig};
+use keyfence::sign::key_process::{group_id, user_id, Agent, AgentConfig, Grantee, TokenGrant};
 use keyfence::sign::pkcs11::Pkcs11Settings;
 
 use crate::exit;
@@ -25,13 +25,15 @@ pub struct AgentArgs {
     #[arg(long)]
     socket: PathBuf,
     /// The store envelopes are opened against (a directory or
-    /// etcd://...).
-    #[arg(long)]
-    store: String,
+    /// etcd://...): a servers' copy (`keyfence authority export`), never
+    /// a store that holds the authority's secrets. Not needed by an agent
+    /// that serves token keys only (--pkcs11-module).
+    #[arg(long, requires = "machine_key", required_unless_present = "pkcs11_module")]
+    store: Option<String>,
     /// This machine's key file (`keyfence authority issue --out`), read
     /// once at start: only the agent holds it.
-    #[arg(long)]
-    machine_key: PathBuf,
+    #[arg(long, requires = "store")]
+    machine_key: Option<PathBuf>,
     /// The agent's own state folder, where it keeps the newest lists it
     /// accepted (so that a store rolled back is refused after a restart).
     /// Default: systemd's STATE_DIRECTORY (StateDirectory=), else beside
@@ -58,8 +60,12 @@ pub struct AgentArgs {
     #[arg(long)]
     threads: Option<usize>,
     /// Connections at once at most.
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 4096)]
     max_connections: usize,
+    /// Connections one user may have open at once (below
+    /// --max-connections, so no user can take them all).
+    #[arg(long, default_value_t = 512)]
+    user_connections: usize,
     /// Requests one connection may have in flight at most.
     #[arg(long, default_value_t = 1024)]
     connection_in_flight: u32,
@@ -83,6 +89,12 @@ pub struct AgentArgs {
     /// Default: KEYFENCE_PKCS11_PIN_FILE or KEYFENCE_PKCS11_PIN.
     #[arg(long, requires = "pkcs11_module")]
     pkcs11_pin_file: Option<PathBuf>,
+    /// A token key a user or group may load: USER=URI or @GROUP=URI, the
+    /// URI naming the token and the key (`pkcs11:token=edge;object=tls`);
+    /// a client's URI must carry each of its attributes. Repeatable. The
+    /// agent's own user and root may load any; nobody else any other.
+    #[arg(long = "allow-token", requires = "pkcs11_module")]
+    allow_tokens: Vec<String>,
 }
 
 /// The socket systemd passed (socket activation: `LISTEN_PID` is this
@@ -108,7 +120,11 @@ fn listen_fd() -> Option<std::os::unix::net::UnixListener> {
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     let level: tracing::Level = args.log.parse().map_err(|_| exit::input(format!("unknown log level {}", args.log)))?;
     tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
-    let mut config = AgentConfig::new(&args.socket, &args.store, &args.machine_key);
+    let mut config = match (&args.store, &args.machine_key, &args.pkcs11_module) {
+        (Some(store), Some(key), _) => AgentConfig::new(&args.socket, store, key),
+        (None, None, Some(_)) => AgentConfig::tokens_only(&args.socket, Pkcs11Settings::from_env()),
+        _ => return Err(exit::input("give --store and --machine-key, or --pkcs11-module, or all three")),
+    };
     // systemd names the unit's StateDirectory= folders here, `:`-separated.
     config.state_dir = args.state_dir.clone().or_else(|| {
         std::env::var_os("STATE_DIRECTORY").and_then(|v| std::env::split_paths(&v).next()).filter(|p| p.is_absolute())
@@ -140,6 +156,17 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
         config.pkcs11 = Some(settings);
     }
     config.max_connections = args.max_connections;
+    config.user_connections = args.user_connections;
+    for grant in &args.allow_tokens {
+        let (who, uri) = grant
+            .split_once('=')
+            .ok_or_else(|| exit::input(format!("--allow-token {grant}: expected USER=URI or @GROUP=URI")))?;
+        let who = match who.strip_prefix('@') {
+            Some(group) => Grantee::Group(id(group, true)?),
+            None => Grantee::User(id(who, false)?),
+        };
+        config.token_grants.push(TokenGrant::new(who, uri).map_err(|e| exit::input(format!("--allow-token {grant}: {e}")))?);
+    }
     config.connection_in_flight = args.connection_in_flight;
     config.user_in_flight = args.user_in_flight;
     let agent = match listen_fd() {

@@ -260,3 +260,53 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     let err = stderr(&o);
     assert!(!o.status.success() && err.contains("STORE_IO") && err.contains("machine.newest"), "{err}");
 }
+
+/// Issue 52.1: under systemd the listener is PID 1, not the agent, and
+/// every client was refused (`the hello came from pid 1776, not the
+/// process started`). Here a Python process plays PID 1's part: it makes
+/// and listens on the socket, and starts the agent with it at descriptor
+/// 3 (`LISTEN_PID` naming the agent, `LISTEN_FDS=1`) while it keeps its
+/// own copy, as systemd does; `systemd-socket-activate` (above) execs the
+/// agent in the listening process and so never showed the fault.
+#[test]
+fn an_agent_whose_socket_another_process_listens_on_serves_its_clients() {
+    let d = Dir::new("agent-pid1");
+    world(&d);
+    let socket = d.0.join("pid1.sock");
+    let script = r#"
+import os, socket, subprocess, sys, time
+path = sys.argv[1]
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(path)
+os.chmod(path, 0o660)
+s.listen(64)
+os.dup2(s.fileno(), 3)
+os.set_inheritable(3, True)
+agent = subprocess.Popen(
+    ["sh", "-c", 'LISTEN_PID=$$ LISTEN_FDS=1 exec "$@"', "sh"] + sys.argv[2:],
+    pass_fds=[3], stdout=sys.stdout)
+print("agent", agent.pid, flush=True)
+agent.wait()
+"#;
+    let mut args = vec!["-c".to_string(), script.to_string(), socket.to_str().unwrap().to_string(), env!("CARGO_BIN_EXE_keyfence").to_string()];
+    args.extend(agent_args(&d, socket.to_str().unwrap()));
+    args.extend(["--seconds".to_string(), "60".to_string()]);
+    let mut pid1 = Killed(Command::new("python3").args(&args).stdout(Stdio::piped()).spawn().unwrap());
+    // The agent is killed by its own pid, whatever happens (killing its
+    // parent would leave it running).
+    let mut lines = BufReader::new(pid1.0.stdout.take().unwrap()).lines().map_while(Result::ok);
+    let agent_pid: u32 = lines.next().and_then(|l| l.strip_prefix("agent ")?.parse().ok()).expect("the agent's pid");
+    struct KillPid(u32);
+    impl Drop for KillPid {
+        fn drop(&mut self) {
+            let _ = Command::new("kill").args(["-9", &self.0.to_string()]).status();
+        }
+    }
+    let _agent = KillPid(agent_pid);
+    assert!(lines.next().is_some_and(|l| l.starts_with("listening")), "the agent did not start");
+    std::thread::spawn(move || lines.for_each(drop));
+    signs_through(&d, &socket);
+    signs_through(&d, &socket);
+    // And the units' way: the key file the provider reads names the socket.
+    ok(&["provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--out", &d.p("ec.kfk")]);
+}

@@ -68,6 +68,19 @@ impl Joined {
     /// # Errors
     /// The operating system's refusal to start a thread.
     pub(crate) fn spawn(&mut self, name: String, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        self.start(std::thread::Builder::new().name(name), f)
+    }
+
+    /// As [`Joined::spawn`], with a stack of `stack` bytes (an agent's
+    /// connection threads, thousands of them, need less than the default).
+    ///
+    /// # Errors
+    /// The operating system's refusal to start a thread.
+    pub(crate) fn spawn_sized(&mut self, name: String, stack: usize, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+        self.start(std::thread::Builder::new().name(name).stack_size(stack), f)
+    }
+
+    fn start(&mut self, builder: std::thread::Builder, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
         // An owner that starts threads over its life (a key process's
         // reader, once per restart) keeps only those still running.
         for h in std::mem::take(&mut self.0) {
@@ -77,7 +90,7 @@ impl Joined {
                 self.0.push(h);
             }
         }
-        self.0.push(std::thread::Builder::new().name(name).spawn(f)?);
+        self.0.push(builder.spawn(f)?);
         Ok(())
     }
 

@@ -436,6 +436,24 @@ impl Machine {
         self.open_envelope(&env)
     }
 
+    /// Opens the secret `envelope` wraps from the store's copy of it when
+    /// the authority re-wrapped it since ([`current_envelope`]), else from
+    /// `envelope`: a key file or a client that holds an envelope from
+    /// before a policy key's rotation keeps working after the old version
+    /// is retired. The store's copy is the authority's latest word on the
+    /// secret: a machine revoked from it (a re-wrap that excludes it) is
+    /// refused at once, not when the old version is retired.
+    ///
+    /// # Errors
+    /// As [`Machine::open`], for the envelope opened.
+    pub fn open_current(&self, envelope: &[u8]) -> Result<Zeroizing<Vec<u8>>> {
+        let env = Envelope::parse(envelope)?;
+        match current_envelope(&*self.store, &env)? {
+            Some(current) => self.open_envelope(&current),
+            None => self.open_envelope(&env),
+        }
+    }
+
     /// [`Machine::open`] on a parsed envelope.
     ///
     /// # Errors
@@ -735,6 +753,25 @@ pub fn objects_for_opening(store: &dyn Store, envelope: &Envelope) -> Result<Vec
     names.extend(store.list(&copies)?.into_iter().filter(|n| layout::parse_sealed(n).is_some()).take(MAX_OPENING_OBJECTS - 1));
     let values = store.get_many(&names)?;
     Ok(names.into_iter().zip(values).filter_map(|(n, v)| v.map(|v| (n, v))).collect())
+}
+
+/// The store's copy of the secret `envelope` wraps, when it is another
+/// envelope (the authority re-wrapped the secret since, for a rotated or
+/// retired policy key or a revocation) of the same secret and authority:
+/// what a key file written before the re-wrap should be opened from, so
+/// that it keeps working after the old policy key is retired. `None` when
+/// the store holds the same bytes, none, or something that does not parse
+/// as an envelope of that secret (the opener's signature check decides
+/// the rest).
+///
+/// # Errors
+/// [`WrapError::Store`].
+pub fn current_envelope(store: &dyn Store, envelope: &Envelope) -> Result<Option<Envelope>> {
+    let Some(bytes) = store.get(&format!("{}{}", layout::ENVELOPES, hex(&envelope.secret_id)))? else { return Ok(None) };
+    if bytes == envelope.bytes {
+        return Ok(None);
+    }
+    Ok(Envelope::parse(&bytes).ok().filter(|c| c.secret_id == envelope.secret_id && c.authority == envelope.authority))
 }
 
 /// A machine a request could be forwarded to.

@@ -71,7 +71,7 @@ pub use error::{Result, StateError, WrapError};
 #[cfg(feature = "testing")]
 pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
+pub use machine::{current_envelope, nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use newest::{newest_lists_beside, NewestLists};
 #[cfg(feature = "sign")]
 pub(crate) use {

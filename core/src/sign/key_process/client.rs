@@ -49,6 +49,15 @@ pub(super) fn for_the_wire(source: &KeySource) -> Result<std::borrow::Cow<'_, Ke
     let refused = |e: String| backend_error(BackendFailure::Refused, e);
     let parsed = crate::wrap::Envelope::parse(&envelope).map_err(|e| refused(format!("the envelope: {e}")))?;
     let dir = crate::wrap::open_store_path(store).map_err(|e| refused(format!("{}: {e}", store.display())))?;
+    // The store's copy when the secret was re-wrapped since this envelope
+    // was written (a rotated policy key, soon retired): the same secret.
+    let (parsed, envelope) = match crate::wrap::current_envelope(&*dir, &parsed) {
+        Ok(Some(current)) => {
+            let bytes = current.to_bytes().to_vec();
+            (current, Cow::Owned(bytes))
+        }
+        _ => (parsed, envelope),
+    };
     let mut objects =
         crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
     // The key process may run in another directory.

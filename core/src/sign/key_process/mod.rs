@@ -68,7 +68,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use agent::{group_id, user_id, Agent, AgentConfig, AgentStats};
+pub use agent::{group_id, user_id, Agent, AgentConfig, AgentStats, Grantee, TokenGrant};
 pub use protocol::{KeySource, Status};
 #[cfg(feature = "testing")]
 pub use server::{serve, ServeOptions};

@@ -66,10 +66,47 @@ pub(crate) trait EnvelopeOpener: Send + Sync {
     /// The private key in `envelope`, or why not (naming no secret).
     fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String>;
 
-    /// The key a client names by PKCS#11 URI, on the module and with the
-    /// PIN this server was started with; refused when it was started with
-    /// none.
-    fn load_pkcs11(&self, uri: &str) -> Result<PrivateKey, SignError>;
+    /// The key `client` names by PKCS#11 URI, on the module and with the
+    /// PIN this server was started with, if its grants allow that client
+    /// the key; refused when it was started with none.
+    fn load_pkcs11(&self, uri: &str, client: &Client) -> Result<PrivateKey, SignError>;
+}
+
+/// An agent's client as its connection sees it: who it is, and its
+/// user's share of the agent.
+pub(crate) struct Client {
+    /// Its user.
+    pub(crate) uid: u32,
+    /// Its primary and supplementary groups.
+    pub(crate) gids: Vec<u32>,
+    /// What its user holds over all its connections.
+    pub(crate) share: Arc<UserShare>,
+    /// The bounds on each connection and each user.
+    pub(crate) limits: Limits,
+}
+
+/// What one local user holds of an agent, over all its connections: what
+/// a bound per user counts, so that no user can take what the others
+/// need (signing slots, key loads, memory for keys, connections).
+#[derive(Default)]
+pub(crate) struct UserShare {
+    /// Operations in flight.
+    pub(crate) in_flight: AtomicUsize,
+    /// Key loads queued or under way.
+    pub(crate) loads: AtomicUsize,
+    /// Keys loaded.
+    pub(crate) keys: AtomicUsize,
+    /// Connections open.
+    pub(crate) connections: AtomicUsize,
+}
+
+/// An agent's bounds per connection and per user.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    pub(crate) user_in_flight: usize,
+    pub(crate) user_loads: usize,
+    pub(crate) connection_keys: usize,
+    pub(crate) user_keys: usize,
 }
 
 /// What a connection may ask of the server it speaks to.
@@ -166,9 +203,18 @@ struct Conn {
     flags: u32,
     role: Role,
     workers: Arc<Workers>,
-    /// An agent's client's user: its operations in flight over all its
-    /// connections, and the most it may have.
-    user: Option<(Arc<AtomicUsize>, usize)>,
+    /// An agent's client: who it is, and its user's share and bounds.
+    client: Option<Arc<Client>>,
+}
+
+impl Drop for Conn {
+    /// The keys a connection held are its user's no longer.
+    fn drop(&mut self) {
+        if let Some(c) = &self.client {
+            let held = self.keys.get_mut().unwrap_or_else(|e| e.into_inner()).len();
+            c.share.keys.fetch_sub(held, Ordering::AcqRel);
+        }
+    }
 }
 
 impl Conn {
@@ -187,9 +233,55 @@ impl Conn {
     fn done(&self, bytes: usize) {
         self.workers.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        if let Some((user, _)) = &self.user {
-            user.fetch_sub(1, Ordering::AcqRel);
+        if let Some(c) = &self.client {
+            c.share.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
+    }
+
+    /// Why this connection may not load one more key, if it may not: an
+    /// agent bounds keys per connection and per user (each is memory, and
+    /// an RSA-4096 key is kilobytes).
+    fn key_room(&self, key_id: u64) -> Option<String> {
+        let c = self.client.as_ref()?;
+        let keys = self.keys.read().unwrap_or_else(|e| e.into_inner());
+        if keys.contains_key(&key_id) {
+            return None;
+        }
+        if keys.len() >= c.limits.connection_keys {
+            return Some(format!("this connection holds {} keys, the most the agent allows one connection", keys.len()));
+        }
+        let held = c.share.keys.load(Ordering::Acquire);
+        (held >= c.limits.user_keys)
+            .then(|| format!("this user holds {held} keys over its connections, the most the agent allows one user"))
+    }
+
+    /// Keeps `key` under `key_id`, counted against its user.
+    fn keep(&self, key_id: u64, key: PrivateKey) -> Result<(), String> {
+        let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = &self.client {
+            if !keys.contains_key(&key_id) {
+                // Checked again here: two loads run at a time.
+                let bound = "the agent's bound on keys was reached while this key loaded";
+                if keys.len() >= c.limits.connection_keys {
+                    return Err(bound.into());
+                }
+                if c.share.keys.fetch_add(1, Ordering::AcqRel) >= c.limits.user_keys {
+                    c.share.keys.fetch_sub(1, Ordering::AcqRel);
+                    return Err(bound.into());
+                }
+            }
+        }
+        keys.insert(key_id, Arc::new(key));
+        Ok(())
+    }
+
+    /// Forgets the key `key_id`; whether it was there.
+    fn forget(&self, key_id: u64) -> bool {
+        let removed = self.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&key_id).is_some();
+        if let (true, Some(c)) = (removed, &self.client) {
+            c.share.keys.fetch_sub(1, Ordering::AcqRel);
+        }
+        removed
     }
 }
 
@@ -232,26 +324,33 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     // in-flight bound the reader enforces; bounded anyway, so that a
     // mistake there shows as `busy`, not memory): the workers start when
     // it has come.
-    serve_conn(stream, flags, Role::KeyProcess, None, p::MAX_IN_FLIGHT, |max| {
+    let stream = Arc::new(stream);
+    let writer = FrameWriter::new(stream.try_clone()?)?;
+    serve_conn(&stream, writer, flags, Role::KeyProcess, None, p::MAX_IN_FLIGHT, HELLO_TIMEOUT, |max| {
         Workers::start(options, max as usize)
     })
 }
 
 /// Serves one connection: its hello, then its requests until the peer
-/// closes it. `workers` gives the threads its work goes to, once the
-/// hello has said how many requests the client keeps in flight (at most
-/// `cap`). The writer is closed before this returns, so that the last
-/// frame (an error saying why the connection ends) leaves first.
+/// closes it. `writer` writes to `stream`; `workers` gives the threads its
+/// work goes to, once the hello has said how many requests the client
+/// keeps in flight (at most `cap`). The hello must come whole within
+/// `hello_timeout` (one deadline, not one per read: a client that dribbles
+/// a byte at a time does not hold the connection longer). The writer is
+/// closed before this returns, so that the last frame (an error saying
+/// why the connection ends) leaves first.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn serve_conn(
-    stream: UnixStream,
+    stream: &UnixStream,
+    writer: FrameWriter,
     flags: u32,
     role: Role,
-    user: Option<(Arc<AtomicUsize>, usize)>,
+    client: Option<Arc<Client>>,
     cap: u32,
+    hello_timeout: Duration,
     workers: impl FnOnce(u32) -> io::Result<Arc<Workers>>,
 ) -> io::Result<()> {
-    let mut reader = stream.try_clone()?;
-    let writer = FrameWriter::new(stream)?;
+    let mut reader = stream;
     let mut decoder = p::Decoder::new();
     // Key bytes (LOAD from bytes) pass through it: wiped when done.
     let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
@@ -262,11 +361,16 @@ pub(crate) fn serve_conn(
     };
     // The hello comes first and fixes the in-flight bound; a peer that
     // never sends one is not kept waiting on forever.
-    reader.set_read_timeout(Some(HELLO_TIMEOUT))?;
+    let hello_by = Instant::now() + hello_timeout;
     let hello = loop {
         if let Some(frame) = decoder.next_frame().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))? {
             break frame;
         }
+        let left = hello_by.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "no hello in time"));
+        }
+        reader.set_read_timeout(Some(left))?;
         let n = reader.read(&mut buf)?;
         if n == 0 {
             return Ok(());
@@ -304,17 +408,17 @@ pub(crate) fn serve_conn(
         flags,
         role,
         workers,
-        user,
+        client,
     });
     let mut hello_frame = Vec::new();
     p::encode(&mut hello_frame, kind::HELLO, 0, &[&p::hello_reply(std::process::id(), flags)]);
     conn.writer.send(&hello_frame);
-    let result = read_loop(&mut reader, &mut decoder, &mut buf, &conn);
+    let result = read_loop(reader, &mut decoder, &mut buf, &conn);
     conn.writer.close();
     result
 }
 
-fn read_loop(reader: &mut UnixStream, decoder: &mut p::Decoder, buf: &mut [u8], conn: &Arc<Conn>) -> io::Result<()> {
+fn read_loop(mut reader: &UnixStream, decoder: &mut p::Decoder, buf: &mut [u8], conn: &Arc<Conn>) -> io::Result<()> {
     let mut frames = Vec::new();
     loop {
         let bad = loop {
@@ -359,7 +463,8 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             let bytes = op.input_len();
             let in_flight = conn.in_flight.fetch_add(1, Ordering::AcqRel);
             let queued = workers.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
-            let user_in_flight = conn.user.as_ref().map(|(u, max)| (u.fetch_add(1, Ordering::AcqRel), *max));
+            let user_in_flight =
+                conn.client.as_ref().map(|c| (c.share.in_flight.fetch_add(1, Ordering::AcqRel), c.limits.user_in_flight));
             if in_flight >= conn.max_in_flight.load(Ordering::Relaxed) {
                 conn.done(bytes);
                 return conn.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
@@ -426,21 +531,39 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                     "an agent loads only envelopes, which it opens with its own machine key and store, and keys on the PKCS#11 token it was started with; it reads no file, path or key bytes a client names",
                 );
             }
+            if let Some(why) = conn.key_room(key_id) {
+                return conn.err(id, ErrorCode::Busy, &why);
+            }
+            // Loads waiting are bounded per user as well as in all, so that
+            // one user's loads cannot fill the queue the others need.
+            if let Some(c) = &conn.client {
+                let queued = c.share.loads.fetch_add(1, Ordering::AcqRel);
+                if queued >= c.limits.user_loads {
+                    c.share.loads.fetch_sub(1, Ordering::AcqRel);
+                    return conn.err(
+                        id,
+                        ErrorCode::Busy,
+                        &format!("this user has {queued} key loads waiting, the most the agent takes from one user"),
+                    );
+                }
+            }
             if let Err(e) = workers.load.try_send(LoadJob { conn: conn.clone(), id, key_id, source }) {
+                if let Some(c) = &conn.client {
+                    c.share.loads.fetch_sub(1, Ordering::AcqRel);
+                }
                 match e {
-                    TrySendError::Full(_) => conn.err(id, ErrorCode::Busy, "too many key loads waiting (16)"),
+                    TrySendError::Full(_) => {
+                        conn.err(id, ErrorCode::Busy, &format!("too many key loads waiting ({MAX_QUEUED_LOADS})"))
+                    }
                     TrySendError::Disconnected(_) => conn.err(id, ErrorCode::Internal, "the key process is shutting down"),
                 }
             }
         }
         kind::UNLOAD => match p::parse_unload_request(&frame.body) {
-            Ok(key_id) => {
-                let removed = conn.keys.write().unwrap_or_else(|e| e.into_inner()).remove(&key_id);
-                match removed {
-                    Some(_) => conn.ok(id, &[]),
-                    None => conn.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}")),
-                }
-            }
+            Ok(key_id) => match conn.forget(key_id) {
+                true => conn.ok(id, &[]),
+                false => conn.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}")),
+            },
             Err(e) => conn.err(id, ErrorCode::Malformed, &e.to_string()),
         },
         kind::DROP_PRIVILEGES if matches!(conn.role, Role::Agent(_)) => {
@@ -510,20 +633,24 @@ fn load_keys(rx: &Receiver<LoadJob>) {
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &source {
             // The code goes first in the message (`INVALID_ARGUMENT: ...`),
             // so the client reports the load as it would in process.
-            KeySource::Pkcs11(uri) => match &conn.role {
-                Role::KeyProcess => crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env()),
-                Role::Agent(opener) => opener.load_pkcs11(uri),
+            KeySource::Pkcs11(uri) => match (&conn.role, &conn.client) {
+                (Role::KeyProcess, _) => crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env()),
+                (Role::Agent(opener), Some(client)) => opener.load_pkcs11(uri, client),
+                (Role::Agent(_), None) => Err(SignError::InvalidArgument("an agent's connection without a client".into())),
             }
             .map_err(|e| (token_code(&e).unwrap_or(ErrorCode::Load), format!("{}: {e}", e.code().name()))),
             _ => load(&source, &conn.role).map_err(|msg| (ErrorCode::Load, msg)),
         }))
         .unwrap_or_else(|_| Err((ErrorCode::Internal, "loading the key panicked".to_string())));
+        if let Some(c) = &conn.client {
+            c.share.loads.fetch_sub(1, Ordering::AcqRel);
+        }
         match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
-                Ok(body) => {
-                    conn.keys.write().unwrap_or_else(|e| e.into_inner()).insert(key_id, Arc::new(key));
-                    conn.ok(id, &body);
-                }
+                Ok(body) => match conn.keep(key_id, key) {
+                    Ok(()) => conn.ok(id, &body),
+                    Err(why) => conn.err(id, ErrorCode::Busy, &why),
+                },
                 Err(e) => conn.err(id, ErrorCode::Load, &e.to_string()),
             },
             Err((code, msg)) => conn.err(id, code, &msg),

@@ -173,9 +173,25 @@ impl Supervisor {
         let fail = |what: String| backend_error(BackendFailure::Unavailable, what);
         let ours = UnixStream::connect(socket)
             .map_err(|e| fail(format!("cannot connect to the agent at {}: {e}", socket.display())))?;
-        // The hello's pid must be the process the kernel says is there.
-        let (peer_pid, ..) = sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
-        let (flags, decoder) = handshake(&ours, peer_pid, config).map_err(|e| {
+        // Who listens: the agent, or the service manager that made the
+        // socket and handed it over (systemd: root, PID 1), whose pid is not
+        // the agent's. What a client trusts is its socket's path; the
+        // listener must be root or the socket file's owner, so a socket
+        // another user bound and left in a folder a client can reach is
+        // not taken for the agent's.
+        let (_, listener_uid, _) = sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
+        let owner = std::fs::metadata(socket).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).ok();
+        if listener_uid != 0 && owner != Some(listener_uid) {
+            return Err(backend_error(
+                BackendFailure::Refused,
+                format!(
+                    "{} is not the agent's: its listener runs as uid {listener_uid}, and the socket file is owned by {}",
+                    socket.display(),
+                    owner.map_or("nobody it could read".to_string(), |u| format!("uid {u}"))
+                ),
+            ));
+        }
+        let (flags, decoder, peer_pid) = handshake(&ours, None, config).map_err(|e| {
             if e.kind() == io::ErrorKind::PermissionDenied {
                 backend_error(BackendFailure::Refused, format!("the agent at {} refused: {e}", socket.display()))
             } else {
@@ -240,7 +256,7 @@ impl Supervisor {
             let _ = child.wait();
         };
 
-        let (flags, decoder) = match handshake(&ours, pid, config) {
+        let (flags, decoder, _) = match handshake(&ours, Some(pid), config) {
             Ok(v) => v,
             Err(e) => {
                 kill(&mut child);
@@ -380,9 +396,11 @@ fn end(conn: &Conn) {
     }
 }
 
-/// Sends `Hello` and reads the key process's: its pid (which must be the
-/// child's) and hardening flags.
-fn handshake(ours: &UnixStream, pid: u32, config: &KeyProcessConfig) -> io::Result<(u32, p::Decoder)> {
+/// Sends `Hello` and reads the key process's or agent's: its hardening
+/// flags and its pid, which must be `pid` when that is given (a key
+/// process this client started; an agent's listener may be another
+/// process, so its pid is taken as the agent says).
+fn handshake(ours: &UnixStream, pid: Option<u32>, config: &KeyProcessConfig) -> io::Result<(u32, p::Decoder, u32)> {
     let mut hello = Vec::new();
     p::encode(&mut hello, kind::HELLO, 0, &[&p::hello_request(config.max_in_flight)]);
     let mut ours = ours;
@@ -416,13 +434,16 @@ fn handshake(ours: &UnixStream, pid: u32, config: &KeyProcessConfig) -> io::Resu
     }
     let (their_pid, flags) =
         p::parse_hello_reply(&frame.body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
-    if frame.kind != kind::HELLO || their_pid != pid {
+    if frame.kind != kind::HELLO {
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("expected a hello, got frame kind {:#04x}", frame.kind)));
+    }
+    if let Some(pid) = pid.filter(|p| *p != their_pid) {
         return Err(io::Error::new(
             io::ErrorKind::PermissionDenied,
             format!("the hello came from pid {their_pid}, not the process started ({pid})"),
         ));
     }
-    Ok((flags, decoder))
+    Ok((flags, decoder, their_pid))
 }
 
 /// A connection ended: record how, and start a new key process unless

@@ -278,3 +278,112 @@ pub(crate) fn close_inherited() -> io::Result<()> {
     }
     Ok(())
 }
+
+/// Sends what it can of `buf` without waiting (`MSG_DONTWAIT`, and
+/// `MSG_NOSIGNAL` as [`send_all`]): the bytes sent, 0 when the peer's
+/// buffer is full (`EAGAIN`), an error when the connection failed.
+pub(crate) fn send_some(stream: &UnixStream, buf: &[u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
+        // call, which only reads it; the descriptor is owned by `stream`,
+        // which outlives the call.
+        let n = unsafe {
+            libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+        };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.kind() {
+            io::ErrorKind::Interrupted => continue,
+            io::ErrorKind::WouldBlock => return Ok(0),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// `poll(2)` on `fds` for at most `timeout`: how many have events.
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: std::time::Duration) -> io::Result<usize> {
+    let ms = timeout.as_millis().min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: `fds` is a live, writable slice of `fds.len()` pollfd
+    // structures for the call, which reads their descriptors and events
+    // and writes only their `revents`.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+    if n < 0 {
+        let e = io::Error::last_os_error();
+        return if e.kind() == io::ErrorKind::Interrupted { Ok(0) } else { Err(e) };
+    }
+    Ok(n as usize)
+}
+
+/// Raises the soft limit on open descriptors to the hard limit (a
+/// daemon that serves many clients must not stop at the soft 1,024 its
+/// shell or a unit without `LimitNOFILE=` gives it): the limit now.
+pub(crate) fn raise_descriptor_limit() -> io::Result<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: `limit` is a live rlimit the call writes.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    if limit.rlim_cur < limit.rlim_max {
+        let raised = libc::rlimit { rlim_cur: limit.rlim_max, rlim_max: limit.rlim_max };
+        // SAFETY: `raised` is a valid rlimit that outlives the call, which
+        // only reads it.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        return Ok(raised.rlim_cur as u64);
+    }
+    Ok(limit.rlim_cur as u64)
+}
+
+/// The groups of user `uid` as its processes would have them: its primary
+/// group (from the user database) and its supplementary groups
+/// (`getgrouplist`). Empty when the user is unknown.
+pub(crate) fn user_groups(uid: u32) -> Vec<u32> {
+    let mut pw: libc::passwd = unsafe_zeroed_passwd();
+    let mut out: *mut libc::passwd = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: as in user_name: every pointer is live and writable for the
+    // call; the name and group are read from `pw` before `buf` is dropped.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc != 0 || out.is_null() || pw.pw_name.is_null() {
+        return Vec::new();
+    }
+    let primary = pw.pw_gid;
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut n = groups.len() as libc::c_int;
+        // SAFETY: `pw.pw_name` is a NUL-terminated name inside `buf`, which
+        // is alive; `groups` is writable for `n` entries, and the call
+        // writes at most `n` and sets `n` to the count it has (or needs).
+        let rc = unsafe { libc::getgrouplist(pw.pw_name, primary, groups.as_mut_ptr(), &mut n) };
+        if rc >= 0 {
+            groups.truncate(n.max(0) as usize);
+            return groups;
+        }
+        if n as usize <= groups.len() || n > 65536 {
+            return vec![primary];
+        }
+        groups.resize(n as usize, 0);
+    }
+}
+
+/// The name of group `gid` (`getgrgid_r`), for messages; the number when
+/// there is none.
+pub(crate) fn group_name(gid: u32) -> String {
+    // SAFETY: `group` is a C struct of integers and pointers, for which
+    // all-zero bytes are a valid value.
+    let mut gr: libc::group = unsafe { std::mem::zeroed() };
+    let mut out: *mut libc::group = std::ptr::null_mut();
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: `gr`, `buf` and `out` are live and writable for the call,
+    // `buf.len()` is the buffer's size; on success `out` points at `gr`,
+    // whose name points into `buf`, read before `buf` is dropped.
+    let rc = unsafe { libc::getgrgid_r(gid, &mut gr, buf.as_mut_ptr(), buf.len(), &mut out) };
+    if rc == 0 && !out.is_null() && !gr.gr_name.is_null() {
+        // SAFETY: a NUL-terminated name inside `buf`, per getgrgid_r.
+        return unsafe { CStr::from_ptr(gr.gr_name) }.to_string_lossy().into_owned();
+    }
+    gid.to_string()
+}

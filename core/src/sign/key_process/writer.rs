@@ -10,9 +10,20 @@
 //! A dedicated flushing thread was tried as well: it batched more but
 //! doubled the added latency (40 µs against 18 µs at p50 for ECDSA P-256)
 //! for no gain in throughput, so frames leave from the sender.
+//!
+//! Two modes. The key process's writer blocks while its one client, its
+//! parent, is slow to read. An agent's writer never blocks ([`FrameWriter::bounded`]):
+//! its clients are local users who do not trust each other, and a client
+//! that stops reading must not hold the signing threads that write to it
+//! (they are every user's). What the socket does not take at once waits in
+//! the buffer, which something else flushes when the socket drains (the
+//! agent's poller, through [`Stalls`]); past a bound of unread bytes, or a
+//! stall that lasts, the client is cut off.
 
+use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use zeroize::Zeroizing;
 
@@ -23,43 +34,82 @@ struct Pending {
     spare: Zeroizing<Vec<u8>>,
     writing: bool,
     broken: bool,
+    /// A bounded writer whose socket took less than it was given: its
+    /// output waits for the poller.
+    stalled: bool,
+    /// Since when the socket has taken nothing (reset by any progress).
+    stall_began: Option<Instant>,
 }
 
-pub(crate) struct FrameWriter {
-    stream: UnixStream,
-    pending: Mutex<Pending>,
+/// What a bounded writer's stalled output is handed to, to be written
+/// when its socket drains.
+pub(crate) trait Stalls: Send + Sync {
+    /// `writer` could not write all it holds: flush it when its socket is
+    /// writable ([`Stalled::flush`]), or cut it off.
+    fn watch(&self, writer: Stalled);
 }
+
+struct Shared {
+    stream: Arc<UnixStream>,
+    pending: Mutex<Pending>,
+    /// Bounded mode: who flushes stalled output, and the most bytes a
+    /// client may leave unread.
+    bounded: Option<(Arc<dyn Stalls>, usize)>,
+}
+
+pub(crate) struct FrameWriter(Arc<Shared>);
+
+/// A bounded writer with output its socket did not take, as its poller
+/// holds it.
+#[derive(Clone)]
+pub(crate) struct Stalled(Arc<Shared>);
 
 impl FrameWriter {
+    /// A writer that blocks until the socket takes each write (the key
+    /// process's, whose one client is its parent; and the client's own).
     pub(crate) fn new(stream: UnixStream) -> std::io::Result<Self> {
-        Ok(FrameWriter {
+        Ok(Self::make(Arc::new(stream), None))
+    }
+
+    /// A writer that never blocks the thread that sends: output the
+    /// socket does not take waits for `stalls` to flush it, and a client
+    /// that leaves more than `max_unread` bytes unread is cut off.
+    pub(crate) fn bounded(stream: Arc<UnixStream>, stalls: Arc<dyn Stalls>, max_unread: usize) -> Self {
+        Self::make(stream, Some((stalls, max_unread)))
+    }
+
+    fn make(stream: Arc<UnixStream>, bounded: Option<(Arc<dyn Stalls>, usize)>) -> Self {
+        FrameWriter(Arc::new(Shared {
             stream,
             pending: Mutex::new(Pending {
                 buf: Zeroizing::new(Vec::with_capacity(64 * 1024)),
                 spare: Zeroizing::new(Vec::with_capacity(64 * 1024)),
                 writing: false,
                 broken: false,
+                stalled: false,
+                stall_began: None,
             }),
-        })
-    }
-
-    fn lock(&self) -> MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+            bounded,
+        }))
     }
 
     /// Queues `frame` and writes it (with whatever else is queued) unless
     /// another thread is writing, which then writes it. Returns false once
-    /// the stream has failed; the frame is dropped then.
+    /// the stream has failed (or, bounded, the client was cut off for
+    /// leaving too much unread); the frame is dropped then.
     pub(crate) fn send(&self, frame: &[u8]) -> bool {
-        let mut p = self.lock();
+        let mut p = self.0.lock();
         if p.broken {
             return false;
         }
+        if !self.0.room_for(&mut p, frame.len()) {
+            return false;
+        }
         crate::wipe::extend(&mut p.buf, frame);
-        if p.writing {
+        if p.writing || p.stalled {
             return true;
         }
-        self.write_out(p)
+        self.0.write_out(p)
     }
 
     /// Queues `frame` without writing it: the caller promises to call
@@ -67,8 +117,8 @@ impl FrameWriter {
     /// leaves with that write. Workers that go straight on to another job
     /// use it to send two or more replies in one write.
     pub(crate) fn queue(&self, frame: &[u8]) -> bool {
-        let mut p = self.lock();
-        if p.broken {
+        let mut p = self.0.lock();
+        if p.broken || !self.0.room_for(&mut p, frame.len()) {
             return false;
         }
         crate::wipe::extend(&mut p.buf, frame);
@@ -78,52 +128,155 @@ impl FrameWriter {
     /// Writes whatever is queued, unless another thread is writing (which
     /// then writes it).
     pub(crate) fn flush(&self) -> bool {
-        let p = self.lock();
+        let p = self.0.lock();
         if p.broken {
             return false;
         }
-        if p.writing || p.buf.is_empty() {
+        if p.writing || p.stalled || p.buf.is_empty() {
             return true;
         }
-        self.write_out(p)
-    }
-
-    fn write_out<'a>(&'a self, mut p: MutexGuard<'a, Pending>) -> bool {
-        p.writing = true;
-        loop {
-            let mut out = std::mem::take(&mut p.spare);
-            std::mem::swap(&mut out, &mut p.buf);
-            drop(p);
-            let result = super::sys::send_all(&self.stream, &out);
-            out.clear();
-            p = self.lock();
-            p.spare = out;
-            if result.is_err() {
-                p.broken = true;
-                p.writing = false;
-                p.buf.clear();
-                // Wake the peer's reader and ours: the connection is over.
-                let _ = self.stream.shutdown(std::net::Shutdown::Both);
-                return false;
-            }
-            if p.buf.is_empty() {
-                p.writing = false;
-                return true;
-            }
-        }
+        self.0.write_out(p)
     }
 
     /// Waits until nothing is left to write: frames are written by the
-    /// threads that send them, so this only waits for a write under way.
+    /// threads that send them, so this only waits for a write under way
+    /// (a bounded writer's stalled output is not waited for).
     pub(crate) fn close(&self) {
-        while self.lock().writing {
+        while self.0.lock().writing {
             std::thread::yield_now();
         }
     }
 
     /// Closes both directions, so that readers on either side see the end.
     pub(crate) fn shutdown(&self) {
-        self.lock().broken = true;
+        self.0.shutdown();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Bounded: whether `more` bytes fit under the unread bound; a client
+    /// past it is cut off here.
+    fn room_for(&self, p: &mut MutexGuard<'_, Pending>, more: usize) -> bool {
+        match &self.bounded {
+            Some((_, max)) if p.buf.len().saturating_add(more) > *max => {
+                self.break_locked(p);
+                false
+            }
+            _ => true,
+        }
+    }
+
+    fn break_locked(&self, p: &mut MutexGuard<'_, Pending>) {
+        p.broken = true;
+        p.writing = false;
+        p.stalled = false;
+        p.buf.clear();
+        // Wake the peer's reader and ours: the connection is over.
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
+    }
+
+    fn shutdown(&self) {
+        let mut p = self.lock();
+        self.break_locked(&mut p);
+    }
+
+    fn write_out<'a>(self: &'a Arc<Self>, mut p: MutexGuard<'a, Pending>) -> bool {
+        p.writing = true;
+        loop {
+            let mut out = std::mem::take(&mut p.spare);
+            std::mem::swap(&mut out, &mut p.buf);
+            drop(p);
+            let result = match self.bounded {
+                None => super::sys::send_all(&self.stream, &out).map(|()| out.len()),
+                Some(_) => send_what_it_takes(&self.stream, &out),
+            };
+            p = self.lock();
+            match result {
+                Err(_) => {
+                    out.clear();
+                    p.spare = out;
+                    self.break_locked(&mut p);
+                    return false;
+                }
+                Ok(sent) if sent < out.len() => {
+                    // The rest goes before what was queued meanwhile, and
+                    // the poller writes it when the socket drains.
+                    let mut rest = Zeroizing::new(Vec::with_capacity(out.len() - sent + p.buf.len()));
+                    rest.extend_from_slice(&out[sent..]);
+                    rest.extend_from_slice(&p.buf);
+                    p.buf.clear();
+                    p.buf = rest;
+                    out.clear();
+                    p.spare = out;
+                    p.writing = false;
+                    p.stalled = true;
+                    p.stall_began = if sent > 0 { Some(Instant::now()) } else { p.stall_began.or(Some(Instant::now())) };
+                    drop(p);
+                    if let Some((stalls, _)) = &self.bounded {
+                        stalls.watch(Stalled(self.clone()));
+                    }
+                    return true;
+                }
+                Ok(_) => {
+                    out.clear();
+                    p.spare = out;
+                }
+            }
+            if p.buf.is_empty() {
+                p.writing = false;
+                p.stall_began = None;
+                return true;
+            }
+        }
+    }
+}
+
+/// Writes `buf` without waiting: how much the socket took.
+fn send_what_it_takes(stream: &UnixStream, buf: &[u8]) -> std::io::Result<usize> {
+    let mut sent = 0;
+    while sent < buf.len() {
+        match super::sys::send_some(stream, &buf[sent..])? {
+            0 => break,
+            n => sent += n,
+        }
+    }
+    Ok(sent)
+}
+
+impl Stalled {
+    /// The socket's descriptor, to poll for room.
+    pub(crate) fn fd(&self) -> RawFd {
+        self.0.stream.as_raw_fd()
+    }
+
+    /// Since when its socket has taken nothing.
+    pub(crate) fn since(&self) -> Option<Instant> {
+        self.0.lock().stall_began
+    }
+
+    /// Writes what the socket takes now. Output it still does not take is
+    /// handed to the poller again (as a new [`Stalled`]), so the caller
+    /// forgets this one either way.
+    pub(crate) fn flush(&self) {
+        let mut p = self.0.lock();
+        if p.broken || p.writing || !p.stalled {
+            return;
+        }
+        p.stalled = false;
+        self.0.write_out(p);
+    }
+
+    /// Cuts the client off: it left its replies unread too long.
+    pub(crate) fn cut_off(&self) {
+        self.0.shutdown();
+    }
+
+    /// Whether it is the same writer as `other`.
+    pub(crate) fn same(&self, other: &Stalled) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
     }
 }
