@@ -988,3 +988,27 @@ fn a_key_whose_labels_are_out_of_order_is_refused() {
     let err = MachineKey::from_bytes(bad).unwrap_err().to_string();
     assert!(err.contains("label out of order or repeated"), "{err}");
 }
+
+/// Issue 52.4: an envelope held from before its policy key was rotated
+/// (what a key file embeds) opens after the old version is retired, from
+/// the store's copy of the same secret (`Machine::open_current`); opened
+/// as it is, it is refused (the control: that was the servers' failure).
+#[test]
+fn an_envelope_from_before_a_retirement_opens_from_the_stores_copy() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::default());
+    let mut a = Authority::init(store.clone()).unwrap();
+    let held = a.wrap("region: EU", b"the secret").unwrap().to_bytes().to_vec();
+    let other = a.wrap("region: EU", b"another secret").unwrap().to_bytes().to_vec();
+    let key = a.issue(&"region=EU".parse().unwrap()).unwrap();
+    a.rotate_policy_key("region: EU").unwrap();
+    let retired = a.retire_policy_keys("region: EU").unwrap();
+    assert!(!retired.retired.is_empty(), "{retired:?}");
+    let m = Machine::new(key, store.clone(), CacheConfig::default());
+    let err = m.open(&held).unwrap_err();
+    assert_eq!(err.code().name(), "UNKNOWN_POLICY_KEY", "{err}");
+    assert_eq!(&m.open_current(&held).unwrap()[..], b"the secret");
+    assert_eq!(&m.open_current(&other).unwrap()[..], b"another secret", "each secret from its own copy");
+    // An envelope the store holds as it is: opened as it is.
+    let current = store.get(&format!("envelopes/{}", hex::encode(Envelope::parse(&held).unwrap().secret_id))).unwrap().unwrap();
+    assert_eq!(&m.open_current(&current).unwrap()[..], b"the secret");
+}
