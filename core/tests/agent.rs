@@ -426,3 +426,26 @@ fn keys_are_bounded_per_connection_and_per_user_and_a_hello_has_one_deadline() {
     assert!(closed, "a dribbled hello kept its connection for {:?}", t.elapsed());
     assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
 }
+
+/// Issue 52.2: an agent refuses to start on a store whose authority state
+/// it can read (a server that can read the master secret keys is its own
+/// authority), says what to do instead, and starts on the servers' copy
+/// (`export_for_servers`) or when told it is a one-machine trial.
+#[test]
+fn an_agent_refuses_a_store_that_holds_the_authoritys_secrets() {
+    use keyfence::sign::key_process::Agent;
+    let dir = Dir::new("agent-authority-store");
+    let world = agent_world(&dir.0);
+    let mut config = agent_config(&dir.0, &world);
+    config.store = Some(world.store.to_str().unwrap().to_string());
+    let err = Agent::start(config.clone()).unwrap_err().to_string();
+    assert!(err.contains("holds the authority's secrets") && err.contains("keyfence authority export"), "{err}");
+    assert!(!dir.0.join("agent.sock").exists(), "a refused agent made no socket");
+    config.unsafe_authority_store = true;
+    drop(Agent::start(config).unwrap());
+    let served = Agent::start(agent_config(&dir.0, &world)).unwrap();
+    let engine = agent_engine(served.socket()).unwrap();
+    let key = engine.load(KeySource::AgentEnvelope(world.eu_ec.1.clone())).unwrap();
+    assert!(managed_sign(&engine, &key, Algorithm::EcdsaP256Sha256).is_ok());
+    assert!(std::fs::read_dir(world.served.join("authority")).map_or(true, |mut d| d.next().is_none()), "the copy holds authority/");
+}

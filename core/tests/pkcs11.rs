@@ -311,23 +311,18 @@ fn a_refused_pin_reaches_the_token_once_until_the_pin_file_changes() {
 fn an_agents_refusal_names_no_module_path_and_no_other_token() {
     use keyfence::sign::key_process::{Agent, AgentConfig};
     use keyfence::sign::managed::{Isolation, ManagedConfig};
-    use keyfence::wrap::{Authority, FileStore};
     let Some(dir) = token() else { return };
     let counting = counting_module(dir);
     let agent_dir = dir.join("agent");
     std::fs::create_dir_all(&agent_dir).unwrap();
-    let store = agent_dir.join("store");
-    let authority = Authority::init(Arc::new(FileStore::open(&store).unwrap())).unwrap();
-    let machine_key = agent_dir.join("machine.key");
-    std::fs::write(&machine_key, authority.issue(&"region=EU".parse().unwrap()).unwrap().to_bytes()).unwrap();
-    let mut config = AgentConfig::new(agent_dir.join("agent.sock"), store.to_str().unwrap(), &machine_key);
-    config.rsa_threads = 1;
-    config.ec_threads = 1;
     // The agent's PIN file is `edge`'s: the spare tokens' PIN is another.
+    // An agent of token keys only: no store, no machine key.
     let mut settings = Pkcs11Settings::default();
     settings.module = Some(counting.clone());
     settings.pin_file = Some(dir.join("pin"));
-    config.pkcs11 = Some(settings);
+    let mut config = AgentConfig::tokens_only(agent_dir.join("agent.sock"), settings);
+    config.rsa_threads = 1;
+    config.ec_threads = 1;
     let _agent = Agent::start(config).unwrap();
     let mut client = ManagedConfig::default();
     client.isolation = Isolation::Agent(agent_dir.join("agent.sock"));

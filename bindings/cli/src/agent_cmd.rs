@@ -95,6 +95,12 @@ pub struct AgentArgs {
     /// agent's own user and root may load any; nobody else any other.
     #[arg(long = "allow-token", requires = "pkcs11_module")]
     allow_tokens: Vec<String>,
+    /// Start even if the store lets the agent read the authority's secrets
+    /// (a store `authority init` made, not `authority export`'s copy): for
+    /// trying keyfence on one machine. Without it such an agent refuses to
+    /// start: a server that can read them can open every envelope.
+    #[arg(long)]
+    unsafe_authority_store: bool,
 }
 
 /// The socket systemd passed (socket activation: `LISTEN_PID` is this
@@ -157,6 +163,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     }
     config.max_connections = args.max_connections;
     config.user_connections = args.user_connections;
+    config.unsafe_authority_store = args.unsafe_authority_store;
     for grant in &args.allow_tokens {
         let (who, uri) = grant
             .split_once('=')

@@ -104,6 +104,21 @@ pub enum AuthorityCmd {
         #[arg(long)]
         keep_history: bool,
     },
+    /// Make or bring up to date a servers' copy of the store: what
+    /// machines read (the signed lists, the sealed policy keys, the
+    /// envelopes) and nothing of the authority's (`authority/`: the master
+    /// secret keys, the policy private keys, the signing key). Servers and
+    /// their agents read the copy (docs/deploy.md); run it again after each
+    /// change (issue, wrap, rotate, retire, revoke).
+    Export {
+        /// The authority's store: a directory or etcd://HOST:PORT[,...]/PREFIX.
+        #[arg(long)]
+        store: PathBuf,
+        /// The copy: a directory (made if missing) or an etcd prefix; never
+        /// a store that holds an authority's state.
+        #[arg(long)]
+        to: PathBuf,
+    },
     /// Show generations, policy keys and envelopes.
     Status {
         /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
@@ -344,6 +359,13 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             if r.compacted {
                 outln!("the store's history was compacted: its old revisions no longer hold what the machine could open");
             }
+        }
+        AuthorityCmd::Export { store: dir, to } => {
+            let from = store(&dir)?;
+            let name = to.to_str().ok_or_else(|| exit::input("--to must be UTF-8"))?;
+            let copy = keyfence::wrap::create_store(name).with_context(|| format!("the copy {name}"))?;
+            let e = keyfence::wrap::export_for_servers(&*from, &*copy)?;
+            outln!("{name}: {} written, {} unchanged, {} deleted; no authority state", e.written, e.unchanged, e.deleted);
         }
         AuthorityCmd::Status { store: dir } => {
             let a = Authority::open(store(&dir)?)?;

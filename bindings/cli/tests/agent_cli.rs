@@ -20,6 +20,8 @@ fn world(d: &Dir) {
     openssl(d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ec.pem"]);
     openssl(d, &["pkey", "-in", "ec.pem", "-pubout", "-out", "ec.pub"]);
     ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: US", "--in", &d.p("ec.pem"), "--out", &d.p("ec.env")]);
+    // The agent reads a servers' copy, as deploy.md has it.
+    ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
 }
 
 /// Kills the child when dropped, whatever happens to the test.
@@ -56,7 +58,7 @@ fn signs_through(d: &Dir, socket: &Path) {
 }
 
 fn agent_args<'a>(d: &'a Dir, socket: &'a str) -> Vec<String> {
-    ["agent", "--socket", socket, "--store", &d.p("store"), "--machine-key", &d.p("us.machine")]
+    ["agent", "--socket", socket, "--store", &d.p("served"), "--machine-key", &d.p("us.machine")]
         .iter()
         .map(|s| s.to_string())
         .collect()
@@ -82,6 +84,7 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
     assert!(text.starts_with("-----BEGIN KEYFENCE KEY-----"), "{text}");
     // An envelope the agent's machine may not open: its reason.
     ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: FR", "--in", &d.p("ec.pem"), "--out", &d.p("fr.env")]);
+    ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
     let o = common::keyfence(&[
         "provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("fr.env"), "--out", &d.p("fr.kfk"),
     ]);
@@ -185,13 +188,16 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ec.pem"]);
     openssl(&d, &["pkey", "-in", "ec.pem", "-pubout", "-out", "ec.pub"]);
     ok(&["authority", "wrap", "--store", &s, "--policy", "country: US", "--in", &d.p("ec.pem"), "--out", &d.p("ec.env")]);
+    // The agent reads the servers' copy; the authority's store stays root's.
+    let served = d.p("served");
+    ok(&["authority", "export", "--store", &s, "--to", &served]);
     std::fs::set_permissions(&d.0, std::fs::Permissions::from_mode(0o755)).unwrap();
     let etc = d.0.join("etc");
     std::fs::create_dir(&etc).unwrap();
     std::fs::set_permissions(&etc, std::fs::Permissions::from_mode(0o755)).unwrap();
     std::fs::copy(d.p("us.machine"), etc.join("machine.key")).unwrap();
     chown(&etc.join("machine.key"), "nobody");
-    chown(&d.0.join("store"), "nobody");
+    chown(&d.0.join("served"), "nobody");
     for dir in ["run", "state"] {
         std::fs::create_dir(d.0.join(dir)).unwrap();
         chown(&d.0.join(dir), "nobody");
@@ -204,7 +210,7 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
             "--socket".into(),
             socket.to_str().unwrap().into(),
             "--store".into(),
-            s.clone(),
+            served.clone(),
             "--machine-key".into(),
             etc.join("machine.key").to_str().unwrap().into(),
         ];
@@ -233,8 +239,8 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     drop(running);
 
     // The store rolled back: a restarted agent refuses it.
-    let newest = std::fs::read(d.p("store/public/generations")).unwrap();
-    std::fs::write(d.p("store/public/generations"), &old).unwrap();
+    let newest = std::fs::read(d.p("served/public/generations")).unwrap();
+    std::fs::write(d.p("served/public/generations"), &old).unwrap();
     let mut running = Killed(agent(true).spawn().unwrap());
     wait_listening(&mut running.0);
     std::fs::write(d.0.join("msg"), b"m").unwrap();
@@ -246,9 +252,10 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     drop(running);
 
     // A newer list the agent cannot write down: the load fails, saying so.
-    std::fs::write(d.p("store/public/generations"), &newest).unwrap();
+    std::fs::write(d.p("served/public/generations"), &newest).unwrap();
     ok(&["authority", "rotate", "--store", &s]);
-    chown(&d.0.join("store"), "nobody");
+    ok(&["authority", "export", "--store", &s, "--to", &served]);
+    chown(&d.0.join("served"), "nobody");
     let mut running = Killed(agent(true).spawn().unwrap());
     wait_listening(&mut running.0);
     std::fs::set_permissions(d.0.join("state"), std::fs::Permissions::from_mode(0o500)).unwrap();

@@ -192,7 +192,7 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
     let socket = d.p("agent.sock");
     let mut agent = Killed(
         Command::new(env!("CARGO_BIN_EXE_keyfence"))
-            .args(["agent", "--socket", &socket, "--store", &d.p("store"), "--machine-key", &d.p("m.key"), "--seconds", "120"])
+            .args(["agent", "--socket", &socket, "--seconds", "120"])
             .args(["--pkcs11-module", &module, "--pkcs11-pin-file", &d.p("hsm/pin")])
             .env("SOFTHSM2_CONF", d.p("hsm/softhsm2.conf"))
             .stdout(Stdio::piped())

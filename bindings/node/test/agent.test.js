@@ -48,6 +48,8 @@ function world(t) {
     pub[name] = publicKey
   }
   run('authority', 'wrap', '--store', 'store', '--policy', 'country: FR', '--in', 'key.pem', '--out', 'fr.env')
+  // The agent reads the servers' copy, without the authority's secrets.
+  run('authority', 'export', '--store', 'store', '--to', 'served')
   // From here on only the envelopes hold the keys.
   fs.rmSync(f('key.pem'))
   fs.rmSync(f('rsa.pem'))
@@ -66,7 +68,7 @@ function world(t) {
       assert.equal(agent, null, 'the agent runs already')
       starts += 1
       const log = fs.openSync(f(`agent-${starts}.log`), 'w')
-      const child = spawn(kfcli, ['agent', '--socket', socket, '--store', 'store', '--machine-key', 'machine.key'], {
+      const child = spawn(kfcli, ['agent', '--socket', socket, '--store', 'served', '--machine-key', 'machine.key'], {
         cwd: dir,
         stdio: ['ignore', 'pipe', log],
       })

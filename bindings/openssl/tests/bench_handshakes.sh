@@ -28,7 +28,7 @@ if [ "$(id -u)" = 0 ] && id www-data >/dev/null 2>&1 && command -v apache2 >/dev
     deployed=1
     chmod 755 "$work"
     mkdir -m 755 run
-    "$cli" agent --socket "$work/run/agent.sock" --store keys/store --machine-key keys/us.machine \
+    "$cli" agent --socket "$work/run/agent.sock" --store keys/served --machine-key keys/us.machine \
         --allow-user www-data --socket-group www-data >agent.out 2>agent.err &
     pids+=($!)
     for _ in $(seq 100); do grep -q listening agent.out && break; sleep 0.1; done

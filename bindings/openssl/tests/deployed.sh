@@ -74,7 +74,7 @@ mkdir -m 755 run
 start_agent() { # SOCKET [OPTIONS...]
     local socket="$1"
     shift
-    "$cli" agent --socket "$socket" --store keys/store --machine-key keys/us.machine "$@" >"$socket.out" 2>>"$socket.err" &
+    "$cli" agent --socket "$socket" --store keys/served --machine-key keys/us.machine "$@" >"$socket.out" 2>>"$socket.err" &
     pids+=($!)
     agent_pid=$!
     for _ in $(seq 100); do grep -q listening "$socket.out" 2>/dev/null && return 0; sleep 0.1; done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make_keys.sh CLI DIR: what the provider's tests use, made fresh in DIR
 # with the `keyfence` command line CLI and openssl:
-#   store/, us.machine (country=US), fr.machine (country=FR);
+#   store/, served/ (its servers' copy, which the key agent reads),
+#   us.machine (country=US), fr.machine (country=FR);
 #   a CA (ca.pem) and, for each of ec256 ec384 rsa2048 ed25519: NAME.pem
 #   (the plain key), NAME.env (wrapped under `country: US`), NAME.kfk (the
 #   provider's key file), NAME.crt (its certificate from the CA, for
@@ -38,3 +39,5 @@ gen ec256 >fr.pem 2>/dev/null
 "$cli" authority wrap --store store --policy 'country: FR' --in fr.pem --out fr.env >/dev/null
 "$cli" provider-key --envelope fr.env --store store --machine-key fr.machine --out fr.kfk
 cp us.machine fr.machine
+# The servers' copy the key agent reads: the store without authority/.
+"$cli" authority export --store store --to served >/dev/null

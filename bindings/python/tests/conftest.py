@@ -147,6 +147,8 @@ class KeyAgent:
             )
             self.run("authority", "wrap", "--store", "store", "--policy", "country: US", "--in", f"{name}.pem", "--out", f"{name}.env")
         self.run("authority", "wrap", "--store", "store", "--policy", "country: FR", "--in", "key.pem", "--out", "fr.env")
+        # The agent reads the servers' copy, without the authority's secrets.
+        self.run("authority", "export", "--store", "store", "--to", "served")
         # From here on only the envelopes hold the keys.
         for name in ("key", "rsa"):
             (self.dir / f"{name}.pem").unlink()
@@ -158,7 +160,7 @@ class KeyAgent:
         self.starts += 1
         log = open(self.dir / f"agent-{self.starts}.log", "wb")
         proc = subprocess.Popen(
-            [str(self.cli), "agent", "--socket", str(self.socket), "--store", "store", "--machine-key", "machine.key"],
+            [str(self.cli), "agent", "--socket", str(self.socket), "--store", "served", "--machine-key", "machine.key"],
             cwd=self.dir,
             stdout=subprocess.PIPE,
             stderr=log,

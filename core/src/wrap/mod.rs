@@ -42,6 +42,7 @@
 mod authority;
 mod cache;
 mod error;
+mod export;
 #[cfg(feature = "etcd")]
 mod etcd;
 #[cfg(feature = "testing")]
@@ -70,6 +71,7 @@ pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
 #[cfg(feature = "testing")]
 pub use faulty::FaultyStore;
+pub use export::{export_for_servers, holds_readable_authority, Exported};
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use machine::{current_envelope, nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use newest::{newest_lists_beside, NewestLists};

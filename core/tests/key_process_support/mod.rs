@@ -69,7 +69,10 @@ pub fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> boo
 /// envelopes of a P-256 key and an RSA key under `region: EU` and of a
 /// P-256 key under `region: US`, which the agent's machine may not open.
 pub struct AgentWorld {
+    /// The authority's store.
     pub store: PathBuf,
+    /// The servers' copy of it the agent reads.
+    pub served: PathBuf,
     pub machine_key: PathBuf,
     pub eu_ec: (PathBuf, Vec<u8>),
     pub eu_rsa: (PathBuf, Vec<u8>),
@@ -92,13 +95,17 @@ pub fn agent_world(dir: &Path) -> AgentWorld {
     let eu_ec = wrapped("eu-ec", KeyKind::EcP256, "region: EU");
     let eu_rsa = wrapped("eu-rsa", KeyKind::Rsa { bits: 2048 }, "region: EU");
     let us_ec = wrapped("us-ec", KeyKind::EcP256, "region: US").1;
-    AgentWorld { store, machine_key, eu_ec, eu_rsa, us_ec }
+    // The agent reads a servers' copy, as deployed: never the authority's
+    // store, whose secrets it refuses to be able to read.
+    let served = dir.join("served");
+    keyfence::wrap::export_for_servers(&*keyfence::wrap::open_store(store.to_str().unwrap()).unwrap(), &*keyfence::wrap::create_store(served.to_str().unwrap()).unwrap()).unwrap();
+    AgentWorld { store, served, machine_key, eu_ec, eu_rsa, us_ec }
 }
 
 pub fn agent_config(dir: &Path, world: &AgentWorld) -> keyfence::sign::key_process::AgentConfig {
     let mut c = keyfence::sign::key_process::AgentConfig::new(
         dir.join("agent.sock"),
-        world.store.to_str().unwrap(),
+        world.served.to_str().unwrap(),
         &world.machine_key,
     );
     c.rsa_threads = 1;

@@ -124,6 +124,12 @@ pub struct AgentConfig {
     /// none but the agent's own user and root may load a token key no
     /// grant covers. Default: none.
     pub token_grants: Vec<TokenGrant>,
+    /// Start even when the store lets the agent read the authority's state
+    /// (its master secret keys): for trying keyfence on one machine only.
+    /// Default false: such an agent refuses to start, since a server that
+    /// can read them can open every envelope whatever its attributes
+    /// (servers read a copy: `keyfence authority export`).
+    pub unsafe_authority_store: bool,
 }
 
 impl AgentConfig {
@@ -163,6 +169,7 @@ impl AgentConfig {
             hello_timeout: Duration::from_secs(5),
             pkcs11: None,
             token_grants: Vec::new(),
+            unsafe_authority_store: false,
         }
     }
 }
@@ -492,6 +499,19 @@ fn open_machine(config: &AgentConfig, store: &str, machine_key: &Path) -> Result
     );
     let mk = MachineKey::from_bytes(&mk).map_err(|e| SignError::Config(format!("{}: {e}", machine_key.display())))?;
     let opened = open_store(store).map_err(|e| SignError::Config(format!("cannot open the store {store}: {e}")))?;
+    match crate::wrap::holds_readable_authority(&*opened) {
+        Ok(false) => {}
+        Ok(true) if config.unsafe_authority_store => tracing::warn!(
+            %store,
+            "this agent can read the authority's secrets in its store: it can open every envelope, whatever its attributes (--unsafe-authority-store)"
+        ),
+        Ok(true) => {
+            return Err(SignError::Config(format!(
+                "the store {store} holds the authority's secrets (authority/state) and this agent can read them: a server that can is its own authority. Serve from a servers' copy (keyfence authority export --store {store} --to COPY), or, to try keyfence on one machine, pass --unsafe-authority-store"
+            )))
+        }
+        Err(e) => return Err(SignError::Config(format!("cannot read the store {store}: {e}"))),
+    }
     let machine = Arc::new(keep_floor(Machine::new(mk, opened, CacheConfig::default()), config, machine_key)?);
     // A retirement reaches the cache within the watch's delay, not at the
     // cache entry's time to live.
