@@ -449,3 +449,82 @@ fn an_agent_refuses_a_store_that_holds_the_authoritys_secrets() {
     assert!(managed_sign(&engine, &key, Algorithm::EcdsaP256Sha256).is_ok());
     assert!(std::fs::read_dir(world.served.join("authority")).map_or(true, |mut d| d.next().is_none()), "the copy holds authority/");
 }
+
+/// Issue 55.7: a server that loads a key through the agent and then
+/// forks (nginx's master, root, and its workers, `www-data`) leaves its
+/// children no copy of the connection the agent admitted it on: in the
+/// child each of the client's descriptors is another socket (one whose
+/// peer is gone), not the parent's connection. The agent's own end, in
+/// this process too, is not the client's and is kept: the control.
+#[test]
+fn a_forked_child_keeps_none_of_the_parents_agent_connections() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = Dir::new("agent-fork");
+    let world = agent_world(&dir.0);
+    let agent = keyfence::sign::key_process::Agent::start(agent_config(&dir.0, &world)).unwrap();
+    let engine = agent_engine(agent.socket()).unwrap();
+    let key = engine.load(KeySource::AgentEnvelope(world.eu_ec.1.clone())).unwrap();
+    assert!(managed_sign(&engine, &key, Algorithm::EcdsaP256Sha256).is_ok());
+    // The client's ends: sockets whose peer is the agent's socket path;
+    // the agent's ends: sockets named by it.
+    let (mut client, mut server) = (Vec::new(), Vec::new());
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Ok(fd) = entry.file_name().to_string_lossy().parse::<i32>() else { continue };
+        let Ok(meta) = std::fs::metadata(entry.path()) else { continue };
+        // SAFETY: sockaddr_un is plain data; the calls write at most `len`
+        // bytes into it and the descriptor is only looked at.
+        let name = |peer: bool| unsafe {
+            let mut a: libc::sockaddr_un = std::mem::zeroed();
+            let mut len = std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t;
+            let rc = if peer {
+                libc::getpeername(fd, (&mut a as *mut libc::sockaddr_un).cast(), &mut len)
+            } else {
+                libc::getsockname(fd, (&mut a as *mut libc::sockaddr_un).cast(), &mut len)
+            };
+            let path: Vec<u8> = a.sun_path.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
+            (rc == 0 && a.sun_family as i32 == libc::AF_UNIX).then_some(path)
+        };
+        // The agent binds a private name and renames it into place: the
+        // names hold `agent.sock` either way.
+        let agents = |n: &Option<Vec<u8>>| n.as_ref().is_some_and(|n| n.windows(10).any(|w| w == b"agent.sock"));
+        let (own, peer) = (name(false), name(true));
+        if agents(&peer) && !agents(&own) {
+            client.push((fd, meta.ino()));
+        } else if agents(&own) && peer.is_some() {
+            server.push((fd, meta.ino()));
+        }
+    }
+    assert!(client.len() >= 2, "the client's connection (writer and reader): {client:?}");
+    assert!(!server.is_empty(), "the agent's end of it");
+    // SAFETY: the child makes only async-signal-safe calls (fstat, _exit)
+    // before it exits: this process has other threads.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        let same = |(fd, ino): &(i32, u64)| unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            libc::fstat(*fd, &mut st) == 0 && st.st_ino == *ino
+        };
+        let code = if client.iter().any(same) {
+            1
+        } else if !server.iter().all(same) {
+            2
+        } else {
+            0
+        };
+        // SAFETY: ends the child at once, running nothing of the parent's.
+        unsafe { libc::_exit(code) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just forked; `status` is a live local.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+    assert!(libc::WIFEXITED(status), "the child did not exit: {status}");
+    match libc::WEXITSTATUS(status) {
+        0 => {}
+        1 => panic!("the child still holds the parent's connection to the agent"),
+        2 => panic!("the child lost a descriptor that was not the client's (the control)"),
+        c => panic!("child exit {c}"),
+    }
+    // The parent's connection is untouched.
+    assert!(managed_sign(&engine, &key, Algorithm::EcdsaP256Sha256).is_ok());
+}

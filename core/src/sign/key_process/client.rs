@@ -350,7 +350,7 @@ impl Conn {
     /// The reader: delivers replies until the connection ends, then fails
     /// everything in flight at once (nothing waits for a dead process),
     /// reaps the process and says how it ended.
-    pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder) -> String {
+    pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder, guard: Option<super::sys::ForkGuard>) -> String {
         let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
         let end: String = 'read: loop {
             loop {
@@ -368,6 +368,10 @@ impl Conn {
             }
         };
         drop(buf);
+        // Let go before the socket closes (a descriptor number reused later
+        // must not be taken for it in a child).
+        drop(guard);
+        drop(stream);
 
         let drained: Vec<Pending> = {
             let mut map = self.pending();

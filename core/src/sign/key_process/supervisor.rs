@@ -202,8 +202,7 @@ impl Supervisor {
             return Err(fail(format!("{} is not a keyfence agent", socket.display())));
         }
         let reader = ours.try_clone().map_err(|e| SignError::io(Resource::Socket, format!("cannot clone the agent socket: {e}")))?;
-        let writer = FrameWriter::new(ours)
-            .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's writer: {e}")))?;
+        let writer = FrameWriter::client(ours);
         let conn = Arc::new(Conn::new(peer_pid, flags, None, writer, config.max_in_flight));
         self.start_reader(&conn, reader, decoder)?;
         Ok(conn)
@@ -215,7 +214,10 @@ impl Supervisor {
         let (weak, c) = (Arc::downgrade(self), conn.clone());
         let started =
             self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(format!("keyfence-key-process-{}", conn.pid), move || {
-                let exit = c.read_replies(reader, decoder);
+                // A forked child of this process does not keep the reader's
+                // copy of the socket either; let go before it closes.
+                let guard = sys::ForkGuard::new(&reader);
+                let exit = c.read_replies(reader, decoder, guard);
                 on_exit(weak, exit);
             });
         if let Err(e) = started {
@@ -271,13 +273,7 @@ impl Supervisor {
                 return Err(SignError::io(Resource::Socket, format!("cannot clone the key-process socket: {e}")));
             }
         };
-        let writer = match FrameWriter::new(ours) {
-            Ok(w) => w,
-            Err(e) => {
-                kill(&mut child);
-                return Err(SignError::io(Resource::Thread, format!("cannot start the key-process writer: {e}")));
-            }
-        };
+        let writer = FrameWriter::client(ours);
         let conn = Arc::new(Conn::new(pid, flags, Some(child), writer, config.max_in_flight));
         self.start_reader(&conn, reader, decoder)?;
         Ok(conn)

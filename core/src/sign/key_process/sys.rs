@@ -387,3 +387,128 @@ pub(crate) fn group_name(gid: u32) -> String {
     }
     gid.to_string()
 }
+
+/// Descriptors a forked child must not keep: the connections of this
+/// process's engines to their key process or agent. A server that loads
+/// keys as root and forks its workers (nginx's master) would otherwise
+/// leave each worker, `www-data`, holding a connection the agent admitted
+/// as root, or one to a key process run as root. After a fork, the child
+/// finds each still open (same descriptor, same socket inode) and puts a
+/// socket whose peer is gone in its place: the child's copy of the
+/// connection is closed, the descriptor number stays taken (nothing of
+/// the parent's that still names it can reach another file), reads see the
+/// end, writes fail.
+mod fork_guard {
+    use std::os::fd::RawFd;
+    use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+    use std::sync::Once;
+
+    /// Connections guarded at once; past this, the rest are not (logged
+    /// by the caller): 256 engines' connections is far more than a server
+    /// holds.
+    const SLOTS: usize = 512;
+    #[allow(clippy::declare_interior_mutable_const)]
+    const EMPTY: (AtomicI32, AtomicU64) = (AtomicI32::new(-1), AtomicU64::new(0));
+    static GUARDED: [(AtomicI32, AtomicU64); SLOTS] = [EMPTY; SLOTS];
+    /// One end of a socket pair whose other end is closed.
+    static DEAD: AtomicI32 = AtomicI32::new(-1);
+    static INSTALL: Once = Once::new();
+
+    extern "C" fn in_child() {
+        let dead = DEAD.load(Ordering::Relaxed);
+        if dead < 0 {
+            return;
+        }
+        for (fd, ino) in &GUARDED {
+            let fd = fd.load(Ordering::Relaxed);
+            if fd < 0 {
+                continue;
+            }
+            // SAFETY: async-signal-safe calls only (fstat, dup2), as the
+            // child of a fork may make; `st` is a live local the call
+            // writes.
+            unsafe {
+                let mut st: libc::stat = std::mem::zeroed();
+                if libc::fstat(fd, &mut st) == 0 && st.st_ino == ino.load(Ordering::Relaxed) {
+                    libc::dup2(dead, fd);
+                }
+            }
+        }
+    }
+
+    fn install() {
+        INSTALL.call_once(|| {
+            let mut pair = [-1; 2];
+            // SAFETY: `pair` is a live array of two ints the call writes.
+            if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
+                return;
+            }
+            // SAFETY: pair[1] was just made here and is owned by nothing
+            // else; pthread_atfork takes a function with C linkage that
+            // lives for the program.
+            unsafe {
+                libc::close(pair[1]);
+                DEAD.store(pair[0], Ordering::Relaxed);
+                libc::pthread_atfork(None, None, Some(in_child));
+            }
+        });
+    }
+
+    /// Guards `fd` (whose socket has inode `ino`); false when every slot
+    /// is taken.
+    pub(crate) fn guard(fd: RawFd, ino: u64) -> bool {
+        install();
+        for (slot, i) in &GUARDED {
+            // The inode first: a child forked between the two stores sees
+            // an inode of 0 on a descriptor, and leaves it.
+            if slot.load(Ordering::Relaxed) == -1 {
+                i.store(0, Ordering::Relaxed);
+                if slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+                    i.store(ino, Ordering::Release);
+                    return true;
+                }
+            }
+        }
+        false
+    }
+
+    /// Stops guarding `fd`, before it is closed.
+    pub(crate) fn release(fd: RawFd, ino: u64) {
+        for (slot, i) in &GUARDED {
+            if slot.load(Ordering::Acquire) == fd && i.load(Ordering::Acquire) == ino {
+                let _ = slot.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Guards a connection's socket so that a forked child of this process
+/// does not keep it (see `fork_guard`), until dropped: drop it before the
+/// socket is closed.
+pub(crate) struct ForkGuard {
+    fd: std::os::fd::RawFd,
+    ino: u64,
+}
+
+impl ForkGuard {
+    /// Guards `stream`; `None` when it cannot be (every slot taken, or
+    /// its inode unreadable): it works, and a child keeps it.
+    pub(crate) fn new(stream: &UnixStream) -> Option<Self> {
+        // SAFETY: `st` is a live local the call writes; the descriptor is
+        // owned by `stream`, alive for the call.
+        let ino = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(stream.as_raw_fd(), &mut st) != 0 {
+                return None;
+            }
+            st.st_ino
+        };
+        fork_guard::guard(stream.as_raw_fd(), ino).then_some(ForkGuard { fd: stream.as_raw_fd(), ino })
+    }
+}
+
+impl Drop for ForkGuard {
+    fn drop(&mut self) {
+        fork_guard::release(self.fd, self.ino);
+    }
+}

@@ -50,6 +50,9 @@ pub(crate) trait Stalls: Send + Sync {
 }
 
 struct Shared {
+    /// Dropped before `stream` (fields drop in order): the guard is let go
+    /// while its descriptor is still the connection's.
+    _guard: Option<super::sys::ForkGuard>,
     stream: Arc<UnixStream>,
     pending: Mutex<Pending>,
     /// Bounded mode: who flushes stalled output, and the most bytes a
@@ -68,18 +71,27 @@ impl FrameWriter {
     /// A writer that blocks until the socket takes each write (the key
     /// process's, whose one client is its parent; and the client's own).
     pub(crate) fn new(stream: UnixStream) -> std::io::Result<Self> {
-        Ok(Self::make(Arc::new(stream), None))
+        Ok(Self::make(Arc::new(stream), None, None))
+    }
+
+    /// As [`FrameWriter::new`], for a client's connection to its key
+    /// process or agent: a forked child of this process does not keep the
+    /// socket (`sys::ForkGuard`).
+    pub(crate) fn client(stream: UnixStream) -> Self {
+        let guard = super::sys::ForkGuard::new(&stream);
+        Self::make(Arc::new(stream), None, guard)
     }
 
     /// A writer that never blocks the thread that sends: output the
     /// socket does not take waits for `stalls` to flush it, and a client
     /// that leaves more than `max_unread` bytes unread is cut off.
     pub(crate) fn bounded(stream: Arc<UnixStream>, stalls: Arc<dyn Stalls>, max_unread: usize) -> Self {
-        Self::make(stream, Some((stalls, max_unread)))
+        Self::make(stream, Some((stalls, max_unread)), None)
     }
 
-    fn make(stream: Arc<UnixStream>, bounded: Option<(Arc<dyn Stalls>, usize)>) -> Self {
+    fn make(stream: Arc<UnixStream>, bounded: Option<(Arc<dyn Stalls>, usize)>, guard: Option<super::sys::ForkGuard>) -> Self {
         FrameWriter(Arc::new(Shared {
+            _guard: guard,
             stream,
             pending: Mutex::new(Pending {
                 buf: Zeroizing::new(Vec::with_capacity(64 * 1024)),
