@@ -317,3 +317,66 @@ agent.wait()
     // And the units' way: the key file the provider reads names the socket.
     ok(&["provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--out", &d.p("ec.kfk")]);
 }
+
+/// Issue 52.3: descriptors. Started with a soft limit of 64 (a unit
+/// without `LimitNOFILE=` gives 1,024) and a hard one of 4096, the agent
+/// raises its soft limit and serves 200 connections at once; held to 64
+/// by its hard limit too, it says at warning level that it cannot accept,
+/// once rather than per connection, and serves again when descriptors
+/// free up (before, a connection was dropped in silence).
+#[test]
+fn the_agent_raises_its_descriptor_limit_and_says_when_it_runs_out() {
+    if Command::new("prlimit").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: no prlimit");
+        return;
+    }
+    let d = Dir::new("agent-fds");
+    world(&d);
+    let socket = d.0.join("fds.sock");
+    let hold = |n: usize| {
+        let script = "import socket, sys, time\nheld = []\nfor _ in range(int(sys.argv[2])):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(sys.argv[1])\n    held.append(s)\nprint('held', len(held), flush=True)\ntime.sleep(60)\n";
+        let mut c = Command::new("python3").args(["-c", script, socket.to_str().unwrap(), &n.to_string()]).stdout(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+        assert!(line.starts_with("held"), "{line}");
+        Killed(c)
+    };
+    let agent = |limit: &str| {
+        let mut args = vec!["--nofile=".to_string() + limit, env!("CARGO_BIN_EXE_keyfence").to_string()];
+        args.extend(agent_args(&d, socket.to_str().unwrap()));
+        args.extend(["--log".to_string(), "info".to_string()]);
+        let err = std::fs::File::create(d.0.join(format!("agent-{limit}.err"))).unwrap();
+        let mut a = Killed(Command::new("prlimit").args(&args).stdout(Stdio::piped()).stderr(err).spawn().unwrap());
+        wait_listening(&mut a.0);
+        a
+    };
+
+    let running = agent("64:4096");
+    let log = std::fs::read_to_string(d.0.join("agent-64:4096.err")).unwrap();
+    assert!(log.contains("descriptor_limit=4096"), "{log}");
+    let holder = hold(200);
+    signs_through(&d, &socket);
+    drop((holder, running));
+
+    let running = agent("64:64");
+    let holder = hold(100);
+    std::thread::sleep(Duration::from_millis(300));
+    drop(holder);
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        std::fs::write(d.0.join("msg"), b"m").unwrap();
+        let o = common::keyfence(&[
+            "sign", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in",
+            &d.p("msg"), "--out", &d.p("msg.sig"),
+        ]);
+        if o.status.success() {
+            break;
+        }
+        assert!(Instant::now() < until, "the agent did not serve again once descriptors freed: {}", stderr(&o));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(running);
+    let log = std::fs::read_to_string(d.0.join("agent-64:64.err")).unwrap();
+    let said = log.matches("cannot accept a connection").count();
+    assert_eq!(said, 1, "said once, not per connection: {log}");
+}
