@@ -478,3 +478,77 @@ fn a_sign_error_from_the_token_keeps_its_code() {
     assert_eq!(e.code(), ErrorCode::TokenUnavailable);
     assert_eq!(e.to_string(), "pkcs11:token=t: r");
 }
+
+/// Runs as another user by [`an_agent_grants_token_keys_per_user_or_group`]:
+/// loads `KEYFENCE_PROBE_URI` through the agent on `KEYFENCE_PROBE_SOCKET`
+/// and prints what happened.
+#[test]
+#[ignore = "a client run as another user by an_agent_grants_token_keys_per_user_or_group"]
+fn token_grant_probe() {
+    use keyfence::sign::managed::Isolation;
+    let (Some(socket), Ok(uri)) = (std::env::var_os("KEYFENCE_PROBE_SOCKET"), std::env::var("KEYFENCE_PROBE_URI")) else {
+        return;
+    };
+    let mut config = ManagedConfig::default();
+    config.isolation = Isolation::Agent(socket.into());
+    let loaded = ManagedEngine::start(config).map_err(|e| e.to_string()).and_then(|e| load(&e, &uri).map(|_| ()).map_err(|e| e.to_string()));
+    match loaded {
+        Ok(()) => println!("PROBE: LOADED"),
+        Err(e) => println!("PROBE: REFUSED {e}"),
+    }
+}
+
+/// Issue 55.4: which token keys an agent's user may load is the agent's
+/// configuration (`--allow-token`), not the client's URI. A user granted
+/// `token=edge;object=tls-p256` loads it, and neither another object on
+/// the same token nor the same object named without its token; a group's
+/// grant serves its members; root loads any.
+#[test]
+fn an_agent_grants_token_keys_per_user_or_group() {
+    use keyfence::sign::key_process::{Agent, AgentConfig, Grantee, TokenGrant};
+    // SAFETY: geteuid cannot fail and touches no memory.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED: running a client as another user needs root");
+        return;
+    }
+    let Some(dir) = token() else { return };
+    let agent_dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(agent_dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let socket = agent_dir.path().join("agent.sock");
+    let mut settings = Pkcs11Settings::default();
+    settings.module = Some(module(dir).into());
+    settings.pin_file = Some(dir.join("pin"));
+    let probe = |uri: &str| {
+        use std::os::unix::process::CommandExt;
+        let o = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "token_grant_probe", "--ignored", "--nocapture"])
+            .env("KEYFENCE_PROBE_SOCKET", &socket)
+            .env("KEYFENCE_PROBE_URI", uri)
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        out.lines().find_map(|l| l.find("PROBE: ").map(|at| l[at + 7..].to_string())).unwrap_or_else(|| panic!("no probe line: {out}"))
+    };
+    let tls = "pkcs11:token=edge;object=tls-p256";
+    for who in [Grantee::User(65534), Grantee::Group(65534)] {
+        let mut config = AgentConfig::tokens_only(&socket, settings.clone());
+        config.socket_mode = 0o666;
+        config.allow_users = vec![65534];
+        config.token_grants = vec![TokenGrant::new(who, tls).unwrap()];
+        let agent = Agent::start(config).unwrap();
+        assert_eq!(probe(tls), "LOADED", "{who:?}");
+        assert_eq!(probe("pkcs11:token=edge;object=tls-p256;type=private"), "LOADED", "a narrower URI");
+        for refused in ["pkcs11:token=edge;object=tls-rsa", "pkcs11:object=tls-p256"] {
+            let said = probe(refused);
+            assert!(said.starts_with("REFUSED") && said.contains("may not load this token key"), "{refused}: {said}");
+            assert!(!said.contains("tls-p256") || refused.contains("tls-p256"), "the refusal names another key: {said}");
+        }
+        // Root, as the agent's own user would, loads what no grant names.
+        let mut config = ManagedConfig::default();
+        config.isolation = keyfence::sign::managed::Isolation::Agent(socket.clone());
+        assert!(load(&ManagedEngine::start(config).unwrap(), "pkcs11:token=edge;object=tls-rsa").is_ok());
+        drop(agent);
+    }
+}
