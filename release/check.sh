@@ -7,6 +7,10 @@
 # smoke test of release/smoke/: CP-ABE on CIRCL's bytes (vectors/shared.kfv),
 # wrap and open, and a signature made in the key process that an outside
 # library verifies (pyca/cryptography, Node's crypto, the openssl command).
+# The Debian package is installed by dpkg into a scratch root, postinst
+# included; its units are verified there as installed (systemd-analyze),
+# its command line and provider sign from its folders alone, and lintian
+# reports no error.
 # Then one version everywhere, the licences inside every artifact, the
 # manylinux tag, and the sizes.
 #
@@ -34,6 +38,7 @@ NPM_MAIN="$(one "keyfence-$VERSION.tgz")"
 NPM_PLATFORM="$(one "keyfence-linux-x64-gnu-$VERSION.tgz")"
 C_TARBALL="$(one "keyfence-$VERSION-linux-x86_64.tar.gz")"
 SDIST="$(one "keyfence-$VERSION.tar.gz")"
+DEB="$(one "keyfence_${VERSION}_amd64.deb")"
 one "keyfence-$VERSION.crate" >/dev/null
 one "keyfence-policy-$VERSION.crate" >/dev/null
 (cd "$DIST" && sha256sum --quiet -c SHA256SUMS) || fail "SHA256SUMS does not match the artifacts"
@@ -150,7 +155,8 @@ for f in include/keyfence.h lib/libkeyfence.so."$VERSION" lib/libkeyfence.a lib/
          share/doc/keyfence/LICENSE-APACHE share/doc/keyfence/LICENSE-MIT \
          share/doc/keyfence/THIRD-PARTY-NOTICES.txt share/doc/keyfence/CHANGELOG.md \
          share/keyfence/systemd/keyfence-agent.service share/keyfence/systemd/keyfence-agent.socket \
-         share/keyfence/systemd/keyfence-serve.service share/keyfence/systemd/sysusers.d/keyfence.conf; do
+         share/keyfence/systemd/keyfence-serve.service share/keyfence/systemd/sysusers.d/keyfence.conf \
+         share/keyfence/systemd/tmpfiles.d/keyfence.conf; do
     [ -e "$prefix/$f" ] || fail "the C tarball lacks $f"
 done
 # Relocatable: no path of the machine that built it.
@@ -183,6 +189,102 @@ openssl dgst -sha256 -verify "$WORK/c-pub.pem" -signature "$WORK/c-sig" "$WORK/c
 openssl dgst -sha256 -verify "$WORK/c-pub.pem" -signature "$WORK/c-pc-sig" "$WORK/c-data" >/dev/null ||
     fail "openssl refuses the pkg-config smoke test's signature"
 
+say "the Debian package: installed into a scratch root, its units verified as installed, lintian"
+# dpkg itself installs it, postinst included, into a root of its own: the
+# maintainer scripts run outside a chroot with DPKG_ROOT naming the root
+# (--force-script-chrootless), the libraries it depends on are the
+# machine's (--force-depends). Only root can give files their owners.
+deb_root="$WORK/deb-root"
+mkdir -p "$deb_root/etc" "$deb_root/var/lib/dpkg/updates" "$deb_root/var/lib/dpkg/info"
+touch "$deb_root/var/lib/dpkg/status"
+if [ "$(id -u)" = 0 ]; then
+    dpkg --root="$deb_root" --log=/dev/null --force-script-chrootless --force-depends -i "$DEB" >"$WORK/dpkg.log" 2>&1 ||
+        { cat "$WORK/dpkg.log"; fail "dpkg cannot install $DEB into a scratch root"; }
+    # The postinst made the system user and its folders.
+    kf_uid="$(awk -F: '$1 == "keyfence" { print $3 }' "$deb_root/etc/passwd")"
+    [ -n "$kf_uid" ] || fail "the package's postinst made no user keyfence (systemd-sysusers)"
+    [ "$(stat -c '%u %a' "$deb_root/run/keyfence")" = "$kf_uid 755" ] ||
+        fail "/run/keyfence is not keyfence's, mode 755, after the postinst (tmpfiles.d): $(stat -c '%u %a' "$deb_root/run/keyfence")"
+    [ "$(stat -c '%u %a' "$deb_root/var/lib/keyfence")" = "$kf_uid 700" ] ||
+        fail "/var/lib/keyfence is not keyfence's, mode 700, after the postinst (tmpfiles.d)"
+else
+    echo "release check: not root: the package is unpacked (dpkg-deb -x), its postinst not run"
+    dpkg-deb -x "$DEB" "$deb_root"
+fi
+[ "$(dpkg-deb -f "$DEB" Version)" = "$VERSION" ] || fail "the package's version is $(dpkg-deb -f "$DEB" Version)"
+multiarch=usr/lib/x86_64-linux-gnu
+for f in usr/bin/keyfence "$multiarch/ossl-modules/keyfence.so" "$multiarch/libkeyfence.so.0" \
+         "$multiarch/keyfence-key-process" usr/lib/sysusers.d/keyfence.conf usr/lib/tmpfiles.d/keyfence.conf \
+         usr/share/doc/keyfence/copyright usr/share/doc/keyfence/changelog.gz usr/share/man/man1/keyfence.1.gz \
+         usr/share/doc/keyfence/examples/keyfence-agent.service.d/softhsm.conf; do
+    [ -e "$deb_root/$f" ] || fail "the Debian package lacks /$f"
+done
+units=(keyfence-agent.socket keyfence-agent.service keyfence-serve.service)
+for u in "${units[@]}"; do
+    cmp -s "$deb_root/lib/systemd/system/$u" "$ROOT/bindings/cli/systemd/$u" ||
+        fail "the package's /lib/systemd/system/$u is not bindings/cli/systemd/$u"
+done
+no_build_paths "$deb_root" "the Debian package"
+# The units as installed, unmodified: their ExecStart is the package's
+# /usr/bin/keyfence. The root also holds this machine's systemd units
+# (sysinit.target, sockets.target...), as the machine it is installed on
+# would; any warning fails.
+mkdir -p "$deb_root/usr/lib/systemd/system"
+(cd /lib/systemd/system && tar --exclude='keyfence*' -cf - .) | tar -C "$deb_root/usr/lib/systemd/system" -xf -
+verify_units() { # verify_units WHAT: fails on an error or a warning
+    if ! systemd-analyze verify --root="$deb_root" "${units[@]}" 2>"$WORK/verify.err" || [ -s "$WORK/verify.err" ]; then
+        cat "$WORK/verify.err" >&2
+        fail "systemd-analyze verify: the installed units $1 do not verify cleanly (above)"
+    fi
+}
+verify_units ""
+# ... and with the SoftHSM2 drop-in in place, as docs/deploy.md puts it.
+dropins="$deb_root/etc/systemd/system/keyfence-agent.service.d"
+mkdir -p "$dropins"
+cp "$deb_root/usr/share/doc/keyfence/examples/keyfence-agent.service.d/softhsm.conf" "$dropins/"
+verify_units "with the SoftHSM2 drop-in"
+# The control: a spoiled drop-in is seen, so the units verified above are
+# the scratch root's, drop-ins and all.
+printf '[Service]\nProtectSystem=sometimes\n' >"$dropins/zz-spoiled.conf"
+systemd-analyze verify --root="$deb_root" keyfence-agent.service 2>"$WORK/verify.err" || true
+[ -s "$WORK/verify.err" ] || fail "systemd-analyze verify --root did not see a spoiled drop-in in the scratch root"
+rm "$dropins/zz-spoiled.conf"
+# The provider, from the package's folders only: libkeyfence through its
+# RUNPATH, the key process beside libkeyfence (a key file signed with in
+# isolation), the command line's own key process (`keyfence key-process`).
+deb_cli="$deb_root/usr/bin/keyfence"
+deb_version="$("$deb_cli" --version | awk '{print $2}')"
+provider_libs="$(env -u LD_LIBRARY_PATH ldd "$deb_root/$multiarch/ossl-modules/keyfence.so")"
+grep -qF "=> $deb_root/$multiarch/ossl-modules/../libkeyfence.so.0 " <<<"$provider_libs" ||
+    { echo "$provider_libs"; fail "the package's provider does not load the package's libkeyfence"; }
+env -u LD_LIBRARY_PATH -u OPENSSL_CONF openssl list -providers -provider-path "$deb_root/$multiarch/ossl-modules" \
+    -provider keyfence >"$WORK/providers.txt" || fail "openssl cannot load the package's provider"
+grep -q '^  keyfence$' "$WORK/providers.txt" || { cat "$WORK/providers.txt"; fail "openssl lists no keyfence provider"; }
+mkdir -p "$WORK/deb"
+# (Not `( ... ) || fail`: bash runs such a subshell without errexit.)
+(
+    cd "$WORK/deb"
+    export PATH="$deb_root/usr/bin:$PATH"
+    unset LD_LIBRARY_PATH OPENSSL_CONF
+    keyfence authority init --store store >/dev/null
+    keyfence authority issue --store store --attrs country=US --out us.machine >/dev/null
+    openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out key.pem 2>/dev/null
+    openssl pkey -in key.pem -pubout -out key.pub
+    keyfence authority wrap --store store --policy 'country: US' --in key.pem --out key.env >/dev/null
+    printf 'signed through the packaged provider' >msg
+    keyfence sign --isolated --key key.pem --alg ecdsa-p256-sha256 --in msg --out cli.sig
+    openssl dgst -sha256 -verify key.pub -signature cli.sig msg >/dev/null
+    keyfence provider-key --envelope key.env --store store --machine-key us.machine --out key.kfk
+    keyfence provider-config --module "$deb_root/$multiarch/ossl-modules/keyfence.so" --isolated >openssl.cnf
+    OPENSSL_CONF="$PWD/openssl.cnf" openssl dgst -sha256 -sign key.kfk -out provider.sig msg
+    openssl dgst -sha256 -verify key.pub -signature provider.sig msg >/dev/null
+)
+# lintian: no error (its warnings are overridden in the package, each with
+# its reason, or shown here).
+lintian --display-info --show-overrides "$DEB" >"$WORK/lintian.txt" 2>&1 ||
+    { cat "$WORK/lintian.txt"; fail "lintian reports errors in $DEB"; }
+grep -v '^running with root privileges' "$WORK/lintian.txt" || true
+
 say "one version: $VERSION"
 check_version() { [ "$2" = "$VERSION" ] || fail "$1 says $2, the workspace $VERSION"; }
 check_version "keyfence.__version__ (wheel)" "$py_version"
@@ -196,6 +298,7 @@ check_version "the platform package named by optionalDependencies" \
     "$(node -p "require('$WORK/node-project/node_modules/keyfence/package.json').optionalDependencies['keyfence-linux-x64-gnu']")"
 check_version "keyfence_version() (C tarball)" "$c_version"
 check_version "keyfence.pc" "$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --modversion keyfence)"
+check_version "the Debian package's keyfence --version" "$deb_version"
 cli="${CARGO_TARGET_DIR:-$ROOT/target}/release/keyfence"
 if [ -x "$cli" ]; then
     check_version "keyfence --version" "$("$cli" --version | awk '{print $2}')"
@@ -211,6 +314,7 @@ for p in keyfence keyfence-linux-x64-gnu; do
     [ "$(node -p "require('$WORK/node-project/node_modules/$p/package.json').repository.url")" = "git+$repo.git" ] ||
         fail "node_modules/$p/package.json names another repository than $repo"
 done
+[ "$(dpkg-deb -f "$DEB" Homepage)" = "$repo" ] || fail "the Debian package's Homepage is not $repo"
 for crate in keyfence keyfence-policy; do
     tar -xzOf "$DIST/$crate-$VERSION.crate" "$crate-$VERSION/Cargo.toml" | grep -qxF "repository = \"$repo\"" ||
         fail "the $crate crate names another repository than $repo"

@@ -6,6 +6,8 @@
 #   keyfence-V.tar.gz                       the Python sdist (builds the wheel from source)
 #   keyfence-V.tgz, keyfence-linux-x64-gnu-V.tgz   the npm packages (napi-rs layout)
 #   keyfence-V-linux-x86_64.tar.gz          the C library's `cmake --install` tree
+#   keyfence_V_amd64.deb                    the Debian package: the command line, the
+#                                           OpenSSL provider, the units (release/deb.sh)
 #   keyfence-policy-V.crate, keyfence-V.crate      `cargo package` of the crates for crates.io
 #   SHA256SUMS
 #
@@ -14,7 +16,9 @@
 # ($CARGO_TARGET_DIR/python-build, a release build of libkeyfence and the
 # key process), the npm packages come from what `npm run build` left in
 # bindings/node. Only `cargo package` compiles, to check
-# that the packaged crates build on their own.
+# that the packaged crates build on their own, and the release command line
+# is built where ./x test's benchmark step has not built it already (./x
+# dist): it shares the release build of the core with the C library.
 #
 # Usage: release/dist.sh OUT_DIR   (environment: CARGO_TARGET_DIR, PY_VENV, PY_WHEELS;
 #        KEYFENCE_DIST_VERIFY=0 packages the crates without building them)
@@ -66,6 +70,12 @@ cmake --install "$PY_BUILD/keyfence" --prefix "$STAGE/c/$c_name" >/dev/null
 strip --strip-debug "$STAGE/c/$c_name"/lib/libkeyfence.so."$VERSION" "$STAGE/c/$c_name"/lib/libkeyfence.a \
     "$STAGE/c/$c_name"/lib/keyfence-key-process "${provider[@]}"
 tar -C "$STAGE/c" --owner=0 --group=0 --numeric-owner -czf "$OUT/$c_name.tar.gz" "$c_name"
+
+echo "dist: the Debian package"
+# The command line, and the C tree just staged: libkeyfence, the key
+# process and the provider (which the package must have).
+(cd "$ROOT" && cargo build --release --locked -q -p keyfence-cli)
+"$ROOT/release/deb.sh" "$OUT" "$STAGE/c/$c_name" "$CARGO_TARGET_DIR/release/keyfence" >/dev/null
 
 echo "dist: the npm packages"
 node "$ROOT/release/npm-packages.js" "$STAGE/npm" >/dev/null

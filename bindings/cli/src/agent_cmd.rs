@@ -18,8 +18,8 @@ use crate::files::outln;
 /// `keyfence agent`.
 #[derive(Args)]
 pub struct AgentArgs {
-    /// Where the socket is made (its folder must exist; systemd's
-    /// RuntimeDirectory makes /run/keyfence). With systemd's socket
+    /// Where the socket is made (its folder must exist: the package's
+    /// tmpfiles.d makes /run/keyfence). With systemd's socket
     /// activation (LISTEN_FDS), the socket systemd passes is served and
     /// this names it in messages only.
     #[arg(long)]

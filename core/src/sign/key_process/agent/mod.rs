@@ -59,8 +59,8 @@ use crate::wrap::{open_store, CacheConfig, Follower, Machine, MachineKey};
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AgentConfig {
-    /// The socket's path. Its folder must exist (systemd's
-    /// `RuntimeDirectory`, `/run/keyfence`); a stale socket left by an
+    /// The socket's path. Its folder must exist (`/run/keyfence`, which the
+    /// package's `tmpfiles.d` makes); a stale socket left by an
     /// agent that died is replaced, a live agent's never.
     pub socket: PathBuf,
     /// The store envelopes are opened against (a directory or
