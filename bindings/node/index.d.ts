@@ -714,13 +714,38 @@ export declare namespace wrap {
     /**
      * A machine holding `machineKey` (from `Authority.issue`) that reads
      * sealed policy keys from the store named `dir` (a directory or
-     * `etcd://...`).
+     * `etcd://...`); with `options.state`, keeping its floor in that file.
      *
      * Throws `KeyfenceError` code `INVALID_KEY` if the machine key does not
-     * decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
-     * store.
+     * decode, `STORE_IO` (also when the state file exists but cannot be
+     * read, or its folder cannot take its lock file, `state` + `.lock`),
+     * `INVALID_ENVELOPE` if the state file does not decode (delete it to
+     * start again from the store), `INVALID_ARGUMENT` for a name that
+     * names no store.
      */
-    constructor(machineKey: Bytes, dir: string)
+    constructor(machineKey: Bytes, dir: string, options?: wrap.MachineOptions | undefined | null)
+    /**
+     * Requires `lists` (from `newestLists()`, of this process or another
+     * of the same machine) as a floor: from now on this machine refuses a
+     * generation list that goes back on them, or a revocation list that
+     * lacks one of their ids (`open` rejects with `REPLAYED_OBJECT`).
+     * Lists older than those it accepted change nothing. A machine made
+     * with `state` also writes a floor it was raised to into its file.
+     *
+     * Throws `KeyfenceError` code `INVALID_ENVELOPE` if the bytes do not
+     * decode or a list's signature fails, `INCONSISTENT_STATE` for a
+     * malformed list, `WRONG_AUTHORITY` for lists another authority
+     * signed (nothing is required then), `STORE_IO` if the state file
+     * cannot be written.
+     */
+    require(lists: Bytes): void
+    /**
+     * The newest generation and revocation lists this machine has
+     * accepted (or was required to), as the authority signed them,
+     * encoded (not secret): what to hand to another machine of the same
+     * authority with `require`.
+     */
+    newestLists(): Buffer
     /**
      * Whether this machine could open `envelope`, from its policy and the
      * machine's attributes, without cryptography.
@@ -791,6 +816,20 @@ export declare namespace wrap {
     propagationLastUs: number
     /** The longest propagation delay, in microseconds. */
     propagationMaxUs: number
+  }
+  /** Options of a machine (`new Machine(machineKey, dir, options)`). */
+  export interface MachineOptions {
+    /**
+     * A file in which the machine keeps the newest generation and
+     * revocation lists it accepts (its floor), and from which it starts:
+     * a store rolled back to an older list is then refused
+     * (`REPLAYED_OBJECT`) by every process of this machine that names the
+     * file, after a restart too. Usually beside the machine key file,
+     * `KEY.newest`, where the command line, the key process and the agent
+     * keep it (processes of one machine share it). Without it, each
+     * process starts with no floor.
+     */
+    state?: string
   }
   /** A report of a master-key rotation. */
   export interface MasterRotation {

@@ -250,6 +250,8 @@ const engineOptions = options({
   agent: text,
 })
 
+const machineOptions = options({ state: text })
+
 const abortSignal = (value, name) => {
   if (value === null) return undefined
   if (!(value instanceof AbortSignal)) throw invalidArgType(name, 'an instance of AbortSignal', value)
@@ -560,12 +562,14 @@ const api = {
       },
     },
     Machine: {
-      new: positional([bytes, 'machineKey'], [text, 'dir']),
+      new: positional([bytes, 'machineKey'], [text, 'dir'], [machineOptions, 'options']),
       statics: {},
       methods: {
         couldOpen: any(bytes, 'envelope'),
         open: any(bytes, 'envelope'),
         openSync: any(bytes, 'envelope'),
+        require: any(bytes, 'lists'),
+        newestLists: none,
         follow: none,
         followSync: none,
         cacheStats: none,

@@ -1807,6 +1807,10 @@ void keyfence_authority_free(struct keyfence_authority *authority);
  store named `store_name` (a directory or `etcd://...`, as
  `keyfence_authority_init` takes), into `*out`.
 
+ It keeps no floor across processes: after a restart it accepts a
+ generation list rolled back to one older than this process accepted.
+ A server that restarts should use `keyfence_machine_new_with_state`.
+
  Errors: `KEYFENCE_INVALID_KEY` / `KEYFENCE_INVALID_ENVELOPE` if the
  machine key does not decode, `KEYFENCE_STORE_IO`,
  `KEYFENCE_INVALID_ARGUMENT` for a name that names no store.
@@ -1819,6 +1823,80 @@ keyfence_result keyfence_machine_new(const uint8_t *key,
                                      size_t len,
                                      const char *store_name,
                                      struct keyfence_machine **out);
+
+/*
+ A machine as `keyfence_machine_new` makes it that keeps the newest
+ generation and revocation lists it accepts in the file `state_path`
+ (its floor), and starts from the lists that file holds: a store that
+ serves an older list, one from before a retirement or a revocation,
+ is refused (`KEYFENCE_REPLAYED_OBJECT`) by every process of this
+ machine that names the same file, not only by the one that saw the
+ newer list. The usual place is beside the machine key file,
+ `KEY.newest` (`machine.key` keeps `machine.key.newest`), where the
+ command line, `keyfence_key_from_envelope` and the key agent keep it:
+ processes of one machine share the file (updates are merged under an
+ advisory lock on `state_path` + `.lock`, mode 600, and written by
+ rename). The file holds only what the authority signed; it is not
+ secret. Into `*out` (free it with `keyfence_machine_free`).
+
+ A floor that cannot be kept is an error, never skipped: here when the
+ file's folder cannot take its lock file, and from
+ `keyfence_machine_open` (`KEYFENCE_STORE_IO`) when an update cannot be
+ written.
+
+ Errors: those of `keyfence_machine_new`; `KEYFENCE_STORE_IO` if the file
+ exists but cannot be read, or its folder cannot take the lock file;
+ `KEYFENCE_INVALID_ENVELOPE` if the file does not decode or a list in it
+ fails its authority's signature (the message names the file: delete
+ it to start again from the store); `KEYFENCE_INVALID_ARGUMENT` for a
+ NULL `state_path`.
+
+ # Safety
+ `key` points to `len` readable bytes; `store_name` and `state_path`
+ are NUL-terminated strings; `out` is writable.
+ */
+keyfence_result keyfence_machine_new_with_state(const uint8_t *key,
+                                                size_t len,
+                                                const char *store_name,
+                                                const char *state_path,
+                                                struct keyfence_machine **out);
+
+/*
+ Requires the newest lists `lists[0..len]` (as
+ `keyfence_machine_newest_lists` wrote them, in this process or another
+ of the same machine) as a floor: from now on this machine refuses a
+ generation list that goes back on them, or a revocation list that
+ lacks one of their ids (`KEYFENCE_REPLAYED_OBJECT` from
+ `keyfence_machine_open`). Lists older than those it already accepted
+ change nothing. A machine made with `keyfence_machine_new_with_state`
+ also writes a floor it was raised to into its file.
+
+ Errors: `KEYFENCE_INVALID_ENVELOPE` if the bytes do not decode or a
+ list's signature fails, `KEYFENCE_INCONSISTENT_STATE` for a list that
+ is malformed, `KEYFENCE_WRONG_AUTHORITY` for lists another authority
+ signed (nothing is required then), `KEYFENCE_STORE_IO` if the machine's
+ state file cannot be written.
+
+ # Safety
+ `machine` is a live handle; `lists` points to `len` readable bytes.
+ */
+keyfence_result keyfence_machine_require(const struct keyfence_machine *machine,
+                                         const uint8_t *lists,
+                                         size_t len);
+
+/*
+ The newest generation and revocation lists this machine has accepted
+ (or was required to), as the authority signed them, encoded (`KFN2`)
+ into `*lists` (free it with `keyfence_bytes_free`; not secret): what to
+ hand to another machine of the same authority with
+ `keyfence_machine_require`. Empty lists (a machine that has read
+ none) encode too.
+
+ # Safety
+ `machine` is a live handle; `lists` is writable.
+ */
+keyfence_result keyfence_machine_newest_lists(const struct keyfence_machine *machine,
+                                              struct keyfence_bytes *lists);
 
 /*
  The machine's id (the `machine` attribute the authority set when it

@@ -6,7 +6,7 @@ use std::ffi::c_char;
 use std::sync::{Arc, Mutex};
 
 use keyfence_core::policy::Attributes;
-use keyfence_core::wrap::{Authority, CacheConfig, Envelope, Follower, Machine, MachineKey, Store};
+use keyfence_core::wrap::{Authority, CacheConfig, Envelope, Follower, Machine, MachineKey, NewestLists, Store};
 
 use crate::bytes::{self, keyfence_bytes};
 use crate::error::{keyfence_result, Error};
@@ -271,6 +271,10 @@ pub unsafe extern "C" fn keyfence_authority_free(authority: *mut keyfence_author
 /// store named `store_name` (a directory or `etcd://...`, as
 /// `keyfence_authority_init` takes), into `*out`.
 ///
+/// It keeps no floor across processes: after a restart it accepts a
+/// generation list rolled back to one older than this process accepted.
+/// A server that restarts should use `keyfence_machine_new_with_state`.
+///
 /// Errors: `KEYFENCE_INVALID_KEY` / `KEYFENCE_INVALID_ENVELOPE` if the
 /// machine key does not decode, `KEYFENCE_STORE_IO`,
 /// `KEYFENCE_INVALID_ARGUMENT` for a name that names no store.
@@ -294,6 +298,102 @@ pub unsafe extern "C" fn keyfence_machine_new(
         unsafe { ffi::give(out, keyfence_machine(Arc::new(m), Mutex::new(None))) };
         Ok(())
     })
+}
+
+/// A machine as `keyfence_machine_new` makes it that keeps the newest
+/// generation and revocation lists it accepts in the file `state_path`
+/// (its floor), and starts from the lists that file holds: a store that
+/// serves an older list, one from before a retirement or a revocation,
+/// is refused (`KEYFENCE_REPLAYED_OBJECT`) by every process of this
+/// machine that names the same file, not only by the one that saw the
+/// newer list. The usual place is beside the machine key file,
+/// `KEY.newest` (`machine.key` keeps `machine.key.newest`), where the
+/// command line, `keyfence_key_from_envelope` and the key agent keep it:
+/// processes of one machine share the file (updates are merged under an
+/// advisory lock on `state_path` + `.lock`, mode 600, and written by
+/// rename). The file holds only what the authority signed; it is not
+/// secret. Into `*out` (free it with `keyfence_machine_free`).
+///
+/// A floor that cannot be kept is an error, never skipped: here when the
+/// file's folder cannot take its lock file, and from
+/// `keyfence_machine_open` (`KEYFENCE_STORE_IO`) when an update cannot be
+/// written.
+///
+/// Errors: those of `keyfence_machine_new`; `KEYFENCE_STORE_IO` if the file
+/// exists but cannot be read, or its folder cannot take the lock file;
+/// `KEYFENCE_INVALID_ENVELOPE` if the file does not decode or a list in it
+/// fails its authority's signature (the message names the file: delete
+/// it to start again from the store); `KEYFENCE_INVALID_ARGUMENT` for a
+/// NULL `state_path`.
+///
+/// # Safety
+/// `key` points to `len` readable bytes; `store_name` and `state_path`
+/// are NUL-terminated strings; `out` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_new_with_state(
+    key: *const u8,
+    len: usize,
+    store_name: *const c_char,
+    state_path: *const c_char,
+    out: *mut *mut keyfence_machine,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        let out = ffi::out(out, "out")?;
+        // SAFETY: the caller's promises, passed on.
+        let (key, dir, state) =
+            unsafe { (ffi::slice(key, len, "key")?, ffi::text(store_name, "store_name")?, ffi::text(state_path, "state_path")?) };
+        let m = Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default()).keep_newest_in(state)?;
+        // SAFETY: checked non-NULL; writable by the caller's promise.
+        unsafe { ffi::give(out, keyfence_machine(Arc::new(m), Mutex::new(None))) };
+        Ok(())
+    })
+}
+
+/// Requires the newest lists `lists[0..len]` (as
+/// `keyfence_machine_newest_lists` wrote them, in this process or another
+/// of the same machine) as a floor: from now on this machine refuses a
+/// generation list that goes back on them, or a revocation list that
+/// lacks one of their ids (`KEYFENCE_REPLAYED_OBJECT` from
+/// `keyfence_machine_open`). Lists older than those it already accepted
+/// change nothing. A machine made with `keyfence_machine_new_with_state`
+/// also writes a floor it was raised to into its file.
+///
+/// Errors: `KEYFENCE_INVALID_ENVELOPE` if the bytes do not decode or a
+/// list's signature fails, `KEYFENCE_INCONSISTENT_STATE` for a list that
+/// is malformed, `KEYFENCE_WRONG_AUTHORITY` for lists another authority
+/// signed (nothing is required then), `KEYFENCE_STORE_IO` if the machine's
+/// state file cannot be written.
+///
+/// # Safety
+/// `machine` is a live handle; `lists` points to `len` readable bytes.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_require(machine: *const keyfence_machine, lists: *const u8, len: usize) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promises, passed on.
+        let (m, lists) = unsafe { (ffi::borrow(machine, "machine")?, ffi::slice(lists, len, "lists")?) };
+        m.0.require(&NewestLists::from_bytes(lists)?)?;
+        Ok(())
+    })
+}
+
+/// The newest generation and revocation lists this machine has accepted
+/// (or was required to), as the authority signed them, encoded (`KFN2`)
+/// into `*lists` (free it with `keyfence_bytes_free`; not secret): what to
+/// hand to another machine of the same authority with
+/// `keyfence_machine_require`. Empty lists (a machine that has read
+/// none) encode too.
+///
+/// # Safety
+/// `machine` is a live handle; `lists` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_machine_newest_lists(machine: *const keyfence_machine, lists: *mut keyfence_bytes) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        bytes::make(lists, "lists", || {
+            let m = ffi::borrow(machine, "machine")?;
+            Ok(m.0.newest_lists().to_bytes())
+        })
+    }
 }
 
 /// The machine's id (the `machine` attribute the authority set when it

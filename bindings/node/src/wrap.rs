@@ -262,6 +262,20 @@ pub struct Machine {
     follower: Arc<Mutex<Option<Follower>>>,
 }
 
+/// Options of a machine (`new Machine(machineKey, dir, options)`).
+#[napi(object, namespace = "wrap", object_to_js = false)]
+pub struct MachineOptions {
+    /// A file in which the machine keeps the newest generation and
+    /// revocation lists it accepts (its floor), and from which it starts:
+    /// a store rolled back to an older list is then refused
+    /// (`REPLAYED_OBJECT`) by every process of this machine that names the
+    /// file, after a restart too. Usually beside the machine key file,
+    /// `KEY.newest`, where the command line, the key process and the agent
+    /// keep it (processes of one machine share it). Without it, each
+    /// process starts with no floor.
+    pub state: Option<String>,
+}
+
 /// A machine's cache counters (`Machine.cacheStats`), with what following
 /// the store (`Machine.follow`) has done.
 #[napi(object, namespace = "wrap")]
@@ -291,19 +305,57 @@ pub struct CacheStats {
 impl Machine {
     /// A machine holding `machineKey` (from `Authority.issue`) that reads
     /// sealed policy keys from the store named `dir` (a directory or
-    /// `etcd://...`).
+    /// `etcd://...`); with `options.state`, keeping its floor in that file.
     ///
     /// Throws `KeyfenceError` code `INVALID_KEY` if the machine key does not
-    /// decode, `STORE_IO`, `INVALID_ARGUMENT` for a name that names no
-    /// store.
+    /// decode, `STORE_IO` (also when the state file exists but cannot be
+    /// read, or its folder cannot take its lock file, `state` + `.lock`),
+    /// `INVALID_ENVELOPE` if the state file does not decode (delete it to
+    /// start again from the store), `INVALID_ARGUMENT` for a name that
+    /// names no store.
     #[napi(constructor)]
-    pub fn new(env: Env, #[napi(ts_arg_type = "Bytes")] machine_key: Uint8Array, dir: String) -> napi::Result<Self> {
+    pub fn new(
+        env: Env,
+        #[napi(ts_arg_type = "Bytes")] machine_key: Uint8Array,
+        dir: String,
+        options: Option<MachineOptions>,
+    ) -> napi::Result<Self> {
         let made = || -> KfResult<Self> {
             let key = core::MachineKey::from_bytes(&machine_key)?;
-            let inner = Arc::new(core::Machine::new(key, store(&dir)?, CacheConfig::default()));
-            Ok(Machine { inner, follower: Arc::default() })
+            let mut machine = core::Machine::new(key, store(&dir)?, CacheConfig::default());
+            if let Some(state) = options.and_then(|o| o.state) {
+                machine = machine.keep_newest_in(state)?;
+            }
+            Ok(Machine { inner: Arc::new(machine), follower: Arc::default() })
         };
         js(&env, made())
+    }
+
+    /// Requires `lists` (from `newestLists()`, of this process or another
+    /// of the same machine) as a floor: from now on this machine refuses a
+    /// generation list that goes back on them, or a revocation list that
+    /// lacks one of their ids (`open` rejects with `REPLAYED_OBJECT`).
+    /// Lists older than those it accepted change nothing. A machine made
+    /// with `state` also writes a floor it was raised to into its file.
+    ///
+    /// Throws `KeyfenceError` code `INVALID_ENVELOPE` if the bytes do not
+    /// decode or a list's signature fails, `INCONSISTENT_STATE` for a
+    /// malformed list, `WRONG_AUTHORITY` for lists another authority
+    /// signed (nothing is required then), `STORE_IO` if the state file
+    /// cannot be written.
+    #[napi]
+    pub fn require(&self, env: Env, #[napi(ts_arg_type = "Bytes")] lists: Uint8Array) -> napi::Result<()> {
+        let required = core::NewestLists::from_bytes(&lists).and_then(|l| self.inner.require(&l));
+        js(&env, required.map_err(Into::into))
+    }
+
+    /// The newest generation and revocation lists this machine has
+    /// accepted (or was required to), as the authority signed them,
+    /// encoded (not secret): what to hand to another machine of the same
+    /// authority with `require`.
+    #[napi]
+    pub fn newest_lists(&self) -> Buffer {
+        self.inner.newest_lists().to_bytes().into()
     }
 
     /// Whether this machine could open `envelope`, from its policy and the

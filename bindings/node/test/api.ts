@@ -32,6 +32,9 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const rotation: kf.wrap.MasterRotation = await auth.rotateMaster()
   const n: number = rotation.resealed + rotation.generation
   const m = new kf.wrap.Machine(machineKey, dir)
+  const kept = new kf.wrap.Machine(machineKey, dir, { state: `${dir}/machine.key.newest` })
+  const floor: Buffer = m.newestLists()
+  kept.require(floor)
   const yes: boolean = m.couldOpen(env)
   const secret: Buffer = await m.open(env)
   const secret2: Buffer = m.openSync(auth.wrapSync('a: b', Buffer.from('x')))

@@ -45,12 +45,31 @@ size_t authority_revoke(Authority &a, py::handle machine_id) {
     return n;
 }
 
-std::unique_ptr<Machine> machine_new(py::handle key, py::handle store) {
+// With a state path, the machine keeps its floor (the newest lists it
+// accepts) in that file and starts from it: reading it and taking its lock
+// file are I/O, without the GIL as every other call.
+std::unique_ptr<Machine> machine_new(py::handle key, py::handle store, py::handle state) {
     Bytes k(key, "machine_key");
     std::string dir = path(store, "store");
     keyfence_machine *out = nullptr;
-    nogil([&] { return keyfence_machine_new(k.data(), k.size(), dir.c_str(), &out); });
+    if (state.is_none()) {
+        nogil([&] { return keyfence_machine_new(k.data(), k.size(), dir.c_str(), &out); });
+    } else {
+        std::string file = path(state, "state");
+        nogil([&] { return keyfence_machine_new_with_state(k.data(), k.size(), dir.c_str(), file.c_str(), &out); });
+    }
     return std::make_unique<Machine>(out);
+}
+
+void machine_require(const Machine &mc, py::handle lists) {
+    Bytes l(lists, "lists");
+    nogil([&] { return keyfence_machine_require(mc.get(), l.data(), l.size()); });
+}
+
+py::bytes machine_newest_lists(const Machine &mc) {
+    Owned out;
+    nogil([&] { return keyfence_machine_newest_lists(mc.get(), &out.b); });
+    return out.to_bytes();
 }
 
 bool machine_could_open(const Machine &mc, py::handle env) {
@@ -136,11 +155,19 @@ void bind_wrap(py::module_ &m) {
         });
 
     py::class_<Machine>(m, "Machine", "A machine: its machine key and the store of sealed policy keys.")
-        .def(py::init(&machine_new), py::arg("machine_key"), py::arg("store"),
+        .def(py::init(&machine_new), py::arg("machine_key"), py::arg("store"), py::kw_only(),
+             py::arg("state") = py::none(),
              "A machine holding the machine key the authority issued it, reading sealed policy keys from "
              "the store named (a directory or etcd://...).\n\n"
+             "With state (a file path; usually beside the machine key file, KEY.newest, where the command "
+             "line, the key process and the agent keep it), it keeps the newest generation and revocation "
+             "lists it accepts in that file and starts from the lists the file holds: a store rolled back "
+             "to an older list is refused (ReplayedObject) by every process of this machine that names "
+             "the file, after a restart too. Without it, each process starts with no floor.\n\n"
              "Raises InvalidKey if the machine key does not decode, InvalidArgument for a name that "
-             "names no store.")
+             "names no store, StoreIOError if the state file exists but cannot be read or its folder "
+             "cannot take its lock file (state + '.lock'), InvalidEnvelope if the state file does not "
+             "decode (delete it to start again from the store).")
         .def("could_open", &machine_could_open, py::arg("envelope"),
              "Whether this machine could open the envelope, from its policy and the machine's attributes "
              "alone (no cryptography): to forward the request to a machine that can.\n\n"
@@ -151,6 +178,19 @@ void bind_wrap(py::module_ &m) {
              "Raises PolicyNotSatisfied, RetiredGeneration, UnknownPolicyKey, InvalidEnvelope, "
              "ReplayedObject (the store put back an older generation list), MachineRevoked (this "
              "machine was revoked), StoreError.")
+        .def("require", &machine_require, py::arg("lists"),
+             "Requires lists (bytes from newest_lists(), of this process or another of the same machine) "
+             "as a floor: from now on this machine refuses a generation list that goes back on them, or "
+             "a revocation list that lacks one of their ids (ReplayedObject from open). Lists older than "
+             "those it accepted change nothing. A machine made with state= also writes a floor it was "
+             "raised to into its file.\n\n"
+             "Raises InvalidEnvelope if the bytes do not decode or a list's signature fails, "
+             "InconsistentState for a malformed list, WrongAuthority for lists another authority signed "
+             "(nothing is required then), StoreIOError if the state file cannot be written.")
+        .def("newest_lists", &machine_newest_lists,
+             "The newest generation and revocation lists this machine has accepted (or was required to), "
+             "as the authority signed them, encoded as bytes (not secret): what to hand to another machine "
+             "of the same authority with require().")
         .def_property_readonly("id", &machine_id,
              "The machine's id: the machine attribute the authority set when it issued the key, which "
              "Authority.revoke takes; empty for a key issued before keyfence had machine ids.")

@@ -1,5 +1,6 @@
 """docs/python.md: the example program is shown unchanged and runs, the
-API block runs as a script top to bottom, the key agent's block runs
+API block runs as a script top to bottom, the floor block refuses a
+rolled-back store, the key agent's block runs
 against a real agent, the token block signs in a SoftHSM2 token, the fork
 block forks and signs, and every other
 Python block says why it is not run."""
@@ -41,6 +42,10 @@ def api_block() -> str:
     return section_block("The API")
 
 
+def floor_block() -> str:
+    return section_block("Keeping the floor across restarts")
+
+
 def agent_block() -> str:
     return section_block("Through a key agent")
 
@@ -68,6 +73,14 @@ def test_the_api_block_runs_top_to_bottom(tmp_path: pathlib.Path) -> None:
     script.write_text(api_block(), encoding="utf-8")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+def test_the_floor_block_refuses_a_rolled_back_store(tmp_path: pathlib.Path) -> None:
+    script = tmp_path / "floor.py"
+    script.write_text(floor_block(), encoding="utf-8")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["REPLAYED_OBJECT", "REPLAYED_OBJECT"]
 
 
 def test_the_agent_block_runs_against_an_agent(key_agent: KeyAgent) -> None:
@@ -115,7 +128,7 @@ def test_the_token_block_signs_in_a_token(tmp_path: pathlib.Path) -> None:
 def test_every_python_block_is_run_or_says_why_not() -> None:
     example, api, agent, fork = EXAMPLE.read_text(encoding="utf-8"), api_block(), agent_block(), fork_block()
     for info, code in blocks():
-        if code in (example, api, agent, fork, token_block()):
+        if code in (example, api, agent, fork, token_block(), floor_block()):
             continue
         # A block that needs what a test cannot give it says why in its info
         # string, as docs/run_blocks.py reads it: `no-run (the reason)`.

@@ -401,8 +401,10 @@ def test_every_public_callable_has_a_signature(world: World) -> None:
         w.authority.issue: ["attributes"],
         w.authority.wrap: ["policy", "secret"],
         w.authority.revoke: ["machine_id"],
-        wrap.Machine: ["machine_key", "store"],
+        wrap.Machine: ["machine_key", "store", "state"],
         w.machine.open: ["envelope"],
+        w.machine.require: ["lists"],
+        w.machine.newest_lists: [],
         w.machine.cache_stats: [],
         sign.PrivateKey.from_pem: ["pem", "engine"],
         sign.PrivateKey.from_envelope: ["machine", "envelope", "engine"],
@@ -418,6 +420,7 @@ def test_every_public_callable_has_a_signature(world: World) -> None:
     assert inspect.signature(sign.PrivateKey.from_pem).parameters["engine"].default is None
     assert inspect.signature(sign.PrivateKey.load_envelope).parameters["engine"].kind is inspect.Parameter.KEYWORD_ONLY
     assert inspect.signature(sign.PrivateKey.load_pkcs11).parameters["engine"].kind is inspect.Parameter.KEYWORD_ONLY
+    assert inspect.signature(wrap.Machine).parameters["state"].kind is inspect.Parameter.KEYWORD_ONLY
 
 
 def test_everything_that_closes_closes_in_a_with_block(world: World) -> None:

@@ -15,13 +15,19 @@ on an etcd cluster. ``machine.follow()`` keeps a machine's cache in step with
 the store through a watch (a retired key forgotten at once, a rotated one
 opened ahead), and ``machine.cache_stats()`` counts what it did.
 
+A machine made with ``state=PATH`` (usually beside its key file,
+``KEY.newest``) keeps the newest generation and revocation lists it accepts
+in that file, so that after a restart it still refuses a store rolled back
+to an older list (:class:`~keyfence.ReplayedObject`); ``newest_lists()`` and
+``require(lists)`` hand that floor from one machine to another.
+
 See ``docs/wrapping.md`` for formats, rotation and the threat model.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Mapping, Union, cast
+from typing import Any, Dict, Mapping, Optional, Union, cast
 
 from . import _core
 from ._guard import Native
@@ -77,8 +83,8 @@ def _machine() -> None:
     native = face.native
 
     @face.method
-    def __init__(self: Any, machine_key: Buffer, store: StrPath) -> None:
-        native["__init__"](self, machine_key, store)
+    def __init__(self: Any, machine_key: Buffer, store: StrPath, *, state: Optional[StrPath] = None) -> None:
+        native["__init__"](self, machine_key, store, state=state)
 
     @face.method
     def could_open(self: Any, envelope: Buffer) -> bool:
@@ -87,6 +93,14 @@ def _machine() -> None:
     @face.method
     def open(self: Any, envelope: Buffer) -> bytes:
         return bytes(native["open"](self, envelope))
+
+    @face.method
+    def require(self: Any, lists: Buffer) -> None:
+        native["require"](self, lists)
+
+    @face.method
+    def newest_lists(self: Any) -> bytes:
+        return bytes(native["newest_lists"](self))
 
     @face.method
     def follow(self: Any) -> None:
