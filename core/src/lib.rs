@@ -21,3 +21,4 @@ pub use error::ErrorCode;
 
 #[cfg(any(feature = "sign", feature = "testing"))]
 pub mod sign;
+mod spawn;

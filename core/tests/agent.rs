@@ -528,3 +528,54 @@ fn a_forked_child_keeps_none_of_the_parents_agent_connections() {
     // The parent's connection is untouched.
     assert!(managed_sign(&engine, &key, Algorithm::EcdsaP256Sha256).is_ok());
 }
+
+/// A restart of the agent under a busy server: every client reconnects
+/// and replays its loads at once, more than one user's queue takes.
+/// The loads answered `busy` are asked again until there is room, so no
+/// client loses its key (before, a replay answered `busy` lost the key for
+/// good: Apache's children failed until the server was restarted).
+#[test]
+fn an_agent_restarted_under_a_burst_of_replays_loses_no_clients_key() {
+    use keyfence::sign::key_process::{Agent, KeyProcess, KeyProcessConfig};
+    let dir = Dir::new("agent-replay");
+    let world = agent_world(&dir.0);
+    // Two loads waiting per user at most, so that the burst meets the
+    // bound (the default, 256, meets it with more clients).
+    let config = || {
+        let mut c = agent_config(&dir.0, &world);
+        c.user_loads = 2;
+        c
+    };
+    let mut agent = Agent::start(config()).unwrap();
+    let socket = agent.socket().to_path_buf();
+    const CLIENTS: usize = 300;
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let mut config = KeyProcessConfig::with_agent(&socket);
+            config.max_in_flight = 4;
+            let keys = KeyProcess::start(config).unwrap();
+            let key = keys.load(KeySource::AgentEnvelope(world.eu_ec.1.clone())).unwrap();
+            (keys, key)
+        })
+        .collect();
+    agent.stop();
+    let _agent = Agent::start(config()).unwrap();
+    let until = Instant::now() + Duration::from_secs(60);
+    for (i, (keys, key)) in clients.iter().enumerate() {
+        loop {
+            match key.sign(Algorithm::EcdsaP256Sha256, b"after the restart") {
+                Ok(sig) => {
+                    assert!(verifies(key, Algorithm::EcdsaP256Sha256, b"after the restart", &sig));
+                    break;
+                }
+                Err(e) => {
+                    let lost = e.to_string().contains("could not be loaded again");
+                    assert!(!lost, "client {i} lost its key in the replay: {e}");
+                    assert!(Instant::now() < until, "client {i} never signed again: {e}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+            }
+        }
+        assert!(keys.restarts() >= 1, "client {i} reconnected");
+    }
+}

@@ -109,9 +109,13 @@ pub enum AuthorityCmd {
     /// envelopes) and nothing of the authority's (`authority/`: the master
     /// secret keys, the policy private keys, the signing key). Servers and
     /// their agents read the copy (docs/deploy.md); run it again after each
-    /// change (issue, wrap, rotate, retire, revoke).
+    /// change (issue, wrap, rotate, retire, revoke). A server brings its
+    /// agent's store up to date from a copy it received the same way
+    /// (`--store` the copy): objects before the lists that name them,
+    /// deletions last.
     Export {
-        /// The authority's store: a directory or etcd://HOST:PORT[,...]/PREFIX.
+        /// The authority's store, or a copy of it: a directory or
+        /// etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
         /// The copy: a directory (made if missing) or an etcd prefix; never

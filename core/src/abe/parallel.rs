@@ -21,6 +21,7 @@
 /// runs on a core whose caches hold none of the operation's data.
 pub(crate) const MIN_SPLIT_US: u32 = 150;
 
+use crate::spawn::QuietSpawn;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -67,7 +68,7 @@ fn run_lanes<T: Sync, R: Send>(items: &[T], lanes: &[Vec<usize>], f: &(impl Fn(&
             .iter()
             .map(|lane| {
                 let run = &run;
-                std::thread::Builder::new().spawn_scoped(s, move || run(lane)).map_err(|_| lane)
+                std::thread::Builder::new().spawn_scoped_quiet(s, move || run(lane)).map_err(|_| lane)
             })
             .collect();
         let mut done = run(&lanes[0]);
@@ -134,7 +135,7 @@ pub(crate) fn with_crew<'env, R>(threads: usize, body: impl FnOnce(Crew<'env>) -
         let mut helpers = Vec::new();
         for _ in 1..threads {
             let (tx, rx) = mpsc::channel::<CrewJob<'env>>();
-            let started = std::thread::Builder::new().spawn_scoped(s, move || {
+            let started = std::thread::Builder::new().spawn_scoped_quiet(s, move || {
                 while let Some(job) = receive(&rx) {
                     job();
                 }

@@ -90,7 +90,7 @@ impl Joined {
                 self.0.push(h);
             }
         }
-        self.0.push(builder.spawn(f)?);
+        self.0.push(crate::spawn::spawn(builder, f)?);
         Ok(())
     }
 

@@ -17,6 +17,7 @@
 //! member without a leader during an election) is retried on the next
 //! until [`EtcdConfig::retry_for`] has passed.
 
+use crate::spawn::QuietSpawn;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
@@ -547,7 +548,7 @@ impl EtcdStore {
         let flag = stop.clone();
         std::thread::Builder::new()
             .name("keyfence-etcd-watch".into())
-            .spawn(move || this.follow(start, after, tx, flag))
+            .spawn_quiet(move || this.follow(start, after, tx, flag))
             .map_err(|e| io_err(prefix, format!("cannot start the watch thread: {e}")))?;
         Ok(Watch::from_channel(rx, stop))
     }

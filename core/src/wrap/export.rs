@@ -44,20 +44,24 @@ const BATCH: usize = 256;
 
 /// Brings `to` up to date as a servers' copy of `from`: every object under
 /// `sealed/`, `envelopes/` and `public/`, and nothing under `authority/`.
+/// `from` is the authority's store, or a copy of it (a server brings the
+/// store its agent reads up to date from a copy it received, in the order
+/// that never shows the agent a list naming what is not there yet).
 ///
 /// # Errors
-/// [`WrapError::Store`]: [`StoreError::Nested`]-like refusals when `to`
-/// holds an authority's state (a servers' copy never does: it would be an
-/// authority's store, whose objects this would overwrite), or `from` holds
-/// none (it is not an authority's store: copy from the authority's); the
-/// stores' own errors.
+/// [`WrapError::Store`] ([`StoreError::InvalidName`]) when `to` holds an
+/// authority's state (a servers' copy never does: it would be an
+/// authority's store, whose objects this would overwrite), or `from` is no
+/// store; the stores' own errors.
 pub fn export_for_servers(from: &dyn Store, to: &dyn Store) -> Result<Exported> {
     let refused = |why: String| WrapError::Store(StoreError::InvalidName { name: "export".into(), reason: why });
     if to.get(layout::STATE)?.is_some() {
         return Err(refused("the destination holds an authority's state: a servers' copy never does, and this would overwrite that authority's objects".into()));
     }
-    if from.get(layout::STATE)?.is_none() {
-        return Err(refused("the source holds no authority state: export from the authority's store".into()));
+    // The authority's store, or a servers' copy of it: a server brings its
+    // own store up to date from the copy it received, in this order.
+    if from.get(layout::GENERATIONS)?.is_none() {
+        return Err(refused("the source holds no generation list: it is no keyfence store".into()));
     }
     let mut done = Exported::default();
     let mut keep = Vec::new();
@@ -148,9 +152,12 @@ mod tests {
         assert!(after.written > 0 && after.deleted > 0, "{after:?}");
         let m = Machine::new(key, copy.clone(), CacheConfig::default());
         assert_eq!(&m.open_current(&env).unwrap()[..], b"secret");
-        // Never onto an authority's store, never from a copy.
+        // Never onto an authority's store, never from nothing; from a copy
+        // to another (a server's own store), the same objects.
         assert!(export_for_servers(&*copy, &*source).is_err());
         let other: Arc<dyn Store> = Arc::new(MemoryStore::default());
-        assert!(export_for_servers(&*copy, &*other).is_err());
+        assert!(export_for_servers(&*other, &*copy).is_err());
+        let again = export_for_servers(&*copy, &*other).unwrap();
+        assert!(again.written > 0 && other.list("authority/").unwrap().is_empty());
     }
 }

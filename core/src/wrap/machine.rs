@@ -2,6 +2,7 @@
 //! through the policy-key cache, and deciding without cryptography whether
 //! it can open one.
 
+use crate::spawn::QuietSpawn;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -527,7 +528,7 @@ impl Machine {
             let (machine, flag) = (Arc::downgrade(self), stop.clone());
             let thread = std::thread::Builder::new()
                 .name("keyfence-machine-follow".into())
-                .spawn(move || {
+                .spawn_quiet(move || {
                     while !flag.load(Ordering::SeqCst) {
                         let Some(event) = watch.next_timeout(std::time::Duration::from_millis(100)) else { continue };
                         let Some(m) = machine.upgrade() else { return };

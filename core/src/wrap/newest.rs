@@ -254,6 +254,7 @@ impl Keeper {
 ///
 /// # Errors
 /// As [`Keeper::record`].
+#[cfg(feature = "sign")]
 pub(crate) fn record_lists(path: &Path, authority: [u8; 32], generations: Option<&[u8]>, revoked: Option<&[u8]>) -> Result<()> {
     let keeper = Keeper::new(path.to_path_buf(), authority)?;
     if let Some(g) = generations {

@@ -10,6 +10,7 @@
 //! watcher must read everything again, exactly as after an etcd
 //! compaction.
 
+use crate::spawn::QuietSpawn;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -146,7 +147,7 @@ where
     let flag = stop.clone();
     std::thread::Builder::new()
         .name("keyfence-store-poll".into())
-        .spawn(move || {
+        .spawn_quiet(move || {
             let mut revision = 0i64;
             loop {
                 std::thread::sleep(every);

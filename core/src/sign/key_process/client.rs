@@ -222,6 +222,30 @@ impl Conn {
     }
 
     /// Sends a request and waits for its reply frame.
+    /// Sends a key load and waits for its reply, asking again while the
+    /// key process or agent answers `busy` (its loaders' queue is full: a
+    /// burst of loads, such as every worker of a server replaying its keys
+    /// after an agent restart) until `timeout`, backing off from 10 ms to
+    /// 200 ms. A load is a setup step, not a signature: it waits for room
+    /// rather than failing the key for good.
+    ///
+    /// # Errors
+    /// As [`Conn::call`]; the last `busy` when `timeout` passes.
+    pub(super) fn load(&self, body: &[u8], timeout: Duration) -> Result<Frame, SignError> {
+        let until = Instant::now() + timeout;
+        let mut pause = Duration::from_millis(10);
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.call(kind::LOAD, body, left.max(Duration::from_millis(1))) {
+                Err(SignError::Backend { failure: BackendFailure::NoRoom, .. }) if Instant::now() + pause < until && !self.is_dead() => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(200));
+                }
+                other => return other,
+            }
+        }
+    }
+
     pub(super) fn call(&self, kind: u8, body: &[u8], timeout: Duration) -> Result<Frame, SignError> {
         // A frame over the limit would end the connection (and everything
         // in flight on it) at the key process's reader.

@@ -49,6 +49,7 @@
 
 mod agent;
 mod client;
+mod load_queue;
 #[cfg(feature = "testing")]
 pub mod protocol;
 #[cfg(not(feature = "testing"))]
@@ -215,7 +216,7 @@ impl KeyProcess {
         let wire = if self.is_agent() { std::borrow::Cow::Borrowed(&source) } else { client::for_the_wire(&source)? };
         let conn = sup.live_conn(Instant::now() + sup.config.start_timeout)?;
         let body = p::load_request(key_id, &wire);
-        let frame = conn.call(kind::LOAD, &body, sup.config.start_timeout).map_err(|e| match (e, &source) {
+        let frame = conn.load(&body, sup.config.start_timeout).map_err(|e| match (e, &source) {
             // The key process is sent the envelope's bytes, not its file:
             // the file's name is added here, for the operator.
             (SignError::Backend { backend, failure, reason }, KeySource::Envelope { envelope, .. }) => {

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 use zeroize::Zeroizing;
 
+use super::load_queue::{Full, LoadQueue};
 use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::sys;
 use super::writer::FrameWriter;
@@ -92,8 +93,6 @@ pub(crate) struct Client {
 pub(crate) struct UserShare {
     /// Operations in flight.
     pub(crate) in_flight: AtomicUsize,
-    /// Key loads queued or under way.
-    pub(crate) loads: AtomicUsize,
     /// Keys loaded.
     pub(crate) keys: AtomicUsize,
     /// Connections open.
@@ -104,7 +103,6 @@ pub(crate) struct UserShare {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
     pub(crate) user_in_flight: usize,
-    pub(crate) user_loads: usize,
     pub(crate) connection_keys: usize,
     pub(crate) user_keys: usize,
 }
@@ -139,8 +137,10 @@ struct LoadJob {
 /// loads run off the reader, but on a fixed pool, never a thread per
 /// request.
 const LOADERS: usize = 2;
-/// Loads waiting for a loader at most; more are refused as busy.
-const MAX_QUEUED_LOADS: usize = 16;
+/// Loads waiting for a loader at most, for one client (a key process's
+/// parent, or one user of an agent) and in all; more are refused as
+/// busy, and the client waits and asks again (`Supervisor`).
+pub(crate) const MAX_QUEUED_LOADS: (usize, usize) = (256, 4096);
 /// Bytes of operation input held in the queues at most. `max_in_flight`
 /// bounds the count, this the memory: 4096 requests of 1 MiB each would
 /// be 4 GiB.
@@ -151,7 +151,7 @@ const MAX_QUEUED_BYTES: usize = 64 << 20;
 pub(crate) struct Workers {
     rsa: Sender<Job>,
     ec: Sender<Job>,
-    load: Sender<LoadJob>,
+    load: Arc<LoadQueue<LoadJob>>,
     /// Bytes of operation input queued or being signed, for all
     /// connections together.
     queued_bytes: AtomicUsize,
@@ -160,11 +160,12 @@ pub(crate) struct Workers {
 
 impl Workers {
     /// Starts `options`' signing threads and the loaders, with room for
-    /// `capacity` operations queued per class.
-    pub(crate) fn start(options: &ServeOptions, capacity: usize) -> io::Result<Arc<Workers>> {
+    /// `capacity` operations queued per class and `loads` key loads
+    /// waiting (per client user, and in all).
+    pub(crate) fn start(options: &ServeOptions, capacity: usize, loads: (usize, usize)) -> io::Result<Arc<Workers>> {
         let (rsa_tx, rsa_rx) = crossbeam_channel::bounded::<Job>(capacity);
         let (ec_tx, ec_rx) = crossbeam_channel::bounded::<Job>(capacity);
-        let (load_tx, load_rx) = crossbeam_channel::bounded::<LoadJob>(MAX_QUEUED_LOADS);
+        let load = Arc::new(LoadQueue::new(loads.0, loads.1));
         let mut threads = Joined::new();
         for (rx, n, name) in [(&rsa_rx, options.rsa_threads, "rsa"), (&ec_rx, options.ec_threads, "ec")] {
             for i in 0..n.max(1) {
@@ -174,10 +175,10 @@ impl Workers {
             }
         }
         for i in 0..LOADERS {
-            let rx = load_rx.clone();
-            threads.spawn(format!("key-process-load-{i}"), move || load_keys(&rx))?;
+            let queue = load.clone();
+            threads.spawn(format!("key-process-load-{i}"), move || load_keys(&queue))?;
         }
-        Ok(Arc::new(Workers { rsa: rsa_tx, ec: ec_tx, load: load_tx, queued_bytes: AtomicUsize::new(0), threads }))
+        Ok(Arc::new(Workers { rsa: rsa_tx, ec: ec_tx, load, queued_bytes: AtomicUsize::new(0), threads }))
     }
 }
 
@@ -187,8 +188,8 @@ impl Drop for Workers {
     fn drop(&mut self) {
         let (rsa, _) = crossbeam_channel::bounded(0);
         let (ec, _) = crossbeam_channel::bounded(0);
-        let (load, _) = crossbeam_channel::bounded(0);
-        drop((std::mem::replace(&mut self.rsa, rsa), std::mem::replace(&mut self.ec, ec), std::mem::replace(&mut self.load, load)));
+        drop((std::mem::replace(&mut self.rsa, rsa), std::mem::replace(&mut self.ec, ec)));
+        self.load.close();
         self.threads.join();
     }
 }
@@ -327,7 +328,7 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     let stream = Arc::new(stream);
     let writer = FrameWriter::new(stream.try_clone()?)?;
     serve_conn(&stream, writer, flags, Role::KeyProcess, None, p::MAX_IN_FLIGHT, HELLO_TIMEOUT, |max| {
-        Workers::start(options, max as usize)
+        Workers::start(options, max as usize, MAX_QUEUED_LOADS)
     })
 }
 
@@ -534,29 +535,13 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             if let Some(why) = conn.key_room(key_id) {
                 return conn.err(id, ErrorCode::Busy, &why);
             }
-            // Loads waiting are bounded per user as well as in all, so that
-            // one user's loads cannot fill the queue the others need.
-            if let Some(c) = &conn.client {
-                let queued = c.share.loads.fetch_add(1, Ordering::AcqRel);
-                if queued >= c.limits.user_loads {
-                    c.share.loads.fetch_sub(1, Ordering::AcqRel);
-                    return conn.err(
-                        id,
-                        ErrorCode::Busy,
-                        &format!("this user has {queued} key loads waiting, the most the agent takes from one user"),
-                    );
-                }
-            }
-            if let Err(e) = workers.load.try_send(LoadJob { conn: conn.clone(), id, key_id, source }) {
-                if let Some(c) = &conn.client {
-                    c.share.loads.fetch_sub(1, Ordering::AcqRel);
-                }
-                match e {
-                    TrySendError::Full(_) => {
-                        conn.err(id, ErrorCode::Busy, &format!("too many key loads waiting ({MAX_QUEUED_LOADS})"))
-                    }
-                    TrySendError::Disconnected(_) => conn.err(id, ErrorCode::Internal, "the key process is shutting down"),
-                }
+            // Each user's loads wait in a queue of its own, taken in turn
+            // (load_queue.rs): one user's burst delays another's load by a
+            // load per loader at most, and fills only its own queue.
+            let user = conn.client.as_ref().map_or(0, |c| c.uid);
+            if let Err((full, _)) = workers.load.push(user, LoadJob { conn: conn.clone(), id, key_id, source }) {
+                let code = if full == Full::Closed { ErrorCode::Internal } else { ErrorCode::Busy };
+                conn.err(id, code, &full.to_string());
             }
         }
         kind::UNLOAD => match p::parse_unload_request(&frame.body) {
@@ -626,8 +611,8 @@ fn token_code(e: &SignError) -> Option<ErrorCode> {
 }
 
 /// A loader thread: loads keys until the queue closes.
-fn load_keys(rx: &Receiver<LoadJob>) {
-    for LoadJob { conn, id, key_id, source } in rx {
+fn load_keys(queue: &LoadQueue<LoadJob>) {
+    while let Some(LoadJob { conn, id, key_id, source }) = queue.pop() {
         // A loader that panics (a module's bug, a parser's) answers this
         // request and stays: two loader threads serve every client.
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &source {
@@ -642,9 +627,6 @@ fn load_keys(rx: &Receiver<LoadJob>) {
             _ => load(&source, &conn.role).map_err(|msg| (ErrorCode::Load, msg)),
         }))
         .unwrap_or_else(|_| Err((ErrorCode::Internal, "loading the key panicked".to_string())));
-        if let Some(c) = &conn.client {
-            c.share.loads.fetch_sub(1, Ordering::AcqRel);
-        }
         match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => match conn.keep(key_id, key) {

@@ -329,7 +329,7 @@ impl Supervisor {
                     let body = p::load_request(*key_id, &wire);
                     // A source that went away (file deleted, envelope
                     // revoked) loses that key; the others live on.
-                    match conn.call(kind::LOAD, &body, self.config.start_timeout) {
+                    match conn.load(&body, self.config.start_timeout) {
                         // The same lists as at the first load, as a rule:
                         // keeping them again is for a store that moved on
                         // meanwhile, and a failure shows at the next load.

@@ -1,5 +1,6 @@
 //! Batching requests for the device, and bounding what is in flight there.
 
+use crate::spawn::QuietSpawn;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -93,7 +94,7 @@ impl Batcher {
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
             .name(format!("keyfence-offload-{}", device.name()))
-            .spawn(move || run(&rx, &*device, max_batch.max(1), window, &counters))
+            .spawn_quiet(move || run(&rx, &*device, max_batch.max(1), window, &counters))
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the offload batching thread: {e}")))?;
         Ok(Batcher { tx })
     }

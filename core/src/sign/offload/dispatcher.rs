@@ -2,6 +2,7 @@
 //! batches device requests, answers from their completions, and handles
 //! device failure.
 
+use crate::spawn::QuietSpawn;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
@@ -41,7 +42,7 @@ impl FallbackPool {
             let rx = rx.clone();
             std::thread::Builder::new()
                 .name(format!("keyfence-offload-fallback-{i}"))
-                .spawn(move || {
+                .spawn_quiet(move || {
                     while let Ok(job) = rx.recv() {
                         // A panicking job drops its reply while unwinding,
                         // which answers the caller; the thread lives on.

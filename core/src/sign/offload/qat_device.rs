@@ -23,6 +23,7 @@
 // QATlib is C, reached through dlopen.
 #![allow(unsafe_code)]
 
+use crate::spawn::QuietSpawn;
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -371,7 +372,7 @@ impl QatDevice {
         });
         let poller = {
             let shared = shared.clone();
-            std::thread::Builder::new().name("keyfence-qat-poll".into()).spawn(move || poll_loop(&shared))
+            std::thread::Builder::new().name("keyfence-qat-poll".into()).spawn_quiet(move || poll_loop(&shared))
         };
         let poller = match poller {
             Ok(p) => p,

@@ -1,6 +1,7 @@
 //! A simulated offload device: the asynchronous path, batching, latency and
 //! device failure, on machines without an accelerator.
 
+use crate::spawn::QuietSpawn;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -349,7 +350,7 @@ impl SimDevice {
             let shared = device.shared.clone();
             std::thread::Builder::new()
                 .name(format!("keyfence-sim-{i}"))
-                .spawn(move || engine(&shared))
+                .spawn_quiet(move || engine(&shared))
                 // Dropping `device` closes it and lets started engines exit.
                 .map_err(|e| SignError::io(Resource::Thread, format!("cannot start a sim device thread: {e}")))?;
         }

@@ -12,6 +12,7 @@
 //! which trades the stall for unbounded threads; the few lines here give
 //! both bounds.)
 
+use crate::spawn::QuietSpawn;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -72,7 +73,7 @@ where
     let open = Arc::new(AtomicUsize::new(0));
     std::thread::Builder::new()
         .name("keyfence-metrics".into())
-        .spawn(move || {
+        .spawn_quiet(move || {
             for conn in listener.incoming() {
                 if s.load(Ordering::Acquire) {
                     return;
@@ -87,7 +88,7 @@ where
                     continue;
                 }
                 let (render, o) = (render.clone(), open.clone());
-                let spawned = std::thread::Builder::new().name("keyfence-metrics-conn".into()).spawn(move || {
+                let spawned = std::thread::Builder::new().name("keyfence-metrics-conn".into()).spawn_quiet(move || {
                     answer(conn, &|| (*render.lock().unwrap_or_else(|e| e.into_inner()))());
                     o.fetch_sub(1, Ordering::AcqRel);
                 });

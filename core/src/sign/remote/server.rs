@@ -23,6 +23,7 @@
 //! budget as its timeout, so nothing is signed for a caller that has given
 //! up. None of this does more than a hash-map lookup under a lock.
 
+use crate::spawn::QuietSpawn;
 use std::collections::HashMap;
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -315,10 +316,10 @@ impl KeyServer {
         let i = inner.clone();
         std::thread::Builder::new()
             .name("keyfence-serve-accept".into())
-            .spawn(move || accept(&i, &listener))
+            .spawn_quiet(move || accept(&i, &listener))
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the accept thread: {e}")))?;
         let i = inner.clone();
-        let reaper = std::thread::Builder::new().name("keyfence-serve-reaper".into()).spawn(move || {
+        let reaper = std::thread::Builder::new().name("keyfence-serve-reaper".into()).spawn_quiet(move || {
             while !i.stop.load(Ordering::Acquire) {
                 std::thread::sleep(i.handshakes.reap(REAP_AT_MOST_EVERY));
             }
@@ -395,7 +396,7 @@ fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
         let (Ok(peer), Ok(clone)) = (stream.peer_addr(), stream.try_clone()) else { continue };
         let Ok(hs) = inner.handshakes.admit(peer.ip(), clone) else { continue };
         let i = inner.clone();
-        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn(move || connection(&i, stream, hs));
+        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn_quiet(move || connection(&i, stream, hs));
         if spawned.is_err() {
             inner.handshakes.finish(hs);
             inner.handshakes.thread_done();

@@ -103,9 +103,10 @@ pub struct AgentConfig {
     /// Requests one user may have in flight over all its connections.
     /// Default 4096.
     pub user_in_flight: usize,
-    /// Key loads one user may have waiting or under way at once (a load
-    /// is a CP-ABE decryption, milliseconds; two loader threads serve
-    /// all). Default 4: one user's loads cannot fill the queue (16).
+    /// Key loads one user may have waiting (a load is a CP-ABE decryption,
+    /// milliseconds; two loader threads serve all, taking the users in
+    /// turn). Default 256; 4096 in all. A client told `busy` asks again
+    /// until its start timeout.
     pub user_loads: usize,
     /// Keys one connection may hold. Default 1024.
     pub connection_keys: usize,
@@ -163,7 +164,7 @@ impl AgentConfig {
             user_connections: 512,
             connection_in_flight: 1024,
             user_in_flight: 4096,
-            user_loads: 4,
+            user_loads: super::server::MAX_QUEUED_LOADS.0,
             connection_keys: 1024,
             user_keys: 16384,
             hello_timeout: Duration::from_secs(5),
@@ -403,13 +404,12 @@ impl Agent {
         warn_unreachable(&config);
         let options = ServeOptions { rsa_threads: config.rsa_threads, ec_threads: config.ec_threads, ..ServeOptions::default() };
         let capacity = (config.connection_in_flight as usize).max(config.user_in_flight);
-        let workers = Workers::start(&options, capacity)
+        let workers = Workers::start(&options, capacity, (config.user_loads, super::server::MAX_QUEUED_LOADS.1))
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
         let (poller, hears) =
             Poller::new().map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
         let limits = Limits {
             user_in_flight: config.user_in_flight,
-            user_loads: config.user_loads,
             connection_keys: config.connection_keys,
             user_keys: config.user_keys,
         };
