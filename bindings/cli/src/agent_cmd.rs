@@ -66,6 +66,10 @@ pub struct AgentArgs {
     /// --max-connections, so no user can take them all).
     #[arg(long, default_value_t = 512)]
     user_connections: usize,
+    /// Key loads one user may have waiting (its own queue; the loaders
+    /// take the users in turn). A client told busy asks again.
+    #[arg(long, default_value_t = 256)]
+    user_loads: usize,
     /// Requests one connection may have in flight at most.
     #[arg(long, default_value_t = 1024)]
     connection_in_flight: u32,
@@ -163,6 +167,7 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     }
     config.max_connections = args.max_connections;
     config.user_connections = args.user_connections;
+    config.user_loads = args.user_loads;
     config.unsafe_authority_store = args.unsafe_authority_store;
     for grant in &args.allow_tokens {
         let (who, uri) = grant
