@@ -15,10 +15,10 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use boring::hash::MessageDigest;
-use boring::pkey::{PKey, Private};
-use boring::rsa::Padding;
-use boring::sign::{RsaPssSaltlen, Signer};
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private};
+use openssl::rsa::Padding;
+use openssl::sign::{RsaPssSaltlen, Signer};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess, KeySource};
 use keyfence::sign::offload::{OffloadBackend, OffloadConfig, Route, Routing, SimConfig, SimDevice};
@@ -40,11 +40,11 @@ fn raw_sign(pkey: &PKey<Private>, alg: Algorithm) -> Vec<u8> {
 }
 
 fn generate(kind: KeyKind) -> PKey<Private> {
-    use boring::ec::{EcGroup, EcKey};
-    use boring::nid::Nid;
+    use openssl::ec::{EcGroup, EcKey};
+    use openssl::nid::Nid;
     match kind {
-        KeyKind::Rsa { bits } => PKey::from_rsa(boring::rsa::Rsa::generate(bits).unwrap()).unwrap(),
-        KeyKind::Ed25519 => PKey::generate(boring::pkey::Id::ED25519).unwrap(),
+        KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits).unwrap()).unwrap(),
+        KeyKind::Ed25519 => PKey::generate(openssl::pkey::Id::ED25519).unwrap(),
         KeyKind::EcP256 | KeyKind::EcP384 => {
             let nid = if kind == KeyKind::EcP256 { Nid::X9_62_PRIME256V1 } else { Nid::SECP384R1 };
             PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(nid).unwrap()).unwrap()).unwrap()

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boring::pkey::PKey;
+use openssl::pkey::PKey;
 use keyfence::sign::key_process::protocol::{self as p, flags, kind, ErrorCode};
 use keyfence::sign::key_process::{serve, KeyProcessConfig, KeyProcess, KeySource, ServeOptions};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, Request, SignError};
@@ -681,7 +681,7 @@ fn the_default_finds_the_key_process_beside_the_executable() {
 fn a_held_key_runs_only_on_its_holder() {
     let keys = KeyProcess::start(config()).unwrap();
     let key = keys.load(KeySource::Bytes(Zeroizing::new(
-        PKey::generate(boring::pkey::Id::ED25519).unwrap().private_key_to_pem_pkcs8().unwrap(),
+        PKey::generate(openssl::pkey::Id::ED25519).unwrap().private_key_to_pem_pkcs8().unwrap(),
     )))
     .unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();

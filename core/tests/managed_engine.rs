@@ -11,7 +11,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use boring::pkey::PKey;
+use openssl::pkey::PKey;
 use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
 use keyfence::sign::managed::{millis, Isolation, ManagedConfig, ManagedEngine};
 use keyfence::sign::{Engine, EngineConfig, KeyKind, PrivateKey, SignError};
@@ -30,8 +30,8 @@ fn key_process_engine() -> ManagedEngine {
 }
 
 fn p256_pem() -> Zeroizing<Vec<u8>> {
-    let g = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap();
-    let pkey = PKey::from_ec_key(boring::ec::EcKey::generate(&g).unwrap()).unwrap();
+    let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
+    let pkey = PKey::from_ec_key(openssl::ec::EcKey::generate(&g).unwrap()).unwrap();
     Zeroizing::new(pkey.private_key_to_pem_pkcs8().unwrap())
 }
 
@@ -55,7 +55,7 @@ fn sign(engine: &ManagedEngine, key: &Arc<PrivateKey>, msg: &[u8]) -> Result<Vec
 
 fn verifies(key: &PrivateKey, msg: &[u8], sig: &[u8]) -> bool {
     let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let mut v = boring::sign::Verifier::new(boring::hash::MessageDigest::sha256(), &public).unwrap();
+    let mut v = openssl::sign::Verifier::new(openssl::hash::MessageDigest::sha256(), &public).unwrap();
     v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 

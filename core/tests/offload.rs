@@ -6,9 +6,9 @@
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use boring::hash::MessageDigest;
-use boring::pkey::PKey;
-use boring::sign::Verifier;
+use openssl::hash::MessageDigest;
+use openssl::pkey::PKey;
+use openssl::sign::Verifier;
 use keyfence::sign::offload::{
     Device, DeviceRequest, OffloadBackend, OffloadConfig, OffloadMode, OnDeviceError, Route, Routing, SimConfig,
     SimControl, SimDevice,
@@ -496,7 +496,7 @@ fn bad_configurations_are_refused() {
 /// decryption, asynchronously and through `perform`.
 #[test]
 fn a_corrupted_device_rsa_result_is_caught_counted_and_redone_in_software() {
-    use boring::rsa::Padding;
+    use openssl::rsa::Padding;
     let key = rsa_key();
     let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
     let verify_rsa = |alg: Algorithm, m: &[u8], sig: &[u8]| {
@@ -519,7 +519,7 @@ fn a_corrupted_device_rsa_result_is_caught_counted_and_redone_in_software() {
     assert_eq!(control.stats().completed, 2, "the device did compute (wrong) results");
 
     // Raw decryption: the result raised to e must give the ciphertext back.
-    let rsa = boring::rsa::Rsa::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+    let rsa = openssl::rsa::Rsa::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
     let secret = [7u8; 48];
     let mut ct = vec![0u8; rsa.size() as usize];
     let n = rsa.public_encrypt(&secret, &mut ct, Padding::PKCS1).unwrap();
@@ -788,7 +788,7 @@ mod qat {
     }
 
     fn verify_any(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-        use boring::rsa::Padding;
+        use openssl::rsa::Padding;
         let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
         let md = match alg {
             Algorithm::RsaPkcs1Sha256 | Algorithm::RsaPssSha256 => MessageDigest::sha256(),
@@ -825,7 +825,7 @@ mod qat {
         plain[1] = 2;
         plain[2..].fill(0x5a);
         let mut ct = vec![0u8; 256];
-        rsa.public_encrypt(&plain, &mut ct, boring::rsa::Padding::NONE).unwrap();
+        rsa.public_encrypt(&plain, &mut ct, openssl::rsa::Padding::NONE).unwrap();
         let out = engine.submit(Request::new(key.clone(), Operation::DecryptRaw { ciphertext: ct })).unwrap();
         assert_eq!(&out.wait().unwrap()[..], &plain[..]);
         // A ciphertext not below the modulus is the operation's own error,

@@ -15,7 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boring::pkey::PKey;
+use openssl::pkey::PKey;
 use keyfence::sign::key_process::KeySource;
 use keyfence::sign::managed::{ManagedConfig, ManagedEngine};
 use keyfence::sign::pkcs11::{self, Pkcs11Settings};
@@ -32,12 +32,12 @@ fn load(engine: &ManagedEngine, uri: &str) -> Result<Arc<PrivateKey>, keyfence::
 }
 
 fn verify(public_der: &[u8], alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    use boring::sign::{RsaPssSaltlen, Verifier};
+    use openssl::sign::{RsaPssSaltlen, Verifier};
     let public = PKey::public_key_from_der(public_der).unwrap();
     let md = alg.hash().map(|h| match h {
-        Hash::Sha256 => boring::hash::MessageDigest::sha256(),
-        Hash::Sha384 => boring::hash::MessageDigest::sha384(),
-        Hash::Sha512 => boring::hash::MessageDigest::sha512(),
+        Hash::Sha256 => openssl::hash::MessageDigest::sha256(),
+        Hash::Sha384 => openssl::hash::MessageDigest::sha384(),
+        Hash::Sha512 => openssl::hash::MessageDigest::sha512(),
         Hash::Md5Sha1 => unreachable!(),
     });
     let mut v = match md {
@@ -45,7 +45,7 @@ fn verify(public_der: &[u8], alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
         None => Verifier::new_without_digest(&public).unwrap(),
     };
     if alg.name().starts_with("rsa-pss") {
-        v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS).unwrap();
+        v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).unwrap();
         v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).unwrap();
         v.set_rsa_mgf1_md(md.unwrap()).unwrap();
     }
@@ -102,9 +102,9 @@ fn every_algorithm_signs_on_the_token_class_and_verifies_against_openssls_key() 
     // Raw RSA decryption, as TLS's RSA key exchange asks: the token's
     // answer is the padded block.
     let rsa = load(&engine, &uri(dir, "tls-rsa")).unwrap();
-    let public = boring::rsa::Rsa::public_key_from_der(&rsa.public_key_der().unwrap()).unwrap();
+    let public = openssl::rsa::Rsa::public_key_from_der(&rsa.public_key_der().unwrap()).unwrap();
     let mut ct = vec![0; 256];
-    public.public_encrypt(b"premaster", &mut ct, boring::rsa::Padding::PKCS1).unwrap();
+    public.public_encrypt(b"premaster", &mut ct, openssl::rsa::Padding::PKCS1).unwrap();
     let out = engine.perform(Request::new(rsa.clone(), Operation::DecryptRaw { ciphertext: ct })).unwrap();
     assert!(out.ends_with(b"\0premaster") && out[..2] == [0, 2]);
     let m = engine.metrics().unwrap();

@@ -198,8 +198,8 @@ fn one_tenants_flood_is_refused_while_another_tenant_is_served() {
     assert!(m.retries_refused > 0 || m.retries > 0, "refusals were retried under the budget: {m:?}");
 }
 
-fn tls_connect(files: Option<keyfence::sign::remote::TlsFiles>, addr: std::net::SocketAddr) -> Result<boring::ssl::SslStream<TcpStream>, String> {
-    use boring::ssl::{SslConnector, SslFiletype, SslMethod};
+fn tls_connect(files: Option<keyfence::sign::remote::TlsFiles>, addr: std::net::SocketAddr) -> Result<openssl::ssl::SslStream<TcpStream>, String> {
+    use openssl::ssl::{SslConnector, SslFiletype, SslMethod};
     let pki = Pki::get();
     let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
     b.set_ca_file(pki.dir.join("ca.pem")).unwrap();
@@ -215,14 +215,14 @@ fn tls_connect(files: Option<keyfence::sign::remote::TlsFiles>, addr: std::net::
 
 /// Sends a hello and reads the server's first frame: `Err` when the
 /// connection is refused or closed first.
-fn hello(stream: &mut boring::ssl::SslStream<TcpStream>) -> Result<p::Frame, String> {
+fn hello(stream: &mut openssl::ssl::SslStream<TcpStream>) -> Result<p::Frame, String> {
     let mut f = Vec::new();
     p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request()]);
     stream.write_all(&f).map_err(|e| e.to_string())?;
     read_frame(stream)
 }
 
-fn read_frame(stream: &mut boring::ssl::SslStream<TcpStream>) -> Result<p::Frame, String> {
+fn read_frame(stream: &mut openssl::ssl::SslStream<TcpStream>) -> Result<p::Frame, String> {
     // One frame at a time, byte by byte after the length, so nothing read
     // belongs to the next frame.
     let mut len = [0u8; 4];

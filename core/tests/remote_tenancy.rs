@@ -14,7 +14,7 @@ use std::net::TcpStream;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boring::ssl::SslStream;
+use openssl::ssl::SslStream;
 use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
 use keyfence::sign::remote::{serve_metrics, AllowList, KeyId, KeyServer, TenantSource};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, Input, LatencyBackend, Operation};
@@ -25,7 +25,7 @@ type Tls = SslStream<TcpStream>;
 /// A TLS connection to `addr` with `cert`'s certificate (the server's
 /// name is checked as `sfo1`).
 fn connect(cert: &str, addr: std::net::SocketAddr) -> Tls {
-    use boring::ssl::{SslConnector, SslFiletype, SslMethod};
+    use openssl::ssl::{SslConnector, SslFiletype, SslMethod};
     let pki = Pki::get();
     let f = pki.files(cert, "ca");
     let mut b = SslConnector::builder(SslMethod::tls()).unwrap();
@@ -257,7 +257,7 @@ fn the_tenant_comes_from_the_configured_certificate_field() {
 /// Makes `NAME.pem` and `NAME.key`, a client certificate from the test CA
 /// whose subject has the common names `cns` (each with its ASN.1 string
 /// type), as a CA that checks names by another reading might sign it.
-fn crafted_client(name: &str, cns: &[(&str, boring::asn1::Asn1Type)]) {
+fn crafted_client(name: &str, cns: &[(&str, openssl::asn1::Asn1Type)]) {
     crafted_client_with_sans(name, cns, &[]);
 }
 
@@ -281,20 +281,20 @@ fn san_der(names: &[(u8, &[u8])]) -> Vec<u8> {
 
 /// As [`crafted_client`], with a subject alternative name extension that
 /// holds `sans` as raw DER ([`san_der`]) when it is not empty.
-fn crafted_client_with_sans(name: &str, cns: &[(&str, boring::asn1::Asn1Type)], sans: &[(u8, &[u8])]) {
-    use boring::asn1::Asn1Time;
-    use boring::bn::{BigNum, MsbOption};
-    use boring::ec::{EcGroup, EcKey};
-    use boring::hash::MessageDigest;
-    use boring::pkey::PKey;
-    use boring::x509::{X509Builder, X509NameBuilder, X509};
+fn crafted_client_with_sans(name: &str, cns: &[(&str, openssl::asn1::Asn1Type)], sans: &[(u8, &[u8])]) {
+    use openssl::asn1::Asn1Time;
+    use openssl::bn::{BigNum, MsbOption};
+    use openssl::ec::{EcGroup, EcKey};
+    use openssl::hash::MessageDigest;
+    use openssl::pkey::PKey;
+    use openssl::x509::{X509Builder, X509NameBuilder, X509};
     let dir = &Pki::get().dir;
     let ca = X509::from_pem(&std::fs::read(dir.join("ca.pem")).unwrap()).unwrap();
     let ca_key = PKey::private_key_from_pem(&std::fs::read(dir.join("ca.key")).unwrap()).unwrap();
-    let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
+    let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
     let mut subject = X509NameBuilder::new().unwrap();
     for (cn, ty) in cns {
-        subject.append_entry_by_nid_with_type(boring::nid::Nid::COMMONNAME, cn, *ty).unwrap();
+        subject.append_entry_by_nid_with_type(openssl::nid::Nid::COMMONNAME, cn, *ty).unwrap();
     }
     let subject = subject.build();
     let mut b = X509Builder::new().unwrap();
@@ -311,7 +311,7 @@ fn crafted_client_with_sans(name: &str, cns: &[(&str, boring::asn1::Asn1Type)], 
         // OpenSSL's configuration language: `DER:` and the bytes in hex
         // are the extension's value as they are.
         let hex: Vec<String> = san_der(sans).iter().map(|b| format!("{b:02X}")).collect();
-        let ext = boring::x509::X509Extension::new_nid(None, None, boring::nid::Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
+        let ext = openssl::x509::X509Extension::new_nid(None, None, openssl::nid::Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
         b.append_extension(&ext).unwrap();
     }
     b.sign(&ca_key, MessageDigest::sha256()).unwrap();
@@ -328,7 +328,7 @@ fn bmp(s: &str) -> String {
 
 #[test]
 fn a_certificate_that_names_its_tenant_ambiguously_is_refused() {
-    use boring::asn1::Asn1Type;
+    use openssl::asn1::Asn1Type;
     let world = World::new();
     // shop-a may sign with the US key; nobody else may sign anything.
     let mut allow = AllowList::new();
@@ -384,7 +384,7 @@ fn a_certificate_that_names_its_tenant_ambiguously_is_refused() {
 /// `shop-a`.
 #[test]
 fn a_certificate_with_an_unreadable_dns_or_uri_name_is_refused() {
-    use boring::asn1::Asn1Type;
+    use openssl::asn1::Asn1Type;
     let world = World::new();
     let utf8 = Asn1Type::UTF8STRING;
     // A DNS name, a URI and an email address, as raw bytes.

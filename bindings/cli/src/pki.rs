@@ -6,14 +6,14 @@
 use std::path::Path;
 
 use anyhow::Result;
-use boring::asn1::Asn1Time;
-use boring::bn::BigNum;
-use boring::ec::{EcGroup, EcKey};
-use boring::hash::MessageDigest;
-use boring::nid::Nid;
-use boring::pkey::{PKey, Private};
-use boring::x509::extension::{BasicConstraints, SubjectAlternativeName};
-use boring::x509::{X509Name, X509};
+use openssl::asn1::Asn1Time;
+use openssl::bn::BigNum;
+use openssl::ec::{EcGroup, EcKey};
+use openssl::hash::MessageDigest;
+use openssl::nid::Nid;
+use openssl::pkey::{PKey, Private};
+use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
+use openssl::x509::{X509Name, X509};
 use keyfence::sign::remote::TlsFiles;
 
 fn key() -> Result<PKey<Private>> {

@@ -119,7 +119,7 @@ fn absolute(p: &Path) -> Result<String> {
 
 /// The PEM text of a key file body.
 pub fn pem(body: &[u8]) -> String {
-    let b64 = boring::base64::encode_block(body);
+    let b64 = openssl::base64::encode_block(body);
     let mut s = format!("-----BEGIN {PEM_LABEL}-----\n");
     for chunk in b64.as_bytes().chunks(64) {
         s.push_str(std::str::from_utf8(chunk).unwrap_or_default());

@@ -436,9 +436,9 @@ impl RemoteOpts {
 /// key or certificate.
 pub fn public_key_der(path: &Path) -> Result<Vec<u8>> {
     let pem = read(path)?;
-    let key = match boring::x509::X509::from_pem(&pem) {
+    let key = match openssl::x509::X509::from_pem(&pem) {
         Ok(cert) => cert.public_key().and_then(|k| k.public_key_to_der()),
-        Err(_) => boring::pkey::PKey::public_key_from_pem(&pem).and_then(|k| k.public_key_to_der()),
+        Err(_) => openssl::pkey::PKey::public_key_from_pem(&pem).and_then(|k| k.public_key_to_der()),
     };
     key.map_err(|_| exit::input(format!("{} holds no PEM public key or certificate", path.display())))
 }
@@ -767,10 +767,10 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
 }
 
 fn ec_pem() -> Result<zeroize::Zeroizing<Vec<u8>>> {
-    let group = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1)?;
-    Ok(zeroize::Zeroizing::new(boring::ec::EcKey::generate(&group)?.private_key_to_pem()?))
+    let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)?;
+    Ok(zeroize::Zeroizing::new(openssl::ec::EcKey::generate(&group)?.private_key_to_pem()?))
 }
 
 fn rsa_pem() -> Result<zeroize::Zeroizing<Vec<u8>>> {
-    Ok(zeroize::Zeroizing::new(boring::rsa::Rsa::generate(2048)?.private_key_to_pem()?))
+    Ok(zeroize::Zeroizing::new(openssl::rsa::Rsa::generate(2048)?.private_key_to_pem()?))
 }

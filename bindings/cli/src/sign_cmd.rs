@@ -8,10 +8,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use boring::hash::MessageDigest;
-use boring::pkey::{PKey, Private};
-use boring::rsa::Padding;
-use boring::sign::{RsaPssSaltlen, Signer};
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private};
+use openssl::rsa::Padding;
+use openssl::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
 use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig, KeySource};
 use keyfence::sign::pkcs11::{Pkcs11Settings, Pkcs11Uri};
@@ -220,16 +220,16 @@ fn raw_sign(pkey: &PKey<Private>, alg: Algorithm) -> Result<Vec<u8>> {
 }
 
 fn generate(kind: KeyKind) -> Result<PKey<Private>> {
-    use boring::ec::{EcGroup, EcKey};
-    use boring::nid::Nid;
+    use openssl::ec::{EcGroup, EcKey};
+    use openssl::nid::Nid;
     Ok(match kind {
-        KeyKind::Rsa { bits } => PKey::from_rsa(boring::rsa::Rsa::generate(bits)?)?,
+        KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits)?)?,
         KeyKind::EcP256 | KeyKind::EcP384 => {
             let nid = if kind == KeyKind::EcP256 { Nid::X9_62_PRIME256V1 } else { Nid::SECP384R1 };
             let group = EcGroup::from_curve_name(nid)?;
             PKey::from_ec_key(EcKey::generate(&group)?)?
         }
-        KeyKind::Ed25519 => PKey::generate(boring::pkey::Id::ED25519)?,
+        KeyKind::Ed25519 => PKey::generate(openssl::pkey::Id::ED25519)?,
     })
 }
 

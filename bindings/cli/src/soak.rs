@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use boring::pkey::PKey;
+use openssl::pkey::PKey;
 use clap::Args;
 use keyfence::policy::Attributes;
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request, SignError};
@@ -89,12 +89,12 @@ fn peak_rss_kb(pid: &str) -> u64 {
 
 fn pem(kind: KeyKind) -> Result<Zeroizing<Vec<u8>>> {
     let pkey = match kind {
-        KeyKind::Rsa { bits } => PKey::from_rsa(boring::rsa::Rsa::generate(bits)?)?,
+        KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits)?)?,
         KeyKind::EcP256 => {
-            let g = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1)?;
-            PKey::from_ec_key(boring::ec::EcKey::generate(&g)?)?
+            let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)?;
+            PKey::from_ec_key(openssl::ec::EcKey::generate(&g)?)?
         }
-        _ => PKey::generate(boring::pkey::Id::ED25519)?,
+        _ => PKey::generate(openssl::pkey::Id::ED25519)?,
     };
     Ok(Zeroizing::new(pkey.private_key_to_pem_pkcs8()?))
 }
@@ -321,8 +321,8 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
 /// Checks a signature with the key's public half (a sample of them: a
 /// failure that returns a wrong signature must show).
 fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    use boring::hash::MessageDigest;
-    use boring::sign::{RsaPssSaltlen, Verifier};
+    use openssl::hash::MessageDigest;
+    use openssl::sign::{RsaPssSaltlen, Verifier};
     let Ok(public) = key.public_key_der().map_err(|_| ()).and_then(|d| PKey::public_key_from_der(&d).map_err(|_| ()))
     else {
         return false;
@@ -333,7 +333,7 @@ fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
     };
     let Ok(mut v) = v else { return false };
     if alg == Algorithm::RsaPssSha256
-        && (v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS).is_err()
+        && (v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).is_err()
             || v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).is_err())
     {
         return false;

@@ -109,7 +109,7 @@ fn sign_with_a_token_key_in_process_and_isolated() {
     // whose environment is cleared (nginx's workers) still finds them.
     let text = std::fs::read_to_string(d.0.join("ok.kfk")).unwrap();
     let body: String = text.lines().filter(|l| !l.starts_with("-----")).collect();
-    let der = boring::base64::decode_block(&body).unwrap();
+    let der = openssl::base64::decode_block(&body).unwrap();
     let file = keyfence::key_file::KeyFile::from_bytes(&der).unwrap();
     match file.location {
         keyfence::key_file::KeyLocation::Pkcs11 { uri, agent: None } => {

@@ -8,14 +8,14 @@
 
 use std::fmt;
 
-use boring::ec::{EcGroup, EcKey};
-use boring::ecdsa::EcdsaSig;
-use boring::error::ErrorStack;
-use boring::hash::MessageDigest;
-use boring::nid::Nid;
-use boring::pkey::{Id, PKey, Private};
-use boring::rsa::{Padding, Rsa, RsaRef};
-use boring::sign::Signer;
+use openssl::ec::{EcGroup, EcKey};
+use openssl::ecdsa::EcdsaSig;
+use openssl::error::ErrorStack;
+use openssl::hash::MessageDigest;
+use openssl::nid::Nid;
+use openssl::pkey::{Id, PKey, Private};
+use openssl::rsa::{Padding, Rsa, RsaRef};
+use openssl::sign::Signer;
 use foreign_types::ForeignTypeRef;
 use zeroize::Zeroizing;
 
@@ -54,7 +54,7 @@ impl Hash {
     /// [`SignError::Crypto`] if BoringSSL fails (it does not for these
     /// digests short of memory exhaustion).
     pub fn digest(self, msg: &[u8]) -> Result<Vec<u8>, SignError> {
-        use boring::hash::hash;
+        use openssl::hash::hash;
         let err = crypto(CryptoOp::Digest);
         match self.message_digest() {
             Some(md) => Ok(hash(md, msg).map_err(&err)?.to_vec()),
@@ -180,7 +180,7 @@ fn diagnose_pem(pem: &[u8]) -> KeyError {
         .map(str::trim)
         .collect::<String>()
         .into();
-    match boring::base64::decode_block(&body) {
+    match openssl::base64::decode_block(&body) {
         Ok(der) => diagnose_der(&Zeroizing::new(der)),
         Err(_) => KeyError::Parse,
     }
@@ -260,7 +260,7 @@ impl LocalKey {
                 let group = EcGroup::from_curve_name(nid).map_err(generr)?;
                 PKey::from_ec_key(EcKey::generate(&group).map_err(generr)?).map_err(generr)?
             }
-            KeyKind::Ed25519 => PKey::generate(Id::ED25519).map_err(generr)?,
+            KeyKind::Ed25519 => PKey::generate_ed25519().map_err(generr)?,
         };
         Self::from_pkey(pkey)
     }
@@ -363,7 +363,7 @@ pub(crate) fn digest_of(hash: Hash, input: &[u8], prehashed: bool) -> Result<std
 }
 
 /// The hash RSA-PSS uses for both the message and MGF1.
-pub(crate) fn pss_digest(hash: Hash) -> Result<boring::hash::MessageDigest, SignError> {
+pub(crate) fn pss_digest(hash: Hash) -> Result<openssl::hash::MessageDigest, SignError> {
     hash
         .message_digest()
         .ok_or_else(|| SignError::Crypto { op: CryptoOp::Sign, reason: "RSA-PSS is not defined over MD5+SHA-1".into() })
@@ -381,7 +381,7 @@ fn rsa_sign_pkcs1(rsa: &RsaRef<Private>, hash: Hash, digest: &[u8]) -> Result<Ou
     // RSA_size bytes, the most RSA_sign writes; `out_len` is a valid
     // pointer to a local.
     let ok = unsafe {
-        boring_sys::RSA_sign(
+        openssl_sys::RSA_sign(
             hash.nid().as_raw(),
             digest.as_ptr(),
             digest.len(),
@@ -407,7 +407,7 @@ fn rsa_sign_pss(rsa: &RsaRef<Private>, hash: Hash, digest: &[u8]) -> Result<Outp
     // a null MGF1 digest means "the same as `md`"; salt length -1 is
     // RSA_PSS_SALTLEN_DIGEST; `out.len()` is passed as `max_out`.
     let ok = unsafe {
-        boring_sys::RSA_sign_pss_mgf1(
+        openssl_sys::RSA_sign_pss_mgf1(
             rsa.as_ptr(),
             &mut out_len,
             out.as_mut_ptr(),
@@ -442,7 +442,7 @@ mod tests {
     #[test]
     fn md5_sha1_is_the_concatenation() {
         let d = Hash::Md5Sha1.digest(b"abc").unwrap();
-        assert_eq!(&d[..16], &boring::hash::hash(MessageDigest::md5(), b"abc").unwrap()[..]);
-        assert_eq!(&d[16..], &boring::hash::hash(MessageDigest::sha1(), b"abc").unwrap()[..]);
+        assert_eq!(&d[..16], &openssl::hash::hash(MessageDigest::md5(), b"abc").unwrap()[..]);
+        assert_eq!(&d[16..], &openssl::hash::hash(MessageDigest::sha1(), b"abc").unwrap()[..]);
     }
 }

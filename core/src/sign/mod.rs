@@ -143,7 +143,7 @@ pub mod remote;
 mod request;
 #[cfg(feature = "sign")]
 mod threads;
-#[cfg(feature = "sign")]
+#[cfg(feature = "boring-tls")]
 pub mod tls;
 #[cfg(feature = "sign")]
 pub mod wire;

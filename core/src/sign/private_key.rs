@@ -252,11 +252,11 @@ impl PrivateKey {
 mod tests {
     use super::*;
     use crate::sign::types::{Family, Hash};
-    use boring::ec::{EcGroup, EcKey};
-    use boring::nid::Nid;
-    use boring::pkey::{Id, PKey};
-    use boring::rsa::{Padding, Rsa};
-    use boring::sign::{RsaPssSaltlen, Verifier};
+    use openssl::ec::{EcGroup, EcKey};
+    use openssl::nid::Nid;
+    use openssl::pkey::{Id, PKey};
+    use openssl::rsa::{Padding, Rsa};
+    use openssl::sign::{RsaPssSaltlen, Verifier};
 
     fn verify(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
         let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();

@@ -6,9 +6,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use boring::hash::MessageDigest;
-use boring::pkey::PKey;
-use boring::sign::Verifier;
+use openssl::hash::MessageDigest;
+use openssl::pkey::PKey;
+use openssl::sign::Verifier;
 use keyfence::sign::key_process::KeyProcessConfig;
 use keyfence::sign::{Algorithm, KeyKind, PrivateKey, SignError};
 
@@ -40,12 +40,12 @@ impl Drop for Dir {
 /// path.
 pub fn key_file(dir: &Path, name: &str, kind: KeyKind) -> PathBuf {
     let pkey = match kind {
-        KeyKind::Rsa { bits } => PKey::from_rsa(boring::rsa::Rsa::generate(bits).unwrap()).unwrap(),
+        KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits).unwrap()).unwrap(),
         KeyKind::EcP256 => {
-            let g = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap();
-            PKey::from_ec_key(boring::ec::EcKey::generate(&g).unwrap()).unwrap()
+            let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
+            PKey::from_ec_key(openssl::ec::EcKey::generate(&g).unwrap()).unwrap()
         }
-        _ => PKey::generate(boring::pkey::Id::ED25519).unwrap(),
+        _ => PKey::generate(openssl::pkey::Id::ED25519).unwrap(),
     };
     let path = dir.join(name);
     std::fs::write(&path, pkey.private_key_to_pem_pkcs8().unwrap()).unwrap();
@@ -59,8 +59,8 @@ pub fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> boo
         _ => Verifier::new(MessageDigest::sha256(), &public).unwrap(),
     };
     if alg == Algorithm::RsaPssSha256 {
-        v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS).unwrap();
-        v.set_rsa_pss_saltlen(boring::sign::RsaPssSaltlen::DIGEST_LENGTH).unwrap();
+        v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).unwrap();
+        v.set_rsa_pss_saltlen(openssl::sign::RsaPssSaltlen::DIGEST_LENGTH).unwrap();
     }
     v.verify_oneshot(sig, msg).unwrap_or(false)
 }

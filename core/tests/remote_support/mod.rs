@@ -112,12 +112,12 @@ pub struct World {
 }
 
 pub fn ec_pem() -> Vec<u8> {
-    let group = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap();
-    boring::ec::EcKey::generate(&group).unwrap().private_key_to_pem().unwrap()
+    let group = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
+    openssl::ec::EcKey::generate(&group).unwrap().private_key_to_pem().unwrap()
 }
 
 pub fn rsa_pem() -> Vec<u8> {
-    boring::rsa::Rsa::generate(2048).unwrap().private_key_to_pem().unwrap()
+    openssl::rsa::Rsa::generate(2048).unwrap().private_key_to_pem().unwrap()
 }
 
 impl World {
@@ -220,8 +220,8 @@ pub fn client_as(cert: &str, servers: &[(&str, SocketAddr)]) -> RemoteSigner {
 
 /// Verifies an ECDSA P-256 / SHA-256 signature with the key's public half.
 pub fn verify_ecdsa(public_der: &[u8], msg: &[u8], sig: &[u8]) -> bool {
-    let pkey = boring::pkey::PKey::public_key_from_der(public_der).unwrap();
-    let mut v = boring::sign::Verifier::new(boring::hash::MessageDigest::sha256(), &pkey).unwrap();
+    let pkey = openssl::pkey::PKey::public_key_from_der(public_der).unwrap();
+    let mut v = openssl::sign::Verifier::new(openssl::hash::MessageDigest::sha256(), &pkey).unwrap();
     v.update(msg).unwrap();
     v.verify(sig).unwrap_or(false)
 }

@@ -2,11 +2,11 @@
 //! takes, the padded integer it raises to the private exponent, and the
 //! check of its answer. Devices like QAT compute `m^d mod n` and nothing
 //! else, so padding stays in BoringSSL, on this side.
-// The digest-input padding calls are `boring-sys` only.
+// The digest-input padding calls are `openssl-sys` only (AWS-LC's C API).
 #![allow(unsafe_code)]
 
-use boring::error::ErrorStack;
-use boring::rsa::Padding;
+use openssl::error::ErrorStack;
+use openssl::rsa::Padding;
 use foreign_types::ForeignTypeRef;
 use zeroize::Zeroizing;
 
@@ -35,12 +35,12 @@ pub(crate) fn rsa_crt(key: &PrivateKey) -> Option<RsaCrt> {
     let rsa = key.as_local()?.rsa()?;
     let modulus_len = rsa.size() as usize;
     let half = modulus_len / 2;
-    let pad = |b: Option<&boring::bn::BigNumRef>| -> Option<Zeroizing<Vec<u8>>> {
+    let pad = |b: Option<&openssl::bn::BigNumRef>| -> Option<Zeroizing<Vec<u8>>> {
         let b = b?;
         if b.num_bytes() as usize > half {
             return None;
         }
-        b.to_vec_padded(half).ok().map(Zeroizing::new)
+        b.to_vec_padded(i32::try_from(half).ok()?).ok().map(Zeroizing::new)
     };
     let (p, q) = (pad(rsa.p())?, pad(rsa.q())?);
     // Unbalanced primes (one shorter than half) would make the device
@@ -68,7 +68,7 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
     let k = rsa.size() as usize;
     let (alg, input, prehashed) = match op {
         Operation::DecryptRaw { ciphertext } => {
-            let n = rsa.n().to_vec_padded(k).map_err(crypto(CryptoOp::Encode))?;
+            let n = rsa.n().to_vec_padded(k as i32).map_err(crypto(CryptoOp::Encode))?;
             // Big-endian, equal lengths: lexicographic order is numeric.
             if ciphertext.len() != k || ciphertext.as_slice() >= n.as_slice() {
                 return Err(SignError::Crypto { op: CryptoOp::Encode, reason: "the ciphertext is not smaller than the modulus".into() });
@@ -101,7 +101,7 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
             // the call reads; a null MGF1 digest means `md`; salt
             // length -1 is RSA_PSS_SALTLEN_DIGEST, as in `rsa_sign_pss`.
             let ok = unsafe {
-                boring_sys::RSA_padding_add_PKCS1_PSS_mgf1(
+                openssl_sys::RSA_padding_add_PKCS1_PSS_mgf1(
                     rsa.as_ptr(),
                     em.as_mut_ptr(),
                     digest.as_ptr(),
@@ -132,7 +132,7 @@ pub(crate) fn rsa_result_matches(key: &PrivateKey, em: &[u8], result: &[u8]) -> 
     }
     let mut back = Zeroizing::new(vec![0u8; k]);
     match rsa.public_encrypt(result, &mut back, Padding::NONE) {
-        Ok(n) if n == k => boring::memcmp::eq(&back, em),
+        Ok(n) if n == k => openssl::memcmp::eq(&back, em),
         _ => false,
     }
 }
@@ -171,7 +171,7 @@ pub(crate) fn rsa_output_valid(key: &PrivateKey, op: &Operation, output: &[u8]) 
             // length the call reads; a null MGF1 digest means `md`; salt
             // length -1 is the digest's length, as the signing side uses.
             let ok = unsafe {
-                boring_sys::RSA_verify_PKCS1_PSS_mgf1(
+                openssl_sys::RSA_verify_PKCS1_PSS_mgf1(
                     rsa.as_ptr(),
                     digest.as_ptr(),
                     md.as_ptr(),
@@ -201,7 +201,7 @@ fn pkcs1_digest_info(hash: Hash, digest: &[u8]) -> Result<Zeroizing<Vec<u8>>, Si
     // BoringSSL allocated when `alloced` is set (freed below) and which
     // otherwise alias `digest`.
     let ok = unsafe {
-        boring_sys::RSA_add_pkcs1_prefix(
+        openssl_sys::RSA_add_pkcs1_prefix(
             &mut out,
             &mut out_len,
             &mut alloced,
@@ -218,7 +218,7 @@ fn pkcs1_digest_info(hash: Hash, digest: &[u8]) -> Result<Zeroizing<Vec<u8>>, Si
     if alloced != 0 {
         // SAFETY: BoringSSL allocated `out` with OPENSSL_malloc and hands
         // it to us; it is freed once, after the copy above.
-        unsafe { boring_sys::OPENSSL_free(out.cast()) };
+        unsafe { openssl_sys::OPENSSL_free(out.cast()) };
     }
     Ok(t)
 }

@@ -1018,23 +1018,23 @@ const ED25519_NAME: &[u8] = b"\x13\x0cedwards25519";
 /// an EC or Ed25519 point from the public key object beside it (same
 /// `CKA_ID`, else same label). Nothing secret is read.
 fn public_key(session: &Session, handle: ObjectHandle) -> Result<(KeyKind, Vec<u8>), SignError> {
-    use boring::pkey::PKey;
+    use openssl::pkey::PKey;
     let unsupported = |what: String| SignError::Token { token: String::new(), failure: TokenFailure::NotFound, reason: what };
     let attr = |h, t: AttributeType| -> Option<Attribute> { session.get_attributes(h, &[t]).ok()?.into_iter().next() };
     let key_type = match attr(handle, AttributeType::KeyType) {
         Some(Attribute::KeyType(t)) => t,
         _ => return Err(unsupported("the private key object has no readable key type".into())),
     };
-    let crypto = |e: boring::error::ErrorStack| unsupported(format!("the token's public key cannot be read: {e}"));
+    let crypto = |e: openssl::error::ErrorStack| unsupported(format!("the token's public key cannot be read: {e}"));
     if key_type == KeyType::RSA {
         let (Some(Attribute::Modulus(n)), Some(Attribute::PublicExponent(e))) =
             (attr(handle, AttributeType::Modulus), attr(handle, AttributeType::PublicExponent))
         else {
             return Err(unsupported("the RSA key object shows no modulus and public exponent".into()));
         };
-        let rsa = boring::rsa::Rsa::from_public_components(
-            boring::bn::BigNum::from_slice(&n).map_err(crypto)?,
-            boring::bn::BigNum::from_slice(&e).map_err(crypto)?,
+        let rsa = openssl::rsa::Rsa::from_public_components(
+            openssl::bn::BigNum::from_slice(&n).map_err(crypto)?,
+            openssl::bn::BigNum::from_slice(&e).map_err(crypto)?,
         )
         .map_err(crypto)?;
         let bits = rsa.n().num_bits() as u32;
@@ -1071,14 +1071,14 @@ fn public_key(session: &Session, handle: ObjectHandle) -> Result<(KeyKind, Vec<u
         return Ok((KeyKind::Ed25519, der));
     }
     let (kind, nid) = match params.as_slice() {
-        P256_OID => (KeyKind::EcP256, boring::nid::Nid::X9_62_PRIME256V1),
-        P384_OID => (KeyKind::EcP384, boring::nid::Nid::SECP384R1),
+        P256_OID => (KeyKind::EcP256, openssl::nid::Nid::X9_62_PRIME256V1),
+        P384_OID => (KeyKind::EcP384, openssl::nid::Nid::SECP384R1),
         _ => return Err(unsupported("an elliptic curve other than P-256 and P-384".into())),
     };
-    let group = boring::ec::EcGroup::from_curve_name(nid).map_err(crypto)?;
-    let mut ctx = boring::bn::BigNumContext::new().map_err(crypto)?;
-    let p = boring::ec::EcPoint::from_bytes(&group, &point, &mut ctx).map_err(crypto)?;
-    let ec = boring::ec::EcKey::from_public_key(&group, &p).map_err(crypto)?;
+    let group = openssl::ec::EcGroup::from_curve_name(nid).map_err(crypto)?;
+    let mut ctx = openssl::bn::BigNumContext::new().map_err(crypto)?;
+    let p = openssl::ec::EcPoint::from_bytes(&group, &point, &mut ctx).map_err(crypto)?;
+    let ec = openssl::ec::EcKey::from_public_key(&group, &p).map_err(crypto)?;
     let der = PKey::from_ec_key(ec).and_then(|p| p.public_key_to_der()).map_err(crypto)?;
     Ok((kind, der))
 }
@@ -1194,8 +1194,8 @@ pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<Private
 /// not verify. An RSA key the token allows only PSS for
 /// (`CKA_ALLOWED_MECHANISMS`) is tried with PSS after PKCS#1 v1.5.
 fn self_test(key: &PrivateKey) -> Result<bool, SignError> {
-    use boring::pkey::PKey;
-    use boring::sign::{RsaPssSaltlen, Verifier};
+    use openssl::pkey::PKey;
+    use openssl::sign::{RsaPssSaltlen, Verifier};
     let msg = b"keyfence: does the token's key match its public key?";
     let der = key.public_key_der()?;
     let public = PKey::public_key_from_der(&der).map_err(crate::sign::local_key::crypto(crate::sign::CryptoOp::Sign))?;
@@ -1218,7 +1218,7 @@ fn self_test(key: &PrivateKey) -> Result<bool, SignError> {
         let verified = match alg.hash().and_then(Hash::message_digest) {
             Some(md) => Verifier::new(md, &public).and_then(|mut v| {
                 if alg.name().starts_with("rsa-pss") {
-                    v.set_rsa_padding(boring::rsa::Padding::PKCS1_PSS)?;
+                    v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS)?;
                     v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH)?;
                 }
                 v.verify_oneshot(&sig, msg)
@@ -1408,8 +1408,8 @@ mod tests {
     /// r and s, across lengths, zeros and high bits.
     #[test]
     fn ecdsa_der_is_boringssls() {
-        use boring::bn::BigNum;
-        use boring::ecdsa::EcdsaSig;
+        use openssl::bn::BigNum;
+        use openssl::ecdsa::EcdsaSig;
         let mut cases: Vec<Vec<u8>> = vec![vec![0; 64], vec![0xff; 64], vec![0x7f; 96], vec![0x80; 132]];
         let mut x = 1u8;
         for n in [32usize, 48, 66] {

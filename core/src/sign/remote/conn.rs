@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use boring::ssl::SslConnector;
+use openssl::ssl::SslConnector;
 use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
 
 use super::link::{self, Handler, Link, Outbox};

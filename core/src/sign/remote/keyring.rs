@@ -22,13 +22,13 @@ pub struct KeyId(pub [u8; 32]);
 impl KeyId {
     /// The id of the envelope `bytes`.
     pub fn of_envelope(bytes: &[u8]) -> Self {
-        KeyId(boring::sha::sha256(bytes))
+        KeyId(openssl::sha::sha256(bytes))
     }
 
     /// The id of a key without an envelope (a token's): SHA-256 of its
     /// public key `spki_der`.
     pub fn of_public_key(spki_der: &[u8]) -> Self {
-        KeyId(boring::sha::sha256(spki_der))
+        KeyId(openssl::sha::sha256(spki_der))
     }
 }
 

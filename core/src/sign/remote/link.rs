@@ -14,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use boring::ssl::{ErrorCode as SslErrorCode, SslStream};
+use openssl::ssl::{ErrorCode as SslErrorCode, SslStream};
 
 use super::poll;
 use crate::sign::batch;

@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use boring::ssl::SslConnector;
+use openssl::ssl::SslConnector;
 
 use super::conn::{CallError, ClientConn};
 

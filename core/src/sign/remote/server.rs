@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering}
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use boring::ssl::SslAcceptor;
+use openssl::ssl::SslAcceptor;
 
 use super::handshakes::Handshakes;
 use super::keyring::{KeyId, KeyRing};

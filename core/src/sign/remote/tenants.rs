@@ -15,8 +15,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use boring::nid::Nid;
-use boring::x509::X509Ref;
+use openssl::nid::Nid;
+use openssl::x509::X509Ref;
 
 use super::keyring::KeyId;
 use super::metrics::{RequestStats, StatsCell};
@@ -78,7 +78,7 @@ impl TenantSource {
         let names: Vec<Option<String>> = match self {
             TenantSource::CommonName => cert.subject_name().entries_by_nid(Nid::COMMONNAME).map(|e| whole_text(e.data())).collect(),
             TenantSource::DnsName | TenantSource::Uri => {
-                let kind = if self == TenantSource::DnsName { boring_sys::GEN_DNS } else { boring_sys::GEN_URI };
+                let kind = if self == TenantSource::DnsName { openssl_sys::GEN_DNS } else { openssl_sys::GEN_URI };
                 cert.subject_alt_names()
                     .map(|names| {
                         names
@@ -124,17 +124,17 @@ impl TenantSource {
 }
 
 /// The kind of a subject alternative name (`GEN_DNS`, `GEN_URI`, ...), as
-/// BoringSSL parsed it: the `boring` crate's accessors answer `None` both
+/// the library parsed it: the `openssl` crate's accessors answer `None` both
 /// for another kind and for a name of the kind that is not UTF-8, and the
 /// second must be counted (and refused), not skipped.
 #[allow(unsafe_code)]
-fn general_name_kind(name: &boring::x509::GeneralNameRef) -> std::os::raw::c_int {
+fn general_name_kind(name: &openssl::x509::GeneralNameRef) -> std::os::raw::c_int {
     use foreign_types::ForeignTypeRef;
     let mut kind = -1;
     // SAFETY: `name.as_ptr()` is a valid GENERAL_NAME for the borrow;
     // GENERAL_NAME_get0_value only reads it and writes the kind to
     // `kind`; the returned pointer is not used.
-    unsafe { boring_sys::GENERAL_NAME_get0_value(name.as_ptr(), &mut kind) };
+    unsafe { openssl_sys::GENERAL_NAME_get0_value(name.as_ptr(), &mut kind) };
     kind
 }
 
@@ -143,7 +143,10 @@ fn general_name_kind(name: &boring::x509::GeneralNameRef) -> std::os::raw::c_int
 /// `shop-a\0.shop-b.example` would read as `shop-a`. The text is kept when
 /// encoding it back (as UTF-8, UTF-16 for a BMPString, UTF-32 for a
 /// UniversalString) gives the stored bytes exactly.
-fn whole_text(s: &boring::asn1::Asn1StringRef) -> Option<String> {
+fn whole_text(s: &openssl::asn1::Asn1StringRef) -> Option<String> {
+    // Deprecated for stopping at a NUL: exactly what the comparison with
+    // the stored bytes below catches.
+    #[allow(deprecated)]
     let text = s.as_utf8().ok()?.to_string();
     let raw = s.as_slice();
     let utf16: Vec<u8> = text.encode_utf16().flat_map(u16::to_be_bytes).collect();
@@ -446,9 +449,9 @@ mod tests {
     /// A self-signed certificate whose subject alternative names are
     /// `names`, each a context tag (`0x82` DNS, `0x86` URI, `0x81` email)
     /// and raw bytes, put in as DER so that an IA5String may hold any byte.
-    fn with_sans(names: &[(u8, &[u8])]) -> boring::x509::X509 {
-        use boring::ec::{EcGroup, EcKey};
-        use boring::pkey::PKey;
+    fn with_sans(names: &[(u8, &[u8])]) -> openssl::x509::X509 {
+        use openssl::ec::{EcGroup, EcKey};
+        use openssl::pkey::PKey;
         let mut inner = Vec::new();
         for (tag, bytes) in names {
             inner.extend([*tag, u8::try_from(bytes.len()).unwrap()]);
@@ -457,15 +460,15 @@ mod tests {
         let mut der = vec![0x30, u8::try_from(inner.len()).unwrap()];
         der.extend(inner);
         let hex: Vec<String> = der.iter().map(|b| format!("{b:02X}")).collect();
-        let ext = boring::x509::X509Extension::new_nid(None, None, Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
+        let ext = openssl::x509::X509Extension::new_nid(None, None, Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
         let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
-        let mut b = boring::x509::X509Builder::new().unwrap();
+        let mut b = openssl::x509::X509Builder::new().unwrap();
         b.set_version(2).unwrap();
         b.set_pubkey(&key).unwrap();
-        b.set_not_before(&boring::asn1::Asn1Time::days_from_now(0).unwrap()).unwrap();
-        b.set_not_after(&boring::asn1::Asn1Time::days_from_now(1).unwrap()).unwrap();
+        b.set_not_before(&openssl::asn1::Asn1Time::days_from_now(0).unwrap()).unwrap();
+        b.set_not_after(&openssl::asn1::Asn1Time::days_from_now(1).unwrap()).unwrap();
         b.append_extension(&ext).unwrap();
-        b.sign(&key, boring::hash::MessageDigest::sha256()).unwrap();
+        b.sign(&key, openssl::hash::MessageDigest::sha256()).unwrap();
         b.build()
     }
 

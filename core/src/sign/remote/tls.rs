@@ -7,9 +7,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use boring::ssl::{SslAcceptor, SslConnector, SslContextBuilder, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
-use boring::x509::store::X509StoreBuilder;
-use boring::x509::X509;
+use openssl::ssl::{SslAcceptor, SslConnector, SslContextBuilder, SslFiletype, SslMethod, SslVerifyMode, SslVersion};
+use openssl::x509::store::X509StoreBuilder;
+use openssl::x509::X509;
 
 use crate::sign::types::SignError;
 
