@@ -44,7 +44,7 @@ fn generate(kind: KeyKind) -> PKey<Private> {
     use openssl::nid::Nid;
     match kind {
         KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits).unwrap()).unwrap(),
-        KeyKind::Ed25519 => PKey::generate(openssl::pkey::Id::ED25519).unwrap(),
+        KeyKind::Ed25519 => PKey::generate_ed25519().unwrap(),
         KeyKind::EcP256 | KeyKind::EcP384 => {
             let nid = if kind == KeyKind::EcP256 { Nid::X9_62_PRIME256V1 } else { Nid::SECP384R1 };
             PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(nid).unwrap()).unwrap()).unwrap()
@@ -122,7 +122,7 @@ fn bench(c: &mut Criterion) {
         // (a keyfence key cannot be exported for the baseline) and loaded
         // into the key process from a file.
         let pkey = generate(kind);
-        let der = pkey.private_key_to_der_pkcs8().unwrap();
+        let der = pkey.private_key_to_pkcs8().unwrap();
         let key = Arc::new(PrivateKey::from_der(&der).unwrap());
         if matches!(kind, KeyKind::Rsa { .. }) {
             g.sample_size(20);

@@ -681,7 +681,7 @@ fn the_default_finds_the_key_process_beside_the_executable() {
 fn a_held_key_runs_only_on_its_holder() {
     let keys = KeyProcess::start(config()).unwrap();
     let key = keys.load(KeySource::Bytes(Zeroizing::new(
-        PKey::generate(openssl::pkey::Id::ED25519).unwrap().private_key_to_pem_pkcs8().unwrap(),
+        PKey::generate_ed25519().unwrap().private_key_to_pem_pkcs8().unwrap(),
     )))
     .unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();

@@ -308,11 +308,11 @@ fn crafted_client_with_sans(name: &str, cns: &[(&str, openssl::asn1::Asn1Type)],
     b.set_not_before(&Asn1Time::days_from_now(0).unwrap()).unwrap();
     b.set_not_after(&Asn1Time::days_from_now(2).unwrap()).unwrap();
     if !sans.is_empty() {
-        // OpenSSL's configuration language: `DER:` and the bytes in hex
-        // are the extension's value as they are.
-        let hex: Vec<String> = san_der(sans).iter().map(|b| format!("{b:02X}")).collect();
-        let ext = openssl::x509::X509Extension::new_nid(None, None, openssl::nid::Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
-        b.append_extension(&ext).unwrap();
+        // The extension's value as its bytes are, whatever they hold.
+        let oid = openssl::asn1::Asn1Object::from_str("2.5.29.17").unwrap();
+        let value = openssl::asn1::Asn1OctetString::new_from_bytes(&san_der(sans)).unwrap();
+        let ext = openssl::x509::X509Extension::new_from_der(&oid, false, &value).unwrap();
+        b.append_extension(ext).unwrap();
     }
     b.sign(&ca_key, MessageDigest::sha256()).unwrap();
     std::fs::write(dir.join(format!("{name}.pem")), b.build().to_pem().unwrap()).unwrap();

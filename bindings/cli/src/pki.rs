@@ -44,13 +44,13 @@ fn cert(cn: &str, key: &PKey<Private>, issuer: Option<(&X509, &PKey<Private>)>, 
         None => {
             b.set_issuer_name(&subject)?;
             let ca = BasicConstraints::new().critical().ca().build()?;
-            b.append_extension(&ca)?;
+            b.append_extension(ca)?;
             b.sign(key, MessageDigest::sha256())?;
         }
         Some((ca, ca_key)) => {
             b.set_issuer_name(ca.subject_name())?;
             let san = SubjectAlternativeName::new().dns(cn).build(&b.x509v3_context(Some(ca), None))?;
-            b.append_extension(&san)?;
+            b.append_extension(san)?;
             b.sign(ca_key, MessageDigest::sha256())?;
         }
     }

@@ -229,7 +229,7 @@ fn generate(kind: KeyKind) -> Result<PKey<Private>> {
             let group = EcGroup::from_curve_name(nid)?;
             PKey::from_ec_key(EcKey::generate(&group)?)?
         }
-        KeyKind::Ed25519 => PKey::generate(openssl::pkey::Id::ED25519)?,
+        KeyKind::Ed25519 => PKey::generate_ed25519()?,
     })
 }
 
@@ -414,7 +414,7 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
     let mut keys = Vec::new();
     for case in &cases {
         let pkey = generate(case.kind)?;
-        let der = Zeroizing::new(pkey.private_key_to_der_pkcs8()?);
+        let der = Zeroizing::new(pkey.private_key_to_pkcs8()?);
         keys.push((pkey, der));
     }
     let mut config = EngineConfig::default();

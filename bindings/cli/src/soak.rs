@@ -94,7 +94,7 @@ fn pem(kind: KeyKind) -> Result<Zeroizing<Vec<u8>>> {
             let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1)?;
             PKey::from_ec_key(openssl::ec::EcKey::generate(&g)?)?
         }
-        _ => PKey::generate(openssl::pkey::Id::ED25519)?,
+        _ => PKey::generate_ed25519()?,
     };
     Ok(Zeroizing::new(pkey.private_key_to_pem_pkcs8()?))
 }

@@ -36,7 +36,7 @@ fn fixture(d: &Dir) {
     ok_in(cwd, &["abe", "encrypt", "--pk", "auth/pk.bin", "--policy", "region: EU", "--in", "in/msg", "--out", "in/ct"]);
     ok_in(cwd, &["authority", "issue", "--store", "store", "--attrs", "region=EU", "--out", "in/m.machine"]);
     ok_in(cwd, &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/secret", "--out", "in/s.env"]);
-    let key = openssl::pkey::PKey::generate(openssl::pkey::Id::ED25519).unwrap();
+    let key = openssl::pkey::PKey::generate_ed25519().unwrap();
     std::fs::write(d.0.join("in/ed.pem"), key.private_key_to_pem_pkcs8().unwrap()).unwrap();
     std::fs::write(d.0.join("in/tls.key"), b"not read before the output is checked").unwrap();
 }

@@ -351,20 +351,20 @@ mod tests {
     fn loads_every_encoding() {
         let rsa = Rsa::generate(2048).unwrap();
         let ec = EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap();
-        let ed = PKey::generate(Id::ED25519).unwrap();
+        let ed = PKey::generate_ed25519().unwrap();
         let rsa_pkey = PKey::from_rsa(rsa.clone()).unwrap();
         let ec_pkey = PKey::from_ec_key(ec.clone()).unwrap();
         let cases: Vec<(Vec<u8>, KeyKind)> = vec![
             (rsa.private_key_to_pem().unwrap(), KeyKind::Rsa { bits: 2048 }), // PKCS#1 PEM
             (rsa.private_key_to_der().unwrap(), KeyKind::Rsa { bits: 2048 }), // PKCS#1 DER
             (rsa_pkey.private_key_to_pem_pkcs8().unwrap(), KeyKind::Rsa { bits: 2048 }),
-            (rsa_pkey.private_key_to_der_pkcs8().unwrap(), KeyKind::Rsa { bits: 2048 }),
+            (rsa_pkey.private_key_to_pkcs8().unwrap(), KeyKind::Rsa { bits: 2048 }),
             (ec.private_key_to_pem().unwrap(), KeyKind::EcP256), // SEC1 PEM
             (ec.private_key_to_der().unwrap(), KeyKind::EcP256), // SEC1 DER
             (ec_pkey.private_key_to_pem_pkcs8().unwrap(), KeyKind::EcP256),
-            (ec_pkey.private_key_to_der_pkcs8().unwrap(), KeyKind::EcP256),
+            (ec_pkey.private_key_to_pkcs8().unwrap(), KeyKind::EcP256),
             (ed.private_key_to_pem_pkcs8().unwrap(), KeyKind::Ed25519),
-            (ed.private_key_to_der_pkcs8().unwrap(), KeyKind::Ed25519),
+            (ed.private_key_to_pkcs8().unwrap(), KeyKind::Ed25519),
         ];
         for (bytes, kind) in cases {
             let key = PrivateKey::from_bytes(&bytes).unwrap();

@@ -36,11 +36,16 @@ use boring::x509::X509Ref;
 
 use super::backend::Backend;
 use super::engine::Engine;
-use super::local_key::crypto;
 use super::op_record::OpHandle;
 use super::private_key::PrivateKey;
 use super::request::Request;
 use super::types::{Algorithm, CryptoOp, KeyKind, Output, Resource, SignError};
+
+/// BoringSSL's error stack as an error (the keys themselves sign with
+/// AWS-LC; BoringSSL here holds only the TLS connection).
+fn crypto(op: CryptoOp) -> impl Fn(boring::error::ErrorStack) -> SignError {
+    move |e| SignError::Crypto { op, reason: e.to_string() }
+}
 
 /// The algorithm for BoringSSL's code point, if keyfence signs with it.
 pub fn algorithm_for(sigalg: SslSignatureAlgorithm) -> Option<Algorithm> {

@@ -45,7 +45,7 @@ pub fn key_file(dir: &Path, name: &str, kind: KeyKind) -> PathBuf {
             let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
             PKey::from_ec_key(openssl::ec::EcKey::generate(&g).unwrap()).unwrap()
         }
-        _ => PKey::generate(openssl::pkey::Id::ED25519).unwrap(),
+        _ => PKey::generate_ed25519().unwrap(),
     };
     let path = dir.join(name);
     std::fs::write(&path, pkey.private_key_to_pem_pkcs8().unwrap()).unwrap();

@@ -1,4 +1,4 @@
-"""Asynchronous signing: RSA, ECDSA and Ed25519 on BoringSSL, with keys in
+"""Asynchronous signing: RSA, ECDSA and Ed25519 on AWS-LC, with keys in
 this process, in a key process, or in a PKCS#11 token.
 
 An :class:`Engine` runs operations on its own worker threads, one executor

@@ -459,15 +459,16 @@ mod tests {
         }
         let mut der = vec![0x30, u8::try_from(inner.len()).unwrap()];
         der.extend(inner);
-        let hex: Vec<String> = der.iter().map(|b| format!("{b:02X}")).collect();
-        let ext = openssl::x509::X509Extension::new_nid(None, None, Nid::SUBJECT_ALT_NAME, &format!("DER:{}", hex.join(":"))).unwrap();
+        let oid = openssl::asn1::Asn1Object::from_str("2.5.29.17").unwrap();
+        let value = openssl::asn1::Asn1OctetString::new_from_bytes(&der).unwrap();
+        let ext = openssl::x509::X509Extension::new_from_der(&oid, false, &value).unwrap();
         let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
         let mut b = openssl::x509::X509Builder::new().unwrap();
         b.set_version(2).unwrap();
         b.set_pubkey(&key).unwrap();
         b.set_not_before(&openssl::asn1::Asn1Time::days_from_now(0).unwrap()).unwrap();
         b.set_not_after(&openssl::asn1::Asn1Time::days_from_now(1).unwrap()).unwrap();
-        b.append_extension(&ext).unwrap();
+        b.append_extension(ext).unwrap();
         b.sign(&key, openssl::hash::MessageDigest::sha256()).unwrap();
         b.build()
     }
