@@ -39,17 +39,17 @@ def category(sym, dso):
         return "clock reads (vdso)"
     if re.search(
         r"aes_gcm|gcm_|GCM|SSL_|^ssl|bssl::(ssl|tls|SSL|dtls|ssl3|SSLAEAD|SSLBuffer|SSLTranscript)|tls13|EVP_AEAD|"
-        r"CRYPTO_gcm|chacha|poly1305|boring::ssl|SslStream",
+        r"CRYPTO_gcm|chacha|poly1305|openssl::ssl|SslStream",
         sym,
     ):
         return "TLS (records, AES-GCM)"
     if re.search(
         r"^(ecp_nistz256|__ecp_nistz256|ec_|bn_|BN_|ECDSA|ecdsa|sha256|sha512|SHA|ed25519|x25519|fe_|ge_|RSA|rsa_|"
         r"EVP_|EC_|copy_conditional|p256|RAND|rand_|CRYPTO_|ctr_drbg|CTR_DRBG|aes_hw|aes_nohw|vpaes|__bn|mulx4x|"
-        r"bssl::|CBB|cbb|CBS|cbs|block_cipher_df|OPENSSL_|ERR_|boring::)",
+        r"bssl::|CBB|cbb|CBS|cbs|block_cipher_df|OPENSSL_|ERR_|aws_lc_|openssl::)",
         sym,
     ):
-        return "the signature (BoringSSL)"
+        return "the signature (AWS-LC)"
     if re.search(r"malloc|free|_int_|realloc|calloc|tcache|arena|alloc::alloc|__rust_(de)?alloc", sym):
         return "allocation"
     if re.search(r"memcpy|memmove|memset", sym):

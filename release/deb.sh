@@ -104,10 +104,6 @@ for line in notices.splitlines():
         # AWS-LC's LICENSE: Apache-2.0 or ISC for its own code, with the
         # OpenSSL and SSLeay licences of the code it keeps from OpenSSL.
         components[("AWS-LC", m.group(1))] = (None, "Apache-2.0 or ISC, and OpenSSL")
-    elif section and (m := re.match(r"^BoringSSL \(in boring-sys (\S+)\): \[", line)):
-        # BoringSSL's LICENSE: Apache-2.0 (the Go-licensed test code it
-        # names is not compiled in).
-        components[("BoringSSL", m.group(1))] = (None, "Apache-2.0")
     elif section and (m := entry.match(line)):
         key = (m["name"], m["version"])
         if m["holder"] or key not in components:

@@ -7,11 +7,9 @@ dependencies of the crates that ship (the C library, the Node addon, the
 command line and the key process) for x86_64 Linux, with the licence
 expression each crate declares and the licence and notice files it carries,
 each distinct text printed once. AWS-LC is compiled from the sources
-inside aws-lc-sys (BoringSSL's, when a build turns the `boring-tls`
-feature on, from boring-sys) and blst from the sources inside the blst
-crate: their own licence files are included, and blst, whose crate has
-none, gets its copyright line and the Apache-2.0 text it is released
-under.
+inside aws-lc-sys and blst from the sources inside the blst crate: their
+own licence files are included, and blst, whose crate has none, gets its
+copyright line and the Apache-2.0 text it is released under.
 
 Usage: notices.py [--check]   (--check: fail if the checked-in file differs)
 """
@@ -78,11 +76,6 @@ def bundled(pkg: dict) -> list[tuple[str, pathlib.Path]]:
         # AWS-LC's LICENSE carries the licences of the code it holds
         # (OpenSSL's and BoringSSL's, ISC, Apache-2.0, and its third_party).
         return [("AWS-LC", root / "aws-lc" / "LICENSE")]
-    if pkg["name"] == "boring-sys":
-        ssl = root / "deps" / "boringssl"
-        # BoringSSL's LICENSE covers its third_party code too (fiat-crypto's
-        # files carry their own headers in the sources).
-        return [("BoringSSL", ssl / "LICENSE")]
     return []
 
 

@@ -16,7 +16,7 @@
 //!   at `keygen`, machine keys at `issue`, envelopes at `wrap`) use
 //!   [`Writer::into_bytes`], which is infallible for them by construction.
 //!
-//! This module imports nothing else from the crate and needs no BoringSSL,
+//! This module imports nothing else from the crate and needs no AWS-LC,
 //! so the fuzzers can build every parser that uses it.
 
 use std::borrow::Cow;

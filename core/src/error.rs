@@ -130,7 +130,7 @@ pub enum ErrorCode {
     /// or ciphertext of the wrong length, an unknown algorithm name, another
     /// backend named for a key held by a key process.
     InvalidRequest = 505,
-    /// BoringSSL refused the operation.
+    /// AWS-LC refused the operation.
     CryptoFailed = 506,
     /// The backend that holds or runs the key failed (the isolated key
     /// process died, an offload device failed).

@@ -1,7 +1,8 @@
-//! Real TLS 1.2 and 1.3 handshakes between a BoringSSL server whose private
-//! key lives in the engine (private-key method hook) and a BoringSSL client,
-//! over loopback. Each handshake is seen to suspend (the private-key
-//! operation answers "retry") and to resume when the engine calls back.
+//! Real TLS 1.2 and 1.3 handshakes between a server on AWS-LC's TLS library
+//! (the `openssl` crate) whose private key lives in the engine (the
+//! private-key method hook) and a client, over loopback. Each handshake is
+//! seen to suspend (the private-key operation answers "retry") and to
+//! resume when the engine calls back.
 #![cfg(feature = "sign")]
 
 use std::io::{Read, Write};
@@ -10,25 +11,23 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use boring::asn1::Asn1Time;
-use boring::bn::BigNum;
-use boring::hash::MessageDigest;
-use boring::pkey::{PKey, Private};
-use boring::ssl::{
-    ErrorCode, HandshakeError, MidHandshakeSslStream, Ssl, SslConnector, SslContext, SslMethod, SslSignatureAlgorithm,
-    SslStream, SslVersion,
-};
-use boring::x509::extension::SubjectAlternativeName;
-use boring::x509::{X509NameBuilder, X509};
+use foreign_types::ForeignTypeRef;
+use openssl::asn1::Asn1Time;
+use openssl::bn::BigNum;
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private};
+use openssl::ssl::{HandshakeError, MidHandshakeSslStream, Ssl, SslConnector, SslContext, SslMethod, SslRef, SslStream, SslVersion};
+use openssl::x509::extension::SubjectAlternativeName;
+use openssl::x509::{X509NameBuilder, X509};
 use keyfence::sign::tls::{self, EngineKeyMethod};
 use keyfence::sign::{Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass, PrivateKey};
 
 fn server_key(kind: KeyKind) -> (PKey<Private>, Arc<PrivateKey>) {
     let pkey = match kind {
-        KeyKind::Rsa { bits } => PKey::from_rsa(boring::rsa::Rsa::generate(bits).unwrap()).unwrap(),
+        KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits).unwrap()).unwrap(),
         KeyKind::EcP256 => {
-            let g = boring::ec::EcGroup::from_curve_name(boring::nid::Nid::X9_62_PRIME256V1).unwrap();
-            PKey::from_ec_key(boring::ec::EcKey::generate(&g).unwrap()).unwrap()
+            let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
+            PKey::from_ec_key(openssl::ec::EcKey::generate(&g).unwrap()).unwrap()
         }
         other => panic!("no certificate case for {other:?}"),
     };
@@ -37,8 +36,7 @@ fn server_key(kind: KeyKind) -> (PKey<Private>, Arc<PrivateKey>) {
     (pkey, Arc::new(key))
 }
 
-/// A self-signed certificate for `localhost`, made with BoringSSL's X509
-/// builder.
+/// A self-signed certificate for `localhost`, made with the X509 builder.
 fn certificate(pkey: &PKey<Private>) -> X509 {
     let mut name = X509NameBuilder::new().unwrap();
     name.append_entry_by_text("CN", "localhost").unwrap();
@@ -52,7 +50,7 @@ fn certificate(pkey: &PKey<Private>) -> X509 {
     b.set_not_before(&Asn1Time::days_from_now(0).unwrap()).unwrap();
     b.set_not_after(&Asn1Time::days_from_now(1).unwrap()).unwrap();
     let san = SubjectAlternativeName::new().dns("localhost").build(&b.x509v3_context(None, None)).unwrap();
-    b.append_extension(&san).unwrap();
+    b.append_extension(san).unwrap();
     b.sign(pkey, MessageDigest::sha256()).unwrap();
     b.build()
 }
@@ -70,11 +68,27 @@ fn server_context(cert: &X509, method: EngineKeyMethod, version: SslVersion, cip
 
 struct ClientView {
     version: &'static str,
-    peer_sigalg: Option<SslSignatureAlgorithm>,
+    /// The signature algorithm the server signed with (a TLS code point).
+    peer_sigalg: Option<u16>,
     cipher: String,
 }
 
-/// A real BoringSSL client that trusts `cert`, verifies `localhost`, sends
+extern "C" {
+    /// AWS-LC's (and BoringSSL's): the peer's signature algorithm, 0 for none.
+    fn SSL_get_peer_signature_algorithm(ssl: *const openssl_sys::SSL) -> u16;
+}
+
+fn peer_signature_algorithm(ssl: &SslRef) -> Option<u16> {
+    // SAFETY: `ssl` is a live connection for the call, which only reads it.
+    let alg = unsafe { SSL_get_peer_signature_algorithm(ssl.as_ptr()) };
+    (alg != 0).then_some(alg)
+}
+
+/// TLS code points (RFC 8446).
+const RSA_PSS_RSAE_SHA256: u16 = 0x0804;
+const ECDSA_SECP256R1_SHA256: u16 = 0x0403;
+
+/// A real client that trusts `cert`, verifies `localhost`, sends
 /// "ping" and expects "pong".
 fn client(
     addr: std::net::SocketAddr,
@@ -99,7 +113,7 @@ fn client(
         assert_eq!(&buf, b"pong");
         Ok(ClientView {
             version: s.ssl().version_str(),
-            peer_sigalg: s.ssl().peer_signature_algorithm(),
+            peer_sigalg: peer_signature_algorithm(s.ssl()),
             cipher: s.ssl().current_cipher().map(|c| c.name().to_string()).unwrap_or_default(),
         })
     })
@@ -123,19 +137,18 @@ fn serve_one(ctx: &SslContext, tcp: TcpStream) -> ServerView {
     })
     .unwrap();
     let mut view = ServerView { stream: None, retries: 0, resumes: 0, error: None };
-    let mut mid: MidHandshakeSslStream<TcpStream> = ssl.setup_accept(tcp);
+    let mut attempt = ssl.accept(tcp);
     loop {
-        match mid.handshake() {
+        match attempt {
             Ok(s) => {
                 view.stream = Some(s);
                 return view;
             }
-            Err(HandshakeError::WouldBlock(m)) => {
-                assert_eq!(m.error().code(), ErrorCode::WANT_PRIVATE_KEY_OPERATION);
+            Err(HandshakeError::Failure(m)) if tls::waits_for_the_engine(m.error().code()) => {
                 view.retries += 1;
                 rx.recv_timeout(Duration::from_secs(10)).expect("the engine never resumed the handshake");
                 view.resumes += 1;
-                mid = m;
+                attempt = m.handshake();
             }
             Err(e) => {
                 view.error = Some(e.to_string());
@@ -152,10 +165,10 @@ fn tls12_and_tls13_handshakes_suspend_and_resume_on_the_engine() {
     let ec = server_key(KeyKind::EcP256);
     let cases = [
         // (key, version, cipher, expected server signature algorithm, class)
-        (&rsa, SslVersion::TLS1_3, None, Some(SslSignatureAlgorithm::RSA_PSS_RSAE_SHA256), OpClass::Rsa),
-        (&ec, SslVersion::TLS1_3, None, Some(SslSignatureAlgorithm::ECDSA_SECP256R1_SHA256), OpClass::Ec),
-        (&rsa, SslVersion::TLS1_2, None, Some(SslSignatureAlgorithm::RSA_PSS_RSAE_SHA256), OpClass::Rsa),
-        (&ec, SslVersion::TLS1_2, None, Some(SslSignatureAlgorithm::ECDSA_SECP256R1_SHA256), OpClass::Ec),
+        (&rsa, SslVersion::TLS1_3, None, Some(RSA_PSS_RSAE_SHA256), OpClass::Rsa),
+        (&ec, SslVersion::TLS1_3, None, Some(ECDSA_SECP256R1_SHA256), OpClass::Ec),
+        (&rsa, SslVersion::TLS1_2, None, Some(RSA_PSS_RSAE_SHA256), OpClass::Rsa),
+        (&ec, SslVersion::TLS1_2, None, Some(ECDSA_SECP256R1_SHA256), OpClass::Ec),
         // TLS 1.2 RSA key exchange: the hook decrypts the premaster secret.
         (&rsa, SslVersion::TLS1_2, Some("AES128-GCM-SHA256"), None, OpClass::Rsa),
     ];
@@ -205,8 +218,14 @@ fn a_suspended_handshake_does_not_hold_up_another_connection() {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let (tx, rx) = mpsc::channel::<usize>();
-    let mut pending: Vec<Option<MidHandshakeSslStream<TcpStream>>> = Vec::new();
+    // Each connection's handshake so far: its first step, then each one
+    // after a wait.
+    type Step = Result<SslStream<TcpStream>, HandshakeError<TcpStream>>;
+    let mut pending: Vec<Option<Step>> = Vec::new();
     let mut clients = Vec::new();
+    // Before the first step: `Ssl::accept` drives the handshake at once,
+    // up to the private-key operation.
+    let start = Instant::now();
     for (i, ctx) in contexts.iter().enumerate() {
         clients.push(client(addr, cert.clone(), SslVersion::TLS1_3, None));
         let (tcp, _) = listener.accept().unwrap();
@@ -217,29 +236,29 @@ fn a_suspended_handshake_does_not_hold_up_another_connection() {
             let _ = tx.send(i);
         })
         .unwrap();
-        pending.push(Some(ssl.setup_accept(tcp)));
+        pending.push(Some(ssl.accept(tcp)));
     }
-    let start = Instant::now();
     let mut finished_at = [None, None];
     let mut streams = Vec::new();
     let mut suspended = [false, false];
     while finished_at.iter().any(Option::is_none) {
         assert!(start.elapsed() < Duration::from_secs(20), "handshakes did not finish");
         for i in 0..2 {
-            let Some(mid) = pending[i].take() else { continue };
-            match mid.handshake() {
+            let Some(step) = pending[i].take() else { continue };
+            let mid: MidHandshakeSslStream<TcpStream> = match step {
                 Ok(s) => {
                     finished_at[i] = Some(start.elapsed());
                     streams.push((i, s));
+                    continue;
                 }
-                Err(HandshakeError::WouldBlock(m)) => {
-                    if m.error().code() == ErrorCode::WANT_PRIVATE_KEY_OPERATION {
-                        suspended[i] = true;
-                    }
-                    pending[i] = Some(m);
+                Err(HandshakeError::WouldBlock(m)) => m,
+                Err(HandshakeError::Failure(m)) if tls::waits_for_the_engine(m.error().code()) => {
+                    suspended[i] = true;
+                    m
                 }
                 Err(e) => panic!("connection {i}: {e}"),
-            }
+            };
+            pending[i] = Some(mid.handshake());
         }
         // An event loop's wait: a resume call or socket readiness (here a
         // short timeout stands in for polling the sockets).

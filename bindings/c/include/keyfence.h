@@ -209,7 +209,7 @@ enum keyfence_result
    */
   KEYFENCE_INVALID_REQUEST = 505,
   /*
-   BoringSSL refused the operation.
+   AWS-LC refused the operation.
    */
   KEYFENCE_CRYPTO_FAILED = 506,
   /*

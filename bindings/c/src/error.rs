@@ -112,7 +112,7 @@ pub enum keyfence_result {
     /// The request does not fit the key: wrong algorithm family, a digest
     /// or ciphertext of the wrong length, an unknown algorithm name.
     KEYFENCE_INVALID_REQUEST = 505,
-    /// BoringSSL refused the operation.
+    /// AWS-LC refused the operation.
     KEYFENCE_CRYPTO_FAILED = 506,
     /// The backend that holds or runs the key failed (the isolated key
     /// process died, an offload device failed).

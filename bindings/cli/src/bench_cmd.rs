@@ -33,7 +33,7 @@ pub enum BenchCmd {
         #[arg(long)]
         threads: Option<usize>,
     },
-    /// Signing: the engine against BoringSSL called directly, per algorithm
+    /// Signing: the engine against AWS-LC called directly, per algorithm
     /// (operations per second with every core busy, p50/p99 latency).
     Sign(crate::sign_cmd::BenchSignArgs),
     /// Remote signing: ECDSA P-256 and RSA-2048 signatures per core through

@@ -1,5 +1,5 @@
 //! A throwaway certificate authority for `bench remote`: a CA, one server
-//! certificate and one client certificate, made with BoringSSL's X.509
+//! certificate and one client certificate, made with AWS-LC's X.509
 //! builder into a scratch directory that the bench deletes. Never for
 //! production: `docs/remote.md` shows how to issue real ones.
 

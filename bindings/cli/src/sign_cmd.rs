@@ -1,5 +1,5 @@
 //! `keyfence sign` (one signature through the engine) and `keyfence bench
-//! sign` (the engine against BoringSSL called directly, side by side).
+//! sign` (the engine against AWS-LC called directly, side by side).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -204,7 +204,7 @@ const PER_CPU_CASES: [&str; 3] = ["ecdsa-p256-sha256", "ed25519", "rsa2048-pss-s
 /// A TLS 1.3 CertificateVerify input is about this long.
 const MSG: [u8; 130] = [0x20; 130];
 
-/// BoringSSL called directly, the way a program without keyfence would:
+/// AWS-LC called directly, the way a program without keyfence would:
 /// one `EVP_DigestSign` per signature.
 fn raw_sign(pkey: &PKey<Private>, alg: Algorithm) -> Result<Vec<u8>> {
     let mut signer = match alg {
@@ -338,7 +338,7 @@ const CPU_TICK: Duration = Duration::from_millis(10);
 /// The ways of signing that `bench sign` compares.
 const PATHS: [&str; 5] = ["raw", "engine", "isolated", "offload-sim", "remote"];
 
-/// Issue 29's targets for signatures per CPU-second over raw BoringSSL's,
+/// Issue 29's targets for signatures per CPU-second over raw AWS-LC's,
 /// set for ECDSA P-256 and Ed25519 (RSA-2048 is reported without one).
 fn per_cpu_target(case: &str, path: &str) -> Option<f64> {
     if !matches!(case, "ecdsa-p256-sha256" | "ed25519") {
@@ -352,7 +352,7 @@ fn per_cpu_target(case: &str, path: &str) -> Option<f64> {
     }
 }
 
-/// One path's engine and key, or BoringSSL called directly.
+/// One path's engine and key, or AWS-LC called directly.
 enum Path {
     Raw,
     Engine(Engine, Arc<PrivateKey>),
@@ -620,7 +620,7 @@ fn run_cases(
     }
     if args.per_cpu && !args.json {
         outln!("per_cpu_second: signatures per CPU-second of every process the path uses (isolated: with the key");
-        outln!("process; remote: with the key server); vs_raw: over raw BoringSSL's in this run.");
+        outln!("process; remote: with the key server); vs_raw: over raw AWS-LC's in this run.");
     }
     Ok(ExitCode::SUCCESS)
 }

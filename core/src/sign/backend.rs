@@ -165,7 +165,7 @@ impl Drop for Reply {
     }
 }
 
-/// In-process BoringSSL: RSA on the [`OpClass::Rsa`] executor, ECDSA and
+/// In-process AWS-LC: RSA on the [`OpClass::Rsa`] executor, ECDSA and
 /// Ed25519 on [`OpClass::Ec`]. The engine's default backend.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SoftwareBackend;

@@ -161,7 +161,7 @@ impl std::fmt::Debug for Engine {
 }
 
 impl Engine {
-    /// Starts an engine with the in-process BoringSSL backend
+    /// Starts an engine with the in-process AWS-LC backend
     /// ([`SoftwareBackend`]).
     ///
     /// # Errors

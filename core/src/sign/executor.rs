@@ -194,7 +194,7 @@ const MAX_HELD: usize = 32;
 /// under way when it passes (the key process holds its replies the same
 /// way). 32 and 400 µs rather than 16 and 100 µs: on
 /// alternated binaries the key server's signatures per CPU-second went
-/// from 0.61x to 0.65x raw BoringSSL's for P-256 (0.68x to 0.70x for
+/// from 0.61x to 0.65x raw AWS-LC's for P-256 (0.68x to 0.70x for
 /// Ed25519), the in-process engine and Python's asyncio path unchanged.
 const MAX_HOLD: std::time::Duration = std::time::Duration::from_micros(400);
 

@@ -1,9 +1,9 @@
-//! A key in this process's BoringSSL memory: loading (PEM, DER, seeds,
+//! A key in this process's AWS-LC memory: loading (PEM, DER, seeds,
 //! generation) and the synchronous operations the executors run. Also the
-//! BoringSSL side of the plain types below: hashing ([`Hash::digest`]) and
-//! turning BoringSSL's error stack into a [`SignError`].
-// BoringSSL's safe wrapper lacks the digest-input RSA calls; they go
-// through `boring-sys`.
+//! AWS-LC side of the plain types below: hashing ([`Hash::digest`]) and
+//! turning AWS-LC's error stack into a [`SignError`].
+// The `openssl` crate's safe wrapper lacks the digest-input RSA calls; they
+// go through `openssl-sys` (AWS-LC's C API).
 #![allow(unsafe_code)]
 
 use std::fmt;
@@ -21,7 +21,7 @@ use zeroize::Zeroizing;
 
 use super::types::{Algorithm, CryptoOp, Family, Hash, Input, KeyError, KeyKind, Operation, Output, SignError};
 
-/// A BoringSSL error stack as an error. BoringSSL's reason strings name
+/// A AWS-LC error stack as an error. AWS-LC's reason strings name
 /// the failing function and reason, never key material.
 pub(crate) fn crypto(op: CryptoOp) -> impl Fn(ErrorStack) -> SignError {
     move |e| SignError::Crypto { op, reason: e.to_string() }
@@ -37,7 +37,7 @@ impl Hash {
         }
     }
 
-    /// BoringSSL's digest for the single hashes (MD5+SHA-1 is two, see
+    /// AWS-LC's digest for the single hashes (MD5+SHA-1 is two, see
     /// [`Hash::digest`]).
     pub(crate) fn message_digest(self) -> Option<MessageDigest> {
         match self {
@@ -51,7 +51,7 @@ impl Hash {
     /// Hashes `msg`.
     ///
     /// # Errors
-    /// [`SignError::Crypto`] if BoringSSL fails (it does not for these
+    /// [`SignError::Crypto`] if AWS-LC fails (it does not for these
     /// digests short of memory exhaustion).
     pub fn digest(self, msg: &[u8]) -> Result<Vec<u8>, SignError> {
         use openssl::hash::hash;
@@ -67,7 +67,7 @@ impl Hash {
     }
 }
 
-/// The typed view of the key BoringSSL's low-level calls need, extracted
+/// The typed view of the key AWS-LC's low-level calls need, extracted
 /// once at load time rather than per operation.
 enum Typed {
     Rsa(Rsa<Private>),
@@ -75,7 +75,7 @@ enum Typed {
     Ed25519,
 }
 
-/// A private key held in BoringSSL memory. BoringSSL frees key memory with
+/// A private key held in AWS-LC memory. AWS-LC frees key memory with
 /// `OPENSSL_free`, which overwrites it first, so the secret is zeroized on
 /// drop; buffers built here from secrets are [`Zeroizing`].
 pub(crate) struct LocalKey {
@@ -99,11 +99,12 @@ const ED25519_PKCS8_PREFIX: [u8; 16] =
 /// PEM label for it.
 const RSA_PSS_ONLY: KeyError = KeyError::Unsupported {
     what: "an RSA-PSS-only key (id-RSASSA-PSS)",
-    why: "BoringSSL reads RSA private keys only as rsaEncryption; the same key as PKCS#1 DER (`openssl rsa -in KEY -traditional -outform DER -out KEY.der`) loads, and signs rsa-pss-* as well",
+    why: "keyfence reads RSA private keys only as rsaEncryption; the same key as PKCS#1 DER (`openssl rsa -in KEY -traditional -outform DER -out KEY.der`) loads, and signs rsa-pss-* as well",
 };
 
 /// Object identifiers (their DER encoding, tag and length included) of
-/// keys BoringSSL does not read, with what to tell the person holding one.
+/// keys keyfence does not sign with, with what to tell the person holding
+/// one.
 /// "not a private key" would send them looking for a corrupt file.
 const REFUSED_OIDS: [(&[u8], KeyError); 7] = [
     (
@@ -116,14 +117,14 @@ const REFUSED_OIDS: [(&[u8], KeyError); 7] = [
         &[0x06, 0x05, 0x2b, 0x81, 0x04, 0x00, 0x0a],
         KeyError::Unsupported {
             what: "a secp256k1 EC key",
-            why: "BoringSSL does not implement secp256k1 and no TLS signature scheme uses it; keyfence signs ECDSA on P-256 and P-384",
+            why: "no TLS signature scheme uses secp256k1; keyfence signs ECDSA on P-256 and P-384",
         },
     ),
     (
         &[0x06, 0x03, 0x2b, 0x65, 0x71],
         KeyError::Unsupported {
             what: "an Ed448 key",
-            why: "BoringSSL does not implement Ed448; keyfence signs EdDSA with Ed25519",
+            why: "keyfence signs EdDSA with Ed25519, not Ed448",
         },
     ),
     (&[0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0a], RSA_PSS_ONLY),
@@ -139,12 +140,12 @@ const REFUSED_OIDS: [(&[u8], KeyError); 7] = [
         &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x38, 0x04, 0x01],
         KeyError::Unsupported {
             what: "a DSA key",
-            why: "TLS 1.3 has no DSA signatures and BoringSSL does not sign with DSA; use RSA, ECDSA (P-256, P-384) or Ed25519",
+            why: "TLS 1.3 has no DSA signatures and keyfence does not sign with DSA; use RSA, ECDSA (P-256, P-384) or Ed25519",
         },
     ),
 ];
 
-/// Why BoringSSL could not read `der`: a key type it does not implement,
+/// Why AWS-LC could not read `der`: a key type it does not implement,
 /// an encrypted key, or else not a key at all. Runs only after a failed
 /// parse, so it costs nothing on the normal path.
 fn diagnose_der(der: &[u8]) -> KeyError {
@@ -158,6 +159,15 @@ fn diagnose_der(der: &[u8]) -> KeyError {
         .map_or(KeyError::Parse, |(_, e)| e.clone())
 }
 
+/// `diagnosed` when it names a key type keyfence does not sign with, else
+/// `e`: what to say does not depend on whether the library read the key.
+fn known_refusal(e: KeyError, diagnosed: KeyError) -> KeyError {
+    match (&e, diagnosed) {
+        (KeyError::Curve(_) | KeyError::UnsupportedType(_), d @ KeyError::Unsupported { .. }) => d,
+        _ => e,
+    }
+}
+
 /// As [`diagnose_der`], for PEM: the armour says "encrypted" in two ways,
 /// and the body is DER.
 fn diagnose_pem(pem: &[u8]) -> KeyError {
@@ -166,7 +176,7 @@ fn diagnose_pem(pem: &[u8]) -> KeyError {
         return KeyError::Encrypted;
     }
     // OpenSSL's "traditional" form of an RSA-PSS key: PKCS#1 inside,
-    // under a label BoringSSL does not know.
+    // under a label the library does not know.
     if text.contains("-----BEGIN RSA-PSS PRIVATE KEY-----") {
         return RSA_PSS_ONLY;
     }
@@ -194,11 +204,13 @@ impl LocalKey {
     /// [`KeyError::Parse`] for anything else; the other [`KeyError`]s for
     /// keys of an unsupported type or size, or inconsistent ones.
     pub(crate) fn from_pem(pem: &[u8]) -> Result<Self, KeyError> {
-        // BoringSSL's default password callback (used when none is given)
+        // AWS-LC's default password callback (used when none is given)
         // supplies no password and never prompts, so encrypted keys fail
         // here rather than blocking on a terminal.
         let pkey = PKey::private_key_from_pem(pem).map_err(|_| diagnose_pem(pem))?;
-        Self::from_pkey(pkey)
+        // A key the library reads but keyfence does not sign with
+        // (secp256k1, DSA): the same words as when the library refuses it.
+        Self::from_pkey(pkey).map_err(|e| known_refusal(e, diagnose_pem(pem)))
     }
 
     /// Loads a DER private key: PKCS#8 `PrivateKeyInfo`, PKCS#1
@@ -208,7 +220,7 @@ impl LocalKey {
     /// As [`PrivateKey::from_pem`](super::PrivateKey::from_pem).
     pub(crate) fn from_der(der: &[u8]) -> Result<Self, KeyError> {
         let pkey = PKey::private_key_from_der(der).map_err(|_| diagnose_der(der))?;
-        Self::from_pkey(pkey)
+        Self::from_pkey(pkey).map_err(|e| known_refusal(e, diagnose_der(der)))
     }
 
     /// Loads a key from bytes in memory, PEM or DER (told apart by the PEM
@@ -245,7 +257,7 @@ impl LocalKey {
     ///
     /// # Errors
     /// [`KeyError::RsaSize`] for RSA sizes outside 2048..=4096,
-    /// [`KeyError::Generate`] if BoringSSL fails.
+    /// [`KeyError::Generate`] if AWS-LC fails.
     pub(crate) fn generate(kind: KeyKind) -> Result<Self, KeyError> {
         let generr = |e: ErrorStack| KeyError::Generate(e.to_string());
         let pkey = match kind {
@@ -369,7 +381,7 @@ pub(crate) fn pss_digest(hash: Hash) -> Result<openssl::hash::MessageDigest, Sig
         .ok_or_else(|| SignError::Crypto { op: CryptoOp::Sign, reason: "RSA-PSS is not defined over MD5+SHA-1".into() })
 }
 
-/// RSASSA-PKCS1-v1_5 over a digest. The safe `boring` API signs messages
+/// RSASSA-PKCS1-v1_5 over a digest. The safe `openssl` API signs messages
 /// only; `RSA_sign` adds the DigestInfo (none for MD5+SHA-1, as TLS 1.0
 /// wants).
 fn rsa_sign_pkcs1(rsa: &RsaRef<Private>, hash: Hash, digest: &[u8]) -> Result<Output, SignError> {

@@ -1,4 +1,4 @@
-//! Asynchronous private-key operations on BoringSSL.
+//! Asynchronous private-key operations on AWS-LC.
 //!
 //! A TLS server must never block its event loop on a private-key operation,
 //! and one slow class of operation must never starve another: the seeds
@@ -37,7 +37,7 @@
 //! - [`managed`]: an engine that owns where its keys live: it starts its
 //!   key process (or remote signer) with itself, and stops it when it
 //!   closes. What every binding builds on.
-//! - [`tls`]: BoringSSL's private-key-method hook, so a TLS handshake
+//! - [`tls`]: AWS-LC's private-key-method hook, so a TLS handshake
 //!   suspends while the engine signs and resumes when it is done.
 //!
 //! # Layers
@@ -47,8 +47,8 @@
 //!
 //! | layer | modules | what |
 //! | --- | --- | --- |
-//! | 0 | `types`, `batch` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no BoringSSL; the submitting thread's batch, which backends that write requests join |
-//! | 1 | `local_key`, `held_key` | a key in BoringSSL memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
+//! | 0 | `types`, `batch` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no AWS-LC; the submitting thread's batch, which backends that write requests join |
+//! | 1 | `local_key`, `held_key` | a key in AWS-LC memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
 //! | 2 | `private_key`; `wire` | [`PrivateKey`], the one public handle over both; the codec both signing protocols speak (framing, the hello's shape, the operation in an OP body, the ERR body and its codes) |
 //! | 3 | `exposition`, then `metrics`; `completion_queue` | Prometheus text; per-class counters and latency, [`MetricsSource`]; the pollable [`CompletionQueue`] |
 //! | 4 | `op_record` | one operation's record and how its result is delivered: [`SignFuture`], [`OpHandle`] |
@@ -72,14 +72,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-// Layer 0 builds without BoringSSL (the `testing` feature alone), for the
+// Layer 0 builds without AWS-LC (the `testing` feature alone), for the
 // protocol codecs and their fuzzers; the rest needs `sign`.
 #[cfg_attr(not(feature = "sign"), allow(dead_code))]
 mod types;
 
 /// Declares what builds without the `sign` feature, for the fuzzers: the
 /// wire codec and each protocol's messages, none of which needs
-/// BoringSSL. The one place that names the feature exposing them.
+/// AWS-LC. The one place that names the feature exposing them.
 macro_rules! codecs_without_sign {
     ($($item:item)*) => {
         $(
@@ -143,7 +143,7 @@ pub mod remote;
 mod request;
 #[cfg(feature = "sign")]
 mod threads;
-#[cfg(feature = "boring-tls")]
+#[cfg(feature = "sign")]
 pub mod tls;
 #[cfg(feature = "sign")]
 pub mod wire;

@@ -199,7 +199,7 @@ impl OpHandle {
     /// Cancels the operation: the caller gets [`SignError::Cancelled`] and
     /// its inputs are released. An operation still in the queue never runs;
     /// one already running finishes on its executor and the result is
-    /// discarded (BoringSSL cannot be interrupted mid-operation). Returns
+    /// discarded (AWS-LC cannot be interrupted mid-operation). Returns
     /// false if the operation had already ended.
     pub fn cancel(&self) -> bool {
         self.record.finish(Err(SignError::Cancelled))

@@ -11,11 +11,11 @@ use super::types::{Algorithm, Input, KeyError, KeyKind, Operation, Output, SignE
 /// How long [`PrivateKey::perform`] waits for a key held elsewhere.
 const HELD_SYNC_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// A private key: in this process's BoringSSL memory, or held by an
+/// A private key: in this process's AWS-LC memory, or held by an
 /// key process (this process then has only a handle).
 ///
 /// Loaded from PEM or DER (PKCS#1, PKCS#8, SEC1) or from bytes in memory
-/// (an opened envelope), so the secret need never touch disk. BoringSSL
+/// (an opened envelope), so the secret need never touch disk. AWS-LC
 /// frees key memory with `OPENSSL_free`, which overwrites it first, so the
 /// secret is zeroized on drop; buffers keyfence itself builds from secrets
 /// are zeroizing. `Debug` shows the kind only.
@@ -92,7 +92,7 @@ impl PrivateKey {
     ///
     /// # Errors
     /// [`KeyError::RsaSize`] for RSA sizes outside 2048..=4096,
-    /// [`KeyError::Generate`] if BoringSSL fails.
+    /// [`KeyError::Generate`] if AWS-LC fails.
     pub fn generate(kind: KeyKind) -> Result<Self, KeyError> {
         LocalKey::generate(kind).map(Self::local)
     }
@@ -142,7 +142,7 @@ impl PrivateKey {
     /// certificates.
     ///
     /// # Errors
-    /// [`SignError::Crypto`] if BoringSSL cannot encode it.
+    /// [`SignError::Crypto`] if AWS-LC cannot encode it.
     pub fn public_key_der(&self) -> Result<Vec<u8>, SignError> {
         match &self.repr {
             Repr::Local(key) => key.public_key_der(),
@@ -200,7 +200,7 @@ impl PrivateKey {
     ///
     /// # Errors
     /// Those of [`PrivateKey::check`], and [`SignError::Crypto`] if
-    /// BoringSSL fails.
+    /// AWS-LC fails.
     ///
     /// A key held elsewhere (a key process) is used through its
     /// holder, waiting up to 10 seconds.
@@ -221,7 +221,7 @@ impl PrivateKey {
     ///
     /// # Errors
     /// [`SignError::KeyMismatch`] if `alg` does not fit the key;
-    /// [`SignError::Crypto`] if BoringSSL fails.
+    /// [`SignError::Crypto`] if AWS-LC fails.
     pub fn sign(&self, alg: Algorithm, msg: &[u8]) -> Result<Output, SignError> {
         self.perform(&Operation::Sign { alg, input: Input::Message(msg.to_vec()) })
     }
@@ -230,14 +230,14 @@ impl PrivateKey {
     /// Ed25519, which signs messages).
     ///
     /// # Errors
-    /// Those of [`PrivateKey::check`]; [`SignError::Crypto`] if BoringSSL
+    /// Those of [`PrivateKey::check`]; [`SignError::Crypto`] if AWS-LC
     /// fails.
     pub fn sign_digest(&self, alg: Algorithm, digest: &[u8]) -> Result<Output, SignError> {
         self.perform(&Operation::Sign { alg, input: Input::Digest(digest.to_vec()) })
     }
 
     /// Raw RSA decryption (no padding removed), as the TLS RSA key exchange
-    /// hands it to a private-key method: BoringSSL removes the PKCS#1 padding
+    /// hands it to a private-key method: AWS-LC removes the PKCS#1 padding
     /// itself, in constant time. The output is as long as the modulus.
     ///
     /// # Errors
@@ -254,7 +254,7 @@ mod tests {
     use crate::sign::types::{Family, Hash};
     use openssl::ec::{EcGroup, EcKey};
     use openssl::nid::Nid;
-    use openssl::pkey::{Id, PKey};
+    use openssl::pkey::PKey;
     use openssl::rsa::{Padding, Rsa};
     use openssl::sign::{RsaPssSaltlen, Verifier};
 
@@ -323,7 +323,7 @@ mod tests {
         assert_eq!(p256.decrypt_raw(&[0; 256]).unwrap_err(), SignError::DecryptNeedsRsa(KeyKind::EcP256));
         let rsa = PrivateKey::generate(KeyKind::Rsa { bits: 2048 }).unwrap();
         assert!(matches!(rsa.decrypt_raw(&[1; 255]), Err(SignError::CiphertextLength { expected: 256, got: 255 })));
-        // Not smaller than the modulus: BoringSSL refuses, no panic.
+        // Not smaller than the modulus: AWS-LC refuses, no panic.
         assert!(matches!(rsa.decrypt_raw(&[0xff; 256]), Err(SignError::Crypto { .. })));
     }
 

@@ -1,55 +1,97 @@
-//! TLS handshakes signed by the engine, through BoringSSL's private-key
-//! method hook (`SSL_CTX_set_private_key_method`).
+//! TLS handshakes signed by the engine, through the private-key method hook
+//! (`SSL_CTX_set_private_key_method`) of AWS-LC's TLS library, for servers
+//! built on the `openssl` crate over AWS-LC (`openssl-sys`'s `aws-lc`
+//! feature, as keyfence itself is): the connection and the signature in
+//! one library.
 //!
-//! When BoringSSL needs a signature (or, for the TLS 1.2 RSA key exchange, a
-//! decryption) it calls [`EngineKeyMethod`], which submits the operation to
-//! the [`Engine`] and answers "retry": the handshake call returns with
-//! `SSL_ERROR_WANT_PRIVATE_KEY_OPERATION` and the server's event loop goes
-//! on with other connections. When the engine finishes, the connection's
-//! resume callback ([`set_resume`]) tells the loop to call the handshake
-//! again; BoringSSL then asks for the result and the handshake continues.
-//! This is the asynchronous handshake Fastly built into h2o.
+//! When AWS-LC needs a signature (or, for the TLS 1.2 RSA key exchange, a
+//! decryption) it calls the hook, which submits the operation to the
+//! [`Engine`] and answers "retry": the handshake call returns with
+//! [`WANT_PRIVATE_KEY_OPERATION`] and the server's event loop goes on with
+//! other connections. When the engine finishes, the connection's resume
+//! callback ([`set_resume`]) tells the loop to call the handshake again;
+//! AWS-LC then asks for the result and the handshake continues. This is
+//! the asynchronous handshake Fastly built into h2o (on BoringSSL, whose
+//! hook AWS-LC keeps).
+//!
+//! The hook is AWS-LC's and BoringSSL's, not OpenSSL's; `rust-openssl`
+//! does not wrap it, so this module declares the two calls it needs.
+//! (BoringSSL itself cannot sit beside AWS-LC in one program: their TLS
+//! libraries define the same unprefixed symbols.)
 //!
 //! ```no_run
 //! use std::sync::Arc;
-//! use boring::ssl::{SslAcceptor, SslMethod};
+//! use openssl::ssl::{SslAcceptor, SslMethod};
 //! use keyfence::sign::{tls, Engine, EngineConfig, PrivateKey};
-//! # fn cert() -> boring::x509::X509 { unimplemented!() }
+//! # fn cert() -> openssl::x509::X509 { unimplemented!() }
 //! # let key_pem: Vec<u8> = Vec::new();
 //! let engine = Engine::new(EngineConfig::default())?;
 //! let key = Arc::new(PrivateKey::from_pem(&key_pem)?);
 //! let mut builder = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls())?;
 //! tls::configure(&mut builder, &cert(), tls::EngineKeyMethod::new(engine, key))?;
 //! // Per connection: `tls::set_resume(&mut ssl, move || wake_my_loop(conn_id))`,
-//! // and on `ErrorCode::WANT_PRIVATE_KEY_OPERATION` wait for that call.
+//! // and while `tls::waits_for_the_engine(error.code())`, wait for that call.
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-// BoringSSL's algorithm-preference call has no safe wrapper.
+// The private-key hook and the algorithm preferences have no safe wrapper:
+// the hook's three callbacks are C functions, each behind a panic boundary.
 #![allow(unsafe_code)]
 
+use std::os::raw::c_int;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
-use boring::ex_data::Index;
-use boring::ssl::{PrivateKeyMethod, PrivateKeyMethodError, Ssl, SslContextBuilder, SslRef, SslSignatureAlgorithm};
-use boring::x509::X509Ref;
+use foreign_types::ForeignTypeRef;
+use openssl::ex_data::Index;
+use openssl::ssl::{ErrorCode, Ssl, SslContext, SslContextBuilder, SslRef};
+use openssl::x509::X509Ref;
 
 use super::backend::Backend;
 use super::engine::Engine;
+use super::local_key::crypto;
 use super::op_record::OpHandle;
 use super::private_key::PrivateKey;
 use super::request::Request;
 use super::types::{Algorithm, CryptoOp, KeyKind, Output, Resource, SignError};
 
-/// BoringSSL's error stack as an error (the keys themselves sign with
-/// AWS-LC; BoringSSL here holds only the TLS connection).
-fn crypto(op: CryptoOp) -> impl Fn(boring::error::ErrorStack) -> SignError {
-    move |e| SignError::Crypto { op, reason: e.to_string() }
+/// The error code a handshake call fails with while the engine signs
+/// (`SSL_ERROR_WANT_PRIVATE_KEY_OPERATION`): drive the handshake again
+/// when the connection's resume callback runs. `rust-openssl` reports it
+/// as a handshake failure (`HandshakeError::Failure`) whose stream can be
+/// driven again; [`waits_for_the_engine`] tells it apart.
+pub const WANT_PRIVATE_KEY_OPERATION: c_int = 13;
+
+/// Whether a handshake error is the engine still signing (drive the
+/// handshake again when the resume callback runs), not a failure.
+pub fn waits_for_the_engine(code: ErrorCode) -> bool {
+    code.as_raw() == WANT_PRIVATE_KEY_OPERATION
 }
 
-/// The algorithm for BoringSSL's code point, if keyfence signs with it.
-pub fn algorithm_for(sigalg: SslSignatureAlgorithm) -> Option<Algorithm> {
-    Algorithm::ALL.into_iter().find(|a| SslSignatureAlgorithm::from(a.tls_code()) == sigalg)
+/// `enum ssl_private_key_result_t`.
+const SUCCESS: c_int = 0;
+const RETRY: c_int = 1;
+const FAILURE: c_int = 2;
+
+/// `SSL_PRIVATE_KEY_METHOD` (AWS-LC's `ssl.h`).
+#[repr(C)]
+struct RawMethod {
+    sign: Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize, u16, *const u8, usize) -> c_int>,
+    decrypt: Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize, *const u8, usize) -> c_int>,
+    complete: Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize) -> c_int>,
+}
+
+extern "C" {
+    fn SSL_CTX_set_private_key_method(ctx: *mut openssl_sys::SSL_CTX, method: *const RawMethod);
+    fn SSL_CTX_set_signing_algorithm_prefs(ctx: *mut openssl_sys::SSL_CTX, prefs: *const u16, n: usize) -> c_int;
+}
+
+/// The one hook every context shares: it finds the context's
+/// [`EngineKeyMethod`] in the context's ex_data.
+static METHOD: RawMethod = RawMethod { sign: Some(raw_sign), decrypt: Some(raw_decrypt), complete: Some(raw_complete) };
+
+/// The algorithm for a TLS code point, if keyfence signs with it.
+pub fn algorithm_for(code: u16) -> Option<Algorithm> {
+    Algorithm::ALL.into_iter().find(|a| a.tls_code() == code)
 }
 
 /// The TLS 1.2+ signature algorithms a key of `kind` signs with, in
@@ -112,23 +154,27 @@ fn resume_index() -> Option<Index<Ssl, Resume>> {
     *INDEX.get_or_init(|| Ssl::new_ex_index().ok())
 }
 
+fn method_index() -> Option<Index<SslContext, EngineKeyMethod>> {
+    static INDEX: OnceLock<Option<Index<SslContext, EngineKeyMethod>>> = OnceLock::new();
+    *INDEX.get_or_init(|| SslContext::new_ex_index().ok())
+}
+
 /// Registers `resume` on a connection: it is called, on an engine thread,
 /// when the connection's private-key operation has finished and the
 /// handshake should be driven again. Keep it short (wake the event loop).
 ///
 /// # Errors
-/// [`SignError::Io`] if BoringSSL cannot allocate the ex_data slot.
+/// [`SignError::Io`] if the TLS library cannot allocate the ex_data slot.
 pub fn set_resume<F>(ssl: &mut SslRef, resume: F) -> Result<(), SignError>
 where
     F: Fn() + Send + Sync + 'static,
 {
-    let index =
-        resume_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no BoringSSL ex_data index for the resume callback"))?;
+    let index = resume_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no ex_data index for the resume callback"))?;
     ssl.set_ex_data(index, Resume(Arc::new(resume)));
     Ok(())
 }
 
-/// BoringSSL's private-key method backed by the engine, for one key.
+/// The private-key method backed by the engine, for one key.
 pub struct EngineKeyMethod {
     engine: Engine,
     key: Arc<PrivateKey>,
@@ -161,8 +207,9 @@ impl EngineKeyMethod {
         self
     }
 
-    fn start(&self, ssl: &mut SslRef, mut req: Request) -> Result<usize, PrivateKeyMethodError> {
-        let index = slot_index().ok_or(PrivateKeyMethodError::FAILURE)?;
+    /// Submits `req` and keeps its slot on the connection: "retry".
+    fn start(&self, ssl: &mut SslRef, mut req: Request) -> c_int {
+        let Some(index) = slot_index() else { return FAILURE };
         if let Some(b) = &self.backend {
             req = req.with_backend(b.clone());
         }
@@ -172,67 +219,118 @@ impl EngineKeyMethod {
         let resume = resume_index().and_then(|i| ssl.ex_data(i)).map(|r| r.0.clone());
         let pending = Arc::new(Pending { state: Mutex::new(PendingState { result: None, handle: None }) });
         let done = pending.clone();
-        let handle = self
-            .engine
-            .submit_with_callback(req, move |r| {
-                done.lock().result = Some(r);
-                if let Some(resume) = resume {
-                    resume();
-                }
-            })
-            // Overloaded or shut down: fail this handshake now rather than
-            // queue it; the client may retry.
-            .map_err(|_| PrivateKeyMethodError::FAILURE)?;
+        let submitted = self.engine.submit_with_callback(req, move |r| {
+            done.lock().result = Some(r);
+            if let Some(resume) = resume {
+                resume();
+            }
+        });
+        // Overloaded or shut down: fail this handshake now rather than
+        // queue it; the client may retry.
+        let Ok(handle) = submitted else { return FAILURE };
         pending.lock().handle = Some(handle);
         ssl.set_ex_data(index, Slot(pending));
-        Err(PrivateKeyMethodError::RETRY)
-    }
-}
-
-impl PrivateKeyMethod for EngineKeyMethod {
-    fn sign(
-        &self,
-        ssl: &mut SslRef,
-        input: &[u8],
-        signature_algorithm: SslSignatureAlgorithm,
-        _output: &mut [u8],
-    ) -> Result<usize, PrivateKeyMethodError> {
-        let alg = algorithm_for(signature_algorithm).ok_or(PrivateKeyMethodError::FAILURE)?;
-        self.start(ssl, Request::sign(self.key.clone(), alg, input.to_vec()))
+        RETRY
     }
 
-    fn decrypt(&self, ssl: &mut SslRef, input: &[u8], _output: &mut [u8]) -> Result<usize, PrivateKeyMethodError> {
-        self.start(ssl, Request::decrypt_raw(self.key.clone(), input.to_vec()))
-    }
-
-    fn complete(&self, ssl: &mut SslRef, output: &mut [u8]) -> Result<usize, PrivateKeyMethodError> {
-        let index = slot_index().ok_or(PrivateKeyMethodError::FAILURE)?;
-        let slot = ssl.ex_data(index).ok_or(PrivateKeyMethodError::FAILURE)?;
+    /// The finished operation's result into `out`, or "retry" while it runs.
+    fn complete(ssl: &mut SslRef, out: &mut [u8], out_len: &mut usize) -> c_int {
+        let Some(index) = slot_index() else { return FAILURE };
+        let Some(slot) = ssl.ex_data(index) else { return FAILURE };
         let mut st = slot.0.lock();
         match st.result.take() {
-            None => Err(PrivateKeyMethodError::RETRY),
-            Some(Ok(out)) if out.len() <= output.len() => {
+            None => RETRY,
+            Some(Ok(result)) if result.len() <= out.len() => {
                 st.handle = None;
-                output[..out.len()].copy_from_slice(&out);
-                Ok(out.len())
+                out[..result.len()].copy_from_slice(&result);
+                *out_len = result.len();
+                SUCCESS
             }
             Some(_) => {
                 st.handle = None;
-                Err(PrivateKeyMethodError::FAILURE)
+                FAILURE
             }
         }
     }
 }
 
+/// The context's method for the connection `ssl`.
+///
+/// # Safety
+/// `ssl` is the live connection the TLS library called the hook for.
+unsafe fn method_of<'a>(ssl: *mut openssl_sys::SSL) -> Option<(&'a mut SslRef, &'a EngineKeyMethod)> {
+    // SAFETY: the caller's promise; the reference lives no longer than the
+    // callback that received the pointer.
+    let ssl = unsafe { SslRef::from_ptr_mut(ssl) };
+    let index = method_index()?;
+    // SAFETY: the context outlives its connections, and the method stays in
+    // its ex_data until the context is freed.
+    let method: &'a EngineKeyMethod = unsafe { &*(ssl.ssl_context().ex_data(index)? as *const EngineKeyMethod) };
+    Some((ssl, method))
+}
+
+/// Runs `f` behind a panic boundary: a panic is a failed handshake, never
+/// an unwind into C.
+fn guarded(f: impl FnOnce() -> c_int) -> c_int {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(FAILURE)
+}
+
+unsafe extern "C" fn raw_sign(
+    ssl: *mut openssl_sys::SSL,
+    _out: *mut u8,
+    _out_len: *mut usize,
+    _max_out: usize,
+    algorithm: u16,
+    input: *const u8,
+    input_len: usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: the TLS library passes the connection it calls for, and
+        // `input` readable for `input_len` bytes for the call.
+        let Some((ssl, method)) = (unsafe { method_of(ssl) }) else { return FAILURE };
+        let Some(alg) = algorithm_for(algorithm) else { return FAILURE };
+        let input = unsafe { std::slice::from_raw_parts(input, input_len) }.to_vec();
+        method.start(ssl, Request::sign(method.key.clone(), alg, input))
+    })
+}
+
+unsafe extern "C" fn raw_decrypt(
+    ssl: *mut openssl_sys::SSL,
+    _out: *mut u8,
+    _out_len: *mut usize,
+    _max_out: usize,
+    input: *const u8,
+    input_len: usize,
+) -> c_int {
+    guarded(|| {
+        // SAFETY: as in `raw_sign`.
+        let Some((ssl, method)) = (unsafe { method_of(ssl) }) else { return FAILURE };
+        let input = unsafe { std::slice::from_raw_parts(input, input_len) }.to_vec();
+        method.start(ssl, Request::decrypt_raw(method.key.clone(), input))
+    })
+}
+
+unsafe extern "C" fn raw_complete(ssl: *mut openssl_sys::SSL, out: *mut u8, out_len: *mut usize, max_out: usize) -> c_int {
+    guarded(|| {
+        // SAFETY: the TLS library passes the connection it calls for, `out`
+        // writable for `max_out` bytes and `out_len` writable, for the call.
+        let ssl = unsafe { SslRef::from_ptr_mut(ssl) };
+        let (out, out_len) = unsafe { (std::slice::from_raw_parts_mut(out, max_out), &mut *out_len) };
+        EngineKeyMethod::complete(ssl, out, out_len)
+    })
+}
+
 /// Sets up a server context to sign with `method`: installs `cert` (whose
 /// public key must be `method`'s key), the signing algorithms the key
-/// supports (BoringSSL asks callers of the private-key hook to set these,
-/// or it may pick one the key cannot do), and the hook itself.
+/// supports (the hook's callers must set these, or the TLS library may pick
+/// one the key cannot do, such as ECDSA-SHA256 for a P-384 key in TLS 1.2),
+/// and the hook itself.
 ///
 /// # Errors
 /// [`SignError::Config`] if the certificate does not match the key;
-/// [`SignError::Crypto`] if BoringSSL refuses the certificate or the
-/// algorithm list.
+/// [`SignError::Crypto`] if the TLS library refuses the certificate or the
+/// algorithm list; [`SignError::Io`] if it cannot allocate the context's
+/// ex_data slot.
 pub fn configure(builder: &mut SslContextBuilder, cert: &X509Ref, method: EngineKeyMethod) -> Result<(), SignError> {
     let cert_key = cert.public_key().and_then(|k| k.public_key_to_der()).map_err(crypto(CryptoOp::PublicKey))?;
     if cert_key != method.key.public_key_der()? {
@@ -241,11 +339,25 @@ pub fn configure(builder: &mut SslContextBuilder, cert: &X509Ref, method: Engine
     builder.set_certificate(cert).map_err(crypto(CryptoOp::Configure))?;
     let prefs: Vec<u16> = signing_algorithms(method.key.kind()).iter().map(|a| a.tls_code()).collect();
     // SAFETY: `builder.as_ptr()` is the live SSL_CTX the builder owns;
-    // `prefs` is a live slice passed with its length, which BoringSSL copies.
-    let ok = unsafe { boring_sys::SSL_CTX_set_signing_algorithm_prefs(builder.as_ptr(), prefs.as_ptr(), prefs.len()) };
+    // `prefs` is a live slice passed with its length, which the call copies.
+    let ok = unsafe { SSL_CTX_set_signing_algorithm_prefs(builder.as_ptr(), prefs.as_ptr(), prefs.len()) };
     if ok != 1 {
-        return Err(crypto(CryptoOp::Configure)(boring::error::ErrorStack::get()));
+        return Err(crypto(CryptoOp::Configure)(openssl::error::ErrorStack::get()));
     }
-    builder.set_private_key_method(method);
+    let index = method_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no ex_data index for the key method"))?;
+    builder.set_ex_data(index, method);
+    // SAFETY: `METHOD` is a static that outlives every context; the
+    // context's method it reaches is in the context's ex_data, set above.
+    unsafe { SSL_CTX_set_private_key_method(builder.as_ptr(), &METHOD) };
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_algorithm_has_its_tls_code_point() {
+        for alg in super::Algorithm::ALL {
+            assert_eq!(super::algorithm_for(alg.tls_code()), Some(alg));
+        }
+    }
 }

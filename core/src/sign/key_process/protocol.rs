@@ -18,7 +18,7 @@
 //! gets an [`ErrorCode::Malformed`] reply.
 //!
 //! Every field is read and written with the crate's one checked codec
-//! ([`crate::codec`], big-endian). Nothing here needs BoringSSL: with the
+//! ([`crate::codec`], big-endian). Nothing here needs AWS-LC: with the
 //! `testing` feature this module builds without `sign`, for the fuzzer.
 //! The framing items are re-exported here, so that this module is all a
 //! user of the protocol names.

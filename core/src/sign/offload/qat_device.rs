@@ -4,8 +4,8 @@
 //!
 //! The device computes only the RSA primitive, `m^d mod n`, from the key's
 //! CRT components (PKCS #1 representation 2); keyfence encodes the message
-//! first (EMSA-PKCS1-v1_5 or EMSA-PSS, with BoringSSL) and checks every
-//! result with the public key before using it, as BoringSSL checks its own
+//! first (EMSA-PKCS1-v1_5 or EMSA-PSS, with AWS-LC) and checks every
+//! result with the public key before using it, as AWS-LC checks its own
 //! CRT results: a faulty CRT signature would reveal the key's factors. A
 //! result that fails the check, a refused submission (a full ring answers
 //! `CPA_STATUS_RETRY`) and a failed callback are device faults, which the

@@ -12,7 +12,7 @@ pub enum Route {
     /// On the offload device (if there is one and it does the operation;
     /// otherwise in software).
     Device,
-    /// In process, with BoringSSL, on the engine's RSA or EC executor.
+    /// In process, with AWS-LC, on the engine's RSA or EC executor.
     Software,
 }
 

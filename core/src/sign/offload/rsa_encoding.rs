@@ -1,7 +1,7 @@
 //! The RSA encoding an offload device needs: the CRT components it
 //! takes, the padded integer it raises to the private exponent, and the
 //! check of its answer. Devices like QAT compute `m^d mod n` and nothing
-//! else, so padding stays in BoringSSL, on this side.
+//! else, so padding stays in AWS-LC, on this side.
 // The digest-input padding calls are `openssl-sys` only (AWS-LC's C API).
 #![allow(unsafe_code)]
 
@@ -60,7 +60,7 @@ pub(crate) fn rsa_crt(key: &PrivateKey) -> Option<RsaCrt> {
 /// [`SignError::DecryptNeedsRsa`] for a key that is not a local RSA
 /// key, [`SignError::KeyMismatch`] for a non-RSA algorithm,
 /// [`SignError::Crypto`] for a ciphertext not below the modulus or a
-/// BoringSSL failure.
+/// AWS-LC failure.
 pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<Vec<u8>>, SignError> {
     let Some(rsa) = key.as_local().and_then(LocalKey::rsa) else {
         return Err(SignError::DecryptNeedsRsa(key.kind()));
@@ -121,7 +121,7 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
 
 /// Whether `result` is the private-key operation's answer for `em`:
 /// `result^e mod n == em`. A device's result is checked this way
-/// before it is used, as BoringSSL checks its own CRT results: a
+/// before it is used, as AWS-LC checks its own CRT results: a
 /// faulty CRT signature reveals the key's factors (Boneh, DeMillo and
 /// Lipton; Lenstra).
 pub(crate) fn rsa_result_matches(key: &PrivateKey, em: &[u8], result: &[u8]) -> bool {
@@ -143,7 +143,7 @@ pub(crate) fn rsa_result_matches(key: &PrivateKey, em: &[u8], result: &[u8]) -> 
 /// (raw decryption), the EMSA-PKCS1-v1_5 encoding of the digest, or a
 /// valid EMSA-PSS encoding of it. A wrong RSA-CRT result must never leave:
 /// with one faulty signature and the public key, anyone factors the
-/// modulus (Boneh, DeMillo and Lipton; Lenstra). BoringSSL checks its own
+/// modulus (Boneh, DeMillo and Lipton; Lenstra). AWS-LC checks its own
 /// CRT results the same way.
 pub(crate) fn rsa_output_valid(key: &PrivateKey, op: &Operation, output: &[u8]) -> Option<bool> {
     let rsa = key.as_local().and_then(LocalKey::rsa)?;
@@ -198,7 +198,7 @@ fn pkcs1_digest_info(hash: Hash, digest: &[u8]) -> Result<Zeroizing<Vec<u8>>, Si
     let mut alloced: std::os::raw::c_int = 0;
     // SAFETY: the out-pointers point at live locals; `digest` is passed
     // with its length. On success `out` points at `out_len` bytes, which
-    // BoringSSL allocated when `alloced` is set (freed below) and which
+    // AWS-LC allocated when `alloced` is set (freed below) and which
     // otherwise alias `digest`.
     let ok = unsafe {
         openssl_sys::RSA_add_pkcs1_prefix(
@@ -216,7 +216,7 @@ fn pkcs1_digest_info(hash: Hash, digest: &[u8]) -> Result<Zeroizing<Vec<u8>>, Si
     // SAFETY: see above: `out` is valid for `out_len` bytes until freed.
     let t = Zeroizing::new(unsafe { std::slice::from_raw_parts(out, out_len) }.to_vec());
     if alloced != 0 {
-        // SAFETY: BoringSSL allocated `out` with OPENSSL_malloc and hands
+        // SAFETY: AWS-LC allocated `out` with OPENSSL_malloc and hands
         // it to us; it is freed once, after the copy above.
         unsafe { openssl_sys::OPENSSL_free(out.cast()) };
     }

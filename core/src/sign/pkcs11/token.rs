@@ -974,7 +974,7 @@ fn digest_info_prefix(hash: Hash) -> &'static [u8] {
 /// PKCS#11's `r || s` as the DER `ECDSA-Sig-Value` TLS and X.509 use:
 /// `SEQUENCE { INTEGER r, INTEGER s }`, each integer without leading
 /// zeros but one before a high bit. Written here rather than through
-/// BoringSSL's `BIGNUM`s: two allocations and a parse a signature less.
+/// AWS-LC's `BIGNUM`s: two allocations and a parse a signature less.
 fn ecdsa_der(raw: &[u8]) -> Result<Output, SignError> {
     if raw.is_empty() || raw.len() % 2 != 0 || raw.len() > 132 {
         return Err(SignError::Crypto {
@@ -1404,7 +1404,7 @@ mod tests {
         assert!(LOGINS.states.lock().unwrap().keys().all(|k| k.token.serial != "unit"), "nothing is left of the test's logins");
     }
 
-    /// The DER this module writes is what BoringSSL writes for the same
+    /// The DER this module writes is what AWS-LC writes for the same
     /// r and s, across lengths, zeros and high bits.
     #[test]
     fn ecdsa_der_is_boringssls() {

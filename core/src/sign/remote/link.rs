@@ -1,5 +1,5 @@
 //! One mutual-TLS connection after its handshake, for either side: a
-//! thread owns the TLS stream (BoringSSL's stream cannot be read and
+//! thread owns the TLS stream (AWS-LC's stream cannot be read and
 //! written from two threads), reads frames and hands each to a
 //! [`Handler`], and writes whatever other threads put in the [`Outbox`].
 //! The socket is non-blocking and the thread sleeps in `poll` on it and on
@@ -183,7 +183,7 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
     let mut buf = vec![0u8; 64 * 1024];
     let fd = link.stream.get_ref().as_raw_fd();
     // Whether the socket may have bytes: reading only then saves a system
-    // call per wake-up by the waker (BoringSSL holds no decrypted bytes
+    // call per wake-up by the waker (AWS-LC holds no decrypted bytes
     // between turns: each turn reads until it wants more).
     let mut readable = true;
     // Set once a bad frame arrived: why, and until when the answers to the

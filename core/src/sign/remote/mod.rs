@@ -9,7 +9,7 @@
 //! budget, retries to dead hosts, no visibility, no trace through the hop);
 //! this module is built against each:
 //!
-//! - [`KeyServer`] (`keyfence serve`): mutual TLS on BoringSSL (a client
+//! - [`KeyServer`] (`keyfence serve`): mutual TLS on AWS-LC (a client
 //!   without a certificate from the configured CA gets nothing); keys
 //!   opened from their envelopes through the wrap machine, so it signs only
 //!   with keys its attributes allow ([`KeyRing`]), optionally in the
@@ -38,7 +38,7 @@
 //!
 //! | layer | modules | what |
 //! | --- | --- | --- |
-//! | 0 | `protocol` | the wire format (no BoringSSL) |
+//! | 0 | `protocol` | the wire format (no AWS-LC) |
 //! | 1 | `tls`, `poll`, `listen`, `metrics`, `backoff`, `retry_budget`, `breaker`, `keyring` | mutual-TLS contexts; `poll(2)`; a listening socket with a deep accept queue; counters and Prometheus text; the retry policies; the server's keys |
 //! | 2 | `link`, `tenants` | one TLS connection's thread: frames in, queued frames out; tenants from certificates, their keys and admission |
 //! | 3 | `conn`, `server`, `exporter` | a client connection; the key server; the metrics endpoint |

@@ -36,7 +36,7 @@
 //! resynchronised); any other malformed frame gets an ERR reply with
 //! [`RemoteErrorCode::Malformed`].
 //!
-//! Nothing here needs BoringSSL: with the `testing` feature this module
+//! Nothing here needs AWS-LC: with the `testing` feature this module
 //! builds without `sign`, for the fuzzer. The framing items are
 //! re-exported here, so that this module is all a user of the protocol
 //! names.

@@ -98,7 +98,7 @@ pub struct ServerConfig {
     pub max_handshakes_per_address: usize,
     /// The server's name in spans and metrics.
     pub name: String,
-    /// What signs for the engine instead of in-process BoringSSL (an
+    /// What signs for the engine instead of in-process AWS-LC (an
     /// offload device, or a stand-in for a slow one in tests). Keys held by
     /// the key process always sign there.
     pub backend: Option<Arc<dyn Backend>>,

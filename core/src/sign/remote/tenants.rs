@@ -85,7 +85,7 @@ impl TenantSource {
                             .iter()
                             .filter(|n| general_name_kind(n) == kind)
                             .map(|n| {
-                                // `None` from BoringSSL's accessor is bytes
+                                // `None` from AWS-LC's accessor is bytes
                                 // that are not UTF-8; an IA5String holds
                                 // ASCII only, so other bytes are not text
                                 // either (readers differ on their decoding).
@@ -139,7 +139,7 @@ fn general_name_kind(name: &openssl::x509::GeneralNameRef) -> std::os::raw::c_in
 }
 
 /// The text of an ASN.1 string, only when it accounts for every byte of
-/// the string: BoringSSL's conversion to UTF-8 ends at the first NUL, so
+/// the string: AWS-LC's conversion to UTF-8 ends at the first NUL, so
 /// `shop-a\0.shop-b.example` would read as `shop-a`. The text is kept when
 /// encoding it back (as UTF-8, UTF-16 for a BMPString, UTF-32 for a
 /// UniversalString) gives the stored bytes exactly.

@@ -1,4 +1,4 @@
-//! Mutual TLS for the remote protocol, on BoringSSL: certificates and
+//! Mutual TLS for the remote protocol, on AWS-LC: certificates and
 //! keys from PEM files, TLS 1.3 only, and only the configured CA trusted
 //! (never the system's roots), in both directions. A server refuses a
 //! client without a certificate from that CA before any frame is read; a

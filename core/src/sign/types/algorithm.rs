@@ -1,5 +1,5 @@
 //! Signature algorithms: names, TLS SignatureScheme code points, digest
-//! names and lengths. Hashing itself is BoringSSL's, one layer up
+//! names and lengths. Hashing itself is AWS-LC's, one layer up
 //! ([`Hash::digest`] is implemented beside the local key), so that this
 //! layer builds without it.
 

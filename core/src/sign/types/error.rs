@@ -14,7 +14,7 @@ use crate::ErrorCode;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum KeyError {
-    /// The bytes are neither a PEM nor a DER private key in a form BoringSSL
+    /// The bytes are neither a PEM nor a DER private key in a form AWS-LC
     /// reads (PKCS#1, PKCS#8 or SEC1), or an encrypted PEM.
     #[error("not a private key in PEM or DER form (PKCS#1, PKCS#8 or SEC1); encrypted keys are not read")]
     Parse,
@@ -34,7 +34,7 @@ pub enum KeyError {
     /// the public point does not match the scalar).
     #[error("the private key failed its consistency check")]
     Inconsistent,
-    /// Key generation failed inside BoringSSL.
+    /// Key generation failed inside AWS-LC.
     #[error("key generation failed: {0}")]
     Generate(String),
     /// The key is password-protected (encrypted PEM or an encrypted
@@ -42,7 +42,7 @@ pub enum KeyError {
     /// signing service has no one to type the password.
     #[error("the private key is password-protected; keyfence does not ask for passwords (a signing service has no one to type one): give it the key unencrypted, readable by its owner only, or wrapped in a keyfence envelope")]
     Encrypted,
-    /// A recognised private key that BoringSSL cannot read, so keyfence
+    /// A recognised private key that AWS-LC cannot read, so keyfence
     /// cannot sign with it: `what` it is and `why` it is refused.
     #[error("{what} is not supported: {why}")]
     Unsupported {
@@ -68,7 +68,7 @@ pub enum ErrorKind {
     /// The request was invalid (wrong algorithm for the key, bad digest or
     /// ciphertext length, unknown algorithm).
     Invalid,
-    /// BoringSSL or a backend failed.
+    /// AWS-LC or a backend failed.
     Failed,
 }
 
@@ -241,13 +241,13 @@ pub enum SignError {
         /// The backend the request named.
         requested: String,
     },
-    /// BoringSSL refused the operation (for raw RSA decryption this includes
+    /// AWS-LC refused the operation (for raw RSA decryption this includes
     /// an input not smaller than the modulus).
-    #[error("BoringSSL failed to {op}: {reason}")]
+    #[error("AWS-LC failed to {op}: {reason}")]
     Crypto {
-        /// What BoringSSL was asked to do.
+        /// What AWS-LC was asked to do.
         op: CryptoOp,
-        /// BoringSSL's reason (function and reason names, never key
+        /// AWS-LC's reason (function and reason names, never key
         /// material).
         reason: String,
     },
@@ -292,7 +292,7 @@ pub enum SignError {
     },
 }
 
-/// What BoringSSL was doing when it failed ([`SignError::Crypto`]).
+/// What AWS-LC was doing when it failed ([`SignError::Crypto`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum CryptoOp {
@@ -356,7 +356,7 @@ pub enum Resource {
     Socket,
     /// A child process (the key process).
     Process,
-    /// A per-connection slot in BoringSSL (`ex_data` index).
+    /// A per-connection slot in AWS-LC (`ex_data` index).
     TlsSlot,
 }
 
@@ -443,7 +443,7 @@ impl SignError {
 
 impl KeyError {
     /// The stable code bindings map this error to (`docs/errors.md`):
-    /// `InvalidPrivateKey`, or `CryptoFailed` when BoringSSL could not
+    /// `InvalidPrivateKey`, or `CryptoFailed` when AWS-LC could not
     /// generate a key.
     pub fn code(&self) -> ErrorCode {
         match self {

@@ -1,5 +1,5 @@
 //! The bottom layer: plain types that every other part of signing uses
-//! and that import nothing else from `sign`. Nothing here needs BoringSSL,
+//! and that import nothing else from `sign`. Nothing here needs AWS-LC,
 //! so the key-process protocol codec (which carries these types) builds
 //! without the `sign` feature.
 

@@ -26,7 +26,7 @@ pub enum ErrorCode {
     /// The key could not be loaded (file, envelope or bytes). Key process
     /// only.
     Load = 3,
-    /// BoringSSL refused the operation.
+    /// AWS-LC refused the operation.
     Crypto = 4,
     /// The deadline (key process) or budget (key server) ran out before
     /// the operation completed.

@@ -15,7 +15,7 @@
 //! - [`error`]: the ERR body and the one table of its codes.
 //!
 //! Every field is read and written with the crate's one checked codec
-//! ([`crate::codec`], big-endian). Nothing here needs BoringSSL except
+//! ([`crate::codec`], big-endian). Nothing here needs AWS-LC except
 //! `op::fit`: the codec builds without the `sign` feature, for the
 //! fuzzers.
 //!

@@ -64,7 +64,7 @@ pub fn read(r: &mut Reader<'_>) -> Result<Operation, BodyError> {
 ///
 /// # Errors
 /// [`SignError::InputTooLarge`](crate::sign::SignError::InputTooLarge)
-/// for what cannot be made to fit; a hashing failure as BoringSSL reports
+/// for what cannot be made to fit; a hashing failure as AWS-LC reports
 /// it.
 #[cfg(feature = "sign")]
 pub fn fit(op: &Operation, max: usize) -> Result<std::borrow::Cow<'_, Operation>, crate::sign::SignError> {

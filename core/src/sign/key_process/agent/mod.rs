@@ -323,7 +323,7 @@ impl std::fmt::Debug for Agent {
 }
 
 /// Each connection's thread: its reader, and the EC signatures made in
-/// place on it (BoringSSL's stack stays well under this).
+/// place on it (AWS-LC's stack stays well under this).
 const CONNECTION_STACK: usize = 256 * 1024;
 /// The most bytes of replies a client may leave unread before it is cut
 /// off (1,024 RSA-4096 signatures in flight are 0.5 MiB).

@@ -5,7 +5,7 @@
 //! matches; the kernel takes the strictest answer of all of them:
 //!
 //! - the allow-list ([`allowed`]): what the key process, the standard
-//!   library, BoringSSL and a file-based PKCS#11 module (SoftHSM2) call;
+//!   library, AWS-LC and a file-based PKCS#11 module (SoftHSM2) call;
 //!   any other call fails with `EPERM`, so a new libc that tries a new
 //!   call first degrades instead of crashing;
 //! - two answers of their own: `clone3` fails with `ENOSYS`, so glibc
