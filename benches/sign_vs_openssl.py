@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""keyfence's signatures against OpenSSL's own, per CPU-second, on this CPU.
+
+    python3 benches/sign_vs_openssl.py --keyfence target/release/keyfence \\
+        --rounds 3 --seconds 3 --json docs/benchmarks-openssl.jsonl --svg docs/benchmarks-openssl.svg
+
+For each algorithm, in turn and `--rounds` times (so a change in the
+machine's load falls on both alike): `keyfence bench sign --per-cpu --path
+raw --threads 1` (the library keyfence signs with, called directly, one
+thread; signatures per CPU-second of the process) and `openssl speed`
+(OpenSSL's libcrypto; it divides by user CPU time unless told
+`-elapsed`). The ratio is keyfence's CPU per signature over OpenSSL's,
+each round's pair on its own: at most 1.05 is "no signature costs more
+than OpenSSL's own" (issue 53). Prints a Markdown table and one JSON
+object per algorithm; draws the ratios with their range.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+
+# keyfence's case, openssl speed's name, and the summary line of
+# `openssl speed -mr` that carries its signatures per second: `+F2:N:BITS:
+# SIGN:VERIFY` (RSA), `+F4:N:BITS:SIGN:VERIFY` (ECDSA), `+F6:N:BITS:NAME:
+# SIGN:VERIFY` (EdDSA), and the field the signing rate is in.
+CASES = [
+    ("rsa2048-pkcs1-sha256", "rsa2048", "F2", 3),
+    ("ecdsa-p256-sha256", "ecdsap256", "F4", 3),
+    ("ed25519", "ed25519", "F6", 4),
+]
+TARGET = 1.05
+
+
+def keyfence_rate(cli, case, seconds):
+    out = subprocess.run(
+        [cli, "bench", "sign", "--json", "--per-cpu", "--threads", "1", "--path", "raw", "--case", case, "--seconds", str(seconds)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            if row.get("path") == "raw" and row.get("alg") == case:
+                return float(row["per_cpu_second"])
+    raise SystemExit(f"no raw row for {case} in: {out}")
+
+
+def openssl_rate(name, tag, field, seconds):
+    """Signatures per CPU-second from `openssl speed -mr` (which divides
+    by user CPU time unless told `-elapsed`)."""
+    out = subprocess.run(
+        ["openssl", "speed", "-mr", "-seconds", str(max(1, round(seconds))), name], check=True, capture_output=True, text=True, timeout=600
+    ).stdout
+    for line in out.splitlines():
+        parts = line.strip().split(":")
+        if parts[0] == f"+{tag}" and len(parts) > field:
+            return float(parts[field])
+    raise SystemExit(f"no +{tag}: line from openssl speed {name}: {out}")
+
+
+def measure(cli, rounds, seconds):
+    results = []
+    for case, name, tag, field in CASES:
+        ratios, ours, theirs = [], [], []
+        for i in range(rounds):
+            # Alternate which goes first, round by round.
+            pair = [("k", lambda: keyfence_rate(cli, case, seconds)), ("o", lambda: openssl_rate(name, tag, field, seconds))]
+            if i % 2:
+                pair.reverse()
+            got = dict((k, f()) for k, f in pair)
+            ours.append(got["k"])
+            theirs.append(got["o"])
+            # CPU per signature: 1/rate. keyfence's over OpenSSL's.
+            ratios.append(got["o"] / got["k"])
+        results.append(
+            {
+                "alg": case,
+                "keyfence_per_cpu_s": round(statistics.median(ours), 1),
+                "openssl_per_cpu_s": round(statistics.median(theirs), 1),
+                "ratio": round(statistics.median(ratios), 3),
+                "rounds": [round(r, 3) for r in ratios],
+                "target": TARGET,
+                "openssl": subprocess.run(["openssl", "version"], capture_output=True, text=True).stdout.strip(),
+            }
+        )
+    return results
+
+
+def table(data):
+    out = [
+        "| signature | keyfence (sig/CPU-s) | OpenSSL (sig/CPU-s) | keyfence CPU / OpenSSL CPU per signature | rounds | target |",
+        "| --- | ---: | ---: | ---: | --- | --- |",
+    ]
+    for r in data:
+        span = f"{min(r['rounds']):.3f}-{max(r['rounds']):.3f}"
+        out.append(
+            f"| {r['alg']} | {r['keyfence_per_cpu_s']:,} | {r['openssl_per_cpu_s']:,} | **{r['ratio']:.2f}x** | {span} | <= {r['target']}x |"
+        )
+    return "\n".join(out)
+
+
+def svg(data):
+    width, left, top, bar = 560, 170, 30, 34
+    height = top + 40 + len(data) * (bar + 24)
+    scale = 300  # pixels for 1.0x
+    lines = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
+        f'<text x="{left}" y="18" font-size="13">keyfence CPU per signature / OpenSSL\'s (lower is faster)</text>',
+    ]
+    for i, r in enumerate(data):
+        y = top + 20 + i * (bar + 24)
+        ratio, rounds = r["ratio"], r["rounds"]
+        lines.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{r["alg"]}</text>')
+        lines.append(f'<rect x="{left}" y="{y}" width="{ratio * scale:.1f}" height="{bar}" fill="#4c72b0"/>')
+        lo, hi, mid = min(rounds) * scale + left, max(rounds) * scale + left, y + bar / 2
+        lines.append(f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="black"/>')
+        lines.append(f'<text x="{left + ratio * scale + 6:.1f}" y="{y - 3}">{ratio:.2f}x</text>')
+    target = left + TARGET * scale
+    lines.append(f'<line x1="{target}" y1="{top}" x2="{target}" y2="{height - 20}" stroke="#c44e52" stroke-dasharray="4 3"/>')
+    lines.append(f'<text x="{target + 4}" y="{height - 8}" fill="#c44e52">{TARGET}x target</text>')
+    lines.append("</svg>")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--keyfence", required=True, help="the keyfence command line (a release build)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3)
+    ap.add_argument("--json", help="write one JSON object per algorithm here")
+    ap.add_argument("--svg", help="write the chart here")
+    args = ap.parse_args()
+    data = measure(args.keyfence, args.rounds, args.seconds)
+    print(table(data))
+    for r in data:
+        print(json.dumps(r, sort_keys=True))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in data)
+    if args.svg:
+        with open(args.svg, "w", encoding="utf-8") as f:
+            f.write(svg(data))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
