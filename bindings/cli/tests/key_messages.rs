@@ -34,9 +34,9 @@ fn refused_keys_say_what_they_are_and_why() {
     openssl(&["rsa", "-in", &d.p("rsa.pem"), "-traditional", "-aes128", "-passout", "pass:x", "-out", &enc_legacy]);
 
     for (key, alg, want) in [
-        (&k1, "ecdsa-p256-sha256", "a secp256k1 EC key is not supported: BoringSSL does not implement secp256k1"),
+        (&k1, "ecdsa-p256-sha256", "a secp256k1 EC key is not supported: no TLS signature scheme uses secp256k1"),
         (&k1_sec1, "ecdsa-p256-sha256", "a secp256k1 EC key is not supported"),
-        (&ed448, "ed25519", "an Ed448 key is not supported: BoringSSL does not implement Ed448"),
+        (&ed448, "ed25519", "an Ed448 key is not supported: keyfence signs EdDSA with Ed25519, not Ed448"),
         (&pss, "rsa-pss-sha256", "an RSA-PSS-only key (id-RSASSA-PSS) is not supported"),
         (&enc, "ed25519", "the private key is password-protected"),
         (&enc_der, "ed25519", "the private key is password-protected"),

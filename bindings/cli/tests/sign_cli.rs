@@ -186,7 +186,7 @@ fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
 }
 
 /// `bench sign --per-cpu`: by default P-256, Ed25519 and RSA-2048 (PSS),
-/// each through raw BoringSSL, the engine, the key process and a key server
+/// each through raw AWS-LC, the engine, the key process and a key server
 /// on loopback, one row each with its signatures per CPU-second, its ratio
 /// to raw's (raw's own is 1) and issue 29's target. No figure is asserted
 /// on: only the shape, and that each ratio is the quotient of the figures.
