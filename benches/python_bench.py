@@ -14,7 +14,7 @@ machine load:
 - signing per CPU-second (`python-asyncio`: `await engine.sign(...)` in a
   loop in each of 1,000 tasks, the CPU of the whole process from getrusage: the event loop
   and the engine's threads), for ECDSA P-256, Ed25519 and RSA-2048 (PSS),
-  against raw BoringSSL's in the same round (the `raw` rows of `keyfence
+  against raw AWS-LC's in the same round (the `raw` rows of `keyfence
   bench sign --per-cpu`, run from here: the library the engine signs
   with, where pyca/cryptography's signing is OpenSSL's and would compare
   two libraries); and ECDSA P-256 throughput against the Rust engine's;
@@ -113,7 +113,7 @@ def py_open(iters: int) -> float:
 # names them, with a fresh key of each.
 SIGN_ALGS = ["ecdsa-p256-sha256", "ed25519", "rsa2048-pss-sha256"]
 # Issue 29: the asyncio path's signatures per CPU-second at least 0.75x
-# raw BoringSSL's, for P-256 and Ed25519 (RSA-2048 is reported without one).
+# raw AWS-LC's, for P-256 and Ed25519 (RSA-2048 is reported without one).
 PER_CPU_TARGET = {"ecdsa-p256-sha256": 0.75, "ed25519": 0.75}
 
 
@@ -222,7 +222,7 @@ def main() -> None:
                 ratios.setdefault(f"decrypt {c} python/rust", []).append(py_abe[c] / rust_abe[c])
                 ratios.setdefault(f"decrypt cold {c} python/rust", []).append(py_cold[c] / rust_cold[c])
             ratios.setdefault("open cached python/rust", []).append(py_open_us / rust_open)
-        # Signing, per algorithm: raw BoringSSL (and the Rust engine) right
+        # Signing, per algorithm: raw AWS-LC (and the Rust engine) right
         # before and right after the Python run, and Python against their
         # mean. This host's speed drifts over seconds, so a ratio against a
         # raw figure taken once, earlier, carries the drift (such rounds
@@ -269,7 +269,7 @@ def main() -> None:
 
 # Targets from the Python issue: a time ratio at most 1.1, a throughput
 # ratio at least 0.5; issue 29: per CPU-second at least 0.75 of raw
-# BoringSSL for P-256 and Ed25519; the two-thread speedup has none (2 cores
+# AWS-LC for P-256 and Ed25519; the two-thread speedup has none (2 cores
 # shared).
 TARGETS = {"decrypt": (1.1, "max"), "open": (1.1, "max"), "ecdsa-p256 throughput": (0.5, "min"),
            "ecdsa-p256-sha256 per CPU-s": (0.75, "min"), "ed25519 per CPU-s": (0.75, "min")}

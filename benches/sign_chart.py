@@ -11,7 +11,7 @@ With --per-cpu it reads rows of `bench sign --json --per-cpu` (and the
 `python-asyncio` and `node-promise` rows the Python and Node benches print
 in the same shape) and gives, per algorithm and path, the median over runs
 of signatures per CPU-second and of `vs_raw` (that figure over raw
-BoringSSL's in the same run), with the range and issue 29's target, as a
+AWS-LC's in the same run), with the range and issue 29's target, as a
 table and a chart of per-core efficiency by path.
 
 Each run measures every path side by side; this takes, per algorithm and
@@ -164,7 +164,7 @@ def load_per_cpu(path):
 
 def per_cpu_svg(runs, targets, algs, out):
     """Grouped bars: per algorithm, each path's median vs_raw (1.0 = raw
-    BoringSSL), its range as a line, its target as a red dash."""
+    AWS-LC), its range as a line, its target as a red dash."""
     def bar(alg, name):
         r = runs.get((alg, name))
         if not r:
@@ -175,7 +175,7 @@ def per_cpu_svg(runs, targets, algs, out):
     bar_chart(
         out,
         title="Signatures per CPU-second of every process a path uses, "
-        "over raw BoringSSL's in the same run (median of runs, range as a line)",
+        "over raw AWS-LC's in the same run (median of runs, range as a line)",
         size=(820, 340), algs=algs, paths=[p for p in PER_CPU_PATHS if any((a, p) in runs for a in algs)],
         colour=PER_CPU_COLOURS, bar=bar, target=lambda alg, name: targets.get((alg, name)),
         legend=lambda name: name, legend_step=120, target_label="issue 29 target",

@@ -7,7 +7,7 @@
 
 `perf record` follows the key process and the key server (children of the
 bench), and a software clock works where hardware counters do not (a VM).
-Raw BoringSSL's blocks run on short-lived threads (made per block); the
+Raw AWS-LC's blocks run on short-lived threads (made per block); the
 path's blocks run on long-lived ones. This keeps the samples from the
 start of the second raw block (the first is the warm-up) to one block
 length (`--block`: the bench's --seconds over 4) after the last one ends,

@@ -105,7 +105,7 @@ say "the sdist: unpacked and built into a wheel by pip, as from source"
 # compile them again and leave the old build behind. The toolchain stays on
 # PATH: building from source needs it. A debug build: what is checked is
 # that the sdist holds all a build reads, and a debug build reuses the
-# dependencies (BoringSSL among them) that the Rust tests compiled, where
+# dependencies (AWS-LC among them) that the Rust tests compiled, where
 # a release build would compile the core once more. The wheel is thrown away.
 target_dir="${CARGO_TARGET_DIR:-$ROOT/target}"
 sdist_build="$target_dir/sdist-build"

@@ -1,9 +1,9 @@
 # Fails unless every global symbol LIB defines starts with keyfence_, so
-# that a server linking OpenSSL (or another BoringSSL) beside it is safe.
+# that a server linking OpenSSL (or BoringSSL, or AWS-LC) beside it is safe.
 # LIB is the shared library (its dynamic symbols) or, with -DSTATIC=ON, the
-# static one (its global symbols). The static library may keep BoringSSL's
-# two C++ `bssl::` constants as GNU unique symbols (`u`): objcopy cannot
-# make those local, and no C library defines them.
+# static one (its global symbols), with no exception: AWS-LC defines no
+# GNU unique symbol (`u`, which objcopy cannot make local; BoringSSL had
+# two).
 if(STATIC)
   execute_process(COMMAND nm -g --defined-only "${LIB}" OUTPUT_VARIABLE out RESULT_VARIABLE rc)
 else()
@@ -18,9 +18,6 @@ foreach(line IN LISTS lines)
   if(line MATCHES "^[0-9a-f]+ ([A-Za-z]) (.+)$")
     set(kind "${CMAKE_MATCH_1}")
     set(sym "${CMAKE_MATCH_2}")
-    if(STATIC AND kind STREQUAL "u" AND sym MATCHES "^_ZN4bssl")
-      continue()
-    endif()
     if(NOT sym MATCHES "^keyfence_")
       message(FATAL_ERROR "${LIB} exports ${sym} (${kind})")
     endif()

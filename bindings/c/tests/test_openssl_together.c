@@ -1,4 +1,4 @@
-/* OpenSSL's libcrypto and libkeyfence (BoringSSL inside, not exported) in
+/* OpenSSL's libcrypto and libkeyfence (AWS-LC inside, not exported) in
  * one process: each answers with its own implementation, and OpenSSL
  * verifies a digest keyfence's user computes beside it. */
 #include <openssl/evp.h>
@@ -11,7 +11,7 @@ int main(void) {
     unsigned int n = 0;
     CHECK(EVP_Digest("abc", 3, md, &n, EVP_sha256(), NULL) == 1);
     CHECK(n == 32 && md[0] == 0xba && md[31] == 0xad);
-    /* The OpenSSL in this process is OpenSSL, not BoringSSL leaking through. */
+    /* The OpenSSL in this process is OpenSSL, not AWS-LC leaking through. */
     CHECK(OPENSSL_VERSION_NUMBER >= 0x10100000L);
     CHECK(strstr(OpenSSL_version(OPENSSL_VERSION), "OpenSSL") != NULL);
 

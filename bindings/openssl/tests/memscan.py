@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """memscan.py PID HEX: exit 0 if process PID's readable memory holds the
 bytes HEX (big-endian, as `openssl pkey -text` prints a private scalar) or
-their reverse (little-endian limbs, as BoringSSL keeps a scalar), 1 if not.
+their reverse (little-endian limbs, as AWS-LC and BoringSSL keep a scalar), 1 if not.
 Reads /proc/PID/mem (root, or the same user with ptrace allowed)."""
 import re
 import sys
