@@ -68,9 +68,11 @@ def openssl_rate(name, tag, field, seconds):
     raise SystemExit(f"no +{tag}: line from openssl speed {name}: {out}")
 
 
-def measure(cli, rounds, seconds):
+def measure(cli, rounds, seconds, only):
     results = []
     for case, name, tag, field in CASES:
+        if only and case not in only:
+            continue
         ratios, ours, theirs = [], [], []
         for i in range(rounds):
             # Alternate which goes first, round by round.
@@ -139,8 +141,12 @@ def main():
     ap.add_argument("--seconds", type=float, default=3)
     ap.add_argument("--json", help="write one JSON object per algorithm here")
     ap.add_argument("--svg", help="write the chart here")
+    ap.add_argument("--case", action="append", default=[], help="only this signature (repeatable); default: all")
     args = ap.parse_args()
-    data = measure(args.keyfence, args.rounds, args.seconds)
+    unknown = set(args.case) - {c[0] for c in CASES}
+    if unknown:
+        ap.error(f"unknown case(s) {', '.join(sorted(unknown))}; known: {', '.join(c[0] for c in CASES)}")
+    data = measure(args.keyfence, args.rounds, args.seconds, set(args.case))
     print(table(data))
     for r in data:
         print(json.dumps(r, sort_keys=True))
