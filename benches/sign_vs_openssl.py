@@ -2,7 +2,7 @@
 """keyfence's signatures against OpenSSL's own, per CPU-second, on this CPU.
 
     python3 benches/sign_vs_openssl.py --keyfence target/release/keyfence \\
-        --rounds 3 --seconds 3 --json docs/benchmarks-openssl.jsonl --svg docs/benchmarks-openssl.svg
+        --rounds 3 --seconds 3 --json docs/benchmarks-sign-vs-openssl.jsonl --svg docs/benchmarks-sign-vs-openssl.svg
 
 For each algorithm, in turn and `--rounds` times (so a change in the
 machine's load falls on both alike): `keyfence bench sign --per-cpu --path
