@@ -14,7 +14,7 @@ use keyfence::sign::key_process::KeySource;
 use keyfence::sign::Algorithm;
 
 mod key_process_support;
-use key_process_support::{agent_config, agent_engine, agent_world, managed_sign, verifies, Dir};
+use key_process_support::{agent_config, agent_engine, agent_world, attacker, managed_sign, verifies, Dir};
 
 #[test]
 fn an_agent_opens_envelopes_with_its_own_machine_key_and_signs_for_its_clients() {
@@ -172,124 +172,22 @@ fn an_agent_admits_clients_by_socket_mode_and_credentials() {
 }
 
 
-/// Runs as another user by the attack tests below; what it does is named
-/// by `KEYFENCE_ATTACK` (`dribble`, `hold`, `unread`, `idle`) against the
-/// agent on `KEYFENCE_ATTACK_SOCKET`, with `KEYFENCE_ATTACK_COUNT`
-/// connections, for `KEYFENCE_ATTACK_SECONDS`. It prints `ATTACK: ready`
-/// once its connections are up, and `ATTACK: done ...` at the end.
-#[test]
-#[ignore = "an attacker run as another user by the agent's attack tests"]
-fn agent_attacker() {
-    let (Some(what), Some(socket)) = (std::env::var("KEYFENCE_ATTACK").ok(), std::env::var_os("KEYFENCE_ATTACK_SOCKET")) else {
-        return;
-    };
-    let count: usize = std::env::var("KEYFENCE_ATTACK_COUNT").ok().and_then(|v| v.parse().ok()).unwrap_or(300);
-    let seconds: f64 = std::env::var("KEYFENCE_ATTACK_SECONDS").ok().and_then(|v| v.parse().ok()).unwrap_or(5.0);
-    let envelope = std::env::var_os("KEYFENCE_ATTACK_ENVELOPE").map(|e| std::fs::read(e).unwrap());
-    let until = Instant::now() + Duration::from_secs_f64(seconds);
-    let connect = || UnixStream::connect(&socket).ok();
-    let hello = |s: &mut UnixStream| {
-        let mut f = Vec::new();
-        p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(64)]);
-        s.write_all(&f).is_ok()
-    };
-    let mut conns: Vec<Option<UnixStream>> = (0..count).map(|_| connect()).collect();
-    let mut cut = 0usize;
-    match what.as_str() {
-        "idle" => {
-            for s in conns.iter_mut().flatten() {
-                hello(s);
-            }
-        }
-        "unread" => {
-            let envelope = envelope.expect("an envelope");
-            for s in conns.iter_mut().flatten() {
-                let mut f = Vec::new();
-                p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(64)]);
-                p::encode(&mut f, kind::LOAD, 1, &[&p::load_request(1, &KeySource::AgentEnvelope(envelope.clone()))]);
-                let _ = s.write_all(&f);
-            }
-        }
-        _ => {}
-    }
-    println!("ATTACK: ready {}", conns.iter().flatten().count());
-    let mut id = 2u64;
-    let op = keyfence::sign::Operation::Sign { alg: Algorithm::EcdsaP256Sha256, input: keyfence::sign::Input::Message(vec![7u8; 32]) };
-    while Instant::now() < until {
-        for slot in conns.iter_mut() {
-            match what.as_str() {
-                // 16 bytes of a hello that never ends, every round; a
-                // connection the agent closed is made again.
-                "dribble" => {
-                    let ok = slot.as_mut().is_some_and(|s| s.write_all(&[0u8; 16]).is_ok());
-                    if !ok {
-                        *slot = connect();
-                    }
-                }
-                // Requests within the in-flight bound, replies never read.
-                "unread" => {
-                    if let Some(s) = slot.as_mut() {
-                        let mut f = Vec::new();
-                        p::encode_op(&mut f, id, 1, Duration::from_secs(10), &op);
-                        id += 1;
-                        s.set_write_timeout(Some(Duration::from_millis(50))).unwrap();
-                        // A full socket times out; one the agent cut off
-                        // is a broken pipe.
-                        if let Err(e) = s.write_all(&f) {
-                            if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) {
-                                cut += 1;
-                                *slot = None;
-                            }
-                        }
-                    }
-                }
-                _ => {}
-            }
-        }
-        std::thread::sleep(Duration::from_millis(if what == "unread" { 2 } else { 20 }));
-    }
-    println!("ATTACK: done cut={cut}");
-}
-
 /// Runs `attack` as `nobody` with `count` connections for `seconds`
 /// against the agent on `socket`, and meanwhile has root (this process)
 /// sign with a key it holds every 50 ms and, every 300 ms, connect anew,
 /// load and sign (what a server's reload does). Returns the slowest of
 /// each, and the attacker's last line.
 fn under_attack(socket: &Path, envelope: &Path, attack: &str, count: usize, seconds: f64) -> (Duration, Duration, String) {
-    use std::io::BufRead;
-    use std::os::unix::process::CommandExt;
     let engine = agent_engine(socket).unwrap();
     let key = engine.load(KeySource::AgentEnvelope(std::fs::read(envelope).unwrap())).unwrap();
-    let mut attacker = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "agent_attacker", "--ignored", "--nocapture", "--test-threads", "1"])
-        .env("KEYFENCE_ATTACK", attack)
-        .env("KEYFENCE_ATTACK_SOCKET", socket)
-        .env("KEYFENCE_ATTACK_ENVELOPE", envelope)
-        .env("KEYFENCE_ATTACK_COUNT", count.to_string())
-        .env("KEYFENCE_ATTACK_SECONDS", seconds.to_string())
-        .uid(65534)
-        .gid(65534)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    struct Reap(std::process::Child);
-    impl Drop for Reap {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let mut lines = std::io::BufReader::new(attacker.stdout.take().unwrap()).lines().map_while(Result::ok);
-    let attacker = Reap(attacker);
-    // libtest may print the test's name on the same line first.
-    let said = |l: &str, what: &str| l.find(what).map(|at| l[at..].to_string());
-    let ready = lines.find_map(|l| said(&l, "ATTACK: ready")).expect("the attacker did not start");
-    let (done_tx, done_rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let last = lines.find_map(|l| said(&l, "ATTACK: done")).unwrap_or_default();
-        let _ = done_tx.send(last);
-    });
+    let attacker = attacker(&[
+        ("KEYFENCE_ATTACK", attack.to_string()),
+        ("KEYFENCE_ATTACK_SOCKET", socket.display().to_string()),
+        ("KEYFENCE_ATTACK_ENVELOPE", envelope.display().to_string()),
+        ("KEYFENCE_ATTACK_COUNT", count.to_string()),
+        ("KEYFENCE_ATTACK_SECONDS", seconds.to_string()),
+    ]);
+    let ready = format!("ready {}", attacker.said("ATTACK: ready", Duration::from_secs(30)));
     let (mut sign, mut reload) = (Duration::ZERO, Duration::ZERO);
     let until = Instant::now() + Duration::from_secs_f64(seconds - 0.5);
     let mut last_reload = Instant::now();
@@ -308,8 +206,7 @@ fn under_attack(socket: &Path, envelope: &Path, attack: &str, count: usize, seco
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    let done = done_rx.recv_timeout(Duration::from_secs(30)).unwrap_or_default();
-    drop(attacker);
+    let done = attacker.said("ATTACK: done", Duration::from_secs(30));
     (sign, reload, format!("{ready}; {done}"))
 }
 
@@ -578,4 +475,188 @@ fn an_agent_restarted_under_a_burst_of_replays_loses_no_clients_key() {
         }
         assert!(keys.restarts() >= 1, "client {i} reconnected");
     }
+}
+
+/// Latencies' `q` quantile (0 to 1), in milliseconds.
+fn quantile_ms(samples: &mut [Duration], q: f64) -> f64 {
+    samples.sort_unstable();
+    let i = ((samples.len() as f64 - 1.0) * q).round() as usize;
+    samples.get(i).map_or(f64::INFINITY, |d| d.as_secs_f64() * 1e3)
+}
+
+/// Issue 59.1: one allowed user keeps the agent saturated, 4 connections
+/// of 1,024 RSA-4096 signatures in flight and 2 of 1,024 P-384 (both
+/// signing classes), while another user (root, here) signs RSA-2048 and
+/// P-256 one at a time. The other user is served within its normal
+/// latency: the queues take users by the time their work has taken. The
+/// control is the attacking user's own probe, which shares its user's
+/// place in the queues: it waits behind the backlog (seconds, or past its
+/// 2 s deadline), which is what every user waited with one queue for all
+/// (7.3 s for another user's RSA-2048, issue 59).
+#[test]
+fn one_user_saturating_the_agent_does_not_delay_another_users_signatures() {
+    if !running_as_root() {
+        return;
+    }
+    use key_process_support::{wrap_more, Attacker};
+    use keyfence::sign::KeyKind;
+    let dir = Dir::new("agent-fair");
+    let world = agent_world(&dir.0);
+    let rsa4096 = wrap_more(&dir.0, &world, "eu-rsa4096", KeyKind::Rsa { bits: 4096 }, "region: EU");
+    let p384 = wrap_more(&dir.0, &world, "eu-p384", KeyKind::EcP384, "region: EU");
+    let mut config = agent_config(&dir.0, &world);
+    config.socket_mode = 0o666;
+    config.allow_users = vec![65534];
+    config.rsa_threads = 2;
+    let agent = keyfence::sign::key_process::Agent::start(config).unwrap();
+    let socket = agent.socket().display().to_string();
+    let flood = |count: usize, envelope: &Path, alg: &str, probe: Option<&Path>| {
+        let mut env = vec![
+            ("KEYFENCE_ATTACK", "flood".to_string()),
+            ("KEYFENCE_ATTACK_SOCKET", socket.clone()),
+            ("KEYFENCE_ATTACK_COUNT", count.to_string()),
+            ("KEYFENCE_ATTACK_IN_FLIGHT", "1024".to_string()),
+            ("KEYFENCE_ATTACK_SECONDS", "12".to_string()),
+            ("KEYFENCE_ATTACK_ENVELOPE", envelope.display().to_string()),
+            ("KEYFENCE_ATTACK_ALG", alg.to_string()),
+        ];
+        if let Some(probe) = probe {
+            env.push(("KEYFENCE_ATTACK_PROBE_ENVELOPE", probe.display().to_string()));
+            env.push(("KEYFENCE_ATTACK_PROBE_ALG", "rsa-pss-sha256".to_string()));
+        }
+        attacker(&env)
+    };
+    let rsa = flood(4, &rsa4096.0, "rsa-pkcs1-sha256", Some(&world.eu_rsa.0));
+    let ec = flood(2, &p384.0, "ecdsa-p384-sha384", None);
+    rsa.said("ATTACK: ready", Duration::from_secs(60));
+    ec.said("ATTACK: ready", Duration::from_secs(60));
+
+    let engine = agent_engine(agent.socket()).unwrap();
+    let keys = [
+        (engine.load(KeySource::AgentEnvelope(world.eu_rsa.1.clone())).unwrap(), Algorithm::RsaPssSha256),
+        (engine.load(KeySource::AgentEnvelope(world.eu_ec.1.clone())).unwrap(), Algorithm::EcdsaP256Sha256),
+    ];
+    let mut times: [Vec<Duration>; 2] = [Vec::new(), Vec::new()];
+    let until = Instant::now() + Duration::from_secs(7);
+    while Instant::now() < until {
+        for (i, (key, alg)) in keys.iter().enumerate() {
+            let t = Instant::now();
+            let sig = managed_sign(&engine, key, *alg).unwrap_or_else(|e| panic!("another user's {alg:?} during the flood: {e}"));
+            times[i].push(t.elapsed());
+            assert!(verifies(key, *alg, b"through the agent", &sig));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = rsa.said("ATTACK: done", Duration::from_secs(60));
+    let ec_done = ec.said("ATTACK: done", Duration::from_secs(60));
+    let [rsa_times, ec_times] = &mut times;
+    let (rsa_p50, rsa_p99) = (quantile_ms(rsa_times, 0.5), quantile_ms(rsa_times, 0.99));
+    let (ec_p50, ec_p99) = (quantile_ms(ec_times, 0.5), quantile_ms(ec_times, 0.99));
+    println!(
+        "{{\"test\": \"agent_fairness\", \"other_user_rsa2048_p50_ms\": {rsa_p50:.1}, \"other_user_rsa2048_p99_ms\": {rsa_p99:.1}, \"other_user_p256_p50_ms\": {ec_p50:.1}, \"other_user_p256_p99_ms\": {ec_p99:.1}, \"samples\": {}, \"attacker\": \"{done}\", \"attacker_ec\": \"{ec_done}\"}}",
+        rsa_times.len()
+    );
+    // The flood was real: both classes signed for the attacker, and its own
+    // probe waited behind its backlog or gave up at its deadline.
+    assert!(Attacker::field(&done, "signed") > 100.0 && Attacker::field(&ec_done, "signed") > 1000.0, "{done}; {ec_done}");
+    let probe = Attacker::field(&done, "probe_median_ms");
+    assert!(probe > 500.0 || Attacker::field(&done, "probe_failed") > 0.0, "the attacker's own probe was not delayed: {done}");
+    // Another user: a signature's normal latency, not the backlog's. The
+    // bound is loose for a loaded 2-core machine (the figure to meet, p99
+    // under 50 ms, is measured on its own: docs/benchmarks.md); with one
+    // queue for all it was seconds.
+    assert!(rsa_p99 < 400.0 && ec_p99 < 400.0, "another user waited: RSA-2048 p99 {rsa_p99:.1} ms, P-256 p99 {ec_p99:.1} ms ({done})");
+    assert!(probe.is_infinite() || rsa_p99 * 5.0 < probe, "another user's p99 {rsa_p99:.1} ms against the attacker's own {probe:.1} ms");
+}
+
+/// Issue 59.5: a child that inherits its parent's agent connection, made
+/// without running the fork handlers (`clone(SIGCHLD)`, as glibc's
+/// `_Fork` does), cannot use it: the agent reads each message's sender
+/// from the kernel (`SO_PASSCRED`) and ends a connection written by any
+/// process but the one that opened it. The control: the same request
+/// from the parent signs.
+#[test]
+fn a_child_that_inherits_an_agent_connection_cannot_use_it() {
+    use std::os::fd::AsRawFd;
+    let dir = Dir::new("agent-clone");
+    let world = agent_world(&dir.0);
+    let agent = keyfence::sign::key_process::Agent::start(agent_config(&dir.0, &world)).unwrap();
+    let mut s = UnixStream::connect(agent.socket()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut f = Vec::new();
+    p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(16)]);
+    p::encode(&mut f, kind::LOAD, 1, &[&p::load_request(1, &KeySource::AgentEnvelope(world.eu_ec.1.clone()))]);
+    s.write_all(&f).unwrap();
+    let mut decoder = p::Decoder::new();
+    let mut next = |s: &mut UnixStream| -> Option<p::Frame> {
+        let mut buf = [0u8; 4096];
+        loop {
+            if let Some(f) = decoder.next_frame().unwrap() {
+                return Some(f);
+            }
+            let n = s.read(&mut buf).ok()?;
+            if n == 0 {
+                return None;
+            }
+            decoder.push(&buf[..n]);
+        }
+    };
+    assert_eq!(next(&mut s).unwrap().kind, kind::HELLO);
+    assert_eq!(next(&mut s).unwrap().kind, kind::OK, "the key loads");
+    let op = keyfence::sign::Operation::Sign {
+        alg: Algorithm::EcdsaP256Sha256,
+        input: keyfence::sign::Input::Message(b"inherited".to_vec()),
+    };
+    let mut request = Vec::new();
+    p::encode_op(&mut request, 7, 1, Duration::from_secs(5), &op);
+    // The control: the parent's request signs.
+    s.write_all(&request).unwrap();
+    assert_eq!(next(&mut s).unwrap().kind, kind::OK, "the parent signs on its own connection");
+
+    let fd = s.as_raw_fd();
+    // SAFETY: clone with SIGCHLD and no other flag is fork without the
+    // atfork handlers (what _Fork does); the child makes only
+    // async-signal-safe calls (write, read, _exit) on memory prepared
+    // before, then exits.
+    let pid = unsafe { libc::syscall(libc::SYS_clone, libc::SIGCHLD as libc::c_ulong, 0usize, 0usize, 0usize, 0usize) };
+    assert!(pid >= 0, "clone");
+    if pid == 0 {
+        // SAFETY: as above: the request's bytes, a stack buffer, exit.
+        unsafe {
+            let sent = libc::write(fd, request.as_ptr().cast(), request.len());
+            let mut buf = [0u8; 4096];
+            let mut got = 0usize;
+            // The reply's header (length, kind): OK (0x80) or ERR (0x81).
+            while got < 5 {
+                let n = libc::read(fd, buf.as_mut_ptr().add(got).cast(), buf.len() - got);
+                if n <= 0 {
+                    break;
+                }
+                got += n as usize;
+            }
+            let code = match (sent == request.len() as isize, got >= 5, buf[4]) {
+                (false, _, _) => 3,
+                (true, false, _) => 4,
+                (true, true, 0x80) => 1,
+                (true, true, _) => 0,
+            };
+            libc::_exit(code);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child just made; `status` is a live local.
+    unsafe { libc::waitpid(pid as libc::pid_t, &mut status, 0) };
+    assert!(libc::WIFEXITED(status), "{status}");
+    match libc::WEXITSTATUS(status) {
+        0 => {}
+        1 => panic!("the child signed on its parent's connection"),
+        c => panic!("the child could not write or read at all ({c})"),
+    }
+    // The agent said why and ended the connection: the parent makes a new one.
+    let said = next(&mut s);
+    if let Some(f) = said {
+        let (code, why) = p::parse_error(&f.body);
+        assert_eq!(code, ErrorCode::NotAllowed, "{why}");
+    }
+    assert!(next(&mut s).is_none(), "the connection is ended");
 }

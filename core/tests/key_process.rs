@@ -411,7 +411,7 @@ struct Raw {
 
 impl Raw {
     fn start() -> Self {
-        let (ours, theirs) = UnixStream::pair().unwrap();
+        let (ours, theirs) = key_process_support::key_process_pair();
         let child = Command::new(KEY_PROCESS)
             .args(["--rsa-threads", "1", "--ec-threads", "1"])
             .stdin(Stdio::from(OwnedFd::from(theirs)))
@@ -729,7 +729,7 @@ fn a_held_key_runs_only_on_its_holder() {
 /// reset by peer", issue 34).
 #[test]
 fn an_owner_gone_with_replies_unread_ends_the_key_process_quietly() {
-    let (mut ours, theirs) = UnixStream::pair().unwrap();
+    let (mut ours, theirs) = key_process_support::key_process_pair();
     let child = Command::new(KEY_PROCESS)
         .args(["--rsa-threads", "1", "--ec-threads", "1"])
         .stdin(Stdio::from(OwnedFd::from(theirs)))
@@ -833,19 +833,22 @@ fn waiting_in_a_batch_or_leaving_it_by_a_panic_loses_nothing() {
 /// Issue 55.1: the key process creates files only in a token module's
 /// folder (`KEYFENCE_PKCS11_TOKEN_DIRS`, SoftHSM2's `tokendir`): Landlock
 /// refuses the rest. On a kernel without Landlock (played by a test
-/// switch) the system call filter refuses every opening for writing, the
-/// token folder's too, and keys still load and sign. A server in this
-/// process, unsandboxed, creates the file: the control.
+/// switch) the key process is refused, saying why and how to accept it
+/// (issue 59.4); accepted, the system call filter refuses every opening
+/// for writing, the token folder's too, and keys still load and sign. A
+/// server in this process, unsandboxed, creates the file: the control.
 #[test]
 fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock() {
     let dir = Dir::new("files");
     let tokens = dir.0.join("tokens");
     std::fs::create_dir_all(&tokens).unwrap();
-    let with_env = |vars: &[String]| {
+    let start = |vars: &[String], partial: bool| {
         let mut c = config();
         c.command = ["/usr/bin/env".to_string()].into_iter().chain(vars.iter().cloned()).chain([KEY_PROCESS.to_string()]).map(Into::into).collect();
-        KeyProcess::start(c).unwrap()
+        c.unsafe_partial_sandbox = partial;
+        KeyProcess::start(c)
     };
+    let with_env = |vars: &[String]| start(vars, false).unwrap();
     let token_dirs = format!("KEYFENCE_PKCS11_TOKEN_DIRS={}", tokens.display());
     let ec = key_file(&dir.0, "ec.pem", KeyKind::EcP256);
 
@@ -861,7 +864,12 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
     drop((key, keys));
 
-    let keys = with_env(&[token_dirs, "KEYFENCE_TEST_SANDBOX_WITHOUT_LANDLOCK=1".to_string()]);
+    let without = [token_dirs, "KEYFENCE_TEST_SANDBOX_WITHOUT_LANDLOCK=1".to_string()];
+    let err = start(&without, false).unwrap_err();
+    assert_eq!(err.code(), keyfence::ErrorCode::InvalidConfig, "{err}");
+    let err = err.to_string();
+    assert!(err.contains("Landlock") && err.contains("/proc/PID/mem") && err.contains("unsafe_partial_sandbox"), "{err}");
+    let keys = start(&without, true).unwrap();
     let status = keys.status().unwrap();
     assert!(status.flags & flags::FILES_CONFINED == 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
     assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
@@ -948,4 +956,34 @@ fn the_sandbox_kills_a_forbidden_call_and_the_key_process_comes_back() {
     assert_eq!((reply.kind, &reply.body[..]), (kind::OK, &[1u8][..]));
     drop(raw);
     let _ = server.join();
+}
+
+/// Issue 59.4: a library preloaded into the key process that starts a
+/// thread before the sandbox is set up (Landlock binds only the thread
+/// that sets it up) makes the key process refused, saying so, not
+/// quietly weaker.
+#[test]
+fn a_key_process_with_another_thread_at_its_sandbox_is_refused() {
+    let dir = Dir::new("preload-thread");
+    let src = dir.0.join("thread.c");
+    std::fs::write(
+        &src,
+        "#include <pthread.h>\n#include <unistd.h>\nstatic void *idle(void *a) { (void)a; for (;;) pause(); return 0; }\n__attribute__((constructor)) static void start(void) { pthread_t t; pthread_create(&t, 0, idle, 0); }\n",
+    )
+    .unwrap();
+    let lib = dir.0.join("thread.so");
+    let built = Command::new("cc").args(["-shared", "-fPIC", "-pthread", "-o"]).arg(&lib).arg(&src).status().expect("cc");
+    assert!(built.success());
+    let mut c = config();
+    c.command = ["/usr/bin/env".to_string(), format!("LD_PRELOAD={}", lib.display()), KEY_PROCESS.to_string()]
+        .into_iter()
+        .map(Into::into)
+        .collect();
+    let err = KeyProcess::start(c.clone()).unwrap_err().to_string();
+    assert!(err.contains("another thread was running"), "{err}");
+    // Accepted explicitly, it runs, and says which layer it lacks.
+    c.unsafe_partial_sandbox = true;
+    let keys = KeyProcess::start(c).unwrap();
+    let flags_now = keys.status().unwrap().flags;
+    assert!(flags_now & flags::OTHER_THREAD != 0 && flags_now & flags::FILES_CONFINED == 0, "{flags_now:#x}");
 }

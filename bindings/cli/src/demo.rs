@@ -172,7 +172,7 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     let envelope = dir.join("acme.envelope");
     crate::files::create_new(&envelope, wrapped[0].2.to_bytes())?;
     let t = Instant::now();
-    let keys = crate::key_process::key_process(1)?;
+    let keys = crate::key_process::key_process(1, false)?;
     let held = keys.load(KeySource::Envelope { store: dir.to_path_buf(), machine_key, envelope })?;
     let loaded = t.elapsed();
     anyhow::ensure!(!held.is_local(), "the key process's key is in this process");

@@ -125,6 +125,11 @@ pub struct ServeArgs {
     /// them.
     #[arg(long)]
     isolated: bool,
+    /// With --isolated: start the key process even when the kernel cannot
+    /// give it its whole sandbox (no Landlock, no seccomp), which it is
+    /// otherwise refused for; a warning names what is missing.
+    #[arg(long, requires = "isolated")]
+    unsafe_partial_sandbox: bool,
     /// Stop after this many seconds (default: until killed).
     #[arg(long)]
     seconds: Option<f64>,
@@ -285,7 +290,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     // Isolated, this process holds only the machine key's public view: the
     // key process alone decodes the secret one, for each load.
-    let key_process = if args.isolated { Some(crate::key_process::key_process(args.threads.unwrap_or(1))?) } else { None };
+    let key_process = if args.isolated { Some(crate::key_process::key_process(args.threads.unwrap_or(1), args.unsafe_partial_sandbox)?) } else { None };
     let opener = match (&args.store, &args.machine_key, &key_process) {
         (Some(store), Some(machine_key), Some(_)) => Some(Opener::Isolated(public_machine(store, machine_key)?)),
         (Some(store), Some(machine_key), None) => Some(Opener::Machine(crate::wrap_cmd::open_machine(store, machine_key)?)),

@@ -66,6 +66,11 @@ pub struct SignArgs {
     /// file; a separate `keyfence key-process` loads it and signs.
     #[arg(long, conflicts_with_all = ["remote", "agent"])]
     isolated: bool,
+    /// With --isolated: start the key process even when the kernel cannot
+    /// give it its whole sandbox (no Landlock, no seccomp), which it is
+    /// otherwise refused for; a warning names what is missing.
+    #[arg(long, requires = "isolated")]
+    unsafe_partial_sandbox: bool,
     /// Sign through the key agent on this socket (`keyfence agent`) with
     /// the key in `--envelope`, which the agent opens with its own machine
     /// key: this process reads neither.
@@ -97,41 +102,60 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         .chain(args.remote.inputs())
         .collect();
     let out = Output::new(&args.out, &inputs)?;
-    // Started first so that they outlive the key handle.
-    let keys = match (&args.agent, args.isolated) {
-        (Some(socket), _) => Some(KeyProcess::start(KeyProcessConfig::with_agent(socket)).context("reaching the key agent")?),
-        (None, true) => Some(key_process(1)?),
-        (None, false) => None,
+    // --timeout-ms bounds the whole command: starting a key process or
+    // reaching the agent, loading the key (a token module that hangs, an
+    // agent that is slow to open an envelope) and the signature.
+    let deadline = Instant::now() + timeout;
+    let mut kp = match &args.agent {
+        Some(socket) => Some(KeyProcessConfig::with_agent(socket)),
+        None if args.isolated => Some(crate::key_process::key_process_config(1, args.unsafe_partial_sandbox)?),
+        None => None,
     };
+    if let Some(c) = kp.as_mut() {
+        c.start_timeout = c.start_timeout.min(timeout);
+    }
     let remote = if args.remote.remote { Some(crate::remote_cmd::remote_key(&args.remote, timeout)?) } else { None };
     let key_path = args.key.clone().unwrap_or_default();
-    let key = match (&keys, &remote) {
-        (_, Some((key, _))) => key.clone(),
-        (keys, None) if token_uri.is_some() => {
-            let uri = token_uri.clone().unwrap_or_default();
-            match keys {
-                Some(keys) => keys.load(KeySource::Pkcs11(uri)).context("loading the token's key")?,
-                None => Arc::new(keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env()).context("loading the token's key")?),
+    let envelope = args.remote.envelope.clone();
+    let (uri, agent) = (token_uri.clone(), args.agent.is_some());
+    let remote_key = remote.as_ref().map(|(key, _)| key.clone());
+    let path = key_path.clone();
+    // Started first so that they outlive the key handle.
+    let (keys, key) = within(deadline, timeout, move || -> Result<(Option<KeyProcess>, Arc<PrivateKey>)> {
+        let keys = match kp {
+            Some(c) if agent => Some(KeyProcess::start(c).context("reaching the key agent")?),
+            Some(c) => Some(KeyProcess::start(c).context("starting the key process")?),
+            None => None,
+        };
+        let key = match (&keys, remote_key) {
+            (_, Some(key)) => key,
+            (keys, None) if uri.is_some() => {
+                let uri = uri.unwrap_or_default();
+                match keys {
+                    Some(keys) => keys.load(KeySource::Pkcs11(uri)).context("loading the token's key")?,
+                    None => Arc::new(keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env()).context("loading the token's key")?),
+                }
             }
-        }
-        (Some(keys), None) if keys.is_agent() => {
-            let envelope = args.remote.envelope.as_deref().unwrap_or(std::path::Path::new(""));
-            keys.load(KeySource::AgentEnvelope(read(envelope)?))
-                .with_context(|| format!("the agent cannot load {}", envelope.display()))?
-        }
-        (Some(keys), None) => {
-            let path = std::path::absolute(&key_path).with_context(|| format!("resolving {}", key_path.display()))?;
-            keys.load(KeySource::File(path)).with_context(|| format!("loading {}", key_path.display()))?
-        }
-        (None, None) => {
-            // The key file's bytes are secret: keep them in a zeroizing buffer.
-            let key_bytes = Zeroizing::new(
-                std::fs::read(&key_path)
-                    .map_err(|e| exit::input(format!("reading {}: {e}", key_path.display())))?,
-            );
-            Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", key_path.display()))?)
-        }
-    };
+            (Some(keys), None) if keys.is_agent() => {
+                let envelope = envelope.unwrap_or_default();
+                keys.load(KeySource::AgentEnvelope(read(&envelope)?))
+                    .with_context(|| format!("the agent cannot load {}", envelope.display()))?
+            }
+            (Some(keys), None) => {
+                let abs = std::path::absolute(&path).with_context(|| format!("resolving {}", path.display()))?;
+                keys.load(KeySource::File(abs)).with_context(|| format!("loading {}", path.display()))?
+            }
+            (None, None) => {
+                // The key file's bytes are secret: keep them in a zeroizing buffer.
+                let key_bytes = Zeroizing::new(
+                    std::fs::read(&path).map_err(|e| exit::input(format!("reading {}: {e}", path.display())))?,
+                );
+                Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", path.display()))?)
+            }
+        };
+        Ok((keys, key))
+    })?;
+    let _keys = keys;
     if !key.kind().supports(alg) {
         let what = match (&remote, &token_uri) {
             (Some(_), _) => "the envelope's key".to_string(),
@@ -141,12 +165,32 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
         return Err(exit::input(format!("{alg} cannot be used with {} key ({what})", key.kind())));
     }
     let input = read(&args.input)?;
+    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
     let req = if args.digest { Request::sign_digest(key, alg, input) } else { Request::sign(key, alg, input) }
-        .with_timeout(timeout);
+        .with_timeout(left);
     let engine = Engine::new(EngineConfig::default())?;
     let sig = engine.submit(req)?.wait()?;
     out.write_public(&sig[..])?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs `load` on a thread of its own and waits for it until `deadline`:
+/// a key load that hangs (a token module, a slow agent) ends the command
+/// at its `--timeout-ms`, as a timeout (exit 3), the thread left to end
+/// with the process.
+fn within<T: Send + 'static>(deadline: Instant, timeout: Duration, load: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .name("keyfence-load".into())
+        .spawn(move || {
+            let _ = tx.send(load());
+        })
+        .context("starting the key load")?;
+    match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+        Ok(loaded) => loaded,
+        Err(_) => Err(anyhow::Error::new(keyfence::sign::SignError::TimedOut { timeout })
+            .context(format!("loading the key did not finish within --timeout-ms {}", timeout.as_millis()))),
+    }
 }
 
 /// `keyfence bench sign`.
@@ -444,7 +488,7 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
     };
     let rig = Rig {
         engine: Engine::new(config.clone())?,
-        keys: if wanted("isolated") { Some(key_process(threads)?) } else { None },
+        keys: if wanted("isolated") { Some(key_process(threads, false)?) } else { None },
         offload: if wanted("offload-sim") { Some(crate::offload_sim::engine(config.clone(), threads)?) } else { None },
         remote,
         scratch: scratch.path(),

@@ -115,7 +115,7 @@ pub fn soak(args: SoakArgs) -> Result<ExitCode> {
 }
 
 fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
-    let keys = key_process(2)?;
+    let keys = key_process(2, false)?;
     // Keys in the key process from a file and from bytes (both must
     // survive every restart), and in this process.
     let mut isolated = Vec::new();

@@ -53,8 +53,41 @@ struct Watch {
     tcp: TcpListener,
     unix: UnixDatagram,
     file: PathBuf,
+    /// A file every user may read, which the probe locks.
+    lock: PathBuf,
     received: Arc<Mutex<Vec<u8>>>,
+    /// What `nobody` saw of the key process in /proc and in the locks.
+    seen: Arc<Mutex<String>>,
 }
+
+/// Another user (`nobody`) watching for what the probe's covert
+/// channels carry: thread names in /proc/PID/task/*/comm and locks on a
+/// file it can read (flock, and fcntl's F_GETLK). Prints what it saw.
+const OBSERVER: &str = r#"
+import fcntl, glob, struct, sys, time
+lock, until, seen = sys.argv[1], time.time() + float(sys.argv[2]), set()
+while time.time() < until:
+    for p in glob.glob('/proc/[0-9]*/task/*/comm'):
+        try:
+            if open(p).read().startswith('LEAKED-FROM-TH'):
+                seen.add('name')
+        except OSError:
+            pass
+    try:
+        with open(lock) as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(f, fcntl.LOCK_UN)
+            except OSError:
+                seen.add('flock')
+            got = fcntl.fcntl(f, fcntl.F_GETLK, struct.pack('hhqqi', fcntl.F_WRLCK, 0, 0, 0, 0))
+            if struct.unpack('hhqqi', got)[0] != fcntl.F_UNLCK:
+                seen.add('fcntl')
+    except OSError:
+        pass
+    time.sleep(0.03)
+print(' '.join(sorted(seen)) or 'nothing')
+"#;
 
 impl Watch {
     fn new(d: &Dir, name: &str) -> Watch {
@@ -64,7 +97,9 @@ impl Watch {
         let _ = std::fs::remove_file(&sock);
         let unix = UnixDatagram::bind(&sock).unwrap();
         unix.set_nonblocking(true).unwrap();
-        Watch { tcp, unix, file: d.0.join(format!("{name}.leaked")), received: Arc::default() }
+        let lock = d.0.join(format!("{name}.lock"));
+        std::fs::write(&lock, b"").unwrap();
+        Watch { tcp, unix, file: d.0.join(format!("{name}.leaked")), lock, received: Arc::default(), seen: Arc::default() }
     }
 
     fn port(&self) -> u16 {
@@ -104,9 +139,24 @@ impl Watch {
         }
     }
 
+    /// Runs the observer as `nobody` for `seconds`, keeping what it saw.
+    fn observe(&self, seconds: f64) {
+        use std::os::unix::process::CommandExt;
+        let out = Command::new("python3")
+            .args(["-c", OBSERVER])
+            .arg(&self.lock)
+            .arg(seconds.to_string())
+            .uid(65534)
+            .gid(65534)
+            .output()
+            .expect("python3 for the observer");
+        *self.seen.lock().unwrap() = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    }
+
     fn leaked(&self) -> bool {
         let got = self.received.lock().unwrap();
-        got.windows(LEAK.len()).any(|w| w == LEAK) || self.file.exists()
+        let seen = self.seen.lock().unwrap();
+        got.windows(LEAK.len()).any(|w| w == LEAK) || self.file.exists() || !(seen.is_empty() || *seen == "nothing")
     }
 }
 
@@ -133,6 +183,7 @@ fn sign_with_probe(d: &Dir, module: &Path, watch: &Watch, isolated: bool) -> Out
         .env("KF_PROBE_PORT", watch.port().to_string())
         .env("KF_PROBE_FILE", &watch.file)
         .env("KF_PROBE_UNIX", watch.unix_path())
+        .env("KF_PROBE_LOCK", &watch.lock)
         .current_dir(&d.0)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -146,11 +197,22 @@ fn sign_with_probe(d: &Dir, module: &Path, watch: &Watch, isolated: bool) -> Out
 fn attack(name: &str, refused_not_killed: bool) {
     let d = Dir::new(&format!("sandbox-{name}"));
     let Some(module) = probe(&d, name) else { return };
+    // The covert channels' receiver is another user, who watches while the
+    // probe holds what it set (1.5 s).
+    let observed = matches!(name, "name" | "lock");
+    if observed && !running_as_root() {
+        return;
+    }
     for isolated in [true, false] {
         let watch = Watch::new(&d, &format!("{name}-{isolated}"));
         let done = std::sync::atomic::AtomicBool::new(false);
         let out = std::thread::scope(|s| {
             s.spawn(|| watch.collect(&done));
+            if observed {
+                s.spawn(|| watch.observe(6.0));
+                // The observer is up before the probe sets anything.
+                std::thread::sleep(Duration::from_millis(300));
+            }
             let out = sign_with_probe(&d, &module, &watch, isolated);
             done.store(true, std::sync::atomic::Ordering::Release);
             out
@@ -158,7 +220,7 @@ fn attack(name: &str, refused_not_killed: bool) {
         let err = stderr(&out);
         assert!(!out.status.success(), "{name} isolated={isolated}: a probe is no token, the command must fail: {err}");
         if isolated {
-            assert!(!watch.leaked(), "{name}: the probe got out of the key process ({err})");
+            assert!(!watch.leaked(), "{name}: the probe got out of the key process (nobody saw: {}) ({err})", watch.seen.lock().unwrap());
             assert!(!err.contains("GeneralError"), "{name}: the probe reports it got out of the key process: {err}");
             if refused_not_killed {
                 assert!(err.contains("FunctionFailed"), "{name}: the attempt should be refused and reported: {err}");
@@ -172,7 +234,7 @@ fn attack(name: &str, refused_not_killed: bool) {
             }
             assert!(err.contains("GeneralError"), "{name}: in process the probe should get out, and say so: {err}");
             assert!(
-                watch.leaked() || name == "procmem",
+                watch.leaked() || matches!(name, "procmem" | "dump"),
                 "{name}: in process the attack should reach its target (the control): {err}"
             );
         }
@@ -215,4 +277,36 @@ fn no_datagram_reaches_a_local_socket() {
 #[test]
 fn no_program_runs_from_the_key_process() {
     attack("exec", false);
+}
+
+fn running_as_root() -> bool {
+    // SAFETY: geteuid cannot fail and touches no memory.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        assert!(std::env::var_os("KEYFENCE_REQUIRE_ROOT").is_none(), "the observer runs as nobody, which needs root");
+        eprintln!("*** SKIPPED: the observer runs as nobody, which needs root ***");
+    }
+    root
+}
+
+/// Issue 59.3: a thread name, which every user reads in /proc, carries
+/// nothing out: the key process may not set one once its sandbox is up.
+#[test]
+fn a_thread_name_carries_nothing_out_of_the_key_process() {
+    attack("name", true);
+}
+
+/// Issue 59.3: nor a lock on a file other users can read (flock, or
+/// fcntl's record locks), which they see, and which would make another
+/// program wait (the store's lock).
+#[test]
+fn a_lock_carries_nothing_out_of_the_key_process() {
+    attack("lock", true);
+}
+
+/// Issue 59.4: the key process cannot make itself dumpable again nor
+/// raise its core-dump limit: no core file holds its keys.
+#[test]
+fn the_key_process_cannot_make_a_core_dump_possible() {
+    attack("dump", true);
 }

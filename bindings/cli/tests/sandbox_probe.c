@@ -21,7 +21,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/un.h>
@@ -187,6 +190,59 @@ static void attack(void) {
     if (pid < 0) {
         execv("/bin/sh", argv);
     }
+}
+#endif
+
+#ifdef ATTACK_NAME
+/* A thread name, which every user reads in /proc/PID/task/TID/comm: the
+ * first 15 bytes of a secret, held long enough to be read. */
+static void attack(void) {
+    if (prctl(PR_SET_NAME, LEAK, 0, 0, 0) != 0) return;
+    char comm[32] = {0};
+    int fd = open("/proc/thread-self/comm", O_RDONLY);
+    if (fd >= 0) {
+        worked = read(fd, comm, sizeof comm - 1) > 0 && strncmp(comm, LEAK, 15) == 0;
+        close(fd);
+    }
+    usleep(1500 * 1000);
+}
+#endif
+
+#ifdef ATTACK_LOCK
+/* Locks on a file every user may read, which every user sees: a bit at a
+ * time out of the sandbox (and a lock another program waits for). */
+static void attack(void) {
+    const char *f = getenv("KF_PROBE_LOCK");
+    if (!f) return;
+    int fd = open(f, O_RDONLY);
+    if (fd < 0) return;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_RDLCK;
+    fl.l_whence = SEEK_SET;
+    int by_flock = flock(fd, LOCK_EX | LOCK_NB) == 0;
+    int by_fcntl = fcntl(fd, F_SETLK, &fl) == 0;
+    worked = by_flock || by_fcntl;
+    usleep(1500 * 1000);
+}
+#endif
+
+#ifdef ATTACK_DUMP
+/* A core dump holds the keys: made possible again by the dumpable flag or
+ * a core-size limit. */
+static void attack(void) {
+    struct rlimit rl = {RLIM_INFINITY, RLIM_INFINITY};
+    int dumpable = prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0;
+    int core = setrlimit(RLIMIT_CORE, &rl) == 0;
+    if (!core) {
+        /* Not beyond the hard limit: as far as it goes. */
+        struct rlimit now;
+        if (getrlimit(RLIMIT_CORE, &now) == 0 && now.rlim_max > 0) {
+            now.rlim_cur = now.rlim_max;
+            core = setrlimit(RLIMIT_CORE, &now) == 0 && now.rlim_max > 0;
+        }
+    }
+    worked = dumpable || core;
 }
 #endif
 

@@ -308,3 +308,46 @@ fn isolated_signing_of_a_message_over_the_frame_limit_works_or_is_refused_cleanl
     assert!(!e.contains("died") && !e.contains("frame length"), "{e}");
     assert!(!std::path::Path::new(&d.p("ed.sig")).exists());
 }
+
+/// Issue 59.6: `--timeout-ms` bounds the key's load too: a token module
+/// whose C_Initialize hangs ends the command at its timeout with a
+/// timeout (exit 3), in process and in the key process alike.
+#[test]
+fn the_timeout_bounds_a_key_load_that_hangs() {
+    let d = Dir::new("sign-load-timeout");
+    let src = d.0.join("hang.c");
+    std::fs::write(
+        &src,
+        "#include <unistd.h>\n\
+         typedef unsigned long CK_RV;\n\
+         typedef CK_RV (*CK_FN)(void *);\n\
+         struct CK_FUNCTION_LIST { unsigned char major, minor; CK_FN fns[68]; };\n\
+         static CK_RV initialize(void *a) { (void)a; sleep(30); return 0; }\n\
+         static struct CK_FUNCTION_LIST list = {2, 40, {initialize}};\n\
+         CK_RV C_GetFunctionList(struct CK_FUNCTION_LIST **out) { *out = &list; return 0; }\n",
+    )
+    .unwrap();
+    let module = d.0.join("hang.so");
+    let built = Command::new("cc").args(["-shared", "-fPIC", "-o"]).arg(&module).arg(&src).status().expect("cc");
+    assert!(built.success());
+    std::fs::write(d.0.join("msg"), b"m").unwrap();
+    let uri = format!("pkcs11:token=t;object=k;type=private?module-path={}", module.display());
+    for isolated in [false, true] {
+        let mut args = vec!["sign", "--key", &uri, "--alg", "ecdsa-p256-sha256", "--in", "msg", "--out", "sig", "--timeout-ms", "1500"];
+        if isolated {
+            args.push("--isolated");
+        }
+        let t = std::time::Instant::now();
+        let out = Command::new(env!("CARGO_BIN_EXE_keyfence"))
+            .args(&args)
+            .env("KEYFENCE_PKCS11_PIN", "0000")
+            .current_dir(&d.0)
+            .output()
+            .unwrap();
+        let took = t.elapsed();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(3), "isolated={isolated}: {err}");
+        assert!(err.contains("--timeout-ms 1500"), "isolated={isolated}: {err}");
+        assert!(took < std::time::Duration::from_secs(6), "isolated={isolated}: the command took {took:?} with --timeout-ms 1500");
+    }
+}

@@ -49,7 +49,8 @@
 
 mod agent;
 mod client;
-mod load_queue;
+mod budget;
+mod fair_queue;
 #[cfg(feature = "testing")]
 pub mod protocol;
 #[cfg(not(feature = "testing"))]
@@ -119,6 +120,16 @@ pub struct KeyProcessConfig {
     /// loaded again; `command`, `rsa_threads` and `ec_threads` are the
     /// agent's own business then. Default: none.
     pub agent: Option<std::path::PathBuf>,
+    /// Start the key process even when it could not set up its whole
+    /// sandbox (a kernel without Landlock or seccomp, a thread that a
+    /// preloaded library started before the sandbox): it then runs with
+    /// less isolation than `docs/security.md` promises (without Landlock,
+    /// code in it can read other processes of its user), and a warning
+    /// says which layer is missing. Default false, or true where the
+    /// environment sets `KEYFENCE_UNSAFE_PARTIAL_SANDBOX=1` (for servers
+    /// that load keyfence through the OpenSSL provider or a binding):
+    /// such a key process is refused, with the reason.
+    pub unsafe_partial_sandbox: bool,
 }
 
 impl Default for KeyProcessConfig {
@@ -133,6 +144,7 @@ impl Default for KeyProcessConfig {
             start_timeout: Duration::from_secs(10),
             restart_wait: Duration::from_millis(500),
             agent: None,
+            unsafe_partial_sandbox: std::env::var_os("KEYFENCE_UNSAFE_PARTIAL_SANDBOX").is_some_and(|v| v == "1"),
         }
     }
 }

@@ -98,6 +98,10 @@ pub mod flags {
     /// Every descriptor inherited from the parent but the socket pair was
     /// closed at start.
     pub const INHERITED_CLOSED: u32 = 64;
+    /// Another thread was running when the sandbox was set up (a preloaded
+    /// library can start one), so Landlock was not applied: why
+    /// `FILES_CONFINED` is off on a kernel that has Landlock.
+    pub const OTHER_THREAD: u32 = 128;
 }
 
 /// The name under which a client sends, among an envelope's objects

@@ -24,10 +24,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, Sender, TrySendError};
 use zeroize::Zeroizing;
 
-use super::load_queue::{Full, LoadQueue};
+use super::budget::{Account, Charge, Pool};
+use super::fair_queue::{FairQueue, Full};
 use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
 use super::sys;
 use super::writer::FrameWriter;
@@ -88,8 +88,7 @@ pub(crate) struct Client {
 
 /// What one local user holds of an agent, over all its connections: what
 /// a bound per user counts, so that no user can take what the others
-/// need (signing slots, key loads, memory for keys, connections).
-#[derive(Default)]
+/// need (signing slots, key loads, memory, connections).
 pub(crate) struct UserShare {
     /// Operations in flight.
     pub(crate) in_flight: AtomicUsize,
@@ -97,6 +96,20 @@ pub(crate) struct UserShare {
     pub(crate) keys: AtomicUsize,
     /// Connections open.
     pub(crate) connections: AtomicUsize,
+    /// The memory its connections make the agent hold (`budget`).
+    pub(crate) memory: Arc<Pool>,
+}
+
+impl UserShare {
+    /// A user's share with `memory` bytes to hold at most.
+    pub(crate) fn new(memory: usize) -> Self {
+        UserShare {
+            in_flight: AtomicUsize::new(0),
+            keys: AtomicUsize::new(0),
+            connections: AtomicUsize::new(0),
+            memory: Pool::new(memory),
+        }
+    }
 }
 
 /// An agent's bounds per connection and per user.
@@ -124,6 +137,8 @@ struct Job {
     key: Arc<PrivateKey>,
     op: Operation,
     deadline: Instant,
+    /// The request's memory, its user's until the reply is made.
+    _charge: Charge,
 }
 
 struct LoadJob {
@@ -131,6 +146,34 @@ struct LoadJob {
     id: u64,
     key_id: u64,
     source: KeySource,
+    _charge: Charge,
+}
+
+/// What a queued request costs beside its input (the job, its place in
+/// the queue), in the memory its user is charged.
+const JOB_MEMORY: usize = 256;
+
+/// What a key held for a client costs (AWS-LC's key with its Montgomery
+/// contexts, the handle and its entry), charged to the client's user;
+/// measured with RSS over 10,000 keys of each kind and rounded up.
+fn key_memory(kind: crate::sign::KeyKind) -> usize {
+    match kind {
+        crate::sign::KeyKind::Rsa { bits } => 2048 + 2 * bits as usize,
+        _ => 2048,
+    }
+}
+
+/// The bytes a key source holds (an envelope, a URI, key bytes).
+fn source_len(source: &KeySource) -> usize {
+    match source {
+        KeySource::AgentEnvelope(b) | KeySource::EnvelopeBytes { envelope: b, .. } => b.len(),
+        KeySource::Bytes(b) => b.len(),
+        KeySource::Pkcs11(uri) => uri.len(),
+        KeySource::EnvelopeObjects { envelope, objects, .. } => {
+            envelope.len() + objects.iter().map(|(n, o)| n.len() + o.len()).sum::<usize>()
+        }
+        KeySource::File(_) | KeySource::Envelope { .. } => 0,
+    }
 }
 
 /// Threads that load keys: an envelope costs a CP-ABE decryption, so
@@ -141,44 +184,50 @@ const LOADERS: usize = 2;
 /// parent, or one user of an agent) and in all; more are refused as
 /// busy, and the client waits and asks again (`Supervisor`).
 pub(crate) const MAX_QUEUED_LOADS: (usize, usize) = (256, 4096);
-/// Bytes of operation input held in the queues at most. `max_in_flight`
-/// bounds the count, this the memory: 4096 requests of 1 MiB each would
-/// be 4 GiB.
-const MAX_QUEUED_BYTES: usize = 64 << 20;
+/// The memory a key process holds for its one client's requests at most
+/// (`budget`): `max_in_flight` bounds their count, this their bytes
+/// (4096 requests of 1 MiB each would be 4 GiB).
+pub(crate) const KEY_PROCESS_MEMORY: usize = 64 << 20;
 
-/// The signing and loading threads, and the bounded queues to them: one
-/// set per key process, or one for all of an agent's connections.
+/// Room in each queue: requests per user, and in all.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Room {
+    pub(crate) per_user: usize,
+    pub(crate) total: usize,
+}
+
+/// The signing and loading threads, and the queues to them: one set per
+/// key process, or one for all of an agent's connections. Each queue
+/// takes its users in turn by the time their work has taken
+/// (`fair_queue`), so one user's backlog of slow signatures never delays
+/// another user's.
 pub(crate) struct Workers {
-    rsa: Sender<Job>,
-    ec: Sender<Job>,
-    load: Arc<LoadQueue<LoadJob>>,
-    /// Bytes of operation input queued or being signed, for all
-    /// connections together.
-    queued_bytes: AtomicUsize,
+    rsa: Arc<FairQueue<Job>>,
+    ec: Arc<FairQueue<Job>>,
+    load: Arc<FairQueue<LoadJob>>,
     threads: Joined,
 }
 
 impl Workers {
-    /// Starts `options`' signing threads and the loaders, with room for
-    /// `capacity` operations queued per class and `loads` key loads
-    /// waiting (per client user, and in all).
-    pub(crate) fn start(options: &ServeOptions, capacity: usize, loads: (usize, usize)) -> io::Result<Arc<Workers>> {
-        let (rsa_tx, rsa_rx) = crossbeam_channel::bounded::<Job>(capacity);
-        let (ec_tx, ec_rx) = crossbeam_channel::bounded::<Job>(capacity);
-        let load = Arc::new(LoadQueue::new(loads.0, loads.1));
+    /// Starts `options`' signing threads and the loaders, with `ops` room
+    /// in each signing queue and `loads` for key loads waiting.
+    pub(crate) fn start(options: &ServeOptions, ops: Room, loads: Room) -> io::Result<Arc<Workers>> {
+        let rsa = Arc::new(FairQueue::new(ops.per_user, ops.total));
+        let ec = Arc::new(FairQueue::new(ops.per_user, ops.total));
+        let load = Arc::new(FairQueue::new(loads.per_user, loads.total));
         let mut threads = Joined::new();
-        for (rx, n, name) in [(&rsa_rx, options.rsa_threads, "rsa"), (&ec_rx, options.ec_threads, "ec")] {
+        for (queue, n, name) in [(&rsa, options.rsa_threads, "rsa"), (&ec, options.ec_threads, "ec")] {
             for i in 0..n.max(1) {
-                let rx = rx.clone();
+                let queue = queue.clone();
                 let defer = name == "ec";
-                threads.spawn(format!("key-process-{name}-{i}"), move || work(&rx, defer))?;
+                threads.spawn(format!("key-process-{name}-{i}"), move || work(&queue, defer))?;
             }
         }
         for i in 0..LOADERS {
             let queue = load.clone();
             threads.spawn(format!("key-process-load-{i}"), move || load_keys(&queue))?;
         }
-        Ok(Arc::new(Workers { rsa: rsa_tx, ec: ec_tx, load, queued_bytes: AtomicUsize::new(0), threads }))
+        Ok(Arc::new(Workers { rsa, ec, load, threads }))
     }
 }
 
@@ -186,18 +235,23 @@ impl Drop for Workers {
     /// Closes the queues, so the threads end once they are empty, and
     /// joins them.
     fn drop(&mut self) {
-        let (rsa, _) = crossbeam_channel::bounded(0);
-        let (ec, _) = crossbeam_channel::bounded(0);
-        drop((std::mem::replace(&mut self.rsa, rsa), std::mem::replace(&mut self.ec, ec)));
+        self.rsa.close();
+        self.ec.close();
         self.load.close();
         self.threads.join();
     }
 }
 
+/// A key a connection holds, with the memory charged for it.
+struct Held {
+    key: Arc<PrivateKey>,
+    _charge: Option<Charge>,
+}
+
 /// One client's connection: its keys (under the ids it chose), its writer
 /// and its counts.
 struct Conn {
-    keys: RwLock<HashMap<u64, Arc<PrivateKey>>>,
+    keys: RwLock<HashMap<u64, Held>>,
     writer: FrameWriter,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
@@ -206,6 +260,8 @@ struct Conn {
     workers: Arc<Workers>,
     /// An agent's client: who it is, and its user's share and bounds.
     client: Option<Arc<Client>>,
+    /// What its memory is charged to.
+    account: Account,
 }
 
 impl Drop for Conn {
@@ -231,8 +287,14 @@ impl Conn {
         self.writer.send(&frame);
     }
 
-    fn done(&self, bytes: usize) {
-        self.workers.queued_bytes.fetch_sub(bytes, Ordering::AcqRel);
+    /// The user whose queue its work waits in (the key process's one
+    /// client is 0).
+    fn user(&self) -> u32 {
+        self.client.as_ref().map_or(0, |c| c.uid)
+    }
+
+    /// A request is answered: it is in flight no more.
+    fn done(&self) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         if let Some(c) = &self.client {
             c.share.in_flight.fetch_sub(1, Ordering::AcqRel);
@@ -256,8 +318,14 @@ impl Conn {
             .then(|| format!("this user holds {held} keys over its connections, the most the agent allows one user"))
     }
 
-    /// Keeps `key` under `key_id`, counted against its user.
+    /// Keeps `key` under `key_id`, counted against its user (an agent's
+    /// client pays for its keys' memory too; a key process's parent, which
+    /// may load a key server's every key, only for its requests).
     fn keep(&self, key_id: u64, key: PrivateKey) -> Result<(), String> {
+        let charge = match &self.client {
+            Some(_) => Some(self.account.charge(key_memory(key.kind())).map_err(|over| over.to_string())?),
+            None => None,
+        };
         let mut keys = self.keys.write().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = &self.client {
             if !keys.contains_key(&key_id) {
@@ -272,7 +340,7 @@ impl Conn {
                 }
             }
         }
-        keys.insert(key_id, Arc::new(key));
+        keys.insert(key_id, Held { key: Arc::new(key), _charge: charge });
         Ok(())
     }
 
@@ -297,9 +365,13 @@ impl Conn {
 /// The I/O error that ended the connection, or a refused peer or hello.
 pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     let mut flags = 0;
+    let mut owner = None;
     if options.check_peer {
-        sys::check_peer_is_parent(&stream)?;
+        // Every request must come from the parent itself, not from a child
+        // that inherited its end of the pair.
+        owner = Some(sys::check_peer_is_parent(&stream)?);
         flags |= p::flags::PEER_CHECKED;
+        sys::pass_credentials(&stream)?;
     }
     if sys::set_not_dumpable().is_ok() {
         flags |= p::flags::NOT_DUMPABLE;
@@ -320,6 +392,9 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
         if installed.files_abi.is_some() {
             flags |= p::flags::FILES_CONFINED;
         }
+        if installed.other_thread {
+            flags |= p::flags::OTHER_THREAD;
+        }
     }
     // The queues are sized by the hello (no queue can hold more than the
     // in-flight bound the reader enforces; bounded anyway, so that a
@@ -327,34 +402,108 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     // it has come.
     let stream = Arc::new(stream);
     let writer = FrameWriter::new(stream.try_clone()?)?;
-    serve_conn(&stream, writer, flags, Role::KeyProcess, None, p::MAX_IN_FLIGHT, HELLO_TIMEOUT, |max| {
-        Workers::start(options, max as usize, MAX_QUEUED_LOADS)
+    let conn = ConnOptions {
+        flags,
+        role: Role::KeyProcess,
+        client: None,
+        cap: p::MAX_IN_FLIGHT,
+        hello_timeout: HELLO_TIMEOUT,
+        frame_timeout: None,
+        account: Account::single(KEY_PROCESS_MEMORY),
+        read_chunk: 64 * 1024,
+        owner,
+    };
+    serve_conn(&stream, writer, conn, |max| {
+        let ops = Room { per_user: max as usize, total: max as usize };
+        Workers::start(options, ops, Room { per_user: MAX_QUEUED_LOADS.0, total: MAX_QUEUED_LOADS.1 })
     })
 }
+
+/// How one connection is served.
+pub(crate) struct ConnOptions {
+    /// The hardening flags its hello reply confirms.
+    pub(crate) flags: u32,
+    /// What it may ask.
+    pub(crate) role: Role,
+    /// An agent's client: who it is, with its user's share.
+    pub(crate) client: Option<Arc<Client>>,
+    /// The most requests in flight its hello may ask for.
+    pub(crate) cap: u32,
+    /// How long its whole hello may take to come.
+    pub(crate) hello_timeout: Duration,
+    /// How long a frame may take to come whole once begun (an agent's
+    /// clients; checked whenever a read waits, so a frame is cut off
+    /// between one and two of these after it began); `None` for a key
+    /// process's parent.
+    pub(crate) frame_timeout: Option<Duration>,
+    /// What its memory is charged to.
+    pub(crate) account: Account,
+    /// Bytes read at a time (the read buffer, which grows for a frame
+    /// that is longer).
+    pub(crate) read_chunk: usize,
+    /// The process (pid, uid) every byte must come from: the one that
+    /// opened the connection, not a child that inherited it.
+    pub(crate) owner: Option<(u32, u32)>,
+}
+
+/// Reads from a connection that only its owner may write to.
+struct FromOwner<'a> {
+    stream: &'a UnixStream,
+    owner: Option<(u32, u32)>,
+}
+
+impl Read for FromOwner<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let Some(owner) = self.owner else { return (&*self.stream).read(buf) };
+        let (n, sender) = sys::recv_from_sender(self.stream, buf)?;
+        let why = match sender {
+            _ if n == 0 => return Ok(0),
+            Some(from) if from == owner => return Ok(n),
+            // No credentials: sent before they were asked for, which the
+            // server's side of the connection does before its first byte.
+            Some((0, _)) | None => "a request came without its sender's credentials (SO_PASSCRED)".to_string(),
+            Some(from) => format!(
+                "this connection was opened by process {} (uid {}); process {} (uid {}) may not use it: a child process connects anew",
+                owner.0, owner.1, from.0, from.1
+            ),
+        };
+        Err(io::Error::new(io::ErrorKind::PermissionDenied, NotOwner(why)))
+    }
+}
+
+/// A connection used by a process other than the one that opened it.
+#[derive(Debug)]
+struct NotOwner(String);
+
+impl std::fmt::Display for NotOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotOwner {}
 
 /// Serves one connection: its hello, then its requests until the peer
 /// closes it. `writer` writes to `stream`; `workers` gives the threads its
 /// work goes to, once the hello has said how many requests the client
-/// keeps in flight (at most `cap`). The hello must come whole within
-/// `hello_timeout` (one deadline, not one per read: a client that dribbles
-/// a byte at a time does not hold the connection longer). The writer is
-/// closed before this returns, so that the last frame (an error saying
-/// why the connection ends) leaves first.
-#[allow(clippy::too_many_arguments)]
+/// keeps in flight (at most `opts.cap`). The hello must come whole within
+/// `opts.hello_timeout` (one deadline, not one per read: a client that
+/// dribbles a byte at a time does not hold the connection longer). The
+/// writer is closed before this returns, so that the last frame (an error
+/// saying why the connection ends) leaves first.
 pub(crate) fn serve_conn(
     stream: &UnixStream,
     writer: FrameWriter,
-    flags: u32,
-    role: Role,
-    client: Option<Arc<Client>>,
-    cap: u32,
-    hello_timeout: Duration,
+    opts: ConnOptions,
     workers: impl FnOnce(u32) -> io::Result<Arc<Workers>>,
 ) -> io::Result<()> {
-    let mut reader = stream;
+    let mut reader = FromOwner { stream, owner: opts.owner };
     let mut decoder = p::Decoder::new();
-    // Key bytes (LOAD from bytes) pass through it: wiped when done.
-    let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
+    // The read buffer's memory, charged to the client's user.
+    let mut charge = match opts.account.charge(0) {
+        Ok(c) => c,
+        Err(_) => unreachable!("a charge of nothing fits"),
+    };
     let say = |id: u64, code: ErrorCode, message: &str| {
         let mut frame = Vec::new();
         p::encode(&mut frame, kind::ERR, id, &[&p::error_body(code, message)]);
@@ -362,21 +511,37 @@ pub(crate) fn serve_conn(
     };
     // The hello comes first and fixes the in-flight bound; a peer that
     // never sends one is not kept waiting on forever.
-    let hello_by = Instant::now() + hello_timeout;
-    let hello = loop {
+    let hello_by = Instant::now() + opts.hello_timeout;
+    let hello = (|| loop {
         if let Some(frame) = decoder.next_frame().map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))? {
-            break frame;
+            return Ok(Some(frame));
         }
         let left = hello_by.saturating_duration_since(Instant::now());
         if left.is_zero() {
             return Err(io::Error::new(io::ErrorKind::TimedOut, "no hello in time"));
         }
-        reader.set_read_timeout(Some(left))?;
-        let n = reader.read(&mut buf)?;
-        if n == 0 {
+        stream.set_read_timeout(Some(left))?;
+        charge_for_read(&mut charge, &decoder, opts.read_chunk).map_err(|e| {
+            say(0, ErrorCode::Busy, &e.to_string());
+            e
+        })?;
+        if decoder.read_from(&mut reader, opts.read_chunk)? == 0 {
+            return Ok(None);
+        }
+    })();
+    let hello = match hello {
+        Ok(Some(h)) => h,
+        Ok(None) => {
+            writer.close();
             return Ok(());
         }
-        decoder.push(&buf[..n]);
+        Err(e) => {
+            if let Some(not) = e.get_ref().and_then(|e| e.downcast_ref::<NotOwner>()) {
+                say(0, ErrorCode::NotAllowed, &not.0);
+            }
+            writer.close();
+            return Err(e);
+        }
     };
     let result = (|| {
         if hello.kind != kind::HELLO {
@@ -384,13 +549,15 @@ pub(crate) fn serve_conn(
             return Err(io::Error::new(io::ErrorKind::InvalidData, "the peer did not start with a hello"));
         }
         let max = match p::parse_hello_request(&hello.body) {
-            Ok(max) => max.min(cap),
+            Ok(max) => max.min(opts.cap),
             Err(e) => {
                 say(hello.id, ErrorCode::Malformed, &e.to_string());
                 return Err(io::Error::new(io::ErrorKind::InvalidData, e));
             }
         };
-        reader.set_read_timeout(None)?;
+        // An agent's client: a read that waits wakes at the frame
+        // deadline, to cut off a frame that never ends (see read_loop).
+        stream.set_read_timeout(opts.frame_timeout)?;
         let workers = workers(max)?;
         Ok((max, workers))
     })();
@@ -406,21 +573,50 @@ pub(crate) fn serve_conn(
         writer,
         in_flight: AtomicUsize::new(0),
         max_in_flight: AtomicUsize::new(max as usize),
-        flags,
-        role,
+        flags: opts.flags,
+        role: opts.role,
         workers,
-        client,
+        client: opts.client,
+        account: opts.account,
     });
     let mut hello_frame = Vec::new();
-    p::encode(&mut hello_frame, kind::HELLO, 0, &[&p::hello_reply(std::process::id(), flags)]);
+    p::encode(&mut hello_frame, kind::HELLO, 0, &[&p::hello_reply(std::process::id(), opts.flags)]);
     conn.writer.send(&hello_frame);
-    let result = read_loop(reader, &mut decoder, &mut buf, &conn);
+    let reading = Reading { chunk: opts.read_chunk, frame_timeout: opts.frame_timeout };
+    let result = read_loop(&mut reader, &mut decoder, &mut charge, &reading, &conn);
+    if let Err(e) = &result {
+        if let Some(not) = e.get_ref().and_then(|e| e.downcast_ref::<NotOwner>()) {
+            conn.err(0, ErrorCode::NotAllowed, &not.0);
+        }
+    }
     conn.writer.close();
     result
 }
 
-fn read_loop(mut reader: &UnixStream, decoder: &mut p::Decoder, buf: &mut [u8], conn: &Arc<Conn>) -> io::Result<()> {
+/// Charges the read buffer's size for the next read to the client's user,
+/// before it grows: a client whose frames would take its user (or the
+/// server) past its memory bound is cut off, with the bound's name.
+fn charge_for_read(charge: &mut Charge, decoder: &p::Decoder, chunk: usize) -> io::Result<()> {
+    let need = decoder.size_for_next_read(chunk);
+    charge.set(need).map_err(|over| io::Error::new(io::ErrorKind::OutOfMemory, over.to_string()))
+}
+
+/// How a connection's requests are read.
+struct Reading {
+    chunk: usize,
+    frame_timeout: Option<Duration>,
+}
+
+fn read_loop(
+    reader: &mut FromOwner<'_>,
+    decoder: &mut p::Decoder,
+    charge: &mut Charge,
+    how: &Reading,
+    conn: &Arc<Conn>,
+) -> io::Result<()> {
     let mut frames = Vec::new();
+    // When the frame still coming began to come.
+    let mut began: Option<Instant> = None;
     loop {
         let bad = loop {
             match decoder.next_frame() {
@@ -429,6 +625,11 @@ fn read_loop(mut reader: &UnixStream, decoder: &mut p::Decoder, buf: &mut [u8], 
                 Err(e) => break Some(e),
             }
         };
+        if !frames.is_empty() || !decoder.partial() {
+            began = decoder.partial().then(Instant::now);
+        } else if began.is_none() {
+            began = Some(Instant::now());
+        }
         // A request that came alone may be answered on this thread; those
         // that came together go to the workers, which make them at once.
         let alone = frames.len() == 1 && bad.is_none();
@@ -440,13 +641,30 @@ fn read_loop(mut reader: &UnixStream, decoder: &mut p::Decoder, buf: &mut [u8], 
             conn.err(0, ErrorCode::Malformed, &e.to_string());
             return Err(io::Error::new(io::ErrorKind::InvalidData, e));
         }
-        let n = match reader.read(buf) {
+        // After a large frame, the memory goes back.
+        if !decoder.partial() && decoder.held() > 4 * how.chunk {
+            decoder.shrink(how.chunk);
+        }
+        if let Err(e) = charge_for_read(charge, decoder, how.chunk) {
+            conn.err(0, ErrorCode::Busy, &e.to_string());
+            return Err(e);
+        }
+        match decoder.read_from(&mut *reader, how.chunk) {
             Ok(0) => return Ok(()),
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {
+                // The frame deadline's wake-up (an agent's client only).
+                if let (Some(limit), Some(since)) = (how.frame_timeout, began) {
+                    if since.elapsed() >= limit {
+                        let why = format!("a request began {} s ago and has not come whole", limit.as_secs_f64());
+                        conn.err(0, ErrorCode::TimedOut, &why);
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, why));
+                    }
+                }
+            }
             Err(e) => return Err(e),
-        };
-        decoder.push(&buf[..n]);
+        }
     }
 }
 
@@ -461,34 +679,35 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 Ok(v) => v,
                 Err(e) => return conn.err(id, ErrorCode::Malformed, &e.to_string()),
             };
-            let bytes = op.input_len();
             let in_flight = conn.in_flight.fetch_add(1, Ordering::AcqRel);
-            let queued = workers.queued_bytes.fetch_add(bytes, Ordering::AcqRel);
             let user_in_flight =
                 conn.client.as_ref().map(|c| (c.share.in_flight.fetch_add(1, Ordering::AcqRel), c.limits.user_in_flight));
             if in_flight >= conn.max_in_flight.load(Ordering::Relaxed) {
-                conn.done(bytes);
+                conn.done();
                 return conn.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
             }
             if let Some((n, max)) = user_in_flight.filter(|(n, max)| n >= max) {
-                conn.done(bytes);
+                conn.done();
                 return conn.err(
                     id,
                     ErrorCode::Busy,
                     &format!("this user has {n} requests in flight over its connections, the most the agent takes ({max})"),
                 );
             }
-            if queued + bytes > MAX_QUEUED_BYTES {
-                conn.done(bytes);
-                return conn.err(id, ErrorCode::Busy, "more request bytes in flight than the key process holds (64 MiB)");
-            }
-            let key = conn.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).cloned();
+            let charge = match conn.account.charge(JOB_MEMORY + op.input_len()) {
+                Ok(c) => c,
+                Err(over) => {
+                    conn.done();
+                    return conn.err(id, ErrorCode::Busy, &over.to_string());
+                }
+            };
+            let key = conn.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).map(|h| h.key.clone());
             let Some(key) = key else {
-                conn.done(bytes);
+                conn.done();
                 return conn.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}"));
             };
             if let Err(e) = key.check(&op) {
-                conn.done(bytes);
+                conn.done();
                 return conn.err(id, ErrorCode::Invalid, &e.to_string());
             }
             // A PKCS#11 token's key (held, not in this process's memory)
@@ -496,8 +715,8 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             // the RSA workers, never onto this reader and never ahead of the
             // EC signatures.
             let rsa = key.kind().is_rsa() || !key.is_local();
-            let pool = if rsa { &workers.rsa } else { &workers.ec };
-            let job = Job { conn: conn.clone(), id, key, op, deadline: Instant::now() + timeout };
+            let queue = if rsa { &workers.rsa } else { &workers.ec };
+            let job = Job { conn: conn.clone(), id, key, op, deadline: Instant::now() + timeout, _charge: charge };
             // An EC or Ed25519 signature (13-50 µs) that came alone is made
             // here, on the connection's reader, when no EC job waits for the
             // workers:
@@ -506,17 +725,23 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             // agent). Under load (a queue, or several requests in one read)
             // the workers take them, in parallel; RSA (0.4 ms and more)
             // always goes to its own workers, so it never holds up the EC
-            // requests behind it.
-            if alone && !rsa && pool.is_empty() {
+            // requests behind it. An agent's client signs here only with
+            // nothing else of its user's in flight: a user's many
+            // connections would otherwise be as many signing threads, past
+            // its share of the workers.
+            let mine_alone = user_in_flight.is_none_or(|(n, _)| n == 0);
+            if alone && !rsa && mine_alone && queue.is_empty() {
                 let reply = perform(&job);
                 job.conn.writer.send(&reply);
                 return;
             }
-            if let Err(e) = pool.try_send(job) {
-                conn.done(bytes);
-                match e {
-                    TrySendError::Full(_) => conn.err(id, ErrorCode::Busy, "the signing queue is full"),
-                    TrySendError::Disconnected(_) => conn.err(id, ErrorCode::Internal, "the key process is shutting down"),
+            match queue.push(conn.user(), job) {
+                Ok(None) => {}
+                Ok(Some(evicted)) => evicted.refuse_busy(),
+                Err((full, job)) => {
+                    let code = if full == Full::Closed { ErrorCode::Internal } else { ErrorCode::Busy };
+                    job.conn.done();
+                    job.conn.err(id, code, &format!("the signing queue: {full}"));
                 }
             }
         }
@@ -535,13 +760,24 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             if let Some(why) = conn.key_room(key_id) {
                 return conn.err(id, ErrorCode::Busy, &why);
             }
-            // Each user's loads wait in a queue of its own, taken in turn
-            // (load_queue.rs): one user's burst delays another's load by a
-            // load per loader at most, and fills only its own queue.
-            let user = conn.client.as_ref().map_or(0, |c| c.uid);
-            if let Err((full, _)) = workers.load.push(user, LoadJob { conn: conn.clone(), id, key_id, source }) {
-                let code = if full == Full::Closed { ErrorCode::Internal } else { ErrorCode::Busy };
-                conn.err(id, code, &full.to_string());
+            let charge = match conn.account.charge(JOB_MEMORY + source_len(&source)) {
+                Ok(c) => c,
+                Err(over) => return conn.err(id, ErrorCode::Busy, &over.to_string()),
+            };
+            // Each user's loads wait in a queue of its own, taken by the
+            // time each user's loads have taken (fair_queue.rs): one user's
+            // burst delays another's load by a load per loader at most,
+            // and fills only its own share.
+            let job = LoadJob { conn: conn.clone(), id, key_id, source, _charge: charge };
+            match workers.load.push(conn.user(), job) {
+                Ok(None) => {}
+                Ok(Some(evicted)) => {
+                    evicted.conn.err(evicted.id, ErrorCode::Busy, "key loads: another user needed the room in the queue");
+                }
+                Err((full, job)) => {
+                    let code = if full == Full::Closed { ErrorCode::Internal } else { ErrorCode::Busy };
+                    job.conn.err(id, code, &format!("key loads: {full}"));
+                }
             }
         }
         kind::UNLOAD => match p::parse_unload_request(&frame.body) {
@@ -611,8 +847,9 @@ fn token_code(e: &SignError) -> Option<ErrorCode> {
 }
 
 /// A loader thread: loads keys until the queue closes.
-fn load_keys(queue: &LoadQueue<LoadJob>) {
-    while let Some(LoadJob { conn, id, key_id, source }) = queue.pop() {
+fn load_keys(queue: &FairQueue<LoadJob>) {
+    while let Some((LoadJob { conn, id, key_id, source, _charge }, ticket)) = queue.pop() {
+        let started = Instant::now();
         // A loader that panics (a module's bug, a parser's) answers this
         // request and stays: two loader threads serve every client.
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &source {
@@ -637,6 +874,7 @@ fn load_keys(queue: &LoadQueue<LoadJob>) {
             },
             Err((code, msg)) => conn.err(id, code, &msg),
         }
+        queue.charge(ticket, started.elapsed());
     }
 }
 
@@ -684,19 +922,21 @@ fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8
     PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
 }
 
-fn work(rx: &Receiver<Job>, defer: bool) {
-    let mut next: Option<Job> = None;
+fn work(queue: &FairQueue<Job>, defer: bool) {
+    let mut next: Option<(Job, super::fair_queue::Ticket)> = None;
     // When the oldest reply held back was queued, and how many are held.
     let mut held: Option<(Instant, usize)> = None;
     loop {
-        let job = match next.take() {
-            Some(job) => job,
-            None => match rx.recv() {
-                Ok(job) => job,
-                Err(_) => break,
+        let (job, ticket) = match next.take() {
+            Some(taken) => taken,
+            None => match queue.pop() {
+                Some(taken) => taken,
+                None => break,
             },
         };
+        let started = Instant::now();
         let reply = perform(&job);
+        queue.charge(ticket, started.elapsed());
         // With another job already queued for the same connection, this
         // reply can wait for the next one and both leave in one write:
         // fewer system calls here and fewer wake-ups of the peer's reader
@@ -705,8 +945,8 @@ fn work(rx: &Receiver<Job>, defer: bool) {
         // show.
         let hold = defer && held.is_none_or(|(since, n)| n < MAX_HELD && since.elapsed() < MAX_HOLD);
         if hold {
-            if let Ok(following) = rx.try_recv() {
-                if Arc::ptr_eq(&following.conn, &job.conn) {
+            if let Some(following) = queue.try_pop() {
+                if Arc::ptr_eq(&following.0.conn, &job.conn) {
                     job.conn.writer.queue(&reply);
                     held = Some(held.map_or((Instant::now(), 1), |(since, n)| (since, n + 1)));
                 } else {
@@ -733,6 +973,14 @@ const MAX_HELD: usize = 32;
 /// which shares the EC pool, is about 0.8 ms).
 const MAX_HOLD: Duration = Duration::from_micros(400);
 
+impl Job {
+    /// Answers a job that lost its place in the queue to another user's.
+    fn refuse_busy(self) {
+        self.conn.done();
+        self.conn.err(self.id, ErrorCode::Busy, "the signing queue: another user needed the room (this user has the most waiting)");
+    }
+}
+
 /// Runs one job; returns its reply frame.
 fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
     let result = if Instant::now() >= job.deadline {
@@ -744,7 +992,7 @@ fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
             Err(e) => Err((token_code(&e).unwrap_or(ErrorCode::Invalid), e.to_string())),
         }
     };
-    job.conn.done(job.op.input_len());
+    job.conn.done();
     let mut frame = Zeroizing::new(Vec::new());
     match result {
         Ok(out) => {

@@ -236,6 +236,9 @@ impl Supervisor {
         }
         let process_error = |what: String| SignError::io(Resource::Process, what);
         let (ours, theirs) = UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
+        // The key process reads which process sent each request, from its
+        // first byte on (it serves only this one, not a child of it).
+        super::sys::pass_credentials(&theirs).map_err(|e| SignError::io(Resource::Socket, format!("SO_PASSCRED: {e}")))?;
         let mut cmd = Command::new(&self.command[0]);
         cmd.args(&self.command[1..])
             .arg("--rsa-threads")
@@ -265,7 +268,15 @@ impl Supervisor {
                 return Err(process_error(format!("the key process did not start: {e}")));
             }
         };
-        warn_unconfined(flags);
+        if let Some(missing) = unconfined(flags) {
+            if !config.unsafe_partial_sandbox {
+                kill(&mut child);
+                return Err(SignError::Config(format!(
+                    "the key process could not set up its whole sandbox: without {missing} it would hold the keys with less isolation than docs/security.md promises, so it was stopped. Fix the cause, or accept the weaker isolation explicitly: KeyProcessConfig::unsafe_partial_sandbox, KEYFENCE_UNSAFE_PARTIAL_SANDBOX=1 in the environment, or --unsafe-partial-sandbox"
+                )));
+            }
+            warn_unconfined(&missing);
+        }
         let reader = match ours.try_clone() {
             Ok(r) => r,
             Err(e) => {
@@ -363,22 +374,35 @@ impl Supervisor {
     }
 }
 
-/// Says once per process, as a warning, which layer of its sandbox a key
-/// process runs without (the key process itself has no standard error to
-/// say it on): a kernel without seccomp or Landlock.
-fn warn_unconfined(flags: u32) {
+/// Which layers of its sandbox a key process runs without, by its hello's
+/// flags, in words an operator can act on; `None` when it has them all.
+fn unconfined(flags: u32) -> Option<String> {
+    let mut missing = Vec::new();
+    if flags & p::flags::SANDBOXED == 0 {
+        missing.push("its system call filter (the kernel refused seccomp)".to_string());
+    }
+    if flags & p::flags::FILES_CONFINED == 0 {
+        missing.push(if flags & p::flags::OTHER_THREAD != 0 {
+            "Landlock: another thread was running in it when the sandbox was set up, and Landlock binds only the thread that sets it up (a library preloaded with LD_PRELOAD starts one)".to_string()
+        } else {
+            "Landlock (the kernel's file sandbox, Linux 5.13 or later with landlock in its lsm= list): other processes of its user, its parent's /proc/PID/mem, environ and descriptors among them, would be open to code running in it".to_string()
+        });
+    }
+    if flags & p::flags::INHERITED_CLOSED == 0 {
+        missing.push("closing the descriptors it inherited".to_string());
+    }
+    (!missing.is_empty()).then(|| missing.join("; "))
+}
+
+/// Says once per process, as a warning on standard error and in the log,
+/// which layer of its sandbox a key process runs without, when its user
+/// allowed that (the key process itself has no standard error to say it
+/// on).
+fn warn_unconfined(missing: &str) {
     static SAID: AtomicBool = AtomicBool::new(false);
-    let missing: Vec<&str> = [
-        (p::flags::SANDBOXED, "its system call filter (seccomp)"),
-        (p::flags::FILES_CONFINED, "Landlock (it opens no file for writing instead, so a token module that writes its folder fails)"),
-        (p::flags::INHERITED_CLOSED, "closing what it inherited"),
-    ]
-    .iter()
-    .filter(|(f, _)| flags & f == 0)
-    .map(|(_, what)| *what)
-    .collect();
-    if !missing.is_empty() && !SAID.swap(true, Ordering::Relaxed) {
-        tracing::warn!(missing = %missing.join("; "), "the key process runs without part of its sandbox (docs/security.md)");
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!("keyfence: warning: the key process runs without part of its sandbox, as allowed (unsafe_partial_sandbox): {missing} (docs/security.md)");
+        tracing::warn!(%missing, "the key process runs without part of its sandbox, as allowed (docs/security.md)");
     }
 }
 

@@ -7,9 +7,9 @@
 
 use std::ffi::{CStr, OsStr};
 use std::io;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
-use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 
 /// `prctl(PR_SET_DUMPABLE, 0)`: no core dumps, and a process of the same
@@ -91,6 +91,116 @@ pub(crate) fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, u32
     Ok((cred.pid as u32, cred.uid, cred.gid))
 }
 
+/// Has the kernel attach the sending process's credentials to every
+/// message `stream` receives (`SO_PASSCRED`), for [`recv_from_sender`].
+pub(crate) fn pass_credentials(stream: &UnixStream) -> io::Result<()> {
+    pass_credentials_fd(stream.as_fd())
+}
+
+/// As [`pass_credentials`], on a listening socket: the connections it
+/// accepts inherit it.
+pub(crate) fn pass_credentials_on(listener: &std::os::unix::net::UnixListener) -> io::Result<()> {
+    pass_credentials_fd(listener.as_fd())
+}
+
+fn pass_credentials_fd(fd: std::os::fd::BorrowedFd<'_>) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a live c_int and the length passed is its size; the
+    // descriptor is borrowed for the call.
+    let rc = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&on as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads into `buf` with `recvmsg`: the bytes read and the pid and user of
+/// the process that sent them. With [`pass_credentials`] on, the kernel
+/// never returns the bytes of two senders in one read and names the
+/// sender of these (its pid as the receiver's namespace sees it, 0 when
+/// it sees none): a descriptor inherited by a child, however the child
+/// was made (`fork`, `clone`, `_Fork`), is still its parent's connection,
+/// but the child's bytes are the child's.
+pub(crate) fn recv_from_sender(stream: &UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<(u32, u32)>)> {
+    // Room for one SCM_CREDENTIALS message, aligned as cmsghdr needs.
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: a zeroed msghdr is a valid empty one; its fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    let n = loop {
+        // SAFETY: `msg` points at `iov` (over `buf`, valid for writes of
+        // its length) and at `control` (valid for writes of
+        // `msg_controllen` bytes), all live for the call; the descriptor
+        // is owned by `stream`, which outlives it.
+        let n = unsafe { libc::recvmsg(stream.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    };
+    let mut sender = None;
+    // SAFETY: the CMSG_* walk stays within `msg_controllen`, which the
+    // kernel set to what it wrote into `control`; a credentials message's
+    // data is a ucred, read unaligned.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_CREDENTIALS {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                sender = Some((cred.pid as u32, cred.uid));
+            } else if (*c).cmsg_level == libc::SOL_SOCKET && (*c).cmsg_type == libc::SCM_RIGHTS {
+                // Descriptors nobody asked for: closed, never used.
+                let len = (*c).cmsg_len as usize - libc::CMSG_LEN(0) as usize;
+                let fds = libc::CMSG_DATA(c).cast::<libc::c_int>();
+                for i in 0..len / std::mem::size_of::<libc::c_int>() {
+                    libc::close(std::ptr::read_unaligned(fds.add(i)));
+                }
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n, sender))
+}
+
+/// Sets glibc's allocator so that freed memory goes back to the system:
+/// allocations of 64 KiB and more are mappings of their own (glibc's
+/// threshold otherwise rises to each large block freed, and the next
+/// large buffers stay in its heaps), and [`give_back_memory`] returns
+/// the free pages of every heap. A no-op elsewhere.
+pub(crate) fn return_freed_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets allocator parameters.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 64 * 1024);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 256 * 1024);
+    }
+}
+
+/// Returns the allocator's free pages to the system (glibc's
+/// `malloc_trim`): after connections close, what they held.
+pub(crate) fn give_back_memory() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: malloc_trim only releases free memory of the allocator.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// The supplementary groups of the process at the other end of `stream`
 /// (`SO_PEERGROUPS`, Linux 4.13 and later).
 pub(crate) fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
@@ -116,10 +226,11 @@ pub(crate) fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
     }
 }
 
-/// Refuses a peer that is not our parent running as our user. Over the
-/// socket pair the parent made, `SO_PEERCRED` reports the process that
-/// created the pair; anything else on the other end is not our client.
-pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<()> {
+/// Refuses a peer that is not our parent running as our user, and
+/// returns the parent's pid and user. Over the socket pair the parent
+/// made, `SO_PEERCRED` reports the process that created the pair;
+/// anything else on the other end is not our client.
+pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<(u32, u32)> {
     let (pid, peer_uid, _) = peer_credentials(stream)?;
     // SAFETY: getppid and getuid cannot fail and touch no memory.
     let (ppid, uid) = unsafe { (libc::getppid(), libc::getuid()) };
@@ -129,7 +240,7 @@ pub(crate) fn check_peer_is_parent(stream: &UnixStream) -> io::Result<()> {
             format!("peer pid {pid} uid {peer_uid} is not the parent {ppid} as uid {uid}"),
         ));
     }
-    Ok(())
+    Ok((pid, uid))
 }
 
 /// The names of user `uid` and group `gid` (`getpwuid_r`, `getgrgid_r`),

@@ -27,6 +27,8 @@ use std::time::Instant;
 
 use zeroize::Zeroizing;
 
+use super::budget::Charge;
+
 struct Pending {
     /// Frames waiting for the next write. Raw RSA decryptions (premaster
     /// secrets) pass through here, so the buffers are zeroized.
@@ -39,6 +41,11 @@ struct Pending {
     stalled: bool,
     /// Since when the socket has taken nothing (reset by any progress).
     stall_began: Option<Instant>,
+    /// Bounded: the buffers' memory, charged to the client's user.
+    charge: Option<Charge>,
+    /// The capacity of the buffer being written, out of `buf` and `spare`
+    /// meanwhile.
+    writing_cap: usize,
 }
 
 /// What a bounded writer's stalled output is handed to, to be written
@@ -60,6 +67,12 @@ struct Shared {
     bounded: Option<(Arc<dyn Stalls>, usize)>,
 }
 
+/// A bounded writer's buffers start this small (an agent has thousands
+/// of connections, most of them idle) and go back to it after a burst.
+const SMALL: usize = 4 * 1024;
+/// Other writers' buffers: one connection each, busy.
+const LARGE: usize = 64 * 1024;
+
 pub(crate) struct FrameWriter(Arc<Shared>);
 
 /// A bounded writer with output its socket did not take, as its poller
@@ -71,7 +84,7 @@ impl FrameWriter {
     /// A writer that blocks until the socket takes each write (the key
     /// process's, whose one client is its parent; and the client's own).
     pub(crate) fn new(stream: UnixStream) -> std::io::Result<Self> {
-        Ok(Self::make(Arc::new(stream), None, None))
+        Ok(Self::make(Arc::new(stream), None, None, None))
     }
 
     /// As [`FrameWriter::new`], for a client's connection to its key
@@ -79,30 +92,37 @@ impl FrameWriter {
     /// socket (`sys::ForkGuard`).
     pub(crate) fn client(stream: UnixStream) -> Self {
         let guard = super::sys::ForkGuard::new(&stream);
-        Self::make(Arc::new(stream), None, guard)
+        Self::make(Arc::new(stream), None, guard, None)
     }
 
     /// A writer that never blocks the thread that sends: output the
     /// socket does not take waits for `stalls` to flush it, and a client
     /// that leaves more than `max_unread` bytes unread is cut off.
-    pub(crate) fn bounded(stream: Arc<UnixStream>, stalls: Arc<dyn Stalls>, max_unread: usize) -> Self {
-        Self::make(stream, Some((stalls, max_unread)), None)
+    /// Its buffers' memory is `charge`d to the client's user: a charge
+    /// that fails cuts the client off as leaving too much unread does.
+    pub(crate) fn bounded(stream: Arc<UnixStream>, stalls: Arc<dyn Stalls>, max_unread: usize, charge: Charge) -> Self {
+        Self::make(stream, Some((stalls, max_unread)), None, Some(charge))
     }
 
-    fn make(stream: Arc<UnixStream>, bounded: Option<(Arc<dyn Stalls>, usize)>, guard: Option<super::sys::ForkGuard>) -> Self {
-        FrameWriter(Arc::new(Shared {
-            _guard: guard,
-            stream,
-            pending: Mutex::new(Pending {
-                buf: Zeroizing::new(Vec::with_capacity(64 * 1024)),
-                spare: Zeroizing::new(Vec::with_capacity(64 * 1024)),
-                writing: false,
-                broken: false,
-                stalled: false,
-                stall_began: None,
-            }),
-            bounded,
-        }))
+    fn make(
+        stream: Arc<UnixStream>,
+        bounded: Option<(Arc<dyn Stalls>, usize)>,
+        guard: Option<super::sys::ForkGuard>,
+        charge: Option<Charge>,
+    ) -> Self {
+        let size = if bounded.is_some() { SMALL } else { LARGE };
+        let mut pending = Pending {
+            buf: Zeroizing::new(Vec::with_capacity(size)),
+            spare: Zeroizing::new(Vec::with_capacity(size)),
+            writing: false,
+            broken: false,
+            stalled: false,
+            stall_began: None,
+            charge,
+            writing_cap: 0,
+        };
+        pending.recharge();
+        FrameWriter(Arc::new(Shared { _guard: guard, stream, pending: Mutex::new(pending), bounded }))
     }
 
     /// Queues `frame` and writes it (with whatever else is queued) unless
@@ -165,21 +185,47 @@ impl FrameWriter {
     }
 }
 
+impl Pending {
+    /// The buffers' memory now.
+    fn holds(&self) -> usize {
+        self.buf.capacity() + self.spare.capacity() + self.writing_cap
+    }
+
+    /// Charges what the buffers hold now. Growth is charged before it
+    /// happens (`room_for`), so this only catches up with a buffer that
+    /// moved or shrank; should it fail, the charge stays as it was and
+    /// the writer's own bound (`max_unread`) still holds.
+    fn recharge(&mut self) {
+        let held = self.holds();
+        if let Some(c) = self.charge.as_mut() {
+            let _ = c.set(held);
+        }
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, Pending> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Bounded: whether `more` bytes fit under the unread bound; a client
-    /// past it is cut off here.
+    /// Bounded: whether `more` bytes fit under the unread bound and the
+    /// user's memory; a client past either is cut off here.
     fn room_for(&self, p: &mut MutexGuard<'_, Pending>, more: usize) -> bool {
-        match &self.bounded {
-            Some((_, max)) if p.buf.len().saturating_add(more) > *max => {
-                self.break_locked(p);
-                false
+        let need = p.buf.len().saturating_add(more);
+        let fits = match &self.bounded {
+            Some((_, max)) if need > *max => false,
+            Some(_) if need > p.buf.capacity() => {
+                // What the buffer grows to (`wipe::reserve`), charged first.
+                let grown = need.max(p.buf.capacity().saturating_mul(2));
+                let others = p.spare.capacity() + p.writing_cap;
+                p.charge.as_mut().is_none_or(|c| c.set(grown + others).is_ok())
             }
             _ => true,
+        };
+        if !fits {
+            self.break_locked(p);
         }
+        fits
     }
 
     fn break_locked(&self, p: &mut MutexGuard<'_, Pending>) {
@@ -187,6 +233,13 @@ impl Shared {
         p.writing = false;
         p.stalled = false;
         p.buf.clear();
+        // Nothing more is written: the memory goes back now, not when the
+        // last reference to the writer is dropped.
+        if p.charge.is_some() {
+            p.buf = Zeroizing::new(Vec::new());
+            p.spare = Zeroizing::new(Vec::new());
+            p.recharge();
+        }
         // Wake the peer's reader and ours: the connection is over.
         let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
@@ -201,12 +254,14 @@ impl Shared {
         loop {
             let mut out = std::mem::take(&mut p.spare);
             std::mem::swap(&mut out, &mut p.buf);
+            p.writing_cap = out.capacity();
             drop(p);
             let result = match self.bounded {
                 None => super::sys::send_all(&self.stream, &out).map(|()| out.len()),
                 Some(_) => send_what_it_takes(&self.stream, &out),
             };
             p = self.lock();
+            p.writing_cap = 0;
             match result {
                 Err(_) => {
                     out.clear();
@@ -224,6 +279,7 @@ impl Shared {
                     p.buf = rest;
                     out.clear();
                     p.spare = out;
+                    p.recharge();
                     p.writing = false;
                     p.stalled = true;
                     p.stall_began = if sent > 0 { Some(Instant::now()) } else { p.stall_began.or(Some(Instant::now())) };
@@ -241,6 +297,12 @@ impl Shared {
             if p.buf.is_empty() {
                 p.writing = false;
                 p.stall_began = None;
+                // After a burst, a bounded writer gives its memory back.
+                if p.charge.is_some() && p.buf.capacity() + p.spare.capacity() > 4 * SMALL {
+                    p.buf = Zeroizing::new(Vec::with_capacity(SMALL));
+                    p.spare = Zeroizing::new(Vec::with_capacity(SMALL));
+                    p.recharge();
+                }
                 return true;
             }
         }

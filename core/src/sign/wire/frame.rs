@@ -104,12 +104,7 @@ impl Decoder {
     /// Appends bytes read from the stream.
     pub fn push(&mut self, bytes: &[u8]) {
         if self.end + bytes.len() > self.buf.len() {
-            // Move the pending bytes to the front and zero where they were.
-            let pending = self.end - self.start;
-            self.buf.copy_within(self.start..self.end, 0);
-            self.buf[pending..self.end].fill(0);
-            self.start = 0;
-            self.end = pending;
+            self.compact();
         }
         let need = self.end + bytes.len();
         if need > self.buf.len() {
@@ -119,6 +114,79 @@ impl Decoder {
         }
         self.buf[self.end..need].copy_from_slice(bytes);
         self.end = need;
+    }
+
+    /// Bytes of memory the buffer holds (what a server charges to the
+    /// client that makes it hold them).
+    pub fn held(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// Whether part of a frame has come and the rest not yet.
+    pub fn partial(&self) -> bool {
+        self.end > self.start
+    }
+
+    /// The buffer's size once it has room for the next read
+    /// ([`Decoder::read_from`]): `chunk` bytes, or the rest of the frame
+    /// begun, whichever is more (never past one whole frame of
+    /// [`MAX_FRAME`]).
+    pub fn size_for_next_read(&self, chunk: usize) -> usize {
+        let pending = self.end - self.start;
+        let room = self.frame_rest().unwrap_or(0).max(chunk);
+        (pending + room).max(self.buf.len())
+    }
+
+    /// Bytes still to come of the frame begun, once its length has come.
+    fn frame_rest(&self) -> Option<usize> {
+        let pending = &self.buf[self.start..self.end];
+        let len = u32::from_be_bytes(pending.get(..4)?.try_into().ok()?) as usize;
+        (HEADER..=MAX_FRAME).contains(&len).then(|| (4 + len).saturating_sub(pending.len()))
+    }
+
+    /// Reads once from `r` straight into the buffer, after making room
+    /// for [`Decoder::size_for_next_read`]`(chunk)`: no second buffer
+    /// per connection, and a frame's bytes are copied once. Returns what
+    /// `read` returned (0 at the end of the stream).
+    ///
+    /// # Errors
+    /// The reader's.
+    pub fn read_from(&mut self, mut r: impl std::io::Read, chunk: usize) -> std::io::Result<usize> {
+        let pending = self.end - self.start;
+        let room = self.frame_rest().unwrap_or(0).max(chunk);
+        if self.end + room > self.buf.len() {
+            self.compact();
+        }
+        if self.end + room > self.buf.len() {
+            let (len, size) = (self.buf.len(), pending + room);
+            crate::wipe::reserve(&mut self.buf, size - len);
+            self.buf.resize(size, 0);
+        }
+        let n = r.read(&mut self.buf[self.end..self.end + room])?;
+        self.end += n;
+        Ok(n)
+    }
+
+    /// Gives memory back after a large frame: with nothing pending past
+    /// `to` bytes, the buffer becomes `to` bytes (the old one wiped).
+    pub fn shrink(&mut self, to: usize) {
+        let pending = self.end - self.start;
+        if self.buf.len() <= to || pending > to {
+            return;
+        }
+        let mut small = Zeroizing::new(vec![0u8; to]);
+        small[..pending].copy_from_slice(&self.buf[self.start..self.end]);
+        self.buf = small;
+        (self.start, self.end) = (0, pending);
+    }
+
+    /// Moves the pending bytes to the front and zeroes where they were.
+    fn compact(&mut self) {
+        let pending = self.end - self.start;
+        self.buf.copy_within(self.start..self.end, 0);
+        self.buf[pending..self.end].fill(0);
+        self.start = 0;
+        self.end = pending;
     }
 
     /// The next whole frame, `None` if more bytes are needed.
@@ -228,6 +296,39 @@ mod tests {
         // A partial frame stays, and only it.
         d.push(&wire[..100]);
         assert_eq!(d.buf.iter().filter(|&&b| b != 0).count(), wire[..100].iter().filter(|&&b| b != 0).count());
+    }
+
+    #[test]
+    fn reading_in_place_grows_for_the_frame_begun_and_shrinks_after_it() {
+        let big = vec![0x5A; 100_000];
+        let mut wire = Vec::new();
+        encode(&mut wire, 0x04, 1, &[b"small"]);
+        encode(&mut wire, 0x04, 2, &[&big]);
+        let mut d = Decoder::new();
+        assert_eq!(d.size_for_next_read(4096), 4096);
+        let mut src = &wire[..];
+        let mut got = Vec::new();
+        while d.read_from(&mut src, 4096).unwrap() > 0 {
+            // Once the big frame's length has come, the next read makes room
+            // for all of it, and no more.
+            assert!(d.held() <= 4 + HEADER + big.len() + 4096, "{}", d.held());
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f);
+            }
+        }
+        assert_eq!(got.len(), 2);
+        assert_eq!(&got[1].body[..], &big[..]);
+        assert!(!d.partial());
+        assert!(d.held() > 100_000);
+        d.shrink(4096);
+        assert_eq!(d.held(), 4096);
+        assert!(d.buf.iter().all(|&b| b == 0));
+        // A partial frame is kept through a shrink.
+        d.push(&wire[..7]);
+        d.shrink(16);
+        assert!(d.partial());
+        d.push(&wire[7..wire.len() - big.len() - HEADER - 4]);
+        assert_eq!(&d.next_frame().unwrap().unwrap().body[..], b"small");
     }
 
     #[test]

@@ -45,7 +45,8 @@ pub use self::grants::{Grantee, TokenGrant};
 use self::hush::Hush;
 use self::poller::{Poller, Refusal};
 use super::protocol as p;
-use super::server::{serve_conn, Client, EnvelopeOpener, Limits, Role, ServeOptions, UserShare, Workers};
+use super::budget::{Account, Pool};
+use super::server::{serve_conn, Client, ConnOptions, EnvelopeOpener, Limits, Role, Room, ServeOptions, UserShare, Workers};
 use super::sys;
 use super::writer::FrameWriter;
 use crate::sign::pkcs11::{self, Pkcs11Settings, Pkcs11Uri};
@@ -112,6 +113,21 @@ pub struct AgentConfig {
     pub connection_keys: usize,
     /// Keys one user may hold over all its connections. Default 16384.
     pub user_keys: usize,
+    /// Bytes of the agent's memory one user's connections may make it
+    /// hold: frames begun and not yet whole, requests and key loads
+    /// waiting, replies not yet read, keys loaded. Past it, the connection
+    /// asking for more is refused (`busy`) or cut off. Default 64 MiB.
+    pub user_memory: usize,
+    /// Bytes all users together may make it hold, as
+    /// [`AgentConfig::user_memory`] counts them. Default 256 MiB: four
+    /// users at their bound leave room for a fifth. docs/deploy.md has the
+    /// agent's worst case.
+    pub max_memory: usize,
+    /// How long a frame may take to arrive whole once its first byte has
+    /// come; a client whose frame is still partial then is cut off (it is
+    /// checked whenever its read waits, so between one and two of these
+    /// after it began). Default 5 s.
+    pub frame_timeout: Duration,
     /// How long a client has to send its whole hello. Default 5 s.
     pub hello_timeout: Duration,
     /// The PKCS#11 module and PIN the agent loads keys with, when its
@@ -167,6 +183,9 @@ impl AgentConfig {
             user_loads: super::server::MAX_QUEUED_LOADS.0,
             connection_keys: 1024,
             user_keys: 16384,
+            user_memory: 64 << 20,
+            max_memory: 256 << 20,
+            frame_timeout: Duration::from_secs(5),
             hello_timeout: Duration::from_secs(5),
             pkcs11: None,
             token_grants: Vec::new(),
@@ -188,6 +207,9 @@ pub struct AgentStats {
     /// The descriptors it may open (its soft limit, raised at start to
     /// the hard one).
     pub descriptor_limit: u64,
+    /// Bytes its clients make it hold now, as [`AgentConfig::max_memory`]
+    /// counts them.
+    pub memory: usize,
 }
 
 /// The id of the user `name` (a name, or a number), for
@@ -286,6 +308,8 @@ struct Inner {
     next_conn: AtomicU64,
     conn_threads: Mutex<Joined>,
     users: Mutex<HashMap<u32, Arc<UserShare>>>,
+    /// The memory all clients together make the agent hold.
+    memory: Arc<Pool>,
     accepted: AtomicU64,
     refused: AtomicU64,
     descriptor_limit: u64,
@@ -305,7 +329,8 @@ impl Inner {
     }
 
     fn share(&self, uid: u32) -> Arc<UserShare> {
-        self.users.lock().unwrap_or_else(|e| e.into_inner()).entry(uid).or_default().clone()
+        let memory = self.config.user_memory;
+        self.users.lock().unwrap_or_else(|e| e.into_inner()).entry(uid).or_insert_with(|| Arc::new(UserShare::new(memory))).clone()
     }
 }
 
@@ -328,6 +353,10 @@ const CONNECTION_STACK: usize = 256 * 1024;
 /// The most bytes of replies a client may leave unread before it is cut
 /// off (1,024 RSA-4096 signatures in flight are 0.5 MiB).
 const MAX_UNREAD: usize = 2 << 20;
+/// Bytes read from a client at a time: a read buffer per connection
+/// (thousands of connections, most idle), grown for a frame that is
+/// longer and shrunk after it.
+const READ_CHUNK: usize = 4 * 1024;
 
 impl Agent {
     /// Raises its descriptor limit, reads the machine key, opens and
@@ -365,10 +394,22 @@ impl Agent {
             config.user_loads,
             config.connection_keys,
             config.user_keys,
+            config.user_memory,
+            config.max_memory,
         ];
-        if sizes.contains(&0) || config.hello_timeout.is_zero() {
-            return Err(SignError::Config("agent sizes (connections, in flight, loads, keys, hello timeout) must be at least 1".into()));
+        if sizes.contains(&0) || config.hello_timeout.is_zero() || config.frame_timeout.is_zero() {
+            return Err(SignError::Config(
+                "agent sizes (connections, in flight, loads, keys, memory, hello and frame timeouts) must be at least 1".into(),
+            ));
         }
+        if config.user_memory > config.max_memory {
+            return Err(SignError::Config("one user's memory bound cannot be more than the agent's in all".into()));
+        }
+        let max_memory = config.max_memory;
+        // Memory a client's connection held goes back to the system when it
+        // closes (and after a large frame), not into allocator heaps that
+        // only grow.
+        sys::return_freed_memory();
         // Before anything is opened: a daemon of many clients must not stop
         // at the soft 1,024 a shell or a unit without LimitNOFILE= gives.
         let descriptor_limit = sys::raise_descriptor_limit().unwrap_or(0);
@@ -401,10 +442,20 @@ impl Agent {
                 (l, Some((meta.dev(), meta.ino())))
             }
         };
+        // Connections accepted from it carry each sender's credentials
+        // with its bytes, from the first: only the process that connected
+        // may use a connection (server.rs, `FromOwner`).
+        sys::pass_credentials_on(&listener)
+            .map_err(|e| SignError::io(Resource::Socket, format!("cannot set SO_PASSCRED on the agent's socket: {e}")))?;
         warn_unreachable(&config);
         let options = ServeOptions { rsa_threads: config.rsa_threads, ec_threads: config.ec_threads, ..ServeOptions::default() };
-        let capacity = (config.connection_in_flight as usize).max(config.user_in_flight);
-        let workers = Workers::start(&options, capacity, (config.user_loads, super::server::MAX_QUEUED_LOADS.1))
+        // Each signing queue takes a user's whole in-flight bound, and four
+        // users' in all: a fifth user still gets in, taking room from the
+        // one with the most waiting (fair_queue.rs).
+        let per_user = (config.connection_in_flight as usize).max(config.user_in_flight);
+        let ops = Room { per_user, total: per_user.saturating_mul(4) };
+        let loads = Room { per_user: config.user_loads, total: super::server::MAX_QUEUED_LOADS.1 };
+        let workers = Workers::start(&options, ops, loads)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
         let (poller, hears) =
             Poller::new().map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
@@ -425,6 +476,7 @@ impl Agent {
             next_conn: AtomicU64::new(0),
             conn_threads: Mutex::new(Joined::new()),
             users: Mutex::new(HashMap::new()),
+            memory: Pool::new(max_memory),
             accepted: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             descriptor_limit,
@@ -455,6 +507,7 @@ impl Agent {
             refused: self.inner.refused.load(Ordering::Relaxed),
             open: self.inner.conns().len(),
             descriptor_limit: self.inner.descriptor_limit,
+            memory: self.inner.memory.used(),
         }
     }
 
@@ -687,15 +740,33 @@ fn admit(inner: &Arc<Inner>, stream: UnixStream) {
         move || {
             let workers = i.workers.clone();
             let stalls: Arc<dyn super::writer::Stalls> = i.poller.clone();
-            let writer = FrameWriter::bounded(stream.clone(), stalls, MAX_UNREAD);
-            let cap = i.config.connection_in_flight;
-            let result =
-                serve_conn(&stream, writer, flags, i.role.clone(), Some(client), cap, i.config.hello_timeout, |_| Ok(workers));
+            let account = Account::new(share.memory.clone(), i.memory.clone());
+            let result = match account.charge(0) {
+                Ok(charge) => {
+                    let writer = FrameWriter::bounded(stream.clone(), stalls, MAX_UNREAD, charge);
+                    let opts = ConnOptions {
+                        flags,
+                        role: i.role.clone(),
+                        client: Some(client),
+                        cap: i.config.connection_in_flight,
+                        hello_timeout: i.config.hello_timeout,
+                        frame_timeout: Some(i.config.frame_timeout),
+                        account,
+                        read_chunk: READ_CHUNK,
+                        owner: Some((pid, uid)),
+                    };
+                    serve_conn(&stream, writer, opts, |_| Ok(workers))
+                }
+                Err(_) => Ok(()),
+            };
             if let Err(e) = result {
                 tracing::debug!(%pid, error = %e, "client connection ended");
             }
             i.conns().remove(&id);
             share.connections.fetch_sub(1, Ordering::AcqRel);
+            // What the connection held goes back to the system (seldom:
+            // the poller trims at most once a second).
+            i.poller.closed();
         },
     );
     if let Err(e) = spawned {

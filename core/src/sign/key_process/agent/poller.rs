@@ -34,6 +34,10 @@ pub(crate) const MAX_REFUSALS: usize = 1024;
 /// nothing) before it is cut off.
 pub(crate) const STALL_LIMIT: Duration = Duration::from_secs(5);
 
+/// How often, at most, the allocator's free memory is given back after
+/// connections closed.
+pub(crate) const TRIM_EVERY: Duration = Duration::from_secs(1);
+
 /// Why a client is refused.
 pub(crate) enum Refusal {
     /// Its user is not allowed: named by the poller (a user database
@@ -51,6 +55,8 @@ struct Inbox {
 
 pub(crate) struct Poller {
     inbox: Mutex<Inbox>,
+    /// A connection closed since the allocator was last trimmed.
+    to_trim: AtomicBool,
     /// Written to wake the thread; it polls the other end.
     bell: UnixStream,
     stop: AtomicBool,
@@ -66,6 +72,7 @@ impl Poller {
         hears.set_nonblocking(true)?;
         let poller = Arc::new(Poller {
             inbox: Mutex::new(Inbox::default()),
+            to_trim: AtomicBool::new(false),
             bell,
             stop: AtomicBool::new(false),
             refusals: Hush::new(),
@@ -85,6 +92,13 @@ impl Poller {
         self.ring();
     }
 
+    /// A client's connection closed: what it held is given back to the
+    /// system within [`TRIM_EVERY`] (trimming walks the allocator's heaps:
+    /// a storm of closing connections trims once).
+    pub(crate) fn closed(&self) {
+        self.to_trim.store(true, Ordering::Release);
+    }
+
     /// Ends the thread (its waiting connections are closed).
     pub(crate) fn stop(&self) {
         self.stop.store(true, Ordering::Release);
@@ -97,7 +111,12 @@ impl Poller {
         let mut stalled: Vec<Stalled> = Vec::new();
         let mut fds: Vec<libc::pollfd> = Vec::new();
         let mut sink = [0u8; 512];
+        let mut trimmed = Instant::now();
         while !self.stop.load(Ordering::Acquire) {
+            if trimmed.elapsed() >= TRIM_EVERY && self.to_trim.swap(false, Ordering::AcqRel) {
+                sys::give_back_memory();
+                trimmed = Instant::now();
+            }
             let inbox = std::mem::take(&mut *self.inbox.lock().unwrap_or_else(|e| e.into_inner()));
             for (stream, why) in inbox.refused {
                 if refused.len() >= MAX_REFUSALS {
@@ -132,7 +151,11 @@ impl Poller {
             fds.push(libc::pollfd { fd: hears.as_raw_fd(), events: libc::POLLIN, revents: 0 });
             fds.extend(refused.iter().map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
             fds.extend(stalled.iter().map(|s| libc::pollfd { fd: s.fd(), events: libc::POLLOUT, revents: 0 }));
-            let wait = if refused.is_empty() && stalled.is_empty() { Duration::from_secs(1) } else { Duration::from_millis(100) };
+            let wait = if refused.is_empty() && stalled.is_empty() && !self.to_trim.load(Ordering::Acquire) {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(100)
+            };
             if sys::poll(&mut fds, wait).is_err() {
                 std::thread::sleep(Duration::from_millis(10));
                 continue;

@@ -32,27 +32,33 @@ pub(crate) struct Installed {
     /// Landlock confines the files (and, from ABI 4, TCP), with the ABI
     /// the kernel enforces.
     pub(crate) files_abi: Option<i32>,
+    /// Another thread was running when the sandbox was set up (a library
+    /// preloaded into the key process can start one), so Landlock, which
+    /// binds only the calling thread and those it starts, was not applied.
+    pub(crate) other_thread: bool,
 }
 
 /// Installs Landlock (while this is the process's only thread: Landlock
 /// binds the calling thread and those it starts) and then the system call
-/// filter (on every thread). A layer the kernel lacks is left out, not an
-/// error: its flag in the hello stays off and the client says so. Without
-/// Landlock (or with a second thread running) the filter refuses every
-/// opening for writing instead.
+/// filter (on every thread). A layer the kernel lacks (or, for Landlock,
+/// another thread running) is left out here and said in the hello's
+/// flags: the client then refuses the key process, unless its user
+/// allowed a partial sandbox (`KeyProcessConfig::unsafe_partial_sandbox`),
+/// and without Landlock the filter refuses every opening for writing.
 pub(crate) fn install() -> Installed {
     // Test builds can leave Landlock out, to test the filter's fallback on
     // a kernel that has Landlock.
     #[cfg(feature = "testing")]
     if std::env::var_os("KEYFENCE_TEST_SANDBOX_WITHOUT_LANDLOCK").is_some() {
-        return Installed { syscalls: syscalls::install(false).is_ok(), files_abi: None };
+        return Installed { syscalls: syscalls::install(false).is_ok(), files_abi: None, other_thread: false };
     }
-    let files_abi = match only_thread().and_then(|()| files::confine(&files::token_dirs())) {
+    let alone = only_thread();
+    let files_abi = match alone.as_ref().map_err(|_| ()).and_then(|()| files::confine(&files::token_dirs()).map_err(|_| ())) {
         Ok(c) => c.map(|c| c.abi),
-        Err(_) => None,
+        Err(()) => None,
     };
     let syscalls = syscalls::install(files_abi.is_some()).is_ok();
-    Installed { syscalls, files_abi }
+    Installed { syscalls, files_abi, other_thread: alone.is_err() }
 }
 
 /// Landlock restricts the calling thread and its later threads only: with

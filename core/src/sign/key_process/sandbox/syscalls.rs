@@ -63,6 +63,12 @@ pub(crate) const KILL: &[(i64, &str)] = &[
     (libc::SYS_finit_module, "finit_module"),
 ];
 
+/// A rule on argument `arg` (64 bits wide: a pointer) compared with `op`
+/// to `value`.
+fn qarg(arg: u8, op: SeccompCmpOp, value: u64) -> io::Result<SeccompCondition> {
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
+}
+
 /// A rule on argument `arg` (32 bits wide) compared with `op` to `value`.
 fn arg(arg: u8, op: SeccompCmpOp, value: u64) -> io::Result<SeccompCondition> {
     SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
@@ -152,28 +158,38 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
     // (tgkill), abort() raises one. Another process is outside.
     m.insert(libc::SYS_tgkill, any_of(0, &[u64::from(pid)])?);
     m.insert(libc::SYS_kill, any_of(0, &[u64::from(pid)])?);
-    // Its own limits (0 or its pid), never another process's.
-    m.insert(libc::SYS_prlimit64, any_of(0, &[0, u64::from(pid)])?);
-    // prctl: the dumpable flag, thread names, no_new_privs, glibc's naming
-    // of anonymous mappings, and reading the seccomp mode and capability
-    // bounding set; nothing else (PR_SET_MM, PR_SET_PTRACER, ...).
-    m.insert(
-        libc::SYS_prctl,
-        any_of(
-            0,
-            &[
-                libc::PR_GET_DUMPABLE as u64,
-                libc::PR_SET_DUMPABLE as u64,
-                libc::PR_SET_NAME as u64,
-                libc::PR_GET_NAME as u64,
-                libc::PR_GET_SECCOMP as u64,
-                libc::PR_CAPBSET_READ as u64,
-                libc::PR_SET_NO_NEW_PRIVS as u64,
-                libc::PR_GET_NO_NEW_PRIVS as u64,
-                PR_SET_VMA,
-            ],
-        )?,
-    );
+    // Its own limits (0 or its pid), never another process's, and never
+    // raising its core-dump limit (a core file holds the keys): any
+    // resource may be read, any but RLIMIT_CORE set.
+    let core = libc::RLIMIT_CORE as u64;
+    let mut limits = Vec::new();
+    for pid in [0, u64::from(pid)] {
+        let own = arg(0, SeccompCmpOp::Eq, pid)?;
+        limits.extend(rule(vec![own.clone(), arg(1, SeccompCmpOp::Ne, core)?])?);
+        limits.extend(rule(vec![own, qarg(2, SeccompCmpOp::Eq, 0)?])?);
+    }
+    m.insert(libc::SYS_prlimit64, limits);
+    // prctl: reading the dumpable flag and setting it to 0 (a privilege
+    // drop sets it again), no_new_privs, glibc's naming of anonymous
+    // mappings (seen only by the process's own user, in its maps), and
+    // reading the seccomp mode and capability bounding set; nothing else.
+    // Not PR_SET_DUMPABLE 1 (a core dump or a debugger would read the
+    // keys) and not PR_SET_NAME: thread names are in /proc/PID/task/*/comm,
+    // which every user reads, a channel out of the sandbox.
+    let mut prctl = any_of(
+        0,
+        &[
+            libc::PR_GET_DUMPABLE as u64,
+            libc::PR_GET_NAME as u64,
+            libc::PR_GET_SECCOMP as u64,
+            libc::PR_CAPBSET_READ as u64,
+            libc::PR_SET_NO_NEW_PRIVS as u64,
+            libc::PR_GET_NO_NEW_PRIVS as u64,
+            PR_SET_VMA,
+        ],
+    )?;
+    prctl.extend(rule(vec![arg(0, SeccompCmpOp::Eq, libc::PR_SET_DUMPABLE as u64)?, qarg(1, SeccompCmpOp::Eq, 0)?])?);
+    m.insert(libc::SYS_prctl, prctl);
     // Ids: reading them, and dropping privileges (KeyProcess::drop_privileges):
     // these calls can only give up rights in a process without them.
     any(
@@ -233,7 +249,6 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
             libc::SYS_close_range,
             libc::SYS_dup,
             libc::SYS_dup3,
-            libc::SYS_flock,
             libc::SYS_fsync,
             libc::SYS_fdatasync,
             libc::SYS_fstat,
@@ -241,9 +256,11 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
             libc::SYS_getdents64,
         ],
     );
-    // fcntl: descriptor flags, duplicates and record locks (SoftHSM2
-    // locks its object files); not F_SETOWN/F_SETSIG, which would signal
-    // another process.
+    // fcntl: descriptor flags and duplicates. Not F_SETOWN/F_SETSIG, which
+    // would signal another process, and no locks (nor `flock`): a lock on
+    // a file other users can read is seen by them (F_GETLK, /proc/locks),
+    // a channel out of the sandbox, and holding another program's lock
+    // (the store's, an authority's) makes it wait.
     m.insert(
         libc::SYS_fcntl,
         any_of(
@@ -255,12 +272,6 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
                 libc::F_SETFD as u64,
                 libc::F_GETFL as u64,
                 libc::F_SETFL as u64,
-                libc::F_GETLK as u64,
-                libc::F_SETLK as u64,
-                libc::F_SETLKW as u64,
-                libc::F_OFD_GETLK as u64,
-                libc::F_OFD_SETLK as u64,
-                libc::F_OFD_SETLKW as u64,
             ],
         )?,
     );
@@ -287,10 +298,12 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
             libc::SYS_dup2,
             libc::SYS_arch_prctl,
             libc::SYS_getrlimit,
-            libc::SYS_setrlimit,
             libc::SYS_time,
         ],
     );
+    // The old setrlimit: as prlimit64, never RLIMIT_CORE.
+    #[cfg(target_arch = "x86_64")]
+    m.insert(libc::SYS_setrlimit, rule(vec![arg(0, SeccompCmpOp::Ne, libc::RLIMIT_CORE as u64)?])?);
     if files_confined {
         // Landlock decides where a file may be opened, made, renamed or
         // removed (files.rs): a token module's folder only.
