@@ -76,6 +76,19 @@ pub struct AgentArgs {
     /// Requests one user may have in flight over all its connections.
     #[arg(long, default_value_t = 4096)]
     user_in_flight: usize,
+    /// MiB of the agent's memory one user's connections may make it hold
+    /// (frames begun, requests and loads waiting, replies unread, keys);
+    /// past it the connection asking for more is refused or cut off.
+    #[arg(long, default_value_t = 64)]
+    user_memory_mib: usize,
+    /// MiB all users together may make it hold (docs/deploy.md has the
+    /// agent's worst case, which the unit's MemoryMax= fits).
+    #[arg(long, default_value_t = 256)]
+    max_memory_mib: usize,
+    /// Seconds a request may take to arrive whole once begun; a client
+    /// whose request is still partial then is cut off.
+    #[arg(long, default_value_t = 5.0)]
+    frame_timeout: f64,
     /// Log on standard error at this level (error, warn, info, debug):
     /// refused clients are warnings.
     #[arg(long, default_value = "warn")]
@@ -181,6 +194,15 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     }
     config.connection_in_flight = args.connection_in_flight;
     config.user_in_flight = args.user_in_flight;
+    if !(1..=1 << 20).contains(&args.user_memory_mib) || !(1..=1 << 20).contains(&args.max_memory_mib) {
+        return Err(exit::input("--user-memory-mib and --max-memory-mib must be 1 to 1048576"));
+    }
+    config.user_memory = args.user_memory_mib << 20;
+    config.max_memory = args.max_memory_mib << 20;
+    if !(args.frame_timeout > 0.0 && args.frame_timeout <= 3600.0) {
+        return Err(exit::input("--frame-timeout must be more than 0 and at most 3600 seconds"));
+    }
+    config.frame_timeout = Duration::from_secs_f64(args.frame_timeout);
     let agent = match listen_fd() {
         Some(listener) => Agent::with_listener(config, listener),
         None => Agent::start(config),

@@ -212,10 +212,13 @@ pub struct BenchSignArgs {
     /// rsa2048-pss-sha256.
     #[arg(long = "case")]
     cases: Vec<String>,
-    /// Only these paths (raw, engine, isolated, offload-sim, remote);
-    /// repeatable. `raw` is always measured: the others are compared with
-    /// it. Default: raw, engine, isolated, offload-sim; with --per-cpu,
-    /// raw, engine, isolated, remote.
+    /// Only these paths (raw, engine, isolated, offload-sim, remote,
+    /// agent); repeatable. `raw` is always measured: the others are
+    /// compared with it. Default: raw, engine, isolated, offload-sim; with
+    /// --per-cpu, raw, engine, isolated, remote. `agent` is a key agent in
+    /// this process, on a socket in a scratch folder, with a store and
+    /// machine key made for the run: the agent's protocol, fair queues and
+    /// memory accounting as `keyfence agent` runs them, one client.
     #[arg(long = "path")]
     paths: Vec<String>,
     /// Signatures per CPU-second of everything a path uses (user and
@@ -388,7 +391,7 @@ fn cpu_time(other: Option<u32>) -> Duration {
 const CPU_TICK: Duration = Duration::from_millis(10);
 
 /// The ways of signing that `bench sign` compares.
-const PATHS: [&str; 5] = ["raw", "engine", "isolated", "offload-sim", "remote"];
+const PATHS: [&str; 6] = ["raw", "engine", "isolated", "offload-sim", "remote", "agent"];
 
 /// Issue 29's targets for signatures per CPU-second over raw AWS-LC's,
 /// set for ECDSA P-256 and Ed25519 (RSA-2048 is reported without one).
@@ -427,7 +430,36 @@ struct Rig<'a> {
     /// as large as the requests the bench keeps in flight, which it bounds
     /// even though the remote client holds no thread per operation).
     remote: Option<(crate::remote_cmd::LoopbackServer, Engine)>,
+    /// A key agent in this process (its CPU is this process's), its
+    /// client, and each case's envelope.
+    agent: Option<(keyfence::sign::key_process::Agent, KeyProcess, Vec<Vec<u8>>)>,
     scratch: &'a std::path::Path,
+}
+
+/// A key agent for `keyfence bench sign --path agent`: an authority, a
+/// machine key and a servers' copy made in `dir`, each case's key wrapped
+/// to it.
+fn bench_agent(
+    dir: &std::path::Path,
+    ders: &[&[u8]],
+    threads: usize,
+) -> Result<(keyfence::sign::key_process::Agent, KeyProcess, Vec<Vec<u8>>)> {
+    use keyfence::wrap::{create_store, export_for_servers, Authority};
+    std::fs::create_dir(dir)?;
+    let store = dir.join("store");
+    let served = dir.join("served");
+    let mut authority = Authority::init(create_store(&store.to_string_lossy())?)?;
+    let machine_key = dir.join("machine.key");
+    crate::files::create_new(&machine_key, &authority.issue(&"bench=yes".parse()?)?.to_bytes())?;
+    let envelopes = ders.iter().map(|der| Ok(authority.wrap("bench: yes", der)?.to_bytes().to_vec())).collect::<Result<Vec<_>>>()?;
+    export_for_servers(&*keyfence::wrap::open_store(&store.to_string_lossy())?, &*create_store(&served.to_string_lossy())?)?;
+    let mut config = keyfence::sign::key_process::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
+    config.state_dir = Some(dir.to_path_buf());
+    config.rsa_threads = threads;
+    config.ec_threads = threads;
+    let agent = keyfence::sign::key_process::Agent::start(config)?;
+    let client = KeyProcess::start(KeyProcessConfig::with_agent(agent.socket()))?;
+    Ok((agent, client, envelopes))
 }
 
 /// Runs `keyfence bench sign`.
@@ -491,6 +523,12 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
         keys: if wanted("isolated") { Some(key_process(threads, false)?) } else { None },
         offload: if wanted("offload-sim") { Some(crate::offload_sim::engine(config.clone(), threads)?) } else { None },
         remote,
+        agent: if wanted("agent") {
+            let ders: Vec<&[u8]> = keys.iter().map(|(_, der)| &der[..]).collect();
+            Some(bench_agent(&scratch.path().join("agent"), &ders, threads)?)
+        } else {
+            None
+        },
         scratch: scratch.path(),
     };
     let result = run_cases(&args, threads, dur, &rig, &cases, &keys, &wanted);
@@ -546,6 +584,10 @@ fn run_cases(
         if let Some((server, engine)) = &rig.remote {
             let held = server.remote.key(&server.envelopes[case_at])?;
             paths.push(Measured { name: "remote", path: Path::Engine(engine.clone(), held), other: Some(server.pid) });
+        }
+        if let Some((_, client, envelopes)) = &rig.agent {
+            let held = client.load(KeySource::AgentEnvelope(envelopes[case_at].clone()))?;
+            paths.push(Measured { name: "agent", path: Path::Engine(rig.engine.clone(), held), other: None });
         }
         let sign_once = |path: &Path| -> Result<()> {
             match path {
