@@ -482,7 +482,7 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
             return Err(exit::input(format!("unknown path {p}; known: {}", PATHS.join(", "))));
         }
     }
-    let default_path = |p: &str| if args.per_cpu { p != "offload-sim" } else { p != "remote" };
+    let default_path = |p: &str| p != "agent" && if args.per_cpu { p != "offload-sim" } else { p != "remote" };
     let wanted = |p: &str| {
         p == "raw" || if args.paths.is_empty() { default_path(p) } else { args.paths.iter().any(|w| w == p) }
     };

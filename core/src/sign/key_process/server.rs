@@ -450,6 +450,9 @@ pub(crate) struct ConnOptions {
 struct FromOwner<'a> {
     stream: &'a UnixStream,
     owner: Option<(u32, u32)>,
+    /// Bytes with their sender's credentials have come: from then on,
+    /// bytes without are refused.
+    credited: bool,
 }
 
 impl Read for FromOwner<'_> {
@@ -458,9 +461,17 @@ impl Read for FromOwner<'_> {
         let (n, sender) = sys::recv_from_sender(self.stream, buf)?;
         let why = match sender {
             _ if n == 0 => return Ok(0),
-            Some(from) if from == owner => return Ok(n),
-            // No credentials: sent before they were asked for, which the
-            // server's side of the connection does before its first byte.
+            Some(from) if from == owner => {
+                self.credited = true;
+                return Ok(n);
+            }
+            // Bytes queued before the server's end had SO_PASSCRED (an
+            // agent's socket that systemd made without PassCredentials=
+            // and a client that wrote before the agent accepted it) carry
+            // none: they can only come first, and are the connecting
+            // process's. Once credentials have come, every later byte has
+            // them.
+            Some((0, _)) | None if !self.credited => return Ok(n),
             Some((0, _)) | None => "a request came without its sender's credentials (SO_PASSCRED)".to_string(),
             Some(from) => format!(
                 "this connection was opened by process {} (uid {}); process {} (uid {}) may not use it: a child process connects anew",
@@ -497,7 +508,7 @@ pub(crate) fn serve_conn(
     opts: ConnOptions,
     workers: impl FnOnce(u32) -> io::Result<Arc<Workers>>,
 ) -> io::Result<()> {
-    let mut reader = FromOwner { stream, owner: opts.owner };
+    let mut reader = FromOwner { stream, owner: opts.owner, credited: false };
     let mut decoder = p::Decoder::new();
     // The read buffer's memory, charged to the client's user.
     let mut charge = match opts.account.charge(0) {

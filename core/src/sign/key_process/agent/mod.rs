@@ -726,6 +726,12 @@ fn admit(inner: &Arc<Inner>, stream: UnixStream) {
         inner.refused.fetch_add(1, Ordering::Relaxed);
         return inner.poller.refuse(stream, Refusal::Busy(why));
     }
+    // Inherited from the listener where the kernel copies it; set here
+    // for a listener made without it (systemd's, before the agent set it).
+    if let Err(e) = sys::pass_credentials(&stream) {
+        tracing::debug!(%pid, error = %e, "SO_PASSCRED on a client's connection");
+        return;
+    }
     let stream = Arc::new(stream);
     let id = inner.next_conn.fetch_add(1, Ordering::Relaxed);
     inner.conns().insert(id, stream.clone());
