@@ -71,6 +71,28 @@ impl Account {
         Account { user: pool.clone(), all: pool }
     }
 
+    /// Takes `bytes` without a [`Charge`] to give them back: for a record
+    /// that holds its account anyway and gives them back itself
+    /// ([`Account::give`]), so that a request costs no reference counts.
+    pub(crate) fn take(&self, bytes: usize) -> Result<(), Over> {
+        self.user.take(bytes).map_err(|used| Over::User { used, limit: self.user.limit })?;
+        if !Arc::ptr_eq(&self.user, &self.all) {
+            if let Err(used) = self.all.take(bytes) {
+                self.user.give(bytes);
+                return Err(Over::All { used, limit: self.all.limit });
+            }
+        }
+        Ok(())
+    }
+
+    /// Gives back `bytes` that [`Account::take`] took.
+    pub(crate) fn give(&self, bytes: usize) {
+        self.user.give(bytes);
+        if !Arc::ptr_eq(&self.user, &self.all) {
+            self.all.give(bytes);
+        }
+    }
+
     /// A charge of `bytes`, or why not.
     pub(crate) fn charge(&self, bytes: usize) -> Result<Charge, Over> {
         let mut c = Charge { account: self.clone(), held: 0 };
@@ -129,24 +151,12 @@ impl Charge {
         match bytes.cmp(&self.held) {
             std::cmp::Ordering::Equal => Ok(()),
             std::cmp::Ordering::Less => {
-                let less = self.held - bytes;
-                self.account.user.give(less);
-                if !Arc::ptr_eq(&self.account.user, &self.account.all) {
-                    self.account.all.give(less);
-                }
+                self.account.give(self.held - bytes);
                 self.held = bytes;
                 Ok(())
             }
             std::cmp::Ordering::Greater => {
-                let more = bytes - self.held;
-                let a = &self.account;
-                a.user.take(more).map_err(|used| Over::User { used, limit: a.user.limit })?;
-                if !Arc::ptr_eq(&a.user, &a.all) {
-                    if let Err(used) = a.all.take(more) {
-                        a.user.give(more);
-                        return Err(Over::All { used, limit: a.all.limit });
-                    }
-                }
+                self.account.take(bytes - self.held)?;
                 self.held = bytes;
                 Ok(())
             }

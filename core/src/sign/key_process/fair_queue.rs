@@ -25,7 +25,7 @@
 //! that one: the heaviest user's newest job is handed back to be refused
 //! as busy, so that one user's backlog never fills the queue for others.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -42,6 +42,7 @@ pub(crate) enum Full {
 
 /// One user's place in the queue.
 struct Lane<T> {
+    user: u32,
     jobs: VecDeque<T>,
     /// Nanoseconds of the threads' time charged to this user, on the
     /// queue's virtual clock.
@@ -54,15 +55,23 @@ struct Lane<T> {
 }
 
 struct State<T> {
-    lanes: HashMap<u32, Lane<T>>,
+    /// A few users at a time (a key process has one): a vector searched
+    /// in order costs less than hashing.
+    lanes: Vec<Lane<T>>,
     waiting: usize,
     /// The virtual time of the job last started: where a user who starts
     /// waiting joins.
     clock: u64,
     arrivals: u64,
     closed: bool,
-    /// Threads asleep in [`FairQueue::pop`]: a push wakes one only then.
+    /// Threads asleep in [`FairQueue::next`]: a push wakes one only then.
     sleeping: usize,
+}
+
+impl<T> State<T> {
+    fn lane(&mut self, user: u32) -> Option<&mut Lane<T>> {
+        self.lanes.iter_mut().find(|l| l.user == user)
+    }
 }
 
 /// Jobs of `T`, per user.
@@ -73,8 +82,9 @@ pub(crate) struct FairQueue<T> {
     total: usize,
 }
 
-/// A job taken from the queue: hand it back to [`FairQueue::charge`] with
-/// the time the job took.
+/// A job taken from the queue: hand it back with the time the job took
+/// to [`FairQueue::next`] (which takes the next one under the same lock)
+/// or [`FairQueue::charge`].
 #[must_use = "charge the time the job took, or its user is served on credit"]
 #[derive(Debug)]
 pub(crate) struct Ticket {
@@ -82,16 +92,19 @@ pub(crate) struct Ticket {
     estimate: u64,
 }
 
+/// A job done: its ticket and the time it took.
+pub(crate) type Done = (Ticket, Duration);
+
 /// Lanes of users with nothing waiting are kept (with their average
 /// cost) up to this many, then forgotten.
-const IDLE_LANES: usize = 256;
+const IDLE_LANES: usize = 64;
 
 impl<T> FairQueue<T> {
     /// A queue taking at most `per_user` jobs from one user and `total`
     /// in all.
     pub(crate) fn new(per_user: usize, total: usize) -> Self {
         FairQueue {
-            state: Mutex::new(State { lanes: HashMap::new(), waiting: 0, clock: 0, arrivals: 0, closed: false, sleeping: 0 }),
+            state: Mutex::new(State { lanes: Vec::new(), waiting: 0, clock: 0, arrivals: 0, closed: false, sleeping: 0 }),
             ready: Condvar::new(),
             per_user: per_user.max(1),
             total: total.max(1),
@@ -111,23 +124,27 @@ impl<T> FairQueue<T> {
         if s.closed {
             return Err((Full::Closed, job));
         }
-        let mine = s.lanes.get(&user).map_or(0, |l| l.jobs.len());
+        let mine = s.lane(user).map_or(0, |l| l.jobs.len());
         if mine >= self.per_user {
             return Err((Full::User(mine), job));
         }
         let mut evicted = None;
         if s.waiting >= self.total {
-            let heaviest = s.lanes.iter().filter(|(u, _)| **u != user).max_by_key(|(_, l)| l.jobs.len()).map(|(u, l)| (*u, l.jobs.len()));
+            let heaviest = s.lanes.iter_mut().filter(|l| l.user != user).max_by_key(|l| l.jobs.len());
             match heaviest {
-                Some((other, n)) if n > mine + 1 => {
-                    evicted = s.lanes.get_mut(&other).and_then(|l| l.jobs.pop_back());
-                    s.waiting -= 1;
-                }
+                Some(l) if l.jobs.len() > mine + 1 => evicted = l.jobs.pop_back(),
                 _ => return Err((Full::All(s.waiting), job)),
             }
+            s.waiting -= 1;
         }
         let (clock, arrival) = (s.clock, s.arrivals);
-        let lane = s.lanes.entry(user).or_insert(Lane { jobs: VecDeque::new(), clock, cost: 0, since: arrival });
+        let lane = match s.lanes.iter().position(|l| l.user == user) {
+            Some(at) => &mut s.lanes[at],
+            None => {
+                s.lanes.push(Lane { user, jobs: VecDeque::new(), clock, cost: 0, since: arrival });
+                s.lanes.last_mut().expect("just pushed")
+            }
+        };
         if lane.jobs.is_empty() {
             // Time spent idle is no credit.
             lane.clock = lane.clock.max(clock);
@@ -144,15 +161,21 @@ impl<T> FairQueue<T> {
         Ok(evicted)
     }
 
-    /// The next job, of the waiting user with the lowest clock; blocks
-    /// while there is none. `None` once closed and empty.
-    pub(crate) fn pop(&self) -> Option<(T, Ticket)> {
+    /// Charges the job `done` was (if any) with the time it took, then
+    /// takes the next job, of the waiting user with the lowest clock:
+    /// waiting for one with `wait`, else `None` when none waits. `None`
+    /// too once closed and empty. One lock for both, as a worker does
+    /// both after each job.
+    pub(crate) fn next(&self, done: Option<Done>, wait: bool) -> Option<(T, Ticket)> {
         let mut s = self.lock();
+        if let Some((ticket, took)) = done {
+            Self::charge_locked(&mut s, ticket, took);
+        }
         loop {
             if let Some(taken) = Self::take(&mut s) {
                 return Some(taken);
             }
-            if s.closed {
+            if s.closed || !wait {
                 return None;
             }
             s.sleeping += 1;
@@ -161,32 +184,38 @@ impl<T> FairQueue<T> {
         }
     }
 
-    /// As [`FairQueue::pop`], without waiting.
-    pub(crate) fn try_pop(&self) -> Option<(T, Ticket)> {
-        Self::take(&mut self.lock())
-    }
-
     fn take(s: &mut State<T>) -> Option<(T, Ticket)> {
-        let user = s.lanes.iter().filter(|(_, l)| !l.jobs.is_empty()).min_by_key(|(_, l)| (l.clock, l.since)).map(|(u, _)| *u)?;
-        let lane = s.lanes.get_mut(&user)?;
+        let at = s
+            .lanes
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.jobs.is_empty())
+            .min_by_key(|(_, l)| (l.clock, l.since))
+            .map(|(at, _)| at)?;
+        let lane = &mut s.lanes[at];
         let job = lane.jobs.pop_front()?;
         let start = lane.clock;
         let estimate = lane.cost.max(1);
         lane.clock = start.saturating_add(estimate);
+        let user = lane.user;
         s.clock = s.clock.max(start);
         s.waiting -= 1;
         if s.lanes.len() > IDLE_LANES {
-            s.lanes.retain(|_, l| !l.jobs.is_empty());
+            s.lanes.retain(|l| !l.jobs.is_empty());
         }
         Some((job, Ticket { user, estimate }))
     }
 
     /// Charges the job `ticket` was for with the time it took, in place of
     /// the estimate charged when it started.
+    #[cfg(test)]
     pub(crate) fn charge(&self, ticket: Ticket, took: Duration) {
+        Self::charge_locked(&mut self.lock(), ticket, took);
+    }
+
+    fn charge_locked(s: &mut State<T>, ticket: Ticket, took: Duration) {
         let took = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX).max(1);
-        let mut s = self.lock();
-        if let Some(lane) = s.lanes.get_mut(&ticket.user) {
+        if let Some(lane) = s.lane(ticket.user) {
             lane.clock = lane.clock.saturating_sub(ticket.estimate).saturating_add(took);
             lane.cost = if lane.cost == 0 { took } else { (lane.cost.saturating_mul(7) + took) / 8 };
         }
@@ -197,7 +226,7 @@ impl<T> FairQueue<T> {
         self.lock().waiting == 0
     }
 
-    /// Refuses new jobs; [`FairQueue::pop`] returns `None` once the
+    /// Refuses new jobs; [`FairQueue::next`] returns `None` once the
     /// waiting ones are taken.
     pub(crate) fn close(&self) {
         self.lock().closed = true;
@@ -220,7 +249,7 @@ mod tests {
     use super::*;
 
     fn take(q: &FairQueue<(u32, u32)>, took: Duration) -> (u32, u32) {
-        let (job, ticket) = q.try_pop().expect("a job");
+        let (job, ticket) = q.next(None, false).expect("a job");
         q.charge(ticket, took);
         job
     }
@@ -250,7 +279,7 @@ mod tests {
         }
         let (mut t1, mut t2) = (0u64, 0u64);
         for _ in 0..1000 {
-            let (job, ticket) = q.try_pop().unwrap();
+            let (job, ticket) = q.next(None, false).unwrap();
             let took = if job.0 == 1 { 7 } else { 1 };
             q.charge(ticket, Duration::from_millis(took));
             if job.0 == 1 {
@@ -297,7 +326,7 @@ mod tests {
         assert_eq!(q.push(3, (3, 0)).unwrap(), Some((1, 2)));
         // User 2 (one waiting) against users with at most two: no room.
         assert_eq!(q.push(2, (2, 1)).unwrap_err().0, Full::All(4));
-        let mut got: Vec<_> = std::iter::from_fn(|| q.try_pop().map(|(j, t)| {
+        let mut got: Vec<_> = std::iter::from_fn(|| q.next(None, false).map(|(j, t)| {
             q.charge(t, Duration::from_micros(10));
             j
         }))
@@ -307,11 +336,11 @@ mod tests {
         assert!(q.is_empty());
         q.push(4, (4, 0)).unwrap();
         q.close();
-        assert_eq!(q.pop().map(|(j, t)| {
+        assert_eq!(q.next(None, true).map(|(j, t)| {
             q.charge(t, Duration::ZERO);
             j
         }), Some((4, 0)));
-        assert!(q.pop().is_none());
+        assert!(q.next(None, true).is_none());
         assert_eq!(q.push(1, (1, 9)).unwrap_err().0, Full::Closed);
     }
 
@@ -319,12 +348,12 @@ mod tests {
     fn a_sleeping_thread_is_woken_by_a_push() {
         let q = std::sync::Arc::new(FairQueue::new(10, 10));
         let q2 = q.clone();
-        let t = std::thread::spawn(move || q2.pop().map(|(j, _)| j));
+        let t = std::thread::spawn(move || q2.next(None, true).map(|(j, _)| j));
         std::thread::sleep(Duration::from_millis(50));
         q.push(7, (7, 7)).unwrap();
         assert_eq!(t.join().unwrap(), Some((7, 7)));
         let q2 = q.clone();
-        let t = std::thread::spawn(move || q2.pop().map(|(j, _)| j));
+        let t = std::thread::spawn(move || q2.next(None, true).map(|(j, _)| j));
         std::thread::sleep(Duration::from_millis(50));
         q.close();
         assert_eq!(t.join().unwrap(), None);

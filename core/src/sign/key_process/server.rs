@@ -137,8 +137,9 @@ struct Job {
     key: Arc<PrivateKey>,
     op: Operation,
     deadline: Instant,
-    /// The request's memory, its user's until the reply is made.
-    _charge: Charge,
+    /// The request's memory, its user's until the job is dropped
+    /// (replied to).
+    charged: usize,
 }
 
 struct LoadJob {
@@ -146,7 +147,19 @@ struct LoadJob {
     id: u64,
     key_id: u64,
     source: KeySource,
-    _charge: Charge,
+    charged: usize,
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        self.conn.account.give(self.charged);
+    }
+}
+
+impl Drop for LoadJob {
+    fn drop(&mut self) {
+        self.conn.account.give(self.charged);
+    }
 }
 
 /// What a queued request costs beside its input (the job, its place in
@@ -705,19 +718,19 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                     &format!("this user has {n} requests in flight over its connections, the most the agent takes ({max})"),
                 );
             }
-            let charge = match conn.account.charge(JOB_MEMORY + op.input_len()) {
-                Ok(c) => c,
-                Err(over) => {
-                    conn.done();
-                    return conn.err(id, ErrorCode::Busy, &over.to_string());
-                }
-            };
+            let charged = JOB_MEMORY + op.input_len();
+            if let Err(over) = conn.account.take(charged) {
+                conn.done();
+                return conn.err(id, ErrorCode::Busy, &over.to_string());
+            }
             let key = conn.keys.read().unwrap_or_else(|e| e.into_inner()).get(&key_id).map(|h| h.key.clone());
             let Some(key) = key else {
+                conn.account.give(charged);
                 conn.done();
                 return conn.err(id, ErrorCode::UnknownKey, &format!("no key with id {key_id}"));
             };
             if let Err(e) = key.check(&op) {
+                conn.account.give(charged);
                 conn.done();
                 return conn.err(id, ErrorCode::Invalid, &e.to_string());
             }
@@ -727,7 +740,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             // EC signatures.
             let rsa = key.kind().is_rsa() || !key.is_local();
             let queue = if rsa { &workers.rsa } else { &workers.ec };
-            let job = Job { conn: conn.clone(), id, key, op, deadline: Instant::now() + timeout, _charge: charge };
+            let job = Job { conn: conn.clone(), id, key, op, deadline: Instant::now() + timeout, charged };
             // An EC or Ed25519 signature (13-50 µs) that came alone is made
             // here, on the connection's reader, when no EC job waits for the
             // workers:
@@ -771,15 +784,15 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             if let Some(why) = conn.key_room(key_id) {
                 return conn.err(id, ErrorCode::Busy, &why);
             }
-            let charge = match conn.account.charge(JOB_MEMORY + source_len(&source)) {
-                Ok(c) => c,
-                Err(over) => return conn.err(id, ErrorCode::Busy, &over.to_string()),
-            };
+            let charged = JOB_MEMORY + source_len(&source);
+            if let Err(over) = conn.account.take(charged) {
+                return conn.err(id, ErrorCode::Busy, &over.to_string());
+            }
             // Each user's loads wait in a queue of its own, taken by the
             // time each user's loads have taken (fair_queue.rs): one user's
             // burst delays another's load by a load per loader at most,
             // and fills only its own share.
-            let job = LoadJob { conn: conn.clone(), id, key_id, source, _charge: charge };
+            let job = LoadJob { conn: conn.clone(), id, key_id, source, charged };
             match workers.load.push(conn.user(), job) {
                 Ok(None) => {}
                 Ok(Some(evicted)) => {
@@ -859,8 +872,11 @@ fn token_code(e: &SignError) -> Option<ErrorCode> {
 
 /// A loader thread: loads keys until the queue closes.
 fn load_keys(queue: &FairQueue<LoadJob>) {
-    while let Some((LoadJob { conn, id, key_id, source, _charge }, ticket)) = queue.pop() {
+    let mut done = None;
+    while let Some((job, ticket)) = queue.next(done.take(), true) {
         let started = Instant::now();
+        let LoadJob { conn, id, key_id, source, .. } = &job;
+        let (conn, id, key_id) = (conn.clone(), *id, *key_id);
         // A loader that panics (a module's bug, a parser's) answers this
         // request and stays: two loader threads serve every client.
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match &source {
@@ -885,7 +901,8 @@ fn load_keys(queue: &FairQueue<LoadJob>) {
             },
             Err((code, msg)) => conn.err(id, code, &msg),
         }
-        queue.charge(ticket, started.elapsed());
+        drop(job);
+        done = Some((ticket, started.elapsed()));
     }
 }
 
@@ -935,19 +952,21 @@ fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8
 
 fn work(queue: &FairQueue<Job>, defer: bool) {
     let mut next: Option<(Job, super::fair_queue::Ticket)> = None;
+    // The job last made, to charge to its user when the next is taken.
+    let mut done: Option<super::fair_queue::Done> = None;
     // When the oldest reply held back was queued, and how many are held.
     let mut held: Option<(Instant, usize)> = None;
     loop {
         let (job, ticket) = match next.take() {
             Some(taken) => taken,
-            None => match queue.pop() {
+            None => match queue.next(done.take(), true) {
                 Some(taken) => taken,
                 None => break,
             },
         };
         let started = Instant::now();
         let reply = perform(&job);
-        queue.charge(ticket, started.elapsed());
+        done = Some((ticket, started.elapsed()));
         // With another job already queued for the same connection, this
         // reply can wait for the next one and both leave in one write:
         // fewer system calls here and fewer wake-ups of the peer's reader
@@ -956,7 +975,7 @@ fn work(queue: &FairQueue<Job>, defer: bool) {
         // show.
         let hold = defer && held.is_none_or(|(since, n)| n < MAX_HELD && since.elapsed() < MAX_HOLD);
         if hold {
-            if let Some(following) = queue.try_pop() {
+            if let Some(following) = queue.next(done.take(), false) {
                 if Arc::ptr_eq(&following.0.conn, &job.conn) {
                     job.conn.writer.queue(&reply);
                     held = Some(held.map_or((Instant::now(), 1), |(since, n)| (since, n + 1)));
