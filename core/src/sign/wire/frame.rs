@@ -128,13 +128,12 @@ impl Decoder {
     }
 
     /// The buffer's size once it has room for the next read
-    /// ([`Decoder::read_from`]): `chunk` bytes, or the rest of the frame
-    /// begun, whichever is more (never past one whole frame of
-    /// [`MAX_FRAME`]).
+    /// ([`Decoder::read_from`]): at least `chunk` bytes, and all of the
+    /// frame begun once its length has come (never past one whole frame
+    /// of [`MAX_FRAME`]); it only grows for a frame larger than it.
     pub fn size_for_next_read(&self, chunk: usize) -> usize {
         let pending = self.end - self.start;
-        let room = self.frame_rest().unwrap_or(0).max(chunk);
-        (pending + room).max(self.buf.len())
+        (pending + self.frame_rest().unwrap_or(0)).max(chunk).max(self.buf.len())
     }
 
     /// Bytes still to come of the frame begun, once its length has come.
@@ -144,25 +143,35 @@ impl Decoder {
         (HEADER..=MAX_FRAME).contains(&len).then(|| (4 + len).saturating_sub(pending.len()))
     }
 
-    /// Reads once from `r` straight into the buffer, after making room
-    /// for [`Decoder::size_for_next_read`]`(chunk)`: no second buffer
-    /// per connection, and a frame's bytes are copied once. Returns what
+    /// Reads once from `r` straight into the buffer, into whatever room it
+    /// has after the bytes pending (moved to the front when that makes
+    /// room), grown first to [`Decoder::size_for_next_read`]`(chunk)`: no
+    /// second buffer per connection, a frame's bytes copied once, and no
+    /// new allocation but for a frame larger than the buffer. Returns what
     /// `read` returned (0 at the end of the stream).
     ///
     /// # Errors
     /// The reader's.
     pub fn read_from(&mut self, mut r: impl std::io::Read, chunk: usize) -> std::io::Result<usize> {
-        let pending = self.end - self.start;
-        let room = self.frame_rest().unwrap_or(0).max(chunk);
-        if self.end + room > self.buf.len() {
+        let size = self.size_for_next_read(chunk);
+        if size > self.buf.len() {
             self.compact();
-        }
-        if self.end + room > self.buf.len() {
-            let (len, size) = (self.buf.len(), pending + room);
+            let len = self.buf.len();
             crate::wipe::reserve(&mut self.buf, size - len);
             self.buf.resize(size, 0);
+        } else if self.end == self.buf.len() {
+            // No room after the pending bytes: they move to the front.
+            self.compact();
         }
-        let n = r.read(&mut self.buf[self.end..self.end + room])?;
+        if self.end == self.buf.len() {
+            // Still none (a frame whose length has not come, as long as the
+            // buffer): room for a chunk more, so that a read of nothing is
+            // never taken for the end of the stream.
+            let len = self.buf.len();
+            crate::wipe::reserve(&mut self.buf, chunk.max(1));
+            self.buf.resize(len + chunk.max(1), 0);
+        }
+        let n = r.read(&mut self.buf[self.end..])?;
         self.end += n;
         Ok(n)
     }
