@@ -7,7 +7,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use keyfence::sign::key_process::Agent;
+use keyfence::sign::agent::Agent;
 
 mod key_process_support;
 use key_process_support::{agent_config, agent_world, attacker, Attacker, Dir};

@@ -317,16 +317,12 @@ fn envelopes_are_opened_inside_the_key_process() {
     std::fs::remove_file(dir.0.join("customer.pem")).unwrap();
 
     let keys = KeyProcess::start(config()).unwrap();
-    let source = |mk: &str| KeySource::Envelope {
-        store: store_dir.clone(),
-        machine_key: dir.0.join(mk),
-        envelope: dir.0.join("customer.kfe"),
-    };
+    let source = |mk: &str| KeySource::envelope(std::fs::read(dir.0.join("customer.kfe")).unwrap(), store_dir.clone(), dir.0.join(mk));
     let key = keys.load(source("eu.key")).unwrap();
     let sig = key.sign(Algorithm::EcdsaP256Sha256, b"edge").unwrap();
     assert!(verifies(&key, Algorithm::EcdsaP256Sha256, b"edge", &sig));
     let err = keys.load(source("us.key")).unwrap_err().to_string();
-    assert!(err.contains("customer.kfe"), "{err}");
+    assert!(err.contains("opening the envelope"), "{err}");
 
     // Issue 44.6: whoever writes the store puts back the generation list
     // from before a rotation (generation 1 active again). The client reads
@@ -551,7 +547,7 @@ fn more_requests_than_agreed_are_refused_as_busy() {
     let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
     let mut raw = Raw::start();
     raw.hello(2);
-    raw.send(kind::LOAD, 1, &p::load_request(5, &KeySource::File(path)));
+    raw.send(kind::LOAD, 1, &p::load_request(5, &p::LoadBody::File(path)));
     assert_eq!(raw.read().unwrap().kind, kind::OK);
     let mut burst = Vec::new();
     for id in 10..20 {
@@ -605,7 +601,7 @@ fn a_flood_of_loads_is_refused_as_busy_on_a_fixed_pool_of_threads() {
     let mut burst = Vec::new();
     const LOADS: u64 = 500;
     for id in 1..=LOADS {
-        p::encode(&mut burst, kind::LOAD, id, &[&p::load_request(id, &KeySource::File(path.clone()))]);
+        p::encode(&mut burst, kind::LOAD, id, &[&p::load_request(id, &p::LoadBody::File(path.clone()))]);
     }
     raw.stream.write_all(&burst).unwrap();
     let mut replies = Vec::new();
@@ -627,7 +623,7 @@ fn request_bytes_held_by_the_key_process_are_bounded() {
     let path = key_file(&dir.0, "rsa.pem", KeyKind::Rsa { bits: 4096 });
     let mut raw = Raw::start();
     raw.hello(p::MAX_IN_FLIGHT);
-    raw.send(kind::LOAD, 1, &p::load_request(5, &KeySource::File(path)));
+    raw.send(kind::LOAD, 1, &p::load_request(5, &p::LoadBody::File(path)));
     assert_eq!(raw.read().unwrap().kind, kind::OK);
     // Seconds of small RSA-4096 signatures first, so that the one worker
     // is busy while 100 MiB of messages arrive behind them: the key

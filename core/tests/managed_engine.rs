@@ -166,7 +166,7 @@ fn a_bad_key_has_the_same_typed_error_in_both_modes() {
         assert_eq!(junk.code(), ErrorCode::InvalidPrivateKey, "{junk}");
         assert!(engine.load(KeySource::File(missing.clone())).is_err());
         let env = engine
-            .load(KeySource::EnvelopeBytes { store: dir.clone(), machine_key: missing.clone(), envelope: b"x".to_vec() })
+            .load(KeySource::envelope(b"x".to_vec(), dir.clone(), missing.clone()))
             .unwrap_err();
         assert_eq!(env.code(), ErrorCode::Io, "{env}");
     }
@@ -198,11 +198,7 @@ fn a_remote_engine_owns_its_signer_and_loads_envelopes_only() {
     let engine = ManagedEngine::start(config).unwrap();
     assert!(!engine.has_key_process());
 
-    let source = |env: &keyfence::wrap::Envelope| KeySource::EnvelopeBytes {
-        store: PathBuf::from("unused"),
-        machine_key: PathBuf::from("unused"),
-        envelope: env.to_bytes().to_vec(),
-    };
+    let source = |env: &keyfence::wrap::Envelope| KeySource::envelope(env.to_bytes().to_vec(), "unused", "unused");
     let key = engine.load(source(&world.us_key)).unwrap();
     assert!(!key.is_local(), "the peers hold the key");
     let sig = sign(&engine, &key, b"remote").unwrap();
@@ -213,7 +209,7 @@ fn a_remote_engine_owns_its_signer_and_loads_envelopes_only() {
     // A key in bytes would be a key in this process: refused.
     let e = engine.load(KeySource::Bytes(p256_pem())).unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
-    let junk = KeySource::EnvelopeBytes { store: "unused".into(), machine_key: "unused".into(), envelope: b"junk".to_vec() };
+    let junk = KeySource::envelope(b"junk".to_vec(), "unused", "unused");
     let e = engine.load(junk).unwrap_err();
     assert_eq!(e.code(), ErrorCode::InvalidEnvelope, "{e}");
     engine.close();

@@ -309,7 +309,7 @@ fn a_refused_pin_reaches_the_token_once_until_the_pin_file_changes() {
 /// of a token whose PIN is not the agent's file's, one `C_Login`).
 #[test]
 fn an_agents_refusal_names_no_module_path_and_no_other_token() {
-    use keyfence::sign::key_process::{Agent, AgentConfig};
+    use keyfence::sign::agent::{Agent, AgentConfig};
     use keyfence::sign::managed::{Isolation, ManagedConfig};
     let Some(dir) = token() else { return };
     let counting = counting_module(dir);
@@ -505,7 +505,7 @@ fn token_grant_probe() {
 /// grant serves its members; root loads any.
 #[test]
 fn an_agent_grants_token_keys_per_user_or_group() {
-    use keyfence::sign::key_process::{Agent, AgentConfig, Grantee, TokenGrant};
+    use keyfence::sign::agent::{Agent, AgentConfig, Grantee, TokenGrant};
     // SAFETY: geteuid cannot fail and touches no memory.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("SKIPPED: running a client as another user needs root");

@@ -683,8 +683,8 @@ fn a_revocation_compacts_the_history_that_still_held_the_old_envelopes() {
 /// connected to etcd itself.
 #[test]
 fn an_envelope_on_etcd_loads_into_a_sandboxed_key_process() {
-    use keyfence::sign::key_process::{protocol::flags, KeyProcess, KeyProcessConfig};
-    use keyfence::sign::{remote::load_envelope_key, Algorithm};
+    use keyfence::sign::key_process::{protocol::flags, KeyProcess, KeyProcessConfig, KeySource};
+    use keyfence::sign::Algorithm;
     let Some(cluster) = Cluster::start() else { return };
     let name = cluster.name("kp");
     let mut a = Authority::init(keyfence::wrap::create_store(&name).unwrap()).unwrap();
@@ -695,7 +695,7 @@ fn an_envelope_on_etcd_loads_into_a_sandboxed_key_process() {
     let mk = dir.path().join("machine.key");
     std::fs::write(&mk, a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap().to_bytes()).unwrap();
     let kp = KeyProcess::start(KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")])).unwrap();
-    let key = load_envelope_key(Some(&kp), std::path::Path::new(&name), &mk, env.to_bytes()).unwrap();
+    let key = kp.load(KeySource::envelope(env.to_bytes().to_vec(), &name, &mk)).unwrap();
     assert!(key.sign(Algorithm::EcdsaP256Sha256, b"m").is_ok());
     let status = kp.status().unwrap();
     assert!(status.flags & flags::SANDBOXED != 0 && status.keys == 1, "{status:?}");

@@ -30,27 +30,9 @@ fn key_process_messages() -> Vec<(String, Vec<u8>)> {
     let mut m: Vec<(String, Vec<u8>)> = vec![
         ("hello request".into(), frame(kp::kind::HELLO, 0, &kp::hello_request(64))),
         ("hello reply".into(), frame(kp::kind::HELLO, 0, &kp::hello_reply(0x0102_0304, 7))),
-        ("load file".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::KeySource::File("/k".into())))),
-        (
-            "load envelope".into(),
-            frame(
-                kp::kind::LOAD,
-                3,
-                &kp::load_request(77, &kp::KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() }),
-            ),
-        ),
-        ("load bytes".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::KeySource::Bytes(Zeroizing::new(b"PEM".to_vec()))))),
-        (
-            "load envelope bytes".into(),
-            frame(
-                kp::kind::LOAD,
-                3,
-                &kp::load_request(
-                    77,
-                    &kp::KeySource::EnvelopeBytes { store: "/s".into(), machine_key: "/m".into(), envelope: b"KFE2".to_vec() },
-                ),
-            ),
-        ),
+        ("load file".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::File("/k".into())))),
+        ("load bytes".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::Bytes(Zeroizing::new(b"PEM".to_vec()))))),
+        ("load agent envelope".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::AgentEnvelope(b"KFE2".to_vec())))),
         ("unload".into(), frame(kp::kind::UNLOAD, 4, &kp::unload_request(77))),
         ("drop privileges".into(), frame(kp::kind::DROP_PRIVILEGES, 5, &kp::drop_privileges_request(1000, 1001))),
         ("status request".into(), frame(kp::kind::STATUS, 6, &[])),
@@ -98,9 +80,8 @@ const KEY_PROCESS: &[(&str, &str)] = &[
     ("hello request", "000000130100000000000000004b464b50000100000040"),
     ("hello reply", "000000170100000000000000004b464b5000010102030400000007"),
     ("load file", "00000018020000000000000003000000000000004d01000000022f6b"),
-    ("load envelope", "00000024020000000000000003000000000000004d02000000022f73000000022f6d000000022f65"),
     ("load bytes", "00000019020000000000000003000000000000004d030000000350454d"),
-    ("load envelope bytes", "00000026020000000000000003000000000000004d04000000022f73000000022f6d000000044b464532"),
+    ("load agent envelope", "0000001a020000000000000003000000000000004d05000000044b464532"),
     ("unload", "00000011030000000000000004000000000000004d"),
     ("drop privileges", "00000011050000000000000005000003e8000003e9"),
     ("status request", "00000009060000000000000006"),
@@ -139,6 +120,15 @@ fn check(got: Vec<(String, Vec<u8>)>, want: &[(&str, &str)]) {
 #[test]
 fn key_process_messages_are_byte_for_byte_the_same() {
     check(key_process_messages(), KEY_PROCESS);
+    // The LOAD sources that named a store (2, an envelope file; 4, an
+    // envelope's bytes), which older clients sent: refused, saying why.
+    for old in [
+        "000000000000004d02000000022f73000000022f6d000000022f65",
+        "000000000000004d04000000022f73000000022f6d000000044b464532",
+    ] {
+        let err = kp::parse_load_request(&hex::decode(old).unwrap()).map(|_| ()).unwrap_err().to_string();
+        assert!(err.contains("name a store"), "{err}");
+    }
 }
 
 #[test]

@@ -8,9 +8,8 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource};
-use keyfence_core::sign::managed::{Isolation, LoadError, ManagedConfig, ManagedEngine};
-use keyfence_core::sign::pkcs11::Pkcs11Settings;
+use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource, MachineFiles};
+use keyfence_core::sign::managed::{load_in_process, Isolation, LoadError, ManagedConfig, ManagedEngine};
 use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
 use zeroize::Zeroizing;
 
@@ -290,9 +289,12 @@ pub unsafe extern "C" fn keyfence_key_from_pem(
     let (engine, pem) = unsafe { (engine.as_ref(), ffi::slice(pem, len, "pem")) };
     // SAFETY: `out` is NULL or writable, by the caller's promise.
     unsafe {
-        key_out(out, || match engine {
-            Some(e) => Ok(e.0.load(KeySource::Bytes(Zeroizing::new(pem?.to_vec())))?),
-            None => Ok(Arc::new(PrivateKey::from_bytes(pem?)?)),
+        key_out(out, || {
+            let source = KeySource::Bytes(Zeroizing::new(pem?.to_vec()));
+            Ok(match engine {
+                Some(e) => e.0.load(source)?,
+                None => load_in_process(source)?,
+            })
         })
     }
 }
@@ -341,27 +343,26 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
     let engine = unsafe { engine.as_ref() };
-    // An agent's engine names no store or machine key: NULL stands for the
-    // agent's own.
-    let agent = engine.is_some_and(|e| e.0.is_agent());
-    let name = |p: *const c_char, what: &str| {
-        if agent && p.is_null() {
-            return Ok("");
+    // A NULL store or machine key: the core decides (only an engine whose
+    // keys are in an agent, which opens the envelope with its own, loads
+    // one without them; a store and machine key given to it are not read).
+    let machine = match (store_dir.is_null(), machine_key_path.is_null()) {
+        (false, false) => {
+            // SAFETY: the caller's promise: NUL-terminated strings.
+            unsafe { ffi::text(store_dir, "store_dir").and_then(|s| Ok((s, ffi::text(machine_key_path, "machine_key_path")?))) }
+                .map(|(store, machine_key)| Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }))
         }
-        // SAFETY: the caller's promise: NULL (refused by `text`) or a
-        // NUL-terminated string.
-        unsafe { ffi::text(p, what) }
+        _ => Ok(None),
     };
     // SAFETY: the caller's promise.
-    let (dir, path, envelope) =
-        (name(store_dir, "store_dir"), name(machine_key_path, "machine_key_path"), unsafe { ffi::slice(env, len, "env") });
+    let envelope = unsafe { ffi::slice(env, len, "env") };
     // SAFETY: `out` is NULL or writable, by the caller's promise.
     unsafe {
         key_out(out, || {
-            let (store, machine_key, envelope) = (dir?.into(), path?.into(), envelope?);
+            let source = KeySource::Envelope { envelope: envelope?.to_vec(), machine: machine? };
             Ok(match engine {
-                Some(e) => e.0.load(KeySource::EnvelopeBytes { store, machine_key, envelope: envelope.to_vec() })?,
-                None => keyfence_core::sign::remote::load_envelope_key(None, &store, &machine_key, envelope)?,
+                Some(e) => e.0.load(source)?,
+                None => load_in_process(source)?,
             })
         })
     }
@@ -427,9 +428,12 @@ pub unsafe extern "C" fn keyfence_key_load_pkcs11(
     let (engine, uri) = unsafe { (engine.as_ref(), ffi::text(uri, "uri")) };
     // SAFETY: `out` is NULL or writable, by the caller's promise.
     unsafe {
-        key_out(out, || match engine {
-            Some(e) => Ok(e.0.load(KeySource::Pkcs11(uri?.to_owned()))?),
-            None => Ok(Arc::new(keyfence_core::sign::pkcs11::load(uri?, &Pkcs11Settings::from_env())?)),
+        key_out(out, || {
+            let source = KeySource::Pkcs11(uri?.to_owned());
+            Ok(match engine {
+                Some(e) => e.0.load(source)?,
+                None => load_in_process(source)?,
+            })
         })
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use keyfence::sign::key_process::{group_id, user_id, Agent, AgentConfig, Grantee, TokenGrant};
+use keyfence::sign::agent::{group_id, user_id, Agent, AgentConfig, Grantee, TokenGrant};
 use keyfence::sign::pkcs11::Pkcs11Settings;
 
 use crate::exit;

@@ -173,7 +173,7 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     crate::files::create_new(&envelope, wrapped[0].2.to_bytes())?;
     let t = Instant::now();
     let keys = crate::key_process::key_process(1, false)?;
-    let held = keys.load(KeySource::Envelope { store: dir.to_path_buf(), machine_key, envelope })?;
+    let held = keys.load(KeySource::envelope(std::fs::read(&envelope)?, dir, machine_key))?;
     let loaded = t.elapsed();
     anyhow::ensure!(!held.is_local(), "the key process's key is in this process");
     anyhow::ensure!(held.public_key_der()? == key.public_key_der()?, "the key process opened a different key");

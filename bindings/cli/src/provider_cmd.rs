@@ -172,7 +172,7 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
         let mut config = ManagedConfig::default();
         config.isolation = Isolation::Agent(socket.clone());
         let engine = ManagedEngine::start(config).context("reaching the key agent")?;
-        let key = engine.load(KeySource::AgentEnvelope(envelope.clone())).context("the agent cannot load the key")?;
+        let key = engine.load(KeySource::agent_envelope(envelope.clone())).context("the agent cannot load the key")?;
         (KeyLocation::Agent { socket: absolute(socket)? }, key.public_key_der()?)
     } else {
         let (Some(store), Some(mk)) = (&args.store, &args.machine_key) else {

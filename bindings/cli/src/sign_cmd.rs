@@ -138,7 +138,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
             }
             (Some(keys), None) if keys.is_agent() => {
                 let envelope = envelope.unwrap_or_default();
-                keys.load(KeySource::AgentEnvelope(read(&envelope)?))
+                keys.load(KeySource::agent_envelope(read(&envelope)?))
                     .with_context(|| format!("the agent cannot load {}", envelope.display()))?
             }
             (Some(keys), None) => {
@@ -432,7 +432,7 @@ struct Rig<'a> {
     remote: Option<(crate::remote_cmd::LoopbackServer, Engine)>,
     /// A key agent in this process (its CPU is this process's), its
     /// client, and each case's envelope.
-    agent: Option<(keyfence::sign::key_process::Agent, KeyProcess, Vec<Vec<u8>>)>,
+    agent: Option<(keyfence::sign::agent::Agent, KeyProcess, Vec<Vec<u8>>)>,
     scratch: &'a std::path::Path,
 }
 
@@ -443,7 +443,7 @@ fn bench_agent(
     dir: &std::path::Path,
     ders: &[&[u8]],
     threads: usize,
-) -> Result<(keyfence::sign::key_process::Agent, KeyProcess, Vec<Vec<u8>>)> {
+) -> Result<(keyfence::sign::agent::Agent, KeyProcess, Vec<Vec<u8>>)> {
     use keyfence::wrap::{create_store, export_for_servers, Authority};
     std::fs::create_dir(dir)?;
     let store = dir.join("store");
@@ -453,11 +453,11 @@ fn bench_agent(
     crate::files::create_new(&machine_key, &authority.issue(&"bench=yes".parse()?)?.to_bytes())?;
     let envelopes = ders.iter().map(|der| Ok(authority.wrap("bench: yes", der)?.to_bytes().to_vec())).collect::<Result<Vec<_>>>()?;
     export_for_servers(&*keyfence::wrap::open_store(&store.to_string_lossy())?, &*create_store(&served.to_string_lossy())?)?;
-    let mut config = keyfence::sign::key_process::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
+    let mut config = keyfence::sign::agent::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
     config.state_dir = Some(dir.to_path_buf());
     config.rsa_threads = threads;
     config.ec_threads = threads;
-    let agent = keyfence::sign::key_process::Agent::start(config)?;
+    let agent = keyfence::sign::agent::Agent::start(config)?;
     let client = KeyProcess::start(KeyProcessConfig::with_agent(agent.socket()))?;
     Ok((agent, client, envelopes))
 }
@@ -586,7 +586,7 @@ fn run_cases(
             paths.push(Measured { name: "remote", path: Path::Engine(engine.clone(), held), other: Some(server.pid) });
         }
         if let Some((_, client, envelopes)) = &rig.agent {
-            let held = client.load(KeySource::AgentEnvelope(envelopes[case_at].clone()))?;
+            let held = client.load(KeySource::agent_envelope(envelopes[case_at].clone()))?;
             paths.push(Measured { name: "agent", path: Path::Engine(rig.engine.clone(), held), other: None });
         }
         let sign_once = |path: &Path| -> Result<()> {

@@ -426,20 +426,11 @@ impl Engine {
     ) -> napi::Result<PrivateKey> {
         let source = match (first, machine_key, envelope) {
             (Either::A(store), Some(machine_key), Some(envelope)) => {
-                KeySource::EnvelopeBytes { store: store.into(), machine_key: machine_key.into(), envelope: envelope.to_vec() }
+                KeySource::envelope(envelope.to_vec(), store, machine_key)
             }
-            (Either::B(envelope), None, None) => {
-                // A closed engine says SHUT_DOWN, as every call on it does.
-                if !self.inner.is_agent() && !self.inner.is_closed() {
-                    return Err(KfError::new(
-                        ErrorCode::InvalidArgument,
-                        "loadEnvelope(envelope) without a store and machine key needs an engine whose keys are in \
-                         a key agent (new Engine({ agent })); otherwise call loadEnvelope(store, machineKey, envelope)",
-                    )
-                    .into_napi(&env));
-                }
-                KeySource::AgentEnvelope(envelope.to_vec())
-            }
+            // Without a store and machine key: the core decides (only an
+            // engine whose keys are in an agent names neither).
+            (Either::B(envelope), None, None) => KeySource::agent_envelope(envelope.to_vec()),
             _ => {
                 return Err(KfError::new(
                     ErrorCode::InvalidArgument,

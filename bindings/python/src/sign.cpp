@@ -108,20 +108,14 @@ PrivateKey key_from_envelope(const Machine &machine, py::handle envelope, py::ha
 // isolated engine its key process opens the envelope and this process reads
 // only the machine key's public part; otherwise it is opened here. With an
 // agent's engine the agent opens it with its own machine key and store:
-// `store` and `machine_key` may be None then (and are not read if given).
+// `store` and `machine_key` may be None then (and are not read if given);
+// the core refuses None for any other engine, saying so.
 PrivateKey key_load_envelope(py::handle store, py::handle machine_key, py::handle envelope, py::handle engine_obj) {
     Engine *engine = engine_arg(engine_obj);
     std::optional<std::string> dir, mk;
     if (!store.is_none()) dir = path(store, "store");
     if (!machine_key.is_none()) mk = path(machine_key, "machine_key");
     Bytes env(envelope, "envelope");
-    if ((!dir || !mk) && !(engine && engine->agent)) {
-        // A closed engine says so, as every other call on it does.
-        if (engine && engine->closed()) engine->raise_closed();
-        raise_value(std::string(!dir ? "store" : "machine_key") +
-                    " is None: only an engine whose keys are in a key agent (Engine(agent=...)) loads an envelope "
-                    "without a store and machine key");
-    }
     return load_key(engine, [&](keyfence_engine *e, keyfence_private_key **out) {
         return keyfence_key_from_envelope(e, dir ? dir->c_str() : nullptr, mk ? mk->c_str() : nullptr, env.data(),
                                           env.size(), out);
@@ -130,12 +124,6 @@ PrivateKey key_load_envelope(py::handle store, py::handle machine_key, py::handl
 
 // load_envelope(envelope, engine=...): the short form for an agent's engine.
 PrivateKey key_load_agent_envelope(py::handle envelope, py::handle engine_obj) {
-    Engine *engine = engine_arg(engine_obj);
-    { Bytes checked(envelope, "envelope"); }  // a wrong type is a TypeError first, as in the long form
-    if (!(engine && engine->agent) && !(engine && engine->closed()))
-        raise_value("load_envelope(envelope) needs an engine whose keys are in a key agent (Engine(agent=...)); "
-                    "otherwise name the store and the machine key file: "
-                    "load_envelope(store, machine_key, envelope, engine=...)");
     return key_load_envelope(py::none(), py::none(), envelope, engine_obj);
 }
 

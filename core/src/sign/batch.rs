@@ -8,7 +8,7 @@
 //! thread: an event loop knows when it has submitted everything one
 //! wake-up produced, and nothing else does. A writer thread that waited
 //! for company was measured to double the added latency of one request
-//! (see `key_process::writer`); a scope adds none, since it ends when the
+//! (see `key_process::server::writer`); a scope adds none, since it ends when the
 //! caller has nothing more to submit.
 //!
 //! The state is per thread and holds no request: only what to flush.

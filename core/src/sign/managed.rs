@@ -32,11 +32,11 @@ use zeroize::Zeroizing;
 
 use super::completion_queue::CompletionQueue;
 use super::engine::{Engine, EngineConfig};
-use super::key_process::{KeyProcessConfig, KeyProcess, KeySource};
+use super::key_process::{KeyProcessConfig, KeyProcess, KeySource, MachineFiles};
 use super::metrics::{EngineMetrics, MetricsSource};
 use super::op_record::{OpHandle, SignFuture};
 use super::private_key::PrivateKey;
-use super::remote::{load_envelope_key, KeyRingError, RemoteConfig, RemoteSigner};
+use super::remote::{KeyRingError, RemoteConfig, RemoteSigner};
 use super::request::Request;
 use super::threads::Origin;
 use super::types::{Algorithm, KeyError, Output, SignError};
@@ -142,25 +142,125 @@ impl Parts {
         }
     }
 
-    /// The key an envelope holds: from the peers that may open it, or as
-    /// [`load_envelope_key`] loads it (here, or in the key process).
-    fn open_envelope(
-        &self,
-        store: &std::path::Path,
-        machine_key: &std::path::Path,
-        envelope: &[u8],
-    ) -> Result<Arc<PrivateKey>, LoadError> {
-        match (&self.remote, &self.key_process) {
-            (Some(remote), _) => Ok(remote.key(&Envelope::parse(envelope).map_err(KeyRingError::from)?)?),
-            // The agent's machine key and store: the ones named here are
-            // not read (a worker holding only the agent's socket has none).
-            (None, Some(kp)) if kp.is_agent() => {
-                Envelope::parse(envelope).map_err(KeyRingError::from)?;
-                Ok(kp.load(KeySource::AgentEnvelope(envelope.to_vec()))?)
+    /// Loads `source` where these parts hold keys.
+    fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
+        Holders { key_process: self.key_process.as_ref(), remote: self.remote.as_ref() }.load(source)
+    }
+}
+
+/// What holds an engine's keys, if anything but this process does.
+#[derive(Clone, Copy)]
+struct Holders<'a> {
+    key_process: Option<&'a KeyProcess>,
+    remote: Option<&'a RemoteSigner>,
+}
+
+impl Holders<'_> {
+    /// Loads `source` where keys are held: the one set of rules every
+    /// binding's loads follow ([`ManagedEngine::load`]).
+    fn load(self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map(Zeroizing::new).map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
+        };
+        let agent = self.key_process.is_some_and(KeyProcess::is_agent);
+        match (source, self.key_process, self.remote) {
+            (KeySource::Envelope { envelope, machine }, ..) => self.open_envelope(machine.as_ref(), &envelope),
+            (_, _, Some(_)) => {
+                Err(SignError::InvalidArgument("an engine whose keys are on remote key servers loads envelopes only".into()).into())
             }
-            (None, kp) => Ok(load_envelope_key(kp.as_ref(), store, machine_key, envelope)?),
+            // A token key: whatever holds this engine's keys loads the
+            // module and reads the PIN; this process only when it holds
+            // them itself.
+            (KeySource::Pkcs11(uri), Some(kp), None) => Ok(kp.load(KeySource::Pkcs11(uri))?),
+            (KeySource::Pkcs11(uri), None, None) => {
+                Ok(Arc::new(crate::sign::pkcs11::load(&uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())?))
+            }
+            (_, Some(_), None) if agent => Err(SignError::InvalidArgument(
+                "an engine whose keys are in an agent loads envelopes only, which the agent opens, and token keys".into(),
+            )
+            .into()),
+            (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
+            (KeySource::File(path), None, None) => Ok(Arc::new(PrivateKey::from_bytes(&read(&path)?)?)),
+            (KeySource::Bytes(bytes), kp, None) => {
+                // Parsed here first, so that a bad key has the same typed
+                // error wherever the keys are held.
+                let local = PrivateKey::from_bytes(&bytes)?;
+                match kp {
+                    Some(kp) => Ok(kp.load(KeySource::Bytes(bytes))?),
+                    None => Ok(Arc::new(local)),
+                }
+            }
         }
     }
+
+    /// The key an envelope holds: from the peers that may open it, from an
+    /// agent (which opens it with its own machine key and store; the ones
+    /// named here are not read: a worker holding only the agent's socket
+    /// has none), or opened with `machine` here or in the key process.
+    fn open_envelope(self, machine: Option<&MachineFiles>, envelope: &[u8]) -> Result<Arc<PrivateKey>, LoadError> {
+        let parsed = Envelope::parse(envelope).map_err(KeyRingError::from)?;
+        match (self.remote, self.key_process, machine) {
+            (Some(remote), ..) => Ok(remote.key(&parsed)?),
+            (None, Some(kp), _) if kp.is_agent() => Ok(kp.load(KeySource::agent_envelope(envelope.to_vec()))?),
+            (None, kp, Some(machine)) => Ok(load_envelope(kp, machine, &parsed, envelope)?),
+            (None, _, None) => Err(SignError::InvalidArgument(
+                "an envelope needs the machine key and the store that open it: only an engine whose keys are in a key agent, which opens it with its own, loads one without them".into(),
+            )
+            .into()),
+        }
+    }
+}
+
+/// Loads the private key `envelope` (`parsed`) holds, opened with
+/// `machine`'s machine key against its store, where keys are kept: with
+/// `keys` (a key process), this process reads only the machine key's
+/// public part (wiped at once) to check, without decrypting, that the
+/// envelope can be opened, and the key process opens it and holds the
+/// key, reloading the same envelope bytes after a restart; so neither the
+/// machine key's secret nor the private key is ever in this process.
+/// Without `keys`, the envelope is opened here, the machine's floor kept
+/// beside its key.
+fn load_envelope(
+    keys: Option<&KeyProcess>,
+    machine: &MachineFiles,
+    parsed: &Envelope,
+    envelope: &[u8],
+) -> Result<Arc<PrivateKey>, KeyRingError> {
+    use crate::wrap::{open_store_path, CacheConfig, Machine, MachineInfo, MachineKey, PublicMachine, WrapError};
+    let (store, machine_key) = (&machine.store, &machine.machine_key);
+    // `fs::read` sizes its buffer from the file: one allocation, wiped on
+    // drop, no copy left behind by growth.
+    let bytes = Zeroizing::new(std::fs::read(machine_key).map_err(|e| {
+        KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display()))
+    })?);
+    let dir = open_store_path(store).map_err(WrapError::from)?;
+    match keys {
+        Some(kp) => {
+            let info = MachineInfo::from_key_bytes(&bytes)?;
+            drop(bytes);
+            PublicMachine::new(info, dir).can_open(parsed)?;
+            // The store's name as given (a directory or `etcd://...`): the
+            // key process is sent the objects read from it here, never the
+            // name (`KeyProcess::load`).
+            Ok(kp.load(KeySource::envelope(envelope.to_vec(), store.clone(), machine_key.clone()))?)
+        }
+        None => {
+            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default())
+                .keep_newest_beside(machine_key)?;
+            let secret = machine.open_envelope(parsed)?;
+            Ok(Arc::new(PrivateKey::from_bytes(&secret)?))
+        }
+    }
+}
+
+/// Loads `source` in this process, by the rules of an engine whose keys
+/// are in process ([`ManagedEngine::load`]), without one: what a binding
+/// calls for a key it loads without an engine (C's NULL engine).
+///
+/// # Errors
+/// As [`ManagedEngine::load`].
+pub fn load_in_process(source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
+    Holders { key_process: None, remote: None }.load(source)
 }
 
 /// An [`Engine`] together with what holds its keys, started, kept and
@@ -360,56 +460,7 @@ impl ManagedEngine {
     /// remote engine ([`SignError::InvalidArgument`]), or once the engine
     /// is closed ([`SignError::ShutDown`]).
     pub fn load(&self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
-        let read = |path: &std::path::Path| {
-            std::fs::read(path).map(Zeroizing::new).map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
-        };
-        self.with(|parts| match (source, &parts.key_process, &parts.remote) {
-            // An envelope is public: read here, its bytes are what the key
-            // process loads again after a restart.
-            (KeySource::Envelope { store, machine_key, envelope }, ..) => {
-                parts.open_envelope(&store, &machine_key, &read(&envelope)?)
-            }
-            (KeySource::EnvelopeBytes { store, machine_key, envelope }, ..) => {
-                parts.open_envelope(&store, &machine_key, &envelope)
-            }
-            (KeySource::AgentEnvelope(envelope), Some(kp), None) if kp.is_agent() => {
-                parts.open_envelope(Path::new(""), Path::new(""), &envelope)
-            }
-            // A token key: whatever holds this engine's keys loads the
-            // module and reads the PIN; this process only when it holds
-            // them itself.
-            (KeySource::Pkcs11(uri), Some(kp), None) => Ok(kp.load(KeySource::Pkcs11(uri))?),
-            (KeySource::Pkcs11(uri), None, None) => {
-                Ok(Arc::new(crate::sign::pkcs11::load(&uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())?))
-            }
-            (KeySource::AgentEnvelope(_), ..) => Err(SignError::InvalidArgument(
-                "an agent's envelope is for an engine whose keys are in an agent".into(),
-            )
-            .into()),
-            (_, _, Some(_)) => Err(SignError::InvalidArgument(
-                "an engine whose keys are on remote key servers loads envelopes only".into(),
-            )
-            .into()),
-            (_, Some(kp), None) if kp.is_agent() => Err(SignError::InvalidArgument(
-                "an engine whose keys are in an agent loads envelopes only, which the agent opens".into(),
-            )
-            .into()),
-            // What a key process is sent for an envelope: the store's
-            // objects come from this process, never from a caller.
-            (KeySource::EnvelopeObjects { .. }, ..) => Err(SignError::InvalidArgument(
-                "an envelope is loaded as Envelope or EnvelopeBytes; the objects of the store are read here".into(),
-            )
-            .into()),
-            (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
-            (KeySource::File(path), None, None) => Ok(Arc::new(PrivateKey::from_bytes(&read(&path)?)?)),
-            (KeySource::Bytes(bytes), kp, None) => {
-                let local = PrivateKey::from_bytes(&bytes)?;
-                match kp {
-                    Some(kp) => Ok(kp.load(KeySource::Bytes(bytes))?),
-                    None => Ok(Arc::new(local)),
-                }
-            }
-        })
+        self.with(|parts| parts.load(source))
     }
 
     /// Submits `req` ([`Engine::submit`]).

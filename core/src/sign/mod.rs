@@ -106,6 +106,8 @@ codecs_without_sign! {
 }
 
 #[cfg(feature = "sign")]
+pub mod agent;
+#[cfg(feature = "sign")]
 mod backend;
 #[cfg(feature = "sign")]
 mod batch;
@@ -137,6 +139,8 @@ mod op_record;
 pub mod pkcs11;
 #[cfg(feature = "sign")]
 mod private_key;
+#[cfg(feature = "sign")]
+pub(crate) mod sys;
 #[cfg(feature = "sign")]
 pub mod remote;
 #[cfg(feature = "sign")]

@@ -121,8 +121,8 @@ pub fn wrap_more(dir: &Path, world: &AgentWorld, name: &str, kind: KeyKind, poli
     (path, env)
 }
 
-pub fn agent_config(dir: &Path, world: &AgentWorld) -> keyfence::sign::key_process::AgentConfig {
-    let mut c = keyfence::sign::key_process::AgentConfig::new(
+pub fn agent_config(dir: &Path, world: &AgentWorld) -> keyfence::sign::agent::AgentConfig {
+    let mut c = keyfence::sign::agent::AgentConfig::new(
         dir.join("agent.sock"),
         world.served.to_str().unwrap(),
         &world.machine_key,

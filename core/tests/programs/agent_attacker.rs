@@ -27,7 +27,6 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use keyfence::sign::key_process::protocol::{self as p, kind};
-use keyfence::sign::key_process::KeySource;
 use keyfence::sign::{Algorithm, Input, Operation};
 
 fn env(name: &str) -> Option<String> {
@@ -63,7 +62,7 @@ fn loaded(socket: &str, envelope: &[u8], in_flight: u32) -> Option<(UnixStream, 
     let mut d = p::Decoder::new();
     let mut f = Vec::new();
     p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(in_flight)]);
-    p::encode(&mut f, kind::LOAD, 1, &[&p::load_request(1, &KeySource::AgentEnvelope(envelope.to_vec()))]);
+    p::encode(&mut f, kind::LOAD, 1, &[&p::load_request(1, &p::LoadBody::AgentEnvelope(envelope.to_vec()))]);
     s.write_all(&f).ok()?;
     let until = Instant::now() + Duration::from_secs(20);
     let h = read_frame(&mut s, &mut d, until)?;
@@ -105,7 +104,7 @@ fn simple(what: &str, socket: &str, count: usize, until: Instant, envelope: Opti
             for s in conns.iter_mut().flatten() {
                 let mut f = Vec::new();
                 p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request(64)]);
-                p::encode(&mut f, kind::LOAD, 1, &[&p::load_request(1, &KeySource::AgentEnvelope(envelope.clone()))]);
+                p::encode(&mut f, kind::LOAD, 1, &[&p::load_request(1, &p::LoadBody::AgentEnvelope(envelope.clone()))]);
                 let _ = s.write_all(&f);
             }
         }

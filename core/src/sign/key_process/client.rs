@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use zeroize::Zeroizing;
 
-use super::protocol::{self as p, kind, ErrorCode, Frame, KeySource};
-use super::writer::FrameWriter;
+use super::protocol::{self as p, kind, ErrorCode, Frame, LoadBody};
+use super::server::writer::FrameWriter;
+use super::KeySource;
 use crate::sign::batch;
 use crate::sign::held_key::Answer;
 use crate::sign::types::{BackendFailure, CryptoOp, Operation, Output, SignError, TokenFailure};
@@ -29,34 +30,49 @@ pub(super) fn backend_error(failure: BackendFailure, reason: impl Into<String>) 
     SignError::backend(NAME, failure, reason)
 }
 
-/// `source` as a key process is sent it: an envelope source becomes the
-/// envelope with the store's objects opening it reads, fetched here, so
-/// that the key process never names a store (a directory it would open,
-/// an etcd cluster it would connect to). Other sources go as they are.
-/// Called at every load and again when a restart replays the loads, so the
-/// objects are the store's of that moment.
-pub(super) fn for_the_wire(source: &KeySource) -> Result<std::borrow::Cow<'_, KeySource>, SignError> {
-    use std::borrow::Cow;
-    let (store, machine_key, envelope) = match source {
-        KeySource::Envelope { store, machine_key, envelope } => {
-            let bytes = std::fs::read(envelope)
-                .map_err(|e| backend_error(BackendFailure::Refused, format!("reading {}: {e}", envelope.display())))?;
-            (store, machine_key, Cow::Owned(bytes))
+/// `source` as its holder is sent it. To a key process, an envelope
+/// becomes the envelope with the store's objects opening it reads,
+/// fetched here, so that the key process never names a store (a
+/// directory it would open, an etcd cluster it would connect to); other
+/// sources go as they are. To an agent, only an envelope (which the agent
+/// opens with its own machine key and store, whatever `source` names) and
+/// a token key. Called at every load and again when a restart replays the
+/// loads, so the objects are the store's of that moment.
+///
+/// # Errors
+/// [`SignError::InvalidArgument`] for a source the holder does not take;
+/// [`SignError::Backend`] (`Refused`) when the store's objects cannot be
+/// read.
+pub(super) fn for_the_wire(source: &KeySource, agent: bool) -> Result<LoadBody, SignError> {
+    let (envelope, machine) = match (source, agent) {
+        (KeySource::Envelope { envelope, .. }, true) => return Ok(LoadBody::AgentEnvelope(envelope.clone())),
+        (KeySource::Pkcs11(uri), _) => return Ok(LoadBody::Pkcs11(uri.clone())),
+        (_, true) => {
+            return Err(SignError::InvalidArgument(
+                "an engine whose keys are in an agent loads envelopes only, which the agent opens, and token keys: the agent reads no file or key bytes of its clients".into(),
+            ))
         }
-        KeySource::EnvelopeBytes { store, machine_key, envelope } => (store, machine_key, Cow::Borrowed(&envelope[..])),
-        _ => return Ok(Cow::Borrowed(source)),
+        (KeySource::File(path), false) => return Ok(LoadBody::File(path.clone())),
+        (KeySource::Bytes(bytes), false) => return Ok(LoadBody::Bytes(bytes.clone())),
+        (KeySource::Envelope { envelope, machine: Some(machine) }, false) => (envelope, machine),
+        (KeySource::Envelope { machine: None, .. }, false) => {
+            return Err(SignError::InvalidArgument(
+                "an envelope needs the machine key and the store that open it: only an engine whose keys are in a key agent, which opens it with its own, loads one without them".into(),
+            ))
+        }
     };
+    let (store, machine_key) = (&machine.store, &machine.machine_key);
     let refused = |e: String| backend_error(BackendFailure::Refused, e);
-    let parsed = crate::wrap::Envelope::parse(&envelope).map_err(|e| refused(format!("the envelope: {e}")))?;
+    let parsed = crate::wrap::Envelope::parse(envelope).map_err(|e| refused(format!("the envelope: {e}")))?;
     let dir = crate::wrap::open_store_path(store).map_err(|e| refused(format!("{}: {e}", store.display())))?;
     // The store's copy when the secret was re-wrapped since this envelope
     // was written (a rotated policy key, soon retired): the same secret.
     let (parsed, envelope) = match crate::wrap::current_envelope(&*dir, &parsed) {
         Ok(Some(current)) => {
             let bytes = current.to_bytes().to_vec();
-            (current, Cow::Owned(bytes))
+            (current, bytes)
         }
-        _ => (parsed, envelope),
+        _ => (parsed, envelope.clone()),
     };
     let mut objects =
         crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
@@ -70,7 +86,7 @@ pub(super) fn for_the_wire(source: &KeySource) -> Result<std::borrow::Cow<'_, Ke
             Err(e) => return Err(refused(format!("the newest lists kept in {}: {e}", path.display()))),
         }
     }
-    Ok(Cow::Owned(KeySource::EnvelopeObjects { machine_key, envelope: envelope.into_owned(), objects }))
+    Ok(LoadBody::EnvelopeObjects { machine_key, envelope, objects })
 }
 
 /// After the key process opened an envelope from `wire`'s objects, keeps
@@ -81,8 +97,8 @@ pub(super) fn for_the_wire(source: &KeySource) -> Result<std::borrow::Cow<'_, Ke
 /// # Errors
 /// [`SignError::Backend`] (`Refused`) when the file cannot be written or
 /// locked: a floor is never skipped in silence.
-pub(super) fn keep_floor(wire: &KeySource) -> Result<(), SignError> {
-    let KeySource::EnvelopeObjects { machine_key, objects, .. } = wire else { return Ok(()) };
+pub(super) fn keep_floor(wire: &LoadBody) -> Result<(), SignError> {
+    let LoadBody::EnvelopeObjects { machine_key, objects, .. } = wire else { return Ok(()) };
     let Some(path) = crate::wrap::newest_lists_beside(machine_key) else { return Ok(()) };
     let refused = |e: String| backend_error(BackendFailure::Refused, e);
     let find = |name: &str| objects.iter().find(|(n, _)| n == name).map(|(_, b)| b.as_slice());
@@ -374,7 +390,7 @@ impl Conn {
     /// The reader: delivers replies until the connection ends, then fails
     /// everything in flight at once (nothing waits for a dead process),
     /// reaps the process and says how it ended.
-    pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder, guard: Option<super::sys::ForkGuard>) -> String {
+    pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder, guard: Option<crate::sign::sys::ForkGuard>) -> String {
         let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
         let end: String = 'read: loop {
             loop {

@@ -47,33 +47,25 @@
 //! reply, the reader); `supervisor` starts the process and restarts it;
 //! `server` is the key process's side.
 
-mod agent;
 mod client;
-mod budget;
-mod fair_queue;
+mod process;
 #[cfg(feature = "testing")]
 pub mod protocol;
 #[cfg(not(feature = "testing"))]
 pub(crate) mod protocol;
-mod sandbox;
-mod server;
+pub(crate) mod server;
+mod source;
 mod supervisor;
-mod sys;
-mod writer;
 
 use std::ffi::OsString;
-use std::io;
-use std::os::fd::AsFd;
-use std::os::unix::net::UnixStream;
-use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use agent::{group_id, user_id, Agent, AgentConfig, AgentStats, Grantee, TokenGrant};
-pub use protocol::{KeySource, Status};
+pub use protocol::Status;
 #[cfg(feature = "testing")]
-pub use server::{serve, ServeOptions};
+pub use process::{serve, ServeOptions};
+pub use source::{KeySource, MachineFiles};
 
 use self::client::backend_error;
 use self::protocol::{self as p, kind};
@@ -225,15 +217,10 @@ impl KeyProcess {
             crate::sign::pkcs11::precheck(uri, !self.is_agent())?;
         }
         let key_id = sup.next_key.fetch_add(1, Ordering::Relaxed);
-        let wire = if self.is_agent() { std::borrow::Cow::Borrowed(&source) } else { client::for_the_wire(&source)? };
+        let wire = client::for_the_wire(&source, self.is_agent())?;
         let conn = sup.live_conn(Instant::now() + sup.config.start_timeout)?;
         let body = p::load_request(key_id, &wire);
         let frame = conn.load(&body, sup.config.start_timeout).map_err(|e| match (e, &source) {
-            // The key process is sent the envelope's bytes, not its file:
-            // the file's name is added here, for the operator.
-            (SignError::Backend { backend, failure, reason }, KeySource::Envelope { envelope, .. }) => {
-                SignError::Backend { backend, failure, reason: format!("{}: {reason}", envelope.display()) }
-            }
             // A token key the key process or agent could not load (the
             // codes that cross the wire, TOKEN_LOGIN and TOKEN_UNAVAILABLE,
             // are kept): no such token or key, or one the agent may not
@@ -355,49 +342,4 @@ impl KeyProcess {
     }
 }
 
-/// The key process's `main`: serves the protocol on standard input (the
-/// socket the engine passed) until the engine closes it. `keyfence-key-process`
-/// and `keyfence key-process` are this function. Arguments:
-/// `--rsa-threads N`, `--ec-threads N`. It keeps nothing it inherited but
-/// standard input (standard output and error become `/dev/null`) and
-/// sandboxes itself before its first request (`docs/security.md`).
-pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
-    let mut options = server::ServeOptions { sandbox: true, ..server::ServeOptions::default() };
-    let mut args = args.into_iter().skip(1);
-    while let Some(arg) = args.next() {
-        let value = args.next().and_then(|v| v.into_string().ok()).and_then(|v| v.parse::<usize>().ok());
-        match (arg.to_str(), value) {
-            (Some("--rsa-threads"), Some(n)) if (1..=1024).contains(&n) => options.rsa_threads = n,
-            (Some("--ec-threads"), Some(n)) if (1..=1024).contains(&n) => options.ec_threads = n,
-            _ => {
-                eprintln!("keyfence key process: usage: --rsa-threads N --ec-threads N (1 to 1024), socket on stdin");
-                return ExitCode::from(2);
-            }
-        }
-    }
-    // Before anything else is opened or loaded: what the parent held (a
-    // server's sockets, its logs) is not the key process's to use. Its
-    // messages from here on reach nobody: the hello's flags say how it is
-    // confined, and its exit status how it ended.
-    options.inherited_closed = sys::close_inherited().is_ok();
-    let stdin = match io::stdin().as_fd().try_clone_to_owned() {
-        Ok(fd) => fd,
-        Err(e) => {
-            eprintln!("keyfence key process: standard input: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    match server::serve(UnixStream::from(stdin), &options) {
-        Ok(()) => ExitCode::SUCCESS,
-        // Its owner went away. A program that exits without dropping its
-        // engine (a C server returning from `main`) closes the socket with
-        // replies still unread, which the kernel reports here as a reset:
-        // that is how a key process ends then, not a fault, and printing it
-        // would put a line on the terminal after the owner has exited.
-        Err(e) if matches!(e.kind(), io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("keyfence key process: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
+pub use process::key_process_main;

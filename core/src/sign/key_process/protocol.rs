@@ -105,7 +105,7 @@ pub mod flags {
 }
 
 /// The name under which a client sends, among an envelope's objects
-/// ([`KeySource::EnvelopeObjects`]), the newest lists its machine kept
+/// ([`LoadBody::EnvelopeObjects`]), the newest lists its machine kept
 /// ([`NewestLists`](crate::wrap::NewestLists) bytes): the key process
 /// requires them as a floor and writes no file itself, so the client keeps
 /// the file. No store object has this name (`#` is not a store character).
@@ -118,47 +118,28 @@ pub fn sends(code: ErrorCode) -> bool {
     !matches!(code, ErrorCode::TenantLimit | ErrorCode::Version | ErrorCode::ShuttingDown)
 }
 
-/// Where the key process gets a key. Every source is loaded again after a
-/// restart.
+/// What a LOAD request names: the key sources on the wire
+/// (`docs/isolation.md`). A client makes one from the
+/// [`KeySource`](super::KeySource) its caller gave; each server's table
+/// says which it takes (`process/service.rs`, `agent/service.rs`). Codes 2
+/// and 4, which named a store, are no longer sent: a server that is sent
+/// one answers that it opens no store.
 #[derive(Clone)]
-pub enum KeySource {
-    /// A PEM or DER key file, read by the key process.
+pub enum LoadBody {
+    /// A PEM or DER key file, read by the key process (source 1).
     File(PathBuf),
-    /// A keyfence envelope, opened by the key process with a machine key
-    /// against a file store: the secret exists only in the key process.
-    Envelope {
-        /// The store directory (`keyfence authority init --store`).
-        store: PathBuf,
-        /// The machine key file (`keyfence authority issue --out`).
-        machine_key: PathBuf,
-        /// The envelope file (`keyfence authority wrap --out`).
-        envelope: PathBuf,
-    },
-    /// Key bytes (PEM or DER). The client keeps them, zeroized, to load
-    /// the key again after a restart: unlike a file or an envelope, such a
-    /// key is also in the client's memory.
+    /// Key bytes, PEM or DER (source 3).
     Bytes(Zeroizing<Vec<u8>>),
-    /// A keyfence envelope given by its bytes, opened by the key process
-    /// with a machine key file against a file store. The client keeps the
-    /// bytes (an envelope is public) and sends the same ones again after a
-    /// restart, so the key loaded is always the one these bytes name
-    /// (its [`KeyId`](crate::sign::remote::KeyId), for a key server),
-    /// whatever happens to the file they came from.
-    EnvelopeBytes {
-        /// The store directory (`keyfence authority init --store`).
-        store: PathBuf,
-        /// The machine key file (`keyfence authority issue --out`).
-        machine_key: PathBuf,
-        /// The envelope (`keyfence authority wrap --out`).
-        envelope: Vec<u8>,
-    },
-    /// A keyfence envelope with the store's objects opening it reads
+    /// An envelope, opened by an agent with its own machine key and store
+    /// (source 5).
+    AgentEnvelope(Vec<u8>),
+    /// An envelope with the store's objects opening it reads
     /// ([`objects_for_opening`](crate::wrap::objects_for_opening): the
-    /// generation list and the sealed copies of its policy key), opened
-    /// with the machine key file. What a key process is sent for the two
-    /// envelope sources above: its client reads the store, so the key
-    /// process never names one, connects to one or reads its files; it
-    /// verifies every object as the machine key's authority's.
+    /// generation list and the sealed copies of its policy key, and the
+    /// machine's floor as [`FLOOR_OBJECT`]), opened with the machine key
+    /// file: the key process never names a store, connects to one or reads
+    /// its files, and verifies every object as the machine key's
+    /// authority's (source 6).
     EnvelopeObjects {
         /// The machine key file.
         machine_key: PathBuf,
@@ -167,40 +148,67 @@ pub enum KeySource {
         /// The store's objects, by name.
         objects: Vec<(String, Vec<u8>)>,
     },
-    /// A keyfence envelope given by its bytes, opened by the server with
-    /// its own machine key and store: what a client of a key agent
-    /// (`keyfence agent`) loads, holding no machine key or store itself. A
-    /// key process refuses it; an agent takes nothing else.
-    AgentEnvelope(Vec<u8>),
-    /// A key in a PKCS#11 token, named by its RFC 7512 URI
-    /// ([`pkcs11`](crate::sign::pkcs11)). Whatever holds the engine's keys
-    /// loads the module and reads the PIN: this process, the key process,
-    /// or the agent (which loads only the module and PIN file it was
-    /// started with). The URI holds no PIN (one with `pin-value` is
-    /// refused), so it is safe to keep and to log.
+    /// A key in a PKCS#11 token, by its RFC 7512 URI, which holds no PIN
+    /// (source 7).
     Pkcs11(String),
 }
 
-impl fmt::Debug for KeySource {
+/// A LOAD source by its wire code, for a server's table of what it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Source {
+    /// [`LoadBody::File`].
+    File = 1,
+    /// [`LoadBody::Bytes`].
+    Bytes = 3,
+    /// [`LoadBody::AgentEnvelope`].
+    AgentEnvelope = 5,
+    /// [`LoadBody::EnvelopeObjects`].
+    EnvelopeObjects = 6,
+    /// [`LoadBody::Pkcs11`].
+    Pkcs11 = 7,
+}
+
+impl LoadBody {
+    /// Its source code.
+    pub fn source(&self) -> Source {
+        match self {
+            LoadBody::File(_) => Source::File,
+            LoadBody::Bytes(_) => Source::Bytes,
+            LoadBody::AgentEnvelope(_) => Source::AgentEnvelope,
+            LoadBody::EnvelopeObjects { .. } => Source::EnvelopeObjects,
+            LoadBody::Pkcs11(_) => Source::Pkcs11,
+        }
+    }
+
+    /// The bytes it holds (an envelope, its objects, a URI, key bytes),
+    /// for the memory a server charges for it waiting.
+    pub fn len(&self) -> usize {
+        match self {
+            LoadBody::AgentEnvelope(b) => b.len(),
+            LoadBody::Bytes(b) => b.len(),
+            LoadBody::Pkcs11(uri) => uri.len(),
+            LoadBody::EnvelopeObjects { envelope, objects, .. } => {
+                envelope.len() + objects.iter().map(|(n, o)| n.len() + o.len()).sum::<usize>()
+            }
+            LoadBody::File(p) => p.as_os_str().len(),
+        }
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl fmt::Debug for LoadBody {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            KeySource::File(p) => f.debug_tuple("File").field(p).finish(),
-            KeySource::Envelope { store, machine_key, envelope } => f
-                .debug_struct("Envelope")
-                .field("store", store)
-                .field("machine_key", machine_key)
-                .field("envelope", envelope)
-                .finish(),
-            KeySource::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
-            KeySource::EnvelopeBytes { store, machine_key, envelope } => f
-                .debug_struct("EnvelopeBytes")
-                .field("store", store)
-                .field("machine_key", machine_key)
-                .field("envelope", &format_args!("{} bytes", envelope.len()))
-                .finish(),
-            KeySource::AgentEnvelope(envelope) => write!(f, "AgentEnvelope({} bytes)", envelope.len()),
-            KeySource::Pkcs11(uri) => f.debug_tuple("Pkcs11").field(uri).finish(),
-            KeySource::EnvelopeObjects { machine_key, envelope, objects } => f
+            LoadBody::File(p) => f.debug_tuple("File").field(p).finish(),
+            LoadBody::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
+            LoadBody::AgentEnvelope(envelope) => write!(f, "AgentEnvelope({} bytes)", envelope.len()),
+            LoadBody::Pkcs11(uri) => f.debug_tuple("Pkcs11").field(uri).finish(),
+            LoadBody::EnvelopeObjects { machine_key, envelope, objects } => f
                 .debug_struct("EnvelopeObjects")
                 .field("machine_key", machine_key)
                 .field("envelope", &format_args!("{} bytes", envelope.len()))
@@ -261,32 +269,26 @@ pub fn parse_hello_reply(body: &[u8]) -> Result<(u32, u32), BodyError> {
 
 /// The body of a LOAD request. Paths and key bytes are far below the
 /// 4 GiB a length prefix can carry (a frame is at most [`MAX_FRAME`]).
-pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
+pub fn load_request(key_id: u64, source: &LoadBody) -> Zeroizing<Vec<u8>> {
     let mut w = Writer::new(Order::Big);
-    w.u64(key_id);
+    w.u64(key_id).u8(source.source() as u8);
     match source {
-        KeySource::File(p) => {
-            w.u8(1).bytes32(path_bytes(p));
+        LoadBody::File(p) => {
+            w.bytes32(path_bytes(p));
         }
-        KeySource::Envelope { store, machine_key, envelope } => {
-            w.u8(2).bytes32(path_bytes(store)).bytes32(path_bytes(machine_key)).bytes32(path_bytes(envelope));
+        LoadBody::Bytes(bytes) => {
+            w.bytes32(bytes);
         }
-        KeySource::Bytes(bytes) => {
-            w.u8(3).bytes32(bytes);
+        LoadBody::AgentEnvelope(envelope) => {
+            w.bytes32(envelope);
         }
-        KeySource::EnvelopeBytes { store, machine_key, envelope } => {
-            w.u8(4).bytes32(path_bytes(store)).bytes32(path_bytes(machine_key)).bytes32(envelope);
+        LoadBody::Pkcs11(uri) => {
+            w.bytes32(uri.as_bytes());
         }
-        KeySource::AgentEnvelope(envelope) => {
-            w.u8(5).bytes32(envelope);
-        }
-        KeySource::Pkcs11(uri) => {
-            w.u8(7).bytes32(uri.as_bytes());
-        }
-        KeySource::EnvelopeObjects { machine_key, envelope, objects } => {
+        LoadBody::EnvelopeObjects { machine_key, envelope, objects } => {
             // At most 64 objects (`objects_for_opening`), names of a few
             // dozen bytes.
-            w.u8(6).bytes32(path_bytes(machine_key)).bytes32(envelope).u16(objects.len().min(u16::MAX as usize) as u16);
+            w.bytes32(path_bytes(machine_key)).bytes32(envelope).u16(objects.len().min(u16::MAX as usize) as u16);
             for (name, value) in objects.iter().take(u16::MAX as usize) {
                 w.bytes16(name.as_bytes()).bytes32(value);
             }
@@ -298,24 +300,16 @@ pub fn load_request(key_id: u64, source: &KeySource) -> Zeroizing<Vec<u8>> {
 /// Decodes a LOAD request.
 ///
 /// # Errors
-/// [`BodyError`] naming the field.
-pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
+/// [`BodyError`] naming the field; sources 2 and 4 (a store by its name,
+/// which a client older than this one sent) are refused as such.
+pub fn parse_load_request(body: &[u8]) -> Result<(u64, LoadBody), BodyError> {
     let mut r = reader(body);
     let key_id = r.u64("load key id")?;
     let source = match r.u8("load source")? {
-        1 => KeySource::File(path_from(r.bytes32("load file path")?)),
-        2 => KeySource::Envelope {
-            store: path_from(r.bytes32("load store path")?),
-            machine_key: path_from(r.bytes32("load machine key path")?),
-            envelope: path_from(r.bytes32("load envelope path")?),
-        },
-        3 => KeySource::Bytes(Zeroizing::new(r.bytes32("load key bytes")?.to_vec())),
-        4 => KeySource::EnvelopeBytes {
-            store: path_from(r.bytes32("load store path")?),
-            machine_key: path_from(r.bytes32("load machine key path")?),
-            envelope: r.bytes32("load envelope bytes")?.to_vec(),
-        },
-        5 => KeySource::AgentEnvelope(r.bytes32("load envelope bytes")?.to_vec()),
+        1 => LoadBody::File(path_from(r.bytes32("load file path")?)),
+        2 | 4 => return Err(BodyError::Value("load source (2 and 4 name a store, which no server opens: the client sends the envelope with the store's objects, source 6)")),
+        3 => LoadBody::Bytes(Zeroizing::new(r.bytes32("load key bytes")?.to_vec())),
+        5 => LoadBody::AgentEnvelope(r.bytes32("load envelope bytes")?.to_vec()),
         6 => {
             let machine_key = path_from(r.bytes32("load machine key path")?);
             let envelope = r.bytes32("load envelope bytes")?.to_vec();
@@ -325,12 +319,12 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, KeySource), BodyError> {
                 let name = std::str::from_utf8(r.bytes16("load object name")?).map_err(|_| BodyError::Value("load object name (not UTF-8)"))?;
                 objects.push((name.to_owned(), r.bytes32("load object value")?.to_vec()));
             }
-            KeySource::EnvelopeObjects { machine_key, envelope, objects }
+            LoadBody::EnvelopeObjects { machine_key, envelope, objects }
         }
-        7 => KeySource::Pkcs11(
+        7 => LoadBody::Pkcs11(
             std::str::from_utf8(r.bytes32("load PKCS#11 URI")?).map_err(|_| BodyError::Value("load PKCS#11 URI (not UTF-8)"))?.to_owned(),
         ),
-        _ => return Err(BodyError::Value("load source (1 file, 2 envelope, 3 bytes, 4 envelope bytes, 5 agent envelope, 6 envelope with objects, 7 PKCS#11 URI)")),
+        _ => return Err(BodyError::Value("load source (1 file, 3 bytes, 5 agent envelope, 6 envelope with objects, 7 PKCS#11 URI)")),
     };
     r.finish_as("load (trailing bytes)")?;
     Ok((key_id, source))
@@ -479,7 +473,7 @@ mod tests {
         let f = Frame { kind: kind::OK, id: 7, body: Zeroizing::new(vec![0xA5; 48]) };
         let shown = format!("{f:?}");
         assert_eq!(shown, "Frame { kind: 0x80, id: 7, body_len: 48 }");
-        let load = Frame { kind: kind::LOAD, id: 1, body: load_request(1, &KeySource::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))) };
+        let load = Frame { kind: kind::LOAD, id: 1, body: load_request(1, &LoadBody::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))) };
         assert!(!format!("{load:?}").contains("83, 69, 67") && !format!("{load:#?}").contains("SECRET"));
     }
 
@@ -510,13 +504,16 @@ mod tests {
     #[test]
     fn the_wire_format_is_the_documented_one() {
         // docs/isolation.md: big-endian, u32 length prefixes.
-        let load = load_request(77, &KeySource::File("/k".into()));
+        let load = load_request(77, &LoadBody::File("/k".into()));
         assert_eq!(&load[..], &[0, 0, 0, 0, 0, 0, 0, 77, 1, 0, 0, 0, 2, b'/', b'k']);
-        let load = load_request(77, &KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() });
-        assert_eq!(&load[..], &[&[0, 0, 0, 0, 0, 0, 0, 77, 2][..], &[0, 0, 0, 2, b'/', b's'], &[0, 0, 0, 2, b'/', b'm'], &[0, 0, 0, 2, b'/', b'e']].concat()[..]);
-        let source = KeySource::EnvelopeBytes { store: "/s".into(), machine_key: "/m".into(), envelope: b"KFE2".to_vec() };
-        let load = load_request(77, &source);
-        assert_eq!(&load[..], &[&[0, 0, 0, 0, 0, 0, 0, 77, 4][..], &[0, 0, 0, 2, b'/', b's'], &[0, 0, 0, 2, b'/', b'm'], &[0, 0, 0, 4], b"KFE2"].concat()[..]);
+        let load = load_request(77, &LoadBody::AgentEnvelope(b"KFE2".to_vec()));
+        assert_eq!(&load[..], &[&[0, 0, 0, 0, 0, 0, 0, 77, 5][..], &[0, 0, 0, 4], b"KFE2"].concat()[..]);
+        // The sources that named a store, from older clients: refused,
+        // saying so.
+        for old in [2u8, 4] {
+            let body = [&[0, 0, 0, 0, 0, 0, 0, 77, old][..], &[0, 0, 0, 2, b'/', b's']].concat();
+            assert!(parse_load_request(&body).is_err_and(|e| e.to_string().contains("name a store")), "source {old}");
+        }
         let mut frame = Vec::new();
         encode(&mut frame, kind::UNLOAD, 5, &[&unload_request(77)]);
         assert_eq!(frame, [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat());
@@ -530,33 +527,30 @@ mod tests {
     #[test]
     fn every_source_round_trips() {
         for source in [
-            KeySource::File("/etc/k.pem".into()),
-            KeySource::Envelope { store: "/s".into(), machine_key: "/m".into(), envelope: "/e".into() },
-            KeySource::Bytes(Zeroizing::new(vec![1, 2, 3])),
-            KeySource::EnvelopeBytes { store: "/s".into(), machine_key: "/m".into(), envelope: b"KFE2...".to_vec() },
-            KeySource::EnvelopeObjects {
+            LoadBody::File("/etc/k.pem".into()),
+            LoadBody::Bytes(Zeroizing::new(vec![1, 2, 3])),
+            LoadBody::AgentEnvelope(b"KFE2...".to_vec()),
+            LoadBody::EnvelopeObjects {
                 machine_key: "/m".into(),
                 envelope: b"KFE2...".to_vec(),
                 objects: vec![("public/generations".into(), b"KFG2".to_vec()), ("sealed/aa/1/2".into(), vec![0; 300])],
             },
-            KeySource::Pkcs11("pkcs11:token=edge;object=k?module-path=/m.so".into()),
+            LoadBody::Pkcs11("pkcs11:token=edge;object=k?module-path=/m.so".into()),
         ] {
             let (id, parsed) = parse_load_request(&load_request(77, &source)).unwrap();
             assert_eq!(id, 77);
             match (&parsed, &source) {
-                (KeySource::Bytes(a), KeySource::Bytes(b)) => assert_eq!(a[..], b[..]),
+                (LoadBody::Bytes(a), LoadBody::Bytes(b)) => assert_eq!(a[..], b[..]),
+                (LoadBody::AgentEnvelope(a), LoadBody::AgentEnvelope(b)) => assert_eq!(a, b),
                 (
-                    KeySource::EnvelopeBytes { store: s1, machine_key: m1, envelope: e1 },
-                    KeySource::EnvelopeBytes { store: s2, machine_key: m2, envelope: e2 },
-                ) => assert_eq!((s1, m1, e1), (s2, m2, e2)),
-                (
-                    KeySource::EnvelopeObjects { machine_key: m1, envelope: e1, objects: o1 },
-                    KeySource::EnvelopeObjects { machine_key: m2, envelope: e2, objects: o2 },
+                    LoadBody::EnvelopeObjects { machine_key: m1, envelope: e1, objects: o1 },
+                    LoadBody::EnvelopeObjects { machine_key: m2, envelope: e2, objects: o2 },
                 ) => assert_eq!((m1, e1, o1), (m2, e2, o2)),
                 _ => assert_eq!(format!("{parsed:?}"), format!("{source:?}")),
             }
+            assert_eq!(parsed.source(), source.source());
         }
-        assert_eq!(format!("{:?}", KeySource::Bytes(Zeroizing::new(vec![1; 5]))), "Bytes(5 bytes)");
+        assert_eq!(format!("{:?}", LoadBody::Bytes(Zeroizing::new(vec![1; 5]))), "Bytes(5 bytes)");
         for kind in [KeyKind::Rsa { bits: 3072 }, KeyKind::EcP256, KeyKind::EcP384, KeyKind::Ed25519] {
             assert_eq!(parse_loaded_reply(&loaded_reply(kind, b"der")).unwrap(), (kind, b"der".to_vec()));
         }
@@ -581,7 +575,7 @@ mod tests {
                 encode(&mut w, kind::HELLO, 0, &[&hello_request(64)]);
                 let op = Operation::Sign { alg: Algorithm::RsaPssSha256, input: Input::Message(noise.clone()) };
                 encode_op(&mut w, 5, 9, Duration::from_millis(3), &op);
-                encode(&mut w, kind::LOAD, 3, &[&load_request(3, &KeySource::File("/k".into()))]);
+                encode(&mut w, kind::LOAD, 3, &[&load_request(3, &LoadBody::File("/k".into()))]);
                 encode(&mut w, kind::OK, 7, &[&loaded_reply(KeyKind::EcP256, &noise)]);
                 w
             } else {

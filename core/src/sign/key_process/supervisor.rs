@@ -15,9 +15,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
 use super::client::{backend_error, Conn, Pending, NAME};
-use super::protocol::{self as p, kind, KeySource};
-use super::sys;
-use super::writer::FrameWriter;
+use super::protocol::{self as p, kind};
+use super::KeySource;
+use crate::sign::sys;
+use super::server::writer::FrameWriter;
 use super::KeyProcessConfig;
 use crate::sign::held_key::{Answer, KeyHolder};
 use crate::sign::threads::{Joined, Origin};
@@ -238,7 +239,7 @@ impl Supervisor {
         let (ours, theirs) = UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
         // The key process reads which process sent each request, from its
         // first byte on (it serves only this one, not a child of it).
-        super::sys::pass_credentials(&theirs).map_err(|e| SignError::io(Resource::Socket, format!("SO_PASSCRED: {e}")))?;
+        sys::pass_credentials(&theirs).map_err(|e| SignError::io(Resource::Socket, format!("SO_PASSCRED: {e}")))?;
         let mut cmd = Command::new(&self.command[0]);
         cmd.args(&self.command[1..])
             .arg("--rsa-threads")
@@ -327,15 +328,12 @@ impl Supervisor {
             match step {
                 Setup::Load(key_id, source) => {
                     // Envelopes with the store's objects of now.
-                    let wire = match self.is_agent() {
-                        true => std::borrow::Cow::Borrowed(source),
-                        false => match super::client::for_the_wire(source) {
-                            Ok(w) => w,
-                            Err(_) => {
-                                lost.push(*key_id);
-                                continue;
-                            }
-                        },
+                    let wire = match super::client::for_the_wire(source, self.is_agent()) {
+                        Ok(w) => w,
+                        Err(_) => {
+                            lost.push(*key_id);
+                            continue;
+                        }
                     };
                     let body = p::load_request(*key_id, &wire);
                     // A source that went away (file deleted, envelope

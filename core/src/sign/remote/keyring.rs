@@ -77,59 +77,6 @@ impl KeyRingError {
     }
 }
 
-/// Loads the private key that `envelope` holds, opened with the machine
-/// key file `machine_key` against the store folder `store`, where keys are
-/// kept: with `keys` (a key process), this process reads only the machine
-/// key's public part (wiped at once) to check, without decrypting, that
-/// the envelope can be opened, and the key process opens the envelope and
-/// holds the key, reloading the same envelope bytes after a restart; so
-/// neither the machine key's secret nor the private key is ever in this
-/// process. Without `keys`, the envelope is opened here. The one path every
-/// binding's "key from an envelope" takes.
-///
-/// # Errors
-/// [`KeyRingError::Io`] if the machine key file cannot be read;
-/// [`KeyRingError::Wrap`] as [`Machine::open`] (a machine key that does
-/// not decode, a policy not satisfied, a retired generation...);
-/// [`KeyRingError::Key`] when the envelope does not hold a usable private
-/// key; [`KeyRingError::Load`] when the key process refuses it.
-pub fn load_envelope_key(
-    keys: Option<&KeyProcess>,
-    store: &std::path::Path,
-    machine_key: &std::path::Path,
-    envelope: &[u8],
-) -> Result<Arc<PrivateKey>, KeyRingError> {
-    use crate::wrap::{open_store_path, CacheConfig, MachineInfo, MachineKey};
-    // `fs::read` sizes its buffer from the file: one allocation, wiped on
-    // drop, no copy left behind by growth.
-    let bytes = zeroize::Zeroizing::new(std::fs::read(machine_key).map_err(|e| {
-        KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display()))
-    })?);
-    let parsed = Envelope::parse(envelope)?;
-    let dir = open_store_path(store).map_err(WrapError::from)?;
-    match keys {
-        Some(kp) => {
-            let info = MachineInfo::from_key_bytes(&bytes)?;
-            drop(bytes);
-            PublicMachine::new(info, dir).can_open(&parsed)?;
-            // The store's name as given (a directory or `etcd://...`): the
-            // key process is sent the objects read from it here, never the
-            // name (`KeyProcess::load`).
-            Ok(kp.load(KeySource::EnvelopeBytes {
-                store: store.to_path_buf(),
-                machine_key: machine_key.to_path_buf(),
-                envelope: envelope.to_vec(),
-            })?)
-        }
-        None => {
-            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default())
-                .keep_newest_beside(machine_key)?;
-            let secret = machine.open_envelope(&parsed)?;
-            Ok(Arc::new(PrivateKey::from_bytes(&secret)?))
-        }
-    }
-}
-
 /// The keys a server holds, by [`KeyId`].
 #[derive(Default, Clone)]
 pub struct KeyRing {
@@ -205,11 +152,7 @@ impl KeyRing {
     ) -> Result<KeyId, KeyRingError> {
         machine.can_open(&Envelope::parse(&envelope)?)?;
         let id = KeyId::of_envelope(&envelope);
-        let key = keys.load(KeySource::EnvelopeBytes {
-            store: store.to_path_buf(),
-            machine_key: machine_key.to_path_buf(),
-            envelope,
-        })?;
+        let key = keys.load(KeySource::envelope(envelope, store, machine_key))?;
         self.keys.insert(id, key);
         Ok(id)
     }

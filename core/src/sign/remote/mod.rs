@@ -67,7 +67,7 @@ mod tls;
 pub use signer::{ClientMetrics, OpenOrForwardError, PeerMetrics, RemoteConfig, RemoteSigner, NAME};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use exporter::{serve_metrics, MetricsEndpoint};
-pub use keyring::{load_envelope_key, KeyId, KeyRing, KeyRingError};
+pub use keyring::{KeyId, KeyRing, KeyRingError};
 pub use metrics::{RequestCounts, RequestStats};
 pub use retry_budget::RetryBudgetConfig;
 pub use routing::PeerConfig;

@@ -29,6 +29,7 @@
 mod grants;
 mod hush;
 mod poller;
+mod service;
 
 use std::collections::HashMap;
 use std::io;
@@ -44,15 +45,15 @@ use zeroize::Zeroizing;
 pub use self::grants::{Grantee, TokenGrant};
 use self::hush::Hush;
 use self::poller::{Poller, Refusal};
-use super::protocol as p;
-use super::budget::{Account, Pool};
-use super::server::{serve_conn, Client, ConnOptions, EnvelopeOpener, Limits, Role, Room, ServeOptions, UserShare, Workers};
-use super::sys;
-use super::writer::FrameWriter;
-use crate::sign::pkcs11::{self, Pkcs11Settings, Pkcs11Uri};
+use self::service::AgentService;
+use crate::sign::key_process::protocol as p;
+use crate::sign::key_process::server::budget::{Account, Pool};
+use crate::sign::key_process::server::writer::FrameWriter;
+use crate::sign::key_process::server::{serve_conn, Client, ConnOptions, Limits, Room, Service, UserShare, Workers, MAX_QUEUED_LOADS};
+use crate::sign::pkcs11::Pkcs11Settings;
+use crate::sign::sys;
 use crate::sign::threads::Joined;
 use crate::sign::types::{Resource, SignError};
-use crate::sign::PrivateKey;
 use crate::wrap::{open_store, CacheConfig, Follower, Machine, MachineKey};
 
 /// How an agent runs. [`AgentConfig::new`] (envelopes) and
@@ -164,7 +165,7 @@ impl AgentConfig {
     }
 
     fn empty(socket: PathBuf) -> Self {
-        let threads = ServeOptions::default();
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         AgentConfig {
             socket,
             store: None,
@@ -174,13 +175,13 @@ impl AgentConfig {
             allow_groups: Vec::new(),
             socket_mode: 0o660,
             socket_group: None,
-            rsa_threads: threads.rsa_threads,
-            ec_threads: threads.ec_threads,
+            rsa_threads: cores,
+            ec_threads: cores,
             max_connections: 4096,
             user_connections: 512,
             connection_in_flight: 1024,
             user_in_flight: 4096,
-            user_loads: super::server::MAX_QUEUED_LOADS.0,
+            user_loads: MAX_QUEUED_LOADS.0,
             connection_keys: 1024,
             user_keys: 16384,
             user_memory: 64 << 20,
@@ -250,57 +251,12 @@ fn keep_floor(machine: Machine, config: &AgentConfig, machine_key: &Path) -> Res
     machine.keep_newest_in(&path).map_err(|e| SignError::Config(format!("{e}; {hint}")))
 }
 
-/// Opens envelopes with the agent's machine (following its store), and
-/// token keys with its PKCS#11 settings for the clients its grants allow.
-struct Opener {
-    machine: Option<(Arc<Machine>, Follower)>,
-    pkcs11: Option<Pkcs11Settings>,
-    grants: Vec<TokenGrant>,
-    /// The agent's own user: granted every token key, as root is.
-    uid: u32,
-}
-
-impl EnvelopeOpener for Opener {
-    fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String> {
-        let Some((machine, _)) = &self.machine else {
-            return Err("this agent serves token keys only: it was started without a store and a machine key".into());
-        };
-        let secret = machine.open_current(envelope).map_err(|e| {
-            // The floor could not be kept (its folder or lock): the
-            // operator's to fix, so it is said here too, not only to the
-            // client.
-            if e.code() == crate::ErrorCode::StoreIo {
-                tracing::warn!(error = %e, "an envelope was not opened: the store or the newest lists' file failed");
-            }
-            format!("{}: {e}", e.code().name())
-        })?;
-        PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
-    }
-
-    fn load_pkcs11(&self, uri: &str, client: &Client) -> Result<PrivateKey, SignError> {
-        let Some(settings) = &self.pkcs11 else {
-            return Err(SignError::InvalidArgument(
-                "this agent was started without a PKCS#11 module (`keyfence agent --pkcs11-module`): it loads no token keys".into(),
-            ));
-        };
-        let asked = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
-        let trusted = client.uid == 0 || client.uid == self.uid;
-        if !trusted && !self.grants.iter().any(|g| g.allows(client.uid, &client.gids, &asked)) {
-            let user = sys::user_name(client.uid);
-            return Err(SignError::InvalidArgument(format!(
-                "user {user} may not load this token key from this agent: grant it with --allow-token {user}=URI (a URI naming the token and the key)"
-            )));
-        }
-        pkcs11::load(uri, settings)
-    }
-}
-
 struct Inner {
     config: AgentConfig,
     uid: u32,
     stop: AtomicBool,
     workers: Arc<Workers>,
-    role: Role,
+    service: Arc<dyn Service>,
     poller: Arc<Poller>,
     limits: Limits,
     /// Each open connection's socket, to end it on stop.
@@ -429,7 +385,7 @@ impl Agent {
             s.fixed = true;
             s
         });
-        let opener: Arc<dyn EnvelopeOpener> = Arc::new(Opener { machine, pkcs11, grants: config.token_grants.clone(), uid });
+        let service: Arc<dyn Service> = Arc::new(AgentService { machine, pkcs11, grants: config.token_grants.clone(), uid });
         // Neither a core dump nor a debugger of the same user reads the keys.
         let _ = sys::set_not_dumpable();
         let _ = sys::disable_core_dumps();
@@ -448,14 +404,13 @@ impl Agent {
         sys::pass_credentials_on(&listener)
             .map_err(|e| SignError::io(Resource::Socket, format!("cannot set SO_PASSCRED on the agent's socket: {e}")))?;
         warn_unreachable(&config);
-        let options = ServeOptions { rsa_threads: config.rsa_threads, ec_threads: config.ec_threads, ..ServeOptions::default() };
         // Each signing queue takes a user's whole in-flight bound, and four
         // users' in all: a fifth user still gets in, taking room from the
         // one with the most waiting (fair_queue.rs).
         let per_user = (config.connection_in_flight as usize).max(config.user_in_flight);
         let ops = Room { per_user, total: per_user.saturating_mul(4) };
-        let loads = Room { per_user: config.user_loads, total: super::server::MAX_QUEUED_LOADS.1 };
-        let workers = Workers::start(&options, ops, loads)
+        let loads = Room { per_user: config.user_loads, total: MAX_QUEUED_LOADS.1 };
+        let workers = Workers::start((config.rsa_threads, config.ec_threads), ops, loads)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
         let (poller, hears) =
             Poller::new().map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
@@ -469,7 +424,7 @@ impl Agent {
             config,
             stop: AtomicBool::new(false),
             workers,
-            role: Role::Agent(opener),
+            service,
             poller: poller.clone(),
             limits,
             conns: Mutex::new(HashMap::new()),
@@ -745,14 +700,14 @@ fn admit(inner: &Arc<Inner>, stream: UnixStream) {
         CONNECTION_STACK,
         move || {
             let workers = i.workers.clone();
-            let stalls: Arc<dyn super::writer::Stalls> = i.poller.clone();
+            let stalls: Arc<dyn crate::sign::key_process::server::writer::Stalls> = i.poller.clone();
             let account = Account::new(share.memory.clone(), i.memory.clone());
             let result = match account.charge(0) {
                 Ok(charge) => {
                     let writer = FrameWriter::bounded(stream.clone(), stalls, MAX_UNREAD, charge);
                     let opts = ConnOptions {
                         flags,
-                        role: i.role.clone(),
+                        service: i.service.clone(),
                         client: Some(client),
                         cap: i.config.connection_in_flight,
                         hello_timeout: i.config.hello_timeout,

@@ -386,7 +386,7 @@ mod tests {
     /// docs/security.md names every call that kills the key process.
     #[test]
     fn the_security_page_lists_the_calls_that_kill() {
-        let page = include_str!("../../../../../docs/security.md");
+        let page = include_str!("../../../../../../docs/security.md");
         for (_, name) in super::KILL {
             assert!(page.contains(&format!("`{name}`")), "docs/security.md does not name `{name}`");
         }

@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use super::hush::Hush;
 use crate::sign::key_process::protocol::{self as p, kind, ErrorCode};
-use crate::sign::key_process::sys;
-use crate::sign::key_process::writer::{Stalled, Stalls};
+use crate::sign::sys;
+use crate::sign::key_process::server::writer::{Stalled, Stalls};
 
 /// How long a refused client has to read its refusal.
 pub(crate) const REFUSAL_WAIT: Duration = Duration::from_secs(1);

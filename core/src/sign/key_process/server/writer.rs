@@ -59,7 +59,7 @@ pub(crate) trait Stalls: Send + Sync {
 struct Shared {
     /// Dropped before `stream` (fields drop in order): the guard is let go
     /// while its descriptor is still the connection's.
-    _guard: Option<super::sys::ForkGuard>,
+    _guard: Option<crate::sign::sys::ForkGuard>,
     stream: Arc<UnixStream>,
     pending: Mutex<Pending>,
     /// Bounded mode: who flushes stalled output, and the most bytes a
@@ -91,7 +91,7 @@ impl FrameWriter {
     /// process or agent: a forked child of this process does not keep the
     /// socket (`sys::ForkGuard`).
     pub(crate) fn client(stream: UnixStream) -> Self {
-        let guard = super::sys::ForkGuard::new(&stream);
+        let guard = crate::sign::sys::ForkGuard::new(&stream);
         Self::make(Arc::new(stream), None, guard, None)
     }
 
@@ -107,7 +107,7 @@ impl FrameWriter {
     fn make(
         stream: Arc<UnixStream>,
         bounded: Option<(Arc<dyn Stalls>, usize)>,
-        guard: Option<super::sys::ForkGuard>,
+        guard: Option<crate::sign::sys::ForkGuard>,
         charge: Option<Charge>,
     ) -> Self {
         let size = if bounded.is_some() { SMALL } else { LARGE };
@@ -257,7 +257,7 @@ impl Shared {
             p.writing_cap = out.capacity();
             drop(p);
             let result = match self.bounded {
-                None => super::sys::send_all(&self.stream, &out).map(|()| out.len()),
+                None => crate::sign::sys::send_all(&self.stream, &out).map(|()| out.len()),
                 Some(_) => send_what_it_takes(&self.stream, &out),
             };
             p = self.lock();
@@ -313,7 +313,7 @@ impl Shared {
 fn send_what_it_takes(stream: &UnixStream, buf: &[u8]) -> std::io::Result<usize> {
     let mut sent = 0;
     while sent < buf.len() {
-        match super::sys::send_some(stream, &buf[sent..])? {
+        match crate::sign::sys::send_some(stream, &buf[sent..])? {
             0 => break,
             n => sent += n,
         }
