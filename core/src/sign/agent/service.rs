@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use super::grants::TokenGrant;
-use crate::sign::key_process::protocol::{kind, ErrorCode, LoadBody, Source};
-use crate::sign::key_process::server::{token_code, Client, Service, Table};
+use crate::sign::key_process::protocol::{kind, Detail, ErrorCode, LoadBody, Source};
+use crate::sign::key_process::server::{Client, Refusal, Service, Table};
 use crate::sign::pkcs11::{self, Pkcs11Settings, Pkcs11Uri};
 use crate::sign::sys;
 use crate::sign::types::SignError;
@@ -43,15 +43,13 @@ impl Service for AgentService {
         &TABLE
     }
 
-    fn load(&self, source: &LoadBody, client: Option<&Client>) -> Result<PrivateKey, (ErrorCode, String)> {
+    fn load(&self, source: &LoadBody, client: Option<&Client>) -> Result<PrivateKey, Refusal> {
         match (source, client) {
-            (LoadBody::AgentEnvelope(envelope), _) => self.open(envelope).map_err(|msg| (ErrorCode::Load, msg)),
-            // The code goes first in the message (`INVALID_ARGUMENT: ...`),
-            // so the client reports the load as it would in process.
-            (LoadBody::Pkcs11(uri), Some(client)) => self
-                .load_pkcs11(uri, client)
-                .map_err(|e| (token_code(&e).unwrap_or(ErrorCode::Load), format!("{}: {e}", e.code().name()))),
-            _ => Err((ErrorCode::NotAllowed, TABLE.other_sources.to_string())),
+            (LoadBody::AgentEnvelope(envelope), _) => self.open(envelope),
+            // With its detail: the client reports the load as it would in
+            // process.
+            (LoadBody::Pkcs11(uri), Some(client)) => self.load_pkcs11(uri, client).map_err(|e| Refusal::load_failed(&e)),
+            _ => Err(Refusal::new(ErrorCode::NotAllowed, TABLE.other_sources)),
         }
     }
 }
@@ -59,9 +57,9 @@ impl Service for AgentService {
 impl AgentService {
     /// The private key in `envelope`, opened with the agent's machine key
     /// from the store's current copy, or why not (naming no secret).
-    fn open(&self, envelope: &[u8]) -> Result<PrivateKey, String> {
+    fn open(&self, envelope: &[u8]) -> Result<PrivateKey, Refusal> {
         let Some((machine, _)) = &self.machine else {
-            return Err("this agent serves token keys only: it was started without a store and a machine key".into());
+            return Err(Refusal::new(ErrorCode::Load, "this agent serves token keys only: it was started without a store and a machine key"));
         };
         let secret = machine.open_current(envelope).map_err(|e| {
             // The floor could not be kept (its folder or lock): the
@@ -70,9 +68,12 @@ impl AgentService {
             if e.code() == crate::ErrorCode::StoreIo {
                 tracing::warn!(error = %e, "an envelope was not opened: the store or the newest lists' file failed");
             }
-            format!("{}: {e}", e.code().name())
+            // The code in words too, for the client's reader; in the
+            // detail for its program.
+            let detail = Detail { code: Some(e.code()), token: None };
+            Refusal { code: ErrorCode::Load, message: format!("{}: {e}", e.code().name()), detail }
         })?;
-        PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
+        PrivateKey::from_bytes(&secret).map_err(|e| Refusal::new(ErrorCode::Load, format!("the key in the envelope: {e}")))
     }
 
     /// The key `client` names by PKCS#11 URI, on the module and with the

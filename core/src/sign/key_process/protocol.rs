@@ -34,7 +34,7 @@ use crate::sign::types::Operation;
 use crate::sign::wire::frame::reader;
 use crate::sign::wire::{hello, op};
 pub use crate::sign::wire::public_key::{encode as loaded_reply, parse as parse_loaded_reply};
-pub use crate::sign::wire::{encode, error_body, BodyError, Decoder, ErrorCode, Frame, HEADER, MAX_FRAME};
+pub use crate::sign::wire::{encode, error_body, error_body_with, BodyError, Detail, Decoder, ErrorCode, Frame, HEADER, MAX_FRAME};
 
 /// The first bytes of both hellos.
 pub const MAGIC: [u8; 4] = *b"KFKP";
@@ -390,6 +390,11 @@ pub fn parse_op(body: &[u8]) -> Result<(u64, Duration, Operation), BodyError> {
 /// [`ErrorCode::Internal`].
 pub fn parse_error(body: &[u8]) -> (ErrorCode, String) {
     crate::sign::wire::parse_error(body, sends)
+}
+
+/// [`parse_error`] with the reply's [`Detail`].
+pub fn parse_error_with(body: &[u8]) -> (ErrorCode, String, Detail) {
+    crate::sign::wire::parse_error_with(body, sends)
 }
 
 /// The body of a STATUS reply.

@@ -48,7 +48,7 @@ use crate::sign::types::Operation;
 use crate::sign::wire::frame::reader;
 use crate::sign::wire::{hello, op};
 pub use crate::sign::wire::public_key::{encode as public_reply, parse as parse_public_reply};
-pub use crate::sign::wire::{encode, error_body, BodyError, Decoder, Frame, FramingError, HEADER, MAX_FRAME};
+pub use crate::sign::wire::{encode, error_body, error_body_with, BodyError, Detail, Decoder, Frame, FramingError, HEADER, MAX_FRAME};
 /// Why a server refused a request: the codes of [`crate::sign::wire`],
 /// of which a server [`sends`] all but two.
 pub use crate::sign::wire::ErrorCode as RemoteErrorCode;
@@ -219,6 +219,11 @@ pub fn parse_request(frame: &Frame) -> Result<Request, BodyError> {
 /// [`RemoteErrorCode::Internal`].
 pub fn parse_error(body: &[u8]) -> (RemoteErrorCode, String) {
     crate::sign::wire::parse_error(body, sends)
+}
+
+/// [`parse_error`] with the reply's [`Detail`].
+pub fn parse_error_with(body: &[u8]) -> (RemoteErrorCode, String, Detail) {
+    crate::sign::wire::parse_error_with(body, sends)
 }
 
 #[cfg(test)]

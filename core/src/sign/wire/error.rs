@@ -1,8 +1,16 @@
 //! The ERR body and the one table of its codes.
 //!
 //! ```text
-//! err     = code:u8  message (UTF-8, at most 1 KiB, never key material)
+//! err     = code:u8  message  [ 0x00  field* ]
+//! message = UTF-8 without NUL, at most 1 KiB, never key material
+//! field   = tag:u8  length:u16  value         (1: error code, u32; 2: token, UTF-8)
 //! ```
+//!
+//! The fields ([`Detail`]) carry what a client needs to rebuild the error
+//! its server had (the library's [`crate::ErrorCode`], a PKCS#11 token's
+//! name), so that no client parses them back out of the message. A reader
+//! that predates them shows them as the message's tail; unknown tags are
+//! skipped.
 //!
 //! Both protocols draw their codes from [`ErrorCode`], so a number means
 //! the same wherever it is read and is never reused; each protocol sends
@@ -113,27 +121,132 @@ impl ErrorCode {
     }
 }
 
+/// What an ERR carries besides its code and message: the error as it
+/// was where it happened, as fields.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Detail {
+    /// The library's error code (`docs/errors.md`).
+    pub code: Option<crate::ErrorCode>,
+    /// The PKCS#11 token (`pkcs11:token=LABEL`) a token's failure is about.
+    pub token: Option<String>,
+}
+
+impl Detail {
+    /// `e` as an ERR carries it to another process: its message (a token's
+    /// reason without the token, an argument's or configuration's words
+    /// without the code) and the fields a client rebuilds it from.
+    pub(crate) fn of(e: &crate::sign::types::SignError) -> (String, Detail) {
+        use crate::sign::types::SignError;
+        let token = match e {
+            SignError::Token { token, .. } => Some(token.clone()),
+            _ => None,
+        };
+        let message = match e {
+            SignError::Token { reason, .. } => reason.clone(),
+            SignError::InvalidArgument(m) | SignError::Config(m) => m.clone(),
+            e => e.to_string(),
+        };
+        (message, Detail { code: Some(e.code()), token })
+    }
+
+    /// The error a server reported with this detail and `message`, as it
+    /// was there, when the detail names one a client rebuilds (a token's
+    /// failure, an argument or a configuration refused); `None` otherwise.
+    pub(crate) fn rebuild(&self, message: &str) -> Option<crate::sign::types::SignError> {
+        use crate::sign::types::{SignError, TokenFailure};
+        use crate::ErrorCode as C;
+        let token = |failure| SignError::Token {
+            token: self.token.clone().unwrap_or_else(|| "pkcs11".into()),
+            failure,
+            reason: message.to_string(),
+        };
+        Some(match self.code? {
+            C::TokenLogin => token(TokenFailure::Login),
+            C::TokenUnavailable => token(TokenFailure::Unavailable),
+            C::BackendFailed if self.token.is_some() => token(TokenFailure::Refused),
+            C::InvalidPrivateKey if self.token.is_some() => token(TokenFailure::NotFound),
+            C::InvalidArgument => SignError::InvalidArgument(message.to_string()),
+            C::InvalidConfig => SignError::Config(message.to_string()),
+            _ => return None,
+        })
+    }
+}
+
+/// [`Detail::code`]'s tag.
+const TAG_CODE: u8 = 1;
+/// [`Detail::token`]'s tag.
+const TAG_TOKEN: u8 = 2;
+
 /// The body of an ERR reply; the message is cut to 1 KiB (on a character
 /// boundary): messages are for logs, whatever produced them.
 pub fn error_body(code: ErrorCode, message: &str) -> Vec<u8> {
+    error_body_with(code, message, &Detail::default())
+}
+
+/// [`error_body`] with the error's [`Detail`] after the message. A NUL in
+/// the message becomes a space: it separates the two.
+pub fn error_body_with(code: ErrorCode, message: &str, detail: &Detail) -> Vec<u8> {
     let mut end = message.len().min(1024);
     while !message.is_char_boundary(end) {
         end -= 1;
     }
+    let text: Vec<u8> = message.as_bytes()[..end].iter().map(|&b| if b == 0 { b' ' } else { b }).collect();
     let mut w = Writer::new(Order::Big);
-    w.u8(code as u8).raw(&message.as_bytes()[..end]);
+    w.u8(code as u8).raw(&text);
+    if detail != &Detail::default() {
+        w.u8(0);
+        if let Some(c) = detail.code {
+            w.u8(TAG_CODE).u16(4).u32(c as u32);
+        }
+        if let Some(token) = &detail.token {
+            let mut end = token.len().min(1024);
+            while !token.is_char_boundary(end) {
+                end -= 1;
+            }
+            w.u8(TAG_TOKEN).u16(end as u16).raw(&token.as_bytes()[..end]);
+        }
+    }
     w.into_bytes().to_vec()
 }
 
 /// Decodes an ERR reply of a protocol that `sends` some codes: any other
 /// code, and an empty body, read as [`ErrorCode::Internal`].
 pub fn parse_error(body: &[u8], sends: fn(ErrorCode) -> bool) -> (ErrorCode, String) {
+    let (code, message, _) = parse_error_with(body, sends);
+    (code, message)
+}
+
+/// [`parse_error`] with the reply's [`Detail`]: fields that do not decode
+/// are left out (the message and code stand), and unknown tags skipped.
+pub fn parse_error_with(body: &[u8], sends: fn(ErrorCode) -> bool) -> (ErrorCode, String, Detail) {
     let mut r = reader(body);
     let known = |c| if sends(c) { c } else { ErrorCode::Internal };
-    match r.u8("error code") {
-        Ok(code) => (known(ErrorCode::from_u8(code)), String::from_utf8_lossy(r.rest()).into_owned()),
-        Err(_) => (ErrorCode::Internal, "an empty error reply".into()),
+    let Ok(code) = r.u8("error code") else {
+        return (ErrorCode::Internal, "an empty error reply".into(), Detail::default());
+    };
+    let rest = r.rest();
+    let (text, fields) = match rest.iter().position(|&b| b == 0) {
+        Some(at) => (&rest[..at], &rest[at + 1..]),
+        None => (rest, &[][..]),
+    };
+    (known(ErrorCode::from_u8(code)), String::from_utf8_lossy(text).into_owned(), parse_detail(fields))
+}
+
+fn parse_detail(fields: &[u8]) -> Detail {
+    let mut detail = Detail::default();
+    let mut r = reader(fields);
+    while r.remaining() > 0 {
+        let (Ok(tag), Ok(value)) = (r.u8("detail tag"), r.bytes16("detail value")) else { return Detail::default() };
+        match tag {
+            TAG_CODE => {
+                let Ok(raw) = <[u8; 4]>::try_from(value) else { return Detail::default() };
+                detail.code = crate::ErrorCode::from_u32(u32::from_be_bytes(raw));
+            }
+            TAG_TOKEN => detail.token = Some(String::from_utf8_lossy(value).into_owned()),
+            _ => {}
+        }
     }
+    detail
 }
 
 #[cfg(test)]
@@ -185,5 +298,21 @@ mod tests {
         assert_eq!(parse_error(&[3, b'x'], few), (ErrorCode::Internal, "x".into()), "a code the protocol does not send");
         assert_eq!(parse_error(&[1, b'x'], few), (ErrorCode::Malformed, "x".into()));
         assert_eq!(parse_error(&[3, b'x'], all), (ErrorCode::Load, "x".into()));
+    }
+
+    #[test]
+    fn the_detail_rides_after_the_message_and_old_readers_keep_the_code() {
+        let detail = Detail { code: Some(crate::ErrorCode::TokenLogin), token: Some("pkcs11:token=edge".into()) };
+        let body = error_body_with(ErrorCode::TokenLogin, "CKR_PIN_INCORRECT\0and more", &detail);
+        let all = |_| true;
+        assert_eq!(parse_error_with(&body, all), (ErrorCode::TokenLogin, "CKR_PIN_INCORRECT and more".into(), detail));
+        // The documented bytes: code, message, NUL, then tag, length, value.
+        let plain = error_body_with(ErrorCode::Load, "no", &Detail { code: Some(crate::ErrorCode::InvalidArgument), token: None });
+        assert_eq!(plain, [3, b'n', b'o', 0, 1, 0, 4, 0, 0, 0, 1]);
+        // No detail: the body as it always was.
+        assert_eq!(error_body_with(ErrorCode::Load, "no", &Detail::default()), error_body(ErrorCode::Load, "no"));
+        // Fields that do not decode, or tags this reader does not know.
+        assert_eq!(parse_error_with(&[3, b'x', 0, 1, 0, 9], all).2, Detail::default());
+        assert_eq!(parse_error_with(&[3, b'x', 0, 77, 0, 1, 5], all), (ErrorCode::Load, "x".into(), Detail::default()));
     }
 }

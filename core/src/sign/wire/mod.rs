@@ -28,5 +28,5 @@ pub mod hello;
 pub mod op;
 pub mod public_key;
 
-pub use error::{error_body, parse_error, ErrorCode};
+pub use error::{error_body, error_body_with, parse_error, parse_error_with, Detail, ErrorCode};
 pub use frame::{encode, kind, BodyError, Decoder, Frame, FramingError, HEADER, MAX_FRAME};

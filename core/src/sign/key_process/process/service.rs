@@ -11,7 +11,7 @@ use std::path::Path;
 use zeroize::Zeroizing;
 
 use crate::sign::key_process::protocol::{self as p, kind, ErrorCode, LoadBody, Source};
-use crate::sign::key_process::server::{token_code, Client, Service, Table};
+use crate::sign::key_process::server::{Client, Refusal, Service, Table};
 use crate::sign::sys;
 use crate::sign::PrivateKey;
 
@@ -38,8 +38,8 @@ impl Service for KeyProcessService {
         &TABLE
     }
 
-    fn load(&self, source: &LoadBody, _client: Option<&Client>) -> Result<PrivateKey, (ErrorCode, String)> {
-        let failed = |msg: String| (ErrorCode::Load, msg);
+    fn load(&self, source: &LoadBody, _client: Option<&Client>) -> Result<PrivateKey, Refusal> {
+        let failed = |msg: String| Refusal::new(ErrorCode::Load, msg);
         match source {
             LoadBody::File(path) => {
                 let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| failed(format!("reading {}: {e}", path.display())))?);
@@ -49,10 +49,11 @@ impl Service for KeyProcessService {
             LoadBody::EnvelopeObjects { machine_key, envelope, objects } => {
                 open_envelope(machine_key, envelope, objects).map_err(failed)
             }
-            // The code goes first in the message (`INVALID_ARGUMENT: ...`),
-            // so the client reports the load as it would in process.
-            LoadBody::Pkcs11(uri) => crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())
-                .map_err(|e| (token_code(&e).unwrap_or(ErrorCode::Load), format!("{}: {e}", e.code().name()))),
+            // With its detail: the client reports the load as it would in
+            // process.
+            LoadBody::Pkcs11(uri) => {
+                crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env()).map_err(|e| Refusal::load_failed(&e))
+            }
             LoadBody::AgentEnvelope(_) => Err(failed("a key process opens an envelope only with the machine key its client names".into())),
         }
     }

@@ -30,7 +30,8 @@ use self::fair_queue::Full;
 pub(crate) use self::workers::{token_code, Room, Workers, MAX_QUEUED_LOADS};
 use self::workers::{key_memory, perform, Job, LoadJob, JOB_MEMORY};
 use self::writer::FrameWriter;
-use super::protocol::{self as p, kind, ErrorCode, Frame, LoadBody, Source};
+use super::protocol::{self as p, kind, Detail, ErrorCode, Frame, LoadBody, Source};
+use crate::sign::types::SignError;
 use crate::sign::sys;
 use crate::sign::PrivateKey;
 
@@ -45,7 +46,7 @@ pub(crate) trait Service: Send + Sync + 'static {
     /// # Errors
     /// The ERR's code and message, which names the source and never its
     /// contents.
-    fn load(&self, source: &LoadBody, client: Option<&Client>) -> Result<PrivateKey, (ErrorCode, String)>;
+    fn load(&self, source: &LoadBody, client: Option<&Client>) -> Result<PrivateKey, Refusal>;
 
     /// Serves a request of its own: a kind its table lists that the
     /// engine does not serve itself (OP, LOAD, UNLOAD and STATUS are the
@@ -55,6 +56,30 @@ pub(crate) trait Service: Send + Sync + 'static {
     /// As above; by default every such request is refused.
     fn own_request(&self, kind: u8, _body: &[u8]) -> Result<Vec<u8>, (ErrorCode, String)> {
         Err((ErrorCode::Malformed, format!("unknown request kind {kind:#04x}")))
+    }
+}
+
+/// Why a request was refused: the ERR's wire code and message, and the
+/// fields a client rebuilds the error from (never from the message).
+#[derive(Debug)]
+pub(crate) struct Refusal {
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
+    pub(crate) detail: Detail,
+}
+
+impl Refusal {
+    /// A refusal with `code` and `message` only.
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Refusal { code, message: message.into(), detail: Detail::default() }
+    }
+
+    /// A key load (a token's) that failed with `e`: the wire code of a
+    /// token's failure that has one, else `LOAD`, with `e`'s detail, so
+    /// the client's caller sees the error as it would in process.
+    pub(crate) fn load_failed(e: &SignError) -> Self {
+        let (message, detail) = Detail::of(e);
+        Refusal { code: token_code(e).unwrap_or(ErrorCode::Load), message, detail }
     }
 }
 
@@ -159,8 +184,13 @@ impl Conn {
     }
 
     pub(super) fn err(&self, id: u64, code: ErrorCode, message: &str) {
+        self.refuse(id, &Refusal::new(code, message));
+    }
+
+    /// Answers request `id` with `refusal`, its detail included.
+    pub(super) fn refuse(&self, id: u64, refusal: &Refusal) {
         let mut frame = Vec::new();
-        p::encode(&mut frame, kind::ERR, id, &[&p::error_body(code, message)]);
+        p::encode(&mut frame, kind::ERR, id, &[&p::error_body_with(refusal.code, &refusal.message, &refusal.detail)]);
         self.writer.send(&frame);
     }
 

@@ -24,8 +24,8 @@ use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
 use super::fair_queue::{Done, FairQueue, Ticket};
-use super::{Conn, ErrorCode};
-use crate::sign::key_process::protocol::{self as p, kind, LoadBody};
+use super::{Conn, ErrorCode, Refusal};
+use crate::sign::key_process::protocol::{self as p, kind, Detail, LoadBody};
 use crate::sign::threads::Joined;
 use crate::sign::types::{Operation, SignError, TokenFailure};
 use crate::sign::PrivateKey;
@@ -168,7 +168,7 @@ fn load_keys(queue: &FairQueue<LoadJob>) {
         // A loader that panics (a module's bug, a parser's) answers this
         // request and stays: two loader threads serve every client.
         let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| conn.service.load(&job.source, conn.client.as_deref())))
-            .unwrap_or_else(|_| Err((ErrorCode::Internal, "loading the key panicked".to_string())));
+            .unwrap_or_else(|_| Err(Refusal::new(ErrorCode::Internal, "loading the key panicked")));
         match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => match conn.keep(job.key_id, key) {
@@ -177,7 +177,7 @@ fn load_keys(queue: &FairQueue<LoadJob>) {
                 },
                 Err(e) => conn.err(job.id, ErrorCode::Load, &e.to_string()),
             },
-            Err((code, msg)) => conn.err(job.id, code, &msg),
+            Err(refusal) => conn.refuse(job.id, &refusal),
         }
         drop(job);
         done = Some((ticket, started.elapsed()));
@@ -240,12 +240,19 @@ const MAX_HOLD: Duration = Duration::from_micros(400);
 /// Runs one job; returns its reply frame.
 pub(super) fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
     let result = if Instant::now() >= job.deadline {
-        Err((ErrorCode::TimedOut, "the deadline passed before the operation started".to_string()))
+        Err(Refusal::new(ErrorCode::TimedOut, "the deadline passed before the operation started"))
     } else {
         match job.key.perform(&job.op) {
             Ok(out) => Ok(out),
-            Err(SignError::Crypto { reason, .. }) => Err((ErrorCode::Crypto, reason)),
-            Err(e) => Err((token_code(&e).unwrap_or(ErrorCode::Invalid), e.to_string())),
+            Err(SignError::Crypto { reason, .. }) => Err(Refusal::new(ErrorCode::Crypto, reason)),
+            // A token's failure goes with its detail: the client rebuilds it.
+            Err(e) => match token_code(&e) {
+                Some(code) => {
+                    let (message, detail) = Detail::of(&e);
+                    Err(Refusal { code, message, detail })
+                }
+                None => Err(Refusal::new(ErrorCode::Invalid, e.to_string())),
+            },
         }
     };
     job.conn.done();
@@ -255,7 +262,7 @@ pub(super) fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
             frame.reserve(p::HEADER + 4 + out.len());
             p::encode(&mut frame, kind::OK, job.id, &[&out]);
         }
-        Err((code, msg)) => p::encode(&mut frame, kind::ERR, job.id, &[&p::error_body(code, &msg)]),
+        Err(r) => p::encode(&mut frame, kind::ERR, job.id, &[&p::error_body_with(r.code, &r.message, &r.detail)]),
     }
     frame
 }
