@@ -95,6 +95,8 @@ pub(super) fn unwrap_octet_string(p: Vec<u8>) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     /// The DER this module writes is what AWS-LC writes for the same
     /// r and s, across lengths, zeros and high bits.
     #[test]
@@ -125,5 +127,61 @@ mod tests {
             assert_eq!(&super::ecdsa_der(&raw).unwrap()[..], &want[..], "{raw:02x?}");
         }
         assert!(super::ecdsa_der(&[1, 2, 3]).is_err());
+    }
+
+    /// The `DigestInfo` before a digest is what AWS-LC puts there when it
+    /// signs with PKCS#1 v1.5: its signature, opened with the public key,
+    /// is the header and the digest.
+    #[test]
+    fn digest_info_is_aws_lcs() {
+        use openssl::pkey::PKey;
+        use openssl::rsa::{Padding, Rsa};
+        use openssl::sign::Signer;
+        let rsa = Rsa::generate(2048).unwrap();
+        let key = PKey::from_rsa(rsa.clone()).unwrap();
+        for hash in [Hash::Sha256, Hash::Sha384, Hash::Sha512] {
+            let md = hash.message_digest().unwrap();
+            let signature = Signer::new(md, &key).unwrap().sign_oneshot_to_vec(b"keyfence").unwrap();
+            let mut opened = vec![0; rsa.size() as usize];
+            let n = rsa.public_decrypt(&signature, &mut opened, Padding::PKCS1).unwrap();
+            let digest = openssl::hash::hash(md, b"keyfence").unwrap();
+            assert_eq!(&opened[..n], &[digest_info_prefix(hash), &digest[..]].concat()[..], "{hash:?}");
+        }
+        assert!(digest_info_prefix(Hash::Md5Sha1).is_empty(), "TLS 1.0 signs MD5 || SHA-1 bare");
+    }
+
+    /// The curves' OIDs are those in the `SubjectPublicKeyInfo` AWS-LC
+    /// writes for a key on them, and an Ed25519 key's starts as ours does.
+    #[test]
+    fn curve_oids_and_the_ed25519_header_are_aws_lcs() {
+        use openssl::ec::{EcGroup, EcKey};
+        use openssl::nid::Nid;
+        use openssl::pkey::PKey;
+        // SEQUENCE { SEQUENCE { OID id-ecPublicKey, OID the curve }, BIT STRING },
+        // every length in one byte: the algorithm is bytes 4.. of its length.
+        let algorithm = |spki: &[u8]| spki[4..4 + usize::from(spki[3])].to_vec();
+        for (oid, nid) in [(P256_OID, Nid::X9_62_PRIME256V1), (P384_OID, Nid::SECP384R1)] {
+            let key = EcKey::generate(&EcGroup::from_curve_name(nid).unwrap()).unwrap();
+            let spki = PKey::from_ec_key(key).unwrap().public_key_to_der().unwrap();
+            assert!(algorithm(&spki).ends_with(oid), "{nid:?}: {spki:02x?}");
+        }
+        let key = PKey::generate_ed25519().unwrap();
+        let spki = key.public_key_to_der().unwrap();
+        assert_eq!(algorithm(&spki), ED25519_OID);
+        assert_eq!(spki[..ED25519_SPKI_PREFIX.len()], *ED25519_SPKI_PREFIX);
+        assert_eq!(spki[ED25519_SPKI_PREFIX.len()..], key.raw_public_key().unwrap()[..]);
+    }
+
+    /// A point in its OCTET STRING, with a short length (P-256's and
+    /// P-384's) or a one-byte long one, is unwrapped; anything else is
+    /// left as it is.
+    #[test]
+    fn an_octet_string_is_unwrapped_and_nothing_else() {
+        let (p384, long) = (vec![4u8; 97], vec![4u8; 133]);
+        assert_eq!(unwrap_octet_string([&[0x04, 97][..], &p384].concat()), p384);
+        assert_eq!(unwrap_octet_string([&[0x04, 0x81, 133][..], &long].concat()), long);
+        for other in [vec![0x04, 3, 1, 2], vec![0x04, 0x81, 3, 1], vec![0x03, 2, 1, 2], vec![0x04], vec![]] {
+            assert_eq!(unwrap_octet_string(other.clone()), other);
+        }
     }
 }
