@@ -43,10 +43,30 @@
 //! ([`KeySource::Pkcs11`](super::key_process::KeySource::Pkcs11)).
 //! `docs/pkcs11.md` is the operator's page.
 
+// One job a file: `uri` reads RFC 7512 URIs; `settings` says where the
+// module and the PIN come from; `registry` holds the modules and tokens this
+// process has open; `token` is a token and its keys (the `KeyHolder`) and
+// loads a key, with the rest of the token's methods in `session` (its pool
+// of sessions) and `login` (logging in, and the memory of refused PINs);
+// `mechanism` says how each operation is asked of the token, `public_key`
+// reads a key's public half, and `der` is the DER both write by hand;
+// `keygen` generates a key pair; `bench` is the benchmark's floor.
+#[cfg(feature = "bench")]
+mod bench;
+mod der;
+mod keygen;
+mod login;
+mod mechanism;
+mod public_key;
+mod registry;
+mod session;
+mod settings;
 mod token;
 mod uri;
 
-pub use token::Pkcs11Settings;
+#[cfg(feature = "bench")]
+pub use bench::direct_sign_loop;
+pub use settings::Pkcs11Settings;
 pub use uri::{ObjectType, Pkcs11Uri, UriError};
 
 use super::private_key::PrivateKey;
@@ -85,7 +105,7 @@ pub fn load(uri: &str, settings: &Pkcs11Settings) -> Result<PrivateKey, SignErro
 pub(crate) fn precheck(uri: &str, own_module: bool) -> Result<(), SignError> {
     let parsed = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
     if own_module {
-        token::module_exists(&parsed, &Pkcs11Settings::from_env())?;
+        settings::module_exists(&parsed, &Pkcs11Settings::from_env())?;
     }
     Ok(())
 }
@@ -129,25 +149,6 @@ pub(crate) fn load_error_from_wire(reason: &str) -> SignError {
 /// token refuses to generate.
 pub fn generate(uri: &str, kind: KeyKind, settings: &Pkcs11Settings) -> Result<Vec<u8>, SignError> {
     let parsed = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
-    token::generate(&parsed, kind, settings)?;
+    keygen::generate(&parsed, kind, settings)?;
     load(uri, settings)?.public_key_der()
-}
-
-/// The benchmark's floor: `threads` threads signing with the key `uri`
-/// names by calling the token directly, each on a session of its own, for
-/// `duration`; the signatures made. `keyfence bench pkcs11` sets the
-/// engine beside it (`bench` feature).
-///
-/// # Errors
-/// As [`load`], or the token's refusal of a signature.
-#[cfg(feature = "bench")]
-pub fn direct_sign_loop(
-    uri: &str,
-    settings: &Pkcs11Settings,
-    alg: super::Algorithm,
-    threads: usize,
-    duration: std::time::Duration,
-) -> Result<u64, SignError> {
-    let parsed = Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
-    token::direct_sign_loop(&parsed, settings, alg, threads, duration)
 }
