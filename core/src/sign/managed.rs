@@ -198,11 +198,14 @@ impl Holders<'_> {
     /// named here are not read: a worker holding only the agent's socket
     /// has none), or opened with `machine` here or in the key process.
     fn open_envelope(self, machine: Option<&MachineFiles>, envelope: &[u8]) -> Result<Arc<PrivateKey>, LoadError> {
-        let parsed = Envelope::parse(envelope).map_err(KeyRingError::from)?;
+        let parse = || Envelope::parse(envelope).map_err(KeyRingError::from);
         match (self.remote, self.key_process, machine) {
-            (Some(remote), ..) => Ok(remote.key(&parsed)?),
-            (None, Some(kp), _) if kp.is_agent() => Ok(kp.load(KeySource::agent_envelope(envelope.to_vec()))?),
-            (None, kp, Some(machine)) => Ok(load_envelope(kp, machine, &parsed, envelope)?),
+            (Some(remote), ..) => Ok(remote.key(&parse()?)?),
+            (None, Some(kp), _) if kp.is_agent() => {
+                parse()?;
+                Ok(kp.load(KeySource::agent_envelope(envelope.to_vec()))?)
+            }
+            (None, kp, Some(machine)) => Ok(load_envelope(kp, machine, envelope)?),
             (None, _, None) => Err(SignError::InvalidArgument(
                 "an envelope needs the machine key and the store that open it: only an engine whose keys are in a key agent, which opens it with its own, loads one without them".into(),
             )
@@ -211,7 +214,7 @@ impl Holders<'_> {
     }
 }
 
-/// Loads the private key `envelope` (`parsed`) holds, opened with
+/// Loads the private key `envelope` holds, opened with
 /// `machine`'s machine key against its store, where keys are kept: with
 /// `keys` (a key process), this process reads only the machine key's
 /// public part (wiped at once) to check, without decrypting, that the
@@ -220,12 +223,7 @@ impl Holders<'_> {
 /// machine key's secret nor the private key is ever in this process.
 /// Without `keys`, the envelope is opened here, the machine's floor kept
 /// beside its key.
-fn load_envelope(
-    keys: Option<&KeyProcess>,
-    machine: &MachineFiles,
-    parsed: &Envelope,
-    envelope: &[u8],
-) -> Result<Arc<PrivateKey>, KeyRingError> {
+fn load_envelope(keys: Option<&KeyProcess>, machine: &MachineFiles, envelope: &[u8]) -> Result<Arc<PrivateKey>, KeyRingError> {
     use crate::wrap::{open_store_path, CacheConfig, Machine, MachineInfo, MachineKey, PublicMachine, WrapError};
     let (store, machine_key) = (&machine.store, &machine.machine_key);
     // `fs::read` sizes its buffer from the file: one allocation, wiped on
@@ -233,6 +231,7 @@ fn load_envelope(
     let bytes = Zeroizing::new(std::fs::read(machine_key).map_err(|e| {
         KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display()))
     })?);
+    let parsed = &Envelope::parse(envelope)?;
     let dir = open_store_path(store).map_err(WrapError::from)?;
     match keys {
         Some(kp) => {

@@ -289,8 +289,7 @@ impl Conn {
             }
         };
         if reply.kind == kind::ERR {
-            let (code, msg) = p::parse_error(&reply.body);
-            return Err(reply_error(code, msg, timeout));
+            return Err(reply_error(&reply.body, timeout));
         }
         Ok(reply)
     }
@@ -342,8 +341,7 @@ impl Conn {
         let timeout = deadline.saturating_duration_since(Instant::now());
         let frame = rx.recv_timeout(timeout).map_err(|_| SignError::TimedOut { timeout })??;
         if frame.kind == kind::ERR {
-            let (code, msg) = p::parse_error(&frame.body);
-            return Err(reply_error(code, msg, timeout));
+            return Err(reply_error(&frame.body, timeout));
         }
         Ok(frame.body)
     }
@@ -370,8 +368,7 @@ impl Conn {
                 if frame.kind == kind::OK {
                     answer.send(Ok(frame.body));
                 } else {
-                    let (code, msg) = p::parse_error(&frame.body);
-                    answer.send(Err(reply_error(code, msg, Duration::ZERO)));
+                    answer.send(Err(reply_error(&frame.body, Duration::ZERO)));
                 }
             }
             Pending::OpCall(tx) | Pending::Call(tx) => {
@@ -445,8 +442,14 @@ impl batch::Flush for Conn {
     }
 }
 
-/// Maps an ERR reply to the engine's errors.
-fn reply_error(code: ErrorCode, msg: String, timeout: Duration) -> SignError {
+/// Maps an ERR reply (its body) to the engine's errors: from its detail
+/// where it carries one a client rebuilds (a token's failure, a refused
+/// argument or configuration), else by its code.
+fn reply_error(body: &[u8], timeout: Duration) -> SignError {
+    let (code, msg, detail) = p::parse_error_with(body);
+    if let Some(e) = detail.rebuild(&msg) {
+        return e;
+    }
     match code {
         // The key process ran the operation; which one is not in the reply,
         // signing being by far the most common.
@@ -454,12 +457,10 @@ fn reply_error(code: ErrorCode, msg: String, timeout: Duration) -> SignError {
         ErrorCode::TimedOut => SignError::TimedOut { timeout },
         ErrorCode::Busy => backend_error(BackendFailure::NoRoom, msg),
         ErrorCode::Malformed => backend_error(BackendFailure::Protocol, msg),
+        // A token's failure from a server that sent no detail.
         ErrorCode::TokenUnavailable | ErrorCode::TokenLogin => {
             let failure = if code == ErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
-            // The key process's message is the token's error as displayed
-            // there: `pkcs11:token=LABEL: reason`.
-            let (token, reason) = msg.split_once(": ").map_or(("pkcs11".into(), msg.clone()), |(t, r)| (t.to_string(), r.to_string()));
-            SignError::Token { token, failure, reason }
+            SignError::Token { token: "pkcs11".into(), failure, reason: msg }
         }
         _ => backend_error(BackendFailure::Refused, msg),
     }

@@ -221,12 +221,12 @@ impl KeyProcess {
         let conn = sup.live_conn(Instant::now() + sup.config.start_timeout)?;
         let body = p::load_request(key_id, &wire);
         let frame = conn.load(&body, sup.config.start_timeout).map_err(|e| match (e, &source) {
-            // A token key the key process or agent could not load (the
-            // codes that cross the wire, TOKEN_LOGIN and TOKEN_UNAVAILABLE,
-            // are kept): no such token or key, or one the agent may not
-            // load, as in process.
+            // A token key the key process or agent could not load, and
+            // whose failure came without a detail the client rebuilds (a
+            // token's failures and refused arguments come with theirs): no
+            // such token or key, as in process.
             (SignError::Backend { failure: BackendFailure::Refused, reason, .. }, KeySource::Pkcs11(_)) => {
-                crate::sign::pkcs11::load_error_from_wire(&reason)
+                SignError::Token { token: "pkcs11".into(), failure: crate::sign::types::TokenFailure::NotFound, reason }
             }
             (e, _) => e,
         })?;

@@ -110,33 +110,6 @@ pub(crate) fn precheck(uri: &str, own_module: bool) -> Result<(), SignError> {
     Ok(())
 }
 
-/// The error a key process or agent reported for a token key it could not
-/// load, as `CODE: message` (codes that have a wire code of their own,
-/// `TOKEN_LOGIN` and `TOKEN_UNAVAILABLE`, do not come here): the same
-/// error the load gives in process. Anything else is a key not found.
-pub(crate) fn load_error_from_wire(reason: &str) -> SignError {
-    use super::TokenFailure;
-    use crate::ErrorCode;
-    let (code, rest) = match reason.split_once(": ") {
-        Some((c, r)) => (ErrorCode::from_name(c), r),
-        None => (None, reason),
-    };
-    let token = |failure, msg: &str| {
-        let (t, r) = match msg.split_once(": ") {
-            Some((t, r)) if t.starts_with("pkcs11:") => (t.to_string(), r.to_string()),
-            _ => ("pkcs11".to_string(), msg.to_string()),
-        };
-        SignError::Token { token: t, failure, reason: r }
-    };
-    match code {
-        Some(ErrorCode::InvalidArgument) => SignError::InvalidArgument(rest.to_string()),
-        Some(ErrorCode::InvalidConfig) => SignError::Config(rest.strip_prefix("invalid engine configuration: ").unwrap_or(rest).to_string()),
-        Some(ErrorCode::BackendFailed) => token(TokenFailure::Refused, rest),
-        Some(_) => token(TokenFailure::NotFound, rest),
-        None => token(TokenFailure::NotFound, reason),
-    }
-}
-
 /// Generates a key pair of `kind` on the token `uri` names, labelled with
 /// the URI's `object` (and `id`, if given): a private key that is
 /// sensitive, not extractable and may sign (RSA: and decrypt), and its

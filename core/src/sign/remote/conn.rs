@@ -318,7 +318,7 @@ impl Handler for Replies<'_> {
     }
 }
 
-/// An ERR frame's code and message.
-pub(crate) fn error_of(frame: &Frame) -> Option<(RemoteErrorCode, String)> {
-    (frame.kind == kind::ERR).then(|| p::parse_error(&frame.body))
+/// An ERR frame's code, message and detail.
+pub(crate) fn error_of(frame: &Frame) -> Option<(RemoteErrorCode, String, p::Detail)> {
+    (frame.kind == kind::ERR).then(|| p::parse_error_with(&frame.body))
 }

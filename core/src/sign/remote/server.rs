@@ -571,6 +571,18 @@ fn err_frame(id: u64, code: RemoteErrorCode, msg: &str) -> Vec<u8> {
     f
 }
 
+/// The ERR frame for an engine error: its wire code, and for a token's
+/// failure its detail, from which the client rebuilds it.
+fn error_frame(id: u64, code: RemoteErrorCode, e: &SignError) -> Vec<u8> {
+    if !matches!(code, RemoteErrorCode::TokenUnavailable | RemoteErrorCode::TokenLogin) {
+        return err_frame(id, code, &e.to_string());
+    }
+    let (message, detail) = p::Detail::of(e);
+    let mut f = Vec::new();
+    p::encode(&mut f, kind::ERR, id, &[&p::error_body_with(code, &message, &detail)]);
+    f
+}
+
 /// The wire code for an engine error.
 fn wire_code(e: &SignError) -> RemoteErrorCode {
     match e.code() {
@@ -703,7 +715,7 @@ impl Conn {
                 Err(e) => {
                     let code = wire_code(e);
                     admitted.tenant().stats.end(outcome(code), received.elapsed());
-                    err_frame(id, code, &e.to_string())
+                    error_frame(id, code, e)
                 }
             };
             done_span.in_scope(|| tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered"));
@@ -716,7 +728,7 @@ impl Conn {
             // The callback was dropped uncalled, releasing its slots.
             let code = wire_code(&e);
             tenant.stats.end(outcome(code), Duration::ZERO);
-            self.outbox.send(&err_frame(id, code, &e.to_string()));
+            self.outbox.send(&error_frame(id, code, &e));
         }
     }
 }

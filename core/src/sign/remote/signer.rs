@@ -560,7 +560,7 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
             return Attempt::Next { error: e, breaker: false };
         }
     };
-    let Some((code, msg)) = error_of(&frame) else {
+    let Some((code, msg, detail)) = error_of(&frame) else {
         return match frame.kind {
             kind::OK => match ok(frame) {
                 Ok(v) => Attempt::Done(v),
@@ -588,9 +588,11 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         // envelopes' keys still work: the breaker is not touched. The
         // token's code reaches the caller if no peer signs.
         RemoteErrorCode::TokenUnavailable | RemoteErrorCode::TokenLogin => {
-            let failure = if code == RemoteErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
-            let (token, reason) = msg.split_once(": ").map_or(("pkcs11".to_string(), msg.clone()), |(t, r)| (t.to_string(), r.to_string()));
-            Attempt::Next { error: SignError::Token { token, failure, reason }, breaker: false }
+            let error = detail.rebuild(&msg).unwrap_or_else(|| {
+                let failure = if code == RemoteErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
+                SignError::Token { token: "pkcs11".into(), failure, reason: msg }
+            });
+            Attempt::Next { error, breaker: false }
         }
         // A server never sends the key process's own codes (the protocol
         // reads them as internal).
