@@ -102,39 +102,17 @@ fn an_agent_opens_envelopes_with_its_own_machine_key_and_signs_for_its_clients()
     assert!(err.contains("already listens"), "{err}");
 }
 
-/// Runs as another user by [`an_agent_admits_clients_by_socket_mode_and_credentials`]:
-/// loads the envelope `KEYFENCE_PROBE_ENVELOPE` through the agent on
-/// `KEYFENCE_PROBE_SOCKET`, signs, and prints what happened.
-#[test]
-#[ignore = "a client run as another user by an_agent_admits_clients_by_socket_mode_and_credentials"]
-fn agent_probe_client() {
-    let (Some(socket), Some(envelope)) = (std::env::var_os("KEYFENCE_PROBE_SOCKET"), std::env::var_os("KEYFENCE_PROBE_ENVELOPE")) else {
-        return;
-    };
-    let result = agent_engine(Path::new(&socket)).map_err(|e| e.to_string()).and_then(|engine| {
-        let key = engine.load(KeySource::agent_envelope(std::fs::read(envelope).unwrap())).map_err(|e| e.to_string())?;
-        managed_sign(&engine, &key, Algorithm::EcdsaP256Sha256).map_err(|e| e.to_string())
-    });
-    match result {
-        Ok(_) => println!("PROBE: SIGNED"),
-        Err(e) => println!("PROBE: FAILED {e}"),
-    }
-}
-
 #[test]
 fn an_agent_admits_clients_by_socket_mode_and_credentials() {
     use keyfence::sign::agent::Agent;
-    // SAFETY: geteuid cannot fail and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: running a client as another user needs root");
+    if !running_as_root() {
         return;
     }
     let dir = Dir::new("agent-users");
     let world = agent_world(&dir.0);
     let probe = |socket: &Path| {
         use std::os::unix::process::CommandExt;
-        let o = Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "agent_probe_client", "--ignored", "--nocapture"])
+        let o = Command::new(key_process_support::program("agent-client"))
             .env("KEYFENCE_PROBE_SOCKET", socket)
             .env("KEYFENCE_PROBE_ENVELOPE", &world.eu_ec.0)
             .uid(65534)
@@ -210,11 +188,15 @@ fn under_attack(socket: &Path, envelope: &Path, attack: &str, count: usize, seco
     (sign, reload, format!("{ready}; {done}"))
 }
 
+/// Whether this test can run another user's program (it needs root): a
+/// skip says so loudly, and fails where every test must run
+/// (`KEYFENCE_REQUIRE_ROOT`, which `./x test` sets as root).
 fn running_as_root() -> bool {
     // SAFETY: geteuid cannot fail and touches no memory.
     let root = unsafe { libc::geteuid() } == 0;
     if !root {
-        eprintln!("SKIPPED: running an attacker as another user needs root");
+        assert!(std::env::var_os("KEYFENCE_REQUIRE_ROOT").is_none(), "running a program as another user needs root");
+        eprintln!("*** SKIPPED: running a program as another user needs root ***");
     }
     root
 }
