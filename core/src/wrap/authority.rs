@@ -25,6 +25,7 @@ use super::revocation::{self, Revoked, MACHINE_LABEL};
 use super::store::{Batch, Op, Stamp, Store, StoreError};
 use super::{hpke, sealed};
 use crate::abe::{self, AbeError, MasterSecretKey, PublicKey};
+use crate::backoff::{Backoff, Jitter};
 
 /// Most generations the state's 16-bit count holds (retired ones stay
 /// listed, so this bounds the number of master rotations).
@@ -224,10 +225,9 @@ const ESCALATE_AFTER: u32 = 4;
 /// stops renewing it: its fence then holds for at most [`fence::TTL`].
 const FENCE_WAIT: Duration = Duration::from_secs(600);
 
-/// A pause of between half and all of `pause`.
-fn jittered(pause: Duration) -> Duration {
-    let half = pause.as_micros() as u64 / 2;
-    Duration::from_micros(half + OsRng.next_u64() % (half + 1))
+/// The pauses of a change starting over, or of waiting for a fence.
+fn pauses() -> Backoff {
+    Backoff::new(FIRST_PAUSE, MAX_PAUSE, Jitter::UpperHalf)
 }
 
 /// What a state holds that a conflicting commit is compared on.
@@ -655,7 +655,7 @@ impl Authority {
     fn change<T>(&mut self, long: Option<&'static str>, mut f: impl FnMut(&mut Self) -> Result<T>) -> Result<T> {
         let _lock = self.store.lock(LOCK_WAIT)?;
         self.conflicts = Conflicts::default();
-        let mut pause = FIRST_PAUSE;
+        let mut backoff = pauses();
         loop {
             let result = self.attempt(long, &mut f);
             if let Some(held) = self.fence.take() {
@@ -671,8 +671,7 @@ impl Authority {
                         return Err(e);
                     }
                     self.conflicts.retried += 1;
-                    std::thread::sleep(jittered(pause));
-                    pause = (pause * 2).min(MAX_PAUSE);
+                    std::thread::sleep(backoff.pause());
                 }
             }
         }
@@ -723,7 +722,7 @@ impl Authority {
     /// [`FENCE_WAIT`] since `start`), then gives the stamp of what is
     /// there (`None`: nothing), for a commit to expect.
     fn wait_for_fence(&self, start: Instant, holds: impl Fn(&Fence) -> bool) -> Result<Option<Stamp>> {
-        let mut pause = FIRST_PAUSE;
+        let mut backoff = pauses();
         loop {
             let Some((bytes, stamp)) = self.store.get_stamped(layout::FENCE)? else { return Ok(None) };
             match Fence::parse(&bytes) {
@@ -731,8 +730,7 @@ impl Authority {
                     if start.elapsed() >= FENCE_WAIT {
                         return Err(StoreError::Fenced { operation: f.operation, process: f.process, waited: start.elapsed() }.into());
                     }
-                    std::thread::sleep(jittered(pause));
-                    pause = (pause * 2).min(MAX_PAUSE);
+                    std::thread::sleep(backoff.pause());
                 }
                 _ => return Ok(Some(stamp)),
             }

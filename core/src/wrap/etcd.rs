@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use crate::backoff::{Backoff, Jitter};
+
 use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock, STORE_MARK};
 use super::watch::{Watch, WatchEvent};
 
@@ -38,6 +40,13 @@ pub const MAX_TXN_OPS: usize = 128;
 
 /// Keys per page when listing.
 const PAGE: usize = 1000;
+
+/// The first pause before trying the endpoints again (a call) or the next
+/// one (a watch), doubled while none answers up to [`MAX_PAUSE`]: a
+/// leader election takes a few seconds, and a call keeps trying for
+/// [`EtcdConfig::retry_for`].
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+const MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// Largest reply read from a member: a transaction of 128 objects at
 /// etcd's request limit, in base64 and JSON, is under it. A hostile or
@@ -479,7 +488,7 @@ impl EtcdStore {
     fn call_until(&self, key: &str, path: &str, body: &Value, until: Option<Instant>) -> Result<Value, StoreError> {
         let body = serde_json::to_vec(body).map_err(|e| io_err(key, e.to_string()))?;
         let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
+        let mut backoff = Backoff::new(FIRST_PAUSE, MAX_PAUSE, Jitter::None);
         loop {
             let first = self.next.load(Ordering::Relaxed);
             let mut last = String::new();
@@ -498,8 +507,8 @@ impl EtcdStore {
             if start.elapsed() >= self.retry_for || until.is_some_and(|u| now >= u) {
                 return Err(io_err(key, format!("etcd {path}: no member answered in {:?}; last: {last}", now - start)));
             }
+            let pause = backoff.pause();
             std::thread::sleep(until.map_or(pause, |u| pause.min(u - now)));
-            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 
@@ -557,13 +566,13 @@ impl EtcdStore {
     fn follow(self, start: String, mut last: i64, tx: mpsc::Sender<WatchEvent>, stop: Arc<AtomicBool>) {
         let end = prefix_end(start.as_bytes());
         let mut n = self.next.load(Ordering::Relaxed);
-        let mut pause = Duration::from_millis(20);
+        let mut backoff = Backoff::new(FIRST_PAUSE, MAX_PAUSE, Jitter::None);
         while !stop.load(Ordering::SeqCst) {
             if last == 0 {
                 match self.revision() {
                     Ok(r) => last = r,
                     Err(_) => {
-                        std::thread::sleep(pause);
+                        std::thread::sleep(backoff.pause());
                         continue;
                     }
                 }
@@ -579,8 +588,7 @@ impl EtcdStore {
                 _ => {
                     // Another member, after a pause that grows while none answers.
                     n += 1;
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(500));
+                    std::thread::sleep(backoff.pause());
                     continue;
                 }
             };
@@ -601,7 +609,7 @@ impl EtcdStore {
                     WatchLine::End => break,
                     WatchLine::Events(events) => events,
                     WatchLine::Compacted => {
-                        pause = Duration::from_millis(20);
+                        backoff.reset();
                         // What came before the compaction is gone: the
                         // watcher reads everything again, and the watch
                         // goes on from now (0: the current revision, read
@@ -620,7 +628,7 @@ impl EtcdStore {
                         break;
                     }
                 };
-                pause = Duration::from_millis(20);
+                backoff.reset();
                 // Events of one revision (one transaction) come in one
                 // message: the revisions it holds are complete once all of
                 // it is sent, and a resumed stream starts after them.
