@@ -156,6 +156,10 @@ pub struct EtcdStore {
     listing_deadline: Duration,
     /// For watches: no overall timeout, `watch_idle` per read.
     watch_agent: ureq::Agent,
+    /// Calls of [`EtcdStore::revision`] still to fail
+    /// ([`EtcdStore::fail_revision_reads`]), shared by the clones.
+    #[cfg(feature = "testing")]
+    failing_revisions: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -405,6 +409,8 @@ impl EtcdStore {
             retry_for: config.retry_for,
             listing_deadline: LISTING_DEADLINE,
             watch_agent: watch_builder.build().new_agent(),
+            #[cfg(feature = "testing")]
+            failing_revisions: Arc::default(),
         })
     }
 
@@ -532,9 +538,23 @@ impl EtcdStore {
     /// # Errors
     /// As [`Store::get`].
     pub fn revision(&self) -> Result<i64, StoreError> {
+        #[cfg(feature = "testing")]
+        if self.failing_revisions.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(io_err("", "etcd /v3/kv/range: no member answered (a failure the test asked for)"));
+        }
         let full = format!("{}public/generations", self.prefix);
         let v = self.call("", "/v3/kv/range", &json!({ "key": b64(full.as_bytes()), "count_only": true }))?;
         Ok(revision_of(&v))
+    }
+
+    /// Makes the next `n` calls of [`EtcdStore::revision`] on this store
+    /// and its clones (its watches' threads included) fail at once, as
+    /// when no member answers for [`EtcdConfig::retry_for`]: for tests of
+    /// what follows a failed read (`testing` only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn fail_revision_reads(&self, n: usize) {
+        self.failing_revisions.store(n, Ordering::SeqCst);
     }
 
     /// Watches the objects under `prefix` for changes after revision
@@ -569,13 +589,8 @@ impl EtcdStore {
         let mut backoff = Backoff::new(FIRST_PAUSE, MAX_PAUSE, Jitter::None);
         while !stop.load(Ordering::SeqCst) {
             if last == 0 {
-                match self.revision() {
-                    Ok(r) => last = r,
-                    Err(_) => {
-                        std::thread::sleep(backoff.pause());
-                        continue;
-                    }
-                }
+                let Some(now) = self.revision_for_watch(&mut backoff, &stop) else { return };
+                last = now;
             }
             let url = &self.urls[n % self.urls.len()];
             let req = json!({ "create_request": {
@@ -612,15 +627,13 @@ impl EtcdStore {
                         backoff.reset();
                         // What came before the compaction is gone: the
                         // watcher reads everything again, and the watch
-                        // goes on from now (0: the current revision, read
-                        // on reconnecting).
-                        let now = match self.revision() {
-                            Ok(r) => r,
-                            Err(_) => {
-                                last = 0;
-                                continue;
-                            }
-                        };
+                        // goes on from now. Until the revision of now is
+                        // read, the stream is not read on (what follows
+                        // the compaction would reach the watcher before
+                        // it), nor is the compaction dropped (the watcher
+                        // would never resync).
+                        let Some(now) = self.revision_for_watch(&mut backoff, &stop) else { return };
+                        backoff.reset();
                         last = now;
                         if tx.send(WatchEvent::Compacted { revision: now }).is_err() {
                             return;
@@ -644,6 +657,21 @@ impl EtcdStore {
             // The stream ended (a member died, silence): the next member,
             // from `last`.
             n += 1;
+        }
+    }
+
+    /// The cluster's revision, for the watch thread: read again, after a
+    /// pause that grows, until a read succeeds; `None` once the watch is
+    /// dropped.
+    fn revision_for_watch(&self, backoff: &mut Backoff, stop: &AtomicBool) -> Option<i64> {
+        loop {
+            if let Ok(now) = self.revision() {
+                return Some(now);
+            }
+            if stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            std::thread::sleep(backoff.pause());
         }
     }
 }
