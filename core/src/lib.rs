@@ -9,6 +9,7 @@
 pub use keyfence_policy as policy;
 
 pub mod abe;
+mod backoff;
 #[cfg(feature = "bench")]
 pub mod bench;
 pub mod codec;

@@ -25,6 +25,8 @@ use std::time::{Duration, Instant};
 use base64::Engine as _;
 use serde_json::{json, Value};
 
+use crate::backoff::{Backoff, Jitter};
+
 use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock, STORE_MARK};
 use super::watch::{Watch, WatchEvent};
 
@@ -38,6 +40,13 @@ pub const MAX_TXN_OPS: usize = 128;
 
 /// Keys per page when listing.
 const PAGE: usize = 1000;
+
+/// The first pause before trying the endpoints again (a call) or the next
+/// one (a watch), doubled while none answers up to [`MAX_PAUSE`]: a
+/// leader election takes a few seconds, and a call keeps trying for
+/// [`EtcdConfig::retry_for`].
+const FIRST_PAUSE: Duration = Duration::from_millis(20);
+const MAX_PAUSE: Duration = Duration::from_millis(500);
 
 /// Largest reply read from a member: a transaction of 128 objects at
 /// etcd's request limit, in base64 and JSON, is under it. A hostile or
@@ -147,6 +156,10 @@ pub struct EtcdStore {
     listing_deadline: Duration,
     /// For watches: no overall timeout, `watch_idle` per read.
     watch_agent: ureq::Agent,
+    /// Calls of [`EtcdStore::revision`] still to fail
+    /// ([`EtcdStore::fail_revision_reads`]), shared by the clones.
+    #[cfg(feature = "testing")]
+    failing_revisions: Arc<AtomicUsize>,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -396,6 +409,8 @@ impl EtcdStore {
             retry_for: config.retry_for,
             listing_deadline: LISTING_DEADLINE,
             watch_agent: watch_builder.build().new_agent(),
+            #[cfg(feature = "testing")]
+            failing_revisions: Arc::default(),
         })
     }
 
@@ -479,7 +494,7 @@ impl EtcdStore {
     fn call_until(&self, key: &str, path: &str, body: &Value, until: Option<Instant>) -> Result<Value, StoreError> {
         let body = serde_json::to_vec(body).map_err(|e| io_err(key, e.to_string()))?;
         let start = Instant::now();
-        let mut pause = Duration::from_millis(20);
+        let mut backoff = Backoff::new(FIRST_PAUSE, MAX_PAUSE, Jitter::None);
         loop {
             let first = self.next.load(Ordering::Relaxed);
             let mut last = String::new();
@@ -498,8 +513,8 @@ impl EtcdStore {
             if start.elapsed() >= self.retry_for || until.is_some_and(|u| now >= u) {
                 return Err(io_err(key, format!("etcd {path}: no member answered in {:?}; last: {last}", now - start)));
             }
+            let pause = backoff.pause();
             std::thread::sleep(until.map_or(pause, |u| pause.min(u - now)));
-            pause = (pause * 2).min(Duration::from_millis(500));
         }
     }
 
@@ -523,9 +538,23 @@ impl EtcdStore {
     /// # Errors
     /// As [`Store::get`].
     pub fn revision(&self) -> Result<i64, StoreError> {
+        #[cfg(feature = "testing")]
+        if self.failing_revisions.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1)).is_ok() {
+            return Err(io_err("", "etcd /v3/kv/range: no member answered (a failure the test asked for)"));
+        }
         let full = format!("{}public/generations", self.prefix);
         let v = self.call("", "/v3/kv/range", &json!({ "key": b64(full.as_bytes()), "count_only": true }))?;
         Ok(revision_of(&v))
+    }
+
+    /// Makes the next `n` calls of [`EtcdStore::revision`] on this store
+    /// and its clones (its watches' threads included) fail at once, as
+    /// when no member answers for [`EtcdConfig::retry_for`]: for tests of
+    /// what follows a failed read (`testing` only).
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn fail_revision_reads(&self, n: usize) {
+        self.failing_revisions.store(n, Ordering::SeqCst);
     }
 
     /// Watches the objects under `prefix` for changes after revision
@@ -557,16 +586,11 @@ impl EtcdStore {
     fn follow(self, start: String, mut last: i64, tx: mpsc::Sender<WatchEvent>, stop: Arc<AtomicBool>) {
         let end = prefix_end(start.as_bytes());
         let mut n = self.next.load(Ordering::Relaxed);
-        let mut pause = Duration::from_millis(20);
+        let mut backoff = Backoff::new(FIRST_PAUSE, MAX_PAUSE, Jitter::None);
         while !stop.load(Ordering::SeqCst) {
             if last == 0 {
-                match self.revision() {
-                    Ok(r) => last = r,
-                    Err(_) => {
-                        std::thread::sleep(pause);
-                        continue;
-                    }
-                }
+                let Some(now) = self.revision_for_watch(&mut backoff, &stop) else { return };
+                last = now;
             }
             let url = &self.urls[n % self.urls.len()];
             let req = json!({ "create_request": {
@@ -579,8 +603,7 @@ impl EtcdStore {
                 _ => {
                     // Another member, after a pause that grows while none answers.
                     n += 1;
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(500));
+                    std::thread::sleep(backoff.pause());
                     continue;
                 }
             };
@@ -601,18 +624,16 @@ impl EtcdStore {
                     WatchLine::End => break,
                     WatchLine::Events(events) => events,
                     WatchLine::Compacted => {
-                        pause = Duration::from_millis(20);
+                        backoff.reset();
                         // What came before the compaction is gone: the
                         // watcher reads everything again, and the watch
-                        // goes on from now (0: the current revision, read
-                        // on reconnecting).
-                        let now = match self.revision() {
-                            Ok(r) => r,
-                            Err(_) => {
-                                last = 0;
-                                continue;
-                            }
-                        };
+                        // goes on from now. Until the revision of now is
+                        // read, the stream is not read on (what follows
+                        // the compaction would reach the watcher before
+                        // it), nor is the compaction dropped (the watcher
+                        // would never resync).
+                        let Some(now) = self.revision_for_watch(&mut backoff, &stop) else { return };
+                        backoff.reset();
                         last = now;
                         if tx.send(WatchEvent::Compacted { revision: now }).is_err() {
                             return;
@@ -620,7 +641,7 @@ impl EtcdStore {
                         break;
                     }
                 };
-                pause = Duration::from_millis(20);
+                backoff.reset();
                 // Events of one revision (one transaction) come in one
                 // message: the revisions it holds are complete once all of
                 // it is sent, and a resumed stream starts after them.
@@ -636,6 +657,21 @@ impl EtcdStore {
             // The stream ended (a member died, silence): the next member,
             // from `last`.
             n += 1;
+        }
+    }
+
+    /// The cluster's revision, for the watch thread: read again, after a
+    /// pause that grows, until a read succeeds; `None` once the watch is
+    /// dropped.
+    fn revision_for_watch(&self, backoff: &mut Backoff, stop: &AtomicBool) -> Option<i64> {
+        loop {
+            if let Ok(now) = self.revision() {
+                return Some(now);
+            }
+            if stop.load(Ordering::SeqCst) {
+                return None;
+            }
+            std::thread::sleep(backoff.pause());
         }
     }
 }

@@ -39,14 +39,13 @@
 //! | layer | modules | what |
 //! | --- | --- | --- |
 //! | 0 | `protocol` | the wire format (no AWS-LC) |
-//! | 1 | `tls`, `poll`, `listen`, `metrics`, `backoff`, `retry_budget`, `breaker`, `keyring` | mutual-TLS contexts; `poll(2)`; a listening socket with a deep accept queue; counters and Prometheus text; the retry policies; the server's keys |
+//! | 1 | `tls`, `poll`, `listen`, `metrics`, `retry_budget`, `breaker`, `keyring` | mutual-TLS contexts; `poll(2)`; a listening socket with a deep accept queue; counters and Prometheus text; the retry policies (their backoff is the crate's `backoff`, shared with `wrap`); the server's keys |
 //! | 2 | `link`, `tenants` | one TLS connection's thread: frames in, queued frames out; tenants from certificates, their keys and admission |
 //! | 3 | `conn`, `server`, `exporter` | a client connection; the key server; the metrics endpoint |
 //! | 4 | `pool`, `routing` | connections per peer; peers and their order |
 //! | 5 | `signer` | [`RemoteSigner`] |
 
 mod signer;
-mod backoff;
 mod breaker;
 mod conn;
 mod exporter;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{bounded, Receiver, RecvTimeoutError, Sender};
 use rand_core::{OsRng, RngCore};
 
-use super::backoff::backoff;
+use crate::backoff::backoff;
 use super::breaker::{BreakerConfig, BreakerState, Permit};
 use super::conn::{error_of, CallError};
 use super::keyring::KeyId;
