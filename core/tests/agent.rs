@@ -363,9 +363,11 @@ fn a_forked_child_keeps_none_of_the_parents_agent_connections() {
             let path: Vec<u8> = a.sun_path.iter().take_while(|c| **c != 0).map(|c| *c as u8).collect();
             (rc == 0 && a.sun_family as i32 == libc::AF_UNIX).then_some(path)
         };
-        // The agent binds a private name and renames it into place: the
-        // names hold `agent.sock` either way.
-        let agents = |n: &Option<Vec<u8>>| n.as_ref().is_some_and(|n| n.windows(10).any(|w| w == b"agent.sock"));
+        // The agent binds a private name in its folder and renames it into
+        // place: this test's agent's names are in this test's folder (other
+        // tests in this process connect to agents of their own).
+        let folder = dir.0.as_os_str().as_encoded_bytes();
+        let agents = |n: &Option<Vec<u8>>| n.as_ref().is_some_and(|n| n.starts_with(folder) && n.windows(10).any(|w| w == b"agent.sock"));
         let (own, peer) = (name(false), name(true));
         if agents(&peer) && !agents(&own) {
             client.push((fd, meta.ino()));
