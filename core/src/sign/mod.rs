@@ -47,7 +47,7 @@
 //!
 //! | layer | modules | what |
 //! | --- | --- | --- |
-//! | 0 | `types`, `batch` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no AWS-LC; the submitting thread's batch, which backends that write requests join |
+//! | 0 | `types`, `batch`, `sys` | plain types: [`KeyKind`], [`Algorithm`], [`Hash`](enum@Hash) (names, lengths), [`OpClass`], [`Operation`], [`Output`], [`SignError`], [`KeyError`]; no AWS-LC; the submitting thread's batch, which backends that write requests join; the operating system's calls the key process, its clients and the agent make (credentials, sockets, privileges, limits) |
 //! | 1 | `local_key`, `held_key` | a key in AWS-LC memory (and hashing); a handle on a key held elsewhere, with the `KeyHolder` trait its holder implements |
 //! | 2 | `private_key`; `wire` | [`PrivateKey`], the one public handle over both; the codec both signing protocols speak (framing, the hello's shape, the operation in an OP body, the ERR body and its codes) |
 //! | 3 | `exposition`, then `metrics`; `completion_queue` | Prometheus text; per-class counters and latency, [`MetricsSource`]; the pollable [`CompletionQueue`] |
@@ -56,7 +56,8 @@
 //! | 6 | `executor`, `request` | one bounded queue and thread pool per class; [`Request`] |
 //! | 7 | `engine` | [`Engine`]: validation, routing (a held key to its holder), deadlines |
 //! | 8 | `tls` | the TLS private-key method |
-//! | 9 | `pkcs11`, then `key_process`, `offload` | backends: the key process (client, supervisor, server), the offload device |
+//! | 9 | `pkcs11`, then `key_process`, `offload` | backends: the key process, in three parts: its client (`KeyProcess`, supervisor, protocol), the connection engine both of keyfence's local servers run on (`key_process/server/`), and what runs in the key process under its sandbox (`key_process/process/`: its main, its service's table, the sandbox); the offload device |
+//! | 9b | `agent` | the key agent (`keyfence agent`): the other service on the key process's engine, with its own table, poller and token grants |
 //! | 10 | `remote` | the key server and the client backend that forwards to the nearest capable peer (uses `key_process` and `wrap`) |
 //! | 11 | `managed` | [`ManagedEngine`](managed::ManagedEngine): an engine that starts, owns and stops what holds its keys (in process, a key process, remote key servers), loads keys there, refuses work once closed; the one call the bindings and the OpenSSL provider make |
 //!

@@ -43,9 +43,14 @@
 //! ```
 
 //!
-//! Inside: `client` is one connection (request ids, what waits for each
-//! reply, the reader); `supervisor` starts the process and restarts it;
-//! `server` is the key process's side.
+//! Inside, the client's side: `source` is what a caller names ([`KeySource`]),
+//! `client` one connection (request ids, what waits for each reply, the
+//! reader, what a source becomes on the wire), `supervisor` starts the
+//! process and restarts it, `protocol` the messages. The servers' side:
+//! `server/` is the connection engine the key process and the agent
+//! (`sign::agent`) both run on, each a service with one table of what it
+//! permits; `process/` is what runs in the key process, under its
+//! sandbox: its main, its service and the sandbox itself.
 
 mod client;
 mod process;
