@@ -313,10 +313,20 @@ impl LocalKey {
 
     /// The RSA key, for an offload device's encoding (which lives with the
     /// offload code); `None` for other kinds.
-    #[cfg_attr(not(feature = "qat"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "qat", feature = "multibuffer")), allow(dead_code))]
     pub(crate) fn rsa(&self) -> Option<&Rsa<Private>> {
         match &self.typed {
             Typed::Rsa(rsa) => Some(rsa),
+            _ => None,
+        }
+    }
+
+    /// The EC key, for the multi-buffer device's lanes; `None` for other
+    /// kinds.
+    #[cfg_attr(not(feature = "multibuffer"), allow(dead_code))]
+    pub(crate) fn ec(&self) -> Option<&openssl::ec::EcKey<Private>> {
+        match &self.typed {
+            Typed::Ec(ec) => Some(ec),
             _ => None,
         }
     }

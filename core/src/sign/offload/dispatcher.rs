@@ -17,7 +17,7 @@ use super::device::{Device, DeviceCompletion, DeviceError, DeviceRequest};
 use super::routing::Route;
 use super::rsa_encoding::rsa_output_valid;
 use super::stats::{Counters, OffloadStats};
-use super::{open_qat, OffloadConfig, OffloadMode, OnDeviceError, QatUnavailable};
+use super::{open_device, OffloadConfig, OffloadMode, OnDeviceError, QatUnavailable};
 
 /// The backend name in errors and metrics.
 const NAME: &str = "offload";
@@ -252,12 +252,12 @@ impl OffloadBackend {
         config.validate()?;
         match mode {
             OffloadMode::Off => Self::software(config, "offload mode is off".into()),
-            OffloadMode::On => match open_qat(&config.qat) {
+            OffloadMode::On => match open_device(&config) {
                 Ok(device) => Self::with_device(device, config),
                 Err(QatUnavailable::NotBuilt(why)) => Err(SignError::Config(format!("offload mode `on`: {why}"))),
                 Err(QatUnavailable::NoDevice(why)) => Err(backend_error(BackendFailure::Unavailable, format!("offload mode `on`: {why}"))),
             },
-            OffloadMode::Auto => match open_qat(&config.qat) {
+            OffloadMode::Auto => match open_device(&config) {
                 Ok(device) => Self::with_device(device, config),
                 Err(QatUnavailable::NotBuilt(why) | QatUnavailable::NoDevice(why)) => {
                     Self::software(config, format!("offload mode `auto` fell back to software: {why}"))

@@ -80,7 +80,11 @@
 
 mod dispatcher;
 mod batcher;
+#[cfg(feature = "multibuffer")]
+mod crypto_mb;
 mod device;
+#[cfg(feature = "multibuffer")]
+mod multibuffer;
 #[cfg(feature = "qat")]
 pub mod qat;
 #[cfg(feature = "qat")]
@@ -97,7 +101,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use dispatcher::OffloadBackend;
+#[cfg(feature = "multibuffer")]
+pub use crypto_mb::CryptoMbInfo;
 pub use device::{CompletionFn, Device, DeviceCompletion, DeviceError, DeviceRequest};
+#[cfg(feature = "multibuffer")]
+pub use multibuffer::{MultiBufferConfig, MultiBufferDevice, MultiBufferStats, MultiBufferUnavailable};
 #[cfg(feature = "qat")]
 pub use qat_device::QatDevice;
 pub use routing::{Route, Routing};
@@ -238,6 +246,10 @@ pub struct OffloadConfig {
     pub fallback_threads: usize,
     /// Where QATlib is (modes `on` and `auto`).
     pub qat: QatConfig,
+    /// Where crypto_mb is, for the multi-buffer device that modes `on` and
+    /// `auto` use where no QAT device is (`multibuffer` feature).
+    #[cfg(feature = "multibuffer")]
+    pub multibuffer: MultiBufferConfig,
 }
 
 impl Default for OffloadConfig {
@@ -250,6 +262,8 @@ impl Default for OffloadConfig {
             batch_window: Duration::from_micros(100),
             fallback_threads: 2,
             qat: QatConfig::default(),
+            #[cfg(feature = "multibuffer")]
+            multibuffer: MultiBufferConfig::default(),
         }
     }
 }
@@ -276,6 +290,27 @@ impl OffloadConfig {
         }
         Ok(())
     }
+}
+
+/// The device modes `on` and `auto` use: a QAT card where one can be
+/// used, else the multi-buffer device where crypto_mb runs on this CPU;
+/// otherwise why neither.
+pub(crate) fn open_device(config: &OffloadConfig) -> Result<Arc<dyn Device>, QatUnavailable> {
+    let qat = match open_qat(&config.qat) {
+        Ok(device) => return Ok(device),
+        Err(QatUnavailable::NotBuilt(why) | QatUnavailable::NoDevice(why)) => why,
+    };
+    #[cfg(feature = "multibuffer")]
+    {
+        match MultiBufferDevice::open(&config.multibuffer) {
+            Ok(device) => Ok(device),
+            Err(mb) => Err(QatUnavailable::NoDevice(format!("no QAT device ({qat}); and {mb}"))),
+        }
+    }
+    #[cfg(not(feature = "multibuffer"))]
+    Err(QatUnavailable::NoDevice(format!(
+        "no QAT device ({qat}); and this build lacks the `multibuffer` cargo feature for Intel's crypto_mb"
+    )))
 }
 
 /// Why no QAT device can be used.

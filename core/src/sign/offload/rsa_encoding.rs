@@ -17,7 +17,7 @@ use crate::sign::PrivateKey;
 /// An RSA key split the way an offload device takes it: the CRT
 /// quintuple (PKCS #1 "representation 2"), big-endian, each padded to half
 /// the modulus length, which is what QAT expects.
-#[cfg_attr(not(feature = "qat"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "qat", feature = "multibuffer")), allow(dead_code))]
 pub(crate) struct RsaCrt {
     /// The modulus length in bytes.
     pub(crate) modulus_len: usize,
@@ -30,7 +30,7 @@ pub(crate) struct RsaCrt {
 
 /// The CRT components, or `None` for a key that is not a local RSA key
 /// or lacks them, or whose primes are not both half the modulus long.
-#[cfg_attr(not(feature = "qat"), allow(dead_code))]
+#[cfg_attr(not(any(feature = "qat", feature = "multibuffer")), allow(dead_code))]
 pub(crate) fn rsa_crt(key: &PrivateKey) -> Option<RsaCrt> {
     let rsa = key.as_local()?.rsa()?;
     let modulus_len = rsa.size() as usize;

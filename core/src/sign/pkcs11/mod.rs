@@ -53,7 +53,7 @@
 // `keygen` generates a key pair; `bench` is the benchmark's floor.
 #[cfg(feature = "bench")]
 mod bench;
-mod der;
+pub(crate) mod der;
 mod keygen;
 mod login;
 mod mechanism;
