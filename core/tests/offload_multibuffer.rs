@@ -333,3 +333,56 @@ fn intels_crypto_mb_where_the_cpu_runs_it() {
     let out = Command::new(&kat).arg(&real).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
 }
+
+/// The lines the stand-in logged (`KF_MB_LOG`): one per call, `rsa BITS
+/// LANES` or `ecdsa BITS LANES`.
+fn logged(path: &Path) -> Vec<(String, u32, usize)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            Some((w.next()?.to_string(), w.next()?.parse().ok()?, w.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Where keys live when deployed: the isolated key process (under its
+/// sandbox) and the agent sign on the device, their requests from many
+/// callers forming its batches. Seen in the stand-in's own log.
+#[test]
+fn the_key_process_and_the_agent_sign_on_the_device() {
+    use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig, KeySource};
+    use keyfence::sign::offload::OffloadMode;
+    let dir = scratch().join("deployed");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The key process may write only a token module's folder: the log goes there.
+    let log = dir.join("calls.log");
+    let pem = dir.join("rsa.pem");
+    let rsa = openssl::rsa::Rsa::generate(2048).unwrap();
+    std::fs::write(&pem, PKey::from_rsa(rsa).unwrap().private_key_to_pem_pkcs8().unwrap()).unwrap();
+    let vars = [
+        ("KEYFENCE_CRYPTO_MB", stand_in().to_string()),
+        ("KF_MB_LOG", log.display().to_string()),
+        ("KEYFENCE_PKCS11_TOKEN_DIRS", dir.display().to_string()),
+    ];
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    with_env(&vars, || {
+        let mut config = KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
+        config.offload = OffloadMode::On;
+        let keys = KeyProcess::start(config).unwrap();
+        assert!(keys.multibuffer(), "the key process says it signs on the device");
+        let key = keys.load(KeySource::File(pem.clone())).unwrap();
+        let engine = Engine::new(EngineConfig::default()).unwrap();
+        sign_many(&engine, &key, Algorithm::RsaPssSha256, 96);
+        let calls = logged(&log);
+        assert!(calls.iter().any(|(what, bits, lanes)| what == "rsa" && *bits == 2048 && *lanes > 1), "{calls:?}");
+        // Mode on without a library that runs: the key process does not start, saying why.
+        std::env::set_var("KF_MB_MODE", "unsupported");
+        let mut config = KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
+        config.offload = OffloadMode::On;
+        let err = KeyProcess::start(config).unwrap_err().to_string();
+        std::env::remove_var("KF_MB_MODE");
+        assert!(err.contains("offload mode `on`") && err.contains("crypto_mb"), "{err}");
+    });
+}

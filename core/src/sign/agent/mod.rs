@@ -148,6 +148,15 @@ pub struct AgentConfig {
     /// can read them can open every envelope whatever its attributes
     /// (servers read a copy: `keyfence authority export`).
     pub unsafe_authority_store: bool,
+    /// Whether the agent signs on crypto_mb's multi-buffer device (RSA,
+    /// ECDSA P-256 and P-384, eight at a time with AVX-512 IFMA): the agent
+    /// signs for every worker of every server on its machine, so its
+    /// batches fill. `auto` (the default) where the library is found and
+    /// runs on this CPU, `on` or the agent does not start, `off`.
+    pub offload: crate::sign::offload::OffloadMode,
+    /// crypto_mb's library (a path, or a name the library path finds);
+    /// default `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`.
+    pub crypto_mb: Option<String>,
 }
 
 impl AgentConfig {
@@ -191,6 +200,8 @@ impl AgentConfig {
             pkcs11: None,
             token_grants: Vec::new(),
             unsafe_authority_store: false,
+            offload: crate::sign::offload::OffloadMode::Auto,
+            crypto_mb: None,
         }
     }
 }
@@ -410,7 +421,13 @@ impl Agent {
         let per_user = (config.connection_in_flight as usize).max(config.user_in_flight);
         let ops = Room { per_user, total: per_user.saturating_mul(4) };
         let loads = Room { per_user: config.user_loads, total: MAX_QUEUED_LOADS.1 };
-        let workers = Workers::start((config.rsa_threads, config.ec_threads), ops, loads)
+        let offload = crate::sign::offload::ServerOffload::prepare(config.offload, config.crypto_mb.as_deref())?;
+        match offload.software_reason() {
+            Some(why) => tracing::info!(%why, "the agent signs in software"),
+            None => tracing::info!("the agent signs RSA and ECDSA on crypto_mb's multi-buffer device where it runs them"),
+        }
+        let offload = offload.start()?;
+        let workers = Workers::start((config.rsa_threads, config.ec_threads), ops, loads, offload)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
         let (poller, hears) =
             Poller::new().map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;

@@ -127,6 +127,13 @@ pub struct KeyProcessConfig {
     /// that load keyfence through the OpenSSL provider or a binding):
     /// such a key process is refused, with the reason.
     pub unsafe_partial_sandbox: bool,
+    /// Whether the key process signs on crypto_mb's multi-buffer device
+    /// (RSA, ECDSA P-256 and P-384, eight at a time with AVX-512 IFMA):
+    /// `auto` (the default) where the library is found (`KEYFENCE_CRYPTO_MB`,
+    /// else the library path) and runs on this CPU, `on` or the key process
+    /// does not start, `off`. `docs/offload.md`. An agent's own
+    /// configuration decides for its keys.
+    pub offload: crate::sign::offload::OffloadMode,
 }
 
 impl Default for KeyProcessConfig {
@@ -142,6 +149,7 @@ impl Default for KeyProcessConfig {
             restart_wait: Duration::from_millis(500),
             agent: None,
             unsafe_partial_sandbox: std::env::var_os("KEYFENCE_UNSAFE_PARTIAL_SANDBOX").is_some_and(|v| v == "1"),
+            offload: crate::sign::offload::OffloadMode::Auto,
         }
     }
 }
@@ -312,6 +320,13 @@ impl KeyProcess {
     /// The running key process's pid, if one is running.
     pub fn pid(&self) -> Option<u32> {
         self.sup.state().conn.as_ref().filter(|c| !c.is_dead()).map(|c| c.pid)
+    }
+
+    /// Whether the running key process signs on crypto_mb's multi-buffer
+    /// device (its hello's `MULTIBUFFER` flag); never for an agent, whose
+    /// own configuration decides.
+    pub fn multibuffer(&self) -> bool {
+        !self.is_agent() && self.hardening_flags().is_some_and(|f| f & p::flags::MULTIBUFFER != 0)
     }
 
     /// The hardening the running key process confirmed in its hello

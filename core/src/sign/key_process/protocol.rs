@@ -102,6 +102,9 @@ pub mod flags {
     /// library can start one), so Landlock was not applied: why
     /// `FILES_CONFINED` is off on a kernel that has Landlock.
     pub const OTHER_THREAD: u32 = 128;
+    /// The key process signs on crypto_mb's multi-buffer device what it
+    /// can (RSA, ECDSA P-256 and P-384, as the library runs them here).
+    pub const MULTIBUFFER: u32 = 256;
 }
 
 /// The name under which a client sends, among an envelope's objects

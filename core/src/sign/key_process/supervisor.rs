@@ -246,6 +246,8 @@ impl Supervisor {
             .arg(config.rsa_threads.to_string())
             .arg("--ec-threads")
             .arg(config.ec_threads.to_string())
+            .arg("--offload")
+            .arg(config.offload.name())
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

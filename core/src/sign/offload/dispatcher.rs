@@ -65,6 +65,38 @@ impl FallbackPool {
     }
 }
 
+/// Who hears an operation's result: the engine's [`Reply`], or a
+/// server's callback (the key process's and the agent's workers, which
+/// hand their operations to the device without an engine).
+pub(crate) trait Answer: Send + 'static {
+    /// Whether nobody waits any more (the engine's caller gave up).
+    fn abandoned(&self) -> bool {
+        false
+    }
+
+    /// Answers with `result`.
+    fn answer(self, result: Result<Output, SignError>);
+}
+
+impl Answer for Reply {
+    fn abandoned(&self) -> bool {
+        self.is_abandoned()
+    }
+
+    fn answer(self, result: Result<Output, SignError>) {
+        self.send(result);
+    }
+}
+
+/// A server's callback as an [`Answer`].
+pub(crate) struct Callback(pub(crate) Box<dyn FnOnce(Result<Output, SignError>) + Send + 'static>);
+
+impl Answer for Callback {
+    fn answer(self, result: Result<Output, SignError>) {
+        (self.0)(result)
+    }
+}
+
 /// What the device completion callbacks need; the fallback threads and
 /// the batching thread do not hold it, so it goes when the backend and the
 /// last outstanding request are gone.
@@ -88,25 +120,25 @@ impl Shared {
     }
 
     /// Answers `reply` from a device completion.
-    fn finish(&self, completion: DeviceCompletion, reply: Reply) {
+    fn finish<A: Answer>(&self, completion: DeviceCompletion, reply: A) {
         let DeviceCompletion { key, op, result, .. } = completion;
         let result = checked(&self.counters, &key, &op, result);
         match result {
             Ok(out) => {
                 Counters::bump(&self.counters.completed);
                 drop((key, op));
-                reply.send(Ok(out));
+                reply.answer(Ok(out));
             }
             Err(DeviceError::Rejected(e)) => {
                 Counters::bump(&self.counters.completed);
                 drop((key, op));
-                reply.send(Err(e));
+                reply.answer(Err(e));
             }
             Err(DeviceError::Expired) => {
                 Counters::bump(&self.counters.expired);
                 drop((key, op));
                 // Past the deadline, the engine reports `TimedOut`.
-                reply.send(Err(self.expired()));
+                reply.answer(Err(self.expired()));
             }
             Err(DeviceError::Unsupported(_)) => {
                 Counters::bump(&self.counters.software);
@@ -118,12 +150,12 @@ impl Shared {
                     OnDeviceError::Fail => {
                         Counters::bump(&self.counters.failed);
                         drop((key, op));
-                        reply.send(Err(self.device_failure(&e)));
+                        reply.answer(Err(self.device_failure(&e)));
                     }
-                    OnDeviceError::Fallback if reply.is_abandoned() => {
+                    OnDeviceError::Fallback if reply.abandoned() => {
                         // Nobody waits: skip the work.
                         drop((key, op));
-                        reply.send(Err(self.device_failure(&e)));
+                        reply.answer(Err(self.device_failure(&e)));
                     }
                     OnDeviceError::Fallback => {
                         Counters::bump(&self.counters.fallbacks);
@@ -134,14 +166,14 @@ impl Shared {
         }
     }
 
-    fn in_software(&self, key: Arc<PrivateKey>, op: Operation, reply: Reply) {
+    fn in_software<A: Answer>(&self, key: Arc<PrivateKey>, op: Operation, reply: A) {
         let job: Job = Box::new(move || {
-            if reply.is_abandoned() {
+            if reply.abandoned() {
                 return;
             }
             let result = key.perform(&op);
             drop((key, op));
-            reply.send(result);
+            reply.answer(result);
         });
         match &self.fallback {
             Some(pool) => pool.run(job),
@@ -376,6 +408,45 @@ impl OffloadBackend {
             self.inner.shared.device_name,
             self.inner.slots.capacity()
         ))
+    }
+}
+
+impl OffloadBackend {
+    /// Hands `op` with `key` to the device, answering through `done`
+    /// later (from the device's completion, or the fallback threads), if
+    /// it goes there: a server's workers call this to sign without an
+    /// engine, with the same routing, bound, checks and fallback as
+    /// [`Backend::start`]. `Err` hands the parts back when it does not
+    /// (software, or no device), for the caller to perform itself.
+    ///
+    /// # Errors
+    /// The key, operation and callback back, when the device is not for them.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn offer(
+        &self,
+        key: Arc<PrivateKey>,
+        op: Operation,
+        deadline: Instant,
+        done: Callback,
+    ) -> Result<(), (Arc<PrivateKey>, Operation, Callback)> {
+        let inner = &*self.inner;
+        let (Some(_), Some(batcher)) = (self.device_for(&key, &op), inner.batcher.as_ref()) else {
+            return Err((key, op, done));
+        };
+        let Some(slot) = inner.slots.acquire(deadline) else {
+            drop((key, op));
+            done.answer(Err(self.no_room()));
+            return Ok(());
+        };
+        Counters::bump(&inner.shared.counters.submitted);
+        let shared = inner.shared.clone();
+        let id = inner.next_id.fetch_add(1, Relaxed);
+        let complete = Box::new(move |completion: DeviceCompletion| {
+            drop(slot);
+            shared.finish(completion, done);
+        });
+        batcher.push(DeviceRequest::new(id, key, op, deadline, complete));
+        Ok(())
     }
 }
 

@@ -100,6 +100,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub(crate) use dispatcher::Callback;
 pub use dispatcher::OffloadBackend;
 #[cfg(feature = "multibuffer")]
 pub use crypto_mb::CryptoMbInfo;
@@ -311,6 +312,82 @@ pub(crate) fn open_device(config: &OffloadConfig) -> Result<Arc<dyn Device>, Qat
     Err(QatUnavailable::NoDevice(format!(
         "no QAT device ({qat}); and this build lacks the `multibuffer` cargo feature for Intel's crypto_mb"
     )))
+}
+
+/// What a key process or an agent signs with besides software: crypto_mb's
+/// device where `mode` asks for it and the library runs here, opened in
+/// two steps (the library before the key process's sandbox, the threads
+/// after it).
+pub(crate) struct ServerOffload {
+    mode: OffloadMode,
+    #[cfg(feature = "multibuffer")]
+    loaded: Option<multibuffer::LoadedMultiBuffer>,
+    /// Why software signs, when it does.
+    reason: Option<String>,
+}
+
+impl ServerOffload {
+    /// Opens the library `mode` asks for (`off`: none; `on` and `auto`:
+    /// crypto_mb, as `library` names it or its default; a QAT card is
+    /// for an engine in process, not yet for these servers).
+    ///
+    /// # Errors
+    /// [`SignError::Backend`] (`Unavailable`) in mode `on` when crypto_mb
+    /// cannot be used, saying why.
+    pub(crate) fn prepare(mode: OffloadMode, library: Option<&str>) -> Result<ServerOffload, SignError> {
+        if mode == OffloadMode::Off {
+            return Ok(ServerOffload { mode, #[cfg(feature = "multibuffer")] loaded: None, reason: Some("offload mode is off".into()) });
+        }
+        #[cfg(feature = "multibuffer")]
+        {
+            let mut config = MultiBufferConfig::default();
+            if let Some(l) = library {
+                config.library = l.to_string();
+            }
+            match MultiBufferDevice::load(&config) {
+                Ok(loaded) => Ok(ServerOffload { mode, loaded: Some(loaded), reason: None }),
+                Err(why) if mode == OffloadMode::On => Err(SignError::backend(
+                    "offload",
+                    crate::sign::BackendFailure::Unavailable,
+                    format!("offload mode `on`: {why}"),
+                )),
+                Err(why) => Ok(ServerOffload { mode, loaded: None, reason: Some(format!("offload mode `auto` signs in software: {why}")) }),
+            }
+        }
+        #[cfg(not(feature = "multibuffer"))]
+        {
+            let _ = library;
+            let why = "this build lacks the `multibuffer` cargo feature for Intel's crypto_mb";
+            match mode {
+                OffloadMode::On => Err(SignError::Config(format!("offload mode `on`: {why}"))),
+                _ => Ok(ServerOffload { mode, reason: Some(format!("offload mode `auto` signs in software: {why}")) }),
+            }
+        }
+    }
+
+    /// Why the server signs in software, when it does.
+    pub(crate) fn software_reason(&self) -> Option<&str> {
+        self.reason.as_deref()
+    }
+
+    /// Starts the device (its threads, the backend's batching and
+    /// fallback threads): the backend to hand operations to, or `None`
+    /// for software. Every algorithm the device signs goes to it.
+    ///
+    /// # Errors
+    /// [`SignError::Io`] for a thread that cannot start.
+    pub(crate) fn start(self) -> Result<Option<OffloadBackend>, SignError> {
+        let _ = self.mode;
+        #[cfg(feature = "multibuffer")]
+        if let Some(loaded) = self.loaded {
+            let device = loaded.start().map_err(|e| SignError::io(crate::sign::types::Resource::Thread, e.to_string()))?;
+            let mut config = OffloadConfig::default();
+            config.routing = Routing::all(Route::Device);
+            config.batch_size = device.max_batch();
+            return OffloadBackend::with_device(device, config).map(Some);
+        }
+        Ok(None)
+    }
 }
 
 /// Why no QAT device can be used.

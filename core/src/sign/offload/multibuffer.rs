@@ -119,6 +119,22 @@ impl std::fmt::Debug for MultiBufferDevice {
     }
 }
 
+/// crypto_mb opened, its device not started yet.
+pub(crate) struct LoadedMultiBuffer {
+    mb: CryptoMb,
+    config: MultiBufferConfig,
+}
+
+impl LoadedMultiBuffer {
+    /// Starts the device's threads.
+    ///
+    /// # Errors
+    /// A thread that cannot start.
+    pub(crate) fn start(self) -> Result<Arc<MultiBufferDevice>, MultiBufferUnavailable> {
+        MultiBufferDevice::start(self.mb, &self.config)
+    }
+}
+
 /// Why no multi-buffer device can be used, in words an operator acts on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MultiBufferUnavailable(pub String);
@@ -141,8 +157,18 @@ impl MultiBufferDevice {
     /// its dependencies), incomplete, or not running here (no AVX-512
     /// IFMA); or a thread that cannot start.
     pub fn open(config: &MultiBufferConfig) -> Result<Arc<MultiBufferDevice>, MultiBufferUnavailable> {
+        Self::load(config)?.start()
+    }
+
+    /// Opens crypto_mb without starting threads: the key process does this
+    /// before its sandbox (which a second thread would keep from binding
+    /// it) and [`LoadedMultiBuffer::start`]s the device after.
+    ///
+    /// # Errors
+    /// As [`MultiBufferDevice::open`].
+    pub(crate) fn load(config: &MultiBufferConfig) -> Result<LoadedMultiBuffer, MultiBufferUnavailable> {
         let mb = CryptoMb::open(&config.library).map_err(|e| MultiBufferUnavailable(e.to_string()))?;
-        Self::start(mb, config)
+        Ok(LoadedMultiBuffer { mb, config: config.clone() })
     }
 
     /// What crypto_mb said of itself, without starting a device: for

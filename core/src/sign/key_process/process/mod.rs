@@ -20,6 +20,7 @@ use super::protocol as p;
 use super::server::budget::Account;
 use super::server::writer::FrameWriter;
 use super::server::{serve_conn, ConnOptions, Room, Workers, HELLO_TIMEOUT, MAX_QUEUED_LOADS};
+use crate::sign::offload::{OffloadMode, ServerOffload};
 use crate::sign::sys;
 
 /// The memory a key process holds for its one client's requests at most
@@ -44,12 +45,17 @@ pub struct ServeOptions {
     /// The key process's `main` closed what it inherited
     /// (`flags::INHERITED_CLOSED`).
     pub inherited_closed: bool,
+    /// Whether to sign on crypto_mb's multi-buffer device
+    /// (`--offload`): `auto` where it runs, `on` or refuse the hello,
+    /// `off`. Default `off` (the key process's `main` takes `auto`, or what
+    /// its client says).
+    pub offload: OffloadMode,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false, inherited_closed: false }
+        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false, inherited_closed: false, offload: OffloadMode::Off }
     }
 }
 
@@ -81,6 +87,10 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     if options.inherited_closed {
         flags |= p::flags::INHERITED_CLOSED;
     }
+    // crypto_mb is opened before the sandbox (no thread yet: its device's
+    // threads start once the hello has come), from KEYFENCE_CRYPTO_MB or
+    // the library path.
+    let offload = ServerOffload::prepare(options.offload, None);
     // Before the first request, so no key is loaded outside it. A layer
     // the kernel lacks leaves its flag off: the client says so.
     if options.sandbox {
@@ -112,28 +122,39 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
         read_chunk: 64 * 1024,
         owner,
     };
+    // Mode `on` without a device: the hello is refused, saying why.
+    let offload = offload.map_err(|e| io::Error::other(e.to_string()));
+    let device = offload.as_ref().is_ok_and(|o| o.software_reason().is_none());
+    let conn = ConnOptions { flags: if device { conn.flags | p::flags::MULTIBUFFER } else { conn.flags }, ..conn };
     serve_conn(&stream, writer, conn, |max| {
         let ops = Room { per_user: max as usize, total: max as usize };
-        Workers::start((options.rsa_threads, options.ec_threads), ops, Room { per_user: MAX_QUEUED_LOADS.0, total: MAX_QUEUED_LOADS.1 })
+        let offload = offload?.start().map_err(|e| io::Error::other(e.to_string()))?;
+        Workers::start((options.rsa_threads, options.ec_threads), ops, Room { per_user: MAX_QUEUED_LOADS.0, total: MAX_QUEUED_LOADS.1 }, offload)
     })
 }
 
 /// The key process's `main`: serves the protocol on standard input (the
 /// socket the engine passed) until the engine closes it. `keyfence-key-process`
 /// and `keyfence key-process` are this function. Arguments:
-/// `--rsa-threads N`, `--ec-threads N`. It keeps nothing it inherited but
+/// `--rsa-threads N`, `--ec-threads N`, `--offload off|on|auto` (default
+/// `auto`: crypto_mb's multi-buffer device where it runs, as
+/// `KEYFENCE_CRYPTO_MB` or the library path finds it). It keeps nothing it inherited but
 /// standard input (standard output and error become `/dev/null`) and
 /// sandboxes itself before its first request (`docs/security.md`).
 pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
-    let mut options = ServeOptions { sandbox: true, ..ServeOptions::default() };
+    let mut options = ServeOptions { sandbox: true, offload: OffloadMode::Auto, ..ServeOptions::default() };
     let mut args = args.into_iter().skip(1);
     while let Some(arg) = args.next() {
-        let value = args.next().and_then(|v| v.into_string().ok()).and_then(|v| v.parse::<usize>().ok());
-        match (arg.to_str(), value) {
+        let value = args.next().and_then(|v| v.into_string().ok());
+        let threads = value.as_deref().and_then(|v| v.parse::<usize>().ok());
+        match (arg.to_str(), threads) {
             (Some("--rsa-threads"), Some(n)) if (1..=1024).contains(&n) => options.rsa_threads = n,
             (Some("--ec-threads"), Some(n)) if (1..=1024).contains(&n) => options.ec_threads = n,
+            (Some("--offload"), _) if value.as_deref().is_some_and(|v| v.parse::<OffloadMode>().is_ok()) => {
+                options.offload = value.as_deref().and_then(|v| v.parse().ok()).unwrap_or_default();
+            }
             _ => {
-                eprintln!("keyfence key process: usage: --rsa-threads N --ec-threads N (1 to 1024), socket on stdin");
+                eprintln!("keyfence key process: usage: --rsa-threads N --ec-threads N (1 to 1024) [--offload off|on|auto], socket on stdin");
                 return ExitCode::from(2);
             }
         }

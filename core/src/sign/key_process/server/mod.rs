@@ -411,7 +411,7 @@ pub(crate) fn serve_conn(
         // An agent's client: a read that waits wakes at the frame
         // deadline, to cut off a frame that never ends (see read_loop).
         stream.set_read_timeout(opts.frame_timeout)?;
-        let workers = workers(max)?;
+        let workers = workers(max).inspect_err(|e| say(hello.id, ErrorCode::Internal, &e.to_string()))?;
         Ok((max, workers))
     })();
     let (max, workers) = match result {
@@ -595,7 +595,10 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             // connections would otherwise be as many signing threads, past
             // its share of the workers.
             let mine_alone = user_in_flight.is_none_or(|(n, _)| n == 0);
-            if alone && !rsa && mine_alone && queue.is_empty() {
+            // What the offload device signs goes to the workers, which hand
+            // it over, so that it joins the device's batches.
+            let offloaded = || workers.offload.as_ref().is_some_and(|o| o.route(&job.key, &job.op) == crate::sign::offload::Route::Device);
+            if alone && !rsa && mine_alone && queue.is_empty() && !offloaded() {
                 let reply = perform(&job);
                 job.conn.writer.send(&reply);
                 return;

@@ -26,8 +26,9 @@ use zeroize::Zeroizing;
 use super::fair_queue::{Done, FairQueue, Ticket};
 use super::{Conn, ErrorCode, Refusal};
 use crate::sign::key_process::protocol::{self as p, kind, Detail, LoadBody};
+use crate::sign::offload::{Callback, OffloadBackend, Route};
 use crate::sign::threads::Joined;
-use crate::sign::types::{Operation, SignError, TokenFailure};
+use crate::sign::types::{Operation, Output, SignError, TokenFailure};
 use crate::sign::PrivateKey;
 
 /// An operation waiting for a signing thread.
@@ -110,6 +111,10 @@ pub(crate) struct Workers {
     pub(super) rsa: Arc<FairQueue<Job>>,
     pub(super) ec: Arc<FairQueue<Job>>,
     pub(super) load: Arc<FairQueue<LoadJob>>,
+    /// The offload device (crypto_mb, where it runs here), which the
+    /// signing threads hand what it signs to without waiting for it:
+    /// across a server's clients the requests form its batches.
+    pub(super) offload: Option<OffloadBackend>,
     threads: Joined,
 }
 
@@ -117,7 +122,12 @@ impl Workers {
     /// Starts `rsa` RSA and `ec` EC/Ed25519 signing threads and the
     /// loaders, with `ops` room in each signing queue and `loads` for key
     /// loads waiting.
-    pub(crate) fn start((rsa_threads, ec_threads): (usize, usize), ops: Room, loads: Room) -> io::Result<Arc<Workers>> {
+    pub(crate) fn start(
+        (rsa_threads, ec_threads): (usize, usize),
+        ops: Room,
+        loads: Room,
+        offload: Option<OffloadBackend>,
+    ) -> io::Result<Arc<Workers>> {
         let rsa = Arc::new(FairQueue::new(ops.per_user, ops.total));
         let ec = Arc::new(FairQueue::new(ops.per_user, ops.total));
         let load = Arc::new(FairQueue::new(loads.per_user, loads.total));
@@ -126,14 +136,15 @@ impl Workers {
             for i in 0..n.max(1) {
                 let queue = queue.clone();
                 let defer = name == "ec";
-                threads.spawn(format!("key-process-{name}-{i}"), move || work(&queue, defer))?;
+                let offload = offload.clone();
+                threads.spawn(format!("key-process-{name}-{i}"), move || work(&queue, defer, offload.as_ref()))?;
             }
         }
         for i in 0..LOADERS {
             let queue = load.clone();
             threads.spawn(format!("key-process-load-{i}"), move || load_keys(&queue))?;
         }
-        Ok(Arc::new(Workers { rsa, ec, load, threads }))
+        Ok(Arc::new(Workers { rsa, ec, load, offload, threads }))
     }
 }
 
@@ -184,7 +195,30 @@ fn load_keys(queue: &FairQueue<LoadJob>) {
     }
 }
 
-fn work(queue: &FairQueue<Job>, defer: bool) {
+/// Hands `job` to the offload device when it signs it (the reply is
+/// written from the device's completion, or from the software fallback
+/// when the device fails it); gives the job back when it does not.
+fn offered(offload: Option<&OffloadBackend>, mut job: Job) -> Option<Job> {
+    let Some(offload) = offload else { return Some(job) };
+    if Instant::now() >= job.deadline || offload.route(&job.key, &job.op) != Route::Device {
+        return Some(job);
+    }
+    let (key, deadline) = (job.key.clone(), job.deadline);
+    let op = std::mem::replace(&mut job.op, Operation::DecryptRaw { ciphertext: Vec::new() });
+    let done = Callback(Box::new(move |result: Result<Output, SignError>| {
+        let frame = reply_frame(&job, result);
+        job.conn.done();
+        job.conn.writer.send(&frame);
+    }));
+    if let Err((key, op, done)) = offload.offer(key, op, deadline, done) {
+        // The routing said device and the device said no: software, here.
+        let result = key.perform(&op);
+        (done.0)(result);
+    }
+    None
+}
+
+fn work(queue: &FairQueue<Job>, defer: bool, offload: Option<&OffloadBackend>) {
     let mut next: Option<(Job, Ticket)> = None;
     // The job last made, to charge to its user when the next is taken.
     let mut done: Option<Done> = None;
@@ -199,6 +233,12 @@ fn work(queue: &FairQueue<Job>, defer: bool) {
             },
         };
         let started = Instant::now();
+        let Some(job) = offered(offload, job) else {
+            // The device has it; this thread goes on to the next.
+            done = Some((ticket, started.elapsed()));
+            held = None;
+            continue;
+        };
         let reply = perform(&job);
         done = Some((ticket, started.elapsed()));
         // With another job already queued for the same connection, this
@@ -240,9 +280,20 @@ const MAX_HOLD: Duration = Duration::from_micros(400);
 /// Runs one job; returns its reply frame.
 pub(super) fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
     let result = if Instant::now() >= job.deadline {
+        Err(SignError::TimedOut { timeout: Duration::ZERO })
+    } else {
+        job.key.perform(&job.op)
+    };
+    job.conn.done();
+    reply_frame(job, result)
+}
+
+/// The reply frame for `job`'s `result`.
+fn reply_frame(job: &Job, result: Result<Output, SignError>) -> Zeroizing<Vec<u8>> {
+    let result = if matches!(result, Err(SignError::TimedOut { .. })) {
         Err(Refusal::new(ErrorCode::TimedOut, "the deadline passed before the operation started"))
     } else {
-        match job.key.perform(&job.op) {
+        match result {
             Ok(out) => Ok(out),
             Err(SignError::Crypto { reason, .. }) => Err(Refusal::new(ErrorCode::Crypto, reason)),
             // A token's failure goes with its detail: the client rebuilds it.
@@ -255,7 +306,6 @@ pub(super) fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
             },
         }
     };
-    job.conn.done();
     let mut frame = Zeroizing::new(Vec::new());
     match result {
         Ok(out) => {
