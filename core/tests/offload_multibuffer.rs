@@ -14,6 +14,8 @@ use keyfence::sign::offload::{MultiBufferConfig, MultiBufferDevice, OffloadBacke
 use keyfence::sign::{Algorithm, Engine, EngineConfig, Input, KeyKind, Operation, PrivateKey, Request};
 use openssl::pkey::PKey;
 
+mod key_process_support;
+
 /// A folder of this test binary's own, removed at exit by nobody: under
 /// the target directory, so builds are reused across tests.
 fn scratch() -> &'static Path {
@@ -384,5 +386,29 @@ fn the_key_process_and_the_agent_sign_on_the_device() {
         let err = KeyProcess::start(config).unwrap_err().to_string();
         std::env::remove_var("KF_MB_MODE");
         assert!(err.contains("offload mode `on`") && err.contains("crypto_mb"), "{err}");
+
+        // The agent: its clients' envelopes, opened with its machine key,
+        // signed in groups on the device, many clients at once.
+        std::fs::write(&log, b"").unwrap();
+        let world = key_process_support::agent_world(&dir);
+        let mut config = key_process_support::agent_config(&dir, &world);
+        config.offload = OffloadMode::On;
+        config.crypto_mb = Some(stand_in().to_string());
+        let agent = keyfence::sign::agent::Agent::start(config).unwrap();
+        let clients: Vec<_> = (0..4).map(|_| key_process_support::agent_engine(agent.socket()).unwrap()).collect();
+        let keys: Vec<_> = clients.iter().map(|c| c.load(KeySource::agent_envelope(world.eu_rsa.1.clone())).unwrap()).collect();
+        let pending: Vec<_> = (0..24)
+            .flat_map(|i| clients.iter().zip(&keys).map(move |(c, k)| (c, k, format!("client message {i}").into_bytes())))
+            .map(|(c, k, m)| {
+                let req = keyfence::sign::managed::ManagedEngine::request(k.clone(), Algorithm::RsaPssSha256.name(), m.clone(), None).unwrap();
+                (k, m, c.submit(req).unwrap())
+            })
+            .collect();
+        for (k, m, f) in pending {
+            let sig = f.wait().unwrap();
+            assert!(verifies(k, Algorithm::RsaPssSha256, &m, &sig), "an agent's signature OpenSSL does not verify");
+        }
+        let calls = logged(&log);
+        assert!(calls.iter().any(|(what, bits, lanes)| what == "rsa" && *bits == 2048 && *lanes > 1), "the agent's calls: {calls:?}");
     });
 }
