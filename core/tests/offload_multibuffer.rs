@@ -412,3 +412,60 @@ fn the_key_process_and_the_agent_sign_on_the_device() {
         assert!(calls.iter().any(|(what, bits, lanes)| what == "rsa" && *bits == 2048 && *lanes > 1), "the agent's calls: {calls:?}");
     });
 }
+
+/// What every binding goes through: a managed engine's `offload` and
+/// `crypto_mb` choose the device for keys in this process and in its key
+/// process (the library named by the setting, not the environment), and
+/// an agent's engine refuses a mode, the agent's own being the one.
+#[test]
+fn a_managed_engine_signs_on_the_device_where_its_keys_are() {
+    use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
+    use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+    let dir = scratch().join("managed");
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("calls.log");
+    let pem = dir.join("ec.pem");
+    let ec = openssl::ec::EcKey::generate(&openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap();
+    std::fs::write(&pem, PKey::from_ec_key(ec).unwrap().private_key_to_pem_pkcs8().unwrap()).unwrap();
+    let vars = [("KF_MB_LOG", log.display().to_string()), ("KEYFENCE_PKCS11_TOKEN_DIRS", dir.display().to_string())];
+    let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    with_env(&vars, || {
+        let in_process = ManagedConfig::default();
+        let mut isolated = ManagedConfig::default();
+        isolated.isolation = Isolation::KeyProcess(KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]));
+        for (name, mut config) in [("in process", in_process), ("isolated", isolated)] {
+            std::fs::write(&log, b"").unwrap();
+            config.offload = Some(OffloadMode::On);
+            config.crypto_mb = Some(stand_in().to_string());
+            let engine = ManagedEngine::start(config).unwrap();
+            let key = engine.load(KeySource::File(pem.clone())).unwrap();
+            let pending: Vec<_> = (0..64)
+                .map(|i| {
+                    let m = format!("{name} {i}").into_bytes();
+                    let req = ManagedEngine::request(key.clone(), Algorithm::EcdsaP256Sha256.name(), m.clone(), None).unwrap();
+                    (m, engine.submit(req).unwrap())
+                })
+                .collect();
+            for (m, f) in pending {
+                assert!(verifies(&key, Algorithm::EcdsaP256Sha256, &m, &f.wait().unwrap()), "{name}");
+            }
+            let calls = logged(&log);
+            assert!(calls.iter().any(|(what, bits, lanes)| what == "ecdsa" && *bits == 256 && *lanes > 1), "{name}: {calls:?}");
+        }
+        // Off: the device is never opened, even with a library named.
+        std::fs::write(&log, b"").unwrap();
+        let mut config = ManagedConfig::default();
+        config.offload = Some(OffloadMode::Off);
+        config.crypto_mb = Some(stand_in().to_string());
+        let engine = ManagedEngine::start(config).unwrap();
+        let key = engine.load(KeySource::File(pem.clone())).unwrap();
+        let req = ManagedEngine::request(key.clone(), Algorithm::EcdsaP256Sha256.name(), b"off".to_vec(), None).unwrap();
+        engine.submit(req).unwrap().wait().unwrap();
+        assert!(logged(&log).is_empty());
+    });
+    let mut config = ManagedConfig::default();
+    config.isolation = Isolation::Agent(dir.join("no-agent.sock"));
+    config.offload = Some(OffloadMode::On);
+    let err = ManagedEngine::start(config).err().expect("an agent's engine with an offload mode").to_string();
+    assert!(err.contains("choose their own"), "{err}");
+}

@@ -118,6 +118,16 @@ pub struct AgentArgs {
     /// start: a server that can read them can open every envelope.
     #[arg(long)]
     unsafe_authority_store: bool,
+    /// Whether RSA and ECDSA are signed on Intel's crypto_mb multi-buffer
+    /// device (docs/offload.md): `auto` where the CPU runs it (AVX-512
+    /// IFMA) and the library is installed, else software; `on` refuses to
+    /// start without it; `off` never opens it.
+    #[arg(long, default_value = "auto")]
+    offload: keyfence::sign::offload::OffloadMode,
+    /// crypto_mb's library (a path, or a name the loader finds). Default:
+    /// KEYFENCE_CRYPTO_MB, else libcrypto_mb.so.13.
+    #[arg(long)]
+    crypto_mb: Option<String>,
 }
 
 /// The socket systemd passed (socket activation: `LISTEN_PID` is this
@@ -203,6 +213,8 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
         return Err(exit::input("--frame-timeout must be more than 0 and at most 3600 seconds"));
     }
     config.frame_timeout = Duration::from_secs_f64(args.frame_timeout);
+    config.offload = args.offload;
+    config.crypto_mb = args.crypto_mb;
     let agent = match listen_fd() {
         Some(listener) => Agent::with_listener(config, listener),
         None => Agent::start(config),

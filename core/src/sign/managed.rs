@@ -34,6 +34,7 @@ use super::completion_queue::CompletionQueue;
 use super::engine::{Engine, EngineConfig};
 use super::key_process::{KeyProcessConfig, KeyProcess, KeySource, MachineFiles};
 use super::metrics::{EngineMetrics, MetricsSource};
+use super::offload::{OffloadMode, ServerOffload};
 use super::op_record::{OpHandle, SignFuture};
 use super::private_key::PrivateKey;
 use super::remote::{KeyRingError, RemoteConfig, RemoteSigner};
@@ -74,6 +75,15 @@ pub struct ManagedConfig {
     pub engine: EngineConfig,
     /// Where keys loaded through the engine are held.
     pub isolation: Isolation,
+    /// Whether keys held in this process, or in its key process, sign on
+    /// crypto_mb's multi-buffer device (`docs/offload.md`): `None` leaves
+    /// each its default (in this process software, in the key process
+    /// `auto`); `Some(mode)` sets both. An agent or key servers decide for
+    /// the keys they hold, so an engine of theirs refuses a mode.
+    pub offload: Option<OffloadMode>,
+    /// crypto_mb's library (a path, or a name the library path finds);
+    /// `None`: `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`.
+    pub crypto_mb: Option<String>,
 }
 
 /// Why [`ManagedEngine::load`] gave no key. Messages name the source,
@@ -118,10 +128,37 @@ struct Parts {
 impl Parts {
     /// Starts the engine's threads, then what `config`'s isolation names.
     fn start(config: &ManagedConfig) -> Result<Parts, SignError> {
-        let engine = Engine::new(config.engine.clone())?;
+        let engine = match (&config.isolation, config.offload) {
+            (Isolation::InProcess, Some(mode)) => {
+                let offload = ServerOffload::prepare(mode, config.crypto_mb.as_deref())?;
+                match offload.software_reason() {
+                    Some(why) => tracing::info!("the engine signs in software: {why}"),
+                    None => tracing::info!("the engine signs RSA and ECDSA on crypto_mb's multi-buffer device"),
+                }
+                match offload.start()? {
+                    Some(backend) => Engine::with_backend(config.engine.clone(), Arc::new(backend))?,
+                    None => Engine::new(config.engine.clone())?,
+                }
+            }
+            (Isolation::Agent(_) | Isolation::Remote(_), Some(mode)) => {
+                return Err(SignError::Config(format!(
+                    "offload `{mode}`: the agent or the key servers holding this engine's keys choose their own (keyfence agent --offload)"
+                )))
+            }
+            _ => Engine::new(config.engine.clone())?,
+        };
         let (key_process, remote) = match &config.isolation {
             Isolation::InProcess => (None, None),
-            Isolation::KeyProcess(c) => (Some(KeyProcess::start(c.clone())?), None),
+            Isolation::KeyProcess(c) => {
+                let mut c = c.clone();
+                if let Some(mode) = config.offload {
+                    c.offload = mode;
+                }
+                if config.crypto_mb.is_some() {
+                    c.crypto_mb.clone_from(&config.crypto_mb);
+                }
+                (Some(KeyProcess::start(c)?), None)
+            }
             Isolation::Agent(socket) => (Some(KeyProcess::start(KeyProcessConfig::with_agent(socket))?), None),
             Isolation::Remote(c) => {
                 let signer = RemoteSigner::start(c.clone())?;

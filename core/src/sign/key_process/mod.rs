@@ -134,6 +134,11 @@ pub struct KeyProcessConfig {
     /// does not start, `off`. `docs/offload.md`. An agent's own
     /// configuration decides for its keys.
     pub offload: crate::sign::offload::OffloadMode,
+    /// crypto_mb's library (a path, or a name the library path finds);
+    /// `None`: `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`. The key
+    /// process opens it before its sandbox, so that the sandbox never lets
+    /// it open a library.
+    pub crypto_mb: Option<String>,
 }
 
 impl Default for KeyProcessConfig {
@@ -150,6 +155,7 @@ impl Default for KeyProcessConfig {
             agent: None,
             unsafe_partial_sandbox: std::env::var_os("KEYFENCE_UNSAFE_PARTIAL_SANDBOX").is_some_and(|v| v == "1"),
             offload: crate::sign::offload::OffloadMode::Auto,
+            crypto_mb: None,
         }
     }
 }

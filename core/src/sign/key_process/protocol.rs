@@ -186,7 +186,7 @@ impl LoadBody {
 
     /// The bytes it holds (an envelope, its objects, a URI, key bytes),
     /// for the memory a server charges for it waiting.
-    pub fn len(&self) -> usize {
+    pub fn held_bytes(&self) -> usize {
         match self {
             LoadBody::AgentEnvelope(b) => b.len(),
             LoadBody::Bytes(b) => b.len(),
@@ -196,11 +196,6 @@ impl LoadBody {
             }
             LoadBody::File(p) => p.as_os_str().len(),
         }
-    }
-
-    /// Whether it holds no bytes.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

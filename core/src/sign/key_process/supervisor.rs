@@ -248,6 +248,7 @@ impl Supervisor {
             .arg(config.ec_threads.to_string())
             .arg("--offload")
             .arg(config.offload.name())
+            .args(config.crypto_mb.iter().flat_map(|l| ["--crypto-mb", l.as_str()]))
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());

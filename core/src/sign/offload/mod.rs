@@ -116,7 +116,8 @@ pub use stats::OffloadStats;
 
 use crate::sign::types::SignError;
 
-/// Whether to use a QAT device: `off`, `on` or `auto`.
+/// Whether to sign on a device (a QAT card, else crypto_mb's multi-buffer
+/// device where the CPU runs it): `off`, `on` or `auto`.
 ///
 /// ```
 /// use keyfence::sign::offload::OffloadMode;
@@ -125,12 +126,13 @@ use crate::sign::types::SignError;
 /// ```
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum OffloadMode {
-    /// Software only. The default.
+    /// Software only. The default of an engine made in process; the key
+    /// process and the agent default to `Auto`.
     #[default]
     Off,
-    /// The QAT device; starting fails if there is none that can be used.
+    /// A device; starting fails, saying why, if none can be used.
     On,
-    /// The QAT device if there is one that can be used, else software.
+    /// A device if one can be used, else software (the reason is logged).
     Auto,
 }
 

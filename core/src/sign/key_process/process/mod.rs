@@ -50,12 +50,15 @@ pub struct ServeOptions {
     /// `off`. Default `off` (the key process's `main` takes `auto`, or what
     /// its client says).
     pub offload: OffloadMode,
+    /// crypto_mb's library (`--crypto-mb`); `None`: `KEYFENCE_CRYPTO_MB`,
+    /// else `libcrypto_mb.so.13` on the library path.
+    pub crypto_mb: Option<String>,
 }
 
 impl Default for ServeOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false, inherited_closed: false, offload: OffloadMode::Off }
+        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false, inherited_closed: false, offload: OffloadMode::Off, crypto_mb: None }
     }
 }
 
@@ -90,7 +93,7 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     // crypto_mb is opened before the sandbox (no thread yet: its device's
     // threads start once the hello has come), from KEYFENCE_CRYPTO_MB or
     // the library path.
-    let offload = ServerOffload::prepare(options.offload, None);
+    let offload = ServerOffload::prepare(options.offload, options.crypto_mb.as_deref());
     // Before the first request, so no key is loaded outside it. A layer
     // the kernel lacks leaves its flag off: the client says so.
     if options.sandbox {
@@ -137,8 +140,9 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
 /// socket the engine passed) until the engine closes it. `keyfence-key-process`
 /// and `keyfence key-process` are this function. Arguments:
 /// `--rsa-threads N`, `--ec-threads N`, `--offload off|on|auto` (default
-/// `auto`: crypto_mb's multi-buffer device where it runs, as
-/// `KEYFENCE_CRYPTO_MB` or the library path finds it). It keeps nothing it inherited but
+/// `auto`: crypto_mb's multi-buffer device where it runs), `--crypto-mb
+/// LIBRARY` (default `KEYFENCE_CRYPTO_MB`, else the library path's
+/// `libcrypto_mb.so.13`). It keeps nothing it inherited but
 /// standard input (standard output and error become `/dev/null`) and
 /// sandboxes itself before its first request (`docs/security.md`).
 pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
@@ -153,8 +157,9 @@ pub fn key_process_main<I: IntoIterator<Item = OsString>>(args: I) -> ExitCode {
             (Some("--offload"), _) if value.as_deref().is_some_and(|v| v.parse::<OffloadMode>().is_ok()) => {
                 options.offload = value.as_deref().and_then(|v| v.parse().ok()).unwrap_or_default();
             }
+            (Some("--crypto-mb"), _) if value.as_deref().is_some_and(|v| !v.is_empty()) => options.crypto_mb = value,
             _ => {
-                eprintln!("keyfence key process: usage: --rsa-threads N --ec-threads N (1 to 1024) [--offload off|on|auto], socket on stdin");
+                eprintln!("keyfence key process: usage: --rsa-threads N --ec-threads N (1 to 1024) [--offload off|on|auto] [--crypto-mb LIBRARY], socket on stdin");
                 return ExitCode::from(2);
             }
         }

@@ -625,7 +625,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             if let Some(why) = conn.key_room(key_id) {
                 return conn.err(id, ErrorCode::Busy, &why);
             }
-            let charged = JOB_MEMORY + source.len();
+            let charged = JOB_MEMORY + source.held_bytes();
             if let Err(over) = conn.account.take(charged) {
                 return conn.err(id, ErrorCode::Busy, &over.to_string());
             }
