@@ -175,7 +175,7 @@ error_codes! {
         /// A ciphertext is malformed, was tampered with, or belongs to another
         /// authority; the message names the field at fault.
         ///
-        /// A CP-ABE ciphertext; the field is named as the format names it, e.g.
+        /// A field is named as the CP-ABE ciphertext format names it, e.g.
         /// `c3[4]`.
         InvalidCiphertext = 200 => "INVALID_CIPHERTEXT",
         /// Bytes that do not decode as the key they are said to be (public key,
@@ -187,7 +187,7 @@ error_codes! {
         PolicyNotSatisfied = 202 => "POLICY_NOT_SATISFIED",
         /// A policy or attribute uses a label keyfence reserves.
         ///
-        /// keyfence reserves them for the Boneh-Katz transform.
+        /// The labels are reserved for the Boneh-Katz transform.
         ReservedLabel = 203 => "RESERVED_LABEL",
         /// An object would pass a limit of its binary format (attribute too
         /// long, too many attributes, a field over its length prefix).
@@ -273,7 +273,7 @@ error_codes! {
         /// of this commit was written. Re-run the operation.
         ///
         /// An etcd store's transaction compares the revisions it read, and one
-        /// changed. The operation run again starts from the new state.
+        /// changed. Run again, the operation starts from the new state.
         StoreConflict = 403 => "STORE_CONFLICT",
 
         // 500-599: signing.
@@ -288,7 +288,7 @@ error_codes! {
         TimedOut = 501 => "TIMED_OUT",
         /// The operation was cancelled.
         ///
-        /// By a handle, a dropped future or a cancelled task.
+        /// Through its handle, by dropping its future or by cancelling its task.
         Cancelled = 502 => "CANCELLED",
         /// The engine has shut down.
         ShutDown = 503 => "SHUT_DOWN",
