@@ -107,6 +107,9 @@ fn a_new_code_gets_a_row_and_the_python_base_class() {
     let page = format!("intro\n{BEGIN}| 1 | `INVALID_ARGUMENT` | old | `InvalidArgument` (also `ValueError`) |\n{END}outro\n");
     let out = errors_md(&page);
     assert!(out.starts_with(&format!("intro\n{BEGIN}| number |")) && out.ends_with(&format!("{END}outro\n")), "{out}");
-    assert!(out.contains(&format!("| 1 | `INVALID_ARGUMENT` | {} | `InvalidArgument` (also `ValueError`) |\n", one_line(ErrorCode::InvalidArgument))));
+    assert!(out.contains(&format!(
+        "| 1 | `INVALID_ARGUMENT` | {} | `InvalidArgument` (also `ValueError`) |\n",
+        one_line(ErrorCode::InvalidArgument)
+    )));
     assert!(out.contains("| 2 | `INTERNAL` | An invariant of keyfence's own code did not hold: a bug, never the input's fault. Please report it. | `KeyfenceError` |\n"));
 }
