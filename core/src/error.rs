@@ -2,11 +2,11 @@
 //!
 //! The codes are declared once, below, through `error_codes!`: number,
 //! name and documentation. That declaration is the [`ErrorCode`] enum, its
-//! [`ALL`](ErrorCode::ALL) list and lookups, and the source of everything
-//! else that lists the codes, generated from it by tests that fail when a
-//! copy is stale: the C header's `keyfence_result` (`bindings/c/tests/header.rs`),
-//! Python's table of codes and `docs/errors.md`'s table
-//! (`core/tests/error_codes_generated.rs`).
+//! [`ALL`](ErrorCode::ALL) list and lookups, and the source of every other
+//! list of the codes, each generated from it by a test that fails when the
+//! checked-in copy is stale: the C header's `keyfence_result`
+//! (`bindings/c/tests/header.rs`), Python's numbers of the codes and the
+//! table of `docs/errors.md` (`core/tests/error_codes_generated.rs`).
 //!
 //! Every error type of the library answers [`Coded::code`] with its code,
 //! and bindings go through that trait: the C ABI returns the number as
