@@ -18,7 +18,7 @@ pub mod key_file;
 pub mod wrap;
 pub(crate) mod wipe;
 
-pub use error::ErrorCode;
+pub use error::{Coded, ErrorCode};
 
 #[cfg(any(feature = "sign", feature = "testing"))]
 pub mod sign;

@@ -199,13 +199,14 @@ enum keyfence_result
   KEYFENCE_SHUT_DOWN = 503,
   /*
    The private key could not be loaded: not a key, an unsupported type,
-   size or curve, or inconsistent; or a PKCS#11 URI whose token or key
-   object is not there.
+   size or curve, or inconsistent; a keyfence key file that does not
+   parse; or a PKCS#11 URI whose token or key object is not there.
    */
   KEYFENCE_INVALID_PRIVATE_KEY = 504,
   /*
    The request does not fit the key: wrong algorithm family, a digest
-   or ciphertext of the wrong length, an unknown algorithm name.
+   or ciphertext of the wrong length, an unknown algorithm name, another
+   backend named for a key held by a key process.
    */
   KEYFENCE_INVALID_REQUEST = 505,
   /*
@@ -227,8 +228,7 @@ enum keyfence_result
    */
   KEYFENCE_TOKEN_UNAVAILABLE = 509,
   /*
-   A PKCS#11 token needs a PIN none was given for, or refused the PIN
-   (a refused PIN is never tried again).
+   A PKCS#11 token needs a PIN none was given for, or refused the PIN.
    */
   KEYFENCE_TOKEN_LOGIN = 510,
 };

@@ -1,198 +1,70 @@
 //! Result codes and the per-thread error message.
 //!
-//! The codes are the core's stable [`ErrorCode`]s (`docs/errors.md`), with
-//! `KEYFENCE_OK` for success; a test checks that the two tables agree.
+//! A result is `KEYFENCE_OK` (0) or the number of one of the core's stable
+//! [`ErrorCode`]s (`docs/errors.md`). This crate keeps no list of its own:
+//! `keyfence.h`'s enum is written from the core's table by
+//! `tests/header.rs`, and every core error converts through
+//! [`keyfence_core::Coded`].
 
 use std::cell::RefCell;
 use std::ffi::{c_char, CString};
+use std::fmt;
 use std::sync::OnceLock;
 
-use keyfence_core::ErrorCode;
+use keyfence_core::{Coded, ErrorCode};
 
-/// The result of every keyfence function: `KEYFENCE_OK` or the error's
-/// stable code (`docs/errors.md`). Numbers never change meaning.
-#[repr(u32)]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-#[non_exhaustive]
-pub enum keyfence_result {
-    /// Success.
-    KEYFENCE_OK = 0,
-    // 1-99: not specific to one area.
-    /// An argument is unusable before any work starts: a NULL pointer
-    /// across the C ABI, a value of the wrong type in a binding, text that
-    /// is not UTF-8.
-    KEYFENCE_INVALID_ARGUMENT = 1,
-    /// An invariant of keyfence's own code did not hold: a bug, never the
-    /// input's fault. Please report it.
-    KEYFENCE_INTERNAL = 2,
-    /// The operating system's random number generator failed.
-    KEYFENCE_RNG = 3,
-    /// A panic was caught at a binding boundary (a bug; reported instead of
-    /// unwinding into the caller).
-    KEYFENCE_PANIC = 4,
-    /// The operating system refused a resource: a thread, a socket, a file.
-    KEYFENCE_IO = 5,
-    // 100-199: the policy language.
-    /// The policy text does not parse; the message has the byte position.
-    KEYFENCE_POLICY_SYNTAX = 100,
-    /// The policy parses but is too large for the ciphertext format, or
-    /// nested too deeply.
-    KEYFENCE_POLICY_TOO_LARGE = 101,
-    /// Attributes (`label=value,...`) that are malformed: no `=`, an empty
-    /// label or value, a repeated label, text not in Unicode NFC.
-    KEYFENCE_INVALID_ATTRIBUTES = 102,
-    // 200-299: CP-ABE.
-    /// A ciphertext is malformed, was tampered with, or belongs to another
-    /// authority; the message names the field at fault.
-    KEYFENCE_INVALID_CIPHERTEXT = 200,
-    /// Bytes that do not decode as the key they are said to be (public key,
-    /// master secret key, attribute key, machine key).
-    KEYFENCE_INVALID_KEY = 201,
-    /// The key's attributes do not satisfy the policy.
-    KEYFENCE_POLICY_NOT_SATISFIED = 202,
-    /// A policy or attribute uses a label keyfence reserves.
-    KEYFENCE_RESERVED_LABEL = 203,
-    /// An object would pass a limit of its binary format (attribute too
-    /// long, too many attributes, a field over its length prefix).
-    KEYFENCE_LIMIT_EXCEEDED = 204,
-    // 300-399: policy-key wrapping.
-    /// An envelope or sealed policy key is malformed or failed its
-    /// integrity check.
-    KEYFENCE_INVALID_ENVELOPE = 300,
-    /// The machine holds keys only for retired master generations.
-    KEYFENCE_RETIRED_GENERATION = 301,
-    /// No sealed copy of the envelope's policy key is in the store for a
-    /// generation the machine can use.
-    KEYFENCE_UNKNOWN_POLICY_KEY = 302,
-    /// An algorithm identifier this version does not know.
-    KEYFENCE_UNKNOWN_ALGORITHM = 303,
-    /// The store holds no authority (run `authority init`).
-    KEYFENCE_NO_AUTHORITY = 304,
-    /// The store already holds an authority.
-    KEYFENCE_AUTHORITY_EXISTS = 305,
-    /// The authority's state contradicts itself (a live generation without
-    /// its master key, a policy key that is not there).
-    KEYFENCE_INCONSISTENT_STATE = 306,
-    /// An envelope or sealed policy key was made by another authority than
-    /// the one the machine key trusts (its signature names another key).
-    KEYFENCE_WRONG_AUTHORITY = 307,
-    /// A store object the authority signed, but older than one the machine
-    /// has already accepted (a generation list put back): the store was
-    /// rolled back or replayed.
-    KEYFENCE_REPLAYED_OBJECT = 308,
-    /// The machine id is revoked: the authority refuses to issue it a key
-    /// again, and a revoked machine cannot open the policy keys sealed
-    /// since.
-    KEYFENCE_MACHINE_REVOKED = 309,
-    // 400-499: the store.
-    /// The store could not read or write an object.
-    KEYFENCE_STORE_IO = 400,
-    /// A store object name that is not allowed.
-    KEYFENCE_INVALID_STORE_KEY = 401,
-    /// Another writer held the store's lock for longer than the wait.
-    KEYFENCE_STORE_LOCKED = 402,
-    /// Another writer committed to the store between this writer's read and
-    /// its commit (a replicated store's compare-and-swap failed); nothing
-    /// of this commit was written. Re-run the operation.
-    KEYFENCE_STORE_CONFLICT = 403,
-    // 500-599: signing.
-    /// The executor's queue is full: shed load or retry later.
-    KEYFENCE_OVERLOADED = 500,
-    /// The operation's deadline passed.
-    KEYFENCE_TIMED_OUT = 501,
-    /// The operation was cancelled.
-    KEYFENCE_CANCELLED = 502,
-    /// The engine has shut down.
-    KEYFENCE_SHUT_DOWN = 503,
-    /// The private key could not be loaded: not a key, an unsupported type,
-    /// size or curve, or inconsistent; or a PKCS#11 URI whose token or key
-    /// object is not there.
-    KEYFENCE_INVALID_PRIVATE_KEY = 504,
-    /// The request does not fit the key: wrong algorithm family, a digest
-    /// or ciphertext of the wrong length, an unknown algorithm name.
-    KEYFENCE_INVALID_REQUEST = 505,
-    /// AWS-LC refused the operation.
-    KEYFENCE_CRYPTO_FAILED = 506,
-    /// The backend that holds or runs the key failed (the isolated key
-    /// process died, an offload device failed).
-    KEYFENCE_BACKEND_FAILED = 507,
-    /// The engine's configuration is unusable.
-    KEYFENCE_INVALID_CONFIG = 508,
-    /// A PKCS#11 token or its module is gone and did not come back after
-    /// its sessions were opened again.
-    KEYFENCE_TOKEN_UNAVAILABLE = 509,
-    /// A PKCS#11 token needs a PIN none was given for, or refused the PIN
-    /// (a refused PIN is never tried again).
-    KEYFENCE_TOKEN_LOGIN = 510,
-}
+/// The result of every keyfence function as C receives it: 0 for success
+/// or an [`ErrorCode`]'s number, in a `uint32_t` (what the header's enum
+/// is in C and C++).
+// cbindgen skips the type (the annotation below): the header declares the
+// enum that tests/header.rs generates from the core's table instead.
+///
+/// cbindgen:ignore
+#[repr(transparent)]
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[allow(non_camel_case_types)]
+pub struct keyfence_result(u32);
 
 impl keyfence_result {
-    /// The C result for a core error code.
-    pub(crate) fn from_code(code: ErrorCode) -> Self {
-        // The discriminants are the core's numbers (checked by a test), so
-        // one lookup in the C table by number is exact.
-        Self::ALL.iter().copied().find(|r| *r as u32 == code as u32).unwrap_or(keyfence_result::KEYFENCE_INTERNAL)
-    }
-
-    /// Every result, success first.
-    pub(crate) const ALL: &'static [keyfence_result] = &ALL_RESULTS;
+    /// `KEYFENCE_OK`: success.
+    pub(crate) const OK: keyfence_result = keyfence_result(0);
 }
 
-const ALL_RESULTS: [keyfence_result; 39] = [
-    keyfence_result::KEYFENCE_OK,
-    keyfence_result::KEYFENCE_INVALID_ARGUMENT,
-    keyfence_result::KEYFENCE_INTERNAL,
-    keyfence_result::KEYFENCE_RNG,
-    keyfence_result::KEYFENCE_PANIC,
-    keyfence_result::KEYFENCE_IO,
-    keyfence_result::KEYFENCE_POLICY_SYNTAX,
-    keyfence_result::KEYFENCE_POLICY_TOO_LARGE,
-    keyfence_result::KEYFENCE_INVALID_ATTRIBUTES,
-    keyfence_result::KEYFENCE_INVALID_CIPHERTEXT,
-    keyfence_result::KEYFENCE_INVALID_KEY,
-    keyfence_result::KEYFENCE_POLICY_NOT_SATISFIED,
-    keyfence_result::KEYFENCE_RESERVED_LABEL,
-    keyfence_result::KEYFENCE_LIMIT_EXCEEDED,
-    keyfence_result::KEYFENCE_INVALID_ENVELOPE,
-    keyfence_result::KEYFENCE_RETIRED_GENERATION,
-    keyfence_result::KEYFENCE_UNKNOWN_POLICY_KEY,
-    keyfence_result::KEYFENCE_UNKNOWN_ALGORITHM,
-    keyfence_result::KEYFENCE_NO_AUTHORITY,
-    keyfence_result::KEYFENCE_AUTHORITY_EXISTS,
-    keyfence_result::KEYFENCE_INCONSISTENT_STATE,
-    keyfence_result::KEYFENCE_WRONG_AUTHORITY,
-    keyfence_result::KEYFENCE_REPLAYED_OBJECT,
-    keyfence_result::KEYFENCE_MACHINE_REVOKED,
-    keyfence_result::KEYFENCE_STORE_IO,
-    keyfence_result::KEYFENCE_INVALID_STORE_KEY,
-    keyfence_result::KEYFENCE_STORE_LOCKED,
-    keyfence_result::KEYFENCE_STORE_CONFLICT,
-    keyfence_result::KEYFENCE_OVERLOADED,
-    keyfence_result::KEYFENCE_TIMED_OUT,
-    keyfence_result::KEYFENCE_CANCELLED,
-    keyfence_result::KEYFENCE_SHUT_DOWN,
-    keyfence_result::KEYFENCE_INVALID_PRIVATE_KEY,
-    keyfence_result::KEYFENCE_INVALID_REQUEST,
-    keyfence_result::KEYFENCE_CRYPTO_FAILED,
-    keyfence_result::KEYFENCE_BACKEND_FAILED,
-    keyfence_result::KEYFENCE_INVALID_CONFIG,
-    keyfence_result::KEYFENCE_TOKEN_UNAVAILABLE,
-    keyfence_result::KEYFENCE_TOKEN_LOGIN,
-];
+impl From<ErrorCode> for keyfence_result {
+    fn from(code: ErrorCode) -> Self {
+        keyfence_result(code as u32)
+    }
+}
+
+impl PartialEq<ErrorCode> for keyfence_result {
+    fn eq(&self, code: &ErrorCode) -> bool {
+        self.0 == *code as u32
+    }
+}
+
+/// The C name, `KEYFENCE_POLICY_SYNTAX`, for test failures.
+impl fmt::Debug for keyfence_result {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match ErrorCode::from_u32(self.0) {
+            Some(code) => write!(f, "KEYFENCE_{}", code.name()),
+            None if self.0 == 0 => f.write_str("KEYFENCE_OK"),
+            None => write!(f, "keyfence_result({})", self.0),
+        }
+    }
+}
 
 /// An error on its way to C: a code and the message for
 /// `keyfence_error_message`.
 #[derive(Debug)]
 pub(crate) struct Error {
-    code: keyfence_result,
+    code: ErrorCode,
     message: String,
     /// The byte offset in a policy text the error is about.
     position: Option<usize>,
 }
 
 impl Error {
-    pub(crate) fn new(code: keyfence_result, message: impl Into<String>) -> Self {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Error { code, message: message.into(), position: None }
     }
 
@@ -202,81 +74,11 @@ impl Error {
     }
 }
 
-/// Core errors that know their stable code.
-pub(crate) trait Coded: std::fmt::Display {
-    fn code(&self) -> ErrorCode;
-    /// The byte offset in a policy text, for policy syntax errors.
-    fn position(&self) -> Option<usize> {
-        None
-    }
-}
-
-impl Coded for keyfence_core::abe::AbeError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::abe::AbeError::code(self)
-    }
-    fn position(&self) -> Option<usize> {
-        self.policy_position()
-    }
-}
-
-impl Coded for keyfence_core::policy::ParseError {
-    fn code(&self) -> ErrorCode {
-        ErrorCode::from(self)
-    }
-    fn position(&self) -> Option<usize> {
-        Some(self.offset())
-    }
-}
-
-impl Coded for keyfence_core::policy::AttributesError {
-    fn code(&self) -> ErrorCode {
-        ErrorCode::from(self)
-    }
-}
-
-impl Coded for keyfence_core::wrap::WrapError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::wrap::WrapError::code(self)
-    }
-    fn position(&self) -> Option<usize> {
-        self.policy_position()
-    }
-}
-
-impl Coded for keyfence_core::wrap::StoreError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::wrap::StoreError::code(self)
-    }
-}
-
-impl Coded for keyfence_core::sign::SignError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::sign::SignError::code(self)
-    }
-}
-
-impl Coded for keyfence_core::sign::KeyError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::sign::KeyError::code(self)
-    }
-}
-
-impl Coded for keyfence_core::key_file::KeyFileError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::key_file::KeyFileError::code(self)
-    }
-}
-
-impl Coded for keyfence_core::sign::remote::KeyRingError {
-    fn code(&self) -> ErrorCode {
-        keyfence_core::sign::remote::KeyRingError::code(self)
-    }
-}
-
+/// Every core error: its code, its message and, for a policy that does
+/// not parse, the byte position.
 impl<E: Coded> From<E> for Error {
     fn from(e: E) -> Self {
-        Error { position: e.position(), ..Error::new(keyfence_result::from_code(e.code()), e.to_string()) }
+        Error { position: e.policy_position(), ..Error::new(e.code(), e.to_string()) }
     }
 }
 
@@ -286,7 +88,7 @@ thread_local! {
 
 /// Records `e` as the calling thread's last error and returns its code.
 pub(crate) fn set(e: Error) -> keyfence_result {
-    let code = e.code;
+    let code = e.code.into();
     LAST.with(|l| *l.borrow_mut() = Some(e));
     code
 }
@@ -331,7 +133,7 @@ pub extern "C" fn keyfence_result_name(code: u32) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_error_message(buf: *mut c_char, cap: usize, out_n: *mut usize) -> keyfence_result {
     if buf.is_null() && cap != 0 {
-        return keyfence_result::KEYFENCE_INVALID_ARGUMENT;
+        return ErrorCode::InvalidArgument.into();
     }
     LAST.with(|l| {
         let l = l.borrow();
@@ -350,7 +152,7 @@ pub unsafe extern "C" fn keyfence_error_message(buf: *mut c_char, cap: usize, ou
             }
         }
     });
-    keyfence_result::KEYFENCE_OK
+    keyfence_result::OK
 }
 
 /// Writes the byte offset into the policy text that the calling thread's
@@ -381,16 +183,17 @@ mod tests {
     use std::ffi::CStr;
 
     #[test]
-    fn the_c_codes_are_the_core_codes() {
-        assert_eq!(keyfence_result::ALL.len(), ErrorCode::ALL.len() + 1, "one C result per core code, plus OK");
+    fn a_result_is_the_core_code_by_number_and_name() {
         for &c in ErrorCode::ALL {
-            let r = keyfence_result::from_code(c);
-            assert_eq!(r as u32, c as u32, "{c:?}");
+            let r = keyfence_result::from(c);
+            assert_eq!(r.0, c as u32, "{c:?}");
+            assert_eq!(r, c);
             assert_eq!(format!("{r:?}"), format!("KEYFENCE_{}", c.name()));
             // SAFETY: the function returns a static C string.
             let name = unsafe { CStr::from_ptr(keyfence_result_name(c as u32)) };
             assert_eq!(name.to_str().unwrap(), c.name());
         }
+        assert_eq!(format!("{:?}", keyfence_result::OK), "KEYFENCE_OK");
         // SAFETY: as above.
         unsafe {
             assert_eq!(CStr::from_ptr(keyfence_result_name(0)).to_str().unwrap(), "OK");

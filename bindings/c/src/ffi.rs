@@ -4,6 +4,8 @@
 use std::ffi::{c_char, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use keyfence_core::ErrorCode;
+
 use crate::error::{self, keyfence_result, Error};
 
 /// Runs `f`, records its error for `keyfence_error_message`, and returns
@@ -13,19 +15,16 @@ pub(crate) fn boundary(f: impl FnOnce() -> Result<(), Error>) -> keyfence_result
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(())) => {
             error::clear();
-            keyfence_result::KEYFENCE_OK
+            keyfence_result::OK
         }
         Ok(Err(e)) => error::set(e),
-        Err(_) => error::set(Error::new(
-            keyfence_result::KEYFENCE_PANIC,
-            "internal error: keyfence panicked (a bug; please report it)",
-        )),
+        Err(_) => error::set(Error::new(ErrorCode::Panic, "internal error: keyfence panicked (a bug; please report it)")),
     }
 }
 
 /// A required argument was NULL.
 pub(crate) fn null(name: &str) -> Error {
-    Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is NULL"))
+    Error::new(ErrorCode::InvalidArgument, format!("{name} is NULL"))
 }
 
 /// A NUL-terminated UTF-8 string argument.
@@ -39,7 +38,7 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str, E
     }
     // SAFETY: non-NULL, and the caller promises a NUL-terminated string.
     let c = unsafe { CStr::from_ptr(p) };
-    c.to_str().map_err(|_| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is not UTF-8")))
+    c.to_str().map_err(|_| Error::new(ErrorCode::InvalidArgument, format!("{name} is not UTF-8")))
 }
 
 /// A UTF-8 string argument given as pointer and length, with no
@@ -53,10 +52,9 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str, E
 pub(crate) unsafe fn text_len<'a>(p: *const c_char, len: usize, name: &str) -> Result<&'a str, Error> {
     // SAFETY: the caller's promise, passed on.
     let b = unsafe { slice(p.cast(), len, name)? };
-    let s = std::str::from_utf8(b)
-        .map_err(|_| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} is not UTF-8")))?;
+    let s = std::str::from_utf8(b).map_err(|_| Error::new(ErrorCode::InvalidArgument, format!("{name} is not UTF-8")))?;
     if s.contains('\0') {
-        return Err(Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{name} contains a NUL character")));
+        return Err(Error::new(ErrorCode::InvalidArgument, format!("{name} contains a NUL character")));
     }
     Ok(s)
 }
@@ -164,7 +162,7 @@ mod tests {
     #[test]
     fn a_panic_becomes_a_result_code_and_a_message() {
         let code = boundary(|| panic!("a bug"));
-        assert_eq!(code, keyfence_result::KEYFENCE_PANIC);
+        assert_eq!(code, ErrorCode::Panic);
         let mut buf = [0 as c_char; 128];
         let mut n = 0;
         // SAFETY: a local buffer of the stated size and a local length.
@@ -172,7 +170,7 @@ mod tests {
         // SAFETY: the function NUL-terminates within the buffer.
         let msg = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_str().unwrap();
         assert!(msg.contains("panicked"), "{msg}");
-        assert_eq!(boundary(|| Ok(())), keyfence_result::KEYFENCE_OK);
+        assert_eq!(boundary(|| Ok(())), keyfence_result::OK);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::ffi::{c_char, CString};
 
 use keyfence_core::key_file::{KeyFile, KeyLocation};
+use keyfence_core::ErrorCode;
 
 use crate::error::{keyfence_result, Error};
 use crate::ffi;
@@ -46,7 +47,7 @@ pub enum keyfence_key_file_field {
 
 /// A text of the format, which the core has checked to hold no NUL.
 fn c_text(s: &str) -> Result<CString, Error> {
-    CString::new(s).map_err(|_| Error::new(keyfence_result::KEYFENCE_INTERNAL, "a key file text holds a NUL"))
+    CString::new(s).map_err(|_| Error::new(ErrorCode::Internal, "a key file text holds a NUL"))
 }
 
 impl keyfence_key_file {
@@ -212,7 +213,7 @@ pub unsafe extern "C" fn keyfence_key_file_text(
         // SAFETY: the caller's promise.
         let f = unsafe { ffi::borrow(file, "file")? };
         let text = usize::try_from(field).ok().and_then(|i| f.texts.get(i)).ok_or_else(|| {
-            Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("{field} is no keyfence_key_file_field"))
+            Error::new(ErrorCode::InvalidArgument, format!("{field} is no keyfence_key_file_field"))
         })?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { out.write(c_ptr(text)) };
@@ -256,7 +257,7 @@ pub unsafe extern "C" fn keyfence_key_file_peer(
         let f = unsafe { ffi::borrow(file, "file")? };
         let peer = f.peers.get(index).ok_or_else(|| {
             Error::new(
-                keyfence_result::KEYFENCE_INVALID_ARGUMENT,
+                ErrorCode::InvalidArgument,
                 format!("key server {index} asked of a key file that names {}", f.peers.len()),
             )
         })?;

@@ -3,6 +3,7 @@
 use std::ffi::c_char;
 
 use keyfence_core::policy::{self, Attributes, Leaf, Policy};
+use keyfence_core::{Coded, ErrorCode};
 
 use crate::bytes::{self, keyfence_bytes};
 use crate::error::{keyfence_result, Error};
@@ -189,7 +190,7 @@ pub unsafe extern "C" fn keyfence_policy_term(
         Attributes::try_from_pairs([(label, value)])?;
         let leaf = Leaf { label: label.to_owned(), value: value.to_owned(), positive: true, occurrence: 0 };
         let term = Policy::from_parts(vec![leaf], Vec::new())
-            .map_err(|e| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, e.to_string()))?;
+            .map_err(|e| Error::new(ErrorCode::InvalidArgument, e.to_string()))?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { bytes::give(out, term.to_string().as_bytes()) };
         Ok(())
@@ -219,7 +220,6 @@ pub unsafe extern "C" fn keyfence_policy_canonical(policy: *const c_char, out: *
 /// Parses policy text, keeping the rendered caret in the message.
 pub(crate) fn parse(text: &str) -> Result<policy::Policy, Error> {
     policy::parse(text).map_err(|e| {
-        let code = keyfence_result::from_code(keyfence_core::ErrorCode::from(&e));
-        Error::new(code, e.render(text)).at(e.offset())
+        Error::new(Coded::code(&e), e.render(text)).at(e.offset())
     })
 }

@@ -11,7 +11,7 @@ use keyfence_core::sign::remote::{PeerConfig, RemoteConfig, RemoteSigner, TlsFil
 use keyfence_core::wrap::Envelope;
 
 use crate::bytes::{self, keyfence_bytes};
-use crate::error::{keyfence_result, Coded};
+use crate::error::keyfence_result;
 use crate::ffi;
 use crate::policy::attributes;
 use crate::sign::{key_out, keyfence_engine, keyfence_private_key};
@@ -266,10 +266,4 @@ pub unsafe extern "C" fn keyfence_remote_metrics_prometheus(
 pub unsafe extern "C" fn keyfence_remote_free(remote: *mut keyfence_remote) {
     // SAFETY: the caller's promise.
     unsafe { ffi::free(remote) }
-}
-
-impl Coded for keyfence_core::sign::remote::OpenOrForwardError {
-    fn code(&self) -> keyfence_core::ErrorCode {
-        keyfence_core::sign::remote::OpenOrForwardError::code(self)
-    }
 }

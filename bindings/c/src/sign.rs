@@ -9,12 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource, MachineFiles};
-use keyfence_core::sign::managed::{load_in_process, Isolation, LoadError, ManagedConfig, ManagedEngine};
+use keyfence_core::sign::managed::{load_in_process, Isolation, ManagedConfig, ManagedEngine};
 use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
+use keyfence_core::ErrorCode;
 use zeroize::Zeroizing;
 
 use crate::bytes::{self, keyfence_bytes};
-use crate::error::{keyfence_result, Coded, Error};
+use crate::error::{keyfence_result, Error};
 use crate::ffi;
 
 /// The engine's executor classes, each with its own threads and bounded
@@ -42,7 +43,7 @@ fn class_of(n: u32) -> Result<OpClass, Error> {
     OpClass::ALL
         .get(n as usize)
         .copied()
-        .ok_or_else(|| Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, format!("no executor class {n}")))
+        .ok_or_else(|| Error::new(ErrorCode::InvalidArgument, format!("no executor class {n}")))
 }
 
 /// An engine's settings, built before `keyfence_engine_new`. Not
@@ -216,7 +217,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_agent(
         // SAFETY: the caller's promises.
         let (c, socket) = unsafe { (ffi::borrow_mut(config, "config")?, ffi::text(socket, "socket")?) };
         if socket.is_empty() {
-            return Err(Error::new(keyfence_result::KEYFENCE_INVALID_ARGUMENT, "socket is empty"));
+            return Err(Error::new(ErrorCode::InvalidArgument, "socket is empty"));
         }
         c.0.isolation = Isolation::Agent(socket.into());
         Ok(())
@@ -588,9 +589,9 @@ pub unsafe extern "C" fn keyfence_engine_submit(
                 match result {
                     // SAFETY: `cb` is the caller's callback, callable from
                     // any thread; the signature lives for the call.
-                    Ok(sig) => unsafe { cb(ud.0, keyfence_result::KEYFENCE_OK, sig.as_ptr(), sig.len(), std::ptr::null()) },
+                    Ok(sig) => unsafe { cb(ud.0, keyfence_result::OK, sig.as_ptr(), sig.len(), std::ptr::null()) },
                     Err(e) => {
-                        let code = keyfence_result::from_code(e.code());
+                        let code = e.code().into();
                         let msg = std::ffi::CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
                         // SAFETY: as above; the message lives for the call.
                         unsafe { cb(ud.0, code, std::ptr::null(), 0, msg.as_ptr()) }
@@ -742,7 +743,7 @@ pub unsafe extern "C" fn keyfence_completion_queue_drain(
             let mut done = keyfence_completion {
                 user_data: c.user_data as usize as *mut c_void,
                 op_id: c.id,
-                result: keyfence_result::KEYFENCE_OK,
+                result: keyfence_result::OK,
                 signature: keyfence_bytes { data: std::ptr::null_mut(), len: 0 },
                 message: keyfence_bytes { data: std::ptr::null_mut(), len: 0 },
             };
@@ -750,7 +751,7 @@ pub unsafe extern "C" fn keyfence_completion_queue_drain(
                 // SAFETY: `done.signature` is a local we own.
                 Ok(sig) => unsafe { bytes::give(&mut done.signature, &sig) },
                 Err(e) => {
-                    done.result = keyfence_result::from_code(e.code());
+                    done.result = e.code().into();
                     // SAFETY: `done.message` is a local we own.
                     unsafe { bytes::give(&mut done.message, e.to_string().as_bytes()) };
                 }
@@ -866,12 +867,6 @@ pub unsafe extern "C" fn keyfence_engine_metrics_prometheus(
     unsafe { bytes::make(out, "out", || Ok(ffi::borrow(engine, "engine")?.0.metrics()?.prometheus())) }
 }
 
-impl Coded for LoadError {
-    fn code(&self) -> keyfence_core::ErrorCode {
-        LoadError::code(self)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -884,10 +879,10 @@ mod tests {
         // SAFETY: `cfg` is a writable out-pointer; the handle made is used
         // and freed here only.
         unsafe {
-            assert_eq!(keyfence_engine_config_new(&mut cfg), keyfence_result::KEYFENCE_OK);
-            assert_eq!(keyfence_engine_config_set_timeout_ms(cfg, 5), keyfence_result::KEYFENCE_OK);
+            assert_eq!(keyfence_engine_config_new(&mut cfg), keyfence_result::OK);
+            assert_eq!(keyfence_engine_config_set_timeout_ms(cfg, 5), keyfence_result::OK);
             assert_eq!((*cfg).0.engine.default_timeout, Duration::from_millis(5));
-            assert_eq!(keyfence_engine_config_set_timeout_ms(cfg, 0), keyfence_result::KEYFENCE_OK);
+            assert_eq!(keyfence_engine_config_set_timeout_ms(cfg, 0), keyfence_result::OK);
             assert_eq!((*cfg).0.engine.default_timeout, keyfence_core::sign::EngineConfig::default().default_timeout);
             keyfence_engine_config_free(cfg);
         }

@@ -556,7 +556,7 @@ mod tests {
         let mut out = std::ptr::null_mut();
         // SAFETY: a NUL-terminated literal and a writable pointer.
         let r = unsafe { keyfence_authority_open(c"etcd://no-port/kf".as_ptr(), &mut out) };
-        assert_eq!(r, keyfence_result::KEYFENCE_INVALID_ARGUMENT);
+        assert_eq!(r, keyfence_core::ErrorCode::InvalidArgument);
         assert!(out.is_null());
         assert!(!std::path::Path::new("etcd:").exists());
     }

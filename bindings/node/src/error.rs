@@ -1,16 +1,12 @@
 //! The one place where keyfence's errors become JavaScript errors.
 //!
-//! Every error the core returns becomes an instance of `KeyfenceError` (the
-//! class `index.js` defines and registers here at load time), with `code`
-//! set to [`ErrorCode::name`] and, for a policy that does not parse,
-//! `position` set to the byte offset of the fault. Messages are the core's,
+//! Every error the core returns ([`Coded`]) becomes an instance of
+//! `KeyfenceError` (the class `index.js` defines and registers here at load
+//! time), with `code` set to [`ErrorCode::name`] and, for a policy that
+//! does not parse, `position` set to the byte offset of the fault. Messages are the core's,
 //! which never contain key material.
 
-use keyfence::abe::AbeError;
-use keyfence::policy::{AttributesError, ParseError};
-use keyfence::sign::{KeyError, SignError};
-use keyfence::wrap::{StoreError, WrapError};
-use keyfence::ErrorCode;
+use keyfence::{Coded, ErrorCode};
 use napi::bindgen_prelude::{FnArgs, Function, FunctionRef, Unknown};
 use napi::{Env, Status};
 
@@ -63,57 +59,11 @@ pub(crate) fn js<T>(env: &Env, r: KfResult<T>) -> napi::Result<T> {
     r.map_err(|e| e.into_napi(env))
 }
 
-impl From<AbeError> for KfError {
-    fn from(e: AbeError) -> Self {
+/// Every core error: its code, its message and, for a policy that does not
+/// parse, the byte position.
+impl<E: Coded> From<E> for KfError {
+    fn from(e: E) -> Self {
         KfError { code: e.code(), position: e.policy_position(), message: e.to_string() }
-    }
-}
-
-impl From<WrapError> for KfError {
-    fn from(e: WrapError) -> Self {
-        KfError { code: e.code(), position: e.policy_position(), message: e.to_string() }
-    }
-}
-
-impl From<StoreError> for KfError {
-    fn from(e: StoreError) -> Self {
-        KfError::new(e.code(), e.to_string())
-    }
-}
-
-impl From<ParseError> for KfError {
-    fn from(e: ParseError) -> Self {
-        KfError { code: ErrorCode::from(&e), position: Some(e.offset()), message: e.to_string() }
-    }
-}
-
-impl From<AttributesError> for KfError {
-    fn from(e: AttributesError) -> Self {
-        KfError::new(ErrorCode::from(&e), e.to_string())
-    }
-}
-
-impl From<SignError> for KfError {
-    fn from(e: SignError) -> Self {
-        KfError::new(e.code(), e.to_string())
-    }
-}
-
-impl From<keyfence::sign::remote::OpenOrForwardError> for KfError {
-    fn from(e: keyfence::sign::remote::OpenOrForwardError) -> Self {
-        KfError::new(e.code(), e.to_string())
-    }
-}
-
-impl From<keyfence::sign::remote::KeyRingError> for KfError {
-    fn from(e: keyfence::sign::remote::KeyRingError) -> Self {
-        KfError::new(e.code(), e.to_string())
-    }
-}
-
-impl From<KeyError> for KfError {
-    fn from(e: KeyError) -> Self {
-        KfError::new(e.code(), e.to_string())
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
-use keyfence::sign::managed::{millis, Isolation, LoadError, ManagedConfig, ManagedEngine};
+use keyfence::sign::managed::{millis, Isolation, ManagedConfig, ManagedEngine};
 use keyfence::sign::{self as core, ClassConfig, KeyKind, OpClass, Request};
 use keyfence::ErrorCode;
 use napi::bindgen_prelude::{Array, Buffer, Either, Function, Object, Uint8Array, Unknown};
@@ -288,12 +288,6 @@ fn class_metrics(m: &core::ClassMetrics) -> ClassMetrics {
             p999: ms(m.latency.p999),
             max: ms(m.latency.max),
         },
-    }
-}
-
-impl From<LoadError> for KfError {
-    fn from(e: LoadError) -> Self {
-        KfError::new(e.code(), e.to_string())
     }
 }
 

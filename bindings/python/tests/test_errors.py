@@ -8,7 +8,8 @@ import re
 
 import keyfence
 from keyfence import _core
-from keyfence.exceptions import CLASSES
+from keyfence._codes import NAMES
+from keyfence.exceptions import _CLASS_OF_NAME, CLASSES
 
 DOC = pathlib.Path(__file__).resolve().parents[3] / "docs" / "errors.md"
 
@@ -36,6 +37,16 @@ def test_table_and_classes_agree() -> None:
             import builtins
 
             assert issubclass(cls, getattr(builtins, base, None) or getattr(keyfence, base)), (cls, base)
+
+
+def test_every_code_of_the_core_has_a_class_chosen_for_it() -> None:
+    # The numbers come from the core's table (keyfence/_codes.py); the
+    # class of each name is chosen in exceptions.py, none left to the
+    # fallback by mistake and none for a name the core does not have.
+    assert set(_CLASS_OF_NAME) == set(NAMES.values())
+    for number, name in NAMES.items():
+        assert _core.result_name(number) == name
+        assert CLASSES[number] is _CLASS_OF_NAME[name]
 
 
 def test_unknown_numbers_fall_back_to_the_base_class() -> None:

@@ -1,7 +1,9 @@
 """The exceptions keyfence raises, one class per error code.
 
 Every error has a stable code defined once in the Rust core and listed in
-``docs/errors.md``; this module maps each code to a class, in one place.
+``docs/errors.md`` (the numbers reach Python in :mod:`keyfence._codes`,
+generated from the core's table); this module maps each code to a class,
+in one place.
 All classes derive from :class:`KeyfenceError`, which carries the code's
 name as ``.code`` and its number as ``.number``. Where a standard
 exception fits, the class also derives from it (bad input is a
@@ -16,6 +18,8 @@ for people and may change. No message carries key material or plaintext.
 from __future__ import annotations
 
 from typing import Dict, Optional, Type
+
+from ._codes import NAMES
 
 __all__ = [
     "KeyfenceError",
@@ -253,47 +257,53 @@ class TokenLogin(KeyfenceError, PermissionError):
     """
 
 
-#: The class of each error code, by number (``docs/errors.md``). A code
-#: missing here raises the base class.
+#: The class of each error code's name. A code missing here (one the Rust
+#: core added since) raises the base class; a test holds the two together.
+_CLASS_OF_NAME: Dict[str, Type[KeyfenceError]] = {
+    "INVALID_ARGUMENT": InvalidArgument,
+    "INTERNAL": KeyfenceError,
+    "RNG": KeyfenceError,
+    "PANIC": KeyfenceError,
+    "IO": ResourceError,
+    "POLICY_SYNTAX": PolicySyntaxError,
+    "POLICY_TOO_LARGE": PolicySyntaxError,
+    "INVALID_ATTRIBUTES": InvalidAttributes,
+    "INVALID_CIPHERTEXT": InvalidCiphertext,
+    "INVALID_KEY": InvalidKey,
+    "POLICY_NOT_SATISFIED": PolicyNotSatisfied,
+    "RESERVED_LABEL": ReservedLabel,
+    "LIMIT_EXCEEDED": LimitExceeded,
+    "INVALID_ENVELOPE": InvalidEnvelope,
+    "RETIRED_GENERATION": RetiredGeneration,
+    "UNKNOWN_POLICY_KEY": UnknownPolicyKey,
+    "UNKNOWN_ALGORITHM": UnknownAlgorithm,
+    "NO_AUTHORITY": NoAuthority,
+    "AUTHORITY_EXISTS": AuthorityExists,
+    "INCONSISTENT_STATE": StoreError,
+    "WRONG_AUTHORITY": WrongAuthority,
+    "REPLAYED_OBJECT": ReplayedObject,
+    "MACHINE_REVOKED": MachineRevoked,
+    "STORE_IO": StoreIOError,
+    "INVALID_STORE_KEY": StoreError,
+    "STORE_LOCKED": StoreLocked,
+    "STORE_CONFLICT": StoreConflict,
+    "OVERLOADED": Overloaded,
+    "TIMED_OUT": TimedOut,
+    "CANCELLED": Cancelled,
+    "SHUT_DOWN": ShutDown,
+    "INVALID_PRIVATE_KEY": InvalidPrivateKey,
+    "INVALID_REQUEST": InvalidRequest,
+    "CRYPTO_FAILED": KeyfenceError,
+    "BACKEND_FAILED": BackendFailed,
+    "INVALID_CONFIG": InvalidConfig,
+    "TOKEN_UNAVAILABLE": TokenUnavailable,
+    "TOKEN_LOGIN": TokenLogin,
+}
+
+#: The class of each error code, by number (``docs/errors.md``): the numbers
+#: are the Rust core's (:mod:`keyfence._codes`, generated from its table).
 CLASSES: Dict[int, Type[KeyfenceError]] = {
-    1: InvalidArgument,
-    2: KeyfenceError,
-    3: KeyfenceError,
-    4: KeyfenceError,
-    5: ResourceError,
-    100: PolicySyntaxError,
-    101: PolicySyntaxError,
-    102: InvalidAttributes,
-    200: InvalidCiphertext,
-    201: InvalidKey,
-    202: PolicyNotSatisfied,
-    203: ReservedLabel,
-    204: LimitExceeded,
-    300: InvalidEnvelope,
-    301: RetiredGeneration,
-    302: UnknownPolicyKey,
-    303: UnknownAlgorithm,
-    304: NoAuthority,
-    305: AuthorityExists,
-    306: StoreError,
-    307: WrongAuthority,
-    308: ReplayedObject,
-    309: MachineRevoked,
-    400: StoreIOError,
-    401: StoreError,
-    402: StoreLocked,
-    403: StoreConflict,
-    500: Overloaded,
-    501: TimedOut,
-    502: Cancelled,
-    503: ShutDown,
-    504: InvalidPrivateKey,
-    505: InvalidRequest,
-    506: KeyfenceError,
-    507: BackendFailed,
-    508: InvalidConfig,
-    509: TokenUnavailable,
-    510: TokenLogin,
+    number: _CLASS_OF_NAME.get(name, KeyfenceError) for number, name in NAMES.items()
 }
 
 
