@@ -205,10 +205,12 @@ export declare namespace sign {
      * is.
      *
      * Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
-     * no key process found), `INVALID_ARGUMENT` (`agent` with `isolated`
-     * or `keyProcess`, or empty), `IO` (threads), `BACKEND_FAILED` (the
-     * key process does not start; no agent answers on `agent`, or it
-     * refuses this user: the reason in the message).
+     * no key process found, an `offload` not `off`, `on` or `auto`,
+     * `offload` with `agent`, `cryptoMb` without `offload`),
+     * `INVALID_ARGUMENT` (`agent` with `isolated` or `keyProcess`, or
+     * empty), `IO` (threads), `BACKEND_FAILED` (the key process does not
+     * start; `offload: 'on'` where crypto_mb cannot run; no agent answers
+     * on `agent`, or it refuses this user: the reason in the message).
      */
     constructor(options?: sign.EngineOptions | undefined | null)
     /**
@@ -514,6 +516,21 @@ export declare namespace sign {
      * `keyProcess`.
      */
     agent?: string
+    /**
+     * Whether keys in this process, or in its key process (`isolated`),
+     * sign on Intel's crypto_mb multi-buffer device (docs/offload.md):
+     * `'on'` (the engine is refused, code `BACKEND_FAILED`, where crypto_mb
+     * cannot run: no library, or a CPU without AVX-512 IFMA), `'auto'` (the
+     * device where it runs, else software) or `'off'`. Default: software
+     * in this process, `'auto'` in a key process. Not with `agent`: the
+     * agent chooses (`keyfence agent --offload`).
+     */
+    offload?: 'off' | 'on' | 'auto'
+    /**
+     * crypto_mb's library for `offload` (a path, or a name the loader
+     * finds); default `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`.
+     */
+    cryptoMb?: string
   }
   /** Operations of one executor class that ended in an error, by kind. */
   export interface ErrorCounts {

@@ -248,6 +248,8 @@ const engineOptions = options({
   isolated: boolean,
   keyProcess: text,
   agent: text,
+  offload: text,
+  cryptoMb: text,
 })
 
 const machineOptions = options({ state: text })

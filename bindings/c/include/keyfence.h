@@ -1317,6 +1317,27 @@ keyfence_result keyfence_engine_config_set_agent(struct keyfence_engine_config *
                                                  const char *socket);
 
 /*
+ Chooses whether keys this engine holds, in this process or in its key
+ process (`keyfence_engine_config_set_isolated`), sign on Intel's
+ crypto_mb multi-buffer device (docs/offload.md): `mode` is `"off"`,
+ `"on"` (`keyfence_engine_new` fails with `KEYFENCE_BACKEND_FAILED` and
+ the reason where crypto_mb cannot run: no library, or a CPU without
+ AVX-512 IFMA) or `"auto"` (the device where it runs, else software).
+ `crypto_mb` names the library (a path, or a name the loader finds); NULL
+ for `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`. Without this call
+ keys in this process sign in software and a key process chooses `auto`.
+ An agent's engine refuses it at `keyfence_engine_new`
+ (`KEYFENCE_INVALID_CONFIG`): the agent chooses for the keys it holds.
+
+ # Safety
+ `config` is a live handle; `mode` is a NUL-terminated string;
+ `crypto_mb` is NULL or a NUL-terminated string.
+ */
+keyfence_result keyfence_engine_config_set_offload(struct keyfence_engine_config *config,
+                                                   const char *mode,
+                                                   const char *crypto_mb);
+
+/*
  Frees an engine configuration; NULL is a no-op.
 
  # Safety

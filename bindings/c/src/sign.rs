@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource, MachineFiles};
+use keyfence_core::sign::offload::OffloadMode;
 use keyfence_core::sign::managed::{load_in_process, Isolation, ManagedConfig, ManagedEngine};
 use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
 use keyfence_core::ErrorCode;
@@ -220,6 +221,53 @@ pub unsafe extern "C" fn keyfence_engine_config_set_agent(
             return Err(Error::new(ErrorCode::InvalidArgument, "socket is empty"));
         }
         c.0.isolation = Isolation::Agent(socket.into());
+        Ok(())
+    })
+}
+
+/// Chooses whether keys this engine holds, in this process or in its key
+/// process (`keyfence_engine_config_set_isolated`), sign on Intel's
+/// crypto_mb multi-buffer device (docs/offload.md): `mode` is `"off"`,
+/// `"on"` (`keyfence_engine_new` fails with `KEYFENCE_BACKEND_FAILED` and
+/// the reason where crypto_mb cannot run: no library, or a CPU without
+/// AVX-512 IFMA) or `"auto"` (the device where it runs, else software).
+/// `mode` NULL restores the default: keys in this process sign in software
+/// and a key process chooses `auto`. `crypto_mb` names the library (a
+/// path, or a name the loader finds); NULL for `KEYFENCE_CRYPTO_MB`, else
+/// `libcrypto_mb.so.13`; with a NULL `mode`, `keyfence_engine_new` refuses
+/// it (`KEYFENCE_INVALID_CONFIG`).
+/// An agent's engine refuses it at `keyfence_engine_new`
+/// (`KEYFENCE_INVALID_CONFIG`): the agent chooses for the keys it holds.
+///
+/// # Safety
+/// `config` is a live handle; `mode` and `crypto_mb` are each NULL or a
+/// NUL-terminated string.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_engine_config_set_offload(
+    config: *mut keyfence_engine_config,
+    mode: *const c_char,
+    crypto_mb: *const c_char,
+) -> keyfence_result {
+    ffi::boundary(|| {
+        // SAFETY: the caller's promises.
+        let c = unsafe { ffi::borrow_mut(config, "config")? };
+        let mode = if mode.is_null() {
+            None
+        } else {
+            // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
+            Some(unsafe { ffi::text(mode, "mode")? }.parse::<OffloadMode>()?)
+        };
+        let library = if crypto_mb.is_null() {
+            None
+        } else {
+            // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
+            Some(unsafe { ffi::text(crypto_mb, "crypto_mb")? }.to_string())
+        };
+        if library.as_deref().is_some_and(str::is_empty) {
+            return Err(Error::new(ErrorCode::InvalidArgument, "crypto_mb is empty: pass NULL for the default library"));
+        }
+        c.0.offload = mode;
+        c.0.crypto_mb = library;
         Ok(())
     })
 }

@@ -1,7 +1,7 @@
 //! `keyfence`: the command line of the keyfence library.
 
 // Direction, bottom to top (each module uses only those before it): exit,
-// files, key_process, offload_sim, pki; abe_cmd, policy_cmd, wrap_cmd; then
+// files, key_process, offload_paths, pki; abe_cmd, policy_cmd, wrap_cmd; then
 // remote_cmd, agent_cmd, sign_cmd (which takes remote_cmd's options),
 // provider_cmd, soak, demo and bench_cmd; this file on top.
 
@@ -13,7 +13,7 @@ mod exit;
 mod files;
 mod fleet;
 mod key_process;
-mod offload_sim;
+mod offload_paths;
 mod pkcs11_cmd;
 mod pki;
 mod policy_cmd;

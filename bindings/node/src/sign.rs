@@ -128,6 +128,18 @@ pub struct EngineOptions {
     /// its keys again, when the agent restarts. Not with `isolated` or
     /// `keyProcess`.
     pub agent: Option<String>,
+    /// Whether keys in this process, or in its key process (`isolated`),
+    /// sign on Intel's crypto_mb multi-buffer device (docs/offload.md):
+    /// `'on'` (the engine is refused, code `BACKEND_FAILED`, where crypto_mb
+    /// cannot run: no library, or a CPU without AVX-512 IFMA), `'auto'` (the
+    /// device where it runs, else software) or `'off'`. Default: software
+    /// in this process, `'auto'` in a key process. Not with `agent`: the
+    /// agent chooses (`keyfence agent --offload`).
+    #[napi(ts_type = "'off' | 'on' | 'auto'")]
+    pub offload: Option<String>,
+    /// crypto_mb's library for `offload` (a path, or a name the loader
+    /// finds); default `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`.
+    pub crypto_mb: Option<String>,
 }
 
 /// Options of one signature.
@@ -305,10 +317,12 @@ impl Engine {
     /// is.
     ///
     /// Throws `KeyfenceError` code `INVALID_CONFIG` (a size out of range,
-    /// no key process found), `INVALID_ARGUMENT` (`agent` with `isolated`
-    /// or `keyProcess`, or empty), `IO` (threads), `BACKEND_FAILED` (the
-    /// key process does not start; no agent answers on `agent`, or it
-    /// refuses this user: the reason in the message).
+    /// no key process found, an `offload` not `off`, `on` or `auto`,
+    /// `offload` with `agent`, `cryptoMb` without `offload`),
+    /// `INVALID_ARGUMENT` (`agent` with `isolated` or `keyProcess`, or
+    /// empty), `IO` (threads), `BACKEND_FAILED` (the key process does not
+    /// start; `offload: 'on'` where crypto_mb cannot run; no agent answers
+    /// on `agent`, or it refuses this user: the reason in the message).
     #[napi(constructor)]
     pub fn new(env: Env, options: Option<EngineOptions>) -> napi::Result<Self> {
         let completions = Completions::new(&env)?;
@@ -346,6 +360,13 @@ impl Engine {
                     None => KeyProcessConfig::default(),
                 });
             }
+            if let Some(mode) = o.offload {
+                match mode.parse() {
+                    Ok(mode) => config.offload = Some(mode),
+                    Err(e) => return Err(KfError::from(e).into_napi(&env)),
+                }
+            }
+            config.crypto_mb = o.crypto_mb;
         }
         js(&env, ManagedEngine::start(config).map_err(Into::into)).map(|inner| Engine { inner, completions, agent })
     }

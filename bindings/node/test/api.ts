@@ -78,6 +78,11 @@ export async function everything(dir: string, pem: string): Promise<void> {
   const opened: kf.sign.PrivateKey = engine.loadEnvelope(dir, 'machine.key', env)
   engine.close()
 
+  const onDevice = new kf.sign.Engine({ isolated: true, offload: 'auto', cryptoMb: '/usr/local/lib/keyfence-crypto-mb/libcrypto_mb.so.13' })
+  onDevice.close()
+  // @ts-expect-error an offload mode is 'off', 'on' or 'auto'
+  void new kf.sign.Engine({ offload: 'maybe' })
+
   const tokens = new kf.sign.Engine({ isolated: true, token: { threads: 4, queueCapacity: 256 } })
   const tokenKey: kf.sign.PrivateKey = tokens.loadPkcs11('pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/keyfence/pin')
   const tokenSig: Buffer = await tokens.sign(tokenKey, 'ecdsa-p256-sha256', Buffer.from('data'))

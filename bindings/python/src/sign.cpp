@@ -39,7 +39,7 @@ PrivateKey load_key(Engine *engine, F &&load) {
 }
 
 std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool isolated, py::object key_process,
-                                   py::object agent) {
+                                   py::object agent, py::object offload, py::object crypto_mb) {
     keyfence_engine_config *cfg = nullptr;
     check(keyfence_engine_config_new(&cfg));
     Handle<keyfence_engine_config, keyfence_engine_config_free> config(cfg);
@@ -60,6 +60,14 @@ std::unique_ptr<Engine> engine_new(py::list classes, uint32_t timeout_ms, bool i
         std::string socket = path(agent, "agent");
         if (socket.empty()) raise_value("agent is an empty path: name the agent's socket, such as /run/keyfence/agent.sock");
         check(keyfence_engine_config_set_agent(cfg, socket.c_str()));
+    }
+    // The multi-buffer device: the core parses the mode and refuses it for
+    // an agent's engine (the agent chooses), at keyfence_engine_new.
+    if (!offload.is_none() || !crypto_mb.is_none()) {
+        std::optional<std::string> mode, library;
+        if (!offload.is_none()) mode = text(offload, "offload");
+        if (!crypto_mb.is_none()) library = path(crypto_mb, "crypto_mb");
+        check(keyfence_engine_config_set_offload(cfg, mode ? mode->c_str() : nullptr, library ? library->c_str() : nullptr));
     }
     keyfence_engine *out = nullptr;
     nogil([&] { return keyfence_engine_new(cfg, &out); });
@@ -272,7 +280,8 @@ void engine_attach_remote(Engine &engine, RemoteSigner &remote) {
 void bind_sign(py::module_ &m) {
     py::class_<Engine>(m, "Engine", "A signing engine (see keyfence.sign.Engine).")
         .def(py::init(&engine_new), py::arg("classes"), py::arg("timeout_ms"), py::arg("isolated"),
-             py::arg("key_process"), py::arg("agent") = py::none())
+             py::arg("key_process"), py::arg("agent") = py::none(), py::arg("offload") = py::none(),
+             py::arg("crypto_mb") = py::none())
         .def("sign", &engine_sign, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"))
         .def("submit", &engine_submit, py::arg("key"), py::arg("algorithm"), py::arg("data"), py::arg("timeout_ms"),
              py::arg("queue"), py::arg("token"))

@@ -81,8 +81,9 @@ pub struct ManagedConfig {
     /// `auto`); `Some(mode)` sets both. An agent or key servers decide for
     /// the keys they hold, so an engine of theirs refuses a mode.
     pub offload: Option<OffloadMode>,
-    /// crypto_mb's library (a path, or a name the library path finds);
-    /// `None`: `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`.
+    /// crypto_mb's library (a path, or a name the library path finds),
+    /// with `offload` only; `None`: `KEYFENCE_CRYPTO_MB`, else
+    /// `libcrypto_mb.so.13`.
     pub crypto_mb: Option<String>,
 }
 
@@ -128,6 +129,9 @@ struct Parts {
 impl Parts {
     /// Starts the engine's threads, then what `config`'s isolation names.
     fn start(config: &ManagedConfig) -> Result<Parts, SignError> {
+        if config.crypto_mb.is_some() && config.offload.is_none() {
+            return Err(SignError::Config("crypto_mb names the library the offload mode signs with: set the offload mode too".into()));
+        }
         let engine = match (&config.isolation, config.offload) {
             (Isolation::InProcess, Some(mode)) => {
                 let offload = ServerOffload::prepare(mode, config.crypto_mb.as_deref())?;

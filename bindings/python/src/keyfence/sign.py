@@ -242,14 +242,28 @@ class Engine:
             signs for this engine. The engine connects now, and again when
             the agent restarts, loading its keys again. Not with
             ``isolated=True``.
+        offload: whether keys in this process, or in its key process
+            (``isolated=True``), sign on Intel's crypto_mb multi-buffer
+            device (``docs/offload.md``): ``"on"`` (the engine is refused,
+            saying why, where crypto_mb cannot run: no library, or a CPU
+            without AVX-512 IFMA), ``"auto"`` (the device where it runs,
+            else software) or ``"off"``. Default: software in this
+            process, ``"auto"`` in a key process. Not with ``agent``: the
+            agent chooses (``keyfence agent --offload``).
+        crypto_mb: crypto_mb's library for ``offload`` (a path, or a name
+            the loader finds); default ``KEYFENCE_CRYPTO_MB``, else
+            ``libcrypto_mb.so.13``.
 
     Raises:
         InvalidArgumentType: a setting of the wrong type.
         InvalidArgument: a setting out of range, or ``agent`` with
             ``isolated=True``.
-        InvalidConfig: settings the engine cannot use.
-        BackendFailed: the key process did not start, or no agent answers
-            on ``agent`` or it refuses this user (the reason in the message).
+        InvalidConfig: settings the engine cannot use (an ``offload``
+            that is not ``"off"``, ``"on"`` or ``"auto"``, ``offload``
+            with ``agent``, or ``crypto_mb`` without ``offload``).
+        BackendFailed: the key process did not start, ``offload="on"``
+            where crypto_mb cannot run, or no agent answers on ``agent``
+            or it refuses this user (the reason in the message).
 
     The engine is thread-safe; :meth:`close` (or leaving a ``with`` block)
     shuts it down, failing queued operations with :class:`~keyfence.ShutDown`,
@@ -271,6 +285,8 @@ class Engine:
         isolated: bool = False,
         key_process: Optional[StrPath] = None,
         agent: Optional[StrPath] = None,
+        offload: Optional[str] = None,
+        crypto_mb: Optional[StrPath] = None,
     ) -> None:
         t = _count(threads, "threads")
         cap = _count(queue_capacity, "queue_capacity")
@@ -288,7 +304,7 @@ class Engine:
                 "or in the key agent"
             )
         self._queues: Dict[asyncio.AbstractEventLoop, _LoopQueue] = {}
-        self._native = _core.Engine(classes, _ms(timeout, "timeout"), bool(isolated), key_process, agent)
+        self._native = _core.Engine(classes, _ms(timeout, "timeout"), bool(isolated), key_process, agent, offload, crypto_mb)
         self._agent: Optional[str] = None if agent is None else os.fsdecode(os.fspath(agent))
 
     def __repr__(self) -> str:
