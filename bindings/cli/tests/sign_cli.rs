@@ -185,6 +185,42 @@ fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
     assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("unknown path gpu"));
 }
 
+/// `bench sign --path multibuffer --path isolated-multibuffer` on the
+/// stand-in crypto_mb (vectors/crypto-mb-stand-in/), which runs on every
+/// CPU: one row each; where crypto_mb says it cannot sign here, the run
+/// fails saying so instead of measuring software under the device's name.
+#[test]
+fn bench_sign_measures_the_multibuffer_paths_or_says_why_not() {
+    let d = Dir::new("bench-multibuffer");
+    let lib = d.p("libcrypto_mb_stand_in.so");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../vectors/crypto-mb-stand-in/crypto_mb_stand_in.c");
+    let built = Command::new("cc").args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"]).status().unwrap();
+    assert!(built.success(), "building the stand-in crypto_mb");
+    let args = ["bench", "sign", "--json", "--seconds", "0.2", "--case", "ecdsa-p256-sha256", "--case", "rsa2048-pss-sha256",
+        "--path", "multibuffer", "--path", "isolated-multibuffer", "--crypto-mb", &lib];
+    let o = keyfence(&args);
+    ok(&o, "keyfence bench sign --path multibuffer");
+    let rows: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .map(|v| (v["alg"].as_str().unwrap().to_string(), v["path"].as_str().unwrap().to_string()))
+        .collect();
+    let expected: Vec<(String, String)> = ["rsa2048-pss-sha256", "ecdsa-p256-sha256"]
+        .into_iter()
+        .flat_map(|a| ["raw", "multibuffer", "isolated-multibuffer"].map(|p| (a.to_string(), p.to_string())))
+        .collect();
+    assert_eq!(rows, expected);
+    for path in ["multibuffer", "isolated-multibuffer"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_keyfence"))
+            .args(["bench", "sign", "--seconds", "0.1", "--case", "ed25519", "--path", path, "--crypto-mb", &lib])
+            .env("KF_MB_MODE", "unsupported")
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(path) && err.contains("AVX-512 IFMA"), "{path}: {err}");
+    }
+}
+
 /// `bench sign --per-cpu`: by default P-256, Ed25519 and RSA-2048 (PSS),
 /// each through raw AWS-LC, the engine, the key process and a key server
 /// on loopback, one row each with its signatures per CPU-second, its ratio
