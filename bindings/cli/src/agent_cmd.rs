@@ -221,6 +221,12 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     }
     .with_context(|| format!("cannot start the agent on {}", args.socket.display()))?;
     outln!("listening {}", agent.socket().display());
+    // On standard output, which the journal keeps, whatever the log level:
+    // an operator who installed crypto_mb reads here whether it is used.
+    match agent.software_reason() {
+        Some(why) => outln!("signing in software: {why}"),
+        None => outln!("signing RSA and ECDSA on crypto_mb's multi-buffer device"),
+    }
     match args.seconds {
         Some(s) if s > 0.0 && s.is_finite() => std::thread::sleep(Duration::from_secs_f64(s)),
         Some(_) => return Err(exit::input("--seconds must be positive")),

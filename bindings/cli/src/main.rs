@@ -1,7 +1,7 @@
 //! `keyfence`: the command line of the keyfence library.
 
 // Direction, bottom to top (each module uses only those before it): exit,
-// files, key_process, offload_paths, pki; abe_cmd, policy_cmd, wrap_cmd; then
+// files, key_process, offload_paths, offload_cmd, pki; abe_cmd, policy_cmd, wrap_cmd; then
 // remote_cmd, agent_cmd, sign_cmd (which takes remote_cmd's options),
 // provider_cmd, soak, demo and bench_cmd; this file on top.
 
@@ -13,6 +13,7 @@ mod exit;
 mod files;
 mod fleet;
 mod key_process;
+mod offload_cmd;
 mod offload_paths;
 mod pkcs11_cmd;
 mod pki;
@@ -69,6 +70,10 @@ enum Command {
     /// (docs/pkcs11.md).
     #[command(subcommand)]
     Pkcs11(pkcs11_cmd::Pkcs11Cmd),
+    /// Offload devices: whether Intel's crypto_mb runs here
+    /// (docs/offload.md).
+    #[command(subcommand)]
+    Offload(offload_cmd::OffloadCmd),
     /// Run the end-to-end demonstration.
     Demo,
 }
@@ -105,6 +110,7 @@ fn main() -> ExitCode {
         Command::ProviderKey(args) => provider_cmd::provider_key(args),
         Command::ProviderConfig(args) => provider_cmd::provider_config(args),
         Command::Pkcs11(cmd) => pkcs11_cmd::run(cmd),
+        Command::Offload(cmd) => offload_cmd::run(cmd),
         Command::Demo => demo::run(),
     };
     match result {

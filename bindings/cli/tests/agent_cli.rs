@@ -311,6 +311,9 @@ agent.wait()
     }
     let _agent = KillPid(agent_pid);
     assert!(lines.next().is_some_and(|l| l.starts_with("listening")), "the agent did not start");
+    // What it signs with, where the journal keeps it whatever the log level.
+    let signing = lines.next().unwrap_or_default();
+    assert!(signing.starts_with("signing in software: ") || signing.starts_with("signing RSA and ECDSA on crypto_mb"), "{signing}");
     std::thread::spawn(move || lines.for_each(drop));
     signs_through(&d, &socket);
     signs_through(&d, &socket);

@@ -221,6 +221,38 @@ fn bench_sign_measures_the_multibuffer_paths_or_says_why_not() {
     }
 }
 
+/// `keyfence offload probe`: the library's own answer, as JSON or words,
+/// with an exit status a script can branch on (0 runs, 1 runs nothing on
+/// this CPU, 3 cannot be opened).
+#[test]
+fn offload_probe_says_what_crypto_mb_runs_here() {
+    let d = Dir::new("offload-probe");
+    let lib = d.p("libcrypto_mb_stand_in.so");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../vectors/crypto-mb-stand-in/crypto_mb_stand_in.c");
+    assert!(Command::new("cc").args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"]).status().unwrap().success());
+    let probe = |mode: Option<&str>, lib: &str| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_keyfence"));
+        c.args(["offload", "probe", "--json", "--crypto-mb", lib]);
+        if let Some(m) = mode {
+            c.env("KF_MB_MODE", m);
+        }
+        c.output().unwrap()
+    };
+    let o = probe(None, &lib);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["algorithms"]["RSA-2048"], true);
+    assert_eq!(v["algorithms"]["ECDSA P-256"], true);
+    let o = probe(Some("unsupported"), &lib);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["applicable"], false);
+    assert!(v["algorithms"].as_object().unwrap().values().all(|r| r == false), "{v}");
+    let o = probe(None, &d.p("no-such-libcrypto_mb.so"));
+    assert_eq!(o.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("could not be opened"));
+}
+
 /// `bench sign --per-cpu`: by default P-256, Ed25519 and RSA-2048 (PSS),
 /// each through raw AWS-LC, the engine, the key process and a key server
 /// on loopback, one row each with its signatures per CPU-second, its ratio

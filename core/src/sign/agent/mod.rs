@@ -265,6 +265,8 @@ fn keep_floor(machine: Machine, config: &AgentConfig, machine_key: &Path) -> Res
 struct Inner {
     config: AgentConfig,
     uid: u32,
+    /// Why the agent signs in software; `None` on crypto_mb's device.
+    software_reason: Option<String>,
     stop: AtomicBool,
     workers: Arc<Workers>,
     service: Arc<dyn Service>,
@@ -422,10 +424,7 @@ impl Agent {
         let ops = Room { per_user, total: per_user.saturating_mul(4) };
         let loads = Room { per_user: config.user_loads, total: MAX_QUEUED_LOADS.1 };
         let offload = crate::sign::offload::ServerOffload::prepare(config.offload, config.crypto_mb.as_deref())?;
-        match offload.software_reason() {
-            Some(why) => tracing::info!(%why, "the agent signs in software"),
-            None => tracing::info!("the agent signs RSA and ECDSA on crypto_mb's multi-buffer device where it runs them"),
-        }
+        let software_reason = offload.software_reason().map(str::to_string);
         let offload = offload.start()?;
         let workers = Workers::start((config.rsa_threads, config.ec_threads), ops, loads, offload)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
@@ -438,6 +437,7 @@ impl Agent {
         };
         let inner = Arc::new(Inner {
             uid,
+            software_reason,
             config,
             stop: AtomicBool::new(false),
             workers,
@@ -470,6 +470,14 @@ impl Agent {
     /// The socket clients connect to.
     pub fn socket(&self) -> &Path {
         &self.inner.config.socket
+    }
+
+    /// Why the agent signs RSA and ECDSA in software (`offload mode is
+    /// off`, or why `auto` found no device: no library, a CPU without
+    /// AVX-512 IFMA); `None` when they go to crypto_mb's multi-buffer
+    /// device.
+    pub fn software_reason(&self) -> Option<&str> {
+        self.inner.software_reason.as_deref()
     }
 
     /// Clients admitted and refused, connections open, descriptor limit.
