@@ -6,6 +6,7 @@
 //! private scalar. A test binary of its own, so that no other test loads
 //! the module in this process.
 
+mod common;
 mod pkcs11_support;
 
 use std::io::{Read, Seek, SeekFrom};

@@ -6,6 +6,10 @@
 //! with `KEYFENCE_REQUIRE_ETCD=1` (set by `./x`) fails them instead.
 #![allow(dead_code)]
 
+// Included by path: the command line's tests include this module too.
+#[path = "../common/skip.rs"]
+mod skip;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -17,25 +21,16 @@ use keyfence::wrap::{EtcdConfig, EtcdStore, Store};
 /// How long a cluster may take to elect its first leader.
 const START_WAIT: Duration = Duration::from_secs(60);
 
-/// The `etcd` binary, or `None` after saying loudly that the etcd tests
-/// are skipped (a panic instead when `KEYFENCE_REQUIRE_ETCD` is set).
-pub fn etcd_binary() -> Option<PathBuf> {
+/// The `etcd` binary, or `None` when the calling test must skip (said
+/// loudly, and a failure instead when `KEYFENCE_REQUIRE_ETCD` is set).
+fn etcd_binary() -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join("etcd"))
         .find(|p| p.is_file());
-    if found.is_none() {
-        if std::env::var_os("KEYFENCE_REQUIRE_ETCD").is_some() {
-            panic!("KEYFENCE_REQUIRE_ETCD is set but no `etcd` is on PATH (apt-get install etcd-server)");
-        }
-        // Straight to the process's stderr: the test harness captures
-        // `eprintln!` of passing tests, and a skip must be seen.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n*** SKIPPED: no `etcd` on PATH; the etcd store tests did not run (apt-get install etcd-server, or ./x) ***\n"
-        );
+    if skip::skip_unless(found.is_some(), "no `etcd` on PATH (apt-get install etcd-server, or ./x)", skip::REQUIRE_ETCD) {
+        return None;
     }
     found
 }
@@ -103,7 +98,8 @@ fn make_pki(dir: &Path) {
 
 impl Cluster {
     /// Starts three members and waits (bounded) until they serve.
-    /// `None` when etcd is not installed (see [`etcd_binary`]).
+    /// `None` when etcd is not installed and the calling test must skip
+    /// (see [`etcd_binary`]: it said so).
     pub fn start() -> Option<Cluster> {
         Self::start_with(false, None)
     }

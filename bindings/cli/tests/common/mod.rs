@@ -2,8 +2,14 @@
 
 #![allow(dead_code)]
 
+// The core's tests skip the same way, from the same file.
+#[path = "../../../../core/tests/common/skip.rs"]
+mod skip;
+
 use std::path::PathBuf;
 use std::process::{Command, Output};
+
+pub use skip::*;
 
 /// Runs the `keyfence` binary built for these tests.
 pub fn keyfence(args: &[&str]) -> Output {

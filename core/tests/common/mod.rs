@@ -1,0 +1,76 @@
+//! What the core's test files share, written once: the one way a test
+//! skips ([`skip_unless`]), the programs a test runs as another user,
+//! waiting for a condition, the `openssl` command line, and checking a
+//! signature with OpenSSL.
+#![allow(dead_code)]
+
+mod skip;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub use skip::*;
+
+/// The program `name` of tests/programs (an `[[example]]` of the core's
+/// Cargo.toml): not a test, something a test runs, as another user for
+/// one. A whole `cargo test -p keyfence` builds it; `--test NAME` alone
+/// does not.
+pub fn program(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().and_then(Path::parent).unwrap().join("examples").join(name);
+    assert!(
+        path.exists(),
+        "{} is not built: `cargo build -p keyfence --example {name}` (a whole `cargo test -p keyfence` builds it)",
+        path.display()
+    );
+    path
+}
+
+/// Waits (up to 30 s) until `cond` holds.
+pub fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < Duration::from_secs(30), "{what}: not after 30 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs the `openssl` command line in `dir`; its failure fails the test.
+pub fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
+    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+/// Whether OpenSSL finds `sig` a signature of `msg` with `alg` under the
+/// public key `public_der` (SubjectPublicKeyInfo): the check of every
+/// signature the tests make, by code other than the signer's.
+#[cfg(feature = "sign")]
+pub fn verify(public_der: &[u8], alg: keyfence::sign::Algorithm, msg: &[u8], sig: &[u8]) -> bool {
+    use keyfence::sign::Hash;
+    use openssl::hash::MessageDigest;
+    use openssl::sign::{RsaPssSaltlen, Verifier};
+    let public = openssl::pkey::PKey::public_key_from_der(public_der).unwrap();
+    let md = alg.hash().map(|h| match h {
+        Hash::Sha256 => MessageDigest::sha256(),
+        Hash::Sha384 => MessageDigest::sha384(),
+        Hash::Sha512 => MessageDigest::sha512(),
+        Hash::Md5Sha1 => panic!("the tests do not verify {alg}"),
+    });
+    let mut v = match md {
+        Some(md) => Verifier::new(md, &public).unwrap(),
+        None => Verifier::new_without_digest(&public).unwrap(),
+    };
+    if alg.name().starts_with("rsa-pss") {
+        v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).unwrap();
+        v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).unwrap();
+        v.set_rsa_mgf1_md(md.unwrap()).unwrap();
+    }
+    v.verify_oneshot(sig, msg).unwrap_or(false)
+}
+
+/// [`verify`] with `key`'s public half.
+#[cfg(feature = "sign")]
+pub fn verify_key(key: &keyfence::sign::PrivateKey, alg: keyfence::sign::Algorithm, msg: &[u8], sig: &[u8]) -> bool {
+    verify(&key.public_key_der().unwrap(), alg, msg, sig)
+}
