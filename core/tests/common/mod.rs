@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+// Not every test file skips.
+#[allow(unused_imports)]
 pub use skip::*;
 
 /// The program `name` of tests/programs (an `[[example]]` of the core's

@@ -9,6 +9,8 @@ mod skip;
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+// Not every test file skips.
+#[allow(unused_imports)]
 pub use skip::*;
 
 /// Runs the `keyfence` binary built for these tests.
