@@ -268,11 +268,14 @@ fn clients_without_a_certificate_or_with_another_cas_are_refused() {
     let mut config = client_config(&[("sfo1", sfo.local_addr())]);
     config.tls = pki.files("client", "rogue");
     let e = RemoteSigner::start(config).unwrap().key(&world.us_key).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
     assert!(e.to_string().contains("certificate verify failed") || e.to_string().contains("CERTIFICATE"), "{e}");
     // A server certificate for another name is refused as well.
     let mut config = client_config(&[("sfo1", sfo.local_addr())]);
     config.peers[0].server_name = "iad1".into();
-    assert!(RemoteSigner::start(config).unwrap().key(&world.us_key).is_err());
+    let e = RemoteSigner::start(config).unwrap().key(&world.us_key).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
+    assert!(e.to_string().contains("certificate verify failed") || e.to_string().contains("CERTIFICATE"), "{e}");
 }
 
 #[test]
@@ -497,7 +500,7 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     };
     open(&mut ring, "us.env").unwrap();
     // The EU key is refused before the key process is asked.
-    assert!(open(&mut ring, "eu.env").is_err());
+    assert_eq!(open(&mut ring, "eu.env").unwrap_err().code(), ErrorCode::PolicyNotSatisfied);
     assert_eq!((ring.len(), keys.status().unwrap().keys), (1, 1));
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), Pki::get().files("sfo1", "ca"));
     config.name = "sfo1".into();
@@ -509,7 +512,9 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"isolated").unwrap().wait().unwrap();
     assert!(verify_ecdsa(&der, b"isolated", &sig));
-    assert!(remote.key(&eu).is_err(), "no peer holds the EU key");
+    let e = remote.key(&eu).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Refused, .. }), "no peer holds the EU key: {e}");
+    assert!(e.to_string().contains("no configured peer's attributes satisfy"), "{e}");
 }
 
 /// Issue 33: the id a key server files an isolated key under names the
@@ -636,7 +641,8 @@ fn a_dead_peer_is_not_hammered() {
     drop(key);
     let t = Instant::now();
     for _ in 0..200 {
-        assert!(sick.key(&world.us_key).is_err());
+        let e = sick.key(&world.us_key).unwrap_err();
+        assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
     }
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let m = sick.metrics();

@@ -482,7 +482,9 @@ fn machines_accept_only_what_their_authority_signed(stores: &Stores) {
     // which would accept forged signatures) is refused.
     let mut weak = a.issue(&attrs("region=EU")).unwrap().to_bytes().to_vec();
     weak[4..36].copy_from_slice(&[1; 1].iter().chain([0u8; 31].iter()).copied().collect::<Vec<_>>());
-    assert!(MachineKey::from_bytes(&weak).is_err());
+    let e = MachineKey::from_bytes(&weak).unwrap_err();
+    assert_eq!(e.code(), ErrorCode::InvalidKey);
+    assert!(e.to_string().contains("authority key"), "{e}");
 }
 
 #[test]
@@ -610,7 +612,7 @@ fn a_watch_sees_puts_and_deletes_on_every_store(stores: &Stores) {
     revisions.extend(seen.iter().map(WatchEvent::revision));
     assert!(revisions.windows(2).all(|p| p[0] < p[1]), "{revisions:?}");
     assert!(w.next_timeout(Duration::from_millis(300)).is_none(), "nothing more");
-    assert!(store.clone().watch("../x/", 0).is_err());
+    assert_eq!(store.clone().watch("../x/", 0).unwrap_err().code(), keyfence::ErrorCode::InvalidStoreKey);
 }
 
 /// A machine that follows its store, on every store: a policy-key

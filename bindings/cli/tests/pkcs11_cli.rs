@@ -247,5 +247,5 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
             "--in", &d.p("msg"), "--out", &d.p("x"), "--timeout-ms", "3000",
         ],
     );
-    assert!(!o.status.success(), "a key the server does not hold");
+    assert!(!o.status.success() && stderr(&o).contains("does not hold that key"), "a key the server does not hold: {}", stderr(&o));
 }
