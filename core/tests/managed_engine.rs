@@ -4,6 +4,7 @@
 //! makes instead of checking things its own way: timeouts, closed engines,
 //! key loading.
 
+mod common;
 mod remote_support;
 
 use std::path::PathBuf;
@@ -12,22 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openssl::pkey::PKey;
-use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
+use keyfence::sign::key_process::KeySource;
 use keyfence::sign::managed::{millis, Isolation, ManagedConfig, ManagedEngine};
-use keyfence::sign::{Engine, EngineConfig, KeyKind, PrivateKey, SignError};
+use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, SignError};
 use keyfence::ErrorCode;
+use common::{key_process_engine, verify};
 use zeroize::Zeroizing;
-
-const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
-
-fn key_process_engine() -> ManagedEngine {
-    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
-    iso.rsa_threads = 1;
-    iso.ec_threads = 1;
-    let mut config = ManagedConfig::default();
-    config.isolation = Isolation::KeyProcess(iso);
-    ManagedEngine::start(config).unwrap()
-}
 
 fn p256_pem() -> Zeroizing<Vec<u8>> {
     let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
@@ -206,7 +197,7 @@ fn a_remote_engine_owns_its_signer_and_loads_envelopes_only() {
     let key = engine.load(source(&world.us_key)).unwrap();
     assert!(!key.is_local(), "the peers hold the key");
     let sig = sign(&engine, &key, b"remote").unwrap();
-    assert!(remote_support::verify_ecdsa(&key.public_key_der().unwrap(), b"remote", &sig));
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"remote", &sig));
     // Its figures are the engine's: one scrape shows both.
     let text = engine.metrics().unwrap().prometheus();
     assert!(text.contains("keyfence_remote_client_operations_total"), "{text}");

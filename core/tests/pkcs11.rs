@@ -21,7 +21,7 @@ use keyfence::sign::key_process::KeySource;
 use keyfence::sign::managed::{ManagedConfig, ManagedEngine};
 use keyfence::sign::pkcs11::{self, Pkcs11Settings};
 use keyfence::sign::{Algorithm, Input, KeyKind, OpClass, Operation, PrivateKey, Request, SignError};
-use common::{is_root, program, skip_unless, verify, REQUIRE_ROOT};
+use common::{is_root, probe_as_nobody, skip_unless, verify, REQUIRE_ROOT};
 use keyfence::ErrorCode;
 use pkcs11_support::{counting_module, logins, module, pin, token, uri, CKR_PIN_INCORRECT};
 
@@ -479,16 +479,7 @@ fn an_agent_grants_token_keys_per_user_or_group() {
     settings.module = Some(module(dir).into());
     settings.pin_file = Some(dir.join("pin"));
     let probe = |uri: &str| {
-        use std::os::unix::process::CommandExt;
-        let o = std::process::Command::new(program("token-grant-probe"))
-            .env("KEYFENCE_PROBE_SOCKET", &socket)
-            .env("KEYFENCE_PROBE_URI", uri)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        out.lines().find_map(|l| l.strip_prefix("PROBE: ").map(str::to_string)).unwrap_or_else(|| panic!("no probe line: {out}"))
+        probe_as_nobody("token-grant-probe", &[("KEYFENCE_PROBE_SOCKET", socket.as_os_str()), ("KEYFENCE_PROBE_URI", uri.as_ref())])
     };
     let tls = "pkcs11:token=edge;object=tls-p256";
     for who in [Grantee::User(65534), Grantee::Group(65534)] {

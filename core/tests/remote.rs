@@ -4,6 +4,7 @@
 //! server-side deadline and the metrics endpoint. Every wait is bounded.
 #![cfg(feature = "sign")]
 
+mod common;
 mod remote_support;
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
 use keyfence::sign::remote::{serve_metrics, BreakerState, RemoteSigner};
 use keyfence::sign::{Algorithm, BackendFailure, Engine, EngineConfig, ErrorKind, LatencyBackend, Request, SignError};
 use keyfence::ErrorCode;
+use common::verify;
 use remote_support::*;
 
 #[test]
@@ -37,7 +39,7 @@ fn a_key_only_one_server_may_hold_is_signed_through_it() {
         for i in 0..20u32 {
             let msg = format!("handshake {i}");
             let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, msg.as_bytes()).unwrap().wait().unwrap();
-            assert!(verify_ecdsa(&der, msg.as_bytes(), &sig));
+            assert!(verify(&der, Algorithm::EcdsaP256Sha256, msg.as_bytes(), &sig));
         }
         let m = remote.metrics();
         let by_name: HashMap<_, _> = m.peers.iter().map(|p| (p.name.as_str(), p)).collect();
@@ -220,19 +222,6 @@ fn hello(stream: &mut openssl::ssl::SslStream<TcpStream>) -> Result<p::Frame, St
     p::encode(&mut f, kind::HELLO, 0, &[&p::hello_request()]);
     stream.write_all(&f).map_err(|e| e.to_string())?;
     read_frame(stream)
-}
-
-fn read_frame(stream: &mut openssl::ssl::SslStream<TcpStream>) -> Result<p::Frame, String> {
-    // One frame at a time, byte by byte after the length, so nothing read
-    // belongs to the next frame.
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).map_err(|e| e.to_string())?;
-    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize];
-    stream.read_exact(&mut rest).map_err(|e| e.to_string())?;
-    let mut d = p::Decoder::new();
-    d.push(&len);
-    d.push(&rest);
-    d.next_frame().map_err(|e| e.to_string())?.ok_or_else(|| "short frame".into())
 }
 
 #[test]
@@ -511,7 +500,7 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     let der = key.public_key_der().unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"isolated").unwrap().wait().unwrap();
-    assert!(verify_ecdsa(&der, b"isolated", &sig));
+    assert!(verify(&der, Algorithm::EcdsaP256Sha256, b"isolated", &sig));
     let e = remote.key(&eu).unwrap_err();
     assert!(matches!(e, SignError::Backend { failure: BackendFailure::Refused, .. }), "no peer holds the EU key: {e}");
     assert!(e.to_string().contains("no configured peer's attributes satisfy"), "{e}");
@@ -557,7 +546,7 @@ fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
     assert!(keys.wait_running(Duration::from_secs(5)));
     assert_eq!(keys.status().unwrap().keys, 1, "the key was loaded again");
     let sig = ring.get(&id).unwrap().sign(Algorithm::EcdsaP256Sha256, b"same key").unwrap();
-    assert!(verify_ecdsa(&der, b"same key", &sig), "the key process signed with another key than the id names");
+    assert!(verify(&der, Algorithm::EcdsaP256Sha256, b"same key", &sig), "the key process signed with another key than the id names");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -701,7 +690,7 @@ fn a_peer_that_stops_answering_is_left_after_the_request_timeout() {
     let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"failover".to_vec()).with_timeout(Duration::from_secs(3));
     let sig = engine.submit(req).unwrap().wait().unwrap();
     let took = t.elapsed();
-    assert!(verify_ecdsa(&key.public_key_der().unwrap(), b"failover", &sig));
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"failover", &sig));
     assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(3), "{took:?}");
     let m = remote.metrics();
     let peer = |n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.clone();

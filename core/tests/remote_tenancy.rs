@@ -7,6 +7,7 @@
 //! bounded.
 #![cfg(feature = "sign")]
 
+mod common;
 mod remote_support;
 
 use std::io::{Read, Write};
@@ -18,6 +19,7 @@ use openssl::ssl::SslStream;
 use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
 use keyfence::sign::remote::{serve_metrics, AllowList, KeyId, KeyServer, TenantSource};
 use keyfence::sign::{Algorithm, BackendFailure, Engine, EngineConfig, Input, LatencyBackend, Operation, SignError};
+use common::verify;
 use remote_support::*;
 
 type Tls = SslStream<TcpStream>;
@@ -36,17 +38,6 @@ fn connect(cert: &str, addr: std::net::SocketAddr) -> Tls {
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     tcp.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     b.build().connect("sfo1", tcp).unwrap()
-}
-
-fn read_frame(s: &mut Tls) -> Result<p::Frame, String> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).map_err(|e| e.to_string())?;
-    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut rest).map_err(|e| e.to_string())?;
-    let mut d = p::Decoder::new();
-    d.push(&len);
-    d.push(&rest);
-    d.next_frame().map_err(|e| e.to_string())?.ok_or_else(|| "short frame".into())
 }
 
 /// Connects as `cert` and says hello: the server's answer.
@@ -114,7 +105,7 @@ fn a_tenant_cannot_use_another_tenants_key_whatever_its_frames_say() {
     let a = client_as("tenant-a", &[("sfo1", sfo.local_addr())]);
     let key = a.key(&world.us_key).unwrap();
     let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"mine").unwrap().wait().unwrap();
-    assert!(verify_ecdsa(&key.public_key_der().unwrap(), b"mine", &sig));
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"mine", &sig));
     assert_not_allowed(a.key(&world.us_rsa).unwrap_err());
     // B, the other way round; a client whose CN is in no list gets nothing.
     let b = client_as("tenant-b", &[("sfo1", sfo.local_addr())]);

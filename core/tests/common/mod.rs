@@ -1,16 +1,18 @@
 //! What the core's test files share, written once: the one way a test
 //! skips ([`skip_unless`]), the programs a test runs as another user,
-//! waiting for a condition, the `openssl` command line, and checking a
-//! signature with OpenSSL.
+//! waiting for a condition, the `openssl` command line ([`openssl`]), and
+//! checking a signature with OpenSSL.
 #![allow(dead_code)]
 
+mod openssl_cli;
 mod skip;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-// Not every test file skips.
+// Not every test file skips or runs openssl.
+#[allow(unused_imports)]
+pub use openssl_cli::*;
 #[allow(unused_imports)]
 pub use skip::*;
 
@@ -29,6 +31,22 @@ pub fn program(name: &str) -> PathBuf {
     path
 }
 
+/// Runs the program `name` ([`program`]) as `nobody` (uid and gid 65534,
+/// which needs root) with `env`, and returns what follows `PROBE: ` on the
+/// line of its output that has it: what a probe of another user saw.
+pub fn probe_as_nobody(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = std::process::Command::new(program(name));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let o = cmd.uid(65534).gid(65534).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    out.lines()
+        .find_map(|l| l.strip_prefix("PROBE: ").map(str::to_string))
+        .unwrap_or_else(|| panic!("no probe line from {name}: {out}{}", String::from_utf8_lossy(&o.stderr)))
+}
+
 /// Waits (up to 30 s) until `cond` holds.
 pub fn eventually(what: &str, cond: impl Fn() -> bool) {
     let start = Instant::now();
@@ -36,12 +54,6 @@ pub fn eventually(what: &str, cond: impl Fn() -> bool) {
         assert!(start.elapsed() < Duration::from_secs(30), "{what}: not after 30 s");
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// Runs the `openssl` command line in `dir`; its failure fails the test.
-pub fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Whether OpenSSL finds `sig` a signature of `msg` with `alg` under the
@@ -75,4 +87,17 @@ pub fn verify(public_der: &[u8], alg: keyfence::sign::Algorithm, msg: &[u8], sig
 #[cfg(feature = "sign")]
 pub fn verify_key(key: &keyfence::sign::PrivateKey, alg: keyfence::sign::Algorithm, msg: &[u8], sig: &[u8]) -> bool {
     verify(&key.public_key_der().unwrap(), alg, msg, sig)
+}
+
+/// An engine whose keys are in a key process (the one this package
+/// builds) of one thread per class.
+#[cfg(feature = "sign")]
+pub fn key_process_engine() -> keyfence::sign::managed::ManagedEngine {
+    use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+    let mut iso = keyfence::sign::key_process::KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
+    iso.rsa_threads = 1;
+    iso.ec_threads = 1;
+    let mut config = ManagedConfig::default();
+    config.isolation = Isolation::KeyProcess(iso);
+    ManagedEngine::start(config).unwrap()
 }

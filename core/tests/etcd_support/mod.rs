@@ -7,6 +7,8 @@
 #![allow(dead_code)]
 
 // Included by path: the command line's tests include this module too.
+#[path = "../common/openssl_cli.rs"]
+mod openssl_cli;
 #[path = "../common/skip.rs"]
 mod skip;
 
@@ -17,6 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyfence::wrap::{EtcdConfig, EtcdStore, Store};
+use openssl_cli::openssl;
 
 /// How long a cluster may take to elect its first leader.
 const START_WAIT: Duration = Duration::from_secs(60);
@@ -71,11 +74,6 @@ pub struct Cluster {
     /// With TLS on the client port: the directory of `ca.pem`,
     /// `server.{pem,key}` and `client.{pem,key}` (made with `openssl`).
     tls: Option<PathBuf>,
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// A throwaway CA and, signed by it, `server` (for 127.0.0.1) and `client`

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use crate::common::{skip_unless, REQUIRE_SERVERS};
+use crate::common::{openssl, skip_unless, REQUIRE_SERVERS};
 
 /// The fixture's folder, or `None` when SoftHSM2 is not installed and the
 /// calling test must skip: said loudly, and a failure instead when
@@ -55,12 +55,7 @@ fn fixture() -> Option<&'static Path> {
         // module in its own process to make one).
         for label in COUNTED_TOKENS {
             let pem = dir.join("keys").join(format!("{label}-payments.pem"));
-            let o = Command::new("openssl")
-                .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
-                .arg(&pem)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "openssl genpkey: {}", String::from_utf8_lossy(&o.stderr));
+            openssl(&dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", pem.to_str().unwrap()]);
             let o = Command::new("softhsm2-util")
                 .args(["--import"])
                 .arg(&pem)
