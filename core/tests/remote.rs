@@ -17,7 +17,7 @@ use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
 use keyfence::sign::remote::{serve_metrics, BreakerState, RemoteSigner};
 use keyfence::sign::{Algorithm, BackendFailure, Engine, EngineConfig, ErrorKind, LatencyBackend, Request, SignError};
 use keyfence::ErrorCode;
-use common::verify;
+use common::{key_process_config, verify};
 use remote_support::*;
 
 #[test]
@@ -463,7 +463,7 @@ fn the_trace_id_is_carried_across_the_hop_and_metrics_reach_the_engine() {
 
 #[test]
 fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
-    use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess};
+    use keyfence::sign::key_process::KeyProcess;
     use keyfence::sign::remote::{KeyRing, KeyServer, ServerConfig};
     use keyfence::wrap::{FileStore, Store};
     let dir = temp_dir("remote-isolated");
@@ -479,10 +479,7 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     let info = keyfence::wrap::MachineInfo::from_key_bytes(&std::fs::read(dir.join("sfo1.machine")).unwrap()).unwrap();
     let machine = keyfence::wrap::PublicMachine::new(info, store);
 
-    let mut c = KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
-    c.rsa_threads = 1;
-    c.ec_threads = 1;
-    let keys = KeyProcess::start(c).unwrap();
+    let keys = KeyProcess::start(key_process_config()).unwrap();
     let mut ring = KeyRing::new();
     let open = |ring: &mut KeyRing, env: &str| {
         ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("sfo1.machine"), &dir.join(env))
@@ -513,7 +510,7 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
 /// under the old key's id).
 #[test]
 fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
-    use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess};
+    use keyfence::sign::key_process::KeyProcess;
     use keyfence::sign::remote::{KeyId, KeyRing};
     use keyfence::wrap::{FileStore, MachineInfo, PublicMachine, Store};
     let dir = temp_dir("remote-isolated-swap");
@@ -526,10 +523,7 @@ fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
     std::fs::write(dir.join("k.env"), first.to_bytes()).unwrap();
     let machine = PublicMachine::new(MachineInfo::from_key_bytes(&mk.to_bytes()).unwrap(), store);
 
-    let mut c = KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
-    c.rsa_threads = 1;
-    c.ec_threads = 1;
-    let keys = KeyProcess::start(c).unwrap();
+    let keys = KeyProcess::start(key_process_config()).unwrap();
     let mut ring = KeyRing::new();
     let id = ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("m.machine"), &dir.join("k.env")).unwrap();
     assert_eq!(id, KeyId::of_envelope(first.to_bytes()));

@@ -47,6 +47,41 @@ pub fn probe_as_nobody(name: &str, env: &[(&str, &std::ffi::OsStr)]) -> String {
         .unwrap_or_else(|| panic!("no probe line from {name}: {out}{}", String::from_utf8_lossy(&o.stderr)))
 }
 
+/// A scratch directory, removed when dropped.
+pub struct Dir(pub PathBuf);
+
+impl Dir {
+    /// `keyfence-NAME-PID` in the system's temporary directory, empty
+    /// (what a run that was killed left there is removed).
+    pub fn new(name: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("keyfence-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        Dir(d)
+    }
+
+    /// The path of `f` in it, as a string for command lines.
+    pub fn path(&self, f: &str) -> String {
+        self.0.join(f).to_str().unwrap().to_owned()
+    }
+
+    /// The contents of `f` in it.
+    pub fn read(&self, f: &str) -> Vec<u8> {
+        std::fs::read(self.0.join(f)).unwrap()
+    }
+
+    /// Writes `f` in it.
+    pub fn write(&self, f: &str, b: &[u8]) {
+        std::fs::write(self.0.join(f), b).unwrap()
+    }
+}
+
+impl Drop for Dir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// Waits (up to 30 s) until `cond` holds.
 pub fn eventually(what: &str, cond: impl Fn() -> bool) {
     let start = Instant::now();
@@ -89,15 +124,20 @@ pub fn verify_key(key: &keyfence::sign::PrivateKey, alg: keyfence::sign::Algorit
     verify(&key.public_key_der().unwrap(), alg, msg, sig)
 }
 
-/// An engine whose keys are in a key process (the one this package
-/// builds) of one thread per class.
+/// A key process (the one this package builds) of one thread per class.
+#[cfg(feature = "sign")]
+pub fn key_process_config() -> keyfence::sign::key_process::KeyProcessConfig {
+    let mut c = keyfence::sign::key_process::KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
+    c.rsa_threads = 1;
+    c.ec_threads = 1;
+    c
+}
+
+/// An engine whose keys are in a [`key_process_config`] key process.
 #[cfg(feature = "sign")]
 pub fn key_process_engine() -> keyfence::sign::managed::ManagedEngine {
     use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
-    let mut iso = keyfence::sign::key_process::KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
-    iso.rsa_threads = 1;
-    iso.ec_threads = 1;
     let mut config = ManagedConfig::default();
-    config.isolation = Isolation::KeyProcess(iso);
+    config.isolation = Isolation::KeyProcess(key_process_config());
     ManagedEngine::start(config).unwrap()
 }
