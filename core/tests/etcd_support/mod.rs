@@ -6,9 +6,14 @@
 //! with `KEYFENCE_REQUIRE_ETCD=1` (set by `./x`) fails them instead.
 #![allow(dead_code)]
 
-// Included by path: the command line's tests include this module too.
+// Included by path, not used from `crate::common`: the command line's
+// tests include this module too, and store_etcd.rs has no `common`. A
+// test file with both compiles these files twice, which is harmless
+// (functions and constants, no state).
+#[allow(clippy::duplicate_mod)]
 #[path = "../common/openssl_cli.rs"]
 mod openssl_cli;
+#[allow(clippy::duplicate_mod)]
 #[path = "../common/skip.rs"]
 mod skip;
 
