@@ -2,9 +2,11 @@
 //! `vectors/circl-oracle`): identical bytes from identical randomness,
 //! decryption both ways, and CIRCL's published golden files.
 
+mod common;
 #[path = "../../vectors/oracle.rs"]
 mod oracle;
 
+use common::Dir;
 use keyfence::abe::{self, AttributeKey, MasterSecretKey, PublicKey};
 use keyfence::policy::{parse, Attributes};
 use rand_core::{CryptoRng, RngCore};
@@ -37,31 +39,6 @@ impl RngCore for Shake {
     }
 }
 impl CryptoRng for Shake {}
-
-struct Dir(std::path::PathBuf);
-
-impl Dir {
-    fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("keyfence-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-    fn path(&self, f: &str) -> String {
-        self.0.join(f).to_str().unwrap().to_owned()
-    }
-    fn read(&self, f: &str) -> Vec<u8> {
-        std::fs::read(self.0.join(f)).unwrap()
-    }
-    fn write(&self, f: &str, b: &[u8]) {
-        std::fs::write(self.0.join(f), b).unwrap()
-    }
-}
-
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 fn go(args: &[&str]) {
     oracle::run(args, None).unwrap_or_else(|e| panic!("oracle {args:?}: {e}"));

@@ -215,6 +215,19 @@ fn store(f: &Fake) -> Arc<EtcdStore> {
     Arc::new(EtcdStore::open(c).unwrap())
 }
 
+/// A scan of `envelopes/` in pages of `page` that must fail: its error,
+/// and how many pages it handed on first.
+fn failed_scan(s: &EtcdStore, page: usize) -> (keyfence::wrap::StoreError, usize) {
+    let mut pages = 0;
+    let err = s
+        .scan("envelopes/", page, &mut |_, _| {
+            pages += 1;
+            Ok(())
+        })
+        .unwrap_err();
+    (err, pages)
+}
+
 /// This process's resident memory, in MiB.
 fn rss_mib() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
@@ -251,13 +264,7 @@ fn a_listing_that_says_more_forever_fails_at_once() {
 fn a_scan_page_out_of_order_is_refused_at_once() {
     let f = fake(Attack::Reordered);
     let s = store(&f);
-    let mut pages = 0;
-    let err = s
-        .scan("envelopes/", 1000, &mut |_, _| {
-            pages += 1;
-            Ok(())
-        })
-        .unwrap_err();
+    let (err, pages) = failed_scan(&s, 1000);
     assert!(err.to_string().contains("does not move on"), "{err}");
     assert_eq!(pages, 0);
 }
@@ -288,13 +295,7 @@ fn a_page_of_empty_names_is_refused_at_once() {
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert_eq!(f.pages.load(Ordering::SeqCst), 1, "refused at the first page");
     let t = Instant::now();
-    let mut handed = 0;
-    let err = s
-        .scan("envelopes/", 1000, &mut |_, _| {
-            handed += 1;
-            Ok(())
-        })
-        .unwrap_err();
+    let (err, handed) = failed_scan(&s, 1000);
     assert!(io_kind(&err).1.contains("empty name"), "{err}");
     assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     assert_eq!((handed, f.pages.load(Ordering::SeqCst)), (0, 2));
@@ -317,13 +318,7 @@ fn repeated_names_and_names_that_go_back_are_refused() {
         assert_eq!(kind, std::io::ErrorKind::InvalidData, "{text}");
         assert!(text.contains(why) && text.contains("does not move on"), "{text}");
         assert_eq!(f.pages.load(Ordering::SeqCst), pages, "{text}");
-        let mut handed = 0;
-        let err = s
-            .scan("envelopes/", 1000, &mut |_, _| {
-                handed += 1;
-                Ok(())
-            })
-            .unwrap_err();
+        let (err, handed) = failed_scan(&s, 1000);
         assert!(io_kind(&err).1.contains(why), "{err}");
         // A scan hands on the pages before the bad one.
         assert_eq!(handed, pages - 1, "{err}");

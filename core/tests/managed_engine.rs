@@ -4,6 +4,7 @@
 //! makes instead of checking things its own way: timeouts, closed engines,
 //! key loading.
 
+mod common;
 mod remote_support;
 
 use std::path::PathBuf;
@@ -12,22 +13,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openssl::pkey::PKey;
-use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
+use keyfence::sign::key_process::KeySource;
 use keyfence::sign::managed::{millis, Isolation, ManagedConfig, ManagedEngine};
-use keyfence::sign::{Engine, EngineConfig, KeyKind, PrivateKey, SignError};
+use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, SignError};
 use keyfence::ErrorCode;
+use common::{key_process_engine, verify, verify_key};
 use zeroize::Zeroizing;
-
-const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
-
-fn key_process_engine() -> ManagedEngine {
-    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
-    iso.rsa_threads = 1;
-    iso.ec_threads = 1;
-    let mut config = ManagedConfig::default();
-    config.isolation = Isolation::KeyProcess(iso);
-    ManagedEngine::start(config).unwrap()
-}
 
 fn p256_pem() -> Zeroizing<Vec<u8>> {
     let g = openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap();
@@ -53,12 +44,6 @@ fn sign(engine: &ManagedEngine, key: &Arc<PrivateKey>, msg: &[u8]) -> Result<Vec
     Ok(engine.submit(req)?.wait()?.to_vec())
 }
 
-fn verifies(key: &PrivateKey, msg: &[u8], sig: &[u8]) -> bool {
-    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let mut v = openssl::sign::Verifier::new(openssl::hash::MessageDigest::sha256(), &public).unwrap();
-    v.verify_oneshot(sig, msg).unwrap_or(false)
-}
-
 #[test]
 fn the_engine_starts_restarts_and_stops_its_key_process() {
     let engine = key_process_engine();
@@ -69,7 +54,7 @@ fn the_engine_starts_restarts_and_stops_its_key_process() {
     let key = engine.load(KeySource::Bytes(p256_pem())).unwrap();
     assert!(!key.is_local(), "the key lives in the key process");
     let sig = sign(&engine, &key, b"before").unwrap();
-    assert!(verifies(&key, b"before", &sig));
+    assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"before", &sig));
 
     // Killed: the engine's key process comes back, with the key.
     assert!(Command::new("kill").args(["-9", &first.to_string()]).status().unwrap().success());
@@ -84,7 +69,7 @@ fn the_engine_starts_restarts_and_stops_its_key_process() {
     assert!(our_key_process(second));
     assert!(!our_key_process(first), "the killed key process was reaped");
     let sig = sign(&engine, &key, b"after").unwrap();
-    assert!(verifies(&key, b"after", &sig), "the same key, loaded again");
+    assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"after", &sig), "the same key, loaded again");
     drop(keys);
 
     // Closed: the key process is gone when `close` returns, although a
@@ -150,7 +135,7 @@ fn an_in_process_engine_holds_keys_here_and_closes_once() {
     let key = engine.load(KeySource::Bytes(p256_pem())).unwrap();
     assert!(key.is_local());
     let sig = sign(&engine, &key, b"here").unwrap();
-    assert!(verifies(&key, b"here", &sig));
+    assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"here", &sig));
     engine.close();
     engine.close();
     assert_eq!(sign(&engine, &key, b"x").unwrap_err().code(), ErrorCode::ShutDown);
@@ -202,7 +187,7 @@ fn a_remote_engine_owns_its_signer_and_loads_envelopes_only() {
     let key = engine.load(source(&world.us_key)).unwrap();
     assert!(!key.is_local(), "the peers hold the key");
     let sig = sign(&engine, &key, b"remote").unwrap();
-    assert!(remote_support::verify_ecdsa(&key.public_key_der().unwrap(), b"remote", &sig));
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"remote", &sig));
     // Its figures are the engine's: one scrape shows both.
     let text = engine.metrics().unwrap().prometheus();
     assert!(text.contains("keyfence_remote_client_operations_total"), "{text}");

@@ -3,12 +3,12 @@
 //! (fallback and clean failure), and the off/on/auto mode logic on a
 //! machine without QAT.
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use openssl::hash::MessageDigest;
-use openssl::pkey::PKey;
-use openssl::sign::Verifier;
+use common::verify_key;
 use keyfence::sign::offload::{
     Device, DeviceRequest, OffloadBackend, OffloadConfig, OffloadMode, OnDeviceError, Route, Routing, SimConfig,
     SimControl, SimDevice,
@@ -26,17 +26,6 @@ fn rsa_key() -> Arc<PrivateKey> {
 fn p256_key() -> Arc<PrivateKey> {
     static KEY: OnceLock<Arc<PrivateKey>> = OnceLock::new();
     KEY.get_or_init(|| Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap())).clone()
-}
-
-fn verify(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let mut v = match alg {
-        Algorithm::RsaPkcs1Sha256 | Algorithm::EcdsaP256Sha256 => Verifier::new(MessageDigest::sha256(), &public),
-        Algorithm::Ed25519 => Verifier::new_without_digest(&public),
-        other => panic!("the tests do not verify {other}"),
-    }
-    .unwrap();
-    v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
 fn sim(config: impl FnOnce(&mut SimConfig)) -> (Arc<SimDevice>, SimControl) {
@@ -104,7 +93,7 @@ fn rsa_signatures_through_the_device_verify_equal_software_and_are_batched() {
     let results = wait_all(submit_many(&engine, &key, Algorithm::RsaPkcs1Sha256, 32, Duration::from_secs(5)));
     for (i, r) in results.into_iter().enumerate() {
         let sig = r.unwrap();
-        assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig), "signature {i}");
+        assert!(verify_key(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig), "signature {i}");
         // PKCS#1 v1.5 is deterministic: the device's signature is software's.
         assert_eq!(*sig, *key.sign(Algorithm::RsaPkcs1Sha256, &msg(i)).unwrap(), "signature {i}");
     }
@@ -140,7 +129,7 @@ fn ecdsa_and_ed25519_follow_the_routing() {
         .into_iter()
         .enumerate()
     {
-        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
+        assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
     }
     assert_eq!((backend.stats().software, backend.stats().submitted), (8, 0));
     assert_eq!(control.stats().accepted, 0);
@@ -155,7 +144,7 @@ fn ecdsa_and_ed25519_follow_the_routing() {
         .into_iter()
         .enumerate()
     {
-        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
+        assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
     }
     assert_eq!((backend.stats().submitted, backend.stats().completed, backend.stats().software), (8, 8, 0));
     assert_eq!(control.stats().completed, 8);
@@ -168,7 +157,7 @@ fn ecdsa_and_ed25519_follow_the_routing() {
     assert_eq!(backend.route(&ed, &ed_op), Route::Software);
     assert_eq!(backend.class(&ed, &ed_op), OpClass::Ec);
     let sig = engine_on(&backend).sign(&ed, Algorithm::Ed25519, &msg(0)).unwrap().wait().unwrap();
-    assert!(verify(&ed, Algorithm::Ed25519, &msg(0), &sig));
+    assert!(verify_key(&ed, Algorithm::Ed25519, &msg(0), &sig));
     assert_eq!((backend.stats().software, control.stats().accepted), (1, 0));
 }
 
@@ -189,7 +178,7 @@ fn device_failure_in_flight_falls_back_to_software() {
     let elapsed = start.elapsed();
     for (i, r) in results.into_iter().enumerate() {
         let sig = r.unwrap_or_else(|e| panic!("operation {i} failed: {e}"));
-        assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig), "signature {i}");
+        assert!(verify_key(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig), "signature {i}");
     }
     assert!(elapsed < Duration::from_secs(2), "took {elapsed:?}");
     wait_idle(&backend);
@@ -233,7 +222,7 @@ fn device_failure_in_flight_fails_cleanly_and_promptly() {
     // The device recovers; later operations go through it again.
     control.recover();
     let sig = engine.sign(&key, Algorithm::RsaPkcs1Sha256, &msg(1)).unwrap().wait().unwrap();
-    assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(1), &sig));
+    assert!(verify_key(&key, Algorithm::RsaPkcs1Sha256, &msg(1), &sig));
     assert_eq!(backend.stats().completed, 1);
 }
 
@@ -308,7 +297,7 @@ fn in_flight_requests_are_bounded_and_none_is_lost() {
     // Enough time for all: everything completes, two at a time.
     let results = wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 12, Duration::from_secs(5)));
     for (i, r) in results.into_iter().enumerate() {
-        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
+        assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
     }
     wait_idle(&backend);
     let stats = backend.stats();
@@ -326,7 +315,7 @@ fn in_flight_requests_are_bounded_and_none_is_lost() {
     let mut timed_out = 0;
     for (i, r) in results.into_iter().enumerate() {
         match r {
-            Ok(sig) => assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &sig), "signature {i}"),
+            Ok(sig) => assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &sig), "signature {i}"),
             Err(SignError::TimedOut { .. }) => timed_out += 1,
             Err(e) => panic!("operation {i}: {e}"),
         }
@@ -349,7 +338,7 @@ fn transient_faults_fall_back_and_fail_after_stops_the_device() {
         .into_iter()
         .enumerate()
     {
-        assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
+        assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
     }
     wait_idle(&backend);
     assert_eq!((backend.stats().fallbacks, backend.stats().completed), (4, 8), "{:?}", backend.stats());
@@ -409,7 +398,7 @@ fn a_device_that_drops_or_panics_never_leaves_an_operation_hanging() {
         for (i, r) in results.into_iter().enumerate() {
             match policy {
                 OnDeviceError::Fallback => {
-                    assert!(verify(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}")
+                    assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}")
                 }
                 OnDeviceError::Fail => {
                     assert!(matches!(&r, Err(SignError::Backend { reason, .. }) if reason.contains("`lossy`")), "{r:?}")
@@ -449,7 +438,7 @@ fn modes_parse_and_auto_runs_in_software_without_qat() {
     assert_eq!(auto.class(&key, &op), OpClass::Rsa);
     let engine = engine_on(&auto);
     let sig = engine.sign(&key, Algorithm::RsaPkcs1Sha256, &msg(0)).unwrap().wait().unwrap();
-    assert!(verify(&key, Algorithm::RsaPkcs1Sha256, &msg(0), &sig));
+    assert!(verify_key(&key, Algorithm::RsaPkcs1Sha256, &msg(0), &sig));
     assert_eq!((auto.stats().software, auto.stats().submitted), (1, 0));
     assert_eq!(engine.metrics().class(OpClass::Rsa).completed, 1);
 
@@ -498,14 +487,7 @@ fn bad_configurations_are_refused() {
 fn a_corrupted_device_rsa_result_is_caught_counted_and_redone_in_software() {
     use openssl::rsa::Padding;
     let key = rsa_key();
-    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let verify_rsa = |alg: Algorithm, m: &[u8], sig: &[u8]| {
-        let mut v = Verifier::new(MessageDigest::sha256(), &public).unwrap();
-        if alg == Algorithm::RsaPssSha256 {
-            v.set_rsa_padding(Padding::PKCS1_PSS).unwrap();
-        }
-        v.verify_oneshot(sig, m).unwrap_or(false)
-    };
+    let verify_rsa = |alg: Algorithm, m: &[u8], sig: &[u8]| verify_key(&key, alg, m, sig);
     let (device, control) = sim(|_| {});
     let backend = offload(device, |_| {});
     let engine = engine_on(&backend);
@@ -787,21 +769,6 @@ mod qat {
         (backend, engine)
     }
 
-    fn verify_any(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-        use openssl::rsa::Padding;
-        let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-        let md = match alg {
-            Algorithm::RsaPkcs1Sha256 | Algorithm::RsaPssSha256 => MessageDigest::sha256(),
-            Algorithm::RsaPkcs1Sha384 => MessageDigest::sha384(),
-            other => panic!("the tests do not verify {other}"),
-        };
-        let mut v = Verifier::new(md, &public).unwrap();
-        if alg == Algorithm::RsaPssSha256 {
-            v.set_rsa_padding(Padding::PKCS1_PSS).unwrap();
-        }
-        v.verify_oneshot(sig, msg).unwrap_or(false)
-    }
-
     #[test]
     fn qat_rsa_path_signs_and_decrypts_through_a_stub_device() {
         let lib = rsa_stub("rsa-good", &[]);
@@ -815,10 +782,10 @@ mod qat {
         }
         for (alg, m, f) in futures {
             let sig = f.wait().unwrap();
-            assert!(verify_any(&key, alg, &m, &sig), "{alg} signature from the QAT path does not verify");
+            assert!(verify_key(&key, alg, &m, &sig), "{alg} signature from the QAT path does not verify");
         }
         // Raw decryption: the device's answer is the plaintext integer.
-        let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
+        let public = openssl::pkey::PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
         let rsa = public.rsa().unwrap();
         let mut plain = vec![0u8; 256];
         plain[0] = 0;
@@ -864,7 +831,7 @@ mod qat {
         let key = rsa_key();
         for i in 0..6 {
             let sig = engine.sign(&key, Algorithm::RsaPkcs1Sha256, &msg(i)).unwrap().wait().unwrap();
-            assert!(verify_any(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig));
+            assert!(verify_key(&key, Algorithm::RsaPkcs1Sha256, &msg(i), &sig));
         }
         let stats = backend.stats();
         assert_eq!((stats.device_errors, stats.fallbacks), (6, 6), "{stats:?}");
@@ -885,7 +852,7 @@ mod qat {
             let (backend, engine) = qat_engine(&lib, OnDeviceError::Fallback);
             for i in 0..4 {
                 let sig = engine.sign(&key, Algorithm::RsaPssSha256, &msg(i)).unwrap().wait().unwrap();
-                assert!(verify_any(&key, Algorithm::RsaPssSha256, &msg(i), &sig), "{name}");
+                assert!(verify_key(&key, Algorithm::RsaPssSha256, &msg(i), &sig), "{name}");
             }
             let stats = backend.stats();
             assert_eq!(stats.fallbacks, 4, "{name}: {stats:?}");
@@ -904,7 +871,7 @@ mod qat {
         let (backend, engine) = qat_engine(&lib, OnDeviceError::Fail);
         let key = p256_key();
         let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"ec").unwrap().wait().unwrap();
-        assert!(verify(&key, Algorithm::EcdsaP256Sha256, b"ec", &sig));
+        assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"ec", &sig));
         assert_eq!(counter(&lib, "stub_ops"), 0);
         assert_eq!(backend.stats().software, 1);
     }

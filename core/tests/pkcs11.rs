@@ -9,6 +9,7 @@
 //! agent's refusal names neither its module nor other tokens; 10,000
 //! signatures with 64 in flight.
 
+mod common;
 mod pkcs11_support;
 
 use std::path::Path;
@@ -19,7 +20,8 @@ use openssl::pkey::PKey;
 use keyfence::sign::key_process::KeySource;
 use keyfence::sign::managed::{ManagedConfig, ManagedEngine};
 use keyfence::sign::pkcs11::{self, Pkcs11Settings};
-use keyfence::sign::{Algorithm, Hash, Input, KeyKind, OpClass, Operation, PrivateKey, Request, SignError};
+use keyfence::sign::{Algorithm, Input, KeyKind, OpClass, Operation, PrivateKey, Request, SignError};
+use common::{is_root, probe_as_nobody, skip_unless, verify, REQUIRE_ROOT};
 use keyfence::ErrorCode;
 use pkcs11_support::{counting_module, logins, module, pin, token, uri, CKR_PIN_INCORRECT};
 
@@ -29,27 +31,6 @@ fn engine() -> ManagedEngine {
 
 fn load(engine: &ManagedEngine, uri: &str) -> Result<Arc<PrivateKey>, keyfence::sign::managed::LoadError> {
     engine.load(KeySource::Pkcs11(uri.to_string()))
-}
-
-fn verify(public_der: &[u8], alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    use openssl::sign::{RsaPssSaltlen, Verifier};
-    let public = PKey::public_key_from_der(public_der).unwrap();
-    let md = alg.hash().map(|h| match h {
-        Hash::Sha256 => openssl::hash::MessageDigest::sha256(),
-        Hash::Sha384 => openssl::hash::MessageDigest::sha384(),
-        Hash::Sha512 => openssl::hash::MessageDigest::sha512(),
-        Hash::Md5Sha1 => unreachable!(),
-    });
-    let mut v = match md {
-        Some(md) => Verifier::new(md, &public).unwrap(),
-        None => Verifier::new_without_digest(&public).unwrap(),
-    };
-    if alg.name().starts_with("rsa-pss") {
-        v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).unwrap();
-        v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).unwrap();
-        v.set_rsa_mgf1_md(md.unwrap()).unwrap();
-    }
-    v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
 /// The public key openssl wrote when it made the key (not the token's).
@@ -479,25 +460,6 @@ fn a_sign_error_from_the_token_keeps_its_code() {
     assert_eq!(e.to_string(), "pkcs11:token=t: r");
 }
 
-/// Runs as another user by [`an_agent_grants_token_keys_per_user_or_group`]:
-/// loads `KEYFENCE_PROBE_URI` through the agent on `KEYFENCE_PROBE_SOCKET`
-/// and prints what happened.
-#[test]
-#[ignore = "a client run as another user by an_agent_grants_token_keys_per_user_or_group"]
-fn token_grant_probe() {
-    use keyfence::sign::managed::Isolation;
-    let (Some(socket), Ok(uri)) = (std::env::var_os("KEYFENCE_PROBE_SOCKET"), std::env::var("KEYFENCE_PROBE_URI")) else {
-        return;
-    };
-    let mut config = ManagedConfig::default();
-    config.isolation = Isolation::Agent(socket.into());
-    let loaded = ManagedEngine::start(config).map_err(|e| e.to_string()).and_then(|e| load(&e, &uri).map(|_| ()).map_err(|e| e.to_string()));
-    match loaded {
-        Ok(()) => println!("PROBE: LOADED"),
-        Err(e) => println!("PROBE: REFUSED {e}"),
-    }
-}
-
 /// Issue 55.4: which token keys an agent's user may load is the agent's
 /// configuration (`--allow-token`), not the client's URI. A user granted
 /// `token=edge;object=tls-p256` loads it, and neither another object on
@@ -506,9 +468,7 @@ fn token_grant_probe() {
 #[test]
 fn an_agent_grants_token_keys_per_user_or_group() {
     use keyfence::sign::agent::{Agent, AgentConfig, Grantee, TokenGrant};
-    // SAFETY: geteuid cannot fail and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED: running a client as another user needs root");
+    if skip_unless(is_root(), "running a client as another user needs root", REQUIRE_ROOT) {
         return;
     }
     let Some(dir) = token() else { return };
@@ -519,17 +479,7 @@ fn an_agent_grants_token_keys_per_user_or_group() {
     settings.module = Some(module(dir).into());
     settings.pin_file = Some(dir.join("pin"));
     let probe = |uri: &str| {
-        use std::os::unix::process::CommandExt;
-        let o = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--exact", "token_grant_probe", "--ignored", "--nocapture"])
-            .env("KEYFENCE_PROBE_SOCKET", &socket)
-            .env("KEYFENCE_PROBE_URI", uri)
-            .uid(65534)
-            .gid(65534)
-            .output()
-            .unwrap();
-        let out = String::from_utf8_lossy(&o.stdout).into_owned();
-        out.lines().find_map(|l| l.find("PROBE: ").map(|at| l[at + 7..].to_string())).unwrap_or_else(|| panic!("no probe line: {out}"))
+        probe_as_nobody("token-grant-probe", &[("KEYFENCE_PROBE_SOCKET", socket.as_os_str()), ("KEYFENCE_PROBE_URI", uri.as_ref())])
     };
     let tls = "pkcs11:token=edge;object=tls-p256";
     for who in [Grantee::User(65534), Grantee::Group(65534)] {

@@ -6,23 +6,20 @@
 //! private scalar. A test binary of its own, so that no other test loads
 //! the module in this process.
 
+mod common;
 mod pkcs11_support;
 
 use std::io::{Read, Seek, SeekFrom};
 
-use keyfence::sign::key_process::{KeyProcessConfig, KeySource};
-use keyfence::sign::managed::{Isolation, ManagedConfig, ManagedEngine};
+use keyfence::sign::key_process::KeySource;
 use keyfence::sign::{Algorithm, Request};
+use common::{key_process_engine, openssl};
 use pkcs11_support::{counting_module, logins, token, uri, CKR_PIN_INCORRECT};
-
-const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
 
 /// The private scalar of the PEM key, XOR-masked as it is read from
 /// `openssl pkey -text` (hex), so this process never holds it in clear.
 fn masked_scalar(pem: &std::path::Path, mask: u8) -> Vec<u8> {
-    let o = std::process::Command::new("openssl").args(["pkey", "-noout", "-text", "-in"]).arg(pem).output().unwrap();
-    assert!(o.status.success());
-    let text = String::from_utf8(o.stdout).unwrap();
+    let text = String::from_utf8(openssl(pem.parent().unwrap(), &["pkey", "-noout", "-text", "-in", pem.to_str().unwrap()])).unwrap();
     let hex: String = text
         .split("priv:")
         .nth(1)
@@ -75,16 +72,6 @@ fn in_my_memory(masked: &[u8], mask: u8) -> bool {
         }
     }
     false
-}
-
-/// An engine whose keys are in a key process of one thread per class.
-fn key_process_engine() -> ManagedEngine {
-    let mut iso = KeyProcessConfig::with_command([KEY_PROCESS]);
-    iso.rsa_threads = 1;
-    iso.ec_threads = 1;
-    let mut config = ManagedConfig::default();
-    config.isolation = Isolation::KeyProcess(iso);
-    ManagedEngine::start(config).unwrap()
 }
 
 fn maps_module(pid: u32) -> Option<bool> {

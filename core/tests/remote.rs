@@ -4,6 +4,7 @@
 //! server-side deadline and the metrics endpoint. Every wait is bounded.
 #![cfg(feature = "sign")]
 
+mod common;
 mod remote_support;
 
 use std::collections::HashMap;
@@ -16,6 +17,7 @@ use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
 use keyfence::sign::remote::{serve_metrics, BreakerState, RemoteSigner};
 use keyfence::sign::{Algorithm, BackendFailure, Engine, EngineConfig, ErrorKind, LatencyBackend, Request, SignError};
 use keyfence::ErrorCode;
+use common::{key_process_config, verify};
 use remote_support::*;
 
 #[test]
@@ -37,7 +39,7 @@ fn a_key_only_one_server_may_hold_is_signed_through_it() {
         for i in 0..20u32 {
             let msg = format!("handshake {i}");
             let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, msg.as_bytes()).unwrap().wait().unwrap();
-            assert!(verify_ecdsa(&der, msg.as_bytes(), &sig));
+            assert!(verify(&der, Algorithm::EcdsaP256Sha256, msg.as_bytes(), &sig));
         }
         let m = remote.metrics();
         let by_name: HashMap<_, _> = m.peers.iter().map(|p| (p.name.as_str(), p)).collect();
@@ -222,19 +224,6 @@ fn hello(stream: &mut openssl::ssl::SslStream<TcpStream>) -> Result<p::Frame, St
     read_frame(stream)
 }
 
-fn read_frame(stream: &mut openssl::ssl::SslStream<TcpStream>) -> Result<p::Frame, String> {
-    // One frame at a time, byte by byte after the length, so nothing read
-    // belongs to the next frame.
-    let mut len = [0u8; 4];
-    stream.read_exact(&mut len).map_err(|e| e.to_string())?;
-    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize];
-    stream.read_exact(&mut rest).map_err(|e| e.to_string())?;
-    let mut d = p::Decoder::new();
-    d.push(&len);
-    d.push(&rest);
-    d.next_frame().map_err(|e| e.to_string())?.ok_or_else(|| "short frame".into())
-}
-
 #[test]
 fn clients_without_a_certificate_or_with_another_cas_are_refused() {
     let world = World::new();
@@ -268,11 +257,14 @@ fn clients_without_a_certificate_or_with_another_cas_are_refused() {
     let mut config = client_config(&[("sfo1", sfo.local_addr())]);
     config.tls = pki.files("client", "rogue");
     let e = RemoteSigner::start(config).unwrap().key(&world.us_key).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
     assert!(e.to_string().contains("certificate verify failed") || e.to_string().contains("CERTIFICATE"), "{e}");
     // A server certificate for another name is refused as well.
     let mut config = client_config(&[("sfo1", sfo.local_addr())]);
     config.peers[0].server_name = "iad1".into();
-    assert!(RemoteSigner::start(config).unwrap().key(&world.us_key).is_err());
+    let e = RemoteSigner::start(config).unwrap().key(&world.us_key).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
+    assert!(e.to_string().contains("certificate verify failed") || e.to_string().contains("CERTIFICATE"), "{e}");
 }
 
 #[test]
@@ -471,7 +463,7 @@ fn the_trace_id_is_carried_across_the_hop_and_metrics_reach_the_engine() {
 
 #[test]
 fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
-    use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess};
+    use keyfence::sign::key_process::KeyProcess;
     use keyfence::sign::remote::{KeyRing, KeyServer, ServerConfig};
     use keyfence::wrap::{FileStore, Store};
     let dir = temp_dir("remote-isolated");
@@ -487,17 +479,14 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     let info = keyfence::wrap::MachineInfo::from_key_bytes(&std::fs::read(dir.join("sfo1.machine")).unwrap()).unwrap();
     let machine = keyfence::wrap::PublicMachine::new(info, store);
 
-    let mut c = KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
-    c.rsa_threads = 1;
-    c.ec_threads = 1;
-    let keys = KeyProcess::start(c).unwrap();
+    let keys = KeyProcess::start(key_process_config()).unwrap();
     let mut ring = KeyRing::new();
     let open = |ring: &mut KeyRing, env: &str| {
         ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("sfo1.machine"), &dir.join(env))
     };
     open(&mut ring, "us.env").unwrap();
     // The EU key is refused before the key process is asked.
-    assert!(open(&mut ring, "eu.env").is_err());
+    assert_eq!(open(&mut ring, "eu.env").unwrap_err().code(), ErrorCode::PolicyNotSatisfied);
     assert_eq!((ring.len(), keys.status().unwrap().keys), (1, 1));
     let mut config = ServerConfig::new("127.0.0.1:0".parse().unwrap(), Pki::get().files("sfo1", "ca"));
     config.name = "sfo1".into();
@@ -508,8 +497,10 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
     let der = key.public_key_der().unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"isolated").unwrap().wait().unwrap();
-    assert!(verify_ecdsa(&der, b"isolated", &sig));
-    assert!(remote.key(&eu).is_err(), "no peer holds the EU key");
+    assert!(verify(&der, Algorithm::EcdsaP256Sha256, b"isolated", &sig));
+    let e = remote.key(&eu).unwrap_err();
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Refused, .. }), "no peer holds the EU key: {e}");
+    assert!(e.to_string().contains("no configured peer's attributes satisfy"), "{e}");
 }
 
 /// Issue 33: the id a key server files an isolated key under names the
@@ -519,7 +510,7 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
 /// under the old key's id).
 #[test]
 fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
-    use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess};
+    use keyfence::sign::key_process::KeyProcess;
     use keyfence::sign::remote::{KeyId, KeyRing};
     use keyfence::wrap::{FileStore, MachineInfo, PublicMachine, Store};
     let dir = temp_dir("remote-isolated-swap");
@@ -532,10 +523,7 @@ fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
     std::fs::write(dir.join("k.env"), first.to_bytes()).unwrap();
     let machine = PublicMachine::new(MachineInfo::from_key_bytes(&mk.to_bytes()).unwrap(), store);
 
-    let mut c = KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
-    c.rsa_threads = 1;
-    c.ec_threads = 1;
-    let keys = KeyProcess::start(c).unwrap();
+    let keys = KeyProcess::start(key_process_config()).unwrap();
     let mut ring = KeyRing::new();
     let id = ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("m.machine"), &dir.join("k.env")).unwrap();
     assert_eq!(id, KeyId::of_envelope(first.to_bytes()));
@@ -552,7 +540,7 @@ fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
     assert!(keys.wait_running(Duration::from_secs(5)));
     assert_eq!(keys.status().unwrap().keys, 1, "the key was loaded again");
     let sig = ring.get(&id).unwrap().sign(Algorithm::EcdsaP256Sha256, b"same key").unwrap();
-    assert!(verify_ecdsa(&der, b"same key", &sig), "the key process signed with another key than the id names");
+    assert!(verify(&der, Algorithm::EcdsaP256Sha256, b"same key", &sig), "the key process signed with another key than the id names");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -636,7 +624,8 @@ fn a_dead_peer_is_not_hammered() {
     drop(key);
     let t = Instant::now();
     for _ in 0..200 {
-        assert!(sick.key(&world.us_key).is_err());
+        let e = sick.key(&world.us_key).unwrap_err();
+        assert!(matches!(e, SignError::Backend { failure: BackendFailure::Unavailable, .. }), "{e}");
     }
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
     let m = sick.metrics();
@@ -695,7 +684,7 @@ fn a_peer_that_stops_answering_is_left_after_the_request_timeout() {
     let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"failover".to_vec()).with_timeout(Duration::from_secs(3));
     let sig = engine.submit(req).unwrap().wait().unwrap();
     let took = t.elapsed();
-    assert!(verify_ecdsa(&key.public_key_der().unwrap(), b"failover", &sig));
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"failover", &sig));
     assert!(took >= Duration::from_millis(200) && took < Duration::from_secs(3), "{took:?}");
     let m = remote.metrics();
     let peer = |n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.clone();

@@ -11,6 +11,7 @@
 //! certified clients were refused.
 #![cfg(feature = "sign")]
 
+mod common;
 mod remote_support;
 
 use std::io::{ErrorKind as IoKind, Read, Write};
@@ -22,6 +23,7 @@ use std::time::{Duration, Instant};
 
 use keyfence::sign::remote::{KeyRing, KeyServer, RemoteSigner, ServerConfig};
 use keyfence::sign::{Algorithm, Engine, EngineConfig};
+use common::verify;
 use remote_support::*;
 
 const SOURCES: u8 = 11;
@@ -214,7 +216,7 @@ fn a_thousand_dribbling_handshakes_neither_lock_out_certified_clients_nor_grow_t
         steady_tried += 1;
         match engine.sign(&key, Algorithm::EcdsaP256Sha256, &msg).and_then(|f| f.wait()) {
             Ok(sig) if t.elapsed() <= SIGN_DEADLINE => {
-                assert!(verify_ecdsa(&der, &msg, &sig));
+                assert!(verify(&der, Algorithm::EcdsaP256Sha256, &msg, &sig));
                 served += 1;
             }
             Ok(_) => failures.push(format!("steady signature took {:?}", t.elapsed())),

@@ -12,6 +12,7 @@
 //! three times: blocking would fail them all.
 #![cfg(feature = "sign")]
 
+mod common;
 mod hol_support;
 mod remote_support;
 

@@ -7,6 +7,7 @@
 //! bounded.
 #![cfg(feature = "sign")]
 
+mod common;
 mod remote_support;
 
 use std::io::{Read, Write};
@@ -17,7 +18,8 @@ use std::time::{Duration, Instant};
 use openssl::ssl::SslStream;
 use keyfence::sign::remote::protocol::{self as p, kind, Head, RemoteErrorCode};
 use keyfence::sign::remote::{serve_metrics, AllowList, KeyId, KeyServer, TenantSource};
-use keyfence::sign::{Algorithm, Engine, EngineConfig, Input, LatencyBackend, Operation};
+use keyfence::sign::{Algorithm, BackendFailure, Engine, EngineConfig, Input, LatencyBackend, Operation, SignError};
+use common::verify;
 use remote_support::*;
 
 type Tls = SslStream<TcpStream>;
@@ -36,17 +38,6 @@ fn connect(cert: &str, addr: std::net::SocketAddr) -> Tls {
     tcp.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     tcp.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
     b.build().connect("sfo1", tcp).unwrap()
-}
-
-fn read_frame(s: &mut Tls) -> Result<p::Frame, String> {
-    let mut len = [0u8; 4];
-    s.read_exact(&mut len).map_err(|e| e.to_string())?;
-    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize];
-    s.read_exact(&mut rest).map_err(|e| e.to_string())?;
-    let mut d = p::Decoder::new();
-    d.push(&len);
-    d.push(&rest);
-    d.next_frame().map_err(|e| e.to_string())?.ok_or_else(|| "short frame".into())
 }
 
 /// Connects as `cert` and says hello: the server's answer.
@@ -98,6 +89,12 @@ fn allow_a_ec_b_rsa(world: &World) -> AllowList {
     allow
 }
 
+/// A key refused to the client's tenant by the server's allow list.
+fn assert_not_allowed(e: SignError) {
+    assert!(matches!(e, SignError::Backend { failure: BackendFailure::Refused, .. }), "{e}");
+    assert!(e.to_string().contains("may not use key"), "{e}");
+}
+
 #[test]
 fn a_tenant_cannot_use_another_tenants_key_whatever_its_frames_say() {
     let world = World::new();
@@ -108,14 +105,13 @@ fn a_tenant_cannot_use_another_tenants_key_whatever_its_frames_say() {
     let a = client_as("tenant-a", &[("sfo1", sfo.local_addr())]);
     let key = a.key(&world.us_key).unwrap();
     let sig = engine.sign(&key, Algorithm::EcdsaP256Sha256, b"mine").unwrap().wait().unwrap();
-    assert!(verify_ecdsa(&key.public_key_der().unwrap(), b"mine", &sig));
-    let e = a.key(&world.us_rsa).unwrap_err();
-    assert!(e.to_string().contains("may not use key"), "{e}");
+    assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"mine", &sig));
+    assert_not_allowed(a.key(&world.us_rsa).unwrap_err());
     // B, the other way round; a client whose CN is in no list gets nothing.
     let b = client_as("tenant-b", &[("sfo1", sfo.local_addr())]);
     assert!(b.key(&world.us_rsa).is_ok());
-    assert!(b.key(&world.us_key).is_err());
-    assert!(client_as("client", &[("sfo1", sfo.local_addr())]).key(&world.us_key).is_err());
+    assert_not_allowed(b.key(&world.us_key).unwrap_err());
+    assert_not_allowed(client_as("client", &[("sfo1", sfo.local_addr())]).key(&world.us_key).unwrap_err());
 
     // On the wire: OP and PUBLIC for B's key are `not_allowed` for A, with
     // any tenant id in the frame (B's, zero, the largest); A's own key is

@@ -4,12 +4,14 @@
 //! and ciphertexts are CIRCL's bytes. `KEYFENCE_UPDATE_VECTORS=1` rewrites
 //! the file instead of comparing.
 
+mod common;
 #[path = "../../vectors/oracle.rs"]
 mod oracle;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use common::Dir;
 use keyfence::abe::{self, AttributeKey, MasterSecretKey, PublicKey};
 use keyfence::policy::{self, Attributes};
 use keyfence::ErrorCode;
@@ -136,28 +138,6 @@ fn every_vector_holds() {
 // ---------------------------------------------------------------------
 // Generation: the file is what this function writes, with CIRCL's bytes.
 
-struct Tmp(PathBuf);
-
-impl Tmp {
-    fn new() -> Self {
-        let p = std::env::temp_dir().join(format!("keyfence-vectors-{}", std::process::id()));
-        std::fs::create_dir_all(&p).unwrap();
-        Tmp(p)
-    }
-    fn path(&self, f: &str) -> String {
-        self.0.join(f).to_str().unwrap().to_owned()
-    }
-    fn read(&self, f: &str) -> Vec<u8> {
-        std::fs::read(self.0.join(f)).unwrap()
-    }
-}
-
-impl Drop for Tmp {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 fn go(args: &[&str]) {
     oracle::run(args, None).unwrap_or_else(|e| panic!("oracle {args:?}: {e}"));
 }
@@ -248,7 +228,7 @@ fn generate() -> String {
         ]);
     }
 
-    let d = Tmp::new();
+    let d = Dir::new("vectors");
     go(&["setup", "--pk", &d.path("pk"), "--msk", &d.path("msk"), "--seed", "6b66010001"]);
     let pk = hex::encode(d.read("pk"));
     for (i, (k, attrs)) in KEYS.iter().enumerate() {

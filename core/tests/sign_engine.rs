@@ -3,38 +3,19 @@
 //! operation ends.
 #![cfg(feature = "sign")]
 
+mod common;
+
 use std::os::fd::AsRawFd;
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openssl::hash::MessageDigest;
-use openssl::pkey::PKey;
+use common::verify_key;
 use openssl::rsa::Padding;
-use openssl::sign::{RsaPssSaltlen, Verifier};
 use keyfence::sign::{
     Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass,
     PrivateKey, Request, SignError,
 };
-
-fn verify(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let md = match alg.hash() {
-        Some(keyfence::sign::Hash::Sha256) => Some(MessageDigest::sha256()),
-        Some(keyfence::sign::Hash::Sha384) => Some(MessageDigest::sha384()),
-        Some(keyfence::sign::Hash::Sha512) => Some(MessageDigest::sha512()),
-        _ => None,
-    };
-    let mut v = match md {
-        Some(md) => Verifier::new(md, &public).unwrap(),
-        None => Verifier::new_without_digest(&public).unwrap(),
-    };
-    if matches!(alg, Algorithm::RsaPssSha256 | Algorithm::RsaPssSha384 | Algorithm::RsaPssSha512) {
-        v.set_rsa_padding(Padding::PKCS1_PSS).unwrap();
-        v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).unwrap();
-    }
-    v.verify_oneshot(sig, msg).unwrap_or(false)
-}
 
 fn small_config() -> EngineConfig {
     let mut c = EngineConfig::default();
@@ -79,12 +60,12 @@ fn future_callback_and_queue_deliver_verifiable_signatures() {
     }
     for (alg, key, fut) in futures {
         let sig = futures::executor::block_on(fut).unwrap();
-        assert!(verify(key, alg, &msg, &sig), "future {alg}");
+        assert!(verify_key(key, alg, &msg, &sig), "future {alg}");
     }
     for _ in 0..expected {
         let (alg, r) = rx.recv_timeout(Duration::from_secs(10)).unwrap();
         let key = keys.iter().find(|k| k.kind().supports(alg)).unwrap();
-        assert!(verify(key, alg, &msg, &r.unwrap()), "callback {alg}");
+        assert!(verify_key(key, alg, &msg, &r.unwrap()), "callback {alg}");
     }
     let mut done = Vec::new();
     while done.len() < expected {
@@ -94,7 +75,7 @@ fn future_callback_and_queue_deliver_verifiable_signatures() {
     for c in done {
         let alg = Algorithm::ALL[c.user_data as usize];
         let key = keys.iter().find(|k| k.kind().supports(alg)).unwrap();
-        assert!(verify(key, alg, &msg, &c.result.unwrap()), "queue {alg}");
+        assert!(verify_key(key, alg, &msg, &c.result.unwrap()), "queue {alg}");
     }
     // Drained: the descriptor is quiet until the next completion.
     assert!(!readable(cq.as_raw_fd(), 0));
@@ -386,7 +367,7 @@ fn perform_runs_in_place_work_on_the_callers_thread_and_counts_it() {
         let backend = Arc::new(Where { threads: Mutex::new(Vec::new()), in_place });
         let engine = Engine::with_backend(small_config(), backend.clone()).unwrap();
         let sig = engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"here".to_vec())).unwrap();
-        assert!(verify(&key, Algorithm::EcdsaP256Sha256, b"here", &sig));
+        assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"here", &sig));
         engine.submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"there".to_vec())).unwrap().wait().unwrap();
         let threads = backend.threads.lock().unwrap().clone();
         assert_eq!(threads.len(), 2);
@@ -401,5 +382,5 @@ fn perform_runs_in_place_work_on_the_callers_thread_and_counts_it() {
     // The software backend computes in place.
     let engine = Engine::new(small_config()).unwrap();
     let sig = engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"soft".to_vec())).unwrap();
-    assert!(verify(&key, Algorithm::EcdsaP256Sha256, b"soft", &sig));
+    assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"soft", &sig));
 }

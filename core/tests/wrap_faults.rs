@@ -18,10 +18,6 @@ struct Handed {
     outside_v1: bool,
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// A store with two live generations, three policies, a rotated policy
 /// key whose old version is still decrypt-only, an envelope that only
 /// exists outside the store, and a malformed object in `envelopes/`.
@@ -38,7 +34,7 @@ fn base() -> (MemoryStore, Vec<Handed>) {
     handed.last_mut().unwrap().outside_v1 = true;
     give(&mut a, &mut handed, "region: EU or tier: gold", "two");
     let outside = give(&mut a, &mut handed, "region: EU", "outside");
-    store.delete(&format!("envelopes/{}", hex(&outside.secret_id))).unwrap();
+    store.delete(&format!("envelopes/{}", hex::encode(outside.secret_id))).unwrap();
     handed.last_mut().unwrap().outside_v1 = true;
     a.rotate_master().unwrap();
     a.rotate_policy_key("region: EU").unwrap();
@@ -219,7 +215,7 @@ fn check_store(store: &Arc<dyn Store>, handed: &[Handed], what: &str) {
     let m = Machine::new(key, store.clone(), CacheConfig::default());
     for h in handed.iter().filter(|h| h.secret != b"outside") {
         let env = Envelope::parse(&h.env).unwrap();
-        let now = store.get(&format!("envelopes/{}", hex(&env.secret_id))).unwrap().unwrap_or_else(|| panic!("{what}: lost"));
+        let now = store.get(&format!("envelopes/{}", hex::encode(env.secret_id))).unwrap().unwrap_or_else(|| panic!("{what}: lost"));
         assert_eq!(&m.open(&now).unwrap_or_else(|e| panic!("{what}: {e}"))[..], &h.secret[..], "{what}");
     }
     for name in store.list("envelopes/").unwrap() {

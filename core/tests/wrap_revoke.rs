@@ -5,13 +5,17 @@
 //! refused by `issue`; master rotations compact the negations. The tests
 //! run on the memory store, a directory and a three-member etcd cluster.
 
+mod common;
 mod etcd_support;
+mod every_store;
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineKey, MemoryStore, Store, WrapError};
+use common::eventually;
+use every_store::{on_every_store, Stores};
+use keyfence::wrap::{Authority, CacheConfig, Envelope, Machine, MachineKey, MemoryStore, Store, WrapError};
 use keyfence::ErrorCode;
 
 const POLICIES: [&str; 4] = ["region: EU", "region: EU or country: US", "country: DE and not tier: bronze", "tier: gold"];
@@ -35,15 +39,6 @@ fn secret_of(secrets: &[([u8; 16], String)], env: &Envelope) -> String {
     secrets.iter().find(|(id, _)| *id == env.secret_id).unwrap().1.clone()
 }
 
-/// Waits (up to 30 s) until `cond` holds.
-fn eventually(what: &str, cond: impl Fn() -> bool) {
-    let start = std::time::Instant::now();
-    while !cond() {
-        assert!(start.elapsed() < Duration::from_secs(30), "{what}: not after 30 s");
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// The same key with its `machine` attribute spelt `id` instead: the
 /// attribute list is the key's description, the CP-ABE key inside still
 /// holds the id it was issued for.
@@ -58,7 +53,8 @@ fn lying_about_its_id(key: &MachineKey, id: &str) -> MachineKey {
     liar
 }
 
-fn a_revoked_machine_opens_nothing_the_store_serves(store: Arc<dyn Store>) {
+fn a_revoked_machine_opens_nothing_the_store_serves(stores: &Stores) {
+    let store = stores();
     let mut a = Authority::init(store.clone()).unwrap();
     let mut secrets = Vec::new();
     for (i, p) in POLICIES.iter().enumerate() {
@@ -151,7 +147,8 @@ fn a_revoked_machine_opens_nothing_the_store_serves(store: Arc<dyn Store>) {
     assert_eq!(again.id(), peer.id());
 }
 
-fn a_master_rotation_compacts_the_negations(store: Arc<dyn Store>) {
+fn a_master_rotation_compacts_the_negations(stores: &Stores) {
+    let store = stores();
     let mut a = Authority::init(store.clone()).unwrap();
     let env = a.wrap("region: EU", b"s").unwrap();
     let victim = machine(&a, &store, "region=EU");
@@ -178,7 +175,7 @@ fn a_master_rotation_compacts_the_negations(store: Arc<dyn Store>) {
     // Generation 1, the last the victim held a key of, is retired: no copy
     // carries a negation any more, and the victim holds nothing live.
     assert_eq!(magics(&store), vec![("2".into(), "KFP2".into()), ("3".into(), "KFP2".into())]);
-    let current = Envelope::parse(&store.get(&format!("envelopes/{}", hex(&env.secret_id))).unwrap().unwrap()).unwrap();
+    let current = Envelope::parse(&store.get(&format!("envelopes/{}", hex::encode(env.secret_id))).unwrap().unwrap()).unwrap();
     assert_eq!(victim.open_envelope(&current).unwrap_err().code(), ErrorCode::RetiredGeneration);
     assert_eq!(&machine(&a, &store, "region=EU").open_envelope(&current).unwrap()[..], b"s");
     // The id stays refused after the negation is gone.
@@ -186,49 +183,17 @@ fn a_master_rotation_compacts_the_negations(store: Arc<dyn Store>) {
     assert_eq!(a.status().unwrap().revoked, vec![id]);
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
-fn on_every_test(store: impl Fn() -> Arc<dyn Store>) {
-    eprintln!("revoked machine");
-    a_revoked_machine_opens_nothing_the_store_serves(store());
-    eprintln!("compaction");
-    a_master_rotation_compacts_the_negations(store());
-    eprintln!("bulk wrap");
-    wrapping_many_at_once_stores_each(store());
-}
-
-#[test]
-fn revocation_on_the_memory_store() {
-    on_every_test(|| Arc::new(MemoryStore::default()));
-}
-
-#[test]
-fn revocation_on_the_file_store() {
-    let dir = tempfile::tempdir().unwrap();
-    let n = std::cell::Cell::new(0);
-    on_every_test(|| {
-        n.set(n.get() + 1);
-        Arc::new(FileStore::open(dir.path().join(format!("store-{}", n.get()))).unwrap())
-    });
-}
-
-#[test]
-fn revocation_on_etcd() {
-    let Some(cluster) = etcd_support::Cluster::start() else { return };
-    let n = std::cell::Cell::new(0);
-    on_every_test(|| {
-        n.set(n.get() + 1);
-        cluster.store(&format!("revoke/{}", n.get()))
-    });
-    drop(cluster);
-}
+on_every_store!(
+    a_revoked_machine_opens_nothing_the_store_serves,
+    a_master_rotation_compacts_the_negations,
+    wrapping_many_at_once_stores_each,
+);
 
 /// A bulk wrap stores every envelope (in commits of at most 64 writes,
 /// which etcd's transaction limit needs) and each opens; a new policy's
 /// key is made once.
-fn wrapping_many_at_once_stores_each(store: Arc<dyn Store>) {
+fn wrapping_many_at_once_stores_each(stores: &Stores) {
+    let store = stores();
     let mut a = Authority::init(store.clone()).unwrap();
     let secrets: Vec<Vec<u8>> = (0..150).map(|i| format!("s{i}").into_bytes()).collect();
     let refs: Vec<&[u8]> = secrets.iter().map(|s| &s[..]).collect();
@@ -238,7 +203,7 @@ fn wrapping_many_at_once_stores_each(store: Arc<dyn Store>) {
     assert_eq!(a.status().unwrap().policy_keys, 1);
     let m = machine(&a, &store, "region=EU");
     for (e, s) in envs.iter().zip(&secrets) {
-        let stored = store.get(&format!("envelopes/{}", hex(&e.secret_id))).unwrap().unwrap();
+        let stored = store.get(&format!("envelopes/{}", hex::encode(e.secret_id))).unwrap().unwrap();
         assert_eq!(&m.open(&stored).unwrap()[..], &s[..]);
     }
 }

@@ -163,7 +163,8 @@ fn a_revocation_under_a_stream_of_new_policies_leaves_the_machine_nothing() {
         assert_eq!(names.len(), 40 + count.load(Ordering::SeqCst));
         for name in names {
             let env = dynstore.get(&name).unwrap().unwrap();
-            assert!(revoked.open(&env).is_err(), "{name} opens for the revoked machine (a wrap every {every} commits)");
+            let Err(e) = revoked.open(&env) else { panic!("{name} opens for the revoked machine (a wrap every {every} commits)") };
+            assert_eq!(e.code(), keyfence::ErrorCode::MachineRevoked, "{name}: {e}");
             if let Err(e) = fresh.open(&env) {
                 panic!("{name} does not open for a machine issued now: {e} (a wrap every {every} commits)");
             }

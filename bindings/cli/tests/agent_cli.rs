@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{ok, openssl, stderr, Dir};
+use common::{is_root, ok, openssl, skip_unless, stderr, Dir, REQUIRE_ROOT};
 
 /// A store, a machine key (country=US) and a P-256 key wrapped under
 /// `country: US`, in `d`.
@@ -102,10 +102,8 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
 
 #[test]
 fn systemd_socket_activation_hands_the_agent_its_socket() {
-    if Command::new("systemd-socket-activate").arg("--help").output().is_err() {
-        eprintln!("SKIPPED: no systemd-socket-activate");
-        return;
-    }
+    // systemd's own tool, which ./x installs (Debian's systemd).
+    assert!(Command::new("systemd-socket-activate").arg("--help").output().is_ok(), "no systemd-socket-activate (apt-get install systemd)");
     let d = Dir::new("agent-activation");
     world(&d);
     let socket = d.0.join("activated.sock");
@@ -128,10 +126,7 @@ fn systemd_socket_activation_hands_the_agent_its_socket() {
 /// unit spoiled on purpose, so the check can fail.
 #[test]
 fn the_systemd_units_verify() {
-    if Command::new("systemd-analyze").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no systemd-analyze");
-        return;
-    }
+    assert!(Command::new("systemd-analyze").arg("--version").output().is_ok(), "no systemd-analyze (apt-get install systemd)");
     let d = Dir::new("agent-units");
     let units = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("systemd");
     let names = ["keyfence-agent.socket", "keyfence-agent.service", "keyfence-serve.service"];
@@ -175,10 +170,10 @@ fn chown(path: &Path, user: &str) {
 fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     use std::os::unix::fs::{MetadataExt, PermissionsExt};
     use std::os::unix::process::CommandExt;
-    if Command::new("id").arg("nobody").output().map_or(true, |o| !o.status.success()) {
-        eprintln!("SKIPPED: no user nobody");
+    if skip_unless(is_root(), "running the agent as nobody needs root", REQUIRE_ROOT) {
         return;
     }
+    assert!(Command::new("id").arg("nobody").output().is_ok_and(|o| o.status.success()), "no user nobody");
     let d = Dir::new("agent-state");
     let s = d.p("store");
     ok(&["authority", "init", "--store", &s]);
@@ -329,10 +324,8 @@ agent.wait()
 /// free up (before, a connection was dropped in silence).
 #[test]
 fn the_agent_raises_its_descriptor_limit_and_says_when_it_runs_out() {
-    if Command::new("prlimit").arg("--version").output().is_err() {
-        eprintln!("SKIPPED: no prlimit");
-        return;
-    }
+    // util-linux's, on every Debian system.
+    assert!(Command::new("prlimit").arg("--version").output().is_ok(), "no prlimit (apt-get install util-linux)");
     let d = Dir::new("agent-fds");
     world(&d);
     let socket = d.0.join("fds.sock");

@@ -3,9 +3,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{keyfence, ok, stderr, stdout, Dir};
+use common::{keyfence, ok, openssl, stderr, stdout, Dir};
 use keyfence::sign::Algorithm;
 
 fn names() -> Vec<&'static str> {
@@ -38,14 +36,9 @@ fn the_docs_help_and_message_list_the_librarys_algorithms() {
 #[test]
 fn every_listed_rsa_algorithm_is_offered_and_verifies() {
     let d = Dir::new("alg-list");
-    let openssl = |args: &[&str]| {
-        let o = Command::new("openssl").args(args).output().expect("the openssl command line");
-        assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-        o
-    };
     let (key, public, msg) = (d.p("rsa.pem"), d.p("rsa.pub"), d.p("msg"));
-    openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &key]);
-    openssl(&["pkey", "-in", &key, "-pubout", "-out", &public]);
+    openssl(&d, &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &key]);
+    openssl(&d, &["pkey", "-in", &key, "-pubout", "-out", &public]);
     std::fs::write(&msg, b"every algorithm on the list").unwrap();
     for (alg, hash, pss) in [
         ("rsa-pkcs1-sha512", "-sha512", None),
@@ -60,14 +53,14 @@ fn every_listed_rsa_algorithm_is_offered_and_verifies() {
             args.extend(["-sigopt", "rsa_padding_mode:pss", "-sigopt", s]);
         }
         args.extend(["-verify", &public, "-signature", &sig, &msg]);
-        openssl(&args);
+        openssl(&d, &args);
     }
     // MD5+SHA-1 (TLS 1.0/1.1): PKCS#1 type 1 over the 36-byte
     // concatenation, no DigestInfo; the raw RSA operation recovers it.
     let sig = d.p("md5sha1");
     ok(&["sign", "--key", &key, "--alg", "rsa-pkcs1-md5-sha1", "--in", &msg, "--out", &sig]);
-    let recovered = openssl(&["pkeyutl", "-verifyrecover", "-pubin", "-inkey", &public, "-in", &sig]).stdout;
-    let md5 = openssl(&["dgst", "-md5", "-binary", &msg]).stdout;
-    let sha1 = openssl(&["dgst", "-sha1", "-binary", &msg]).stdout;
+    let recovered = openssl(&d, &["pkeyutl", "-verifyrecover", "-pubin", "-inkey", &public, "-in", &sig]);
+    let md5 = openssl(&d, &["dgst", "-md5", "-binary", &msg]);
+    let sha1 = openssl(&d, &["dgst", "-sha1", "-binary", &msg]);
     assert_eq!(recovered, [md5, sha1].concat());
 }

@@ -3,14 +3,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{keyfence, stderr, Dir};
-
-fn openssl(args: &[&str]) {
-    let o = Command::new("openssl").args(args).output().expect("the openssl command line is needed for this test");
-    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-}
+use common::{keyfence, openssl, stderr, Dir};
 
 #[test]
 fn refused_keys_say_what_they_are_and_why() {
@@ -18,20 +11,20 @@ fn refused_keys_say_what_they_are_and_why() {
     let msg = d.p("msg");
     std::fs::write(&msg, b"m").unwrap();
     let k1 = d.p("k1.pem");
-    openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:secp256k1", "-out", &k1]);
+    openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:secp256k1", "-out", &k1]);
     let k1_sec1 = d.p("k1-sec1.der");
-    openssl(&["pkey", "-in", &k1, "-outform", "DER", "-traditional", "-out", &k1_sec1]);
+    openssl(&d, &["pkey", "-in", &k1, "-outform", "DER", "-traditional", "-out", &k1_sec1]);
     let ed448 = d.p("ed448.pem");
-    openssl(&["genpkey", "-algorithm", "ED448", "-out", &ed448]);
+    openssl(&d, &["genpkey", "-algorithm", "ED448", "-out", &ed448]);
     let pss = d.p("pss.pem");
-    openssl(&["genpkey", "-algorithm", "RSA-PSS", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &pss]);
+    openssl(&d, &["genpkey", "-algorithm", "RSA-PSS", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &pss]);
     let enc = d.p("enc.pem");
-    openssl(&["genpkey", "-algorithm", "ED25519", "-aes-128-cbc", "-pass", "pass:secret", "-out", &enc]);
+    openssl(&d, &["genpkey", "-algorithm", "ED25519", "-aes-128-cbc", "-pass", "pass:secret", "-out", &enc]);
     let enc_der = d.p("enc.der");
-    openssl(&["pkcs8", "-topk8", "-in", &enc, "-passin", "pass:secret", "-passout", "pass:x", "-outform", "DER", "-out", &enc_der]);
+    openssl(&d, &["pkcs8", "-topk8", "-in", &enc, "-passin", "pass:secret", "-passout", "pass:x", "-outform", "DER", "-out", &enc_der]);
     let enc_legacy = d.p("enc-legacy.pem");
-    openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &d.p("rsa.pem")]);
-    openssl(&["rsa", "-in", &d.p("rsa.pem"), "-traditional", "-aes128", "-passout", "pass:x", "-out", &enc_legacy]);
+    openssl(&d, &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &d.p("rsa.pem")]);
+    openssl(&d, &["rsa", "-in", &d.p("rsa.pem"), "-traditional", "-aes128", "-passout", "pass:x", "-out", &enc_legacy]);
 
     for (key, alg, want) in [
         (&k1, "ecdsa-p256-sha256", "a secp256k1 EC key is not supported: no TLS signature scheme uses secp256k1"),
@@ -50,11 +43,11 @@ fn refused_keys_say_what_they_are_and_why() {
     }
     // The advice for RSA-PSS keys works: their PKCS#1 form signs.
     let pss_traditional = d.p("pss-traditional.pem");
-    openssl(&["rsa", "-in", &pss, "-traditional", "-out", &pss_traditional]);
+    openssl(&d, &["rsa", "-in", &pss, "-traditional", "-out", &pss_traditional]);
     let o = keyfence(&["sign", "--key", &pss_traditional, "--alg", "rsa-pss-sha256", "--in", &msg, "--out", &d.p("sig")]);
     assert!(stderr(&o).contains("an RSA-PSS-only key (id-RSASSA-PSS) is not supported"), "{}", stderr(&o));
     let pkcs1 = d.p("pss-pkcs1.der");
-    openssl(&["rsa", "-in", &pss, "-traditional", "-outform", "DER", "-out", &pkcs1]);
+    openssl(&d, &["rsa", "-in", &pss, "-traditional", "-outform", "DER", "-out", &pkcs1]);
     let o = keyfence(&["sign", "--key", &pkcs1, "--alg", "rsa-pss-sha256", "--in", &msg, "--out", &d.p("sig")]);
     assert!(o.status.success(), "{}", stderr(&o));
 }

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use common::{stderr, Dir};
+use common::{is_root, skip_unless, stderr, Dir, REQUIRE_ROOT};
 
 /// Runs `keyfence` in `cwd` (so relative spellings are relative to it).
 fn run_in(cwd: &Path, args: &[&str]) -> Output {
@@ -223,17 +223,10 @@ fn lchown(p: &Path, uid: u32) {
     assert!(o.status.success(), "chown -h {uid} {}: {}", p.display(), stderr(&o));
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions, cannot fail and touches no memory.
-    unsafe { libc::geteuid() == 0 }
-}
-
 #[test]
 fn a_link_planted_in_a_shared_folder_by_another_user_is_refused() {
     use std::os::unix::fs::PermissionsExt;
-    if !is_root() {
-        // Planting a link as another user needs root (CI runs as root).
-        eprintln!("SKIPPED: a_link_planted_in_a_shared_folder_by_another_user_is_refused needs root to make another user's link");
+    if skip_unless(is_root(), "making another user's link needs root", REQUIRE_ROOT) {
         return;
     }
     let d = Dir::new("out-planted");
@@ -393,8 +386,7 @@ fn outputs_onto_fifos_and_descriptor_links_are_written_in_place() {
 #[test]
 fn outputs_onto_devices_are_written_in_place_never_replaced() {
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    if !is_root() {
-        eprintln!("SKIPPED: outputs_onto_devices_are_written_in_place_never_replaced needs root for mknod");
+    if skip_unless(is_root(), "mknod needs root", REQUIRE_ROOT) {
         return;
     }
     let d = Dir::new("out-devices");

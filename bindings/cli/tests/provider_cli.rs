@@ -5,15 +5,7 @@
 
 mod common;
 
-use std::process::Command;
-
-use common::{keyfence as run, ok, Dir};
-
-fn openssl(args: &[&str]) -> Vec<u8> {
-    let o = Command::new("openssl").args(args).output().expect("openssl");
-    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    o.stdout
-}
+use common::{keyfence as run, ok, openssl, Dir};
 
 /// The body of a `KEYFENCE KEY` PEM file.
 fn body(pem: &str) -> Vec<u8> {
@@ -26,7 +18,7 @@ fn body(pem: &str) -> Vec<u8> {
     // Decoded by openssl, an implementation other than the one that wrote it.
     let d = Dir::new("b64");
     std::fs::write(d.p("in"), b64).unwrap();
-    openssl(&["base64", "-d", "-A", "-in", &d.p("in")])
+    openssl(&d, &["base64", "-d", "-A", "-in", &d.p("in")])
 }
 
 /// The fields of a version-1 body, in order: (tag, value).
@@ -51,7 +43,7 @@ fn provider_key_names_the_envelope_and_carries_the_public_key() {
     ok(&["authority", "init", "--store", &s]);
     ok(&["authority", "issue", "--store", &s, "--attrs", "country=US", "--out", &d.p("us.key")]);
     ok(&["authority", "issue", "--store", &s, "--attrs", "country=FR", "--out", &d.p("fr.key")]);
-    let pem = openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]);
+    let pem = openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]);
     std::fs::write(d.p("k.pem"), &pem).unwrap();
     ok(&["authority", "wrap", "--store", &s, "--policy", "country: US", "--in", &d.p("k.pem"), "--out", &d.p("k.env")]);
     ok(&["provider-key", "--envelope", &d.p("k.env"), "--store", &s, "--machine-key", &d.p("us.key"), "--out", &d.p("k.kfk")]);
@@ -62,7 +54,7 @@ fn provider_key_names_the_envelope_and_carries_the_public_key() {
     let f = fields(&body(&text));
     let get = |tag: u8| f.iter().find(|(t, _)| *t == tag).map(|(_, v)| v.clone());
     assert_eq!(get(1), Some(vec![0]), "local mode");
-    let spki = openssl(&["pkey", "-in", &d.p("k.pem"), "-pubout", "-outform", "DER"]);
+    let spki = openssl(&d, &["pkey", "-in", &d.p("k.pem"), "-pubout", "-outform", "DER"]);
     assert_eq!(get(2), Some(spki), "the public key is the wrapped key's");
     assert_eq!(get(3), Some(std::fs::read(d.p("k.env")).unwrap()), "the envelope");
     let store = std::fs::canonicalize(&s).unwrap();

@@ -23,13 +23,13 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{stderr, Dir};
+use common::{is_root, skip_unless, stderr, Dir, REQUIRE_ROOT};
 
 const LEAK: &[u8] = b"LEAKED-FROM-THE-PROBE";
 
-/// Builds the probe for one attack; `None` (a skip, said loudly) without a
-/// C compiler.
-fn probe(d: &Dir, attack: &str) -> Option<PathBuf> {
+/// Builds the probe for one attack (with `cc`, which every machine that
+/// builds keyfence has: ring and AWS-LC need it).
+fn probe(d: &Dir, attack: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sandbox_probe.c");
     let out = d.0.join(format!("probe-{attack}.so"));
     let status = Command::new("cc")
@@ -38,14 +38,9 @@ fn probe(d: &Dir, attack: &str) -> Option<PathBuf> {
         .arg("-o")
         .arg(&out)
         .status();
-    match status {
-        Ok(s) if s.success() => Some(out),
-        Ok(s) => panic!("cc {}: {s}", src.display()),
-        Err(e) => {
-            eprintln!("*** SKIPPED: no C compiler ({e}) ***");
-            None
-        }
-    }
+    let status = status.unwrap_or_else(|e| panic!("a C compiler (cc) builds the probe: {e}"));
+    assert!(status.success(), "cc {}: {status}", src.display());
+    out
 }
 
 /// What reached the watchers while one command ran.
@@ -196,13 +191,13 @@ fn sign_with_probe(d: &Dir, module: &Path, watch: &Watch, isolated: bool) -> Out
 /// key process and that the same code got out of the command itself.
 fn attack(name: &str, refused_not_killed: bool) {
     let d = Dir::new(&format!("sandbox-{name}"));
-    let Some(module) = probe(&d, name) else { return };
     // The covert channels' receiver is another user, who watches while the
     // probe holds what it set (1.5 s).
     let observed = matches!(name, "name" | "lock");
-    if observed && !running_as_root() {
+    if observed && skip_unless(is_root(), "the observer runs as nobody, which needs root", REQUIRE_ROOT) {
         return;
     }
+    let module = probe(&d, name);
     for isolated in [true, false] {
         let watch = Watch::new(&d, &format!("{name}-{isolated}"));
         let done = std::sync::atomic::AtomicBool::new(false);
@@ -277,16 +272,6 @@ fn no_datagram_reaches_a_local_socket() {
 #[test]
 fn no_program_runs_from_the_key_process() {
     attack("exec", false);
-}
-
-fn running_as_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        assert!(std::env::var_os("KEYFENCE_REQUIRE_ROOT").is_none(), "the observer runs as nobody, which needs root");
-        eprintln!("*** SKIPPED: the observer runs as nobody, which needs root ***");
-    }
-    root
 }
 
 /// Issue 59.3: a thread name, which every user reads in /proc, carries

@@ -6,11 +6,7 @@ mod common;
 
 use std::process::{Command, Output};
 
-use common::{keyfence, Dir};
-
-fn openssl(args: &[&str]) -> Output {
-    Command::new("openssl").args(args).output().expect("the openssl command line is needed for this test")
-}
+use common::{keyfence, openssl, openssl_output, Dir};
 
 fn ok(o: &Output, what: &str) {
     assert!(
@@ -27,9 +23,9 @@ fn make_key(d: &Dir, name: &str, genargs: &[&str], der: bool) -> (String, String
     let pem = d.p(&format!("{name}.pem"));
     let mut args = genargs.to_vec();
     args.extend(["-out", &pem]);
-    ok(&openssl(&args), &format!("openssl {genargs:?}"));
+    openssl(d, &args);
     let public = d.p(&format!("{name}.pub.pem"));
-    ok(&openssl(&["pkey", "-in", &pem, "-pubout", "-out", &public]), "openssl pkey -pubout");
+    openssl(d, &["pkey", "-in", &pem, "-pubout", "-out", &public]);
     if der {
         let der_path = d.p(&format!("{name}.der"));
         // `-traditional` keeps PKCS#1 / SEC1 rather than PKCS#8.
@@ -37,7 +33,7 @@ fn make_key(d: &Dir, name: &str, genargs: &[&str], der: bool) -> (String, String
         if !name.starts_with("ed") {
             a.push("-traditional");
         }
-        ok(&openssl(&a), "openssl pkey -outform DER");
+        openssl(d, &a);
         return (der_path, public);
     }
     (pem, public)
@@ -83,9 +79,8 @@ fn signatures_verify_with_openssl() {
         } else {
             args.extend(["-verify", "-pubin", "-inkey", public, "-sigfile", &sig, "-in", &msg]);
         }
-        let o = openssl(&args);
-        ok(&o, &format!("openssl verification of {alg} with {key}"));
-        assert!(String::from_utf8_lossy(&o.stdout).contains("Verified"), "{}", String::from_utf8_lossy(&o.stdout));
+        let out = openssl(&d, &args);
+        assert!(String::from_utf8_lossy(&out).contains("Verified"), "{alg} with {key}: {}", String::from_utf8_lossy(&out));
 
         // A flipped message byte must not verify: the check is real.
         let tampered = d.p("tampered");
@@ -95,13 +90,13 @@ fn signatures_verify_with_openssl() {
         // The message path is the last argument in both forms.
         let n = args.len();
         args[n - 1] = &tampered;
-        assert!(!openssl(&args).status.success(), "{alg}: a tampered message verified");
+        assert!(!openssl_output(&d, &args).status.success(), "{alg}: a tampered message verified");
     }
 
     // --digest: sign a digest made by openssl; the signature is the same
     // RSA PKCS#1 v1.5 signature (deterministic) as signing the message.
     let digest = d.p("digest");
-    ok(&openssl(&["dgst", "-sha256", "-binary", "-out", &digest, &msg]), "openssl dgst -binary");
+    openssl(&d, &["dgst", "-sha256", "-binary", "-out", &digest, &msg]);
     let (s1, s2) = (d.p("by-msg"), d.p("by-digest"));
     ok(&keyfence(&["sign", "--key", &rsa.0, "--alg", "rsa-pkcs1-sha256", "--in", &msg, "--out", &s1]), "sign msg");
     ok(
@@ -325,7 +320,7 @@ fn isolated_signing_verifies_and_reports_key_process_errors() {
             args.extend(["-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"]);
         }
         args.extend(["-verify", public, "-signature", &sig, &msg]);
-        ok(&openssl(&args), &format!("openssl verification of isolated {alg}"));
+        openssl(&d, &args);
     }
     // The key process reads the file, and its error names it.
     let o = keyfence(&[
@@ -365,7 +360,7 @@ fn isolated_signing_of_a_message_over_the_frame_limit_works_or_is_refused_cleanl
         let o = keyfence(&["sign", "--isolated", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]);
         ok(&o, &format!("sign --isolated {alg} of 2 MiB"));
         assert!(o.stderr.is_empty(), "nothing on standard error: {}", String::from_utf8_lossy(&o.stderr));
-        ok(&openssl(&["dgst", "-sha256", "-verify", public, "-signature", &sig, &msg]), "openssl verification");
+        openssl(&d, &["dgst", "-sha256", "-verify", public, "-signature", &sig, &msg]);
     }
     let (ed, _) = make_key(&d, "ed25519", &["genpkey", "-algorithm", "ED25519"], false);
     let o = keyfence(&["sign", "--isolated", "--key", &ed, "--alg", "ed25519", "--in", &msg, "--out", &d.p("ed.sig")]);

@@ -6,6 +6,17 @@
 //! with `KEYFENCE_REQUIRE_ETCD=1` (set by `./x`) fails them instead.
 #![allow(dead_code)]
 
+// Included by path, not used from `crate::common`: the command line's
+// tests include this module too, and store_etcd.rs has no `common`. A
+// test file with both compiles these files twice, which is harmless
+// (functions and constants, no state).
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/openssl_cli.rs"]
+mod openssl_cli;
+#[allow(clippy::duplicate_mod)]
+#[path = "../common/skip.rs"]
+mod skip;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,29 +24,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyfence::wrap::{EtcdConfig, EtcdStore, Store};
+use openssl_cli::openssl;
 
 /// How long a cluster may take to elect its first leader.
 const START_WAIT: Duration = Duration::from_secs(60);
 
-/// The `etcd` binary, or `None` after saying loudly that the etcd tests
-/// are skipped (a panic instead when `KEYFENCE_REQUIRE_ETCD` is set).
-pub fn etcd_binary() -> Option<PathBuf> {
+/// The `etcd` binary, or `None` when the calling test must skip (said
+/// loudly, and a failure instead when `KEYFENCE_REQUIRE_ETCD` is set).
+fn etcd_binary() -> Option<PathBuf> {
     let found = std::env::var_os("PATH")
         .into_iter()
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join("etcd"))
         .find(|p| p.is_file());
-    if found.is_none() {
-        if std::env::var_os("KEYFENCE_REQUIRE_ETCD").is_some() {
-            panic!("KEYFENCE_REQUIRE_ETCD is set but no `etcd` is on PATH (apt-get install etcd-server)");
-        }
-        // Straight to the process's stderr: the test harness captures
-        // `eprintln!` of passing tests, and a skip must be seen.
-        use std::io::Write;
-        let _ = writeln!(
-            std::io::stderr(),
-            "\n*** SKIPPED: no `etcd` on PATH; the etcd store tests did not run (apt-get install etcd-server, or ./x) ***\n"
-        );
+    if skip::skip_unless(found.is_some(), "no `etcd` on PATH (apt-get install etcd-server, or ./x)", skip::REQUIRE_ETCD) {
+        return None;
     }
     found
 }
@@ -78,11 +81,6 @@ pub struct Cluster {
     tls: Option<PathBuf>,
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
 /// A throwaway CA and, signed by it, `server` (for 127.0.0.1) and `client`
 /// certificates with their keys, in `dir`. The server's is for client
 /// authentication too: etcd's JSON gateway dials the member's own gRPC
@@ -103,7 +101,8 @@ fn make_pki(dir: &Path) {
 
 impl Cluster {
     /// Starts three members and waits (bounded) until they serve.
-    /// `None` when etcd is not installed (see [`etcd_binary`]).
+    /// `None` when etcd is not installed and the calling test must skip
+    /// (see [`etcd_binary`]: it said so).
     pub fn start() -> Option<Cluster> {
         Self::start_with(false, None)
     }

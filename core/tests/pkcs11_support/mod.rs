@@ -8,9 +8,21 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-/// The fixture's folder, or `None` (after saying so) when SoftHSM2 is not
-/// installed and the tests may be skipped.
+use crate::common::{openssl, skip_unless, REQUIRE_SERVERS};
+
+/// The fixture's folder, or `None` when SoftHSM2 is not installed and the
+/// calling test must skip: said loudly, and a failure instead when
+/// `KEYFENCE_REQUIRE_SERVERS` is set.
 pub fn token() -> Option<&'static Path> {
+    let dir = fixture();
+    if skip_unless(dir.is_some(), "no SoftHSM2 (./x installs softhsm2)", REQUIRE_SERVERS) {
+        return None;
+    }
+    dir
+}
+
+/// The fixture, made by the first test that asks; `None` without SoftHSM2.
+fn fixture() -> Option<&'static Path> {
     static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("pkcs11-{}", std::process::id()));
@@ -19,10 +31,7 @@ pub fn token() -> Option<&'static Path> {
         let status = Command::new("bash").arg(script).arg(&dir).status().expect("bash runs");
         match status.code() {
             Some(0) => {}
-            Some(77) => {
-                eprintln!("*** SKIPPED: no SoftHSM2 (./x installs softhsm2) ***");
-                return None;
-            }
+            Some(77) => return None,
             _ => panic!("vectors/softhsm-fixture.sh failed: {status}"),
         }
         // Tokens for the tests that break a login or remove a token, made
@@ -46,12 +55,7 @@ pub fn token() -> Option<&'static Path> {
         // module in its own process to make one).
         for label in COUNTED_TOKENS {
             let pem = dir.join("keys").join(format!("{label}-payments.pem"));
-            let o = Command::new("openssl")
-                .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
-                .arg(&pem)
-                .output()
-                .unwrap();
-            assert!(o.status.success(), "openssl genpkey: {}", String::from_utf8_lossy(&o.stderr));
+            openssl(&dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", pem.to_str().unwrap()]);
             let o = Command::new("softhsm2-util")
                 .args(["--import"])
                 .arg(&pem)

@@ -6,10 +6,11 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::common::openssl;
+use keyfence::sign::remote::protocol as p;
 use keyfence::sign::remote::{KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TlsFiles};
 use keyfence::sign::{Backend, ClassConfig, EngineConfig};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, Machine, MemoryStore, Store};
@@ -26,11 +27,6 @@ pub fn temp_dir(what: &str) -> PathBuf {
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl").args(args).current_dir(dir).output().expect("the openssl command line");
-    assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
 }
 
 /// Makes `NAME.key` and `NAME.pem` signed by the CA `ca` (files `ca.pem`,
@@ -218,10 +214,16 @@ pub fn client_as(cert: &str, servers: &[(&str, SocketAddr)]) -> RemoteSigner {
     c
 }
 
-/// Verifies an ECDSA P-256 / SHA-256 signature with the key's public half.
-pub fn verify_ecdsa(public_der: &[u8], msg: &[u8], sig: &[u8]) -> bool {
-    let pkey = openssl::pkey::PKey::public_key_from_der(public_der).unwrap();
-    let mut v = openssl::sign::Verifier::new(openssl::hash::MessageDigest::sha256(), &pkey).unwrap();
-    v.update(msg).unwrap();
-    v.verify(sig).unwrap_or(false)
+/// Reads one frame of the remote protocol from `stream`: `Err` when the
+/// connection ends first. Byte by byte after the length, so that nothing
+/// read belongs to the next frame.
+pub fn read_frame(stream: &mut impl std::io::Read) -> Result<p::Frame, String> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len).map_err(|e| e.to_string())?;
+    let mut rest = vec![0u8; u32::from_be_bytes(len) as usize];
+    stream.read_exact(&mut rest).map_err(|e| e.to_string())?;
+    let mut d = p::Decoder::new();
+    d.push(&len);
+    d.push(&rest);
+    d.next_frame().map_err(|e| e.to_string())?.ok_or_else(|| "short frame".into())
 }

@@ -2,8 +2,20 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+// The core's tests skip and run openssl the same way, from the same files.
+#[path = "../../../../core/tests/common/openssl_cli.rs"]
+mod openssl_cli;
+#[path = "../../../../core/tests/common/skip.rs"]
+mod skip;
+
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+
+// Not every test file skips or runs openssl.
+#[allow(unused_imports)]
+pub use openssl_cli::*;
+#[allow(unused_imports)]
+pub use skip::*;
 
 /// Runs the `keyfence` binary built for these tests.
 pub fn keyfence(args: &[&str]) -> Output {
@@ -23,12 +35,6 @@ pub fn stdout(o: &Output) -> String {
 
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Runs the `openssl` command line in `d`; its failure fails the test.
-pub fn openssl(d: &Dir, args: &[&str]) {
-    let o = Command::new("openssl").args(args).current_dir(&d.0).output().expect("the openssl command line");
-    assert!(o.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&o.stderr));
 }
 
 /// A CA (`ca.pem`, `ca.key`) and, for each of `names`, `NAME.key` and
@@ -65,6 +71,13 @@ impl Dir {
     /// A path inside the directory, as a string for command lines.
     pub fn p(&self, f: &str) -> String {
         self.0.join(f).to_str().expect("UTF-8 path").to_owned()
+    }
+}
+
+/// So that [`openssl`] runs in it.
+impl AsRef<Path> for Dir {
+    fn as_ref(&self) -> &Path {
+        &self.0
     }
 }
 
