@@ -13,6 +13,7 @@ use keyfence::sign::key_process::protocol::{self as p, flags, kind, ErrorCode};
 use keyfence::sign::key_process::KeySource;
 use keyfence::sign::Algorithm;
 
+mod common;
 mod key_process_support;
 use key_process_support::{agent_config, agent_engine, agent_world, attacker, managed_sign, verifies, Dir};
 
@@ -188,17 +189,10 @@ fn under_attack(socket: &Path, envelope: &Path, attack: &str, count: usize, seco
     (sign, reload, format!("{ready}; {done}"))
 }
 
-/// Whether this test can run another user's program (it needs root): a
-/// skip says so loudly, and fails where every test must run
-/// (`KEYFENCE_REQUIRE_ROOT`, which `./x test` sets as root).
+/// Whether this test can run another user's program (it needs root),
+/// skipping loudly through the one helper where it cannot.
 fn running_as_root() -> bool {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        assert!(std::env::var_os("KEYFENCE_REQUIRE_ROOT").is_none(), "running a program as another user needs root");
-        eprintln!("*** SKIPPED: running a program as another user needs root ***");
-    }
-    root
+    !common::skip_unless(common::is_root(), "running a program as another user needs root", common::REQUIRE_ROOT)
 }
 
 /// Issue 52.3: a user the agent does not allow, who can reach its socket

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use keyfence::sign::agent::Agent;
 
+mod common;
 mod key_process_support;
 use key_process_support::{agent_config, agent_world, attacker, Attacker, Dir};
 
@@ -56,11 +57,7 @@ fn settled(agent: &Agent) -> f64 {
 
 #[test]
 fn one_user_cannot_make_the_agent_hold_more_than_its_share_and_memory_comes_back() {
-    // SAFETY: geteuid cannot fail and touches no memory.
-    if unsafe { libc::geteuid() } != 0 {
-        // A loud failure where the tests must run everything (./x test).
-        assert!(std::env::var_os("KEYFENCE_REQUIRE_ROOT").is_none(), "running an attacker as another user needs root");
-        eprintln!("SKIPPED: running an attacker as another user needs root");
+    if common::skip_unless(common::is_root(), "running an attacker as another user needs root", common::REQUIRE_ROOT) {
         return;
     }
     let dir = Dir::new("agent-memory");

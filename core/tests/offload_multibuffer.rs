@@ -14,6 +14,7 @@ use keyfence::sign::offload::{MultiBufferConfig, MultiBufferDevice, OffloadBacke
 use keyfence::sign::{Algorithm, Engine, EngineConfig, Input, KeyKind, Operation, PrivateKey, Request};
 use openssl::pkey::PKey;
 
+mod common;
 mod key_process_support;
 
 /// A folder of this test binary's own, removed at exit by nobody: under

@@ -516,7 +516,7 @@ fn get_many_reads_in_order_across_transactions() {
             let want = (n != "envelopes/absent").then(|| n.as_bytes().to_vec());
             assert_eq!(v, &want, "{n}");
         }
-        assert!(store.get_many(&["../bad".to_string()]).is_err());
+        assert_eq!(store.get_many(&["../bad".to_string()]).unwrap_err().code(), ErrorCode::InvalidStoreKey);
     }
 }
 
@@ -632,7 +632,8 @@ fn nested_etcd_stores_are_refused_and_nothing_is_deleted() {
     let err = Authority::init(create_store(&cluster.name("acme")).unwrap()).err().expect("init around a store");
     assert!(err.to_string().contains("holds the keyfence store at acme/sealed/prod"), "{err}");
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
-    assert!(open_store(&cluster.name("acme")).is_err(), "no store was made at acme");
+    let none = open_store(&cluster.name("acme")).err().expect("no store was made at acme");
+    assert!(none.code() == ErrorCode::StoreIo && none.to_string().contains("is not a keyfence store"), "{none}");
     let inner_store = cluster.store("acme/sealed/prod");
     assert_eq!(every_key(&inner_store), inner_keys);
     let m = Machine::new(inner.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), inner_store.clone(), CacheConfig::default());
@@ -704,7 +705,8 @@ fn a_revocation_compacts_the_history_that_still_held_the_old_envelopes() {
         // cannot open.
         let m = Machine::new(doomed.clone(), store.clone(), CacheConfig::default());
         let now = store.get(&name[prefix.len() + 1..]).unwrap().unwrap();
-        assert!(m.open(&now).is_err());
+        let refused = m.open(&now).unwrap_err();
+        assert_eq!(refused.code(), ErrorCode::MachineRevoked, "{refused}");
     }
 }
 

@@ -6,35 +6,14 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use openssl::hash::MessageDigest;
 use openssl::pkey::PKey;
-use openssl::sign::Verifier;
-use keyfence::sign::key_process::KeyProcessConfig;
 use keyfence::sign::{Algorithm, KeyKind, PrivateKey, SignError};
 
 pub const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
 
-pub fn config() -> KeyProcessConfig {
-    let mut c = KeyProcessConfig::with_command([KEY_PROCESS]);
-    c.rsa_threads = 1;
-    c.ec_threads = 1;
-    c
-}
-
-pub struct Dir(pub PathBuf);
-impl Dir {
-    pub fn new(name: &str) -> Self {
-        let d = std::env::temp_dir().join(format!("keyfence-isolated-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        Dir(d)
-    }
-}
-impl Drop for Dir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+// What every test file shares, under the names these files use.
+#[allow(unused_imports)]
+pub use crate::common::{key_process_config as config, program, verify_key as verifies, Dir};
 
 /// Writes a fresh key of `kind` as PKCS#8 PEM into `dir` and returns the
 /// path.
@@ -51,19 +30,6 @@ pub fn key_file(dir: &Path, name: &str, kind: KeyKind) -> PathBuf {
     let path = dir.join(name);
     std::fs::write(&path, pkey.private_key_to_pem_pkcs8().unwrap()).unwrap();
     path
-}
-
-pub fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
-    let public = PKey::public_key_from_der(&key.public_key_der().unwrap()).unwrap();
-    let mut v = match alg {
-        Algorithm::Ed25519 => Verifier::new_without_digest(&public).unwrap(),
-        _ => Verifier::new(MessageDigest::sha256(), &public).unwrap(),
-    };
-    if alg == Algorithm::RsaPssSha256 {
-        v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).unwrap();
-        v.set_rsa_pss_saltlen(openssl::sign::RsaPssSaltlen::DIGEST_LENGTH).unwrap();
-    }
-    v.verify_oneshot(sig, msg).unwrap_or(false)
 }
 
 /// An agent's world: a store and a machine key (region=EU) in `dir`, and
@@ -172,20 +138,6 @@ pub fn key_process_pair() -> (std::os::unix::net::UnixStream, std::os::unix::net
     };
     assert_eq!(rc, 0, "SO_PASSCRED");
     (ours, theirs)
-}
-
-/// A program of `core/tests/programs/` that the tests run (as another
-/// user, mostly): an example, which `cargo test` builds beside the tests.
-#[allow(dead_code)]
-pub fn program(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().and_then(Path::parent).unwrap().join("examples").join(name);
-    assert!(
-        path.exists(),
-        "{} is not built: `cargo build -p keyfence --example {name}` (a whole `cargo test -p keyfence` builds it)",
-        path.display()
-    );
-    path
 }
 
 /// Runs the attacker program as `nobody` with `env`, returning it with its
