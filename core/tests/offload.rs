@@ -422,6 +422,9 @@ fn modes_parse_and_auto_runs_in_software_without_qat() {
     // This machine has no QAT (and maybe no `qat` feature): auto is software.
     let mut config = OffloadConfig::default();
     config.qat.library = "libqat-keyfence-test-absent.so.4".into();
+    // Nor crypto_mb, whatever this machine has installed (the multi-buffer
+    // device's own tests are offload_multibuffer.rs).
+    config.multibuffer.library = "libcrypto_mb-keyfence-test-absent.so.13".into();
     let auto = OffloadBackend::start(OffloadMode::Auto, config.clone()).unwrap();
     assert_eq!(auto.device_name(), None);
     let reason = auto.software_reason().unwrap();
@@ -448,12 +451,16 @@ fn modes_parse_and_auto_runs_in_software_without_qat() {
         assert!(matches!(&e, SignError::Backend { backend, .. } if backend == "offload"), "{e:?}");
         assert!(e.to_string().contains("not found (install QATlib / intel-qatlib)"), "{e}");
     } else {
-        assert!(matches!(e, SignError::Config(_)), "{e:?}");
-        assert!(e.to_string().contains("lacks the `qat` cargo feature"), "{e}");
+        // No QAT in this build; the multi-buffer device is tried next, and
+        // its library is not there either: both reasons, as unavailable.
+        assert!(matches!(&e, SignError::Backend { backend, .. } if backend == "offload"), "{e:?}");
+        assert!(e.to_string().contains("lacks the `qat` cargo feature") && e.to_string().contains("crypto_mb"), "{e}");
     }
-    // The default library name, whatever this machine has: never a device
-    // in this build.
-    assert!(OffloadBackend::start(OffloadMode::On, OffloadConfig::default()).is_err());
+    // The default QAT library name, whatever this machine has: never a
+    // device in this build.
+    let mut default_qat = OffloadConfig::default();
+    default_qat.multibuffer = config.multibuffer.clone();
+    assert!(OffloadBackend::start(OffloadMode::On, default_qat).is_err());
 
     let off = OffloadBackend::start(OffloadMode::Off, config).unwrap();
     assert_eq!((off.device_name(), off.software_reason()), (None, Some("offload mode is off")));
