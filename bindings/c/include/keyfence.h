@@ -1323,15 +1323,17 @@ keyfence_result keyfence_engine_config_set_agent(struct keyfence_engine_config *
  `"on"` (`keyfence_engine_new` fails with `KEYFENCE_BACKEND_FAILED` and
  the reason where crypto_mb cannot run: no library, or a CPU without
  AVX-512 IFMA) or `"auto"` (the device where it runs, else software).
- `crypto_mb` names the library (a path, or a name the loader finds); NULL
- for `KEYFENCE_CRYPTO_MB`, else `libcrypto_mb.so.13`. Without this call
- keys in this process sign in software and a key process chooses `auto`.
+ `mode` NULL restores the default: keys in this process sign in software
+ and a key process chooses `auto`. `crypto_mb` names the library (a
+ path, or a name the loader finds); NULL for `KEYFENCE_CRYPTO_MB`, else
+ `libcrypto_mb.so.13`; with a NULL `mode`, `keyfence_engine_new` refuses
+ it (`KEYFENCE_INVALID_CONFIG`).
  An agent's engine refuses it at `keyfence_engine_new`
  (`KEYFENCE_INVALID_CONFIG`): the agent chooses for the keys it holds.
 
  # Safety
- `config` is a live handle; `mode` is a NUL-terminated string;
- `crypto_mb` is NULL or a NUL-terminated string.
+ `config` is a live handle; `mode` and `crypto_mb` are each NULL or a
+ NUL-terminated string.
  */
 keyfence_result keyfence_engine_config_set_offload(struct keyfence_engine_config *config,
                                                    const char *mode,
