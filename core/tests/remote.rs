@@ -729,3 +729,60 @@ fn forwarding_never_asks_a_revoked_machine() {
     // A key server that is no forwarder is asked as before.
     assert!(remote.key(&world.us_key).is_ok());
 }
+
+/// A backend that counts the operations under way in it.
+struct Counting {
+    inner: LatencyBackend,
+    running: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl keyfence::sign::Backend for Counting {
+    fn name(&self) -> &str {
+        "counting"
+    }
+    fn class(&self, key: &keyfence::sign::PrivateKey, op: &keyfence::sign::Operation) -> keyfence::sign::OpClass {
+        self.inner.class(key, op)
+    }
+    fn perform(
+        &self,
+        key: &keyfence::sign::PrivateKey,
+        op: &keyfence::sign::Operation,
+        deadline: Instant,
+    ) -> Result<keyfence::sign::Output, SignError> {
+        use std::sync::atomic::Ordering;
+        self.running.fetch_add(1, Ordering::SeqCst);
+        let out = self.inner.perform(key, op, deadline);
+        self.running.fetch_sub(1, Ordering::SeqCst);
+        out
+    }
+}
+
+/// Dropping a server with signatures under way returns only once they
+/// have ended: a program that drops its server and exits must not sign
+/// while the process ends (AWS-LC clears every thread's random state at
+/// exit, and a thread drawing from it then aborts the process: this
+/// aborted remote_hol's test binary after its test had passed).
+#[test]
+fn dropping_a_server_waits_for_the_signatures_under_way() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let world = World::new();
+    let running = Arc::new(AtomicUsize::new(0));
+    let backend: Arc<dyn keyfence::sign::Backend> =
+        Arc::new(Counting { inner: LatencyBackend::new(Duration::from_millis(300)), running: running.clone() });
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(backend), slow_threads: Some(16), ..Default::default() });
+    let remote = client(&[("sfo1", sfo.local_addr())]);
+    let key = remote.key(&world.us_key).unwrap();
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let pending: Vec<_> = (0..8).map(|_| engine.sign(&key, Algorithm::EcdsaP256Sha256, b"under way").unwrap()).collect();
+    let t = Instant::now();
+    while running.load(Ordering::SeqCst) < 8 {
+        assert!(t.elapsed() < Duration::from_secs(10), "the server never began the signatures");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(sfo);
+    assert_eq!(running.load(Ordering::SeqCst), 0, "the server was dropped with signatures still under way");
+    for p in pending {
+        // Cut off with the server: each ends, answered or not.
+        let _ = p.wait();
+    }
+}

@@ -374,9 +374,24 @@ impl KeyServer {
     }
 }
 
+/// How long dropping a server waits for its threads to end.
+const DROP_JOIN_BOUND: Duration = Duration::from_secs(10);
+
+/// Dropping a server shuts it down and waits (at most
+/// [`DROP_JOIN_BOUND`]) until every thread of its own has ended and its
+/// engine has joined its workers: a program that drops its server and
+/// exits must not leave signatures running while the process ends, since
+/// AWS-LC clears every thread's random state at exit and a thread that is
+/// drawing from it then aborts the process.
 impl Drop for KeyServer {
     fn drop(&mut self) {
         self.shutdown();
+        // Every thread (accept, reaper, connections and their writers)
+        // holds a clone of `inner` until it returns.
+        let since = std::time::Instant::now();
+        while Arc::strong_count(&self.inner) > 1 && since.elapsed() < DROP_JOIN_BOUND {
+            std::thread::sleep(Duration::from_millis(2));
+        }
     }
 }
 
