@@ -8,22 +8,26 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use clap::Args;
+use clap::{Args, Subcommand};
 use keyfence::sign::agent::{group_id, user_id, Agent, AgentConfig, Grantee, TokenGrant};
 use keyfence::sign::pkcs11::Pkcs11Settings;
 
 use crate::exit;
 use crate::files::outln;
 
-/// `keyfence agent`.
+/// `keyfence agent`: runs the agent, or (`keyfence agent status`) asks a
+/// running one how it is.
 #[derive(Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct AgentArgs {
+    #[command(subcommand)]
+    action: Option<AgentAction>,
     /// Where the socket is made (its folder must exist: the package's
     /// tmpfiles.d makes /run/keyfence). With systemd's socket
     /// activation (LISTEN_FDS), the socket systemd passes is served and
     /// this names it in messages only.
-    #[arg(long)]
-    socket: PathBuf,
+    #[arg(long, required = true)]
+    socket: Option<PathBuf>,
     /// The store envelopes are opened against (a directory or
     /// etcd://...): a servers' copy (`keyfence authority export`), never
     /// a store that holds the authority's secrets. Not needed by an agent
@@ -93,9 +97,15 @@ pub struct AgentArgs {
     /// refused clients are warnings.
     #[arg(long, default_value = "warn")]
     log: String,
-    /// Stop after this many seconds (for tests); default: run until killed.
+    /// Stop after this many seconds (for tests); default: run until
+    /// SIGTERM or SIGINT.
     #[arg(long)]
     seconds: Option<f64>,
+    /// On SIGTERM or SIGINT, seconds to wait for the answers to the
+    /// requests already read before exiting (new connections wait for
+    /// the next agent in the socket's backlog).
+    #[arg(long, default_value_t = 10.0)]
+    drain_timeout: f64,
     /// The PKCS#11 module whose token keys clients may name by URI
     /// (docs/pkcs11.md). Only the agent loads it; a client's URI may name
     /// no other module. Without it, token keys are refused.
@@ -130,6 +140,130 @@ pub struct AgentArgs {
     crypto_mb: Option<String>,
 }
 
+/// What `keyfence agent` does besides running the agent.
+#[derive(Subcommand)]
+enum AgentAction {
+    /// Ask a running agent how it is, over its socket as a client would:
+    /// reachable, its machine key's id, generations held and live,
+    /// whether it is revoked, keys loaded, connections. Exit status 0
+    /// when it can open envelopes, 1 when its machine key is revoked or
+    /// holds no live generation, 3 when it cannot be reached.
+    Status(StatusArgs),
+}
+
+/// `keyfence agent status`.
+#[derive(Args)]
+struct StatusArgs {
+    /// The agent's socket.
+    #[arg(long, default_value = "/run/keyfence/agent.sock")]
+    socket: PathBuf,
+    /// Ask as this user (name or id; root only): whether the servers'
+    /// workers (`www-data`) may connect, before any traffic.
+    #[arg(long)]
+    as_user: Option<String>,
+    /// Print the agent's whole answer as JSON.
+    #[arg(long)]
+    json: bool,
+    /// Seconds to wait for the answer.
+    #[arg(long, default_value_t = 5.0)]
+    timeout: f64,
+}
+
+/// Takes on `user`'s ids for good (root only): its groups, group and user.
+fn become_user(user: &str) -> Result<()> {
+    let uid = user_id(user).map_err(|e| exit::input(format!("--as-user: {e}")))?;
+    // SAFETY: getpwuid returns a pointer into static storage or null
+    // (checked); its fields are read before any other passwd call.
+    let (gid, name) = unsafe {
+        let pw = libc::getpwuid(uid);
+        if pw.is_null() {
+            return Err(exit::input(format!("--as-user {user}: no such user")));
+        }
+        ((*pw).pw_gid, std::ffi::CStr::from_ptr((*pw).pw_name).to_owned())
+    };
+    // SAFETY: plain system calls on ids; each result is checked.
+    let ok = unsafe { libc::initgroups(name.as_ptr(), gid) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0 };
+    if !ok {
+        return Err(anyhow::anyhow!("--as-user {user}: cannot take on its ids: {} (only root can)", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Runs `keyfence agent status`.
+fn status(args: StatusArgs) -> Result<ExitCode> {
+    if !(args.timeout > 0.0 && args.timeout <= 3600.0) {
+        return Err(exit::input("--timeout must be more than 0 and at most 3600 seconds"));
+    }
+    if let Some(user) = &args.as_user {
+        become_user(user)?;
+    }
+    let status = keyfence::sign::agent::status(&args.socket, Duration::from_secs_f64(args.timeout))
+        .with_context(|| format!("the agent on {} did not answer", args.socket.display()))?;
+    if args.json {
+        outln!("{}", status.json);
+    } else {
+        let j = &status.json;
+        outln!("agent: pid {} on {}", status.pid, args.socket.display());
+        if let Some(m) = j.get("machine").filter(|m| !m.is_null()) {
+            let list = |k: &str| m.get(k).and_then(|v| v.as_array()).map(|a| a.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
+            outln!("machine: {}", m.get("id").and_then(|v| v.as_str()).unwrap_or("(no id)"));
+            outln!("generations held: {}", list("generations_held").unwrap_or_default());
+            outln!("generations live: {}", list("generations_live").unwrap_or_default());
+            outln!("revoked: {}", if m.get("revoked").and_then(|v| v.as_bool()).unwrap_or(false) { "yes" } else { "no" });
+        }
+        for (k, label) in [("keys_loaded", "keys loaded"), ("connections", "connections"), ("in_flight", "in flight")] {
+            outln!("{label}: {}", j.get(k).and_then(|v| v.as_u64()).unwrap_or(0));
+        }
+        if let Some(s) = j.get("signing").and_then(|v| v.as_str()) {
+            outln!("signing: {s}");
+        }
+    }
+    Ok(match status.problem() {
+        Some(problem) => {
+            eprintln!("keyfence: {problem}");
+            ExitCode::from(exit::NO)
+        }
+        None => ExitCode::SUCCESS,
+    })
+}
+
+/// SIGTERM, SIGINT and SIGHUP, blocked in every thread (the agent's
+/// threads inherit the mask) and taken by the main thread's wait.
+fn agent_signals() -> libc::sigset_t {
+    // SAFETY: a sigset_t is plain data that sigemptyset initialises; the
+    // mask change applies to this thread, before any other starts.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        for s in [libc::SIGTERM, libc::SIGINT, libc::SIGHUP] {
+            libc::sigaddset(&mut set, s);
+        }
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+        set
+    }
+}
+
+/// The next of `set` to arrive, or `None` after `timeout`.
+fn wait_signal(set: &libc::sigset_t, timeout: Option<Duration>) -> Option<i32> {
+    let ts = timeout.map(|t| libc::timespec { tv_sec: t.as_secs() as libc::time_t, tv_nsec: t.subsec_nanos() as _ });
+    loop {
+        // SAFETY: `set` is an initialised signal set, the info pointer may
+        // be null, and `ts` lives across the call.
+        let s = unsafe {
+            match &ts {
+                Some(ts) => libc::sigtimedwait(set, std::ptr::null_mut(), ts),
+                None => libc::sigwaitinfo(set, std::ptr::null_mut()),
+            }
+        };
+        if s >= 0 {
+            return Some(s);
+        }
+        if std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return None;
+        }
+    }
+}
+
 /// The socket systemd passed (socket activation: `LISTEN_PID` is this
 /// process and `LISTEN_FDS` at least 1, the first at descriptor 3).
 fn listen_fd() -> Option<std::os::unix::net::UnixListener> {
@@ -149,13 +283,20 @@ fn listen_fd() -> Option<std::os::unix::net::UnixListener> {
     Some(listener)
 }
 
-/// Runs `keyfence agent`.
+/// Runs `keyfence agent` (or `keyfence agent status`).
 pub fn agent(args: AgentArgs) -> Result<ExitCode> {
+    if let Some(AgentAction::Status(s)) = args.action {
+        return status(s);
+    }
+    let socket = args.socket.clone().ok_or_else(|| exit::input("give --socket"))?;
     let level: tracing::Level = args.log.parse().map_err(|_| exit::input(format!("unknown log level {}", args.log)))?;
-    tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
+    crate::journal::init(level);
+    if !(args.drain_timeout >= 0.0 && args.drain_timeout <= 3600.0) {
+        return Err(exit::input("--drain-timeout must be 0 to 3600 seconds"));
+    }
     let mut config = match (&args.store, &args.machine_key, &args.pkcs11_module) {
-        (Some(store), Some(key), _) => AgentConfig::new(&args.socket, store, key),
-        (None, None, Some(_)) => AgentConfig::tokens_only(&args.socket, Pkcs11Settings::from_env()),
+        (Some(store), Some(key), _) => AgentConfig::new(&socket, store, key),
+        (None, None, Some(_)) => AgentConfig::tokens_only(&socket, Pkcs11Settings::from_env()),
         _ => return Err(exit::input("give --store and --machine-key, or --pkcs11-module, or all three")),
     };
     // systemd names the unit's StateDirectory= folders here, `:`-separated.
@@ -215,11 +356,13 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     config.frame_timeout = Duration::from_secs_f64(args.frame_timeout);
     config.offload = args.offload;
     config.crypto_mb = args.crypto_mb;
-    let agent = match listen_fd() {
+    // Before any thread starts, so that every one inherits the mask.
+    let signals = agent_signals();
+    let mut agent = match listen_fd() {
         Some(listener) => Agent::with_listener(config, listener),
         None => Agent::start(config),
     }
-    .with_context(|| format!("cannot start the agent on {}", args.socket.display()))?;
+    .with_context(|| format!("cannot start the agent on {}", socket.display()))?;
     outln!("listening {}", agent.socket().display());
     // On standard output, which the journal keeps, whatever the log level:
     // an operator who installed crypto_mb reads here whether it is used.
@@ -227,13 +370,39 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
         Some(why) => outln!("signing in software: {why}"),
         None => outln!("signing RSA and ECDSA on crypto_mb's multi-buffer device"),
     }
-    match args.seconds {
-        Some(s) if s > 0.0 && s.is_finite() => std::thread::sleep(Duration::from_secs_f64(s)),
-        Some(_) => return Err(exit::input("--seconds must be positive")),
-        None => loop {
-            std::thread::park();
-        },
+    if let Some(problem) = agent.machine_health().and_then(|h| h.problem()) {
+        outln!("cannot open envelopes: {problem}");
     }
-    drop(agent);
+    let until = match args.seconds {
+        Some(s) if s > 0.0 && s.is_finite() => Some(std::time::Instant::now() + Duration::from_secs_f64(s)),
+        Some(_) => return Err(exit::input("--seconds must be positive")),
+        None => None,
+    };
+    loop {
+        let left = until.map(|u| u.saturating_duration_since(std::time::Instant::now()));
+        if left.is_some_and(|l| l.is_zero()) {
+            break;
+        }
+        match wait_signal(&signals, left) {
+            // systemctl reload: the agent follows its store by itself and
+            // its settings are its command line's, so there is nothing to
+            // read again; said, so that a reload is seen to be harmless.
+            Some(libc::SIGHUP) => tracing::info!(
+                "SIGHUP: nothing to reload (the agent follows its store by itself; restart it to change its settings)"
+            ),
+            Some(sig) => {
+                let within = Duration::from_secs_f64(args.drain_timeout);
+                tracing::info!(signal = sig, in_flight = agent.in_flight(), "stopping: answering the requests already read");
+                if agent.drain(within) {
+                    tracing::info!("stopped: every request read was answered");
+                } else {
+                    tracing::warn!(?within, "stopped with requests unanswered after --drain-timeout");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            None => {}
+        }
+    }
+    agent.stop();
     Ok(ExitCode::SUCCESS)
 }

@@ -1,7 +1,7 @@
 //! `keyfence`: the command line of the keyfence library.
 
 // Direction, bottom to top (each module uses only those before it): exit,
-// files, key_process, offload_paths, offload_cmd, pki; abe_cmd, policy_cmd, wrap_cmd; then
+// journal, files, key_process, offload_paths, offload_cmd, pki; abe_cmd, policy_cmd, wrap_cmd; then
 // remote_cmd, agent_cmd, sign_cmd (which takes remote_cmd's options),
 // provider_cmd, soak, demo and bench_cmd; this file on top.
 
@@ -12,6 +12,7 @@ mod demo;
 mod exit;
 mod files;
 mod fleet;
+mod journal;
 mod key_process;
 mod offload_cmd;
 mod offload_paths;
@@ -118,7 +119,7 @@ fn main() -> ExitCode {
         Err(e) => {
             let (code, print) = exit::classify(&e);
             if print {
-                eprintln!("keyfence: {e:#}");
+                eprintln!("{}keyfence: {e:#}", journal::fatal_prefix());
             }
             ExitCode::from(code)
         }

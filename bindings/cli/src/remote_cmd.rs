@@ -254,7 +254,7 @@ fn allow_list(entries: &[String], file: Option<&Path>, envelopes: &[PathBuf]) ->
 /// Installs a subscriber printing spans and events at `level` and above.
 fn init_log(level: &str) -> Result<()> {
     let level: tracing::Level = level.parse().map_err(|_| exit::input(format!("unknown log level {level}")))?;
-    tracing_subscriber::fmt().with_max_level(level).with_writer(std::io::stderr).init();
+    crate::journal::init(level);
     Ok(())
 }
 

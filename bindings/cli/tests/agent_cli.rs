@@ -376,3 +376,114 @@ fn the_agent_raises_its_descriptor_limit_and_says_when_it_runs_out() {
     let said = log.matches("cannot accept a connection").count();
     assert_eq!(said, 1, "said once, not per connection: {log}");
 }
+
+/// Waits (at most 20 s) for `file` to hold a line that `pred` accepts;
+/// the file's text.
+fn wait_for_line(file: &Path, what: &str, pred: impl Fn(&str) -> bool) -> String {
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        if text.lines().any(&pred) {
+            return text;
+        }
+        assert!(Instant::now() < until, "no line {what} in the agent's log:\n{text}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Under systemd (standard error is the journal's stream, JOURNAL_STREAM
+/// names it) every line has its priority: a refused envelope is a
+/// warning, a revoked machine an error, a fatal start error `<3>`.
+/// `agent status` answers and exits 1 once the machine is revoked; the
+/// revoked agent drops its keys and opens nothing; SIGHUP does not end
+/// it; SIGTERM ends it, exit 0.
+#[test]
+fn under_the_journal_the_agent_logs_priorities_answers_status_and_stops_on_sigterm() {
+    use std::os::unix::fs::MetadataExt;
+    let d = Dir::new("agent-journal");
+    world(&d);
+    let socket = d.0.join("agent.sock");
+    let sock = socket.to_str().unwrap();
+    let log = d.0.join("journal.log");
+    let file = std::fs::File::create(&log).unwrap();
+    let meta = file.metadata().unwrap();
+    let stream = format!("{}:{}", meta.dev(), meta.ino());
+    let mut args = agent_args(&d, sock);
+    args.extend(["--log".into(), "info".into()]);
+    let mut agent = Killed(
+        Command::new(env!("CARGO_BIN_EXE_keyfence"))
+            .args(&args)
+            .env("JOURNAL_STREAM", &stream)
+            .stdout(Stdio::piped())
+            .stderr(file)
+            .spawn()
+            .unwrap(),
+    );
+    wait_listening(&mut agent.0);
+    signs_through(&d, &socket);
+
+    // Healthy: exit 0, the machine's id and generations.
+    let id = ok(&["machine", "info", "--key", &d.p("us.machine")]).lines().next().unwrap().trim_start_matches("id: ").to_string();
+    let out = ok(&["agent", "status", "--socket", sock]);
+    assert!(out.contains(&format!("machine: {id}")) && out.contains("generations live: 1") && out.contains("revoked: no"), "{out}");
+    let json: serde_json::Value = serde_json::from_str(&ok(&["agent", "status", "--socket", sock, "--json"])).unwrap();
+    assert_eq!(json["machine"]["revoked"], false, "{json}");
+    assert!(json["keys_loaded"].as_u64().is_some() && json["pid"].as_u64().is_some(), "{json}");
+
+    // A refused envelope: a warning in the agent's log, with its code and
+    // the client's user and pid; the client says "no" (exit 1).
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: FR", "--in", &d.p("ec.pem"), "--out", &d.p("fr.env")]);
+    ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
+    let o = common::keyfence(&["provider-key", "--agent", sock, "--envelope", &d.p("fr.env"), "--out", &d.p("fr.kfk")]);
+    assert!(!o.status.success(), "{}", stderr(&o));
+    wait_for_line(&log, "<4> ... POLICY_NOT_SATISFIED", |l| l.starts_with("<4>") && l.contains("POLICY_NOT_SATISFIED") && l.contains("pid="));
+
+    // SIGHUP is a reload, said; the agent goes on.
+    let pid = agent.0.id().to_string();
+    assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    wait_for_line(&log, "<6> ... SIGHUP", |l| l.starts_with("<6>") && l.contains("SIGHUP"));
+    signs_through(&d, &socket);
+
+    // Revoked: the agent says so as an error within its watch's period,
+    // ends its connections, opens nothing; status exits 1.
+    ok(&["authority", "revoke", "--store", &d.p("store"), "--machine", &id]);
+    ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
+    wait_for_line(&log, "<3> ... revoked", |l| l.starts_with("<3>") && l.contains("revoked") && l.contains(&id));
+    let o = common::keyfence(&["agent", "status", "--socket", sock]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("revoked"), "{}", stderr(&o));
+    std::fs::write(d.0.join("msg"), b"after the revocation").unwrap();
+    let o = common::keyfence(&[
+        "sign", "--agent", sock, "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("x.sig"),
+    ]);
+    assert!(!o.status.success() && stderr(&o).contains("MACHINE_REVOKED"), "{}", stderr(&o));
+
+    // SIGTERM: a clean stop.
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let until = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = agent.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < until, "the agent did not stop on SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status:?}");
+    wait_for_line(&log, "<6> ... stopped", |l| l.starts_with("<6>") && l.contains("stopped"));
+    // No agent: status exits 3.
+    assert_eq!(common::keyfence(&["agent", "status", "--socket", sock]).status.code(), Some(3));
+
+    // A start that fails is an error under the journal too.
+    let log2 = d.0.join("journal2.log");
+    let file = std::fs::File::create(&log2).unwrap();
+    let meta = file.metadata().unwrap();
+    let o = Command::new(env!("CARGO_BIN_EXE_keyfence"))
+        .args(["agent", "--socket", sock, "--store", &d.p("served"), "--machine-key", &d.p("missing.machine")])
+        .env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stderr(file)
+        .status()
+        .unwrap();
+    assert!(!o.success());
+    let text = std::fs::read_to_string(&log2).unwrap();
+    assert!(text.lines().any(|l| l.starts_with("<3>keyfence: ")), "{text}");
+}

@@ -225,6 +225,48 @@ impl fmt::Debug for MachineKey {
     }
 }
 
+/// A machine key's standing by its store's signed lists
+/// ([`Machine::health`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MachineHealth {
+    /// The machine's id (`None` for a key issued before machines had ids).
+    pub id: Option<String>,
+    /// The master-key generations its key holds, newest first.
+    pub held: Vec<u32>,
+    /// The generations the store's generation list says are live.
+    pub live: Vec<u32>,
+    /// Whether the store's revocation list names this machine.
+    pub revoked: bool,
+}
+
+impl MachineHealth {
+    /// Whether the key can open anything: not revoked, and holding a live
+    /// generation.
+    pub fn usable(&self) -> bool {
+        self.problem().is_none()
+    }
+
+    /// Why the key opens nothing, in words an operator acts on; `None`
+    /// when it is usable.
+    pub fn problem(&self) -> Option<String> {
+        let id = self.id.as_deref().unwrap_or("(no id)");
+        if self.revoked {
+            return Some(format!(
+                "this machine ({id}) is revoked: the store's revocation list names it; its keys are dropped and no envelope is opened (issue it a new machine key: docs/deploy.md, \"Replacing a machine key\")"
+            ));
+        }
+        if !self.held.iter().any(|g| self.live.contains(g)) {
+            let list = |v: &[u32]| v.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
+            return Some(format!(
+                "this machine's key ({id}) holds no live generation: it holds {} and the store's live generations are {}; no envelope can be opened until the authority issues it a new key (`keyfence authority issue`, docs/deploy.md)",
+                list(&self.held),
+                if self.live.is_empty() { "none".to_string() } else { list(&self.live) }
+            ));
+        }
+        None
+    }
+}
+
 /// A machine that opens envelopes: its key, the store holding the
 /// replicated sealed policy keys, and the policy-key cache.
 pub struct Machine {
@@ -399,6 +441,23 @@ impl Machine {
     /// its authority did not sign; [`WrapError::Replayed`].
     pub fn revocations(&self) -> Result<RevocationList> {
         self.revocations.accept(self.store.get(layout::REVOKED)?.as_deref(), &self.key.authority)
+    }
+
+    /// What this machine's key is good for now, by the store's signed
+    /// lists: the generations it holds and those live, and whether the
+    /// revocation list names it. An agent watches this, so that a machine
+    /// stranded by a master-key rotation or revoked says so itself rather
+    /// than through each client's failed load.
+    ///
+    /// # Errors
+    /// As [`Machine::revocations`], for either list.
+    pub fn health(&self) -> Result<MachineHealth> {
+        let live = self.seen.accept(self.store.get(layout::GENERATIONS)?.as_deref(), &self.key.authority)?.live();
+        let revoked = match self.id() {
+            Some(id) => self.revocations()?.contains(id),
+            None => false,
+        };
+        Ok(MachineHealth { id: self.id().map(str::to_owned), held: self.key.generations(), live, revoked })
     }
 
     /// Whether this machine's attributes satisfy the envelope's policy;

@@ -73,7 +73,7 @@ pub use error::{Result, StateError, WrapError};
 pub use faulty::FaultyStore;
 pub use export::{export_for_servers, holds_readable_authority, Exported};
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{current_envelope, nearest_capable, objects_for_opening, Follower, Machine, MachineInfo, MachineKey, Peer, PublicMachine};
+pub use machine::{current_envelope, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use newest::{newest_lists_beside, NewestLists};
 #[cfg(feature = "sign")]
 pub(crate) use {

@@ -30,6 +30,8 @@ mod grants;
 mod hush;
 mod poller;
 mod service;
+mod status;
+mod watch;
 
 use std::collections::HashMap;
 use std::io;
@@ -43,6 +45,7 @@ use std::time::Duration;
 use zeroize::Zeroizing;
 
 pub use self::grants::{Grantee, TokenGrant};
+pub use self::status::{status, AgentStatus};
 use self::hush::Hush;
 use self::poller::{Poller, Refusal};
 use self::service::AgentService;
@@ -268,8 +271,12 @@ struct Inner {
     /// Why the agent signs in software; `None` on crypto_mb's device.
     software_reason: Option<String>,
     stop: AtomicBool,
+    /// Set by [`Agent::drain`]: no connection is accepted any more.
+    draining: AtomicBool,
     workers: Arc<Workers>,
     service: Arc<dyn Service>,
+    /// The same service, for its machine and its revocation flag.
+    agent_service: Arc<AgentService>,
     poller: Arc<Poller>,
     limits: Limits,
     /// Each open connection's socket, to end it on stop.
@@ -295,6 +302,37 @@ struct Inner {
 impl Inner {
     fn conns(&self) -> MutexGuard<'_, HashMap<u64, Arc<UnixStream>>> {
         self.conns.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What `keyfence agent status` prints ([`status`]).
+    fn status_json(&self) -> serde_json::Value {
+        let users = self.users.lock().unwrap_or_else(|e| e.into_inner());
+        let sum = |f: fn(&UserShare) -> usize| users.values().map(|u| f(u)).sum::<usize>();
+        let machine = self.agent_service.machine.as_ref().map(|(m, _)| match m.health() {
+            Ok(h) => serde_json::json!({
+                "id": h.id,
+                "generations_held": h.held,
+                "generations_live": h.live,
+                "revoked": h.revoked,
+                "problem": h.problem(),
+            }),
+            Err(e) => serde_json::json!({ "id": m.id(), "problem": format!("the store's lists cannot be read: {e}") }),
+        });
+        serde_json::json!({
+            "pid": std::process::id(),
+            "socket": self.config.socket,
+            "store": self.config.store,
+            "machine": machine,
+            "keys_loaded": sum(|u| u.keys.load(Ordering::Relaxed)),
+            "in_flight": sum(|u| u.in_flight.load(Ordering::Relaxed)),
+            "connections": self.conns().len(),
+            "users_connected": users.values().filter(|u| u.connections.load(Ordering::Relaxed) > 0).count(),
+            "accepted": self.accepted.load(Ordering::Relaxed),
+            "refused": self.refused.load(Ordering::Relaxed),
+            "memory_bytes": self.memory.used(),
+            "token_keys": self.agent_service.pkcs11.is_some(),
+            "signing": self.software_reason.as_deref().map_or("crypto_mb's multi-buffer device".to_string(), |why| format!("software: {why}")),
+        })
     }
 
     fn share(&self, uid: u32) -> Arc<UserShare> {
@@ -398,7 +436,16 @@ impl Agent {
             s.fixed = true;
             s
         });
-        let service: Arc<dyn Service> = Arc::new(AgentService { machine, pkcs11, grants: config.token_grants.clone(), uid });
+        let agent_service = Arc::new(AgentService {
+            machine,
+            pkcs11,
+            grants: config.token_grants.clone(),
+            uid,
+            revoked: Arc::new(AtomicBool::new(false)),
+            refusals: Mutex::new(HashMap::new()),
+            agent: std::sync::OnceLock::new(),
+        });
+        let service: Arc<dyn Service> = agent_service.clone();
         // Neither a core dump nor a debugger of the same user reads the keys.
         let _ = sys::set_not_dumpable();
         let _ = sys::disable_core_dumps();
@@ -440,8 +487,10 @@ impl Agent {
             software_reason,
             config,
             stop: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             workers,
             service,
+            agent_service,
             poller: poller.clone(),
             limits,
             conns: Mutex::new(HashMap::new()),
@@ -456,9 +505,20 @@ impl Agent {
             no_thread: Hush::new(),
             socket_id,
         });
+        let _ = inner.agent_service.agent.set(Arc::downgrade(&inner));
         let mut threads = Joined::new();
         let start_err = |e: io::Error| SignError::io(Resource::Thread, format!("cannot start the agent: {e}"));
         threads.spawn("keyfence-agent-poller".into(), move || poller.run(&hears)).map_err(start_err)?;
+        if inner.agent_service.machine.is_some() {
+            // Its first look is made here, so a stranded or revoked machine
+            // is said at start, before any client asks.
+            let mut last = watch::look(&inner, None);
+            let i = inner.clone();
+            if let Err(e) = threads.spawn("keyfence-agent-watch".into(), move || watch::run(&i, &mut last)) {
+                inner.poller.stop();
+                return Err(start_err(e));
+            }
+        }
         let i = inner.clone();
         if let Err(e) = threads.spawn("keyfence-agent-accept".into(), move || accept_loop(&i, &listener)) {
             inner.poller.stop();
@@ -489,6 +549,48 @@ impl Agent {
             descriptor_limit: self.inner.descriptor_limit,
             memory: self.inner.memory.used(),
         }
+    }
+
+    /// Stops taking connections (under systemd, new ones wait in the
+    /// socket's backlog for the next agent), stops reading requests, and
+    /// waits at most `within` for the answers to every request already
+    /// read; then [`Agent::stop`]. What a restart (SIGTERM) does, so that
+    /// it loses no signature a client had asked for. Returns whether every
+    /// answer was given in time.
+    pub fn drain(&mut self, within: Duration) -> bool {
+        let inner = &self.inner;
+        if !inner.draining.swap(true, Ordering::AcqRel) {
+            // Wakes the accept loop, which sees the flag and returns.
+            let _ = UnixStream::connect(&inner.config.socket);
+        }
+        for s in inner.conns().values() {
+            let _ = s.shutdown(std::net::Shutdown::Read);
+        }
+        let since = std::time::Instant::now();
+        let drained = loop {
+            if self.in_flight() == 0 {
+                break true;
+            }
+            if since.elapsed() >= within {
+                break false;
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        self.stop();
+        drained
+    }
+
+    /// Requests in flight over every connection.
+    pub fn in_flight(&self) -> usize {
+        self.inner.users.lock().unwrap_or_else(|e| e.into_inner()).values().map(|u| u.in_flight.load(Ordering::Acquire)).sum()
+    }
+
+    /// The agent's machine key's standing by its store (`None` for an
+    /// agent of token keys only, or when the store cannot be read: the
+    /// log says why).
+    pub fn machine_health(&self) -> Option<crate::wrap::MachineHealth> {
+        let (machine, _) = self.inner.agent_service.machine.as_ref()?;
+        machine.health().ok()
     }
 
     /// Ends every connection (their requests in flight fail on the
@@ -654,7 +756,7 @@ fn permits(m: &std::fs::Metadata, uid: u32, gids: &[u32], bit: u32) -> bool {
 fn accept_loop(inner: &Arc<Inner>, listener: &UnixListener) {
     loop {
         let accepted = listener.accept();
-        if inner.stop.load(Ordering::Acquire) {
+        if inner.stop.load(Ordering::Acquire) || inner.draining.load(Ordering::Acquire) {
             return;
         }
         match accepted {
@@ -717,7 +819,7 @@ fn admit(inner: &Arc<Inner>, stream: UnixStream) {
     inner.conns().insert(id, stream.clone());
     inner.accepted.fetch_add(1, Ordering::Relaxed);
     tracing::debug!(%pid, %uid, "client admitted");
-    let client = Arc::new(Client { uid, gids, share: share.clone(), limits: inner.limits });
+    let client = Arc::new(Client { pid, uid, gids, share: share.clone(), limits: inner.limits });
     let flags = p::flags::AGENT | p::flags::PEER_CHECKED | hardening();
     let i = inner.clone();
     let spawned = inner.conn_threads.lock().unwrap_or_else(|e| e.into_inner()).spawn_sized(

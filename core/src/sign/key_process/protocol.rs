@@ -66,6 +66,9 @@ pub mod kind {
     pub const DROP_PRIVILEGES: u8 = 0x05;
     /// Ask for the process's status.
     pub const STATUS: u8 = 0x06;
+    /// Ask an agent for its own status as JSON (`keyfence agent status`):
+    /// its machine key's standing, its store, keys and connections.
+    pub const AGENT_STATUS: u8 = 0x07;
     /// Make a call the sandbox forbids (test builds only): the sandbox
     /// kills the key process.
     #[cfg(feature = "testing")]

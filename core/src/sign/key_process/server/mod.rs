@@ -100,6 +100,8 @@ pub(crate) struct Table {
 /// An agent's client as its connection sees it: who it is, and its
 /// user's share of the agent.
 pub(crate) struct Client {
+    /// The process that connected (what a refusal is logged with).
+    pub(crate) pid: u32,
     /// Its user.
     pub(crate) uid: u32,
     /// Its primary and supplementary groups.
@@ -442,6 +444,15 @@ pub(crate) fn serve_conn(
             conn.err(0, ErrorCode::NotAllowed, &not.0);
         }
     }
+    // The requests already read are answered before the writer closes:
+    // an agent that drains (SIGTERM) stops reading and ends no request
+    // it took. Bounded: every operation has a deadline.
+    if result.is_ok() {
+        let since = std::time::Instant::now();
+        while conn.in_flight.load(Ordering::Acquire) > 0 && since.elapsed() < ANSWER_AFTER_EOF {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
     conn.writer.close();
     result
 }
@@ -676,6 +687,10 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
     }
 }
 
+
+/// How long a connection whose peer stopped sending waits for the
+/// answers to what it had already read.
+const ANSWER_AFTER_EOF: Duration = Duration::from_secs(5);
 
 /// How long the reader waits for a hello before giving up on a peer that
 /// never speaks.
