@@ -343,7 +343,8 @@ else
     # and store in place, and a link of their own to the socket that no
     # state records (systemctl add-wants), which the purge must not leave
     # dangling.
-    systemctl --root="$mroot" --quiet enable keyfence-agent.socket 2>/dev/null
+    systemctl --root="$mroot" --quiet enable keyfence-agent.socket 2>/dev/null ||
+        fail "systemctl --root cannot enable the installed keyfence-agent.socket"
     sed -i 's/^KEYFENCE_AGENT_OPTIONS=.*/KEYFENCE_AGENT_OPTIONS="--allow-user www-data --allow-user haproxy"/' "$mroot/etc/default/keyfence"
     cp "$mroot/etc/default/keyfence" "$WORK/edited-default"
     mkdir -p "$mroot/etc/keyfence" "$mroot/var/lib/keyfence/store" "$systemd_dir/nginx.service.wants"
@@ -424,7 +425,7 @@ EOF
         # No unit of this machine named keyfence-* (the package installed
         # here would make the planted links live).
         mount -t tmpfs tmpfs /lib/systemd/system
-        mkdir -p "$modules"
+        [ -d "$modules" ] || { echo "no $modules here (libssl3) to stand for the provider'\''s folder" >&2; exit 1; }
         mount --bind "$sd/ossl-modules" "$modules"
         export PATH="$sd/bin:$PATH"
         step() { echo "== $1" >>"$MAINT_LOG"; }
