@@ -10,7 +10,9 @@
 # The Debian package is installed by dpkg into a scratch root, postinst
 # included; its units are verified there as installed (systemd-analyze),
 # its command line and provider sign from its folders alone, and lintian
-# reports no error.
+# reports no error; its maintainer scripts are run by dpkg through an
+# install, an upgrade, a remove, a purge and a reinstall, and by hand as
+# under systemd (a mount namespace, systemctl stubbed).
 # Then one version everywhere, the licences inside every artifact, the
 # manylinux tag, and the sizes.
 #
