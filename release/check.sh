@@ -10,7 +10,9 @@
 # The Debian package is installed by dpkg into a scratch root, postinst
 # included; its units are verified there as installed (systemd-analyze),
 # its command line and provider sign from its folders alone, and lintian
-# reports no error.
+# reports no error; its maintainer scripts are run by dpkg through an
+# install, an upgrade, a remove, a purge and a reinstall, and by hand as
+# under systemd (a mount namespace, systemctl stubbed).
 # Then one version everywhere, the licences inside every artifact, the
 # manylinux tag, and the sizes.
 #
@@ -284,6 +286,232 @@ mkdir -p "$WORK/deb"
 lintian --display-info --show-overrides "$DEB" >"$WORK/lintian.txt" 2>&1 ||
     { cat "$WORK/lintian.txt"; fail "lintian reports errors in $DEB"; }
 grep -v '^running with root privileges' "$WORK/lintian.txt" || true
+
+say "the Debian package's maintainer scripts: install, upgrade, remove, purge, reinstall (dpkg --root)"
+# dpkg runs the scripts as on a sysadmin's machine, but in a root of its
+# own (DPKG_ROOT), where they must not touch this machine's systemd: what
+# they do is checked in the root's files. Then the systemd branch, which
+# DPKG_ROOT skips, by running the scripts themselves below.
+conffile="$ROOT/bindings/cli/systemd/default/keyfence"
+# The unit's default for the agent (no /etc/default/keyfence: the C
+# tarball's units) is the conffile's.
+unit_default="$(sed -n 's/^Environment="KEYFENCE_AGENT_OPTIONS=\(.*\)"$/\1/p' "$ROOT/bindings/cli/systemd/keyfence-agent.service")"
+file_default="$(sed -n 's/^KEYFENCE_AGENT_OPTIONS="\(.*\)"$/\1/p' "$conffile")"
+[ -n "$unit_default" ] && [ "$unit_default" = "$file_default" ] ||
+    fail "keyfence-agent.service's default KEYFENCE_AGENT_OPTIONS ($unit_default) is not /etc/default/keyfence's ($file_default)"
+if [ "$(id -u)" != 0 ]; then
+    [ "${KEYFENCE_REQUIRE_ROOT:-0}" != 1 ] || fail "not root: the maintainer scripts cannot be run (KEYFENCE_REQUIRE_ROOT=1)"
+    echo "release check: not root: the maintainer scripts are not run"
+else
+    mroot="$WORK/maint-root"
+    mkdir -p "$mroot/etc" "$mroot/var/lib/dpkg/updates" "$mroot/var/lib/dpkg/info"
+    touch "$mroot/var/lib/dpkg/status"
+    # mdpkg WHAT DPKG-ARGS...: no terminal to answer a prompt on (a
+    # conffile question fails the step).
+    mdpkg() {
+        local what="$1"
+        shift
+        dpkg --root="$mroot" --log=/dev/null --force-script-chrootless --force-depends "$@" </dev/null \
+            >"$WORK/maint-dpkg.log" 2>&1 || { cat "$WORK/maint-dpkg.log"; fail "dpkg cannot $what"; }
+        if grep -q "Configuration file '/etc/default/keyfence'" "$WORK/maint-dpkg.log"; then
+            cat "$WORK/maint-dpkg.log"
+            fail "dpkg asked about /etc/default/keyfence at $what"
+        fi
+    }
+    status_is() { # status_is WHAT "STATUS VERSION" (or not-installed)
+        local status
+        status="$(dpkg-query --admindir="$mroot/var/lib/dpkg" -W -f='${db:Status-Status} ${Version}' keyfence 2>/dev/null)" ||
+            status=not-installed
+        [ "$status" = "$2" ] || fail "after $1, the scratch root's keyfence is '$status', not '$2'"
+    }
+    systemd_dir="$mroot/etc/systemd/system"
+    links_to() { find "$systemd_dir" -type l -name 'keyfence-*' 2>/dev/null | sort; }
+
+    mdpkg "install $DEB" -i "$DEB"
+    status_is install "installed $VERSION"
+    cmp -s "$mroot/etc/default/keyfence" "$conffile" || fail "the installed /etc/default/keyfence is not bindings/cli/systemd/default/keyfence"
+    dpkg-query --admindir="$mroot/var/lib/dpkg" -W -f='${Conffiles}' keyfence |
+        grep -qxF " /etc/default/keyfence $(md5sum <"$conffile" | cut -d' ' -f1)" ||
+        fail "dpkg does not hold /etc/default/keyfence as a conffile"
+    ! grep -q '  etc/' "$mroot/var/lib/dpkg/info/keyfence.md5sums" || fail "md5sums lists a conffile (dpkg keeps their sums)"
+    # Nothing enabled; every link an enable would make is recorded, for
+    # the purge to remove.
+    [ -z "$(links_to)" ] || fail "the install enabled units: $(links_to)"
+    grep -qxF /etc/systemd/system/sockets.target.wants/keyfence-agent.socket \
+        "$mroot/var/lib/systemd/deb-systemd-helper-enabled/keyfence-agent.socket.dsh-also" ||
+        fail "deb-systemd-helper holds no state of keyfence-agent.socket after the install"
+
+    # The sysadmin: the socket enabled, HAProxy allowed, the machine's key
+    # and store in place, and a link of their own to the socket that no
+    # state records (systemctl add-wants), which the purge must not leave
+    # dangling.
+    systemctl --root="$mroot" --quiet enable keyfence-agent.socket 2>/dev/null ||
+        fail "systemctl --root cannot enable the installed keyfence-agent.socket"
+    sed -i 's/^KEYFENCE_AGENT_OPTIONS=.*/KEYFENCE_AGENT_OPTIONS="--allow-user www-data --allow-user haproxy"/' "$mroot/etc/default/keyfence"
+    cp "$mroot/etc/default/keyfence" "$WORK/edited-default"
+    mkdir -p "$mroot/etc/keyfence" "$mroot/var/lib/keyfence/store" "$systemd_dir/nginx.service.wants"
+    echo machine-key >"$mroot/etc/keyfence/machine.key"
+    echo store >"$mroot/var/lib/keyfence/store/planted"
+    ln -s /lib/systemd/system/keyfence-agent.socket "$systemd_dir/nginx.service.wants/keyfence-agent.socket"
+    enabled="$systemd_dir/sockets.target.wants/keyfence-agent.socket"
+    [ -L "$enabled" ] || fail "systemctl --root enable made no $enabled"
+
+    # An upgrade: the same package as the next version.
+    dpkg-deb -R "$DEB" "$WORK/bumped"
+    sed -i "s/^Version: .*/Version: $VERSION+1/" "$WORK/bumped/DEBIAN/control"
+    dpkg-deb --root-owner-group -Znone -b "$WORK/bumped" "$WORK/keyfence_bumped.deb" >/dev/null
+    rm -rf "$WORK/bumped"
+    mdpkg "upgrade to $VERSION+1" -i "$WORK/keyfence_bumped.deb"
+    status_is upgrade "installed $VERSION+1"
+    cmp -s "$mroot/etc/default/keyfence" "$WORK/edited-default" || fail "the upgrade did not keep the sysadmin's /etc/default/keyfence"
+    [ -L "$enabled" ] || fail "the upgrade disabled keyfence-agent.socket"
+
+    # remove: the units' files go, the sysadmin's choices stay.
+    mdpkg remove -r keyfence
+    status_is remove "config-files $VERSION+1"
+    [ ! -e "$mroot/usr/bin/keyfence" ] && [ ! -e "$mroot/lib/systemd/system/keyfence-agent.socket" ] ||
+        fail "the remove left the package's files"
+    cmp -s "$mroot/etc/default/keyfence" "$WORK/edited-default" || fail "the remove did not keep /etc/default/keyfence"
+    [ -L "$enabled" ] || fail "the remove forgot that keyfence-agent.socket was enabled"
+
+    # purge: the conffile and every link to the units go; the keys stay.
+    mdpkg purge --purge keyfence
+    status_is purge not-installed
+    left="$(find "$mroot" -name '*keyfence*' | sed "s|^$mroot||" | sort | paste -sd' ')"
+    [ "$left" = "/etc/keyfence /run/keyfence /var/lib/keyfence" ] ||
+        fail "after the purge the scratch root holds: $left (only /etc/keyfence, /run/keyfence and /var/lib/keyfence should stay)"
+    [ "$(cat "$mroot/etc/keyfence/machine.key")" = machine-key ] && [ "$(cat "$mroot/var/lib/keyfence/store/planted")" = store ] ||
+        fail "the purge changed the machine key or the store"
+    [ -z "$(find "$mroot/var/lib/systemd" -name 'keyfence*' 2>/dev/null)" ] || fail "the purge left deb-systemd-helper's state"
+
+    # Installed again: as new, the keys the purge kept still there.
+    mdpkg "install $DEB again after the purge" -i "$DEB"
+    status_is reinstall "installed $VERSION"
+    cmp -s "$mroot/etc/default/keyfence" "$conffile" || fail "the reinstall did not ship /etc/default/keyfence afresh"
+    [ "$(grep -c '^keyfence:' "$mroot/etc/passwd")" = 1 ] || fail "the reinstall made the user keyfence twice"
+    m_uid="$(awk -F: '$1 == "keyfence" { print $3 }' "$mroot/etc/passwd")"
+    [ "$(stat -c '%u %a' "$mroot/var/lib/keyfence")" = "$m_uid 700" ] && [ -f "$mroot/var/lib/keyfence/store/planted" ] ||
+        fail "/var/lib/keyfence after the reinstall: $(stat -c '%u %a' "$mroot/var/lib/keyfence"), keyfence is $m_uid"
+    [ -z "$(links_to)" ] || fail "the reinstall enabled units: $(links_to)"
+
+    say "the Debian package's maintainer scripts under systemd (unshare --mount, systemctl stubbed)"
+    # The scripts as dpkg runs them on a machine booted with systemd:
+    # /run/systemd/system exists, /etc/systemd/system is a scratch folder
+    # here, and systemctl, deb-systemd-invoke, deb-systemd-helper and the
+    # user and folder makers are stubs that log what they are asked
+    # (deb-systemd-helper answering as DSH_INSTALLED says). A process that
+    # maps the provider's file, then deleted, is what an upgrade leaves in
+    # a server that loaded the old provider.
+    sd="$WORK/maint-systemd"
+    mkdir -p "$sd/bin" "$sd/etc-systemd" "$sd/ossl-modules" "$sd/otherroot"
+    dpkg-deb -e "$DEB" "$sd/DEBIAN"
+    for tool in systemctl deb-systemd-invoke deb-systemd-helper systemd-sysusers systemd-tmpfiles; do
+        cat >"$sd/bin/$tool" <<'EOF'
+#!/bin/sh
+echo "${0##*/} $*" >>"$MAINT_LOG"
+case "${0##*/} $1" in
+    "deb-systemd-helper debian-installed" | "deb-systemd-helper --quiet") [ "$DSH_INSTALLED" = 1 ] ;;
+esac
+EOF
+        chmod 755 "$sd/bin/$tool"
+    done
+    cp "$mroot/$multiarch/libkeyfence.so.$VERSION" "$sd/libkeyfence-copy.so"
+    export MAINT_LOG="$sd/log" DPKG_MAINTSCRIPT_PACKAGE=keyfence
+    : >"$MAINT_LOG"
+    # Bounded: the holder sleeps 60 s at most, and is killed by its pid.
+    timeout 60 unshare --mount --propagation private bash -euo pipefail -c '
+        sd="$1" version="$2" python="$3" modules=/usr/lib/x86_64-linux-gnu/ossl-modules
+        if [ -d /run/systemd ]; then mount -t tmpfs tmpfs /run/systemd; else mount -t tmpfs tmpfs /run; fi
+        mkdir -p /run/systemd/system
+        mount --bind "$sd/etc-systemd" /etc/systemd/system
+        # No unit of this machine named keyfence-* (the package installed
+        # here would make the planted links live).
+        mount -t tmpfs tmpfs /lib/systemd/system
+        [ -d "$modules" ] || { echo "no $modules here (libssl3) to stand for the provider'\''s folder" >&2; exit 1; }
+        mount --bind "$sd/ossl-modules" "$modules"
+        export PATH="$sd/bin:$PATH"
+        step() { echo "== $1" >>"$MAINT_LOG"; }
+        cp "$sd/libkeyfence-copy.so" "$modules/keyfence.so"
+        "$python" -c "import ctypes, sys, time; ctypes.CDLL(sys.argv[1]); print(\"ready\", flush=True); time.sleep(60)" \
+            "$modules/keyfence.so" >"$sd/holder.out" &
+        holder=$!
+        trap "kill $holder 2>/dev/null || true; wait $holder 2>/dev/null || true" EXIT
+        echo "$holder" >"$sd/holder.pid"
+        for _ in $(seq 100); do grep -q ready "$sd/holder.out" && break; sleep 0.1; done
+        cat "/proc/$holder/comm" >"$sd/holder.comm"
+
+        step install
+        DSH_INSTALLED=0 "$sd/DEBIAN/postinst" configure "" >"$sd/install.out" 2>&1
+        # The upgrade replaced the provider under the holder.
+        rm "$modules/keyfence.so"
+        step upgrade
+        DSH_INSTALLED=1 "$sd/DEBIAN/postinst" configure "$version" >"$sd/upgrade.out" 2>&1
+        step prerm-upgrade
+        "$sd/DEBIAN/prerm" upgrade "$version+1"
+        step remove
+        "$sd/DEBIAN/prerm" remove
+        "$sd/DEBIAN/postrm" remove
+        # Links to the units: the enable link (deb-systemd-helper would
+        # remove it; its stub does not), a hand-made one, both dangling
+        # now, and one to a unit of the sysadmin'\''s own, which stays.
+        etc=/etc/systemd/system
+        mkdir -p "$etc/sockets.target.wants" "$etc/nginx.service.requires" "$etc/multi-user.target.wants"
+        ln -s /lib/systemd/system/keyfence-agent.socket "$etc/sockets.target.wants/keyfence-agent.socket"
+        ln -s /usr/lib/systemd/system/keyfence-agent.service "$etc/nginx.service.requires/keyfence-agent.service"
+        echo "[Service]" >"$etc/keyfence-serve.service"
+        ln -s "$etc/keyfence-serve.service" "$etc/multi-user.target.wants/keyfence-serve.service"
+        step purge
+        "$sd/DEBIAN/postrm" purge
+        # dpkg --root: nothing asks this machine'\''s systemd, and the
+        # holder (still running) is no process of that root'\''s.
+        step dpkg-root
+        DPKG_ROOT="$sd/otherroot" DSH_INSTALLED=1 "$sd/DEBIAN/postinst" configure "$version" >"$sd/dpkg-root.out" 2>&1
+        DPKG_ROOT="$sd/otherroot" "$sd/DEBIAN/prerm" remove
+        DPKG_ROOT="$sd/otherroot" "$sd/DEBIAN/postrm" remove
+        step end
+    ' maint "$sd" "$VERSION" "$PYTHON" || { cat "$MAINT_LOG"; fail "the maintainer scripts fail under systemd (log above)"; }
+    unset MAINT_LOG DPKG_MAINTSCRIPT_PACKAGE
+    holder="$(cat "$sd/holder.pid")"
+    ! kill -0 "$holder" 2>/dev/null || fail "the holder process $holder outlived its namespace"
+    # step NAME: the log's lines between "== NAME" and the next step.
+    step_log() { awk -v s="== $1" '$0 == s { on = 1; next } /^== / { on = 0 } on' "$sd/log"; }
+    in_order() { # in_order STEP LINE...: each line logged in STEP, in this order
+        local log step="$1" at=0 n
+        log="$(step_log "$1")"
+        shift
+        for line in "$@"; do
+            n="$({ grep -nxF -- "$line" <<<"$log" || true; } | head -1 | cut -d: -f1)"
+            [ -n "$n" ] && [ "$n" -gt "$at" ] || { echo "$log" >&2; fail "$step: not logged (in order): $line"; }
+            at="$n"
+        done
+    }
+    all_units="${units[*]}"
+    in_order install "systemd-sysusers keyfence.conf" "systemd-tmpfiles --create keyfence.conf" \
+        "deb-systemd-helper debian-installed keyfence-agent.socket" "deb-systemd-helper update-state keyfence-agent.socket" \
+        "deb-systemd-helper update-state keyfence-agent.service" "deb-systemd-helper update-state keyfence-serve.service" \
+        "systemctl --system daemon-reload" "deb-systemd-invoke try-restart $all_units"
+    ! step_log install | grep -Eq ' (enable|start|restart) ' || fail "the install enables or starts units: $(step_log install)"
+    in_order upgrade "deb-systemd-helper unmask keyfence-agent.socket" "deb-systemd-helper --quiet was-enabled keyfence-agent.socket" \
+        "deb-systemd-helper enable keyfence-agent.socket" "deb-systemd-helper update-state keyfence-agent.socket" \
+        "deb-systemd-helper update-state keyfence-serve.service" "systemctl --system daemon-reload" "deb-systemd-invoke try-restart $all_units"
+    [ -z "$(step_log prerm-upgrade)" ] || fail "prerm upgrade stops units: $(step_log prerm-upgrade)"
+    in_order remove "deb-systemd-invoke stop $all_units" "systemctl --system daemon-reload"
+    ! step_log remove | grep -q 'deb-systemd-helper' || fail "the remove changes the units' enable state: $(step_log remove)"
+    in_order purge "deb-systemd-helper purge $all_units" "deb-systemd-helper unmask $all_units"
+    etc="$sd/etc-systemd"
+    [ ! -L "$etc/sockets.target.wants/keyfence-agent.socket" ] && [ ! -L "$etc/nginx.service.requires/keyfence-agent.service" ] ||
+        fail "the purge left links to the package's units: $(find "$etc" -type l | paste -sd' ')"
+    [ -L "$etc/multi-user.target.wants/keyfence-serve.service" ] || fail "the purge removed a link to the sysadmin's own unit"
+    ! step_log dpkg-root | grep -Eq '^(systemctl|deb-systemd-invoke) ' || fail "with DPKG_ROOT, the scripts ask this machine's systemd: $(step_log dpkg-root)"
+    in_order dpkg-root "systemd-sysusers --root=$sd/otherroot keyfence.conf"
+    # The stale library: named at the upgrade, not while the file was
+    # there, not for another root.
+    holder_comm="$(cat "$sd/holder.comm")"
+    grep -qF "keyfence: these processes still use the old keyfence library; restart them: $holder_comm (pid $holder)" "$sd/upgrade.out" ||
+        { cat "$sd/upgrade.out"; fail "the upgrade did not name the process ($holder_comm, $holder) still mapping the replaced provider"; }
+    ! grep -q 'still use the old' "$sd/install.out" || { cat "$sd/install.out"; fail "a process mapping the live provider was named as stale"; }
+    ! grep -q 'still use the old' "$sd/dpkg-root.out" || fail "with DPKG_ROOT, this machine's processes were named as stale"
+fi
 
 say "one version: $VERSION"
 check_version() { [ "$2" = "$VERSION" ] || fail "$1 says $2, the workspace $VERSION"; }

@@ -16,6 +16,7 @@
 #                                             the key process, which libkeyfence
 #                                             looks for beside itself
 #   /lib/systemd/system/keyfence-agent.{socket,service}, keyfence-serve.service
+#   /etc/default/keyfence                     the units' options (a conffile)
 #   /usr/lib/sysusers.d/keyfence.conf, /usr/lib/tmpfiles.d/keyfence.conf
 #   /usr/share/doc/keyfence/                  copyright (DEP-5), changelog,
 #                                             THIRD-PARTY-NOTICES.txt, the SoftHSM2
@@ -78,6 +79,9 @@ strip --remove-section=.comment --remove-section=.note --strip-unneeded \
 
 install -m 644 "$SYSTEMD/keyfence-agent.socket" "$SYSTEMD/keyfence-agent.service" "$SYSTEMD/keyfence-serve.service" \
     "$PKG/lib/systemd/system/"
+# The units' options (EnvironmentFile=): a conffile, like every file the
+# package puts in /etc (DEBIAN/conffiles below).
+install -D -m 644 "$SYSTEMD/default/keyfence" "$PKG/etc/default/keyfence"
 install -m 644 "$SYSTEMD/sysusers.d/keyfence.conf" "$PKG/usr/lib/sysusers.d/keyfence.conf"
 install -m 644 "$SYSTEMD/tmpfiles.d/keyfence.conf" "$PKG/usr/lib/tmpfiles.d/keyfence.conf"
 install -m 644 "$SYSTEMD/keyfence-agent.service.d/softhsm.conf" "$DOC/examples/keyfence-agent.service.d/"
@@ -232,6 +236,7 @@ while todo:
     todo[0:0] = [words + [c] for c in commands(text) if c != "help"]
 print(".SH FILES\n.TP\n.I /lib/systemd/system/keyfence-agent.socket, keyfence-agent.service, keyfence-serve.service")
 print("The key agent's and the key server's units.")
+print(".TP\n.I /etc/default/keyfence\nThe units' options: who may connect to the agent, the agent's and the server's bounds.")
 print(".TP\n.I /usr/lib/" "x86_64-linux-gnu/ossl-modules/keyfence.so\nThe OpenSSL provider (keyfence provider-config).")
 print(".TP\n.I /usr/share/doc/keyfence/examples/keyfence-agent.service.d/softhsm.conf")
 print("The drop-in an agent serving SoftHSM2 token keys needs.")
@@ -263,36 +268,142 @@ else
 fi
 echo "activate-noawait ldconfig" >"$PKG/DEBIAN/triggers"
 
+# The maintainer scripts: what dh_installsystemd --no-enable --no-start
+# generates for the three units (debhelper 13, Debian 12), the system user
+# and its folders, and at an upgrade the processes still running the old
+# library. Nothing is enabled or started at install: the sysadmin enables
+# keyfence-agent.socket once the machine key and the store are in place
+# (docs/deploy.md). DPKG_ROOT: a package installed into another root
+# (dpkg --root): deb-systemd-helper works in that root, and nothing asks
+# this machine's systemd about it.
 cat >"$PKG/DEBIAN/postinst" <<'EOF'
 #!/bin/sh
-# The system user keyfence and its folders (/usr/lib/sysusers.d and
-# /usr/lib/tmpfiles.d/keyfence.conf). Nothing is enabled or started: the
-# sysadmin enables keyfence-agent.socket once the machine key and the
-# store are in place (/usr/share/doc/keyfence, docs/deploy.md).
-# DPKG_ROOT: a package installed into another root (dpkg --root).
 set -e
+units="keyfence-agent.socket keyfence-agent.service keyfence-serve.service"
+
+# The processes that still map a keyfence file this configure replaced
+# (dpkg unlinks the old file: the kernel names it "(deleted)"): servers
+# that loaded the provider (nginx, apache2, haproxy), a key process, an
+# agent started outside its unit. Named with the unit to restart where
+# the process is one's.
+stale_processes() {
+    pattern=' (/usr)?/(lib/x86_64-linux-gnu/(libkeyfence\.so\.[0-9.]+|ossl-modules/keyfence\.so|keyfence-key-process)|bin/keyfence) \(deleted\)$'
+    grep -lE "$pattern" /proc/[0-9]*/maps 2>/dev/null | while IFS= read -r maps; do
+        pid="${maps#/proc/}"
+        pid="${pid%/maps}"
+        name="$(cat "/proc/$pid/comm" 2>/dev/null)" || continue
+        unit="$(sed -n 's,^0::/.*/\([^/]*\.service\)$,\1,p' "/proc/$pid/cgroup" 2>/dev/null)" || true
+        echo "$pid ${unit:--} $name"
+    done | awk '
+        { name = $0; sub(/^[^ ]+ [^ ]+ /, "", name)
+          if (!count[name]++) order[++n] = name
+          pids[name] = pids[name] (count[name] > 1 ? " " : "") $1
+          if ($2 != "-" && !seen[$2]++) units = units " " $2 }
+        END {
+            if (!n) exit
+            line = ""
+            for (i = 1; i <= n; i++) line = line (i > 1 ? ", " : "") order[i] " (pid" (count[order[i]] > 1 ? "s " : " ") pids[order[i]] ")"
+            print "keyfence: these processes still use the old keyfence library; restart them: " line
+            if (units != "") print "keyfence: systemctl restart" units
+        }'
+}
+
 if [ "$1" = configure ] || [ "$1" = abort-upgrade ] || [ "$1" = abort-deconfigure ] || [ "$1" = abort-remove ]; then
+    # The system user keyfence and its folders (/usr/lib/sysusers.d and
+    # /usr/lib/tmpfiles.d/keyfence.conf).
     systemd-sysusers ${DPKG_ROOT:+--root="$DPKG_ROOT"} keyfence.conf
     systemd-tmpfiles ${DPKG_ROOT:+--root="$DPKG_ROOT"} --create keyfence.conf
+
+    # The units' enable state, kept as the sysadmin left it: a unit enabled
+    # before gets the links its new [Install] names; deb-systemd-helper's
+    # state records every link the units may have, so that a purge removes
+    # them (whoever made them: `systemctl enable`). The unmask undoes a
+    # mask deb-systemd-helper made itself, never the sysadmin's.
+    for unit in $units; do
+        if deb-systemd-helper debian-installed "$unit"; then
+            deb-systemd-helper unmask "$unit" >/dev/null || true
+            if deb-systemd-helper --quiet was-enabled "$unit"; then
+                deb-systemd-helper enable "$unit" >/dev/null || true
+            fi
+        fi
+        deb-systemd-helper update-state "$unit" >/dev/null || true
+    done
+
     if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
         systemctl --system daemon-reload >/dev/null || true
+        # What runs is restarted, nothing else started. The socket first:
+        # a socket unit whose file changed under it (or that a purge left
+        # running, by a package older than this prerm) "is not functional
+        # until restarted", and the agent systemd then starts binds a
+        # socket of its own that the servers' workers cannot open.
+        # Restarting the socket restarts the agent (Requires=), which then
+        # runs the new binary; so does a key server. Also at a first
+        # install: only what an older package's purge left running runs.
+        # shellcheck disable=SC2086 # $units: three words
+        deb-systemd-invoke try-restart $units >/dev/null || true
     fi
+
+    # The servers still running the old library, which this package cannot
+    # restart for the sysadmin (stdout: dpkg and apt show it).
+    if [ "$1" = configure ] && [ -z "${DPKG_ROOT:-}" ]; then
+        stale_processes || true
+    fi
+fi
+EOF
+cat >"$PKG/DEBIAN/prerm" <<'EOF'
+#!/bin/sh
+# Removed (or deconfigured for a package that breaks it): its units are
+# stopped, the socket with them, before their files go. An upgrade stops
+# nothing here: the agent serves through the unpacking, and the new
+# postinst restarts it.
+set -e
+if [ -z "${DPKG_ROOT:-}" ] && { [ "$1" = remove ] || [ "$1" = deconfigure ]; } && [ -d /run/systemd/system ]; then
+    deb-systemd-invoke stop keyfence-agent.socket keyfence-agent.service keyfence-serve.service >/dev/null || true
 fi
 EOF
 cat >"$PKG/DEBIAN/postrm" <<'EOF'
 #!/bin/sh
-# The units are gone or changed: systemd forgets them. The user keyfence,
-# /etc/keyfence and /var/lib/keyfence (the store, the agent's state) stay,
-# also on purge: they hold keys a package manager must not throw away.
+# On remove, systemd forgets the units; the enable links stay, so that a
+# reinstall keeps the sysadmin's choice. On purge, the links go too:
+# those deb-systemd-helper recorded, and any link left in a .wants or
+# .requires folder to a unit file the package shipped (made by hand, or
+# left by an older package) - never a link to a unit of the sysadmin's
+# own. dpkg itself deletes the conffile, /etc/default/keyfence.
+#
+# Kept, also on purge: the user keyfence, /etc/keyfence (the machine key)
+# and /var/lib/keyfence (the store, the agent's state): they hold keys,
+# which a package manager must never throw away. docs/deploy.md says how
+# to remove them by hand.
 set -e
-if [ -z "${DPKG_ROOT:-}" ] && [ -d /run/systemd/system ]; then
+units="keyfence-agent.socket keyfence-agent.service keyfence-serve.service"
+if [ "$1" = purge ]; then
+    if command -v deb-systemd-helper >/dev/null; then
+        # shellcheck disable=SC2086 # $units: three words
+        deb-systemd-helper purge $units >/dev/null || true
+        # shellcheck disable=SC2086
+        deb-systemd-helper unmask $units >/dev/null || true
+    fi
+    for unit in $units; do
+        for link in "${DPKG_ROOT:-}"/etc/systemd/system/*.wants/"$unit" "${DPKG_ROOT:-}"/etc/systemd/system/*.requires/"$unit"; do
+            [ -L "$link" ] || continue
+            target="$(readlink "$link")"
+            case "$target" in
+                /lib/systemd/system/"$unit" | /usr/lib/systemd/system/"$unit")
+                    [ -e "${DPKG_ROOT:-}$target" ] || rm -f "$link"
+                    ;;
+            esac
+        done
+    done
+fi
+if [ -z "${DPKG_ROOT:-}" ] && { [ "$1" = remove ] || [ "$1" = purge ]; } && [ -d /run/systemd/system ]; then
     systemctl --system daemon-reload >/dev/null || true
 fi
 EOF
-chmod 755 "$PKG/DEBIAN/postinst" "$PKG/DEBIAN/postrm"
+chmod 755 "$PKG/DEBIAN/postinst" "$PKG/DEBIAN/prerm" "$PKG/DEBIAN/postrm"
 
 # Depends from the binaries' libraries; systemd-sysusers and
-# systemd-tmpfiles for the postinst.
+# systemd-tmpfiles for the postinst; deb-systemd-helper working in
+# DPKG_ROOT (init-system-helpers 1.63; Debian 12 has 1.65) for all three.
 cat >"$WORK/debian/control" <<EOF
 Source: keyfence
 
@@ -305,7 +416,7 @@ shlibs="$(cd "$WORK" && dpkg-shlibdeps -O -xkeyfence \
     -e"debian/keyfence/usr/lib/$TRIPLET/ossl-modules/keyfence.so")"
 depends="${shlibs#shlibs:Depends=}"
 [ -n "$depends" ] && [ "$depends" != "$shlibs" ] || fail "dpkg-shlibdeps said: $shlibs"
-depends="$depends, systemd | systemd-standalone-sysusers, systemd | systemd-standalone-tmpfiles"
+depends="$depends, init-system-helpers (>= 1.63), systemd | systemd-standalone-sysusers, systemd | systemd-standalone-tmpfiles"
 
 installed_size="$(du -sk --apparent-size --exclude=DEBIAN "$PKG" | cut -f1)"
 cat >"$PKG/DEBIAN/control" <<EOF
@@ -329,9 +440,12 @@ Description: keep private keys inside a policy: key agent and OpenSSL provider
  provider that lets nginx, Apache, HAProxy and stunnel use keyfence key
  files, with the libkeyfence library and key process it loads.
 EOF
-(cd "$PKG" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | LC_ALL=C sort -z | xargs -0 md5sum) \
+# The conffiles' sums are dpkg's to keep (the status file's Conffiles:),
+# not md5sums' (as dh_md5sums leaves them out).
+(cd "$PKG" && find etc -type f -printf '/%p\n' | LC_ALL=C sort) >"$PKG/DEBIAN/conffiles"
+(cd "$PKG" && find . \( -path ./DEBIAN -o -path ./etc \) -prune -o -type f -printf '%P\0' | LC_ALL=C sort -z | xargs -0 md5sum) \
     >"$PKG/DEBIAN/md5sums"
-chmod 644 "$PKG/DEBIAN/control" "$PKG/DEBIAN/md5sums" "$PKG/DEBIAN/shlibs" "$PKG/DEBIAN/triggers"
+chmod 644 "$PKG/DEBIAN/control" "$PKG/DEBIAN/md5sums" "$PKG/DEBIAN/shlibs" "$PKG/DEBIAN/triggers" "$PKG/DEBIAN/conffiles"
 
 # Reproducible: every file dated SOURCE_DATE_EPOCH, owned by root.
 find "$PKG" -exec touch -h -d "@$SOURCE_DATE_EPOCH" {} +
