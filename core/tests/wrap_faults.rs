@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use keyfence::wrap::{Authority, CacheConfig, Envelope, FaultyStore, FileStore, Machine, MemoryStore, Store};
+use keyfence::wrap::{Authority, CacheConfig, Envelope, FaultyStore, FileStore, Machine, MemoryStore, Store, WrapError};
 
 /// An envelope handed out, its secret, and whether it is sealed to the
 /// policy key version that `retire_policy_keys` legitimately ends (the
@@ -119,14 +119,26 @@ fn every_write_of_every_operation_can_fail_and_nothing_is_lost() {
     }
 }
 
+/// `status` never writes; `issue` writes one object, its machine's
+/// inventory record (issue 61), and when that write fails it hands out no
+/// key: a machine the inventory does not know would be one `where` and
+/// the rotation check cannot count.
 #[test]
-fn issue_and_status_never_write() {
+fn status_never_writes_and_issue_writes_its_inventory_record_only() {
     let (base, _) = base();
-    let counting = Arc::new(FaultyStore::failing_from(Arc::new(base), 0));
+    let counting = Arc::new(FaultyStore::failing_from(Arc::new(base), 1));
     let a = Authority::open(counting.clone()).unwrap();
-    a.issue(&"region=EU".parse().unwrap()).unwrap();
     a.status().unwrap();
     assert_eq!(counting.writes(), 0);
+    let key = a.issue(&"region=EU".parse().unwrap()).unwrap();
+    assert_eq!(counting.writes(), 1);
+    assert!(a.inventory().unwrap().iter().any(|m| Some(m.id.as_str()) == key.id()));
+    a.status().unwrap();
+    assert_eq!(counting.writes(), 1);
+    match a.issue(&"region=EU".parse().unwrap()) {
+        Err(WrapError::Store(keyfence::wrap::StoreError::Io { key, .. })) => assert!(key.starts_with("authority/inventory/"), "{key}"),
+        other => panic!("expected the record's write to fail, got {other:?}"),
+    }
 }
 
 /// The same over the file store, for the operation with the most writes.
@@ -195,6 +207,8 @@ fn a_handle_whose_rotation_failed_issues_keys_for_committed_generations_only() {
     let mut a = Authority::open(faulty.clone()).unwrap();
     assert!(a.rotate_master().is_err());
     assert_eq!(Authority::open(inner.clone()).unwrap().status().unwrap().generations, before.generations, "not committed");
+    // The store works again (issue writes the machine's inventory record).
+    faulty.heal();
     let key = a.issue(&"region=EU,tier=gold".parse().unwrap()).unwrap();
     let committed: Vec<u32> = before.generations.iter().filter(|(_, s)| s.is_live()).map(|(g, _)| *g).rev().collect();
     assert_eq!(key.generations(), committed, "keys for the committed generations only");

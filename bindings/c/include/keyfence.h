@@ -454,6 +454,40 @@ typedef struct keyfence_bytes {
 } keyfence_bytes;
 
 /*
+ One group's traffic for `keyfence_authority_where`: handshakes per
+ second from `group`.
+ */
+typedef struct keyfence_group_rate {
+  /*
+   The group's value of the `by` label (NUL-terminated UTF-8).
+   */
+  const char *group;
+  /*
+   Handshakes per second, finite and at least 0.
+   */
+  double rps;
+} keyfence_group_rate;
+
+/*
+ One latency for `keyfence_authority_where`: from `from` to `to`, in
+ milliseconds (taken to hold both ways unless the other way is given).
+ */
+typedef struct keyfence_group_latency {
+  /*
+   The group it is measured from (NUL-terminated UTF-8).
+   */
+  const char *from;
+  /*
+   The group it is measured to (NUL-terminated UTF-8).
+   */
+  const char *to;
+  /*
+   Milliseconds, finite and at least 0.
+   */
+  double ms;
+} keyfence_group_latency;
+
+/*
  Called once with an operation's outcome, on an engine thread: keep it
  short (hand the result to your own loop). `signature` is valid only
  during the call (copy it), and `message` is the error text (NUL-
@@ -869,6 +903,69 @@ keyfence_result keyfence_error_message(char *buf, size_t cap, size_t *out_n);
  `position` is NULL (then only the answer is returned) or writable.
  */
 bool keyfence_error_position(size_t *position);
+
+/*
+ Answers where a key wrapped under `policy_text` can be used, into
+ `*json` (UTF-8, free it with `keyfence_bytes_free`): the live machines
+ of the authority's inventory that satisfy it (attributes evaluated,
+ nothing decrypted), grouped by the label `by` (NULL: totals only), and
+ with `traffic` (`traffic_count` groups; NULL with 0 for none) the load
+ each satisfying group would sign: every group that cannot open the key
+ sends its handshakes to the nearest that can, by `latency`
+ (`latency_count` entries), else to a group with its value of the label
+ `near`, else to the satisfying group that sorts first. A group
+ receiving more than `warn_ratio` times its own traffic is warned about
+ (0: the default, 4). `list_machines` adds the matching ids.
+
+ The object: `{"policy", "by", "total", "matching", "revoked",
+ "ungrouped", "remote_share", "groups": [{"value", "total", "matching",
+ "satisfies", "near", "own_rps", "received_rps", "senders", "sends_to",
+ "warning"}], "machines"}` (the rate fields with traffic only).
+
+ Errors: `KEYFENCE_POLICY_SYNTAX` (with the position),
+ `KEYFENCE_INVALID_ARGUMENT` for traffic, latencies or `near` without
+ `by`, a rate or latency that is not a finite number of at least 0, a
+ group given twice, a negative `warn_ratio`; `KEYFENCE_INCONSISTENT_STATE`
+ for an inventory that does not decode; `KEYFENCE_STORE_IO`.
+
+ # Safety
+ `authority` is a live handle; `policy_text` is a NUL-terminated
+ string; `by` and `near` are NULL or NUL-terminated strings; `traffic`
+ holds `traffic_count` readable entries and `latency` `latency_count`
+ (or NULL with a count of 0), each naming NUL-terminated strings;
+ `json` is writable.
+ */
+keyfence_result keyfence_authority_where(const struct keyfence_authority *authority,
+                                         const char *policy_text,
+                                         const char *by,
+                                         const char *near,
+                                         const struct keyfence_group_rate *traffic,
+                                         size_t traffic_count,
+                                         const struct keyfence_group_latency *latency,
+                                         size_t latency_count,
+                                         double warn_ratio,
+                                         bool list_machines,
+                                         struct keyfence_bytes *json);
+
+/*
+ Adds machines already issued to the authority's inventory (a store
+ made before it, a fleet issued elsewhere) from `text`: one a line, the
+ machine id, a tab, its attributes (`label=value,...`); blank and `#`
+ lines skipped. `file_name` (NULL: `inventory`) names the text in
+ errors. Writes how many machines were new to `*added` when it is not
+ NULL.
+
+ Errors: `KEYFENCE_INVALID_ARGUMENT` naming the file, line and field of
+ a line that does not read; `KEYFENCE_STORE_IO`, `KEYFENCE_STORE_CONFLICT`.
+
+ # Safety
+ `authority` is a live handle; `text` a NUL-terminated string;
+ `file_name` NULL or a NUL-terminated string; `added` NULL or writable.
+ */
+keyfence_result keyfence_authority_import_inventory(const struct keyfence_authority *authority,
+                                                    const char *text,
+                                                    const char *file_name,
+                                                    size_t *added);
 
 /*
  Parses a key file's body (the bytes of its `KEYFENCE KEY` PEM block,

@@ -18,6 +18,7 @@
 pub mod abe;
 pub mod bytes;
 pub mod error;
+pub mod fleet;
 mod ffi;
 pub mod key_file;
 pub mod policy;

@@ -16,7 +16,7 @@ use crate::policy;
 /// An authority opened on a store (a directory or `etcd://...`): issues machine keys, wraps
 /// secrets, rotates. Not thread-safe: the functions that change it
 /// (`_wrap`, `_rotate_master`) need the handle to themselves.
-pub struct keyfence_authority(Authority);
+pub struct keyfence_authority(pub(crate) Authority);
 
 /// A machine: its machine key and the store holding the replicated sealed
 /// policy keys, with a cache of opened policy keys. Thread-safe: one

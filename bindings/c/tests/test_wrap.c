@@ -123,6 +123,33 @@ int main(void) {
     keyfence_bytes_free(&fra2);
     keyfence_machine_free(m_fra2);
 
+    /* Where a key can be used (issue 61): fra is revoked, fra2 (DE) and
+     * nyc (US) are live; US's handshakes go to DE, the one group that can
+     * open an EU key. */
+    {
+        keyfence_group_rate traffic[] = {{"DE", 100.0}, {"US", 900.0}};
+        keyfence_group_latency latency[] = {{"US", "DE", 80.0}};
+        keyfence_bytes json = {0};
+        OK(keyfence_authority_where(auth, "region: EU", "country", NULL, traffic, 2, latency, 1, 0.0, false, &json));
+        const char *j = (const char *)json.data;
+        CHECK(strstr(j, "\"total\":2,\"matching\":1,\"revoked\":1") != NULL);
+        CHECK(strstr(j, "{\"value\":\"DE\",\"total\":1,\"matching\":1,") != NULL);
+        CHECK(strstr(j, "\"own_rps\":100,\"received_rps\":900,") != NULL);
+        keyfence_bytes_free(&json);
+        FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_authority_where(auth, "region: EU", NULL, NULL, traffic, 2, NULL, 0, 0.0, false, &json));
+        MESSAGE_HAS("say which label groups the fleet");
+        FAILS(KEYFENCE_POLICY_SYNTAX, keyfence_authority_where(auth, "region: EU)", NULL, NULL, NULL, 0, NULL, 0, 0.0, false, &json));
+        FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_authority_where(auth, "region: EU", NULL, NULL, NULL, 0, NULL, 0, 0.0, false, NULL));
+        size_t added = 0;
+        OK(keyfence_authority_import_inventory(auth, "000000000000000000000000000000aa\tregion=APAC\n", "fleet.tsv", &added));
+        CHECK(added == 1);
+        FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_authority_import_inventory(auth, "x-y\tregion=APAC\n", NULL, NULL));
+        MESSAGE_HAS("inventory, line 1, field id");
+        OK(keyfence_authority_where(auth, "region: APAC", NULL, NULL, NULL, 0, NULL, 0, 0.0, true, &json));
+        CHECK(strstr((const char *)json.data, "\"machines\":[\"000000000000000000000000000000aa\"]") != NULL);
+        keyfence_bytes_free(&json);
+    }
+
     /* The state is on disk: a second handle opens it. */
     OK(keyfence_authority_open(dir, &again));
     keyfence_authority_free(again);

@@ -79,6 +79,12 @@ pub enum BenchCmd {
     /// cache per data center, storage against per-data-center wrapping,
     /// one data center's share (docs/benchmarks.md, "A fleet").
     Fleet(crate::fleet::FleetArgs),
+    /// Where a key can be used, at the seeds' size: 500 data centers x 50
+    /// machines imported into a fresh store, then `where` for an EU-only
+    /// policy grouped by data center with every one's traffic, near by
+    /// region and by latencies; import and where times, median of --runs
+    /// (docs/benchmarks.md, "Where a key can be used").
+    Where(crate::where_bench::WhereBenchArgs),
     /// Load and faults for a bounded time: signing through the engine and
     /// a key process killed every few seconds, wrap and open on
     /// one store; prints one JSON object (operations, failures by kind,
@@ -105,6 +111,7 @@ pub fn run(cmd: BenchCmd) -> Result<ExitCode> {
         BenchCmd::Soak(args) => return crate::soak::soak(args),
         BenchCmd::Pkcs11(args) => return crate::pkcs11_cmd::bench(args),
         BenchCmd::Fleet(args) => crate::fleet::run(args)?,
+        BenchCmd::Where(args) => crate::where_bench::run(args)?,
         BenchCmd::Abe { json, iters, threads } => bench_abe(json, iters, threads.unwrap_or(1))?,
     }
     Ok(ExitCode::SUCCESS)

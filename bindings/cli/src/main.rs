@@ -1,9 +1,10 @@
 //! `keyfence`: the command line of the keyfence library.
 
 // Direction, bottom to top (each module uses only those before it): exit,
-// journal, files, key_process, offload_paths, offload_cmd, pki; abe_cmd, policy_cmd, wrap_cmd; then
+// journal, files, key_process, offload_paths, offload_cmd, pki; abe_cmd, policy_cmd, wrap_cmd, where_svg, where_cmd (wrap_cmd hands it
+// `authority inventory` and `authority where`, it opens stores as wrap_cmd does); then
 // remote_cmd, agent_cmd, sign_cmd (which takes remote_cmd's options),
-// provider_cmd, soak, demo and bench_cmd; this file on top.
+// provider_cmd, soak, demo, where_bench and bench_cmd; this file on top.
 
 mod abe_cmd;
 mod agent_cmd;
@@ -23,6 +24,9 @@ mod provider_cmd;
 mod sign_cmd;
 mod remote_cmd;
 mod soak;
+mod where_bench;
+mod where_cmd;
+mod where_svg;
 mod wrap_cmd;
 
 use std::process::ExitCode;

@@ -55,12 +55,28 @@ pub enum AuthorityCmd {
         #[arg(long)]
         out: PathBuf,
     },
-    /// Rotate the master key; re-seals only the policy keys.
+    /// Rotate the master key; re-seals only the policy keys. Refused when
+    /// it would retire the newest generation machines of the inventory
+    /// hold keys of (they would open nothing): issue them new keys first.
     Rotate {
         /// Store: a directory or etcd://HOST:PORT[,...]/PREFIX.
         #[arg(long)]
         store: PathBuf,
+        /// Rotate even if it strands machines of the inventory (they are
+        /// named on standard error).
+        #[arg(long)]
+        force: bool,
     },
+    /// The machines the authority issued keys to (id, attributes, issue
+    /// time, generations, revocation), kept in the authority's part of
+    /// the store; `--import FILE` adds a fleet issued before.
+    Inventory(crate::where_cmd::InventoryArgs),
+    /// Where a key wrapped under a policy can be used: the live machines
+    /// of the inventory that satisfy it (attributes evaluated, nothing
+    /// decrypted), by group, and with --traffic the remote signing load
+    /// it puts on the groups that can open it. Exits 1 when no machine
+    /// satisfies it.
+    Where(crate::where_cmd::WhereArgs),
     /// Replace one policy's key and re-wrap its envelopes in the store. The
     /// old key stays decrypt-only (envelopes written with `wrap --out`
     /// still open) until `retire-policy-key`; envelopes it cannot re-wrap
@@ -301,11 +317,24 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             report_conflicts(&a);
             let env = env?;
             out_file.write_public(env.to_bytes())?;
+            crate::where_cmd::warn_if_unusable(&a, &env.policy);
             report(&out_file, format_args!("wrapped under `{}` (policy key version {})", env.policy, env.key_version))?;
         }
-        AuthorityCmd::Rotate { store: dir } => {
+        AuthorityCmd::Rotate { store: dir, force } => {
             let mut a = Authority::open(store(&dir)?)?;
-            let r = a.rotate_master();
+            let r = if force {
+                let s = a.stranding()?;
+                if let (Some(g), false) = (s.generation, s.machines.is_empty()) {
+                    eprintln!(
+                        "keyfence: warning: --force: retiring generation {g} strands {} machine(s) of the inventory, which open nothing until issued again: {}",
+                        s.machines.len(),
+                        s.machines.join(", ")
+                    );
+                }
+                a.rotate_master()
+            } else {
+                a.rotate_master_unless_stranding()
+            };
             report_conflicts(&a);
             let r = r?;
             outln!(
@@ -371,6 +400,8 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             let e = keyfence::wrap::export_for_servers(&*from, &*copy)?;
             outln!("{name}: {} written, {} unchanged, {} deleted; no authority state", e.written, e.unchanged, e.deleted);
         }
+        AuthorityCmd::Inventory(args) => return crate::where_cmd::inventory(args),
+        AuthorityCmd::Where(args) => return crate::where_cmd::where_(args),
         AuthorityCmd::Status { store: dir } => {
             let a = Authority::open(store(&dir)?)?;
             let s = a.status()?;

@@ -45,6 +45,52 @@ size_t authority_revoke(Authority &a, py::handle machine_id) {
     return n;
 }
 
+// `where`: the answer as the C ABI's JSON text (keyfence.wrap turns it
+// into typed results). `traffic` is a sequence of (group, rps) and
+// `latency` of (from, to, ms), already checked by keyfence.wrap; the
+// strings are copied into `names`, sized first so that the pointers the C
+// structs hold stay put.
+std::string authority_where(Authority &a, py::handle policy, py::handle by, py::handle near, py::handle traffic,
+                            py::handle latency, double warn_ratio, bool machines) {
+    std::string p = text(policy, "policy");
+    bool has_by = !by.is_none(), has_near = !near.is_none();
+    std::string b = has_by ? text(by, "by") : std::string(), n = has_near ? text(near, "near") : std::string();
+    py::list t = traffic.is_none() ? py::list() : py::list(py::reinterpret_borrow<py::object>(traffic));
+    py::list l = latency.is_none() ? py::list() : py::list(py::reinterpret_borrow<py::object>(latency));
+    std::vector<std::string> names;
+    names.reserve(t.size() + 2 * l.size());
+    std::vector<keyfence_group_rate> rates;
+    for (py::handle item : t) {
+        py::tuple row = py::reinterpret_borrow<py::tuple>(item);
+        names.push_back(text(row[0], "traffic group"));
+        rates.push_back(keyfence_group_rate{names.back().c_str(), row[1].cast<double>()});
+    }
+    std::vector<keyfence_group_latency> lats;
+    for (py::handle item : l) {
+        py::tuple row = py::reinterpret_borrow<py::tuple>(item);
+        names.push_back(text(row[0], "latency from"));
+        const char *from = names.back().c_str();
+        names.push_back(text(row[1], "latency to"));
+        lats.push_back(keyfence_group_latency{from, names.back().c_str(), row[2].cast<double>()});
+    }
+    Owned out;
+    a.call([&](keyfence_authority *h) {
+        return keyfence_authority_where(h, p.c_str(), has_by ? b.c_str() : nullptr, has_near ? n.c_str() : nullptr,
+                                        traffic.is_none() ? nullptr : rates.data(), rates.size(),
+                                        latency.is_none() ? nullptr : lats.data(), lats.size(), warn_ratio, machines,
+                                        &out.b);
+    });
+    return std::string(reinterpret_cast<const char *>(out.b.data), out.b.len);
+}
+
+size_t authority_import_inventory(Authority &a, py::handle lines, py::handle name) {
+    std::string t = text(lines, "text");
+    std::string nm = text(name, "name");
+    size_t added = 0;
+    a.call([&](keyfence_authority *h) { return keyfence_authority_import_inventory(h, t.c_str(), nm.c_str(), &added); });
+    return added;
+}
+
 // With a state path, the machine keeps its floor (the newest lists it
 // accepts) in that file and starts from it: reading it and taking its lock
 // file are I/O, without the GIL as every other call.
@@ -147,6 +193,16 @@ void bind_wrap(py::module_ &m) {
              "refuses the id afterwards (MachineRevoked).\n\n"
              "Raises InvalidAttributes for an id a policy cannot name, PolicyTooLarge when the negations "
              "no longer fit (rotate the master key twice), StoreError.")
+        .def("where", &authority_where, py::arg("policy"), py::kw_only(), py::arg("by") = py::none(),
+             py::arg("near") = py::none(), py::arg("traffic") = py::none(), py::arg("latency") = py::none(),
+             py::arg("warn_ratio") = 0.0, py::arg("machines") = false,
+             "Where a key wrapped under the policy can be used, as the JSON text of `keyfence authority "
+             "where --json` (keyfence.wrap.Authority.where gives typed results).")
+        .def("import_inventory", &authority_import_inventory, py::arg("text"), py::kw_only(),
+             py::arg("name") = "inventory",
+             "Adds machines already issued to the inventory from text, one a line: the machine id, a tab, "
+             "its attributes (label=value,...). Returns how many were new.\n\n"
+             "Raises InvalidArgument naming the line and field of a line that does not read, StoreError.")
         .def("close", &Authority::close,
              "Frees the authority and wipes its master keys; later calls raise InvalidArgument.")
         .def_property_readonly("closed", &Authority::closed)

@@ -81,7 +81,7 @@ pub enum WrapError {
     #[error("malformed {object}: {reason}")]
     Malformed {
         /// Which object: `envelope`, `sealed policy key`, `machine key`,
-        /// `authority state`, `generation list`.
+        /// `authority state`, `generation list`, `inventory`.
         object: &'static str,
         /// What is wrong, naming the field.
         reason: String,
@@ -104,6 +104,44 @@ pub enum WrapError {
         len: usize,
         /// The largest the format holds.
         max: usize,
+    },
+    /// A line of a file given to the authority (an inventory to import, a
+    /// traffic or latency table for `where`) that does not read: which
+    /// file, which line (from 1), which field, and why, so that the
+    /// operator fixes that line rather than guessing.
+    #[error("{file}, line {line}, field {field}: {reason}")]
+    InvalidLine {
+        /// The file as named by the caller.
+        file: String,
+        /// The line, counted from 1.
+        line: usize,
+        /// The field (`id`, `attributes`, `group`, `rps`, `milliseconds`, ...).
+        field: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A question put to the authority that does not make sense as asked
+    /// (`where` with traffic but no `by` label to name its groups, a
+    /// warning ratio that is not a positive number).
+    #[error("{0}")]
+    InvalidQuery(String),
+    /// A master rotation refused because it would retire the newest
+    /// generation that machines of the inventory (not revoked) hold keys
+    /// of: they would open nothing afterwards. Issue them new keys first,
+    /// or force it.
+    #[error(
+        "rotating now retires master generation {generation}, the newest one {count} machine(s) of the inventory hold keys of \
+         (for example {}): they would open nothing afterwards; issue them new keys first (`keyfence authority issue` with \
+         their `machine=` id), or rotate with --force",
+        examples.join(", ")
+    )]
+    WouldStrand {
+        /// The generation the rotation would retire.
+        generation: u32,
+        /// How many machines it would strand.
+        count: usize,
+        /// The ids of the first few, sorted.
+        examples: Vec<String>,
     },
     /// The store holds no authority, already holds one, or holds one whose
     /// state contradicts itself.
@@ -175,12 +213,13 @@ impl WrapError {
             WrapError::Revoked { .. } => ErrorCode::MachineRevoked,
             WrapError::InvalidMachineId { .. } => ErrorCode::InvalidAttributes,
             WrapError::Malformed { object: "machine key", .. } => ErrorCode::InvalidKey,
-            WrapError::Malformed { object: "authority state" | "generation list" | "revocation list", .. } => {
+            WrapError::Malformed { object: "authority state" | "generation list" | "revocation list" | "inventory", .. } => {
                 ErrorCode::InconsistentState
             }
             WrapError::Malformed { .. } => ErrorCode::InvalidEnvelope,
             WrapError::UnknownAlgorithm { .. } => ErrorCode::UnknownAlgorithm,
             WrapError::LimitExceeded { .. } => ErrorCode::LimitExceeded,
+            WrapError::InvalidLine { .. } | WrapError::InvalidQuery(_) | WrapError::WouldStrand { .. } => ErrorCode::InvalidArgument,
             WrapError::State(e) => e.code(),
             WrapError::Abe(e) => e.code(),
             WrapError::Store(e) => e.code(),
@@ -241,6 +280,9 @@ mod tests {
             (malformed("generation list", "x"), ErrorCode::InconsistentState),
             (WrapError::UnknownAlgorithm { what: "HPKE suite", id: 9 }, ErrorCode::UnknownAlgorithm),
             (WrapError::LimitExceeded { what: "secret length", len: 2, max: 1 }, ErrorCode::LimitExceeded),
+            (WrapError::InvalidLine { file: "f".into(), line: 1, field: "id", reason: "x".into() }, ErrorCode::InvalidArgument),
+            (WrapError::InvalidQuery("x".into()), ErrorCode::InvalidArgument),
+            (WrapError::WouldStrand { generation: 1, count: 1, examples: vec!["m".into()] }, ErrorCode::InvalidArgument),
             (StateError::NoAuthority.into(), ErrorCode::NoAuthority),
             (StateError::AuthorityExists.into(), ErrorCode::AuthorityExists),
             (StateError::Inconsistent("x".into()).into(), ErrorCode::InconsistentState),

@@ -4,6 +4,7 @@
 //! ```text
 //! authority/state                           the authority's private state ("KFA2")
 //! authority/fence                           held by a long operation on etcd (fence.rs)
+//! authority/inventory/{shard}               the machines issued, 256 shards by id ("KFI1", authority/inventory.rs)
 //! public/generations                        the signed generation list ("KFG2", generation_list.rs)
 //! public/revoked                            the signed list of revoked machine ids ("KFR2", revocation.rs)
 //! sealed/{policy id}/{version}/{generation} a sealed policy key ("KFP2")
@@ -16,6 +17,9 @@
 pub(crate) const STATE: &str = "authority/state";
 /// The fence a long operation holds on a store without a writer lock.
 pub(crate) const FENCE: &str = "authority/fence";
+/// Prefix of the inventory's shards: the machines the authority issued
+/// keys to. Under `authority/`, so no servers' copy holds it.
+pub(crate) const INVENTORY: &str = "authority/inventory/";
 /// The replicated list of generations and their states, for machines.
 pub(crate) const GENERATIONS: &str = "public/generations";
 /// The signed list of revoked machine ids.
@@ -59,6 +63,15 @@ pub(crate) fn parse_sealed(name: &str) -> Option<SealedName> {
     }
     let parsed = SealedName { policy_id, version: version.parse().ok()?, generation: generation.parse().ok()? };
     (sealed(&parsed.policy_id, parsed.version, parsed.generation) == name).then_some(parsed)
+}
+
+/// The inventory shard that holds machine `id`: the first byte of a
+/// digest of the id, so that a fleet spreads evenly over 256 objects
+/// whatever its ids look like, and issuing one machine rewrites one
+/// small object.
+pub(crate) fn inventory_shard(id: &str) -> String {
+    let h = blake2b_simd::Params::new().hash_length(32).personal(b"keyfence-invent").hash(id.as_bytes());
+    format!("{INVENTORY}{:02x}", h.as_bytes()[0])
 }
 
 /// The envelope of secret `secret_id`.

@@ -847,7 +847,33 @@ pub struct Peer {
 
 /// The nearest peer whose attributes satisfy the envelope's policy.
 pub fn nearest_capable<'a>(envelope: &Envelope, peers: &'a [Peer]) -> Option<&'a Peer> {
-    peers.iter().filter(|p| envelope.policy.eval(&p.attributes)).min_by_key(|p| p.latency)
+    nearest(peers.iter().filter(|p| envelope.policy.eval(&p.attributes)).map(|p| (p, p.latency)))
+}
+
+/// Where a request for a key goes, among the candidates that can open it
+/// (each with its latency from the sender): the one with the smallest
+/// latency, and among equal latencies the first given. One rule, written
+/// once, so that the key server's forwarding (`sign::remote`, which gives
+/// its peers in configuration order, unmeasured ones as [`Duration::MAX`])
+/// and the authority's projection of a policy's load
+/// ([`Authority::where_usable`](super::Authority::where_usable), which
+/// gives its groups in sorted order) send the same request to the same
+/// place.
+///
+/// ```
+/// use std::time::Duration;
+/// let ms = Duration::from_millis;
+/// assert_eq!(keyfence::wrap::nearest([("ams", ms(9)), ("fra", ms(4)), ("lhr", ms(4))]), Some("fra"));
+/// assert_eq!(keyfence::wrap::nearest(Vec::<(&str, Duration)>::new()), None);
+/// ```
+pub fn nearest<T>(candidates: impl IntoIterator<Item = (T, std::time::Duration)>) -> Option<T> {
+    let mut best: Option<(T, std::time::Duration)> = None;
+    for (c, latency) in candidates {
+        if best.as_ref().is_none_or(|(_, b)| latency < *b) {
+            best = Some((c, latency));
+        }
+    }
+    best.map(|(c, _)| c)
 }
 
 #[cfg(test)]

@@ -65,7 +65,10 @@ mod signing;
 mod store;
 mod watch;
 
-pub use authority::{Authority, Conflicts, MasterRotation, Revocation, PolicyRetirement, PolicyRotation, SkipReason, Skipped, Status};
+pub use authority::{
+    parse_inventory, Authority, Conflicts, Imported, InventoryMachine, Latencies, MasterRotation, PolicyRetirement, PolicyRotation, Revocation,
+    SkipReason, Skipped, Status, Stranding, Traffic, WhereGroup, WhereQuery, WhereReport,
+};
 pub use generation::GenerationState;
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
@@ -73,7 +76,7 @@ pub use error::{Result, StateError, WrapError};
 pub use faulty::FaultyStore;
 pub use export::{export_for_servers, holds_readable_authority, Exported};
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{current_envelope, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo, MachineKey, Peer, PublicMachine};
+pub use machine::{current_envelope, nearest, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo, MachineKey, Peer, PublicMachine};
 pub use newest::{newest_lists_beside, NewestLists};
 #[cfg(feature = "sign")]
 pub(crate) use {

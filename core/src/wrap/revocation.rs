@@ -32,8 +32,8 @@ pub const MAX_MACHINE_ID: usize = 64;
 const O: &str = "revocation list";
 
 /// A fresh machine id: 128 random bits in lowercase hex, so two ids the
-/// authority makes are distinct without it recording either (issuing
-/// writes nothing to the store).
+/// authority makes are distinct without a registry to draw them from (the
+/// inventory records ids; it does not hand them out).
 pub(crate) fn new_machine_id() -> String {
     let mut b = [0u8; 16];
     OsRng.fill_bytes(&mut b);

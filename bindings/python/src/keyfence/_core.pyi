@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import Callable, Dict, Mapping, NoReturn, Optional, Tuple, Type, Union, overload
 
 from .sign import Engine as _SignEngine
+from .wrap import WhereResult as _WhereResult
 
 _Buffer = Union[bytes, bytearray, memoryview]
 _Path = Union[str, PathLike[str]]
@@ -58,6 +59,18 @@ class Authority:
     def wrap(self, policy: str, secret: _Buffer) -> bytes: ...
     def rotate_master(self) -> int: ...
     def revoke(self, machine_id: str) -> int: ...
+    def where(
+        self,
+        policy: str,
+        *,
+        by: Optional[str] = None,
+        traffic: Optional[Mapping[str, float]] = None,
+        latency: Optional[Mapping[Tuple[str, str], float]] = None,
+        near: Optional[str] = None,
+        warn_ratio: float = 4.0,
+        machines: bool = False,
+    ) -> _WhereResult: ...
+    def import_inventory(self, text: str, *, name: str = "inventory") -> int: ...
     def close(self) -> None: ...
     @property
     def closed(self) -> bool: ...

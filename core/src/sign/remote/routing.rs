@@ -140,7 +140,9 @@ pub(crate) fn order(capable: &[usize], peers: &[PeerState], now: Instant) -> Vec
 /// The first of [`order`], without building the order: what admission
 /// asks for every operation.
 pub(crate) fn nearest(capable: &[usize], peers: &[PeerState], now: Instant) -> Option<usize> {
-    usable(capable, peers, now).min_by_key(|&i| nearness(peers, i))
+    // The one rule (`wrap::nearest`): `capable` is in configuration order,
+    // so a tie goes to the peer configured first, as `nearness` orders.
+    crate::wrap::nearest(usable(capable, peers, now).map(|i| (i, nearness(peers, i).0)))
 }
 
 fn usable<'a>(capable: &'a [usize], peers: &'a [PeerState], now: Instant) -> impl Iterator<Item = usize> + 'a {

@@ -6,6 +6,8 @@
 //! starting over, the fence), `rewrap` (re-wrapping the store's
 //! envelopes); here, the operations themselves.
 
+mod inventory;
+mod placement;
 mod rewrap;
 mod state;
 mod txn;
@@ -33,6 +35,8 @@ use super::store::{Store, StoreError};
 use super::{hpke, sealed};
 use crate::abe::{self, AbeError};
 
+pub use inventory::{parse_inventory, Imported, InventoryMachine, Stranding};
+pub use placement::{Latencies, Traffic, WhereGroup, WhereQuery, WhereReport};
 pub use rewrap::{SkipReason, Skipped};
 pub use txn::Conflicts;
 use state::{Digest, Generation, PolicyKey, State, MAX_GENERATIONS};
@@ -322,10 +326,19 @@ impl Authority {
 
     /// Issues a machine key: one CP-ABE attribute key per live generation,
     /// for `attrs` and the machine's id, attribute `machine`
-    /// ([`MACHINE_LABEL`]). Without a `machine` attribute the authority
-    /// makes a fresh id (128 random bits in hex: unique without a registry,
-    /// so issuing still writes nothing); with one (a machine given a new
-    /// key keeps its id) the id is checked and must not be revoked.
+    /// ([`MACHINE_LABEL`]), and records the machine in the inventory
+    /// ([`Authority::inventory`]: id, attributes, generations, time), which
+    /// is what lets the authority say where a policy can be used
+    /// ([`Authority::where_usable`]) and refuse a rotation that would
+    /// strand machines. Without a `machine` attribute the authority makes
+    /// a fresh id (128 random bits in hex: unique without a registry); with
+    /// one (a machine given a new key keeps its id) the id is checked, must
+    /// not be revoked, and its inventory record is replaced.
+    ///
+    /// The record is committed expecting the authority's state as read: a
+    /// rotation or revocation committed meanwhile makes `issue` start over
+    /// (up to 8 times), so no key is handed out for a generation the
+    /// inventory does not know it holds.
     ///
     /// # Errors
     /// [`WrapError::Revoked`] for a revoked id; [`WrapError::InvalidMachineId`]
@@ -333,7 +346,8 @@ impl Authority {
     /// attributes the machine key format cannot hold (more than 65,535 with
     /// the id, or a label or value longer than 65,535 bytes);
     /// [`WrapError::Abe`] for attributes CP-ABE refuses (reserved label, a
-    /// key too large for its format).
+    /// key too large for its format); [`WrapError::Store`] when the record
+    /// cannot be written (no key is returned then).
     pub fn issue(&self, attrs: &Attributes) -> Result<MachineKey> {
         // Checked before the CP-ABE work, which is per attribute: as given,
         // then with the id.
@@ -346,21 +360,32 @@ impl Authority {
         MachineKey::check_attributes(attrs)?;
         let id = attrs.get(MACHINE_LABEL).unwrap_or_default();
         revocation::check_new_machine_id(id)?;
-        // Keys for the generations live now, not when this value was read.
-        let (fresh, _) = self.latest()?;
-        let this = fresh.as_ref().map_or(&self.state, |(state, _)| state);
-        if this.revoked.iter().any(|r| r.id == id) {
-            return Err(WrapError::Revoked { id: id.to_owned() });
-        }
-        let mut keys = Vec::new();
-        for g in this.live() {
-            let msk = g.msk.as_ref().ok_or_else(|| {
-                StateError::Inconsistent(format!("live generation {} has lost its master key", g.number))
-            })?;
-            keys.push((g.number, abe::keygen(msk, attrs)?));
-        }
-        keys.sort_by(|a, b| b.0.cmp(&a.0));
-        MachineKey::new(this.signer.public(), attrs.clone(), keys)
+        self.retrying(|a| {
+            // Keys for the generations live now, not when this value was
+            // read; the CP-ABE work outside the lock, so that issuing on
+            // many threads runs on many cores.
+            let (fresh, stamp) = a.latest()?;
+            let this = fresh.as_ref().map_or(&a.state, |(state, _)| state);
+            if this.revoked.iter().any(|r| r.id == id) {
+                return Err(WrapError::Revoked { id: id.to_owned() });
+            }
+            let mut keys = Vec::new();
+            for g in this.live() {
+                let msk = g.msk.as_ref().ok_or_else(|| {
+                    StateError::Inconsistent(format!("live generation {} has lost its master key", g.number))
+                })?;
+                keys.push((g.number, abe::keygen(msk, attrs)?));
+            }
+            keys.sort_by(|a, b| b.0.cmp(&a.0));
+            let key = MachineKey::new(this.signer.public(), attrs.clone(), keys)?;
+            // One writer of the shard at a time where the store's lock
+            // keeps others out; on etcd the commit's expectations do. The
+            // commit expects the state read above: a rotation meanwhile
+            // starts this over.
+            let _lock = a.store.lock(LOCK_WAIT)?;
+            a.record_issued(stamp, id, attrs, &key.generations())?;
+            Ok(key)
+        })
     }
 
     /// Seals `k` under every live generation, each copy excluding the
@@ -502,6 +527,31 @@ impl Authority {
         self.change(Some("rotate master"), Self::rotate_master_locked)
     }
 
+    /// As [`Authority::rotate_master`], but refused when the rotation
+    /// would retire the newest generation of machines in the inventory
+    /// (not revoked): they would open nothing afterwards
+    /// ([`Authority::stranding`] says which). Checked under the fence,
+    /// from the committed state, so no rotation racing this one changes
+    /// the answer. What `keyfence authority rotate` does without `--force`.
+    ///
+    /// # Errors
+    /// [`WrapError::WouldStrand`] with the machines it would strand;
+    /// otherwise as [`Authority::rotate_master`].
+    pub fn rotate_master_unless_stranding(&mut self) -> Result<MasterRotation> {
+        self.change(Some("rotate master"), |a, t| {
+            let retiring = a.state.generations.iter().find(|g| g.state == GenerationState::DecryptOnly).map(|g| g.number);
+            let stranded = a.stranded_by(retiring)?;
+            if let (Some(generation), false) = (retiring, stranded.is_empty()) {
+                return Err(WrapError::WouldStrand {
+                    generation,
+                    count: stranded.len(),
+                    examples: stranded.into_iter().take(3).collect(),
+                });
+            }
+            a.rotate_master_locked(t)
+        })
+    }
+
     fn rotate_master_locked(&mut self, t: &mut Txn) -> Result<MasterRotation> {
         limit("master generation count", self.state.generations.len() + 1, MAX_GENERATIONS)?;
         let number = self.state.generations.iter().map(|g| g.number).max().unwrap_or(0) + 1;
@@ -611,14 +661,15 @@ impl Authority {
     }
 
     /// Revokes machine `id`: records it (authority-signed, in
-    /// `public/revoked`), gives every policy a new key version sealed under
+    /// `public/revoked`, and marked in the inventory), gives every policy a new key version sealed under
     /// each live generation as `policy and not machine: ID` (with the other
     /// machines revoked since that generation), commits, re-wraps the
     /// store's envelopes to the new versions, then retires every older
     /// version with its sealed copies, so a policy key the machine cached
-    /// opens nothing the store serves. Every policy, because issuing
-    /// records no machine's attributes (it writes nothing): the authority
-    /// cannot know which policies the machine satisfies. From its first
+    /// opens nothing the store serves. Every policy, because the inventory
+    /// need not hold every machine (keys issued before it existed, or
+    /// attributes imported by hand): the authority cannot be sure which
+    /// policies the machine satisfies. From its first
     /// commit (after re-keying, before any envelope moves) every wrap seals
     /// to a version the machine cannot open. Then the store's history is
     /// compacted ([`Authority::set_compact_after_revoke`]), so the old
@@ -716,6 +767,10 @@ impl Authority {
             a.collect_garbage(t)?;
             Ok(report)
         })?;
+        // The inventory, after the revocation committed (the revocation
+        // list decides meanwhile): also when it was already done, for a
+        // re-run after an interruption here.
+        self.mark_revoked(id)?;
         // Also when it was already done: a re-run after a failed
         // compaction compacts.
         if self.compact_after_revoke {
