@@ -247,14 +247,17 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     drop(running);
 
     // A newer list the agent cannot write down: the load fails, saying so.
+    // (The agent's watch reads the store's lists too, and raises its
+    // floor as a load does: the newer list comes only once the floor
+    // cannot be written, so that neither can have recorded it.)
     std::fs::write(d.p("served/public/generations"), &newest).unwrap();
-    ok(&["authority", "rotate", "--store", &s]);
-    ok(&["authority", "export", "--store", &s, "--to", &served]);
-    chown(&d.0.join("served"), "nobody");
     let mut running = Killed(agent(true).spawn().unwrap());
     wait_listening(&mut running.0);
     std::fs::set_permissions(d.0.join("state"), std::fs::Permissions::from_mode(0o500)).unwrap();
     std::fs::remove_file(d.0.join("state/machine.newest.lock")).unwrap();
+    ok(&["authority", "rotate", "--store", &s]);
+    ok(&["authority", "export", "--store", &s, "--to", &served]);
+    chown(&d.0.join("served"), "nobody");
     let o = common::keyfence(&[
         "sign", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in",
         &d.p("msg"), "--out", &d.p("msg.sig"),
