@@ -35,7 +35,7 @@ Exit status:
 
 `-` as --in or --out means standard input or output. Secret outputs (keys, decrypted
 secrets) are written readable by their owner only (mode 600).
-Documentation: https://github.com/keyfence/keyfence/tree/main/docs (policy-language.md, abe.md,
+Documentation: https://github.com/keyfence/keyfence/tree/main/docs/ (policy-language.md, abe.md,
 wrapping.md, signing.md, deploy.md, errors.md): the package ships none of it.";
 
 /// An outcome a command decided on itself, carried to `main` as an error.
