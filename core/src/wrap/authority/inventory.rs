@@ -44,8 +44,11 @@ const CHUNK_SHARDS: usize = 64;
 const CHUNK_BYTES: usize = 1024 * 1024;
 
 /// Times a write to the inventory is tried again after another writer
-/// changed what it read, before it gives up with [`StoreError::Conflict`].
-const RETRIES: u32 = 8;
+/// changed what it read, before it gives up with [`StoreError::Conflict`]:
+/// an `issue` among busy writers (six processes wrapping, rotating and
+/// issuing at once on one store) ran out of eight, and the pauses reach
+/// 500 ms, so this is about half a minute of others' commits.
+const RETRIES: u32 = 64;
 
 /// One machine of the inventory.
 #[derive(Debug, Clone, PartialEq, Eq)]
