@@ -236,6 +236,8 @@ def authority_calls(w: World) -> Dict[str, Callable[[Any], Any]]:
         "wrap": lambda a: a.wrap("region: EU", b"secret"),
         "rotate_master": lambda a: a.rotate_master(),
         "revoke": lambda a: a.revoke("0" * 32),
+        "where": lambda a: a.where("region: EU"),
+        "import_inventory": lambda a: a.import_inventory(""),
     }
 
 
