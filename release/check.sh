@@ -233,6 +233,10 @@ no_build_paths "$deb_root" "the Debian package"
 # would; any warning fails.
 mkdir -p "$deb_root/usr/lib/systemd/system"
 (cd /lib/systemd/system && tar --exclude='keyfence*' -cf - .) | tar -C "$deb_root/usr/lib/systemd/system" -xf -
+# ... and /bin/kill, the agent unit's ExecReload, from procps, which the
+# package depends on.
+dpkg-deb -f "$DEB" Depends | grep -qw procps || fail "the Debian package does not depend on procps, whose /bin/kill its agent unit's ExecReload runs"
+mkdir -p "$deb_root/bin" && cp /bin/kill "$deb_root/bin/kill"
 verify_units() { # verify_units WHAT: fails on an error or a warning
     if ! systemd-analyze verify --root="$deb_root" "${units[@]}" 2>"$WORK/verify.err" || [ -s "$WORK/verify.err" ]; then
         cat "$WORK/verify.err" >&2

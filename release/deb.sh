@@ -403,7 +403,8 @@ chmod 755 "$PKG/DEBIAN/postinst" "$PKG/DEBIAN/prerm" "$PKG/DEBIAN/postrm"
 
 # Depends from the binaries' libraries; systemd-sysusers and
 # systemd-tmpfiles for the postinst; deb-systemd-helper working in
-# DPKG_ROOT (init-system-helpers 1.63; Debian 12 has 1.65) for all three.
+# DPKG_ROOT (init-system-helpers 1.63; Debian 12 has 1.65) for all three;
+# procps for the agent unit's ExecReload, /bin/kill.
 cat >"$WORK/debian/control" <<EOF
 Source: keyfence
 
@@ -416,7 +417,7 @@ shlibs="$(cd "$WORK" && dpkg-shlibdeps -O -xkeyfence \
     -e"debian/keyfence/usr/lib/$TRIPLET/ossl-modules/keyfence.so")"
 depends="${shlibs#shlibs:Depends=}"
 [ -n "$depends" ] && [ "$depends" != "$shlibs" ] || fail "dpkg-shlibdeps said: $shlibs"
-depends="$depends, init-system-helpers (>= 1.63), systemd | systemd-standalone-sysusers, systemd | systemd-standalone-tmpfiles"
+depends="$depends, init-system-helpers (>= 1.63), procps, systemd | systemd-standalone-sysusers, systemd | systemd-standalone-tmpfiles"
 
 installed_size="$(du -sk --apparent-size --exclude=DEBIAN "$PKG" | cut -f1)"
 cat >"$PKG/DEBIAN/control" <<EOF
