@@ -37,8 +37,10 @@ fn an_agent_opens_envelopes_with_its_own_machine_key_and_signs_for_its_clients()
         assert!(verifies(key, alg, b"through the agent", &sig), "{alg:?}");
     }
     // A key the agent's machine may not open: the reason, from the agent.
-    let err = engine.load(KeySource::agent_envelope(world.us_ec.clone())).unwrap_err().to_string();
-    assert!(err.contains("POLICY_NOT_SATISFIED"), "{err}");
+    // Its code is the one the same load has in process: a "no".
+    let err = engine.load(KeySource::agent_envelope(world.us_ec.clone())).unwrap_err();
+    assert_eq!(err.code(), keyfence::ErrorCode::PolicyNotSatisfied, "{err}");
+    assert!(err.to_string().contains("do not satisfy the policy"), "{err}");
     // Nothing but envelopes: no file, no key bytes, no paths of the client's.
     let err = engine.load(KeySource::File(world.eu_ec.0.clone())).unwrap_err().to_string();
     assert!(err.contains("loads envelopes only"), "{err}");

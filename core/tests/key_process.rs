@@ -356,6 +356,32 @@ fn dropping_the_last_handle_unloads_the_key() {
 }
 
 #[test]
+fn a_key_lost_in_a_restart_is_refused_with_the_reason_its_load_gave() {
+    // The operator reads why the key is gone (its file was deleted), not
+    // only that it is: the reason the restart's load gave stays with it.
+    let dir = Dir::new("lostkey");
+    let keys = KeyProcess::start(config()).unwrap();
+    let path = key_file(&dir.0, "gone.pem", KeyKind::EcP256);
+    let kept = keys.load(KeySource::File(key_file(&dir.0, "kept.pem", KeyKind::Ed25519))).unwrap();
+    let key = keys.load(KeySource::File(path.clone())).unwrap();
+    key.sign(Algorithm::EcdsaP256Sha256, b"m").unwrap();
+    std::fs::remove_file(&path).unwrap();
+    let pid = keys.pid().unwrap();
+    assert!(Command::new("kill").args(["-9", &pid.to_string()]).status().unwrap().success());
+    let t = Instant::now();
+    while keys.restarts() == 0 && t.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(keys.restarts(), 1, "the key process did not come back");
+    let err = key.sign(Algorithm::EcdsaP256Sha256, b"m").unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("loaded again when the key process restarted") && text.contains("gone.pem"), "{text}");
+    assert!(matches!(err, SignError::Backend { .. }), "{err:?}");
+    // The other key came back.
+    kept.sign(Algorithm::Ed25519, b"m").unwrap();
+}
+
+#[test]
 fn the_key_process_exits_when_its_owner_goes() {
     let keys = KeyProcess::start(config()).unwrap();
     let pid = keys.pid().unwrap();

@@ -88,7 +88,9 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
     let o = common::keyfence(&[
         "provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("fr.env"), "--out", &d.p("fr.kfk"),
     ]);
-    assert!(!o.status.success() && stderr(&o).contains("POLICY_NOT_SATISFIED"), "{}", stderr(&o));
+    // A "no" (exit 1), as `machine open` says it, and in the agent's words.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("do not satisfy") && !stderr(&o).contains("key process"), "{}", stderr(&o));
     assert!(!d.0.join("fr.kfk").exists());
     // No agent there: a clear error, at once.
     let start = Instant::now();
@@ -243,7 +245,7 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
         "sign", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in",
         &d.p("msg"), "--out", &d.p("msg.sig"),
     ]);
-    assert!(!o.status.success() && stderr(&o).contains("REPLAYED_OBJECT"), "{}", stderr(&o));
+    assert!(!o.status.success() && stderr(&o).contains("rolled back or replayed"), "{}", stderr(&o));
     drop(running);
 
     // A newer list the agent cannot write down: the load fails, saying so.
@@ -459,7 +461,8 @@ fn under_the_journal_the_agent_logs_priorities_answers_status_and_stops_on_sigte
     let o = common::keyfence(&[
         "sign", "--agent", sock, "--envelope", &d.p("ec.env"), "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("x.sig"),
     ]);
-    assert!(!o.status.success() && stderr(&o).contains("MACHINE_REVOKED"), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "a revoked machine's \"no\": {}", stderr(&o));
+    assert!(stderr(&o).contains("is revoked: the agent opens no envelope"), "{}", stderr(&o));
 
     // SIGTERM: a clean stop.
     assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());

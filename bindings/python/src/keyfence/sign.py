@@ -105,8 +105,11 @@ def _private_key() -> None:
             ResourceError: the machine key file cannot be read.
             InvalidArgument: ``store`` or ``machine_key`` None, or the
                 envelope alone, without an agent's engine.
-            BackendFailed: the agent refuses it (its reason in the message,
-                e.g. ``POLICY_NOT_SATISFIED``).
+            PolicyNotSatisfied, RetiredGeneration, MachineRevoked,
+                ReplayedObject: the agent's machine may not open it, as
+                in process.
+            BackendFailed: the agent itself failed (its reason in the
+                message).
             InvalidEnvelope: bytes that are not an envelope; and as
                 :meth:`keyfence.wrap.Machine.open` and :meth:`from_pem`.
         """

@@ -140,6 +140,9 @@ pub(super) struct Conn {
     /// The key process this connection started; `None` for an agent's
     /// connection (the agent is not ours to end).
     pub(super) child: Mutex<Option<Child>>,
+    /// Whether the peer is an agent (not a key process of ours), for
+    /// messages: a user of the agent never started a key process.
+    to_agent: bool,
     pub(super) writer: FrameWriter,
     pending: Mutex<HashMap<u64, Pending>>,
     pub(super) dead: AtomicBool,
@@ -157,6 +160,7 @@ impl Conn {
         Conn {
             pid,
             flags,
+            to_agent: child.is_none(),
             child: Mutex::new(child),
             writer,
             pending: Mutex::new(HashMap::new()),
@@ -182,6 +186,21 @@ impl Conn {
     /// The error of an operation the dead connection cannot run:
     /// [`SignError::ShutDown`] when its owner ended it, else a
     /// [`BackendFailure::Died`] error saying `reason`.
+    /// Why this connection can carry nothing more, naming its peer.
+    fn gone(&self) -> String {
+        if self.to_agent {
+            format!("the connection to the agent (pid {}) ended", self.pid)
+        } else {
+            format!("the key process (pid {}) died", self.pid)
+        }
+    }
+
+    /// Why a frame could not be written, naming the peer.
+    fn unwritable(&self) -> String {
+        let peer = if self.to_agent { "the agent" } else { "the key process" };
+        format!("cannot write to {peer} (pid {})", self.pid)
+    }
+
     fn dead_error(&self, reason: impl Into<String>) -> SignError {
         if self.closed_by_owner.load(Ordering::Acquire) {
             SignError::ShutDown
@@ -273,13 +292,13 @@ impl Conn {
         let id = self.next_id();
         let (tx, rx) = crossbeam_channel::bounded(1);
         if self.register(id, Pending::Call(tx)).is_err() {
-            return Err(self.dead_error("the key process died"));
+            return Err(self.dead_error(self.gone()));
         }
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 4 + body.len()));
         p::encode(&mut frame, kind, id, &[body]);
         if !self.writer.send(&frame) {
             self.pending().remove(&id);
-            return Err(self.dead_error("cannot write to the key process"));
+            return Err(self.dead_error(self.unwritable()));
         }
         let reply = match rx.recv_timeout(timeout) {
             Ok(r) => r?,
@@ -310,16 +329,19 @@ impl Conn {
         }
         if !self.acquire_slot(deadline) {
             let e = if self.is_dead() {
-                self.dead_error("the key process died")
+                self.dead_error(self.gone())
             } else {
-                backend_error(BackendFailure::NoRoom, "no room: the key process has max_in_flight requests outstanding")
+                backend_error(
+                    BackendFailure::NoRoom,
+                    format!("no room: {} has max_in_flight requests outstanding", if self.to_agent { "the agent" } else { "the key process" }),
+                )
             };
             return pending.fail(e);
         }
         let id = self.next_id();
         if let Err(pending) = self.register(id, pending) {
             self.release_slot();
-            return pending.fail(self.dead_error("the key process died"));
+            return pending.fail(self.dead_error(self.gone()));
         }
         let mut frame = Zeroizing::new(Vec::with_capacity(p::HEADER + 15 + op.input_len()));
         p::encode_op(&mut frame, id, key_id, deadline.saturating_duration_since(Instant::now()), &op);

@@ -4,7 +4,7 @@
 //! holds the keys on the engine's behalf ([`KeyHolder`]): operations go to
 //! the live connection, waiting briefly for a restart in progress.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::io::{self, Read};
 use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
@@ -42,8 +42,9 @@ pub(super) struct State {
     /// a restart never loses them.
     pub(super) setup: Vec<Setup>,
     /// Keys a restart could not load again because their source went away
-    /// (a file deleted, an envelope revoked).
-    lost: HashSet<u64>,
+    /// (a file deleted, an envelope revoked), with the reason that load
+    /// gave: what the operator has to fix.
+    lost: HashMap<u64, String>,
     /// Why the last key process ended, for status and errors.
     pub(super) last_exit: Option<String>,
 }
@@ -134,7 +135,7 @@ impl Supervisor {
             state: Mutex::new(State {
                 conn: None,
                 setup: Vec::new(),
-                lost: HashSet::new(),
+                lost: HashMap::new(),
                 last_exit: None,
             }),
             changed: Condvar::new(),
@@ -325,7 +326,7 @@ impl Supervisor {
     }
 
     /// Replays the setup script on a new connection.
-    fn replay(&self, conn: &Conn, setup: &[Setup]) -> Result<Vec<u64>, SignError> {
+    fn replay(&self, conn: &Conn, setup: &[Setup]) -> Result<Vec<(u64, String)>, SignError> {
         let mut lost = Vec::new();
         for step in setup {
             match step {
@@ -333,8 +334,8 @@ impl Supervisor {
                     // Envelopes with the store's objects of now.
                     let wire = match super::client::for_the_wire(source, self.is_agent()) {
                         Ok(w) => w,
-                        Err(_) => {
-                            lost.push(*key_id);
+                        Err(e) => {
+                            lost.push((*key_id, e.to_string()));
                             continue;
                         }
                     };
@@ -348,7 +349,10 @@ impl Supervisor {
                         Ok(_) => {
                             let _ = super::client::keep_floor(&wire);
                         }
-                        Err(SignError::Backend { .. }) => lost.push(*key_id),
+                        // The source's own refusal (a file gone, a policy the
+                        // machine no longer satisfies) loses this key only.
+                        Err(SignError::Backend { reason, .. }) => lost.push((*key_id, reason)),
+                        Err(e @ SignError::Declined { .. }) => lost.push((*key_id, e.to_string())),
                         Err(e) => return Err(e),
                     }
                 }
@@ -365,10 +369,11 @@ impl Supervisor {
     fn conn_for(&self, key_id: u64, deadline: Instant) -> Result<Arc<Conn>, SignError> {
         let wait_until = deadline.min(Instant::now() + self.config.restart_wait);
         let conn = self.live_conn(wait_until)?;
-        if self.state().lost.contains(&key_id) {
+        if let Some(why) = self.state().lost.get(&key_id) {
+            let when = if self.is_agent() { "the agent was connected to again" } else { "the key process restarted" };
             return Err(backend_error(
                 BackendFailure::Refused,
-                "the key's source (file or envelope) could not be loaded again when the key process restarted; load it again",
+                format!("the key could not be loaded again when {when}: {why}; load it again once that is fixed"),
             ));
         }
         Ok(conn)

@@ -274,6 +274,20 @@ pub enum SignError {
         /// one; never a PIN).
         reason: String,
     },
+    /// The process that holds the keys (an agent, a key process) declined
+    /// to load one for a reason of the library's own: the machine's
+    /// attributes do not satisfy the envelope's policy, its generation is
+    /// retired, the machine is revoked, the envelope does not decode, the
+    /// store cannot be read. `code` is the one the same load has in process,
+    /// so a caller tells a "no" from a failure the same way wherever the
+    /// key is opened.
+    #[error("{reason}")]
+    Declined {
+        /// The library's code for the reason (`docs/errors.md`).
+        code: ErrorCode,
+        /// The holder's words (never key material).
+        reason: String,
+    },
     /// The engine configuration is unusable.
     #[error("invalid engine configuration: {0}")]
     Config(String),
@@ -419,6 +433,7 @@ impl SignError {
                 TokenFailure::NotFound => ErrorCode::InvalidPrivateKey,
                 TokenFailure::Refused => ErrorCode::BackendFailed,
             },
+            SignError::Declined { code, .. } => *code,
             SignError::Config(_) => ErrorCode::InvalidConfig,
             SignError::InvalidArgument(_) => ErrorCode::InvalidArgument,
             SignError::Io { .. } => ErrorCode::Io,
@@ -477,6 +492,8 @@ mod tests {
             (SignError::HeldElsewhere { holder: "a".into(), requested: "b".into() }, ErrorCode::InvalidRequest),
             (SignError::Crypto { op: CryptoOp::Sign, reason: "r".into() }, ErrorCode::CryptoFailed),
             (SignError::backend("b", BackendFailure::Died, "r"), ErrorCode::BackendFailed),
+            (SignError::Declined { code: ErrorCode::PolicyNotSatisfied, reason: "r".into() }, ErrorCode::PolicyNotSatisfied),
+            (SignError::Declined { code: ErrorCode::StoreIo, reason: "r".into() }, ErrorCode::StoreIo),
             (SignError::Config("c".into()), ErrorCode::InvalidConfig),
             (SignError::InvalidArgument("a".into()), ErrorCode::InvalidArgument),
             (SignError::io(Resource::Thread, "r"), ErrorCode::Io),

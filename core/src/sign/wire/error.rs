@@ -151,7 +151,8 @@ impl Detail {
 
     /// The error a server reported with this detail and `message`, as it
     /// was there, when the detail names one a client rebuilds (a token's
-    /// failure, an argument or a configuration refused); `None` otherwise.
+    /// failure, an argument or a configuration refused, a load declined
+    /// for a reason of CP-ABE, wrapping or the store); `None` otherwise.
     pub(crate) fn rebuild(&self, message: &str) -> Option<crate::sign::types::SignError> {
         use crate::sign::types::{SignError, TokenFailure};
         use crate::ErrorCode as C;
@@ -167,6 +168,14 @@ impl Detail {
             C::InvalidPrivateKey if self.token.is_some() => token(TokenFailure::NotFound),
             C::InvalidArgument => SignError::InvalidArgument(message.to_string()),
             C::InvalidConfig => SignError::Config(message.to_string()),
+            // 200-499: CP-ABE, wrapping and the store, the reasons an agent
+            // declines an envelope; a "no" stays a "no" across the socket.
+            // An agent's message leads with the code's name for readers
+            // without the detail; the error carries the code itself.
+            code if (200..500).contains(&(code as u32)) => {
+                let reason = message.strip_prefix(code.name()).and_then(|m| m.strip_prefix(": ")).unwrap_or(message);
+                SignError::Declined { code, reason: reason.to_string() }
+            }
             _ => return None,
         })
     }
@@ -298,6 +307,26 @@ mod tests {
         assert_eq!(parse_error(&[3, b'x'], few), (ErrorCode::Internal, "x".into()), "a code the protocol does not send");
         assert_eq!(parse_error(&[1, b'x'], few), (ErrorCode::Malformed, "x".into()));
         assert_eq!(parse_error(&[3, b'x'], all), (ErrorCode::Load, "x".into()));
+    }
+
+    #[test]
+    fn a_holders_refusal_keeps_its_code_and_a_broken_holder_stays_a_backend_failure() {
+        use crate::sign::types::SignError;
+        use crate::ErrorCode as C;
+        let declined = |code| Detail { code: Some(code), token: None }.rebuild("why");
+        for code in [C::PolicyNotSatisfied, C::RetiredGeneration, C::MachineRevoked, C::InvalidEnvelope, C::StoreIo] {
+            assert_eq!(declined(code), Some(SignError::Declined { code, reason: "why".into() }));
+            assert_eq!(declined(code).unwrap().code(), code);
+        }
+        // The name an agent leads with is not said twice.
+        let named = Detail { code: Some(C::PolicyNotSatisfied), token: None }.rebuild("POLICY_NOT_SATISFIED: why");
+        assert_eq!(named.unwrap().to_string(), "why");
+        // Failures of the holder itself are not the library's reasons: the
+        // client reports them as the backend's.
+        for code in [C::Internal, C::Io, C::BackendFailed, C::Overloaded, C::TimedOut] {
+            assert_eq!(declined(code), None, "{code:?}");
+        }
+        assert_eq!(Detail::default().rebuild("why"), None);
     }
 
     #[test]
