@@ -282,6 +282,12 @@ mkdir -p "$WORK/deb"
     openssl dgst -sha256 -verify key.pub -signature cli.sig msg >/dev/null
     keyfence provider-key --envelope key.env --store store --machine-key us.machine --out key.kfk
     keyfence provider-config --module "$deb_root/$multiarch/ossl-modules/keyfence.so" --isolated >openssl.cnf
+    # The include the package ships names the module where it is installed,
+    # and provider-check follows it from an openssl.cnf as the page adds it.
+    grep -qxF "module = /usr/lib/x86_64-linux-gnu/ossl-modules/keyfence.so" "$deb_root/etc/keyfence/openssl-include.cnf"
+    sed "s|/usr/lib/x86_64-linux-gnu/|$deb_root/$multiarch/|" "$deb_root/etc/keyfence/openssl-include.cnf" >include.cnf
+    printf '.include %s\n' "$PWD/include.cnf" >system.cnf
+    keyfence provider-check --config system.cnf >/dev/null
     OPENSSL_CONF="$PWD/openssl.cnf" openssl dgst -sha256 -sign key.kfk -out provider.sig msg
     openssl dgst -sha256 -verify key.pub -signature provider.sig msg >/dev/null
 )

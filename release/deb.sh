@@ -17,6 +17,8 @@
 #                                             looks for beside itself
 #   /lib/systemd/system/keyfence-agent.{socket,service}, keyfence-serve.service
 #   /etc/default/keyfence                     the units' options (a conffile)
+#   /etc/keyfence/openssl-include.cnf         what /etc/ssl/openssl.cnf includes to
+#                                             load the provider (a conffile)
 #   /usr/lib/sysusers.d/keyfence.conf, /usr/lib/tmpfiles.d/keyfence.conf
 #   /usr/share/doc/keyfence/                  copyright (DEP-5), changelog,
 #                                             THIRD-PARTY-NOTICES.txt, the SoftHSM2
@@ -82,6 +84,12 @@ install -m 644 "$SYSTEMD/keyfence-agent.socket" "$SYSTEMD/keyfence-agent.service
 # The units' options (EnvironmentFile=): a conffile, like every file the
 # package puts in /etc (DEBIAN/conffiles below).
 install -D -m 644 "$SYSTEMD/default/keyfence" "$PKG/etc/default/keyfence"
+# The .include docs/deploy.md adds to /etc/ssl/openssl.cnf, for the module
+# where this package puts it, written by the command that documents it
+# (a conffile too: an operator's edits survive upgrades).
+install -d -m 755 "$PKG/etc/keyfence"
+"$CLI" provider-config --module "/usr/lib/$TRIPLET/ossl-modules/keyfence.so" --include >"$PKG/etc/keyfence/openssl-include.cnf"
+chmod 644 "$PKG/etc/keyfence/openssl-include.cnf"
 install -m 644 "$SYSTEMD/sysusers.d/keyfence.conf" "$PKG/usr/lib/sysusers.d/keyfence.conf"
 install -m 644 "$SYSTEMD/tmpfiles.d/keyfence.conf" "$PKG/usr/lib/tmpfiles.d/keyfence.conf"
 install -m 644 "$SYSTEMD/keyfence-agent.service.d/softhsm.conf" "$DOC/examples/keyfence-agent.service.d/"

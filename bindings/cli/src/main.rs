@@ -21,6 +21,7 @@ mod pkcs11_cmd;
 mod pki;
 mod policy_cmd;
 mod provider_cmd;
+mod provider_check;
 mod sign_cmd;
 mod remote_cmd;
 mod soak;
@@ -71,6 +72,9 @@ enum Command {
     ProviderKey(provider_cmd::ProviderKeyArgs),
     /// Print an openssl.cnf that loads keyfence's OpenSSL provider.
     ProviderConfig(provider_cmd::ProviderConfigArgs),
+    /// Check that OpenSSL's configuration loads keyfence's provider and
+    /// that running servers loaded it (a reload does not: docs/deploy.md).
+    ProviderCheck(provider_check::ProviderCheckArgs),
     /// Keys in a PKCS#11 token: generate one, read its public key
     /// (docs/pkcs11.md).
     #[command(subcommand)]
@@ -114,6 +118,7 @@ fn main() -> ExitCode {
         Command::Agent(args) => agent_cmd::agent(args),
         Command::ProviderKey(args) => provider_cmd::provider_key(args),
         Command::ProviderConfig(args) => provider_cmd::provider_config(args),
+        Command::ProviderCheck(args) => provider_check::provider_check(args),
         Command::Pkcs11(cmd) => pkcs11_cmd::run(cmd),
         Command::Offload(cmd) => offload_cmd::run(cmd),
         Command::Demo => demo::run(),

@@ -92,3 +92,87 @@ fn provider_config_loads_default_then_keyfence() {
     let o = run(&["provider-config", "--module", &d.p("missing.so")]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// A process that maps a file while it runs, as a server maps the
+/// provider: the file (a copy of `sleep`) is its executable.
+struct Held(std::process::Child);
+
+impl Held {
+    fn run(program: &std::path::Path) -> Held {
+        // Another test's fork may briefly hold the copy's write descriptor
+        // (ETXTBSY) between its fork and exec.
+        for _ in 0..100 {
+            match std::process::Command::new(program).arg("60").spawn() {
+                Ok(child) => return Held(child),
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => std::thread::sleep(std::time::Duration::from_millis(20)),
+                Err(e) => panic!("{}: {e}", program.display()),
+            }
+        }
+        panic!("{} stayed busy", program.display());
+    }
+
+    fn pid(&self) -> String {
+        self.0.id().to_string()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn provider_check_names_the_restart_a_reload_does_not_give() {
+    let d = Dir::new("check");
+    let module = d.0.join("keyfence.so");
+    std::fs::copy("/bin/sleep", &module).unwrap();
+    let include = d.p("openssl-include.cnf");
+    std::fs::write(&include, ok(&["provider-config", "--module", module.to_str().unwrap(), "--include"])).unwrap();
+    let cnf = d.p("openssl.cnf");
+    std::fs::write(&cnf, format!("openssl_conf = openssl_init\n\n# the system's own\n.include {include}\n")).unwrap();
+    let check = |extra: &[&str]| run(&[&["provider-check", "--config", &cnf][..], extra].concat());
+
+    // The configuration alone.
+    let o = check(&[]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert!(common::stdout(&o).contains("loads keyfence's provider"), "{}", common::stdout(&o));
+    // A configuration without the include: the line to add.
+    let bare = d.p("bare.cnf");
+    std::fs::write(&bare, "openssl_conf = openssl_init\n[openssl_init]\n").unwrap();
+    let o = run(&["provider-check", "--config", &bare]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains(".include /etc/keyfence/openssl-include.cnf"), "{}", common::stderr(&o));
+
+    // A server that read OpenSSL's configuration before the include (the
+    // control: it never mapped the module) is told to restart.
+    let before = Held::run(std::path::Path::new("/bin/sleep"));
+    let o = check(&["--pid", &before.pid()]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("has not loaded keyfence's provider"), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("a restart, not a reload"), "{}", common::stderr(&o));
+    // One that loaded it passes, beside the other's problem.
+    let loaded = Held::run(&module);
+    let o = check(&["--pid", &loaded.pid()]);
+    assert_eq!(o.status.code(), Some(0), "{}", common::stderr(&o));
+    assert!(common::stdout(&o).contains(&format!("pid {} (keyfence.so) has loaded", loaded.pid())), "{}", common::stdout(&o));
+    let o = check(&["--pid", &loaded.pid(), "--pid", &before.pid()]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    // An upgrade replaces the file under it.
+    std::fs::remove_file(&module).unwrap();
+    std::fs::copy("/bin/sleep", &module).unwrap();
+    let o = check(&["--pid", &loaded.pid()]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("an upgrade replaced"), "{}", common::stderr(&o));
+    // The package removed, the include left behind.
+    std::fs::remove_file(&module).unwrap();
+    let o = check(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", common::stderr(&o));
+    assert!(common::stderr(&o).contains("which is not there"), "{}", common::stderr(&o));
+    // A process that is not there; a configuration that cannot be read.
+    let o = check(&["--pid", "999999999"]);
+    assert!(o.status.code() == Some(1) && common::stderr(&o).contains("no process 999999999"), "{}", common::stderr(&o));
+    let o = run(&["provider-check", "--config", &d.p("missing.cnf")]);
+    assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
+}

@@ -411,6 +411,17 @@ for p in $workers "$nginx_master" "$(cat a/apache.pid)" "$main_listener"; do
 done
 echo "no server process (nor the agent's listener) holds the private scalar; the agent does"
 
+echo "== provider-check: the servers loaded the provider; a process from before it did not"
+"$cli" provider-check --config "$conf" --pid "$nginx_master" --pid "$(cat a/apache.pid)" >check.out 2>&1 ||
+    fail "provider-check refused the running servers: $(cat check.out)"
+grep -q "pid $nginx_master (nginx) has loaded" check.out || fail "provider-check: $(cat check.out)"
+# The control: the agent's listener never loaded the provider, as a master
+# started before the .include had not; the check says to restart it.
+"$cli" provider-check --config "$conf" --pid "$main_listener" >check.out 2>&1 &&
+    fail "provider-check passed a process without the provider: $(cat check.out)"
+grep -q "a restart, not a reload" check.out || fail "provider-check on the listener: $(cat check.out)"
+cat check.out
+
 echo "== another user is refused"
 runuser -u nobody -- env OPENSSL_CONF="$conf" openssl pkey -in "keyfence:$work/$etc/ec256.kfk" -pubout \
     >nobody.out 2>&1 && fail "nobody used the agent"
