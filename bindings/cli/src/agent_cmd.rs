@@ -210,6 +210,7 @@ fn status(args: StatusArgs) -> Result<ExitCode> {
             outln!("generations held: {}", list("generations_held").unwrap_or_default());
             outln!("generations live: {}", list("generations_live").unwrap_or_default());
             outln!("revoked: {}", if m.get("revoked").and_then(|v| v.as_bool()).unwrap_or(false) { "yes" } else { "no" });
+            outln!("machines on the revocation list: {}", m.get("machines_revoked").and_then(|v| v.as_u64()).unwrap_or(0));
         }
         for (k, label) in [("keys_loaded", "keys loaded"), ("connections", "connections"), ("in_flight", "in flight")] {
             outln!("{label}: {}", j.get(k).and_then(|v| v.as_u64()).unwrap_or(0));

@@ -449,6 +449,17 @@ fn under_the_journal_the_agent_logs_priorities_answers_status_and_stops_on_sigte
     wait_for_line(&log, "<6> ... SIGHUP", |l| l.starts_with("<6>") && l.contains("SIGHUP"));
     signs_through(&d, &socket);
 
+    // Another machine revoked: a store update, said at its priority; this
+    // agent goes on signing.
+    ok(&["authority", "issue", "--store", &d.p("store"), "--attrs", "country=DE", "--out", &d.p("de.machine")]);
+    let other = ok(&["machine", "info", "--key", &d.p("de.machine")]).lines().next().unwrap().trim_start_matches("id: ").to_string();
+    ok(&["authority", "revoke", "--store", &d.p("store"), "--machine", &other]);
+    ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
+    wait_for_line(&log, "<6> ... revocation list changed", |l| l.starts_with("<6>") && l.contains("revocation list changed"));
+    let out = ok(&["agent", "status", "--socket", sock]);
+    assert!(out.contains("machines on the revocation list: 1") && out.contains("revoked: no"), "{out}");
+    signs_through(&d, &socket);
+
     // Revoked: the agent says so as an error within its watch's period,
     // ends its connections, opens nothing; status exits 1.
     ok(&["authority", "revoke", "--store", &d.p("store"), "--machine", &id]);

@@ -237,6 +237,9 @@ pub struct MachineHealth {
     pub live: Vec<u32>,
     /// Whether the store's revocation list names this machine.
     pub revoked: bool,
+    /// How many machines the store's revocation list names (a change is a
+    /// store update the agent's log reports).
+    pub revoked_machines: usize,
 }
 
 impl MachineHealth {
@@ -453,11 +456,15 @@ impl Machine {
     /// As [`Machine::revocations`], for either list.
     pub fn health(&self) -> Result<MachineHealth> {
         let live = self.seen.accept(self.store.get(layout::GENERATIONS)?.as_deref(), &self.key.authority)?.live();
-        let revoked = match self.id() {
-            Some(id) => self.revocations()?.contains(id),
-            None => false,
-        };
-        Ok(MachineHealth { id: self.id().map(str::to_owned), held: self.key.generations(), live, revoked })
+        let revocations = self.revocations()?;
+        let revoked = self.id().is_some_and(|id| revocations.contains(id));
+        Ok(MachineHealth {
+            id: self.id().map(str::to_owned),
+            held: self.key.generations(),
+            live,
+            revoked,
+            revoked_machines: revocations.ids.len(),
+        })
     }
 
     /// Whether this machine's attributes satisfy the envelope's policy;

@@ -314,6 +314,7 @@ impl Inner {
                 "generations_held": h.held,
                 "generations_live": h.live,
                 "revoked": h.revoked,
+                "machines_revoked": h.revoked_machines,
                 "problem": h.problem(),
             }),
             Err(e) => serde_json::json!({ "id": m.id(), "problem": format!("the store's lists cannot be read: {e}") }),
