@@ -252,9 +252,9 @@ export declare namespace sign {
      * Throws `KeyfenceError` code `IO` (the machine key file cannot be
      * read), `INVALID_KEY`, `INVALID_ENVELOPE`, `POLICY_NOT_SATISFIED`,
      * `RETIRED_GENERATION`, `UNKNOWN_POLICY_KEY`, `WRONG_AUTHORITY`,
-     * `STORE_IO`, `INVALID_PRIVATE_KEY`, `BACKEND_FAILED` (the key process
-     * or the agent refused it: the agent's reason, such as
-     * `POLICY_NOT_SATISFIED`, in the message), `INVALID_ARGUMENT` (the
+     * `STORE_IO`, `INVALID_PRIVATE_KEY` (the same when an agent opens it,
+     * with the agent's reason), `BACKEND_FAILED` (the key process or the
+     * agent itself failed), `INVALID_ARGUMENT` (the
      * envelope alone with an engine that is not an agent's), `SHUT_DOWN`
      * after `close`.
      */
