@@ -1518,8 +1518,9 @@ keyfence_result keyfence_key_from_pem(const struct keyfence_engine *engine,
  `KEYFENCE_RETIRED_GENERATION`, `KEYFENCE_UNKNOWN_POLICY_KEY`,
  `KEYFENCE_WRONG_AUTHORITY` (as `keyfence_machine_open`),
  `KEYFENCE_INVALID_PRIVATE_KEY` if the envelope holds no usable key,
- `KEYFENCE_BACKEND_FAILED` if the key process or the agent refuses it
- (the agent's reason in the message), `KEYFENCE_INVALID_ARGUMENT` for
+ the same codes when an agent opens it for this process (its reason in
+ the message), `KEYFENCE_BACKEND_FAILED` if the key process or the agent
+ itself fails, `KEYFENCE_INVALID_ARGUMENT` for
  NULL names with an engine that has no agent.
 
  # Safety
