@@ -88,7 +88,12 @@ install -D -m 644 "$SYSTEMD/default/keyfence" "$PKG/etc/default/keyfence"
 # where this package puts it, written by the command that documents it
 # (a conffile too: an operator's edits survive upgrades).
 install -d -m 755 "$PKG/etc/keyfence"
-"$CLI" provider-config --module "/usr/lib/$TRIPLET/ossl-modules/keyfence.so" --include >"$PKG/etc/keyfence/openssl-include.cnf"
+# (The command names a module that exists: the staged one, then the path it
+# is installed at.)
+"$CLI" provider-config --module "$LIB/ossl-modules/keyfence.so" --include |
+    sed "s|^module = .*|module = /usr/lib/$TRIPLET/ossl-modules/keyfence.so|" >"$PKG/etc/keyfence/openssl-include.cnf"
+grep -qxF "module = /usr/lib/$TRIPLET/ossl-modules/keyfence.so" "$PKG/etc/keyfence/openssl-include.cnf" ||
+    fail "the packaged openssl-include.cnf names no module"
 chmod 644 "$PKG/etc/keyfence/openssl-include.cnf"
 install -m 644 "$SYSTEMD/sysusers.d/keyfence.conf" "$PKG/usr/lib/sysusers.d/keyfence.conf"
 install -m 644 "$SYSTEMD/tmpfiles.d/keyfence.conf" "$PKG/usr/lib/tmpfiles.d/keyfence.conf"
