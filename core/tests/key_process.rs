@@ -322,8 +322,10 @@ fn envelopes_are_opened_inside_the_key_process() {
     let key = keys.load(source("eu.key")).unwrap();
     let sig = key.sign(Algorithm::EcdsaP256Sha256, b"edge").unwrap();
     assert!(verifies(&key, Algorithm::EcdsaP256Sha256, b"edge", &sig));
-    let err = keys.load(source("us.key")).unwrap_err().to_string();
-    assert!(err.contains("opening the envelope"), "{err}");
+    // The key process's refusal keeps the code the load has in process.
+    let err = keys.load(source("us.key")).unwrap_err();
+    assert_eq!(err.code(), keyfence::ErrorCode::PolicyNotSatisfied, "{err}");
+    assert!(err.to_string().contains("opening the envelope"), "{err}");
 
     // Issue 44.6: whoever writes the store puts back the generation list
     // from before a rotation (generation 1 active again). The client reads
@@ -339,8 +341,9 @@ fn envelopes_are_opened_inside_the_key_process() {
     keys.load(source("eu2.key")).unwrap();
     assert!(dir.0.join("eu2.key.newest").is_file());
     store.put("public/generations", &old).unwrap();
-    let err = keys.load(source("eu2.key")).unwrap_err().to_string();
-    assert!(err.contains("rolled back or replayed"), "{err}");
+    let err = keys.load(source("eu2.key")).unwrap_err();
+    assert_eq!(err.code(), keyfence::ErrorCode::ReplayedObject, "{err}");
+    assert!(err.to_string().contains("rolled back or replayed"), "{err}");
     keys.load(source("copy.key")).unwrap();
 }
 

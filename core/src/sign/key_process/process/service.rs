@@ -47,7 +47,7 @@ impl Service for KeyProcessService {
             }
             LoadBody::Bytes(bytes) => PrivateKey::from_bytes(bytes).map_err(|e| failed(e.to_string())),
             LoadBody::EnvelopeObjects { machine_key, envelope, objects } => {
-                open_envelope(machine_key, envelope, objects).map_err(failed)
+                open_envelope(machine_key, envelope, objects)
             }
             // With its detail: the client reports the load as it would in
             // process.
@@ -91,19 +91,29 @@ impl Service for KeyProcessService {
 /// client sent, each verified as the machine key's authority's. This is
 /// the one place the secret machine key is decoded on the isolated path:
 /// the key process's loader, never its client.
-fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8>)]) -> Result<PrivateKey, String> {
-    use crate::wrap::{Machine, MachineKey, NewestLists};
-    let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| format!("reading {}: {e}", machine_key.display()))?);
-    let mk = MachineKey::from_bytes(&mk).map_err(|e| format!("{}: {e}", machine_key.display()))?;
+///
+/// A refusal of the wrapping layer carries its code in the detail, so the
+/// client's caller sees the code the same load has in process (a policy
+/// the machine does not satisfy is a "no", not a backend failure).
+fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8>)]) -> Result<PrivateKey, Refusal> {
+    use crate::wrap::{Machine, MachineKey, NewestLists, WrapError};
+    let refused = |what: String, e: WrapError| Refusal {
+        code: ErrorCode::Load,
+        message: format!("{what}{e}"),
+        detail: p::Detail { code: Some(e.code()), token: None },
+    };
+    let failed = |msg: String| Refusal::new(ErrorCode::Load, msg);
+    let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| failed(format!("reading {}: {e}", machine_key.display())))?);
+    let mk = MachineKey::from_bytes(&mk).map_err(|e| refused(format!("{}: ", machine_key.display()), e))?;
     let (floor, objects): (Vec<_>, Vec<_>) = objects.iter().cloned().partition(|(name, _)| name == p::FLOOR_OBJECT);
-    let machine = Machine::with_objects(mk, &objects).map_err(|e| e.to_string())?;
+    let machine = Machine::with_objects(mk, &objects).map_err(|e| refused(String::new(), e))?;
     // The newest lists this machine accepted before, which its client
     // keeps (the key process writes no file): the store's objects must not
     // go back on them.
     if let Some((_, bytes)) = floor.first() {
-        let kept = NewestLists::from_bytes(bytes).map_err(|e| e.to_string())?;
-        machine.require_kept(&kept).map_err(|e| e.to_string())?;
+        let kept = NewestLists::from_bytes(bytes).map_err(|e| refused(String::new(), e))?;
+        machine.require_kept(&kept).map_err(|e| refused(String::new(), e))?;
     }
-    let secret = machine.open(envelope).map_err(|e| format!("opening the envelope: {e}"))?;
-    PrivateKey::from_bytes(&secret).map_err(|e| format!("the key in the envelope: {e}"))
+    let secret = machine.open(envelope).map_err(|e| refused("opening the envelope: ".into(), e))?;
+    PrivateKey::from_bytes(&secret).map_err(|e| failed(format!("the key in the envelope: {e}")))
 }
