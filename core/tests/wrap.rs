@@ -934,3 +934,40 @@ fn an_envelope_from_before_a_retirement_opens_from_the_stores_copy() {
     let current = store.get(&format!("envelopes/{}", hex::encode(Envelope::parse(&held).unwrap().secret_id))).unwrap().unwrap();
     assert_eq!(&m.open_current(&current).unwrap()[..], b"the secret");
 }
+
+/// A machine that follows its store opens ahead only what an open would:
+/// a sealed copy put back for a generation the newest list retired is not
+/// opened into the cache, where a later open would take it without
+/// reading the list again (the rollback floor passed by). The control: a
+/// live generation's copy is opened ahead.
+#[test]
+fn a_copy_put_back_for_a_retired_generation_is_not_opened_ahead() {
+    use keyfence::ErrorCode;
+    let (store, mut a) = setup();
+    let env = a.wrap("region: EU", b"s").unwrap();
+    let long = CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() };
+    let m = Machine::new(a.issue(&attrs("region=EU")).unwrap(), store.clone(), long);
+    let first: Vec<(String, Vec<u8>)> =
+        store.list("sealed/").unwrap().into_iter().map(|n| { let v = store.get(&n).unwrap().unwrap(); (n, v) }).collect();
+    assert!(!first.is_empty());
+    a.rotate_master().unwrap();
+    a.rotate_master().unwrap();
+    // The machine reads the list that retired generation 1.
+    assert_eq!(m.open(env.to_bytes()).unwrap_err().code(), ErrorCode::RetiredGeneration);
+    for (name, blob) in &first {
+        assert!(store.get(name).unwrap().is_none(), "retiring deletes {name}");
+        store.put(name, blob).unwrap();
+        m.apply(&WatchEvent::Put { key: name.clone(), revision: 1, value: Some(blob.clone()) });
+    }
+    assert_eq!(m.cache_stats().entries, 0, "a copy of a retired generation was opened ahead");
+    assert_eq!(m.open(env.to_bytes()).unwrap_err().code(), ErrorCode::RetiredGeneration);
+
+    // The control: a machine of the live generation opens its copy ahead.
+    let live = Machine::new(a.issue(&attrs("region=EU")).unwrap(), store.clone(), long);
+    let copies: Vec<String> = store.list("sealed/").unwrap();
+    for name in &copies {
+        live.apply(&WatchEvent::Put { key: name.clone(), revision: 2, value: None });
+    }
+    assert_eq!(live.cache_stats().entries, 1, "{copies:?}");
+    assert_eq!(&live.open(env.to_bytes()).unwrap()[..], b"s");
+}

@@ -657,6 +657,15 @@ impl Machine {
         if self.cache.holds(&(s.policy_id, s.version)) {
             return;
         }
+        // Only a generation the store's list says is live, that list
+        // accepted (and kept as the floor) as an open accepts it: a policy
+        // key in the cache is opened later without reading the list again,
+        // so a copy put back for a retired generation, or one read while
+        // the floor cannot be kept, must not get there.
+        match self.generations() {
+            Ok(list) if list.live().contains(&s.generation) => {}
+            _ => return,
+        }
         let read;
         let blob = match value {
             Some(v) => v,
