@@ -51,8 +51,8 @@ pub(super) fn look(inner: &Inner, last: Option<&Standing>) -> Standing {
         (Ok(_), None) => {}
         (Err(e), _) => tracing::error!("the agent cannot read its store's generation and revocation lists: {e}"),
     }
-    // Another machine revoked: a store update an operator looks for.
     if let (Ok(h), Some(Ok(before))) = (&now, last) {
+        // Another machine revoked: a store update an operator looks for.
         if h.revoked_machines != before.revoked_machines && !h.revoked {
             tracing::info!(
                 machines = h.revoked_machines,
@@ -60,9 +60,7 @@ pub(super) fn look(inner: &Inner, last: Option<&Standing>) -> Standing {
                 "the store's revocation list changed; this machine is not on it"
             );
         }
-    }
-    // From unusable to usable again (a new generation issued to it).
-    if let (Ok(h), Some(Ok(before))) = (&now, last) {
+        // From unusable to usable again (a new generation issued to it).
         if h.usable() && !before.usable() {
             tracing::info!(live = ?h.live, "this machine's key holds a live generation again");
         }
