@@ -15,14 +15,14 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig, KeySource};
+use keyfence::sign::offload::{OffloadBackend, OffloadConfig, Route, Routing, SimConfig, SimDevice};
+use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 use openssl::hash::MessageDigest;
 use openssl::pkey::{PKey, Private};
 use openssl::rsa::Padding;
 use openssl::sign::{RsaPssSaltlen, Signer};
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess, KeySource};
-use keyfence::sign::offload::{OffloadBackend, OffloadConfig, Route, Routing, SimConfig, SimDevice};
-use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
 
 const MSG: [u8; 130] = [0x20; 130];
 

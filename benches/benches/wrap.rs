@@ -35,11 +35,26 @@ fn bench(c: &mut Criterion) {
     // The floor: HPKE alone, same suite, same secret size, no envelope.
     let (sk, pk) = X25519HkdfSha256::gen_keypair(&mut OsRng);
     let (enc, ct) = hpke::single_shot_seal::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256, _>(
-        &OpModeS::Base, &pk, b"info", &SECRET, b"aad", &mut OsRng,
+        &OpModeS::Base,
+        &pk,
+        b"info",
+        &SECRET,
+        b"aad",
+        &mut OsRng,
     )
     .unwrap();
     g.bench_function("bare_hpke_open", |b| {
-        b.iter(|| hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(&OpModeR::Base, &sk, &enc, b"info", &ct, b"aad").unwrap())
+        b.iter(|| {
+            hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(
+                &OpModeR::Base,
+                &sk,
+                &enc,
+                b"info",
+                &ct,
+                b"aad",
+            )
+            .unwrap()
+        })
     });
     g.sample_size(10);
     for n in [10usize, 100, 1000] {

@@ -15,8 +15,8 @@ pub mod bench;
 pub mod codec;
 mod error;
 pub mod key_file;
-pub mod wrap;
 pub(crate) mod wipe;
+pub mod wrap;
 
 pub use error::{Coded, ErrorCode};
 

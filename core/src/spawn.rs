@@ -63,7 +63,11 @@ pub(crate) trait QuietSpawn {
     ///
     /// # Errors
     /// The operating system's refusal to start a thread.
-    fn spawn_scoped_quiet<'scope, 'env, F, T>(self, scope: &'scope Scope<'scope, 'env>, f: F) -> io::Result<ScopedJoinHandle<'scope, T>>
+    fn spawn_scoped_quiet<'scope, 'env, F, T>(
+        self,
+        scope: &'scope Scope<'scope, 'env>,
+        f: F,
+    ) -> io::Result<ScopedJoinHandle<'scope, T>>
     where
         F: FnOnce() -> T + Send + 'scope,
         T: Send + 'scope;
@@ -78,7 +82,11 @@ impl QuietSpawn for Builder {
         spawn(self, f)
     }
 
-    fn spawn_scoped_quiet<'scope, 'env, F, T>(self, scope: &'scope Scope<'scope, 'env>, f: F) -> io::Result<ScopedJoinHandle<'scope, T>>
+    fn spawn_scoped_quiet<'scope, 'env, F, T>(
+        self,
+        scope: &'scope Scope<'scope, 'env>,
+        f: F,
+    ) -> io::Result<ScopedJoinHandle<'scope, T>>
     where
         F: FnOnce() -> T + Send + 'scope,
         T: Send + 'scope,
@@ -105,7 +113,11 @@ where
 ///
 /// # Errors
 /// The operating system's refusal to start a thread.
-pub(crate) fn spawn_scoped<'scope, 'env, F, T>(builder: Builder, scope: &'scope Scope<'scope, 'env>, f: F) -> io::Result<ScopedJoinHandle<'scope, T>>
+pub(crate) fn spawn_scoped<'scope, 'env, F, T>(
+    builder: Builder,
+    scope: &'scope Scope<'scope, 'env>,
+    f: F,
+) -> io::Result<ScopedJoinHandle<'scope, T>>
 where
     F: FnOnce() -> T + Send + 'scope,
     T: Send + 'scope,
@@ -129,10 +141,12 @@ mod tests {
             }
         }
         let before = blocked(libc::SIGHUP);
-        let inside = super::spawn(std::thread::Builder::new(), || (blocked(libc::SIGHUP), blocked(libc::SIGCHLD), blocked(libc::SIGSEGV)))
-            .unwrap()
-            .join()
-            .unwrap();
+        let inside = super::spawn(std::thread::Builder::new(), || {
+            (blocked(libc::SIGHUP), blocked(libc::SIGCHLD), blocked(libc::SIGSEGV))
+        })
+        .unwrap()
+        .join()
+        .unwrap();
         assert_eq!(inside, (true, true, false));
         assert_eq!(blocked(libc::SIGHUP), before, "the creator's mask is put back");
     }

@@ -11,10 +11,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use openssl::pkey::PKey;
 use keyfence::sign::key_process::protocol::{self as p, flags, kind, ErrorCode};
-use keyfence::sign::key_process::{serve, KeyProcessConfig, KeyProcess, KeySource, ServeOptions};
+use keyfence::sign::key_process::{serve, KeyProcess, KeyProcessConfig, KeySource, ServeOptions};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, Request, SignError};
+use openssl::pkey::PKey;
 use zeroize::Zeroizing;
 
 mod common;
@@ -268,7 +268,9 @@ fn messages_over_the_frame_limit_are_hashed_here_or_refused_and_never_end_the_co
 
     // An operation in flight on the same connection while the big ones go.
     let slow = engine.sign(&rsa, Algorithm::RsaPssSha256, b"alongside").unwrap();
-    for (key, alg) in [(&rsa, Algorithm::RsaPkcs1Sha256), (&rsa, Algorithm::RsaPssSha256), (&ec, Algorithm::EcdsaP256Sha256)] {
+    for (key, alg) in
+        [(&rsa, Algorithm::RsaPkcs1Sha256), (&rsa, Algorithm::RsaPssSha256), (&ec, Algorithm::EcdsaP256Sha256)]
+    {
         for msg in [&big, &at_limit] {
             let sig = engine.sign(key, alg, msg).unwrap().wait().unwrap();
             assert!(verifies(key, alg, msg, &sig), "{alg}, {} bytes", msg.len());
@@ -279,7 +281,8 @@ fn messages_over_the_frame_limit_are_hashed_here_or_refused_and_never_end_the_co
     // PKCS#1 v1.5 is deterministic: hashing here changes nothing.
     assert_eq!(
         engine.sign(&rsa, Algorithm::RsaPkcs1Sha256, &big).unwrap().wait().unwrap(),
-        rsa.sign_digest(Algorithm::RsaPkcs1Sha256, &Algorithm::RsaPkcs1Sha256.hash().unwrap().digest(&big).unwrap()).unwrap()
+        rsa.sign_digest(Algorithm::RsaPkcs1Sha256, &Algorithm::RsaPkcs1Sha256.hash().unwrap().digest(&big).unwrap())
+            .unwrap()
     );
     // Ed25519 signs the whole message: refused at submission, typed.
     let err = engine.sign(&ed, Algorithm::Ed25519, &big).unwrap_err();
@@ -318,7 +321,9 @@ fn envelopes_are_opened_inside_the_key_process() {
     std::fs::remove_file(dir.0.join("customer.pem")).unwrap();
 
     let keys = KeyProcess::start(config()).unwrap();
-    let source = |mk: &str| KeySource::envelope(std::fs::read(dir.0.join("customer.kfe")).unwrap(), store_dir.clone(), dir.0.join(mk));
+    let source = |mk: &str| {
+        KeySource::envelope(std::fs::read(dir.0.join("customer.kfe")).unwrap(), store_dir.clone(), dir.0.join(mk))
+    };
     let key = keys.load(source("eu.key")).unwrap();
     let sig = key.sign(Algorithm::EcdsaP256Sha256, b"edge").unwrap();
     assert!(verifies(&key, Algorithm::EcdsaP256Sha256, b"edge", &sig));
@@ -740,10 +745,9 @@ fn the_default_finds_the_key_process_beside_the_executable() {
 #[test]
 fn a_held_key_runs_only_on_its_holder() {
     let keys = KeyProcess::start(config()).unwrap();
-    let key = keys.load(KeySource::Bytes(Zeroizing::new(
-        PKey::generate_ed25519().unwrap().private_key_to_pem_pkcs8().unwrap(),
-    )))
-    .unwrap();
+    let key = keys
+        .load(KeySource::Bytes(Zeroizing::new(PKey::generate_ed25519().unwrap().private_key_to_pem_pkcs8().unwrap())))
+        .unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();
     // Naming another backend for it is refused at once, not silently
     // overridden.
@@ -786,7 +790,12 @@ fn an_owner_gone_with_replies_unread_ends_the_key_process_quietly() {
         // SAFETY: a valid socket and a buffer of the length given; MSG_PEEK
         // leaves the bytes queued, which is the point.
         let n = unsafe {
-            libc::recv(std::os::fd::AsRawFd::as_raw_fd(&ours), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
+            libc::recv(
+                std::os::fd::AsRawFd::as_raw_fd(&ours),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_PEEK | libc::MSG_DONTWAIT,
+            )
         };
         let n = usize::try_from(n).unwrap_or(0);
         let mut decoder = p::Decoder::new();
@@ -882,7 +891,12 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     std::fs::create_dir_all(&tokens).unwrap();
     let start = |vars: &[String], partial: bool| {
         let mut c = config();
-        c.command = ["/usr/bin/env".to_string()].into_iter().chain(vars.iter().cloned()).chain([KEY_PROCESS.to_string()]).map(Into::into).collect();
+        c.command = ["/usr/bin/env".to_string()]
+            .into_iter()
+            .chain(vars.iter().cloned())
+            .chain([KEY_PROCESS.to_string()])
+            .map(Into::into)
+            .collect();
         c.unsafe_partial_sandbox = partial;
         KeyProcess::start(c)
     };
@@ -892,7 +906,11 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
 
     let keys = with_env(&[token_dirs.clone()]);
     let status = keys.status().unwrap();
-    assert!(status.flags & flags::FILES_CONFINED != 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
+    assert!(
+        status.flags & flags::FILES_CONFINED != 0 && status.flags & flags::SANDBOXED != 0,
+        "flags {:#x}",
+        status.flags
+    );
     assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
     assert!(!dir.0.join("outside").exists());
     assert!(!keys.test_create_file(Path::new("/tmp/keyfence-sandbox-probe-never")).unwrap());
@@ -906,10 +924,17 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     let err = start(&without, false).unwrap_err();
     assert_eq!(err.code(), keyfence::ErrorCode::InvalidConfig, "{err}");
     let err = err.to_string();
-    assert!(err.contains("Landlock") && err.contains("/proc/PID/mem") && err.contains("unsafe_partial_sandbox"), "{err}");
+    assert!(
+        err.contains("Landlock") && err.contains("/proc/PID/mem") && err.contains("unsafe_partial_sandbox"),
+        "{err}"
+    );
     let keys = start(&without, true).unwrap();
     let status = keys.status().unwrap();
-    assert!(status.flags & flags::FILES_CONFINED == 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
+    assert!(
+        status.flags & flags::FILES_CONFINED == 0 && status.flags & flags::SANDBOXED != 0,
+        "flags {:#x}",
+        status.flags
+    );
     assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
     assert!(!keys.test_create_file(&tokens.join("object2")).unwrap(), "without Landlock nothing is opened for writing");
     assert!(!dir.0.join("outside").exists() && !tokens.join("object2").exists());
@@ -1010,7 +1035,8 @@ fn a_key_process_with_another_thread_at_its_sandbox_is_refused() {
     )
     .unwrap();
     let lib = dir.0.join("thread.so");
-    let built = Command::new("cc").args(["-shared", "-fPIC", "-pthread", "-o"]).arg(&lib).arg(&src).status().expect("cc");
+    let built =
+        Command::new("cc").args(["-shared", "-fPIC", "-pthread", "-o"]).arg(&lib).arg(&src).status().expect("cc");
     assert!(built.success());
     let mut c = config();
     c.command = ["/usr/bin/env".to_string(), format!("LD_PRELOAD={}", lib.display()), KEY_PROCESS.to_string()]

@@ -12,12 +12,12 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openssl::pkey::PKey;
+use common::{key_process_engine, verify, verify_key};
 use keyfence::sign::key_process::KeySource;
 use keyfence::sign::managed::{millis, Isolation, ManagedConfig, ManagedEngine};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, SignError};
 use keyfence::ErrorCode;
-use common::{key_process_engine, verify, verify_key};
+use openssl::pkey::PKey;
 use zeroize::Zeroizing;
 
 fn p256_pem() -> Zeroizing<Vec<u8>> {
@@ -150,9 +150,7 @@ fn a_bad_key_has_the_same_typed_error_in_both_modes() {
         let junk = engine.load(KeySource::Bytes(Zeroizing::new(b"junk".to_vec()))).unwrap_err();
         assert_eq!(junk.code(), ErrorCode::InvalidPrivateKey, "{junk}");
         assert!(engine.load(KeySource::File(missing.clone())).is_err());
-        let env = engine
-            .load(KeySource::envelope(b"x".to_vec(), dir.clone(), missing.clone()))
-            .unwrap_err();
+        let env = engine.load(KeySource::envelope(b"x".to_vec(), dir.clone(), missing.clone())).unwrap_err();
         assert_eq!(env.code(), ErrorCode::Io, "{env}");
     }
     let _ = std::fs::remove_dir_all(PathBuf::from(&dir));

@@ -14,8 +14,8 @@ use keyfence::sign::offload::{
     SimControl, SimDevice,
 };
 use keyfence::sign::{
-    Algorithm, Backend, BackendFailure, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey, Request,
-    SignError, SignFuture,
+    Algorithm, Backend, BackendFailure, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey,
+    Request, SignError, SignFuture,
 };
 
 fn rsa_key() -> Arc<PrivateKey> {

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hol_support::Flood;
-use keyfence::sign::{Algorithm, Engine, KeyKind, ErrorKind, LatencyBackend, OpClass, PrivateKey, Request};
+use keyfence::sign::{Algorithm, Engine, ErrorKind, KeyKind, LatencyBackend, OpClass, PrivateKey, Request};
 use remote_support::*;
 
 const ROUNDS: usize = 11;
@@ -31,7 +31,11 @@ const FLOOR: Duration = Duration::from_micros(50);
 fn remote_peers_answering_after_200ms_do_not_delay_local_ecdsa() {
     let world = World::new();
     let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(200)));
-    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), slow_threads: Some(128), ..Default::default() });
+    let sfo = start_server(
+        &world,
+        "sfo1",
+        ServerOptions { backend: Some(slow), slow_threads: Some(128), ..Default::default() },
+    );
     let remote = client(&[("sfo1", sfo.local_addr())]);
     let remote_key = remote.key(&world.us_key).unwrap();
 
@@ -66,4 +70,3 @@ fn remote_peers_answering_after_200ms_do_not_delay_local_ecdsa() {
          (bound {bound:?}); every series: {series:?}"
     );
 }
-

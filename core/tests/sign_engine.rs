@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::verify_key;
-use openssl::rsa::Padding;
 use keyfence::sign::{
     Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass,
     PrivateKey, Request, SignError,
 };
+use openssl::rsa::Padding;
 
 fn small_config() -> EngineConfig {
     let mut c = EngineConfig::default();
@@ -303,7 +303,9 @@ fn an_ec_worker_batches_the_completions_of_queued_work_and_holds_a_lone_one_back
     let engine = Engine::with_backend(config, backend.clone()).unwrap();
     let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
     let cq = CompletionQueue::new().unwrap();
-    let sign = |i: u8| engine.submit_to_queue(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]), &cq, u64::from(i));
+    let sign = |i: u8| {
+        engine.submit_to_queue(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]), &cq, u64::from(i))
+    };
     let first = sign(0).unwrap();
     // The worker has taken the first operation and waits at the gate.
     while engine.metrics().class(OpClass::Ec).in_flight == 0 {
@@ -368,7 +370,11 @@ fn perform_runs_in_place_work_on_the_callers_thread_and_counts_it() {
         let engine = Engine::with_backend(small_config(), backend.clone()).unwrap();
         let sig = engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"here".to_vec())).unwrap();
         assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"here", &sig));
-        engine.submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"there".to_vec())).unwrap().wait().unwrap();
+        engine
+            .submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"there".to_vec()))
+            .unwrap()
+            .wait()
+            .unwrap();
         let threads = backend.threads.lock().unwrap().clone();
         assert_eq!(threads.len(), 2);
         assert_eq!(threads[0] == me, in_place, "perform on the caller's thread only in place");

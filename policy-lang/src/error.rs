@@ -60,10 +60,9 @@ pub enum ParseErrorKind {
 impl fmt::Display for ParseErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::UnexpectedChar(c) => write!(
-                f,
-                "unexpected character {c:?}: labels and values are [A-Za-z0-9_]+ or a \"quoted string\""
-            ),
+            Self::UnexpectedChar(c) => {
+                write!(f, "unexpected character {c:?}: labels and values are [A-Za-z0-9_]+ or a \"quoted string\"")
+            }
             Self::UnterminatedString => f.write_str("unterminated quoted string: expected a closing `\"`"),
             Self::InvalidEscape(c) => {
                 write!(f, "invalid escape `\\{c}` in quoted string: only `\\\"` and `\\\\` are allowed")
@@ -76,16 +75,13 @@ impl fmt::Display for ParseErrorKind {
                  labels and values compare byte for byte, and the two forms of one text differ"
             ),
             Self::Unexpected { found, expected } => write!(f, "unexpected {found}: expected {expected}"),
-            Self::UnmatchedClose => {
-                f.write_str("unexpected `)`: no `(` is open here (the policy already ended)")
-            }
+            Self::UnmatchedClose => f.write_str("unexpected `)`: no `(` is open here (the policy already ended)"),
             Self::TooDeep { limit } => {
                 write!(f, "policy nested too deeply: at most {limit} levels of parentheses and `not`")
             }
-            Self::TooManyLeaves { limit } => write!(
-                f,
-                "policy too large: more than {limit} `label: value` terms cannot fit the ciphertext format"
-            ),
+            Self::TooManyLeaves { limit } => {
+                write!(f, "policy too large: more than {limit} `label: value` terms cannot fit the ciphertext format")
+            }
             Self::TooLarge { encoded, limit } => write!(
                 f,
                 "policy too large: it encodes to {encoded} bytes but the ciphertext format holds at most {limit}"
@@ -161,22 +157,14 @@ impl ParseError {
     /// assert!(shown.lines().nth(1).unwrap().trim_end().ends_with("or a: b)"));
     /// ```
     pub fn render(&self, source: &str) -> String {
-        let shown: Vec<char> = source
-            .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
-            .collect();
+        let shown: Vec<char> = source.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
         let cut = self.offset.min(source.len());
-        let column = source
-            .get(..cut)
-            .map(|s| s.chars().count())
-            .unwrap_or(cut);
+        let column = source.get(..cut).map(|s| s.chars().count()).unwrap_or(cut);
         if shown.len() <= RENDER_WIDTH {
             let shown: String = shown.into_iter().collect();
             return format!("{self}\n  {shown}\n  {}^", " ".repeat(column));
         }
-        let start = column
-            .saturating_sub(RENDER_WIDTH / 2)
-            .min(shown.len() - RENDER_WIDTH);
+        let start = column.saturating_sub(RENDER_WIDTH / 2).min(shown.len() - RENDER_WIDTH);
         let end = start + RENDER_WIDTH;
         let (before, after) = (if start > 0 { "..." } else { "" }, if end < shown.len() { "..." } else { "" });
         let window: String = shown[start..end].iter().collect();

@@ -90,10 +90,7 @@ pub(crate) fn tokenize(src: &str) -> Result<Vec<Token>, ParseError> {
         };
         out.push(Token { tok, offset: start });
     }
-    out.push(Token {
-        tok: Tok::Eof,
-        offset: src.len(),
-    });
+    out.push(Token { tok: Tok::Eof, offset: src.len() });
     Ok(out)
 }
 
@@ -149,9 +146,7 @@ pub(crate) fn quoted(src: &str, start: usize) -> Result<(String, usize), ParseEr
                 Some((_, e)) => return Err(ParseError::new(at, ParseErrorKind::InvalidEscape(e))),
                 None => return Err(ParseError::new(start, ParseErrorKind::UnterminatedString)),
             },
-            c if c.is_control() => {
-                return Err(ParseError::new(at, ParseErrorKind::ControlCharInString))
-            }
+            c if c.is_control() => return Err(ParseError::new(at, ParseErrorKind::ControlCharInString)),
             c => word.push(c),
         }
     }

@@ -69,11 +69,11 @@ mod word;
 pub use ast::Expr;
 pub use attributes::{Attributes, AttributesError};
 pub use circuit::{circl_order, occurrence_numbers, satisfying_wires, CircuitError, Gate, GateKind, Leaf, Policy};
-pub use word::must_escape;
 pub use error::{ParseError, ParseErrorKind};
 pub use limits::{MAX_DEPTH, MAX_ENCODED_POLICY, MAX_LEAVES};
 pub use parser::parse_expr;
 pub use unicode::is_nfc;
+pub use word::must_escape;
 
 /// Parses and compiles a policy.
 ///
@@ -102,10 +102,7 @@ pub fn parse(src: &str) -> Result<Policy, ParseError> {
     if let Some(offset) = first_over {
         return Err(ParseError::new(
             offset,
-            ParseErrorKind::TooLarge {
-                encoded: limits::encoded_size(cost),
-                limit: MAX_ENCODED_POLICY,
-            },
+            ParseErrorKind::TooLarge { encoded: limits::encoded_size(cost), limit: MAX_ENCODED_POLICY },
         ));
     }
     Ok(policy)

@@ -19,12 +19,7 @@ pub fn parse_expr(src: &str) -> Result<Expr, ParseError> {
 /// Parses, also returning the byte offset of every term in order.
 pub(crate) fn parse_with_offsets(src: &str) -> Result<(Expr, Vec<usize>), ParseError> {
     let tokens = tokenize(src)?;
-    let mut p = Parser {
-        tokens,
-        pos: 0,
-        depth: 0,
-        term_offsets: Vec::new(),
-    };
+    let mut p = Parser { tokens, pos: 0, depth: 0, term_offsets: Vec::new() };
     let first = p.peek().offset;
     let expr = p.expression(first)?;
     let t = p.peek();
@@ -58,13 +53,7 @@ impl Parser {
 
     fn unexpected(&self, expected: &'static str) -> ParseError {
         let t = self.peek();
-        ParseError::new(
-            t.offset,
-            ParseErrorKind::Unexpected {
-                found: t.tok.describe(),
-                expected,
-            },
-        )
+        ParseError::new(t.offset, ParseErrorKind::Unexpected { found: t.tok.describe(), expected })
     }
 
     fn enter(&mut self, offset: usize) -> Result<(), ParseError> {
@@ -141,10 +130,7 @@ impl Parser {
                 self.bump();
                 self.term_offsets.push(t.offset);
                 if self.term_offsets.len() > MAX_LEAVES {
-                    return Err(ParseError::new(
-                        t.offset,
-                        ParseErrorKind::TooManyLeaves { limit: MAX_LEAVES },
-                    ));
+                    return Err(ParseError::new(t.offset, ParseErrorKind::TooManyLeaves { limit: MAX_LEAVES }));
                 }
                 Ok(Expr::Term { label, value })
             }

@@ -12,9 +12,7 @@ pub(crate) fn is_ident_byte(b: u8) -> bool {
 /// Writes `word` bare when it lexes back as a single identifier, else as a
 /// double-quoted string with `"` and `\` escaped.
 pub(crate) fn write_word(word: &str, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-    let bare = !word.is_empty()
-        && word.bytes().all(is_ident_byte)
-        && !matches!(word, "and" | "or" | "not");
+    let bare = !word.is_empty() && word.bytes().all(is_ident_byte) && !matches!(word, "and" | "or" | "not");
     if bare {
         return f.write_str(word);
     }

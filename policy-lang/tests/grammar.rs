@@ -78,12 +78,8 @@ fn numbering_matches_circl() {
     // Leaves in order of appearance (0..=n), gates innermost first, gate k
     // driving wire n+1+k, output 2n.
     let p = parse("(a: x and b: y) or (c: z and not d: w)").unwrap();
-    let wires: Vec<(GateKind, usize, usize, usize)> =
-        p.gates().iter().map(|g| (g.kind, g.in0, g.in1, g.out)).collect();
-    assert_eq!(
-        wires,
-        vec![(GateKind::And, 0, 1, 4), (GateKind::And, 2, 3, 5), (GateKind::Or, 4, 5, 6)]
-    );
+    let wires: Vec<(GateKind, usize, usize, usize)> = p.gates().iter().map(|g| (g.kind, g.in0, g.in1, g.out)).collect();
+    assert_eq!(wires, vec![(GateKind::And, 0, 1, 4), (GateKind::And, 2, 3, 5), (GateKind::Or, 4, 5, 6)]);
     assert!(!p.leaves()[3].positive);
     // De Morgan flips the gate and the leaf signs under `not`.
     let p = parse("not (a: x and not b: y)").unwrap();
@@ -218,7 +214,11 @@ fn decomposed_text_is_refused_at_its_quote() {
         assert_eq!(e.offset(), 15, "{src}");
         assert!(matches!(e.kind(), ParseErrorKind::NotNfc { composed } if composed == "\"Z\u{fc}rich\""), "{src}");
         assert_eq!(e.code(), "POLICY_SYNTAX");
-        assert!(e.render(src).contains("not in Unicode NFC (composed) form: write \"Z\u{fc}rich\""), "{}", e.render(src));
+        assert!(
+            e.render(src).contains("not in Unicode NFC (composed) form: write \"Z\u{fc}rich\""),
+            "{}",
+            e.render(src)
+        );
     }
     let e = parse("\"Gru\u{308}n\": x").unwrap_err();
     assert_eq!(e.offset(), 0);

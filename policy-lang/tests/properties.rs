@@ -1,7 +1,9 @@
 //! Random policies: the expression, its circuit and the circuit's canonical
 //! re-parse agree on every attribute set.
 
-use keyfence_policy::{is_nfc, must_escape, parse, parse_expr, Attributes, Expr, Gate, GateKind, Leaf, ParseErrorKind, Policy};
+use keyfence_policy::{
+    is_nfc, must_escape, parse, parse_expr, Attributes, Expr, Gate, GateKind, Leaf, ParseErrorKind, Policy,
+};
 use proptest::prelude::*;
 
 const LABELS: &[&str] = &["a", "b", "c", "region", "São", "and"];
@@ -16,10 +18,8 @@ fn word(w: &str) -> String {
 }
 
 fn expr() -> impl Strategy<Value = Expr> {
-    let leaf = (0..LABELS.len(), 0..VALUES.len()).prop_map(|(l, v)| Expr::Term {
-        label: LABELS[l].into(),
-        value: VALUES[v].into(),
-    });
+    let leaf = (0..LABELS.len(), 0..VALUES.len())
+        .prop_map(|(l, v)| Expr::Term { label: LABELS[l].into(), value: VALUES[v].into() });
     leaf.prop_recursive(6, 40, 2, |inner| {
         prop_oneof![
             inner.clone().prop_map(|e| Expr::Not(Box::new(e))),
@@ -40,13 +40,8 @@ fn text(e: &Expr) -> String {
 }
 
 fn attributes() -> impl Strategy<Value = Attributes> {
-    proptest::collection::vec(proptest::option::of(0..VALUES.len()), LABELS.len()).prop_map(|vals| {
-        LABELS
-            .iter()
-            .zip(vals)
-            .filter_map(|(l, v)| v.map(|v| (*l, VALUES[v])))
-            .collect()
-    })
+    proptest::collection::vec(proptest::option::of(0..VALUES.len()), LABELS.len())
+        .prop_map(|vals| LABELS.iter().zip(vals).filter_map(|(l, v)| v.map(|v| (*l, VALUES[v]))).collect())
 }
 
 /// Any text, heavy in what a hostile ciphertext would carry: terminal
@@ -73,24 +68,22 @@ fn hostile_word() -> impl Strategy<Value = String> {
 /// A policy as a ciphertext could carry it: leaves with any text, chained
 /// by random gates.
 fn hostile_policy() -> impl Strategy<Value = Policy> {
-    proptest::collection::vec((hostile_word(), hostile_word(), any::<bool>(), any::<bool>()), 1..6).prop_map(
-        |leaves| {
-            let n = leaves.len();
-            let gates = (1..n)
-                .map(|i| Gate {
-                    kind: if leaves[i].3 { GateKind::And } else { GateKind::Or },
-                    in0: if i == 1 { 0 } else { n + i - 2 },
-                    in1: i,
-                    out: n + i - 1,
-                })
-                .collect();
-            let leaves = leaves
-                .into_iter()
-                .map(|(label, value, positive, _)| Leaf { label, value, positive, occurrence: 0 })
-                .collect();
-            Policy::from_parts(leaves, gates).unwrap()
-        },
-    )
+    proptest::collection::vec((hostile_word(), hostile_word(), any::<bool>(), any::<bool>()), 1..6).prop_map(|leaves| {
+        let n = leaves.len();
+        let gates = (1..n)
+            .map(|i| Gate {
+                kind: if leaves[i].3 { GateKind::And } else { GateKind::Or },
+                in0: if i == 1 { 0 } else { n + i - 2 },
+                in1: i,
+                out: n + i - 1,
+            })
+            .collect();
+        let leaves = leaves
+            .into_iter()
+            .map(|(label, value, positive, _)| Leaf { label, value, positive, occurrence: 0 })
+            .collect();
+        Policy::from_parts(leaves, gates).unwrap()
+    })
 }
 
 proptest! {

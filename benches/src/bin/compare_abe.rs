@@ -160,7 +160,8 @@ fn main() {
             let k = m("keyfence_2t", case, op);
             let floor_ms = m("keyfence", case, "decrypt_floor_ms");
             let floor = if *op == "decrypt_ms" { k1 / floor_ms } else { f64::NAN };
-            let floor_cell = if floor.is_nan() { String::new() } else { format!("{floor:.2} (<= {})", FLOOR_TARGETS[ci]) };
+            let floor_cell =
+                if floor.is_nan() { String::new() } else { format!("{floor:.2} (<= {})", FLOOR_TARGETS[ci]) };
             // Two threads against one, both from the same keyfence runs;
             // for decryption also against the one-thread floor.
             let speedup = k1 / k;
@@ -191,7 +192,10 @@ fn main() {
             }));
         }
         let (oc, ok) = (overhead[&("circl", case.to_string())], overhead[&("keyfence", case.to_string())]);
-        println!("| {case} | ciphertext overhead (bytes) | {oc} | {ok} | {} | equal | | | | | |", if oc == ok { "same" } else { "DIFFERENT" });
+        println!(
+            "| {case} | ciphertext overhead (bytes) | {oc} | {ok} | {} | equal | | | | | |",
+            if oc == ok { "same" } else { "DIFFERENT" }
+        );
         assert_eq!(oc, ok, "{case}: ciphertext sizes differ");
     }
     if let Some(g) = a.gate {
@@ -217,7 +221,12 @@ fn svg(rows: &[Value]) -> String {
     // Figures a run did not measure (cold decryption on two threads) are
     // null in the JSON.
     let two = |r: &Value| r["ratio_2threads"].as_f64().unwrap_or(f64::NAN);
-    let max = rows.iter().map(|r| r["ratio"].as_f64().unwrap().max(two(r))).filter(|v| v.is_finite()).fold(10.0, f64::max).ceil();
+    let max = rows
+        .iter()
+        .map(|r| r["ratio"].as_f64().unwrap().max(two(r)))
+        .filter(|v| v.is_finite())
+        .fold(10.0, f64::max)
+        .ceil();
     let y = |v: f64| top + (h - top - bottom) * (1.0 - v / max);
     let colors = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"];
     let mut s = format!(
@@ -232,25 +241,63 @@ fn svg(rows: &[Value]) -> String {
     let group = (w - left - 10.0) / CASES.len() as f64;
     for (ci, case) in CASES.iter().enumerate() {
         let x0 = left + group * ci as f64 + 10.0;
-        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{case}</text>\n", x0 + group / 2.0 - 10.0, h - bottom + 18.0);
+        s += &format!(
+            "<text x='{}' y='{}' text-anchor='middle'>{case}</text>\n",
+            x0 + group / 2.0 - 10.0,
+            h - bottom + 18.0
+        );
         for (oi, op) in ["keygen", "encrypt", "decrypt", "decrypt_cold"].iter().enumerate() {
             let r = rows.iter().find(|r| r["case"] == *case && r["op"] == *op).unwrap();
             let bw = (group - 30.0) / 4.0;
             let x = x0 + oi as f64 * bw;
             let (v, v1, t) = (r["ratio"].as_f64().unwrap(), two(r), r["target"].as_f64().unwrap());
-            s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='{}'/>\n", y(v), bw - 4.0, y(0.0) - y(v), colors[oi]);
+            s += &format!(
+                "<rect x='{x}' y='{}' width='{}' height='{}' fill='{}'/>\n",
+                y(v),
+                bw - 4.0,
+                y(0.0) - y(v),
+                colors[oi]
+            );
             if v1.is_finite() {
-                s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='none' stroke='#333' stroke-dasharray='3,2'/>\n", y(v1), bw - 4.0, y(0.0) - y(v1));
+                s += &format!(
+                    "<rect x='{x}' y='{}' width='{}' height='{}' fill='none' stroke='#333' stroke-dasharray='3,2'/>\n",
+                    y(v1),
+                    bw - 4.0,
+                    y(0.0) - y(v1)
+                );
             }
-            s += &format!("<line x1='{x}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/>\n", x + bw - 4.0, y(t), y(t));
-            s += &format!("<text x='{}' y='{}' text-anchor='middle' font-size='10'>{v:.1}</text>\n", x + bw / 2.0 - 2.0, y(v) - 3.0);
+            s += &format!(
+                "<line x1='{x}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/>\n",
+                x + bw - 4.0,
+                y(t),
+                y(t)
+            );
+            s += &format!(
+                "<text x='{}' y='{}' text-anchor='middle' font-size='10'>{v:.1}</text>\n",
+                x + bw / 2.0 - 2.0,
+                y(v) - 3.0
+            );
         }
     }
     for (oi, op) in ["keygen", "encrypt", "decrypt", "cold decrypt"].iter().enumerate() {
         let x = left + 10.0 + oi as f64 * 110.0;
-        s += &format!("<rect x='{x}' y='{}' width='12' height='12' fill='{}'/><text x='{}' y='{}'>{op}</text>\n", h - 25.0, colors[oi], x + 16.0, h - 15.0);
+        s += &format!(
+            "<rect x='{x}' y='{}' width='12' height='12' fill='{}'/><text x='{}' y='{}'>{op}</text>\n",
+            h - 25.0,
+            colors[oi],
+            x + 16.0,
+            h - 15.0
+        );
     }
-    s += &format!("<line x1='{}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/><text x='{}' y='{}'>target</text>\n", left + 460.0, left + 480.0, h - 19.0, h - 19.0, left + 485.0, h - 15.0);
+    s += &format!(
+        "<line x1='{}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/><text x='{}' y='{}'>target</text>\n",
+        left + 460.0,
+        left + 480.0,
+        h - 19.0,
+        h - 19.0,
+        left + 485.0,
+        h - 15.0
+    );
     s += "</svg>\n";
     s
 }

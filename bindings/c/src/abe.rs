@@ -129,7 +129,8 @@ pub unsafe extern "C" fn keyfence_abe_encrypt(
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
         // SAFETY: the caller's promises, passed on.
-        let (pk, text, msg) = unsafe { (ffi::borrow(pk, "pk")?, ffi::text(policy, "policy")?, ffi::slice(msg, len, "msg")?) };
+        let (pk, text, msg) =
+            unsafe { (ffi::borrow(pk, "pk")?, ffi::text(policy, "policy")?, ffi::slice(msg, len, "msg")?) };
         let ct = abe::encrypt_policy(&pk.0, &policy::parse(text)?, msg)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { bytes::give(out, &ct) };
@@ -237,7 +238,11 @@ unsafe fn could_decrypt(
 /// # Safety
 /// `ct` points to `len` readable bytes; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_abe_policy_of(ct: *const u8, len: usize, out: *mut keyfence_bytes) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_abe_policy_of(
+    ct: *const u8,
+    len: usize,
+    out: *mut keyfence_bytes,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
         // SAFETY: the caller's promise.

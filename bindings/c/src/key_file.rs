@@ -58,15 +58,25 @@ impl keyfence_key_file {
                 ([opt(store)?, opt(machine_key)?, None, None, None, None, None], Vec::new())
             }
             KeyLocation::Agent { socket } => ([None, None, None, None, None, Some(c_text(socket)?), None], Vec::new()),
-            KeyLocation::Pkcs11 { uri, agent } => ([None, None, None, None, None, opt(agent)?, Some(c_text(uri)?)], Vec::new()),
+            KeyLocation::Pkcs11 { uri, agent } => {
+                ([None, None, None, None, None, opt(agent)?, Some(c_text(uri)?)], Vec::new())
+            }
             KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers } => {
                 let peers = peers
                     .iter()
                     .map(|p| {
-                        Ok([Some(c_text(&p.name)?), Some(c_text(&p.addr)?), Some(c_text(&p.attrs)?), opt(&p.server_name)?])
+                        Ok([
+                            Some(c_text(&p.name)?),
+                            Some(c_text(&p.addr)?),
+                            Some(c_text(&p.attrs)?),
+                            opt(&p.server_name)?,
+                        ])
                     })
                     .collect::<Result<Vec<_>, Error>>()?;
-                ([None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None, None], peers)
+                (
+                    [None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None, None],
+                    peers,
+                )
             }
         };
         Ok(keyfence_key_file { file, texts, peers })
@@ -212,9 +222,10 @@ pub unsafe extern "C" fn keyfence_key_file_text(
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
         let f = unsafe { ffi::borrow(file, "file")? };
-        let text = usize::try_from(field).ok().and_then(|i| f.texts.get(i)).ok_or_else(|| {
-            Error::new(ErrorCode::InvalidArgument, format!("{field} is no keyfence_key_file_field"))
-        })?;
+        let text = usize::try_from(field)
+            .ok()
+            .and_then(|i| f.texts.get(i))
+            .ok_or_else(|| Error::new(ErrorCode::InvalidArgument, format!("{field} is no keyfence_key_file_field")))?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { out.write(c_ptr(text)) };
         Ok(())
@@ -252,7 +263,12 @@ pub unsafe extern "C" fn keyfence_key_file_peer(
     server_name: *mut *const c_char,
 ) -> keyfence_result {
     ffi::boundary(|| {
-        let outs = [ffi::out(name, "name")?, ffi::out(addr, "addr")?, ffi::out(attrs, "attrs")?, ffi::out(server_name, "server_name")?];
+        let outs = [
+            ffi::out(name, "name")?,
+            ffi::out(addr, "addr")?,
+            ffi::out(attrs, "attrs")?,
+            ffi::out(server_name, "server_name")?,
+        ];
         // SAFETY: the caller's promise.
         let f = unsafe { ffi::borrow(file, "file")? };
         let peer = f.peers.get(index).ok_or_else(|| {

@@ -219,7 +219,5 @@ pub unsafe extern "C" fn keyfence_policy_canonical(policy: *const c_char, out: *
 
 /// Parses policy text, keeping the rendered caret in the message.
 pub(crate) fn parse(text: &str) -> Result<policy::Policy, Error> {
-    policy::parse(text).map_err(|e| {
-        Error::new(Coded::code(&e), e.render(text)).at(e.offset())
-    })
+    policy::parse(text).map_err(|e| Error::new(Coded::code(&e), e.render(text)).at(e.offset()))
 }

@@ -106,7 +106,10 @@ pub unsafe extern "C" fn keyfence_remote_config_add_peer(
 /// # Safety
 /// `config` is a live handle no other thread uses.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_remote_config_set_tenant(config: *mut keyfence_remote_config, tenant: u64) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_remote_config_set_tenant(
+    config: *mut keyfence_remote_config,
+    tenant: u64,
+) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         unsafe { ffi::borrow_mut(config, "config")? }.0.tenant = tenant;
@@ -126,7 +129,8 @@ pub unsafe extern "C" fn keyfence_remote_config_set_tenant(config: *mut keyfence
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_config_set_limits(
     config: *mut keyfence_remote_config,
-    connect_ms: u32, request_ms: u32,
+    connect_ms: u32,
+    request_ms: u32,
     max_attempts: u32,
 ) -> keyfence_result {
     ffi::boundary(|| {
@@ -165,7 +169,9 @@ pub unsafe extern "C" fn keyfence_remote_new(
     out: *mut *mut keyfence_remote,
 ) -> keyfence_result {
     // SAFETY: the caller's promises.
-    unsafe { ffi::make(out, "out", || Ok(keyfence_remote(RemoteSigner::start(ffi::borrow(config, "config")?.0.clone())?))) }
+    unsafe {
+        ffi::make(out, "out", || Ok(keyfence_remote(RemoteSigner::start(ffi::borrow(config, "config")?.0.clone())?)))
+    }
 }
 
 /// A handle in `*out` on the key in the wrapped-key envelope `env`, held by
@@ -211,11 +217,13 @@ pub unsafe extern "C" fn keyfence_remote_key(
 pub unsafe extern "C" fn keyfence_remote_open_or_forward(
     remote: *const keyfence_remote,
     machine: *const keyfence_machine,
-    env: *const u8, len: usize,
+    env: *const u8,
+    len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
-    let (r, m, env) = unsafe { (ffi::borrow(remote, "remote"), ffi::borrow(machine, "machine"), ffi::slice(env, len, "env")) };
+    let (r, m, env) =
+        unsafe { (ffi::borrow(remote, "remote"), ffi::borrow(machine, "machine"), ffi::slice(env, len, "env")) };
     // SAFETY: `out` is NULL or writable, by the caller's promise.
     unsafe { key_out(out, || Ok(r?.0.open_or_forward(&m?.0, env?)?)) }
 }

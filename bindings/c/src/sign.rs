@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use keyfence_core::sign::key_process::{KeyProcessConfig, KeySource, MachineFiles};
-use keyfence_core::sign::offload::OffloadMode;
 use keyfence_core::sign::managed::{load_in_process, Isolation, ManagedConfig, ManagedEngine};
+use keyfence_core::sign::offload::OffloadMode;
 use keyfence_core::sign::{ClassConfig, CompletionQueue, OpClass, OpHandle, PrivateKey, Request};
 use keyfence_core::ErrorCode;
 use zeroize::Zeroizing;
@@ -264,7 +264,10 @@ pub unsafe extern "C" fn keyfence_engine_config_set_offload(
             Some(unsafe { ffi::text(crypto_mb, "crypto_mb")? }.to_string())
         };
         if library.as_deref().is_some_and(str::is_empty) {
-            return Err(Error::new(ErrorCode::InvalidArgument, "crypto_mb is empty: pass NULL for the default library"));
+            return Err(Error::new(
+                ErrorCode::InvalidArgument,
+                "crypto_mb is empty: pass NULL for the default library",
+            ));
         }
         c.0.offload = mode;
         c.0.crypto_mb = library;
@@ -292,7 +295,10 @@ pub unsafe extern "C" fn keyfence_engine_config_free(config: *mut keyfence_engin
 /// # Safety
 /// `config` is NULL or a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_new(config: *const keyfence_engine_config, out: *mut *mut keyfence_engine) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_engine_new(
+    config: *const keyfence_engine_config,
+    out: *mut *mut keyfence_engine,
+) -> keyfence_result {
     // SAFETY: the caller's promises; NULL `config` means the defaults.
     unsafe {
         let config = config.as_ref().map_or_else(ManagedConfig::default, |c| c.0.clone());
@@ -331,7 +337,8 @@ pub unsafe extern "C" fn keyfence_engine_free(engine: *mut keyfence_engine) {
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_from_pem(
     engine: *const keyfence_engine,
-    pem: *const u8, len: usize,
+    pem: *const u8,
+    len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
@@ -388,7 +395,8 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     engine: *const keyfence_engine,
     store_dir: *const c_char,
     machine_key_path: *const c_char,
-    env: *const u8, len: usize,
+    env: *const u8,
+    len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
@@ -399,8 +407,11 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     let machine = match (store_dir.is_null(), machine_key_path.is_null()) {
         (false, false) => {
             // SAFETY: the caller's promise: NUL-terminated strings.
-            unsafe { ffi::text(store_dir, "store_dir").and_then(|s| Ok((s, ffi::text(machine_key_path, "machine_key_path")?))) }
-                .map(|(store, machine_key)| Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }))
+            unsafe {
+                ffi::text(store_dir, "store_dir")
+                    .and_then(|s| Ok((s, ffi::text(machine_key_path, "machine_key_path")?)))
+            }
+            .map(|(store, machine_key)| Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }))
         }
         _ => Ok(None),
     };
@@ -512,7 +523,10 @@ pub unsafe extern "C" fn keyfence_key_is_local(key: *const keyfence_private_key,
 /// # Safety
 /// `key` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_key_public_der(key: *const keyfence_private_key, out: *mut keyfence_bytes) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_key_public_der(
+    key: *const keyfence_private_key,
+    out: *mut keyfence_bytes,
+) -> keyfence_result {
     // SAFETY: the caller's promises.
     unsafe { bytes::make(out, "out", || Ok(ffi::borrow(key, "key")?.0.public_key_der()?)) }
 }
@@ -549,7 +563,8 @@ pub(crate) unsafe fn key_out(
 unsafe fn request(
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8, len: usize,
+    msg: *const u8,
+    len: usize,
     timeout_ms: u32,
 ) -> Result<Request, Error> {
     // SAFETY: the caller's promises, passed on.
@@ -578,7 +593,8 @@ pub unsafe extern "C" fn keyfence_engine_sign(
     engine: *const keyfence_engine,
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8, len: usize,
+    msg: *const u8,
+    len: usize,
     timeout_ms: u32,
     signature: *mut keyfence_bytes,
 ) -> keyfence_result {
@@ -618,7 +634,8 @@ pub unsafe extern "C" fn keyfence_engine_submit(
     engine: *const keyfence_engine,
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8, len: usize,
+    msg: *const u8,
+    len: usize,
     timeout_ms: u32,
     callback: keyfence_sign_callback,
     user_data: *mut c_void,
@@ -629,24 +646,22 @@ pub unsafe extern "C" fn keyfence_engine_submit(
         // SAFETY: the caller's promises, passed on.
         let (engine, req) = unsafe { (ffi::borrow(engine, "engine")?, request(key, alg, msg, len, timeout_ms)?) };
         let ud = UserData(user_data);
-        let handle = engine
-            .0
-            .submit_with_callback(req, move |result| {
-                let ud = ud;
-                // Nothing may unwind out of the engine thread into C or
-                // back; the callback is C and cannot unwind in Rust terms.
-                match result {
-                    // SAFETY: `cb` is the caller's callback, callable from
-                    // any thread; the signature lives for the call.
-                    Ok(sig) => unsafe { cb(ud.0, keyfence_result::OK, sig.as_ptr(), sig.len(), std::ptr::null()) },
-                    Err(e) => {
-                        let code = e.code().into();
-                        let msg = std::ffi::CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
-                        // SAFETY: as above; the message lives for the call.
-                        unsafe { cb(ud.0, code, std::ptr::null(), 0, msg.as_ptr()) }
-                    }
+        let handle = engine.0.submit_with_callback(req, move |result| {
+            let ud = ud;
+            // Nothing may unwind out of the engine thread into C or
+            // back; the callback is C and cannot unwind in Rust terms.
+            match result {
+                // SAFETY: `cb` is the caller's callback, callable from
+                // any thread; the signature lives for the call.
+                Ok(sig) => unsafe { cb(ud.0, keyfence_result::OK, sig.as_ptr(), sig.len(), std::ptr::null()) },
+                Err(e) => {
+                    let code = e.code().into();
+                    let msg = std::ffi::CString::new(e.to_string().replace('\0', " ")).unwrap_or_default();
+                    // SAFETY: as above; the message lives for the call.
+                    unsafe { cb(ud.0, code, std::ptr::null(), 0, msg.as_ptr()) }
                 }
-            })?;
+            }
+        })?;
         if !op.is_null() {
             // SAFETY: non-NULL and writable by the caller's promise.
             unsafe { ffi::give(op, keyfence_operation(handle)) };
@@ -698,7 +713,8 @@ pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
     engine: *const keyfence_engine,
     key: *const keyfence_private_key,
     alg: *const c_char,
-    msg: *const u8, len: usize,
+    msg: *const u8,
+    len: usize,
     timeout_ms: u32,
     queue: *const keyfence_completion_queue,
     user_data: *mut c_void,
@@ -738,7 +754,10 @@ pub unsafe extern "C" fn keyfence_operation_id(op: *const keyfence_operation) ->
 /// # Safety
 /// `op` is a live handle; `cancelled` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_operation_cancel(op: *const keyfence_operation, cancelled: *mut bool) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_operation_cancel(
+    op: *const keyfence_operation,
+    cancelled: *mut bool,
+) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let op = unsafe { ffi::borrow(op, "op")? };

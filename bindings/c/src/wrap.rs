@@ -69,7 +69,10 @@ pub(crate) fn store(name: &str) -> Result<Arc<dyn Store>, Error> {
 /// # Safety
 /// `store_name` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_init(store_name: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_init(
+    store_name: *const c_char,
+    out: *mut *mut keyfence_authority,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
@@ -91,7 +94,10 @@ pub unsafe extern "C" fn keyfence_authority_init(store_name: *const c_char, out:
 /// # Safety
 /// `store_name` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_open(store_name: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_open(
+    store_name: *const c_char,
+    out: *mut *mut keyfence_authority,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
@@ -185,8 +191,9 @@ pub unsafe extern "C" fn keyfence_authority_wrap(
     ffi::boundary(|| {
         let out = bytes::out(envelope, "envelope")?;
         // SAFETY: the caller's promises, passed on.
-        let (a, text, secret) =
-            unsafe { (ffi::borrow_mut(authority, "authority")?, ffi::text(policy, "policy")?, ffi::slice(secret, len, "secret")?) };
+        let (a, text, secret) = unsafe {
+            (ffi::borrow_mut(authority, "authority")?, ffi::text(policy, "policy")?, ffi::slice(secret, len, "secret")?)
+        };
         // Parsed here first so that a syntax error carries its caret.
         policy::parse(text)?;
         let env = a.0.wrap(text, secret)?;
@@ -207,7 +214,10 @@ pub unsafe extern "C" fn keyfence_authority_wrap(
 /// `authority` is a live handle no other thread uses during the call;
 /// `resealed` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_rotate_master(authority: *mut keyfence_authority, resealed: *mut usize) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_rotate_master(
+    authority: *mut keyfence_authority,
+    resealed: *mut usize,
+) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let a = unsafe { ffi::borrow_mut(authority, "authority")? };
@@ -340,9 +350,11 @@ pub unsafe extern "C" fn keyfence_machine_new_with_state(
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promises, passed on.
-        let (key, dir, state) =
-            unsafe { (ffi::slice(key, len, "key")?, ffi::text(store_name, "store_name")?, ffi::text(state_path, "state_path")?) };
-        let m = Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default()).keep_newest_in(state)?;
+        let (key, dir, state) = unsafe {
+            (ffi::slice(key, len, "key")?, ffi::text(store_name, "store_name")?, ffi::text(state_path, "state_path")?)
+        };
+        let m =
+            Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default()).keep_newest_in(state)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_machine(Arc::new(m), Mutex::new(None))) };
         Ok(())
@@ -367,7 +379,11 @@ pub unsafe extern "C" fn keyfence_machine_new_with_state(
 /// # Safety
 /// `machine` is a live handle; `lists` points to `len` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_require(machine: *const keyfence_machine, lists: *const u8, len: usize) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_require(
+    machine: *const keyfence_machine,
+    lists: *const u8,
+    len: usize,
+) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
         let (m, lists) = unsafe { (ffi::borrow(machine, "machine")?, ffi::slice(lists, len, "lists")?) };
@@ -386,7 +402,10 @@ pub unsafe extern "C" fn keyfence_machine_require(machine: *const keyfence_machi
 /// # Safety
 /// `machine` is a live handle; `lists` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_newest_lists(machine: *const keyfence_machine, lists: *mut keyfence_bytes) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_newest_lists(
+    machine: *const keyfence_machine,
+    lists: *mut keyfence_bytes,
+) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
         bytes::make(lists, "lists", || {
@@ -404,7 +423,10 @@ pub unsafe extern "C" fn keyfence_machine_newest_lists(machine: *const keyfence_
 /// # Safety
 /// `machine` is a live handle; `id` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_id(machine: *const keyfence_machine, id: *mut keyfence_bytes) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_id(
+    machine: *const keyfence_machine,
+    id: *mut keyfence_bytes,
+) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
         bytes::make(id, "id", || {
@@ -509,7 +531,10 @@ pub unsafe extern "C" fn keyfence_machine_follow(machine: *const keyfence_machin
 /// # Safety
 /// `machine` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_cache_stats(machine: *const keyfence_machine, out: *mut keyfence_cache_stats) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_cache_stats(
+    machine: *const keyfence_machine,
+    out: *mut keyfence_cache_stats,
+) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.

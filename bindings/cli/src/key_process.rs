@@ -2,7 +2,7 @@
 //! `keyfence key-process`, so the command line needs no other program.
 
 use anyhow::{Context, Result};
-use keyfence::sign::key_process::{KeyProcessConfig, KeyProcess};
+use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig};
 
 /// A key process running this very binary (`keyfence key-process`), with
 /// `threads` RSA and `threads` EC workers; `partial`: started even with

@@ -16,7 +16,8 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use keyfence::sign::key_process::KeyProcess;
 use keyfence::sign::offload::{
-    MultiBufferConfig, MultiBufferDevice, OffloadBackend, OffloadConfig, OffloadMode, Route, Routing, SimConfig, SimDevice,
+    MultiBufferConfig, MultiBufferDevice, OffloadBackend, OffloadConfig, OffloadMode, Route, Routing, SimConfig,
+    SimDevice,
 };
 use keyfence::sign::{Engine, EngineConfig};
 

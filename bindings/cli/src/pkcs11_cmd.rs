@@ -77,7 +77,9 @@ pub fn run(cmd: Pkcs11Cmd) -> Result<ExitCode> {
             (pkcs11::load(&a.uri, &settings).context("loading the token's key")?.public_key_der()?, out)
         }
     };
-    let pem = openssl::pkey::PKey::public_key_from_der(&der).and_then(|k| k.public_key_to_pem()).context("encoding the public key")?;
+    let pem = openssl::pkey::PKey::public_key_from_der(&der)
+        .and_then(|k| k.public_key_to_pem())
+        .context("encoding the public key")?;
     out.write_public(&pem)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -190,7 +192,10 @@ pub fn bench(args: BenchPkcs11Args) -> Result<ExitCode> {
     ratios.sort_by(|a, b| a.total_cmp(b));
     let median = ratios[ratios.len() / 2];
     if args.json {
-        println!("{}", serde_json::json!({ "summary": true, "alg": alg.name(), "median_per_cpu_ratio": (median * 1000.0).round() / 1000.0, "target": 1.0 }));
+        println!(
+            "{}",
+            serde_json::json!({ "summary": true, "alg": alg.name(), "median_per_cpu_ratio": (median * 1000.0).round() / 1000.0, "target": 1.0 })
+        );
     } else {
         println!("median per CPU-second: {median:.3}x the token called directly (target 1.0x)");
     }

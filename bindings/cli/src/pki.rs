@@ -6,6 +6,7 @@
 use std::path::Path;
 
 use anyhow::Result;
+use keyfence::sign::remote::TlsFiles;
 use openssl::asn1::Asn1Time;
 use openssl::bn::BigNum;
 use openssl::ec::{EcGroup, EcKey};
@@ -14,7 +15,6 @@ use openssl::nid::Nid;
 use openssl::pkey::{PKey, Private};
 use openssl::x509::extension::{BasicConstraints, SubjectAlternativeName};
 use openssl::x509::{X509Name, X509};
-use keyfence::sign::remote::TlsFiles;
 
 fn key() -> Result<PKey<Private>> {
     let group = EcGroup::from_curve_name(Nid::X9_62_PRIME256V1)?;
@@ -70,7 +70,8 @@ pub fn make(dir: &Path, names: &[&str]) -> Result<Vec<TlsFiles>> {
         .map(|(i, n)| {
             let k = key()?;
             let c = cert(n, &k, Some((&ca, &ca_key)), i as u32 + 2)?;
-            let files = TlsFiles { cert: dir.join(format!("{n}.pem")), key: dir.join(format!("{n}.key")), ca: ca_path.clone() };
+            let files =
+                TlsFiles { cert: dir.join(format!("{n}.pem")), key: dir.join(format!("{n}.key")), ca: ca_path.clone() };
             crate::files::create_new(&files.cert, &c.to_pem()?)?;
             crate::files::create_new(&files.key, &zeroize::Zeroizing::new(k.private_key_to_pem_pkcs8()?))?;
             Ok(files)

@@ -31,10 +31,7 @@ pub enum PolicyCmd {
 pub fn run(cmd: PolicyCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         PolicyCmd::Check { policy, attrs, json } => {
-            let attrs: Option<Attributes> = attrs
-                .map(|a| a.parse())
-                .transpose()
-                .context("invalid --attrs")?;
+            let attrs: Option<Attributes> = attrs.map(|a| a.parse()).transpose().context("invalid --attrs")?;
             let p = parse_policy(&policy)?;
             let satisfied = attrs.as_ref().map(|a| p.eval(a));
             if json {

@@ -119,7 +119,8 @@ fn read_config(path: &Path, depth: usize, seen: &mut HashSet<PathBuf>, out: &mut
     if !seen.insert(std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())) {
         return Ok(());
     }
-    let text = std::fs::read_to_string(path).map_err(|e| exit::input(format!("cannot read {}: {e}", path.display())))?;
+    let text =
+        std::fs::read_to_string(path).map_err(|e| exit::input(format!("cannot read {}: {e}", path.display())))?;
     for (n, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
         if let Some(rest) = line.strip_prefix(".include") {
@@ -135,7 +136,12 @@ fn read_config(path: &Path, depth: usize, seen: &mut HashSet<PathBuf>, out: &mut
                 _ => target,
             };
             if !target.exists() {
-                return Err(exit::input(format!("{}:{} includes {}, which is not there", path.display(), n + 1, target.display())));
+                return Err(exit::input(format!(
+                    "{}:{} includes {}, which is not there",
+                    path.display(),
+                    n + 1,
+                    target.display()
+                )));
             }
             read_config(&target, depth + 1, seen, out)?;
         } else if let Some((key, value)) = line.split_once('=') {

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use keyfence::sign::remote::{
-    serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TenantSource,
-    TlsFiles,
-};
 use keyfence::sign::key_process::KeySource;
+use keyfence::sign::remote::{
+    serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig,
+    TenantSource, TlsFiles,
+};
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineInfo, PublicMachine, Store};
 
@@ -184,7 +184,9 @@ fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 fn key_ref(s: &str, envelopes: &[PathBuf]) -> Result<KeyId> {
     let hex = |s: &str| -> Option<Vec<u8>> {
         (s.len() % 2 == 0 && s.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16)).collect::<Result<_, _>>().ok())
+            .then(|| {
+                (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16)).collect::<Result<_, _>>().ok()
+            })
             .flatten()
     };
     if s.len() == 64 {
@@ -290,10 +292,16 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     // Isolated, this process holds only the machine key's public view: the
     // key process alone decodes the secret one, for each load.
-    let key_process = if args.isolated { Some(crate::key_process::key_process(args.threads.unwrap_or(1), args.unsafe_partial_sandbox)?) } else { None };
+    let key_process = if args.isolated {
+        Some(crate::key_process::key_process(args.threads.unwrap_or(1), args.unsafe_partial_sandbox)?)
+    } else {
+        None
+    };
     let opener = match (&args.store, &args.machine_key, &key_process) {
         (Some(store), Some(machine_key), Some(_)) => Some(Opener::Isolated(public_machine(store, machine_key)?)),
-        (Some(store), Some(machine_key), None) => Some(Opener::Machine(crate::wrap_cmd::open_machine(store, machine_key)?)),
+        (Some(store), Some(machine_key), None) => {
+            Some(Opener::Machine(crate::wrap_cmd::open_machine(store, machine_key)?))
+        }
         _ => None,
     };
     let mut ring = KeyRing::new();
@@ -306,7 +314,13 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                 let store = args.store.clone().unwrap_or_default();
                 let etcd = store.to_str().is_some_and(|s| s.starts_with("etcd://"));
                 let store = if etcd { store } else { abs(&store) };
-                ring.open_isolated(public, kp, &store, &abs(args.machine_key.as_deref().unwrap_or(Path::new(""))), &abs(&file))
+                ring.open_isolated(
+                    public,
+                    kp,
+                    &store,
+                    &abs(args.machine_key.as_deref().unwrap_or(Path::new(""))),
+                    &abs(&file),
+                )
             }
             (Some(Opener::Machine(machine)), _) => ring.open(machine, &read(&file)?),
             _ => return Err(exit::input("--envelopes needs --store and --machine-key")),
@@ -322,7 +336,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     for uri in &args.pkcs11 {
         let key = match &key_process {
             Some(kp) => kp.load(KeySource::Pkcs11(uri.clone())),
-            None => keyfence::sign::pkcs11::load(uri, &keyfence::sign::pkcs11::Pkcs11Settings::from_env()).map(Arc::new),
+            None => {
+                keyfence::sign::pkcs11::load(uri, &keyfence::sign::pkcs11::Pkcs11Settings::from_env()).map(Arc::new)
+            }
         }
         .map_err(|e| exit::input(format!("--pkcs11 {uri}: {e}")))?;
         let id = KeyId::of_public_key(&key.public_key_der()?);
@@ -330,7 +346,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         ring.insert(id, key);
     }
     if ring.is_empty() {
-        return Err(exit::input("no envelope to serve: this machine could open none of the envelopes given (listed above)"));
+        return Err(exit::input(
+            "no envelope to serve: this machine could open none of the envelopes given (listed above)",
+        ));
     }
     let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
     config.name = args.name;
@@ -341,7 +359,9 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     config.handshake_timeout = Duration::from_secs_f64(args.handshake_timeout);
     if args.max_connections == 0 || args.max_handshakes == 0 || args.max_handshakes_per_address == 0 {
-        return Err(exit::input("--max-connections, --max-handshakes and --max-handshakes-per-address must be at least 1"));
+        return Err(exit::input(
+            "--max-connections, --max-handshakes and --max-handshakes-per-address must be at least 1",
+        ));
     }
     config.max_connections = args.max_connections;
     config.max_handshakes = args.max_handshakes;
@@ -536,7 +556,13 @@ pub(crate) fn cpu_of(pid: &str) -> Duration {
 
 /// Keeps `in_flight` operations going on `engine` with `key` for `dur`;
 /// operations completed and the time taken.
-fn saturate(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, in_flight: usize, dur: Duration) -> Result<(u64, Duration)> {
+fn saturate(
+    engine: &Engine,
+    key: &Arc<PrivateKey>,
+    alg: Algorithm,
+    in_flight: usize,
+    dur: Duration,
+) -> Result<(u64, Duration)> {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let outstanding = Arc::new(AtomicUsize::new(0));
@@ -571,7 +597,13 @@ fn saturate(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, in_flight: u
 
 /// p50 and p99 of one operation at a time, in microseconds, on `local`
 /// and `remote` in alternation, so machine noise hits both alike.
-fn latencies(engine: &Engine, local: &Arc<PrivateKey>, remote: &Arc<PrivateKey>, alg: Algorithm, n: usize) -> Result<[(f64, f64); 2]> {
+fn latencies(
+    engine: &Engine,
+    local: &Arc<PrivateKey>,
+    remote: &Arc<PrivateKey>,
+    alg: Algorithm,
+    n: usize,
+) -> Result<[(f64, f64); 2]> {
     let mut v = [Vec::with_capacity(n), Vec::with_capacity(n)];
     for _ in 0..n {
         for (i, key) in [local, remote].into_iter().enumerate() {
@@ -665,12 +697,18 @@ pub(crate) fn loopback_server(
     let mut child = Command::new(exe)
         .arg("serve")
         .args(["--listen", "127.0.0.1:0", "--name", "server"])
-        .arg("--cert").arg(&files[0].cert)
-        .arg("--key").arg(&files[0].key)
-        .arg("--ca").arg(&files[0].ca)
-        .arg("--store").arg(&store_dir)
-        .arg("--machine-key").arg(scratch.join("server.machine"))
-        .arg("--envelopes").arg(&env_dir)
+        .arg("--cert")
+        .arg(&files[0].cert)
+        .arg("--key")
+        .arg(&files[0].key)
+        .arg("--ca")
+        .arg(&files[0].ca)
+        .arg("--store")
+        .arg(&store_dir)
+        .arg("--machine-key")
+        .arg(scratch.join("server.machine"))
+        .arg("--envelopes")
+        .arg(&env_dir)
         .args(["--connection-in-flight", "4096", "--tenant-in-flight", "4096"])
         .args(server_threads.map(|t| vec!["--threads".to_string(), t.to_string()]).unwrap_or_default())
         .stdout(Stdio::piped())
@@ -713,10 +751,23 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
     let engine = Engine::new(config)?;
 
     if !args.json {
-        outln!("keyfence serve on {addr} (separate process), {:.1} s per measurement, {} remote operations in flight", args.seconds, args.in_flight);
+        outln!(
+            "keyfence serve on {addr} (separate process), {:.1} s per measurement, {} remote operations in flight",
+            args.seconds,
+            args.in_flight
+        );
         outln!(
             "{:<20} {:>14} {:>14} {:>7} {:>7} {:>12} {:>11} {:>11} {:>11} {:>10}",
-            "alg", "engine/core/s", "server/core/s", "ratio", "target", "server/s", "local p50", "remote p50", "remote p99", "gokeyless"
+            "alg",
+            "engine/core/s",
+            "server/core/s",
+            "ratio",
+            "target",
+            "server/s",
+            "local p50",
+            "remote p50",
+            "remote p99",
+            "gokeyless"
         );
     }
     for ((name, alg, _, target, gokeyless), env) in cases.iter().zip(envelopes.iter()) {
@@ -759,7 +810,16 @@ fn bench_in(args: &BenchRemoteArgs, scratch: &Path) -> Result<ExitCode> {
         } else {
             outln!(
                 "{:<20} {:>14.0} {:>14.0} {:>6.2}x {:>6.1}x {:>12.0} {:>9.0}us {:>9.0}us {:>9.0}us {:>10.0}",
-                name, engine_per_core, server_per_core, ratio, target, server_per_s, local_p50, remote_p50, remote_p99, gokeyless
+                name,
+                engine_per_core,
+                server_per_core,
+                ratio,
+                target,
+                server_per_s,
+                local_p50,
+                remote_p50,
+                remote_p99,
+                gokeyless
             );
         }
     }

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use openssl::hash::MessageDigest;
-use openssl::pkey::{PKey, Private};
-use openssl::rsa::Padding;
-use openssl::sign::{RsaPssSaltlen, Signer};
 use clap::Args;
 use keyfence::sign::key_process::{KeyProcess, KeyProcessConfig, KeySource};
 use keyfence::sign::pkcs11::{Pkcs11Settings, Pkcs11Uri};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request};
+use openssl::hash::MessageDigest;
+use openssl::pkey::{PKey, Private};
+use openssl::rsa::Padding;
+use openssl::sign::{RsaPssSaltlen, Signer};
 use zeroize::Zeroizing;
 
 use crate::exit;
@@ -133,7 +133,10 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
                 let uri = uri.unwrap_or_default();
                 match keys {
                     Some(keys) => keys.load(KeySource::Pkcs11(uri)).context("loading the token's key")?,
-                    None => Arc::new(keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env()).context("loading the token's key")?),
+                    None => Arc::new(
+                        keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env())
+                            .context("loading the token's key")?,
+                    ),
                 }
             }
             (Some(keys), None) if keys.is_agent() => {
@@ -178,7 +181,11 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
 /// a key load that hangs (a token module, a slow agent) ends the command
 /// at its `--timeout-ms`, as a timeout (exit 3), the thread left to end
 /// with the process.
-fn within<T: Send + 'static>(deadline: Instant, timeout: Duration, load: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+fn within<T: Send + 'static>(
+    deadline: Instant,
+    timeout: Duration,
+    load: impl FnOnce() -> Result<T> + Send + 'static,
+) -> Result<T> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("keyfence-load".into())
@@ -400,7 +407,8 @@ fn cpu_time(other: Option<u32>) -> Duration {
 const CPU_TICK: Duration = Duration::from_millis(10);
 
 /// The ways of signing that `bench sign` compares.
-const PATHS: [&str; 8] = ["raw", "engine", "isolated", "offload-sim", "remote", "agent", "multibuffer", "isolated-multibuffer"];
+const PATHS: [&str; 8] =
+    ["raw", "engine", "isolated", "offload-sim", "remote", "agent", "multibuffer", "isolated-multibuffer"];
 
 /// The targets for signatures per CPU-second over raw AWS-LC's: issue
 /// 29's for the software paths (ECDSA P-256 and Ed25519; RSA-2048 is
@@ -468,9 +476,16 @@ fn bench_agent(
     let mut authority = Authority::init(create_store(&store.to_string_lossy())?)?;
     let machine_key = dir.join("machine.key");
     crate::files::create_new(&machine_key, &authority.issue(&"bench=yes".parse()?)?.to_bytes())?;
-    let envelopes = ders.iter().map(|der| Ok(authority.wrap("bench: yes", der)?.to_bytes().to_vec())).collect::<Result<Vec<_>>>()?;
-    export_for_servers(&*keyfence::wrap::open_store(&store.to_string_lossy())?, &*create_store(&served.to_string_lossy())?)?;
-    let mut config = keyfence::sign::agent::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
+    let envelopes = ders
+        .iter()
+        .map(|der| Ok(authority.wrap("bench: yes", der)?.to_bytes().to_vec()))
+        .collect::<Result<Vec<_>>>()?;
+    export_for_servers(
+        &*keyfence::wrap::open_store(&store.to_string_lossy())?,
+        &*create_store(&served.to_string_lossy())?,
+    )?;
+    let mut config =
+        keyfence::sign::agent::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
     config.state_dir = Some(dir.to_path_buf());
     config.rsa_threads = threads;
     config.ec_threads = threads;
@@ -500,11 +515,11 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
         }
     }
     let default_path = |p: &str| {
-        !matches!(p, "agent" | "multibuffer" | "isolated-multibuffer") && if args.per_cpu { p != "offload-sim" } else { p != "remote" }
+        !matches!(p, "agent" | "multibuffer" | "isolated-multibuffer")
+            && if args.per_cpu { p != "offload-sim" } else { p != "remote" }
     };
-    let wanted = |p: &str| {
-        p == "raw" || if args.paths.is_empty() { default_path(p) } else { args.paths.iter().any(|w| w == p) }
-    };
+    let wanted =
+        |p: &str| p == "raw" || if args.paths.is_empty() { default_path(p) } else { args.paths.iter().any(|w| w == p) };
     let cases: Vec<&Case> = CASES
         .iter()
         .filter(|c| match (args.cases.is_empty(), args.per_cpu) {
@@ -583,12 +598,27 @@ fn run_cases(
         if args.per_cpu {
             outln!(
                 "{:<22} {:<12} {:>14} {:>8} {:>8} {:>11} {:>9} {:>9}",
-                "alg", "path", "per_cpu_second", "vs_raw", "target", "ops_per_s", "p50_us", "p99_us"
+                "alg",
+                "path",
+                "per_cpu_second",
+                "vs_raw",
+                "target",
+                "ops_per_s",
+                "p50_us",
+                "p99_us"
             );
         } else {
             outln!(
                 "{:<22} {:<12} {:>11} {:>9} {:>9} {:>8}   {:>12} {:>13} {:>10}",
-                "alg", "path", "ops_per_s", "p50_us", "p99_us", "cpu_us", "ops vs base", "added p50_us", "cpu vs base"
+                "alg",
+                "path",
+                "ops_per_s",
+                "p50_us",
+                "p99_us",
+                "cpu_us",
+                "ops vs base",
+                "added p50_us",
+                "cpu vs base"
             );
         }
     }
@@ -608,7 +638,11 @@ fn run_cases(
             Ok(held?)
         };
         if let Some(keys) = &rig.keys {
-            paths.push(Measured { name: "isolated", path: Path::Engine(rig.engine.clone(), isolated(keys)?), other: keys.pid() });
+            paths.push(Measured {
+                name: "isolated",
+                path: Path::Engine(rig.engine.clone(), isolated(keys)?),
+                other: keys.pid(),
+            });
         }
         if let Some(offload) = &rig.offload {
             paths.push(Measured { name: "offload-sim", path: Path::Engine(offload.clone(), key.clone()), other: None });
@@ -618,7 +652,11 @@ fn run_cases(
         }
         if let Some(keys) = &rig.multibuffer_keys {
             let held = isolated(keys)?;
-            paths.push(Measured { name: "isolated-multibuffer", path: Path::Engine(rig.engine.clone(), held), other: keys.pid() });
+            paths.push(Measured {
+                name: "isolated-multibuffer",
+                path: Path::Engine(rig.engine.clone(), held),
+                other: keys.pid(),
+            });
         }
         if let Some((server, engine)) = &rig.remote {
             let held = server.remote.key(&server.envelopes[case_at])?;
@@ -724,7 +762,14 @@ fn run_cases(
                 let target = per_cpu_target(case.name, name).map_or(String::new(), |t| format!(">= {t:.2}"));
                 outln!(
                     "{:<22} {:<12} {:>14.0} {:>7.3}x {:>8} {:>11.0} {:>9.1} {:>9.1}",
-                    case.name, name, f.per_cpu_second, vs_raw, target, f.ops_per_s, f.p50_us, f.p99_us
+                    case.name,
+                    name,
+                    f.per_cpu_second,
+                    vs_raw,
+                    target,
+                    f.ops_per_s,
+                    f.p50_us,
+                    f.p99_us
                 );
             } else {
                 let base = match (name, engine_at) {
@@ -746,7 +791,12 @@ fn run_cases(
                 };
                 outln!(
                     "{:<22} {:<12} {:>11.0} {:>9.1} {:>9.1} {:>8.1}   {extra}",
-                    case.name, name, f.ops_per_s, f.p50_us, f.p99_us, f.cpu_us_per_op
+                    case.name,
+                    name,
+                    f.ops_per_s,
+                    f.p50_us,
+                    f.p99_us,
+                    f.cpu_us_per_op
                 );
             }
         }

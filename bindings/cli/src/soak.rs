@@ -16,11 +16,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Result;
-use openssl::pkey::PKey;
 use clap::Args;
 use keyfence::policy::Attributes;
 use keyfence::sign::{Algorithm, Engine, EngineConfig, KeyKind, PrivateKey, Request, SignError};
 use keyfence::wrap::{Authority, CacheConfig, FileStore, Machine};
+use openssl::pkey::PKey;
 use zeroize::Zeroizing;
 
 use crate::files::outln;
@@ -163,8 +163,9 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
                 n += 1;
                 let msg = format!("soak {n}").into_bytes();
                 let start = Instant::now();
-                let result =
-                    engine.submit(Request::sign(key.clone(), *alg, msg.clone()).with_timeout(deadline)).and_then(|f| f.wait());
+                let result = engine
+                    .submit(Request::sign(key.clone(), *alg, msg.clone()).with_timeout(deadline))
+                    .and_then(|f| f.wait());
                 let took = start.elapsed();
                 if took > deadline + LATE_SLACK {
                     tally.late.fetch_add(1, Ordering::Relaxed);
@@ -282,7 +283,8 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
         CacheConfig::default(),
     );
     let envelopes = wrapped.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let lost_envelopes = envelopes.iter().filter(|(env, secret)| !machine.open(env).is_ok_and(|s| s[..] == secret[..])).count();
+    let lost_envelopes =
+        envelopes.iter().filter(|(env, secret)| !machine.open(env).is_ok_and(|s| s[..] == secret[..])).count();
 
     let failed = |t: &Tally| t.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let late = sign.late.load(Ordering::Relaxed);

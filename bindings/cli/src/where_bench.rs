@@ -13,7 +13,10 @@ use std::time::Instant;
 
 use anyhow::{ensure, Result};
 use clap::Args;
-use keyfence::wrap::{create_store, parse_inventory, Authority, Batch, CanonicalPolicy, FileStore, Latencies, Op, Store, Traffic, WhereQuery};
+use keyfence::wrap::{
+    create_store, parse_inventory, Authority, Batch, CanonicalPolicy, FileStore, Latencies, Op, Store, Traffic,
+    WhereQuery,
+};
 
 use crate::files::outln;
 
@@ -44,7 +47,16 @@ pub struct WhereBenchArgs {
 fn place(d: usize, dcs: usize) -> (&'static str, &'static str) {
     let f = d * 500 / dcs.max(1);
     match f {
-        0..=99 => ("EU", if d % 10 == 0 { "GB" } else if d % 3 != 0 { "DE" } else { "FR" }),
+        0..=99 => (
+            "EU",
+            if d % 10 == 0 {
+                "GB"
+            } else if d % 3 != 0 {
+                "DE"
+            } else {
+                "FR"
+            },
+        ),
         100..=199 => ("NA", if d % 2 == 1 { "CA" } else { "US" }),
         200..=349 => ("APAC", if d % 3 != 0 { "JP" } else { "SG" }),
         350..=424 => ("LATAM", "BR"),
@@ -110,7 +122,12 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
             let machines = parse_inventory("fleet.tsv", &text)?;
             let done = a.import_inventory(&machines)?;
             let import_s = t.elapsed().as_secs_f64();
-            ensure!(done.added == args.dcs * args.machines, "imported {} machines, not {}", done.added, args.dcs * args.machines);
+            ensure!(
+                done.added == args.dcs * args.machines,
+                "imported {} machines, not {}",
+                done.added,
+                args.dcs * args.machines
+            );
             let mut q = WhereQuery::new(policy.clone());
             q.by = Some("dc".into());
             q.near = Some("region".into());
@@ -128,7 +145,10 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
         if kind == "etcd" {
             for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {
                 for chunk in store.list(prefix)?.chunks(100) {
-                    store.commit(&Batch { expect: vec![], ops: chunk.iter().map(|k| Op::Delete(k.clone())).collect() })?;
+                    store.commit(&Batch {
+                        expect: vec![],
+                        ops: chunk.iter().map(|k| Op::Delete(k.clone())).collect(),
+                    })?;
                 }
             }
         }
@@ -139,7 +159,13 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
                 "import_s": row[0], "where_s": row[1], "where_latency_s": row[2]});
             outln!("{v}");
         } else {
-            outln!("{kind} run {}: import of {machines} machines {:.3} s; where {:.3} s; where with latencies {:.3} s", run + 1, row[0], row[1], row[2]);
+            outln!(
+                "{kind} run {}: import of {machines} machines {:.3} s; where {:.3} s; where with latencies {:.3} s",
+                run + 1,
+                row[0],
+                row[1],
+                row[2]
+            );
         }
         rows.push(row);
     }
@@ -149,7 +175,13 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
             "import_s": med(0), "where_s": med(1), "where_latency_s": med(2)});
         outln!("{v}");
     } else {
-        outln!("{kind} median of {}: import {:.3} s; where {:.3} s; where with latencies {:.3} s", args.runs, med(0), med(1), med(2));
+        outln!(
+            "{kind} median of {}: import {:.3} s; where {:.3} s; where with latencies {:.3} s",
+            args.runs,
+            med(0),
+            med(1),
+            med(2)
+        );
     }
     Ok(())
 }

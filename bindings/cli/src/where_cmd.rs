@@ -8,7 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use keyfence::wrap::{parse_inventory, Authority, Envelope, InventoryMachine, Latencies, Traffic, WhereQuery, WhereReport};
+use keyfence::wrap::{
+    parse_inventory, Authority, Envelope, InventoryMachine, Latencies, Traffic, WhereQuery, WhereReport,
+};
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
@@ -83,7 +85,8 @@ pub struct WhereArgs {
 
 /// A file's text, for the readers that name the file and line.
 fn text(path: &Path) -> Result<String> {
-    String::from_utf8(read(path)?).map_err(|e| exit::input(format!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to())))
+    String::from_utf8(read(path)?)
+        .map_err(|e| exit::input(format!("{}: not UTF-8 text (byte {})", path.display(), e.utf8_error().valid_up_to())))
 }
 
 /// Unix seconds as a UTC date and time, for people.
@@ -104,7 +107,8 @@ fn date(secs: u64) -> String {
 }
 
 fn machine_json(m: &InventoryMachine) -> serde_json::Value {
-    let attrs: serde_json::Map<String, serde_json::Value> = m.attributes.iter().map(|(l, v)| (l.to_owned(), v.into())).collect();
+    let attrs: serde_json::Map<String, serde_json::Value> =
+        m.attributes.iter().map(|(l, v)| (l.to_owned(), v.into())).collect();
     serde_json::json!({
         "id": m.id,
         "attributes": attrs,
@@ -123,7 +127,8 @@ pub fn inventory(args: InventoryArgs) -> Result<ExitCode> {
         let name = file.display().to_string();
         let machines = parse_inventory(&name, &text(file)?)?;
         let done = a.import_inventory(&machines)?;
-        let line = format!("imported {name}: {} added, {} updated, {} unchanged", done.added, done.updated, done.unchanged);
+        let line =
+            format!("imported {name}: {} added, {} updated, {} unchanged", done.added, done.updated, done.unchanged);
         if args.json {
             eprintln!("{line}");
         } else {
@@ -220,7 +225,13 @@ fn print_report(r: &WhereReport, machines: bool) -> Result<()> {
         for g in r.groups.iter().filter(|g| g.satisfies() || g.warning.is_some()) {
             let mut line = format!("  {}  {}/{} machine(s)", g.value, g.matching, g.total);
             if let (Some(own), Some(rec)) = (g.own_rps, g.received_rps) {
-                line.push_str(&format!("  own {}  receives {} from {} group(s)  load {}", rps(own), rps(rec), g.senders, rps(own + rec)));
+                line.push_str(&format!(
+                    "  own {}  receives {} from {} group(s)  load {}",
+                    rps(own),
+                    rps(rec),
+                    g.senders,
+                    rps(own + rec)
+                ));
             }
             outln!("{line}");
             if let Some(w) = &g.warning {
@@ -229,14 +240,25 @@ fn print_report(r: &WhereReport, machines: bool) -> Result<()> {
         }
         let others = r.groups.iter().filter(|g| !g.satisfies()).count();
         if others > 0 {
-            outln!("  ({others} group(s) cannot open it{})", if r.total_rps.is_some() { ": their handshakes go to the nearest that can" } else { "" });
+            outln!(
+                "  ({others} group(s) cannot open it{})",
+                if r.total_rps.is_some() { ": their handshakes go to the nearest that can" } else { "" }
+            );
         }
         if r.ungrouped > 0 {
             outln!("  {} machine(s) without `{by}` ({} satisfy it) are in no group", r.ungrouped, r.ungrouped_matching);
         }
     }
-    if let (Some(total), Some(remote), Some(unserved), Some(share)) = (r.total_rps, r.remote_rps, r.unserved_rps, r.remote_share) {
-        outln!("remote: {:.1}% of {} signed in another group ({}); {} with nowhere to go", share * 100.0, rps(total), rps(remote), rps(unserved));
+    if let (Some(total), Some(remote), Some(unserved), Some(share)) =
+        (r.total_rps, r.remote_rps, r.unserved_rps, r.remote_share)
+    {
+        outln!(
+            "remote: {:.1}% of {} signed in another group ({}); {} with nowhere to go",
+            share * 100.0,
+            rps(total),
+            rps(remote),
+            rps(unserved)
+        );
     }
     if machines {
         for id in &r.matching_machines {

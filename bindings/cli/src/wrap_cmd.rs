@@ -10,7 +10,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use keyfence::policy::Attributes;
 use keyfence::wrap::{
-    create_store, open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineInfo, MachineKey, Skipped, Store, StoreError,
+    create_store, open_store, Authority, CacheConfig, FileStore, GenerationState, Machine, MachineInfo, MachineKey,
+    Skipped, Store, StoreError,
 };
 
 use crate::abe_cmd::parse_policy;
@@ -307,7 +308,10 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             let key = a.issue(&attrs)?;
             out_file.write_private(&key.to_bytes())?;
             let id = key.id().unwrap_or_default();
-            report(&out_file, format_args!("issued a key for {{{attrs}}} as machine {id} (generations {:?})", key.generations()))?;
+            report(
+                &out_file,
+                format_args!("issued a key for {{{attrs}}} as machine {id} (generations {:?})", key.generations()),
+            )?;
         }
         AuthorityCmd::Wrap { store: dir, policy, input, out } => {
             parse_policy(&policy)?;
@@ -390,7 +394,9 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
                 );
             }
             if r.compacted {
-                outln!("the store's history was compacted: its old revisions no longer hold what the machine could open");
+                outln!(
+                    "the store's history was compacted: its old revisions no longer hold what the machine could open"
+                );
             }
         }
         AuthorityCmd::Export { store: dir, to } => {
@@ -398,7 +404,12 @@ pub fn authority(cmd: AuthorityCmd) -> Result<ExitCode> {
             let name = to.to_str().ok_or_else(|| exit::input("--to must be UTF-8"))?;
             let copy = keyfence::wrap::create_store(name).with_context(|| format!("the copy {name}"))?;
             let e = keyfence::wrap::export_for_servers(&*from, &*copy)?;
-            outln!("{name}: {} written, {} unchanged, {} deleted; no authority state", e.written, e.unchanged, e.deleted);
+            outln!(
+                "{name}: {} written, {} unchanged, {} deleted; no authority state",
+                e.written,
+                e.unchanged,
+                e.deleted
+            );
         }
         AuthorityCmd::Inventory(args) => return crate::where_cmd::inventory(args),
         AuthorityCmd::Where(args) => return crate::where_cmd::where_(args),

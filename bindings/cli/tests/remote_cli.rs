@@ -33,7 +33,18 @@ fn serve_and_sign_remote_on_loopback() {
     ok(&["authority", "issue", "--store", &store, "--attrs", "country=JP,region=APAC", "--out", &d.p("nrt1.machine")]);
     openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "key.pem"]);
     openssl(&d, &["pkey", "-in", "key.pem", "-pubout", "-out", "key.pub.pem"]);
-    ok(&["authority", "wrap", "--store", &store, "--policy", "country: US", "--in", &d.p("key.pem"), "--out", &d.p("key.env")]);
+    ok(&[
+        "authority",
+        "wrap",
+        "--store",
+        &store,
+        "--policy",
+        "country: US",
+        "--in",
+        &d.p("key.pem"),
+        "--out",
+        &d.p("key.env"),
+    ]);
     std::fs::write(d.p("msg"), b"a TLS handshake from Tokyo\n").unwrap();
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_keyfence"))
@@ -58,10 +69,32 @@ fn serve_and_sign_remote_on_loopback() {
     let peer = format!("sfo1,{addr},country=US,region=NA");
     let sign = |out: &str| {
         keyfence(&[
-            "sign", "--remote", "--envelope", &d.p("key.env"), "--peer", &peer, "--tls-cert", &d.p("client.pem"),
-            "--tls-key", &d.p("client.key"), "--tls-ca", &d.p("ca.pem"), "--store", &store, "--machine-key",
-            &d.p("nrt1.machine"), "--tenant", "42", "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", out,
-            "--timeout-ms", "2000",
+            "sign",
+            "--remote",
+            "--envelope",
+            &d.p("key.env"),
+            "--peer",
+            &peer,
+            "--tls-cert",
+            &d.p("client.pem"),
+            "--tls-key",
+            &d.p("client.key"),
+            "--tls-ca",
+            &d.p("ca.pem"),
+            "--store",
+            &store,
+            "--machine-key",
+            &d.p("nrt1.machine"),
+            "--tenant",
+            "42",
+            "--alg",
+            "ecdsa-p256-sha256",
+            "--in",
+            &d.p("msg"),
+            "--out",
+            out,
+            "--timeout-ms",
+            "2000",
         ])
     };
     let o = sign(&d.p("msg.sig"));
@@ -76,20 +109,51 @@ fn serve_and_sign_remote_on_loopback() {
     c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     c.read_to_string(&mut text).unwrap();
-    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"), "{text}");
+    assert!(
+        text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"),
+        "{text}"
+    );
     assert!(!text.contains("tenant=\"42\""), "{text}");
     assert!(text.contains("keyfence_remote_server_handshakes 0"), "{text}");
 
     // Usage errors are exit 2.
-    let o = keyfence(&["sign", "--remote", "--envelope", &d.p("key.env"), "--peer", "sfo1", "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("x")]);
+    let o = keyfence(&[
+        "sign",
+        "--remote",
+        "--envelope",
+        &d.p("key.env"),
+        "--peer",
+        "sfo1",
+        "--alg",
+        "ecdsa-p256-sha256",
+        "--in",
+        &d.p("msg"),
+        "--out",
+        &d.p("x"),
+    ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 
     // Allow-lists that cannot be read are usage errors (exit 2), before
     // the server listens.
     let serve_with = |extra: &[&str]| {
         let mut args = vec![
-            "serve", "--listen", "127.0.0.1:0", "--seconds", "1", "--cert", &d.p("sfo1.pem"), "--key", &d.p("sfo1.key"),
-            "--ca", &d.p("ca.pem"), "--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env"),
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--seconds",
+            "1",
+            "--cert",
+            &d.p("sfo1.pem"),
+            "--key",
+            &d.p("sfo1.key"),
+            "--ca",
+            &d.p("ca.pem"),
+            "--store",
+            &store,
+            "--machine-key",
+            &d.p("sfo1.machine"),
+            "--envelopes",
+            &d.p("key.env"),
         ]
         .into_iter()
         .map(String::from)
@@ -127,9 +191,26 @@ fn serve_and_sign_remote_on_loopback() {
     let strict = Server(child);
     let addr2 = lines2.next().unwrap().unwrap().strip_prefix("listening ").unwrap().to_string();
     let o = keyfence(&[
-        "sign", "--remote", "--envelope", &d.p("key.env"), "--peer", &format!("sfo1,{addr2},country=US,region=NA"),
-        "--tls-cert", &d.p("client.pem"), "--tls-key", &d.p("client.key"), "--tls-ca", &d.p("ca.pem"), "--alg",
-        "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("refused.sig"), "--timeout-ms", "2000",
+        "sign",
+        "--remote",
+        "--envelope",
+        &d.p("key.env"),
+        "--peer",
+        &format!("sfo1,{addr2},country=US,region=NA"),
+        "--tls-cert",
+        &d.p("client.pem"),
+        "--tls-key",
+        &d.p("client.key"),
+        "--tls-ca",
+        &d.p("ca.pem"),
+        "--alg",
+        "ecdsa-p256-sha256",
+        "--in",
+        &d.p("msg"),
+        "--out",
+        &d.p("refused.sig"),
+        "--timeout-ms",
+        "2000",
     ]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert!(stderr(&o).contains("tenant `client` may not use key"), "{}", stderr(&o));
@@ -149,7 +230,8 @@ fn a_store_named_relative_to_the_current_directory_is_created() {
     // docs/remote.md's example runs `authority init --store store` in a
     // fresh directory.
     let d = Dir::new("relative-store");
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).current_dir(&d.0).output().unwrap();
+    let run =
+        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).current_dir(&d.0).output().unwrap();
     let o = run(&["authority", "init", "--store", "store"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&["authority", "issue", "--store", "store", "--attrs", "country=US", "--out", "m.machine"]);

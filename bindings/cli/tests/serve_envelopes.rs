@@ -10,8 +10,23 @@ use common::{keyfence, ok, stderr, Dir};
 /// and `--seconds` bounds the run if it did not).
 fn serve_args(d: &Dir, envelopes: &str) -> Vec<String> {
     [
-        "serve", "--listen", "127.0.0.1:0", "--seconds", "5", "--cert", &d.p("none.pem"), "--key", &d.p("none.key"),
-        "--ca", &d.p("none.ca"), "--store", &d.p("store"), "--machine-key", &d.p("m.machine"), "--envelopes", envelopes,
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--seconds",
+        "5",
+        "--cert",
+        &d.p("none.pem"),
+        "--key",
+        &d.p("none.key"),
+        "--ca",
+        &d.p("none.ca"),
+        "--store",
+        &d.p("store"),
+        "--machine-key",
+        &d.p("m.machine"),
+        "--envelopes",
+        envelopes,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -29,7 +44,18 @@ fn setup(d: &Dir) {
 fn a_directory_without_env_files_is_refused_naming_what_was_skipped() {
     let d = Dir::new("serve-noenv");
     setup(&d);
-    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "region: EU", "--in", &d.p("secret"), "--out", &d.p("envs/key.envelope")]);
+    ok(&[
+        "authority",
+        "wrap",
+        "--store",
+        &d.p("store"),
+        "--policy",
+        "region: EU",
+        "--in",
+        &d.p("secret"),
+        "--out",
+        &d.p("envs/key.envelope"),
+    ]);
     let args = serve_args(&d, &d.p("envs"));
     let o = keyfence(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = stderr(&o);
@@ -42,7 +68,18 @@ fn a_directory_without_env_files_is_refused_naming_what_was_skipped() {
 fn envelopes_this_machine_cannot_open_leave_nothing_to_serve() {
     let d = Dir::new("serve-none-open");
     setup(&d);
-    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "region: NA", "--in", &d.p("secret"), "--out", &d.p("envs/na.env")]);
+    ok(&[
+        "authority",
+        "wrap",
+        "--store",
+        &d.p("store"),
+        "--policy",
+        "region: NA",
+        "--in",
+        &d.p("secret"),
+        "--out",
+        &d.p("envs/na.env"),
+    ]);
     let args = serve_args(&d, &d.p("envs"));
     let o = keyfence(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = stderr(&o);

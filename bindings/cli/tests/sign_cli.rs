@@ -80,7 +80,11 @@ fn signatures_verify_with_openssl() {
             args.extend(["-verify", "-pubin", "-inkey", public, "-sigfile", &sig, "-in", &msg]);
         }
         let out = openssl(&d, &args);
-        assert!(String::from_utf8_lossy(&out).contains("Verified"), "{alg} with {key}: {}", String::from_utf8_lossy(&out));
+        assert!(
+            String::from_utf8_lossy(&out).contains("Verified"),
+            "{alg} with {key}: {}",
+            String::from_utf8_lossy(&out)
+        );
 
         // A flipped message byte must not verify: the check is real.
         let tampered = d.p("tampered");
@@ -191,8 +195,23 @@ fn bench_sign_measures_the_multibuffer_paths_or_says_why_not() {
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../vectors/crypto-mb-stand-in/crypto_mb_stand_in.c");
     let built = Command::new("cc").args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"]).status().unwrap();
     assert!(built.success(), "building the stand-in crypto_mb");
-    let args = ["bench", "sign", "--json", "--seconds", "0.2", "--case", "ecdsa-p256-sha256", "--case", "rsa2048-pss-sha256",
-        "--path", "multibuffer", "--path", "isolated-multibuffer", "--crypto-mb", &lib];
+    let args = [
+        "bench",
+        "sign",
+        "--json",
+        "--seconds",
+        "0.2",
+        "--case",
+        "ecdsa-p256-sha256",
+        "--case",
+        "rsa2048-pss-sha256",
+        "--path",
+        "multibuffer",
+        "--path",
+        "isolated-multibuffer",
+        "--crypto-mb",
+        &lib,
+    ];
     let o = keyfence(&args);
     ok(&o, "keyfence bench sign --path multibuffer");
     let rows: Vec<(String, String)> = String::from_utf8_lossy(&o.stdout)
@@ -224,7 +243,11 @@ fn offload_probe_says_what_crypto_mb_runs_here() {
     let d = Dir::new("offload-probe");
     let lib = d.p("libcrypto_mb_stand_in.so");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../vectors/crypto-mb-stand-in/crypto_mb_stand_in.c");
-    assert!(Command::new("cc").args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"]).status().unwrap().success());
+    assert!(Command::new("cc")
+        .args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"])
+        .status()
+        .unwrap()
+        .success());
     let probe = |mode: Option<&str>, lib: &str| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_keyfence"));
         c.args(["offload", "probe", "--json", "--crypto-mb", lib]);
@@ -263,7 +286,8 @@ fn bench_sign_per_cpu_prints_every_path_against_raw() {
         .into_iter()
         .flat_map(|alg| ["raw", "engine", "isolated", "remote"].map(|path| (alg, path)))
         .collect();
-    let got: Vec<(&str, &str)> = rows.iter().map(|v| (v["alg"].as_str().unwrap(), v["path"].as_str().unwrap())).collect();
+    let got: Vec<(&str, &str)> =
+        rows.iter().map(|v| (v["alg"].as_str().unwrap(), v["path"].as_str().unwrap())).collect();
     assert_eq!(got, expected);
     for chunk in rows.chunks(4) {
         let raw = chunk[0]["per_cpu_second"].as_f64().unwrap();
@@ -289,7 +313,18 @@ fn bench_sign_per_cpu_prints_every_path_against_raw() {
     }
     // A path can be asked for alone, remote included; raw stays.
     let o = keyfence(&[
-        "bench", "sign", "--json", "--per-cpu", "--seconds", "0.05", "--threads", "1", "--case", "ed25519", "--path", "remote",
+        "bench",
+        "sign",
+        "--json",
+        "--per-cpu",
+        "--seconds",
+        "0.05",
+        "--threads",
+        "1",
+        "--case",
+        "ed25519",
+        "--path",
+        "remote",
     ]);
     ok(&o, "keyfence bench sign --per-cpu --path remote");
     let paths: Vec<String> = String::from_utf8_lossy(&o.stdout)
@@ -396,7 +431,19 @@ fn the_timeout_bounds_a_key_load_that_hangs() {
     std::fs::write(d.0.join("msg"), b"m").unwrap();
     let uri = format!("pkcs11:token=t;object=k;type=private?module-path={}", module.display());
     for isolated in [false, true] {
-        let mut args = vec!["sign", "--key", &uri, "--alg", "ecdsa-p256-sha256", "--in", "msg", "--out", "sig", "--timeout-ms", "1500"];
+        let mut args = vec![
+            "sign",
+            "--key",
+            &uri,
+            "--alg",
+            "ecdsa-p256-sha256",
+            "--in",
+            "msg",
+            "--out",
+            "sig",
+            "--timeout-ms",
+            "1500",
+        ];
         if isolated {
             args.push("--isolated");
         }
@@ -411,6 +458,9 @@ fn the_timeout_bounds_a_key_load_that_hangs() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "isolated={isolated}: {err}");
         assert!(err.contains("--timeout-ms 1500"), "isolated={isolated}: {err}");
-        assert!(took < std::time::Duration::from_secs(6), "isolated={isolated}: the command took {took:?} with --timeout-ms 1500");
+        assert!(
+            took < std::time::Duration::from_secs(6),
+            "isolated={isolated}: the command took {took:?} with --timeout-ms 1500"
+        );
     }
 }

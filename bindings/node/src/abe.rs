@@ -108,10 +108,13 @@ pub struct AuthorityKeys {
 type KeyPair = (abe::PublicKey, abe::MasterSecretKey);
 
 fn setup_job() -> Job<KeyPair, AuthorityKeys> {
-    Job::new(|| Ok(abe::setup()?), |(pk, msk)| AuthorityKeys {
-        public_key: PublicKey { inner: Arc::new(pk) },
-        master_key: MasterKey { inner: Arc::new(msk) },
-    })
+    Job::new(
+        || Ok(abe::setup()?),
+        |(pk, msk)| AuthorityKeys {
+            public_key: PublicKey { inner: Arc::new(pk) },
+            master_key: MasterKey { inner: Arc::new(msk) },
+        },
+    )
 }
 
 /// Generates a new authority: its public key and master secret key, from

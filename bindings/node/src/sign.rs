@@ -429,9 +429,7 @@ impl Engine {
     /// agent itself failed), `INVALID_ARGUMENT` (the
     /// envelope alone with an engine that is not an agent's), `SHUT_DOWN`
     /// after `close`.
-    #[napi(
-        ts_args_type = "...args: [store: string, machineKey: string, envelope: Bytes] | [envelope: Bytes]"
-    )]
+    #[napi(ts_args_type = "...args: [store: string, machineKey: string, envelope: Bytes] | [envelope: Bytes]")]
     pub fn load_envelope(
         &self,
         env: Env,
@@ -439,22 +437,21 @@ impl Engine {
         machine_key: Option<String>,
         envelope: Option<Uint8Array>,
     ) -> napi::Result<PrivateKey> {
-        let source = match (first, machine_key, envelope) {
-            (Either::A(store), Some(machine_key), Some(envelope)) => {
-                KeySource::envelope(envelope.to_vec(), store, machine_key)
-            }
-            // Without a store and machine key: the core decides (only an
-            // engine whose keys are in an agent names neither).
-            (Either::B(envelope), None, None) => KeySource::agent_envelope(envelope.to_vec()),
-            _ => {
-                return Err(KfError::new(
+        let source =
+            match (first, machine_key, envelope) {
+                (Either::A(store), Some(machine_key), Some(envelope)) => {
+                    KeySource::envelope(envelope.to_vec(), store, machine_key)
+                }
+                // Without a store and machine key: the core decides (only an
+                // engine whose keys are in an agent names neither).
+                (Either::B(envelope), None, None) => KeySource::agent_envelope(envelope.to_vec()),
+                _ => return Err(KfError::new(
                     ErrorCode::InvalidArgument,
                     "invalid argument: loadEnvelope takes (store: string, machineKey: string, envelope: Uint8Array), \
                      or (envelope: Uint8Array) with an agent's engine",
                 )
-                .into_napi(&env))
-            }
-        };
+                .into_napi(&env)),
+            };
         js(&env, self.inner.load(source).map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
 
@@ -591,7 +588,8 @@ impl Engine {
         options: Option<SignSyncOptions>,
     ) -> napi::Result<Buffer> {
         let run = || -> KfResult<Buffer> {
-            let sig = self.inner.submit(request(key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?)?.wait()?;
+            let sig =
+                self.inner.submit(request(key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?)?.wait()?;
             Ok(Buffer::from(sig.to_vec()))
         };
         js(&env, run())

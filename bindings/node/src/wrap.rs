@@ -112,18 +112,27 @@ impl Authority {
         fn n(x: usize) -> u32 {
             u32::try_from(x).unwrap_or(u32::MAX)
         }
-        self.with(move |a| Ok(a.revoke(&id)?), |r| Revocation {
-            id: r.id,
-            already: r.already,
-            resumed: r.resumed,
-            rekeyed: n(r.rekeyed),
-            rewrapped: n(r.rewrapped),
-            retired: n(r.retired),
-        })
+        self.with(
+            move |a| Ok(a.revoke(&id)?),
+            |r| Revocation {
+                id: r.id,
+                already: r.already,
+                resumed: r.resumed,
+                rekeyed: n(r.rekeyed),
+                rewrapped: n(r.rewrapped),
+                retired: n(r.retired),
+            },
+        )
     }
 
     fn rotate_job(&self) -> Job<core::MasterRotation, MasterRotation> {
-        self.with(|a| Ok(a.rotate_master()?), |r| MasterRotation { generation: r.new_generation, resealed: u32::try_from(r.resealed).unwrap_or(u32::MAX) })
+        self.with(
+            |a| Ok(a.rotate_master()?),
+            |r| MasterRotation {
+                generation: r.new_generation,
+                resealed: u32::try_from(r.resealed).unwrap_or(u32::MAX),
+            },
+        )
     }
 }
 
@@ -446,7 +455,8 @@ impl Machine {
         let (m, follower) = (self.inner.clone(), self.follower.clone());
         Job::new(
             move || {
-                let mut f = follower.lock().map_err(|_| KfError::new(ErrorCode::Internal, "an earlier follow panicked"))?;
+                let mut f =
+                    follower.lock().map_err(|_| KfError::new(ErrorCode::Internal, "an earlier follow panicked"))?;
                 if f.is_none() {
                     *f = Some(m.follow()?);
                 }

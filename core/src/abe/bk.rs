@@ -23,11 +23,11 @@ use zeroize::Zeroizing;
 
 use super::blake2x::{blake2b_256, Xof};
 use super::error::{codec, malformed, too_large, AbeError, Result};
-use crate::codec::{Order, Reader, Writer};
 use super::group::{gt_to_bytes, scalar_reduce_be};
 use super::keys::{AttributeKey, PublicKey};
 use super::policy::AbePolicy;
 use super::tkn::{decapsulate, encapsulate, Decap, Header, LazyHeader};
+use crate::codec::{Order, Reader, Writer};
 
 /// The version prefix of the current ciphertext format.
 pub const VERSION: &[u8] = b"v1.3.8";

@@ -20,11 +20,7 @@ pub(crate) struct Xof {
 
 impl Xof {
     pub(crate) fn new(key: &[u8]) -> Self {
-        let state = Params::new()
-            .hash_length(64)
-            .key(key)
-            .node_offset(UNKNOWN_LENGTH << 32)
-            .to_state();
+        let state = Params::new().hash_length(64).key(key).node_offset(UNKNOWN_LENGTH << 32).to_state();
         Self { state }
     }
 
@@ -36,12 +32,7 @@ impl Xof {
     pub(crate) fn finish(&self) -> XofReader {
         let mut root = [0u8; 64];
         root.copy_from_slice(self.state.finalize().as_bytes());
-        XofReader {
-            root,
-            block: [0; 64],
-            used: 64,
-            node: 0,
-        }
+        XofReader { root, block: [0; 64], used: 64, node: 0 }
     }
 }
 

@@ -8,8 +8,8 @@
 //! are the encryptor's secret randomness.
 
 use blstrs::{Fp, Fp12, G1Affine, G1Projective, G2Affine, G2Projective, Gt, Scalar};
-use group::prime::PrimeCurveAffine;
 use ff::Field;
+use group::prime::PrimeCurveAffine;
 use group::{Curve, Group};
 use subtle::{ConditionallySelectable, ConstantTimeEq};
 
@@ -60,8 +60,7 @@ pub(crate) fn g2_table(base: &G2Affine) -> Table<G2Affine> {
 pub(crate) fn g1_table(base: &G1Affine) -> Table<G1Affine> {
     let mut proj = table_points(G1Projective::from(base));
     // The identities (k = 0) stay out of blst's batch.
-    let mut finite: Vec<blst::blst_p1> =
-        proj.chunks(16).flat_map(|row| row[1..].iter().map(|p| *p.as_ref())).collect();
+    let mut finite: Vec<blst::blst_p1> = proj.chunks(16).flat_map(|row| row[1..].iter().map(|p| *p.as_ref())).collect();
     let aff = blst::p1_affines::from(&finite);
     // The temporaries hold multiples of a secret point. (blst's
     // `p1_affines` offers no way to overwrite its own buffer.)

@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use blstrs::{G1Affine, G1Projective, Scalar};
 use ff::Field;
-use group::Group;
 use group::prime::PrimeCurveAffine;
+use group::Group;
 
 use super::bk;
 use super::error::{AbeError, Result};

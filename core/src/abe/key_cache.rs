@@ -49,11 +49,16 @@ impl KeyCache {
     /// `id` times each of the Boneh-Katz attribute's points `bk`, from
     /// tables built at the [`TABLES_AT`]th call; `None` before (the caller
     /// multiplies without tables) or if the key lacks the points.
-    pub(crate) fn bk_times<'a>(&self, bk: impl FnOnce() -> Option<Vec<&'a G1Affine>>, id: &Scalar) -> Option<Vec<G1Projective>> {
+    pub(crate) fn bk_times<'a>(
+        &self,
+        bk: impl FnOnce() -> Option<Vec<&'a G1Affine>>,
+        id: &Scalar,
+    ) -> Option<Vec<G1Projective>> {
         if self.bk.get().is_none() && self.bk_uses.fetch_add(1, Ordering::Relaxed) + 1 < TABLES_AT {
             return None;
         }
-        let tables = self.bk.get_or_init(|| bk().map_or_else(Vec::new, |points| points.into_iter().map(g1_table).collect()));
+        let tables =
+            self.bk.get_or_init(|| bk().map_or_else(Vec::new, |points| points.into_iter().map(g1_table).collect()));
         (!tables.is_empty()).then(|| tables.iter().map(|t| g1_mul_public(t, id)).collect())
     }
 
@@ -81,11 +86,13 @@ mod tests {
             let attrs = keyfence_policy::Attributes::from_pairs((0..n).map(|i| (format!("a{i}"), "v")));
             let bytes = super::super::keygen(&msk, &attrs).unwrap().to_bytes();
             let best = |f: &dyn Fn()| {
-                (0..10).map(|_| {
-                    let t = Instant::now();
-                    f();
-                    t.elapsed().as_secs_f64() * 1e3
-                }).fold(f64::MAX, f64::min)
+                (0..10)
+                    .map(|_| {
+                        let t = Instant::now();
+                        f();
+                        t.elapsed().as_secs_f64() * 1e3
+                    })
+                    .fold(f64::MAX, f64::min)
             };
             let load = best(&|| drop(AttributeKey::from_bytes(&bytes).unwrap()));
             let key = AttributeKey::from_bytes(&bytes).unwrap();
@@ -93,9 +100,13 @@ mod tests {
             let table = best(&|| drop(g1_table(&key.k2.e[0].0)));
             let point = key.k3[BK_LABEL].e[0].0;
             let id = super::super::oracle::hash_value("an id");
-            let mul = best(&|| { std::hint::black_box(G1Projective::from(point) * id); });
+            let mul = best(&|| {
+                std::hint::black_box(G1Projective::from(point) * id);
+            });
             let t = g1_table(&point);
-            let table_mul = best(&|| { std::hint::black_box(g1_mul_public(&t, &id)); });
+            let table_mul = best(&|| {
+                std::hint::black_box(g1_mul_public(&t, &id));
+            });
             eprintln!(
                 "{n} attributes: from_bytes {load:.2} ms, of which the lines {cache:.2} ms; one table {table:.2} ms, \
                  a multiplication {mul:.3} ms without it, {table_mul:.3} ms with it"

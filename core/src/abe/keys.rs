@@ -9,9 +9,9 @@ use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop, Zeroizing};
 
 use super::error::{codec, malformed, Result};
-use crate::codec::{Order, Reader, Writer};
 use super::group::{self, Wiped};
 use super::matrix::{self, Mat, SecretMat};
+use crate::codec::{Order, Reader, Writer};
 
 /// The authority's public key: what encryptors need.
 ///
@@ -181,10 +181,7 @@ impl AttributeKey {
     /// The labels this key holds (values are stored hashed and cannot be
     /// listed), without the internal Boneh-Katz label.
     pub fn labels(&self) -> impl Iterator<Item = &str> {
-        self.attrs
-            .keys()
-            .map(String::as_str)
-            .filter(|l| *l != keyfence_policy_bk_label())
+        self.attrs.keys().map(String::as_str).filter(|l| *l != keyfence_policy_bk_label())
     }
 
     /// The CIRCL encoding of the key, in a buffer wiped on drop.
@@ -285,7 +282,11 @@ impl AttributeKey {
         let [k3, k3wild] = maps;
         for (label, a) in &attrs {
             if !k3.contains_key(label) || (a.wild && !k3wild.contains_key(label)) {
-                return Err(super::error::malformed(O, format!("k3[{label:?}]"), "missing key material for an attribute"));
+                return Err(super::error::malformed(
+                    O,
+                    format!("k3[{label:?}]"),
+                    "missing key material for an attribute",
+                ));
             }
         }
         let key = Self { attrs, k1, k2, k3, k3wild, cache: Default::default() };

@@ -5,9 +5,9 @@ use blstrs::{G1Affine, G2Affine, Gt, Scalar};
 use ff::Field;
 use zeroize::Zeroize;
 
-use crate::codec::{Order, Reader};
 use super::error::{codec, malformed, Result};
 use super::group::{self, Wiped};
+use crate::codec::{Order, Reader};
 
 /// A row-major matrix.
 #[derive(Clone, PartialEq, Eq)]
@@ -33,11 +33,7 @@ impl<T: Copy> Mat<T> {
     }
 
     pub(crate) fn map<U: Copy>(&self, mut f: impl FnMut(T) -> U) -> Mat<U> {
-        Mat {
-            rows: self.rows,
-            cols: self.cols,
-            e: self.e.iter().map(|&x| f(x)).collect(),
-        }
+        Mat { rows: self.rows, cols: self.cols, e: self.e.iter().map(|&x| f(x)).collect() }
     }
 }
 
@@ -164,7 +160,11 @@ fn decode<T>(
     let rows = usize::from(r.u16(|| format!("{field}.rows")).map_err(&err)?);
     let cols = usize::from(r.u16(|| format!("{field}.cols")).map_err(&err)?);
     if (rows, cols) != shape {
-        return Err(malformed(object, field, format!("expected a {}x{} matrix, found {rows}x{cols}", shape.0, shape.1)));
+        return Err(malformed(
+            object,
+            field,
+            format!("expected a {}x{} matrix, found {rows}x{cols}", shape.0, shape.1),
+        ));
     }
     let mut e = Vec::with_capacity(rows * cols);
     for k in 0..rows * cols {
@@ -176,9 +176,7 @@ fn decode<T>(
 }
 
 pub(crate) fn decode_zp(b: &[u8], shape: (usize, usize), object: &'static str, field: &str) -> Result<Mat<Scalar>> {
-    decode(b, shape, 32, object, field, |x| {
-        group::scalar_from_be(x).ok_or("scalar is not below the group order")
-    })
+    decode(b, shape, 32, object, field, |x| group::scalar_from_be(x).ok_or("scalar is not below the group order"))
 }
 
 pub(crate) fn decode_g1(b: &[u8], shape: (usize, usize), object: &'static str, field: &str) -> Result<Mat<G1Affine>> {
@@ -186,7 +184,12 @@ pub(crate) fn decode_g1(b: &[u8], shape: (usize, usize), object: &'static str, f
 }
 
 /// [`decode_g1`] without the subgroup checks ([`group::g1_on_curve_from_bytes`]).
-pub(crate) fn decode_g1_on_curve(b: &[u8], shape: (usize, usize), object: &'static str, field: &str) -> Result<Mat<G1Affine>> {
+pub(crate) fn decode_g1_on_curve(
+    b: &[u8],
+    shape: (usize, usize),
+    object: &'static str,
+    field: &str,
+) -> Result<Mat<G1Affine>> {
     decode(b, shape, group::G1_LEN, object, field, group::g1_on_curve_from_bytes)
 }
 

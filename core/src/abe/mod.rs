@@ -36,11 +36,11 @@ pub(crate) mod floor;
 mod group;
 mod key_cache;
 mod keys;
+mod lines;
 mod matrix;
 mod oracle;
 mod parallel;
 mod policy;
-mod lines;
 mod tkn;
 
 use std::collections::BTreeMap;
@@ -419,7 +419,6 @@ pub(crate) fn circl_benchmark_shapes() -> Vec<(&'static str, String, keyfence_po
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
-mod torsion_tests;
-#[cfg(test)]
 mod thread_tests;
-
+#[cfg(test)]
+mod torsion_tests;

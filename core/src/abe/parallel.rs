@@ -310,10 +310,14 @@ mod tests {
             // take one, and the same crew serves a second step.
             for step in 1..=2 {
                 let met = &met;
-                let ids = c.map(vec![0u32; 2], |_| MIN_SPLIT_US, move |_| {
-                    meet(met, 2 * step);
-                    std::thread::current().id()
-                });
+                let ids = c.map(
+                    vec![0u32; 2],
+                    |_| MIN_SPLIT_US,
+                    move |_| {
+                        meet(met, 2 * step);
+                        std::thread::current().id()
+                    },
+                );
                 assert!(ids.contains(&me) && ids.iter().any(|&id| id != me), "step {step}: {ids:?}");
             }
         });
@@ -325,10 +329,14 @@ mod tests {
         let met = AtomicU32::new(0);
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             with_crew(2, |c| {
-                c.map(vec![0u32; 2], |_| MIN_SPLIT_US, |_| {
-                    meet(&met, 2);
-                    assert_eq!(std::thread::current().id(), me, "a helper's share");
-                })
+                c.map(
+                    vec![0u32; 2],
+                    |_| MIN_SPLIT_US,
+                    |_| {
+                        meet(&met, 2);
+                        assert_eq!(std::thread::current().id(), me, "a helper's share");
+                    },
+                )
             })
         }));
         let panic = r.expect_err("the helper's panic");

@@ -6,9 +6,9 @@ use blstrs::Scalar;
 use keyfence_policy::{Gate, GateKind, Leaf, Policy};
 
 use super::error::{codec, malformed, AbeError, Result};
-use crate::codec::{CodecError, Order, Reader, Writer};
 use super::group;
 use super::oracle::hash_value;
+use crate::codec::{CodecError, Order, Reader, Writer};
 
 /// The label of the wildcard attribute the Boneh-Katz transform adds to
 /// every key and ANDs into every policy.
@@ -90,7 +90,10 @@ impl AbePolicy {
         out.bytes16(&formula).len16(self.wires.len());
         for w in &self.wires {
             let mut wb = Writer::new(Order::Little);
-            wb.bytes16(w.label.as_bytes()).bytes16(w.raw.as_bytes()).bytes16(&w.value.to_bytes_be()).u8(u8::from(w.positive));
+            wb.bytes16(w.label.as_bytes())
+                .bytes16(w.raw.as_bytes())
+                .bytes16(&w.value.to_bytes_be())
+                .u8(u8::from(w.positive));
             out.bytes16(&wb.finish().map_err(too_long("policy wire"))?);
         }
         let mut bytes = out.finish().map_err(too_long("policy"))?;
@@ -110,9 +113,17 @@ impl AbePolicy {
             let kind = match fr.u8(|| format!("policy.formula.gates[{i}].class")).map_err(in_ciphertext)? {
                 0 => GateKind::And,
                 1 => GateKind::Or,
-                c => return Err(malformed(CT, format!("policy.formula.gates[{i}].class"), format!("unknown gate class {c}"))),
+                c => {
+                    return Err(malformed(
+                        CT,
+                        format!("policy.formula.gates[{i}].class"),
+                        format!("unknown gate class {c}"),
+                    ))
+                }
             };
-            let mut wire = |f: &'static str| fr.u16(|| format!("policy.formula.gates[{i}].{f}")).map(usize::from).map_err(in_ciphertext);
+            let mut wire = |f: &'static str| {
+                fr.u16(|| format!("policy.formula.gates[{i}].{f}")).map(usize::from).map_err(in_ciphertext)
+            };
             let (in0, in1, out) = (wire("in0")?, wire("in1")?, wire("out")?);
             gates.push(Gate { kind, in0, in1, out });
         }

@@ -79,7 +79,10 @@ fn labels_filling_the_attribute_field(extra: usize) -> Vec<String> {
     let n = budget / 40;
     let mut labels: Vec<String> = (0..n - 1).map(|i| format!("{i:05}")).collect();
     labels.push("z".repeat(budget - (n - 1) * 40 - 35));
-    assert_eq!(AttributeKey::attribute_block_len(labels.iter().map(String::as_str).chain([BK_LABEL])), budget + 2 + bk_entry);
+    assert_eq!(
+        AttributeKey::attribute_block_len(labels.iter().map(String::as_str).chain([BK_LABEL])),
+        budget + 2 + bk_entry
+    );
     labels
 }
 
@@ -128,8 +131,8 @@ fn every_abe_error_has_its_code() {
 
 #[test]
 fn an_attribute_key_wipes_all_its_key_material_k1_included() {
-    use blstrs::{G1Affine, G2Affine};
     use super::group::Wiped;
+    use blstrs::{G1Affine, G2Affine};
     let (_, msk) = setup().unwrap();
     let mut k = key(&msk, "a=x,b=y");
     assert!(k.k1.e.iter().all(|p| *p != Wiped(G2Affine::default())), "a fresh key has non-identity k1");

@@ -6,8 +6,8 @@ use blstrs::Gt;
 use keyfence_policy::{Attributes, Policy};
 use rand_core::OsRng;
 
-use super::blake2x::{Xof, XofReader};
 use super::bk;
+use super::blake2x::{Xof, XofReader};
 use super::oracle::hash_value;
 use super::policy::AbePolicy;
 use super::tkn::{decapsulate, encapsulate, Decap, LazyHeader};
@@ -23,7 +23,11 @@ fn shapes() -> Vec<(&'static str, String, Attributes)> {
     let mut shapes = super::circl_benchmark_shapes();
     shapes.extend([
         ("repeated", repeated, Attributes::from_pairs([("r", "v0"), ("s", "y")])),
-        ("repeated_neg", "not a: x and not a: y and not a: z and b: w".into(), Attributes::from_pairs([("a", "q"), ("b", "w")])),
+        (
+            "repeated_neg",
+            "not a: x and not a: y and not a: z and b: w".into(),
+            Attributes::from_pairs([("a", "q"), ("b", "w")]),
+        ),
     ]);
     shapes
 }
@@ -80,7 +84,8 @@ fn threaded_decryption_recovers_the_same_element_for_every_shape() {
 fn threaded_decryption_gives_the_same_plaintext_before_and_after_the_key_tables() {
     let (pk, msk) = authority();
     for (name, policy, attrs) in shapes() {
-        let ct = bk::encrypt(&mut OsRng, pk, &AbePolicy::from_policy(&parsed(&policy)).unwrap(), name.as_bytes(), 1).unwrap();
+        let ct = bk::encrypt(&mut OsRng, pk, &AbePolicy::from_policy(&parsed(&policy)).unwrap(), name.as_bytes(), 1)
+            .unwrap();
         let key = keygen(msk, &attrs).unwrap();
         // The key builds its Boneh-Katz tables at its 16th decryption:
         // both sides of it, on one and on two threads.
@@ -100,7 +105,9 @@ fn threaded_decryption_fails_as_one_thread_does() {
         let ct = super::encrypt(pk, &policy, b"errors").unwrap();
         let key = keygen(msk, &attrs).unwrap();
         let outcome = |ct: &[u8], threads: usize, strict: bool| {
-            decrypt_with(&key, ct, &DecryptOptions::new().threads(threads).strict(strict)).map(|p| p.to_vec()).map_err(|e| e.to_string())
+            decrypt_with(&key, ct, &DecryptOptions::new().threads(threads).strict(strict))
+                .map(|p| p.to_vec())
+                .map_err(|e| e.to_string())
         };
         // Single flips spread over the whole ciphertext (points of every
         // field, lengths, the envelope, the tag), and pairs of them, one
@@ -150,30 +157,70 @@ fn stage_costs() {
         v[v.len() / 2]
     };
     let ps: Vec<G1Affine> = (0..11).map(|_| G1Projective::random(&mut OsRng).to_affine()).collect();
-    let qs: Vec<G2Affine> = (0..11).map(|_| (G2Projective::generator() * Scalar::random(&mut OsRng)).to_affine()).collect();
+    let qs: Vec<G2Affine> =
+        (0..11).map(|_| (G2Projective::generator() * Scalar::random(&mut OsRng)).to_affine()).collect();
     let lines: Vec<Lines> = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
     let (g1, g2) = (ps[0].to_uncompressed(), qs[0].to_uncompressed());
     eprintln!("scoped thread start and join: {:.1} us", med(&|| std::thread::scope(|s| drop(s.spawn(|| 1)))));
-    eprintln!("G1 point on the curve: {:.2} us", med(&|| { std::hint::black_box(super::group::g1_on_curve_from_bytes(&g1)).ok(); }));
-    eprintln!("G1 point checked: {:.1} us", med(&|| { std::hint::black_box(super::group::g1_from_bytes(&g1)).ok(); }));
-    eprintln!("G2 point checked: {:.1} us", med(&|| { std::hint::black_box(super::group::g2_from_bytes(&g2)).ok(); }));
+    eprintln!(
+        "G1 point on the curve: {:.2} us",
+        med(&|| {
+            std::hint::black_box(super::group::g1_on_curve_from_bytes(&g1)).ok();
+        })
+    );
+    eprintln!(
+        "G1 point checked: {:.1} us",
+        med(&|| {
+            std::hint::black_box(super::group::g1_from_bytes(&g1)).ok();
+        })
+    );
+    eprintln!(
+        "G2 point checked: {:.1} us",
+        med(&|| {
+            std::hint::black_box(super::group::g2_from_bytes(&g2)).ok();
+        })
+    );
     eprintln!("G2 lines: {:.1} us", med(&|| drop(Lines::new(qs[0].as_ref()))));
     let pts: Vec<G1Projective> = ps.iter().cycle().take(50).map(G1Projective::from).collect();
     let sc: Vec<Scalar> = (0..50).map(|_| Scalar::random(&mut OsRng)).collect();
     for n in [1, 2, 4, 13, 25, 50] {
-        eprintln!("MSM of {n}: {:.1} us", med(&|| { std::hint::black_box(G1Projective::multi_exp(&pts[..n], &sc[..n])); }));
+        eprintln!(
+            "MSM of {n}: {:.1} us",
+            med(&|| {
+                std::hint::black_box(G1Projective::multi_exp(&pts[..n], &sc[..n]));
+            })
+        );
     }
     for n in [1, 3, 4, 6, 11] {
         let pairs: Vec<_> = lines.iter().zip(&ps).take(n).map(|(l, p)| (l, *p.as_ref())).collect();
-        eprintln!("Miller loop of {n}: {:.1} us", med(&|| { std::hint::black_box(miller_loop(&pairs)); }));
+        eprintln!(
+            "Miller loop of {n}: {:.1} us",
+            med(&|| {
+                std::hint::black_box(miller_loop(&pairs));
+            })
+        );
     }
     let pairs: Vec<_> = lines.iter().zip(&ps).map(|(l, p)| (l, *p.as_ref())).collect();
     // Two lanes' shares of 11 pairs: whole pairs (6 and 5) or equal
     // shares of the lines (one pair split).
     let halves = super::lines::shares(11, 2);
-    for (name, share) in [("6 whole pairs", 0..6 * LINES), ("5 whole pairs", 6 * LINES..11 * LINES), ("half the lines", halves[0].clone())] {
-        eprintln!("Miller share of 11, {name}: {:.1} us", med(&|| { std::hint::black_box(miller_loop_share(&pairs, share.clone())); }));
+    for (name, share) in [
+        ("6 whole pairs", 0..6 * LINES),
+        ("5 whole pairs", 6 * LINES..11 * LINES),
+        ("half the lines", halves[0].clone()),
+    ] {
+        eprintln!(
+            "Miller share of 11, {name}: {:.1} us",
+            med(&|| {
+                std::hint::black_box(miller_loop_share(&pairs, share.clone()));
+            })
+        );
     }
     let f = miller_loop(&pairs);
-    eprintln!("final exponentiation: {:.1} us", med(&|| { std::hint::black_box(f.final_exp()); }));
+    eprintln!(
+        "final exponentiation: {:.1} us",
+        med(&|| {
+            std::hint::black_box(f.final_exp());
+        })
+    );
 }

@@ -18,7 +18,6 @@ use group::prime::PrimeCurveAffine;
 use group::{Curve, Group};
 use rand_core::{CryptoRng, RngCore};
 
-use crate::codec::{Order, Reader, Writer};
 use super::error::{codec, malformed, too_large, AbeError, Result};
 use super::fixed_base;
 use super::group::{g1_subgroup_check, random_scalar, wipe, wipe_to, Wiped};
@@ -28,6 +27,7 @@ use super::matrix::{self, Mat, SecretMat};
 use super::oracle::{label_matrices, prf};
 use super::parallel::{par_map, with_crew, Crew};
 use super::policy::{AbePolicy, BK_LABEL};
+use crate::codec::{Order, Reader, Writer};
 
 fn random_mat<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, rows: usize, cols: usize) -> Mat<Scalar> {
     let mut e = Vec::with_capacity(rows * cols);
@@ -565,7 +565,11 @@ pub(crate) fn decapsulate_with<'a>(
     };
     let decode_g1 = |i: usize, neg: bool| -> Result<Vec<G1Affine>> {
         let (b, f) = if neg { (hdr.c3neg[i], format!("c3neg[{i}]")) } else { (hdr.c3[i], format!("c3[{i}]")) };
-        let m = if opts.strict { matrix::decode_g1(b, (3, 1), CT, &f) } else { matrix::decode_g1_on_curve(b, (3, 1), CT, &f) };
+        let m = if opts.strict {
+            matrix::decode_g1(b, (3, 1), CT, &f)
+        } else {
+            matrix::decode_g1_on_curve(b, (3, 1), CT, &f)
+        };
         m.map(|m| m.e)
     };
     let sums = |run: &[usize]| -> Result<Sums> {

@@ -94,8 +94,10 @@ fn add_torsion_to_key(key: &mut super::AttributeKey) {
     let ts = [torsion_point(3), torsion_point(11)];
     let tweak = |m: &mut Mat<super::group::Wiped<G1Affine>>| {
         for (i, p) in m.e.iter_mut().enumerate() {
-            let q = (G1Projective::from(p.0) + ts[i % 2] + if i % 3 == 0 { ts[1 - i % 2] } else { G1Projective::identity() })
-                .to_affine();
+            let q = (G1Projective::from(p.0)
+                + ts[i % 2]
+                + if i % 3 == 0 { ts[1 - i % 2] } else { G1Projective::identity() })
+            .to_affine();
             assert!(!bool::from(q.is_torsion_free()));
             p.0 = q;
         }

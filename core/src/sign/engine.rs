@@ -254,13 +254,14 @@ impl Engine {
         // Started here, it never enters the queue, so the class's bound is
         // checked apart (see `Executor::admit_direct`).
         let admitted = backend.admit(&req.key, &req.op);
-        let direct = match admitted.and_then(|direct| if direct { exec.admit_direct().map(|()| true) } else { Ok(false) }) {
-            Ok(direct) => direct,
-            Err(e) => {
-                exec.stats.error(e.kind());
-                return Err(e);
-            }
-        };
+        let direct =
+            match admitted.and_then(|direct| if direct { exec.admit_direct().map(|()| true) } else { Ok(false) }) {
+                Ok(direct) => direct,
+                Err(e) => {
+                    exec.stats.error(e.kind());
+                    return Err(e);
+                }
+            };
         let timeout = req.timeout.unwrap_or(core.config.default_timeout);
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
         let work = Work { key: req.key, op: req.op };
@@ -473,8 +474,7 @@ impl Engine {
     /// A snapshot of every class's counters and latency percentiles, and
     /// of the attached sources' figures.
     pub fn metrics(&self) -> EngineMetrics {
-        let sources: Vec<Arc<dyn MetricsSource>> =
-            self.core.sources.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let sources: Vec<Arc<dyn MetricsSource>> = self.core.sources.lock().unwrap_or_else(|e| e.into_inner()).clone();
         EngineMetrics {
             classes: self.core.executors.iter().map(Executor::metrics).collect(),
             sources: sources.iter().map(|s| SourceMetrics { name: s.name(), prometheus: s.prometheus() }).collect(),

@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use foreign_types::ForeignTypeRef;
 use openssl::ec::{EcGroup, EcKey};
 use openssl::ecdsa::EcdsaSig;
 use openssl::error::ErrorStack;
@@ -16,7 +17,6 @@ use openssl::nid::Nid;
 use openssl::pkey::{Id, PKey, Private};
 use openssl::rsa::{Padding, Rsa, RsaRef};
 use openssl::sign::Signer;
-use foreign_types::ForeignTypeRef;
 use zeroize::Zeroizing;
 
 use super::types::{Algorithm, CryptoOp, Family, Hash, Input, KeyError, KeyKind, Operation, Output, SignError};
@@ -386,8 +386,7 @@ pub(crate) fn digest_of(hash: Hash, input: &[u8], prehashed: bool) -> Result<std
 
 /// The hash RSA-PSS uses for both the message and MGF1.
 pub(crate) fn pss_digest(hash: Hash) -> Result<openssl::hash::MessageDigest, SignError> {
-    hash
-        .message_digest()
+    hash.message_digest()
         .ok_or_else(|| SignError::Crypto { op: CryptoOp::Sign, reason: "RSA-PSS is not defined over MD5+SHA-1".into() })
 }
 

@@ -32,7 +32,7 @@ use zeroize::Zeroizing;
 
 use super::completion_queue::CompletionQueue;
 use super::engine::{Engine, EngineConfig};
-use super::key_process::{KeyProcessConfig, KeyProcess, KeySource, MachineFiles};
+use super::key_process::{KeyProcess, KeyProcessConfig, KeySource, MachineFiles};
 use super::metrics::{EngineMetrics, MetricsSource};
 use super::offload::{OffloadMode, ServerOffload};
 use super::op_record::{OpHandle, SignFuture};
@@ -130,7 +130,9 @@ impl Parts {
     /// Starts the engine's threads, then what `config`'s isolation names.
     fn start(config: &ManagedConfig) -> Result<Parts, SignError> {
         if config.crypto_mb.is_some() && config.offload.is_none() {
-            return Err(SignError::Config("crypto_mb names the library the offload mode signs with: set the offload mode too".into()));
+            return Err(SignError::Config(
+                "crypto_mb names the library the offload mode signs with: set the offload mode too".into(),
+            ));
         }
         let engine = match (&config.isolation, config.offload) {
             (Isolation::InProcess, Some(mode)) => {
@@ -201,14 +203,17 @@ impl Holders<'_> {
     /// binding's loads follow ([`ManagedEngine::load`]).
     fn load(self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
         let read = |path: &Path| {
-            std::fs::read(path).map(Zeroizing::new).map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
+            std::fs::read(path)
+                .map(Zeroizing::new)
+                .map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
         };
         let agent = self.key_process.is_some_and(KeyProcess::is_agent);
         match (source, self.key_process, self.remote) {
             (KeySource::Envelope { envelope, machine }, ..) => self.open_envelope(machine.as_ref(), &envelope),
-            (_, _, Some(_)) => {
-                Err(SignError::InvalidArgument("an engine whose keys are on remote key servers loads envelopes only".into()).into())
-            }
+            (_, _, Some(_)) => Err(SignError::InvalidArgument(
+                "an engine whose keys are on remote key servers loads envelopes only".into(),
+            )
+            .into()),
             // A token key: whatever holds this engine's keys loads the
             // module and reads the PIN; this process only when it holds
             // them itself.
@@ -217,7 +222,8 @@ impl Holders<'_> {
                 Ok(Arc::new(crate::sign::pkcs11::load(&uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())?))
             }
             (_, Some(_), None) if agent => Err(SignError::InvalidArgument(
-                "an engine whose keys are in an agent loads envelopes only, which the agent opens, and token keys".into(),
+                "an engine whose keys are in an agent loads envelopes only, which the agent opens, and token keys"
+                    .into(),
             )
             .into()),
             (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
@@ -264,14 +270,19 @@ impl Holders<'_> {
 /// machine key's secret nor the private key is ever in this process.
 /// Without `keys`, the envelope is opened here, the machine's floor kept
 /// beside its key.
-fn load_envelope(keys: Option<&KeyProcess>, machine: &MachineFiles, envelope: &[u8]) -> Result<Arc<PrivateKey>, KeyRingError> {
+fn load_envelope(
+    keys: Option<&KeyProcess>,
+    machine: &MachineFiles,
+    envelope: &[u8],
+) -> Result<Arc<PrivateKey>, KeyRingError> {
     use crate::wrap::{open_store_path, CacheConfig, Machine, MachineInfo, MachineKey, PublicMachine, WrapError};
     let (store, machine_key) = (&machine.store, &machine.machine_key);
     // `fs::read` sizes its buffer from the file: one allocation, wiped on
     // drop, no copy left behind by growth.
-    let bytes = Zeroizing::new(std::fs::read(machine_key).map_err(|e| {
-        KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display()))
-    })?);
+    let bytes = Zeroizing::new(
+        std::fs::read(machine_key)
+            .map_err(|e| KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display())))?,
+    );
     let parsed = &Envelope::parse(envelope)?;
     let dir = open_store_path(store).map_err(WrapError::from)?;
     match keys {
@@ -344,9 +355,7 @@ pub fn millis(ms: f64, name: &str) -> Result<Duration, SignError> {
     if ms >= 1.0 && ms <= f64::from(u32::MAX) && ms.fract() == 0.0 {
         Ok(Duration::from_millis(ms as u64))
     } else {
-        Err(SignError::InvalidArgument(format!(
-            "{name} must be a positive whole number of milliseconds, not {ms}"
-        )))
+        Err(SignError::InvalidArgument(format!("{name} must be a positive whole number of milliseconds, not {ms}")))
     }
 }
 
@@ -536,7 +545,12 @@ impl ManagedEngine {
     ///
     /// # Errors
     /// As [`Engine::submit_to_queue`]; [`SignError::ShutDown`] once closed.
-    pub fn submit_to_queue(&self, req: Request, queue: &CompletionQueue, user_data: u64) -> Result<OpHandle, SignError> {
+    pub fn submit_to_queue(
+        &self,
+        req: Request,
+        queue: &CompletionQueue,
+        user_data: u64,
+    ) -> Result<OpHandle, SignError> {
         self.with(|p| p.engine.submit_to_queue(req, queue, user_data))
     }
 

@@ -4,8 +4,8 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::types::{ErrorKind, OpClass};
 use super::exposition::Exposition;
+use super::types::{ErrorKind, OpClass};
 
 /// Sub-buckets per power of two: values are kept to within 1/32 (about 3%).
 const SUB_BITS: u32 = 5;

@@ -141,11 +141,11 @@ pub mod pkcs11;
 #[cfg(feature = "sign")]
 mod private_key;
 #[cfg(feature = "sign")]
-pub(crate) mod sys;
-#[cfg(feature = "sign")]
 pub mod remote;
 #[cfg(feature = "sign")]
 mod request;
+#[cfg(feature = "sign")]
+pub(crate) mod sys;
 #[cfg(feature = "sign")]
 mod threads;
 #[cfg(feature = "sign")]
@@ -154,8 +154,8 @@ pub mod tls;
 pub mod wire;
 
 pub use types::{
-    Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass,
-    Operation, Output, Resource, SignError, TokenFailure,
+    Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass, Operation,
+    Output, Resource, SignError, TokenFailure,
 };
 
 #[cfg(all(feature = "sign", feature = "testing"))]

@@ -9,8 +9,8 @@ use std::ffi::{CStr, OsStr};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 
 /// `prctl(PR_SET_DUMPABLE, 0)`: no core dumps, and a process of the same
 /// user can no longer ptrace this one or read its `/proc/PID/mem`.
@@ -211,7 +211,13 @@ pub(crate) fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
         // the call; the kernel writes at most `len` bytes and reports in
         // `len` how many it needs when that is too few (ERANGE).
         let rc = unsafe {
-            libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len)
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
         };
         let n = len as usize / std::mem::size_of::<libc::gid_t>();
         if rc == 0 {
@@ -551,7 +557,9 @@ mod fork_guard {
         INSTALL.call_once(|| {
             let mut pair = [-1; 2];
             // SAFETY: `pair` is a live array of two ints the call writes.
-            if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
+            if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) }
+                != 0
+            {
                 return;
             }
             // SAFETY: pair[1] was just made here and is owned by nothing

@@ -63,7 +63,13 @@ impl Fence {
         OsRng.fill_bytes(&mut holder);
         let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
         let host: String = host.trim().chars().filter(|c| c.is_ascii_graphic()).take(64).collect();
-        Self { holder, operation: operation.to_owned(), until_ms: now_ms() + TTL.as_millis() as u64, process: format!("{}@{host}", std::process::id()), exclusive: false }
+        Self {
+            holder,
+            operation: operation.to_owned(),
+            until_ms: now_ms() + TTL.as_millis() as u64,
+            process: format!("{}@{host}", std::process::id()),
+            exclusive: false,
+        }
     }
 
     /// The same holder's record, valid for another [`TTL`] from now.
@@ -85,8 +91,11 @@ impl Fence {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let holder: String = self.holder.iter().map(|b| format!("{b:02x}")).collect();
         let mode = if self.exclusive { "exclusive" } else { "shared" };
-        format!("{MAGIC}\nholder {holder}\noperation {}\nuntil {}\nprocess {}\nmode {mode}\n", self.operation, self.until_ms, self.process)
-            .into_bytes()
+        format!(
+            "{MAGIC}\nholder {holder}\noperation {}\nuntil {}\nprocess {}\nmode {mode}\n",
+            self.operation, self.until_ms, self.process
+        )
+        .into_bytes()
     }
 
     /// The record in `bytes`, or `None` for anything else.

@@ -27,8 +27,8 @@ use rand_core::OsRng;
 
 use super::error::{codec, limit, malformed, wrong_authority, Result, WrapError};
 use super::hpke;
-use super::signing::{self, AuthorityKey, ENVELOPE_CONTEXT, SIGNATURE_LEN};
 use super::policy::CanonicalPolicy;
+use super::signing::{self, AuthorityKey, ENVELOPE_CONTEXT, SIGNATURE_LEN};
 use crate::codec::{Order, Reader, Writer};
 
 /// HPKE suite 1: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256,
@@ -180,7 +180,8 @@ impl Envelope {
     pub fn verify(&self, trusted: &[u8; 32]) -> Result<()> {
         let (body, signature) = self.bytes.split_at(self.bytes.len() - SIGNATURE_LEN);
         // Parsing checked the length, so the split is exactly 64 bytes.
-        let signature: &[u8; SIGNATURE_LEN] = signature.try_into().map_err(|_| WrapError::Tampered { object: "envelope" })?;
+        let signature: &[u8; SIGNATURE_LEN] =
+            signature.try_into().map_err(|_| WrapError::Tampered { object: "envelope" })?;
         check_signed("envelope", ENVELOPE_CONTEXT, trusted, &self.authority, body, signature)
     }
 

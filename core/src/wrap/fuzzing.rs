@@ -132,8 +132,8 @@ impl Seen {
 /// (`wrap::EtcdStore`), apart from the requests that fetch them.
 #[cfg(feature = "etcd")]
 pub mod etcd {
-    use super::super::etcd::{self as e, Failure};
     pub use super::super::etcd::WatchLine;
+    use super::super::etcd::{self as e, Failure};
     use super::super::store::{Stamp, StoreError};
 
     /// An answer the store accepted: its JSON.

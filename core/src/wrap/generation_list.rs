@@ -31,13 +31,18 @@ pub(crate) struct GenerationList {
 
 /// The list's encoding, signed by `signer`, dated now.
 pub(crate) fn encode(signer: &AuthorityKey, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
-    let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
+    let at =
+        u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
     encode_at(signer, at, generations)
 }
 
 /// The list's encoding, signed by `signer`, dated `at` (microseconds
 /// since the epoch).
-pub(crate) fn encode_at(signer: &AuthorityKey, at: u64, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
+pub(crate) fn encode_at(
+    signer: &AuthorityKey,
+    at: u64,
+    generations: impl IntoIterator<Item = (u32, GenerationState)>,
+) -> Vec<u8> {
     let generations: Vec<_> = generations.into_iter().collect();
     let mut w = writer(GENERATIONS_MAGIC);
     // The count fits: the authority refuses a 65,536th generation.
@@ -72,7 +77,8 @@ impl GenerationList {
         for i in 0..r.u16("generation count").map_err(codec(O))? {
             let n = r.u32(|| format!("generation[{i}]")).map_err(codec(O))?;
             let code = r.u8(|| format!("state[{i}]")).map_err(codec(O))?;
-            let s = GenerationState::from_code(code).ok_or_else(|| malformed(O, format!("state[{i}] {code} is unknown")))?;
+            let s = GenerationState::from_code(code)
+                .ok_or_else(|| malformed(O, format!("state[{i}] {code} is unknown")))?;
             if generations.last().is_some_and(|(p, _)| *p >= n) {
                 return Err(malformed(O, format!("generation {n} is out of order or repeated")));
             }

@@ -42,9 +42,9 @@
 mod authority;
 mod cache;
 mod error;
-mod export;
 #[cfg(feature = "etcd")]
 mod etcd;
+mod export;
 #[cfg(feature = "testing")]
 mod faulty;
 mod fence;
@@ -66,27 +66,30 @@ mod store;
 mod watch;
 
 pub use authority::{
-    parse_inventory, Authority, Conflicts, Imported, InventoryMachine, Latencies, MasterRotation, PolicyRetirement, PolicyRotation, Revocation,
-    SkipReason, Skipped, Status, Stranding, Traffic, WhereGroup, WhereQuery, WhereReport,
+    parse_inventory, Authority, Conflicts, Imported, InventoryMachine, Latencies, MasterRotation, PolicyRetirement,
+    PolicyRotation, Revocation, SkipReason, Skipped, Status, Stranding, Traffic, WhereGroup, WhereQuery, WhereReport,
 };
-pub use generation::GenerationState;
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
+#[cfg(feature = "etcd")]
+pub use etcd::{EtcdConfig, EtcdStore, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
+pub use export::{export_for_servers, holds_readable_authority, Exported};
 #[cfg(feature = "testing")]
 pub use faulty::FaultyStore;
-pub use export::{export_for_servers, holds_readable_authority, Exported};
 pub use format::{Envelope, SUITE_X25519_CHACHA};
-pub use machine::{current_envelope, nearest, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo, MachineKey, Peer, PublicMachine};
+pub use generation::GenerationState;
+pub use machine::{
+    current_envelope, nearest, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo,
+    MachineKey, Peer, PublicMachine,
+};
+pub use name::{create_store, open_store, open_store_path};
 pub use newest::{newest_lists_beside, NewestLists};
+pub use policy::{policy_id, CanonicalPolicy};
+pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
+pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
+pub use watch::{Watch, WatchEvent};
 #[cfg(feature = "sign")]
 pub(crate) use {
     layout::{GENERATIONS, REVOKED},
     newest::record_lists,
 };
-pub use policy::{policy_id, CanonicalPolicy};
-pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
-pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
-pub use watch::{Watch, WatchEvent};
-#[cfg(feature = "etcd")]
-pub use etcd::{EtcdConfig, EtcdStore, MAX_REQUEST as ETCD_MAX_REQUEST, MAX_TXN_OPS as ETCD_MAX_TXN_OPS};
-pub use name::{create_store, open_store, open_store_path};

@@ -131,9 +131,9 @@ pub fn newest_lists_beside(machine_key: &Path) -> Option<PathBuf> {
 /// again from the store: the floor is lost, nothing else).
 pub(crate) fn read(path: &Path) -> Result<Option<NewestLists>> {
     match fs::read(path) {
-        Ok(b) => NewestLists::from_bytes(&b)
-            .map(Some)
-            .map_err(|e| malformed(O, format!("{}: {e} (delete the file to start again from the store)", path.display()))),
+        Ok(b) => NewestLists::from_bytes(&b).map(Some).map_err(|e| {
+            malformed(O, format!("{}: {e} (delete the file to start again from the store)", path.display()))
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(WrapError::Store(StoreError::Io { key: path.display().to_string(), source: e })),
     }
@@ -217,7 +217,10 @@ impl Keeper {
                 Err(fs::TryLockError::WouldBlock) => {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::WouldBlock,
-                        format!("its lock {} was held by another process for more than {LOCK_WAIT:?}", self.lock_path().display()),
+                        format!(
+                            "its lock {} was held by another process for more than {LOCK_WAIT:?}",
+                            self.lock_path().display()
+                        ),
                     ))
                 }
                 Err(fs::TryLockError::Error(e)) => return Err(e),
@@ -255,7 +258,12 @@ impl Keeper {
 /// # Errors
 /// As [`Keeper::record`].
 #[cfg(feature = "sign")]
-pub(crate) fn record_lists(path: &Path, authority: [u8; 32], generations: Option<&[u8]>, revoked: Option<&[u8]>) -> Result<()> {
+pub(crate) fn record_lists(
+    path: &Path,
+    authority: [u8; 32],
+    generations: Option<&[u8]>,
+    revoked: Option<&[u8]>,
+) -> Result<()> {
     let keeper = Keeper::new(path.to_path_buf(), authority)?;
     if let Some(g) = generations {
         keeper.record(Kind::Generations, g)?;

@@ -51,7 +51,10 @@ pub(crate) fn new_machine_id() -> String {
 pub(crate) fn check_new_machine_id(id: &str) -> Result<()> {
     check_machine_id(id)?;
     if matches!(id, "and" | "or" | "not") {
-        return Err(WrapError::InvalidMachineId { id: id.to_owned(), reason: "it is a keyword of the policy language".into() });
+        return Err(WrapError::InvalidMachineId {
+            id: id.to_owned(),
+            reason: "it is a keyword of the policy language".into(),
+        });
     }
     Ok(())
 }
@@ -62,7 +65,8 @@ pub(crate) fn check_new_machine_id(id: &str) -> Result<()> {
 /// # Errors
 /// [`WrapError::InvalidMachineId`].
 pub(crate) fn check_machine_id(id: &str) -> Result<()> {
-    let bad = |reason: &str| Err(WrapError::InvalidMachineId { id: id.chars().take(80).collect(), reason: reason.into() });
+    let bad =
+        |reason: &str| Err(WrapError::InvalidMachineId { id: id.chars().take(80).collect(), reason: reason.into() });
     if id.is_empty() {
         return bad("it is empty");
     }
@@ -120,7 +124,8 @@ pub(crate) fn excluded_for(revoked: &[Revoked], generation: u32) -> Vec<String> 
 
 /// The signed list of revoked ids, sorted, dated now.
 pub(crate) fn encode_list(signer: &AuthorityKey, revoked: &[Revoked]) -> Vec<u8> {
-    let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
+    let at =
+        u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
     let mut ids: Vec<&str> = revoked.iter().map(|r| r.id.as_str()).collect();
     ids.sort_unstable();
     encode_ids(signer, at, &ids)
@@ -339,7 +344,13 @@ mod tests {
     fn the_list_is_signed_and_never_goes_back() {
         let k = AuthorityKey::generate();
         let one = encode_list(&k, &[Revoked { id: "m1".into(), through: 1, pending: false }]);
-        let two = encode_list(&k, &[Revoked { id: "m2".into(), through: 1, pending: true }, Revoked { id: "m1".into(), through: 1, pending: false }]);
+        let two = encode_list(
+            &k,
+            &[
+                Revoked { id: "m2".into(), through: 1, pending: true },
+                Revoked { id: "m1".into(), through: 1, pending: false },
+            ],
+        );
         let l = RevocationList::verify(&two, &k.public()).unwrap();
         assert_eq!(l.ids, vec!["m1".to_owned(), "m2".into()]);
         assert!(l.contains("m2") && !l.contains("m3"));

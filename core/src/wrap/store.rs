@@ -511,7 +511,6 @@ impl Syncer {
 }
 
 impl FileStore {
-
     /// Each object under `prefix` and a digest of its inode, size and
     /// modification time (what a poll compares).
     fn fingerprints(&self, prefix: &str) -> Result<watch::Snapshot, StoreError> {
@@ -533,7 +532,8 @@ impl FileStore {
                 id.extend_from_slice(&meta.ctime_nsec().to_le_bytes());
             }
             id.extend_from_slice(&meta.len().to_le_bytes());
-            let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+            let modified =
+                meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
             id.extend_from_slice(&modified.as_nanos().to_le_bytes());
             snap.insert(key, digest(&id));
         }
@@ -600,7 +600,9 @@ impl FileStore {
             let entry = entry.map_err(|e| StoreError::Io { key: dir.display().to_string(), source: e })?;
             *budget = budget.checked_sub(1).ok_or_else(|| StoreError::Io {
                 key: self.root.display().to_string(),
-                source: std::io::Error::other(format!("holds more than {NESTING_WALK} entries: create a store in a new or empty directory")),
+                source: std::io::Error::other(format!(
+                    "holds more than {NESTING_WALK} entries: create a store in a new or empty directory"
+                )),
             })?;
             // Never through a link: what it leads to is not in this store.
             if entry.file_type().is_ok_and(|t| t.is_dir()) {
@@ -663,7 +665,8 @@ impl Store for FileStore {
         let path = self.path(key)?;
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
         self.sync.create_dirs(&self.root, &dir).map_err(io(key))?;
-        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
+        let tmp =
+            dir.join(format!(".tmp-{}-{}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
         let mut opts = fs::OpenOptions::new();
         opts.write(true).create_new(true);
         #[cfg(unix)]
@@ -932,7 +935,8 @@ mod tests {
         let s = FileStore::open(&root).unwrap();
         s.put("authority/state", b"x").unwrap();
         s.put("sealed/ab/1/2", b"y").unwrap();
-        for d in ["parent", "parent/store", "parent/store/authority", "parent/store/sealed", "parent/store/sealed/ab/1"] {
+        for d in ["parent", "parent/store", "parent/store/authority", "parent/store/sealed", "parent/store/sealed/ab/1"]
+        {
             let mode = fs::metadata(tmp.path().join(d)).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "{d}: {mode:o}");
         }
@@ -992,7 +996,9 @@ mod tests {
     fn a_failed_sync_is_an_error_and_leaves_no_temporary_file() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
-        for (fail, what) in [(root.join("envelopes"), "directory after the rename"), (root.clone(), "new directory's parent")] {
+        for (fail, what) in
+            [(root.join("envelopes"), "directory after the rename"), (root.clone(), "new directory's parent")]
+        {
             let (s, _) = recording(&root, Some(fail.clone()));
             let _ = fs::remove_dir_all(root.join("envelopes"));
             let err = s.put("envelopes/aa", b"x").unwrap_err();
@@ -1000,7 +1006,9 @@ mod tests {
             assert_eq!(err.code(), crate::ErrorCode::StoreIo);
             assert!(err.to_string().contains("injected fsync failure"), "{err}");
             let left: Vec<_> = fs::read_dir(root.join("envelopes"))
-                .map(|d| d.map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with(".tmp-")).collect())
+                .map(|d| {
+                    d.map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with(".tmp-")).collect()
+                })
                 .unwrap_or_default();
             assert!(left.is_empty(), "{what}: {left:?}");
         }

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use openssl::pkey::PKey;
 use keyfence::sign::{Algorithm, KeyKind, PrivateKey, SignError};
+use openssl::pkey::PKey;
 
 pub const KEY_PROCESS: &str = env!("CARGO_BIN_EXE_keyfence-key-process");
 
@@ -21,7 +21,11 @@ pub fn key_file(dir: &Path, name: &str, kind: KeyKind) -> PathBuf {
     let pkey = match kind {
         KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits).unwrap()).unwrap(),
         KeyKind::EcP256 | KeyKind::EcP384 => {
-            let nid = if kind == KeyKind::EcP256 { openssl::nid::Nid::X9_62_PRIME256V1 } else { openssl::nid::Nid::SECP384R1 };
+            let nid = if kind == KeyKind::EcP256 {
+                openssl::nid::Nid::X9_62_PRIME256V1
+            } else {
+                openssl::nid::Nid::SECP384R1
+            };
             let g = openssl::ec::EcGroup::from_curve_name(nid).unwrap();
             PKey::from_ec_key(openssl::ec::EcKey::generate(&g).unwrap()).unwrap()
         }
@@ -65,7 +69,11 @@ pub fn agent_world(dir: &Path) -> AgentWorld {
     // The agent reads a servers' copy, as deployed: never the authority's
     // store, whose secrets it refuses to be able to read.
     let served = dir.join("served");
-    keyfence::wrap::export_for_servers(&*keyfence::wrap::open_store(store.to_str().unwrap()).unwrap(), &*keyfence::wrap::create_store(served.to_str().unwrap()).unwrap()).unwrap();
+    keyfence::wrap::export_for_servers(
+        &*keyfence::wrap::open_store(store.to_str().unwrap()).unwrap(),
+        &*keyfence::wrap::create_store(served.to_str().unwrap()).unwrap(),
+    )
+    .unwrap();
     AgentWorld { store, served, machine_key, eu_ec, eu_rsa, us_ec }
 }
 
@@ -111,10 +119,10 @@ pub fn managed_sign(
     key: &Arc<PrivateKey>,
     alg: Algorithm,
 ) -> Result<Vec<u8>, SignError> {
-    let req = keyfence::sign::managed::ManagedEngine::request(key.clone(), alg.name(), b"through the agent".to_vec(), None)?;
+    let req =
+        keyfence::sign::managed::ManagedEngine::request(key.clone(), alg.name(), b"through the agent".to_vec(), None)?;
     Ok(engine.submit(req)?.wait()?.to_vec())
 }
-
 
 /// A socket pair to start a key process on, as its client makes one: the
 /// key process's end has `SO_PASSCRED` on, so that every byte it reads

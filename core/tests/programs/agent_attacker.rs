@@ -134,7 +134,8 @@ fn simple(what: &str, socket: &str, count: usize, until: Instant, envelope: Opti
                         // A full socket times out; one the agent cut off
                         // is a broken pipe.
                         if let Err(e) = s.write_all(&f) {
-                            if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) {
+                            if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset)
+                            {
                                 cut += 1;
                                 *slot = None;
                             }
@@ -154,7 +155,8 @@ fn simple(what: &str, socket: &str, count: usize, until: Instant, envelope: Opti
 fn flood(socket: &str, count: usize, until: Instant, envelope: &[u8]) {
     let in_flight: usize = env("KEYFENCE_ATTACK_IN_FLIGHT").and_then(|v| v.parse().ok()).unwrap_or(1024);
     let alg: Algorithm = env("KEYFENCE_ATTACK_ALG").and_then(|a| a.parse().ok()).unwrap_or(Algorithm::RsaPkcs1Sha256);
-    let probe_alg: Algorithm = env("KEYFENCE_ATTACK_PROBE_ALG").and_then(|a| a.parse().ok()).unwrap_or(Algorithm::RsaPkcs1Sha256);
+    let probe_alg: Algorithm =
+        env("KEYFENCE_ATTACK_PROBE_ALG").and_then(|a| a.parse().ok()).unwrap_or(Algorithm::RsaPkcs1Sha256);
     let probe_envelope = env("KEYFENCE_ATTACK_PROBE_ENVELOPE").map(|e| std::fs::read(e).expect("the probe's envelope"));
     let threads: Vec<_> = (0..count)
         .map(|_| {

@@ -45,8 +45,22 @@ pub fn issue_cert_with(dir: &Path, ca: &str, name: &str, subj: &str, san: &str) 
     openssl(
         dir,
         &[
-            "x509", "-req", "-in", &format!("{name}.csr"), "-CA", &format!("{ca}.pem"), "-CAkey", &format!("{ca}.key"),
-            "-CAcreateserial", "-days", "2", "-sha256", "-extfile", &format!("{name}.ext"), "-out", &format!("{name}.pem"),
+            "x509",
+            "-req",
+            "-in",
+            &format!("{name}.csr"),
+            "-CA",
+            &format!("{ca}.pem"),
+            "-CAkey",
+            &format!("{ca}.key"),
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-sha256",
+            "-extfile",
+            &format!("{name}.ext"),
+            "-out",
+            &format!("{name}.pem"),
         ],
     );
 }
@@ -56,7 +70,20 @@ pub fn make_ca(dir: &Path, name: &str) {
     openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
     openssl(
         dir,
-        &["req", "-x509", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-days", "2", "-sha256", "-out", &format!("{name}.pem")],
+        &[
+            "req",
+            "-x509",
+            "-new",
+            "-key",
+            &format!("{name}.key"),
+            "-subj",
+            &format!("/CN={name}"),
+            "-days",
+            "2",
+            "-sha256",
+            "-out",
+            &format!("{name}.pem"),
+        ],
     );
 }
 

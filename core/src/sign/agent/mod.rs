@@ -45,14 +45,16 @@ use std::time::Duration;
 use zeroize::Zeroizing;
 
 pub use self::grants::{Grantee, TokenGrant};
-pub use self::status::{status, AgentStatus};
 use self::hush::Hush;
 use self::poller::{Poller, Refusal};
 use self::service::AgentService;
+pub use self::status::{status, AgentStatus};
 use crate::sign::key_process::protocol as p;
 use crate::sign::key_process::server::budget::{Account, Pool};
 use crate::sign::key_process::server::writer::FrameWriter;
-use crate::sign::key_process::server::{serve_conn, Client, ConnOptions, Limits, Room, Service, UserShare, Workers, MAX_QUEUED_LOADS};
+use crate::sign::key_process::server::{
+    serve_conn, Client, ConnOptions, Limits, Room, Service, UserShare, Workers, MAX_QUEUED_LOADS,
+};
 use crate::sign::pkcs11::Pkcs11Settings;
 use crate::sign::sys;
 use crate::sign::threads::Joined;
@@ -338,7 +340,12 @@ impl Inner {
 
     fn share(&self, uid: u32) -> Arc<UserShare> {
         let memory = self.config.user_memory;
-        self.users.lock().unwrap_or_else(|e| e.into_inner()).entry(uid).or_insert_with(|| Arc::new(UserShare::new(memory))).clone()
+        self.users
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(uid)
+            .or_insert_with(|| Arc::new(UserShare::new(memory)))
+            .clone()
     }
 }
 
@@ -427,7 +434,9 @@ impl Agent {
             (Some(store), Some(machine_key)) => Some(open_machine(&config, store, machine_key)?),
             (None, None) if config.pkcs11.is_some() => None,
             (None, None) => {
-                return Err(SignError::Config("the agent has nothing to serve: give it a store and a machine key, or a PKCS#11 module".into()))
+                return Err(SignError::Config(
+                    "the agent has nothing to serve: give it a store and a machine key, or a PKCS#11 module".into(),
+                ))
             }
             _ => return Err(SignError::Config("the agent needs both a store and a machine key, or neither".into())),
         };
@@ -462,8 +471,9 @@ impl Agent {
         // Connections accepted from it carry each sender's credentials
         // with its bytes, from the first: only the process that connected
         // may use a connection (server.rs, `FromOwner`).
-        sys::pass_credentials_on(&listener)
-            .map_err(|e| SignError::io(Resource::Socket, format!("cannot set SO_PASSCRED on the agent's socket: {e}")))?;
+        sys::pass_credentials_on(&listener).map_err(|e| {
+            SignError::io(Resource::Socket, format!("cannot set SO_PASSCRED on the agent's socket: {e}"))
+        })?;
         warn_unreachable(&config);
         // Each signing queue takes a user's whole in-flight bound, and four
         // users' in all: a fifth user still gets in, taking room from the
@@ -476,8 +486,8 @@ impl Agent {
         let offload = offload.start()?;
         let workers = Workers::start((config.rsa_threads, config.ec_threads), ops, loads, offload)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
-        let (poller, hears) =
-            Poller::new().map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
+        let (poller, hears) = Poller::new()
+            .map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
         let limits = Limits {
             user_in_flight: config.user_in_flight,
             connection_keys: config.connection_keys,
@@ -583,7 +593,13 @@ impl Agent {
 
     /// Requests in flight over every connection.
     pub fn in_flight(&self) -> usize {
-        self.inner.users.lock().unwrap_or_else(|e| e.into_inner()).values().map(|u| u.in_flight.load(Ordering::Acquire)).sum()
+        self.inner
+            .users
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .map(|u| u.in_flight.load(Ordering::Acquire))
+            .sum()
     }
 
     /// The agent's machine key's standing by its store (`None` for an
@@ -789,7 +805,8 @@ fn admit(inner: &Arc<Inner>, stream: UnixStream) {
     let mut gids = sys::peer_groups(&stream).unwrap_or_default();
     gids.push(gid);
     let c = &inner.config;
-    let allowed = uid == inner.uid || uid == 0 || c.allow_users.contains(&uid) || gids.iter().any(|g| c.allow_groups.contains(g));
+    let allowed =
+        uid == inner.uid || uid == 0 || c.allow_users.contains(&uid) || gids.iter().any(|g| c.allow_groups.contains(g));
     if !allowed {
         inner.refused.fetch_add(1, Ordering::Relaxed);
         return inner.poller.refuse(stream, Refusal::NotAllowed { uid, pid });

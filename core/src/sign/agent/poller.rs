@@ -23,8 +23,8 @@ use std::time::{Duration, Instant};
 
 use super::hush::Hush;
 use crate::sign::key_process::protocol::{self as p, kind, ErrorCode};
-use crate::sign::sys;
 use crate::sign::key_process::server::writer::{Stalled, Stalls};
+use crate::sign::sys;
 
 /// How long a refused client has to read its refusal.
 pub(crate) const REFUSAL_WAIT: Duration = Duration::from_secs(1);
@@ -141,7 +141,10 @@ impl Poller {
                 Some(since) if now.duration_since(since) >= STALL_LIMIT => {
                     s.cut_off();
                     if let Some(quiet) = self.cut_offs.say() {
-                        tracing::warn!(more = quiet, "cut off a client that left its replies unread for {STALL_LIMIT:?}");
+                        tracing::warn!(
+                            more = quiet,
+                            "cut off a client that left its replies unread for {STALL_LIMIT:?}"
+                        );
                     }
                     false
                 }
@@ -149,7 +152,11 @@ impl Poller {
             });
             fds.clear();
             fds.push(libc::pollfd { fd: hears.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            fds.extend(refused.iter().map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
+            fds.extend(refused.iter().map(|(s, _)| libc::pollfd {
+                fd: s.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
             fds.extend(stalled.iter().map(|s| libc::pollfd { fd: s.fd(), events: libc::POLLOUT, revents: 0 }));
             let wait = if refused.is_empty() && stalled.is_empty() && !self.to_trim.load(Ordering::Acquire) {
                 Duration::from_secs(1)

@@ -59,7 +59,9 @@ impl Service for AgentService {
             (LoadBody::AgentEnvelope(envelope), _) => self.open(envelope).inspect_err(|r| self.log_refusal(r, client)),
             // With its detail: the client reports the load as it would in
             // process.
-            (LoadBody::Pkcs11(uri), Some(client)) => self.load_pkcs11(uri, client).map_err(|e| Refusal::load_failed(&e)),
+            (LoadBody::Pkcs11(uri), Some(client)) => {
+                self.load_pkcs11(uri, client).map_err(|e| Refusal::load_failed(&e))
+            }
             _ => Err(Refusal::new(ErrorCode::NotAllowed, TABLE.other_sources)),
         }
     }
@@ -77,7 +79,16 @@ impl Service for AgentService {
 /// its store is wrong, not the client's request.
 fn operators_to_fix(code: crate::ErrorCode) -> bool {
     use crate::ErrorCode as C;
-    matches!(code, C::MachineRevoked | C::RetiredGeneration | C::StoreIo | C::ReplayedObject | C::WrongAuthority | C::UnknownPolicyKey | C::InconsistentState)
+    matches!(
+        code,
+        C::MachineRevoked
+            | C::RetiredGeneration
+            | C::StoreIo
+            | C::ReplayedObject
+            | C::WrongAuthority
+            | C::UnknownPolicyKey
+            | C::InconsistentState
+    )
 }
 
 impl AgentService {
@@ -110,7 +121,10 @@ impl AgentService {
     /// from the store's current copy, or why not (naming no secret).
     fn open(&self, envelope: &[u8]) -> Result<PrivateKey, Refusal> {
         let Some((machine, _)) = &self.machine else {
-            return Err(Refusal::new(ErrorCode::Load, "this agent serves token keys only: it was started without a store and a machine key"));
+            return Err(Refusal::new(
+                ErrorCode::Load,
+                "this agent serves token keys only: it was started without a store and a machine key",
+            ));
         };
         if self.revoked.load(Ordering::Acquire) {
             let code = crate::ErrorCode::MachineRevoked;
@@ -127,7 +141,8 @@ impl AgentService {
             let detail = Detail { code: Some(e.code()), token: None };
             Refusal { code: ErrorCode::Load, message: format!("{}: {e}", e.code().name()), detail }
         })?;
-        PrivateKey::from_bytes(&secret).map_err(|e| Refusal::new(ErrorCode::Load, format!("the key in the envelope: {e}")))
+        PrivateKey::from_bytes(&secret)
+            .map_err(|e| Refusal::new(ErrorCode::Load, format!("the key in the envelope: {e}")))
     }
 
     /// The key `client` names by PKCS#11 URI, on the module and with the

@@ -39,7 +39,11 @@ pub(super) fn look(inner: &Inner, last: Option<&Standing>) -> Standing {
                 for s in &conns {
                     let _ = s.shutdown(std::net::Shutdown::Both);
                 }
-                tracing::error!(connections = conns.len(), "{}; every connection was ended, dropping the keys it held", h.problem().unwrap_or_default());
+                tracing::error!(
+                    connections = conns.len(),
+                    "{}; every connection was ended, dropping the keys it held",
+                    h.problem().unwrap_or_default()
+                );
             }
         }
         (Ok(h), _) if !h.usable() => tracing::error!("{}", h.problem().unwrap_or_default()),
@@ -47,7 +51,9 @@ pub(super) fn look(inner: &Inner, last: Option<&Standing>) -> Standing {
             tracing::info!(live = ?h.live, held = ?h.held, was = ?before.live, "the store's live generations changed")
         }
         (Ok(_), Some(Ok(_))) => {}
-        (Ok(h), Some(Err(_))) => tracing::info!(live = ?h.live, "the store's lists can be read again; this machine's key is usable"),
+        (Ok(h), Some(Err(_))) => {
+            tracing::info!(live = ?h.live, "the store's lists can be read again; this machine's key is usable")
+        }
         (Ok(_), None) => {}
         (Err(e), _) => tracing::error!("the agent cannot read its store's generation and revocation lists: {e}"),
     }

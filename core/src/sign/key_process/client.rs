@@ -106,7 +106,8 @@ pub(super) fn keep_floor(wire: &LoadBody) -> Result<(), SignError> {
     let key = zeroize::Zeroizing::new(
         std::fs::read(machine_key).map_err(|e| refused(format!("reading {}: {e}", machine_key.display())))?,
     );
-    let info = crate::wrap::MachineInfo::from_key_bytes(&key).map_err(|e| refused(format!("{}: {e}", machine_key.display())))?;
+    let info = crate::wrap::MachineInfo::from_key_bytes(&key)
+        .map_err(|e| refused(format!("{}: {e}", machine_key.display())))?;
     crate::wrap::record_lists(&path, *info.authority(), find(crate::wrap::GENERATIONS), find(crate::wrap::REVOKED))
         .map_err(|e| refused(e.to_string()))
 }
@@ -272,7 +273,9 @@ impl Conn {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match self.call(kind::LOAD, body, left.max(Duration::from_millis(1))) {
-                Err(SignError::Backend { failure: BackendFailure::NoRoom, .. }) if Instant::now() + pause < until && !self.is_dead() => {
+                Err(SignError::Backend { failure: BackendFailure::NoRoom, .. })
+                    if Instant::now() + pause < until && !self.is_dead() =>
+                {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
@@ -333,7 +336,10 @@ impl Conn {
             } else {
                 backend_error(
                     BackendFailure::NoRoom,
-                    format!("no room: {} has max_in_flight requests outstanding", if self.to_agent { "the agent" } else { "the key process" }),
+                    format!(
+                        "no room: {} has max_in_flight requests outstanding",
+                        if self.to_agent { "the agent" } else { "the key process" }
+                    ),
                 )
             };
             return pending.fail(e);
@@ -355,7 +361,12 @@ impl Conn {
     }
 
     /// Performs `op` and waits for the answer until `deadline`.
-    pub(super) fn perform(self: &Arc<Self>, key_id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
+    pub(super) fn perform(
+        self: &Arc<Self>,
+        key_id: u64,
+        op: &Operation,
+        deadline: Instant,
+    ) -> Result<Output, SignError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send_op(key_id, op, deadline, Pending::OpCall(tx));
         // Waiting here for the reply: it must not sit in a batch.
@@ -409,7 +420,12 @@ impl Conn {
     /// The reader: delivers replies until the connection ends, then fails
     /// everything in flight at once (nothing waits for a dead process),
     /// reaps the process and says how it ended.
-    pub(super) fn read_replies(&self, mut stream: UnixStream, mut decoder: p::Decoder, guard: Option<crate::sign::sys::ForkGuard>) -> String {
+    pub(super) fn read_replies(
+        &self,
+        mut stream: UnixStream,
+        mut decoder: p::Decoder,
+        guard: Option<crate::sign::sys::ForkGuard>,
+    ) -> String {
         let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
         let end: String = 'read: loop {
             loop {

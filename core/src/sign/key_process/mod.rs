@@ -67,9 +67,9 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use protocol::Status;
 #[cfg(feature = "testing")]
 pub use process::{serve, ServeOptions};
+pub use protocol::Status;
 pub use source::{KeySource, MachineFiles};
 
 use self::client::backend_error;
@@ -314,7 +314,8 @@ impl KeyProcess {
     pub fn status(&self) -> Result<Status, SignError> {
         let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
         let frame = conn.call(kind::STATUS, &[], self.sup.config.start_timeout)?;
-        Status::parse(&frame.body).map_err(|e| backend_error(BackendFailure::Protocol, format!("bad status reply: {e}")))
+        Status::parse(&frame.body)
+            .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad status reply: {e}")))
     }
 
     /// Whether the keys are held by a key agent this connects to

@@ -32,9 +32,11 @@ use zeroize::Zeroizing;
 use crate::codec::{Order, Writer};
 use crate::sign::types::Operation;
 use crate::sign::wire::frame::reader;
-use crate::sign::wire::{hello, op};
 pub use crate::sign::wire::public_key::{encode as loaded_reply, parse as parse_loaded_reply};
-pub use crate::sign::wire::{encode, error_body, error_body_with, BodyError, Detail, Decoder, ErrorCode, Frame, HEADER, MAX_FRAME};
+pub use crate::sign::wire::{
+    encode, error_body, error_body_with, BodyError, Decoder, Detail, ErrorCode, Frame, HEADER, MAX_FRAME,
+};
+use crate::sign::wire::{hello, op};
 
 /// The first bytes of both hellos.
 pub const MAGIC: [u8; 4] = *b"KFKP";
@@ -479,7 +481,11 @@ mod tests {
         let f = Frame { kind: kind::OK, id: 7, body: Zeroizing::new(vec![0xA5; 48]) };
         let shown = format!("{f:?}");
         assert_eq!(shown, "Frame { kind: 0x80, id: 7, body_len: 48 }");
-        let load = Frame { kind: kind::LOAD, id: 1, body: load_request(1, &LoadBody::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))) };
+        let load = Frame {
+            kind: kind::LOAD,
+            id: 1,
+            body: load_request(1, &LoadBody::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))),
+        };
         assert!(!format!("{load:?}").contains("83, 69, 67") && !format!("{load:#?}").contains("SECRET"));
     }
 
@@ -522,7 +528,10 @@ mod tests {
         }
         let mut frame = Vec::new();
         encode(&mut frame, kind::UNLOAD, 5, &[&unload_request(77)]);
-        assert_eq!(frame, [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat());
+        assert_eq!(
+            frame,
+            [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat()
+        );
         assert_eq!(parse_unload_request(&unload_request(77)).unwrap(), 77);
         assert_eq!(drop_privileges_request(1, 2), [0, 0, 0, 1, 0, 0, 0, 2]);
         assert_eq!(parse_drop_privileges_request(&drop_privileges_request(1, 2)).unwrap(), (1, 2));

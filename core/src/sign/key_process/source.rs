@@ -57,7 +57,10 @@ impl KeySource {
     /// The envelope `envelope` (its bytes), opened with the machine key
     /// file `machine_key` against `store`.
     pub fn envelope(envelope: Vec<u8>, store: impl Into<PathBuf>, machine_key: impl Into<PathBuf>) -> Self {
-        KeySource::Envelope { envelope, machine: Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }) }
+        KeySource::Envelope {
+            envelope,
+            machine: Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }),
+        }
     }
 
     /// The envelope `envelope` for an agent to open with its own machine

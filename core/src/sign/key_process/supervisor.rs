@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 
 use super::client::{backend_error, Conn, Pending, NAME};
 use super::protocol::{self as p, kind};
-use super::KeySource;
-use crate::sign::sys;
 use super::server::writer::FrameWriter;
 use super::KeyProcessConfig;
+use super::KeySource;
 use crate::sign::held_key::{Answer, KeyHolder};
+use crate::sign::sys;
 use crate::sign::threads::{Joined, Origin};
 use crate::sign::types::{BackendFailure, KeyKind, OpClass, Operation, Output, Resource, SignError};
 
@@ -84,10 +84,7 @@ pub(super) fn resolve_command(config: &KeyProcessConfig) -> Result<Vec<std::ffi:
             )));
         }
         if !path.is_file() {
-            return Err(SignError::Config(format!(
-                "the key process program {} does not exist",
-                path.display()
-            )));
+            return Err(SignError::Config(format!("the key process program {} does not exist", path.display())));
         }
         return Ok(config.command.clone());
     }
@@ -132,12 +129,7 @@ impl Supervisor {
         let sup = Arc::new(Supervisor {
             config,
             command,
-            state: Mutex::new(State {
-                conn: None,
-                setup: Vec::new(),
-                lost: HashMap::new(),
-                last_exit: None,
-            }),
+            state: Mutex::new(State { conn: None, setup: Vec::new(), lost: HashMap::new(), last_exit: None }),
             changed: Condvar::new(),
             next_key: AtomicU64::new(1),
             restarts: AtomicU64::new(0),
@@ -181,7 +173,8 @@ impl Supervisor {
         // listener must be root or the socket file's owner, so a socket
         // another user bound and left in a folder a client can reach is
         // not taken for the agent's.
-        let (_, listener_uid, _) = sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
+        let (_, listener_uid, _) =
+            sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
         let owner = std::fs::metadata(socket).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).ok();
         if listener_uid != 0 && owner != Some(listener_uid) {
             return Err(backend_error(
@@ -203,7 +196,9 @@ impl Supervisor {
         if flags & p::flags::AGENT == 0 {
             return Err(fail(format!("{} is not a keyfence agent", socket.display())));
         }
-        let reader = ours.try_clone().map_err(|e| SignError::io(Resource::Socket, format!("cannot clone the agent socket: {e}")))?;
+        let reader = ours
+            .try_clone()
+            .map_err(|e| SignError::io(Resource::Socket, format!("cannot clone the agent socket: {e}")))?;
         let writer = FrameWriter::client(ours);
         let conn = Arc::new(Conn::new(peer_pid, flags, None, writer, config.max_in_flight));
         self.start_reader(&conn, reader, decoder)?;
@@ -212,16 +207,23 @@ impl Supervisor {
 
     /// Starts `conn`'s reader, which delivers replies and, when the
     /// connection ends, records why and starts another.
-    fn start_reader(self: &Arc<Self>, conn: &Arc<Conn>, reader: UnixStream, decoder: p::Decoder) -> Result<(), SignError> {
+    fn start_reader(
+        self: &Arc<Self>,
+        conn: &Arc<Conn>,
+        reader: UnixStream,
+        decoder: p::Decoder,
+    ) -> Result<(), SignError> {
         let (weak, c) = (Arc::downgrade(self), conn.clone());
-        let started =
-            self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(format!("keyfence-key-process-{}", conn.pid), move || {
+        let started = self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(
+            format!("keyfence-key-process-{}", conn.pid),
+            move || {
                 // A forked child of this process does not keep the reader's
                 // copy of the socket either; let go before it closes.
                 let guard = sys::ForkGuard::new(&reader);
                 let exit = c.read_replies(reader, decoder, guard);
                 on_exit(weak, exit);
-            });
+            },
+        );
         if let Err(e) = started {
             end(conn);
             return Err(SignError::io(Resource::Thread, format!("cannot start the reader of {}: {e}", self.holder())));
@@ -237,7 +239,8 @@ impl Supervisor {
             return self.connect(socket);
         }
         let process_error = |what: String| SignError::io(Resource::Process, what);
-        let (ours, theirs) = UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
+        let (ours, theirs) =
+            UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
         // The key process reads which process sent each request, from its
         // first byte on (it serves only this one, not a child of it).
         sys::pass_credentials(&theirs).map_err(|e| SignError::io(Resource::Socket, format!("SO_PASSCRED: {e}")))?;
@@ -448,20 +451,26 @@ fn handshake(ours: &UnixStream, pid: Option<u32>, config: &KeyProcessConfig) -> 
             Err(e) => return Err(wrote.err().unwrap_or(e)),
         };
         if n == 0 {
-            return Err(wrote.err().unwrap_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello")));
+            return Err(wrote
+                .err()
+                .unwrap_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello")));
         }
         decoder.push(&buf[..n]);
     };
     ours.set_read_timeout(None)?;
     if frame.kind == kind::ERR {
         let (code, msg) = p::parse_error(&frame.body);
-        let kind = if code == p::ErrorCode::NotAllowed { io::ErrorKind::PermissionDenied } else { io::ErrorKind::InvalidData };
+        let kind =
+            if code == p::ErrorCode::NotAllowed { io::ErrorKind::PermissionDenied } else { io::ErrorKind::InvalidData };
         return Err(io::Error::new(kind, format!("it refused the hello: {msg}")));
     }
     let (their_pid, flags) =
         p::parse_hello_reply(&frame.body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     if frame.kind != kind::HELLO {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("expected a hello, got frame kind {:#04x}", frame.kind)));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("expected a hello, got frame kind {:#04x}", frame.kind),
+        ));
     }
     if let Some(pid) = pid.filter(|p| *p != their_pid) {
         return Err(io::Error::new(

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
-use crate::sign::types::{Resource, SignError};
 use super::device::{Device, DeviceRequest};
 use super::stats::Counters;
+use crate::sign::types::{Resource, SignError};
 
 /// Room at the device: at most `capacity` requests outstanding.
 pub(crate) struct Slots {

@@ -9,15 +9,15 @@ use std::time::Instant;
 
 use crossbeam_channel::{Sender, TrySendError};
 
-use crate::sign::backend::{Backend, Reply};
-use crate::sign::types::{BackendFailure, OpClass, Operation, Output, Resource, SignError};
-use crate::sign::PrivateKey;
 use super::batcher::{Batcher, Slots};
 use super::device::{Device, DeviceCompletion, DeviceError, DeviceRequest};
 use super::routing::Route;
 use super::rsa_encoding::rsa_output_valid;
 use super::stats::{Counters, OffloadStats};
 use super::{open_device, OffloadConfig, OffloadMode, OnDeviceError, QatUnavailable};
+use crate::sign::backend::{Backend, Reply};
+use crate::sign::types::{BackendFailure, OpClass, Operation, Output, Resource, SignError};
+use crate::sign::PrivateKey;
 
 /// The backend name in errors and metrics.
 const NAME: &str = "offload";
@@ -49,7 +49,9 @@ impl FallbackPool {
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 })
-                .map_err(|e| SignError::io(Resource::Thread, format!("cannot start an offload fallback thread: {e}")))?;
+                .map_err(|e| {
+                    SignError::io(Resource::Thread, format!("cannot start an offload fallback thread: {e}"))
+                })?;
         }
         Ok(FallbackPool { tx })
     }
@@ -109,14 +111,17 @@ struct Shared {
 
 impl Shared {
     fn device_failure(&self, e: &DeviceError) -> SignError {
-        backend_error(BackendFailure::Refused, format!(
-            "offload device `{}` failed the operation ({e}); on_device_error is fail",
-            self.device_name
-        ))
+        backend_error(
+            BackendFailure::Refused,
+            format!("offload device `{}` failed the operation ({e}); on_device_error is fail", self.device_name),
+        )
     }
 
     fn expired(&self) -> SignError {
-        backend_error(BackendFailure::GaveUp, format!("the deadline passed before offload device `{}` ran the operation", self.device_name))
+        backend_error(
+            BackendFailure::GaveUp,
+            format!("the deadline passed before offload device `{}` ran the operation", self.device_name),
+        )
     }
 
     /// Answers `reply` from a device completion.
@@ -185,11 +190,18 @@ impl Shared {
 /// A device's result as the caller may see it: an RSA result that fails
 /// the public-key check is counted and becomes a device failure (then
 /// software or an error, as [`OnDeviceError`] says), never an answer.
-fn checked(counters: &Counters, key: &PrivateKey, op: &Operation, result: Result<Output, DeviceError>) -> Result<Output, DeviceError> {
+fn checked(
+    counters: &Counters,
+    key: &PrivateKey,
+    op: &Operation,
+    result: Result<Output, DeviceError>,
+) -> Result<Output, DeviceError> {
     match result {
         Ok(out) if rsa_output_valid(key, op, &out) == Some(false) => {
             Counters::bump(&counters.mismatches);
-            Err(DeviceError::Failed("the device's RSA result failed the public-key check (a device fault); not used".into()))
+            Err(DeviceError::Failed(
+                "the device's RSA result failed the public-key check (a device fault); not used".into(),
+            ))
         }
         r => r,
     }
@@ -287,7 +299,9 @@ impl OffloadBackend {
             OffloadMode::On => match open_device(&config) {
                 Ok(device) => Self::with_device(device, config),
                 Err(QatUnavailable::NotBuilt(why)) => Err(SignError::Config(format!("offload mode `on`: {why}"))),
-                Err(QatUnavailable::NoDevice(why)) => Err(backend_error(BackendFailure::Unavailable, format!("offload mode `on`: {why}"))),
+                Err(QatUnavailable::NoDevice(why)) => {
+                    Err(backend_error(BackendFailure::Unavailable, format!("offload mode `on`: {why}")))
+                }
             },
             OffloadMode::Auto => match open_device(&config) {
                 Ok(device) => Self::with_device(device, config),
@@ -403,11 +417,14 @@ impl OffloadBackend {
 
     fn no_room(&self) -> SignError {
         Counters::bump(&self.inner.shared.counters.no_room);
-        backend_error(BackendFailure::NoRoom, format!(
-            "no room at offload device `{}`: {} operations in flight until the deadline",
-            self.inner.shared.device_name,
-            self.inner.slots.capacity()
-        ))
+        backend_error(
+            BackendFailure::NoRoom,
+            format!(
+                "no room at offload device `{}`: {} operations in flight until the deadline",
+                self.inner.shared.device_name,
+                self.inner.slots.capacity()
+            ),
+        )
     }
 }
 
@@ -533,7 +550,8 @@ impl Backend for OffloadBackend {
         };
         if reply.is_abandoned() {
             drop((slot, key, op));
-            return reply.send(Err(backend_error(BackendFailure::GaveUp, "the operation ended before it reached the device")));
+            return reply
+                .send(Err(backend_error(BackendFailure::GaveUp, "the operation ended before it reached the device")));
         }
         Counters::bump(&inner.shared.counters.submitted);
         let shared = inner.shared.clone();

@@ -78,11 +78,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-mod dispatcher;
 mod batcher;
 #[cfg(feature = "multibuffer")]
 mod crypto_mb;
 mod device;
+mod dispatcher;
 #[cfg(feature = "multibuffer")]
 mod multibuffer;
 #[cfg(feature = "qat")]
@@ -100,11 +100,11 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub(crate) use dispatcher::Callback;
-pub use dispatcher::OffloadBackend;
 #[cfg(feature = "multibuffer")]
 pub use crypto_mb::CryptoMbInfo;
 pub use device::{CompletionFn, Device, DeviceCompletion, DeviceError, DeviceRequest};
+pub(crate) use dispatcher::Callback;
+pub use dispatcher::OffloadBackend;
 #[cfg(feature = "multibuffer")]
 pub use multibuffer::{MultiBufferConfig, MultiBufferDevice, MultiBufferStats, MultiBufferUnavailable};
 #[cfg(feature = "qat")]
@@ -338,7 +338,12 @@ impl ServerOffload {
     /// cannot be used, saying why.
     pub(crate) fn prepare(mode: OffloadMode, library: Option<&str>) -> Result<ServerOffload, SignError> {
         if mode == OffloadMode::Off {
-            return Ok(ServerOffload { mode, #[cfg(feature = "multibuffer")] loaded: None, reason: Some("offload mode is off".into()) });
+            return Ok(ServerOffload {
+                mode,
+                #[cfg(feature = "multibuffer")]
+                loaded: None,
+                reason: Some("offload mode is off".into()),
+            });
         }
         #[cfg(feature = "multibuffer")]
         {
@@ -353,7 +358,11 @@ impl ServerOffload {
                     crate::sign::BackendFailure::Unavailable,
                     format!("offload mode `on`: {why}"),
                 )),
-                Err(why) => Ok(ServerOffload { mode, loaded: None, reason: Some(format!("offload mode `auto` signs in software: {why}")) }),
+                Err(why) => Ok(ServerOffload {
+                    mode,
+                    loaded: None,
+                    reason: Some(format!("offload mode `auto` signs in software: {why}")),
+                }),
             }
         }
         #[cfg(not(feature = "multibuffer"))]
@@ -382,7 +391,8 @@ impl ServerOffload {
         let _ = self.mode;
         #[cfg(feature = "multibuffer")]
         if let Some(loaded) = self.loaded {
-            let device = loaded.start().map_err(|e| SignError::io(crate::sign::types::Resource::Thread, e.to_string()))?;
+            let device =
+                loaded.start().map_err(|e| SignError::io(crate::sign::types::Resource::Thread, e.to_string()))?;
             let mut config = OffloadConfig::default();
             config.routing = Routing::all(Route::Device);
             config.batch_size = device.max_batch();

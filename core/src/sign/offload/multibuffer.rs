@@ -69,7 +69,10 @@ pub struct MultiBufferConfig {
 impl Default for MultiBufferConfig {
     fn default() -> Self {
         MultiBufferConfig {
-            library: std::env::var("KEYFENCE_CRYPTO_MB").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "libcrypto_mb.so.13".into()),
+            library: std::env::var("KEYFENCE_CRYPTO_MB")
+                .ok()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| "libcrypto_mb.so.13".into()),
             min_lanes: 3,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
@@ -240,7 +243,9 @@ impl Drop for MultiBufferDevice {
 fn algo_of(kind: KeyKind, op: &Operation) -> Option<Algo> {
     match (kind, op) {
         (KeyKind::Rsa { bits }, Operation::DecryptRaw { .. }) => Algo::rsa(bits),
-        (KeyKind::Rsa { bits }, Operation::Sign { alg, .. }) if matches!(alg.family(), Family::RsaPkcs1 | Family::RsaPss) => {
+        (KeyKind::Rsa { bits }, Operation::Sign { alg, .. })
+            if matches!(alg.family(), Family::RsaPkcs1 | Family::RsaPss) =>
+        {
             Algo::rsa(bits)
         }
         (KeyKind::EcP256, Operation::Sign { alg, .. }) if alg.family() == Family::EcdsaP256 => Some(Algo::EcP256),
@@ -430,7 +435,9 @@ fn sub_be(a: &mut [u8], b: &[u8]) {
 fn nonce(n: &[u8]) -> Result<Zeroizing<Vec<u8>>, DeviceError> {
     let mut k = Zeroizing::new(vec![0u8; n.len()]);
     for _ in 0..128 {
-        OsRng.try_fill_bytes(&mut k).map_err(|e| DeviceError::Failed(format!("the system's random number generator: {e}")))?;
+        OsRng
+            .try_fill_bytes(&mut k)
+            .map_err(|e| DeviceError::Failed(format!("the system's random number generator: {e}")))?;
         if k.iter().any(|b| *b != 0) && k.as_slice() < n {
             return Ok(k);
         }
@@ -510,12 +517,14 @@ fn ecdsa_lane(
     if e.iter().all(|b| *b == 0) {
         return Ok(None);
     }
-    let ec = r.key().as_local().and_then(|l| l.ec()).ok_or_else(|| DeviceError::Unsupported("an EC key held elsewhere".into()))?;
-    let d = ec
-        .private_key()
-        .to_vec_padded(bytes as i32)
-        .map(Zeroizing::new)
-        .map_err(|e| DeviceError::Rejected(SignError::Crypto { op: crate::sign::CryptoOp::Sign, reason: e.to_string() }))?;
+    let ec = r
+        .key()
+        .as_local()
+        .and_then(|l| l.ec())
+        .ok_or_else(|| DeviceError::Unsupported("an EC key held elsewhere".into()))?;
+    let d = ec.private_key().to_vec_padded(bytes as i32).map(Zeroizing::new).map_err(|e| {
+        DeviceError::Rejected(SignError::Crypto { op: crate::sign::CryptoOp::Sign, reason: e.to_string() })
+    })?;
     Ok(Some((e, nonce(n)?, d)))
 }
 
@@ -526,7 +535,11 @@ fn fail_all(reqs: Vec<DeviceRequest>, why: &str) {
 }
 
 /// Completes each request from its lane's status and result, counting.
-fn finish(s: &Shared, status: super::crypto_mb::Status, results: impl Iterator<Item = (DeviceRequest, Result<Output, DeviceError>)>) {
+fn finish(
+    s: &Shared,
+    status: super::crypto_mb::Status,
+    results: impl Iterator<Item = (DeviceRequest, Result<Output, DeviceError>)>,
+) {
     s.calls.fetch_add(1, Ordering::Relaxed);
     for (i, (r, result)) in results.enumerate() {
         s.lanes.fetch_add(1, Ordering::Relaxed);

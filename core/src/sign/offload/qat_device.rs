@@ -35,9 +35,9 @@ use zeroize::Zeroizing;
 
 use super::device::{Device, DeviceError, DeviceRequest};
 use super::qat::{self, status_name, ProbeError, QatInfo};
+use super::rsa_encoding::{rsa_crt, rsa_encode, rsa_result_matches};
 use super::QatConfig;
 use crate::sign::types::{KeyKind, Operation};
-use super::rsa_encoding::{rsa_crt, rsa_encode, rsa_result_matches};
 
 type CpaStatus = i32;
 const CPA_STATUS_SUCCESS: CpaStatus = 0;

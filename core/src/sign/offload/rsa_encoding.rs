@@ -5,9 +5,9 @@
 // The digest-input padding calls are `openssl-sys` only (AWS-LC's C API).
 #![allow(unsafe_code)]
 
+use foreign_types::ForeignTypeRef;
 use openssl::error::ErrorStack;
 use openssl::rsa::Padding;
-use foreign_types::ForeignTypeRef;
 use zeroize::Zeroizing;
 
 use crate::sign::local_key::{crypto, digest_of, pss_digest, LocalKey};
@@ -71,7 +71,10 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
             let n = rsa.n().to_vec_padded(k as i32).map_err(crypto(CryptoOp::Encode))?;
             // Big-endian, equal lengths: lexicographic order is numeric.
             if ciphertext.len() != k || ciphertext.as_slice() >= n.as_slice() {
-                return Err(SignError::Crypto { op: CryptoOp::Encode, reason: "the ciphertext is not smaller than the modulus".into() });
+                return Err(SignError::Crypto {
+                    op: CryptoOp::Encode,
+                    reason: "the ciphertext is not smaller than the modulus".into(),
+                });
             }
             return Ok(Zeroizing::new(ciphertext.clone()));
         }
@@ -87,7 +90,10 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
             let t = pkcs1_digest_info(hash, digest)?;
             // EM = 00 01 FF..FF 00 T, with at least 8 bytes of FF.
             if t.len() + 11 > k {
-                return Err(SignError::Crypto { op: CryptoOp::Encode, reason: "the modulus is too short for this digest".into() });
+                return Err(SignError::Crypto {
+                    op: CryptoOp::Encode,
+                    reason: "the modulus is too short for this digest".into(),
+                });
             }
             em[1] = 1;
             em[2..k - t.len() - 1].fill(0xff);
@@ -157,7 +163,9 @@ pub(crate) fn rsa_output_valid(key: &PrivateKey, op: &Operation, output: &[u8]) 
         Family::RsaPss => {
             let k = rsa.size() as usize;
             let (Some(hash), true) = (alg.hash(), output.len() == k) else { return Some(false) };
-            let (Ok(digest), Ok(md)) = (digest_of(hash, input, prehashed), pss_digest(hash)) else { return Some(false) };
+            let (Ok(digest), Ok(md)) = (digest_of(hash, input, prehashed), pss_digest(hash)) else {
+                return Some(false);
+            };
             if digest.len() != md.size() {
                 return Some(false);
             }

@@ -7,9 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use super::device::{Device, DeviceError, DeviceRequest};
 use crate::sign::types::{KeyKind, Operation, Output, Resource, SignError};
 use crate::sign::PrivateKey;
-use super::device::{Device, DeviceError, DeviceRequest};
 
 /// How a [`SimDevice`] behaves.
 ///

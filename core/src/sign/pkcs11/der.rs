@@ -20,9 +20,18 @@ use crate::sign::types::{Hash, Output, SignError};
 pub(super) fn digest_info_prefix(hash: Hash) -> &'static [u8] {
     match hash {
         Hash::Md5Sha1 => &[],
-        Hash::Sha256 => &[0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04, 0x20],
-        Hash::Sha384 => &[0x30, 0x41, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x02, 0x05, 0x00, 0x04, 0x30],
-        Hash::Sha512 => &[0x30, 0x51, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x03, 0x05, 0x00, 0x04, 0x40],
+        Hash::Sha256 => &[
+            0x30, 0x31, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x01, 0x05, 0x00, 0x04,
+            0x20,
+        ],
+        Hash::Sha384 => &[
+            0x30, 0x41, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x02, 0x05, 0x00, 0x04,
+            0x30,
+        ],
+        Hash::Sha512 => &[
+            0x30, 0x51, 0x30, 0x0d, 0x06, 0x09, 0x60, 0x86, 0x48, 0x01, 0x65, 0x03, 0x04, 0x02, 0x03, 0x05, 0x00, 0x04,
+            0x40,
+        ],
     }
 }
 
@@ -107,10 +116,12 @@ mod tests {
         let mut x = 1u8;
         for n in [32usize, 48, 66] {
             for z in 0..3 {
-                let mut v: Vec<u8> = (0..2 * n).map(|_| {
-                    x = x.wrapping_mul(167).wrapping_add(13);
-                    x
-                }).collect();
+                let mut v: Vec<u8> = (0..2 * n)
+                    .map(|_| {
+                        x = x.wrapping_mul(167).wrapping_add(13);
+                        x
+                    })
+                    .collect();
                 for i in 0..z {
                     v[i] = 0;
                     v[n + i] = 0;
@@ -120,10 +131,11 @@ mod tests {
         }
         for raw in cases {
             let (r, s) = raw.split_at(raw.len() / 2);
-            let want = EcdsaSig::from_private_components(BigNum::from_slice(r).unwrap(), BigNum::from_slice(s).unwrap())
-                .unwrap()
-                .to_der()
-                .unwrap();
+            let want =
+                EcdsaSig::from_private_components(BigNum::from_slice(r).unwrap(), BigNum::from_slice(s).unwrap())
+                    .unwrap()
+                    .to_der()
+                    .unwrap();
             assert_eq!(&super::ecdsa_der(&raw).unwrap()[..], &want[..], "{raw:02x?}");
         }
         assert!(super::ecdsa_der(&[1, 2, 3]).is_err());

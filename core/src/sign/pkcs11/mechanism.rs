@@ -18,7 +18,12 @@ use crate::sign::types::{Family, Hash, Input, KeyKind, Operation, Output, SignEr
 /// computed here (so `CKM_ECDSA`, `CKM_RSA_PKCS` and `CKM_RSA_PKCS_PSS`,
 /// which every token offers, rather than the hash-and-sign mechanisms
 /// fewer do).
-pub(super) fn sign_on(session: &Session, handle: ObjectHandle, kind: KeyKind, op: &Operation) -> Result<Result<Output, SignError>, CkError> {
+pub(super) fn sign_on(
+    session: &Session,
+    handle: ObjectHandle,
+    kind: KeyKind,
+    op: &Operation,
+) -> Result<Result<Output, SignError>, CkError> {
     let (alg, input) = match op {
         Operation::DecryptRaw { ciphertext } => {
             return Ok(Ok(Zeroizing::new(session.decrypt(&Mechanism::RsaX509, handle, ciphertext)?)));

@@ -94,7 +94,8 @@ impl Pkcs11Settings {
         let file = match (&uri.pin_source, &self.pin_file) {
             (Some(p), Some(fixed)) if self.fixed && !same_file(p, fixed) => {
                 return Err(SignError::InvalidArgument(
-                    "this signer reads only the PIN file it was started with; the URI's pin-source names another".into(),
+                    "this signer reads only the PIN file it was started with; the URI's pin-source names another"
+                        .into(),
                 ))
             }
             (Some(_), None) if self.fixed => {
@@ -107,12 +108,19 @@ impl Pkcs11Settings {
         match file {
             Some(path) => {
                 // A fixed PIN file's path is not the client's to learn.
-                let shown = if self.fixed { "this signer's PIN file".to_string() } else { format!("the PIN file {}", path.display()) };
+                let shown = if self.fixed {
+                    "this signer's PIN file".to_string()
+                } else {
+                    format!("the PIN file {}", path.display())
+                };
                 let secret = read_pin(path, &shown)?;
                 let source = PinSource::File(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()));
                 Ok(Some(Pin::new(secret, source, shown)))
             }
-            None => Ok(self.pin.clone().map(|secret| Pin::new(secret, PinSource::Value, "the PIN setting (KEYFENCE_PKCS11_PIN)".into()))),
+            None => Ok(self
+                .pin
+                .clone()
+                .map(|secret| Pin::new(secret, PinSource::Value, "the PIN setting (KEYFENCE_PKCS11_PIN)".into()))),
         }
     }
 }
@@ -124,7 +132,9 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// The first line of `path`, without its line end; `shown` names the
 /// file in errors.
 fn read_pin(path: &Path, shown: &str) -> Result<Zeroizing<String>, SignError> {
-    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read {shown}: {e}")))?);
+    let bytes = Zeroizing::new(
+        std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read {shown}: {e}")))?,
+    );
     let text = std::str::from_utf8(&bytes).map_err(|_| SignError::InvalidArgument(format!("{shown} is not UTF-8")))?;
     let pin = text.split(['\n', '\r']).next().unwrap_or("");
     if pin.is_empty() {
@@ -152,7 +162,10 @@ fn p11_kit_module(name: &str) -> Result<PathBuf, SignError> {
             }
         }
     }
-    Err(SignError::Config(format!("no p11-kit module named `{name}` (looked for {name}.module in {})", dirs.join(", "))))
+    Err(SignError::Config(format!(
+        "no p11-kit module named `{name}` (looked for {name}.module in {})",
+        dirs.join(", ")
+    )))
 }
 
 /// Checks that the module `uri` and `settings` name is a file, without
@@ -181,7 +194,8 @@ mod tests {
         let (module_link, pin_link) = (dir.path().join("m-link"), dir.path().join("p-link"));
         std::os::unix::fs::symlink(&module, &module_link).unwrap();
         std::os::unix::fs::symlink(&pin, &pin_link).unwrap();
-        let settings = Pkcs11Settings { module: Some(module.clone()), pin_file: Some(pin.clone()), pin: None, fixed: true };
+        let settings =
+            Pkcs11Settings { module: Some(module.clone()), pin_file: Some(pin.clone()), pin: None, fixed: true };
         let uri = Pkcs11Uri::parse(&format!(
             "pkcs11:token=t;object=k?module-path={}&pin-source=file:{}",
             module_link.display(),

@@ -11,13 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use openssl::ssl::SslConnector;
 use crossbeam_channel::{bounded, RecvTimeoutError, Sender};
+use openssl::ssl::SslConnector;
 
 use super::link::{self, Handler, Link, Outbox};
+use super::protocol::{self as p, kind, Frame, RemoteErrorCode};
 use crate::sign::batch;
 use crate::sign::threads::Joined;
-use super::protocol::{self as p, kind, Frame, RemoteErrorCode};
 
 /// Why one attempt on one connection did not get a reply frame.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 use openssl::ssl::{ErrorCode as SslErrorCode, SslStream};
 
 use super::poll;
-use crate::sign::batch;
 use super::protocol::{Decoder, Frame};
+use crate::sign::batch;
 
 /// Bytes queued for a peer that does not read them before the connection
 /// is closed: replies are bounded by the in-flight limits, but PINGs and

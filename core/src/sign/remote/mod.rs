@@ -45,7 +45,6 @@
 //! | 4 | `pool`, `routing` | connections per peer; peers and their order |
 //! | 5 | `signer` | [`RemoteSigner`] |
 
-mod signer;
 mod breaker;
 mod conn;
 mod exporter;
@@ -60,10 +59,10 @@ pub mod protocol;
 mod retry_budget;
 mod routing;
 mod server;
+mod signer;
 mod tenants;
 mod tls;
 
-pub use signer::{ClientMetrics, OpenOrForwardError, PeerMetrics, RemoteConfig, RemoteSigner, NAME};
 pub use breaker::{BreakerConfig, BreakerState};
 pub use exporter::{serve_metrics, MetricsEndpoint};
 pub use keyring::{KeyId, KeyRing, KeyRingError};
@@ -71,5 +70,6 @@ pub use metrics::{RequestCounts, RequestStats};
 pub use retry_budget::RetryBudgetConfig;
 pub use routing::PeerConfig;
 pub use server::{KeyServer, ServerConfig, ServerMetrics};
+pub use signer::{ClientMetrics, OpenOrForwardError, PeerMetrics, RemoteConfig, RemoteSigner, NAME};
 pub use tenants::{AllowList, TenantMetrics, TenantSource};
 pub use tls::TlsFiles;

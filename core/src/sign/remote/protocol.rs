@@ -46,12 +46,14 @@ use std::time::Duration;
 use crate::codec::{Order, Reader, Writer};
 use crate::sign::types::Operation;
 use crate::sign::wire::frame::reader;
-use crate::sign::wire::{hello, op};
 pub use crate::sign::wire::public_key::{encode as public_reply, parse as parse_public_reply};
-pub use crate::sign::wire::{encode, error_body, error_body_with, BodyError, Detail, Decoder, Frame, FramingError, HEADER, MAX_FRAME};
 /// Why a server refused a request: the codes of [`crate::sign::wire`],
 /// of which a server [`sends`] all but two.
 pub use crate::sign::wire::ErrorCode as RemoteErrorCode;
+pub use crate::sign::wire::{
+    encode, error_body, error_body_with, BodyError, Decoder, Detail, Frame, FramingError, HEADER, MAX_FRAME,
+};
+use crate::sign::wire::{hello, op};
 
 /// The first bytes of both hellos (not the key process's `KFKP`: a client
 /// pointed at the wrong port learns it from the first reply).
@@ -303,7 +305,10 @@ mod tests {
         assert!(parse_request(&frame(kind::OP, &op)).is_err(), "decrypt with an algorithm");
         assert!(parse_request(&frame(kind::OK, &[])).is_err(), "a reply is not a request");
         assert!(parse_request(&frame(kind::HELLO, &hello_request())).is_err(), "a second hello");
-        assert_eq!(parse_error(&error_body(RemoteErrorCode::TenantLimit, "full")), (RemoteErrorCode::TenantLimit, "full".into()));
+        assert_eq!(
+            parse_error(&error_body(RemoteErrorCode::TenantLimit, "full")),
+            (RemoteErrorCode::TenantLimit, "full".into())
+        );
         assert_eq!(parse_error(&[]).0, RemoteErrorCode::Internal);
         assert_eq!(parse_error(&[200]).0, RemoteErrorCode::Internal);
         for c in RemoteErrorCode::ALL {

@@ -62,7 +62,11 @@ impl PeerConfig {
             Ok(a) => a,
             Err(_) => address
                 .to_socket_addrs()
-                .map_err(|e| SignError::Config(format!("peer {name}: address {address:?} is not host:port or does not resolve: {e}")))?
+                .map_err(|e| {
+                    SignError::Config(format!(
+                        "peer {name}: address {address:?} is not host:port or does not resolve: {e}"
+                    ))
+                })?
                 .next()
                 .ok_or_else(|| SignError::Config(format!("peer {name}: address {address:?} resolves to nothing")))?,
         };

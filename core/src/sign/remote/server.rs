@@ -37,10 +37,10 @@ use super::handshakes::Handshakes;
 use super::keyring::{KeyId, KeyRing};
 use super::link::{self, Handler, Link, Outbox};
 use super::metrics::{request_stats, Outcome, RequestStats};
-use crate::sign::exposition::Exposition;
 use super::protocol::{self as p, kind, Frame, Head, RemoteErrorCode, Request as Wire};
 use super::tenants::{AllowList, Keys, Limits, Refused, Tenant, TenantMetrics, TenantSource, Tenants};
 use super::tls::{self, TlsFiles};
+use crate::sign::exposition::Exposition;
 use crate::sign::types::{ErrorKind, Operation, Output, Resource, SignError};
 use crate::sign::{Backend, Engine, EngineConfig, EngineMetrics, Request};
 
@@ -196,11 +196,31 @@ impl ServerMetrics {
         e.family(hs, "gauge", "Connections in their TLS handshake or hello now.");
         e.sample(hs, &[], self.handshakes as f64);
         for (name, help, v) in [
-            ("keyfence_remote_server_connections_refused_total", "Certified connections refused: too many open.", self.connections_refused),
-            ("keyfence_remote_server_handshakes_timed_out_total", "Handshakes closed at their deadline.", self.handshakes_timed_out),
-            ("keyfence_remote_server_handshakes_refused_total", "Connections closed at once: too many handshakes from one address, or handshake threads.", self.handshakes_refused),
-            ("keyfence_remote_server_handshakes_evicted_total", "Handshakes closed to make room for a newer one.", self.handshakes_evicted),
-            ("keyfence_remote_server_handshakes_failed_total", "TLS handshakes or hellos that failed.", self.handshakes_failed),
+            (
+                "keyfence_remote_server_connections_refused_total",
+                "Certified connections refused: too many open.",
+                self.connections_refused,
+            ),
+            (
+                "keyfence_remote_server_handshakes_timed_out_total",
+                "Handshakes closed at their deadline.",
+                self.handshakes_timed_out,
+            ),
+            (
+                "keyfence_remote_server_handshakes_refused_total",
+                "Connections closed at once: too many handshakes from one address, or handshake threads.",
+                self.handshakes_refused,
+            ),
+            (
+                "keyfence_remote_server_handshakes_evicted_total",
+                "Handshakes closed to make room for a newer one.",
+                self.handshakes_evicted,
+            ),
+            (
+                "keyfence_remote_server_handshakes_failed_total",
+                "TLS handshakes or hellos that failed.",
+                self.handshakes_failed,
+            ),
             ("keyfence_remote_server_malformed_total", "Frames answered malformed.", self.malformed),
         ] {
             e.family(name, "counter", help);
@@ -270,7 +290,9 @@ impl KeyServer {
     /// cannot start.
     pub fn start(config: ServerConfig, keys: KeyRing) -> Result<Self, SignError> {
         if config.tenant_in_flight == 0 || !(1..=p::MAX_IN_FLIGHT).contains(&config.connection_in_flight) {
-            return Err(SignError::Config("tenant_in_flight must be at least 1, connection_in_flight 1 to 65536".into()));
+            return Err(SignError::Config(
+                "tenant_in_flight must be at least 1, connection_in_flight 1 to 65536".into(),
+            ));
         }
         if config.tenant_queued_bytes < p::MAX_FRAME || config.queued_bytes < config.tenant_queued_bytes {
             return Err(SignError::Config(format!(
@@ -300,7 +322,11 @@ impl KeyServer {
                 tenant_bytes: config.tenant_queued_bytes,
                 server_bytes: config.queued_bytes,
             }),
-            handshakes: Handshakes::new(config.max_handshakes, config.max_handshakes_per_address, config.handshake_timeout),
+            handshakes: Handshakes::new(
+                config.max_handshakes,
+                config.max_handshakes_per_address,
+                config.handshake_timeout,
+            ),
             config,
             acceptor,
             engine,
@@ -367,7 +393,8 @@ impl KeyServer {
         // Wake the accept thread.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         i.handshakes.close_all();
-        let conns: Vec<Arc<Outbox>> = i.connections.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let conns: Vec<Arc<Outbox>> =
+            i.connections.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for c in conns {
             c.close();
         }
@@ -411,7 +438,9 @@ fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
         let (Ok(peer), Ok(clone)) = (stream.peer_addr(), stream.try_clone()) else { continue };
         let Ok(hs) = inner.handshakes.admit(peer.ip(), clone) else { continue };
         let i = inner.clone();
-        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn_quiet(move || connection(&i, stream, hs));
+        let spawned = std::thread::Builder::new()
+            .name("keyfence-serve-conn".into())
+            .spawn_quiet(move || connection(&i, stream, hs));
         if spawned.is_err() {
             inner.handshakes.finish(hs);
             inner.handshakes.thread_done();
@@ -709,7 +738,10 @@ impl Conn {
                 return refuse(RemoteErrorCode::TenantLimit, "this tenant has its maximum in flight on this server")
             }
             Err(Refused::TenantBytes) => {
-                return refuse(RemoteErrorCode::Overloaded, "this tenant has its maximum request bytes waiting on this server")
+                return refuse(
+                    RemoteErrorCode::Overloaded,
+                    "this tenant has its maximum request bytes waiting on this server",
+                )
             }
             Err(Refused::ServerBytes) => {
                 return refuse(RemoteErrorCode::Overloaded, "this server has its maximum request bytes waiting")
@@ -733,7 +765,9 @@ impl Conn {
                     error_frame(id, code, e)
                 }
             };
-            done_span.in_scope(|| tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered"));
+            done_span.in_scope(|| {
+                tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered")
+            });
             drop((admitted, slot));
             link::send_batched(&outbox, &frame);
             drop(unanswered);

@@ -6,7 +6,6 @@
 use std::fmt;
 use std::str::FromStr;
 
-
 /// The hash an algorithm signs with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Hash {
@@ -219,7 +218,10 @@ mod tests {
             assert_eq!(Algorithm::from_tls_code(a.tls_code()).unwrap(), a);
         }
         assert_eq!("RSA-PSS-SHA256".parse::<Algorithm>().unwrap(), Algorithm::RsaPssSha256);
-        assert!(matches!("rsa-sha1".parse::<Algorithm>().map_err(SignError::from), Err(SignError::UnknownAlgorithm(_))));
+        assert!(matches!(
+            "rsa-sha1".parse::<Algorithm>().map_err(SignError::from),
+            Err(SignError::UnknownAlgorithm(_))
+        ));
         // rsa_pkcs1_sha1 and ecdsa_secp521r1_sha512 are not signed with.
         assert_eq!(Algorithm::from_tls_code(0x0201).map_err(SignError::from), Err(SignError::UnknownTlsScheme(0x0201)));
         assert_eq!(Algorithm::from_tls_code(0x0603).map_err(SignError::from), Err(SignError::UnknownTlsScheme(0x0603)));

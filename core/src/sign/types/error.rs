@@ -492,7 +492,10 @@ mod tests {
             (SignError::HeldElsewhere { holder: "a".into(), requested: "b".into() }, ErrorCode::InvalidRequest),
             (SignError::Crypto { op: CryptoOp::Sign, reason: "r".into() }, ErrorCode::CryptoFailed),
             (SignError::backend("b", BackendFailure::Died, "r"), ErrorCode::BackendFailed),
-            (SignError::Declined { code: ErrorCode::PolicyNotSatisfied, reason: "r".into() }, ErrorCode::PolicyNotSatisfied),
+            (
+                SignError::Declined { code: ErrorCode::PolicyNotSatisfied, reason: "r".into() },
+                ErrorCode::PolicyNotSatisfied,
+            ),
             (SignError::Declined { code: ErrorCode::StoreIo, reason: "r".into() }, ErrorCode::StoreIo),
             (SignError::Config("c".into()), ErrorCode::InvalidConfig),
             (SignError::InvalidArgument("a".into()), ErrorCode::InvalidArgument),

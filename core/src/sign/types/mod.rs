@@ -9,9 +9,9 @@ mod key_kind;
 mod op_class;
 mod operation;
 
-pub use algorithm::{Algorithm, AlgorithmError, Hash};
 #[cfg(feature = "sign")]
 pub(crate) use algorithm::Family;
+pub use algorithm::{Algorithm, AlgorithmError, Hash};
 pub use error::{BackendFailure, CryptoOp, ErrorKind, KeyError, Resource, SignError, TokenFailure};
 pub use key_kind::KeyKind;
 pub use op_class::OpClass;

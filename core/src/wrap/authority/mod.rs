@@ -26,11 +26,11 @@ use super::error::WrapError;
 use super::format::{check_policy, Envelope};
 use super::generation::GenerationState;
 use super::generation_list;
-use super::signing::AuthorityKey;
 use super::layout;
 use super::machine::MachineKey;
 use super::policy::CanonicalPolicy;
 use super::revocation::{self, Revoked, MACHINE_LABEL};
+use super::signing::AuthorityKey;
 use super::store::{Store, StoreError};
 use super::{hpke, sealed};
 use crate::abe::{self, AbeError};
@@ -38,8 +38,8 @@ use crate::abe::{self, AbeError};
 pub use inventory::{parse_inventory, Imported, InventoryMachine, Stranding};
 pub use placement::{Latencies, Traffic, WhereGroup, WhereQuery, WhereReport};
 pub use rewrap::{SkipReason, Skipped};
-pub use txn::Conflicts;
 use state::{Digest, Generation, PolicyKey, State, MAX_GENERATIONS};
+pub use txn::Conflicts;
 use txn::{Txn, LOCK_WAIT};
 
 /// What a master rotation did.
@@ -401,7 +401,8 @@ impl Authority {
     /// may hold a key of it.
     fn seal_under(&self, t: &mut Txn, g: &Generation, k: &PolicyKey) -> Result<()> {
         let excluded = revocation::excluded_for(&self.state.revoked, g.number);
-        let blob = sealed::seal(&self.state.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
+        let blob =
+            sealed::seal(&self.state.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
         t.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob);
         Ok(())
     }
@@ -539,7 +540,8 @@ impl Authority {
     /// otherwise as [`Authority::rotate_master`].
     pub fn rotate_master_unless_stranding(&mut self) -> Result<MasterRotation> {
         self.change(Some("rotate master"), |a, t| {
-            let retiring = a.state.generations.iter().find(|g| g.state == GenerationState::DecryptOnly).map(|g| g.number);
+            let retiring =
+                a.state.generations.iter().find(|g| g.state == GenerationState::DecryptOnly).map(|g| g.number);
             let stranded = a.stranded_by(retiring)?;
             if let (Some(generation), false) = (retiring, stranded.is_empty()) {
                 return Err(WrapError::WouldStrand {
@@ -586,7 +588,16 @@ impl Authority {
         for i in 0..n {
             let g = self.state.generations.last().ok_or_else(|| StateError::Inconsistent("no generation".into()))?;
             let k = &self.state.keys[i];
-            let blob = sealed::seal(&self.state.signer, &g.pk, number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
+            let blob = sealed::seal(
+                &self.state.signer,
+                &g.pk,
+                number,
+                &k.policy,
+                k.version,
+                &k.public,
+                &k.private,
+                &excluded,
+            )?;
             t.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
             self.commit_if_large(t)?;
         }
@@ -629,7 +640,13 @@ impl Authority {
             // the re-wrapping goes in chunks, each expecting this state.
             a.commit(t)?;
             let (rewrapped, skipped) = a.rewrap_store(t, &[pid])?;
-            let decrypt_only = a.state.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
+            let decrypt_only = a
+                .state
+                .keys
+                .iter()
+                .filter(|k| *k.policy_id() == pid && k.version != version)
+                .map(|k| k.version)
+                .collect();
             a.collect_garbage(t)?;
             Ok(PolicyRotation { version, rewrapped, skipped, decrypt_only })
         })
@@ -651,8 +668,13 @@ impl Authority {
             let pid = *policy.id();
             let version = a.state.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?.version;
             let (rewrapped, skipped) = a.rewrap_store(t, &[pid])?;
-            let retired: Vec<u32> =
-                a.state.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
+            let retired: Vec<u32> = a
+                .state
+                .keys
+                .iter()
+                .filter(|k| *k.policy_id() == pid && k.version != version)
+                .map(|k| k.version)
+                .collect();
             a.state.keys.retain(|k| *k.policy_id() != pid || k.version == version);
             a.stage_state(t);
             a.collect_garbage(t)?;
@@ -725,7 +747,8 @@ impl Authority {
             pids.sort();
             pids.dedup();
             for pid in &pids {
-                let old = a.state.current(pid).ok_or_else(|| StateError::Inconsistent("a policy key is missing".into()))?;
+                let old =
+                    a.state.current(pid).ok_or_else(|| StateError::Inconsistent("a policy key is missing".into()))?;
                 limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
                 limit("policy key count", a.state.keys.len() + 1, u32::MAX as usize)?;
                 let (private, public) = hpke::keypair(&mut OsRng);

@@ -78,7 +78,12 @@ impl Traffic {
             }
             let n = i + 1;
             if f.len() != 2 {
-                return Err(bad(file, n, "line", format!("{} field(s); a line is `group,handshakes per second`", f.len())));
+                return Err(bad(
+                    file,
+                    n,
+                    "line",
+                    format!("{} field(s); a line is `group,handshakes per second`", f.len()),
+                ));
             }
             if f[0].is_empty() {
                 return Err(bad(file, n, "group", "empty"));
@@ -101,7 +106,9 @@ impl Traffic {
         for (g, rps) in pairs {
             let g = g.into();
             if !(rps.is_finite() && rps >= 0.0) {
-                return Err(WrapError::InvalidQuery(format!("traffic of {g}: {rps} is not a finite number of at least 0")));
+                return Err(WrapError::InvalidQuery(format!(
+                    "traffic of {g}: {rps} is not a finite number of at least 0"
+                )));
             }
             if t.rps.insert(g.clone(), rps).is_some() {
                 return Err(WrapError::InvalidQuery(format!("traffic of {g} is given twice")));
@@ -134,7 +141,12 @@ impl Latencies {
             }
             let n = i + 1;
             if f.len() != 3 {
-                return Err(bad(file, n, "line", format!("{} field(s); a line is `from group,to group,milliseconds`", f.len())));
+                return Err(bad(
+                    file,
+                    n,
+                    "line",
+                    format!("{} field(s); a line is `from group,to group,milliseconds`", f.len()),
+                ));
             }
             for (k, name) in [(0, "from"), (1, "to")] {
                 if f[k].is_empty() {
@@ -159,7 +171,9 @@ impl Latencies {
         for (a, b, ms) in triples {
             let (a, b) = (a.into(), b.into());
             if !(ms.is_finite() && ms >= 0.0) {
-                return Err(WrapError::InvalidQuery(format!("latency {a} to {b}: {ms} is not a finite number of at least 0")));
+                return Err(WrapError::InvalidQuery(format!(
+                    "latency {a} to {b}: {ms} is not a finite number of at least 0"
+                )));
             }
             if l.ms.insert((a.clone(), b.clone()), ms).is_some() {
                 return Err(WrapError::InvalidQuery(format!("latency {a} to {b} is given twice")));
@@ -337,7 +351,9 @@ impl WhereReport {
             Some(x) => json_num(&mut o, x),
             None => o.push_str("null"),
         }
-        for (name, v) in [("total_rps", self.total_rps), ("remote_rps", self.remote_rps), ("unserved_rps", self.unserved_rps)] {
+        for (name, v) in
+            [("total_rps", self.total_rps), ("remote_rps", self.remote_rps), ("unserved_rps", self.unserved_rps)]
+        {
             if let Some(x) = v {
                 let _ = write!(o, ",\"{name}\":");
                 json_num(&mut o, x);
@@ -397,7 +413,9 @@ struct Count {
 /// a warning ratio that is not a positive finite number.
 pub(super) fn evaluate(machines: &[InventoryMachine], q: &WhereQuery) -> Result<WhereReport> {
     if (q.traffic.is_some() || q.latency.is_some() || q.near.is_some()) && q.by.is_none() {
-        return Err(WrapError::InvalidQuery("traffic, latencies and `near` are by group: say which label groups the fleet (`by`, e.g. dc)".into()));
+        return Err(WrapError::InvalidQuery(
+            "traffic, latencies and `near` are by group: say which label groups the fleet (`by`, e.g. dc)".into(),
+        ));
     }
     if !(q.warn_ratio.is_finite() && q.warn_ratio > 0.0) {
         return Err(WrapError::InvalidQuery(format!("the warning ratio {} is not a positive number", q.warn_ratio)));
@@ -517,7 +535,11 @@ fn project(r: &mut WhereReport, traffic: &Traffic, q: &WhereQuery) {
         g.sends_to = sends_to[i].map(|s| names[s].clone());
         if received[i] > q.warn_ratio * own {
             g.warning = Some(if own == 0.0 {
-                format!("receives {} handshakes/s from {} group(s) and has no traffic of its own", fmt_rps(received[i]), senders[i])
+                format!(
+                    "receives {} handshakes/s from {} group(s) and has no traffic of its own",
+                    fmt_rps(received[i]),
+                    senders[i]
+                )
             } else {
                 format!(
                     "receives {} handshakes/s from {} group(s): {:.1} times its own {}, over the warning ratio {}",
@@ -572,13 +594,22 @@ mod tests {
             (",5", 1, "group"),
         ] {
             match Traffic::parse_csv("t.csv", text) {
-                Err(WrapError::InvalidLine { file, line: l, field: f, .. }) => assert_eq!((file.as_str(), l, f), ("t.csv", line, field), "{text}"),
+                Err(WrapError::InvalidLine { file, line: l, field: f, .. }) => {
+                    assert_eq!((file.as_str(), l, f), ("t.csv", line, field), "{text}")
+                }
                 other => panic!("{text:?}: {other:?}"),
             }
         }
-        for (text, line, field) in [("from,to,ms\na,b,1\na,b,2", 3, "to"), ("a,b", 1, "line"), ("a,b,NaN", 1, "milliseconds"), (",b,1", 1, "from")] {
+        for (text, line, field) in [
+            ("from,to,ms\na,b,1\na,b,2", 3, "to"),
+            ("a,b", 1, "line"),
+            ("a,b,NaN", 1, "milliseconds"),
+            (",b,1", 1, "from"),
+        ] {
             match Latencies::parse_csv("l.csv", text) {
-                Err(WrapError::InvalidLine { file, line: l, field: f, .. }) => assert_eq!((file.as_str(), l, f), ("l.csv", line, field), "{text}"),
+                Err(WrapError::InvalidLine { file, line: l, field: f, .. }) => {
+                    assert_eq!((file.as_str(), l, f), ("l.csv", line, field), "{text}")
+                }
                 other => panic!("{text:?}: {other:?}"),
             }
         }

@@ -95,7 +95,9 @@ impl Authority {
                 // A page's names and values in one request on etcd; a
                 // closed channel (the re-wrap stopped) ends the scan.
                 let scanned = store.scan(layout::ENVELOPES, SCAN_PAGE, &mut |names, values| {
-                    read_tx.send(Ok((names, values))).map_err(|_| StoreError::Conflict { key: layout::ENVELOPES.into() })
+                    read_tx
+                        .send(Ok((names, values)))
+                        .map_err(|_| StoreError::Conflict { key: layout::ENVELOPES.into() })
                 });
                 if let Err(e) = scanned {
                     let _ = read_tx.send(Err(e));
@@ -114,8 +116,12 @@ impl Authority {
                             .map(|(name, bytes)| {
                                 // A panic is this envelope's error, not the
                                 // whole scope's (which would re-raise it).
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrapper.rewrap_one(name, bytes.as_deref())))
-                                    .unwrap_or_else(|_| Err(StateError::Inconsistent("re-wrapping an envelope panicked".into()).into()))
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    rewrapper.rewrap_one(name, bytes.as_deref())
+                                }))
+                                .unwrap_or_else(|_| {
+                                    Err(StateError::Inconsistent("re-wrapping an envelope panicked".into()).into())
+                                })
                             })
                             .collect();
                         (chunk, outcomes)

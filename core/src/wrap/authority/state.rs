@@ -4,6 +4,7 @@
 
 use zeroize::Zeroizing;
 
+use crate::abe::{MasterSecretKey, PublicKey};
 use crate::wrap::error::{codec, malformed, Result};
 use crate::wrap::format::{reader, writer, STATE_MAGIC};
 use crate::wrap::generation::GenerationState;
@@ -11,7 +12,6 @@ use crate::wrap::generation_list;
 use crate::wrap::policy::CanonicalPolicy;
 use crate::wrap::revocation::{self, Revoked};
 use crate::wrap::signing::AuthorityKey;
-use crate::abe::{MasterSecretKey, PublicKey};
 
 /// Most generations the state's 16-bit count holds (retired ones stay
 /// listed, so this bounds the number of master rotations).

@@ -140,7 +140,14 @@ impl Txn {
     /// A change that has read nothing yet: its commits expect no state
     /// until it has read one ([`Authority::refresh`]).
     pub(super) fn new() -> Self {
-        Txn { read: None, base: View::default(), staged: None, writes: Batch::default(), durable: false, fence: FenceUse::Unused }
+        Txn {
+            read: None,
+            base: View::default(),
+            staged: None,
+            writes: Batch::default(),
+            durable: false,
+            fence: FenceUse::Unused,
+        }
     }
 
     /// Adds a write to the next commit (in place of an earlier write of
@@ -281,7 +288,10 @@ impl Authority {
     /// After `batch` committed: the stamps the next commit expects.
     fn committed(&mut self, t: &mut Txn, batch: &Batch, renewed: Option<Fence>) -> Result<()> {
         if batch.ops.iter().any(|o| o.key() == layout::STATE) {
-            let now = self.store.get_stamped(layout::STATE)?.map(|(bytes, stamp)| (state::digest(&Zeroizing::new(bytes)), stamp));
+            let now = self
+                .store
+                .get_stamped(layout::STATE)?
+                .map(|(bytes, stamp)| (state::digest(&Zeroizing::new(bytes)), stamp));
             match (now, &t.staged) {
                 (Some((digest, stamp)), Some((ours, view))) if digest == *ours => {
                     t.read = Some(stamp);
@@ -346,7 +356,8 @@ impl Authority {
         }
         let ours: HashSet<[u8; 32]> =
             self.state.keys.iter().map(|k| *k.policy_id()).chain(t.base.keys.iter().map(|(p, _)| *p)).collect();
-        let added: Vec<PolicyKey> = fresh.keys.into_iter().filter(|k| !t.base.keys.contains(&(*k.policy_id(), k.version))).collect();
+        let added: Vec<PolicyKey> =
+            fresh.keys.into_iter().filter(|k| !t.base.keys.contains(&(*k.policy_id(), k.version))).collect();
         if added.iter().any(|k| k.version != 1 || ours.contains(k.policy_id())) {
             return Ok(false);
         }
@@ -449,7 +460,10 @@ impl Authority {
             let expect = self.wait_for_fence(start, Fence::is_live)?;
             let mine = Fence::new(operation);
             let bytes = mine.encode();
-            let take = Batch { expect: vec![(layout::FENCE.to_owned(), expect)], ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())] };
+            let take = Batch {
+                expect: vec![(layout::FENCE.to_owned(), expect)],
+                ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())],
+            };
             match self.store.commit(&take) {
                 Ok(()) => {}
                 Err(StoreError::Conflict { .. }) => continue,
@@ -475,7 +489,12 @@ impl Authority {
             match Fence::parse(&bytes) {
                 Some(f) if holds(&f) => {
                     if start.elapsed() >= FENCE_WAIT {
-                        return Err(StoreError::Fenced { operation: f.operation, process: f.process, waited: start.elapsed() }.into());
+                        return Err(StoreError::Fenced {
+                            operation: f.operation,
+                            process: f.process,
+                            waited: start.elapsed(),
+                        }
+                        .into());
                     }
                     std::thread::sleep(backoff.pause());
                 }
@@ -490,7 +509,10 @@ impl Authority {
         let FenceUse::Held(held) = &t.fence else { return Ok(()) };
         let record = held.record.exclusive();
         let bytes = record.encode();
-        let batch = Batch { expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))], ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())] };
+        let batch = Batch {
+            expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))],
+            ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())],
+        };
         self.store.commit(&batch)?;
         match self.store.get_stamped(layout::FENCE)? {
             Some((now, stamp)) if now == bytes => {
@@ -519,7 +541,10 @@ impl Authority {
     /// Lets the fence go; if that fails (the store is down), it expires
     /// within [`fence::TTL`].
     fn release_fence(&self, held: HeldFence) {
-        let release = Batch { expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))], ops: vec![Op::Delete(layout::FENCE.to_owned())] };
+        let release = Batch {
+            expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))],
+            ops: vec![Op::Delete(layout::FENCE.to_owned())],
+        };
         let _ = self.store.commit(&release);
     }
 }

@@ -58,7 +58,15 @@ pub struct ServeOptions {
 impl Default for ServeOptions {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        ServeOptions { rsa_threads: cores, ec_threads: cores, check_peer: true, sandbox: false, inherited_closed: false, offload: OffloadMode::Off, crypto_mb: None }
+        ServeOptions {
+            rsa_threads: cores,
+            ec_threads: cores,
+            check_peer: true,
+            sandbox: false,
+            inherited_closed: false,
+            offload: OffloadMode::Off,
+            crypto_mb: None,
+        }
     }
 }
 
@@ -132,7 +140,12 @@ pub fn serve(stream: UnixStream, options: &ServeOptions) -> io::Result<()> {
     serve_conn(&stream, writer, conn, |max| {
         let ops = Room { per_user: max as usize, total: max as usize };
         let offload = offload?.start().map_err(|e| io::Error::other(e.to_string()))?;
-        Workers::start((options.rsa_threads, options.ec_threads), ops, Room { per_user: MAX_QUEUED_LOADS.0, total: MAX_QUEUED_LOADS.1 }, offload)
+        Workers::start(
+            (options.rsa_threads, options.ec_threads),
+            ops,
+            Room { per_user: MAX_QUEUED_LOADS.0, total: MAX_QUEUED_LOADS.1 },
+            offload,
+        )
     })
 }
 

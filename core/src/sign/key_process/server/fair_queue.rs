@@ -104,7 +104,14 @@ impl<T> FairQueue<T> {
     /// in all.
     pub(crate) fn new(per_user: usize, total: usize) -> Self {
         FairQueue {
-            state: Mutex::new(State { lanes: Vec::new(), waiting: 0, clock: 0, arrivals: 0, closed: false, sleeping: 0 }),
+            state: Mutex::new(State {
+                lanes: Vec::new(),
+                waiting: 0,
+                clock: 0,
+                arrivals: 0,
+                closed: false,
+                sleeping: 0,
+            }),
             ready: Condvar::new(),
             per_user: per_user.max(1),
             total: total.max(1),
@@ -326,20 +333,25 @@ mod tests {
         assert_eq!(q.push(3, (3, 0)).unwrap(), Some((1, 2)));
         // User 2 (one waiting) against users with at most two: no room.
         assert_eq!(q.push(2, (2, 1)).unwrap_err().0, Full::All(4));
-        let mut got: Vec<_> = std::iter::from_fn(|| q.next(None, false).map(|(j, t)| {
-            q.charge(t, Duration::from_micros(10));
-            j
-        }))
+        let mut got: Vec<_> = std::iter::from_fn(|| {
+            q.next(None, false).map(|(j, t)| {
+                q.charge(t, Duration::from_micros(10));
+                j
+            })
+        })
         .collect();
         got.sort_unstable();
         assert_eq!(got, [(1, 0), (1, 1), (2, 0), (3, 0)]);
         assert!(q.is_empty());
         q.push(4, (4, 0)).unwrap();
         q.close();
-        assert_eq!(q.next(None, true).map(|(j, t)| {
-            q.charge(t, Duration::ZERO);
-            j
-        }), Some((4, 0)));
+        assert_eq!(
+            q.next(None, true).map(|(j, t)| {
+                q.charge(t, Duration::ZERO);
+                j
+            }),
+            Some((4, 0))
+        );
         assert!(q.next(None, true).is_none());
         assert_eq!(q.push(1, (1, 9)).unwrap_err().0, Full::Closed);
     }

@@ -27,12 +27,12 @@ use zeroize::Zeroizing;
 
 use self::budget::{Account, Charge, Pool};
 use self::fair_queue::Full;
-pub(crate) use self::workers::{token_code, Room, Workers, MAX_QUEUED_LOADS};
 use self::workers::{key_memory, perform, Job, LoadJob, JOB_MEMORY};
+pub(crate) use self::workers::{token_code, Room, Workers, MAX_QUEUED_LOADS};
 use self::writer::FrameWriter;
 use super::protocol::{self as p, kind, Detail, ErrorCode, Frame, LoadBody, Source};
-use crate::sign::types::SignError;
 use crate::sign::sys;
+use crate::sign::types::SignError;
 use crate::sign::PrivateKey;
 
 /// What one kind of server permits and does that the engine does not.
@@ -220,7 +220,10 @@ impl Conn {
             return None;
         }
         if keys.len() >= c.limits.connection_keys {
-            return Some(format!("this connection holds {} keys, the most the agent allows one connection", keys.len()));
+            return Some(format!(
+                "this connection holds {} keys, the most the agent allows one connection",
+                keys.len()
+            ));
         }
         let held = c.share.keys.load(Ordering::Acquire);
         (held >= c.limits.user_keys)
@@ -545,7 +548,9 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests)
             }
             #[cfg(feature = "testing")]
-            kind::TEST_CREATE_FILE | kind::TEST_FORBIDDEN_CALL => conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests),
+            kind::TEST_CREATE_FILE | kind::TEST_FORBIDDEN_CALL => {
+                conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests)
+            }
             other => conn.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
         };
     }
@@ -556,8 +561,10 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 Err(e) => return conn.err(id, ErrorCode::Malformed, &e.to_string()),
             };
             let in_flight = conn.in_flight.fetch_add(1, Ordering::AcqRel);
-            let user_in_flight =
-                conn.client.as_ref().map(|c| (c.share.in_flight.fetch_add(1, Ordering::AcqRel), c.limits.user_in_flight));
+            let user_in_flight = conn
+                .client
+                .as_ref()
+                .map(|c| (c.share.in_flight.fetch_add(1, Ordering::AcqRel), c.limits.user_in_flight));
             if in_flight >= conn.max_in_flight.load(Ordering::Relaxed) {
                 conn.done();
                 return conn.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
@@ -567,7 +574,9 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 return conn.err(
                     id,
                     ErrorCode::Busy,
-                    &format!("this user has {n} requests in flight over its connections, the most the agent takes ({max})"),
+                    &format!(
+                        "this user has {n} requests in flight over its connections, the most the agent takes ({max})"
+                    ),
                 );
             }
             let charged = JOB_MEMORY + op.input_len();
@@ -608,7 +617,12 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             let mine_alone = user_in_flight.is_none_or(|(n, _)| n == 0);
             // What the offload device signs goes to the workers, which hand
             // it over, so that it joins the device's batches.
-            let offloaded = || workers.offload.as_ref().is_some_and(|o| o.route(&job.key, &job.op) == crate::sign::offload::Route::Device);
+            let offloaded = || {
+                workers
+                    .offload
+                    .as_ref()
+                    .is_some_and(|o| o.route(&job.key, &job.op) == crate::sign::offload::Route::Device)
+            };
             if alone && !rsa && mine_alone && queue.is_empty() && !offloaded() {
                 let reply = perform(&job);
                 job.conn.writer.send(&reply);
@@ -648,7 +662,11 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             match workers.load.push(conn.user(), job) {
                 Ok(None) => {}
                 Ok(Some(evicted)) => {
-                    evicted.conn.err(evicted.id, ErrorCode::Busy, "key loads: another user needed the room in the queue");
+                    evicted.conn.err(
+                        evicted.id,
+                        ErrorCode::Busy,
+                        "key loads: another user needed the room in the queue",
+                    );
                 }
                 Err((full, job)) => {
                     let code = if full == Full::Closed { ErrorCode::Internal } else { ErrorCode::Busy };
@@ -686,7 +704,6 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
         },
     }
 }
-
 
 /// How long a connection whose peer stopped sending waits for the
 /// answers to what it had already read.

@@ -68,7 +68,11 @@ impl Job {
     /// Answers a job that lost its place in the queue to another user's.
     pub(super) fn refuse_busy(self) {
         self.conn.done();
-        self.conn.err(self.id, ErrorCode::Busy, "the signing queue: another user needed the room (this user has the most waiting)");
+        self.conn.err(
+            self.id,
+            ErrorCode::Busy,
+            "the signing queue: another user needed the room (this user has the most waiting)",
+        );
     }
 }
 
@@ -178,8 +182,10 @@ fn load_keys(queue: &FairQueue<LoadJob>) {
         let conn = &job.conn;
         // A loader that panics (a module's bug, a parser's) answers this
         // request and stays: two loader threads serve every client.
-        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| conn.service.load(&job.source, conn.client.as_deref())))
-            .unwrap_or_else(|_| Err(Refusal::new(ErrorCode::Internal, "loading the key panicked")));
+        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            conn.service.load(&job.source, conn.client.as_deref())
+        }))
+        .unwrap_or_else(|_| Err(Refusal::new(ErrorCode::Internal, "loading the key panicked")));
         match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => match conn.keep(job.key_id, key) {

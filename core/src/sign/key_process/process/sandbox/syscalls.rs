@@ -24,7 +24,9 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+};
 
 /// Calls that kill the key process. Each is a way out (a connection, a
 /// program, another process's memory or descriptors, a kernel channel
@@ -66,19 +68,24 @@ pub(crate) const KILL: &[(i64, &str)] = &[
 /// A rule on argument `arg` (64 bits wide: a pointer) compared with `op`
 /// to `value`.
 fn qarg(arg: u8, op: SeccompCmpOp, value: u64) -> io::Result<SeccompCondition> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
+        .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
 }
 
 /// A rule on argument `arg` (32 bits wide) compared with `op` to `value`.
 fn arg(arg: u8, op: SeccompCmpOp, value: u64) -> io::Result<SeccompCondition> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
+        .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
 }
 
 /// One rule per value: argument `at` equal to any of `values`.
 fn any_of(at: u8, values: &[u64]) -> io::Result<Vec<SeccompRule>> {
     values
         .iter()
-        .map(|v| SeccompRule::new(vec![arg(at, SeccompCmpOp::Eq, *v)?]).map_err(|e| io::Error::other(format!("seccomp rule: {e}"))))
+        .map(|v| {
+            SeccompRule::new(vec![arg(at, SeccompCmpOp::Eq, *v)?])
+                .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
+        })
         .collect()
 }
 
@@ -279,12 +286,29 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
     // types into a terminal the process inherited.
     m.insert(
         libc::SYS_ioctl,
-        any_of(1, &[libc::TCGETS as u64, libc::FIONBIO as u64, libc::FIOCLEX as u64, libc::FIONCLEX as u64, libc::FIONREAD as u64])?,
+        any_of(
+            1,
+            &[
+                libc::TCGETS as u64,
+                libc::FIONBIO as u64,
+                libc::FIOCLEX as u64,
+                libc::FIONCLEX as u64,
+                libc::FIONREAD as u64,
+            ],
+        )?,
     );
     // Looking at files: stat and friends, and opening.
     any(
         &mut m,
-        &[libc::SYS_newfstatat, libc::SYS_statx, libc::SYS_faccessat, libc::SYS_faccessat2, libc::SYS_readlinkat, libc::SYS_getcwd, libc::SYS_statfs],
+        &[
+            libc::SYS_newfstatat,
+            libc::SYS_statx,
+            libc::SYS_faccessat,
+            libc::SYS_faccessat2,
+            libc::SYS_readlinkat,
+            libc::SYS_getcwd,
+            libc::SYS_statfs,
+        ],
     );
     #[cfg(target_arch = "x86_64")]
     any(
@@ -372,8 +396,8 @@ pub(crate) fn install(files_confined: bool) -> io::Result<()> {
         (allow, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow),
     ];
     for (rules, mismatch, matched) in filters {
-        let filter =
-            SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
+        let filter = SeccompFilter::new(rules, mismatch, matched, arch)
+            .map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
         let program: BpfProgram = filter.try_into().map_err(|e| io::Error::other(format!("seccomp filter: {e:?}")))?;
         seccompiler::apply_filter_all_threads(&program)
             .map_err(|e| io::Error::other(format!("installing the seccomp filter: {e}")))?;
