@@ -301,7 +301,7 @@ impl KeyFile {
     }
 }
 
-fn text_bytes<'a>(t: u8, v: &'a str) -> Result<&'a [u8], KeyFileError> {
+fn text_bytes(t: u8, v: &str) -> Result<&[u8], KeyFileError> {
     if v.contains('\0') {
         return Err(err(format!("key file field {t} ({}) holds a NUL character", tag_name(t))));
     }
@@ -580,7 +580,7 @@ mod tests {
         refused(&body(&[(1, &[0]), (6, b"c"), (2, b"k"), (3, b"e")]), "local key names key servers or TLS files");
         let peer: &[u8] = b"a\0b:1\0c=d";
         let mut many = f.clone();
-        many.extend(std::iter::repeat((9, peer)).take(MAX_PEERS + 1));
+        many.extend(std::iter::repeat_n((9, peer), MAX_PEERS + 1));
         refused(&body(&many), "more than 16 key servers");
     }
 

@@ -904,7 +904,7 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     let token_dirs = format!("KEYFENCE_PKCS11_TOKEN_DIRS={}", tokens.display());
     let ec = key_file(&dir.0, "ec.pem", KeyKind::EcP256);
 
-    let keys = with_env(&[token_dirs.clone()]);
+    let keys = with_env(std::slice::from_ref(&token_dirs));
     let status = keys.status().unwrap();
     assert!(
         status.flags & flags::FILES_CONFINED != 0 && status.flags & flags::SANDBOXED != 0,

@@ -761,6 +761,7 @@ mod qat {
             if name == "stub_instances_started" {
                 i64::from(lib.get::<unsafe extern "C" fn() -> i32>(&sym).unwrap()())
             } else {
+                #[allow(clippy::useless_conversion)] // c_long is 32 bits on some targets
                 i64::from(lib.get::<unsafe extern "C" fn() -> std::ffi::c_long>(&sym).unwrap()())
             }
         }

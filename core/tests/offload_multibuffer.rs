@@ -520,6 +520,6 @@ fn a_managed_engine_signs_on_the_device_where_its_keys_are() {
     let mut config = ManagedConfig::default();
     config.isolation = Isolation::Agent(dir.join("no-agent.sock"));
     config.offload = Some(OffloadMode::On);
-    let err = ManagedEngine::start(config).err().expect("an agent's engine with an offload mode").to_string();
+    let err = ManagedEngine::start(config).expect_err("an agent's engine with an offload mode").to_string();
     assert!(err.contains("choose their own"), "{err}");
 }

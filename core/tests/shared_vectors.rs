@@ -142,7 +142,11 @@ fn go(args: &[&str]) {
     oracle::run(args, None).unwrap_or_else(|e| panic!("oracle {args:?}: {e}"));
 }
 
-const POLICY_CHECKS: &[(&str, &str, &[&str], &str, Option<usize>)] = &[
+/// A policy check: the vector's name, the policy, the attributes, the
+/// answer, and the error's position where the policy does not parse.
+type PolicyCheck = (&'static str, &'static str, &'static [&'static str], &'static str, Option<usize>);
+
+const POLICY_CHECKS: &[PolicyCheck] = &[
     ("policy-check-single", "region: EU", &["region=EU"], "true", None),
     ("policy-check-single-other", "region: EU", &["region=US"], "false", None),
     ("policy-check-missing-label", "region: EU", &["country=FR"], "false", None),

@@ -104,7 +104,7 @@ fn overload_is_answered_at_once_and_memory_stays_bounded() {
                         Err(e) => panic!("unexpected {e}"),
                     }
                     i += 1;
-                    if i % 4096 == 0 {
+                    if i.is_multiple_of(4096) {
                         max_depth = max_depth.max(engine.metrics().class(OpClass::Rsa).queue_depth);
                     }
                 }

@@ -195,7 +195,7 @@ fn rsa_pkcs1_decryption_vectors_through_raw_decrypt() {
                     Ok(em) => {
                         assert_eq!(em.len(), modulus);
                         if t.result.must_fail() {
-                            assert!(unpad(&em).map_or(true, |m| m != &t.msg[..]), "tcId {}", t.tc_id);
+                            assert!(unpad(&em).is_none_or(|m| m != &t.msg[..]), "tcId {}", t.tc_id);
                             invalid += 1;
                         } else {
                             assert_eq!(unpad(&em), Some(&t.msg[..]), "tcId {}: {}", t.tc_id, t.comment);

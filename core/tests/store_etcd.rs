@@ -270,9 +270,10 @@ fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
                 // Run again: it succeeds once a new leader is elected.
                 let again =
                     if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
-                match again.unwrap_or_else(|e2| panic!("op {i} failed ({e}) and again ({e2})\n{}", cluster.logs())) {
-                    Some(env) => handed.push((env, secret, i % 2 == 0)),
-                    None => {}
+                if let Some(env) =
+                    again.unwrap_or_else(|e2| panic!("op {i} failed ({e}) and again ({e2})\n{}", cluster.logs()))
+                {
+                    handed.push((env, secret, i % 2 == 0))
                 }
             }
         }
@@ -499,7 +500,7 @@ fn a_following_machine_learns_of_a_retirement_without_waiting_for_its_cache() {
     let old = a.wrap("region: EU", b"v1").unwrap();
     let key = a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap();
     let long = CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() };
-    let following = Arc::new(Machine::new(key.clone(), store.clone(), long.clone()));
+    let following = Arc::new(Machine::new(key.clone(), store.clone(), long));
     let stale = Machine::new(key, store.clone(), long);
     let _follower = following.follow().unwrap();
     for m in [&*following, &stale] {
@@ -664,7 +665,7 @@ fn nested_etcd_stores_are_refused_and_nothing_is_deleted() {
     };
     let inner_keys = every_key(&cluster.store("acme/sealed/prod"));
     assert!(inner_keys.len() >= 4 && inner_keys.contains(&"authority/state".to_string()), "{inner_keys:?}");
-    let err = Authority::init(create_store(&cluster.name("acme")).unwrap()).err().expect("init around a store");
+    let err = Authority::init(create_store(&cluster.name("acme")).unwrap()).expect_err("init around a store");
     assert!(err.to_string().contains("holds the keyfence store at acme/sealed/prod"), "{err}");
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     let none = open_store(&cluster.name("acme")).err().expect("no store was made at acme");
@@ -682,7 +683,7 @@ fn nested_etcd_stores_are_refused_and_nothing_is_deleted() {
     let mut outer = Authority::init(create_store(&cluster.name("beta")).unwrap()).unwrap();
     outer.wrap("region: EU", b"outer").unwrap();
     let err =
-        Authority::init(create_store(&cluster.name("beta/sealed/prod")).unwrap()).err().expect("init inside a store");
+        Authority::init(create_store(&cluster.name("beta/sealed/prod")).unwrap()).expect_err("init inside a store");
     assert!(err.to_string().contains("lies inside the keyfence store at beta"), "{err}");
     assert_eq!(
         cluster.store("beta/sealed/prod").list("public/").unwrap(),
@@ -696,7 +697,7 @@ fn nested_etcd_stores_are_refused_and_nothing_is_deleted() {
     let planted = cluster.store("beta/sealed/prod");
     planted.put("public/generations", b"x").unwrap();
     planted.put("authority/state", b"master keys").unwrap();
-    let err = Authority::open(open_store(&cluster.name("beta")).unwrap()).err().expect("open over a nested store");
+    let err = Authority::open(open_store(&cluster.name("beta")).unwrap()).expect_err("open over a nested store");
     assert!(err.to_string().contains("holds the keyfence store at beta/sealed/prod"), "{err}");
     assert_eq!(planted.get("authority/state").unwrap().as_deref(), Some(&b"master keys"[..]));
 }

@@ -85,7 +85,7 @@ const POLICIES: [&str; 20] = [
 fn dc_attrs(d: usize) -> Vec<(String, String)> {
     let (region, countries) = REGIONS[d % REGIONS.len()];
     let country = countries[(d / REGIONS.len()) % countries.len()];
-    let tier = if d % 3 == 0 { "gold" } else { "silver" };
+    let tier = if d.is_multiple_of(3) { "gold" } else { "silver" };
     vec![
         ("region".into(), region.into()),
         ("country".into(), country.into()),
@@ -98,8 +98,8 @@ fn dc_attrs(d: usize) -> Vec<(String, String)> {
 /// compliance tags (the authority adds the machine id).
 fn machine_attrs(d: usize, m: usize) -> Attributes {
     let mut a = dc_attrs(d);
-    a.push(("pci".into(), if (d + m) % 2 == 0 { "yes" } else { "no" }.into()));
-    a.push(("fips".into(), if (d + m) % 3 == 0 { "yes" } else { "no" }.into()));
+    a.push(("pci".into(), if (d + m).is_multiple_of(2) { "yes" } else { "no" }.into()));
+    a.push(("fips".into(), if (d + m).is_multiple_of(3) { "yes" } else { "no" }.into()));
     Attributes::from_pairs(a)
 }
 

@@ -49,16 +49,16 @@ fn place(d: usize, dcs: usize) -> (&'static str, &'static str) {
     match f {
         0..=99 => (
             "EU",
-            if d % 10 == 0 {
+            if d.is_multiple_of(10) {
                 "GB"
-            } else if d % 3 != 0 {
+            } else if !d.is_multiple_of(3) {
                 "DE"
             } else {
                 "FR"
             },
         ),
         100..=199 => ("NA", if d % 2 == 1 { "CA" } else { "US" }),
-        200..=349 => ("APAC", if d % 3 != 0 { "JP" } else { "SG" }),
+        200..=349 => ("APAC", if !d.is_multiple_of(3) { "JP" } else { "SG" }),
         350..=424 => ("LATAM", "BR"),
         _ => ("AF", "ZA"),
     }

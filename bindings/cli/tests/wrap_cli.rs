@@ -135,7 +135,7 @@ fn concurrent_processes_on_one_store_lose_no_key() {
                     let mut mine = Vec::new();
                     for i in 0..ROUNDS {
                         match (w + i) % 6 {
-                            0 | 1 | 2 => {
+                            0..=2 => {
                                 let secret = format!("secret {w}-{i}").into_bytes();
                                 let (input, env) = (d.p(&format!("in-{w}-{i}")), d.p(&format!("env-{w}-{i}")));
                                 std::fs::write(&input, &secret).unwrap();

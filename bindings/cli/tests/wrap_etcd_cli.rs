@@ -163,7 +163,10 @@ fn two_authority_processes_wrapping_and_rotating_lose_nothing() {
     let s = cluster.name("cli/two");
     ok(&["authority", "init", "--store", &s]);
     const ROUNDS: usize = 12;
-    let results: Vec<(Vec<(String, Vec<u8>)>, usize, usize)> = std::thread::scope(|t| {
+    // Per process: the (envelope, secret) pairs it handed out, its
+    // rotations and its conflicts.
+    type Outcome = (Vec<(String, Vec<u8>)>, usize, usize);
+    let results: Vec<Outcome> = std::thread::scope(|t| {
         let workers: Vec<_> = ["a", "b"]
             .into_iter()
             .map(|who| {

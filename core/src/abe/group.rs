@@ -238,6 +238,11 @@ fn is_canonical_scalar(b: &[u8]) -> bool {
     b.len() == 32 && b < &ORDER_BE[..]
 }
 
+/// Wraps a final-exponentiated blst Fp12 value as a Gt element.
+pub(crate) fn gt_from_fp12(f: &blst::blst_fp12) -> Gt {
+    Gt::from(Fp12::from(*f))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -298,9 +303,4 @@ mod tests {
         assert!(is_canonical_scalar(&r_be));
         assert!(!is_canonical_scalar(&ORDER_BE));
     }
-}
-
-/// Wraps a final-exponentiated blst Fp12 value as a Gt element.
-pub(crate) fn gt_from_fp12(f: &blst::blst_fp12) -> Gt {
-    Gt::from(Fp12::from(*f))
 }

@@ -177,12 +177,12 @@ fn k3_component(
         .map(|l| {
             let mut pts = Vec::with_capacity(6);
             let mut sc = Vec::with_capacity(6);
-            for t in 0..3 {
+            for (t, &a) in a_s.iter().enumerate() {
                 pts.push(G1Projective::from(u0.at(t, l)));
-                sc.push(a_s[t] * y);
+                sc.push(a * y);
                 if let Some(u1) = u1 {
                     pts.push(G1Projective::from(u1.at(t, l)));
-                    sc.push(a_s[t]);
+                    sc.push(a);
                 }
             }
             let q = G1Projective::multi_exp(&pts, &sc);

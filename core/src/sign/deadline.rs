@@ -81,7 +81,7 @@ impl Deadlines {
     /// operation, only when the heap was empty).
     pub(crate) fn watch(&self, record: Arc<OpRecord>) {
         let mut st = self.shared.lock();
-        let earliest = st.heap.peek().map_or(true, |top| record.deadline < top.0.deadline);
+        let earliest = st.heap.peek().is_none_or(|top| record.deadline < top.0.deadline);
         st.heap.push(Entry(record));
         if st.heap.len() >= st.prune_at {
             st.heap.retain(|e| !e.0.is_done());

@@ -509,8 +509,8 @@ mod tests {
     fn dropping_the_engine_joins_every_worker() {
         use crate::sign::LatencyBackend;
         for busy in [false, true] {
-            let mut config = EngineConfig::default();
-            config.slow = ClassConfig { threads: 2, queue_capacity: 8 };
+            let config =
+                EngineConfig { slow: ClassConfig { threads: 2, queue_capacity: 8 }, ..EngineConfig::default() };
             let backend = Arc::new(LatencyBackend::new(Duration::from_millis(100)));
             let engine = Engine::with_backend(config, backend).unwrap();
             let live: Vec<_> = engine.core.executors.iter().map(|e| e.live.clone()).collect();

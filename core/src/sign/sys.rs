@@ -449,8 +449,10 @@ pub(crate) fn raise_descriptor_limit() -> io::Result<u64> {
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } != 0 {
             return Err(io::Error::last_os_error());
         }
+        #[allow(clippy::unnecessary_cast)] // rlim_t is 32 bits on 32-bit targets
         return Ok(raised.rlim_cur as u64);
     }
+    #[allow(clippy::unnecessary_cast)]
     Ok(limit.rlim_cur as u64)
 }
 

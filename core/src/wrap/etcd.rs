@@ -27,7 +27,7 @@ use serde_json::{json, Value};
 
 use crate::backoff::{Backoff, Jitter};
 
-use super::store::{check_key, Batch, Op, Stamp, Store, StoreError, StoreLock, STORE_MARK};
+use super::store::{check_key, Batch, Op, PageVisitor, Stamp, Store, StoreError, StoreLock, STORE_MARK};
 use super::watch::{Watch, WatchEvent};
 
 /// etcd's default `--max-request-bytes` (1.5 MiB), less room for the
@@ -254,13 +254,13 @@ pub(super) fn list_page(v: &Value, store_prefix: &str, prefix: &str) -> Result<(
     Ok((names, more))
 }
 
+/// One page of a range answer: the names (each less the store's prefix),
+/// their values, and whether another page follows.
+type RangePage = (Vec<String>, Vec<Vec<u8>>, bool);
+
 /// The names (each less `store_prefix`) and values one page of a range
 /// answer holds, and whether another page follows.
-pub(super) fn range_page(
-    v: &Value,
-    store_prefix: &str,
-    prefix: &str,
-) -> Result<(Vec<String>, Vec<Vec<u8>>, bool), StoreError> {
+pub(super) fn range_page(v: &Value, store_prefix: &str, prefix: &str) -> Result<RangePage, StoreError> {
     let kvs = v.get("kvs").and_then(Value::as_array).map(Vec::as_slice).unwrap_or(&[]);
     let (names, more) = list_page(v, store_prefix, prefix)?;
     let mut values = Vec::with_capacity(kvs.len());
@@ -934,12 +934,7 @@ impl Store for EtcdStore {
     /// cluster's revision of the moment: a long scan is not held to one
     /// revision, which a compaction meanwhile would end). A page that does
     /// not move on is an error, as for a listing.
-    fn scan(
-        &self,
-        prefix: &str,
-        page: usize,
-        each: &mut dyn FnMut(Vec<String>, Vec<Option<Vec<u8>>>) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, prefix: &str, page: usize, each: &mut PageVisitor<'_>) -> Result<(), StoreError> {
         check_key(prefix.trim_end_matches('/'))?;
         let most = page.clamp(1, PAGE);
         // The first page is small; then each holds as many values as fit

@@ -905,6 +905,12 @@ pub fn nearest<T>(candidates: impl IntoIterator<Item = (T, std::time::Duration)>
     best.map(|(c, _)| c)
 }
 
+/// `e`, a list kept in `path` that fails its checks, said with the file's
+/// name and what to do.
+fn in_file(e: WrapError, path: &Path) -> WrapError {
+    malformed("newest lists", format!("{}: {e} (delete the file to start again from the store)", path.display()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -968,10 +974,4 @@ mod tests {
             }
         }
     }
-}
-
-/// `e`, a list kept in `path` that fails its checks, said with the file's
-/// name and what to do.
-fn in_file(e: WrapError, path: &Path) -> WrapError {
-    malformed("newest lists", format!("{}: {e} (delete the file to start again from the store)", path.display()))
 }

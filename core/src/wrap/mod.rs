@@ -86,7 +86,7 @@ pub use name::{create_store, open_store, open_store_path};
 pub use newest::{newest_lists_beside, NewestLists};
 pub use policy::{policy_id, CanonicalPolicy};
 pub use revocation::{RevocationList, MACHINE_LABEL, MAX_MACHINE_ID};
-pub use store::{Batch, FileStore, MemoryStore, Op, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
+pub use store::{Batch, FileStore, MemoryStore, Op, PageVisitor, Stamp, Store, StoreError, StoreLock, POLL_EVERY};
 pub use watch::{Watch, WatchEvent};
 #[cfg(feature = "sign")]
 pub(crate) use {

@@ -121,6 +121,10 @@ impl StoreError {
 /// [`Store::watch`]: the most a change waits before a watcher sees it.
 pub const POLL_EVERY: Duration = Duration::from_millis(100);
 
+/// What [`Store::scan`] hands each page to: the page's names and their
+/// values (`None` for one deleted in between); an error stops the scan.
+pub type PageVisitor<'a> = dyn FnMut(Vec<String>, Vec<Option<Vec<u8>>>) -> Result<(), StoreError> + 'a;
+
 /// A key-value store with atomic, durable single-object writes.
 ///
 /// `put` must be atomic (a reader sees the old or the new value, never a
@@ -249,12 +253,7 @@ pub trait Store: Send + Sync + 'static {
     /// # Errors
     /// As [`Store::list`] and [`Store::get_many`]; `each`'s own, which
     /// stops the scan.
-    fn scan(
-        &self,
-        prefix: &str,
-        page: usize,
-        each: &mut dyn FnMut(Vec<String>, Vec<Option<Vec<u8>>>) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, prefix: &str, page: usize, each: &mut PageVisitor<'_>) -> Result<(), StoreError> {
         for names in self.list(prefix)?.chunks(page.max(1)) {
             each(names.to_vec(), self.get_many(names)?)?;
         }

@@ -393,9 +393,11 @@ impl ServerOffload {
         if let Some(loaded) = self.loaded {
             let device =
                 loaded.start().map_err(|e| SignError::io(crate::sign::types::Resource::Thread, e.to_string()))?;
-            let mut config = OffloadConfig::default();
-            config.routing = Routing::all(Route::Device);
-            config.batch_size = device.max_batch();
+            let config = OffloadConfig {
+                routing: Routing::all(Route::Device),
+                batch_size: device.max_batch(),
+                ..OffloadConfig::default()
+            };
             return OffloadBackend::with_device(device, config).map(Some);
         }
         Ok(None)

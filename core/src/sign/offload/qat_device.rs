@@ -443,12 +443,12 @@ impl QatDevice {
         // Registered before submitting: the callback may run on the poller
         // before cpaCyRsaDecrypt returns here.
         let duplicate = {
-            let mut registry = self.shared.registry();
-            if registry.contains_key(&id) {
-                Some(record)
-            } else {
-                registry.insert(id, record);
-                None
+            match self.shared.registry().entry(id) {
+                std::collections::hash_map::Entry::Occupied(_) => Some(record),
+                std::collections::hash_map::Entry::Vacant(slot) => {
+                    slot.insert(record);
+                    None
+                }
             }
         };
         if let Some(record) = duplicate {

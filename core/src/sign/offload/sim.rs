@@ -205,7 +205,7 @@ impl Shared {
             return Err(DeviceError::Expired);
         }
         let n = self.counters.runs.fetch_add(1, Relaxed) + 1;
-        if self.config.fail_every.is_some_and(|every| n % every == 0) {
+        if self.config.fail_every.is_some_and(|every| n.is_multiple_of(every)) {
             self.counters.failed.fetch_add(1, Relaxed);
             return Err(self.failure("had a transient fault"));
         }

@@ -40,7 +40,7 @@ pub(super) fn digest_info_prefix(hash: Hash) -> &'static [u8] {
 /// zeros but one before a high bit. Written here rather than through
 /// AWS-LC's `BIGNUM`s: two allocations and a parse a signature less.
 pub(crate) fn ecdsa_der(raw: &[u8]) -> Result<Output, SignError> {
-    if raw.is_empty() || raw.len() % 2 != 0 || raw.len() > 132 {
+    if raw.is_empty() || !raw.len().is_multiple_of(2) || raw.len() > 132 {
         return Err(SignError::Crypto {
             op: crate::sign::CryptoOp::Sign,
             reason: "the token's ECDSA signature is not r || s of equal lengths".into(),

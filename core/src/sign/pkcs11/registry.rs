@@ -36,7 +36,7 @@ static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
 pub(super) fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     let mut guard = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     let pid = std::process::id();
-    if guard.as_ref().map_or(true, |r| r.pid != pid) {
+    if guard.as_ref().is_none_or(|r| r.pid != pid) {
         // A parent's modules: forgotten, never finalized here (the parent
         // owns them); a fresh load initializes the module for this process.
         if let Some(old) = guard.take() {

@@ -102,11 +102,11 @@ impl Token {
                 manufacturer: info.manufacturer_id().trim_end().to_string(),
             };
             seen.push(identity.label.clone());
-            let matches = uri.token.as_deref().map_or(true, |t| t == identity.label)
-                && uri.serial.as_deref().map_or(true, |s| s == identity.serial)
-                && uri.manufacturer.as_deref().map_or(true, |m| m == identity.manufacturer)
-                && uri.model.as_deref().map_or(true, |m| m == identity.model)
-                && uri.slot_id.map_or(true, |id| id == slot.id());
+            let matches = uri.token.as_deref().is_none_or(|t| t == identity.label)
+                && uri.serial.as_deref().is_none_or(|s| s == identity.serial)
+                && uri.manufacturer.as_deref().is_none_or(|m| m == identity.manufacturer)
+                && uri.model.as_deref().is_none_or(|m| m == identity.model)
+                && uri.slot_id.is_none_or(|id| id == slot.id());
             if matches {
                 found.push((slot, identity, info.login_required()));
             }

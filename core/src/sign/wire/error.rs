@@ -131,6 +131,9 @@ pub struct Detail {
     pub token: Option<String>,
 }
 
+// Without `sign` (the fuzzers' build) no process sends or reads an ERR's
+// detail: only the codec is built.
+#[cfg_attr(not(feature = "sign"), allow(dead_code))]
 impl Detail {
     /// `e` as an ERR carries it to another process: its message (a token's
     /// reason without the token, an argument's or configuration's words

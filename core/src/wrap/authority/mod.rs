@@ -376,7 +376,7 @@ impl Authority {
                 })?;
                 keys.push((g.number, abe::keygen(msk, attrs)?));
             }
-            keys.sort_by(|a, b| b.0.cmp(&a.0));
+            keys.sort_by_key(|k| std::cmp::Reverse(k.0));
             let key = MachineKey::new(this.signer.public(), attrs.clone(), keys)?;
             // One writer of the shard at a time where the store's lock
             // keeps others out; on etcd the commit's expectations do. The

@@ -508,10 +508,10 @@ fn project(r: &mut WhereReport, traffic: &Traffic, q: &WhereQuery) {
     let mut senders = vec![0usize; r.groups.len()];
     let mut sends_to = vec![None; r.groups.len()];
     let (mut total, mut remote, mut unserved) = (0.0, 0.0, 0.0);
-    for i in 0..r.groups.len() {
-        let own = traffic.get(&r.groups[i].value);
+    for (i, group) in r.groups.iter().enumerate() {
+        let own = traffic.get(&group.value);
         total += own;
-        if r.groups[i].satisfies() {
+        if group.satisfies() {
             continue;
         }
         // `satisfying` is in sorted order: a tie goes to the value that

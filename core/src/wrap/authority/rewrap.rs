@@ -193,14 +193,22 @@ impl Rewrapper {
             .iter()
             .find(|k| k.policy_id() == pid && k.version == version)
             .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
-        Ok(Rewrap::Done(Envelope::seal(&self.signer, &env.secret_id, &k.policy, k.version, &k.public, &secret)?))
+        Ok(Rewrap::Done(Box::new(Envelope::seal(
+            &self.signer,
+            &env.secret_id,
+            &k.policy,
+            k.version,
+            &k.public,
+            &secret,
+        )?)))
     }
 }
 
 /// What re-wrapping decided for one object of `envelopes/`.
 enum Rewrap {
-    /// Sealed to the current version: the new envelope to write.
-    Done(Envelope),
+    /// Sealed to the current version: the new envelope to write (boxed:
+    /// the other answers are a word or two).
+    Done(Box<Envelope>),
     /// Left as it is, and why.
     Skip(SkipReason),
     /// Not one to re-wrap (another policy, already current, gone).

@@ -379,9 +379,8 @@ pub(crate) fn serve_conn(
             return Err(io::Error::new(io::ErrorKind::TimedOut, "no hello in time"));
         }
         stream.set_read_timeout(Some(left))?;
-        charge_for_read(&mut charge, &decoder, opts.read_chunk).map_err(|e| {
+        charge_for_read(&mut charge, &decoder, opts.read_chunk).inspect_err(|e| {
             say(0, ErrorCode::Busy, &e.to_string());
-            e
         })?;
         if decoder.read_from(&mut reader, opts.read_chunk)? == 0 {
             return Ok(None);

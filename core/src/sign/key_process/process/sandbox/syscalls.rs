@@ -283,7 +283,9 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
         )?,
     );
     // ioctl: what isatty() and non-blocking I/O ask; never TIOCSTI, which
-    // types into a terminal the process inherited.
+    // types into a terminal the process inherited. (The numbers are
+    // `c_ulong` on glibc, `c_int` on musl: the casts stay.)
+    #[allow(clippy::unnecessary_cast)]
     m.insert(
         libc::SYS_ioctl,
         any_of(
