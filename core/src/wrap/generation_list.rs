@@ -10,10 +10,10 @@
 //! newest list it has accepted ([`Seen`]) and refuses any list that goes
 //! back on it ([`WrapError::Replayed`]).
 
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use super::error::{codec, malformed, Result, WrapError};
+use super::error::{codec, malformed, Result};
+use super::floor::{Floor, SignedList};
 use super::format::{check_signed, reader, writer, GENERATIONS_MAGIC};
 use super::generation::GenerationState;
 use super::signing::{AuthorityKey, GENERATIONS_CONTEXT, SIGNATURE_LEN};
@@ -31,18 +31,13 @@ pub(crate) struct GenerationList {
 
 /// The list's encoding, signed by `signer`, dated now.
 pub(crate) fn encode(signer: &AuthorityKey, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
-    let at =
-        u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
+    let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
     encode_at(signer, at, generations)
 }
 
 /// The list's encoding, signed by `signer`, dated `at` (microseconds
 /// since the epoch).
-pub(crate) fn encode_at(
-    signer: &AuthorityKey,
-    at: u64,
-    generations: impl IntoIterator<Item = (u32, GenerationState)>,
-) -> Vec<u8> {
+pub(crate) fn encode_at(signer: &AuthorityKey, at: u64, generations: impl IntoIterator<Item = (u32, GenerationState)>) -> Vec<u8> {
     let generations: Vec<_> = generations.into_iter().collect();
     let mut w = writer(GENERATIONS_MAGIC);
     // The count fits: the authority refuses a 65,536th generation.
@@ -77,8 +72,7 @@ impl GenerationList {
         for i in 0..r.u16("generation count").map_err(codec(O))? {
             let n = r.u32(|| format!("generation[{i}]")).map_err(codec(O))?;
             let code = r.u8(|| format!("state[{i}]")).map_err(codec(O))?;
-            let s = GenerationState::from_code(code)
-                .ok_or_else(|| malformed(O, format!("state[{i}] {code} is unknown")))?;
+            let s = GenerationState::from_code(code).ok_or_else(|| malformed(O, format!("state[{i}] {code} is unknown")))?;
             if generations.last().is_some_and(|(p, _)| *p >= n) {
                 return Err(malformed(O, format!("generation {n} is out of order or repeated")));
             }
@@ -116,118 +110,28 @@ pub(crate) fn is_unsigned_text(bytes: &[u8]) -> bool {
     bytes.iter().all(|b| b.is_ascii_digit() || *b == b' ' || *b == b'\n')
 }
 
-/// Called with the bytes of each list that becomes the newest accepted,
-/// outside any lock: what keeps the newest lists across processes
-/// (`newest::Keeper`) writes them down. Its error is the caller's: a
-/// floor that cannot be kept is never skipped in silence, and the list is
-/// offered again with the next acceptance until it is kept.
-pub(crate) type OnNewer = std::sync::Arc<dyn Fn(&[u8]) -> Result<()> + Send + Sync>;
+/// The newest generation list a machine has accepted ([`Floor`]).
+pub(crate) type Seen = Floor<GenerationList>;
 
-/// The newest generation list a machine has accepted, with its signed
-/// bytes (what it hands on: [`crate::wrap::NewestLists`]).
-#[derive(Default)]
-pub(crate) struct Seen {
-    newest: Mutex<Option<(GenerationList, Vec<u8>)>>,
-    /// The bytes `on_newer` last kept: a list accepted but not kept (its
-    /// write failed) is offered again.
-    kept: Mutex<Option<Vec<u8>>>,
-    on_newer: Option<OnNewer>,
-}
+impl SignedList for GenerationList {
+    const OBJECT: &'static str = O;
 
-impl std::fmt::Debug for Seen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        f.debug_struct("Seen").field("newest", &newest.as_ref().map(|(l, _)| l)).finish_non_exhaustive()
-    }
-}
-
-impl Seen {
-    /// Calls `f` with each list that becomes the newest accepted.
-    pub(crate) fn on_newer(&mut self, f: OnNewer) {
-        self.on_newer = Some(f);
+    fn verify(bytes: &[u8], trusted: &[u8; 32]) -> Result<Self> {
+        GenerationList::verify(bytes, trusted)
     }
 
-    /// Verifies `bytes` (an absent list is an empty one, which only a
-    /// machine that has seen none accepts) and accepts it unless it goes
-    /// back on the newest list accepted so far, which it then replaces.
-    ///
-    /// # Errors
-    /// As [`GenerationList::verify`]; [`WrapError::Replayed`]; `on_newer`'s
-    /// error (the list is accepted, but not kept).
-    pub(crate) fn accept(&self, bytes: Option<&[u8]>, trusted: &[u8; 32]) -> Result<GenerationList> {
-        let list = match bytes {
-            Some(b) => GenerationList::verify(b, trusted)?,
-            None => GenerationList { committed_at: UNIX_EPOCH, generations: Vec::new() },
-        };
-        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((s, _)) = &*seen {
-            if let Some(why) = list.goes_back_on(s) {
-                return Err(WrapError::Replayed { object: O, reason: why });
-            }
-        }
-        let Some(bytes) = bytes else {
-            // Only a machine that has seen no list gets here: nothing newer.
-            return Ok(list);
-        };
-        *seen = Some((list.clone(), bytes.to_vec()));
-        drop(seen);
-        self.keep(bytes)?;
-        Ok(list)
+    fn absent() -> Self {
+        GenerationList { committed_at: UNIX_EPOCH, generations: Vec::new() }
     }
 
-    /// Hands `bytes`, now the newest, to `on_newer` unless it kept them
-    /// already.
-    fn keep(&self, bytes: &[u8]) -> Result<()> {
-        let Some(f) = &self.on_newer else { return Ok(()) };
-        if self.kept.lock().unwrap_or_else(|e| e.into_inner()).as_deref() == Some(bytes) {
-            return Ok(());
-        }
-        f(bytes)?;
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
-        Ok(())
-    }
-
-    /// Raises the floor to `bytes`, a list signed by `trusted` that a
-    /// caller requires (kept from an earlier process, or carried by a
-    /// client): later lists must not go back on it. A list older than the
-    /// newest accepted leaves that one in place.
-    ///
-    /// # Errors
-    /// As [`GenerationList::verify`]; `on_newer`'s error.
-    pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
-        let list = GenerationList::verify(bytes, trusted)?;
-        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        let raised = seen.as_ref().is_none_or(|(s, b)| list.goes_back_on(s).is_none() && b.as_slice() != bytes);
-        if raised {
-            *seen = Some((list, bytes.to_vec()));
-        }
-        drop(seen);
-        // A floor handed over is kept as one accepted from the store is.
-        if raised {
-            self.keep(bytes)?;
-        }
-        Ok(())
-    }
-
-    /// The signed bytes of the newest list accepted, if any.
-    pub(crate) fn newest_bytes(&self) -> Option<Vec<u8>> {
-        self.newest.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(_, b)| b.clone())
-    }
-}
-
-/// Whether the list `candidate` may replace `floor` (both signed by
-/// `trusted`): it does not go back on it. A floor that does not verify is
-/// no floor.
-pub(crate) fn is_newer_or_same(candidate: &[u8], floor: &[u8], trusted: &[u8; 32]) -> bool {
-    match (GenerationList::verify(candidate, trusted), GenerationList::verify(floor, trusted)) {
-        (Ok(c), Ok(f)) => c.goes_back_on(&f).is_none(),
-        (Ok(_), Err(_)) => true,
-        (Err(_), _) => false,
+    fn goes_back_on(&self, seen: &Self) -> Option<String> {
+        GenerationList::goes_back_on(self, seen)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::error::WrapError;
     use super::*;
     use GenerationState::*;
 

@@ -48,6 +48,7 @@ mod export;
 #[cfg(feature = "testing")]
 mod faulty;
 mod fence;
+mod floor;
 mod format;
 #[cfg(feature = "testing")]
 pub mod fuzzing;
@@ -66,8 +67,8 @@ mod store;
 mod watch;
 
 pub use authority::{
-    parse_inventory, Authority, Conflicts, Imported, InventoryMachine, Latencies, MasterRotation, PolicyRetirement,
-    PolicyRotation, Revocation, SkipReason, Skipped, Status, Stranding, Traffic, WhereGroup, WhereQuery, WhereReport,
+    parse_inventory, Authority, Conflicts, Imported, InventoryMachine, Latencies, MasterRotation, PolicyRetirement, PolicyRotation,
+    Revocation, SkipReason, Skipped, Status, Stranding, Traffic, WhereGroup, WhereQuery, WhereReport,
 };
 pub use cache::{CacheConfig, CacheStats};
 pub use error::{Result, StateError, WrapError};
@@ -79,8 +80,8 @@ pub use faulty::FaultyStore;
 pub use format::{Envelope, SUITE_X25519_CHACHA};
 pub use generation::GenerationState;
 pub use machine::{
-    current_envelope, nearest, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo,
-    MachineKey, Peer, PublicMachine,
+    current_envelope, nearest, nearest_capable, objects_for_opening, Follower, Machine, MachineHealth, MachineInfo, MachineKey, Peer,
+    PublicMachine,
 };
 pub use name::{create_store, open_store, open_store_path};
 pub use newest::{newest_lists_beside, NewestLists};

@@ -23,9 +23,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use super::error::{codec, malformed, Result, WrapError};
+use super::floor::is_newer_or_same;
 use super::format::{reader, writer, NEWEST_MAGIC};
+use super::generation_list::GenerationList;
+use super::revocation::RevocationList;
 use super::store::StoreError;
-use super::{generation_list, revocation};
 
 const O: &str = "newest lists";
 
@@ -131,9 +133,9 @@ pub fn newest_lists_beside(machine_key: &Path) -> Option<PathBuf> {
 /// again from the store: the floor is lost, nothing else).
 pub(crate) fn read(path: &Path) -> Result<Option<NewestLists>> {
     match fs::read(path) {
-        Ok(b) => NewestLists::from_bytes(&b).map(Some).map_err(|e| {
-            malformed(O, format!("{}: {e} (delete the file to start again from the store)", path.display()))
-        }),
+        Ok(b) => NewestLists::from_bytes(&b)
+            .map(Some)
+            .map_err(|e| malformed(O, format!("{}: {e} (delete the file to start again from the store)", path.display()))),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(WrapError::Store(StoreError::Io { key: path.display().to_string(), source: e })),
     }
@@ -211,16 +213,11 @@ impl Keeper {
         loop {
             match lock.try_lock() {
                 Ok(()) => break,
-                Err(fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => {
-                    std::thread::sleep(std::time::Duration::from_millis(5))
-                }
+                Err(fs::TryLockError::WouldBlock) if start.elapsed() < LOCK_WAIT => std::thread::sleep(std::time::Duration::from_millis(5)),
                 Err(fs::TryLockError::WouldBlock) => {
                     return Err(std::io::Error::new(
                         std::io::ErrorKind::WouldBlock,
-                        format!(
-                            "its lock {} was held by another process for more than {LOCK_WAIT:?}",
-                            self.lock_path().display()
-                        ),
+                        format!("its lock {} was held by another process for more than {LOCK_WAIT:?}", self.lock_path().display()),
                     ))
                 }
                 Err(fs::TryLockError::Error(e)) => return Err(e),
@@ -239,8 +236,8 @@ impl Keeper {
             Kind::Revoked => &mut lists.revoked,
         };
         let newer = |floor: &[u8]| match kind {
-            Kind::Generations => generation_list::is_newer_or_same(bytes, floor, &self.authority),
-            Kind::Revoked => revocation::is_newer_or_same(bytes, floor, &self.authority),
+            Kind::Generations => is_newer_or_same::<GenerationList>(bytes, floor, &self.authority),
+            Kind::Revoked => is_newer_or_same::<RevocationList>(bytes, floor, &self.authority),
         };
         if slot.as_deref() == Some(bytes) || slot.as_deref().is_some_and(|floor| !newer(floor)) {
             return Ok(());
@@ -258,12 +255,7 @@ impl Keeper {
 /// # Errors
 /// As [`Keeper::record`].
 #[cfg(feature = "sign")]
-pub(crate) fn record_lists(
-    path: &Path,
-    authority: [u8; 32],
-    generations: Option<&[u8]>,
-    revoked: Option<&[u8]>,
-) -> Result<()> {
+pub(crate) fn record_lists(path: &Path, authority: [u8; 32], generations: Option<&[u8]>, revoked: Option<&[u8]>) -> Result<()> {
     let keeper = Keeper::new(path.to_path_buf(), authority)?;
     if let Some(g) = generations {
         keeper.record(Kind::Generations, g)?;

@@ -11,12 +11,12 @@
 //! copies need no negation. Two master rotations after a revocation the
 //! negation has left every live copy: the policies stop growing.
 
-use std::sync::Mutex;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rand_core::{OsRng, RngCore};
 
 use super::error::{codec, Result, WrapError};
+use super::floor::{Floor, SignedList};
 use super::format::{check_signed, reader, writer, REVOKED_MAGIC};
 use super::policy::CanonicalPolicy;
 use super::signing::{AuthorityKey, REVOKED_CONTEXT, SIGNATURE_LEN};
@@ -51,10 +51,7 @@ pub(crate) fn new_machine_id() -> String {
 pub(crate) fn check_new_machine_id(id: &str) -> Result<()> {
     check_machine_id(id)?;
     if matches!(id, "and" | "or" | "not") {
-        return Err(WrapError::InvalidMachineId {
-            id: id.to_owned(),
-            reason: "it is a keyword of the policy language".into(),
-        });
+        return Err(WrapError::InvalidMachineId { id: id.to_owned(), reason: "it is a keyword of the policy language".into() });
     }
     Ok(())
 }
@@ -65,8 +62,7 @@ pub(crate) fn check_new_machine_id(id: &str) -> Result<()> {
 /// # Errors
 /// [`WrapError::InvalidMachineId`].
 pub(crate) fn check_machine_id(id: &str) -> Result<()> {
-    let bad =
-        |reason: &str| Err(WrapError::InvalidMachineId { id: id.chars().take(80).collect(), reason: reason.into() });
+    let bad = |reason: &str| Err(WrapError::InvalidMachineId { id: id.chars().take(80).collect(), reason: reason.into() });
     if id.is_empty() {
         return bad("it is empty");
     }
@@ -124,8 +120,7 @@ pub(crate) fn excluded_for(revoked: &[Revoked], generation: u32) -> Vec<String> 
 
 /// The signed list of revoked ids, sorted, dated now.
 pub(crate) fn encode_list(signer: &AuthorityKey, revoked: &[Revoked]) -> Vec<u8> {
-    let at =
-        u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
+    let at = u64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_micros()).unwrap_or(u64::MAX);
     let mut ids: Vec<&str> = revoked.iter().map(|r| r.id.as_str()).collect();
     ids.sort_unstable();
     encode_ids(signer, at, &ids)
@@ -187,100 +182,24 @@ impl RevocationList {
     }
 }
 
-/// The newest revocation list a machine has accepted, with its signed
-/// bytes. Ids are never taken off the list, so a list that lacks one
-/// already seen was put back by whoever can write the store, and is
-/// refused.
-#[derive(Default)]
-pub(crate) struct SeenRevocations {
-    newest: Mutex<(RevocationList, Option<Vec<u8>>)>,
-    /// The bytes `on_newer` last kept (see `Seen`).
-    kept: Mutex<Option<Vec<u8>>>,
-    on_newer: Option<super::generation_list::OnNewer>,
-}
+/// The newest revocation list a machine has accepted ([`Floor`]). Ids are
+/// never taken off the list, so a list that lacks one already seen was
+/// put back by whoever can write the store, and is refused.
+pub(crate) type SeenRevocations = Floor<RevocationList>;
 
-impl std::fmt::Debug for SeenRevocations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let newest = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        f.debug_struct("SeenRevocations").field("newest", &newest.0).finish_non_exhaustive()
-    }
-}
+impl SignedList for RevocationList {
+    const OBJECT: &'static str = O;
 
-impl SeenRevocations {
-    /// Calls `f` with each list that becomes the newest accepted.
-    pub(crate) fn on_newer(&mut self, f: super::generation_list::OnNewer) {
-        self.on_newer = Some(f);
+    fn verify(bytes: &[u8], trusted: &[u8; 32]) -> Result<Self> {
+        RevocationList::verify(bytes, trusted)
     }
 
-    /// Verifies `bytes` (the store's `public/revoked`; `None` when absent),
-    /// refuses it if it goes back on the newest accepted, else accepts it.
-    ///
-    /// # Errors
-    /// As [`RevocationList::verify`]; [`WrapError::Replayed`] for a list
-    /// that lacks an id already seen (or is absent after one was seen).
-    pub(crate) fn accept(&self, bytes: Option<&[u8]>, trusted: &[u8; 32]) -> Result<RevocationList> {
-        let list = match bytes {
-            Some(b) => RevocationList::verify(b, trusted)?,
-            None => RevocationList::default(),
-        };
-        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(missing) = seen.0.ids.iter().find(|id| !list.contains(id)) {
-            return Err(WrapError::Replayed { object: O, reason: format!("it lacks revoked machine {missing}") });
-        }
-        let Some(bytes) = bytes else { return Ok(list) };
-        *seen = (list.clone(), Some(bytes.to_vec()));
-        drop(seen);
-        self.keep(bytes)?;
-        Ok(list)
+    fn absent() -> Self {
+        RevocationList::default()
     }
 
-    /// Hands `bytes`, now the newest, to `on_newer` unless it kept them
-    /// already.
-    fn keep(&self, bytes: &[u8]) -> Result<()> {
-        let Some(f) = &self.on_newer else { return Ok(()) };
-        if self.kept.lock().unwrap_or_else(|e| e.into_inner()).as_deref() == Some(bytes) {
-            return Ok(());
-        }
-        f(bytes)?;
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner()) = Some(bytes.to_vec());
-        Ok(())
-    }
-
-    /// Raises the floor to `bytes`, a list signed by `trusted` that a
-    /// caller requires: later lists must hold each of its ids. A list that
-    /// lacks an id of the newest accepted leaves that one in place.
-    ///
-    /// # Errors
-    /// As [`RevocationList::verify`].
-    pub(crate) fn raise(&self, bytes: &[u8], trusted: &[u8; 32]) -> Result<()> {
-        let list = RevocationList::verify(bytes, trusted)?;
-        let mut seen = self.newest.lock().unwrap_or_else(|e| e.into_inner());
-        let raised = seen.0.ids.iter().all(|id| list.contains(id)) && seen.1.as_deref() != Some(bytes);
-        if raised {
-            *seen = (list, Some(bytes.to_vec()));
-        }
-        drop(seen);
-        // A floor handed over is kept as one accepted from the store is.
-        if raised {
-            self.keep(bytes)?;
-        }
-        Ok(())
-    }
-
-    /// The signed bytes of the newest list accepted, if any.
-    pub(crate) fn newest_bytes(&self) -> Option<Vec<u8>> {
-        self.newest.lock().unwrap_or_else(|e| e.into_inner()).1.clone()
-    }
-}
-
-/// Whether the list `candidate` may replace `floor` (both signed by
-/// `trusted`): it holds every id of it. A floor that does not verify is
-/// no floor.
-pub(crate) fn is_newer_or_same(candidate: &[u8], floor: &[u8], trusted: &[u8; 32]) -> bool {
-    match (RevocationList::verify(candidate, trusted), RevocationList::verify(floor, trusted)) {
-        (Ok(c), Ok(f)) => f.ids.iter().all(|id| c.contains(id)),
-        (Ok(_), Err(_)) => true,
-        (Err(_), _) => false,
+    fn goes_back_on(&self, seen: &Self) -> Option<String> {
+        seen.ids.iter().find(|id| !self.contains(id)).map(|missing| format!("it lacks revoked machine {missing}"))
     }
 }
 
@@ -346,10 +265,7 @@ mod tests {
         let one = encode_list(&k, &[Revoked { id: "m1".into(), through: 1, pending: false }]);
         let two = encode_list(
             &k,
-            &[
-                Revoked { id: "m2".into(), through: 1, pending: true },
-                Revoked { id: "m1".into(), through: 1, pending: false },
-            ],
+            &[Revoked { id: "m2".into(), through: 1, pending: true }, Revoked { id: "m1".into(), through: 1, pending: false }],
         );
         let l = RevocationList::verify(&two, &k.public()).unwrap();
         assert_eq!(l.ids, vec!["m1".to_owned(), "m2".into()]);
