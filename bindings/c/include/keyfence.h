@@ -1915,6 +1915,26 @@ keyfence_result keyfence_authority_revoke(struct keyfence_authority *authority,
                                           size_t *rewrapped);
 
 /*
+ Revokes the machine `machine_id` as `keyfence_authority_revoke` does,
+ and writes the whole report to `*json` as one JSON object (free it with
+ `keyfence_bytes_free`): `{"id", "already", "resumed", "rekeyed",
+ "rewrapped", "retired", "compacted", "rekeyed_after_ms", "skipped":
+ [{"name", "reason", "message"}]}`, as `keyfence authority revoke
+ --json` prints it. `skipped` names the store's envelopes it could not
+ re-wrap, which open nowhere now (`reason`: `malformed`, `not_signed`,
+ `retired_version`, `does_not_open`, `misnamed`).
+
+ Errors: as `keyfence_authority_revoke`.
+
+ # Safety
+ `authority` is a live handle no other thread uses during the call;
+ `machine_id` is a NUL-terminated string; `json` is writable.
+ */
+keyfence_result keyfence_authority_revoke_report(struct keyfence_authority *authority,
+                                                 const char *machine_id,
+                                                 struct keyfence_bytes *json);
+
+/*
  Frees an authority (its master keys are wiped); NULL is a no-op.
 
  # Safety

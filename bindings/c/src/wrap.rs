@@ -69,10 +69,7 @@ pub(crate) fn store(name: &str) -> Result<Arc<dyn Store>, Error> {
 /// # Safety
 /// `store_name` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_init(
-    store_name: *const c_char,
-    out: *mut *mut keyfence_authority,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_init(store_name: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
@@ -94,10 +91,7 @@ pub unsafe extern "C" fn keyfence_authority_init(
 /// # Safety
 /// `store_name` is a NUL-terminated string; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_open(
-    store_name: *const c_char,
-    out: *mut *mut keyfence_authority,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_open(store_name: *const c_char, out: *mut *mut keyfence_authority) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
@@ -191,9 +185,8 @@ pub unsafe extern "C" fn keyfence_authority_wrap(
     ffi::boundary(|| {
         let out = bytes::out(envelope, "envelope")?;
         // SAFETY: the caller's promises, passed on.
-        let (a, text, secret) = unsafe {
-            (ffi::borrow_mut(authority, "authority")?, ffi::text(policy, "policy")?, ffi::slice(secret, len, "secret")?)
-        };
+        let (a, text, secret) =
+            unsafe { (ffi::borrow_mut(authority, "authority")?, ffi::text(policy, "policy")?, ffi::slice(secret, len, "secret")?) };
         // Parsed here first so that a syntax error carries its caret.
         policy::parse(text)?;
         let env = a.0.wrap(text, secret)?;
@@ -214,10 +207,7 @@ pub unsafe extern "C" fn keyfence_authority_wrap(
 /// `authority` is a live handle no other thread uses during the call;
 /// `resealed` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_authority_rotate_master(
-    authority: *mut keyfence_authority,
-    resealed: *mut usize,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_authority_rotate_master(authority: *mut keyfence_authority, resealed: *mut usize) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let a = unsafe { ffi::borrow_mut(authority, "authority")? };
@@ -264,6 +254,35 @@ pub unsafe extern "C" fn keyfence_authority_revoke(
         }
         Ok(())
     })
+}
+
+/// Revokes the machine `machine_id` as `keyfence_authority_revoke` does,
+/// and writes the whole report to `*json` as one JSON object (free it with
+/// `keyfence_bytes_free`): `{"id", "already", "resumed", "rekeyed",
+/// "rewrapped", "retired", "compacted", "rekeyed_after_ms", "skipped":
+/// [{"name", "reason", "message"}]}`, as `keyfence authority revoke
+/// --json` prints it. `skipped` names the store's envelopes it could not
+/// re-wrap, which open nowhere now (`reason`: `malformed`, `not_signed`,
+/// `retired_version`, `does_not_open`, `misnamed`).
+///
+/// Errors: as `keyfence_authority_revoke`.
+///
+/// # Safety
+/// `authority` is a live handle no other thread uses during the call;
+/// `machine_id` is a NUL-terminated string; `json` is writable.
+#[no_mangle]
+pub unsafe extern "C" fn keyfence_authority_revoke_report(
+    authority: *mut keyfence_authority,
+    machine_id: *const c_char,
+    json: *mut keyfence_bytes,
+) -> keyfence_result {
+    // SAFETY: the caller's promises, passed on.
+    unsafe {
+        bytes::make(json, "json", || {
+            let (a, id) = (ffi::borrow_mut(authority, "authority")?, ffi::text(machine_id, "machine_id")?);
+            Ok(a.0.revoke(id)?.to_json())
+        })
+    }
 }
 
 /// Frees an authority (its master keys are wiped); NULL is a no-op.
@@ -350,11 +369,9 @@ pub unsafe extern "C" fn keyfence_machine_new_with_state(
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promises, passed on.
-        let (key, dir, state) = unsafe {
-            (ffi::slice(key, len, "key")?, ffi::text(store_name, "store_name")?, ffi::text(state_path, "state_path")?)
-        };
-        let m =
-            Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default()).keep_newest_in(state)?;
+        let (key, dir, state) =
+            unsafe { (ffi::slice(key, len, "key")?, ffi::text(store_name, "store_name")?, ffi::text(state_path, "state_path")?) };
+        let m = Machine::new(MachineKey::from_bytes(key)?, store(dir)?, CacheConfig::default()).keep_newest_in(state)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { ffi::give(out, keyfence_machine(Arc::new(m), Mutex::new(None))) };
         Ok(())
@@ -379,11 +396,7 @@ pub unsafe extern "C" fn keyfence_machine_new_with_state(
 /// # Safety
 /// `machine` is a live handle; `lists` points to `len` readable bytes.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_require(
-    machine: *const keyfence_machine,
-    lists: *const u8,
-    len: usize,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_require(machine: *const keyfence_machine, lists: *const u8, len: usize) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
         let (m, lists) = unsafe { (ffi::borrow(machine, "machine")?, ffi::slice(lists, len, "lists")?) };
@@ -402,10 +415,7 @@ pub unsafe extern "C" fn keyfence_machine_require(
 /// # Safety
 /// `machine` is a live handle; `lists` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_newest_lists(
-    machine: *const keyfence_machine,
-    lists: *mut keyfence_bytes,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_newest_lists(machine: *const keyfence_machine, lists: *mut keyfence_bytes) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
         bytes::make(lists, "lists", || {
@@ -423,10 +433,7 @@ pub unsafe extern "C" fn keyfence_machine_newest_lists(
 /// # Safety
 /// `machine` is a live handle; `id` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_id(
-    machine: *const keyfence_machine,
-    id: *mut keyfence_bytes,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_id(machine: *const keyfence_machine, id: *mut keyfence_bytes) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
         bytes::make(id, "id", || {
@@ -531,10 +538,7 @@ pub unsafe extern "C" fn keyfence_machine_follow(machine: *const keyfence_machin
 /// # Safety
 /// `machine` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_machine_cache_stats(
-    machine: *const keyfence_machine,
-    out: *mut keyfence_cache_stats,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_machine_cache_stats(machine: *const keyfence_machine, out: *mut keyfence_cache_stats) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.

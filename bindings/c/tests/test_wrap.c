@@ -92,6 +92,19 @@ int main(void) {
     OK(keyfence_authority_revoke(auth, id_text, &rewrapped));
     CHECK(rewrapped == 1);
     FAILS(KEYFENCE_INVALID_ATTRIBUTES, keyfence_authority_revoke(auth, "not an id", &rewrapped));
+    /* The whole report, as JSON: again for the same id, nothing is done. */
+    {
+        keyfence_bytes report = {0};
+        OK(keyfence_authority_revoke_report(auth, id_text, &report));
+        char text[1024] = {0};
+        CHECK(report.len > 0 && report.len < sizeof text);
+        memcpy(text, report.data, report.len);
+        CHECK(strstr(text, "\"already\":true") != NULL && strstr(text, "\"rewrapped\":0") != NULL);
+        CHECK(strstr(text, id_text) != NULL && strstr(text, "\"skipped\":[]") != NULL);
+        keyfence_bytes_free(&report);
+        FAILS(KEYFENCE_INVALID_ATTRIBUTES, keyfence_authority_revoke_report(auth, "not an id", &report));
+        CHECK(report.data == NULL);
+    }
     snprintf(attrs, sizeof attrs, "region=EU,machine=%s", id_text);
     keyfence_bytes refused = {0};
     FAILS(KEYFENCE_MACHINE_REVOKED, keyfence_authority_issue(auth, attrs, &refused));

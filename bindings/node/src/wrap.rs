@@ -71,6 +71,26 @@ pub struct Revocation {
     pub rewrapped: u32,
     /// Older policy key versions retired.
     pub retired: u32,
+    /// Whether the store's history was compacted afterwards (etcd).
+    pub compacted: bool,
+    /// Milliseconds from the call until every new wrap sealed to a version
+    /// the machine cannot open (0 when nothing was re-keyed).
+    pub rekeyed_after_ms: f64,
+    /// The store's envelopes it could not re-wrap: they open nowhere now.
+    pub skipped: Vec<SkippedEnvelope>,
+}
+
+/// An envelope in the store a revocation could not re-wrap: sealed to a
+/// retired policy key version now, it opens nowhere. Wrap its secret again.
+#[napi(object, namespace = "wrap")]
+pub struct SkippedEnvelope {
+    /// Its name in the store (`envelopes/{secret id}`).
+    pub name: String,
+    /// Why, by a stable name: 'malformed', 'not_signed', 'retired_version',
+    /// 'does_not_open' or 'misnamed'.
+    pub reason: String,
+    /// Why, in words.
+    pub message: String,
 }
 
 impl Authority {
@@ -83,9 +103,7 @@ impl Authority {
         let inner = self.inner.clone();
         Job::new(
             move || {
-                let mut a = inner
-                    .lock()
-                    .map_err(|_| KfError::new(ErrorCode::Internal, "an earlier call on this authority panicked"))?;
+                let mut a = inner.lock().map_err(|_| KfError::new(ErrorCode::Internal, "an earlier call on this authority panicked"))?;
                 f(&mut a)
             },
             to_js,
@@ -121,6 +139,13 @@ impl Authority {
                 rekeyed: n(r.rekeyed),
                 rewrapped: n(r.rewrapped),
                 retired: n(r.retired),
+                compacted: r.compacted,
+                rekeyed_after_ms: r.rekeyed_after.as_secs_f64() * 1000.0,
+                skipped: r
+                    .skipped
+                    .into_iter()
+                    .map(|s| SkippedEnvelope { message: s.reason.to_string(), reason: s.reason.kind().to_owned(), name: s.name })
+                    .collect(),
             },
         )
     }
@@ -128,10 +153,7 @@ impl Authority {
     fn rotate_job(&self) -> Job<core::MasterRotation, MasterRotation> {
         self.with(
             |a| Ok(a.rotate_master()?),
-            |r| MasterRotation {
-                generation: r.new_generation,
-                resealed: u32::try_from(r.resealed).unwrap_or(u32::MAX),
-            },
+            |r| MasterRotation { generation: r.new_generation, resealed: u32::try_from(r.resealed).unwrap_or(u32::MAX) },
         )
     }
 }
@@ -182,20 +204,13 @@ impl Authority {
     /// Rejects with `KeyfenceError` code `INVALID_ATTRIBUTES`,
     /// `RESERVED_LABEL`, `LIMIT_EXCEEDED`, `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn issue(
-        &self,
-        #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
-    ) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
+    pub fn issue(&self, #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
         self.issue_job(attrs).spawn()
     }
 
     /// `issue` on the calling thread.
     #[napi]
-    pub fn issue_sync(
-        &self,
-        env: Env,
-        #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
-    ) -> napi::Result<Buffer> {
+    pub fn issue_sync(&self, env: Env, #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>) -> napi::Result<Buffer> {
         self.issue_job(attrs).run_sync(&env)
     }
 
@@ -205,22 +220,13 @@ impl Authority {
     /// Rejects with `KeyfenceError` code `POLICY_SYNTAX` (with `position`),
     /// `POLICY_TOO_LARGE`, `LIMIT_EXCEEDED`, `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn wrap(
-        &self,
-        policy: String,
-        #[napi(ts_arg_type = "Bytes")] secret: Uint8Array,
-    ) -> AsyncTask<Job<Vec<u8>, Buffer>> {
+    pub fn wrap(&self, policy: String, #[napi(ts_arg_type = "Bytes")] secret: Uint8Array) -> AsyncTask<Job<Vec<u8>, Buffer>> {
         self.wrap_job(policy, secret).spawn()
     }
 
     /// `wrap` on the calling thread.
     #[napi]
-    pub fn wrap_sync(
-        &self,
-        env: Env,
-        policy: String,
-        #[napi(ts_arg_type = "Bytes")] secret: Uint8Array,
-    ) -> napi::Result<Buffer> {
+    pub fn wrap_sync(&self, env: Env, policy: String, #[napi(ts_arg_type = "Bytes")] secret: Uint8Array) -> napi::Result<Buffer> {
         self.wrap_job(policy, secret).run_sync(&env)
     }
 
@@ -386,10 +392,7 @@ impl Machine {
     /// (malformed or tampered), `REPLAYED_OBJECT` (the store put back a
     /// generation list older than one this machine has seen), `STORE_IO`.
     #[napi(ts_return_type = "Promise<Buffer>")]
-    pub fn open(
-        &self,
-        #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array,
-    ) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
+    pub fn open(&self, #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array) -> AsyncTask<Job<Zeroizing<Vec<u8>>, Buffer>> {
         self.open_job(envelope).spawn()
     }
 
@@ -455,8 +458,7 @@ impl Machine {
         let (m, follower) = (self.inner.clone(), self.follower.clone());
         Job::new(
             move || {
-                let mut f =
-                    follower.lock().map_err(|_| KfError::new(ErrorCode::Internal, "an earlier follow panicked"))?;
+                let mut f = follower.lock().map_err(|_| KfError::new(ErrorCode::Internal, "an earlier follow panicked"))?;
                 if f.is_none() {
                     *f = Some(m.follow()?);
                 }

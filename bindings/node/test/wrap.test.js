@@ -80,6 +80,20 @@ test('errors', async (t) => {
   assert.throws(() => new kf.wrap.Machine(Buffer.from('junk'), dir), { code: 'INVALID_KEY' })
 })
 
+test('a revocation names the envelopes that open nowhere now', async (t) => {
+  const dir = tmp()
+  t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
+  const auth = await kf.wrap.Authority.init(dir)
+  await auth.wrap('region: EU', Buffer.from('customer secret'))
+  const m = new kf.wrap.Machine(await auth.issue({ region: 'EU' }), dir)
+  fs.writeFileSync(path.join(dir, 'envelopes', '0'.repeat(32)), 'KFE2 garbage')
+  const r = await auth.revoke(m.id)
+  assert.equal(r.rewrapped, 1)
+  assert.equal(r.skipped.length, 1)
+  assert.deepEqual([r.skipped[0].name, r.skipped[0].reason], ['envelopes/' + '0'.repeat(32), 'malformed'])
+  assert.match(r.skipped[0].message, /^not an envelope/)
+})
+
 test('revoking a machine: its cached policy key opens nothing the store serves', async (t) => {
   const dir = tmp()
   t.after(() => fs.rmSync(dir, { recursive: true, force: true }))
@@ -91,8 +105,10 @@ test('revoking a machine: its cached policy key opens nothing the store serves',
   assert.notEqual(thief.id, peer.id)
   assert.equal((await thief.open(handed)).toString(), 'customer secret') // cached now
   const r = await auth.revoke(thief.id)
-  assert.deepEqual([r.id, r.already, r.rekeyed, r.rewrapped, r.retired], [thief.id, false, 1, 1, 1])
-  assert.equal(auth.revokeSync(thief.id).already, true)
+  assert.deepEqual([r.id, r.already, r.rekeyed, r.rewrapped, r.retired, r.skipped], [thief.id, false, 1, 1, 1, []])
+  assert.ok(r.rekeyedAfterMs > 0)
+  const again = auth.revokeSync(thief.id)
+  assert.deepEqual([again.already, again.rewrapped, again.rekeyedAfterMs], [true, 0, 0])
   const [name] = fs.readdirSync(path.join(dir, 'envelopes'))
   const served = fs.readFileSync(path.join(dir, 'envelopes', name))
   await assert.rejects(thief.open(served), { code: 'MACHINE_REVOKED' })

@@ -38,11 +38,14 @@ size_t authority_rotate_master(Authority &a) {
     return n;
 }
 
-size_t authority_revoke(Authority &a, py::handle machine_id) {
+// `revoke`: the report as the C ABI's JSON text (keyfence.wrap turns it
+// into a Revocation).
+std::string authority_revoke(Authority &a, py::handle machine_id) {
     std::string id = text(machine_id, "machine_id");
-    size_t n = 0;
-    a.call<Authority::Unique>([&](keyfence_authority *h) { return keyfence_authority_revoke(h, id.c_str(), &n); });
-    return n;
+    Owned out;
+    a.call<Authority::Unique>(
+        [&](keyfence_authority *h) { return keyfence_authority_revoke_report(h, id.c_str(), &out.b); });
+    return std::string(reinterpret_cast<const char *>(out.b.data), out.b.len);
 }
 
 // `where`: the answer as the C ABI's JSON text (keyfence.wrap turns it
@@ -188,8 +191,8 @@ void bind_wrap(py::module_ &m) {
         .def("revoke", &authority_revoke, py::arg("machine_id"),
              "Revokes a machine by its id (Machine.id): records it, gives every policy a new key sealed so "
              "that machine cannot open it, re-wraps the store's envelopes to them and retires the old keys, "
-             "so the policy keys it cached open nothing the store serves. Returns how many envelopes were "
-             "re-wrapped (0 for an id already revoked). Call again after an interruption to finish; issue "
+             "so the policy keys it cached open nothing the store serves. Returns the report as the JSON text "
+             "of `keyfence authority revoke --json` (keyfence.wrap.Authority.revoke gives a Revocation). Call again after an interruption to finish; issue "
              "refuses the id afterwards (MachineRevoked).\n\n"
              "Raises InvalidAttributes for an id a policy cannot name, PolicyTooLarge when the negations "
              "no longer fit (rotate the master key twice), StoreError.")

@@ -135,6 +135,19 @@ def test_machine_repr_hides_the_key(store: pathlib.Path) -> None:
     assert key.hex() not in repr(m) and "secret" in repr(m)
 
 
+def test_a_revocation_names_the_envelopes_that_open_nowhere_now(store: pathlib.Path) -> None:
+    auth = wrap.Authority.init(store)
+    auth.wrap("region: EU", b"customer secret")
+    m = wrap.Machine(auth.issue({"region": "EU"}), store)
+    (store / "envelopes" / ("0" * 32)).write_bytes(b"KFE2 garbage")
+    r = auth.revoke(m.id)
+    assert r.rewrapped == 1
+    (skipped,) = r.skipped
+    assert isinstance(skipped, wrap.SkippedEnvelope)
+    assert (skipped.name, skipped.reason) == ("envelopes/" + "0" * 32, "malformed")
+    assert skipped.message.startswith("not an envelope"), skipped.message
+
+
 def test_revoking_a_machine(store: pathlib.Path) -> None:
     auth = wrap.Authority.init(store)
     handed = auth.wrap("region: EU", b"customer secret")
@@ -142,8 +155,12 @@ def test_revoking_a_machine(store: pathlib.Path) -> None:
     peer = wrap.Machine(auth.issue({"region": "EU"}), store)
     assert len(thief.id) == 32 and thief.id != peer.id
     assert thief.open(handed) == b"customer secret"  # its cache now holds the policy key
-    assert auth.revoke(thief.id) == 1
-    assert auth.revoke(thief.id) == 0  # already revoked
+    r = auth.revoke(thief.id)
+    assert isinstance(r, wrap.Revocation)
+    assert (r.id, r.already, r.rekeyed, r.rewrapped, r.retired, r.skipped) == (thief.id, False, 1, 1, 1, ())
+    assert r.rekeyed_after_ms > 0
+    again = auth.revoke(thief.id)  # already revoked: nothing is done
+    assert (again.already, again.rewrapped, again.rekeyed_after_ms) == (True, 0, 0.0)
     (served,) = (store / "envelopes").iterdir()
     with pytest.raises(keyfence.MachineRevoked):
         thief.open(served.read_bytes())

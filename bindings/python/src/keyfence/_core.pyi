@@ -6,6 +6,7 @@ from types import TracebackType
 from typing import Callable, Dict, Mapping, NoReturn, Optional, Tuple, Type, Union, overload
 
 from .sign import Engine as _SignEngine
+from .wrap import Revocation as _Revocation
 from .wrap import WhereResult as _WhereResult
 
 _Buffer = Union[bytes, bytearray, memoryview]
@@ -58,7 +59,7 @@ class Authority:
     def issue(self, attributes: Mapping[str, str]) -> bytes: ...
     def wrap(self, policy: str, secret: _Buffer) -> bytes: ...
     def rotate_master(self) -> int: ...
-    def revoke(self, machine_id: str) -> int: ...
+    def revoke(self, machine_id: str) -> _Revocation: ...
     def where(
         self,
         policy: str,

@@ -37,9 +37,10 @@ from ._args import describe
 from ._guard import Native
 from .exceptions import InvalidArgument, InvalidArgumentType
 
-# WhereGroup and WhereResult are what Authority.where returns, not for
-# constructing: importable for annotations, outside __all__ as every
-# result record the API walk (tests/test_one_family.py) leaves out.
+# WhereGroup and WhereResult are what Authority.where returns, Revocation
+# and SkippedEnvelope what Authority.revoke returns, not for constructing:
+# importable for annotations, outside __all__ as every result record the
+# API walk (tests/test_one_family.py) leaves out.
 __all__ = ["Authority", "Machine"]
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -134,6 +135,61 @@ class WhereResult:
         """The groups that would receive more than the warning ratio times
         their own traffic."""
         return [g for g in self.groups if g.warning is not None]
+
+
+@dataclass(frozen=True)
+class SkippedEnvelope:
+    """An envelope in the store that a revocation could not re-wrap
+    (:attr:`Revocation.skipped`): sealed to a retired policy key version
+    now, it opens nowhere. Wrap its secret again."""
+
+    #: Its name in the store (``envelopes/{secret id}``).
+    name: str
+    #: Why, by a stable name: ``malformed``, ``not_signed``,
+    #: ``retired_version``, ``does_not_open`` or ``misnamed``.
+    reason: str
+    #: Why, in words.
+    message: str
+
+
+@dataclass(frozen=True)
+class Revocation:
+    """What :meth:`Authority.revoke` did."""
+
+    #: The machine id revoked.
+    id: str
+    #: Whether the id was already revoked, and fully: nothing was done.
+    already: bool
+    #: Whether this call finished a revocation an interrupted one started.
+    resumed: bool
+    #: Policies given a new key version the machine cannot open.
+    rekeyed: int
+    #: Envelopes in the store re-wrapped to those versions.
+    rewrapped: int
+    #: Older policy key versions retired with their sealed copies.
+    retired: int
+    #: Whether the store's history was compacted afterwards (etcd).
+    compacted: bool
+    #: Milliseconds from the call until every new wrap sealed to a version
+    #: the machine cannot open (0 when nothing was re-keyed).
+    rekeyed_after_ms: float
+    #: The store's envelopes it could not re-wrap: they open nowhere now.
+    skipped: Tuple[SkippedEnvelope, ...]
+
+
+def _revocation(text: str) -> Revocation:
+    d = json.loads(text)
+    return Revocation(
+        id=d["id"],
+        already=bool(d["already"]),
+        resumed=bool(d["resumed"]),
+        rekeyed=int(d["rekeyed"]),
+        rewrapped=int(d["rewrapped"]),
+        retired=int(d["retired"]),
+        compacted=bool(d["compacted"]),
+        rekeyed_after_ms=float(d["rekeyed_after_ms"]),
+        skipped=tuple(SkippedEnvelope(name=x["name"], reason=x["reason"], message=x["message"]) for x in d["skipped"]),
+    )
 
 
 def _opt_float(v: Any) -> Optional[float]:
@@ -234,8 +290,17 @@ def _authority() -> None:
         return int(native["rotate_master"](self))
 
     @face.method
-    def revoke(self: Any, machine_id: str) -> int:
-        return int(native["revoke"](self, machine_id))
+    def revoke(self: Any, machine_id: str) -> Revocation:
+        """Revokes the machine ``machine_id`` (:attr:`Machine.id`): records
+        it, gives every policy a new key it cannot open, re-wraps the
+        store's envelopes to them and retires the old keys. The report
+        names the envelopes it could not re-wrap (``skipped``), which open
+        nowhere now. Call again after an interruption to finish.
+
+        Raises InvalidAttributes for an id a policy cannot name,
+        PolicyTooLarge when the negations no longer fit (rotate the master
+        key twice), StoreError."""
+        return _revocation(native["revoke"](self, machine_id))
 
     @face.method
     def where(

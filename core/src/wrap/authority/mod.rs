@@ -7,6 +7,7 @@
 //! envelopes); here, the operations themselves.
 
 mod inventory;
+mod json;
 mod placement;
 mod rewrap;
 mod state;
@@ -371,9 +372,10 @@ impl Authority {
             }
             let mut keys = Vec::new();
             for g in this.live() {
-                let msk = g.msk.as_ref().ok_or_else(|| {
-                    StateError::Inconsistent(format!("live generation {} has lost its master key", g.number))
-                })?;
+                let msk = g
+                    .msk
+                    .as_ref()
+                    .ok_or_else(|| StateError::Inconsistent(format!("live generation {} has lost its master key", g.number)))?;
                 keys.push((g.number, abe::keygen(msk, attrs)?));
             }
             keys.sort_by_key(|k| std::cmp::Reverse(k.0));
@@ -401,8 +403,7 @@ impl Authority {
     /// may hold a key of it.
     fn seal_under(&self, t: &mut Txn, g: &Generation, k: &PolicyKey) -> Result<()> {
         let excluded = revocation::excluded_for(&self.state.revoked, g.number);
-        let blob =
-            sealed::seal(&self.state.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
+        let blob = sealed::seal(&self.state.signer, &g.pk, g.number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
         t.put(&layout::sealed(k.policy_id(), k.version, g.number), &blob);
         Ok(())
     }
@@ -506,10 +507,7 @@ impl Authority {
     }
 
     fn seal_envelope(&self, t: &mut Txn, secret_id: &[u8; 16], pid: &[u8; 32], secret: &[u8]) -> Result<Envelope> {
-        let k = self
-            .state
-            .current(pid)
-            .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
+        let k = self.state.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
         let env = Envelope::seal(&self.state.signer, secret_id, &k.policy, k.version, &k.public, secret)?;
         t.put(&layout::envelope(secret_id), env.to_bytes());
         Ok(env)
@@ -540,15 +538,10 @@ impl Authority {
     /// otherwise as [`Authority::rotate_master`].
     pub fn rotate_master_unless_stranding(&mut self) -> Result<MasterRotation> {
         self.change(Some("rotate master"), |a, t| {
-            let retiring =
-                a.state.generations.iter().find(|g| g.state == GenerationState::DecryptOnly).map(|g| g.number);
+            let retiring = a.state.generations.iter().find(|g| g.state == GenerationState::DecryptOnly).map(|g| g.number);
             let stranded = a.stranded_by(retiring)?;
             if let (Some(generation), false) = (retiring, stranded.is_empty()) {
-                return Err(WrapError::WouldStrand {
-                    generation,
-                    count: stranded.len(),
-                    examples: stranded.into_iter().take(3).collect(),
-                });
+                return Err(WrapError::WouldStrand { generation, count: stranded.len(), examples: stranded.into_iter().take(3).collect() });
             }
             a.rotate_master_locked(t)
         })
@@ -588,16 +581,7 @@ impl Authority {
         for i in 0..n {
             let g = self.state.generations.last().ok_or_else(|| StateError::Inconsistent("no generation".into()))?;
             let k = &self.state.keys[i];
-            let blob = sealed::seal(
-                &self.state.signer,
-                &g.pk,
-                number,
-                &k.policy,
-                k.version,
-                &k.public,
-                &k.private,
-                &excluded,
-            )?;
+            let blob = sealed::seal(&self.state.signer, &g.pk, number, &k.policy, k.version, &k.public, &k.private, &excluded)?;
             t.put(&layout::sealed(k.policy_id(), k.version, number), &blob);
             self.commit_if_large(t)?;
         }
@@ -640,13 +624,7 @@ impl Authority {
             // the re-wrapping goes in chunks, each expecting this state.
             a.commit(t)?;
             let (rewrapped, skipped) = a.rewrap_store(t, &[pid])?;
-            let decrypt_only = a
-                .state
-                .keys
-                .iter()
-                .filter(|k| *k.policy_id() == pid && k.version != version)
-                .map(|k| k.version)
-                .collect();
+            let decrypt_only = a.state.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
             a.collect_garbage(t)?;
             Ok(PolicyRotation { version, rewrapped, skipped, decrypt_only })
         })
@@ -668,13 +646,8 @@ impl Authority {
             let pid = *policy.id();
             let version = a.state.current(&pid).ok_or_else(|| StateError::NoPolicyKey(policy.to_string()))?.version;
             let (rewrapped, skipped) = a.rewrap_store(t, &[pid])?;
-            let retired: Vec<u32> = a
-                .state
-                .keys
-                .iter()
-                .filter(|k| *k.policy_id() == pid && k.version != version)
-                .map(|k| k.version)
-                .collect();
+            let retired: Vec<u32> =
+                a.state.keys.iter().filter(|k| *k.policy_id() == pid && k.version != version).map(|k| k.version).collect();
             a.state.keys.retain(|k| *k.policy_id() != pid || k.version == version);
             a.stage_state(t);
             a.collect_garbage(t)?;
@@ -747,8 +720,7 @@ impl Authority {
             pids.sort();
             pids.dedup();
             for pid in &pids {
-                let old =
-                    a.state.current(pid).ok_or_else(|| StateError::Inconsistent("a policy key is missing".into()))?;
+                let old = a.state.current(pid).ok_or_else(|| StateError::Inconsistent("a policy key is missing".into()))?;
                 limit("policy key version", old.version as usize, u32::MAX as usize - 1)?;
                 limit("policy key count", a.state.keys.len() + 1, u32::MAX as usize)?;
                 let (private, public) = hpke::keypair(&mut OsRng);

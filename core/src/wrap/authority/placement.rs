@@ -17,6 +17,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::inventory::InventoryMachine;
+use super::json::{json_num, json_opt_str, json_str};
 use super::Authority;
 use crate::wrap::error::{Result, WrapError};
 use crate::wrap::machine::nearest;
@@ -78,12 +79,7 @@ impl Traffic {
             }
             let n = i + 1;
             if f.len() != 2 {
-                return Err(bad(
-                    file,
-                    n,
-                    "line",
-                    format!("{} field(s); a line is `group,handshakes per second`", f.len()),
-                ));
+                return Err(bad(file, n, "line", format!("{} field(s); a line is `group,handshakes per second`", f.len())));
             }
             if f[0].is_empty() {
                 return Err(bad(file, n, "group", "empty"));
@@ -106,9 +102,7 @@ impl Traffic {
         for (g, rps) in pairs {
             let g = g.into();
             if !(rps.is_finite() && rps >= 0.0) {
-                return Err(WrapError::InvalidQuery(format!(
-                    "traffic of {g}: {rps} is not a finite number of at least 0"
-                )));
+                return Err(WrapError::InvalidQuery(format!("traffic of {g}: {rps} is not a finite number of at least 0")));
             }
             if t.rps.insert(g.clone(), rps).is_some() {
                 return Err(WrapError::InvalidQuery(format!("traffic of {g} is given twice")));
@@ -141,12 +135,7 @@ impl Latencies {
             }
             let n = i + 1;
             if f.len() != 3 {
-                return Err(bad(
-                    file,
-                    n,
-                    "line",
-                    format!("{} field(s); a line is `from group,to group,milliseconds`", f.len()),
-                ));
+                return Err(bad(file, n, "line", format!("{} field(s); a line is `from group,to group,milliseconds`", f.len())));
             }
             for (k, name) in [(0, "from"), (1, "to")] {
                 if f[k].is_empty() {
@@ -171,9 +160,7 @@ impl Latencies {
         for (a, b, ms) in triples {
             let (a, b) = (a.into(), b.into());
             if !(ms.is_finite() && ms >= 0.0) {
-                return Err(WrapError::InvalidQuery(format!(
-                    "latency {a} to {b}: {ms} is not a finite number of at least 0"
-                )));
+                return Err(WrapError::InvalidQuery(format!("latency {a} to {b}: {ms} is not a finite number of at least 0")));
             }
             if l.ms.insert((a.clone(), b.clone()), ms).is_some() {
                 return Err(WrapError::InvalidQuery(format!("latency {a} to {b} is given twice")));
@@ -295,41 +282,6 @@ pub struct WhereReport {
     pub matching_machines: Vec<String>,
 }
 
-/// A JSON string.
-fn json_str(out: &mut String, s: &str) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
-fn json_opt_str(out: &mut String, s: Option<&str>) {
-    match s {
-        Some(s) => json_str(out, s),
-        None => out.push_str("null"),
-    }
-}
-
-/// A JSON number (every number here is finite).
-fn json_num(out: &mut String, x: f64) {
-    if x.fract() == 0.0 && x.abs() < 1e15 {
-        let _ = write!(out, "{}", x as i64);
-    } else {
-        let _ = write!(out, "{x}");
-    }
-}
-
 impl WhereReport {
     /// The report as one JSON object: `{"total", "matching",
     /// "remote_share", "groups": [{"value", "total", "matching", ...}]}`
@@ -351,9 +303,7 @@ impl WhereReport {
             Some(x) => json_num(&mut o, x),
             None => o.push_str("null"),
         }
-        for (name, v) in
-            [("total_rps", self.total_rps), ("remote_rps", self.remote_rps), ("unserved_rps", self.unserved_rps)]
-        {
+        for (name, v) in [("total_rps", self.total_rps), ("remote_rps", self.remote_rps), ("unserved_rps", self.unserved_rps)] {
             if let Some(x) = v {
                 let _ = write!(o, ",\"{name}\":");
                 json_num(&mut o, x);
@@ -535,11 +485,7 @@ fn project(r: &mut WhereReport, traffic: &Traffic, q: &WhereQuery) {
         g.sends_to = sends_to[i].map(|s| names[s].clone());
         if received[i] > q.warn_ratio * own {
             g.warning = Some(if own == 0.0 {
-                format!(
-                    "receives {} handshakes/s from {} group(s) and has no traffic of its own",
-                    fmt_rps(received[i]),
-                    senders[i]
-                )
+                format!("receives {} handshakes/s from {} group(s) and has no traffic of its own", fmt_rps(received[i]), senders[i])
             } else {
                 format!(
                     "receives {} handshakes/s from {} group(s): {:.1} times its own {}, over the warning ratio {}",
@@ -600,12 +546,9 @@ mod tests {
                 other => panic!("{text:?}: {other:?}"),
             }
         }
-        for (text, line, field) in [
-            ("from,to,ms\na,b,1\na,b,2", 3, "to"),
-            ("a,b", 1, "line"),
-            ("a,b,NaN", 1, "milliseconds"),
-            (",b,1", 1, "from"),
-        ] {
+        for (text, line, field) in
+            [("from,to,ms\na,b,1\na,b,2", 3, "to"), ("a,b", 1, "line"), ("a,b,NaN", 1, "milliseconds"), (",b,1", 1, "from")]
+        {
             match Latencies::parse_csv("l.csv", text) {
                 Err(WrapError::InvalidLine { file, line: l, field: f, .. }) => {
                     assert_eq!((file.as_str(), l, f), ("l.csv", line, field), "{text}")
