@@ -30,12 +30,7 @@ fn keys_stay_in_the_key_process_and_sign_through_the_engine() {
     // kernels that have it, and a missing layer must show, not pass).
     assert_eq!(
         hardening,
-        flags::NOT_DUMPABLE
-            | flags::NO_CORE
-            | flags::PEER_CHECKED
-            | flags::SANDBOXED
-            | flags::FILES_CONFINED
-            | flags::INHERITED_CLOSED
+        flags::NOT_DUMPABLE | flags::NO_CORE | flags::PEER_CHECKED | flags::SANDBOXED | flags::FILES_CONFINED | flags::INHERITED_CLOSED
     );
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let mut held = Vec::new();
@@ -149,10 +144,7 @@ fn deadlines_reach_the_key_process() {
     let futs: Vec<_> = (0..QUEUED)
         .map(|_| {
             engine
-                .submit(
-                    Request::sign(rsa.clone(), Algorithm::RsaPkcs1Sha256, b"m".to_vec())
-                        .with_timeout(Duration::from_millis(20)),
-                )
+                .submit(Request::sign(rsa.clone(), Algorithm::RsaPkcs1Sha256, b"m".to_vec()).with_timeout(Duration::from_millis(20)))
                 .unwrap()
         })
         .collect();
@@ -198,8 +190,7 @@ fn killing_the_key_process_under_load_fails_in_flight_work_then_restarts_with_th
     let workers: Vec<_> = [rsa.clone(), ec.clone()]
         .into_iter()
         .map(|key| {
-            let (engine, stop, ok, failed, msgs) =
-                (engine.clone(), stop.clone(), ok.clone(), failed.clone(), died_messages.clone());
+            let (engine, stop, ok, failed, msgs) = (engine.clone(), stop.clone(), ok.clone(), failed.clone(), died_messages.clone());
             std::thread::spawn(move || {
                 let alg = if key.kind().is_rsa() { Algorithm::RsaPkcs1Sha256 } else { Algorithm::EcdsaP256Sha256 };
                 while !stop.load(Ordering::Relaxed) {
@@ -234,11 +225,7 @@ fn killing_the_key_process_under_load_fails_in_flight_work_then_restarts_with_th
 
     assert!(failed.load(Ordering::Relaxed) > 0, "in-flight operations must fail when the process dies");
     let msgs = died_messages.lock().unwrap();
-    assert!(
-        msgs.iter().any(|m| m.contains(&format!("key process (pid {first_pid}) died"))),
-        "a clear error: {:?}",
-        msgs.first()
-    );
+    assert!(msgs.iter().any(|m| m.contains(&format!("key process (pid {first_pid}) died"))), "a clear error: {:?}", msgs.first());
     assert!(keys.wait_running(Duration::from_secs(5)));
     assert_eq!(keys.restarts(), 1);
     assert_ne!(keys.pid(), Some(first_pid));
@@ -268,9 +255,7 @@ fn messages_over_the_frame_limit_are_hashed_here_or_refused_and_never_end_the_co
 
     // An operation in flight on the same connection while the big ones go.
     let slow = engine.sign(&rsa, Algorithm::RsaPssSha256, b"alongside").unwrap();
-    for (key, alg) in
-        [(&rsa, Algorithm::RsaPkcs1Sha256), (&rsa, Algorithm::RsaPssSha256), (&ec, Algorithm::EcdsaP256Sha256)]
-    {
+    for (key, alg) in [(&rsa, Algorithm::RsaPkcs1Sha256), (&rsa, Algorithm::RsaPssSha256), (&ec, Algorithm::EcdsaP256Sha256)] {
         for msg in [&big, &at_limit] {
             let sig = engine.sign(key, alg, msg).unwrap().wait().unwrap();
             assert!(verifies(key, alg, msg, &sig), "{alg}, {} bytes", msg.len());
@@ -281,15 +266,11 @@ fn messages_over_the_frame_limit_are_hashed_here_or_refused_and_never_end_the_co
     // PKCS#1 v1.5 is deterministic: hashing here changes nothing.
     assert_eq!(
         engine.sign(&rsa, Algorithm::RsaPkcs1Sha256, &big).unwrap().wait().unwrap(),
-        rsa.sign_digest(Algorithm::RsaPkcs1Sha256, &Algorithm::RsaPkcs1Sha256.hash().unwrap().digest(&big).unwrap())
-            .unwrap()
+        rsa.sign_digest(Algorithm::RsaPkcs1Sha256, &Algorithm::RsaPkcs1Sha256.hash().unwrap().digest(&big).unwrap()).unwrap()
     );
     // Ed25519 signs the whole message: refused at submission, typed.
     let err = engine.sign(&ed, Algorithm::Ed25519, &big).unwrap_err();
-    assert!(
-        matches!(err, SignError::InputTooLarge { len, max, .. } if len == big.len() && max == p::MAX_OP_DATA),
-        "{err:?}"
-    );
+    assert!(matches!(err, SignError::InputTooLarge { len, max, .. } if len == big.len() && max == p::MAX_OP_DATA), "{err:?}");
     assert_eq!(err.code(), keyfence::ErrorCode::InvalidRequest);
     assert!(err.to_string().contains("Ed25519 signs whole messages"), "{err}");
     assert!(matches!(ed.sign(Algorithm::Ed25519, &big), Err(SignError::InputTooLarge { .. })));
@@ -321,9 +302,7 @@ fn envelopes_are_opened_inside_the_key_process() {
     std::fs::remove_file(dir.0.join("customer.pem")).unwrap();
 
     let keys = KeyProcess::start(config()).unwrap();
-    let source = |mk: &str| {
-        KeySource::envelope(std::fs::read(dir.0.join("customer.kfe")).unwrap(), store_dir.clone(), dir.0.join(mk))
-    };
+    let source = |mk: &str| KeySource::envelope(std::fs::read(dir.0.join("customer.kfe")).unwrap(), store_dir.clone(), dir.0.join(mk));
     let key = keys.load(source("eu.key")).unwrap();
     let sig = key.sign(Algorithm::EcdsaP256Sha256, b"edge").unwrap();
     assert!(verifies(&key, Algorithm::EcdsaP256Sha256, b"edge", &sig));
@@ -515,13 +494,7 @@ fn malformed_requests_get_error_replies_and_the_process_lives_on() {
     }
     // An operation on a key that does not exist.
     let mut op = Vec::new();
-    p::encode_op(
-        &mut op,
-        50,
-        77,
-        Duration::from_secs(1),
-        &keyfence::sign::Operation::DecryptRaw { ciphertext: vec![0; 256] },
-    );
+    p::encode_op(&mut op, 50, 77, Duration::from_secs(1), &keyfence::sign::Operation::DecryptRaw { ciphertext: vec![0; 256] });
     raw.stream.write_all(&op).unwrap();
     let reply = raw.read().unwrap();
     assert_eq!(p::parse_error(&reply.body).0, ErrorCode::UnknownKey);
@@ -586,10 +559,7 @@ fn more_requests_than_agreed_are_refused_as_busy() {
     assert_eq!(raw.read().unwrap().kind, kind::OK);
     let mut burst = Vec::new();
     for id in 10..20 {
-        let op = keyfence::sign::Operation::Sign {
-            alg: Algorithm::RsaPkcs1Sha256,
-            input: keyfence::sign::Input::Message(b"m".to_vec()),
-        };
+        let op = keyfence::sign::Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: keyfence::sign::Input::Message(b"m".to_vec()) };
         p::encode_op(&mut burst, id, 5, Duration::from_secs(5), &op);
     }
     raw.stream.write_all(&burst).unwrap();
@@ -674,10 +644,8 @@ fn request_bytes_held_by_the_key_process_are_bounded() {
         let base = 100 + attempt * 10_000;
         let mut small = Vec::new();
         for id in 0..SMALL {
-            let op = keyfence::sign::Operation::Sign {
-                alg: Algorithm::RsaPkcs1Sha256,
-                input: keyfence::sign::Input::Message(b"m".to_vec()),
-            };
+            let op =
+                keyfence::sign::Operation::Sign { alg: Algorithm::RsaPkcs1Sha256, input: keyfence::sign::Input::Message(b"m".to_vec()) };
             p::encode_op(&mut small, base + id, 5, Duration::from_secs(60), &op);
         }
         raw.stream.write_all(&small).unwrap();
@@ -745,14 +713,11 @@ fn the_default_finds_the_key_process_beside_the_executable() {
 #[test]
 fn a_held_key_runs_only_on_its_holder() {
     let keys = KeyProcess::start(config()).unwrap();
-    let key = keys
-        .load(KeySource::Bytes(Zeroizing::new(PKey::generate_ed25519().unwrap().private_key_to_pem_pkcs8().unwrap())))
-        .unwrap();
+    let key = keys.load(KeySource::Bytes(Zeroizing::new(PKey::generate_ed25519().unwrap().private_key_to_pem_pkcs8().unwrap()))).unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();
     // Naming another backend for it is refused at once, not silently
     // overridden.
-    let req = Request::sign(key.clone(), Algorithm::Ed25519, b"x".to_vec())
-        .with_backend(Arc::new(keyfence::sign::SoftwareBackend));
+    let req = Request::sign(key.clone(), Algorithm::Ed25519, b"x".to_vec()).with_backend(Arc::new(keyfence::sign::SoftwareBackend));
     let err = engine.submit(req).unwrap_err();
     assert!(
         matches!(&err, SignError::HeldElsewhere { holder, requested } if holder == "key-process" && requested == "software"),
@@ -790,12 +755,7 @@ fn an_owner_gone_with_replies_unread_ends_the_key_process_quietly() {
         // SAFETY: a valid socket and a buffer of the length given; MSG_PEEK
         // leaves the bytes queued, which is the point.
         let n = unsafe {
-            libc::recv(
-                std::os::fd::AsRawFd::as_raw_fd(&ours),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_PEEK | libc::MSG_DONTWAIT,
-            )
+            libc::recv(std::os::fd::AsRawFd::as_raw_fd(&ours), buf.as_mut_ptr().cast(), buf.len(), libc::MSG_PEEK | libc::MSG_DONTWAIT)
         };
         let n = usize::try_from(n).unwrap_or(0);
         let mut decoder = p::Decoder::new();
@@ -891,12 +851,8 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     std::fs::create_dir_all(&tokens).unwrap();
     let start = |vars: &[String], partial: bool| {
         let mut c = config();
-        c.command = ["/usr/bin/env".to_string()]
-            .into_iter()
-            .chain(vars.iter().cloned())
-            .chain([KEY_PROCESS.to_string()])
-            .map(Into::into)
-            .collect();
+        c.command =
+            ["/usr/bin/env".to_string()].into_iter().chain(vars.iter().cloned()).chain([KEY_PROCESS.to_string()]).map(Into::into).collect();
         c.unsafe_partial_sandbox = partial;
         KeyProcess::start(c)
     };
@@ -906,11 +862,7 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
 
     let keys = with_env(std::slice::from_ref(&token_dirs));
     let status = keys.status().unwrap();
-    assert!(
-        status.flags & flags::FILES_CONFINED != 0 && status.flags & flags::SANDBOXED != 0,
-        "flags {:#x}",
-        status.flags
-    );
+    assert!(status.flags & flags::FILES_CONFINED != 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
     assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
     assert!(!dir.0.join("outside").exists());
     assert!(!keys.test_create_file(Path::new("/tmp/keyfence-sandbox-probe-never")).unwrap());
@@ -924,17 +876,10 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     let err = start(&without, false).unwrap_err();
     assert_eq!(err.code(), keyfence::ErrorCode::InvalidConfig, "{err}");
     let err = err.to_string();
-    assert!(
-        err.contains("Landlock") && err.contains("/proc/PID/mem") && err.contains("unsafe_partial_sandbox"),
-        "{err}"
-    );
+    assert!(err.contains("Landlock") && err.contains("/proc/PID/mem") && err.contains("unsafe_partial_sandbox"), "{err}");
     let keys = start(&without, true).unwrap();
     let status = keys.status().unwrap();
-    assert!(
-        status.flags & flags::FILES_CONFINED == 0 && status.flags & flags::SANDBOXED != 0,
-        "flags {:#x}",
-        status.flags
-    );
+    assert!(status.flags & flags::FILES_CONFINED == 0 && status.flags & flags::SANDBOXED != 0, "flags {:#x}", status.flags);
     assert!(!keys.test_create_file(&dir.0.join("outside")).unwrap());
     assert!(!keys.test_create_file(&tokens.join("object2")).unwrap(), "without Landlock nothing is opened for writing");
     assert!(!dir.0.join("outside").exists() && !tokens.join("object2").exists());
@@ -944,13 +889,21 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
     drop((key, keys));
 
     // The control: the same request to a server without the sandbox.
-    let (a, b) = UnixStream::pair().unwrap();
-    let server = std::thread::spawn(move || serve(b, &ServeOptions { check_peer: false, ..ServeOptions::default() }));
-    let mut raw = a;
     let target = dir.0.join("created-by-the-control");
+    let reply = unsandboxed_request(kind::TEST_CREATE_FILE, target.as_os_str().as_encoded_bytes());
+    assert_eq!((reply.kind, &reply.body[..]), (kind::OK, &[1u8][..]));
+    assert!(target.exists());
+}
+
+/// The control of a sandbox test: `request` (with `body`) to the key
+/// process's server run in this test's process, where no sandbox is, and
+/// its answer.
+fn unsandboxed_request(request: u8, body: &[u8]) -> p::Frame {
+    let (mut raw, b) = UnixStream::pair().unwrap();
+    let server = std::thread::spawn(move || serve(b, &ServeOptions { check_peer: false, ..ServeOptions::default() }));
     let mut frame = Vec::new();
     p::encode(&mut frame, kind::HELLO, 0, &[&p::hello_request(8)]);
-    p::encode(&mut frame, kind::TEST_CREATE_FILE, 1, &[target.as_os_str().as_encoded_bytes()]);
+    p::encode(&mut frame, request, 1, &[body]);
     raw.write_all(&frame).unwrap();
     let mut decoder = p::Decoder::new();
     let mut buf = [0u8; 256];
@@ -965,10 +918,9 @@ fn the_key_process_creates_files_only_in_a_token_folder_with_or_without_landlock
         assert!(n > 0);
         decoder.push(&buf[..n]);
     };
-    assert_eq!((reply.kind, &reply.body[..]), (kind::OK, &[1u8][..]));
-    assert!(target.exists());
     drop(raw);
     let _ = server.join();
+    reply
 }
 
 /// Issue 44.4: the key process runs under a seccomp sandbox from before
@@ -996,29 +948,8 @@ fn the_sandbox_kills_a_forbidden_call_and_the_key_process_comes_back() {
     assert!(keys.status().unwrap().flags & flags::SANDBOXED != 0);
     // In a process without the sandbox (a test serving in its own
     // process), the same call returns.
-    let (a, b) = UnixStream::pair().unwrap();
-    let server = std::thread::spawn(move || serve(b, &ServeOptions { check_peer: false, ..ServeOptions::default() }));
-    let mut raw = a;
-    let mut frame = Vec::new();
-    p::encode(&mut frame, kind::HELLO, 0, &[&p::hello_request(8)]);
-    p::encode(&mut frame, kind::TEST_FORBIDDEN_CALL, 1, &[]);
-    raw.write_all(&frame).unwrap();
-    let mut decoder = p::Decoder::new();
-    let mut buf = [0u8; 256];
-    let reply = loop {
-        if let Some(f) = decoder.next_frame().unwrap() {
-            if f.id == 1 {
-                break f;
-            }
-            continue;
-        }
-        let n = raw.read(&mut buf).unwrap();
-        assert!(n > 0);
-        decoder.push(&buf[..n]);
-    };
+    let reply = unsandboxed_request(kind::TEST_FORBIDDEN_CALL, &[]);
     assert_eq!((reply.kind, &reply.body[..]), (kind::OK, &[1u8][..]));
-    drop(raw);
-    let _ = server.join();
 }
 
 /// Issue 59.4: a library preloaded into the key process that starts a
@@ -1035,8 +966,7 @@ fn a_key_process_with_another_thread_at_its_sandbox_is_refused() {
     )
     .unwrap();
     let lib = dir.0.join("thread.so");
-    let built =
-        Command::new("cc").args(["-shared", "-fPIC", "-pthread", "-o"]).arg(&lib).arg(&src).status().expect("cc");
+    let built = Command::new("cc").args(["-shared", "-fPIC", "-pthread", "-o"]).arg(&lib).arg(&src).status().expect("cc");
     assert!(built.success());
     let mut c = config();
     c.command = ["/usr/bin/env".to_string(), format!("LD_PRELOAD={}", lib.display()), KEY_PROCESS.to_string()]
