@@ -17,9 +17,7 @@ fn bench(c: &mut Criterion) {
         let attrs: Attributes = (0..n).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
         let policy = parse(&(0..n).map(|i| format!("a{i}: v{i}")).collect::<Vec<_>>().join(" and ")).unwrap();
         g.bench_with_input(BenchmarkId::new("keygen", n), &attrs, |b, a| b.iter(|| abe::keygen(&msk, a).unwrap()));
-        g.bench_with_input(BenchmarkId::new("encrypt", n), &policy, |b, p| {
-            b.iter(|| abe::encrypt_policy(&pk, p, MSG).unwrap())
-        });
+        g.bench_with_input(BenchmarkId::new("encrypt", n), &policy, |b, p| b.iter(|| abe::encrypt_policy(&pk, p, MSG).unwrap()));
         let key = abe::keygen(&msk, &attrs).unwrap();
         let ct = abe::encrypt_policy(&pk, &policy, MSG).unwrap();
         g.bench_with_input(BenchmarkId::new("decrypt_2_threads", n), &ct, |b, ct| {
@@ -32,13 +30,9 @@ fn bench(c: &mut Criterion) {
         let key = abe::keygen(&msk, &attrs).unwrap();
         let ct = abe::encrypt_policy(&pk, &policy, MSG).unwrap();
         g.bench_function(BenchmarkId::new("keygen", name), |b| b.iter(|| abe::keygen(&msk, &attrs).unwrap()));
-        g.bench_function(BenchmarkId::new("encrypt", name), |b| {
-            b.iter(|| abe::encrypt_policy(&pk, &policy, MSG).unwrap())
-        });
+        g.bench_function(BenchmarkId::new("encrypt", name), |b| b.iter(|| abe::encrypt_policy(&pk, &policy, MSG).unwrap()));
         g.bench_function(BenchmarkId::new("decrypt", name), |b| b.iter(|| abe::decrypt(&key, &ct).unwrap()));
-        g.bench_function(BenchmarkId::new("decrypt_strict", name), |b| {
-            b.iter(|| abe::decrypt_strict(&key, &ct).unwrap())
-        });
+        g.bench_function(BenchmarkId::new("decrypt_strict", name), |b| b.iter(|| abe::decrypt_strict(&key, &ct).unwrap()));
     }
     g.finish();
 }

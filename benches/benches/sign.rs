@@ -103,7 +103,9 @@ fn bench(c: &mut Criterion) {
     let keys = match KeyProcess::start(KeyProcessConfig::default()) {
         Ok(k) => Some(k),
         Err(e) => {
-            eprintln!("skipping the isolated paths: {e} (build keyfence-key-process first: cargo build -p keyfence --bin keyfence-key-process)");
+            eprintln!(
+                "skipping the isolated paths: {e} (build keyfence-key-process first: cargo build -p keyfence --bin keyfence-key-process)"
+            );
             None
         }
     };

@@ -45,15 +45,8 @@ fn bench(c: &mut Criterion) {
     .unwrap();
     g.bench_function("bare_hpke_open", |b| {
         b.iter(|| {
-            hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(
-                &OpModeR::Base,
-                &sk,
-                &enc,
-                b"info",
-                &ct,
-                b"aad",
-            )
-            .unwrap()
+            hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(&OpModeR::Base, &sk, &enc, b"info", &ct, b"aad")
+                .unwrap()
         })
     });
     g.sample_size(10);

@@ -212,10 +212,7 @@ impl KeyFile {
             }
             KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers } => {
                 if peers.is_empty() || peers.len() > MAX_PEERS {
-                    return Err(err(format!(
-                        "a remote key file names 1 to {MAX_PEERS} key servers, not {}",
-                        peers.len()
-                    )));
+                    return Err(err(format!("a remote key file names 1 to {MAX_PEERS} key servers, not {}", peers.len())));
                 }
                 field(tag::MODE, &[mode::REMOTE])?;
                 for (t, v) in [(tag::TLS_CERT, tls_cert), (tag::TLS_KEY, tls_key), (tag::TLS_CA, tls_ca)] {
@@ -225,10 +222,7 @@ impl KeyFile {
                     let mut parts = vec![p.name.as_str(), p.addr.as_str(), p.attrs.as_str()];
                     parts.extend(p.server_name.as_deref());
                     if parts.iter().any(|s| s.is_empty() || s.contains('\0')) {
-                        return Err(err(format!(
-                            "key server {:?}: every part must be non-empty and free of NUL",
-                            p.name
-                        )));
+                        return Err(err(format!("key server {:?}: every part must be non-empty and free of NUL", p.name)));
                     }
                     field(tag::PEER, parts.join("\0").as_bytes())?;
                 }
@@ -266,9 +260,7 @@ impl KeyFile {
         let rest = body.strip_prefix(MAGIC).ok_or_else(|| err("not a keyfence key file body (bad magic)"))?;
         let (&version, mut rest) = rest.split_first().ok_or_else(|| err("not a keyfence key file body (bad magic)"))?;
         if !(1..=VERSION).contains(&version) {
-            return Err(err(format!(
-                "key file version {version} is not supported (this keyfence reads versions 1 to {VERSION})"
-            )));
+            return Err(err(format!("key file version {version} is not supported (this keyfence reads versions 1 to {VERSION})")));
         }
         let mut f = Fields { version, ..Fields::default() };
         while !rest.is_empty() {
@@ -394,21 +386,14 @@ impl Fields {
         let lacks = |what: &str| err(format!("key file lacks its {what}"));
         let mode = self.mode.ok_or_else(|| lacks("mode"))?;
         let public_key = self.public_key.ok_or_else(|| lacks("public key"))?;
-        let remote_fields =
-            self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_ca.is_some() || !self.peers.is_empty();
+        let remote_fields = self.tls_cert.is_some() || self.tls_key.is_some() || self.tls_ca.is_some() || !self.peers.is_empty();
         let local_fields = self.store.is_some() || self.machine_key.is_some();
         if mode == mode::PKCS11 {
             if remote_fields || local_fields || self.envelope.is_some() {
-                return Err(err(
-                    "key file of a token key names a store, a machine key, key servers, TLS files or an envelope",
-                ));
+                return Err(err("key file of a token key names a store, a machine key, key servers, TLS files or an envelope"));
             }
             let uri = self.pkcs11_uri.ok_or_else(|| lacks("PKCS#11 URI"))?;
-            return Ok(KeyFile {
-                location: KeyLocation::Pkcs11 { uri, agent: self.agent_socket },
-                public_key,
-                envelope: Vec::new(),
-            });
+            return Ok(KeyFile { location: KeyLocation::Pkcs11 { uri, agent: self.agent_socket }, public_key, envelope: Vec::new() });
         }
         if self.pkcs11_uri.is_some() {
             return Err(err("key file of an envelope's key names a PKCS#11 URI"));
@@ -455,12 +440,7 @@ mod tests {
                 tls_key: "/etc/kf/client.key".into(),
                 tls_ca: "/etc/kf/ca.crt".into(),
                 peers: vec![
-                    KeyFilePeer {
-                        name: "ks1".into(),
-                        addr: "127.0.0.1:9000".into(),
-                        attrs: "role=ks".into(),
-                        server_name: None,
-                    },
+                    KeyFilePeer { name: "ks1".into(), addr: "127.0.0.1:9000".into(), attrs: "role=ks".into(), server_name: None },
                     KeyFilePeer {
                         name: "ks2".into(),
                         addr: "[::1]:9001".into(),
@@ -494,10 +474,7 @@ mod tests {
     #[test]
     fn both_modes_round_trip() {
         let local = KeyFile {
-            location: KeyLocation::Local {
-                store: Some("etcd://127.0.0.1:2379/kf".into()),
-                machine_key: Some("/m.key".into()),
-            },
+            location: KeyLocation::Local { store: Some("etcd://127.0.0.1:2379/kf".into()), machine_key: Some("/m.key".into()) },
             public_key: vec![1; 44],
             envelope: vec![2; 300],
         };
@@ -600,10 +577,7 @@ mod tests {
             let Err(e) = KeyFile::from_bytes(&b) else { continue };
             let e = e.to_string();
             caught += 1;
-            assert!(
-                e.contains("damaged") || e.contains("malformed") || e.contains("lacks") || e.contains("bad magic"),
-                "line {line}: {e}"
-            );
+            assert!(e.contains("damaged") || e.contains("malformed") || e.contains("lacks") || e.contains("bad magic"), "line {line}: {e}");
         }
         assert!(caught >= good.len() / 48 / 2, "{caught} of {} losses caught", good.len() / 48);
     }
@@ -623,11 +597,8 @@ mod tests {
         let mut f = remote();
         f.envelope.clear();
         assert!(f.to_bytes().unwrap_err().to_string().contains("field 3 (envelope)"));
-        let f = KeyFile {
-            location: KeyLocation::Pkcs11 { uri: "pkcs11:token=t".into(), agent: None },
-            public_key: vec![1],
-            envelope: vec![2],
-        };
+        let f =
+            KeyFile { location: KeyLocation::Pkcs11 { uri: "pkcs11:token=t".into(), agent: None }, public_key: vec![1], envelope: vec![2] };
         assert!(f.to_bytes().unwrap_err().to_string().contains("carries no envelope"));
     }
 

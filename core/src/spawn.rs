@@ -63,11 +63,7 @@ pub(crate) trait QuietSpawn {
     ///
     /// # Errors
     /// The operating system's refusal to start a thread.
-    fn spawn_scoped_quiet<'scope, 'env, F, T>(
-        self,
-        scope: &'scope Scope<'scope, 'env>,
-        f: F,
-    ) -> io::Result<ScopedJoinHandle<'scope, T>>
+    fn spawn_scoped_quiet<'scope, 'env, F, T>(self, scope: &'scope Scope<'scope, 'env>, f: F) -> io::Result<ScopedJoinHandle<'scope, T>>
     where
         F: FnOnce() -> T + Send + 'scope,
         T: Send + 'scope;
@@ -82,11 +78,7 @@ impl QuietSpawn for Builder {
         spawn(self, f)
     }
 
-    fn spawn_scoped_quiet<'scope, 'env, F, T>(
-        self,
-        scope: &'scope Scope<'scope, 'env>,
-        f: F,
-    ) -> io::Result<ScopedJoinHandle<'scope, T>>
+    fn spawn_scoped_quiet<'scope, 'env, F, T>(self, scope: &'scope Scope<'scope, 'env>, f: F) -> io::Result<ScopedJoinHandle<'scope, T>>
     where
         F: FnOnce() -> T + Send + 'scope,
         T: Send + 'scope,
@@ -141,12 +133,10 @@ mod tests {
             }
         }
         let before = blocked(libc::SIGHUP);
-        let inside = super::spawn(std::thread::Builder::new(), || {
-            (blocked(libc::SIGHUP), blocked(libc::SIGCHLD), blocked(libc::SIGSEGV))
-        })
-        .unwrap()
-        .join()
-        .unwrap();
+        let inside = super::spawn(std::thread::Builder::new(), || (blocked(libc::SIGHUP), blocked(libc::SIGCHLD), blocked(libc::SIGSEGV)))
+            .unwrap()
+            .join()
+            .unwrap();
         assert_eq!(inside, (true, true, false));
         assert_eq!(blocked(libc::SIGHUP), before, "the creator's mask is put back");
     }

@@ -137,10 +137,7 @@ fn points_off_the_curve_or_subgroup_are_rejected() {
     let mut bad = ct.clone();
     bad[at + 95] ^= 1;
     let e = abe::decrypt(&k, &bad).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "malformed ciphertext: field c3[0][0,0]: not a point on the G1 curve (or bad encoding flags)"
-    );
+    assert_eq!(e.to_string(), "malformed ciphertext: field c3[0][0,0]: not a point on the G1 curve (or bad encoding flags)");
 }
 
 #[test]

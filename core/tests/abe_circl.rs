@@ -67,26 +67,8 @@ fn same_randomness_same_bytes() {
     d.write("msg", b"identical bytes, twice");
     for (i, policy) in POLICIES.iter().enumerate() {
         let seed = format!("1{i}");
-        go(&[
-            "encrypt",
-            "--pk",
-            &d.path("pk"),
-            "--policy",
-            policy,
-            "--in",
-            &d.path("msg"),
-            "--out",
-            &d.path("ct"),
-            "--seed",
-            &seed,
-        ]);
-        let ct = abe::encrypt_policy_with_rng(
-            &mut Shake::new(&seed),
-            &pk,
-            &parse(policy).unwrap(),
-            b"identical bytes, twice",
-        )
-        .unwrap();
+        go(&["encrypt", "--pk", &d.path("pk"), "--policy", policy, "--in", &d.path("msg"), "--out", &d.path("ct"), "--seed", &seed]);
+        let ct = abe::encrypt_policy_with_rng(&mut Shake::new(&seed), &pk, &parse(policy).unwrap(), b"identical bytes, twice").unwrap();
         assert_eq!(ct, d.read("ct"), "ciphertext for {policy:?}");
     }
 }
@@ -115,17 +97,7 @@ fn circl_ciphertexts_decrypt_here_and_ours_there() {
         d.write("our.key", &our_key.to_bytes());
 
         // CIRCL encrypts, keyfence decrypts with both keys.
-        go(&[
-            "encrypt",
-            "--pk",
-            &d.path("pk"),
-            "--policy",
-            policy,
-            "--in",
-            &d.path("msg"),
-            "--out",
-            &d.path("circl.ct"),
-        ]);
+        go(&["encrypt", "--pk", &d.path("pk"), "--policy", policy, "--in", &d.path("msg"), "--out", &d.path("circl.ct")]);
         let circl_ct = d.read("circl.ct");
         for k in [&circl_key, &our_key] {
             match abe::decrypt(k, &circl_ct) {
@@ -137,8 +109,7 @@ fn circl_ciphertexts_decrypt_here_and_ours_there() {
         let ours = abe::encrypt(&pk, policy, msg.as_bytes()).unwrap();
         d.write("our.ct", &ours);
         for k in ["circl.key", "our.key"] {
-            let r =
-                oracle::run(&["decrypt", "--key", &d.path(k), "--in", &d.path("our.ct"), "--out", &d.path("pt")], None);
+            let r = oracle::run(&["decrypt", "--key", &d.path(k), "--in", &d.path("our.ct"), "--out", &d.path("pt")], None);
             assert_eq!(r.is_ok(), *ok, "CIRCL decrypting ours, {policy} / {attrs} with {k}: {r:?}");
             if *ok {
                 assert_eq!(d.read("pt"), msg.as_bytes());

@@ -77,8 +77,7 @@ fn one_user_cannot_make_the_agent_hold_more_than_its_share_and_memory_comes_back
         assert!(counted <= 64 << 20, "the agent counted {counted} bytes for one user");
         // Most connections were refused at the bound; those held were cut
         // off at the frame deadline (8 s > 2 x 3 s).
-        let (sent, cut, ended) =
-            (Attacker::field(&done, "sent"), Attacker::field(&done, "cut"), Attacker::field(&done, "ended"));
+        let (sent, cut, ended) = (Attacker::field(&done, "sent"), Attacker::field(&done, "cut"), Attacker::field(&done, "ended"));
         assert!(cut >= 400.0, "the bound refused {cut} of 512 frames ({done})");
         assert_eq!(ended, sent, "every partial frame it held was cut off at its deadline ({done})");
         peaks.push(peak - baseline);
@@ -94,11 +93,7 @@ fn one_user_cannot_make_the_agent_hold_more_than_its_share_and_memory_comes_back
     }
     // Memory comes back: after each round near the start, and no growth
     // from round to round.
-    assert!(
-        after[2] - baseline < 48.0,
-        "after the attack the agent held {:.0} MiB more than before",
-        after[2] - baseline
-    );
+    assert!(after[2] - baseline < 48.0, "after the attack the agent held {:.0} MiB more than before", after[2] - baseline);
     assert!(after[2] - after[0] < 16.0, "the agent grew round by round: {after:?}");
 
     // The control: with a bound of 1 GiB and a long deadline the same

@@ -104,8 +104,7 @@ fn the_python_table_of_codes_is_current() {
 
 #[test]
 fn a_new_code_gets_a_row_and_the_python_base_class() {
-    let page =
-        format!("intro\n{BEGIN}| 1 | `INVALID_ARGUMENT` | old | `InvalidArgument` (also `ValueError`) |\n{END}outro\n");
+    let page = format!("intro\n{BEGIN}| 1 | `INVALID_ARGUMENT` | old | `InvalidArgument` (also `ValueError`) |\n{END}outro\n");
     let out = errors_md(&page);
     assert!(out.starts_with(&format!("intro\n{BEGIN}| number |")) && out.ends_with(&format!("{END}outro\n")), "{out}");
     assert!(out.contains(&format!(

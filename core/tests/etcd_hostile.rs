@@ -65,8 +65,7 @@ impl Drop for Fake {
 fn fake(attack: Attack) -> Fake {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
-    let (sent, pages, stop) =
-        (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
+    let (sent, pages, stop) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)), Arc::new(AtomicBool::new(false)));
     let (s, pg, st) = (sent.clone(), pages.clone(), stop.clone());
     std::thread::spawn(move || {
         for conn in listener.incoming() {
@@ -134,16 +133,12 @@ fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, pages: &AtomicUsiz
             send_page(&mut w, &keys);
         }
         (Attack::RepeatedAcrossPages, _) if listing => {
-            let keys =
-                if first { ["kf/envelopes/aa", "kf/envelopes/bb"] } else { ["kf/envelopes/bb", "kf/envelopes/cc"] };
+            let keys = if first { ["kf/envelopes/aa", "kf/envelopes/bb"] } else { ["kf/envelopes/bb", "kf/envelopes/cc"] };
             send_page(&mut w, &keys.map(str::to_owned));
         }
-        (Attack::RepeatedInPage, _) if listing => {
-            send_page(&mut w, &["kf/envelopes/aa".to_owned(), "kf/envelopes/aa".to_owned()])
-        }
+        (Attack::RepeatedInPage, _) if listing => send_page(&mut w, &["kf/envelopes/aa".to_owned(), "kf/envelopes/aa".to_owned()]),
         (Attack::BackwardsAcrossPages, _) if listing => {
-            let keys =
-                if first { ["kf/envelopes/mm", "kf/envelopes/nn"] } else { ["kf/envelopes/cc", "kf/envelopes/dd"] };
+            let keys = if first { ["kf/envelopes/mm", "kf/envelopes/nn"] } else { ["kf/envelopes/cc", "kf/envelopes/dd"] };
             send_page(&mut w, &keys.map(str::to_owned));
         }
         (Attack::SlowForever, _) if listing => {
@@ -160,11 +155,8 @@ fn serve(conn: TcpStream, attack: Attack, sent: &AtomicUsize, pages: &AtomicUsiz
         (Attack::MoreForever, "/v3/kv/range") if String::from_utf8_lossy(&body).contains("range_end") => {
             // The same page, forever announcing another (with a value, for
             // a scan; a listing ignores it).
-            let reply = format!(
-                r#"{header},"kvs":[{{"key":"{}","value":"{}"}}],"more":true,"count":"2"}}"#,
-                b64("kf/envelopes/aa"),
-                b64("x")
-            );
+            let reply =
+                format!(r#"{header},"kvs":[{{"key":"{}","value":"{}"}}],"more":true,"count":"2"}}"#, b64("kf/envelopes/aa"), b64("x"));
             let _ = head(&mut w, Some(reply.len()));
             let _ = w.write_all(reply.as_bytes());
             sent.fetch_add(reply.len(), Ordering::SeqCst);
@@ -209,8 +201,7 @@ fn b64(s: &str) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = String::new();
     for c in s.as_bytes().chunks(3) {
-        let n =
-            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
         for i in 0..4 {
             out.push(if i <= c.len() { A[(n >> (18 - 6 * i) & 63) as usize] as char } else { '=' });
         }
@@ -241,15 +232,7 @@ fn failed_scan(s: &EtcdStore, page: usize) -> (keyfence::wrap::StoreError, usize
 /// This process's resident memory, in MiB.
 fn rss_mib() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let kb: usize = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .unwrap()
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let kb: usize = status.lines().find_map(|l| l.strip_prefix("VmRSS:")).unwrap().split_whitespace().next().unwrap().parse().unwrap();
     kb / 1024
 }
 
@@ -355,21 +338,13 @@ fn a_slow_endless_listing_is_cut_off_at_its_deadline() {
     for scan in [false, true] {
         let before = f.pages.load(Ordering::SeqCst);
         let t = Instant::now();
-        let err = if scan {
-            s.scan("envelopes/", 1, &mut |_, _| Ok(())).unwrap_err()
-        } else {
-            s.list("envelopes/").unwrap_err()
-        };
+        let err = if scan { s.scan("envelopes/", 1, &mut |_, _| Ok(())).unwrap_err() } else { s.list("envelopes/").unwrap_err() };
         let (kind, text) = io_kind(&err);
         assert_eq!(kind, std::io::ErrorKind::TimedOut, "{text}");
         assert!(text.contains("deadline"), "{text}");
         // It ran until the deadline, paging validly, and stopped there.
         assert!(f.pages.load(Ordering::SeqCst) - before >= 3, "scan {scan}: {text}");
-        assert!(
-            t.elapsed() >= deadline && t.elapsed() < deadline + Duration::from_secs(5),
-            "scan {scan}: {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() >= deadline && t.elapsed() < deadline + Duration::from_secs(5), "scan {scan}: {:?}", t.elapsed());
     }
 }
 

@@ -10,12 +10,11 @@ use std::time::{Duration, Instant};
 
 use common::verify_key;
 use keyfence::sign::offload::{
-    Device, DeviceRequest, OffloadBackend, OffloadConfig, OffloadMode, OnDeviceError, Route, Routing, SimConfig,
-    SimControl, SimDevice,
+    Device, DeviceRequest, OffloadBackend, OffloadConfig, OffloadMode, OnDeviceError, Route, Routing, SimConfig, SimControl, SimDevice,
 };
 use keyfence::sign::{
-    Algorithm, Backend, BackendFailure, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey,
-    Request, SignError, SignFuture,
+    Algorithm, Backend, BackendFailure, Engine, EngineConfig, Input, KeyKind, OpClass, Operation, Output, PrivateKey, Request, SignError,
+    SignFuture,
 };
 
 fn rsa_key() -> Arc<PrivateKey> {
@@ -125,10 +124,7 @@ fn ecdsa_and_ed25519_follow_the_routing() {
     assert_eq!(backend.route(&key, &op), Route::Software);
     assert_eq!(backend.class(&key, &op), OpClass::Ec);
     let engine = engine_on(&backend);
-    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 8, Duration::from_secs(5)))
-        .into_iter()
-        .enumerate()
-    {
+    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 8, Duration::from_secs(5))).into_iter().enumerate() {
         assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
     }
     assert_eq!((backend.stats().software, backend.stats().submitted), (8, 0));
@@ -140,10 +136,7 @@ fn ecdsa_and_ed25519_follow_the_routing() {
     let backend = offload(device, |c| c.routing.ecdsa_p256 = Route::Device);
     assert_eq!(backend.class(&key, &op), OpClass::Slow);
     let engine = engine_on(&backend);
-    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 8, Duration::from_secs(5)))
-        .into_iter()
-        .enumerate()
-    {
+    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 8, Duration::from_secs(5))).into_iter().enumerate() {
         assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()));
     }
     assert_eq!((backend.stats().submitted, backend.stats().completed, backend.stats().software), (8, 8, 0));
@@ -334,10 +327,7 @@ fn transient_faults_fall_back_and_fail_after_stops_the_device() {
     });
     let backend = offload(device, |c| c.routing.ecdsa_p256 = Route::Device);
     let engine = engine_on(&backend);
-    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 12, Duration::from_secs(5)))
-        .into_iter()
-        .enumerate()
-    {
+    for (i, r) in wait_all(submit_many(&engine, &key, Algorithm::EcdsaP256Sha256, 12, Duration::from_secs(5))).into_iter().enumerate() {
         assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, &msg(i), &r.unwrap()), "signature {i}");
     }
     wait_idle(&backend);
@@ -353,8 +343,7 @@ fn transient_faults_fall_back_and_fail_after_stops_the_device() {
         c.on_device_error = OnDeviceError::Fail;
     });
     let engine = engine_on(&backend);
-    let results: Vec<_> =
-        (0..6).map(|i| engine.sign(&key, Algorithm::EcdsaP256Sha256, &msg(i)).unwrap().wait()).collect();
+    let results: Vec<_> = (0..6).map(|i| engine.sign(&key, Algorithm::EcdsaP256Sha256, &msg(i)).unwrap().wait()).collect();
     assert!(results[..3].iter().all(Result::is_ok), "{results:?}");
     assert!(results[3..].iter().all(|r| matches!(r, Err(SignError::Backend { .. }))), "{results:?}");
     assert!(control.is_failed());
@@ -386,9 +375,7 @@ fn a_device_that_drops_or_panics_never_leaves_an_operation_hanging() {
         }
     }
     let key = p256_key();
-    for (panic, policy) in
-        [(false, OnDeviceError::Fallback), (true, OnDeviceError::Fallback), (false, OnDeviceError::Fail)]
-    {
+    for (panic, policy) in [(false, OnDeviceError::Fallback), (true, OnDeviceError::Fallback), (false, OnDeviceError::Fail)] {
         let mut config = OffloadConfig::default();
         config.routing.ecdsa_p256 = Route::Device;
         config.on_device_error = policy;
@@ -429,10 +416,7 @@ fn modes_parse_and_auto_runs_in_software_without_qat() {
     assert_eq!(auto.device_name(), None);
     let reason = auto.software_reason().unwrap();
     if cfg!(feature = "qat") {
-        assert!(
-            reason.contains("libqat-keyfence-test-absent.so.4 not found (install QATlib / intel-qatlib)"),
-            "{reason}"
-        );
+        assert!(reason.contains("libqat-keyfence-test-absent.so.4 not found (install QATlib / intel-qatlib)"), "{reason}");
     } else {
         assert!(reason.contains("lacks the `qat` cargo feature"), "{reason}");
     }
@@ -605,10 +589,7 @@ mod qat {
 
         let down = stub("down", &["STUB_START=-1", "STUB_INSTANCES=1"]);
         let e = probe(&config(&down)).unwrap_err();
-        assert!(
-            e.reason().starts_with("QATlib found but no QAT crypto instance") && e.reason().contains("CPA_STATUS_FAIL"),
-            "{e}"
-        );
+        assert!(e.reason().starts_with("QATlib found but no QAT crypto instance") && e.reason().contains("CPA_STATUS_FAIL"), "{e}");
 
         let nomem = stub("nomem", &["STUB_START=0", "STUB_INSTANCES=1", "STUB_NO_MEMORY"]);
         let e = probe(&config(&nomem)).unwrap_err();
@@ -805,11 +786,8 @@ mod qat {
         assert_eq!(&out.wait().unwrap()[..], &plain[..]);
         // A ciphertext not below the modulus is the operation's own error,
         // not a device fault: no software retry hides it.
-        let e = engine
-            .submit(Request::new(key.clone(), Operation::DecryptRaw { ciphertext: vec![0xff; 256] }))
-            .unwrap()
-            .wait()
-            .unwrap_err();
+        let e =
+            engine.submit(Request::new(key.clone(), Operation::DecryptRaw { ciphertext: vec![0xff; 256] })).unwrap().wait().unwrap_err();
         assert!(e.to_string().contains("not smaller than the modulus"), "{e}");
 
         let stats = backend.stats();
@@ -853,9 +831,7 @@ mod qat {
     #[test]
     fn a_full_ring_and_failed_callbacks_fall_back_to_software() {
         let key = rsa_key();
-        for (name, define, why) in
-            [("rsa-full", "FULL", "CPA_STATUS_RETRY"), ("rsa-fail", "FAIL", "completed the request with -1")]
-        {
+        for (name, define, why) in [("rsa-full", "FULL", "CPA_STATUS_RETRY"), ("rsa-fail", "FAIL", "completed the request with -1")] {
             let lib = rsa_stub(name, &[define]);
             let (backend, engine) = qat_engine(&lib, OnDeviceError::Fallback);
             for i in 0..4 {

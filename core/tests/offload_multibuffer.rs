@@ -10,9 +10,7 @@ use std::process::Command;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use keyfence::sign::offload::{
-    MultiBufferConfig, MultiBufferDevice, OffloadBackend, OffloadConfig, OffloadMode, Route, Routing,
-};
+use keyfence::sign::offload::{MultiBufferConfig, MultiBufferDevice, OffloadBackend, OffloadConfig, OffloadMode, Route, Routing};
 use keyfence::sign::{Algorithm, Engine, EngineConfig, Input, KeyKind, Operation, PrivateKey, Request};
 use openssl::pkey::PKey;
 
@@ -110,8 +108,7 @@ fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
 /// and checks each with OpenSSL.
 fn sign_many(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, n: usize) {
     let msgs: Vec<Vec<u8>> = (0..n).map(|i| format!("message {i}").into_bytes()).collect();
-    let futures: Vec<_> =
-        msgs.iter().map(|m| engine.submit(Request::sign(key.clone(), alg, m.clone())).unwrap()).collect();
+    let futures: Vec<_> = msgs.iter().map(|m| engine.submit(Request::sign(key.clone(), alg, m.clone())).unwrap()).collect();
     for (m, f) in msgs.iter().zip(futures) {
         let sig = f.wait().unwrap_or_else(|e| panic!("{alg:?}: {e}"));
         assert!(verifies(key, alg, m, &sig), "{alg:?}: a signature OpenSSL does not verify");
@@ -141,16 +138,8 @@ fn every_algorithm_signs_through(library: &str) {
     let k = key(KeyKind::Rsa { bits: 2048 });
     let mut ct = vec![0u8; 256];
     ct[1] = 7;
-    let out = engine
-        .submit(Request::new(k.clone(), Operation::DecryptRaw { ciphertext: ct.clone() }))
-        .unwrap()
-        .wait()
-        .unwrap();
-    assert_eq!(
-        &out[..],
-        &k.perform(&Operation::DecryptRaw { ciphertext: ct }).unwrap()[..],
-        "raw decryption as AWS-LC's"
-    );
+    let out = engine.submit(Request::new(k.clone(), Operation::DecryptRaw { ciphertext: ct.clone() })).unwrap().wait().unwrap();
+    assert_eq!(&out[..], &k.perform(&Operation::DecryptRaw { ciphertext: ct }).unwrap()[..], "raw decryption as AWS-LC's");
     let stats = dev.stats();
     assert!(stats.calls > 0 && stats.lanes >= 6 * 64, "{stats:?}");
     assert!(stats.lanes as f64 / stats.calls as f64 > 3.0, "batches of a few lanes only: {stats:?}");
@@ -176,11 +165,8 @@ fn wycheproof_rsa_through(library: &str) -> usize {
             _ => continue,
         };
         let key = Arc::new(PrivateKey::from_pem(group.private_pem.as_bytes()).unwrap());
-        let pending: Vec<_> = group
-            .tests
-            .iter()
-            .map(|t| (t, engine.submit(Request::sign(key.clone(), alg, t.msg.to_vec())).unwrap()))
-            .collect();
+        let pending: Vec<_> =
+            group.tests.iter().map(|t| (t, engine.submit(Request::sign(key.clone(), alg, t.msg.to_vec())).unwrap())).collect();
         for (t, f) in pending {
             assert_eq!(&f.wait().unwrap()[..], &t.sig[..], "tcId {}", t.tc_id);
             exact += 1;
@@ -230,9 +216,7 @@ fn one_digest_signed_many_times_never_repeats_r() {
         let k = key(KeyKind::EcP256);
         let digest = openssl::sha::sha256(b"the same message");
         let futures: Vec<_> = (0..512)
-            .map(|_| {
-                engine.submit(Request::sign_digest(k.clone(), Algorithm::EcdsaP256Sha256, digest.to_vec())).unwrap()
-            })
+            .map(|_| engine.submit(Request::sign_digest(k.clone(), Algorithm::EcdsaP256Sha256, digest.to_vec())).unwrap())
             .collect();
         let mut rs = std::collections::HashSet::new();
         for f in futures {
@@ -326,9 +310,7 @@ fn intels_crypto_mb_where_the_cpu_runs_it() {
             std::env::var_os("KEYFENCE_REQUIRE_CRYPTO_MB").is_none(),
             "KEYFENCE_REQUIRE_CRYPTO_MB is set but KEYFENCE_CRYPTO_MB_REAL names no library"
         );
-        eprintln!(
-            "*** NOT EXERCISED: Intel's crypto_mb (KEYFENCE_CRYPTO_MB_REAL names no library; ./x setup fetches it) ***"
-        );
+        eprintln!("*** NOT EXERCISED: Intel's crypto_mb (KEYFENCE_CRYPTO_MB_REAL names no library; ./x setup fetches it) ***");
         return;
     };
     let cpu = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
@@ -353,14 +335,7 @@ fn intels_crypto_mb_where_the_cpu_runs_it() {
     every_algorithm_signs_through(&real);
     assert_eq!(wycheproof_rsa_through(&real), 77);
     let kat = scratch().join("kat-real");
-    assert!(Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&kat)
-        .arg(vectors().join("kat.c"))
-        .arg("-ldl")
-        .status()
-        .unwrap()
-        .success());
+    assert!(Command::new("cc").args(["-O1", "-o"]).arg(&kat).arg(vectors().join("kat.c")).arg("-ldl").status().unwrap().success());
     // The C program opens crypto_mb with a plain dlopen: Intel's runtime
     // libraries beside it are found through the library path, as a C
     // program of a user's would find them.
@@ -429,20 +404,12 @@ fn the_key_process_and_the_agent_sign_on_the_device() {
         config.crypto_mb = Some(stand_in().to_string());
         let agent = keyfence::sign::agent::Agent::start(config).unwrap();
         let clients: Vec<_> = (0..4).map(|_| key_process_support::agent_engine(agent.socket()).unwrap()).collect();
-        let keys: Vec<_> =
-            clients.iter().map(|c| c.load(KeySource::agent_envelope(world.eu_rsa.1.clone())).unwrap()).collect();
+        let keys: Vec<_> = clients.iter().map(|c| c.load(KeySource::agent_envelope(world.eu_rsa.1.clone())).unwrap()).collect();
         let pending: Vec<_> = (0..24)
-            .flat_map(|i| {
-                clients.iter().zip(&keys).map(move |(c, k)| (c, k, format!("client message {i}").into_bytes()))
-            })
+            .flat_map(|i| clients.iter().zip(&keys).map(move |(c, k)| (c, k, format!("client message {i}").into_bytes())))
             .map(|(c, k, m)| {
-                let req = keyfence::sign::managed::ManagedEngine::request(
-                    k.clone(),
-                    Algorithm::RsaPssSha256.name(),
-                    m.clone(),
-                    None,
-                )
-                .unwrap();
+                let req =
+                    keyfence::sign::managed::ManagedEngine::request(k.clone(), Algorithm::RsaPssSha256.name(), m.clone(), None).unwrap();
                 (k, m, c.submit(req).unwrap())
             })
             .collect();
@@ -451,10 +418,7 @@ fn the_key_process_and_the_agent_sign_on_the_device() {
             assert!(verifies(k, Algorithm::RsaPssSha256, &m, &sig), "an agent's signature OpenSSL does not verify");
         }
         let calls = logged(&log);
-        assert!(
-            calls.iter().any(|(what, bits, lanes)| what == "rsa" && *bits == 2048 && *lanes > 1),
-            "the agent's calls: {calls:?}"
-        );
+        assert!(calls.iter().any(|(what, bits, lanes)| what == "rsa" && *bits == 2048 && *lanes > 1), "the agent's calls: {calls:?}");
     });
 }
 
@@ -470,18 +434,14 @@ fn a_managed_engine_signs_on_the_device_where_its_keys_are() {
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("calls.log");
     let pem = dir.join("ec.pem");
-    let ec = openssl::ec::EcKey::generate(
-        &openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap(),
-    )
-    .unwrap();
+    let ec = openssl::ec::EcKey::generate(&openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap();
     std::fs::write(&pem, PKey::from_ec_key(ec).unwrap().private_key_to_pem_pkcs8().unwrap()).unwrap();
     let vars = [("KF_MB_LOG", log.display().to_string()), ("KEYFENCE_PKCS11_TOKEN_DIRS", dir.display().to_string())];
     let vars: Vec<(&str, &str)> = vars.iter().map(|(k, v)| (*k, v.as_str())).collect();
     with_env(&vars, || {
         let in_process = ManagedConfig::default();
         let mut isolated = ManagedConfig::default();
-        isolated.isolation =
-            Isolation::KeyProcess(KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]));
+        isolated.isolation = Isolation::KeyProcess(KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]));
         for (name, mut config) in [("in process", in_process), ("isolated", isolated)] {
             std::fs::write(&log, b"").unwrap();
             config.offload = Some(OffloadMode::On);
@@ -491,8 +451,7 @@ fn a_managed_engine_signs_on_the_device_where_its_keys_are() {
             let pending: Vec<_> = (0..64)
                 .map(|i| {
                     let m = format!("{name} {i}").into_bytes();
-                    let req = ManagedEngine::request(key.clone(), Algorithm::EcdsaP256Sha256.name(), m.clone(), None)
-                        .unwrap();
+                    let req = ManagedEngine::request(key.clone(), Algorithm::EcdsaP256Sha256.name(), m.clone(), None).unwrap();
                     (m, engine.submit(req).unwrap())
                 })
                 .collect();
@@ -500,10 +459,7 @@ fn a_managed_engine_signs_on_the_device_where_its_keys_are() {
                 assert!(verifies(&key, Algorithm::EcdsaP256Sha256, &m, &f.wait().unwrap()), "{name}");
             }
             let calls = logged(&log);
-            assert!(
-                calls.iter().any(|(what, bits, lanes)| what == "ecdsa" && *bits == 256 && *lanes > 1),
-                "{name}: {calls:?}"
-            );
+            assert!(calls.iter().any(|(what, bits, lanes)| what == "ecdsa" && *bits == 256 && *lanes > 1), "{name}: {calls:?}");
         }
         // Off: the device is never opened, even with a library named.
         std::fs::write(&log, b"").unwrap();
@@ -512,8 +468,7 @@ fn a_managed_engine_signs_on_the_device_where_its_keys_are() {
         config.crypto_mb = Some(stand_in().to_string());
         let engine = ManagedEngine::start(config).unwrap();
         let key = engine.load(KeySource::File(pem.clone())).unwrap();
-        let req =
-            ManagedEngine::request(key.clone(), Algorithm::EcdsaP256Sha256.name(), b"off".to_vec(), None).unwrap();
+        let req = ManagedEngine::request(key.clone(), Algorithm::EcdsaP256Sha256.name(), b"off".to_vec(), None).unwrap();
         engine.submit(req).unwrap().wait().unwrap();
         assert!(logged(&log).is_empty());
     });

@@ -89,11 +89,7 @@ fn every_algorithm_signs_on_the_token_class_and_verifies_against_openssls_key() 
     let out = engine.perform(Request::new(rsa.clone(), Operation::DecryptRaw { ciphertext: ct })).unwrap();
     assert!(out.ends_with(b"\0premaster") && out[..2] == [0, 2]);
     let m = engine.metrics().unwrap();
-    assert!(
-        m.class(OpClass::Token).completed >= 13,
-        "token keys run on the token class: {:?}",
-        m.class(OpClass::Token)
-    );
+    assert!(m.class(OpClass::Token).completed >= 13, "token keys run on the token class: {:?}", m.class(OpClass::Token));
     assert_eq!(m.class(OpClass::Ec).completed + m.class(OpClass::Rsa).completed, 0);
 }
 
@@ -108,12 +104,8 @@ fn token_slot_in(module: &Path, label: &str) -> (cryptoki::context::Pkcs11, cryp
     use cryptoki::context::{CInitializeArgs, Pkcs11};
     let ctx = Pkcs11::new(module).unwrap();
     let _ = ctx.initialize(CInitializeArgs::OsThreads);
-    let slot = ctx
-        .get_slots_with_token()
-        .unwrap()
-        .into_iter()
-        .find(|s| ctx.get_token_info(*s).unwrap().label().trim_end() == label)
-        .unwrap();
+    let slot =
+        ctx.get_slots_with_token().unwrap().into_iter().find(|s| ctx.get_token_info(*s).unwrap().label().trim_end() == label).unwrap();
     (ctx, slot)
 }
 
@@ -129,15 +121,10 @@ fn the_secret_stays_in_the_token() {
     let (ctx, slot) = token_slot(dir, "edge");
     let session = ctx.open_ro_session(slot).unwrap();
     session.login(cryptoki::session::UserType::User, Some(&cryptoki::types::AuthPin::new(pin(dir)))).ok();
-    let handle = session
-        .find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), Attribute::Label(b"tls-p256".to_vec())])
-        .unwrap()[0];
+    let handle = session.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), Attribute::Label(b"tls-p256".to_vec())]).unwrap()[0];
     let attrs = session.get_attributes(handle, &[AttributeType::Sensitive, AttributeType::Extractable]).unwrap();
     assert!(attrs.contains(&Attribute::Sensitive(true)) && attrs.contains(&Attribute::Extractable(false)), "{attrs:?}");
-    assert!(
-        session.get_attributes(handle, &[AttributeType::Value]).map_or(true, |v| v.is_empty()),
-        "the scalar cannot be read"
-    );
+    assert!(session.get_attributes(handle, &[AttributeType::Value]).map_or(true, |v| v.is_empty()), "the scalar cannot be read");
     std::mem::forget(ctx); // keyfence's module handle is the same library
     key.sign(Algorithm::EcdsaP256Sha256, b"still signs").unwrap();
 }
@@ -168,8 +155,7 @@ fn every_failure_is_a_typed_error_and_nothing_hangs() {
     let e = code(&format!("pkcs11:token=edge;object=tls-p256;type=cert?module-path={m}&{good_pin}"));
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
 
-    let e =
-        code(&format!("pkcs11:token=edge;object=tls-p256?module-path={m}&pin-source=file:{}/missing", dir.display()));
+    let e = code(&format!("pkcs11:token=edge;object=tls-p256?module-path={m}&pin-source=file:{}/missing", dir.display()));
     assert_eq!(e.code(), ErrorCode::InvalidArgument, "{e}");
     assert!(e.to_string().contains("cannot read the PIN file"), "{e}");
 }
@@ -253,11 +239,7 @@ fn a_refused_pin_reaches_the_token_once_until_the_pin_file_changes() {
     for _ in 0..20 {
         let e = pkcs11::load(&uri, &settings).map(|_| ()).unwrap_err();
         refused(&e);
-        assert!(
-            e.to_string()
-                .contains(&format!("the PIN file {} before (Login returned PinIncorrect)", pin_file.display())),
-            "{e}"
-        );
+        assert!(e.to_string().contains(&format!("the PIN file {} before (Login returned PinIncorrect)", pin_file.display())), "{e}");
     }
     // Through an engine as well (the same process's memory).
     let e = load(&engine(), &uri).map(|_| ()).unwrap_err();
@@ -342,10 +324,7 @@ fn an_agents_refusal_names_no_module_path_and_no_other_token() {
     for _ in 0..20 {
         let e = load("pkcs11:token=counted-agent;object=payments");
         assert_eq!(e.code(), ErrorCode::TokenLogin, "{e}");
-        assert!(
-            e.to_string().contains("pkcs11:token=counted-agent") && e.to_string().contains("this signer's PIN file"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("pkcs11:token=counted-agent") && e.to_string().contains("this signer's PIN file"), "{e}");
         discreet(&e, "counted-agent");
     }
     assert_eq!(logins(dir, "counted-agent"), [CKR_PIN_INCORRECT], "the agent sent a refused PIN again");
@@ -392,11 +371,7 @@ fn the_tokens_folder_deleted_mid_run_fails_in_bounded_time() {
         }
     }
     assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
-    eprintln!(
-        "after the folder went: {} of 20 failed; first: {:?}",
-        errors.len(),
-        errors.first().map(ToString::to_string)
-    );
+    eprintln!("after the folder went: {} of 20 failed; first: {:?}", errors.len(), errors.first().map(ToString::to_string));
     // The session copy of the key keyfence signs with is in the module's
     // memory, so signatures may go on (as with pkcs11-provider's cached
     // keys); what fails, fails as the token's own error.
@@ -431,9 +406,7 @@ fn a_token_that_forgets_the_login_is_logged_into_again_and_retried_once() {
     let session = ctx.open_ro_session(slot).unwrap();
     session.logout().unwrap();
     // The control: a private key object cannot be used now without logging in.
-    let handles = session
-        .find_objects(&[cryptoki::object::Attribute::Class(cryptoki::object::ObjectClass::PRIVATE_KEY)])
-        .unwrap();
+    let handles = session.find_objects(&[cryptoki::object::Attribute::Class(cryptoki::object::ObjectClass::PRIVATE_KEY)]).unwrap();
     assert!(handles.is_empty(), "logged out, the token hides its private keys");
     drop(session);
     let public = key.public_key_der().unwrap();
@@ -461,10 +434,7 @@ fn ten_thousand_signatures_with_64_in_flight() {
         }
         let msg = i.to_be_bytes().to_vec();
         let fut = engine
-            .submit(
-                Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, msg.clone())
-                    .with_timeout(Duration::from_secs(30)),
-            )
+            .submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, msg.clone()).with_timeout(Duration::from_secs(30)))
             .unwrap();
         in_flight.push_back((msg, fut));
     }
@@ -481,11 +451,7 @@ fn ten_thousand_signatures_with_64_in_flight() {
 #[test]
 fn a_sign_error_from_the_token_keeps_its_code() {
     // The code table: a token failure is never a generic backend error.
-    let e = SignError::Token {
-        token: "pkcs11:token=t".into(),
-        failure: keyfence::sign::TokenFailure::Unavailable,
-        reason: "r".into(),
-    };
+    let e = SignError::Token { token: "pkcs11:token=t".into(), failure: keyfence::sign::TokenFailure::Unavailable, reason: "r".into() };
     assert_eq!(e.code(), ErrorCode::TokenUnavailable);
     assert_eq!(e.to_string(), "pkcs11:token=t: r");
 }
@@ -509,10 +475,7 @@ fn an_agent_grants_token_keys_per_user_or_group() {
     settings.module = Some(module(dir).into());
     settings.pin_file = Some(dir.join("pin"));
     let probe = |uri: &str| {
-        probe_as_nobody(
-            "token-grant-probe",
-            &[("KEYFENCE_PROBE_SOCKET", socket.as_os_str()), ("KEYFENCE_PROBE_URI", uri.as_ref())],
-        )
+        probe_as_nobody("token-grant-probe", &[("KEYFENCE_PROBE_SOCKET", socket.as_os_str()), ("KEYFENCE_PROBE_URI", uri.as_ref())])
     };
     let tls = "pkcs11:token=edge;object=tls-p256";
     for who in [Grantee::User(65534), Grantee::Group(65534)] {
@@ -526,10 +489,7 @@ fn an_agent_grants_token_keys_per_user_or_group() {
         for refused in ["pkcs11:token=edge;object=tls-rsa", "pkcs11:object=tls-p256"] {
             let said = probe(refused);
             assert!(said.starts_with("REFUSED") && said.contains("may not load this token key"), "{refused}: {said}");
-            assert!(
-                !said.contains("tls-p256") || refused.contains("tls-p256"),
-                "the refusal names another key: {said}"
-            );
+            assert!(!said.contains("tls-p256") || refused.contains("tls-p256"), "the refusal names another key: {said}");
         }
         // Root, as the agent's own user would, loads what no grant names.
         let mut config = ManagedConfig::default();

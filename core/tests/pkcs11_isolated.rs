@@ -19,24 +19,10 @@ use pkcs11_support::{counting_module, logins, token, uri, CKR_PIN_INCORRECT};
 /// The private scalar of the PEM key, XOR-masked as it is read from
 /// `openssl pkey -text` (hex), so this process never holds it in clear.
 fn masked_scalar(pem: &std::path::Path, mask: u8) -> Vec<u8> {
-    let text =
-        String::from_utf8(openssl(pem.parent().unwrap(), &["pkey", "-noout", "-text", "-in", pem.to_str().unwrap()]))
-            .unwrap();
-    let hex: String = text
-        .split("priv:")
-        .nth(1)
-        .unwrap()
-        .split("pub:")
-        .next()
-        .unwrap()
-        .chars()
-        .filter(char::is_ascii_hexdigit)
-        .collect();
-    let mut out: Vec<u8> = hex
-        .as_bytes()
-        .chunks(2)
-        .map(|c| u8::from_str_radix(std::str::from_utf8(c).unwrap(), 16).unwrap() ^ mask)
-        .collect();
+    let text = String::from_utf8(openssl(pem.parent().unwrap(), &["pkey", "-noout", "-text", "-in", pem.to_str().unwrap()])).unwrap();
+    let hex: String = text.split("priv:").nth(1).unwrap().split("pub:").next().unwrap().chars().filter(char::is_ascii_hexdigit).collect();
+    let mut out: Vec<u8> =
+        hex.as_bytes().chunks(2).map(|c| u8::from_str_radix(std::str::from_utf8(c).unwrap(), 16).unwrap() ^ mask).collect();
     // `openssl` prints a leading zero byte when the top bit is set.
     while out.len() > 32 && out[0] == mask {
         out.remove(0);
@@ -110,20 +96,14 @@ fn only_the_key_process_loads_the_module_and_no_scalar_is_here() {
     assert_eq!(scalar.len(), 32);
     let reversed: Vec<u8> = scalar.iter().rev().copied().collect();
     assert!(!in_my_memory(&scalar, mask), "the token key's private scalar is in this process's memory");
-    assert!(
-        !in_my_memory(&reversed, mask),
-        "the token key's private scalar (little-endian) is in this process's memory"
-    );
+    assert!(!in_my_memory(&reversed, mask), "the token key's private scalar (little-endian) is in this process's memory");
     // The control for the scalar: the same key loaded into this process
     // from its PEM is found, so the scan would see a scalar keyfence read
     // out of the token.
     let pem = zeroize::Zeroizing::new(std::fs::read(dir.join("keys/tls-p256.pem")).unwrap());
     let here = keyfence::sign::PrivateKey::from_pem(&pem).unwrap();
     drop(pem);
-    assert!(
-        in_my_memory(&scalar, mask) || in_my_memory(&reversed, mask),
-        "the scan misses a scalar this process holds"
-    );
+    assert!(in_my_memory(&scalar, mask) || in_my_memory(&reversed, mask), "the scan misses a scalar this process holds");
     drop(here);
 }
 
@@ -140,16 +120,10 @@ fn a_refused_pin_in_the_key_process_is_token_login_and_the_process_lives() {
     let pid = engine.key_process_pid().unwrap();
     let module = pkcs11_support::module(dir);
     let load = |u: String| engine.load(KeySource::Pkcs11(u)).map(|_| ()).unwrap_err();
-    let e = load(format!(
-        "pkcs11:token=logins;object=k?module-path={module}&pin-source=file:{}",
-        dir.join("logins.badpin").display()
-    ));
+    let e = load(format!("pkcs11:token=logins;object=k?module-path={module}&pin-source=file:{}", dir.join("logins.badpin").display()));
     assert_eq!(e.code(), keyfence::ErrorCode::TokenLogin, "{e}");
     assert_eq!(engine.key_process_pid(), Some(pid), "the key process died at the refused PIN");
-    let e = load(format!(
-        "pkcs11:token=edge;object=nothing?module-path={module}&pin-source=file:{}",
-        dir.join("pin").display()
-    ));
+    let e = load(format!("pkcs11:token=edge;object=nothing?module-path={module}&pin-source=file:{}", dir.join("pin").display()));
     assert_eq!(e.code(), keyfence::ErrorCode::InvalidPrivateKey, "{e}");
     assert!(e.to_string().starts_with("pkcs11:token=edge: no private key with object=nothing"), "{e}");
     let e = load(format!("pkcs11:token=edge;object=tls-p256?module-path={module}&pin-value=1"));
@@ -180,14 +154,10 @@ fn a_refused_pin_reaches_the_token_once_per_key_process() {
     );
     let refused = |e: keyfence::sign::managed::LoadError| {
         assert_eq!(e.code(), keyfence::ErrorCode::TokenLogin, "{e}");
-        assert!(
-            e.to_string().contains("the token refused the PIN from") && e.to_string().contains("until the PIN changes"),
-            "{e}"
-        );
+        assert!(e.to_string().contains("the token refused the PIN from") && e.to_string().contains("until the PIN changes"), "{e}");
     };
     std::thread::scope(|s| {
-        let loads: Vec<_> =
-            (0..4).map(|_| s.spawn(|| engine.load(KeySource::Pkcs11(uri.clone())).map(|_| ()).unwrap_err())).collect();
+        let loads: Vec<_> = (0..4).map(|_| s.spawn(|| engine.load(KeySource::Pkcs11(uri.clone())).map(|_| ()).unwrap_err())).collect();
         loads.into_iter().for_each(|t| refused(t.join().unwrap()));
     });
     for _ in 0..20 {

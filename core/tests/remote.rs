@@ -23,15 +23,10 @@ use remote_support::*;
 #[test]
 fn a_key_only_one_server_may_hold_is_signed_through_it() {
     let world = World::new();
-    let servers: Vec<_> =
-        ["sfo1", "fra1", "nrt1"].iter().map(|n| start_server(&world, n, ServerOptions::default())).collect();
+    let servers: Vec<_> = ["sfo1", "fra1", "nrt1"].iter().map(|n| start_server(&world, n, ServerOptions::default())).collect();
     let addrs: Vec<_> = ["sfo1", "fra1", "nrt1"].iter().zip(&servers).map(|(n, s)| (*n, s.local_addr())).collect();
     let remote = client(&addrs);
-    assert!(
-        remote.peers().iter().all(|p| p.latency < Duration::from_secs(1)),
-        "round trips measured: {:?}",
-        remote.peers()
-    );
+    assert!(remote.peers().iter().all(|p| p.latency < Duration::from_secs(1)), "round trips measured: {:?}", remote.peers());
 
     // Tokyo may open neither the US nor the EU key.
     let tokyo = world.machine("country=JP,region=APAC");
@@ -103,8 +98,7 @@ fn a_server_killed_under_load_fails_over_and_nothing_hangs_or_is_answered_twice(
             let id = next_id;
             let (answers, results) = (load.answers.clone(), load.results.clone());
             let t = Instant::now();
-            let req =
-                Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, id.to_be_bytes().to_vec()).with_timeout(timeout);
+            let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, id.to_be_bytes().to_vec()).with_timeout(timeout);
             engine
                 .submit_with_callback(req, move |r| {
                     *answers.lock().unwrap().entry(id).or_default() += 1;
@@ -162,10 +156,7 @@ fn a_server_killed_under_load_fails_over_and_nothing_hangs_or_is_answered_twice(
     iad.shutdown();
     let t = Instant::now();
     for i in 0..20u8 {
-        let r = engine
-            .submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]).with_timeout(timeout))
-            .unwrap()
-            .wait();
+        let r = engine.submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]).with_timeout(timeout)).unwrap().wait();
         let e = r.unwrap_err();
         assert!(matches!(e.code(), ErrorCode::BackendFailed | ErrorCode::TimedOut), "{e}");
     }
@@ -195,12 +186,7 @@ fn one_tenants_flood_is_refused_while_another_tenant_is_served() {
     let engine = Engine::new(config).unwrap();
     let flood: Vec<_> = (0..48u8)
         .map(|i| {
-            engine
-                .submit(
-                    Request::sign(flooder.clone(), Algorithm::EcdsaP256Sha256, vec![i])
-                        .with_timeout(Duration::from_secs(3)),
-                )
-                .unwrap()
+            engine.submit(Request::sign(flooder.clone(), Algorithm::EcdsaP256Sha256, vec![i]).with_timeout(Duration::from_secs(3))).unwrap()
         })
         .collect();
     std::thread::sleep(Duration::from_millis(20));
@@ -349,19 +335,11 @@ fn malformed_frames_get_an_error_or_a_closed_connection_never_a_crash() {
     p::encode_op(
         &mut f,
         8,
-        &Head {
-            budget: Duration::ZERO,
-            key_id: keyfence::sign::remote::KeyId::of_envelope(world.us_key.to_bytes()).0,
-            ..head
-        },
-        &keyfence::sign::Operation::Sign {
-            alg: Algorithm::EcdsaP256Sha256,
-            input: keyfence::sign::Input::Message(b"m".to_vec()),
-        },
+        &Head { budget: Duration::ZERO, key_id: keyfence::sign::remote::KeyId::of_envelope(world.us_key.to_bytes()).0, ..head },
+        &keyfence::sign::Operation::Sign { alg: Algorithm::EcdsaP256Sha256, input: keyfence::sign::Input::Message(b"m".to_vec()) },
     );
     s.write_all(&f).unwrap();
-    let mut codes: Vec<_> =
-        (0..2).map(|_| read_frame(&mut s).unwrap()).map(|f| (f.id, p::parse_error(&f.body).0)).collect();
+    let mut codes: Vec<_> = (0..2).map(|_| read_frame(&mut s).unwrap()).map(|f| (f.id, p::parse_error(&f.body).0)).collect();
     codes.sort_by_key(|c| c.0);
     assert_eq!(codes, [(7, RemoteErrorCode::UnknownKey), (8, RemoteErrorCode::TimedOut)]);
     // A length word out of range cannot be skipped: the connection closes.
@@ -399,10 +377,7 @@ fn the_server_honours_the_remaining_budget() {
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let t = Instant::now();
     let e = engine
-        .submit(
-            Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"late".to_vec())
-                .with_timeout(Duration::from_millis(100)),
-        )
+        .submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"late".to_vec()).with_timeout(Duration::from_millis(100)))
         .unwrap()
         .wait()
         .unwrap_err();
@@ -439,17 +414,11 @@ fn metrics_are_served_in_prometheus_text() {
     c.read_to_string(&mut text).unwrap();
     assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
     // The tenant is the client certificate's CN, whatever id the frames carry.
-    assert!(
-        text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1\n"),
-        "{text}"
-    );
+    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1\n"), "{text}");
     assert!(!text.contains("tenant=\"77\""), "{text}");
     assert!(text.contains("keyfence_engine_queue_depth{class=\"ec\"} 0\n"), "{text}");
     let client_text = remote.metrics().prometheus();
-    assert!(
-        client_text.contains("keyfence_remote_client_peer_requests_total{peer=\"sfo1\",outcome=\"ok\"} 2\n"),
-        "{client_text}"
-    );
+    assert!(client_text.contains("keyfence_remote_client_peer_requests_total{peer=\"sfo1\",outcome=\"ok\"} 2\n"), "{client_text}");
     assert!(client_text.contains("keyfence_remote_client_peer_rtt_seconds{peer=\"sfo1\"}"), "{client_text}");
 }
 
@@ -534,9 +503,8 @@ fn a_server_can_keep_its_keys_in_the_isolated_key_process() {
 
     let keys = KeyProcess::start(key_process_config()).unwrap();
     let mut ring = KeyRing::new();
-    let open = |ring: &mut KeyRing, env: &str| {
-        ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("sfo1.machine"), &dir.join(env))
-    };
+    let open =
+        |ring: &mut KeyRing, env: &str| ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("sfo1.machine"), &dir.join(env));
     open(&mut ring, "us.env").unwrap();
     // The EU key is refused before the key process is asked.
     assert_eq!(open(&mut ring, "eu.env").unwrap_err().code(), ErrorCode::PolicyNotSatisfied);
@@ -578,8 +546,7 @@ fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
 
     let keys = KeyProcess::start(key_process_config()).unwrap();
     let mut ring = KeyRing::new();
-    let id =
-        ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("m.machine"), &dir.join("k.env")).unwrap();
+    let id = ring.open_isolated(&machine, &keys, &dir.join("store"), &dir.join("m.machine"), &dir.join("k.env")).unwrap();
     assert_eq!(id, KeyId::of_envelope(first.to_bytes()));
     let der = ring.get(&id).unwrap().public_key_der().unwrap();
 
@@ -594,10 +561,7 @@ fn an_isolated_key_stays_the_key_its_id_names_when_the_file_changes() {
     assert!(keys.wait_running(Duration::from_secs(5)));
     assert_eq!(keys.status().unwrap().keys, 1, "the key was loaded again");
     let sig = ring.get(&id).unwrap().sign(Algorithm::EcdsaP256Sha256, b"same key").unwrap();
-    assert!(
-        verify(&der, Algorithm::EcdsaP256Sha256, b"same key", &sig),
-        "the key process signed with another key than the id names"
-    );
+    assert!(verify(&der, Algorithm::EcdsaP256Sha256, b"same key", &sig), "the key process signed with another key than the id names");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -647,9 +611,7 @@ fn the_nearest_capable_peer_by_measured_round_trip_is_asked_first() {
     for i in 0..10u8 {
         engine.sign(&key, Algorithm::EcdsaP256Sha256, &[i]).unwrap().wait().unwrap();
     }
-    let by = |m: &keyfence::sign::remote::ClientMetrics, n: &str| {
-        m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.ok
-    };
+    let by = |m: &keyfence::sign::remote::ClientMetrics, n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.ok;
     let m = remote.metrics();
     assert_eq!((by(&m, "sfo1"), by(&m, "iad1")), (11, 0), "{m:?}");
     // When the near one dies, the far one answers.
@@ -730,16 +692,14 @@ fn a_peer_that_stops_answering_is_left_after_the_request_timeout() {
     let iad = start_server(&world, "iad1", ServerOptions { backend: Some(stalled), ..Default::default() });
     let sfo = start_server(&world, "sfo1", ServerOptions::default());
     // The stalled peer is the nearest: sfo1 is 2 x 15 ms away.
-    let mut config =
-        client_config(&[("iad1", iad.local_addr()), ("sfo1", distant(sfo.local_addr(), Duration::from_millis(15)))]);
+    let mut config = client_config(&[("iad1", iad.local_addr()), ("sfo1", distant(sfo.local_addr(), Duration::from_millis(15)))]);
     config.request_timeout = Duration::from_millis(200);
     let remote = RemoteSigner::start(config).unwrap();
     remote.measure();
     let key = remote.key(&world.us_key).unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let t = Instant::now();
-    let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"failover".to_vec())
-        .with_timeout(Duration::from_secs(3));
+    let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"failover".to_vec()).with_timeout(Duration::from_secs(3));
     let sig = engine.submit(req).unwrap().wait().unwrap();
     let took = t.elapsed();
     assert!(verify(&key.public_key_der().unwrap(), Algorithm::EcdsaP256Sha256, b"failover", &sig));
@@ -761,11 +721,7 @@ fn forwarding_never_asks_a_revoked_machine() {
         .iter()
         .zip(&servers)
         .map(|((n, id), s)| {
-            keyfence::sign::remote::PeerConfig::new(
-                *n,
-                s.local_addr(),
-                format!("{},machine={id}", attrs_of(n)).parse().unwrap(),
-            )
+            keyfence::sign::remote::PeerConfig::new(*n, s.local_addr(), format!("{},machine={id}", attrs_of(n)).parse().unwrap())
         })
         .collect();
     let mut config = client_config(&[]);
@@ -777,11 +733,7 @@ fn forwarding_never_asks_a_revoked_machine() {
     world.authority.revoke("mSFO").unwrap();
     for i in 0..10 {
         let key = remote.open_or_forward(&tokyo, world.us_key.to_bytes()).unwrap();
-        engine
-            .sign(&key, keyfence::sign::Algorithm::EcdsaP256Sha256, format!("m{i}").as_bytes())
-            .unwrap()
-            .wait()
-            .unwrap();
+        engine.sign(&key, keyfence::sign::Algorithm::EcdsaP256Sha256, format!("m{i}").as_bytes()).unwrap().wait().unwrap();
     }
     let m = remote.metrics();
     let asked = |n: &str| m.peers.iter().find(|p| p.name == n).unwrap().stats.counts.requests;
@@ -835,16 +787,11 @@ fn dropping_a_server_waits_for_the_signatures_under_way() {
     let running = Arc::new(AtomicUsize::new(0));
     let backend: Arc<dyn keyfence::sign::Backend> =
         Arc::new(Counting { inner: LatencyBackend::new(Duration::from_millis(300)), running: running.clone() });
-    let sfo = start_server(
-        &world,
-        "sfo1",
-        ServerOptions { backend: Some(backend), slow_threads: Some(16), ..Default::default() },
-    );
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(backend), slow_threads: Some(16), ..Default::default() });
     let remote = client(&[("sfo1", sfo.local_addr())]);
     let key = remote.key(&world.us_key).unwrap();
     let engine = Engine::new(EngineConfig::default()).unwrap();
-    let pending: Vec<_> =
-        (0..8).map(|_| engine.sign(&key, Algorithm::EcdsaP256Sha256, b"under way").unwrap()).collect();
+    let pending: Vec<_> = (0..8).map(|_| engine.sign(&key, Algorithm::EcdsaP256Sha256, b"under way").unwrap()).collect();
     let t = Instant::now();
     while running.load(Ordering::SeqCst) < 8 {
         assert!(t.elapsed() < Duration::from_secs(10), "the server never began the signatures");

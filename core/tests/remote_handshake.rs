@@ -92,10 +92,8 @@ fn flood(server: SocketAddrV4, stop: &AtomicBool, stats: &FloodStats) {
         opened: Instant,
         sent: usize,
     }
-    let mut slots: Vec<(Ipv4Addr, Option<Dribbler>)> = (0..SOURCES)
-        .flat_map(|s| std::iter::repeat_n(Ipv4Addr::new(127, 0, 0, 2 + s), PER_SOURCE))
-        .map(|a| (a, None))
-        .collect();
+    let mut slots: Vec<(Ipv4Addr, Option<Dribbler>)> =
+        (0..SOURCES).flat_map(|s| std::iter::repeat_n(Ipv4Addr::new(127, 0, 0, 2 + s), PER_SOURCE)).map(|a| (a, None)).collect();
     while !stop.load(Ordering::Relaxed) {
         let pass = Instant::now();
         for (src, slot) in &mut slots {
@@ -230,8 +228,7 @@ fn a_thousand_dribbling_handshakes_neither_lock_out_certified_clients_nor_grow_t
             fresh_tried += 1;
             let t = Instant::now();
             let fresh = signer(addr);
-            let r =
-                fresh.key(&world.us_key).and_then(|k| engine.sign(&k, Algorithm::EcdsaP256Sha256, b"fresh")?.wait());
+            let r = fresh.key(&world.us_key).and_then(|k| engine.sign(&k, Algorithm::EcdsaP256Sha256, b"fresh")?.wait());
             match r {
                 Ok(_) if t.elapsed() <= SIGN_DEADLINE + Duration::from_secs(1) => fresh_served += 1,
                 Ok(_) => failures.push(format!("a new client took {:?}", t.elapsed())),

@@ -31,11 +31,7 @@ const FLOOR: Duration = Duration::from_micros(50);
 fn remote_peers_answering_after_200ms_do_not_delay_local_ecdsa() {
     let world = World::new();
     let slow: Arc<dyn keyfence::sign::Backend> = Arc::new(LatencyBackend::new(Duration::from_millis(200)));
-    let sfo = start_server(
-        &world,
-        "sfo1",
-        ServerOptions { backend: Some(slow), slow_threads: Some(128), ..Default::default() },
-    );
+    let sfo = start_server(&world, "sfo1", ServerOptions { backend: Some(slow), slow_threads: Some(128), ..Default::default() });
     let remote = client(&[("sfo1", sfo.local_addr())]);
     let remote_key = remote.key(&world.us_key).unwrap();
 

@@ -98,8 +98,7 @@ fn assert_not_allowed(e: SignError) {
 #[test]
 fn a_tenant_cannot_use_another_tenants_key_whatever_its_frames_say() {
     let world = World::new();
-    let sfo =
-        start_server(&world, "sfo1", ServerOptions { allow: Some(allow_a_ec_b_rsa(&world)), ..Default::default() });
+    let sfo = start_server(&world, "sfo1", ServerOptions { allow: Some(allow_a_ec_b_rsa(&world)), ..Default::default() });
     let engine = Engine::new(EngineConfig::default()).unwrap();
 
     // Through the client: A signs with its key, and is refused B's.
@@ -231,8 +230,7 @@ fn one_tenants_flood_never_takes_another_tenants_slots() {
 fn the_tenant_comes_from_the_configured_certificate_field() {
     let world = World::new();
     // URI: `spiffe-a`'s CN says tenant-b, its URI says shop-a: shop-a it is.
-    let sfo =
-        start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::Uri), ..Default::default() });
+    let sfo = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::Uri), ..Default::default() });
     let mut s = session("spiffe-a", sfo.local_addr());
     let mut f = Vec::new();
     p::encode_op(&mut f, 1, &head(&world.us_key, 7), &sign_op(b"m".to_vec()));
@@ -250,8 +248,7 @@ fn the_tenant_comes_from_the_configured_certificate_field() {
     let cn = start_server(&world, "sfo1", ServerOptions::default());
     let (_s, reply) = hello_as("no-cn", cn.local_addr());
     assert_eq!(p::parse_error(&reply.body).0, RemoteErrorCode::NotAllowed);
-    let dns =
-        start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::DnsName), ..Default::default() });
+    let dns = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::DnsName), ..Default::default() });
     let mut s = session("no-cn", dns.local_addr());
     let mut f = Vec::new();
     p::encode_ping(&mut f, 1);
@@ -298,10 +295,7 @@ fn crafted_client_with_sans(name: &str, cns: &[(&str, openssl::asn1::Asn1Type)],
     let dir = &Pki::get().dir;
     let ca = X509::from_pem(&std::fs::read(dir.join("ca.pem")).unwrap()).unwrap();
     let ca_key = PKey::private_key_from_pem(&std::fs::read(dir.join("ca.key")).unwrap()).unwrap();
-    let key = PKey::from_ec_key(
-        EcKey::generate(&EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap(),
-    )
-    .unwrap();
+    let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
     let mut subject = X509NameBuilder::new().unwrap();
     for (cn, ty) in cns {
         subject.append_entry_by_nid_with_type(openssl::nid::Nid::COMMONNAME, cn, *ty).unwrap();
@@ -380,8 +374,7 @@ fn a_certificate_that_names_its_tenant_ambiguously_is_refused() {
     // Several DNS names when the tenant comes from the DNS name: which one
     // counts is a guess, so none does.
     issue_cert_with(&Pki::get().dir, "ca", "two-dns", "/CN=x", "DNS:shop-a,DNS:shop-b");
-    let dns =
-        start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::DnsName), ..Default::default() });
+    let dns = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(TenantSource::DnsName), ..Default::default() });
     let (_s, reply) = hello_as("two-dns", dns.local_addr());
     let (code, message) = p::parse_error(&reply.body);
     assert_eq!(code, RemoteErrorCode::NotAllowed);
@@ -415,12 +408,7 @@ fn a_certificate_with_an_unreadable_dns_or_uri_name_is_refused() {
     crafted_client_with_sans("uri-and-others", &[("x", utf8)], &[dns(b"\xff.shop-b.example"), uri(spiffe_a)]);
 
     for (from, refused, served, tenant_name) in [
-        (
-            TenantSource::DnsName,
-            &["ff-dns-last", "ff-dns-first", "ff-dns-alone", "latin-dns"][..],
-            "dns-and-others",
-            "shop-a",
-        ),
+        (TenantSource::DnsName, &["ff-dns-last", "ff-dns-first", "ff-dns-alone", "latin-dns"][..], "dns-and-others", "shop-a"),
         (TenantSource::Uri, &["ff-uri"][..], "uri-and-others", "spiffe://example.org/shop-a"),
     ] {
         let sfo = start_server(&world, "sfo1", ServerOptions { tenant_from: Some(from), ..Default::default() });

@@ -182,13 +182,7 @@ const ABE: &[(&str, &str, &str, &str, Tamper)] = &[
     ("abe-decrypt-ok", "fr", "region: EU and not country: DE", "a secret for France", Tamper::None),
     ("abe-decrypt-negation-refuses", "de", "region: EU and not country: DE", "not for Germany", Tamper::None),
     ("abe-decrypt-or", "de", "country: US or (not region: APAC)", "either branch", Tamper::None),
-    (
-        "abe-decrypt-repeated",
-        "fr",
-        "(region: EU and country: FR) or (region: EU and not country: FR)",
-        "repeated",
-        Tamper::None,
-    ),
+    ("abe-decrypt-repeated", "fr", "(region: EU and country: FR) or (region: EU and not country: FR)", "repeated", Tamper::None),
     ("abe-decrypt-empty-message", "fr", "region: EU", "", Tamper::None),
     ("abe-decrypt-last-byte-flipped", "fr", "region: EU", "tampered tail", Tamper::FlipLast),
     ("abe-decrypt-middle-byte-flipped", "fr", "region: EU", "tampered middle", Tamper::FlipMiddle),
@@ -248,19 +242,7 @@ fn generate() -> String {
     for (i, (name, key, pol, msg, tamper)) in ABE.iter().enumerate() {
         std::fs::write(d.path("msg"), msg).unwrap();
         let seed = format!("6b6603{i:02x}");
-        go(&[
-            "encrypt",
-            "--pk",
-            &d.path("pk"),
-            "--policy",
-            pol,
-            "--in",
-            &d.path("msg"),
-            "--out",
-            &d.path("ct"),
-            "--seed",
-            &seed,
-        ]);
+        go(&["encrypt", "--pk", &d.path("pk"), "--policy", pol, "--in", &d.path("msg"), "--out", &d.path("ct"), "--seed", &seed]);
         let mut ct = d.read("ct");
         let header_intact = match tamper {
             Tamper::None => true,
@@ -284,8 +266,7 @@ fn generate() -> String {
         };
         // What CIRCL says decides `expect`: the oracle's own decryption.
         std::fs::write(d.path("ct"), &ct).unwrap();
-        let circl =
-            oracle::run(&["decrypt", "--key", &d.path(key), "--in", &d.path("ct"), "--out", &d.path("pt")], None);
+        let circl = oracle::run(&["decrypt", "--key", &d.path(key), "--in", &d.path("ct"), "--out", &d.path("pt")], None);
         let attrs = KEYS.iter().find(|(k, _)| k == key).unwrap().1;
         let mut f = vec![
             ("name", name.to_string()),

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::verify_key;
 use keyfence::sign::{
-    Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass,
-    PrivateKey, Request, SignError,
+    Algorithm, ClassConfig, CompletionQueue, Engine, EngineConfig, ErrorKind, KeyKind, LatencyBackend, OpClass, PrivateKey, Request,
+    SignError,
 };
 use openssl::rsa::Padding;
 
@@ -129,11 +129,7 @@ fn deadline_expires_queued_and_running_operations_and_releases_inputs() {
     let engine = Engine::new(small_config()).unwrap();
     let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
     let slow = Arc::new(LatencyBackend::new(Duration::from_millis(400)));
-    let req = |t| {
-        Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![0; 1 << 20])
-            .with_backend(slow.clone())
-            .with_timeout(t)
-    };
+    let req = |t| Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![0; 1 << 20]).with_backend(slow.clone()).with_timeout(t);
     // One slow worker: the first runs, the second waits in the queue.
     let t0 = Instant::now();
     let running = engine.submit(req(Duration::from_millis(100))).unwrap();
@@ -237,9 +233,7 @@ fn dropping_the_engine_answers_queued_operations_shut_down() {
 fn a_panicking_callback_does_not_kill_the_worker() {
     let engine = Engine::new(small_config()).unwrap();
     let key = Arc::new(PrivateKey::generate(KeyKind::Ed25519).unwrap());
-    engine
-        .submit_with_callback(Request::sign(key.clone(), Algorithm::Ed25519, b"a".to_vec()), |_| panic!("callback bug"))
-        .unwrap();
+    engine.submit_with_callback(Request::sign(key.clone(), Algorithm::Ed25519, b"a".to_vec()), |_| panic!("callback bug")).unwrap();
     for _ in 0..3 {
         assert!(engine.sign(&key, Algorithm::Ed25519, b"b").unwrap().wait().is_ok());
     }
@@ -303,9 +297,7 @@ fn an_ec_worker_batches_the_completions_of_queued_work_and_holds_a_lone_one_back
     let engine = Engine::with_backend(config, backend.clone()).unwrap();
     let key = Arc::new(PrivateKey::generate(KeyKind::EcP256).unwrap());
     let cq = CompletionQueue::new().unwrap();
-    let sign = |i: u8| {
-        engine.submit_to_queue(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]), &cq, u64::from(i))
-    };
+    let sign = |i: u8| engine.submit_to_queue(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, vec![i]), &cq, u64::from(i));
     let first = sign(0).unwrap();
     // The worker has taken the first operation and waits at the gate.
     while engine.metrics().class(OpClass::Ec).in_flight == 0 {
@@ -370,11 +362,7 @@ fn perform_runs_in_place_work_on_the_callers_thread_and_counts_it() {
         let engine = Engine::with_backend(small_config(), backend.clone()).unwrap();
         let sig = engine.perform(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"here".to_vec())).unwrap();
         assert!(verify_key(&key, Algorithm::EcdsaP256Sha256, b"here", &sig));
-        engine
-            .submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"there".to_vec()))
-            .unwrap()
-            .wait()
-            .unwrap();
+        engine.submit(Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"there".to_vec())).unwrap().wait().unwrap();
         let threads = backend.threads.lock().unwrap().clone();
         assert_eq!(threads.len(), 2);
         assert_eq!(threads[0] == me, in_place, "perform on the caller's thread only in place");

@@ -24,8 +24,7 @@ use std::time::{Duration, Instant};
 
 use hol_support::Flood;
 use keyfence::sign::{
-    Algorithm, Backend, Engine, ErrorKind, KeyKind, LatencyBackend, OpClass, Operation, Output, PrivateKey, Request,
-    SignError,
+    Algorithm, Backend, Engine, ErrorKind, KeyKind, LatencyBackend, OpClass, Operation, Output, PrivateKey, Request, SignError,
 };
 
 const ROUNDS: usize = 8;
@@ -59,9 +58,7 @@ fn saturated_slow_class_does_not_delay_ecdsa() {
     // The flood: keep the slow class full of 200 ms operations.
     let flood = {
         let (key, slow) = (key.clone(), Arc::new(LatencyBackend::new(Duration::from_millis(200))) as Arc<dyn Backend>);
-        Flood::start(&loaded, move || {
-            Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"remote".to_vec()).with_backend(slow.clone())
-        })
+        Flood::start(&loaded, move || Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"remote".to_vec()).with_backend(slow.clone()))
     };
     let series = hol_support::series(&idle, &loaded, &key, (ROUNDS, SAMPLES_PER_ROUND), (1.5, FLOOR));
 
@@ -95,13 +92,10 @@ fn saturated_slow_class_does_not_delay_ecdsa() {
 fn retry_until_accepted(engine: &Engine, key: &Arc<PrivateKey>) -> keyfence::sign::SignFuture {
     let give_up = Instant::now() + Duration::from_secs(10);
     loop {
-        let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"x".to_vec())
-            .with_backend(Arc::new(SharedQueueBackend));
+        let req = Request::sign(key.clone(), Algorithm::EcdsaP256Sha256, b"x".to_vec()).with_backend(Arc::new(SharedQueueBackend));
         match engine.submit(req) {
             Ok(f) => return f,
-            Err(SignError::Overloaded { .. }) if Instant::now() < give_up => {
-                std::thread::sleep(Duration::from_micros(100))
-            }
+            Err(SignError::Overloaded { .. }) if Instant::now() < give_up => std::thread::sleep(Duration::from_micros(100)),
             Err(e) => panic!("control submission: {e}"),
         }
     }

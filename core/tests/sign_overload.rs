@@ -11,9 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use keyfence::sign::{
-    Algorithm, ClassConfig, Engine, EngineConfig, ErrorKind, KeyKind, OpClass, PrivateKey, Request, SignError,
-};
+use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, ErrorKind, KeyKind, OpClass, PrivateKey, Request, SignError};
 
 const QUEUE: usize = 256;
 /// Each request carries this much input, so a backlog that grew with the
@@ -98,9 +96,7 @@ fn overload_is_answered_at_once_and_memory_stays_bounded() {
                         done.fetch_add(1, Ordering::Relaxed);
                     }) {
                         Ok(_) => accepted += 1,
-                        Err(SignError::Overloaded { class: OpClass::Rsa, capacity: QUEUE }) => {
-                            refusals.record(t.elapsed())
-                        }
+                        Err(SignError::Overloaded { class: OpClass::Rsa, capacity: QUEUE }) => refusals.record(t.elapsed()),
                         Err(e) => panic!("unexpected {e}"),
                     }
                     i += 1;

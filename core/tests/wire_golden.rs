@@ -31,30 +31,19 @@ fn key_process_messages() -> Vec<(String, Vec<u8>)> {
         ("hello request".into(), frame(kp::kind::HELLO, 0, &kp::hello_request(64))),
         ("hello reply".into(), frame(kp::kind::HELLO, 0, &kp::hello_reply(0x0102_0304, 7))),
         ("load file".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::File("/k".into())))),
-        (
-            "load bytes".into(),
-            frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::Bytes(Zeroizing::new(b"PEM".to_vec())))),
-        ),
-        (
-            "load agent envelope".into(),
-            frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::AgentEnvelope(b"KFE2".to_vec()))),
-        ),
+        ("load bytes".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::Bytes(Zeroizing::new(b"PEM".to_vec()))))),
+        ("load agent envelope".into(), frame(kp::kind::LOAD, 3, &kp::load_request(77, &kp::LoadBody::AgentEnvelope(b"KFE2".to_vec())))),
         ("unload".into(), frame(kp::kind::UNLOAD, 4, &kp::unload_request(77))),
         ("drop privileges".into(), frame(kp::kind::DROP_PRIVILEGES, 5, &kp::drop_privileges_request(1000, 1001))),
         ("status request".into(), frame(kp::kind::STATUS, 6, &[])),
-        (
-            "status reply".into(),
-            frame(kp::kind::OK, 6, &kp::Status { pid: 1, uid: 2, gid: 3, flags: 7, keys: 4, in_flight: 5 }.encode()),
-        ),
+        ("status reply".into(), frame(kp::kind::OK, 6, &kp::Status { pid: 1, uid: 2, gid: 3, flags: 7, keys: 4, in_flight: 5 }.encode())),
     ];
     for (i, op) in ops().iter().enumerate() {
         let mut out = Vec::new();
         kp::encode_op(&mut out, 10 + i as u64, 77, Duration::from_micros(1500), op);
         m.push((format!("op {i}"), out));
     }
-    for (i, kind) in
-        [KeyKind::Rsa { bits: 3072 }, KeyKind::EcP256, KeyKind::EcP384, KeyKind::Ed25519].into_iter().enumerate()
-    {
+    for (i, kind) in [KeyKind::Rsa { bits: 3072 }, KeyKind::EcP256, KeyKind::EcP384, KeyKind::Ed25519].into_iter().enumerate() {
         m.push((format!("loaded {i}"), frame(kp::kind::OK, 3, &kp::loaded_reply(kind, b"der"))));
     }
     m.push(("error".into(), frame(kp::kind::ERR, 9, &kp::error_body(kp::parse_error(&[6]).0, "no"))));
@@ -63,8 +52,7 @@ fn key_process_messages() -> Vec<(String, Vec<u8>)> {
 
 /// Every key-server message, named.
 fn key_server_messages() -> Vec<(String, Vec<u8>)> {
-    let head =
-        rp::Head { key_id: [0xAA; 32], budget: Duration::from_micros(0x0102_0304), trace_id: [0xBB; 16], tenant: 5 };
+    let head = rp::Head { key_id: [0xAA; 32], budget: Duration::from_micros(0x0102_0304), trace_id: [0xBB; 16], tenant: 5 };
     let mut m: Vec<(String, Vec<u8>)> = vec![
         ("hello request".into(), frame(rp::kind::HELLO, 0, &rp::hello_request())),
         ("hello reply".into(), frame(rp::kind::HELLO, 0, &rp::hello_reply(256))),
@@ -131,10 +119,7 @@ fn key_process_messages_are_byte_for_byte_the_same() {
     check(key_process_messages(), KEY_PROCESS);
     // The LOAD sources that named a store (2, an envelope file; 4, an
     // envelope's bytes), which older clients sent: refused, saying why.
-    for old in [
-        "000000000000004d02000000022f73000000022f6d000000022f65",
-        "000000000000004d04000000022f73000000022f6d000000044b464532",
-    ] {
+    for old in ["000000000000004d02000000022f73000000022f6d000000022f65", "000000000000004d04000000022f73000000022f6d000000044b464532"] {
         let err = kp::parse_load_request(&hex::decode(old).unwrap()).map(|_| ()).unwrap_err().to_string();
         assert!(err.contains("name a store"), "{err}");
     }

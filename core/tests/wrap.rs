@@ -15,8 +15,8 @@ use common::eventually;
 use every_store::{on_every_store, Stores};
 use keyfence::policy::Attributes;
 use keyfence::wrap::{
-    nearest_capable, Authority, CacheConfig, Envelope, FileStore, GenerationState, Machine, MachineInfo, MachineKey,
-    MemoryStore, Peer, PublicMachine, Store, WatchEvent, WrapError,
+    nearest_capable, Authority, CacheConfig, Envelope, FileStore, GenerationState, Machine, MachineInfo, MachineKey, MemoryStore, Peer,
+    PublicMachine, Store, WatchEvent, WrapError,
 };
 
 fn attrs(s: &str) -> Attributes {
@@ -119,10 +119,7 @@ fn each_failure_is_its_own_error(stores: &Stores) {
         let mut bad = bytes.clone();
         bad[i] ^= 1;
         let e = m.open(&bad).unwrap_err();
-        assert!(
-            matches!(e, WrapError::Tampered { .. } | WrapError::Malformed { .. } | WrapError::WrongAuthority { .. }),
-            "byte {i}: {e}"
-        );
+        assert!(matches!(e, WrapError::Tampered { .. } | WrapError::Malformed { .. } | WrapError::WrongAuthority { .. }), "byte {i}: {e}");
     }
     let mut bad = bytes.clone();
     bad[bytes.len() - 1] ^= 1;
@@ -166,14 +163,12 @@ fn master_rotation_reseals_policy_keys_and_leaves_envelopes_alone(stores: &Store
         .enumerate()
         .map(|(i, p)| a.wrap(p, format!("secret {i}").as_bytes()).unwrap())
         .collect();
-    let before: Vec<Vec<u8>> =
-        store.list("envelopes/").unwrap().iter().map(|k| store.get(k).unwrap().unwrap()).collect();
+    let before: Vec<Vec<u8>> = store.list("envelopes/").unwrap().iter().map(|k| store.get(k).unwrap().unwrap()).collect();
     let gen1 = machine(&a, &store, "region=EU,country=DE,tier=1");
 
     let r = a.rotate_master().unwrap();
     assert_eq!((r.new_generation, r.resealed, r.retired), (2, 3, None), "three policies, three re-seals");
-    let after: Vec<Vec<u8>> =
-        store.list("envelopes/").unwrap().iter().map(|k| store.get(k).unwrap().unwrap()).collect();
+    let after: Vec<Vec<u8>> = store.list("envelopes/").unwrap().iter().map(|k| store.get(k).unwrap().unwrap()).collect();
     assert_eq!(before, after, "customer envelopes are untouched");
     let status = a.status().unwrap();
     assert_eq!(status.generations, vec![(1, GenerationState::DecryptOnly), (2, GenerationState::Active)]);
@@ -261,8 +256,7 @@ fn the_cache_expires_evicts_and_coalesces(stores: &Stores) {
     }
 
     // Eight threads missing on the same policy key do the CP-ABE work once.
-    let m =
-        Arc::new(Machine::new(a.issue(&attrs("region=EU,tier=t1")).unwrap(), store.clone(), CacheConfig::default()));
+    let m = Arc::new(Machine::new(a.issue(&attrs("region=EU,tier=t1")).unwrap(), store.clone(), CacheConfig::default()));
     let env = envs[1].to_bytes().to_vec();
     let barrier = Arc::new(std::sync::Barrier::new(8));
     let handles: Vec<_> = (0..8)
@@ -419,8 +413,7 @@ fn policy_key_rotation_keeps_outside_envelopes_and_skips_bad_ones(stores: &Store
     let m = machine(&a, &store, "region=EU");
     assert!(matches!(m.can_open(&outside), Err(WrapError::UnknownPolicyKey { version: 1, .. })));
     assert!(matches!(m.open(outside.to_bytes()), Err(WrapError::UnknownPolicyKey { version: 1, .. })));
-    let now =
-        Envelope::parse(&store.get(&format!("envelopes/{}", hex::encode(inside.secret_id))).unwrap().unwrap()).unwrap();
+    let now = Envelope::parse(&store.get(&format!("envelopes/{}", hex::encode(inside.secret_id))).unwrap().unwrap()).unwrap();
     assert_eq!(now.key_version, 2);
     assert_eq!(&m.open(now.to_bytes()).unwrap()[..], b"inside");
     // Nothing left to retire is not an error.
@@ -509,10 +502,7 @@ fn the_public_view_decides_as_the_machine_does(stores: &Stores) {
     let foreign = setup_on(stores).1.wrap("region: EU", b"x").unwrap();
     let info = MachineInfo::from_key_bytes(&eu.to_bytes()).unwrap();
     assert_eq!(info, eu.info());
-    assert_eq!(
-        (info.attributes(), info.generations(), info.authority()),
-        (eu.attributes(), &eu.generations()[..], eu.authority())
-    );
+    assert_eq!((info.attributes(), info.generations(), info.authority()), (eu.attributes(), &eu.generations()[..], eu.authority()));
     assert!(!format!("{info:?}").contains("keys"), "{info:?}");
 
     let decide = |mk: &MachineKey, env: &Envelope| {
@@ -538,8 +528,7 @@ fn the_public_view_decides_as_the_machine_does(stores: &Stores) {
     assert_eq!(decide(&fresh, &env), Ok(()));
     // A policy key with no sealed copy (removed from the store).
     let other = a.wrap("region: EU or region: US", b"y").unwrap();
-    let sealed: Vec<String> =
-        store.list("sealed/").unwrap().into_iter().filter(|n| !n.contains(&hex::encode(env.policy_id))).collect();
+    let sealed: Vec<String> = store.list("sealed/").unwrap().into_iter().filter(|n| !n.contains(&hex::encode(env.policy_id))).collect();
     assert!(!sealed.is_empty());
     for name in sealed {
         store.delete(&name).unwrap();
@@ -856,10 +845,7 @@ fn nested_directory_stores_are_refused_and_clean_up_keeps_what_it_did_not_write(
     let mut outer = Authority::init(create_store(&d("acme")).unwrap()).unwrap();
     outer.wrap("region: EU", b"outer").unwrap();
     let err = create_store(&d("acme/sealed/prod")).err().unwrap();
-    assert!(
-        matches!(&err, StoreError::Nested { inside: true, .. }) && err.to_string().contains("lies inside"),
-        "{err}"
-    );
+    assert!(matches!(&err, StoreError::Nested { inside: true, .. }) && err.to_string().contains("lies inside"), "{err}");
     assert!(!dir.path().join("acme/sealed/prod").exists(), "the refused init made its directory");
     // The inner store first: an init around it is refused, and so is
     // opening an authority over one found there later.
@@ -946,8 +932,7 @@ fn an_envelope_from_before_a_retirement_opens_from_the_stores_copy() {
     assert_eq!(&m.open_current(&held).unwrap()[..], b"the secret");
     assert_eq!(&m.open_current(&other).unwrap()[..], b"another secret", "each secret from its own copy");
     // An envelope the store holds as it is: opened as it is.
-    let current =
-        store.get(&format!("envelopes/{}", hex::encode(Envelope::parse(&held).unwrap().secret_id))).unwrap().unwrap();
+    let current = store.get(&format!("envelopes/{}", hex::encode(Envelope::parse(&held).unwrap().secret_id))).unwrap().unwrap();
     assert_eq!(&m.open_current(&current).unwrap()[..], b"the secret");
 }
 

@@ -7,9 +7,7 @@
 
 use std::sync::Arc;
 
-use keyfence::wrap::{
-    Authority, CacheConfig, Envelope, FaultyStore, FileStore, Machine, MemoryStore, Store, WrapError,
-};
+use keyfence::wrap::{Authority, CacheConfig, Envelope, FaultyStore, FileStore, Machine, MemoryStore, Store, WrapError};
 
 /// An envelope handed out, its secret, and whether it is sealed to the
 /// policy key version that `retire_policy_keys` legitimately ends (the
@@ -66,8 +64,7 @@ fn check(store: &Arc<dyn Store>, handed: &[Handed], retired_v1: bool, what: &str
         }
         let env = Envelope::parse(&h.env).unwrap();
         m.can_open(&env).unwrap_or_else(|e| panic!("{what}: can_open {:?}: {e}", String::from_utf8_lossy(&h.secret)));
-        let got =
-            m.open(&h.env).unwrap_or_else(|e| panic!("{what}: open {:?}: {e}", String::from_utf8_lossy(&h.secret)));
+        let got = m.open(&h.env).unwrap_or_else(|e| panic!("{what}: open {:?}: {e}", String::from_utf8_lossy(&h.secret)));
         assert_eq!(&got[..], &h.secret[..], "{what}");
     }
     for name in store.list("envelopes/").unwrap() {
@@ -211,11 +208,7 @@ fn a_handle_whose_rotation_failed_issues_keys_for_committed_generations_only() {
     let faulty = Arc::new(FaultyStore::failing_from(inner.clone(), before.policy_keys));
     let mut a = Authority::open(faulty.clone()).unwrap();
     assert!(a.rotate_master().is_err());
-    assert_eq!(
-        Authority::open(inner.clone()).unwrap().status().unwrap().generations,
-        before.generations,
-        "not committed"
-    );
+    assert_eq!(Authority::open(inner.clone()).unwrap().status().unwrap().generations, before.generations, "not committed");
     // The store works again (issue writes the machine's inventory record).
     faulty.heal();
     let key = a.issue(&"region=EU,tier=gold".parse().unwrap()).unwrap();
@@ -238,10 +231,7 @@ fn check_store(store: &Arc<dyn Store>, handed: &[Handed], what: &str) {
     let m = Machine::new(key, store.clone(), CacheConfig::default());
     for h in handed.iter().filter(|h| h.secret != b"outside") {
         let env = Envelope::parse(&h.env).unwrap();
-        let now = store
-            .get(&format!("envelopes/{}", hex::encode(env.secret_id)))
-            .unwrap()
-            .unwrap_or_else(|| panic!("{what}: lost"));
+        let now = store.get(&format!("envelopes/{}", hex::encode(env.secret_id))).unwrap().unwrap_or_else(|| panic!("{what}: lost"));
         assert_eq!(&m.open(&now).unwrap_or_else(|e| panic!("{what}: {e}"))[..], &h.secret[..], "{what}");
     }
     for name in store.list("envelopes/").unwrap() {
@@ -259,10 +249,7 @@ fn check_store(store: &Arc<dyn Store>, handed: &[Handed], what: &str) {
 #[test]
 fn a_revocation_failing_at_any_write_is_finished_by_running_it_again() {
     let (base, handed) = base();
-    let victim = Authority::open(Arc::new(copy(&base)))
-        .unwrap()
-        .issue(&"region=EU,tier=gold,country=DE".parse().unwrap())
-        .unwrap();
+    let victim = Authority::open(Arc::new(copy(&base))).unwrap().issue(&"region=EU,tier=gold,country=DE".parse().unwrap()).unwrap();
     let id = victim.id().unwrap().to_owned();
     let counting = Arc::new(FaultyStore::counting(Arc::new(copy(&base))));
     Authority::open(counting.clone()).unwrap().revoke(&id).unwrap();

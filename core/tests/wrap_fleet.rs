@@ -19,8 +19,8 @@ use std::time::Duration;
 use every_store::{on_every_store, Stores};
 use keyfence::policy::Attributes;
 use keyfence::wrap::{
-    export_for_servers, nearest_capable, parse_inventory, Authority, CanonicalPolicy, Latencies, MemoryStore, Peer,
-    Store, Traffic, WhereQuery, WrapError, MACHINE_LABEL,
+    export_for_servers, nearest_capable, parse_inventory, Authority, CanonicalPolicy, Latencies, MemoryStore, Peer, Store, Traffic,
+    WhereQuery, WrapError, MACHINE_LABEL,
 };
 use keyfence::ErrorCode;
 
@@ -101,10 +101,7 @@ fn import_adds_fleets_issued_before(stores: &Stores) {
     assert_eq!((r.total, r.matching), (301, 101));
     let g0 = r.groups.iter().find(|g| g.value == "dc0").unwrap();
     // dc0 is i = 0, 7, 14, ...: EU when i is a multiple of 21 too.
-    assert_eq!(
-        (g0.total, g0.matching),
-        ((0..300).filter(|i| i % 7 == 0).count(), (0..300).filter(|i| i % 21 == 0).count())
-    );
+    assert_eq!((g0.total, g0.matching), ((0..300).filter(|i| i % 7 == 0).count(), (0..300).filter(|i| i % 21 == 0).count()));
     assert_eq!(r.groups.iter().map(|g| g.total).sum::<usize>(), 301);
 }
 
@@ -271,8 +268,7 @@ fn random_policies_agree_with_a_second_evaluator(stores: &Stores) {
     let file: String = fleet
         .iter()
         .map(|(id, attrs)| {
-            let list: Vec<String> =
-                attrs.iter().filter(|(l, _)| **l != MACHINE_LABEL).map(|(l, v)| format!("{l}={v}")).collect();
+            let list: Vec<String> = attrs.iter().filter(|(l, _)| **l != MACHINE_LABEL).map(|(l, v)| format!("{l}={v}")).collect();
             format!("{id}\t{}\n", list.join(","))
         })
         .collect();
@@ -290,15 +286,13 @@ fn random_policies_agree_with_a_second_evaluator(stores: &Stores) {
         q.by = Some("dc".into());
         q.list_machines = true;
         let r = a.where_usable(&q).unwrap();
-        let want: BTreeSet<&str> =
-            fleet.iter().filter(|(_, attrs)| holds(&p, attrs, false)).map(|(id, _)| id.as_str()).collect();
+        let want: BTreeSet<&str> = fleet.iter().filter(|(_, attrs)| holds(&p, attrs, false)).map(|(id, _)| id.as_str()).collect();
         let got: BTreeSet<&str> = r.matching_machines.iter().map(String::as_str).collect();
         assert_eq!(got, want, "round {round}: `{src}` (canonical `{}`)", r.policy);
         assert_eq!(r.matching, want.len());
         for g in &r.groups {
             let in_group = fleet.iter().filter(|(_, attrs)| attrs.get("dc") == Some(&g.value));
-            let (total, matching) =
-                in_group.fold((0, 0), |(t, m), (_, attrs)| (t + 1, m + usize::from(holds(&p, attrs, false))));
+            let (total, matching) = in_group.fold((0, 0), |(t, m), (_, attrs)| (t + 1, m + usize::from(holds(&p, attrs, false))));
             assert_eq!((g.total, g.matching), (total, matching), "round {round}: `{src}`, group {}", g.value);
         }
         let ungrouped = fleet.iter().filter(|(_, attrs)| !attrs.contains_key("dc")).count();
@@ -332,11 +326,7 @@ fn project_again(
         }
         let mut best: Option<(f64, &String)> = None;
         for (s, _) in groups.iter().filter(|(_, ok)| **ok) {
-            let l = lat
-                .get(&(g.clone(), s.clone()))
-                .or_else(|| lat.get(&(s.clone(), g.clone())))
-                .copied()
-                .unwrap_or(f64::INFINITY);
+            let l = lat.get(&(g.clone(), s.clone())).or_else(|| lat.get(&(s.clone(), g.clone()))).copied().unwrap_or(f64::INFINITY);
             // Strictly smaller only: the first in sorted order wins a tie.
             if best.is_none_or(|(b, _)| l < b) {
                 best = Some((l, s));
@@ -362,23 +352,13 @@ fn random_projections_agree_with_a_second_projection() {
         let region = ["EU", "NA", "APAC"][rng.below(3)];
         region_of.insert(format!("g{g:02}"), region);
         for m in 0..3 {
-            lines.push_str(&format!(
-                "{:016x}{:016x}\tdc=g{g:02},region={region},tier={}\n",
-                g,
-                m,
-                ["gold", "silver"][rng.below(2)]
-            ));
+            lines.push_str(&format!("{:016x}{:016x}\tdc=g{g:02},region={region},tier={}\n", g, m, ["gold", "silver"][rng.below(2)]));
         }
     }
     a.import_inventory(&parse_inventory("f", &lines).unwrap()).unwrap();
     for round in 0..60 {
-        let policy = [
-            "region: EU",
-            "tier: gold and region: NA",
-            "not region: APAC",
-            "region: EU and tier: gold",
-            "region: MARS",
-        ][round % 5];
+        let policy =
+            ["region: EU", "tier: gold and region: NA", "not region: APAC", "region: EU and tier: gold", "region: MARS"][round % 5];
         // Latencies in few distinct values, so that ties are common; some pairs missing.
         let mut lat = BTreeMap::new();
         let mut csv = String::from("from,to,ms\n");
@@ -438,13 +418,7 @@ fn random_projections_agree_with_a_second_projection() {
     assert!(!sat.is_empty());
     for g in r.groups.iter().filter(|g| !g.satisfies()) {
         let same = sat.iter().find(|s| region_of[**s] == region_of[&g.value]);
-        assert_eq!(
-            g.sends_to.as_deref(),
-            Some(*same.unwrap_or(&sat[0])),
-            "group {} in {}",
-            g.value,
-            region_of[&g.value]
-        );
+        assert_eq!(g.sends_to.as_deref(), Some(*same.unwrap_or(&sat[0])), "group {} in {}", g.value, region_of[&g.value]);
     }
 }
 
@@ -483,11 +457,7 @@ fn the_projection_and_the_key_servers_forwarding_agree() {
         let here = r.groups.iter().find(|g| g.value == "here").unwrap();
         // Peers named in sorted order (p0 < p1 < ... below 10) are in
         // configuration order for the key server too.
-        assert_eq!(
-            here.sends_to.as_deref(),
-            nearest_capable(&env, &peers).map(|p| p.name.as_str()),
-            "round {round}: {peers:?}"
-        );
+        assert_eq!(here.sends_to.as_deref(), nearest_capable(&env, &peers).map(|p| p.name.as_str()), "round {round}: {peers:?}");
     }
 }
 

@@ -18,8 +18,7 @@ use every_store::{on_every_store, Stores};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, Machine, MachineKey, MemoryStore, Store, WrapError};
 use keyfence::ErrorCode;
 
-const POLICIES: [&str; 4] =
-    ["region: EU", "region: EU or country: US", "country: DE and not tier: bronze", "tier: gold"];
+const POLICIES: [&str; 4] = ["region: EU", "region: EU or country: US", "country: DE and not tier: bronze", "tier: gold"];
 
 fn long_cache() -> CacheConfig {
     CacheConfig { ttl: Duration::from_secs(3600), ..CacheConfig::default() }
@@ -176,15 +175,11 @@ fn a_master_rotation_compacts_the_negations(stores: &Stores) {
     // Generation 1, the last the victim held a key of, is retired: no copy
     // carries a negation any more, and the victim holds nothing live.
     assert_eq!(magics(&store), vec![("2".into(), "KFP2".into()), ("3".into(), "KFP2".into())]);
-    let current =
-        Envelope::parse(&store.get(&format!("envelopes/{}", hex::encode(env.secret_id))).unwrap().unwrap()).unwrap();
+    let current = Envelope::parse(&store.get(&format!("envelopes/{}", hex::encode(env.secret_id))).unwrap().unwrap()).unwrap();
     assert_eq!(victim.open_envelope(&current).unwrap_err().code(), ErrorCode::RetiredGeneration);
     assert_eq!(&machine(&a, &store, "region=EU").open_envelope(&current).unwrap()[..], b"s");
     // The id stays refused after the negation is gone.
-    assert_eq!(
-        a.issue(&format!("region=EU,machine={id}").parse().unwrap()).unwrap_err().code(),
-        ErrorCode::MachineRevoked
-    );
+    assert_eq!(a.issue(&format!("region=EU,machine={id}").parse().unwrap()).unwrap_err().code(), ErrorCode::MachineRevoked);
     assert_eq!(a.status().unwrap().revoked, vec![id]);
 }
 

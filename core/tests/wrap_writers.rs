@@ -15,9 +15,7 @@ use std::sync::{Arc, Barrier, Mutex};
 use std::time::Duration;
 
 use keyfence::policy::Attributes;
-use keyfence::wrap::{
-    Authority, Batch, CacheConfig, Conflicts, Envelope, Machine, MemoryStore, Store, StoreError, StoreLock,
-};
+use keyfence::wrap::{Authority, Batch, CacheConfig, Conflicts, Envelope, Machine, MemoryStore, Store, StoreError, StoreLock};
 
 type Hook = Box<dyn FnMut(&Arc<dyn Store>) + Send>;
 
@@ -170,9 +168,7 @@ fn a_revocation_under_a_stream_of_new_policies_leaves_the_machine_nothing() {
         assert_eq!(names.len(), 40 + count.load(Ordering::SeqCst));
         for name in names {
             let env = dynstore.get(&name).unwrap().unwrap();
-            let Err(e) = revoked.open(&env) else {
-                panic!("{name} opens for the revoked machine (a wrap every {every} commits)")
-            };
+            let Err(e) = revoked.open(&env) else { panic!("{name} opens for the revoked machine (a wrap every {every} commits)") };
             assert_eq!(e.code(), keyfence::ErrorCode::MachineRevoked, "{name}: {e}");
             if let Err(e) = fresh.open(&env) {
                 panic!("{name} does not open for a machine issued now: {e} (a wrap every {every} commits)");
@@ -222,8 +218,7 @@ fn a_fence_left_by_a_dead_holder_or_garbage_holds_nothing() {
     let dynstore: Arc<dyn Store> = store.clone();
     let mut a = Authority::init(dynstore.clone()).unwrap();
     for planted in [
-        "keyfence fence 1\nholder 00000000000000000000000000000000\noperation revoke\nuntil 1\nprocess 1@gone\n"
-            .as_bytes(),
+        "keyfence fence 1\nholder 00000000000000000000000000000000\noperation revoke\nuntil 1\nprocess 1@gone\n".as_bytes(),
         b"not a fence",
     ] {
         dynstore.put("authority/fence", planted).unwrap();

@@ -189,8 +189,7 @@ fn abe() -> Result<(), Error> {
     write("abe_parse_keys", "pk_gt_identity", &edited(gt, &one))?;
 
     let (pk, _) = keyfence::abe::setup()?;
-    let ct =
-        Ciphertext::split(&keyfence::abe::encrypt(&pk, "(region: EU or region: UK) and not country: FR", b"seed")?);
+    let ct = Ciphertext::split(&keyfence::abe::encrypt(&pk, "(region: EU or region: UK) and not country: FR", b"seed")?);
     write("abe_parse_ciphertext", "v1.3.7", &ct.join(false))?;
     let short = Ciphertext { envelope: ct.envelope[..10].to_vec(), ..ct.clone() };
     write("abe_parse_ciphertext", "short_envelope", &short.join(true))?;
@@ -213,11 +212,7 @@ fn abe() -> Result<(), Error> {
     write("abe_parse_ciphertext", "unknown_gate_class", &Ciphertext { policy, ..ct.clone() }.join(true))?;
     write("abe_parse_ciphertext", "empty_label", &ct.first_wire(b"", b"EU").join(true))?;
     write("abe_parse_ciphertext", "empty_value", &ct.first_wire(b"region", b"").join(true))?;
-    write(
-        "abe_parse_ciphertext",
-        "bk_label",
-        &ct.first_wire(b"internal-boneh-katz-transform-attribute", b"EU").join(true),
-    )?;
+    write("abe_parse_ciphertext", "bk_label", &ct.first_wire(b"internal-boneh-katz-transform-attribute", b"EU").join(true))?;
     // abe_decrypt reads edits (position, byte to XOR in) of its own
     // ciphertext: none, which must decrypt (its `identity` seed, a lone
     // even byte, cuts the ciphertext to nothing), and one bit flipped.
@@ -301,8 +296,7 @@ fn store_objects() -> Result<Vec<u8>, Error> {
     unknown[entries + 4] = 9;
     write("wrap_lists", "g2_unknown_state", &unknown)?;
     let mut swapped = g2.clone();
-    swapped[entries..entries + 10]
-        .copy_from_slice(&[&g2[entries + 5..entries + 10], &g2[entries..entries + 5]].concat());
+    swapped[entries..entries + 10].copy_from_slice(&[&g2[entries + 5..entries + 10], &g2[entries..entries + 5]].concat());
     write("wrap_lists", "g2_out_of_order", &swapped)?;
     write("wrap_lists", "g2_cut", &g2[..entries + 3])?;
     write("wrap_lists", "unsigned_text", b"1 1\n2 0\n")?;

@@ -16,8 +16,7 @@ fn fixture() -> &'static (AttributeKey, Vec<u8>) {
     F.get_or_init(|| {
         let mut rng = rand_chacha::ChaCha20Rng::from_seed([7; 32]);
         let (pk, msk) = abe::setup_with_rng(&mut rng).expect("setup");
-        let key =
-            abe::keygen_with_rng(&mut rng, &msk, &"region=EU,country=FR".parse().expect("attrs")).expect("keygen");
+        let key = abe::keygen_with_rng(&mut rng, &msk, &"region=EU,country=FR".parse().expect("attrs")).expect("keygen");
         let policy = keyfence::policy::parse("region: EU and (not country: DE or tier: 1)").expect("policy");
         let ct = abe::encrypt_policy_with_rng(&mut rng, &pk, &policy, MSG).expect("encrypt");
         (key, ct)

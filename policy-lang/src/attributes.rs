@@ -99,9 +99,7 @@ impl Attributes {
     /// [`AttributesError::Empty`], [`AttributesError::Duplicate`],
     /// [`AttributesError::NotNfc`], naming the pair by its position in
     /// `pairs`.
-    pub fn try_from_pairs<L: Into<String>, V: Into<String>>(
-        pairs: impl IntoIterator<Item = (L, V)>,
-    ) -> Result<Self, AttributesError> {
+    pub fn try_from_pairs<L: Into<String>, V: Into<String>>(pairs: impl IntoIterator<Item = (L, V)>) -> Result<Self, AttributesError> {
         let mut out = Attributes::default();
         for (index, (label, value)) in pairs.into_iter().enumerate() {
             let (label, value) = (label.into(), value.into());
@@ -220,11 +218,9 @@ fn word(s: &str, at: usize, index: usize, stop: &[u8]) -> Result<(String, usize)
     let begin = at + lead;
     if bytes.get(begin) == Some(&b'"') {
         let (w, end) = crate::lexer::quoted(s, begin).map_err(|e| match e.kind() {
-            crate::ParseErrorKind::NotNfc { composed } => AttributesError::NotNfc {
-                index,
-                part: if stop.contains(&b'=') { "label" } else { "value" },
-                composed: composed.clone(),
-            },
+            crate::ParseErrorKind::NotNfc { composed } => {
+                AttributesError::NotNfc { index, part: if stop.contains(&b'=') { "label" } else { "value" }, composed: composed.clone() }
+            }
             kind => AttributesError::Quoted { index, problem: kind.to_string() },
         })?;
         let rest = s[end..].trim_start();
@@ -307,10 +303,7 @@ mod tests {
         let e = Attributes::try_from_pairs([("a", "b"), ("city", nfd)]).unwrap_err();
         assert!(matches!(e, AttributesError::NotNfc { index: 1, part: "value", .. }), "{e}");
         assert_eq!(Attributes::try_from_pairs([("a", "")]), Err(AttributesError::Empty { index: 0 }));
-        assert_eq!(
-            Attributes::try_from_pairs([("a", "x"), ("a", "y")]),
-            Err(AttributesError::Duplicate { label: "a".into() })
-        );
+        assert_eq!(Attributes::try_from_pairs([("a", "x"), ("a", "y")]), Err(AttributesError::Duplicate { label: "a".into() }));
         let unchecked = Attributes::from_pairs([("b", "x"), ("city", nfd)]);
         assert!(matches!(unchecked.validate(), Err(AttributesError::NotNfc { index: 1, .. })));
         assert_eq!(Attributes::from_pairs([("a", "")]).validate(), Err(AttributesError::Empty { index: 0 }));

@@ -82,10 +82,9 @@ impl fmt::Display for ParseErrorKind {
             Self::TooManyLeaves { limit } => {
                 write!(f, "policy too large: more than {limit} `label: value` terms cannot fit the ciphertext format")
             }
-            Self::TooLarge { encoded, limit } => write!(
-                f,
-                "policy too large: it encodes to {encoded} bytes but the ciphertext format holds at most {limit}"
-            ),
+            Self::TooLarge { encoded, limit } => {
+                write!(f, "policy too large: it encodes to {encoded} bytes but the ciphertext format holds at most {limit}")
+            }
         }
     }
 }
@@ -132,9 +131,7 @@ impl ParseError {
     /// ```
     pub fn code(&self) -> &'static str {
         match self.kind {
-            ParseErrorKind::TooDeep { .. } | ParseErrorKind::TooManyLeaves { .. } | ParseErrorKind::TooLarge { .. } => {
-                "POLICY_TOO_LARGE"
-            }
+            ParseErrorKind::TooDeep { .. } | ParseErrorKind::TooManyLeaves { .. } | ParseErrorKind::TooLarge { .. } => "POLICY_TOO_LARGE",
             _ => "POLICY_SYNTAX",
         }
     }

@@ -100,10 +100,7 @@ pub fn parse(src: &str) -> Result<Policy, ParseError> {
         }
     }
     if let Some(offset) = first_over {
-        return Err(ParseError::new(
-            offset,
-            ParseErrorKind::TooLarge { encoded: limits::encoded_size(cost), limit: MAX_ENCODED_POLICY },
-        ));
+        return Err(ParseError::new(offset, ParseErrorKind::TooLarge { encoded: limits::encoded_size(cost), limit: MAX_ENCODED_POLICY }));
     }
     Ok(policy)
 }

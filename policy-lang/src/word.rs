@@ -45,6 +45,5 @@ pub(crate) fn write_quoted(word: &str, f: &mut fmt::Formatter<'_>) -> fmt::Resul
 /// shown (zero-width, bidi marks, embeddings, overrides and isolates, line
 /// and paragraph separators, the byte-order mark).
 pub fn must_escape(c: char) -> bool {
-    c.is_control()
-        || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
+    c.is_control() || matches!(c, '\u{200b}'..='\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}')
 }

@@ -10,9 +10,10 @@ use serde_json::Value;
 fn seed() -> u64 {
     // A new seed each run widens coverage; it is printed so a failure can
     // be replayed with KEYFENCE_DIFF_SEED.
-    std::env::var("KEYFENCE_DIFF_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1)
-    })
+    std::env::var("KEYFENCE_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(1))
 }
 
 #[test]
@@ -30,12 +31,8 @@ fn every_circl_verdict_is_ours() {
         let case: Value = serde_json::from_str(case).unwrap();
         let verdict: Value = serde_json::from_str(verdict).unwrap();
         let src = case["policy"].as_str().unwrap();
-        let attrs: Attributes = case["attrs"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-            .collect();
+        let attrs: Attributes =
+            case["attrs"].as_object().unwrap().iter().map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned())).collect();
         assert_eq!(verdict["ok"], true, "CIRCL rejected generated policy {src:?}: {verdict}");
         let p = parse(src).unwrap_or_else(|e| panic!("CIRCL accepts {src:?}, keyfence says {e}"));
         let want = verdict["satisfied"].as_bool().unwrap();

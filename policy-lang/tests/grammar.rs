@@ -214,11 +214,7 @@ fn decomposed_text_is_refused_at_its_quote() {
         assert_eq!(e.offset(), 15, "{src}");
         assert!(matches!(e.kind(), ParseErrorKind::NotNfc { composed } if composed == "\"Z\u{fc}rich\""), "{src}");
         assert_eq!(e.code(), "POLICY_SYNTAX");
-        assert!(
-            e.render(src).contains("not in Unicode NFC (composed) form: write \"Z\u{fc}rich\""),
-            "{}",
-            e.render(src)
-        );
+        assert!(e.render(src).contains("not in Unicode NFC (composed) form: write \"Z\u{fc}rich\""), "{}", e.render(src));
     }
     let e = parse("\"Gru\u{308}n\": x").unwrap_err();
     assert_eq!(e.offset(), 0);

@@ -1,9 +1,7 @@
 //! Random policies: the expression, its circuit and the circuit's canonical
 //! re-parse agree on every attribute set.
 
-use keyfence_policy::{
-    is_nfc, must_escape, parse, parse_expr, Attributes, Expr, Gate, GateKind, Leaf, ParseErrorKind, Policy,
-};
+use keyfence_policy::{is_nfc, must_escape, parse, parse_expr, Attributes, Expr, Gate, GateKind, Leaf, ParseErrorKind, Policy};
 use proptest::prelude::*;
 
 const LABELS: &[&str] = &["a", "b", "c", "region", "São", "and"];
@@ -18,8 +16,7 @@ fn word(w: &str) -> String {
 }
 
 fn expr() -> impl Strategy<Value = Expr> {
-    let leaf = (0..LABELS.len(), 0..VALUES.len())
-        .prop_map(|(l, v)| Expr::Term { label: LABELS[l].into(), value: VALUES[v].into() });
+    let leaf = (0..LABELS.len(), 0..VALUES.len()).prop_map(|(l, v)| Expr::Term { label: LABELS[l].into(), value: VALUES[v].into() });
     leaf.prop_recursive(6, 40, 2, |inner| {
         prop_oneof![
             inner.clone().prop_map(|e| Expr::Not(Box::new(e))),
@@ -78,10 +75,7 @@ fn hostile_policy() -> impl Strategy<Value = Policy> {
                 out: n + i - 1,
             })
             .collect();
-        let leaves = leaves
-            .into_iter()
-            .map(|(label, value, positive, _)| Leaf { label, value, positive, occurrence: 0 })
-            .collect();
+        let leaves = leaves.into_iter().map(|(label, value, positive, _)| Leaf { label, value, positive, occurrence: 0 }).collect();
         Policy::from_parts(leaves, gates).unwrap()
     })
 }

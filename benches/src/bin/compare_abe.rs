@@ -160,8 +160,7 @@ fn main() {
             let k = m("keyfence_2t", case, op);
             let floor_ms = m("keyfence", case, "decrypt_floor_ms");
             let floor = if *op == "decrypt_ms" { k1 / floor_ms } else { f64::NAN };
-            let floor_cell =
-                if floor.is_nan() { String::new() } else { format!("{floor:.2} (<= {})", FLOOR_TARGETS[ci]) };
+            let floor_cell = if floor.is_nan() { String::new() } else { format!("{floor:.2} (<= {})", FLOOR_TARGETS[ci]) };
             // Two threads against one, both from the same keyfence runs;
             // for decryption also against the one-thread floor.
             let speedup = k1 / k;
@@ -172,11 +171,7 @@ fn main() {
                 let f2 = if floor2.is_nan() { String::new() } else { format!("{floor2:.2}") };
                 format!("| {k:.2} | {:.1}x | {speedup:.2}x (>= {}x) | {f2}", c / k, THREAD_TARGETS[ci])
             };
-            println!(
-                "| {case} | {} | {c:.2} | {k1:.2} | {:.1}x | {target}x | {floor_cell} {two} |",
-                op.trim_end_matches("_ms"),
-                c / k1,
-            );
+            println!("| {case} | {} | {c:.2} | {k1:.2} | {:.1}x | {target}x | {floor_cell} {two} |", op.trim_end_matches("_ms"), c / k1,);
             if let Some(g) = a.gate {
                 if k1 > g * c {
                     failed.push(format!("{case} {op}: keyfence {k1:.2} ms, CIRCL {c:.2} ms"));
@@ -221,12 +216,7 @@ fn svg(rows: &[Value]) -> String {
     // Figures a run did not measure (cold decryption on two threads) are
     // null in the JSON.
     let two = |r: &Value| r["ratio_2threads"].as_f64().unwrap_or(f64::NAN);
-    let max = rows
-        .iter()
-        .map(|r| r["ratio"].as_f64().unwrap().max(two(r)))
-        .filter(|v| v.is_finite())
-        .fold(10.0, f64::max)
-        .ceil();
+    let max = rows.iter().map(|r| r["ratio"].as_f64().unwrap().max(two(r))).filter(|v| v.is_finite()).fold(10.0, f64::max).ceil();
     let y = |v: f64| top + (h - top - bottom) * (1.0 - v / max);
     let colors = ["#4e79a7", "#f28e2b", "#59a14f", "#b07aa1"];
     let mut s = format!(
@@ -236,28 +226,23 @@ fn svg(rows: &[Value]) -> String {
     );
     for t in (0..=max as usize).step_by(2) {
         let yy = y(t as f64);
-        s += &format!("<line x1='{left}' x2='{}' y1='{yy}' y2='{yy}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>{t}x</text>\n", w - 10.0, left - 5.0, yy + 4.0);
+        s += &format!(
+            "<line x1='{left}' x2='{}' y1='{yy}' y2='{yy}' stroke='#ddd'/><text x='{}' y='{}' text-anchor='end'>{t}x</text>\n",
+            w - 10.0,
+            left - 5.0,
+            yy + 4.0
+        );
     }
     let group = (w - left - 10.0) / CASES.len() as f64;
     for (ci, case) in CASES.iter().enumerate() {
         let x0 = left + group * ci as f64 + 10.0;
-        s += &format!(
-            "<text x='{}' y='{}' text-anchor='middle'>{case}</text>\n",
-            x0 + group / 2.0 - 10.0,
-            h - bottom + 18.0
-        );
+        s += &format!("<text x='{}' y='{}' text-anchor='middle'>{case}</text>\n", x0 + group / 2.0 - 10.0, h - bottom + 18.0);
         for (oi, op) in ["keygen", "encrypt", "decrypt", "decrypt_cold"].iter().enumerate() {
             let r = rows.iter().find(|r| r["case"] == *case && r["op"] == *op).unwrap();
             let bw = (group - 30.0) / 4.0;
             let x = x0 + oi as f64 * bw;
             let (v, v1, t) = (r["ratio"].as_f64().unwrap(), two(r), r["target"].as_f64().unwrap());
-            s += &format!(
-                "<rect x='{x}' y='{}' width='{}' height='{}' fill='{}'/>\n",
-                y(v),
-                bw - 4.0,
-                y(0.0) - y(v),
-                colors[oi]
-            );
+            s += &format!("<rect x='{x}' y='{}' width='{}' height='{}' fill='{}'/>\n", y(v), bw - 4.0, y(0.0) - y(v), colors[oi]);
             if v1.is_finite() {
                 s += &format!(
                     "<rect x='{x}' y='{}' width='{}' height='{}' fill='none' stroke='#333' stroke-dasharray='3,2'/>\n",
@@ -266,17 +251,8 @@ fn svg(rows: &[Value]) -> String {
                     y(0.0) - y(v1)
                 );
             }
-            s += &format!(
-                "<line x1='{x}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/>\n",
-                x + bw - 4.0,
-                y(t),
-                y(t)
-            );
-            s += &format!(
-                "<text x='{}' y='{}' text-anchor='middle' font-size='10'>{v:.1}</text>\n",
-                x + bw / 2.0 - 2.0,
-                y(v) - 3.0
-            );
+            s += &format!("<line x1='{x}' x2='{}' y1='{}' y2='{}' stroke='#c00' stroke-width='2'/>\n", x + bw - 4.0, y(t), y(t));
+            s += &format!("<text x='{}' y='{}' text-anchor='middle' font-size='10'>{v:.1}</text>\n", x + bw / 2.0 - 2.0, y(v) - 3.0);
         }
     }
     for (oi, op) in ["keygen", "encrypt", "decrypt", "cold decrypt"].iter().enumerate() {

@@ -129,8 +129,7 @@ pub unsafe extern "C" fn keyfence_abe_encrypt(
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
         // SAFETY: the caller's promises, passed on.
-        let (pk, text, msg) =
-            unsafe { (ffi::borrow(pk, "pk")?, ffi::text(policy, "policy")?, ffi::slice(msg, len, "msg")?) };
+        let (pk, text, msg) = unsafe { (ffi::borrow(pk, "pk")?, ffi::text(policy, "policy")?, ffi::slice(msg, len, "msg")?) };
         let ct = abe::encrypt_policy(&pk.0, &policy::parse(text)?, msg)?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { bytes::give(out, &ct) };
@@ -176,12 +175,7 @@ pub unsafe extern "C" fn keyfence_abe_decrypt(
 /// `attrs` is a NUL-terminated string; `ct` points to `len` readable
 /// bytes; `could` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_abe_could_decrypt(
-    attrs: *const c_char,
-    ct: *const u8,
-    len: usize,
-    could: *mut bool,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_abe_could_decrypt(attrs: *const c_char, ct: *const u8, len: usize, could: *mut bool) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { could_decrypt(ct, len, could, || policy::attributes(ffi::text(attrs, "attrs")?)) }
 }
@@ -213,12 +207,7 @@ pub unsafe extern "C" fn keyfence_abe_could_decrypt_pairs(
 ///
 /// # Safety
 /// `ct` points to `len` readable bytes; `could` is writable.
-unsafe fn could_decrypt(
-    ct: *const u8,
-    len: usize,
-    could: *mut bool,
-    attrs: impl FnOnce() -> Result<Attributes, Error>,
-) -> keyfence_result {
+unsafe fn could_decrypt(ct: *const u8, len: usize, could: *mut bool, attrs: impl FnOnce() -> Result<Attributes, Error>) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(could, "could")?;
         // SAFETY: the caller's promise.
@@ -238,11 +227,7 @@ unsafe fn could_decrypt(
 /// # Safety
 /// `ct` points to `len` readable bytes; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_abe_policy_of(
-    ct: *const u8,
-    len: usize,
-    out: *mut keyfence_bytes,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_abe_policy_of(ct: *const u8, len: usize, out: *mut keyfence_bytes) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
         // SAFETY: the caller's promise.

@@ -104,9 +104,7 @@ pub(crate) fn clear() {
 #[no_mangle]
 pub extern "C" fn keyfence_result_name(code: u32) -> *const c_char {
     static NAMES: OnceLock<Vec<(u32, CString)>> = OnceLock::new();
-    let names = NAMES.get_or_init(|| {
-        ErrorCode::ALL.iter().filter_map(|c| Some((*c as u32, CString::new(c.name()).ok()?))).collect()
-    });
+    let names = NAMES.get_or_init(|| ErrorCode::ALL.iter().filter_map(|c| Some((*c as u32, CString::new(c.name()).ok()?))).collect());
     match names.iter().find(|(n, _)| *n == code) {
         Some((_, name)) => name.as_ptr(),
         None if code == 0 => c"OK".as_ptr(),

@@ -18,9 +18,7 @@ pub(crate) fn boundary(f: impl FnOnce() -> Result<(), Error>) -> keyfence_result
             keyfence_result::OK
         }
         Ok(Err(e)) => error::set(e),
-        Err(_) => {
-            error::set(Error::new(ErrorCode::Panic, "internal error: keyfence panicked (a bug; please report it)"))
-        }
+        Err(_) => error::set(Error::new(ErrorCode::Panic, "internal error: keyfence panicked (a bug; please report it)")),
     }
 }
 
@@ -54,8 +52,7 @@ pub(crate) unsafe fn text<'a>(p: *const c_char, name: &str) -> Result<&'a str, E
 pub(crate) unsafe fn text_len<'a>(p: *const c_char, len: usize, name: &str) -> Result<&'a str, Error> {
     // SAFETY: the caller's promise, passed on.
     let b = unsafe { slice(p.cast(), len, name)? };
-    let s =
-        std::str::from_utf8(b).map_err(|_| Error::new(ErrorCode::InvalidArgument, format!("{name} is not UTF-8")))?;
+    let s = std::str::from_utf8(b).map_err(|_| Error::new(ErrorCode::InvalidArgument, format!("{name} is not UTF-8")))?;
     if s.contains('\0') {
         return Err(Error::new(ErrorCode::InvalidArgument, format!("{name} contains a NUL character")));
     }

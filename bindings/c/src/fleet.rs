@@ -109,10 +109,7 @@ pub unsafe extern "C" fn keyfence_authority_where(
             q.list_machines = list_machines;
             if !traffic.is_null() || traffic_count > 0 {
                 let rows = ffi::array(traffic, traffic_count, "traffic")?;
-                let pairs =
-                    rows.iter()
-                        .map(|r| Ok((ffi::text(r.group, "traffic group")?, r.rps)))
-                        .collect::<Result<Vec<_>, Error>>()?;
+                let pairs = rows.iter().map(|r| Ok((ffi::text(r.group, "traffic group")?, r.rps))).collect::<Result<Vec<_>, Error>>()?;
                 q.traffic = Some(Traffic::from_pairs(pairs)?);
             }
             if !latency.is_null() || latency_count > 0 {
@@ -150,9 +147,8 @@ pub unsafe extern "C" fn keyfence_authority_import_inventory(
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
-        let (a, text, name) = unsafe {
-            (ffi::borrow(authority, "authority")?, ffi::text(text, "text")?, optional(file_name, "file_name")?)
-        };
+        let (a, text, name) =
+            unsafe { (ffi::borrow(authority, "authority")?, ffi::text(text, "text")?, optional(file_name, "file_name")?) };
         let machines = parse_inventory(name.unwrap_or("inventory"), text)?;
         let done = a.0.import_inventory(&machines)?;
         if !added.is_null() {

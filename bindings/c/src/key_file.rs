@@ -54,29 +54,15 @@ impl keyfence_key_file {
     fn new(file: KeyFile) -> Result<Self, Error> {
         let opt = |s: &Option<String>| s.as_deref().map(c_text).transpose();
         let (texts, peers) = match &file.location {
-            KeyLocation::Local { store, machine_key } => {
-                ([opt(store)?, opt(machine_key)?, None, None, None, None, None], Vec::new())
-            }
+            KeyLocation::Local { store, machine_key } => ([opt(store)?, opt(machine_key)?, None, None, None, None, None], Vec::new()),
             KeyLocation::Agent { socket } => ([None, None, None, None, None, Some(c_text(socket)?), None], Vec::new()),
-            KeyLocation::Pkcs11 { uri, agent } => {
-                ([None, None, None, None, None, opt(agent)?, Some(c_text(uri)?)], Vec::new())
-            }
+            KeyLocation::Pkcs11 { uri, agent } => ([None, None, None, None, None, opt(agent)?, Some(c_text(uri)?)], Vec::new()),
             KeyLocation::Remote { tls_cert, tls_key, tls_ca, peers } => {
                 let peers = peers
                     .iter()
-                    .map(|p| {
-                        Ok([
-                            Some(c_text(&p.name)?),
-                            Some(c_text(&p.addr)?),
-                            Some(c_text(&p.attrs)?),
-                            opt(&p.server_name)?,
-                        ])
-                    })
+                    .map(|p| Ok([Some(c_text(&p.name)?), Some(c_text(&p.addr)?), Some(c_text(&p.attrs)?), opt(&p.server_name)?]))
                     .collect::<Result<Vec<_>, Error>>()?;
-                (
-                    [None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None, None],
-                    peers,
-                )
+                ([None, None, Some(c_text(tls_cert)?), Some(c_text(tls_key)?), Some(c_text(tls_ca)?), None, None], peers)
             }
         };
         Ok(keyfence_key_file { file, texts, peers })
@@ -98,11 +84,7 @@ fn c_ptr(s: &Option<CString>) -> *const c_char {
 /// # Safety
 /// `body` points to `len` readable bytes; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_key_file_parse(
-    body: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_key_file,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_key_file_parse(body: *const u8, len: usize, out: *mut *mut keyfence_key_file) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
         ffi::make(out, "out", || {
@@ -213,11 +195,7 @@ unsafe fn view(
 /// # Safety
 /// `file` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_key_file_text(
-    file: *const keyfence_key_file,
-    field: u32,
-    out: *mut *const c_char,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_key_file_text(file: *const keyfence_key_file, field: u32, out: *mut *const c_char) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
         // SAFETY: the caller's promise.
@@ -263,19 +241,11 @@ pub unsafe extern "C" fn keyfence_key_file_peer(
     server_name: *mut *const c_char,
 ) -> keyfence_result {
     ffi::boundary(|| {
-        let outs = [
-            ffi::out(name, "name")?,
-            ffi::out(addr, "addr")?,
-            ffi::out(attrs, "attrs")?,
-            ffi::out(server_name, "server_name")?,
-        ];
+        let outs = [ffi::out(name, "name")?, ffi::out(addr, "addr")?, ffi::out(attrs, "attrs")?, ffi::out(server_name, "server_name")?];
         // SAFETY: the caller's promise.
         let f = unsafe { ffi::borrow(file, "file")? };
         let peer = f.peers.get(index).ok_or_else(|| {
-            Error::new(
-                ErrorCode::InvalidArgument,
-                format!("key server {index} asked of a key file that names {}", f.peers.len()),
-            )
+            Error::new(ErrorCode::InvalidArgument, format!("key server {index} asked of a key file that names {}", f.peers.len()))
         })?;
         for (out, s) in outs.into_iter().zip(peer) {
             // SAFETY: checked non-NULL; writable by the caller's promise.

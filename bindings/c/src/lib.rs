@@ -54,12 +54,7 @@ mod tests {
     /// that bumps one without the other fails here.
     #[test]
     fn the_version_macros_are_the_packages_version() {
-        let v = format!(
-            "{}.{}.{}",
-            super::KEYFENCE_VERSION_MAJOR,
-            super::KEYFENCE_VERSION_MINOR,
-            super::KEYFENCE_VERSION_PATCH
-        );
+        let v = format!("{}.{}.{}", super::KEYFENCE_VERSION_MAJOR, super::KEYFENCE_VERSION_MINOR, super::KEYFENCE_VERSION_PATCH);
         assert_eq!(v, env!("CARGO_PKG_VERSION"));
     }
 }

@@ -107,11 +107,7 @@ pub unsafe extern "C" fn keyfence_attributes_text(
 /// # Safety
 /// `policy` and `attrs` are NUL-terminated strings; `satisfied` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_policy_check(
-    policy: *const c_char,
-    attrs: *const c_char,
-    satisfied: *mut bool,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_policy_check(policy: *const c_char, attrs: *const c_char, satisfied: *mut bool) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { check(policy, satisfied, || attributes(ffi::text(attrs, "attrs")?)) }
 }
@@ -142,11 +138,7 @@ pub unsafe extern "C" fn keyfence_policy_check_pairs(
 ///
 /// # Safety
 /// `policy` is a NUL-terminated string; `satisfied` is writable.
-unsafe fn check(
-    policy: *const c_char,
-    satisfied: *mut bool,
-    attrs: impl FnOnce() -> Result<Attributes, Error>,
-) -> keyfence_result {
+unsafe fn check(policy: *const c_char, satisfied: *mut bool, attrs: impl FnOnce() -> Result<Attributes, Error>) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(satisfied, "satisfied")?;
         // SAFETY: the caller's promise.
@@ -184,13 +176,11 @@ pub unsafe extern "C" fn keyfence_policy_term(
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
         // SAFETY: the caller's promises, passed on.
-        let (label, value) =
-            unsafe { (ffi::text_len(label, label_len, "label")?, ffi::text_len(value, value_len, "value")?) };
+        let (label, value) = unsafe { (ffi::text_len(label, label_len, "label")?, ffi::text_len(value, value_len, "value")?) };
         // What a key could hold is what a term can name: the same checks.
         Attributes::try_from_pairs([(label, value)])?;
         let leaf = Leaf { label: label.to_owned(), value: value.to_owned(), positive: true, occurrence: 0 };
-        let term = Policy::from_parts(vec![leaf], Vec::new())
-            .map_err(|e| Error::new(ErrorCode::InvalidArgument, e.to_string()))?;
+        let term = Policy::from_parts(vec![leaf], Vec::new()).map_err(|e| Error::new(ErrorCode::InvalidArgument, e.to_string()))?;
         // SAFETY: checked non-NULL; writable by the caller's promise.
         unsafe { bytes::give(out, term.to_string().as_bytes()) };
         Ok(())

@@ -81,14 +81,8 @@ pub unsafe extern "C" fn keyfence_remote_config_add_peer(
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
-        let (c, name, addr, attrs) = unsafe {
-            (
-                ffi::borrow_mut(config, "config")?,
-                ffi::text(name, "name")?,
-                ffi::text(addr, "addr")?,
-                ffi::text(attrs, "attrs")?,
-            )
-        };
+        let (c, name, addr, attrs) =
+            unsafe { (ffi::borrow_mut(config, "config")?, ffi::text(name, "name")?, ffi::text(addr, "addr")?, ffi::text(attrs, "attrs")?) };
         let mut peer = PeerConfig::resolve(name, addr, attributes(attrs)?)?;
         if !server_name.is_null() {
             // SAFETY: non-NULL; a NUL-terminated string by the caller's promise.
@@ -106,10 +100,7 @@ pub unsafe extern "C" fn keyfence_remote_config_add_peer(
 /// # Safety
 /// `config` is a live handle no other thread uses.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_remote_config_set_tenant(
-    config: *mut keyfence_remote_config,
-    tenant: u64,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_remote_config_set_tenant(config: *mut keyfence_remote_config, tenant: u64) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         unsafe { ffi::borrow_mut(config, "config")? }.0.tenant = tenant;
@@ -164,14 +155,9 @@ pub unsafe extern "C" fn keyfence_remote_config_free(config: *mut keyfence_remot
 /// # Safety
 /// `config` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_remote_new(
-    config: *const keyfence_remote_config,
-    out: *mut *mut keyfence_remote,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_remote_new(config: *const keyfence_remote_config, out: *mut *mut keyfence_remote) -> keyfence_result {
     // SAFETY: the caller's promises.
-    unsafe {
-        ffi::make(out, "out", || Ok(keyfence_remote(RemoteSigner::start(ffi::borrow(config, "config")?.0.clone())?)))
-    }
+    unsafe { ffi::make(out, "out", || Ok(keyfence_remote(RemoteSigner::start(ffi::borrow(config, "config")?.0.clone())?))) }
 }
 
 /// A handle in `*out` on the key in the wrapped-key envelope `env`, held by
@@ -222,8 +208,7 @@ pub unsafe extern "C" fn keyfence_remote_open_or_forward(
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
-    let (r, m, env) =
-        unsafe { (ffi::borrow(remote, "remote"), ffi::borrow(machine, "machine"), ffi::slice(env, len, "env")) };
+    let (r, m, env) = unsafe { (ffi::borrow(remote, "remote"), ffi::borrow(machine, "machine"), ffi::slice(env, len, "env")) };
     // SAFETY: `out` is NULL or writable, by the caller's promise.
     unsafe { key_out(out, || Ok(r?.0.open_or_forward(&m?.0, env?)?)) }
 }
@@ -238,10 +223,7 @@ pub unsafe extern "C" fn keyfence_remote_open_or_forward(
 /// # Safety
 /// `engine` and `remote` are live handles.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_attach_remote(
-    engine: *const keyfence_engine,
-    remote: *const keyfence_remote,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_engine_attach_remote(engine: *const keyfence_engine, remote: *const keyfence_remote) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises.
         let (e, r) = unsafe { (ffi::borrow(engine, "engine")?, ffi::borrow(remote, "remote")?) };
@@ -255,10 +237,7 @@ pub unsafe extern "C" fn keyfence_engine_attach_remote(
 /// # Safety
 /// `remote` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_remote_metrics_prometheus(
-    remote: *const keyfence_remote,
-    out: *mut keyfence_bytes,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_remote_metrics_prometheus(remote: *const keyfence_remote, out: *mut keyfence_bytes) -> keyfence_result {
     // SAFETY: the caller's promises.
     unsafe { bytes::make(out, "out", || Ok(ffi::borrow(remote, "remote")?.0.metrics().prometheus())) }
 }

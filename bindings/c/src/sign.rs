@@ -41,10 +41,7 @@ pub enum keyfence_op_class {
 }
 
 fn class_of(n: u32) -> Result<OpClass, Error> {
-    OpClass::ALL
-        .get(n as usize)
-        .copied()
-        .ok_or_else(|| Error::new(ErrorCode::InvalidArgument, format!("no executor class {n}")))
+    OpClass::ALL.get(n as usize).copied().ok_or_else(|| Error::new(ErrorCode::InvalidArgument, format!("no executor class {n}")))
 }
 
 /// An engine's settings, built before `keyfence_engine_new`. Not
@@ -155,10 +152,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_class(
 /// # Safety
 /// `config` is a live handle.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(
-    config: *mut keyfence_engine_config,
-    timeout_ms: u32,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(config: *mut keyfence_engine_config, timeout_ms: u32) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let c = unsafe { ffi::borrow_mut(config, "config")? };
@@ -210,10 +204,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_isolated(
 /// # Safety
 /// `config` is a live handle; `socket` is a NUL-terminated string.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_config_set_agent(
-    config: *mut keyfence_engine_config,
-    socket: *const c_char,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_engine_config_set_agent(config: *mut keyfence_engine_config, socket: *const c_char) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises.
         let (c, socket) = unsafe { (ffi::borrow_mut(config, "config")?, ffi::text(socket, "socket")?) };
@@ -264,10 +255,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_offload(
             Some(unsafe { ffi::text(crypto_mb, "crypto_mb")? }.to_string())
         };
         if library.as_deref().is_some_and(str::is_empty) {
-            return Err(Error::new(
-                ErrorCode::InvalidArgument,
-                "crypto_mb is empty: pass NULL for the default library",
-            ));
+            return Err(Error::new(ErrorCode::InvalidArgument, "crypto_mb is empty: pass NULL for the default library"));
         }
         c.0.offload = mode;
         c.0.crypto_mb = library;
@@ -295,10 +283,7 @@ pub unsafe extern "C" fn keyfence_engine_config_free(config: *mut keyfence_engin
 /// # Safety
 /// `config` is NULL or a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_new(
-    config: *const keyfence_engine_config,
-    out: *mut *mut keyfence_engine,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_engine_new(config: *const keyfence_engine_config, out: *mut *mut keyfence_engine) -> keyfence_result {
     // SAFETY: the caller's promises; NULL `config` means the defaults.
     unsafe {
         let config = config.as_ref().map_or_else(ManagedConfig::default, |c| c.0.clone());
@@ -407,11 +392,8 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     let machine = match (store_dir.is_null(), machine_key_path.is_null()) {
         (false, false) => {
             // SAFETY: the caller's promise: NUL-terminated strings.
-            unsafe {
-                ffi::text(store_dir, "store_dir")
-                    .and_then(|s| Ok((s, ffi::text(machine_key_path, "machine_key_path")?)))
-            }
-            .map(|(store, machine_key)| Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }))
+            unsafe { ffi::text(store_dir, "store_dir").and_then(|s| Ok((s, ffi::text(machine_key_path, "machine_key_path")?))) }
+                .map(|(store, machine_key)| Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }))
         }
         _ => Ok(None),
     };
@@ -523,10 +505,7 @@ pub unsafe extern "C" fn keyfence_key_is_local(key: *const keyfence_private_key,
 /// # Safety
 /// `key` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_key_public_der(
-    key: *const keyfence_private_key,
-    out: *mut keyfence_bytes,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_key_public_der(key: *const keyfence_private_key, out: *mut keyfence_bytes) -> keyfence_result {
     // SAFETY: the caller's promises.
     unsafe { bytes::make(out, "out", || Ok(ffi::borrow(key, "key")?.0.public_key_der()?)) }
 }
@@ -547,10 +526,7 @@ pub unsafe extern "C" fn keyfence_key_free(key: *mut keyfence_private_key) {
 ///
 /// # Safety
 /// `out` is NULL or writable.
-pub(crate) unsafe fn key_out(
-    out: *mut *mut keyfence_private_key,
-    f: impl FnOnce() -> Result<Arc<PrivateKey>, Error>,
-) -> keyfence_result {
+pub(crate) unsafe fn key_out(out: *mut *mut keyfence_private_key, f: impl FnOnce() -> Result<Arc<PrivateKey>, Error>) -> keyfence_result {
     // SAFETY: the caller's promise.
     unsafe { ffi::make(out, "out", || Ok(keyfence_private_key(f()?))) }
 }
@@ -722,9 +698,8 @@ pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
-        let (engine, q, req) = unsafe {
-            (ffi::borrow(engine, "engine")?, ffi::borrow(queue, "queue")?, request(key, alg, msg, len, timeout_ms)?)
-        };
+        let (engine, q, req) =
+            unsafe { (ffi::borrow(engine, "engine")?, ffi::borrow(queue, "queue")?, request(key, alg, msg, len, timeout_ms)?) };
         let handle = engine.0.submit_to_queue(req, &q.0, user_data as usize as u64)?;
         if !op.is_null() {
             // SAFETY: non-NULL and writable by the caller's promise.
@@ -754,10 +729,7 @@ pub unsafe extern "C" fn keyfence_operation_id(op: *const keyfence_operation) ->
 /// # Safety
 /// `op` is a live handle; `cancelled` is NULL or writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_operation_cancel(
-    op: *const keyfence_operation,
-    cancelled: *mut bool,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_operation_cancel(op: *const keyfence_operation, cancelled: *mut bool) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
         let op = unsafe { ffi::borrow(op, "op")? };
@@ -927,10 +899,7 @@ pub unsafe extern "C" fn keyfence_engine_metrics(
 /// # Safety
 /// `engine` is a live handle; `out` is writable.
 #[no_mangle]
-pub unsafe extern "C" fn keyfence_engine_metrics_prometheus(
-    engine: *const keyfence_engine,
-    out: *mut keyfence_bytes,
-) -> keyfence_result {
+pub unsafe extern "C" fn keyfence_engine_metrics_prometheus(engine: *const keyfence_engine, out: *mut keyfence_bytes) -> keyfence_result {
     // SAFETY: the caller's promises.
     unsafe { bytes::make(out, "out", || Ok(ffi::borrow(engine, "engine")?.0.metrics()?.prometheus())) }
 }

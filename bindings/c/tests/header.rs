@@ -70,8 +70,7 @@ fn every_exported_function_is_documented_in_the_header() {
     let lines: Vec<&str> = header.lines().collect();
     for (i, line) in lines.iter().enumerate() {
         if let Some(pos) = line.find("keyfence_") {
-            let is_decl =
-                line.contains('(') && !line.trim_start().starts_with('*') && !line.trim_start().starts_with("/*");
+            let is_decl = line.contains('(') && !line.trim_start().starts_with('*') && !line.trim_start().starts_with("/*");
             if is_decl && i > 0 && !line.starts_with(' ') {
                 let before = lines[..i].iter().rev().find(|l| !l.trim().is_empty()).copied().unwrap_or("");
                 assert!(before.trim_end().ends_with("*/"), "no doc comment before `{}`", &line[pos..]);

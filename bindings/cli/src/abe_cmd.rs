@@ -99,8 +99,7 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
             // --force is about msk.bin; a master key found where pk.bin goes
             // (a copy, a link) is never replaced.
             let pk_out = Output::new(&out.join("pk.bin"), &[])?;
-            let msk_out =
-                if force { Output::replacing_master_key(&msk_path, &[])? } else { Output::new(&msk_path, &[])? };
+            let msk_out = if force { Output::replacing_master_key(&msk_path, &[])? } else { Output::new(&msk_path, &[])? };
             create_private_dir(&out)?;
             let (pk, msk) = abe::setup()?;
             pk_out.write_public(&pk.to_bytes())?;
@@ -128,8 +127,7 @@ pub fn run(cmd: AbeCmd) -> Result<ExitCode> {
         AbeCmd::Decrypt { key, input, out } => {
             let out = Output::new(&out, &[&key, &input])?;
             let key = abe::AttributeKey::from_bytes(&read_secret(&key)?).context("attribute key")?;
-            let pt =
-                abe::decrypt(&key, &read(&input)?).with_context(|| format!("cannot decrypt {}", input.display()))?;
+            let pt = abe::decrypt(&key, &read(&input)?).with_context(|| format!("cannot decrypt {}", input.display()))?;
             out.write_private(&pt)?;
         }
         AbeCmd::Inspect { file, input } => {

@@ -184,10 +184,7 @@ fn become_user(user: &str) -> Result<()> {
     // SAFETY: plain system calls on ids; each result is checked.
     let ok = unsafe { libc::initgroups(name.as_ptr(), gid) == 0 && libc::setgid(gid) == 0 && libc::setuid(uid) == 0 };
     if !ok {
-        return Err(anyhow::anyhow!(
-            "--as-user {user}: cannot take on its ids: {} (only root can)",
-            std::io::Error::last_os_error()
-        ));
+        return Err(anyhow::anyhow!("--as-user {user}: cannot take on its ids: {} (only root can)", std::io::Error::last_os_error()));
     }
     Ok(())
 }
@@ -208,22 +205,13 @@ fn status(args: StatusArgs) -> Result<ExitCode> {
         let j = &status.json;
         outln!("agent: pid {} on {}", status.pid, args.socket.display());
         if let Some(m) = j.get("machine").filter(|m| !m.is_null()) {
-            let list = |k: &str| {
-                m.get(k)
-                    .and_then(|v| v.as_array())
-                    .map(|a| a.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "))
-            };
+            let list =
+                |k: &str| m.get(k).and_then(|v| v.as_array()).map(|a| a.iter().map(|g| g.to_string()).collect::<Vec<_>>().join(", "));
             outln!("machine: {}", m.get("id").and_then(|v| v.as_str()).unwrap_or("(no id)"));
             outln!("generations held: {}", list("generations_held").unwrap_or_default());
             outln!("generations live: {}", list("generations_live").unwrap_or_default());
-            outln!(
-                "revoked: {}",
-                if m.get("revoked").and_then(|v| v.as_bool()).unwrap_or(false) { "yes" } else { "no" }
-            );
-            outln!(
-                "machines on the revocation list: {}",
-                m.get("machines_revoked").and_then(|v| v.as_u64()).unwrap_or(0)
-            );
+            outln!("revoked: {}", if m.get("revoked").and_then(|v| v.as_bool()).unwrap_or(false) { "yes" } else { "no" });
+            outln!("machines on the revocation list: {}", m.get("machines_revoked").and_then(|v| v.as_u64()).unwrap_or(0));
         }
         for (k, label) in [("keys_loaded", "keys loaded"), ("connections", "connections"), ("in_flight", "in flight")] {
             outln!("{label}: {}", j.get(k).and_then(|v| v.as_u64()).unwrap_or(0));
@@ -314,9 +302,10 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
         _ => return Err(exit::input("give --store and --machine-key, or --pkcs11-module, or all three")),
     };
     // systemd names the unit's StateDirectory= folders here, `:`-separated.
-    config.state_dir = args.state_dir.clone().or_else(|| {
-        std::env::var_os("STATE_DIRECTORY").and_then(|v| std::env::split_paths(&v).next()).filter(|p| p.is_absolute())
-    });
+    config.state_dir = args
+        .state_dir
+        .clone()
+        .or_else(|| std::env::var_os("STATE_DIRECTORY").and_then(|v| std::env::split_paths(&v).next()).filter(|p| p.is_absolute()));
     let id = |name: &str, group: bool| {
         (if group { group_id(name) } else { user_id(name) })
             .map_err(|e| exit::input(format!("--allow-{}: {e}", if group { "group" } else { "user" })))
@@ -348,16 +337,13 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
     config.user_loads = args.user_loads;
     config.unsafe_authority_store = args.unsafe_authority_store;
     for grant in &args.allow_tokens {
-        let (who, uri) = grant
-            .split_once('=')
-            .ok_or_else(|| exit::input(format!("--allow-token {grant}: expected USER=URI or @GROUP=URI")))?;
+        let (who, uri) =
+            grant.split_once('=').ok_or_else(|| exit::input(format!("--allow-token {grant}: expected USER=URI or @GROUP=URI")))?;
         let who = match who.strip_prefix('@') {
             Some(group) => Grantee::Group(id(group, true)?),
             None => Grantee::User(id(who, false)?),
         };
-        config
-            .token_grants
-            .push(TokenGrant::new(who, uri).map_err(|e| exit::input(format!("--allow-token {grant}: {e}")))?);
+        config.token_grants.push(TokenGrant::new(who, uri).map_err(|e| exit::input(format!("--allow-token {grant}: {e}")))?);
     }
     config.connection_in_flight = args.connection_in_flight;
     config.user_in_flight = args.user_in_flight;
@@ -403,16 +389,12 @@ pub fn agent(args: AgentArgs) -> Result<ExitCode> {
             // systemctl reload: the agent follows its store by itself and
             // its settings are its command line's, so there is nothing to
             // read again; said, so that a reload is seen to be harmless.
-            Some(libc::SIGHUP) => tracing::info!(
-                "SIGHUP: nothing to reload (the agent follows its store by itself; restart it to change its settings)"
-            ),
+            Some(libc::SIGHUP) => {
+                tracing::info!("SIGHUP: nothing to reload (the agent follows its store by itself; restart it to change its settings)")
+            }
             Some(sig) => {
                 let within = Duration::from_secs_f64(args.drain_timeout);
-                tracing::info!(
-                    signal = sig,
-                    in_flight = agent.in_flight(),
-                    "stopping: answering the requests already read"
-                );
+                tracing::info!(signal = sig, in_flight = agent.in_flight(), "stopping: answering the requests already read");
                 if agent.drain(within) {
                     tracing::info!("stopped: every request read was answered");
                 } else {

@@ -223,8 +223,7 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
         let store: Arc<FileStore> = Arc::new(FileStore::open(dir.path())?);
         let mut auth = Authority::init(store.clone())?;
         let env = auth.wrap("region: EU", &[7u8; 32])?.to_bytes().to_vec();
-        let machine =
-            Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store, CacheConfig::default());
+        let machine = Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store, CacheConfig::default());
         machine.open(&env)?;
         let mut us = Vec::with_capacity(iters.max(1));
         for _ in 0..iters.max(1) {
@@ -246,13 +245,7 @@ fn bench_wrap(json: bool, iters: usize) -> Result<()> {
 }
 
 /// Wraps, fetches and sizes on one store (see `BenchCmd::Store`).
-fn measure_store(
-    kind: &str,
-    store: std::sync::Arc<dyn keyfence::wrap::Store>,
-    json: bool,
-    ops: usize,
-    watchers: usize,
-) -> Result<()> {
+fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, json: bool, ops: usize, watchers: usize) -> Result<()> {
     use keyfence::wrap::{Authority, CacheConfig, Machine};
     let mut auth = Authority::init(store.clone())?;
     let secret = [7u8; 1024];
@@ -264,12 +257,9 @@ fn measure_store(
         ids.push(auth.wrap("region: EU", &secret)?.secret_id);
     }
     let wrap_s = ops as f64 / t.elapsed().as_secs_f64();
-    let machine =
-        Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store.clone(), CacheConfig::default());
-    let names: Vec<String> = ids
-        .iter()
-        .map(|id| format!("envelopes/{}", id.iter().map(|b| format!("{b:02x}")).collect::<String>()))
-        .collect();
+    let machine = Machine::new(auth.issue(&Attributes::from_pairs([("region", "EU")]))?, store.clone(), CacheConfig::default());
+    let names: Vec<String> =
+        ids.iter().map(|id| format!("envelopes/{}", id.iter().map(|b| format!("{b:02x}")).collect::<String>())).collect();
     machine.open(&store.get(&names[0])?.ok_or_else(|| anyhow::anyhow!("envelope missing"))?)?;
     let t = Instant::now();
     let mut bytes = 0;
@@ -283,10 +273,7 @@ fn measure_store(
     if json {
         outln!("{}", serde_json::json!({"store": kind, "op": "wrap", "ops": ops, "per_s": wrap_s}));
         outln!("{}", serde_json::json!({"store": kind, "op": "fetch_open_cached", "ops": ops, "per_s": open_s}));
-        outln!(
-            "{}",
-            serde_json::json!({"store": kind, "op": "bytes_per_envelope", "secret_bytes": secret.len(), "bytes": per_envelope})
-        );
+        outln!("{}", serde_json::json!({"store": kind, "op": "bytes_per_envelope", "secret_bytes": secret.len(), "bytes": per_envelope}));
     } else {
         outln!("{kind:<6} wrap {wrap_s:>9.1}/s   fetch+open (cached) {open_s:>9.1}/s   {per_envelope} bytes per envelope (1 KiB secret)");
     }
@@ -317,8 +304,7 @@ fn propagation(
     use keyfence::wrap::{CacheConfig, Machine};
     use std::sync::Arc;
     let key = auth.issue(machine.attributes())?;
-    let machines: Vec<Arc<Machine>> =
-        (0..n).map(|_| Arc::new(Machine::new(key.clone(), store.clone(), CacheConfig::default()))).collect();
+    let machines: Vec<Arc<Machine>> = (0..n).map(|_| Arc::new(Machine::new(key.clone(), store.clone(), CacheConfig::default()))).collect();
     let followers = machines.iter().map(|m| m.follow()).collect::<Result<Vec<_>, _>>()?;
     // Every watch connected (an etcd watch starts from the revision of its
     // call, but its stream connects afterwards) before the change.
@@ -326,10 +312,7 @@ fn propagation(
     auth.rotate_master()?;
     let start = Instant::now();
     while machines.iter().any(|m| m.cache_stats().propagations == 0) {
-        anyhow::ensure!(
-            start.elapsed() < Duration::from_secs(120),
-            "the rotation did not reach every machine in 120 s"
-        );
+        anyhow::ensure!(start.elapsed() < Duration::from_secs(120), "the rotation did not reach every machine in 120 s");
         std::thread::sleep(Duration::from_millis(5));
     }
     let mut ms: Vec<f64> = machines.iter().map(|m| m.cache_stats().propagation_last.as_secs_f64() * 1e3).collect();

@@ -35,8 +35,7 @@ const CUSTOMERS: &[(&str, &str)] = &[
 
 /// A real Ed25519 private key in PKCS#8 PEM, from a fresh random seed.
 fn ed25519_pem() -> String {
-    const PKCS8_ED25519_PREFIX: [u8; 16] =
-        [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+    const PKCS8_ED25519_PREFIX: [u8; 16] = [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
     let mut der = PKCS8_ED25519_PREFIX.to_vec();
     let mut seed = [0u8; 32];
     OsRng.fill_bytes(&mut seed);
@@ -48,8 +47,7 @@ fn base64(b: &[u8]) -> String {
     const A: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut s = String::new();
     for c in b.chunks(3) {
-        let n =
-            (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
+        let n = (u32::from(c[0]) << 16) | (u32::from(*c.get(1).unwrap_or(&0)) << 8) | u32::from(*c.get(2).unwrap_or(&0));
         for i in 0..4 {
             if i <= c.len() {
                 s.push(A[(n >> (18 - 6 * i)) as usize & 63] as char);
@@ -112,11 +110,7 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         wrapped.push((name, pem, env));
     }
     let st = authority.status()?;
-    outln!(
-        "  {} envelopes under {} policy keys: acme and globex share one (same canonical policy)",
-        st.envelopes,
-        st.policies
-    );
+    outln!("  {} envelopes under {} policy keys: acme and globex share one (same canonical policy)", st.envelopes, st.policies);
 
     outln!("\nwho can open what (otherwise: the nearest data center that can, by round-trip time from Paris)");
     print!("  {:<9}", "");
@@ -195,26 +189,16 @@ fn story(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         keys.pid().unwrap_or_default(),
         ms(loaded)
     );
-    outln!(
-        "  and signed through it: {}-byte Ed25519 signature in {}, the same public key as above",
-        signature.len(),
-        us(took)
-    );
+    outln!("  and signed through it: {}-byte Ed25519 signature in {}, the same public key as above", signature.len(), us(took));
     drop((held, keys));
 
     outln!("\nmaster key rotation");
-    let before: Vec<Vec<u8>> = store
-        .list("envelopes/")?
-        .iter()
-        .map(|k| store.get(k).map(|v| v.unwrap_or_default()))
-        .collect::<Result<_, _>>()?;
+    let before: Vec<Vec<u8>> =
+        store.list("envelopes/")?.iter().map(|k| store.get(k).map(|v| v.unwrap_or_default())).collect::<Result<_, _>>()?;
     let t = Instant::now();
     let r = authority.rotate_master()?;
-    let after: Vec<Vec<u8>> = store
-        .list("envelopes/")?
-        .iter()
-        .map(|k| store.get(k).map(|v| v.unwrap_or_default()))
-        .collect::<Result<_, _>>()?;
+    let after: Vec<Vec<u8>> =
+        store.list("envelopes/")?.iter().map(|k| store.get(k).map(|v| v.unwrap_or_default())).collect::<Result<_, _>>()?;
     outln!(
         "  generation {} active, generation 1 decrypt-only; re-sealed {} policy keys in {}; customer envelopes {}",
         r.new_generation,

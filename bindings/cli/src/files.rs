@@ -118,8 +118,7 @@ pub struct Output {
 impl Output {
     /// Checks `path` against `inputs` (`-` entries are ignored).
     pub fn new(path: &Path, inputs: &[&Path]) -> Result<Self> {
-        let out =
-            Output { path: path.to_path_buf(), inputs: inputs.iter().map(|p| p.to_path_buf()).collect(), force: false };
+        let out = Output { path: path.to_path_buf(), inputs: inputs.iter().map(|p| p.to_path_buf()).collect(), force: false };
         out.check()?;
         Ok(out)
     }
@@ -127,8 +126,7 @@ impl Output {
     /// The same check, except that replacing a master secret key is
     /// allowed (`abe setup --force`).
     pub fn replacing_master_key(path: &Path, inputs: &[&Path]) -> Result<Self> {
-        let out =
-            Output { path: path.to_path_buf(), inputs: inputs.iter().map(|p| p.to_path_buf()).collect(), force: true };
+        let out = Output { path: path.to_path_buf(), inputs: inputs.iter().map(|p| p.to_path_buf()).collect(), force: true };
         out.check()?;
         Ok(out)
     }
@@ -312,11 +310,7 @@ fn resolve(path: &Path) -> Result<Target> {
         if meta.file_type().is_symlink() {
             if let Some(fd) = descriptor_link(&cur, &part) {
                 if !last {
-                    return Err(exit::input(format!(
-                        "{}: {} is a descriptor, not a folder",
-                        path.display(),
-                        next.display()
-                    )));
+                    return Err(exit::input(format!("{}: {} is a descriptor, not a folder", path.display(), next.display())));
                 }
                 return Ok(match fd {
                     Descriptor::Stdout => Target::Stdout,
@@ -329,8 +323,7 @@ fn resolve(path: &Path) -> Result<Target> {
             if links > MAX_LINKS {
                 return Err(exit::input(format!("{}: more than {MAX_LINKS} symbolic links to follow", path.display())));
             }
-            let to = fs::read_link(&next)
-                .map_err(|e| exit::input(format!("cannot read the link {}: {e}", next.display())))?;
+            let to = fs::read_link(&next).map_err(|e| exit::input(format!("cannot read the link {}: {e}", next.display())))?;
             push(&mut todo, &mut cur, &to, true);
             continue;
         }
@@ -476,11 +469,7 @@ fn replace(path: &Path, data: &[u8], mode: Option<u32>) -> io::Result<()> {
         _ => Path::new("."),
     };
     let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let tmp = dir.join(format!(
-        ".{name}.tmp-{}-{:016x}",
-        std::process::id(),
-        rand_core::RngCore::next_u64(&mut rand_core::OsRng)
-    ));
+    let tmp = dir.join(format!(".{name}.tmp-{}-{:016x}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
     let mut o = fs::OpenOptions::new();
     o.write(true).create_new(true);
     #[cfg(unix)]

@@ -17,9 +17,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use clap::Args;
 use keyfence::policy::Attributes;
-use keyfence::wrap::{
-    create_store, Authority, Batch, CacheConfig, Envelope, FileStore, Machine, MachineKey, Op, Store,
-};
+use keyfence::wrap::{create_store, Authority, Batch, CacheConfig, Envelope, FileStore, Machine, MachineKey, Op, Store};
 
 use crate::files::outln;
 
@@ -142,10 +140,7 @@ fn stored_bytes(store: &dyn Store) -> Result<u64> {
 /// Runs the fleet benchmark.
 pub fn run(args: FleetArgs) -> Result<()> {
     let (dcs, per_dc, envelopes) = if args.quick { (10, 5, 1_000) } else { (args.dcs, args.machines, args.envelopes) };
-    ensure!(
-        dcs >= 1 && per_dc >= 2 && envelopes >= POLICIES.len(),
-        "at least 1 data center, 2 machines each, 20 envelopes"
-    );
+    ensure!(dcs >= 1 && per_dc >= 2 && envelopes >= POLICIES.len(), "at least 1 data center, 2 machines each, 20 envelopes");
     let scratch;
     let (kind, store): (&str, Arc<dyn Store>) = match &args.store {
         Some(name) if name.starts_with("etcd://") => ("etcd", create_store(&crate::files::scratch_store(name))?),
@@ -165,14 +160,7 @@ pub fn run(args: FleetArgs) -> Result<()> {
     result
 }
 
-fn measure(
-    args: &FleetArgs,
-    kind: &str,
-    store: Arc<dyn Store>,
-    dcs: usize,
-    per_dc: usize,
-    envelopes: usize,
-) -> Result<()> {
+fn measure(args: &FleetArgs, kind: &str, store: Arc<dyn Store>, dcs: usize, per_dc: usize, envelopes: usize) -> Result<()> {
     let emit = |v: serde_json::Value| -> Result<()> {
         if args.json {
             outln!("{v}");
@@ -182,7 +170,8 @@ fn measure(
         }
         Ok(())
     };
-    let size = serde_json::json!({"store": kind, "dcs": dcs, "machines_per_dc": per_dc, "envelopes": envelopes, "policies": POLICIES.len()});
+    let size =
+        serde_json::json!({"store": kind, "dcs": dcs, "machines_per_dc": per_dc, "envelopes": envelopes, "policies": POLICIES.len()});
     let with = |phase: &str, extra: serde_json::Value| {
         let mut v = size.clone();
         v["phase"] = phase.into();
@@ -217,19 +206,13 @@ fn measure(
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("an issuing thread panicked"))?)
-            .collect::<Result<Vec<_>>>()
+        handles.into_iter().map(|h| h.join().map_err(|_| anyhow::anyhow!("an issuing thread panicked"))?).collect::<Result<Vec<_>>>()
     })?
     .into_iter()
     .flatten()
     .collect();
     let issue_s = t.elapsed().as_secs_f64();
-    emit(with(
-        "issue",
-        serde_json::json!({"keys": total, "threads": threads, "issue_s": issue_s, "keys_per_s": total as f64 / issue_s}),
-    ))?;
+    emit(with("issue", serde_json::json!({"keys": total, "threads": threads, "issue_s": issue_s, "keys_per_s": total as f64 / issue_s})))?;
 
     // Wrap the customer keys (a P-256 PEM is about 240 bytes), in bulk.
     let secret = vec![0x5a_u8; 241];
@@ -297,10 +280,7 @@ fn measure(
     auth.rotate_master()?;
     let rotate_s = t.elapsed().as_secs_f64();
     let (p50, p99) = propagated(&caches, &before)?;
-    emit(with(
-        "rotate_master",
-        serde_json::json!({"rotate_master_s": rotate_s, "propagation_p50_ms": p50, "propagation_p99_ms": p99}),
-    ))?;
+    emit(with("rotate_master", serde_json::json!({"rotate_master_s": rotate_s, "propagation_p50_ms": p50, "propagation_p99_ms": p99})))?;
 
     let before = counts(&caches);
     let t = Instant::now();
@@ -312,11 +292,7 @@ fn measure(
         serde_json::json!({"rotate_policy_key_s": rotate_policy_s, "rewrapped": r.rewrapped, "propagation_p50_ms": p50, "propagation_p99_ms": p99}),
     ))?;
 
-    let victim = kept
-        .iter()
-        .find(|(d, m, _)| *d == 0 && *m == 1)
-        .map(|(_, _, k)| k.clone())
-        .context("the revoked machine's key")?;
+    let victim = kept.iter().find(|(d, m, _)| *d == 0 && *m == 1).map(|(_, _, k)| k.clone()).context("the revoked machine's key")?;
     let id = victim.id().context("machine id")?.to_owned();
     let before = counts(&caches);
     let t = Instant::now();

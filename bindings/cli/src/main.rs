@@ -101,8 +101,7 @@ fn main() -> ExitCode {
         return keyfence::sign::key_process::key_process_main(std::env::args_os().skip(1));
     }
     // `--alg`'s help lists the library's algorithms, known only at run time.
-    let command =
-        with_conventions(Cli::command()).mut_subcommand("sign", |c| c.mut_arg("alg", |a| a.help(sign_cmd::alg_help())));
+    let command = with_conventions(Cli::command()).mut_subcommand("sign", |c| c.mut_arg("alg", |a| a.help(sign_cmd::alg_help())));
     let cli = match Cli::from_arg_matches(&command.get_matches()) {
         Ok(cli) => cli,
         Err(e) => e.exit(),

@@ -16,8 +16,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use keyfence::sign::key_process::KeyProcess;
 use keyfence::sign::offload::{
-    MultiBufferConfig, MultiBufferDevice, OffloadBackend, OffloadConfig, OffloadMode, Route, Routing, SimConfig,
-    SimDevice,
+    MultiBufferConfig, MultiBufferDevice, OffloadBackend, OffloadConfig, OffloadMode, Route, Routing, SimConfig, SimDevice,
 };
 use keyfence::sign::{Engine, EngineConfig};
 
@@ -46,8 +45,8 @@ fn multibuffer_config(library: Option<&str>, threads: usize) -> MultiBufferConfi
 
 /// An engine whose RSA and ECDSA go to crypto_mb's device, in this process.
 pub fn multibuffer_engine(config: EngineConfig, library: Option<&str>, threads: usize) -> Result<Engine> {
-    let device = MultiBufferDevice::open(&multibuffer_config(library, threads))
-        .context("--path multibuffer needs crypto_mb running on this CPU")?;
+    let device =
+        MultiBufferDevice::open(&multibuffer_config(library, threads)).context("--path multibuffer needs crypto_mb running on this CPU")?;
     let mut offload = OffloadConfig::default();
     offload.routing = Routing::all(Route::Device);
     offload.batch_size = keyfence::sign::offload::Device::max_batch(&*device);

@@ -77,9 +77,7 @@ pub fn run(cmd: Pkcs11Cmd) -> Result<ExitCode> {
             (pkcs11::load(&a.uri, &settings).context("loading the token's key")?.public_key_der()?, out)
         }
     };
-    let pem = openssl::pkey::PKey::public_key_from_der(&der)
-        .and_then(|k| k.public_key_to_pem())
-        .context("encoding the public key")?;
+    let pem = openssl::pkey::PKey::public_key_from_der(&der).and_then(|k| k.public_key_to_pem()).context("encoding the public key")?;
     out.write_public(&pem)?;
     Ok(ExitCode::SUCCESS)
 }
@@ -185,7 +183,10 @@ pub fn bench(args: BenchPkcs11Args) -> Result<ExitCode> {
         } else {
             println!(
                 "round {round}: keyfence {:.0}/s ({:.0}/CPU-s), direct {:.0}/s ({:.0}/CPU-s), per CPU-second {ratio:.3}x",
-                per_s(e), per_cpu(e), per_s(d), per_cpu(d)
+                per_s(e),
+                per_cpu(e),
+                per_s(d),
+                per_cpu(d)
             );
         }
     }

@@ -70,8 +70,7 @@ pub fn make(dir: &Path, names: &[&str]) -> Result<Vec<TlsFiles>> {
         .map(|(i, n)| {
             let k = key()?;
             let c = cert(n, &k, Some((&ca, &ca_key)), i as u32 + 2)?;
-            let files =
-                TlsFiles { cert: dir.join(format!("{n}.pem")), key: dir.join(format!("{n}.key")), ca: ca_path.clone() };
+            let files = TlsFiles { cert: dir.join(format!("{n}.pem")), key: dir.join(format!("{n}.key")), ca: ca_path.clone() };
             crate::files::create_new(&files.cert, &c.to_pem()?)?;
             crate::files::create_new(&files.key, &zeroize::Zeroizing::new(k.private_key_to_pem_pkcs8()?))?;
             Ok(files)

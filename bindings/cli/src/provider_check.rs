@@ -119,8 +119,7 @@ fn read_config(path: &Path, depth: usize, seen: &mut HashSet<PathBuf>, out: &mut
     if !seen.insert(std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf())) {
         return Ok(());
     }
-    let text =
-        std::fs::read_to_string(path).map_err(|e| exit::input(format!("cannot read {}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|e| exit::input(format!("cannot read {}: {e}", path.display())))?;
     for (n, raw) in text.lines().enumerate() {
         let line = raw.split('#').next().unwrap_or("").trim();
         if let Some(rest) = line.strip_prefix(".include") {
@@ -136,12 +135,7 @@ fn read_config(path: &Path, depth: usize, seen: &mut HashSet<PathBuf>, out: &mut
                 _ => target,
             };
             if !target.exists() {
-                return Err(exit::input(format!(
-                    "{}:{} includes {}, which is not there",
-                    path.display(),
-                    n + 1,
-                    target.display()
-                )));
+                return Err(exit::input(format!("{}:{} includes {}, which is not there", path.display(), n + 1, target.display())));
             }
             read_config(&target, depth + 1, seen, out)?;
         } else if let Some((key, value)) = line.split_once('=') {
@@ -188,9 +182,7 @@ fn check_process(pid: u32, module: &Path) -> Result<String, String> {
     }
     let restart = restart_command(pid, &comm);
     if deleted && !current {
-        return Err(format!(
-            "{who} still runs the keyfence provider an upgrade replaced (its file is deleted): restart it: {restart}"
-        ));
+        return Err(format!("{who} still runs the keyfence provider an upgrade replaced (its file is deleted): restart it: {restart}"));
     }
     if !current {
         return Err(format!(

@@ -131,12 +131,11 @@ pub fn pem(body: &[u8]) -> String {
 
 /// Runs `keyfence provider-key`.
 pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
-    let inputs: Vec<&Path> =
-        [&args.envelope, &args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca, &args.cert]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path)
-            .collect();
+    let inputs: Vec<&Path> = [&args.envelope, &args.machine_key, &args.tls_cert, &args.tls_key, &args.tls_ca, &args.cert]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .collect();
     let out = Output::new(&args.out, &inputs)?;
     if let Some(uri) = &args.pkcs11 {
         return token_key_file(uri, args.agent.as_deref(), args.cert.as_deref(), out);
@@ -181,8 +180,7 @@ pub fn provider_key(args: ProviderKeyArgs) -> Result<ExitCode> {
         };
         let machine = open_machine(store, mk)?;
         let secret = machine.open(&envelope).context("this machine cannot open the envelope")?;
-        let key = PrivateKey::from_pem(&secret)
-            .map_err(|e| exit::input(format!("the envelope holds no usable private key: {e}")))?;
+        let key = PrivateKey::from_pem(&secret).map_err(|e| exit::input(format!("the envelope holds no usable private key: {e}")))?;
         let location = KeyLocation::Local { store: Some(absolute(store)?), machine_key: Some(absolute(mk)?) };
         (location, key.public_key_der()?)
     };

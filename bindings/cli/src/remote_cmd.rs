@@ -14,8 +14,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use keyfence::sign::key_process::KeySource;
 use keyfence::sign::remote::{
-    serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig,
-    TenantSource, TlsFiles,
+    serve_metrics, AllowList, KeyId, KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TenantSource, TlsFiles,
 };
 use keyfence::sign::{Algorithm, ClassConfig, Engine, EngineConfig, PrivateKey, Request};
 use keyfence::wrap::{Authority, CacheConfig, Envelope, FileStore, Machine, MachineInfo, PublicMachine, Store};
@@ -184,9 +183,7 @@ fn envelope_files(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
 fn key_ref(s: &str, envelopes: &[PathBuf]) -> Result<KeyId> {
     let hex = |s: &str| -> Option<Vec<u8>> {
         (s.len().is_multiple_of(2) && s.bytes().all(|b| b.is_ascii_hexdigit()))
-            .then(|| {
-                (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16)).collect::<Result<_, _>>().ok()
-            })
+            .then(|| (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16)).collect::<Result<_, _>>().ok())
             .flatten()
     };
     if s.len() == 64 {
@@ -280,9 +277,7 @@ fn public_machine(dir: &Path, key: &Path) -> Result<PublicMachine> {
     let store = crate::wrap_cmd::store(dir)?;
     // `fs::read` sizes its buffer from the file's length: one allocation,
     // wiped on drop, no copy left behind by growth.
-    let bytes = zeroize::Zeroizing::new(
-        std::fs::read(key).map_err(|e| exit::input(format!("cannot read {}: {e}", key.display())))?,
-    );
+    let bytes = zeroize::Zeroizing::new(std::fs::read(key).map_err(|e| exit::input(format!("cannot read {}: {e}", key.display())))?);
     let info = MachineInfo::from_key_bytes(&bytes).context("machine key")?;
     Ok(PublicMachine::new(info, store))
 }
@@ -294,16 +289,11 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     // Isolated, this process holds only the machine key's public view: the
     // key process alone decodes the secret one, for each load.
-    let key_process = if args.isolated {
-        Some(crate::key_process::key_process(args.threads.unwrap_or(1), args.unsafe_partial_sandbox)?)
-    } else {
-        None
-    };
+    let key_process =
+        if args.isolated { Some(crate::key_process::key_process(args.threads.unwrap_or(1), args.unsafe_partial_sandbox)?) } else { None };
     let opener = match (&args.store, &args.machine_key, &key_process) {
         (Some(store), Some(machine_key), Some(_)) => Some(Opener::Isolated(public_machine(store, machine_key)?)),
-        (Some(store), Some(machine_key), None) => {
-            Some(Opener::Machine(crate::wrap_cmd::open_machine(store, machine_key)?))
-        }
+        (Some(store), Some(machine_key), None) => Some(Opener::Machine(crate::wrap_cmd::open_machine(store, machine_key)?)),
         _ => None,
     };
     let mut ring = KeyRing::new();
@@ -316,13 +306,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
                 let store = args.store.clone().unwrap_or_default();
                 let etcd = store.to_str().is_some_and(|s| s.starts_with("etcd://"));
                 let store = if etcd { store } else { abs(&store) };
-                ring.open_isolated(
-                    public,
-                    kp,
-                    &store,
-                    &abs(args.machine_key.as_deref().unwrap_or(Path::new(""))),
-                    &abs(&file),
-                )
+                ring.open_isolated(public, kp, &store, &abs(args.machine_key.as_deref().unwrap_or(Path::new(""))), &abs(&file))
             }
             (Some(Opener::Machine(machine)), _) => ring.open(machine, &read(&file)?),
             _ => return Err(exit::input("--envelopes needs --store and --machine-key")),
@@ -338,9 +322,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     for uri in &args.pkcs11 {
         let key = match &key_process {
             Some(kp) => kp.load(KeySource::Pkcs11(uri.clone())),
-            None => {
-                keyfence::sign::pkcs11::load(uri, &keyfence::sign::pkcs11::Pkcs11Settings::from_env()).map(Arc::new)
-            }
+            None => keyfence::sign::pkcs11::load(uri, &keyfence::sign::pkcs11::Pkcs11Settings::from_env()).map(Arc::new),
         }
         .map_err(|e| exit::input(format!("--pkcs11 {uri}: {e}")))?;
         let id = KeyId::of_public_key(&key.public_key_der()?);
@@ -348,9 +330,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
         ring.insert(id, key);
     }
     if ring.is_empty() {
-        return Err(exit::input(
-            "no envelope to serve: this machine could open none of the envelopes given (listed above)",
-        ));
+        return Err(exit::input("no envelope to serve: this machine could open none of the envelopes given (listed above)"));
     }
     let mut config = ServerConfig::new(args.listen, TlsFiles { cert: args.cert, key: args.key, ca: args.ca });
     config.name = args.name;
@@ -361,9 +341,7 @@ pub fn serve(args: ServeArgs) -> Result<ExitCode> {
     }
     config.handshake_timeout = Duration::from_secs_f64(args.handshake_timeout);
     if args.max_connections == 0 || args.max_handshakes == 0 || args.max_handshakes_per_address == 0 {
-        return Err(exit::input(
-            "--max-connections, --max-handshakes and --max-handshakes-per-address must be at least 1",
-        ));
+        return Err(exit::input("--max-connections, --max-handshakes and --max-handshakes-per-address must be at least 1"));
     }
     config.max_connections = args.max_connections;
     config.max_handshakes = args.max_handshakes;
@@ -558,13 +536,7 @@ pub(crate) fn cpu_of(pid: &str) -> Duration {
 
 /// Keeps `in_flight` operations going on `engine` with `key` for `dur`;
 /// operations completed and the time taken.
-fn saturate(
-    engine: &Engine,
-    key: &Arc<PrivateKey>,
-    alg: Algorithm,
-    in_flight: usize,
-    dur: Duration,
-) -> Result<(u64, Duration)> {
+fn saturate(engine: &Engine, key: &Arc<PrivateKey>, alg: Algorithm, in_flight: usize, dur: Duration) -> Result<(u64, Duration)> {
     let done = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let outstanding = Arc::new(AtomicUsize::new(0));
@@ -599,13 +571,7 @@ fn saturate(
 
 /// p50 and p99 of one operation at a time, in microseconds, on `local`
 /// and `remote` in alternation, so machine noise hits both alike.
-fn latencies(
-    engine: &Engine,
-    local: &Arc<PrivateKey>,
-    remote: &Arc<PrivateKey>,
-    alg: Algorithm,
-    n: usize,
-) -> Result<[(f64, f64); 2]> {
+fn latencies(engine: &Engine, local: &Arc<PrivateKey>, remote: &Arc<PrivateKey>, alg: Algorithm, n: usize) -> Result<[(f64, f64); 2]> {
     let mut v = [Vec::with_capacity(n), Vec::with_capacity(n)];
     for _ in 0..n {
         for (i, key) in [local, remote].into_iter().enumerate() {
@@ -721,10 +687,8 @@ pub(crate) fn loopback_server(
     let server = ServerProcess(child);
     let mut line = String::new();
     BufReader::new(stdout).read_line(&mut line)?;
-    let addr: SocketAddr = line
-        .strip_prefix("listening ")
-        .and_then(|a| a.trim().parse().ok())
-        .with_context(|| format!("the server said {line:?}"))?;
+    let addr: SocketAddr =
+        line.strip_prefix("listening ").and_then(|a| a.trim().parse().ok()).with_context(|| format!("the server said {line:?}"))?;
     let pid = server.0.id();
 
     let mut rc = RemoteConfig::new(vec![PeerConfig::new("server", addr, "country=US".parse()?)], files[1].clone());

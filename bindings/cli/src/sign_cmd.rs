@@ -133,10 +133,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
                 let uri = uri.unwrap_or_default();
                 match keys {
                     Some(keys) => keys.load(KeySource::Pkcs11(uri)).context("loading the token's key")?,
-                    None => Arc::new(
-                        keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env())
-                            .context("loading the token's key")?,
-                    ),
+                    None => Arc::new(keyfence::sign::pkcs11::load(&uri, &Pkcs11Settings::from_env()).context("loading the token's key")?),
                 }
             }
             (Some(keys), None) if keys.is_agent() => {
@@ -150,9 +147,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
             }
             (None, None) => {
                 // The key file's bytes are secret: keep them in a zeroizing buffer.
-                let key_bytes = Zeroizing::new(
-                    std::fs::read(&path).map_err(|e| exit::input(format!("reading {}: {e}", path.display())))?,
-                );
+                let key_bytes = Zeroizing::new(std::fs::read(&path).map_err(|e| exit::input(format!("reading {}: {e}", path.display())))?);
                 Arc::new(PrivateKey::from_bytes(&key_bytes).with_context(|| format!("loading {}", path.display()))?)
             }
         };
@@ -169,8 +164,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
     }
     let input = read(&args.input)?;
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let req = if args.digest { Request::sign_digest(key, alg, input) } else { Request::sign(key, alg, input) }
-        .with_timeout(left);
+    let req = if args.digest { Request::sign_digest(key, alg, input) } else { Request::sign(key, alg, input) }.with_timeout(left);
     let engine = Engine::new(EngineConfig::default())?;
     let sig = engine.submit(req)?.wait()?;
     out.write_public(&sig[..])?;
@@ -181,11 +175,7 @@ pub fn sign(args: SignArgs) -> Result<ExitCode> {
 /// a key load that hangs (a token module, a slow agent) ends the command
 /// at its `--timeout-ms`, as a timeout (exit 3), the thread left to end
 /// with the process.
-fn within<T: Send + 'static>(
-    deadline: Instant,
-    timeout: Duration,
-    load: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
+fn within<T: Send + 'static>(deadline: Instant, timeout: Duration, load: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::Builder::new()
         .name("keyfence-load".into())
@@ -265,8 +255,7 @@ const CASES: [Case; 7] = [
 /// The cases a run without `--case` measures: the larger RSA keys are
 /// asked for by name (benches/sign_vs_openssl.py compares them with
 /// `openssl speed`), since generating them alone takes seconds.
-const DEFAULT_CASES: [&str; 5] =
-    ["rsa2048-pkcs1-sha256", "rsa2048-pss-sha256", "ecdsa-p256-sha256", "ecdsa-p384-sha384", "ed25519"];
+const DEFAULT_CASES: [&str; 5] = ["rsa2048-pkcs1-sha256", "rsa2048-pss-sha256", "ecdsa-p256-sha256", "ecdsa-p384-sha384", "ed25519"];
 
 /// The cases `--per-cpu` measures unless told otherwise: the cheap
 /// operations where a hop's cost shows, and RSA for scale.
@@ -322,9 +311,7 @@ fn raw_throughput(pkey: &PKey<Private>, alg: Algorithm, threads: usize, dur: Dur
                 })
             })
             .collect();
-        handles
-            .into_iter()
-            .try_for_each(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked"))))
+        handles.into_iter().try_for_each(|h| h.join().unwrap_or_else(|_| Err(anyhow::anyhow!("a bench thread panicked"))))
     })?;
     Ok(total.into_inner())
 }
@@ -407,8 +394,7 @@ fn cpu_time(other: Option<u32>) -> Duration {
 const CPU_TICK: Duration = Duration::from_millis(10);
 
 /// The ways of signing that `bench sign` compares.
-const PATHS: [&str; 8] =
-    ["raw", "engine", "isolated", "offload-sim", "remote", "agent", "multibuffer", "isolated-multibuffer"];
+const PATHS: [&str; 8] = ["raw", "engine", "isolated", "offload-sim", "remote", "agent", "multibuffer", "isolated-multibuffer"];
 
 /// The targets for signatures per CPU-second over raw AWS-LC's: issue
 /// 29's for the software paths (ECDSA P-256 and Ed25519; RSA-2048 is
@@ -464,11 +450,7 @@ struct Rig<'a> {
 /// A key agent for `keyfence bench sign --path agent`: an authority, a
 /// machine key and a servers' copy made in `dir`, each case's key wrapped
 /// to it.
-fn bench_agent(
-    dir: &std::path::Path,
-    ders: &[&[u8]],
-    threads: usize,
-) -> Result<(keyfence::sign::agent::Agent, KeyProcess, Vec<Vec<u8>>)> {
+fn bench_agent(dir: &std::path::Path, ders: &[&[u8]], threads: usize) -> Result<(keyfence::sign::agent::Agent, KeyProcess, Vec<Vec<u8>>)> {
     use keyfence::wrap::{create_store, export_for_servers, Authority};
     std::fs::create_dir(dir)?;
     let store = dir.join("store");
@@ -476,16 +458,9 @@ fn bench_agent(
     let mut authority = Authority::init(create_store(&store.to_string_lossy())?)?;
     let machine_key = dir.join("machine.key");
     crate::files::create_new(&machine_key, &authority.issue(&"bench=yes".parse()?)?.to_bytes())?;
-    let envelopes = ders
-        .iter()
-        .map(|der| Ok(authority.wrap("bench: yes", der)?.to_bytes().to_vec()))
-        .collect::<Result<Vec<_>>>()?;
-    export_for_servers(
-        &*keyfence::wrap::open_store(&store.to_string_lossy())?,
-        &*create_store(&served.to_string_lossy())?,
-    )?;
-    let mut config =
-        keyfence::sign::agent::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
+    let envelopes = ders.iter().map(|der| Ok(authority.wrap("bench: yes", der)?.to_bytes().to_vec())).collect::<Result<Vec<_>>>()?;
+    export_for_servers(&*keyfence::wrap::open_store(&store.to_string_lossy())?, &*create_store(&served.to_string_lossy())?)?;
+    let mut config = keyfence::sign::agent::AgentConfig::new(dir.join("agent.sock"), served.to_string_lossy(), &machine_key);
     config.state_dir = Some(dir.to_path_buf());
     config.rsa_threads = threads;
     config.ec_threads = threads;
@@ -503,10 +478,7 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
     let dur = Duration::from_secs_f64(args.seconds);
     for c in &args.cases {
         if !CASES.iter().any(|k| k.name == c) {
-            return Err(exit::input(format!(
-                "unknown case {c}; known: {}",
-                CASES.iter().map(|k| k.name).collect::<Vec<_>>().join(", ")
-            )));
+            return Err(exit::input(format!("unknown case {c}; known: {}", CASES.iter().map(|k| k.name).collect::<Vec<_>>().join(", "))));
         }
     }
     for p in &args.paths {
@@ -515,11 +487,9 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
         }
     }
     let default_path = |p: &str| {
-        !matches!(p, "agent" | "multibuffer" | "isolated-multibuffer")
-            && if args.per_cpu { p != "offload-sim" } else { p != "remote" }
+        !matches!(p, "agent" | "multibuffer" | "isolated-multibuffer") && if args.per_cpu { p != "offload-sim" } else { p != "remote" }
     };
-    let wanted =
-        |p: &str| p == "raw" || if args.paths.is_empty() { default_path(p) } else { args.paths.iter().any(|w| w == p) };
+    let wanted = |p: &str| p == "raw" || if args.paths.is_empty() { default_path(p) } else { args.paths.iter().any(|w| w == p) };
     let cases: Vec<&Case> = CASES
         .iter()
         .filter(|c| match (args.cases.is_empty(), args.per_cpu) {
@@ -638,11 +608,7 @@ fn run_cases(
             Ok(held?)
         };
         if let Some(keys) = &rig.keys {
-            paths.push(Measured {
-                name: "isolated",
-                path: Path::Engine(rig.engine.clone(), isolated(keys)?),
-                other: keys.pid(),
-            });
+            paths.push(Measured { name: "isolated", path: Path::Engine(rig.engine.clone(), isolated(keys)?), other: keys.pid() });
         }
         if let Some(offload) = &rig.offload {
             paths.push(Measured { name: "offload-sim", path: Path::Engine(offload.clone(), key.clone()), other: None });
@@ -652,11 +618,7 @@ fn run_cases(
         }
         if let Some(keys) = &rig.multibuffer_keys {
             let held = isolated(keys)?;
-            paths.push(Measured {
-                name: "isolated-multibuffer",
-                path: Path::Engine(rig.engine.clone(), held),
-                other: keys.pid(),
-            });
+            paths.push(Measured { name: "isolated-multibuffer", path: Path::Engine(rig.engine.clone(), held), other: keys.pid() });
         }
         if let Some((server, engine)) = &rig.remote {
             let held = server.remote.key(&server.envelopes[case_at])?;

@@ -163,9 +163,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
                 n += 1;
                 let msg = format!("soak {n}").into_bytes();
                 let start = Instant::now();
-                let result = engine
-                    .submit(Request::sign(key.clone(), *alg, msg.clone()).with_timeout(deadline))
-                    .and_then(|f| f.wait());
+                let result = engine.submit(Request::sign(key.clone(), *alg, msg.clone()).with_timeout(deadline)).and_then(|f| f.wait());
                 let took = start.elapsed();
                 if took > deadline + LATE_SLACK {
                     tally.late.fetch_add(1, Ordering::Relaxed);
@@ -283,8 +281,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
         CacheConfig::default(),
     );
     let envelopes = wrapped.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let lost_envelopes =
-        envelopes.iter().filter(|(env, secret)| !machine.open(env).is_ok_and(|s| s[..] == secret[..])).count();
+    let lost_envelopes = envelopes.iter().filter(|(env, secret)| !machine.open(env).is_ok_and(|s| s[..] == secret[..])).count();
 
     let failed = |t: &Tally| t.failed.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let late = sign.late.load(Ordering::Relaxed);
@@ -313,11 +310,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
         "max_overrun_ms": sign.max_overrun_us.load(Ordering::Relaxed) as f64 / 1e3,
     });
     outln!("{report}");
-    Ok(if lost_keys == 0 && lost_envelopes == 0 && late == 0 {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(crate::exit::FAILURE)
-    })
+    Ok(if lost_keys == 0 && lost_envelopes == 0 && late == 0 { ExitCode::SUCCESS } else { ExitCode::from(crate::exit::FAILURE) })
 }
 
 /// Checks a signature with the key's public half (a sample of them: a
@@ -325,8 +318,7 @@ fn run(args: &SoakArgs, dir: &Path) -> Result<ExitCode> {
 fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
     use openssl::hash::MessageDigest;
     use openssl::sign::{RsaPssSaltlen, Verifier};
-    let Ok(public) = key.public_key_der().map_err(|_| ()).and_then(|d| PKey::public_key_from_der(&d).map_err(|_| ()))
-    else {
+    let Ok(public) = key.public_key_der().map_err(|_| ()).and_then(|d| PKey::public_key_from_der(&d).map_err(|_| ())) else {
         return false;
     };
     let v = match alg {
@@ -335,8 +327,7 @@ fn verifies(key: &PrivateKey, alg: Algorithm, msg: &[u8], sig: &[u8]) -> bool {
     };
     let Ok(mut v) = v else { return false };
     if alg == Algorithm::RsaPssSha256
-        && (v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).is_err()
-            || v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).is_err())
+        && (v.set_rsa_padding(openssl::rsa::Padding::PKCS1_PSS).is_err() || v.set_rsa_pss_saltlen(RsaPssSaltlen::DIGEST_LENGTH).is_err())
     {
         return false;
     }

@@ -14,8 +14,7 @@ use std::time::Instant;
 use anyhow::{ensure, Result};
 use clap::Args;
 use keyfence::wrap::{
-    create_store, parse_inventory, Authority, Batch, CanonicalPolicy, FileStore, Latencies, Op, Store, Traffic,
-    WhereQuery,
+    create_store, parse_inventory, Authority, Batch, CanonicalPolicy, FileStore, Latencies, Op, Store, Traffic, WhereQuery,
 };
 
 use crate::files::outln;
@@ -122,12 +121,7 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
             let machines = parse_inventory("fleet.tsv", &text)?;
             let done = a.import_inventory(&machines)?;
             let import_s = t.elapsed().as_secs_f64();
-            ensure!(
-                done.added == args.dcs * args.machines,
-                "imported {} machines, not {}",
-                done.added,
-                args.dcs * args.machines
-            );
+            ensure!(done.added == args.dcs * args.machines, "imported {} machines, not {}", done.added, args.dcs * args.machines);
             let mut q = WhereQuery::new(policy.clone());
             q.by = Some("dc".into());
             q.near = Some("region".into());
@@ -145,10 +139,7 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
         if kind == "etcd" {
             for prefix in ["authority/", "public/", "sealed/", "envelopes/"] {
                 for chunk in store.list(prefix)?.chunks(100) {
-                    store.commit(&Batch {
-                        expect: vec![],
-                        ops: chunk.iter().map(|k| Op::Delete(k.clone())).collect(),
-                    })?;
+                    store.commit(&Batch { expect: vec![], ops: chunk.iter().map(|k| Op::Delete(k.clone())).collect() })?;
                 }
             }
         }
@@ -175,13 +166,7 @@ pub fn run(args: WhereBenchArgs) -> Result<()> {
             "import_s": med(0), "where_s": med(1), "where_latency_s": med(2)});
         outln!("{v}");
     } else {
-        outln!(
-            "{kind} median of {}: import {:.3} s; where {:.3} s; where with latencies {:.3} s",
-            args.runs,
-            med(0),
-            med(1),
-            med(2)
-        );
+        outln!("{kind} median of {}: import {:.3} s; where {:.3} s; where with latencies {:.3} s", args.runs, med(0), med(1), med(2));
     }
     Ok(())
 }

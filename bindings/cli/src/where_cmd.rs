@@ -8,9 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use keyfence::wrap::{
-    parse_inventory, Authority, Envelope, InventoryMachine, Latencies, Traffic, WhereQuery, WhereReport,
-};
+use keyfence::wrap::{parse_inventory, Authority, Envelope, InventoryMachine, Latencies, Traffic, WhereQuery, WhereReport};
 
 use crate::abe_cmd::parse_policy;
 use crate::exit;
@@ -107,8 +105,7 @@ fn date(secs: u64) -> String {
 }
 
 fn machine_json(m: &InventoryMachine) -> serde_json::Value {
-    let attrs: serde_json::Map<String, serde_json::Value> =
-        m.attributes.iter().map(|(l, v)| (l.to_owned(), v.into())).collect();
+    let attrs: serde_json::Map<String, serde_json::Value> = m.attributes.iter().map(|(l, v)| (l.to_owned(), v.into())).collect();
     serde_json::json!({
         "id": m.id,
         "attributes": attrs,
@@ -127,8 +124,7 @@ pub fn inventory(args: InventoryArgs) -> Result<ExitCode> {
         let name = file.display().to_string();
         let machines = parse_inventory(&name, &text(file)?)?;
         let done = a.import_inventory(&machines)?;
-        let line =
-            format!("imported {name}: {} added, {} updated, {} unchanged", done.added, done.updated, done.unchanged);
+        let line = format!("imported {name}: {} added, {} updated, {} unchanged", done.added, done.updated, done.unchanged);
         if args.json {
             eprintln!("{line}");
         } else {
@@ -139,7 +135,8 @@ pub fn inventory(args: InventoryArgs) -> Result<ExitCode> {
     let machines = a.inventory()?;
     let live = machines.iter().filter(|m| !m.revoked).count();
     if args.json {
-        let v = serde_json::json!({"total": machines.len(), "live": live, "machines": machines.iter().map(machine_json).collect::<Vec<_>>()});
+        let v =
+            serde_json::json!({"total": machines.len(), "live": live, "machines": machines.iter().map(machine_json).collect::<Vec<_>>()});
         outln!("{v}");
         return Ok(ExitCode::SUCCESS);
     }
@@ -225,13 +222,7 @@ fn print_report(r: &WhereReport, machines: bool) -> Result<()> {
         for g in r.groups.iter().filter(|g| g.satisfies() || g.warning.is_some()) {
             let mut line = format!("  {}  {}/{} machine(s)", g.value, g.matching, g.total);
             if let (Some(own), Some(rec)) = (g.own_rps, g.received_rps) {
-                line.push_str(&format!(
-                    "  own {}  receives {} from {} group(s)  load {}",
-                    rps(own),
-                    rps(rec),
-                    g.senders,
-                    rps(own + rec)
-                ));
+                line.push_str(&format!("  own {}  receives {} from {} group(s)  load {}", rps(own), rps(rec), g.senders, rps(own + rec)));
             }
             outln!("{line}");
             if let Some(w) = &g.warning {
@@ -249,9 +240,7 @@ fn print_report(r: &WhereReport, machines: bool) -> Result<()> {
             outln!("  {} machine(s) without `{by}` ({} satisfy it) are in no group", r.ungrouped, r.ungrouped_matching);
         }
     }
-    if let (Some(total), Some(remote), Some(unserved), Some(share)) =
-        (r.total_rps, r.remote_rps, r.unserved_rps, r.remote_share)
-    {
+    if let (Some(total), Some(remote), Some(unserved), Some(share)) = (r.total_rps, r.remote_rps, r.unserved_rps, r.remote_share) {
         outln!(
             "remote: {:.1}% of {} signed in another group ({}); {} with nowhere to go",
             share * 100.0,

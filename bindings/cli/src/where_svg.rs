@@ -48,11 +48,7 @@ pub fn draw(r: &WhereReport) -> String {
         r##"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" viewBox="0 0 {width:.0} {height:.0}" font-family="sans-serif">"##
     );
     s.push_str(r##"<rect width="100%" height="100%" fill="#ffffff"/>"##);
-    let _ = write!(
-        s,
-        r##"<text x="{MARGIN}" y="26" font-size="16" font-weight="bold">Where `{}` can be used</text>"##,
-        esc(&r.policy)
-    );
+    let _ = write!(s, r##"<text x="{MARGIN}" y="26" font-size="16" font-weight="bold">Where `{}` can be used</text>"##, esc(&r.policy));
     let mut line = format!(
         "{} of {} live machines satisfy it; {} of {} groups by {}",
         r.matching,
@@ -69,19 +65,13 @@ pub fn draw(r: &WhereReport) -> String {
     let legend_y = 70.0;
     let _ = write!(s, r##"<rect x="{MARGIN}" y="{}" width="14" height="14" fill="#2e7d32"/>"##, legend_y - 11.0);
     let _ = write!(s, r##"<text x="{}" y="{legend_y}" font-size="12">can open the key</text>"##, MARGIN + 20.0);
-    let _ = write!(
-        s,
-        r##"<rect x="{}" y="{}" width="14" height="14" fill="#f2f2f2" stroke="#9e9e9e"/>"##,
-        MARGIN + 140.0,
-        legend_y - 11.0
-    );
+    let _ = write!(s, r##"<rect x="{}" y="{}" width="14" height="14" fill="#f2f2f2" stroke="#9e9e9e"/>"##, MARGIN + 140.0, legend_y - 11.0);
     let _ = write!(s, r##"<text x="{}" y="{legend_y}" font-size="12">cannot</text>"##, MARGIN + 160.0);
     if max_load > 0.0 {
         let _ = write!(s, r##"<circle cx="{}" cy="{}" r="6" fill="#1565c0"/>"##, MARGIN + 227.0, legend_y - 4.0);
         let _ = write!(s, r##"<text x="{}" y="{legend_y}" font-size="12">load signed (area)</text>"##, MARGIN + 238.0);
         let _ = write!(s, r##"<circle cx="{}" cy="{}" r="6" fill="#d32f2f"/>"##, MARGIN + 367.0, legend_y - 4.0);
-        let _ =
-            write!(s, r##"<text x="{}" y="{legend_y}" font-size="12">over the warning ratio</text>"##, MARGIN + 378.0);
+        let _ = write!(s, r##"<text x="{}" y="{legend_y}" font-size="12">over the warning ratio</text>"##, MARGIN + 378.0);
     }
     // Forwarding first, under the squares.
     s.push_str(r##"<g stroke="#ef6c00" stroke-opacity="0.35" stroke-width="1">"##);
@@ -123,14 +113,9 @@ pub fn draw(r: &WhereReport) -> String {
         if let Some(load) = g.load_rps().filter(|l| *l > 0.0 && max_load > 0.0) {
             let radius = (side / 2.0) * (load / max_load).sqrt();
             let colour = if warn { "#d32f2f" } else { "#1565c0" };
-            let _ = write!(
-                s,
-                r##"<circle cx="{cx:.1}" cy="{cy:.1}" r="{:.1}" fill="{colour}" fill-opacity="0.85"/>"##,
-                radius.max(1.5)
-            );
+            let _ = write!(s, r##"<circle cx="{cx:.1}" cy="{cy:.1}" r="{:.1}" fill="{colour}" fill-opacity="0.85"/>"##, radius.max(1.5));
         }
-        let label =
-            if g.value.chars().count() > 6 { g.value.chars().take(6).collect::<String>() } else { g.value.clone() };
+        let label = if g.value.chars().count() > 6 { g.value.chars().take(6).collect::<String>() } else { g.value.clone() };
         let _ = write!(
             s,
             r##"<text x="{cx:.1}" y="{:.1}" font-size="8" text-anchor="middle" fill="{}">{}</text>"##,

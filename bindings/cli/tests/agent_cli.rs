@@ -19,18 +19,7 @@ fn world(d: &Dir) {
     ok(&["authority", "issue", "--store", &d.p("store"), "--attrs", "country=US", "--out", &d.p("us.machine")]);
     openssl(d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ec.pem"]);
     openssl(d, &["pkey", "-in", "ec.pem", "-pubout", "-out", "ec.pub"]);
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &d.p("store"),
-        "--policy",
-        "country: US",
-        "--in",
-        &d.p("ec.pem"),
-        "--out",
-        &d.p("ec.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: US", "--in", &d.p("ec.pem"), "--out", &d.p("ec.env")]);
     // The agent reads a servers' copy, as deploy.md has it.
     ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
 }
@@ -78,10 +67,7 @@ fn signs_through(d: &Dir, socket: &Path) {
 }
 
 fn agent_args<'a>(d: &'a Dir, socket: &'a str) -> Vec<String> {
-    ["agent", "--socket", socket, "--store", &d.p("served"), "--machine-key", &d.p("us.machine")]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+    ["agent", "--socket", socket, "--store", &d.p("served"), "--machine-key", &d.p("us.machine")].iter().map(|s| s.to_string()).collect()
 }
 
 #[test]
@@ -90,11 +76,7 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
     world(&d);
     let socket = d.0.join("agent.sock");
     let mut agent = Killed(
-        Command::new(env!("CARGO_BIN_EXE_keyfence"))
-            .args(agent_args(&d, socket.to_str().unwrap()))
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
+        Command::new(env!("CARGO_BIN_EXE_keyfence")).args(agent_args(&d, socket.to_str().unwrap())).stdout(Stdio::piped()).spawn().unwrap(),
     );
     wait_listening(&mut agent.0);
     signs_through(&d, &socket);
@@ -103,28 +85,9 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
     let text = std::fs::read_to_string(d.0.join("ec.kfk")).unwrap();
     assert!(text.starts_with("-----BEGIN KEYFENCE KEY-----"), "{text}");
     // An envelope the agent's machine may not open: its reason.
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &d.p("store"),
-        "--policy",
-        "country: FR",
-        "--in",
-        &d.p("ec.pem"),
-        "--out",
-        &d.p("fr.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: FR", "--in", &d.p("ec.pem"), "--out", &d.p("fr.env")]);
     ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
-    let o = common::keyfence(&[
-        "provider-key",
-        "--agent",
-        socket.to_str().unwrap(),
-        "--envelope",
-        &d.p("fr.env"),
-        "--out",
-        &d.p("fr.kfk"),
-    ]);
+    let o = common::keyfence(&["provider-key", "--agent", socket.to_str().unwrap(), "--envelope", &d.p("fr.env"), "--out", &d.p("fr.kfk")]);
     // A "no" (exit 1), as `machine open` says it, and in the agent's words.
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("do not satisfy") && !stderr(&o).contains("key process"), "{}", stderr(&o));
@@ -151,17 +114,13 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
 #[test]
 fn systemd_socket_activation_hands_the_agent_its_socket() {
     // systemd's own tool, which ./x installs (Debian's systemd).
-    assert!(
-        Command::new("systemd-socket-activate").arg("--help").output().is_ok(),
-        "no systemd-socket-activate (apt-get install systemd)"
-    );
+    assert!(Command::new("systemd-socket-activate").arg("--help").output().is_ok(), "no systemd-socket-activate (apt-get install systemd)");
     let d = Dir::new("agent-activation");
     world(&d);
     let socket = d.0.join("activated.sock");
     // systemd-socket-activate listens, then starts the agent with the
     // socket at descriptor 3 (LISTEN_FDS) when the first client comes.
-    let mut args =
-        vec!["-l".to_string(), socket.to_str().unwrap().to_string(), env!("CARGO_BIN_EXE_keyfence").to_string()];
+    let mut args = vec!["-l".to_string(), socket.to_str().unwrap().to_string(), env!("CARGO_BIN_EXE_keyfence").to_string()];
     args.extend(agent_args(&d, socket.to_str().unwrap()));
     let _activator = Killed(Command::new("systemd-socket-activate").args(&args).stdout(Stdio::null()).spawn().unwrap());
     let until = Instant::now() + Duration::from_secs(20);
@@ -178,10 +137,7 @@ fn systemd_socket_activation_hands_the_agent_its_socket() {
 /// unit spoiled on purpose, so the check can fail.
 #[test]
 fn the_systemd_units_verify() {
-    assert!(
-        Command::new("systemd-analyze").arg("--version").output().is_ok(),
-        "no systemd-analyze (apt-get install systemd)"
-    );
+    assert!(Command::new("systemd-analyze").arg("--version").output().is_ok(), "no systemd-analyze (apt-get install systemd)");
     let d = Dir::new("agent-units");
     let units = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("systemd");
     let names = ["keyfence-agent.socket", "keyfence-agent.service", "keyfence-serve.service"];
@@ -189,13 +145,10 @@ fn the_systemd_units_verify() {
         let text = std::fs::read_to_string(units.join(name)).unwrap();
         std::fs::write(d.0.join(name), text.replace("/usr/bin/keyfence", env!("CARGO_BIN_EXE_keyfence"))).unwrap();
     }
-    let verify = |files: &[&str]| {
-        Command::new("systemd-analyze").arg("verify").args(files.iter().map(|n| d.0.join(n))).output().unwrap()
-    };
+    let verify = |files: &[&str]| Command::new("systemd-analyze").arg("verify").args(files.iter().map(|n| d.0.join(n))).output().unwrap();
     let o = verify(&names);
     assert!(o.status.success() && o.stderr.is_empty(), "{}", String::from_utf8_lossy(&o.stderr));
-    let spoiled =
-        std::fs::read_to_string(d.0.join(names[1])).unwrap().replace("ProtectSystem=strict", "ProtectSystem=sometimes");
+    let spoiled = std::fs::read_to_string(d.0.join(names[1])).unwrap().replace("ProtectSystem=strict", "ProtectSystem=sometimes");
     std::fs::write(d.0.join("spoiled.service"), spoiled).unwrap();
     let o = verify(&["spoiled.service"]);
     assert!(!o.stderr.is_empty(), "systemd-analyze verify did not see a spoiled unit");
@@ -234,18 +187,7 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     ok(&["authority", "issue", "--store", &s, "--attrs", "country=US", "--out", &d.p("us.machine")]);
     openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "ec.pem"]);
     openssl(&d, &["pkey", "-in", "ec.pem", "-pubout", "-out", "ec.pub"]);
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &s,
-        "--policy",
-        "country: US",
-        "--in",
-        &d.p("ec.pem"),
-        "--out",
-        &d.p("ec.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &s, "--policy", "country: US", "--in", &d.p("ec.pem"), "--out", &d.p("ec.env")]);
     // The agent reads the servers' copy; the authority's store stays root's.
     let served = d.p("served");
     ok(&["authority", "export", "--store", &s, "--to", &served]);
@@ -375,12 +317,8 @@ agent = subprocess.Popen(
 print("agent", agent.pid, flush=True)
 agent.wait()
 "#;
-    let mut args = vec![
-        "-c".to_string(),
-        script.to_string(),
-        socket.to_str().unwrap().to_string(),
-        env!("CARGO_BIN_EXE_keyfence").to_string(),
-    ];
+    let mut args =
+        vec!["-c".to_string(), script.to_string(), socket.to_str().unwrap().to_string(), env!("CARGO_BIN_EXE_keyfence").to_string()];
     args.extend(agent_args(&d, socket.to_str().unwrap()));
     args.extend(["--seconds".to_string(), "60".to_string()]);
     let mut pid1 = Killed(Command::new("python3").args(&args).stdout(Stdio::piped()).spawn().unwrap());
@@ -398,10 +336,7 @@ agent.wait()
     assert!(lines.next().is_some_and(|l| l.starts_with("listening")), "the agent did not start");
     // What it signs with, where the journal keeps it whatever the log level.
     let signing = lines.next().unwrap_or_default();
-    assert!(
-        signing.starts_with("signing in software: ") || signing.starts_with("signing RSA and ECDSA on crypto_mb"),
-        "{signing}"
-    );
+    assert!(signing.starts_with("signing in software: ") || signing.starts_with("signing RSA and ECDSA on crypto_mb"), "{signing}");
     std::thread::spawn(move || lines.for_each(drop));
     signs_through(&d, &socket);
     signs_through(&d, &socket);
@@ -424,11 +359,8 @@ fn the_agent_raises_its_descriptor_limit_and_says_when_it_runs_out() {
     let socket = d.0.join("fds.sock");
     let hold = |n: usize| {
         let script = "import socket, sys, time\nheld = []\nfor _ in range(int(sys.argv[2])):\n    s = socket.socket(socket.AF_UNIX)\n    s.connect(sys.argv[1])\n    held.append(s)\nprint('held', len(held), flush=True)\ntime.sleep(60)\n";
-        let mut c = Command::new("python3")
-            .args(["-c", script, socket.to_str().unwrap(), &n.to_string()])
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut c =
+            Command::new("python3").args(["-c", script, socket.to_str().unwrap(), &n.to_string()]).stdout(Stdio::piped()).spawn().unwrap();
         let mut line = String::new();
         BufReader::new(c.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
         assert!(line.starts_with("held"), "{line}");
@@ -529,35 +461,16 @@ fn under_the_journal_the_agent_logs_priorities_answers_status_and_stops_on_sigte
     signs_through(&d, &socket);
 
     // Healthy: exit 0, the machine's id and generations.
-    let id = ok(&["machine", "info", "--key", &d.p("us.machine")])
-        .lines()
-        .next()
-        .unwrap()
-        .trim_start_matches("id: ")
-        .to_string();
+    let id = ok(&["machine", "info", "--key", &d.p("us.machine")]).lines().next().unwrap().trim_start_matches("id: ").to_string();
     let out = ok(&["agent", "status", "--socket", sock]);
-    assert!(
-        out.contains(&format!("machine: {id}")) && out.contains("generations live: 1") && out.contains("revoked: no"),
-        "{out}"
-    );
+    assert!(out.contains(&format!("machine: {id}")) && out.contains("generations live: 1") && out.contains("revoked: no"), "{out}");
     let json: serde_json::Value = serde_json::from_str(&ok(&["agent", "status", "--socket", sock, "--json"])).unwrap();
     assert_eq!(json["machine"]["revoked"], false, "{json}");
     assert!(json["keys_loaded"].as_u64().is_some() && json["pid"].as_u64().is_some(), "{json}");
 
     // A refused envelope: a warning in the agent's log, with its code and
     // the client's user and pid; the client says "no" (exit 1).
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &d.p("store"),
-        "--policy",
-        "country: FR",
-        "--in",
-        &d.p("ec.pem"),
-        "--out",
-        &d.p("fr.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "country: FR", "--in", &d.p("ec.pem"), "--out", &d.p("fr.env")]);
     ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
     let o = common::keyfence(&["provider-key", "--agent", sock, "--envelope", &d.p("fr.env"), "--out", &d.p("fr.kfk")]);
     assert!(!o.status.success(), "{}", stderr(&o));
@@ -574,17 +487,10 @@ fn under_the_journal_the_agent_logs_priorities_answers_status_and_stops_on_sigte
     // Another machine revoked: a store update, said at its priority; this
     // agent goes on signing.
     ok(&["authority", "issue", "--store", &d.p("store"), "--attrs", "country=DE", "--out", &d.p("de.machine")]);
-    let other = ok(&["machine", "info", "--key", &d.p("de.machine")])
-        .lines()
-        .next()
-        .unwrap()
-        .trim_start_matches("id: ")
-        .to_string();
+    let other = ok(&["machine", "info", "--key", &d.p("de.machine")]).lines().next().unwrap().trim_start_matches("id: ").to_string();
     ok(&["authority", "revoke", "--store", &d.p("store"), "--machine", &other]);
     ok(&["authority", "export", "--store", &d.p("store"), "--to", &d.p("served")]);
-    wait_for_line(&log, "<6> ... revocation list changed", |l| {
-        l.starts_with("<6>") && l.contains("revocation list changed")
-    });
+    wait_for_line(&log, "<6> ... revocation list changed", |l| l.starts_with("<6>") && l.contains("revocation list changed"));
     let out = ok(&["agent", "status", "--socket", sock]);
     assert!(out.contains("machines on the revocation list: 1") && out.contains("revoked: no"), "{out}");
     signs_through(&d, &socket);

@@ -40,11 +40,9 @@ fn every_listed_rsa_algorithm_is_offered_and_verifies() {
     openssl(&d, &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &key]);
     openssl(&d, &["pkey", "-in", &key, "-pubout", "-out", &public]);
     std::fs::write(&msg, b"every algorithm on the list").unwrap();
-    for (alg, hash, pss) in [
-        ("rsa-pkcs1-sha512", "-sha512", None),
-        ("rsa-pss-sha384", "-sha384", Some("48")),
-        ("rsa-pss-sha512", "-sha512", Some("64")),
-    ] {
+    for (alg, hash, pss) in
+        [("rsa-pkcs1-sha512", "-sha512", None), ("rsa-pss-sha384", "-sha384", Some("48")), ("rsa-pss-sha512", "-sha512", Some("64"))]
+    {
         let sig = d.p(alg);
         ok(&["sign", "--key", &key, "--alg", alg, "--in", &msg, "--out", &sig]);
         let saltlen = pss.map(|s| format!("rsa_pss_saltlen:{s}"));

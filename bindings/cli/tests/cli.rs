@@ -8,10 +8,7 @@ use common::{keyfence, stderr, stdout, Dir};
 fn policy_check_prints_the_canonical_form_and_verdict() {
     let o = keyfence(&["policy", "check", "country: US or (not region: EU)", "--attrs", "country=FR,region=APAC"]);
     assert!(o.status.success());
-    assert_eq!(
-        stdout(&o),
-        "country: US or not region: EU\nsatisfied by {country=FR,region=APAC} (using not region: EU)\n"
-    );
+    assert_eq!(stdout(&o), "country: US or not region: EU\nsatisfied by {country=FR,region=APAC} (using not region: EU)\n");
     let o = keyfence(&["policy", "check", "not (a: x or b: y)", "--attrs", "a=x", "--json"]);
     assert_eq!(stdout(&o).trim(), r#"{"canonical":"not a: x and not b: y","satisfied":false}"#);
     let o = keyfence(&["policy", "check", "a: x", "--json"]);
@@ -65,18 +62,8 @@ fn abe_round_trip_through_files() {
     assert!(stderr(&o).contains("attributes do not satisfy the policy"), "{}", stderr(&o));
     assert!(!std::path::Path::new(&d.p("pt2")).exists());
 
-    let o = keyfence(&[
-        "abe",
-        "encrypt",
-        "--pk",
-        &d.p("auth/pk.bin"),
-        "--policy",
-        "region: EU)",
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("ct2"),
-    ]);
+    let o =
+        keyfence(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "region: EU)", "--in", &d.p("msg"), "--out", &d.p("ct2")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains('^'));
 
@@ -98,16 +85,7 @@ fn keygen_refuses_a_key_too_large_for_its_format_instead_of_writing_it() {
     let d = Dir::new("abe-limit");
     common::ok(&["abe", "setup", "--out", &d.p("auth")]);
     let attrs: Vec<String> = (0..2000).map(|i| format!("{}{i}=x", (b'a' + (i % 26) as u8) as char)).collect();
-    let o = keyfence(&[
-        "abe",
-        "keygen",
-        "--msk",
-        &d.p("auth/msk.bin"),
-        "--attrs",
-        &attrs.join(","),
-        "--out",
-        &d.p("big.key"),
-    ]);
+    let o = keyfence(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", &attrs.join(","), "--out", &d.p("big.key")]);
     assert_ne!(o.status.code(), Some(0));
     let err = stderr(&o);
     assert!(err.contains("attribute key too large") && err.contains("65535"), "{err}");
@@ -140,18 +118,7 @@ fn abe_inspect_never_prints_terminal_escapes() {
     common::ok(&["abe", "setup", "--out", &d.p("auth")]);
     std::fs::write(d.p("msg"), b"m").unwrap();
     let policy = r#"a: "\u{1b}]0;pwned\u{7}" and b: "\u{202e}gnp.exe" or c: "\u{9b}31m""#;
-    common::ok(&[
-        "abe",
-        "encrypt",
-        "--pk",
-        &d.p("auth/pk.bin"),
-        "--policy",
-        policy,
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("ct"),
-    ]);
+    common::ok(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", policy, "--in", &d.p("msg"), "--out", &d.p("ct")]);
     let o = keyfence(&["abe", "inspect", &d.p("ct")]);
     assert!(o.status.success(), "{}", stderr(&o));
     let shown = stdout(&o);

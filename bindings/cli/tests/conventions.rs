@@ -26,8 +26,7 @@ fn with_closed_stdout(args: &[&str]) -> std::process::Output {
 
 /// Runs `args` with `input` on standard input.
 fn with_stdin(args: &[&str], input: &[u8]) -> std::process::Output {
-    let mut child =
-        bin().args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = bin().args(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
     child.stdin.take().unwrap().write_all(input).unwrap();
     child.wait_with_output().unwrap()
 }
@@ -37,18 +36,7 @@ fn abe_fixture(d: &Dir) -> String {
     ok(&["abe", "setup", "--out", &d.p("auth")]);
     std::fs::write(d.p("msg"), b"hello").unwrap();
     let policy: Vec<String> = (0..200).map(|i| format!("site: s{i}")).collect();
-    ok(&[
-        "abe",
-        "encrypt",
-        "--pk",
-        &d.p("auth/pk.bin"),
-        "--policy",
-        &policy.join(" or "),
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("ct"),
-    ]);
+    ok(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", &policy.join(" or "), "--in", &d.p("msg"), "--out", &d.p("ct")]);
     d.p("ct")
 }
 
@@ -98,14 +86,8 @@ fn exit_codes_follow_one_convention() {
     assert_eq!(code(&["policy", "check", "a: x", "--attrs", "a"]), Some(2));
     assert_eq!(code(&["abe", "inspect", &d.p("missing")]), Some(2));
     assert_eq!(code(&["abe", "frobnicate"]), Some(2));
-    assert_eq!(
-        code(&["sign", "--key", &d.p("junk"), "--alg", "ed25519", "--in", &d.p("msg"), "--out", &d.p("s")]),
-        Some(2)
-    );
-    assert_eq!(
-        code(&["sign", "--key", &d.p("junk"), "--alg", "bogus", "--in", &d.p("msg"), "--out", &d.p("s")]),
-        Some(2)
-    );
+    assert_eq!(code(&["sign", "--key", &d.p("junk"), "--alg", "ed25519", "--in", &d.p("msg"), "--out", &d.p("s")]), Some(2));
+    assert_eq!(code(&["sign", "--key", &d.p("junk"), "--alg", "bogus", "--in", &d.p("msg"), "--out", &d.p("s")]), Some(2));
     // 3: the system refused (here: the output directory is missing).
     let o = keyfence(&[
         "abe",
@@ -121,9 +103,7 @@ fn exit_codes_follow_one_convention() {
     ]);
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     // The convention is in the help of every command.
-    for args in
-        [&["--help"][..], &["abe", "decrypt", "--help"], &["machine", "open", "--help"], &["policy", "check", "--help"]]
-    {
+    for args in [&["--help"][..], &["abe", "decrypt", "--help"], &["machine", "open", "--help"], &["policy", "check", "--help"]] {
         let help = stdout(&keyfence(args));
         assert!(help.contains("Exit status:\n  0  success\n  1  a \"no\" answer"), "{help}");
         assert!(help.contains("2  usage or bad input") && help.contains("3  any other failure"), "{help}");
@@ -147,10 +127,7 @@ fn a_dash_means_standard_input_and_output() {
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(o.stdout, b"hello");
     // encrypt from standard input to standard output, then back.
-    let o = with_stdin(
-        &["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "site: s7", "--in", "-", "--out", "-"],
-        b"piped",
-    );
+    let o = with_stdin(&["abe", "encrypt", "--pk", &d.p("auth/pk.bin"), "--policy", "site: s7", "--in", "-", "--out", "-"], b"piped");
     assert!(o.status.success(), "{}", stderr(&o));
     let o = with_stdin(&["abe", "decrypt", "--key", &d.p("k"), "--in", "-", "--out", "-"], &o.stdout);
     assert_eq!(o.stdout, b"piped");
@@ -158,15 +135,11 @@ fn a_dash_means_standard_input_and_output() {
     let s = d.p("store");
     ok(&["authority", "init", "--store", &s]);
     ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU", "--out", &d.p("m.machine")]);
-    let o = with_stdin(
-        &["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", "-", "--out", "-"],
-        b"secret",
-    );
+    let o = with_stdin(&["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", "-", "--out", "-"], b"secret");
     assert!(o.status.success(), "{}", stderr(&o));
     let env = o.stdout;
     // The envelope is on standard output alone: the report goes elsewhere.
-    let o =
-        with_stdin(&["machine", "open", "--store", &s, "--key", &d.p("m.machine"), "--in", "-", "--out", "-"], &env);
+    let o = with_stdin(&["machine", "open", "--store", &s, "--key", &d.p("m.machine"), "--in", "-", "--out", "-"], &env);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(o.stdout, b"secret");
 }
@@ -178,18 +151,7 @@ fn only_authority_init_creates_a_store() {
     std::fs::write(d.p("machine.key"), b"not a key").unwrap();
     std::fs::write(d.p("env"), b"not an envelope").unwrap();
     for args in [
-        vec![
-            "machine",
-            "open",
-            "--store",
-            &nope,
-            "--key",
-            &d.p("machine.key"),
-            "--in",
-            &d.p("env"),
-            "--out",
-            &d.p("o"),
-        ],
+        vec!["machine", "open", "--store", &nope, "--key", &d.p("machine.key"), "--in", &d.p("env"), "--out", &d.p("o")],
         vec!["machine", "could-open", "--store", &nope, "--key", &d.p("machine.key"), "--in", &d.p("env")],
         vec!["authority", "status", "--store", &nope],
         vec!["authority", "issue", "--store", &nope, "--attrs", "a=b", "--out", &d.p("k")],
@@ -261,8 +223,7 @@ fn a_policy_over_the_size_limit_shows_a_window_not_the_whole_text() {
 
 #[test]
 fn attrs_take_quoted_values_like_policies() {
-    let o =
-        keyfence(&["policy", "check", r#"city: "Paris, 2e" and team: red"#, "--attrs", r#"city="Paris, 2e",team=red"#]);
+    let o = keyfence(&["policy", "check", r#"city: "Paris, 2e" and team: red"#, "--attrs", r#"city="Paris, 2e",team=red"#]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stdout(&o).contains(r#"satisfied by {city="Paris, 2e",team=red}"#), "{}", stdout(&o));
     let o = keyfence(&["policy", "check", r#"city: "Paris, 2e""#, "--attrs", r#"city="Paris"#]);
@@ -287,16 +248,7 @@ fn text_not_in_nfc_is_refused_with_the_composed_form() {
 
     let d = Dir::new("nfc");
     ok(&["abe", "setup", "--out", &d.p("auth")]);
-    let o = keyfence(&[
-        "abe",
-        "keygen",
-        "--msk",
-        &d.p("auth/msk.bin"),
-        "--attrs",
-        &format!("city={nfd}"),
-        "--out",
-        &d.p("k"),
-    ]);
+    let o = keyfence(&["abe", "keygen", "--msk", &d.p("auth/msk.bin"), "--attrs", &format!("city={nfd}"), "--out", &d.p("k")]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(!std::path::Path::new(&d.p("k")).exists());
 }

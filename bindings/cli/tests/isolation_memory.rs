@@ -149,8 +149,7 @@ fn search_memory(pid: u32, needles: &[(String, Vec<u8>)]) -> Vec<String> {
         }
     }
     let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
-    let mut mem =
-        std::fs::File::open(format!("/proc/{pid}/mem")).expect("reading the server's memory needs root or its user");
+    let mut mem = std::fs::File::open(format!("/proc/{pid}/mem")).expect("reading the server's memory needs root or its user");
     let mut found = vec![false; needles.len()];
     let mut read_any = 0usize;
     for line in maps.lines() {
@@ -221,18 +220,7 @@ fn an_isolated_server_holds_none_of_the_machine_keys_secret() {
     ok(&["authority", "init", "--store", &store]);
     ok(&["authority", "issue", "--store", &store, "--attrs", "country=US,region=NA", "--out", &d.p("sfo1.machine")]);
     openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "key.pem"]);
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &store,
-        "--policy",
-        "country: US",
-        "--in",
-        &d.p("key.pem"),
-        "--out",
-        &d.p("key.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &store, "--policy", "country: US", "--in", &d.p("key.pem"), "--out", &d.p("key.env")]);
     let needles = needles(&std::fs::read(d.0.join("sfo1.machine")).unwrap());
 
     // The control: a server that opens its keys itself holds the machine

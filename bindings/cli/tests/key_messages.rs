@@ -21,23 +21,7 @@ fn refused_keys_say_what_they_are_and_why() {
     let enc = d.p("enc.pem");
     openssl(&d, &["genpkey", "-algorithm", "ED25519", "-aes-128-cbc", "-pass", "pass:secret", "-out", &enc]);
     let enc_der = d.p("enc.der");
-    openssl(
-        &d,
-        &[
-            "pkcs8",
-            "-topk8",
-            "-in",
-            &enc,
-            "-passin",
-            "pass:secret",
-            "-passout",
-            "pass:x",
-            "-outform",
-            "DER",
-            "-out",
-            &enc_der,
-        ],
-    );
+    openssl(&d, &["pkcs8", "-topk8", "-in", &enc, "-passin", "pass:secret", "-passout", "pass:x", "-outform", "DER", "-out", &enc_der]);
     let enc_legacy = d.p("enc-legacy.pem");
     openssl(&d, &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048", "-out", &d.p("rsa.pem")]);
     openssl(&d, &["rsa", "-in", &d.p("rsa.pem"), "-traditional", "-aes128", "-passout", "pass:x", "-out", &enc_legacy]);
@@ -60,8 +44,7 @@ fn refused_keys_say_what_they_are_and_why() {
     // The advice for RSA-PSS keys works: their PKCS#1 form signs.
     let pss_traditional = d.p("pss-traditional.pem");
     openssl(&d, &["rsa", "-in", &pss, "-traditional", "-out", &pss_traditional]);
-    let o =
-        keyfence(&["sign", "--key", &pss_traditional, "--alg", "rsa-pss-sha256", "--in", &msg, "--out", &d.p("sig")]);
+    let o = keyfence(&["sign", "--key", &pss_traditional, "--alg", "rsa-pss-sha256", "--in", &msg, "--out", &d.p("sig")]);
     assert!(stderr(&o).contains("an RSA-PSS-only key (id-RSASSA-PSS) is not supported"), "{}", stderr(&o));
     let pkcs1 = d.p("pss-pkcs1.der");
     openssl(&d, &["rsa", "-in", &pss, "-traditional", "-outform", "DER", "-out", &pkcs1]);

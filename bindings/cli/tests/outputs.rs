@@ -33,15 +33,9 @@ fn fixture(d: &Dir) {
     std::fs::write(d.0.join("in/msg"), b"a message").unwrap();
     std::fs::write(d.0.join("in/secret"), b"a secret to wrap").unwrap();
     ok_in(cwd, &["abe", "keygen", "--msk", "auth/msk.bin", "--attrs", "region=EU", "--out", "in/user.key"]);
-    ok_in(
-        cwd,
-        &["abe", "encrypt", "--pk", "auth/pk.bin", "--policy", "region: EU", "--in", "in/msg", "--out", "in/ct"],
-    );
+    ok_in(cwd, &["abe", "encrypt", "--pk", "auth/pk.bin", "--policy", "region: EU", "--in", "in/msg", "--out", "in/ct"]);
     ok_in(cwd, &["authority", "issue", "--store", "store", "--attrs", "region=EU", "--out", "in/m.machine"]);
-    ok_in(
-        cwd,
-        &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/secret", "--out", "in/s.env"],
-    );
+    ok_in(cwd, &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/secret", "--out", "in/s.env"]);
     let key = openssl::pkey::PKey::generate_ed25519().unwrap();
     std::fs::write(d.0.join("in/ed.pem"), key.private_key_to_pem_pkcs8().unwrap()).unwrap();
     std::fs::write(d.0.join("in/tls.key"), b"not read before the output is checked").unwrap();
@@ -55,22 +49,13 @@ struct Case {
 }
 
 const CASES: &[Case] = &[
-    Case {
-        args: &["abe", "keygen", "--msk", "auth/msk.bin", "--attrs", "region=EU", "--out", "OUT"],
-        inputs: &["auth/msk.bin"],
-    },
+    Case { args: &["abe", "keygen", "--msk", "auth/msk.bin", "--attrs", "region=EU", "--out", "OUT"], inputs: &["auth/msk.bin"] },
     Case {
         args: &["abe", "encrypt", "--pk", "auth/pk.bin", "--policy", "region: EU", "--in", "in/msg", "--out", "OUT"],
         inputs: &["auth/pk.bin", "in/msg"],
     },
-    Case {
-        args: &["abe", "decrypt", "--key", "in/user.key", "--in", "in/ct", "--out", "OUT"],
-        inputs: &["in/user.key", "in/ct"],
-    },
-    Case {
-        args: &["authority", "issue", "--store", "store", "--attrs", "region=EU", "--out", "OUT"],
-        inputs: &["store"],
-    },
+    Case { args: &["abe", "decrypt", "--key", "in/user.key", "--in", "in/ct", "--out", "OUT"], inputs: &["in/user.key", "in/ct"] },
+    Case { args: &["authority", "issue", "--store", "store", "--attrs", "region=EU", "--out", "OUT"], inputs: &["store"] },
     Case {
         args: &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/secret", "--out", "OUT"],
         inputs: &["in/secret"],
@@ -79,10 +64,7 @@ const CASES: &[Case] = &[
         args: &["machine", "open", "--store", "store", "--key", "in/m.machine", "--in", "in/s.env", "--out", "OUT"],
         inputs: &["in/m.machine", "in/s.env"],
     },
-    Case {
-        args: &["sign", "--key", "in/ed.pem", "--alg", "ed25519", "--in", "in/msg", "--out", "OUT"],
-        inputs: &["in/ed.pem", "in/msg"],
-    },
+    Case { args: &["sign", "--key", "in/ed.pem", "--alg", "ed25519", "--in", "in/msg", "--out", "OUT"], inputs: &["in/ed.pem", "in/msg"] },
     // The remote inputs are checked before any server is asked.
     Case {
         args: &[
@@ -229,11 +211,7 @@ const LINK_CASES: [&[&str]; 5] = [
 
 /// The temporary files an output left in `dir` (none, when it went well).
 fn leftovers(dir: &Path) -> Vec<String> {
-    std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.contains(".tmp-"))
-        .collect()
+    std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).filter(|n| n.contains(".tmp-")).collect()
 }
 
 #[test]
@@ -248,10 +226,7 @@ fn a_link_of_ones_own_is_followed_and_its_target_replaced_whole() {
         // A relative link, as `ln -s real/target link` makes.
         std::os::unix::fs::symlink("real/target", d.0.join("link")).unwrap();
         ok_in(&d.0, &with_out(args, "link").iter().map(String::as_str).collect::<Vec<_>>());
-        assert!(
-            std::fs::symlink_metadata(d.0.join("link")).unwrap().file_type().is_symlink(),
-            "{args:?}: the link was replaced"
-        );
+        assert!(std::fs::symlink_metadata(d.0.join("link")).unwrap().file_type().is_symlink(), "{args:?}: the link was replaced");
         let now = std::fs::read(&target).unwrap();
         assert!(now != b"the old contents" && !now.is_empty(), "{args:?} did not write what the link names");
         assert!(leftovers(&d.0).is_empty() && leftovers(&d.0.join("real")).is_empty(), "{args:?}");
@@ -328,20 +303,7 @@ fn writers() -> Vec<(Vec<&'static str>, bool)> {
             (c.args.to_vec(), deterministic)
         })
         .collect();
-    v.push((
-        vec![
-            "provider-key",
-            "--envelope",
-            "in/ed.env",
-            "--store",
-            "store",
-            "--machine-key",
-            "in/m.machine",
-            "--out",
-            "OUT",
-        ],
-        true,
-    ));
+    v.push((vec!["provider-key", "--envelope", "in/ed.env", "--store", "store", "--machine-key", "in/m.machine", "--out", "OUT"], true));
     v
 }
 
@@ -390,13 +352,7 @@ fn same_output(what: &str, args: &[&str], got: &[u8], regular: &[u8], determinis
     if deterministic {
         assert!(got == regular, "{args:?} into {what}: other bytes than into a file");
     } else {
-        assert_eq!(
-            got.len(),
-            regular.len(),
-            "{args:?} into {what}: {} bytes, a file gets {}",
-            got.len(),
-            regular.len()
-        );
+        assert_eq!(got.len(), regular.len(), "{args:?} into {what}: {} bytes, a file gets {}", got.len(), regular.len());
     }
 }
 
@@ -404,10 +360,7 @@ fn same_output(what: &str, args: &[&str], got: &[u8], regular: &[u8], determinis
 fn outputs_onto_fifos_and_descriptor_links_are_written_in_place() {
     let d = Dir::new("out-special");
     fixture(&d);
-    ok_in(
-        &d.0,
-        &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/ed.pem", "--out", "in/ed.env"],
-    );
+    ok_in(&d.0, &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/ed.pem", "--out", "in/ed.env"]);
     for (i, (args, deterministic)) in writers().into_iter().enumerate() {
         let regular = regular_output(&d, &args);
         // A FIFO with a reader: the reader gets the bytes, the FIFO stays.
@@ -423,14 +376,10 @@ fn outputs_onto_fifos_and_descriptor_links_are_written_in_place() {
         for (name, to) in [("so", "/proc/self/fd/1"), ("devstdout", "/dev/stdout"), ("devfd", "/dev/fd/1")] {
             let link = d.0.join(format!("{name}-{i}"));
             std::os::unix::fs::symlink(to, &link).unwrap();
-            let o =
-                run_in(&d.0, &with_out(&args, &format!("{name}-{i}")).iter().map(String::as_str).collect::<Vec<_>>());
+            let o = run_in(&d.0, &with_out(&args, &format!("{name}-{i}")).iter().map(String::as_str).collect::<Vec<_>>());
             assert!(o.status.success(), "{args:?} --out {name} -> {to}: {}", stderr(&o));
             same_output(to, &args, &o.stdout, &regular, deterministic);
-            assert!(
-                std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(),
-                "{args:?}: {name} was replaced"
-            );
+            assert!(std::fs::symlink_metadata(&link).unwrap().file_type().is_symlink(), "{args:?}: {name} was replaced");
         }
         // Standard error, through a link to `/dev/stderr`.
         let link = d.0.join(format!("se-{i}"));
@@ -461,10 +410,7 @@ fn outputs_onto_devices_are_written_in_place_never_replaced() {
     }
     let d = Dir::new("out-devices");
     fixture(&d);
-    ok_in(
-        &d.0,
-        &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/ed.pem", "--out", "in/ed.env"],
-    );
+    ok_in(&d.0, &["authority", "wrap", "--store", "store", "--policy", "region: EU", "--in", "in/ed.pem", "--out", "in/ed.env"]);
     // A null device of the scratch folder's own (what `--out /dev/null`
     // meets), and a link to it.
     let o = Command::new("mknod").arg(d.0.join("null")).args(["c", "1", "3"]).output().expect("mknod");
@@ -472,10 +418,7 @@ fn outputs_onto_devices_are_written_in_place_never_replaced() {
     std::os::unix::fs::symlink("null", d.0.join("to-null")).unwrap();
     let check = |p: &Path, what: &str| {
         let m = std::fs::symlink_metadata(p).unwrap();
-        assert!(
-            m.file_type().is_char_device() && m.rdev() == libc::makedev(1, 3),
-            "{what}: the device was replaced: {m:?}"
-        );
+        assert!(m.file_type().is_char_device() && m.rdev() == libc::makedev(1, 3), "{what}: the device was replaced: {m:?}");
     };
     let mut all = writers();
     all.push((vec!["abe", "setup", "--out", "OUT"], false));
@@ -552,10 +495,7 @@ fn planted_scratch_is_not_used(name: &str, args: &[&str], file: &str) {
     let o = child.wait_with_output().unwrap();
     assert!(o.status.success(), "{args:?}: {}", stderr(&o));
     assert_eq!(std::fs::read(&victim).unwrap(), b"the victim's file", "{name} wrote through the planted link");
-    assert!(
-        std::fs::symlink_metadata(planted.join(file)).unwrap().file_type().is_symlink(),
-        "{name} used the planted folder"
-    );
+    assert!(std::fs::symlink_metadata(planted.join(file)).unwrap().file_type().is_symlink(), "{name} used the planted folder");
     // And its own scratch folder is gone.
     let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().map(|e| e.unwrap().path()).filter(|p| *p != planted).collect();
     assert!(left.is_empty(), "{left:?}");

@@ -71,26 +71,13 @@ fn sign_with_a_token_key_in_process_and_isolated() {
     std::fs::write(d.0.join("msg"), b"signed in the token\n").unwrap();
     for (label, algs) in KEYS {
         // The public key openssl wrote when it made the key, not the token's.
-        openssl(
-            &d,
-            &["pkey", "-in", &d.p(&format!("hsm/keys/{label}.pem")), "-pubout", "-out", &format!("{label}.pub")],
-        );
+        openssl(&d, &["pkey", "-in", &d.p(&format!("hsm/keys/{label}.pem")), "-pubout", "-out", &format!("{label}.pub")]);
         // ...and the one the token gives, which must be the same.
         kf_ok(
             &env,
-            &[
-                "pkcs11",
-                "public",
-                "--uri",
-                &format!("pkcs11:token=edge;object={label}"),
-                "--out",
-                &d.p(&format!("{label}.tok.pub")),
-            ],
+            &["pkcs11", "public", "--uri", &format!("pkcs11:token=edge;object={label}"), "--out", &d.p(&format!("{label}.tok.pub"))],
         );
-        assert_eq!(
-            std::fs::read(d.0.join(format!("{label}.pub"))).unwrap(),
-            std::fs::read(d.0.join(format!("{label}.tok.pub"))).unwrap()
-        );
+        assert_eq!(std::fs::read(d.0.join(format!("{label}.pub"))).unwrap(), std::fs::read(d.0.join(format!("{label}.tok.pub"))).unwrap());
         for alg in algs {
             for isolated in [false, true] {
                 let uri = format!("pkcs11:token=edge;object={label};type=private");
@@ -98,12 +85,8 @@ fn sign_with_a_token_key_in_process_and_isolated() {
                 if isolated {
                     args.push("--isolated");
                 }
-                let o = Command::new(env!("CARGO_BIN_EXE_keyfence"))
-                    .args(&args)
-                    .envs(env.iter().cloned())
-                    .current_dir(&d.0)
-                    .output()
-                    .unwrap();
+                let o =
+                    Command::new(env!("CARGO_BIN_EXE_keyfence")).args(&args).envs(env.iter().cloned()).current_dir(&d.0).output().unwrap();
                 assert!(o.status.success(), "{label} {alg} isolated={isolated}: {}", stderr(&o));
                 verify(&d, alg, &format!("{label}.pub"), "msg", "msg.sig");
             }
@@ -111,103 +94,23 @@ fn sign_with_a_token_key_in_process_and_isolated() {
     }
     // A key made in the token by keyfence: it signs, openssl verifies
     // against the public key keygen wrote.
-    kf_ok(
-        &env,
-        &[
-            "pkcs11",
-            "keygen",
-            "--uri",
-            "pkcs11:token=edge;object=made;id=%42",
-            "--type",
-            "ec-p384",
-            "--out",
-            &d.p("made.pub"),
-        ],
-    );
-    let o = kf(
-        &env,
-        &["pkcs11", "keygen", "--uri", "pkcs11:token=edge;object=made", "--type", "ec-p384", "--out", &d.p("x")],
-    );
+    kf_ok(&env, &["pkcs11", "keygen", "--uri", "pkcs11:token=edge;object=made;id=%42", "--type", "ec-p384", "--out", &d.p("made.pub")]);
+    let o = kf(&env, &["pkcs11", "keygen", "--uri", "pkcs11:token=edge;object=made", "--type", "ec-p384", "--out", &d.p("x")]);
     assert!(!o.status.success() && stderr(&o).contains("exists already"), "{}", stderr(&o));
     kf_ok(
         &env,
-        &[
-            "sign",
-            "--key",
-            "pkcs11:token=edge;id=%42",
-            "--alg",
-            "ecdsa-p384-sha384",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            &d.p("made.sig"),
-        ],
+        &["sign", "--key", "pkcs11:token=edge;id=%42", "--alg", "ecdsa-p384-sha384", "--in", &d.p("msg"), "--out", &d.p("made.sig")],
     );
     verify(&d, "ecdsa-p384-sha384", "made.pub", "msg", "made.sig");
     // A key file checked against the certificate the server will present:
     // the token key's own passes, another key's is refused and no file is
     // written.
-    openssl(
-        &d,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            &d.p("hsm/keys/tls-p256.pem"),
-            "-subj",
-            "/CN=edge",
-            "-days",
-            "1",
-            "-out",
-            "p256.crt",
-        ],
-    );
-    openssl(
-        &d,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            &d.p("hsm/keys/tls-p384.pem"),
-            "-subj",
-            "/CN=edge",
-            "-days",
-            "1",
-            "-out",
-            "p384.crt",
-        ],
-    );
-    kf_ok(
-        &env,
-        &[
-            "provider-key",
-            "--pkcs11",
-            "pkcs11:token=edge;object=tls-p256",
-            "--cert",
-            &d.p("p256.crt"),
-            "--out",
-            &d.p("ok.kfk"),
-        ],
-    );
-    let o = kf(
-        &env,
-        &[
-            "provider-key",
-            "--pkcs11",
-            "pkcs11:token=edge;object=tls-p256",
-            "--cert",
-            &d.p("p384.crt"),
-            "--out",
-            &d.p("bad.kfk"),
-        ],
-    );
-    assert!(
-        !o.status.success() && stderr(&o).contains("the certificate's public key is not the key's"),
-        "{}",
-        stderr(&o)
-    );
+    openssl(&d, &["req", "-x509", "-new", "-key", &d.p("hsm/keys/tls-p256.pem"), "-subj", "/CN=edge", "-days", "1", "-out", "p256.crt"]);
+    openssl(&d, &["req", "-x509", "-new", "-key", &d.p("hsm/keys/tls-p384.pem"), "-subj", "/CN=edge", "-days", "1", "-out", "p384.crt"]);
+    kf_ok(&env, &["provider-key", "--pkcs11", "pkcs11:token=edge;object=tls-p256", "--cert", &d.p("p256.crt"), "--out", &d.p("ok.kfk")]);
+    let o =
+        kf(&env, &["provider-key", "--pkcs11", "pkcs11:token=edge;object=tls-p256", "--cert", &d.p("p384.crt"), "--out", &d.p("bad.kfk")]);
+    assert!(!o.status.success() && stderr(&o).contains("the certificate's public key is not the key's"), "{}", stderr(&o));
     assert!(!d.0.join("bad.kfk").exists());
     // The file names the module and PIN file it was made with: a server
     // whose environment is cleared (nginx's workers) still finds them.
@@ -231,8 +134,7 @@ fn an_operators_mistakes_are_clear_and_never_show_the_pin() {
     std::fs::write(d.0.join("msg"), b"m").unwrap();
     let sign = |env: &[(String, String)], uri: &str| {
         let start = Instant::now();
-        let o =
-            kf(env, &["sign", "--key", uri, "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("sig")]);
+        let o = kf(env, &["sign", "--key", uri, "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("sig")]);
         assert!(start.elapsed() < Duration::from_secs(20));
         assert!(!o.status.success());
         let e = stderr(&o);
@@ -293,10 +195,7 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
     // has neither in its environment.
     let client_env: Vec<(String, String)> = Vec::new();
     kf_ok(&client_env, &["authority", "init", "--store", &d.p("store")]);
-    kf_ok(
-        &client_env,
-        &["authority", "issue", "--store", &d.p("store"), "--attrs", "country=US", "--out", &d.p("m.key")],
-    );
+    kf_ok(&client_env, &["authority", "issue", "--store", &d.p("store"), "--attrs", "country=US", "--out", &d.p("m.key")]);
     let socket = d.p("agent.sock");
     let mut agent = Killed(
         Command::new(env!("CARGO_BIN_EXE_keyfence"))
@@ -343,11 +242,7 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
             &d.p("x"),
         ],
     );
-    assert!(
-        !o.status.success() && stderr(&o).contains("loads only the PKCS#11 module it was started with"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(!o.status.success() && stderr(&o).contains("loads only the PKCS#11 module it was started with"), "{}", stderr(&o));
     let o = kf(
         &client_env,
         &[
@@ -364,24 +259,9 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
             &d.p("x"),
         ],
     );
-    assert!(
-        !o.status.success() && stderr(&o).contains("reads only the PIN file it was started with"),
-        "{}",
-        stderr(&o)
-    );
+    assert!(!o.status.success() && stderr(&o).contains("reads only the PIN file it was started with"), "{}", stderr(&o));
     // A key file for the provider, through the agent.
-    kf_ok(
-        &client_env,
-        &[
-            "provider-key",
-            "--pkcs11",
-            "pkcs11:token=edge;object=tls-p256",
-            "--agent",
-            &socket,
-            "--out",
-            &d.p("p256.kfk"),
-        ],
-    );
+    kf_ok(&client_env, &["provider-key", "--pkcs11", "pkcs11:token=edge;object=tls-p256", "--agent", &socket, "--out", &d.p("p256.kfk")]);
     assert!(std::fs::read_to_string(d.0.join("p256.kfk")).unwrap().starts_with("-----BEGIN KEYFENCE KEY-----"));
     drop(agent);
 
@@ -452,9 +332,5 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
             "3000",
         ],
     );
-    assert!(
-        !o.status.success() && stderr(&o).contains("does not hold that key"),
-        "a key the server does not hold: {}",
-        stderr(&o)
-    );
+    assert!(!o.status.success() && stderr(&o).contains("does not hold that key"), "a key the server does not hold: {}", stderr(&o));
 }

@@ -46,17 +46,7 @@ fn provider_key_names_the_envelope_and_carries_the_public_key() {
     let pem = openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"]);
     std::fs::write(d.p("k.pem"), &pem).unwrap();
     ok(&["authority", "wrap", "--store", &s, "--policy", "country: US", "--in", &d.p("k.pem"), "--out", &d.p("k.env")]);
-    ok(&[
-        "provider-key",
-        "--envelope",
-        &d.p("k.env"),
-        "--store",
-        &s,
-        "--machine-key",
-        &d.p("us.key"),
-        "--out",
-        &d.p("k.kfk"),
-    ]);
+    ok(&["provider-key", "--envelope", &d.p("k.env"), "--store", &s, "--machine-key", &d.p("us.key"), "--out", &d.p("k.kfk")]);
 
     let text = std::fs::read_to_string(d.p("k.kfk")).unwrap();
     assert!(text.starts_with("-----BEGIN KEYFENCE KEY-----\n") && text.ends_with("-----END KEYFENCE KEY-----\n"));
@@ -73,23 +63,9 @@ fn provider_key_names_the_envelope_and_carries_the_public_key() {
     assert_eq!(get(5), Some(mk.to_str().unwrap().as_bytes().to_vec()), "the machine key, absolute");
 
     // A machine that may not open the envelope gets no key file.
-    let o = run(&[
-        "provider-key",
-        "--envelope",
-        &d.p("k.env"),
-        "--store",
-        &s,
-        "--machine-key",
-        &d.p("fr.key"),
-        "--out",
-        &d.p("fr.kfk"),
-    ]);
+    let o = run(&["provider-key", "--envelope", &d.p("k.env"), "--store", &s, "--machine-key", &d.p("fr.key"), "--out", &d.p("fr.kfk")]);
     assert!(!o.status.success());
-    assert!(
-        String::from_utf8_lossy(&o.stderr).contains("cannot open the envelope"),
-        "{}",
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cannot open the envelope"), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!std::path::Path::new(&d.p("fr.kfk")).exists());
     // Local or remote: one of them.
     let o = run(&["provider-key", "--envelope", &d.p("k.env"), "--out", &d.p("x.kfk")]);
@@ -102,16 +78,8 @@ fn provider_config_loads_default_then_keyfence() {
     std::fs::write(d.p("keyfence.so"), b"").unwrap();
     std::fs::create_dir(d.p("store")).unwrap();
     std::fs::write(d.p("m.key"), b"").unwrap();
-    let cnf = ok(&[
-        "provider-config",
-        "--module",
-        &d.p("keyfence.so"),
-        "--store",
-        &d.p("store"),
-        "--machine-key",
-        &d.p("m.key"),
-        "--isolated",
-    ]);
+    let cnf =
+        ok(&["provider-config", "--module", &d.p("keyfence.so"), "--store", &d.p("store"), "--machine-key", &d.p("m.key"), "--isolated"]);
     let module = std::fs::canonicalize(d.p("keyfence.so")).unwrap();
     assert!(cnf.contains(&format!("module = {}\n", module.display())), "{cnf}");
     assert!(cnf.contains("isolated = yes\n"), "{cnf}");
@@ -148,9 +116,7 @@ impl Held {
                     }
                     return Held(child);
                 }
-                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => {
-                    std::thread::sleep(std::time::Duration::from_millis(20))
-                }
+                Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy => std::thread::sleep(std::time::Duration::from_millis(20)),
                 Err(e) => panic!("{}: {e}", program.display()),
             }
         }
@@ -221,11 +187,7 @@ fn provider_check_names_the_restart_a_reload_does_not_give() {
     assert!(common::stderr(&o).contains("which is not there"), "{}", common::stderr(&o));
     // A process that is not there; a configuration that cannot be read.
     let o = check(&["--pid", "999999999"]);
-    assert!(
-        o.status.code() == Some(1) && common::stderr(&o).contains("no process 999999999"),
-        "{}",
-        common::stderr(&o)
-    );
+    assert!(o.status.code() == Some(1) && common::stderr(&o).contains("no process 999999999"), "{}", common::stderr(&o));
     let o = run(&["provider-check", "--config", &d.p("missing.cnf")]);
     assert_eq!(o.status.code(), Some(2), "{}", common::stderr(&o));
 }

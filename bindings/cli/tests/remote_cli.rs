@@ -33,18 +33,7 @@ fn serve_and_sign_remote_on_loopback() {
     ok(&["authority", "issue", "--store", &store, "--attrs", "country=JP,region=APAC", "--out", &d.p("nrt1.machine")]);
     openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "key.pem"]);
     openssl(&d, &["pkey", "-in", "key.pem", "-pubout", "-out", "key.pub.pem"]);
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &store,
-        "--policy",
-        "country: US",
-        "--in",
-        &d.p("key.pem"),
-        "--out",
-        &d.p("key.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &store, "--policy", "country: US", "--in", &d.p("key.pem"), "--out", &d.p("key.env")]);
     std::fs::write(d.p("msg"), b"a TLS handshake from Tokyo\n").unwrap();
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_keyfence"))
@@ -109,10 +98,7 @@ fn serve_and_sign_remote_on_loopback() {
     c.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
     let mut text = String::new();
     c.read_to_string(&mut text).unwrap();
-    assert!(
-        text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"),
-        "{text}"
-    );
+    assert!(text.contains("keyfence_remote_server_tenant_requests_total{tenant=\"client\",outcome=\"ok\"} 1"), "{text}");
     assert!(!text.contains("tenant=\"42\""), "{text}");
     assert!(text.contains("keyfence_remote_server_handshakes 0"), "{text}");
 
@@ -230,8 +216,7 @@ fn a_store_named_relative_to_the_current_directory_is_created() {
     // docs/remote.md's example runs `authority init --store store` in a
     // fresh directory.
     let d = Dir::new("relative-store");
-    let run =
-        |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).current_dir(&d.0).output().unwrap();
+    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_keyfence")).args(args).current_dir(&d.0).output().unwrap();
     let o = run(&["authority", "init", "--store", "store"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let o = run(&["authority", "issue", "--store", "store", "--attrs", "country=US", "--out", "m.machine"]);

@@ -94,14 +94,7 @@ impl Watch {
         unix.set_nonblocking(true).unwrap();
         let lock = d.0.join(format!("{name}.lock"));
         std::fs::write(&lock, b"").unwrap();
-        Watch {
-            tcp,
-            unix,
-            file: d.0.join(format!("{name}.leaked")),
-            lock,
-            received: Arc::default(),
-            seen: Arc::default(),
-        }
+        Watch { tcp, unix, file: d.0.join(format!("{name}.leaked")), lock, received: Arc::default(), seen: Arc::default() }
     }
 
     fn port(&self) -> u16 {
@@ -222,11 +215,7 @@ fn attack(name: &str, refused_not_killed: bool) {
         let err = stderr(&out);
         assert!(!out.status.success(), "{name} isolated={isolated}: a probe is no token, the command must fail: {err}");
         if isolated {
-            assert!(
-                !watch.leaked(),
-                "{name}: the probe got out of the key process (nobody saw: {}) ({err})",
-                watch.seen.lock().unwrap()
-            );
+            assert!(!watch.leaked(), "{name}: the probe got out of the key process (nobody saw: {}) ({err})", watch.seen.lock().unwrap());
             assert!(!err.contains("GeneralError"), "{name}: the probe reports it got out of the key process: {err}");
             if refused_not_killed {
                 assert!(err.contains("FunctionFailed"), "{name}: the attempt should be refused and reported: {err}");

@@ -68,18 +68,7 @@ fn a_directory_without_env_files_is_refused_naming_what_was_skipped() {
 fn envelopes_this_machine_cannot_open_leave_nothing_to_serve() {
     let d = Dir::new("serve-none-open");
     setup(&d);
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &d.p("store"),
-        "--policy",
-        "region: NA",
-        "--in",
-        &d.p("secret"),
-        "--out",
-        &d.p("envs/na.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &d.p("store"), "--policy", "region: NA", "--in", &d.p("secret"), "--out", &d.p("envs/na.env")]);
     let args = serve_args(&d, &d.p("envs"));
     let o = keyfence(&args.iter().map(String::as_str).collect::<Vec<_>>());
     let err = stderr(&o);

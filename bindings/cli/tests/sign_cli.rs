@@ -9,12 +9,7 @@ use std::process::{Command, Output};
 use common::{keyfence, openssl, openssl_output, Dir};
 
 fn ok(o: &Output, what: &str) {
-    assert!(
-        o.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
+    assert!(o.status.success(), "{what} failed: {}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
 }
 
 /// Makes a key with openssl; returns the private key path and its public key
@@ -52,27 +47,16 @@ fn signatures_verify_with_openssl() {
     let cases: [(&str, &(String, String), &[&str]); 8] = [
         ("rsa-pkcs1-sha256", &rsa, &["dgst", "-sha256"]),
         ("rsa-pkcs1-sha384", &rsa, &["dgst", "-sha384"]),
-        (
-            "rsa-pss-sha256",
-            &rsa,
-            &["dgst", "-sha256", "-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"],
-        ),
+        ("rsa-pss-sha256", &rsa, &["dgst", "-sha256", "-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"]),
         ("rsa-pkcs1-sha256", &rsa_der, &["dgst", "-sha256"]),
-        (
-            "rsa-pss-sha256",
-            &rsa_der,
-            &["dgst", "-sha256", "-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"],
-        ),
+        ("rsa-pss-sha256", &rsa_der, &["dgst", "-sha256", "-sigopt", "rsa_padding_mode:pss", "-sigopt", "rsa_pss_saltlen:32"]),
         ("ecdsa-p256-sha256", &p256, &["dgst", "-sha256"]),
         ("ecdsa-p384-sha384", &p384, &["dgst", "-sha384"]),
         ("ed25519", &ed, &["pkeyutl", "-rawin"]),
     ];
     for (i, (alg, (key, public), verify)) in cases.into_iter().enumerate() {
         let sig = d.p(&format!("sig{i}"));
-        ok(
-            &keyfence(&["sign", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]),
-            &format!("keyfence sign {alg}"),
-        );
+        ok(&keyfence(&["sign", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]), &format!("keyfence sign {alg}"));
         let mut args = verify.to_vec();
         if verify[0] == "dgst" {
             args.extend(["-verify", public, "-signature", &sig, &msg]);
@@ -80,11 +64,7 @@ fn signatures_verify_with_openssl() {
             args.extend(["-verify", "-pubin", "-inkey", public, "-sigfile", &sig, "-in", &msg]);
         }
         let out = openssl(&d, &args);
-        assert!(
-            String::from_utf8_lossy(&out).contains("Verified"),
-            "{alg} with {key}: {}",
-            String::from_utf8_lossy(&out)
-        );
+        assert!(String::from_utf8_lossy(&out).contains("Verified"), "{alg} with {key}: {}", String::from_utf8_lossy(&out));
 
         // A flipped message byte must not verify: the check is real.
         let tampered = d.p("tampered");
@@ -103,10 +83,7 @@ fn signatures_verify_with_openssl() {
     openssl(&d, &["dgst", "-sha256", "-binary", "-out", &digest, &msg]);
     let (s1, s2) = (d.p("by-msg"), d.p("by-digest"));
     ok(&keyfence(&["sign", "--key", &rsa.0, "--alg", "rsa-pkcs1-sha256", "--in", &msg, "--out", &s1]), "sign msg");
-    ok(
-        &keyfence(&["sign", "--key", &rsa.0, "--alg", "rsa-pkcs1-sha256", "--in", &digest, "--out", &s2, "--digest"]),
-        "sign digest",
-    );
+    ok(&keyfence(&["sign", "--key", &rsa.0, "--alg", "rsa-pkcs1-sha256", "--in", &digest, "--out", &s2, "--digest"]), "sign digest");
     assert_eq!(std::fs::read(&s1).unwrap(), std::fs::read(&s2).unwrap());
 }
 
@@ -115,8 +92,7 @@ fn errors_are_clear_and_exit_non_zero() {
     let d = Dir::new("sign-errors");
     let msg = d.p("msg");
     std::fs::write(&msg, b"m").unwrap();
-    let (p256, _) =
-        make_key(&d, "p256", &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"], false);
+    let (p256, _) = make_key(&d, "p256", &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"], false);
     let out = d.p("sig");
     let err = |o: &Output| {
         assert!(!o.status.success());
@@ -133,18 +109,7 @@ fn errors_are_clear_and_exit_non_zero() {
     assert!(e.contains("not a private key"), "{e}");
     let e = err(&keyfence(&["sign", "--key", &d.p("missing"), "--alg", "ed25519", "--in", &msg, "--out", &out]));
     assert!(e.contains("reading") && e.contains("missing"), "{e}");
-    let e = err(&keyfence(&[
-        "sign",
-        "--key",
-        &p256,
-        "--alg",
-        "ecdsa-p256-sha256",
-        "--in",
-        &msg,
-        "--out",
-        &out,
-        "--digest",
-    ]));
+    let e = err(&keyfence(&["sign", "--key", &p256, "--alg", "ecdsa-p256-sha256", "--in", &msg, "--out", &out, "--digest"]));
     assert!(e.contains("expects a 32-byte digest, got 1 bytes"), "{e}");
     // The key never appears in an error.
     let pem = std::fs::read_to_string(&p256).unwrap();
@@ -154,11 +119,9 @@ fn errors_are_clear_and_exit_non_zero() {
 
 #[test]
 fn bench_sign_prints_one_json_object_per_algorithm_and_path() {
-    let o =
-        keyfence(&["bench", "sign", "--json", "--seconds", "0.2", "--case", "ecdsa-p256-sha256", "--case", "ed25519"]);
+    let o = keyfence(&["bench", "sign", "--json", "--seconds", "0.2", "--case", "ecdsa-p256-sha256", "--case", "ed25519"]);
     ok(&o, "keyfence bench sign");
-    let lines: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let expected: Vec<(&str, &str)> = ["ecdsa-p256-sha256", "ed25519"]
         .into_iter()
         .flat_map(|alg| ["raw", "engine", "isolated", "offload-sim"].map(|path| (alg, path)))
@@ -243,11 +206,7 @@ fn offload_probe_says_what_crypto_mb_runs_here() {
     let d = Dir::new("offload-probe");
     let lib = d.p("libcrypto_mb_stand_in.so");
     let src = concat!(env!("CARGO_MANIFEST_DIR"), "/../../vectors/crypto-mb-stand-in/crypto_mb_stand_in.c");
-    assert!(Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"])
-        .status()
-        .unwrap()
-        .success());
+    assert!(Command::new("cc").args(["-shared", "-fPIC", "-O1", "-o", &lib, src, "-lcrypto"]).status().unwrap().success());
     let probe = |mode: Option<&str>, lib: &str| {
         let mut c = Command::new(env!("CARGO_BIN_EXE_keyfence"));
         c.args(["offload", "probe", "--json", "--crypto-mb", lib]);
@@ -280,14 +239,12 @@ fn offload_probe_says_what_crypto_mb_runs_here() {
 fn bench_sign_per_cpu_prints_every_path_against_raw() {
     let o = keyfence(&["bench", "sign", "--json", "--per-cpu", "--seconds", "0.05", "--threads", "1"]);
     ok(&o, "keyfence bench sign --per-cpu");
-    let rows: Vec<serde_json::Value> =
-        String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout).lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let expected: Vec<(&str, &str)> = ["rsa2048-pss-sha256", "ecdsa-p256-sha256", "ed25519"]
         .into_iter()
         .flat_map(|alg| ["raw", "engine", "isolated", "remote"].map(|path| (alg, path)))
         .collect();
-    let got: Vec<(&str, &str)> =
-        rows.iter().map(|v| (v["alg"].as_str().unwrap(), v["path"].as_str().unwrap())).collect();
+    let got: Vec<(&str, &str)> = rows.iter().map(|v| (v["alg"].as_str().unwrap(), v["path"].as_str().unwrap())).collect();
     assert_eq!(got, expected);
     for chunk in rows.chunks(4) {
         let raw = chunk[0]["per_cpu_second"].as_f64().unwrap();
@@ -312,20 +269,8 @@ fn bench_sign_per_cpu_prints_every_path_against_raw() {
         }
     }
     // A path can be asked for alone, remote included; raw stays.
-    let o = keyfence(&[
-        "bench",
-        "sign",
-        "--json",
-        "--per-cpu",
-        "--seconds",
-        "0.05",
-        "--threads",
-        "1",
-        "--case",
-        "ed25519",
-        "--path",
-        "remote",
-    ]);
+    let o =
+        keyfence(&["bench", "sign", "--json", "--per-cpu", "--seconds", "0.05", "--threads", "1", "--case", "ed25519", "--path", "remote"]);
     ok(&o, "keyfence bench sign --per-cpu --path remote");
     let paths: Vec<String> = String::from_utf8_lossy(&o.stdout)
         .lines()
@@ -339,12 +284,9 @@ fn isolated_signing_verifies_and_reports_key_process_errors() {
     let d = Dir::new("sign-isolated");
     let msg = d.p("msg");
     std::fs::write(&msg, b"signed in a separate key process\n").unwrap();
-    let (rsa, rsa_pub) =
-        make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
+    let (rsa, rsa_pub) = make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
     let (p256, p256_pub) = make_key(&d, "p256", &["ecparam", "-name", "prime256v1", "-genkey", "-noout"], false);
-    for (alg, key, public, digest) in
-        [("rsa-pss-sha256", &rsa, &rsa_pub, true), ("ecdsa-p256-sha256", &p256, &p256_pub, false)]
-    {
+    for (alg, key, public, digest) in [("rsa-pss-sha256", &rsa, &rsa_pub, true), ("ecdsa-p256-sha256", &p256, &p256_pub, false)] {
         let sig = d.p(&format!("{alg}.sig"));
         ok(
             &keyfence(&["sign", "--isolated", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]),
@@ -358,18 +300,7 @@ fn isolated_signing_verifies_and_reports_key_process_errors() {
         openssl(&d, &args);
     }
     // The key process reads the file, and its error names it.
-    let o = keyfence(&[
-        "sign",
-        "--isolated",
-        "--key",
-        &d.p("missing.pem"),
-        "--alg",
-        "ed25519",
-        "--in",
-        &msg,
-        "--out",
-        &d.p("x"),
-    ]);
+    let o = keyfence(&["sign", "--isolated", "--key", &d.p("missing.pem"), "--alg", "ed25519", "--in", &msg, "--out", &d.p("x")]);
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     assert!(e.contains("missing.pem") && e.contains("isolated"), "{e}");
@@ -388,8 +319,7 @@ fn isolated_signing_of_a_message_over_the_frame_limit_works_or_is_refused_cleanl
     let msg = d.p("big");
     std::fs::write(&msg, vec![b'x'; 2 << 20]).unwrap();
     let (p256, p256_pub) = make_key(&d, "p256", &["ecparam", "-name", "prime256v1", "-genkey", "-noout"], false);
-    let (rsa, rsa_pub) =
-        make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
+    let (rsa, rsa_pub) = make_key(&d, "rsa", &["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"], false);
     for (alg, key, public) in [("ecdsa-p256-sha256", &p256, &p256_pub), ("rsa-pkcs1-sha256", &rsa, &rsa_pub)] {
         let sig = d.p(&format!("{alg}.sig"));
         let o = keyfence(&["sign", "--isolated", "--key", key, "--alg", alg, "--in", &msg, "--out", &sig]);
@@ -431,36 +361,17 @@ fn the_timeout_bounds_a_key_load_that_hangs() {
     std::fs::write(d.0.join("msg"), b"m").unwrap();
     let uri = format!("pkcs11:token=t;object=k;type=private?module-path={}", module.display());
     for isolated in [false, true] {
-        let mut args = vec![
-            "sign",
-            "--key",
-            &uri,
-            "--alg",
-            "ecdsa-p256-sha256",
-            "--in",
-            "msg",
-            "--out",
-            "sig",
-            "--timeout-ms",
-            "1500",
-        ];
+        let mut args = vec!["sign", "--key", &uri, "--alg", "ecdsa-p256-sha256", "--in", "msg", "--out", "sig", "--timeout-ms", "1500"];
         if isolated {
             args.push("--isolated");
         }
         let t = std::time::Instant::now();
-        let out = Command::new(env!("CARGO_BIN_EXE_keyfence"))
-            .args(&args)
-            .env("KEYFENCE_PKCS11_PIN", "0000")
-            .current_dir(&d.0)
-            .output()
-            .unwrap();
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_keyfence")).args(&args).env("KEYFENCE_PKCS11_PIN", "0000").current_dir(&d.0).output().unwrap();
         let took = t.elapsed();
         let err = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(3), "isolated={isolated}: {err}");
         assert!(err.contains("--timeout-ms 1500"), "isolated={isolated}: {err}");
-        assert!(
-            took < std::time::Duration::from_secs(6),
-            "isolated={isolated}: the command took {took:?} with --timeout-ms 1500"
-        );
+        assert!(took < std::time::Duration::from_secs(6), "isolated={isolated}: the command took {took:?} with --timeout-ms 1500");
     }
 }

@@ -9,18 +9,7 @@ use common::{keyfence, stderr, stdout, Dir};
 #[test]
 fn a_short_soak_loses_nothing_and_keeps_every_deadline() {
     let d = Dir::new("soak");
-    let o = keyfence(&[
-        "bench",
-        "soak",
-        "--seconds",
-        "4",
-        "--threads",
-        "4",
-        "--kill-every-ms",
-        "1000",
-        "--dir",
-        &d.p("run"),
-    ]);
+    let o = keyfence(&["bench", "soak", "--seconds", "4", "--threads", "4", "--kill-every-ms", "1000", "--dir", &d.p("run")]);
     assert!(o.status.success(), "exit {:?}: {}{}", o.status.code(), stdout(&o), stderr(&o));
     let r: serde_json::Value = serde_json::from_str(stdout(&o).trim()).expect("one JSON object");
     assert_eq!(r["lost_keys"], 0, "{r}");

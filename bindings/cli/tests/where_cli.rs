@@ -14,12 +14,7 @@ fn json(out: &str) -> serde_json::Value {
 }
 
 fn group<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    v["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|g| g["value"] == name)
-        .unwrap_or_else(|| panic!("no group {name}: {v}"))
+    v["groups"].as_array().unwrap().iter().find(|g| g["value"] == name).unwrap_or_else(|| panic!("no group {name}: {v}"))
 }
 
 /// The seeds' outage in small: an EU-but-not-GB key, the world's traffic.
@@ -27,19 +22,8 @@ fn the_commands_on(s: &str, d: &Dir) {
     ok(&["authority", "init", "--store", s]);
     let o = ok(&["authority", "inventory", "--store", s]);
     assert!(o.contains("0 machine(s)"), "{o}");
-    for (dc, region, country) in
-        [("fra1", "EU", "DE"), ("fra1", "EU", "DE"), ("ams1", "EU", "NL"), ("lhr1", "EU", "GB")]
-    {
-        ok(&[
-            "authority",
-            "issue",
-            "--store",
-            s,
-            "--attrs",
-            &format!("dc={dc},region={region},country={country}"),
-            "--out",
-            &d.p("k"),
-        ]);
+    for (dc, region, country) in [("fra1", "EU", "DE"), ("fra1", "EU", "DE"), ("ams1", "EU", "NL"), ("lhr1", "EU", "GB")] {
+        ok(&["authority", "issue", "--store", s, "--attrs", &format!("dc={dc},region={region},country={country}"), "--out", &d.p("k")]);
     }
     // A fleet issued before the inventory.
     let mut fleet = String::from("# id<TAB>attributes\n");
@@ -49,8 +33,7 @@ fn the_commands_on(s: &str, d: &Dir) {
         fleet.push_str(&format!("{:032x}\tdc={dc},region={region},country={country}\n", i + 1));
     }
     std::fs::write(d.p("fleet.tsv"), &fleet).unwrap();
-    assert!(ok(&["authority", "inventory", "--store", s, "--import", &d.p("fleet.tsv")])
-        .contains("4 added, 0 updated, 0 unchanged"));
+    assert!(ok(&["authority", "inventory", "--store", s, "--import", &d.p("fleet.tsv")]).contains("4 added, 0 updated, 0 unchanged"));
     let inv = json(&ok(&["authority", "inventory", "--store", s, "--json"]));
     assert_eq!((inv["total"].as_u64(), inv["live"].as_u64()), (Some(8), Some(8)));
     let one = inv["machines"].as_array().unwrap().iter().find(|m| m["id"] == format!("{:032x}", 1)).unwrap();
@@ -64,12 +47,12 @@ fn the_commands_on(s: &str, d: &Dir) {
     assert_eq!(group(&v, "lhr1")["matching"].as_u64(), Some(0));
     assert!(group(&v, "fra1").get("own_rps").is_none(), "rates only with --traffic");
 
+    std::fs::write(d.p("traffic.csv"), "group,rps\nfra1,1000\nams1,500\nlhr1,3000\nord1,60000\nsjc1,15000\nnrt1,4000\n").unwrap();
     std::fs::write(
-        d.p("traffic.csv"),
-        "group,rps\nfra1,1000\nams1,500\nlhr1,3000\nord1,60000\nsjc1,15000\nnrt1,4000\n",
+        d.p("latency.csv"),
+        "from,to,ms\nlhr1,ams1,8\nlhr1,fra1,12\nord1,ams1,95\nord1,fra1,95\nsjc1,fra1,150\nsjc1,ams1,140\nnrt1,fra1,230\nnrt1,ams1,230\n",
     )
     .unwrap();
-    std::fs::write(d.p("latency.csv"), "from,to,ms\nlhr1,ams1,8\nlhr1,fra1,12\nord1,ams1,95\nord1,fra1,95\nsjc1,fra1,150\nsjc1,ams1,140\nnrt1,fra1,230\nnrt1,ams1,230\n").unwrap();
     let o = run(&[
         "authority",
         "where",
@@ -124,43 +107,16 @@ fn the_commands_on(s: &str, d: &Dir) {
     ]));
     assert_eq!(group(&v, "fra1")["sends_to"], "nrt1", "no NA/JP group in EU: the first that sorts");
     // Text, and a warning ratio high enough for no warning.
-    let o = ok(&[
-        "authority",
-        "where",
-        "--store",
-        s,
-        "--policy",
-        p,
-        "--by",
-        "dc",
-        "--traffic",
-        &d.p("traffic.csv"),
-        "--warn-ratio",
-        "1000",
-    ]);
+    let o =
+        ok(&["authority", "where", "--store", s, "--policy", p, "--by", "dc", "--traffic", &d.p("traffic.csv"), "--warn-ratio", "1000"]);
     assert!(o.contains("3 of 8 live machine(s) satisfy it") && !o.contains("warning"), "{o}");
 
     // Nothing satisfies it: exit 1. `wrap` under it warns and wraps.
     let o = run(&["authority", "where", "--store", s, "--policy", "region: MARS", "--by", "dc"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     std::fs::write(d.p("pem"), b"secret").unwrap();
-    let o = run(&[
-        "authority",
-        "wrap",
-        "--store",
-        s,
-        "--policy",
-        "region: MARS",
-        "--in",
-        &d.p("pem"),
-        "--out",
-        &d.p("mars.env"),
-    ]);
-    assert!(
-        o.status.success() && stderr(&o).contains("no machine of the inventory (8 live) satisfies `region: MARS`"),
-        "{}",
-        stderr(&o)
-    );
+    let o = run(&["authority", "wrap", "--store", s, "--policy", "region: MARS", "--in", &d.p("pem"), "--out", &d.p("mars.env")]);
+    assert!(o.status.success() && stderr(&o).contains("no machine of the inventory (8 live) satisfies `region: MARS`"), "{}", stderr(&o));
     let o = run(&["authority", "wrap", "--store", s, "--policy", p, "--in", &d.p("pem"), "--out", &d.p("eu.env")]);
     assert!(o.status.success() && !stderr(&o).contains("warning"), "{}", stderr(&o));
     // From an envelope: its policy.
@@ -182,10 +138,8 @@ fn the_commands_on(s: &str, d: &Dir) {
     assert_eq!(o.status.code(), Some(2), "--traffic needs --by: {}", stderr(&o));
 
     // Revoked machines leave every count.
-    let lhr = inv["machines"].as_array().unwrap().iter().find(|m| m["attributes"]["dc"] == "lhr1").unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let lhr =
+        inv["machines"].as_array().unwrap().iter().find(|m| m["attributes"]["dc"] == "lhr1").unwrap()["id"].as_str().unwrap().to_owned();
     ok(&["authority", "revoke", "--store", s, "--machine", &lhr]);
     let v = json(&ok(&["authority", "where", "--store", s, "--policy", "region: EU", "--json"]));
     assert_eq!((v["total"].as_u64(), v["matching"].as_u64(), v["revoked"].as_u64()), (Some(7), Some(3), Some(1)));

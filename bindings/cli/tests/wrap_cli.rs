@@ -25,16 +25,13 @@ fn authority_and_machine_commands() {
     ok(&["authority", "issue", "--store", &s, "--attrs", "region=NA,country=US", "--out", &d.p("iad.key")]);
     ok(&["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", &d.p("pem"), "--out", &d.p("env")]);
 
-    assert!(
-        ok(&["machine", "could-open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env")]).starts_with("yes")
-    );
+    assert!(ok(&["machine", "could-open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env")]).starts_with("yes"));
     let o = run(&["machine", "could-open", "--store", &s, "--key", &d.p("iad.key"), "--in", &d.p("env")]);
     assert_eq!(o.status.code(), Some(1));
 
     ok(&["machine", "open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env"), "--out", &d.p("out")]);
     assert_eq!(std::fs::read(d.p("out")).unwrap(), std::fs::read(d.p("pem")).unwrap());
-    let o =
-        run(&["machine", "open", "--store", &s, "--key", &d.p("iad.key"), "--in", &d.p("env"), "--out", &d.p("out2")]);
+    let o = run(&["machine", "open", "--store", &s, "--key", &d.p("iad.key"), "--in", &d.p("env"), "--out", &d.p("out2")]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("do not satisfy the policy `region: EU`"));
 
@@ -46,8 +43,7 @@ fn authority_and_machine_commands() {
     assert!(status.contains("generation 1: decrypt-only") && status.contains("generation 2: active"), "{status}");
     assert!(status.contains("envelopes: 1"), "{status}");
 
-    let o =
-        run(&["authority", "wrap", "--store", &s, "--policy", "region: EU)", "--in", &d.p("pem"), "--out", &d.p("e2")]);
+    let o = run(&["authority", "wrap", "--store", &s, "--policy", "region: EU)", "--in", &d.p("pem"), "--out", &d.p("e2")]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains('^'));
     let o = run(&["authority", "status", "--store", &d.p("nothing-here")]);
@@ -93,11 +89,7 @@ fn rotations_killed_midway_lose_nothing() {
         // stay until the next rotation deletes them under the lock.
         let live = st.generations.iter().filter(|(_, s)| s.is_live()).count();
         assert!(store.list("sealed/").unwrap().len() >= 40 * live, "round {round}");
-        let m = Machine::new(
-            a.issue(&"region=r0,tier=t1".parse().unwrap()).unwrap(),
-            store.clone(),
-            CacheConfig::default(),
-        );
+        let m = Machine::new(a.issue(&"region=r0,tier=t1".parse().unwrap()).unwrap(), store.clone(), CacheConfig::default());
         for (i, (want, env)) in secrets.iter().enumerate() {
             if i % 3 == 0 || i == 1 {
                 assert_eq!(&m.open(env).unwrap()[..], want.as_bytes(), "round {round}, secret {i}");
@@ -140,18 +132,7 @@ fn concurrent_processes_on_one_store_lose_no_key() {
                                 let (input, env) = (d.p(&format!("in-{w}-{i}")), d.p(&format!("env-{w}-{i}")));
                                 std::fs::write(&input, &secret).unwrap();
                                 let policy = POLICIES[(w * 7 + i) % POLICIES.len()];
-                                let o = run(&[
-                                    "authority",
-                                    "wrap",
-                                    "--store",
-                                    s,
-                                    "--policy",
-                                    policy,
-                                    "--in",
-                                    &input,
-                                    "--out",
-                                    &env,
-                                ]);
+                                let o = run(&["authority", "wrap", "--store", s, "--policy", policy, "--in", &input, "--out", &env]);
                                 assert!(o.status.success(), "wrap: {}", String::from_utf8_lossy(&o.stderr));
                                 mine.push((env, secret));
                             }
@@ -184,11 +165,8 @@ fn concurrent_processes_on_one_store_lose_no_key() {
     let key = d.p("final.machine");
     ok(&["authority", "issue", "--store", &s, "--attrs", "a=x,b=y,c=z", "--out", &key]);
     let store: Arc<dyn Store> = Arc::new(FileStore::open(&s).unwrap());
-    let machine = Machine::new(
-        keyfence::wrap::MachineKey::from_bytes(&std::fs::read(&key).unwrap()).unwrap(),
-        store.clone(),
-        CacheConfig::default(),
-    );
+    let machine =
+        Machine::new(keyfence::wrap::MachineKey::from_bytes(&std::fs::read(&key).unwrap()).unwrap(), store.clone(), CacheConfig::default());
     for (env, secret) in &handed_out {
         let opened = machine.open(&std::fs::read(env).unwrap()).unwrap_or_else(|e| panic!("{env}: {e}"));
         assert_eq!(&opened[..], &secret[..], "{env}");
@@ -239,10 +217,7 @@ fn the_documented_sequence_works_as_listed() {
     std::fs::write(d.p("key.pem"), pem).unwrap();
     let commands = documented_commands();
     let names: Vec<String> = commands.iter().map(|(c, _)| c[..2].join(" ")).collect();
-    assert!(
-        names.contains(&"authority rotate-policy".to_string()) && names.contains(&"machine could-open".to_string()),
-        "{names:?}"
-    );
+    assert!(names.contains(&"authority rotate-policy".to_string()) && names.contains(&"machine could-open".to_string()), "{names:?}");
     let mut said_yes = false;
     for (args, exit) in &commands {
         let args: Vec<String> = args
@@ -289,11 +264,7 @@ fn policy_rotation_reports_and_skips_a_bad_envelope() {
     let o = run(&["authority", "rotate-policy", "--store", &s, "--policy", "a: b"]);
     assert!(o.status.success(), "{}", common::stderr(&o));
     assert!(common::stdout(&o).contains("re-wrapped 1 envelope(s); skipped 1"), "{}", common::stdout(&o));
-    assert!(
-        common::stderr(&o).contains("skipped envelopes/0123456789abcdef0123456789abcdef: not an envelope"),
-        "{}",
-        common::stderr(&o)
-    );
+    assert!(common::stderr(&o).contains("skipped envelopes/0123456789abcdef0123456789abcdef: not an envelope"), "{}", common::stderr(&o));
     let r = ok(&["authority", "retire-policy-key", "--store", &s, "--policy", "a: b"]);
     assert!(r.contains("retired version(s) [1]"), "{r}");
 }
@@ -308,21 +279,18 @@ fn a_revoked_machine_is_refused_from_the_command_line() {
     let s = d.p("store");
     ok(&["authority", "init", "--store", &s]);
     std::fs::write(d.p("pem"), b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap();
-    let issued =
-        ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU,country=DE", "--out", &d.p("fra1.key")]);
+    let issued = ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU,country=DE", "--out", &d.p("fra1.key")]);
     ok(&["authority", "issue", "--store", &s, "--attrs", "region=EU,country=DE", "--out", &d.p("fra2.key")]);
     ok(&["authority", "wrap", "--store", &s, "--policy", "region: EU", "--in", &d.p("pem"), "--out", &d.p("env")]);
 
-    let info: serde_json::Value =
-        serde_json::from_str(&ok(&["machine", "info", "--key", &d.p("fra1.key"), "--json"])).unwrap();
+    let info: serde_json::Value = serde_json::from_str(&ok(&["machine", "info", "--key", &d.p("fra1.key"), "--json"])).unwrap();
     let id = info["id"].as_str().unwrap().to_owned();
     assert_eq!(id.len(), 32, "{info}");
     assert!(issued.contains(&id), "{issued}");
     assert_eq!(info["attributes"]["region"], "EU");
     assert_eq!(info["attributes"]["machine"], id.as_str());
     assert_eq!(info["generations"], serde_json::json!([1]));
-    let other: serde_json::Value =
-        serde_json::from_str(&ok(&["machine", "info", "--key", &d.p("fra2.key"), "--json"])).unwrap();
+    let other: serde_json::Value = serde_json::from_str(&ok(&["machine", "info", "--key", &d.p("fra2.key"), "--json"])).unwrap();
     assert_ne!(other["id"], info["id"]);
 
     let out = ok(&["authority", "revoke", "--store", &s, "--machine", &id]);
@@ -339,16 +307,7 @@ fn a_revoked_machine_is_refused_from_the_command_line() {
     let o = run(&["machine", "could-open", "--store", &s, "--key", &d.p("fra2.key"), "--in", &d.p("env")]);
     assert_eq!(o.status.code(), Some(1), "the copy handed out before is on a retired version");
 
-    let o = run(&[
-        "authority",
-        "issue",
-        "--store",
-        &s,
-        "--attrs",
-        &format!("region=EU,machine={id}"),
-        "--out",
-        &d.p("again.key"),
-    ]);
+    let o = run(&["authority", "issue", "--store", &s, "--attrs", &format!("region=EU,machine={id}"), "--out", &d.p("again.key")]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("is revoked"), "{o:?}");
     assert!(ok(&["authority", "revoke", "--store", &s, "--machine", &id]).contains("already revoked"));
@@ -377,12 +336,10 @@ fn a_rolled_back_generation_list_is_refused_by_the_next_run() {
     assert!(std::path::Path::new(&d.p("fra.key.newest")).is_file(), "the run keeps the lists it accepted");
 
     std::fs::write(d.p("store/public/generations"), &old).unwrap();
-    let o =
-        run(&["machine", "open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env"), "--out", &d.p("out2")]);
+    let o = run(&["machine", "open", "--store", &s, "--key", &d.p("fra.key"), "--in", &d.p("env"), "--out", &d.p("out2")]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("rolled back or replayed"), "{o:?}");
-    let o =
-        run(&["machine", "open", "--store", &s, "--key", &d.p("copy.key"), "--in", &d.p("env"), "--out", &d.p("out3")]);
+    let o = run(&["machine", "open", "--store", &s, "--key", &d.p("copy.key"), "--in", &d.p("env"), "--out", &d.p("out3")]);
     assert!(!String::from_utf8_lossy(&o.stderr).contains("replayed"), "without a floor the old list is taken: {o:?}");
 }
 
@@ -394,11 +351,7 @@ fn the_fleet_benchmark_runs_every_phase() {
     let out = ok(&["bench", "fleet", "--json", "--dcs", "3", "--machines", "2", "--envelopes", "40"]);
     let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let phases: Vec<&str> = lines.iter().map(|l| l["phase"].as_str().unwrap()).collect();
-    assert_eq!(
-        phases,
-        ["issue", "wrap", "storage", "dc_share", "rotate_master", "rotate_policy_key", "revoke", "revoke_alone"],
-        "{out}"
-    );
+    assert_eq!(phases, ["issue", "wrap", "storage", "dc_share", "rotate_master", "rotate_policy_key", "revoke", "revoke_alone"], "{out}");
     let get = |phase: &str, key: &str| lines.iter().find(|l| l["phase"] == phase).unwrap()[key].clone();
     assert_eq!(get("issue", "keys"), 6);
     assert_eq!((get("revoke", "rekeyed"), get("revoke", "rewrapped")), (20.into(), 40.into()), "{out}");
@@ -407,8 +360,7 @@ fn the_fleet_benchmark_runs_every_phase() {
     assert!(get("storage", "storage_bytes").as_u64().unwrap() > 40 * 300, "{out}");
     assert!(get("storage", "per_dc_wrapping_bytes").as_u64().unwrap() > 0, "{out}");
     for phase in ["rotate_master", "rotate_policy_key", "revoke"] {
-        let (p50, p99) =
-            (get(phase, "propagation_p50_ms").as_f64().unwrap(), get(phase, "propagation_p99_ms").as_f64().unwrap());
+        let (p50, p99) = (get(phase, "propagation_p50_ms").as_f64().unwrap(), get(phase, "propagation_p99_ms").as_f64().unwrap());
         assert!(0.0 <= p50 && p50 <= p99 && p99 < 300_000.0, "{phase}: {out}");
     }
     assert!(get("dc_share", "dc_cache_entries").as_u64().unwrap() >= 1, "{out}");

@@ -42,8 +42,7 @@ fn the_commands_work_on_an_etcd_store() {
 /// block's `$S` and endpoint replaced by this test's cluster.
 fn documented_etcd_commands(store: &str, endpoint: &str) -> Vec<Vec<String>> {
     let doc = include_str!("../../../docs/wrapping.md");
-    let block =
-        doc.split("A three-member cluster on one machine, and the commands on it:").nth(1).expect("the etcd section");
+    let block = doc.split("A three-member cluster on one machine, and the commands on it:").nth(1).expect("the etcd section");
     let block = block.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its sh block");
     block
         .lines()
@@ -69,9 +68,7 @@ fn the_documented_etcd_commands_work_as_listed() {
         let (prog, args) = c.split_first().unwrap();
         let prog = if prog == "keyfence" { env!("CARGO_BIN_EXE_keyfence").to_owned() } else { prog.clone() };
         let has = || std::process::Command::new("etcdctl").arg("version").output().is_ok();
-        if prog == "etcdctl"
-            && skip_unless(has(), "no etcdctl (etcd-client) on PATH: the listing was not checked", REQUIRE_ETCD)
-        {
+        if prog == "etcdctl" && skip_unless(has(), "no etcdctl (etcd-client) on PATH: the listing was not checked", REQUIRE_ETCD) {
             continue;
         }
         let o = std::process::Command::new(&prog).args(args).current_dir(&d.0).output().unwrap();
@@ -99,21 +96,14 @@ fn bench_store_measures_etcd_against_files_and_cleans_up() {
     let lines: Vec<serde_json::Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_eq!(lines.len(), 8, "{out}");
     for store in ["file", "etcd"] {
-        let l = lines
-            .iter()
-            .find(|l| l["store"] == store && l["op"] == "watch_propagation")
-            .unwrap_or_else(|| panic!("{store}: {out}"));
+        let l = lines.iter().find(|l| l["store"] == store && l["op"] == "watch_propagation").unwrap_or_else(|| panic!("{store}: {out}"));
         assert_eq!(l["watchers"], 5, "{l}");
-        let (p50, p99, max) =
-            (l["p50_ms"].as_f64().unwrap(), l["p99_ms"].as_f64().unwrap(), l["max_ms"].as_f64().unwrap());
+        let (p50, p99, max) = (l["p50_ms"].as_f64().unwrap(), l["p99_ms"].as_f64().unwrap(), l["max_ms"].as_f64().unwrap());
         assert!(0.0 <= p50 && p50 <= p99 && p99 <= max && max < 120_000.0, "{l}");
     }
     for store in ["file", "etcd"] {
         for op in ["wrap", "fetch_open_cached"] {
-            let l = lines
-                .iter()
-                .find(|l| l["store"] == store && l["op"] == op)
-                .unwrap_or_else(|| panic!("{store} {op}: {out}"));
+            let l = lines.iter().find(|l| l["store"] == store && l["op"] == op).unwrap_or_else(|| panic!("{store} {op}: {out}"));
             assert!(l["per_s"].as_f64().unwrap() > 0.0, "{l}");
         }
         let size = lines.iter().find(|l| l["store"] == store && l["op"] == "bytes_per_envelope").unwrap();
@@ -123,8 +113,7 @@ fn bench_store_measures_etcd_against_files_and_cleans_up() {
     }
     // The bench's sub-store is `benched/bench-...`: count every key under
     // `benched/` (base64 of "benched/" and of its range end "benched0").
-    let agent: ureq::Agent =
-        ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(5))).build().new_agent();
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(std::time::Duration::from_secs(5))).build().new_agent();
     let url = format!("http://{}/v3/kv/range", cluster.endpoints()[0]);
     let mut r = agent.post(url).send(r#"{"key":"YmVuY2hlZC8=","range_end":"YmVuY2hlZDA=","count_only":true}"#).unwrap();
     let v: serde_json::Value = serde_json::from_slice(&r.body_mut().read_to_vec().unwrap()).unwrap();
@@ -182,19 +171,8 @@ fn two_authority_processes_wrapping_and_rotating_lose_nothing() {
                             let (inp, out) = (d.p(&format!("{who}{i}.pem")), d.p(&format!("{who}{i}.env")));
                             std::fs::write(&inp, &secret).unwrap();
                             let policy = if i % 2 == 0 { "region: EU" } else { "team: ops" };
-                            conflicts += until_committed(&[
-                                "authority",
-                                "wrap",
-                                "--store",
-                                s,
-                                "--policy",
-                                policy,
-                                "--in",
-                                &inp,
-                                "--out",
-                                &out,
-                            ])
-                            .1;
+                            conflicts +=
+                                until_committed(&["authority", "wrap", "--store", s, "--policy", policy, "--in", &inp, "--out", &out]).1;
                             handed.push((out, secret.into_bytes()));
                         }
                     }
@@ -242,18 +220,7 @@ fn an_isolated_server_opens_its_key_from_an_etcd_store() {
     ok(&["authority", "init", "--store", &s]);
     ok(&["authority", "issue", "--store", &s, "--attrs", "country=US", "--out", &d.p("sfo1.machine")]);
     common::openssl(&d, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", "key.pem"]);
-    ok(&[
-        "authority",
-        "wrap",
-        "--store",
-        &s,
-        "--policy",
-        "country: US",
-        "--in",
-        &d.p("key.pem"),
-        "--out",
-        &d.p("key.env"),
-    ]);
+    ok(&["authority", "wrap", "--store", &s, "--policy", "country: US", "--in", &d.p("key.pem"), "--out", &d.p("key.env")]);
     let log = std::fs::File::create(d.0.join("serve.log")).unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_keyfence"))
         .args(["serve", "--isolated", "--listen", "127.0.0.1:0", "--name", "sfo1", "--seconds", "60", "--threads", "1"])

@@ -110,10 +110,7 @@ type KeyPair = (abe::PublicKey, abe::MasterSecretKey);
 fn setup_job() -> Job<KeyPair, AuthorityKeys> {
     Job::new(
         || Ok(abe::setup()?),
-        |(pk, msk)| AuthorityKeys {
-            public_key: PublicKey { inner: Arc::new(pk) },
-            master_key: MasterKey { inner: Arc::new(msk) },
-        },
+        |(pk, msk)| AuthorityKeys { public_key: PublicKey { inner: Arc::new(pk) }, master_key: MasterKey { inner: Arc::new(msk) } },
     )
 }
 
@@ -220,11 +217,7 @@ pub fn decrypt(
 
 /// `decrypt` on the calling thread.
 #[napi(namespace = "abe")]
-pub fn decrypt_sync(
-    env: Env,
-    key: &AttributeKey,
-    #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
-) -> napi::Result<Buffer> {
+pub fn decrypt_sync(env: Env, key: &AttributeKey, #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array) -> napi::Result<Buffer> {
     decrypt_job(key, ciphertext).run_sync(&env)
 }
 

@@ -77,9 +77,6 @@ pub(crate) struct ErrorClass(ErrorCtor);
 /// Registers the `KeyfenceError` class; `index.js` calls it once when it
 /// loads the addon, before anything else can fail.
 #[napi_derive::napi(js_name = "__registerErrorClass", skip_typescript)]
-pub fn register_error_class(
-    env: Env,
-    class: Function<FnArgs<(String, String, Option<u32>)>, Unknown<'static>>,
-) -> napi::Result<()> {
+pub fn register_error_class(env: Env, class: Function<FnArgs<(String, String, Option<u32>)>, Unknown<'static>>) -> napi::Result<()> {
     env.set_instance_data(ErrorClass(class.create_ref()?), (), |_| {})
 }

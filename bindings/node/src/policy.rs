@@ -43,11 +43,7 @@ pub(crate) fn parse(text: &str) -> KfResult<policy::Policy> {
 /// not parse, `INVALID_ATTRIBUTES` for an empty label or value or one with
 /// a lone surrogate.
 #[napi(namespace = "policy")]
-pub fn check(
-    env: Env,
-    policy: String,
-    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
-) -> napi::Result<bool> {
+pub fn check(env: Env, policy: String, #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>) -> napi::Result<bool> {
     js(&env, parse(&policy).and_then(|p| Ok(p.eval(&attributes(attrs)?))))
 }
 

@@ -73,13 +73,7 @@ impl Shared {
         // SAFETY: not closed, so the function is live; the caller's lock
         // keeps the finalizer from closing it during the call.
         // Non-blocking: the queue is unbounded (size 0).
-        unsafe {
-            sys::napi_call_threadsafe_function(
-                self.tsfn(),
-                ptr::null_mut(),
-                sys::ThreadsafeFunctionCallMode::nonblocking,
-            )
-        };
+        unsafe { sys::napi_call_threadsafe_function(self.tsfn(), ptr::null_mut(), sys::ThreadsafeFunctionCallMode::nonblocking) };
     }
 }
 
@@ -191,9 +185,7 @@ impl Drop for Completions {
         if !state.closed {
             // SAFETY: not closed, so the function is live; releasing the
             // one thread count lets Node finalize it after the queued calls.
-            unsafe {
-                sys::napi_release_threadsafe_function(self.shared.tsfn(), sys::ThreadsafeFunctionReleaseMode::release)
-            };
+            unsafe { sys::napi_release_threadsafe_function(self.shared.tsfn(), sys::ThreadsafeFunctionReleaseMode::release) };
         }
     }
 }

@@ -158,10 +158,7 @@ impl RemoteSigner {
     /// answered), `OVERLOADED` (every capable peer refused for want of
     /// room), `SHUT_DOWN` after `close`.
     #[napi(ts_return_type = "Promise<sign.PrivateKey>")]
-    pub fn key(
-        &self,
-        #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array,
-    ) -> AsyncTask<Job<Arc<keyfence::sign::PrivateKey>, PrivateKey>> {
+    pub fn key(&self, #[napi(ts_arg_type = "Bytes")] envelope: Uint8Array) -> AsyncTask<Job<Arc<keyfence::sign::PrivateKey>, PrivateKey>> {
         key_job(self.signer(), envelope.to_vec(), None).spawn()
     }
 
@@ -171,11 +168,7 @@ impl RemoteSigner {
     ///
     /// Rejects as `machine.open` and `key`.
     #[napi(ts_args_type = "machine: wrap.Machine, envelope: Bytes", ts_return_type = "Promise<sign.PrivateKey>")]
-    pub fn open_or_forward(
-        &self,
-        machine: &Machine,
-        envelope: Uint8Array,
-    ) -> AsyncTask<Job<Arc<keyfence::sign::PrivateKey>, PrivateKey>> {
+    pub fn open_or_forward(&self, machine: &Machine, envelope: Uint8Array) -> AsyncTask<Job<Arc<keyfence::sign::PrivateKey>, PrivateKey>> {
         key_job(self.signer(), envelope.to_vec(), Some(machine.inner.clone())).spawn()
     }
 
@@ -208,8 +201,7 @@ impl Engine {
     #[napi]
     pub fn attach_remote(&self, env: Env, remote: &RemoteSigner) -> napi::Result<()> {
         let attach = || -> KfResult<()> {
-            let signer =
-                remote.inner.clone().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the remote signer is closed"))?;
+            let signer = remote.inner.clone().ok_or_else(|| KfError::new(ErrorCode::ShutDown, "the remote signer is closed"))?;
             Ok(self.inner.attach_metrics(Arc::new(signer))?)
         };
         js(&env, attach())

@@ -45,10 +45,7 @@ impl PrivateKey {
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY` (what is wrong,
     /// never the key's contents).
     #[napi(factory)]
-    pub fn from_pem(
-        env: Env,
-        #[napi(ts_arg_type = "PrivateKeyInput")] pem: Either<String, Uint8Array>,
-    ) -> napi::Result<Self> {
+    pub fn from_pem(env: Env, #[napi(ts_arg_type = "PrivateKeyInput")] pem: Either<String, Uint8Array>) -> napi::Result<Self> {
         let bytes = pem_bytes(&pem);
         js(&env, core::PrivateKey::from_bytes(&bytes).map(|k| PrivateKey { inner: Arc::new(k) }).map_err(Into::into))
     }
@@ -245,8 +242,7 @@ pub struct ErrorCounts {
 }
 
 fn error_counts(errors: &core::ErrorCounts) -> ErrorCounts {
-    let mut out =
-        ErrorCounts { overloaded: 0.0, timed_out: 0.0, cancelled: 0.0, shut_down: 0.0, invalid: 0.0, failed: 0.0 };
+    let mut out = ErrorCounts { overloaded: 0.0, timed_out: 0.0, cancelled: 0.0, shut_down: 0.0, invalid: 0.0, failed: 0.0 };
     for (kind, n) in errors.iter() {
         // Exhaustive: a new kind in the core is a compile error here, not a
         // key missing from JavaScript.
@@ -399,11 +395,7 @@ impl Engine {
     /// Throws `KeyfenceError` code `INVALID_PRIVATE_KEY`, `BACKEND_FAILED`
     /// if the key process refuses it, `SHUT_DOWN` after `close`.
     #[napi]
-    pub fn load_key(
-        &self,
-        env: Env,
-        #[napi(ts_arg_type = "PrivateKeyInput")] pem: Either<String, Uint8Array>,
-    ) -> napi::Result<PrivateKey> {
+    pub fn load_key(&self, env: Env, #[napi(ts_arg_type = "PrivateKeyInput")] pem: Either<String, Uint8Array>) -> napi::Result<PrivateKey> {
         let inner = self.inner.load(KeySource::Bytes(pem_bytes(&pem)));
         js(&env, inner.map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
@@ -437,21 +429,20 @@ impl Engine {
         machine_key: Option<String>,
         envelope: Option<Uint8Array>,
     ) -> napi::Result<PrivateKey> {
-        let source =
-            match (first, machine_key, envelope) {
-                (Either::A(store), Some(machine_key), Some(envelope)) => {
-                    KeySource::envelope(envelope.to_vec(), store, machine_key)
-                }
-                // Without a store and machine key: the core decides (only an
-                // engine whose keys are in an agent names neither).
-                (Either::B(envelope), None, None) => KeySource::agent_envelope(envelope.to_vec()),
-                _ => return Err(KfError::new(
+        let source = match (first, machine_key, envelope) {
+            (Either::A(store), Some(machine_key), Some(envelope)) => KeySource::envelope(envelope.to_vec(), store, machine_key),
+            // Without a store and machine key: the core decides (only an
+            // engine whose keys are in an agent names neither).
+            (Either::B(envelope), None, None) => KeySource::agent_envelope(envelope.to_vec()),
+            _ => {
+                return Err(KfError::new(
                     ErrorCode::InvalidArgument,
                     "invalid argument: loadEnvelope takes (store: string, machineKey: string, envelope: Uint8Array), \
                      or (envelope: Uint8Array) with an agent's engine",
                 )
-                .into_napi(&env)),
-            };
+                .into_napi(&env))
+            }
+        };
         js(&env, self.inner.load(source).map(|inner| PrivateKey { inner }).map_err(Into::into))
     }
 
@@ -588,8 +579,7 @@ impl Engine {
         options: Option<SignSyncOptions>,
     ) -> napi::Result<Buffer> {
         let run = || -> KfResult<Buffer> {
-            let sig =
-                self.inner.submit(request(key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?)?.wait()?;
+            let sig = self.inner.submit(request(key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?)?.wait()?;
             Ok(Buffer::from(sig.to_vec()))
         };
         js(&env, run())

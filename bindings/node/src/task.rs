@@ -36,9 +36,7 @@ impl<T: Send + 'static, J> Job<T, J> {
 
     fn take(&mut self) -> Box<dyn FnOnce() -> KfResult<T> + Send> {
         // A task is computed once; a second call has nothing left to do.
-        self.run.take().unwrap_or_else(|| {
-            Box::new(|| Err(crate::error::KfError::new(keyfence::ErrorCode::Internal, "job ran twice")))
-        })
+        self.run.take().unwrap_or_else(|| Box::new(|| Err(crate::error::KfError::new(keyfence::ErrorCode::Internal, "job ran twice"))))
     }
 }
 

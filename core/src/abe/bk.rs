@@ -113,8 +113,7 @@ pub(crate) fn parse(ct: &[u8]) -> Result<Parsed<'_>> {
     let e = codec(CT);
     let mut r = Reader::new(body, Order::Little);
     let id = r.bytes16("id").map_err(&e)?;
-    let id: &[u8; 32] =
-        id.try_into().map_err(|_| malformed(CT, "id", format!("must be 32 bytes, found {}", id.len())))?;
+    let id: &[u8; 32] = id.try_into().map_err(|_| malformed(CT, "id", format!("must be 32 bytes, found {}", id.len())))?;
     let mac_data = if wide { r.bytes32("macData") } else { r.bytes16("macData") }.map_err(&e)?;
     let tag = r.bytes16("tag").map_err(&e)?;
     if tag.len() != 32 {

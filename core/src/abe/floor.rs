@@ -74,8 +74,7 @@ pub fn decrypt_floor(key: &AttributeKey, ciphertext: &[u8]) -> Result<DecryptFlo
             terms[j].1 += if wild { 2 } else { 1 };
         }
     }
-    let fields: Vec<&[u8]> =
-        copies.iter().enumerate().filter(|(_, c)| **c).map(|(j, _)| p.header.c2[j]).chain([p.header.c1]).collect();
+    let fields: Vec<&[u8]> = copies.iter().enumerate().filter(|(_, c)| **c).map(|(j, _)| p.header.c2[j]).chain([p.header.c1]).collect();
 
     let t = Instant::now();
     let mut qs = Vec::new();

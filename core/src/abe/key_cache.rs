@@ -49,16 +49,11 @@ impl KeyCache {
     /// `id` times each of the Boneh-Katz attribute's points `bk`, from
     /// tables built at the [`TABLES_AT`]th call; `None` before (the caller
     /// multiplies without tables) or if the key lacks the points.
-    pub(crate) fn bk_times<'a>(
-        &self,
-        bk: impl FnOnce() -> Option<Vec<&'a G1Affine>>,
-        id: &Scalar,
-    ) -> Option<Vec<G1Projective>> {
+    pub(crate) fn bk_times<'a>(&self, bk: impl FnOnce() -> Option<Vec<&'a G1Affine>>, id: &Scalar) -> Option<Vec<G1Projective>> {
         if self.bk.get().is_none() && self.bk_uses.fetch_add(1, Ordering::Relaxed) + 1 < TABLES_AT {
             return None;
         }
-        let tables =
-            self.bk.get_or_init(|| bk().map_or_else(Vec::new, |points| points.into_iter().map(g1_table).collect()));
+        let tables = self.bk.get_or_init(|| bk().map_or_else(Vec::new, |points| points.into_iter().map(g1_table).collect()));
         (!tables.is_empty()).then(|| tables.iter().map(|t| g1_mul_public(t, id)).collect())
     }
 

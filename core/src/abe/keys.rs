@@ -49,9 +49,7 @@ impl PublicKey {
     pub fn to_bytes(&self) -> Vec<u8> {
         // Matrices of fixed small shape always fit a u16 length.
         let mut w = Writer::new(Order::Little);
-        w.bytes16(&matrix::encode_g2(&self.b2))
-            .bytes16(&matrix::encode_g1(&self.wb1))
-            .bytes16(&matrix::encode_gt(&self.btk));
+        w.bytes16(&matrix::encode_g2(&self.b2)).bytes16(&matrix::encode_g1(&self.wb1)).bytes16(&matrix::encode_gt(&self.btk));
         w.into_bytes().to_vec()
     }
 
@@ -282,11 +280,7 @@ impl AttributeKey {
         let [k3, k3wild] = maps;
         for (label, a) in &attrs {
             if !k3.contains_key(label) || (a.wild && !k3wild.contains_key(label)) {
-                return Err(super::error::malformed(
-                    O,
-                    format!("k3[{label:?}]"),
-                    "missing key material for an attribute",
-                ));
+                return Err(super::error::malformed(O, format!("k3[{label:?}]"), "missing key material for an attribute"));
             }
         }
         let key = Self { attrs, k1, k2, k3, k3wild, cache: Default::default() };

@@ -133,8 +133,7 @@ mod tests {
     fn random_pairs(n: usize) -> (Vec<G1Affine>, Vec<G2Affine>, Vec<Lines>) {
         let mut rng = rand_core::OsRng;
         let ps: Vec<G1Affine> = (0..n).map(|_| G1Projective::random(&mut rng).to_affine()).collect();
-        let qs: Vec<G2Affine> =
-            (0..n).map(|_| (G2Projective::generator() * Scalar::random(&mut rng)).to_affine()).collect();
+        let qs: Vec<G2Affine> = (0..n).map(|_| (G2Projective::generator() * Scalar::random(&mut rng)).to_affine()).collect();
         let lines = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
         (ps, qs, lines)
     }
@@ -143,8 +142,7 @@ mod tests {
     fn agrees_with_blsts_own_multi_miller_loop() {
         let (ps, qs, lines) = random_pairs(5);
         for n in [1, 2, 5] {
-            let pairs: Vec<(&Lines, blst_p1_affine)> =
-                lines.iter().zip(&ps).take(n).map(|(l, p)| (l, *p.as_ref())).collect();
+            let pairs: Vec<(&Lines, blst_p1_affine)> = lines.iter().zip(&ps).take(n).map(|(l, p)| (l, *p.as_ref())).collect();
             let ours = miller_loop(&pairs).final_exp();
             let q: Vec<blst_p2_affine> = qs[..n].iter().map(|q| *q.as_ref()).collect();
             let p: Vec<blst_p1_affine> = ps[..n].iter().map(|p| *p.as_ref()).collect();
@@ -168,8 +166,7 @@ mod tests {
             assert!(split.windows(2).all(|w| w[0].end == w[1].start), "{split:?}");
             let sizes: Vec<usize> = split.iter().map(|r| r.len()).collect();
             assert!(sizes.iter().max().unwrap() - sizes.iter().min().unwrap() <= 1, "{sizes:?}");
-            let product =
-                split.iter().map(|r| Fp12::from(miller_loop_share(&pairs, r.clone()))).fold(Fp12::ONE, |a, b| a * b);
+            let product = split.iter().map(|r| Fp12::from(miller_loop_share(&pairs, r.clone()))).fold(Fp12::ONE, |a, b| a * b);
             assert_eq!(product, whole, "{lanes} lanes");
         }
         // A share of part of one pair, and one that leaves a line out, are

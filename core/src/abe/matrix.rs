@@ -160,11 +160,7 @@ fn decode<T>(
     let rows = usize::from(r.u16(|| format!("{field}.rows")).map_err(&err)?);
     let cols = usize::from(r.u16(|| format!("{field}.cols")).map_err(&err)?);
     if (rows, cols) != shape {
-        return Err(malformed(
-            object,
-            field,
-            format!("expected a {}x{} matrix, found {rows}x{cols}", shape.0, shape.1),
-        ));
+        return Err(malformed(object, field, format!("expected a {}x{} matrix, found {rows}x{cols}", shape.0, shape.1)));
     }
     let mut e = Vec::with_capacity(rows * cols);
     for k in 0..rows * cols {
@@ -184,12 +180,7 @@ pub(crate) fn decode_g1(b: &[u8], shape: (usize, usize), object: &'static str, f
 }
 
 /// [`decode_g1`] without the subgroup checks ([`group::g1_on_curve_from_bytes`]).
-pub(crate) fn decode_g1_on_curve(
-    b: &[u8],
-    shape: (usize, usize),
-    object: &'static str,
-    field: &str,
-) -> Result<Mat<G1Affine>> {
+pub(crate) fn decode_g1_on_curve(b: &[u8], shape: (usize, usize), object: &'static str, field: &str) -> Result<Mat<G1Affine>> {
     decode(b, shape, group::G1_LEN, object, field, group::g1_on_curve_from_bytes)
 }
 

@@ -133,11 +133,7 @@ pub fn keygen_with_threads(msk: &MasterSecretKey, attrs: &Attributes, threads: u
 /// # Errors
 /// As [`keygen`].
 #[cfg(any(test, feature = "testing"))]
-pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    msk: &MasterSecretKey,
-    attrs: &Attributes,
-) -> Result<AttributeKey> {
+pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, msk: &MasterSecretKey, attrs: &Attributes) -> Result<AttributeKey> {
     keygen_rng(rng, msk, attrs, 1)
 }
 
@@ -402,10 +398,7 @@ pub fn policy_of(ciphertext: &[u8]) -> Result<Policy> {
 pub(crate) fn circl_benchmark_shapes() -> Vec<(&'static str, String, keyfence_policy::Attributes)> {
     use keyfence_policy::Attributes;
     let clauses = |neg: bool, op: &str| {
-        (0..50)
-            .map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") })
-            .collect::<Vec<_>>()
-            .join(op)
+        (0..50).map(|i| if neg && i % 2 == 1 { format!("not a{i}: x{i}") } else { format!("a{i}: v{i}") }).collect::<Vec<_>>().join(op)
     };
     let all: Attributes = (0..50).map(|i| (format!("a{i}"), format!("v{i}"))).collect();
     vec![

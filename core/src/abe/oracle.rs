@@ -57,10 +57,7 @@ fn compute(label: &[u8]) -> LabelMatrices {
     let mut aff = vec![G1Affine::default(); 12];
     let all: Vec<G1Projective> = a.into_iter().chain(b).collect();
     G1Projective::batch_normalize(&all, &mut aff);
-    LabelMatrices {
-        u0: Mat { rows: 3, cols: 2, e: aff[..6].to_vec() },
-        u1: Mat { rows: 3, cols: 2, e: aff[6..].to_vec() },
-    }
+    LabelMatrices { u0: Mat { rows: 3, cols: 2, e: aff[..6].to_vec() }, u1: Mat { rows: 3, cols: 2, e: aff[6..].to_vec() } }
 }
 
 /// The authority's PRF: `V0`, `V1` for `label` under `key`. Each entry is

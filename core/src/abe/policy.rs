@@ -39,25 +39,16 @@ impl AbePolicy {
         let wires = p
             .leaves()
             .iter()
-            .map(|l| Wire {
-                label: l.label.clone(),
-                raw: l.value.clone(),
-                value: hash_value(&l.value),
-                positive: l.positive,
-            })
+            .map(|l| Wire { label: l.label.clone(), raw: l.value.clone(), value: hash_value(&l.value), positive: l.positive })
             .collect();
         Ok(Self { wires, gates: p.gates().to_vec() })
     }
 
     /// Back to a `keyfence_policy::Policy` (to print or evaluate it).
     pub(crate) fn to_policy(&self) -> Result<Policy> {
-        let leaves = self
-            .wires
-            .iter()
-            .map(|w| Leaf { label: w.label.clone(), value: w.raw.clone(), positive: w.positive, occurrence: 0 })
-            .collect();
-        Policy::from_parts(leaves, self.gates.clone())
-            .map_err(|e| malformed("ciphertext", "policy.formula", e.to_string()))
+        let leaves =
+            self.wires.iter().map(|w| Leaf { label: w.label.clone(), value: w.raw.clone(), positive: w.positive, occurrence: 0 }).collect();
+        Policy::from_parts(leaves, self.gates.clone()).map_err(|e| malformed("ciphertext", "policy.formula", e.to_string()))
     }
 
     /// The copy index of every wire (how many earlier wires share its
@@ -90,10 +81,7 @@ impl AbePolicy {
         out.bytes16(&formula).len16(self.wires.len());
         for w in &self.wires {
             let mut wb = Writer::new(Order::Little);
-            wb.bytes16(w.label.as_bytes())
-                .bytes16(w.raw.as_bytes())
-                .bytes16(&w.value.to_bytes_be())
-                .u8(u8::from(w.positive));
+            wb.bytes16(w.label.as_bytes()).bytes16(w.raw.as_bytes()).bytes16(&w.value.to_bytes_be()).u8(u8::from(w.positive));
             out.bytes16(&wb.finish().map_err(too_long("policy wire"))?);
         }
         let mut bytes = out.finish().map_err(too_long("policy"))?;
@@ -113,17 +101,9 @@ impl AbePolicy {
             let kind = match fr.u8(|| format!("policy.formula.gates[{i}].class")).map_err(in_ciphertext)? {
                 0 => GateKind::And,
                 1 => GateKind::Or,
-                c => {
-                    return Err(malformed(
-                        CT,
-                        format!("policy.formula.gates[{i}].class"),
-                        format!("unknown gate class {c}"),
-                    ))
-                }
+                c => return Err(malformed(CT, format!("policy.formula.gates[{i}].class"), format!("unknown gate class {c}"))),
             };
-            let mut wire = |f: &'static str| {
-                fr.u16(|| format!("policy.formula.gates[{i}].{f}")).map(usize::from).map_err(in_ciphertext)
-            };
+            let mut wire = |f: &'static str| fr.u16(|| format!("policy.formula.gates[{i}].{f}")).map(usize::from).map_err(in_ciphertext);
             let (in0, in1, out) = (wire("in0")?, wire("in1")?, wire("out")?);
             gates.push(Gate { kind, in0, in1, out });
         }
@@ -140,8 +120,7 @@ impl AbePolicy {
             let label = wr.text16(|| field("label")).map_err(in_ciphertext)?.to_owned();
             let raw = wr.text16(|| field("value")).map_err(in_ciphertext)?.to_owned();
             let sb = wr.bytes16(|| field("scalar")).map_err(in_ciphertext)?;
-            let value = group::scalar_from_be(sb)
-                .ok_or_else(|| malformed(CT, field("scalar"), "not a canonical 32-byte scalar"))?;
+            let value = group::scalar_from_be(sb).ok_or_else(|| malformed(CT, field("scalar"), "not a canonical 32-byte scalar"))?;
             let positive = match wr.u8(|| field("sign")).map_err(in_ciphertext)? {
                 0 => false,
                 1 => true,
@@ -172,11 +151,8 @@ impl AbePolicy {
     pub(crate) fn with_bk(&self, id: Scalar) -> Self {
         let n = self.gates.len();
         let shift = |w: usize| if w > n { w + 1 } else { w };
-        let mut gates: Vec<Gate> = self
-            .gates
-            .iter()
-            .map(|g| Gate { kind: g.kind, in0: shift(g.in0), in1: shift(g.in1), out: g.out + 1 })
-            .collect();
+        let mut gates: Vec<Gate> =
+            self.gates.iter().map(|g| Gate { kind: g.kind, in0: shift(g.in0), in1: shift(g.in1), out: g.out + 1 }).collect();
         let in0 = if n == 0 { 0 } else { n + 1 };
         gates.push(Gate { kind: GateKind::And, in0, in1: 2 * n + 1, out: 2 * n + 2 });
         let mut wires = self.wires.clone();

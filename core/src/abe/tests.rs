@@ -79,10 +79,7 @@ fn labels_filling_the_attribute_field(extra: usize) -> Vec<String> {
     let n = budget / 40;
     let mut labels: Vec<String> = (0..n - 1).map(|i| format!("{i:05}")).collect();
     labels.push("z".repeat(budget - (n - 1) * 40 - 35));
-    assert_eq!(
-        AttributeKey::attribute_block_len(labels.iter().map(String::as_str).chain([BK_LABEL])),
-        budget + 2 + bk_entry
-    );
+    assert_eq!(AttributeKey::attribute_block_len(labels.iter().map(String::as_str).chain([BK_LABEL])), budget + 2 + bk_entry);
     labels
 }
 

@@ -11,10 +11,7 @@ use super::blake2x::{Xof, XofReader};
 use super::oracle::hash_value;
 use super::policy::AbePolicy;
 use super::tkn::{decapsulate, encapsulate, Decap, LazyHeader};
-use super::{
-    decrypt_with, decrypt_with_threads, encrypt_rng, keygen, keygen_rng, setup, DecryptOptions, MasterSecretKey,
-    PublicKey,
-};
+use super::{decrypt_with, decrypt_with_threads, encrypt_rng, keygen, keygen_rng, setup, DecryptOptions, MasterSecretKey, PublicKey};
 
 /// CIRCL's benchmark shapes, and two with repeated labels, whose
 /// ciphertexts carry several `c2` copies.
@@ -23,11 +20,7 @@ fn shapes() -> Vec<(&'static str, String, Attributes)> {
     let mut shapes = super::circl_benchmark_shapes();
     shapes.extend([
         ("repeated", repeated, Attributes::from_pairs([("r", "v0"), ("s", "y")])),
-        (
-            "repeated_neg",
-            "not a: x and not a: y and not a: z and b: w".into(),
-            Attributes::from_pairs([("a", "q"), ("b", "w")]),
-        ),
+        ("repeated_neg", "not a: x and not a: y and not a: z and b: w".into(), Attributes::from_pairs([("a", "q"), ("b", "w")])),
     ]);
     shapes
 }
@@ -84,8 +77,7 @@ fn threaded_decryption_recovers_the_same_element_for_every_shape() {
 fn threaded_decryption_gives_the_same_plaintext_before_and_after_the_key_tables() {
     let (pk, msk) = authority();
     for (name, policy, attrs) in shapes() {
-        let ct = bk::encrypt(&mut OsRng, pk, &AbePolicy::from_policy(&parsed(&policy)).unwrap(), name.as_bytes(), 1)
-            .unwrap();
+        let ct = bk::encrypt(&mut OsRng, pk, &AbePolicy::from_policy(&parsed(&policy)).unwrap(), name.as_bytes(), 1).unwrap();
         let key = keygen(msk, &attrs).unwrap();
         // The key builds its Boneh-Katz tables at its 16th decryption:
         // both sides of it, on one and on two threads.
@@ -105,9 +97,7 @@ fn threaded_decryption_fails_as_one_thread_does() {
         let ct = super::encrypt(pk, &policy, b"errors").unwrap();
         let key = keygen(msk, &attrs).unwrap();
         let outcome = |ct: &[u8], threads: usize, strict: bool| {
-            decrypt_with(&key, ct, &DecryptOptions::new().threads(threads).strict(strict))
-                .map(|p| p.to_vec())
-                .map_err(|e| e.to_string())
+            decrypt_with(&key, ct, &DecryptOptions::new().threads(threads).strict(strict)).map(|p| p.to_vec()).map_err(|e| e.to_string())
         };
         // Single flips spread over the whole ciphertext (points of every
         // field, lengths, the envelope, the tag), and pairs of them, one
@@ -157,8 +147,7 @@ fn stage_costs() {
         v[v.len() / 2]
     };
     let ps: Vec<G1Affine> = (0..11).map(|_| G1Projective::random(&mut OsRng).to_affine()).collect();
-    let qs: Vec<G2Affine> =
-        (0..11).map(|_| (G2Projective::generator() * Scalar::random(&mut OsRng)).to_affine()).collect();
+    let qs: Vec<G2Affine> = (0..11).map(|_| (G2Projective::generator() * Scalar::random(&mut OsRng)).to_affine()).collect();
     let lines: Vec<Lines> = qs.iter().map(|q| Lines::new(q.as_ref())).collect();
     let (g1, g2) = (ps[0].to_uncompressed(), qs[0].to_uncompressed());
     eprintln!("scoped thread start and join: {:.1} us", med(&|| std::thread::scope(|s| drop(s.spawn(|| 1)))));
@@ -204,11 +193,8 @@ fn stage_costs() {
     // Two lanes' shares of 11 pairs: whole pairs (6 and 5) or equal
     // shares of the lines (one pair split).
     let halves = super::lines::shares(11, 2);
-    for (name, share) in [
-        ("6 whole pairs", 0..6 * LINES),
-        ("5 whole pairs", 6 * LINES..11 * LINES),
-        ("half the lines", halves[0].clone()),
-    ] {
+    for (name, share) in [("6 whole pairs", 0..6 * LINES), ("5 whole pairs", 6 * LINES..11 * LINES), ("half the lines", halves[0].clone())]
+    {
         eprintln!(
             "Miller share of 11, {name}: {:.1} us",
             med(&|| {

@@ -117,8 +117,7 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
     attrs: &BTreeMap<String, Scalar>,
     threads: usize,
 ) -> Result<AttributeKey> {
-    let mut all: BTreeMap<String, KeyAttr> =
-        attrs.iter().map(|(l, v)| (l.clone(), KeyAttr { wild: false, value: *v })).collect();
+    let mut all: BTreeMap<String, KeyAttr> = attrs.iter().map(|(l, v)| (l.clone(), KeyAttr { wild: false, value: *v })).collect();
     all.insert(BK_LABEL.into(), KeyAttr { wild: true, value: Scalar::ZERO });
 
     let mut s = [random_scalar(rng), random_scalar(rng)];
@@ -258,9 +257,8 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
 
     let tables = pk.tables();
     let g2col = |v: &[Scalar; 2]| -> Mat<G2Affine> {
-        let rows: Vec<G2Projective> = (0..4)
-            .map(|m| fixed_base::g2_mul(&tables.b2[m * 2], &v[0]) + fixed_base::g2_mul(&tables.b2[m * 2 + 1], &v[1]))
-            .collect();
+        let rows: Vec<G2Projective> =
+            (0..4).map(|m| fixed_base::g2_mul(&tables.b2[m * 2], &v[0]) + fixed_base::g2_mul(&tables.b2[m * 2 + 1], &v[1])).collect();
         let mut aff = vec![G2Affine::default(); 4];
         G2Projective::batch_normalize(&rows, &mut aff);
         Mat { rows: 4, cols: 1, e: aff }
@@ -294,15 +292,9 @@ pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
             });
             (c3, None)
         } else {
-            let c3 = row3(&|m| {
-                G1Projective::multi_exp(&[u0(m, 0), u0(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], -rs[0], -rs[1]])
-            });
-            let c3neg = row3(&|m| {
-                G1Projective::multi_exp(
-                    &[u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)],
-                    &[rj[0], rj[1], y * rs[0], y * rs[1]],
-                )
-            });
+            let c3 = row3(&|m| G1Projective::multi_exp(&[u0(m, 0), u0(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], -rs[0], -rs[1]]));
+            let c3neg =
+                row3(&|m| G1Projective::multi_exp(&[u1(m, 0), u1(m, 1), wb(m, 0), wb(m, 1)], &[rj[0], rj[1], y * rs[0], y * rs[1]]));
             (c3, Some(c3neg))
         }
     });
@@ -390,11 +382,7 @@ impl<'a> LazyHeader<'a> {
         }
         for (i, w) in policy.wires.iter().enumerate() {
             if w.positive != c3neg[i].is_empty() {
-                return Err(malformed(
-                    CT,
-                    format!("c3neg[{i}]"),
-                    "present for a positive wire or missing for a negated one",
-                ));
+                return Err(malformed(CT, format!("c3neg[{i}]"), "present for a positive wire or missing for a negated one"));
             }
         }
         if !c3neg[wires - 1].is_empty() {
@@ -431,12 +419,7 @@ impl Deferred<'_> {
 
 /// Recovers the encapsulated Gt element with `key`. `policy` is the
 /// header's policy augmented with the Boneh-Katz term.
-pub(crate) fn decapsulate<'a>(
-    hdr: &LazyHeader<'a>,
-    policy: &AbePolicy,
-    key: &AttributeKey,
-    opts: Decap,
-) -> Result<(Gt, Deferred<'a>)> {
+pub(crate) fn decapsulate<'a>(hdr: &LazyHeader<'a>, policy: &AbePolicy, key: &AttributeKey, opts: Decap) -> Result<(Gt, Deferred<'a>)> {
     let holds = |_: usize, w: &super::policy::Wire| match key.attrs.get(&w.label) {
         None => false,
         Some(a) => a.wild || ((a.value == w.value) == w.positive),
@@ -559,17 +542,13 @@ pub(crate) fn decapsulate_with<'a>(
     // a single pass over all the wires would meet first.
     let k3 = |label: &str, wild: bool| -> Result<Vec<G1Affine>> {
         let map = if wild { &key.k3wild } else { &key.k3 };
-        map.get(label).map(|m| m.e.iter().map(|w| w.0).collect()).ok_or_else(|| {
-            malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute")
-        })
+        map.get(label)
+            .map(|m| m.e.iter().map(|w| w.0).collect())
+            .ok_or_else(|| malformed("attribute key", format!("k3[{label:?}]"), "missing key material for an attribute"))
     };
     let decode_g1 = |i: usize, neg: bool| -> Result<Vec<G1Affine>> {
         let (b, f) = if neg { (hdr.c3neg[i], format!("c3neg[{i}]")) } else { (hdr.c3[i], format!("c3[{i}]")) };
-        let m = if opts.strict {
-            matrix::decode_g1(b, (3, 1), CT, &f)
-        } else {
-            matrix::decode_g1_on_curve(b, (3, 1), CT, &f)
-        };
+        let m = if opts.strict { matrix::decode_g1(b, (3, 1), CT, &f) } else { matrix::decode_g1_on_curve(b, (3, 1), CT, &f) };
         m.map(|m| m.e)
     };
     let sums = |run: &[usize]| -> Result<Sums> {
@@ -669,8 +648,7 @@ pub(crate) fn decapsulate_with<'a>(
         // Runs small enough to even out the threads around the G2 jobs.
         let threads = crew.threads();
         let per_run = if threads <= 1 { used.len().max(1) } else { used.len().div_ceil(4 * threads).max(1) };
-        let mut jobs: Vec<Job<'_>> =
-            used.chunks(per_run).map(|run| Job::Wires(run, run.iter().map(|&i| wire_cost(i)).sum())).collect();
+        let mut jobs: Vec<Job<'_>> = used.chunks(per_run).map(|run| Job::Wires(run, run.iter().map(|&i| wire_cost(i)).sum())).collect();
         for (j, &c) in copies.iter().enumerate() {
             if c {
                 jobs.push(Job::G2(hdr.c2[j], format!("c2[{j}]")));
@@ -701,8 +679,7 @@ pub(crate) fn decapsulate_with<'a>(
         // their size (a row of plain sums is already done and costs nothing).
         let n1: usize = p1.iter().flatten().count();
         let accs = rows.get_or_init(|| p1.into_iter().chain(p2).flatten().collect());
-        let cells: Vec<(usize, usize)> =
-            accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
+        let cells: Vec<(usize, usize)> = accs.iter().enumerate().flat_map(|(a, acc)| (0..acc.plain.len()).map(move |m| (a, m))).collect();
         let totals = crew.map(cells, |&(a, m)| accs[a].cost(m), |&(a, m)| accs[a].row(m));
         let mut totals = totals.into_iter();
         let mut ptot = [G1Projective::identity(); 3];
@@ -734,9 +711,8 @@ pub(crate) fn decapsulate_with<'a>(
         }
         // A pair with the identity contributes 1 to the product; the loop
         // wants finite points, so such pairs are left out.
-        let pairs = pairs_at.get_or_init(|| {
-            lines.into_iter().zip(g1a).filter(|(_, p)| !identity(p)).map(|(l, p)| (l, *p.as_ref())).collect()
-        });
+        let pairs =
+            pairs_at.get_or_init(|| lines.into_iter().zip(g1a).filter(|(_, p)| !identity(p)).map(|(l, p)| (l, *p.as_ref())).collect());
         if pairs.is_empty() {
             return Ok(Gt::identity());
         }

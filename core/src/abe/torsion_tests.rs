@@ -17,8 +17,8 @@ use super::{decrypt, decrypt_strict, keygen, setup};
 
 /// The order r of G1, big-endian.
 const R_BE: [u8; 32] = [
-    0x73, 0xed, 0xa7, 0x53, 0x29, 0x9d, 0x7d, 0x48, 0x33, 0x39, 0xd8, 0x08, 0x09, 0xa1, 0xd8, 0x05, 0x53, 0xbd, 0xa4,
-    0x02, 0xff, 0xfe, 0x5b, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
+    0x73, 0xed, 0xa7, 0x53, 0x29, 0x9d, 0x7d, 0x48, 0x33, 0x39, 0xd8, 0x08, 0x09, 0xa1, 0xd8, 0x05, 0x53, 0xbd, 0xa4, 0x02, 0xff, 0xfe,
+    0x5b, 0xfe, 0xff, 0xff, 0xff, 0xff, 0x00, 0x00, 0x00, 0x01,
 ];
 /// G1's cofactor h1: `#E(Fp) = h1 r`, `h1 = 3 * 11^2 * 10177^2 * 859267^2 * 52437899^2`.
 const H1: u128 = 0x396c_8c00_5555_e156_8c00_aaab_0000_aaab;
@@ -94,10 +94,7 @@ fn add_torsion_to_key(key: &mut super::AttributeKey) {
     let ts = [torsion_point(3), torsion_point(11)];
     let tweak = |m: &mut Mat<super::group::Wiped<G1Affine>>| {
         for (i, p) in m.e.iter_mut().enumerate() {
-            let q = (G1Projective::from(p.0)
-                + ts[i % 2]
-                + if i % 3 == 0 { ts[1 - i % 2] } else { G1Projective::identity() })
-            .to_affine();
+            let q = (G1Projective::from(p.0) + ts[i % 2] + if i % 3 == 0 { ts[1 - i % 2] } else { G1Projective::identity() }).to_affine();
             assert!(!bool::from(q.is_torsion_free()));
             p.0 = q;
         }

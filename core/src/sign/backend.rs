@@ -268,11 +268,7 @@ impl Backend for HolderBackend {
 
     fn start(&self, key: Arc<PrivateKey>, op: Operation, reply: Reply) {
         let Some(held) = key.as_held() else {
-            return reply.send(Err(SignError::backend(
-                self.name(),
-                BackendFailure::Refused,
-                "the key is not held here",
-            )));
+            return reply.send(Err(SignError::backend(self.name(), BackendFailure::Refused, "the key is not held here")));
         };
         let (id, deadline) = (held.id(), reply.deadline());
         self.0.start(id, op, deadline, Answer::new(move |result| reply.send(result)));

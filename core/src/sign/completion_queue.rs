@@ -237,11 +237,7 @@ mod tests {
                         q.drain_up_to(&mut got, 3);
                     }
                     false => {
-                        assert!(
-                            Instant::now() < give_up,
-                            "{} completions queued behind a descriptor that is not readable",
-                            q.len()
-                        );
+                        assert!(Instant::now() < give_up, "{} completions queued behind a descriptor that is not readable", q.len());
                         std::thread::yield_now();
                     }
                 }

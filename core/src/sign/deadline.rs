@@ -138,9 +138,7 @@ fn run(shared: &Shared) {
         }
         st = match st.heap.peek().map(|top| top.0.deadline) {
             None => shared.wake.wait(st).unwrap_or_else(|e| e.into_inner()),
-            Some(at) => {
-                shared.wake.wait_timeout(st, at.saturating_duration_since(now)).unwrap_or_else(|e| e.into_inner()).0
-            }
+            Some(at) => shared.wake.wait_timeout(st, at.saturating_duration_since(now)).unwrap_or_else(|e| e.into_inner()).0,
         };
     }
 }

@@ -84,10 +84,7 @@ impl EngineConfig {
                 return Err(SignError::Config(format!("{class}.threads must be 1 to 4096, not {}", c.threads)));
             }
             if !(1..=1 << 24).contains(&c.queue_capacity) {
-                return Err(SignError::Config(format!(
-                    "{class}.queue_capacity must be 1 to 16777216, not {}",
-                    c.queue_capacity
-                )));
+                return Err(SignError::Config(format!("{class}.queue_capacity must be 1 to 16777216, not {}", c.queue_capacity)));
             }
         }
         if self.default_timeout.is_zero() {
@@ -235,10 +232,7 @@ impl Engine {
         let backend: Arc<dyn Backend> = match (req.key.as_held(), req.backend) {
             (Some(held), None) => Arc::new(HolderBackend(held.holder().clone())),
             (Some(held), Some(named)) => {
-                let e = SignError::HeldElsewhere {
-                    holder: held.holder().name().to_string(),
-                    requested: named.name().to_string(),
-                };
+                let e = SignError::HeldElsewhere { holder: held.holder().name().to_string(), requested: named.name().to_string() };
                 let class = held.holder().class(req.key.kind());
                 core.executors[class.index()].stats.error(e.kind());
                 return Err(e);
@@ -254,14 +248,13 @@ impl Engine {
         // Started here, it never enters the queue, so the class's bound is
         // checked apart (see `Executor::admit_direct`).
         let admitted = backend.admit(&req.key, &req.op);
-        let direct =
-            match admitted.and_then(|direct| if direct { exec.admit_direct().map(|()| true) } else { Ok(false) }) {
-                Ok(direct) => direct,
-                Err(e) => {
-                    exec.stats.error(e.kind());
-                    return Err(e);
-                }
-            };
+        let direct = match admitted.and_then(|direct| if direct { exec.admit_direct().map(|()| true) } else { Ok(false) }) {
+            Ok(direct) => direct,
+            Err(e) => {
+                exec.stats.error(e.kind());
+                return Err(e);
+            }
+        };
         let timeout = req.timeout.unwrap_or(core.config.default_timeout);
         let id = core.next_id.fetch_add(1, Ordering::Relaxed);
         let work = Work { key: req.key, op: req.op };
@@ -375,9 +368,7 @@ impl Engine {
                 }
                 InPlace::Backend(backend)
             }
-            Some(held) if req.backend.is_none() && held.holder().performs_in_place() && held.usable_here().is_ok() => {
-                InPlace::Holder(held)
-            }
+            Some(held) if req.backend.is_none() && held.holder().performs_in_place() && held.usable_here().is_ok() => InPlace::Holder(held),
             Some(_) => return self.submit(req)?.wait(),
         };
         let (class, bounded) = match &here {
@@ -445,12 +436,7 @@ impl Engine {
     ///
     /// # Errors
     /// As [`Engine::submit`], at once.
-    pub fn submit_to_queue(
-        &self,
-        req: Request,
-        queue: &CompletionQueue,
-        user_data: u64,
-    ) -> Result<OpHandle, SignError> {
+    pub fn submit_to_queue(&self, req: Request, queue: &CompletionQueue, user_data: u64) -> Result<OpHandle, SignError> {
         if queue.shared.origin.forked() {
             return Err(SignError::forked(
                 "this completion queue",
@@ -509,8 +495,7 @@ mod tests {
     fn dropping_the_engine_joins_every_worker() {
         use crate::sign::LatencyBackend;
         for busy in [false, true] {
-            let config =
-                EngineConfig { slow: ClassConfig { threads: 2, queue_capacity: 8 }, ..EngineConfig::default() };
+            let config = EngineConfig { slow: ClassConfig { threads: 2, queue_capacity: 8 }, ..EngineConfig::default() };
             let backend = Arc::new(LatencyBackend::new(Duration::from_millis(100)));
             let engine = Engine::with_backend(config, backend).unwrap();
             let live: Vec<_> = engine.core.executors.iter().map(|e| e.live.clone()).collect();

@@ -106,9 +106,7 @@ impl Executor {
         self.stats.queued.fetch_add(1, Ordering::Relaxed);
         let refused = match self.tx.try_send(queued) {
             Ok(()) => return Ok(()),
-            Err(TrySendError::Full(_)) => {
-                SignError::Overloaded { class: self.class, capacity: self.config.queue_capacity }
-            }
+            Err(TrySendError::Full(_)) => SignError::Overloaded { class: self.class, capacity: self.config.queue_capacity },
             Err(TrySendError::Disconnected(_)) => SignError::ShutDown,
         };
         self.stats.queued.fetch_sub(1, Ordering::Relaxed);

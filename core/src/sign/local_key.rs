@@ -92,8 +92,7 @@ impl fmt::Debug for LocalKey {
 
 /// The PKCS#8 prefix of an Ed25519 private key (RFC 8410): a 32-byte seed
 /// follows.
-const ED25519_PKCS8_PREFIX: [u8; 16] =
-    [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
+const ED25519_PKCS8_PREFIX: [u8; 16] = [0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20];
 
 /// An RSA key restricted to PSS, by its PKCS#8 identifier or by OpenSSL's
 /// PEM label for it.
@@ -120,22 +119,10 @@ const REFUSED_OIDS: [(&[u8], KeyError); 7] = [
             why: "no TLS signature scheme uses secp256k1; keyfence signs ECDSA on P-256 and P-384",
         },
     ),
-    (
-        &[0x06, 0x03, 0x2b, 0x65, 0x71],
-        KeyError::Unsupported {
-            what: "an Ed448 key",
-            why: "keyfence signs EdDSA with Ed25519, not Ed448",
-        },
-    ),
+    (&[0x06, 0x03, 0x2b, 0x65, 0x71], KeyError::Unsupported { what: "an Ed448 key", why: "keyfence signs EdDSA with Ed25519, not Ed448" }),
     (&[0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x01, 0x0a], RSA_PSS_ONLY),
-    (
-        &[0x06, 0x03, 0x2b, 0x65, 0x6e],
-        KeyError::Unsupported { what: "an X25519 key", why: "it is for key agreement, not signatures" },
-    ),
-    (
-        &[0x06, 0x03, 0x2b, 0x65, 0x6f],
-        KeyError::Unsupported { what: "an X448 key", why: "it is for key agreement, not signatures" },
-    ),
+    (&[0x06, 0x03, 0x2b, 0x65, 0x6e], KeyError::Unsupported { what: "an X25519 key", why: "it is for key agreement, not signatures" }),
+    (&[0x06, 0x03, 0x2b, 0x65, 0x6f], KeyError::Unsupported { what: "an X448 key", why: "it is for key agreement, not signatures" }),
     (
         &[0x06, 0x07, 0x2a, 0x86, 0x48, 0xce, 0x38, 0x04, 0x01],
         KeyError::Unsupported {
@@ -153,10 +140,7 @@ fn diagnose_der(der: &[u8]) -> KeyError {
     // SEC1 key's curve follows its scalar): a window keeps a chance match
     // in a long RSA-looking blob out.
     let head = &der[..der.len().min(96)];
-    REFUSED_OIDS
-        .iter()
-        .find(|(oid, _)| head.windows(oid.len()).any(|w| w == *oid))
-        .map_or(KeyError::Parse, |(_, e)| e.clone())
+    REFUSED_OIDS.iter().find(|(oid, _)| head.windows(oid.len()).any(|w| w == *oid)).map_or(KeyError::Parse, |(_, e)| e.clone())
 }
 
 /// `diagnosed` when it names a key type keyfence does not sign with, else
@@ -386,8 +370,7 @@ pub(crate) fn digest_of(hash: Hash, input: &[u8], prehashed: bool) -> Result<std
 
 /// The hash RSA-PSS uses for both the message and MGF1.
 pub(crate) fn pss_digest(hash: Hash) -> Result<openssl::hash::MessageDigest, SignError> {
-    hash.message_digest()
-        .ok_or_else(|| SignError::Crypto { op: CryptoOp::Sign, reason: "RSA-PSS is not defined over MD5+SHA-1".into() })
+    hash.message_digest().ok_or_else(|| SignError::Crypto { op: CryptoOp::Sign, reason: "RSA-PSS is not defined over MD5+SHA-1".into() })
 }
 
 /// RSASSA-PKCS1-v1_5 over a digest. The safe `openssl` API signs messages
@@ -401,16 +384,8 @@ fn rsa_sign_pkcs1(rsa: &RsaRef<Private>, hash: Hash, digest: &[u8]) -> Result<Ou
     // slices whose pointers and lengths are passed together; `out` has
     // RSA_size bytes, the most RSA_sign writes; `out_len` is a valid
     // pointer to a local.
-    let ok = unsafe {
-        openssl_sys::RSA_sign(
-            hash.nid().as_raw(),
-            digest.as_ptr(),
-            digest.len(),
-            out.as_mut_ptr(),
-            &mut out_len,
-            rsa.as_ptr(),
-        )
-    };
+    let ok =
+        unsafe { openssl_sys::RSA_sign(hash.nid().as_raw(), digest.as_ptr(), digest.len(), out.as_mut_ptr(), &mut out_len, rsa.as_ptr()) };
     if ok != 1 {
         return Err(crypto(CryptoOp::Sign)(ErrorStack::get()));
     }

@@ -130,9 +130,7 @@ impl Parts {
     /// Starts the engine's threads, then what `config`'s isolation names.
     fn start(config: &ManagedConfig) -> Result<Parts, SignError> {
         if config.crypto_mb.is_some() && config.offload.is_none() {
-            return Err(SignError::Config(
-                "crypto_mb names the library the offload mode signs with: set the offload mode too".into(),
-            ));
+            return Err(SignError::Config("crypto_mb names the library the offload mode signs with: set the offload mode too".into()));
         }
         let engine = match (&config.isolation, config.offload) {
             (Isolation::InProcess, Some(mode)) => {
@@ -203,17 +201,14 @@ impl Holders<'_> {
     /// binding's loads follow ([`ManagedEngine::load`]).
     fn load(self, source: KeySource) -> Result<Arc<PrivateKey>, LoadError> {
         let read = |path: &Path| {
-            std::fs::read(path)
-                .map(Zeroizing::new)
-                .map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
+            std::fs::read(path).map(Zeroizing::new).map_err(|e| LoadError::Io(format!("cannot read {}: {e}", path.display())))
         };
         let agent = self.key_process.is_some_and(KeyProcess::is_agent);
         match (source, self.key_process, self.remote) {
             (KeySource::Envelope { envelope, machine }, ..) => self.open_envelope(machine.as_ref(), &envelope),
-            (_, _, Some(_)) => Err(SignError::InvalidArgument(
-                "an engine whose keys are on remote key servers loads envelopes only".into(),
-            )
-            .into()),
+            (_, _, Some(_)) => {
+                Err(SignError::InvalidArgument("an engine whose keys are on remote key servers loads envelopes only".into()).into())
+            }
             // A token key: whatever holds this engine's keys loads the
             // module and reads the PIN; this process only when it holds
             // them itself.
@@ -222,8 +217,7 @@ impl Holders<'_> {
                 Ok(Arc::new(crate::sign::pkcs11::load(&uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())?))
             }
             (_, Some(_), None) if agent => Err(SignError::InvalidArgument(
-                "an engine whose keys are in an agent loads envelopes only, which the agent opens, and token keys"
-                    .into(),
+                "an engine whose keys are in an agent loads envelopes only, which the agent opens, and token keys".into(),
             )
             .into()),
             (KeySource::File(path), Some(kp), None) => Ok(kp.load(KeySource::File(path))?),
@@ -270,18 +264,13 @@ impl Holders<'_> {
 /// machine key's secret nor the private key is ever in this process.
 /// Without `keys`, the envelope is opened here, the machine's floor kept
 /// beside its key.
-fn load_envelope(
-    keys: Option<&KeyProcess>,
-    machine: &MachineFiles,
-    envelope: &[u8],
-) -> Result<Arc<PrivateKey>, KeyRingError> {
+fn load_envelope(keys: Option<&KeyProcess>, machine: &MachineFiles, envelope: &[u8]) -> Result<Arc<PrivateKey>, KeyRingError> {
     use crate::wrap::{open_store_path, CacheConfig, Machine, MachineInfo, MachineKey, PublicMachine, WrapError};
     let (store, machine_key) = (&machine.store, &machine.machine_key);
     // `fs::read` sizes its buffer from the file: one allocation, wiped on
     // drop, no copy left behind by growth.
     let bytes = Zeroizing::new(
-        std::fs::read(machine_key)
-            .map_err(|e| KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display())))?,
+        std::fs::read(machine_key).map_err(|e| KeyRingError::Io(format!("cannot read the machine key {}: {e}", machine_key.display())))?,
     );
     let parsed = &Envelope::parse(envelope)?;
     let dir = open_store_path(store).map_err(WrapError::from)?;
@@ -296,8 +285,7 @@ fn load_envelope(
             Ok(kp.load(KeySource::envelope(envelope.to_vec(), store.clone(), machine_key.clone()))?)
         }
         None => {
-            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default())
-                .keep_newest_beside(machine_key)?;
+            let machine = Machine::new(MachineKey::from_bytes(&bytes)?, dir, CacheConfig::default()).keep_newest_beside(machine_key)?;
             let secret = machine.open_envelope(parsed)?;
             Ok(Arc::new(PrivateKey::from_bytes(&secret)?))
         }
@@ -338,10 +326,7 @@ pub struct ManagedEngine {
 
 impl std::fmt::Debug for ManagedEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ManagedEngine")
-            .field("closed", &self.is_closed())
-            .field("key_process_pid", &self.key_process_pid())
-            .finish()
+        f.debug_struct("ManagedEngine").field("closed", &self.is_closed()).field("key_process_pid", &self.key_process_pid()).finish()
     }
 }
 
@@ -468,12 +453,7 @@ impl ManagedEngine {
     /// # Errors
     /// [`SignError::UnknownAlgorithm`], [`SignError::InvalidArgument`] for
     /// a timeout [`millis`] refuses.
-    pub fn request(
-        key: Arc<PrivateKey>,
-        algorithm: &str,
-        data: Vec<u8>,
-        timeout_ms: Option<f64>,
-    ) -> Result<Request, SignError> {
+    pub fn request(key: Arc<PrivateKey>, algorithm: &str, data: Vec<u8>, timeout_ms: Option<f64>) -> Result<Request, SignError> {
         let alg: Algorithm = algorithm.parse()?;
         let req = Request::sign(key, alg, data);
         Ok(match timeout_ms {
@@ -545,12 +525,7 @@ impl ManagedEngine {
     ///
     /// # Errors
     /// As [`Engine::submit_to_queue`]; [`SignError::ShutDown`] once closed.
-    pub fn submit_to_queue(
-        &self,
-        req: Request,
-        queue: &CompletionQueue,
-        user_data: u64,
-    ) -> Result<OpHandle, SignError> {
+    pub fn submit_to_queue(&self, req: Request, queue: &CompletionQueue, user_data: u64) -> Result<OpHandle, SignError> {
         self.with(|p| p.engine.submit_to_queue(req, queue, user_data))
     }
 

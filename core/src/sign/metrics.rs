@@ -71,14 +71,7 @@ impl Histogram {
             }
             Duration::from_nanos(max)
         };
-        LatencySummary {
-            count: total,
-            p50: q(0.50),
-            p90: q(0.90),
-            p99: q(0.99),
-            p999: q(0.999),
-            max: Duration::from_nanos(max),
-        }
+        LatencySummary { count: total, p50: q(0.50), p90: q(0.90), p99: q(0.99), p999: q(0.999), max: Duration::from_nanos(max) }
     }
 }
 

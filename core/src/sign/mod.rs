@@ -154,8 +154,8 @@ pub mod tls;
 pub mod wire;
 
 pub use types::{
-    Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass, Operation,
-    Output, Resource, SignError, TokenFailure,
+    Algorithm, AlgorithmError, BackendFailure, CryptoOp, ErrorKind, Hash, Input, KeyError, KeyKind, OpClass, Operation, Output, Resource,
+    SignError, TokenFailure,
 };
 
 #[cfg(all(feature = "sign", feature = "testing"))]

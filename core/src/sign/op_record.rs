@@ -67,17 +67,9 @@ pub(crate) struct OpRecord {
 }
 
 impl OpRecord {
-    pub(crate) fn new(
-        id: u64,
-        submitted: Instant,
-        timeout: Duration,
-        stats: Arc<ClassStats>,
-        work: Work,
-        notify: Notify,
-    ) -> Self {
+    pub(crate) fn new(id: u64, submitted: Instant, timeout: Duration, stats: Arc<ClassStats>, work: Work, notify: Notify) -> Self {
         // A timeout too large for `Instant` means "never": a century will do.
-        let deadline =
-            submitted.checked_add(timeout).unwrap_or_else(|| submitted + Duration::from_secs(100 * 365 * 24 * 3600));
+        let deadline = submitted.checked_add(timeout).unwrap_or_else(|| submitted + Duration::from_secs(100 * 365 * 24 * 3600));
         OpRecord {
             id,
             submitted,
@@ -85,13 +77,7 @@ impl OpRecord {
             timeout,
             stats,
             done: AtomicBool::new(false),
-            slot: Mutex::new(Slot {
-                phase: Phase::Queued,
-                work: Some(work),
-                notify: Some(notify),
-                result: None,
-                waker: None,
-            }),
+            slot: Mutex::new(Slot { phase: Phase::Queued, work: Some(work), notify: Some(notify), result: None, waker: None }),
         }
     }
 

@@ -330,10 +330,7 @@ mod tests {
     #[test]
     fn loading_rejects_garbage_and_unsupported_keys_and_debug_hides_the_key() {
         assert_eq!(PrivateKey::from_bytes(b"").unwrap_err(), KeyError::Parse);
-        assert_eq!(
-            PrivateKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap_err(),
-            KeyError::Parse
-        );
+        assert_eq!(PrivateKey::from_bytes(b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n").unwrap_err(), KeyError::Parse);
         assert_eq!(PrivateKey::from_der(&[0x30, 0x03, 0x02, 0x01]).unwrap_err(), KeyError::Parse);
         assert_eq!(PrivateKey::from_ed25519_seed(&[0; 31]).unwrap_err(), KeyError::Ed25519Length(31));
         assert_eq!(PrivateKey::generate(KeyKind::Rsa { bits: 1024 }).unwrap_err(), KeyError::RsaSize(1024));

@@ -77,13 +77,7 @@ pub(crate) fn peer_credentials(stream: &UnixStream) -> io::Result<(u32, u32, u32
     // size of `cred`, so the kernel writes within it; the descriptor is
     // owned by `stream`, which outlives the call.
     let rc = unsafe {
-        libc::getsockopt(
-            stream.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_PEERCRED,
-            (&mut cred as *mut libc::ucred).cast(),
-            &mut len,
-        )
+        libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERCRED, (&mut cred as *mut libc::ucred).cast(), &mut len)
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());
@@ -210,15 +204,8 @@ pub(crate) fn peer_groups(stream: &UnixStream) -> io::Result<Vec<u32>> {
         // SAFETY: `groups` is valid for `len` bytes of writes and outlives
         // the call; the kernel writes at most `len` bytes and reports in
         // `len` how many it needs when that is too few (ERANGE).
-        let rc = unsafe {
-            libc::getsockopt(
-                stream.as_raw_fd(),
-                libc::SOL_SOCKET,
-                libc::SO_PEERGROUPS,
-                groups.as_mut_ptr().cast(),
-                &mut len,
-            )
-        };
+        let rc =
+            unsafe { libc::getsockopt(stream.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PEERGROUPS, groups.as_mut_ptr().cast(), &mut len) };
         let n = len as usize / std::mem::size_of::<libc::gid_t>();
         if rc == 0 {
             groups.truncate(n);
@@ -297,9 +284,7 @@ pub(crate) fn lookup_id(name: &str, group: bool) -> io::Result<u32> {
         let rc = unsafe { libc::getpwnam_r(c.as_ptr(), &mut pw, buf.as_mut_ptr(), buf.len(), &mut out) };
         (rc == 0 && !out.is_null()).then_some(pw.pw_uid)
     };
-    found.ok_or_else(|| {
-        io::Error::new(io::ErrorKind::NotFound, format!("no {} called {name}", if group { "group" } else { "user" }))
-    })
+    found.ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no {} called {name}", if group { "group" } else { "user" })))
 }
 
 /// Drops to `uid`/`gid` for good: supplementary groups cleared, group then
@@ -384,10 +369,8 @@ pub(crate) fn close_inherited() -> io::Result<()> {
         return Ok(());
     }
     // Before Linux 5.9: close what /proc/self/fd lists.
-    let open: Vec<i32> = std::fs::read_dir("/proc/self/fd")?
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
-        .filter(|fd| *fd > 2)
-        .collect();
+    let open: Vec<i32> =
+        std::fs::read_dir("/proc/self/fd")?.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).filter(|fd| *fd > 2).collect();
     for fd in open {
         // SAFETY: as above; a number that was the listing's own descriptor
         // (closed already when read_dir's iterator dropped) fails harmlessly.
@@ -404,9 +387,7 @@ pub(crate) fn send_some(stream: &UnixStream, buf: &[u8]) -> io::Result<usize> {
         // SAFETY: `buf` is valid for reads of `buf.len()` bytes for the
         // call, which only reads it; the descriptor is owned by `stream`,
         // which outlives the call.
-        let n = unsafe {
-            libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
-        };
+        let n = unsafe { libc::send(stream.as_raw_fd(), buf.as_ptr().cast(), buf.len(), libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT) };
         if n >= 0 {
             return Ok(n as usize);
         }
@@ -559,9 +540,7 @@ mod fork_guard {
         INSTALL.call_once(|| {
             let mut pair = [-1; 2];
             // SAFETY: `pair` is a live array of two ints the call writes.
-            if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) }
-                != 0
-            {
+            if unsafe { libc::socketpair(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0, pair.as_mut_ptr()) } != 0 {
                 return;
             }
             // SAFETY: pair[1] was just made here and is owned by nothing

@@ -76,12 +76,7 @@ impl Joined {
     ///
     /// # Errors
     /// The operating system's refusal to start a thread.
-    pub(crate) fn spawn_sized(
-        &mut self,
-        name: String,
-        stack: usize,
-        f: impl FnOnce() + Send + 'static,
-    ) -> std::io::Result<()> {
+    pub(crate) fn spawn_sized(&mut self, name: String, stack: usize, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
         self.start(std::thread::Builder::new().name(name).stack_size(stack), f)
     }
 

@@ -75,8 +75,7 @@ const FAILURE: c_int = 2;
 /// `SSL_PRIVATE_KEY_METHOD` (AWS-LC's `ssl.h`).
 #[repr(C)]
 struct RawMethod {
-    sign:
-        Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize, u16, *const u8, usize) -> c_int>,
+    sign: Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize, u16, *const u8, usize) -> c_int>,
     decrypt: Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize, *const u8, usize) -> c_int>,
     complete: Option<unsafe extern "C" fn(*mut openssl_sys::SSL, *mut u8, *mut usize, usize) -> c_int>,
 }
@@ -170,8 +169,7 @@ pub fn set_resume<F>(ssl: &mut SslRef, resume: F) -> Result<(), SignError>
 where
     F: Fn() + Send + Sync + 'static,
 {
-    let index =
-        resume_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no ex_data index for the resume callback"))?;
+    let index = resume_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no ex_data index for the resume callback"))?;
     ssl.set_ex_data(index, Resume(Arc::new(resume)));
     Ok(())
 }
@@ -312,12 +310,7 @@ unsafe extern "C" fn raw_decrypt(
     })
 }
 
-unsafe extern "C" fn raw_complete(
-    ssl: *mut openssl_sys::SSL,
-    out: *mut u8,
-    out_len: *mut usize,
-    max_out: usize,
-) -> c_int {
+unsafe extern "C" fn raw_complete(ssl: *mut openssl_sys::SSL, out: *mut u8, out_len: *mut usize, max_out: usize) -> c_int {
     guarded(|| {
         // SAFETY: the TLS library passes the connection it calls for, `out`
         // writable for `max_out` bytes and `out_len` writable, for the call.
@@ -351,8 +344,7 @@ pub fn configure(builder: &mut SslContextBuilder, cert: &X509Ref, method: Engine
     if ok != 1 {
         return Err(crypto(CryptoOp::Configure)(openssl::error::ErrorStack::get()));
     }
-    let index =
-        method_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no ex_data index for the key method"))?;
+    let index = method_index().ok_or_else(|| SignError::io(Resource::TlsSlot, "no ex_data index for the key method"))?;
     builder.set_ex_data(index, method);
     // SAFETY: `METHOD` is a static that outlives every context; the
     // context's method it reaches is in the context's ex_data, set above.

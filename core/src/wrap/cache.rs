@@ -113,11 +113,7 @@ impl PolicyKeyCache {
 
     /// The key for `id`, from the cache or from `load` (run once however
     /// many callers miss at the same time).
-    pub(crate) fn get_or_load(
-        &self,
-        id: KeyId,
-        load: impl FnOnce() -> Result<Zeroizing<[u8; 32]>>,
-    ) -> Result<Zeroizing<[u8; 32]>> {
+    pub(crate) fn get_or_load(&self, id: KeyId, load: impl FnOnce() -> Result<Zeroizing<[u8; 32]>>) -> Result<Zeroizing<[u8; 32]>> {
         if let Some(k) = self.lookup(&id) {
             self.hits.fetch_add(1, Ordering::Relaxed);
             return Ok(k);

@@ -213,16 +213,13 @@ impl WrapError {
             WrapError::Revoked { .. } => ErrorCode::MachineRevoked,
             WrapError::InvalidMachineId { .. } => ErrorCode::InvalidAttributes,
             WrapError::Malformed { object: "machine key", .. } => ErrorCode::InvalidKey,
-            WrapError::Malformed {
-                object: "authority state" | "generation list" | "revocation list" | "inventory",
-                ..
-            } => ErrorCode::InconsistentState,
+            WrapError::Malformed { object: "authority state" | "generation list" | "revocation list" | "inventory", .. } => {
+                ErrorCode::InconsistentState
+            }
             WrapError::Malformed { .. } => ErrorCode::InvalidEnvelope,
             WrapError::UnknownAlgorithm { .. } => ErrorCode::UnknownAlgorithm,
             WrapError::LimitExceeded { .. } => ErrorCode::LimitExceeded,
-            WrapError::InvalidLine { .. } | WrapError::InvalidQuery(_) | WrapError::WouldStrand { .. } => {
-                ErrorCode::InvalidArgument
-            }
+            WrapError::InvalidLine { .. } | WrapError::InvalidQuery(_) | WrapError::WouldStrand { .. } => ErrorCode::InvalidArgument,
             WrapError::State(e) => e.code(),
             WrapError::Abe(e) => e.code(),
             WrapError::Store(e) => e.code(),
@@ -283,15 +280,9 @@ mod tests {
             (malformed("generation list", "x"), ErrorCode::InconsistentState),
             (WrapError::UnknownAlgorithm { what: "HPKE suite", id: 9 }, ErrorCode::UnknownAlgorithm),
             (WrapError::LimitExceeded { what: "secret length", len: 2, max: 1 }, ErrorCode::LimitExceeded),
-            (
-                WrapError::InvalidLine { file: "f".into(), line: 1, field: "id", reason: "x".into() },
-                ErrorCode::InvalidArgument,
-            ),
+            (WrapError::InvalidLine { file: "f".into(), line: 1, field: "id", reason: "x".into() }, ErrorCode::InvalidArgument),
             (WrapError::InvalidQuery("x".into()), ErrorCode::InvalidArgument),
-            (
-                WrapError::WouldStrand { generation: 1, count: 1, examples: vec!["m".into()] },
-                ErrorCode::InvalidArgument,
-            ),
+            (WrapError::WouldStrand { generation: 1, count: 1, examples: vec!["m".into()] }, ErrorCode::InvalidArgument),
             (StateError::NoAuthority.into(), ErrorCode::NoAuthority),
             (StateError::AuthorityExists.into(), ErrorCode::AuthorityExists),
             (StateError::Inconsistent("x".into()).into(), ErrorCode::InconsistentState),

@@ -190,9 +190,9 @@ fn int(v: &Value) -> i64 {
 fn bytes(v: &Value, key: &str) -> Result<Vec<u8>, StoreError> {
     match v {
         Value::Null => Ok(Vec::new()),
-        Value::String(s) => base64::engine::general_purpose::STANDARD
-            .decode(s)
-            .map_err(|e| io_err(key, format!("etcd sent bad base64: {e}"))),
+        Value::String(s) => {
+            base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| io_err(key, format!("etcd sent bad base64: {e}")))
+        }
         _ => Err(io_err(key, "etcd sent a non-string for bytes")),
     }
 }
@@ -209,8 +209,7 @@ pub(super) enum Failure {
 
 /// The JSON of an answer with HTTP `status` from `url`, or why it failed.
 pub(super) fn answer(url: &str, status: u16, text: &[u8]) -> Result<Value, Failure> {
-    let v: Value =
-        serde_json::from_slice(text).map_err(|e| Failure::Retry(format!("{url}: answer is not JSON ({e})")))?;
+    let v: Value = serde_json::from_slice(text).map_err(|e| Failure::Retry(format!("{url}: answer is not JSON ({e})")))?;
     if status == 200 && v.get("error").is_none() {
         return Ok(v);
     }
@@ -340,10 +339,8 @@ impl EtcdStore {
     /// [`StoreError::InvalidName`] for no endpoint, an empty prefix, a
     /// prefix that is not a store key, or certificates that do not parse.
     pub fn open(config: EtcdConfig) -> Result<Self, StoreError> {
-        let bad = |reason: String| StoreError::InvalidName {
-            name: format!("etcd://{}/{}", config.endpoints.join(","), config.prefix),
-            reason,
-        };
+        let bad =
+            |reason: String| StoreError::InvalidName { name: format!("etcd://{}/{}", config.endpoints.join(","), config.prefix), reason };
         if config.endpoints.is_empty() {
             return Err(bad("no endpoint".into()));
         }
@@ -363,10 +360,8 @@ impl EtcdStore {
             }
         }
         let scheme = if config.ca_pem.is_some() { "https" } else { "http" };
-        let mut builder = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(config.request_timeout))
-            .max_redirects(0);
+        let mut builder =
+            ureq::Agent::config_builder().http_status_as_error(false).timeout_global(Some(config.request_timeout)).max_redirects(0);
         let mut watch_builder = ureq::Agent::config_builder()
             .http_status_as_error(false)
             .timeout_connect(Some(config.request_timeout))
@@ -605,11 +600,7 @@ impl EtcdStore {
                 "key": b64(start.as_bytes()), "range_end": b64(&end), "start_revision": (last + 1).to_string(),
             }});
             let body = serde_json::to_vec(&req).unwrap_or_default();
-            let resp = self
-                .watch_agent
-                .post(format!("{url}/v3/watch"))
-                .header("content-type", "application/json")
-                .send(&body[..]);
+            let resp = self.watch_agent.post(format!("{url}/v3/watch")).header("content-type", "application/json").send(&body[..]);
             let mut resp = match resp {
                 Ok(r) if r.status().as_u16() == 200 => r,
                 _ => {
@@ -725,9 +716,7 @@ pub(crate) fn check_endpoint(e: &str) -> Result<(), String> {
         !host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
     };
     if !host_ok || port.parse::<u16>().is_err() {
-        return Err(format!(
-            "endpoint {e:?} is not HOST:PORT (a name, an IPv4 address or a bracketed IPv6 address, and a port)"
-        ));
+        return Err(format!("endpoint {e:?} is not HOST:PORT (a name, an IPv4 address or a bracketed IPv6 address, and a port)"));
     }
     Ok(())
 }
@@ -783,10 +772,7 @@ impl<'a> Listing<'a> {
         let timed_out = |l: &Self, last: String| {
             l.refuse(
                 std::io::ErrorKind::TimedOut,
-                format!(
-                    "a listing still paging after {:?} waiting on etcd, its deadline ({} names so far){last}",
-                    l.waited, l.names
-                ),
+                format!("a listing still paging after {:?} waiting on etcd, its deadline ({} names so far){last}", l.waited, l.names),
             )
         };
         let Some(left) = self.deadline.checked_sub(self.waited).filter(|l| !l.is_zero()) else {
@@ -894,11 +880,7 @@ impl Store for EtcdStore {
         let below = if creating { self.names_under("")? } else { self.list(super::layout::SEALED)? };
         let nested = format!("/{STORE_MARK}");
         if let Some(inner) = below.iter().find_map(|n| n.strip_suffix(nested.as_str())) {
-            return Err(StoreError::Nested {
-                store: name.to_owned(),
-                other: format!("{}{inner}", self.prefix),
-                inside: false,
-            });
+            return Err(StoreError::Nested { store: name.to_owned(), other: format!("{}{inner}", self.prefix), inside: false });
         }
         Ok(())
     }
@@ -997,12 +979,7 @@ impl Store for EtcdStore {
     fn commit(&self, batch: &Batch) -> Result<(), StoreError> {
         let first = batch.ops.first().map(|o| o.key().to_owned()).unwrap_or_default();
         if batch.ops.len() > MAX_TXN_OPS {
-            return Err(StoreError::TooLarge {
-                key: first,
-                what: "writes in one commit",
-                len: batch.ops.len(),
-                max: MAX_TXN_OPS,
-            });
+            return Err(StoreError::TooLarge { key: first, what: "writes in one commit", len: batch.ops.len(), max: MAX_TXN_OPS });
         }
         Self::check_size(&first, batch.size() + batch.ops.len() * self.prefix.len())?;
         let mut compare = Vec::new();
@@ -1053,10 +1030,7 @@ mod tests {
             (c(&[], "kf"), "no endpoint"),
             (c(&["127.0.0.1:1"], ""), "prefix"),
             (c(&["127.0.0.1:1"], "a/../b"), "prefix"),
-            (
-                EtcdConfig { client_pem: Some((b"x".to_vec(), b"y".to_vec().into())), ..c(&["127.0.0.1:1"], "kf") },
-                "needs TLS",
-            ),
+            (EtcdConfig { client_pem: Some((b"x".to_vec(), b"y".to_vec().into())), ..c(&["127.0.0.1:1"], "kf") }, "needs TLS"),
             (EtcdConfig { ca_pem: Some(b"not a certificate".to_vec()), ..c(&["127.0.0.1:1"], "kf") }, "no certificate"),
         ] {
             let err = EtcdStore::open(config).unwrap_err();
@@ -1069,11 +1043,7 @@ mod tests {
     fn values_and_commits_over_the_request_limit_are_refused_before_sending() {
         // Port 1 answers nothing: a request would fail with STORE_IO, so
         // LIMIT_EXCEEDED shows the refusal came first.
-        let s = EtcdStore::open(EtcdConfig {
-            retry_for: Duration::ZERO,
-            ..EtcdConfig::new(vec!["127.0.0.1:1".into()], "kf")
-        })
-        .unwrap();
+        let s = EtcdStore::open(EtcdConfig { retry_for: Duration::ZERO, ..EtcdConfig::new(vec!["127.0.0.1:1".into()], "kf") }).unwrap();
         let big = vec![0u8; MAX_REQUEST];
         let err = s.put("envelopes/aa", &big).unwrap_err();
         assert_eq!(err.code(), crate::ErrorCode::LimitExceeded, "{err}");

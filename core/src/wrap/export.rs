@@ -56,7 +56,10 @@ const BATCH: usize = 256;
 pub fn export_for_servers(from: &dyn Store, to: &dyn Store) -> Result<Exported> {
     let refused = |why: String| WrapError::Store(StoreError::InvalidName { name: "export".into(), reason: why });
     if to.get(layout::STATE)?.is_some() {
-        return Err(refused("the destination holds an authority's state: a servers' copy never does, and this would overwrite that authority's objects".into()));
+        return Err(refused(
+            "the destination holds an authority's state: a servers' copy never does, and this would overwrite that authority's objects"
+                .into(),
+        ));
     }
     // The authority's store, or a servers' copy of it: a server brings its
     // own store up to date from the copy it received, in this order.

@@ -36,10 +36,7 @@ pub struct FaultyStore {
 
 impl std::fmt::Debug for FaultyStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FaultyStore")
-            .field("fail_from", &self.fail_from.load(Ordering::SeqCst))
-            .field("writes", &self.writes())
-            .finish()
+        f.debug_struct("FaultyStore").field("fail_from", &self.fail_from.load(Ordering::SeqCst)).field("writes", &self.writes()).finish()
     }
 }
 
@@ -69,10 +66,7 @@ impl FaultyStore {
     fn write(&self, key: &str) -> Result<(), StoreError> {
         let n = self.writes.fetch_add(1, Ordering::SeqCst);
         if n >= self.fail_from.load(Ordering::SeqCst) {
-            return Err(StoreError::Io {
-                key: key.to_owned(),
-                source: std::io::Error::other(format!("injected failure at write {n}")),
-            });
+            return Err(StoreError::Io { key: key.to_owned(), source: std::io::Error::other(format!("injected failure at write {n}")) });
         }
         Ok(())
     }

@@ -91,11 +91,8 @@ impl Fence {
     pub(crate) fn encode(&self) -> Vec<u8> {
         let holder: String = self.holder.iter().map(|b| format!("{b:02x}")).collect();
         let mode = if self.exclusive { "exclusive" } else { "shared" };
-        format!(
-            "{MAGIC}\nholder {holder}\noperation {}\nuntil {}\nprocess {}\nmode {mode}\n",
-            self.operation, self.until_ms, self.process
-        )
-        .into_bytes()
+        format!("{MAGIC}\nholder {holder}\noperation {}\nuntil {}\nprocess {}\nmode {mode}\n", self.operation, self.until_ms, self.process)
+            .into_bytes()
     }
 
     /// The record in `bytes`, or `None` for anything else.

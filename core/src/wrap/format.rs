@@ -157,17 +157,7 @@ impl Envelope {
         r.array::<SIGNATURE_LEN>("signature").map_err(codec(O))?;
         r.finish().map_err(codec(O))?;
         let policy = CanonicalPolicy::decode(policy, &policy_id, O)?;
-        Ok(Self {
-            secret_id,
-            authority,
-            policy_id,
-            key_version,
-            policy,
-            enc,
-            ciphertext,
-            header_len,
-            bytes: bytes.to_vec(),
-        })
+        Ok(Self { secret_id, authority, policy_id, key_version, policy, enc, ciphertext, header_len, bytes: bytes.to_vec() })
     }
 
     /// Checks that the authority whose public key is `trusted` made this
@@ -180,8 +170,7 @@ impl Envelope {
     pub fn verify(&self, trusted: &[u8; 32]) -> Result<()> {
         let (body, signature) = self.bytes.split_at(self.bytes.len() - SIGNATURE_LEN);
         // Parsing checked the length, so the split is exactly 64 bytes.
-        let signature: &[u8; SIGNATURE_LEN] =
-            signature.try_into().map_err(|_| WrapError::Tampered { object: "envelope" })?;
+        let signature: &[u8; SIGNATURE_LEN] = signature.try_into().map_err(|_| WrapError::Tampered { object: "envelope" })?;
         check_signed("envelope", ENVELOPE_CONTEXT, trusted, &self.authority, body, signature)
     }
 

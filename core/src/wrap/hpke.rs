@@ -40,14 +40,11 @@ pub(crate) fn seal<R: RngCore + CryptoRng>(
     let pk = KemPublic::from_bytes(public)
         .map_err(|_| WrapError::Malformed { object: "policy key", reason: "invalid X25519 public key".into() })?;
     // The enc is part of the associated data, so encapsulate first.
-    let (enc, mut ctx) =
-        hpke::setup_sender::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256, R>(&OpModeS::Base, &pk, INFO, rng)
-            .map_err(|_| WrapError::Malformed { object: "policy key", reason: "HPKE encapsulation failed".into() })?;
+    let (enc, mut ctx) = hpke::setup_sender::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256, R>(&OpModeS::Base, &pk, INFO, rng)
+        .map_err(|_| WrapError::Malformed { object: "policy key", reason: "HPKE encapsulation failed".into() })?;
     let enc = enc.to_bytes().to_vec();
     let aad = aad_prefix(&enc);
-    let ct = ctx
-        .seal(plaintext, &aad)
-        .map_err(|_| WrapError::Malformed { object: "envelope", reason: "HPKE seal failed".into() })?;
+    let ct = ctx.seal(plaintext, &aad).map_err(|_| WrapError::Malformed { object: "envelope", reason: "HPKE seal failed".into() })?;
     Ok((enc, aad, ct))
 }
 
@@ -56,16 +53,9 @@ pub(crate) fn open(private: &[u8; 32], enc: &[u8], aad: &[u8], ciphertext: &[u8]
     let tampered = || WrapError::Tampered { object: "envelope" };
     let sk = KemPrivate::from_bytes(private).map_err(|_| tampered())?;
     let enc = KemEnc::from_bytes(enc).map_err(|_| tampered())?;
-    hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(
-        &OpModeR::Base,
-        &sk,
-        &enc,
-        INFO,
-        ciphertext,
-        aad,
-    )
-    .map(Zeroizing::new)
-    .map_err(|_| tampered())
+    hpke::single_shot_open::<ChaCha20Poly1305, HkdfSha256, X25519HkdfSha256>(&OpModeR::Base, &sk, &enc, INFO, ciphertext, aad)
+        .map(Zeroizing::new)
+        .map_err(|_| tampered())
 }
 
 #[cfg(test)]
@@ -85,8 +75,8 @@ mod tests {
         one[0] = 1;
         let mut order8 = [0u8; 32];
         order8.copy_from_slice(&[
-            0xe0, 0xeb, 0x7a, 0x7c, 0x3b, 0x41, 0xb8, 0xae, 0x16, 0x56, 0xe3, 0xfa, 0xf1, 0x9f, 0xc4, 0x6a, 0xda, 0x09,
-            0x8d, 0xeb, 0x9c, 0x32, 0xb1, 0xfd, 0x86, 0x62, 0x05, 0x16, 0x5f, 0x49, 0xb8, 0x00,
+            0xe0, 0xeb, 0x7a, 0x7c, 0x3b, 0x41, 0xb8, 0xae, 0x16, 0x56, 0xe3, 0xfa, 0xf1, 0x9f, 0xc4, 0x6a, 0xda, 0x09, 0x8d, 0xeb, 0x9c,
+            0x32, 0xb1, 0xfd, 0x86, 0x62, 0x05, 0x16, 0x5f, 0x49, 0xb8, 0x00,
         ]);
         for bad in [[0u8; 32], one, order8] {
             assert!(matches!(open(&private, &bad, &bad, &ct), Err(WrapError::Tampered { object: "envelope" })));

@@ -291,13 +291,7 @@ impl fmt::Debug for Machine {
 impl Machine {
     /// A machine with `key`, reading sealed policy keys from `store`.
     pub fn new(key: MachineKey, store: Arc<dyn Store>, cache: CacheConfig) -> Self {
-        Self {
-            key,
-            store,
-            cache: PolicyKeyCache::new(cache),
-            seen: Seen::default(),
-            revocations: SeenRevocations::default(),
-        }
+        Self { key, store, cache: PolicyKeyCache::new(cache), seen: Seen::default(), revocations: SeenRevocations::default() }
     }
 
     /// A machine that reads nothing but `objects` (names and values, as
@@ -367,10 +361,8 @@ impl Machine {
     /// As [`Machine::require`], but never [`WrapError::WrongAuthority`].
     pub(crate) fn require_kept(&self, kept: &NewestLists) -> Result<()> {
         let authority = self.key.authority;
-        let raised = [
-            kept.generations().map(|g| self.seen.raise(g, &authority)),
-            kept.revoked().map(|r| self.revocations.raise(r, &authority)),
-        ];
+        let raised =
+            [kept.generations().map(|g| self.seen.raise(g, &authority)), kept.revoked().map(|r| self.revocations.raise(r, &authority))];
         for r in raised.into_iter().flatten() {
             match r {
                 Ok(()) | Err(WrapError::WrongAuthority { .. }) => {}
@@ -549,12 +541,10 @@ impl Machine {
     /// generation, checked (header, authority, signature) but not opened,
     /// with this machine's key for that generation.
     fn sealed_copy(&self, env: &Envelope) -> Result<(SealedKey, &AttributeKey)> {
-        let (sealed, g) =
-            sealed_copy(&*self.store, &self.seen, &self.key.authority, self.key.id(), &self.key.generations(), env)?;
+        let (sealed, g) = sealed_copy(&*self.store, &self.seen, &self.key.authority, self.key.id(), &self.key.generations(), env)?;
         // `g` is one of this key's generations.
         let key = self.key.keys.iter().find(|(k, _)| *k == g).map(|(_, k)| k);
-        key.map(|k| (sealed, k))
-            .ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
+        key.map(|k| (sealed, k)).ok_or(WrapError::UnknownPolicyKey { policy_id: hex(&env.policy_id), version: env.key_version })
     }
 
     /// The same machine without its key: decides as this one does, cannot
@@ -815,8 +805,7 @@ impl PublicMachine {
     /// The error [`Machine::open`] would return for the same reason.
     pub fn can_open(&self, envelope: &Envelope) -> Result<()> {
         precheck(&self.info.authority, &self.info.attrs, envelope)?;
-        sealed_copy(&*self.store, &self.seen, &self.info.authority, self.info.id(), &self.info.generations, envelope)
-            .map(drop)
+        sealed_copy(&*self.store, &self.seen, &self.info.authority, self.info.id(), &self.info.generations, envelope).map(drop)
     }
 }
 
@@ -835,9 +824,7 @@ const MAX_OPENING_OBJECTS: usize = 64;
 pub fn objects_for_opening(store: &dyn Store, envelope: &Envelope) -> Result<Vec<(String, Vec<u8>)>> {
     let mut names = vec![layout::GENERATIONS.to_owned()];
     let copies = format!("{}{}/{}/", layout::SEALED, hex(&envelope.policy_id), envelope.key_version);
-    names.extend(
-        store.list(&copies)?.into_iter().filter(|n| layout::parse_sealed(n).is_some()).take(MAX_OPENING_OBJECTS - 1),
-    );
+    names.extend(store.list(&copies)?.into_iter().filter(|n| layout::parse_sealed(n).is_some()).take(MAX_OPENING_OBJECTS - 1));
     let values = store.get_many(&names)?;
     Ok(names.into_iter().zip(values).filter_map(|(n, v)| v.map(|v| (n, v))).collect())
 }

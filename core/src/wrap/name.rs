@@ -62,11 +62,7 @@ pub fn create_store(name: &str) -> Result<Arc<dyn Store>, StoreError> {
         let abs = std::path::absolute(name).unwrap_or_else(|_| std::path::PathBuf::from(name));
         for outer in abs.ancestors().skip(1) {
             if outer.join(STORE_MARK).is_file() {
-                return Err(StoreError::Nested {
-                    store: name.to_owned(),
-                    other: outer.display().to_string(),
-                    inside: true,
-                });
+                return Err(StoreError::Nested { store: name.to_owned(), other: outer.display().to_string(), inside: true });
             }
         }
     }
@@ -84,10 +80,7 @@ fn open_or_create(name: &str) -> Result<Arc<dyn Store>, StoreError> {
         return open_etcd(name, rest);
     }
     if name.is_empty() {
-        return Err(StoreError::InvalidName {
-            name: String::new(),
-            reason: "empty: a directory or etcd://HOST:PORT/PREFIX".into(),
-        });
+        return Err(StoreError::InvalidName { name: String::new(), reason: "empty: a directory or etcd://HOST:PORT/PREFIX".into() });
     }
     Ok(Arc::new(FileStore::open(name)?))
 }
@@ -108,10 +101,7 @@ pub fn open_store_path(name: &std::path::Path) -> Result<Arc<dyn Store>, StoreEr
 
 #[cfg(not(feature = "etcd"))]
 fn open_etcd(name: &str, _rest: &str) -> Result<Arc<dyn Store>, StoreError> {
-    Err(StoreError::InvalidName {
-        name: name.to_owned(),
-        reason: "this build has no etcd store (the `etcd` feature)".into(),
-    })
+    Err(StoreError::InvalidName { name: name.to_owned(), reason: "this build has no etcd store (the `etcd` feature)".into() })
 }
 
 #[cfg(feature = "etcd")]
@@ -185,10 +175,7 @@ mod tests {
             EtcdStore::open(etcd_config("n", &format!("{local}/kf")).unwrap()).unwrap();
         }
         let err = EtcdStore::open(etcd_config("n", "127.0.0.1:2379,10.1.2.3:2379/kf").unwrap()).unwrap_err();
-        assert!(
-            err.to_string().contains("10.1.2.3:2379 is not on this machine") && err.to_string().contains("cacert"),
-            "{err}"
-        );
+        assert!(err.to_string().contains("10.1.2.3:2379 is not on this machine") && err.to_string().contains("cacert"), "{err}");
         assert_eq!(err.code(), crate::ErrorCode::InvalidArgument);
         EtcdStore::open(etcd_config("n", "10.1.2.3:2379/kf?insecure-transport=1").unwrap()).unwrap();
     }

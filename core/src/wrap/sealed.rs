@@ -4,9 +4,7 @@
 use zeroize::Zeroizing;
 
 use super::error::{codec, malformed, Result, WrapError};
-use super::format::{
-    check_policy, check_signed, reader, suite, writer, SEALED_EXCLUDING_MAGIC, SEALED_MAGIC, SUITE_X25519_CHACHA,
-};
+use super::format::{check_policy, check_signed, reader, suite, writer, SEALED_EXCLUDING_MAGIC, SEALED_MAGIC, SUITE_X25519_CHACHA};
 use super::policy::{policy_id, CanonicalPolicy};
 use super::revocation;
 use super::signing::{AuthorityKey, SEALED_CONTEXT, SIGNATURE_LEN};
@@ -32,13 +30,7 @@ pub(crate) struct SealedKey {
     signature: [u8; SIGNATURE_LEN],
 }
 
-fn plaintext(
-    policy_id: &[u8; 32],
-    version: u32,
-    generation: u32,
-    public: &[u8; 32],
-    private: &[u8; 32],
-) -> Zeroizing<Vec<u8>> {
+fn plaintext(policy_id: &[u8; 32], version: u32, generation: u32, public: &[u8; 32], private: &[u8; 32]) -> Zeroizing<Vec<u8>> {
     let mut p = Zeroizing::new(Vec::with_capacity(CONTEXT.len() + 104));
     p.extend_from_slice(CONTEXT);
     p.extend_from_slice(policy_id);
@@ -68,8 +60,7 @@ pub(crate) fn seal(
     let sealing = revocation::restricted(policy, excluded)?;
     // The policy goes in already parsed.
     let ct = abe::encrypt_policy(abe_pk, sealing.circuit(), &pt)?;
-    let mut bytes =
-        unsigned(&signer.public(), policy.id(), version, generation, policy.as_bytes(), excluded, public, &ct);
+    let mut bytes = unsigned(&signer.public(), policy.id(), version, generation, policy.as_bytes(), excluded, public, &ct);
     let signature = signer.sign(SEALED_CONTEXT, &bytes);
     bytes.extend_from_slice(&signature);
     Ok(bytes)
@@ -131,11 +122,8 @@ impl SealedKey {
                 excluded.push(id.to_owned());
             }
         }
-        let public: [u8; 32] = r
-            .bytes16("public key")
-            .map_err(codec(O))?
-            .try_into()
-            .map_err(|_| malformed(O, "public key is not 32 bytes"))?;
+        let public: [u8; 32] =
+            r.bytes16("public key").map_err(codec(O))?.try_into().map_err(|_| malformed(O, "public key is not 32 bytes"))?;
         let abe_ct = r.bytes32("CP-ABE ciphertext").map_err(codec(O))?.to_vec();
         let signed = bytes[..bytes.len() - r.remaining()].to_vec();
         let signature = r.array("signature").map_err(codec(O))?;

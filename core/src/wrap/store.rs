@@ -531,8 +531,7 @@ impl FileStore {
                 id.extend_from_slice(&meta.ctime_nsec().to_le_bytes());
             }
             id.extend_from_slice(&meta.len().to_le_bytes());
-            let modified =
-                meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
+            let modified = meta.modified().ok().and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).unwrap_or_default();
             id.extend_from_slice(&modified.as_nanos().to_le_bytes());
             snap.insert(key, digest(&id));
         }
@@ -664,8 +663,7 @@ impl Store for FileStore {
         let path = self.path(key)?;
         let dir = path.parent().unwrap_or(&self.root).to_path_buf();
         self.sync.create_dirs(&self.root, &dir).map_err(io(key))?;
-        let tmp =
-            dir.join(format!(".tmp-{}-{}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
+        let tmp = dir.join(format!(".tmp-{}-{}", std::process::id(), rand_core::RngCore::next_u64(&mut rand_core::OsRng)));
         let mut opts = fs::OpenOptions::new();
         opts.write(true).create_new(true);
         #[cfg(unix)]
@@ -934,8 +932,7 @@ mod tests {
         let s = FileStore::open(&root).unwrap();
         s.put("authority/state", b"x").unwrap();
         s.put("sealed/ab/1/2", b"y").unwrap();
-        for d in ["parent", "parent/store", "parent/store/authority", "parent/store/sealed", "parent/store/sealed/ab/1"]
-        {
+        for d in ["parent", "parent/store", "parent/store/authority", "parent/store/sealed", "parent/store/sealed/ab/1"] {
             let mode = fs::metadata(tmp.path().join(d)).unwrap().permissions().mode() & 0o777;
             assert_eq!(mode, 0o700, "{d}: {mode:o}");
         }
@@ -995,9 +992,7 @@ mod tests {
     fn a_failed_sync_is_an_error_and_leaves_no_temporary_file() {
         let tmp = tempfile::tempdir().unwrap();
         let root = tmp.path().to_path_buf();
-        for (fail, what) in
-            [(root.join("envelopes"), "directory after the rename"), (root.clone(), "new directory's parent")]
-        {
+        for (fail, what) in [(root.join("envelopes"), "directory after the rename"), (root.clone(), "new directory's parent")] {
             let (s, _) = recording(&root, Some(fail.clone()));
             let _ = fs::remove_dir_all(root.join("envelopes"));
             let err = s.put("envelopes/aa", b"x").unwrap_err();
@@ -1005,9 +1000,7 @@ mod tests {
             assert_eq!(err.code(), crate::ErrorCode::StoreIo);
             assert!(err.to_string().contains("injected fsync failure"), "{err}");
             let left: Vec<_> = fs::read_dir(root.join("envelopes"))
-                .map(|d| {
-                    d.map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with(".tmp-")).collect()
-                })
+                .map(|d| d.map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().starts_with(".tmp-")).collect())
                 .unwrap_or_default();
             assert!(left.is_empty(), "{what}: {left:?}");
         }

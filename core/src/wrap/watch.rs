@@ -57,9 +57,7 @@ impl std::fmt::Debug for WatchEvent {
                 .field("revision", revision)
                 .field("value", &value.as_ref().map(|v| format!("{} bytes", v.len())))
                 .finish(),
-            WatchEvent::Delete { key, revision } => {
-                f.debug_struct("Delete").field("key", key).field("revision", revision).finish()
-            }
+            WatchEvent::Delete { key, revision } => f.debug_struct("Delete").field("key", key).field("revision", revision).finish(),
             WatchEvent::Compacted { revision } => f.debug_struct("Compacted").field("revision", revision).finish(),
         }
     }
@@ -72,9 +70,7 @@ impl WatchEvent {
     /// nothing to another watch.
     pub fn revision(&self) -> i64 {
         match self {
-            WatchEvent::Put { revision, .. }
-            | WatchEvent::Delete { revision, .. }
-            | WatchEvent::Compacted { revision } => *revision,
+            WatchEvent::Put { revision, .. } | WatchEvent::Delete { revision, .. } | WatchEvent::Compacted { revision } => *revision,
         }
     }
 

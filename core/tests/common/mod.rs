@@ -127,8 +127,7 @@ pub fn verify_key(key: &keyfence::sign::PrivateKey, alg: keyfence::sign::Algorit
 /// A key process (the one this package builds) of one thread per class.
 #[cfg(feature = "sign")]
 pub fn key_process_config() -> keyfence::sign::key_process::KeyProcessConfig {
-    let mut c =
-        keyfence::sign::key_process::KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
+    let mut c = keyfence::sign::key_process::KeyProcessConfig::with_command([env!("CARGO_BIN_EXE_keyfence-key-process")]);
     c.rsa_threads = 1;
     c.ec_threads = 1;
     c

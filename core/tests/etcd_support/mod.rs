@@ -37,8 +37,7 @@ fn etcd_binary() -> Option<PathBuf> {
         .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
         .map(|d| d.join("etcd"))
         .find(|p| p.is_file());
-    if skip::skip_unless(found.is_some(), "no `etcd` on PATH (apt-get install etcd-server, or ./x)", skip::REQUIRE_ETCD)
-    {
+    if skip::skip_unless(found.is_some(), "no `etcd` on PATH (apt-get install etcd-server, or ./x)", skip::REQUIRE_ETCD) {
         return None;
     }
     found
@@ -88,44 +87,12 @@ pub struct Cluster {
 /// port with it.
 fn make_pki(dir: &Path) {
     openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            "ca.key",
-            "-subj",
-            "/CN=etcd test CA",
-            "-days",
-            "2",
-            "-sha256",
-            "-out",
-            "ca.pem",
-        ],
-    );
-    for (name, ext) in [
-        ("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"),
-        ("client", "extendedKeyUsage=clientAuth"),
-    ] {
-        openssl(
-            dir,
-            &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &format!("{name}.key")],
-        );
-        openssl(
-            dir,
-            &[
-                "req",
-                "-new",
-                "-key",
-                &format!("{name}.key"),
-                "-subj",
-                &format!("/CN={name}"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
+    openssl(dir, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=etcd test CA", "-days", "2", "-sha256", "-out", "ca.pem"]);
+    for (name, ext) in
+        [("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"), ("client", "extendedKeyUsage=clientAuth")]
+    {
+        openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &format!("{name}.key")]);
+        openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
         std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
         openssl(
             dir,
@@ -191,14 +158,12 @@ impl Cluster {
     /// given) in a new directory, not yet waited for.
     fn spawn_cluster(bin: PathBuf, tls: bool, first: Option<u16>) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let mut members: Vec<Member> = (0..3)
-            .map(|i| Member { name: format!("m{i}"), client: free_port(), peer: free_port(), child: None })
-            .collect();
+        let mut members: Vec<Member> =
+            (0..3).map(|i| Member { name: format!("m{i}"), client: free_port(), peer: free_port(), child: None }).collect();
         if let Some(port) = first {
             members[0].client = port;
         }
-        let initial =
-            members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
+        let initial = members.iter().map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer)).collect::<Vec<_>>().join(",");
         let token = format!("keyfence-{}-{}", std::process::id(), members[0].client);
         let tls = tls.then(|| {
             let p = dir.path().join("pki");
@@ -301,10 +266,7 @@ impl Cluster {
         let mut c = EtcdConfig::new(endpoints, prefix);
         if let Some(p) = &self.tls {
             c.ca_pem = Some(std::fs::read(p.join("ca.pem")).unwrap());
-            c.client_pem = Some((
-                std::fs::read(p.join("client.pem")).unwrap(),
-                std::fs::read(p.join("client.key")).unwrap().into(),
-            ));
+            c.client_pem = Some((std::fs::read(p.join("client.pem")).unwrap(), std::fs::read(p.join("client.key")).unwrap().into()));
         }
         c
     }
@@ -418,8 +380,7 @@ impl Drop for Cluster {
 
 /// `POST /v3/maintenance/status` on one member: its id and the leader's.
 fn status(port: u16) -> Option<serde_json::Value> {
-    let agent: ureq::Agent =
-        ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(1))).build().new_agent();
+    let agent: ureq::Agent = ureq::Agent::config_builder().timeout_global(Some(Duration::from_secs(1))).build().new_agent();
     let mut r = agent.post(format!("http://127.0.0.1:{port}/v3/maintenance/status")).send("{}").ok()?;
     serde_json::from_slice(&r.body_mut().read_to_vec().ok()?).ok()
 }

@@ -25,9 +25,7 @@ pub fn memory() -> Box<Stores> {
 pub fn files() -> Box<Stores> {
     let dir = tempfile::tempdir().unwrap();
     let n = AtomicUsize::new(0);
-    Box::new(move || {
-        Arc::new(FileStore::open(dir.path().join(format!("store-{}", n.fetch_add(1, Ordering::Relaxed)))).unwrap())
-    })
+    Box::new(move || Arc::new(FileStore::open(dir.path().join(format!("store-{}", n.fetch_add(1, Ordering::Relaxed)))).unwrap()))
 }
 
 /// New stores under prefixes of their own on the cluster that the etcd

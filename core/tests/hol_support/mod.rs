@@ -113,13 +113,7 @@ fn sign_once(engine: &Engine, key: &Arc<PrivateKey>, i: usize) -> Duration {
 /// the idle and the loaded engine alternately (which goes first alternates
 /// too); each round's latencies, idle then loaded. The loaded engine must
 /// stay saturated throughout.
-pub fn rounds(
-    idle: &Engine,
-    loaded: &Engine,
-    key: &Arc<PrivateKey>,
-    rounds: usize,
-    samples: usize,
-) -> Vec<(Vec<Duration>, Vec<Duration>)> {
+pub fn rounds(idle: &Engine, loaded: &Engine, key: &Arc<PrivateKey>, rounds: usize, samples: usize) -> Vec<(Vec<Duration>, Vec<Duration>)> {
     let mut out = Vec::new();
     for round in 0..=rounds {
         // Operations started together end together (a 200 ms wave), and the

@@ -21,11 +21,7 @@ pub fn key_file(dir: &Path, name: &str, kind: KeyKind) -> PathBuf {
     let pkey = match kind {
         KeyKind::Rsa { bits } => PKey::from_rsa(openssl::rsa::Rsa::generate(bits).unwrap()).unwrap(),
         KeyKind::EcP256 | KeyKind::EcP384 => {
-            let nid = if kind == KeyKind::EcP256 {
-                openssl::nid::Nid::X9_62_PRIME256V1
-            } else {
-                openssl::nid::Nid::SECP384R1
-            };
+            let nid = if kind == KeyKind::EcP256 { openssl::nid::Nid::X9_62_PRIME256V1 } else { openssl::nid::Nid::SECP384R1 };
             let g = openssl::ec::EcGroup::from_curve_name(nid).unwrap();
             PKey::from_ec_key(openssl::ec::EcKey::generate(&g).unwrap()).unwrap()
         }
@@ -96,11 +92,7 @@ pub fn wrap_more(dir: &Path, world: &AgentWorld, name: &str, kind: KeyKind, poli
 }
 
 pub fn agent_config(dir: &Path, world: &AgentWorld) -> keyfence::sign::agent::AgentConfig {
-    let mut c = keyfence::sign::agent::AgentConfig::new(
-        dir.join("agent.sock"),
-        world.served.to_str().unwrap(),
-        &world.machine_key,
-    );
+    let mut c = keyfence::sign::agent::AgentConfig::new(dir.join("agent.sock"), world.served.to_str().unwrap(), &world.machine_key);
     c.rsa_threads = 1;
     c.ec_threads = 1;
     c
@@ -114,13 +106,8 @@ pub fn agent_engine(socket: &Path) -> Result<keyfence::sign::managed::ManagedEng
     ManagedEngine::start(config)
 }
 
-pub fn managed_sign(
-    engine: &keyfence::sign::managed::ManagedEngine,
-    key: &Arc<PrivateKey>,
-    alg: Algorithm,
-) -> Result<Vec<u8>, SignError> {
-    let req =
-        keyfence::sign::managed::ManagedEngine::request(key.clone(), alg.name(), b"through the agent".to_vec(), None)?;
+pub fn managed_sign(engine: &keyfence::sign::managed::ManagedEngine, key: &Arc<PrivateKey>, alg: Algorithm) -> Result<Vec<u8>, SignError> {
+    let req = keyfence::sign::managed::ManagedEngine::request(key.clone(), alg.name(), b"through the agent".to_vec(), None)?;
     Ok(engine.submit(req)?.wait()?.to_vec())
 }
 

@@ -45,11 +45,7 @@ fn fixture() -> Option<&'static Path> {
                 .status()
                 .unwrap();
             assert!(status.success(), "softhsm2-util --init-token {label}");
-            let folder = std::fs::read_dir(dir.join("tokens"))
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .find(|p| !before.contains(p))
-                .unwrap();
+            let folder = std::fs::read_dir(dir.join("tokens")).unwrap().map(|e| e.unwrap().path()).find(|p| !before.contains(p)).unwrap();
             std::fs::write(dir.join(format!("{label}.folder")), folder.as_os_str().as_encoded_bytes()).unwrap();
             std::fs::write(dir.join(format!("{label}.pin")), "4321\n").unwrap();
             std::fs::write(dir.join(format!("{label}.badpin")), "0000\n").unwrap();
@@ -59,10 +55,7 @@ fn fixture() -> Option<&'static Path> {
         // module in its own process to make one).
         for label in COUNTED_TOKENS {
             let pem = dir.join("keys").join(format!("{label}-payments.pem"));
-            openssl(
-                &dir,
-                &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", pem.to_str().unwrap()],
-            );
+            openssl(&dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", pem.to_str().unwrap()]);
             let o = Command::new("softhsm2-util")
                 .args(["--import"])
                 .arg(&pem)
@@ -132,11 +125,7 @@ pub fn counting_module(dir: &Path) -> PathBuf {
 /// token `label`, in order (0: logged in).
 pub fn logins(dir: &Path, label: &str) -> Vec<u64> {
     let log = std::fs::read_to_string(login_log(dir)).unwrap_or_default();
-    log.lines()
-        .filter_map(|l| l.rsplit_once(' '))
-        .filter(|(token, _)| *token == label)
-        .map(|(_, rv)| rv.parse().unwrap())
-        .collect()
+    log.lines().filter_map(|l| l.rsplit_once(' ')).filter(|(token, _)| *token == label).map(|(_, rv)| rv.parse().unwrap()).collect()
 }
 
 /// The module the fixture found.
@@ -147,11 +136,7 @@ pub fn module(dir: &Path) -> String {
 
 /// The URI of the fixture's key `label`, with the module and PIN file.
 pub fn uri(dir: &Path, label: &str) -> String {
-    format!(
-        "pkcs11:token=edge;object={label};type=private?module-path={}&pin-source=file:{}",
-        module(dir),
-        dir.join("pin").display()
-    )
+    format!("pkcs11:token=edge;object={label};type=private?module-path={}&pin-source=file:{}", module(dir), dir.join("pin").display())
 }
 
 /// The PIN the fixture set.

@@ -134,8 +134,7 @@ fn simple(what: &str, socket: &str, count: usize, until: Instant, envelope: Opti
                         // A full socket times out; one the agent cut off
                         // is a broken pipe.
                         if let Err(e) = s.write_all(&f) {
-                            if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset)
-                            {
+                            if matches!(e.kind(), std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset) {
                                 cut += 1;
                                 *slot = None;
                             }
@@ -155,8 +154,7 @@ fn simple(what: &str, socket: &str, count: usize, until: Instant, envelope: Opti
 fn flood(socket: &str, count: usize, until: Instant, envelope: &[u8]) {
     let in_flight: usize = env("KEYFENCE_ATTACK_IN_FLIGHT").and_then(|v| v.parse().ok()).unwrap_or(1024);
     let alg: Algorithm = env("KEYFENCE_ATTACK_ALG").and_then(|a| a.parse().ok()).unwrap_or(Algorithm::RsaPkcs1Sha256);
-    let probe_alg: Algorithm =
-        env("KEYFENCE_ATTACK_PROBE_ALG").and_then(|a| a.parse().ok()).unwrap_or(Algorithm::RsaPkcs1Sha256);
+    let probe_alg: Algorithm = env("KEYFENCE_ATTACK_PROBE_ALG").and_then(|a| a.parse().ok()).unwrap_or(Algorithm::RsaPkcs1Sha256);
     let probe_envelope = env("KEYFENCE_ATTACK_PROBE_ENVELOPE").map(|e| std::fs::read(e).expect("the probe's envelope"));
     let threads: Vec<_> = (0..count)
         .map(|_| {
@@ -223,7 +221,10 @@ fn flood(socket: &str, count: usize, until: Instant, envelope: &[u8]) {
     }
     probes.sort_by(f64::total_cmp);
     let median = probes.get(probes.len() / 2).copied().unwrap_or(f64::INFINITY);
-    println!("ATTACK: done signed={signed} refused={refused} probe_ok={} probe_failed={probe_failed} probe_median_ms={median:.1}", probes.len());
+    println!(
+        "ATTACK: done signed={signed} refused={refused} probe_ok={} probe_failed={probe_failed} probe_median_ms={median:.1}",
+        probes.len()
+    );
 }
 
 /// Holds all but the last byte of a largest frame on every connection.

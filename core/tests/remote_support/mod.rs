@@ -19,11 +19,7 @@ use keyfence::wrap::{Authority, CacheConfig, Envelope, Machine, MemoryStore, Sto
 pub fn temp_dir(what: &str) -> PathBuf {
     use std::sync::atomic::{AtomicU32, Ordering};
     static N: AtomicU32 = AtomicU32::new(0);
-    let d = std::env::temp_dir().join(format!(
-        "keyfence-{what}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
+    let d = std::env::temp_dir().join(format!("keyfence-{what}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::Relaxed)));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

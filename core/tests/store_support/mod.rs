@@ -10,10 +10,7 @@ macro_rules! passes_reads_and_writes_to_inner {
         fn get(&self, key: &str) -> Result<Option<Vec<u8>>, keyfence::wrap::StoreError> {
             self.inner.get(key)
         }
-        fn get_stamped(
-            &self,
-            key: &str,
-        ) -> Result<Option<(Vec<u8>, keyfence::wrap::Stamp)>, keyfence::wrap::StoreError> {
+        fn get_stamped(&self, key: &str) -> Result<Option<(Vec<u8>, keyfence::wrap::Stamp)>, keyfence::wrap::StoreError> {
             self.inner.get_stamped(key)
         }
         fn put(&self, key: &str, value: &[u8]) -> Result<(), keyfence::wrap::StoreError> {

@@ -42,25 +42,10 @@ pub fn stderr(o: &Output) -> String {
 /// command line (as docs/remote.md makes a mesh's certificates).
 pub fn pki(d: &Dir, names: &[&str]) {
     openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
-    openssl(
-        d,
-        &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=keyfence test CA", "-days", "2", "-out", "ca.pem"],
-    );
+    openssl(d, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=keyfence test CA", "-days", "2", "-out", "ca.pem"]);
     for name in names {
         openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-        openssl(
-            d,
-            &[
-                "req",
-                "-new",
-                "-key",
-                &format!("{name}.key"),
-                "-subj",
-                &format!("/CN={name}"),
-                "-out",
-                &format!("{name}.csr"),
-            ],
-        );
+        openssl(d, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
         std::fs::write(d.0.join(format!("{name}.ext")), format!("subjectAltName=DNS:{name}\n")).unwrap();
         openssl(
             d,

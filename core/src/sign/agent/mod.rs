@@ -52,9 +52,7 @@ pub use self::status::{status, AgentStatus};
 use crate::sign::key_process::protocol as p;
 use crate::sign::key_process::server::budget::{Account, Pool};
 use crate::sign::key_process::server::writer::FrameWriter;
-use crate::sign::key_process::server::{
-    serve_conn, Client, ConnOptions, Limits, Room, Service, UserShare, Workers, MAX_QUEUED_LOADS,
-};
+use crate::sign::key_process::server::{serve_conn, Client, ConnOptions, Limits, Room, Service, UserShare, Workers, MAX_QUEUED_LOADS};
 use crate::sign::pkcs11::Pkcs11Settings;
 use crate::sign::sys;
 use crate::sign::threads::Joined;
@@ -340,12 +338,7 @@ impl Inner {
 
     fn share(&self, uid: u32) -> Arc<UserShare> {
         let memory = self.config.user_memory;
-        self.users
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(uid)
-            .or_insert_with(|| Arc::new(UserShare::new(memory)))
-            .clone()
+        self.users.lock().unwrap_or_else(|e| e.into_inner()).entry(uid).or_insert_with(|| Arc::new(UserShare::new(memory))).clone()
     }
 }
 
@@ -471,9 +464,8 @@ impl Agent {
         // Connections accepted from it carry each sender's credentials
         // with its bytes, from the first: only the process that connected
         // may use a connection (server.rs, `FromOwner`).
-        sys::pass_credentials_on(&listener).map_err(|e| {
-            SignError::io(Resource::Socket, format!("cannot set SO_PASSCRED on the agent's socket: {e}"))
-        })?;
+        sys::pass_credentials_on(&listener)
+            .map_err(|e| SignError::io(Resource::Socket, format!("cannot set SO_PASSCRED on the agent's socket: {e}")))?;
         warn_unreachable(&config);
         // Each signing queue takes a user's whole in-flight bound, and four
         // users' in all: a fifth user still gets in, taking room from the
@@ -486,13 +478,9 @@ impl Agent {
         let offload = offload.start()?;
         let workers = Workers::start((config.rsa_threads, config.ec_threads), ops, loads, offload)
             .map_err(|e| SignError::io(Resource::Thread, format!("cannot start the agent's threads: {e}")))?;
-        let (poller, hears) = Poller::new()
-            .map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
-        let limits = Limits {
-            user_in_flight: config.user_in_flight,
-            connection_keys: config.connection_keys,
-            user_keys: config.user_keys,
-        };
+        let (poller, hears) =
+            Poller::new().map_err(|e| SignError::io(Resource::Socket, format!("cannot start the agent's poller: {e}")))?;
+        let limits = Limits { user_in_flight: config.user_in_flight, connection_keys: config.connection_keys, user_keys: config.user_keys };
         let inner = Arc::new(Inner {
             uid,
             software_reason,
@@ -593,13 +581,7 @@ impl Agent {
 
     /// Requests in flight over every connection.
     pub fn in_flight(&self) -> usize {
-        self.inner
-            .users
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .values()
-            .map(|u| u.in_flight.load(Ordering::Acquire))
-            .sum()
+        self.inner.users.lock().unwrap_or_else(|e| e.into_inner()).values().map(|u| u.in_flight.load(Ordering::Acquire)).sum()
     }
 
     /// The agent's machine key's standing by its store (`None` for an
@@ -646,8 +628,7 @@ impl Drop for Agent {
 /// the store's changes.
 fn open_machine(config: &AgentConfig, store: &str, machine_key: &Path) -> Result<(Arc<Machine>, Follower), SignError> {
     let mk = Zeroizing::new(
-        std::fs::read(machine_key)
-            .map_err(|e| SignError::Config(format!("cannot read the machine key {}: {e}", machine_key.display())))?,
+        std::fs::read(machine_key).map_err(|e| SignError::Config(format!("cannot read the machine key {}: {e}", machine_key.display())))?,
     );
     let mk = MachineKey::from_bytes(&mk).map_err(|e| SignError::Config(format!("{}: {e}", machine_key.display())))?;
     let opened = open_store(store).map_err(|e| SignError::Config(format!("cannot open the store {store}: {e}")))?;
@@ -805,8 +786,7 @@ fn admit(inner: &Arc<Inner>, stream: UnixStream) {
     let mut gids = sys::peer_groups(&stream).unwrap_or_default();
     gids.push(gid);
     let c = &inner.config;
-    let allowed =
-        uid == inner.uid || uid == 0 || c.allow_users.contains(&uid) || gids.iter().any(|g| c.allow_groups.contains(g));
+    let allowed = uid == inner.uid || uid == 0 || c.allow_users.contains(&uid) || gids.iter().any(|g| c.allow_groups.contains(g));
     if !allowed {
         inner.refused.fetch_add(1, Ordering::Relaxed);
         return inner.poller.refuse(stream, Refusal::NotAllowed { uid, pid });

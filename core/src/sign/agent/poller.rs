@@ -141,10 +141,7 @@ impl Poller {
                 Some(since) if now.duration_since(since) >= STALL_LIMIT => {
                     s.cut_off();
                     if let Some(quiet) = self.cut_offs.say() {
-                        tracing::warn!(
-                            more = quiet,
-                            "cut off a client that left its replies unread for {STALL_LIMIT:?}"
-                        );
+                        tracing::warn!(more = quiet, "cut off a client that left its replies unread for {STALL_LIMIT:?}");
                     }
                     false
                 }
@@ -152,11 +149,7 @@ impl Poller {
             });
             fds.clear();
             fds.push(libc::pollfd { fd: hears.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-            fds.extend(refused.iter().map(|(s, _)| libc::pollfd {
-                fd: s.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            }));
+            fds.extend(refused.iter().map(|(s, _)| libc::pollfd { fd: s.as_raw_fd(), events: libc::POLLIN, revents: 0 }));
             fds.extend(stalled.iter().map(|s| libc::pollfd { fd: s.fd(), events: libc::POLLOUT, revents: 0 }));
             let wait = if refused.is_empty() && stalled.is_empty() && !self.to_trim.load(Ordering::Acquire) {
                 Duration::from_secs(1)

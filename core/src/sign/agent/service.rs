@@ -59,9 +59,7 @@ impl Service for AgentService {
             (LoadBody::AgentEnvelope(envelope), _) => self.open(envelope).inspect_err(|r| self.log_refusal(r, client)),
             // With its detail: the client reports the load as it would in
             // process.
-            (LoadBody::Pkcs11(uri), Some(client)) => {
-                self.load_pkcs11(uri, client).map_err(|e| Refusal::load_failed(&e))
-            }
+            (LoadBody::Pkcs11(uri), Some(client)) => self.load_pkcs11(uri, client).map_err(|e| Refusal::load_failed(&e)),
             _ => Err(Refusal::new(ErrorCode::NotAllowed, TABLE.other_sources)),
         }
     }
@@ -141,8 +139,7 @@ impl AgentService {
             let detail = Detail { code: Some(e.code()), token: None };
             Refusal { code: ErrorCode::Load, message: format!("{}: {e}", e.code().name()), detail }
         })?;
-        PrivateKey::from_bytes(&secret)
-            .map_err(|e| Refusal::new(ErrorCode::Load, format!("the key in the envelope: {e}")))
+        PrivateKey::from_bytes(&secret).map_err(|e| Refusal::new(ErrorCode::Load, format!("the key in the envelope: {e}")))
     }
 
     /// The key `client` names by PKCS#11 URI, on the module and with the

@@ -63,9 +63,7 @@ pub fn status(socket: &Path, timeout: Duration) -> Result<AgentStatus, SignError
     let mut buf = [0u8; 16 * 1024];
     let mut pid = 0;
     loop {
-        while let Some(frame) =
-            decoder.next_frame().map_err(|e| SignError::io(Resource::Socket, format!("the agent's reply: {e}")))?
-        {
+        while let Some(frame) = decoder.next_frame().map_err(|e| SignError::io(Resource::Socket, format!("the agent's reply: {e}")))? {
             match (frame.kind, frame.id) {
                 (kind::HELLO, _) => {
                     pid = p::parse_hello_reply(&frame.body)
@@ -91,10 +89,7 @@ pub fn status(socket: &Path, timeout: Duration) -> Result<AgentStatus, SignError
         stream.set_read_timeout(Some(left)).map_err(io)?;
         let n = stream.read(&mut buf).map_err(io)?;
         if n == 0 {
-            return Err(SignError::io(
-                Resource::Socket,
-                format!("{}: the agent closed the connection without a status", socket.display()),
-            ));
+            return Err(SignError::io(Resource::Socket, format!("{}: the agent closed the connection without a status", socket.display())));
         }
         decoder.push(&buf[..n]);
     }

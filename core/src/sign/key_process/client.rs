@@ -74,8 +74,7 @@ pub(super) fn for_the_wire(source: &KeySource, agent: bool) -> Result<LoadBody, 
         }
         _ => (parsed, envelope.clone()),
     };
-    let mut objects =
-        crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
+    let mut objects = crate::wrap::objects_for_opening(&*dir, &parsed).map_err(|e| refused(format!("{}: {e}", store.display())))?;
     // The key process may run in another directory.
     let machine_key = std::path::absolute(machine_key).unwrap_or_else(|_| machine_key.clone());
     // The floor this machine kept, for the key process to require.
@@ -103,11 +102,8 @@ pub(super) fn keep_floor(wire: &LoadBody) -> Result<(), SignError> {
     let refused = |e: String| backend_error(BackendFailure::Refused, e);
     let find = |name: &str| objects.iter().find(|(n, _)| n == name).map(|(_, b)| b.as_slice());
     // Only the public part: the authority that signs the lists.
-    let key = zeroize::Zeroizing::new(
-        std::fs::read(machine_key).map_err(|e| refused(format!("reading {}: {e}", machine_key.display())))?,
-    );
-    let info = crate::wrap::MachineInfo::from_key_bytes(&key)
-        .map_err(|e| refused(format!("{}: {e}", machine_key.display())))?;
+    let key = zeroize::Zeroizing::new(std::fs::read(machine_key).map_err(|e| refused(format!("reading {}: {e}", machine_key.display())))?);
+    let info = crate::wrap::MachineInfo::from_key_bytes(&key).map_err(|e| refused(format!("{}: {e}", machine_key.display())))?;
     crate::wrap::record_lists(&path, *info.authority(), find(crate::wrap::GENERATIONS), find(crate::wrap::REVOKED))
         .map_err(|e| refused(e.to_string()))
 }
@@ -273,9 +269,7 @@ impl Conn {
         loop {
             let left = until.saturating_duration_since(Instant::now());
             match self.call(kind::LOAD, body, left.max(Duration::from_millis(1))) {
-                Err(SignError::Backend { failure: BackendFailure::NoRoom, .. })
-                    if Instant::now() + pause < until && !self.is_dead() =>
-                {
+                Err(SignError::Backend { failure: BackendFailure::NoRoom, .. }) if Instant::now() + pause < until && !self.is_dead() => {
                     std::thread::sleep(pause);
                     pause = (pause * 2).min(Duration::from_millis(200));
                 }
@@ -361,12 +355,7 @@ impl Conn {
     }
 
     /// Performs `op` and waits for the answer until `deadline`.
-    pub(super) fn perform(
-        self: &Arc<Self>,
-        key_id: u64,
-        op: &Operation,
-        deadline: Instant,
-    ) -> Result<Output, SignError> {
+    pub(super) fn perform(self: &Arc<Self>, key_id: u64, op: &Operation, deadline: Instant) -> Result<Output, SignError> {
         let (tx, rx) = crossbeam_channel::bounded(1);
         self.send_op(key_id, op, deadline, Pending::OpCall(tx));
         // Waiting here for the reply: it must not sit in a batch.
@@ -408,10 +397,7 @@ impl Conn {
                 if matches!(frame.kind, kind::OK | kind::ERR) {
                     let _ = tx.send(Ok(frame));
                 } else {
-                    let _ = tx.send(Err(backend_error(
-                        BackendFailure::Protocol,
-                        format!("unexpected reply kind {:#04x}", frame.kind),
-                    )));
+                    let _ = tx.send(Err(backend_error(BackendFailure::Protocol, format!("unexpected reply kind {:#04x}", frame.kind))));
                 }
             }
         }

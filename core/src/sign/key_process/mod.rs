@@ -249,8 +249,8 @@ impl KeyProcess {
             }
             (e, _) => e,
         })?;
-        let (kind, public_der) = p::parse_loaded_reply(&frame.body)
-            .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad load reply: {e}")))?;
+        let (kind, public_der) =
+            p::parse_loaded_reply(&frame.body).map_err(|e| backend_error(BackendFailure::Protocol, format!("bad load reply: {e}")))?;
         // The lists the key process opened with become this machine's
         // floor; a floor that cannot be kept fails the load (the key
         // process forgets the key with the id when the handle is never made).
@@ -314,8 +314,7 @@ impl KeyProcess {
     pub fn status(&self) -> Result<Status, SignError> {
         let conn = self.sup.live_conn(Instant::now() + self.sup.config.start_timeout)?;
         let frame = conn.call(kind::STATUS, &[], self.sup.config.start_timeout)?;
-        Status::parse(&frame.body)
-            .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad status reply: {e}")))
+        Status::parse(&frame.body).map_err(|e| backend_error(BackendFailure::Protocol, format!("bad status reply: {e}")))
     }
 
     /// Whether the keys are held by a key agent this connects to

@@ -33,9 +33,7 @@ use crate::codec::{Order, Writer};
 use crate::sign::types::Operation;
 use crate::sign::wire::frame::reader;
 pub use crate::sign::wire::public_key::{encode as loaded_reply, parse as parse_loaded_reply};
-pub use crate::sign::wire::{
-    encode, error_body, error_body_with, BodyError, Decoder, Detail, ErrorCode, Frame, HEADER, MAX_FRAME,
-};
+pub use crate::sign::wire::{encode, error_body, error_body_with, BodyError, Decoder, Detail, ErrorCode, Frame, HEADER, MAX_FRAME};
 use crate::sign::wire::{hello, op};
 
 /// The first bytes of both hellos.
@@ -310,7 +308,9 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, LoadBody), BodyError> {
     let key_id = r.u64("load key id")?;
     let source = match r.u8("load source")? {
         1 => LoadBody::File(path_from(r.bytes32("load file path")?)),
-        2 | 4 => return Err(BodyError::Value("load source (2 and 4 name a store, which no server opens: the client sends the envelope with the store's objects, source 6)")),
+        2 | 4 => return Err(BodyError::Value(
+            "load source (2 and 4 name a store, which no server opens: the client sends the envelope with the store's objects, source 6)",
+        )),
         3 => LoadBody::Bytes(Zeroizing::new(r.bytes32("load key bytes")?.to_vec())),
         5 => LoadBody::AgentEnvelope(r.bytes32("load envelope bytes")?.to_vec()),
         6 => {
@@ -319,7 +319,8 @@ pub fn parse_load_request(body: &[u8]) -> Result<(u64, LoadBody), BodyError> {
             let n = r.u16("load object count")?;
             let mut objects = Vec::with_capacity(usize::from(n).min(64));
             for _ in 0..n {
-                let name = std::str::from_utf8(r.bytes16("load object name")?).map_err(|_| BodyError::Value("load object name (not UTF-8)"))?;
+                let name =
+                    std::str::from_utf8(r.bytes16("load object name")?).map_err(|_| BodyError::Value("load object name (not UTF-8)"))?;
                 objects.push((name.to_owned(), r.bytes32("load object value")?.to_vec()));
             }
             LoadBody::EnvelopeObjects { machine_key, envelope, objects }
@@ -481,11 +482,7 @@ mod tests {
         let f = Frame { kind: kind::OK, id: 7, body: Zeroizing::new(vec![0xA5; 48]) };
         let shown = format!("{f:?}");
         assert_eq!(shown, "Frame { kind: 0x80, id: 7, body_len: 48 }");
-        let load = Frame {
-            kind: kind::LOAD,
-            id: 1,
-            body: load_request(1, &LoadBody::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))),
-        };
+        let load = Frame { kind: kind::LOAD, id: 1, body: load_request(1, &LoadBody::Bytes(Zeroizing::new(b"SECRETKEY".to_vec()))) };
         assert!(!format!("{load:?}").contains("83, 69, 67") && !format!("{load:#?}").contains("SECRET"));
     }
 
@@ -528,10 +525,7 @@ mod tests {
         }
         let mut frame = Vec::new();
         encode(&mut frame, kind::UNLOAD, 5, &[&unload_request(77)]);
-        assert_eq!(
-            frame,
-            [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat()
-        );
+        assert_eq!(frame, [&[0, 0, 0, 17, kind::UNLOAD][..], &[0, 0, 0, 0, 0, 0, 0, 5], &[0, 0, 0, 0, 0, 0, 0, 77]].concat());
         assert_eq!(parse_unload_request(&unload_request(77)).unwrap(), 77);
         assert_eq!(drop_privileges_request(1, 2), [0, 0, 0, 1, 0, 0, 0, 2]);
         assert_eq!(parse_drop_privileges_request(&drop_privileges_request(1, 2)).unwrap(), (1, 2));

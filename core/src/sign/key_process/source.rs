@@ -57,10 +57,7 @@ impl KeySource {
     /// The envelope `envelope` (its bytes), opened with the machine key
     /// file `machine_key` against `store`.
     pub fn envelope(envelope: Vec<u8>, store: impl Into<PathBuf>, machine_key: impl Into<PathBuf>) -> Self {
-        KeySource::Envelope {
-            envelope,
-            machine: Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }),
-        }
+        KeySource::Envelope { envelope, machine: Some(MachineFiles { store: store.into(), machine_key: machine_key.into() }) }
     }
 
     /// The envelope `envelope` for an agent to open with its own machine
@@ -75,11 +72,9 @@ impl fmt::Debug for KeySource {
         match self {
             KeySource::File(p) => f.debug_tuple("File").field(p).finish(),
             KeySource::Bytes(b) => write!(f, "Bytes({} bytes)", b.len()),
-            KeySource::Envelope { envelope, machine } => f
-                .debug_struct("Envelope")
-                .field("envelope", &format_args!("{} bytes", envelope.len()))
-                .field("machine", machine)
-                .finish(),
+            KeySource::Envelope { envelope, machine } => {
+                f.debug_struct("Envelope").field("envelope", &format_args!("{} bytes", envelope.len())).field("machine", machine).finish()
+            }
             KeySource::Pkcs11(uri) => f.debug_tuple("Pkcs11").field(uri).finish(),
         }
     }

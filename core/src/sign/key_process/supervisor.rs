@@ -119,10 +119,7 @@ impl Supervisor {
             return Err(SignError::Config("key process sizes (max_in_flight, threads) must be at least 1".into()));
         }
         if config.max_in_flight > p::MAX_IN_FLIGHT || config.rsa_threads > 1024 || config.ec_threads > 1024 {
-            return Err(SignError::Config(format!(
-                "key process sizes: max_in_flight at most {}, threads at most 1024",
-                p::MAX_IN_FLIGHT
-            )));
+            return Err(SignError::Config(format!("key process sizes: max_in_flight at most {}, threads at most 1024", p::MAX_IN_FLIGHT)));
         }
         // An agent is reached by its socket: no program to find.
         let command = if config.agent.is_some() { Vec::new() } else { resolve_command(&config)? };
@@ -165,16 +162,14 @@ impl Supervisor {
     fn connect(self: &Arc<Self>, socket: &Path) -> Result<Arc<Conn>, SignError> {
         let config = &self.config;
         let fail = |what: String| backend_error(BackendFailure::Unavailable, what);
-        let ours = UnixStream::connect(socket)
-            .map_err(|e| fail(format!("cannot connect to the agent at {}: {e}", socket.display())))?;
+        let ours = UnixStream::connect(socket).map_err(|e| fail(format!("cannot connect to the agent at {}: {e}", socket.display())))?;
         // Who listens: the agent, or the service manager that made the
         // socket and handed it over (systemd: root, PID 1), whose pid is not
         // the agent's. What a client trusts is its socket's path; the
         // listener must be root or the socket file's owner, so a socket
         // another user bound and left in a folder a client can reach is
         // not taken for the agent's.
-        let (_, listener_uid, _) =
-            sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
+        let (_, listener_uid, _) = sys::peer_credentials(&ours).map_err(|e| fail(format!("the agent's credentials: {e}")))?;
         let owner = std::fs::metadata(socket).map(|m| std::os::unix::fs::MetadataExt::uid(&m)).ok();
         if listener_uid != 0 && owner != Some(listener_uid) {
             return Err(backend_error(
@@ -196,9 +191,7 @@ impl Supervisor {
         if flags & p::flags::AGENT == 0 {
             return Err(fail(format!("{} is not a keyfence agent", socket.display())));
         }
-        let reader = ours
-            .try_clone()
-            .map_err(|e| SignError::io(Resource::Socket, format!("cannot clone the agent socket: {e}")))?;
+        let reader = ours.try_clone().map_err(|e| SignError::io(Resource::Socket, format!("cannot clone the agent socket: {e}")))?;
         let writer = FrameWriter::client(ours);
         let conn = Arc::new(Conn::new(peer_pid, flags, None, writer, config.max_in_flight));
         self.start_reader(&conn, reader, decoder)?;
@@ -207,23 +200,16 @@ impl Supervisor {
 
     /// Starts `conn`'s reader, which delivers replies and, when the
     /// connection ends, records why and starts another.
-    fn start_reader(
-        self: &Arc<Self>,
-        conn: &Arc<Conn>,
-        reader: UnixStream,
-        decoder: p::Decoder,
-    ) -> Result<(), SignError> {
+    fn start_reader(self: &Arc<Self>, conn: &Arc<Conn>, reader: UnixStream, decoder: p::Decoder) -> Result<(), SignError> {
         let (weak, c) = (Arc::downgrade(self), conn.clone());
-        let started = self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(
-            format!("keyfence-key-process-{}", conn.pid),
-            move || {
+        let started =
+            self.readers.lock().unwrap_or_else(|e| e.into_inner()).spawn(format!("keyfence-key-process-{}", conn.pid), move || {
                 // A forked child of this process does not keep the reader's
                 // copy of the socket either; let go before it closes.
                 let guard = sys::ForkGuard::new(&reader);
                 let exit = c.read_replies(reader, decoder, guard);
                 on_exit(weak, exit);
-            },
-        );
+            });
         if let Err(e) = started {
             end(conn);
             return Err(SignError::io(Resource::Thread, format!("cannot start the reader of {}: {e}", self.holder())));
@@ -239,8 +225,7 @@ impl Supervisor {
             return self.connect(socket);
         }
         let process_error = |what: String| SignError::io(Resource::Process, what);
-        let (ours, theirs) =
-            UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
+        let (ours, theirs) = UnixStream::pair().map_err(|e| SignError::io(Resource::Socket, format!("socketpair: {e}")))?;
         // The key process reads which process sent each request, from its
         // first byte on (it serves only this one, not a child of it).
         sys::pass_credentials(&theirs).map_err(|e| SignError::io(Resource::Socket, format!("SO_PASSCRED: {e}")))?;
@@ -256,9 +241,8 @@ impl Supervisor {
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        let child = cmd.spawn().map_err(|e| {
-            process_error(format!("cannot start the key process {}: {e}", self.command[0].to_string_lossy()))
-        })?;
+        let child =
+            cmd.spawn().map_err(|e| process_error(format!("cannot start the key process {}: {e}", self.command[0].to_string_lossy())))?;
         // The command still holds the child's end of the pair; while it
         // does, a child that dies before its hello is not seen to.
         drop(cmd);
@@ -319,10 +303,7 @@ impl Supervisor {
             if now >= deadline {
                 let why = state.last_exit.clone().unwrap_or_else(|| "starting".into());
                 let doing = if self.is_agent() { "is being reconnected to" } else { "is restarting" };
-                return Err(backend_error(
-                    BackendFailure::Unavailable,
-                    format!("{} {doing} (last exit: {why})", self.holder()),
-                ));
+                return Err(backend_error(BackendFailure::Unavailable, format!("{} {doing} (last exit: {why})", self.holder())));
             }
             state = self.changed.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
         }
@@ -451,26 +432,19 @@ fn handshake(ours: &UnixStream, pid: Option<u32>, config: &KeyProcessConfig) -> 
             Err(e) => return Err(wrote.err().unwrap_or(e)),
         };
         if n == 0 {
-            return Err(wrote
-                .err()
-                .unwrap_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello")));
+            return Err(wrote.err().unwrap_or_else(|| io::Error::new(io::ErrorKind::UnexpectedEof, "it exited before its hello")));
         }
         decoder.push(&buf[..n]);
     };
     ours.set_read_timeout(None)?;
     if frame.kind == kind::ERR {
         let (code, msg) = p::parse_error(&frame.body);
-        let kind =
-            if code == p::ErrorCode::NotAllowed { io::ErrorKind::PermissionDenied } else { io::ErrorKind::InvalidData };
+        let kind = if code == p::ErrorCode::NotAllowed { io::ErrorKind::PermissionDenied } else { io::ErrorKind::InvalidData };
         return Err(io::Error::new(kind, format!("it refused the hello: {msg}")));
     }
-    let (their_pid, flags) =
-        p::parse_hello_reply(&frame.body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
+    let (their_pid, flags) = p::parse_hello_reply(&frame.body).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))?;
     if frame.kind != kind::HELLO {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            format!("expected a hello, got frame kind {:#04x}", frame.kind),
-        ));
+        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("expected a hello, got frame kind {:#04x}", frame.kind)));
     }
     if let Some(pid) = pid.filter(|p| *p != their_pid) {
         return Err(io::Error::new(

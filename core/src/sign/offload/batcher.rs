@@ -85,12 +85,7 @@ pub(crate) struct Batcher {
 }
 
 impl Batcher {
-    pub(crate) fn start(
-        device: Arc<dyn Device>,
-        max_batch: usize,
-        window: Duration,
-        counters: Arc<Counters>,
-    ) -> Result<Self, SignError> {
+    pub(crate) fn start(device: Arc<dyn Device>, max_batch: usize, window: Duration, counters: Arc<Counters>) -> Result<Self, SignError> {
         let (tx, rx) = crossbeam_channel::unbounded();
         std::thread::Builder::new()
             .name(format!("keyfence-offload-{}", device.name()))

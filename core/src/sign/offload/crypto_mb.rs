@@ -114,14 +114,8 @@ type RsaCrtFn = unsafe extern "C" fn(
 ) -> Status;
 /// `mbx_nistp{256,384}_ecdsa_sign_mb8(pa_sign_r, pa_sign_s, pa_msg,
 /// pa_eph_skey, pa_reg_skey, pBuffer)`.
-type EcdsaSignFn = unsafe extern "C" fn(
-    *const *mut u8,
-    *const *mut u8,
-    *const *const u8,
-    *const *const u64,
-    *const *const u64,
-    *mut u8,
-) -> Status;
+type EcdsaSignFn =
+    unsafe extern "C" fn(*const *mut u8, *const *mut u8, *const *const u8, *const *const u64, *const *const u64, *mut u8) -> Status;
 
 /// What was found of crypto_mb.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,10 +194,7 @@ impl CryptoMb {
         // up its dispatch table only (no threads, no handlers).
         let lib = unsafe { Library::new(library) }.map_err(|e| {
             let hint = if runtime.is_empty() {
-                format!(
-                    " (crypto_mb needs Intel's compiler runtime: {} beside it, or on the library path)",
-                    RUNTIME.join(", ")
-                )
+                format!(" (crypto_mb needs Intel's compiler runtime: {} beside it, or on the library path)", RUNTIME.join(", "))
             } else {
                 String::new()
             };
@@ -337,12 +328,7 @@ impl CryptoMb {
         let mut d = [std::ptr::null::<u64>(); LANES];
         for (i, lane) in lanes.iter_mut().enumerate() {
             let Some(l) = lane else { continue };
-            if l.e.len() != bytes
-                || l.r.len() != bytes
-                || l.s.len() != bytes
-                || l.k.len() != words
-                || l.d.len() != words
-            {
+            if l.e.len() != bytes || l.r.len() != bytes || l.s.len() != bytes || l.k.len() != words || l.d.len() != words {
                 *lane = None;
                 continue;
             }
@@ -380,8 +366,7 @@ fn preload_runtime(library: &str) -> Vec<&'static str> {
         }
         // SAFETY: Intel's runtime libraries run no code at load that
         // depends on the caller; they stay loaded (leaked) for crypto_mb.
-        if let Ok(lib) = unsafe { libloading::os::unix::Library::open(Some(&path), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
-        {
+        if let Ok(lib) = unsafe { libloading::os::unix::Library::open(Some(&path), libc::RTLD_NOW | libc::RTLD_GLOBAL) } {
             std::mem::forget(lib);
             loaded.push(name);
         }

@@ -49,9 +49,7 @@ impl FallbackPool {
                         let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
                     }
                 })
-                .map_err(|e| {
-                    SignError::io(Resource::Thread, format!("cannot start an offload fallback thread: {e}"))
-                })?;
+                .map_err(|e| SignError::io(Resource::Thread, format!("cannot start an offload fallback thread: {e}")))?;
         }
         Ok(FallbackPool { tx })
     }
@@ -118,10 +116,7 @@ impl Shared {
     }
 
     fn expired(&self) -> SignError {
-        backend_error(
-            BackendFailure::GaveUp,
-            format!("the deadline passed before offload device `{}` ran the operation", self.device_name),
-        )
+        backend_error(BackendFailure::GaveUp, format!("the deadline passed before offload device `{}` ran the operation", self.device_name))
     }
 
     /// Answers `reply` from a device completion.
@@ -190,18 +185,11 @@ impl Shared {
 /// A device's result as the caller may see it: an RSA result that fails
 /// the public-key check is counted and becomes a device failure (then
 /// software or an error, as [`OnDeviceError`] says), never an answer.
-fn checked(
-    counters: &Counters,
-    key: &PrivateKey,
-    op: &Operation,
-    result: Result<Output, DeviceError>,
-) -> Result<Output, DeviceError> {
+fn checked(counters: &Counters, key: &PrivateKey, op: &Operation, result: Result<Output, DeviceError>) -> Result<Output, DeviceError> {
     match result {
         Ok(out) if rsa_output_valid(key, op, &out) == Some(false) => {
             Counters::bump(&counters.mismatches);
-            Err(DeviceError::Failed(
-                "the device's RSA result failed the public-key check (a device fault); not used".into(),
-            ))
+            Err(DeviceError::Failed("the device's RSA result failed the public-key check (a device fault); not used".into()))
         }
         r => r,
     }
@@ -299,9 +287,7 @@ impl OffloadBackend {
             OffloadMode::On => match open_device(&config) {
                 Ok(device) => Self::with_device(device, config),
                 Err(QatUnavailable::NotBuilt(why)) => Err(SignError::Config(format!("offload mode `on`: {why}"))),
-                Err(QatUnavailable::NoDevice(why)) => {
-                    Err(backend_error(BackendFailure::Unavailable, format!("offload mode `on`: {why}")))
-                }
+                Err(QatUnavailable::NoDevice(why)) => Err(backend_error(BackendFailure::Unavailable, format!("offload mode `on`: {why}"))),
             },
             OffloadMode::Auto => match open_device(&config) {
                 Ok(device) => Self::with_device(device, config),
@@ -550,8 +536,7 @@ impl Backend for OffloadBackend {
         };
         if reply.is_abandoned() {
             drop((slot, key, op));
-            return reply
-                .send(Err(backend_error(BackendFailure::GaveUp, "the operation ended before it reached the device")));
+            return reply.send(Err(backend_error(BackendFailure::GaveUp, "the operation ended before it reached the device")));
         }
         Counters::bump(&inner.shared.counters.submitted);
         let shared = inner.shared.clone();

@@ -165,9 +165,7 @@ impl FromStr for OffloadMode {
             "off" => Ok(OffloadMode::Off),
             "on" => Ok(OffloadMode::On),
             "auto" => Ok(OffloadMode::Auto),
-            _ => {
-                Err(SignError::Config(format!("unknown offload mode `{}`; expected off, on or auto", s.escape_debug())))
-            }
+            _ => Err(SignError::Config(format!("unknown offload mode `{}`; expected off, on or auto", s.escape_debug()))),
         }
     }
 }
@@ -353,16 +351,10 @@ impl ServerOffload {
             }
             match MultiBufferDevice::load(&config) {
                 Ok(loaded) => Ok(ServerOffload { mode, loaded: Some(loaded), reason: None }),
-                Err(why) if mode == OffloadMode::On => Err(SignError::backend(
-                    "offload",
-                    crate::sign::BackendFailure::Unavailable,
-                    format!("offload mode `on`: {why}"),
-                )),
-                Err(why) => Ok(ServerOffload {
-                    mode,
-                    loaded: None,
-                    reason: Some(format!("offload mode `auto` signs in software: {why}")),
-                }),
+                Err(why) if mode == OffloadMode::On => {
+                    Err(SignError::backend("offload", crate::sign::BackendFailure::Unavailable, format!("offload mode `on`: {why}")))
+                }
+                Err(why) => Ok(ServerOffload { mode, loaded: None, reason: Some(format!("offload mode `auto` signs in software: {why}")) }),
             }
         }
         #[cfg(not(feature = "multibuffer"))]
@@ -391,13 +383,8 @@ impl ServerOffload {
         let _ = self.mode;
         #[cfg(feature = "multibuffer")]
         if let Some(loaded) = self.loaded {
-            let device =
-                loaded.start().map_err(|e| SignError::io(crate::sign::types::Resource::Thread, e.to_string()))?;
-            let config = OffloadConfig {
-                routing: Routing::all(Route::Device),
-                batch_size: device.max_batch(),
-                ..OffloadConfig::default()
-            };
+            let device = loaded.start().map_err(|e| SignError::io(crate::sign::types::Resource::Thread, e.to_string()))?;
+            let config = OffloadConfig { routing: Routing::all(Route::Device), batch_size: device.max_batch(), ..OffloadConfig::default() };
             return OffloadBackend::with_device(device, config).map(Some);
         }
         Ok(None)

@@ -69,10 +69,7 @@ pub struct MultiBufferConfig {
 impl Default for MultiBufferConfig {
     fn default() -> Self {
         MultiBufferConfig {
-            library: std::env::var("KEYFENCE_CRYPTO_MB")
-                .ok()
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(|| "libcrypto_mb.so.13".into()),
+            library: std::env::var("KEYFENCE_CRYPTO_MB").ok().filter(|v| !v.is_empty()).unwrap_or_else(|| "libcrypto_mb.so.13".into()),
             min_lanes: 3,
             threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         }
@@ -243,9 +240,7 @@ impl Drop for MultiBufferDevice {
 fn algo_of(kind: KeyKind, op: &Operation) -> Option<Algo> {
     match (kind, op) {
         (KeyKind::Rsa { bits }, Operation::DecryptRaw { .. }) => Algo::rsa(bits),
-        (KeyKind::Rsa { bits }, Operation::Sign { alg, .. })
-            if matches!(alg.family(), Family::RsaPkcs1 | Family::RsaPss) =>
-        {
+        (KeyKind::Rsa { bits }, Operation::Sign { alg, .. }) if matches!(alg.family(), Family::RsaPkcs1 | Family::RsaPss) => {
             Algo::rsa(bits)
         }
         (KeyKind::EcP256, Operation::Sign { alg, .. }) if alg.family() == Family::EcdsaP256 => Some(Algo::EcP256),
@@ -323,10 +318,7 @@ fn run(s: &Shared) {
             Some(_) if live.len() < s.min_lanes => {
                 s.too_few.fetch_add(live.len() as u64, Ordering::Relaxed);
                 for r in live {
-                    r.complete(Err(DeviceError::Unsupported(format!(
-                        "a batch smaller than {} lanes (software is cheaper)",
-                        s.min_lanes
-                    ))));
+                    r.complete(Err(DeviceError::Unsupported(format!("a batch smaller than {} lanes (software is cheaper)", s.min_lanes))));
                 }
             }
             Some(Algo::EcP256 | Algo::EcP384) => ecdsa(s, first.unwrap_or(Algo::EcP256), live),
@@ -386,8 +378,7 @@ fn rsa(s: &Shared, reqs: Vec<DeviceRequest>) {
 
 /// The order n of P-256 and of P-384, big-endian.
 const P256_N: [u8; 32] = hex32("ffffffff00000000ffffffffffffffffbce6faada7179e84f3b9cac2fc632551");
-const P384_N: [u8; 48] =
-    hex48("ffffffffffffffffffffffffffffffffffffffffffffffffc7634d81f4372ddf581a0db248b0a77aecec196accc52973");
+const P384_N: [u8; 48] = hex48("ffffffffffffffffffffffffffffffffffffffffffffffffc7634d81f4372ddf581a0db248b0a77aecec196accc52973");
 
 const fn nibble(c: u8) -> u8 {
     match c {
@@ -435,9 +426,7 @@ fn sub_be(a: &mut [u8], b: &[u8]) {
 fn nonce(n: &[u8]) -> Result<Zeroizing<Vec<u8>>, DeviceError> {
     let mut k = Zeroizing::new(vec![0u8; n.len()]);
     for _ in 0..128 {
-        OsRng
-            .try_fill_bytes(&mut k)
-            .map_err(|e| DeviceError::Failed(format!("the system's random number generator: {e}")))?;
+        OsRng.try_fill_bytes(&mut k).map_err(|e| DeviceError::Failed(format!("the system's random number generator: {e}")))?;
         if k.iter().any(|b| *b != 0) && k.as_slice() < n {
             return Ok(k);
         }
@@ -492,10 +481,7 @@ fn ecdsa(s: &Shared, algo: Algo, reqs: Vec<DeviceRequest>) {
 /// For an ECDSA request: e (the digest as an integer mod n, `None` when 0),
 /// a fresh nonce, and the private key, all big-endian of the curve's size.
 #[allow(clippy::type_complexity)]
-fn ecdsa_lane(
-    r: &DeviceRequest,
-    n: &[u8],
-) -> Result<Option<(Zeroizing<Vec<u8>>, Zeroizing<Vec<u8>>, Zeroizing<Vec<u8>>)>, DeviceError> {
+fn ecdsa_lane(r: &DeviceRequest, n: &[u8]) -> Result<Option<(Zeroizing<Vec<u8>>, Zeroizing<Vec<u8>>, Zeroizing<Vec<u8>>)>, DeviceError> {
     let bytes = n.len();
     let Operation::Sign { alg, input } = r.operation() else {
         return Err(DeviceError::Unsupported("ECDSA signs only".into()));
@@ -517,14 +503,12 @@ fn ecdsa_lane(
     if e.iter().all(|b| *b == 0) {
         return Ok(None);
     }
-    let ec = r
-        .key()
-        .as_local()
-        .and_then(|l| l.ec())
-        .ok_or_else(|| DeviceError::Unsupported("an EC key held elsewhere".into()))?;
-    let d = ec.private_key().to_vec_padded(bytes as i32).map(Zeroizing::new).map_err(|e| {
-        DeviceError::Rejected(SignError::Crypto { op: crate::sign::CryptoOp::Sign, reason: e.to_string() })
-    })?;
+    let ec = r.key().as_local().and_then(|l| l.ec()).ok_or_else(|| DeviceError::Unsupported("an EC key held elsewhere".into()))?;
+    let d = ec
+        .private_key()
+        .to_vec_padded(bytes as i32)
+        .map(Zeroizing::new)
+        .map_err(|e| DeviceError::Rejected(SignError::Crypto { op: crate::sign::CryptoOp::Sign, reason: e.to_string() }))?;
     Ok(Some((e, nonce(n)?, d)))
 }
 
@@ -535,11 +519,7 @@ fn fail_all(reqs: Vec<DeviceRequest>, why: &str) {
 }
 
 /// Completes each request from its lane's status and result, counting.
-fn finish(
-    s: &Shared,
-    status: super::crypto_mb::Status,
-    results: impl Iterator<Item = (DeviceRequest, Result<Output, DeviceError>)>,
-) {
+fn finish(s: &Shared, status: super::crypto_mb::Status, results: impl Iterator<Item = (DeviceRequest, Result<Output, DeviceError>)>) {
     s.calls.fetch_add(1, Ordering::Relaxed);
     for (i, (r, result)) in results.enumerate() {
         s.lanes.fetch_add(1, Ordering::Relaxed);

@@ -93,10 +93,7 @@ impl ProbeError {
     /// The human-readable reason.
     pub fn reason(&self) -> &str {
         match self {
-            ProbeError::LibraryMissing(r)
-            | ProbeError::MissingSymbol(r)
-            | ProbeError::NoInstance(r)
-            | ProbeError::Config(r) => r,
+            ProbeError::LibraryMissing(r) | ProbeError::MissingSymbol(r) | ProbeError::NoInstance(r) | ProbeError::Config(r) => r,
         }
     }
 }
@@ -157,18 +154,14 @@ pub(crate) fn open(name: &str) -> Result<Library, libloading::Error> {
 /// [`ProbeError::NoInstance`] ("QATlib found but no QAT crypto instance"),
 /// [`ProbeError::Config`] for a section name with a NUL byte.
 pub fn probe(config: &QatConfig) -> Result<QatInfo, ProbeError> {
-    let section = CString::new(config.section.as_bytes())
-        .map_err(|_| ProbeError::Config("the QAT section name contains a NUL byte".into()))?;
+    let section =
+        CString::new(config.section.as_bytes()).map_err(|_| ProbeError::Config("the QAT section name contains a NUL byte".into()))?;
     let _one_at_a_time = PROBE.lock().unwrap_or_else(|e| e.into_inner());
     let name = &config.library;
-    let lib = open(name)
-        .map_err(|e| ProbeError::LibraryMissing(format!("{name} not found (install QATlib / intel-qatlib): {e}")))?;
-    for symbol in ["icp_sal_userStart", "icp_sal_userStop", "cpaCyGetNumInstances"].into_iter().chain(RSA_PATH_SYMBOLS)
-    {
+    let lib = open(name).map_err(|e| ProbeError::LibraryMissing(format!("{name} not found (install QATlib / intel-qatlib): {e}")))?;
+    for symbol in ["icp_sal_userStart", "icp_sal_userStop", "cpaCyGetNumInstances"].into_iter().chain(RSA_PATH_SYMBOLS) {
         if !has_symbol(&lib, symbol) {
-            return Err(ProbeError::MissingSymbol(format!(
-                "{name} does not export `{symbol}`: not a QATlib this build can use"
-            )));
+            return Err(ProbeError::MissingSymbol(format!("{name} does not export `{symbol}`: not a QATlib this build can use")));
         }
     }
     let memory_library = if MEMORY_SYMBOLS.iter().all(|s| has_symbol(&lib, s)) {
@@ -206,8 +199,7 @@ pub fn probe(config: &QatConfig) -> Result<QatInfo, ProbeError> {
         (
             *lib.get::<UserStartFn>(b"icp_sal_userStart\0").map_err(|e| ProbeError::MissingSymbol(e.to_string()))?,
             *lib.get::<UserStopFn>(b"icp_sal_userStop\0").map_err(|e| ProbeError::MissingSymbol(e.to_string()))?,
-            *lib.get::<GetNumInstancesFn>(b"cpaCyGetNumInstances\0")
-                .map_err(|e| ProbeError::MissingSymbol(e.to_string()))?,
+            *lib.get::<GetNumInstancesFn>(b"cpaCyGetNumInstances\0").map_err(|e| ProbeError::MissingSymbol(e.to_string()))?,
         )
     };
     // From here on QATlib code runs: never unload it (see the module

@@ -106,13 +106,8 @@ type GetInstancesFn = unsafe extern "C" fn(u16, *mut InstanceHandle) -> CpaStatu
 type InstanceFn = unsafe extern "C" fn(InstanceHandle) -> CpaStatus;
 type VirtToPhysFn = unsafe extern "C" fn(*mut c_void) -> u64;
 type SetAddressTranslationFn = unsafe extern "C" fn(InstanceHandle, VirtToPhysFn) -> CpaStatus;
-type RsaDecryptFn = unsafe extern "C" fn(
-    InstanceHandle,
-    Option<FlatBufCb>,
-    *mut c_void,
-    *const DecryptOpData,
-    *mut FlatBuffer,
-) -> CpaStatus;
+type RsaDecryptFn =
+    unsafe extern "C" fn(InstanceHandle, Option<FlatBufCb>, *mut c_void, *const DecryptOpData, *mut FlatBuffer) -> CpaStatus;
 type PollFn = unsafe extern "C" fn(InstanceHandle, u32) -> CpaStatus;
 type MemAllocFn = unsafe extern "C" fn(usize, i32, usize) -> *mut c_void;
 type MemFreeFn = unsafe extern "C" fn(*mut *mut c_void);
@@ -281,8 +276,7 @@ fn symbol<T: Copy>(lib: &libloading::Library, name: &str) -> Result<T, ProbeErro
     s.push(0);
     // SAFETY: each caller names a QATlib entry point with the type `T`
     // that QATlib's headers give it (see the type aliases above).
-    unsafe { lib.get::<T>(&s).map(|f| *f) }
-        .map_err(|e| ProbeError::MissingSymbol(format!("{name} is missing from QATlib: {e}")))
+    unsafe { lib.get::<T>(&s).map(|f| *f) }.map_err(|e| ProbeError::MissingSymbol(format!("{name} is missing from QATlib: {e}")))
 }
 
 impl QatDevice {
@@ -295,13 +289,12 @@ impl QatDevice {
     /// refuses to start or to start an instance.
     pub fn open(config: &QatConfig) -> Result<Arc<QatDevice>, ProbeError> {
         let info = qat::probe(config)?;
-        let section = CString::new(config.section.as_bytes())
-            .map_err(|_| ProbeError::Config("the QAT section name contains a NUL byte".into()))?;
-        let lib = qat::open(&info.library)
-            .map_err(|e| ProbeError::LibraryMissing(format!("{} could not be opened again: {e}", info.library)))?;
-        let mem = qat::open(&info.memory_library).map_err(|e| {
-            ProbeError::LibraryMissing(format!("{} could not be opened again: {e}", info.memory_library))
-        })?;
+        let section =
+            CString::new(config.section.as_bytes()).map_err(|_| ProbeError::Config("the QAT section name contains a NUL byte".into()))?;
+        let lib =
+            qat::open(&info.library).map_err(|e| ProbeError::LibraryMissing(format!("{} could not be opened again: {e}", info.library)))?;
+        let mem = qat::open(&info.memory_library)
+            .map_err(|e| ProbeError::LibraryMissing(format!("{} could not be opened again: {e}", info.memory_library)))?;
         let user_start: UserStartFn = symbol(&lib, "icp_sal_userStart")?;
         let num_instances: GetNumInstancesFn = symbol(&lib, "cpaCyGetNumInstances")?;
         let get_instances: GetInstancesFn = symbol(&lib, "cpaCyGetInstances")?;
@@ -381,13 +374,7 @@ impl QatDevice {
                 return Err(fail(format!("cannot start the polling thread: {e}")));
             }
         };
-        Ok(Arc::new(QatDevice {
-            shared,
-            info,
-            next_instance: AtomicU64::new(0),
-            poller: Mutex::new(Some(poller)),
-            max_in_flight: 1024,
-        }))
+        Ok(Arc::new(QatDevice { shared, info, next_instance: AtomicU64::new(0), poller: Mutex::new(Some(poller)), max_in_flight: 1024 }))
     }
 
     /// What the probe found.
@@ -466,8 +453,7 @@ impl QatDevice {
         // alive (and its pinned buffers with it) until the callback takes
         // it out, or until below if the request is refused; `tag` is a
         // leaked Box<Tag> that the callback reclaims.
-        let status =
-            unsafe { (api.rsa_decrypt)(instance as InstanceHandle, Some(on_complete), tag.cast(), op_ptr, out_ptr) };
+        let status = unsafe { (api.rsa_decrypt)(instance as InstanceHandle, Some(on_complete), tag.cast(), op_ptr, out_ptr) };
         if status != CPA_STATUS_SUCCESS {
             // Refused: no callback will come for it.
             // SAFETY: `tag` came from Box::into_raw above and QATlib did
@@ -477,11 +463,7 @@ impl QatDevice {
                 let InFlight { req, output, _inputs, .. } = record;
                 drop((output, _inputs));
                 let why = format!("cpaCyRsaDecrypt refused the request with {status} ({})", status_name(status));
-                req.complete(Err(if status == CPA_STATUS_RETRY {
-                    DeviceError::Busy(why)
-                } else {
-                    DeviceError::Failed(why)
-                }));
+                req.complete(Err(if status == CPA_STATUS_RETRY { DeviceError::Busy(why) } else { DeviceError::Failed(why) }));
             }
             return;
         }

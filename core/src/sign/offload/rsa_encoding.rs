@@ -71,10 +71,7 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
             let n = rsa.n().to_vec_padded(k as i32).map_err(crypto(CryptoOp::Encode))?;
             // Big-endian, equal lengths: lexicographic order is numeric.
             if ciphertext.len() != k || ciphertext.as_slice() >= n.as_slice() {
-                return Err(SignError::Crypto {
-                    op: CryptoOp::Encode,
-                    reason: "the ciphertext is not smaller than the modulus".into(),
-                });
+                return Err(SignError::Crypto { op: CryptoOp::Encode, reason: "the ciphertext is not smaller than the modulus".into() });
             }
             return Ok(Zeroizing::new(ciphertext.clone()));
         }
@@ -90,10 +87,7 @@ pub(crate) fn rsa_encode(key: &PrivateKey, op: &Operation) -> Result<Zeroizing<V
             let t = pkcs1_digest_info(hash, digest)?;
             // EM = 00 01 FF..FF 00 T, with at least 8 bytes of FF.
             if t.len() + 11 > k {
-                return Err(SignError::Crypto {
-                    op: CryptoOp::Encode,
-                    reason: "the modulus is too short for this digest".into(),
-                });
+                return Err(SignError::Crypto { op: CryptoOp::Encode, reason: "the modulus is too short for this digest".into() });
             }
             em[1] = 1;
             em[2..k - t.len() - 1].fill(0xff);
@@ -179,14 +173,7 @@ pub(crate) fn rsa_output_valid(key: &PrivateKey, op: &Operation, output: &[u8]) 
             // length the call reads; a null MGF1 digest means `md`; salt
             // length -1 is the digest's length, as the signing side uses.
             let ok = unsafe {
-                openssl_sys::RSA_verify_PKCS1_PSS_mgf1(
-                    rsa.as_ptr(),
-                    digest.as_ptr(),
-                    md.as_ptr(),
-                    std::ptr::null(),
-                    em.as_ptr(),
-                    -1,
-                )
+                openssl_sys::RSA_verify_PKCS1_PSS_mgf1(rsa.as_ptr(), digest.as_ptr(), md.as_ptr(), std::ptr::null(), em.as_ptr(), -1)
             };
             // A failed check leaves an error on the thread's queue.
             let _ = ErrorStack::get();
@@ -209,14 +196,7 @@ fn pkcs1_digest_info(hash: Hash, digest: &[u8]) -> Result<Zeroizing<Vec<u8>>, Si
     // AWS-LC allocated when `alloced` is set (freed below) and which
     // otherwise alias `digest`.
     let ok = unsafe {
-        openssl_sys::RSA_add_pkcs1_prefix(
-            &mut out,
-            &mut out_len,
-            &mut alloced,
-            hash.nid().as_raw(),
-            digest.as_ptr(),
-            digest.len(),
-        )
+        openssl_sys::RSA_add_pkcs1_prefix(&mut out, &mut out_len, &mut alloced, hash.nid().as_raw(), digest.as_ptr(), digest.len())
     };
     if ok != 1 {
         return Err(crypto(CryptoOp::Encode)(ErrorStack::get()));

@@ -335,13 +335,7 @@ impl SimDevice {
         let engines = config.engines;
         let shared = Arc::new(Shared {
             config,
-            state: Mutex::new(State {
-                queue: VecDeque::new(),
-                in_device: 0,
-                failed: false,
-                closed: false,
-                generation: 0,
-            }),
+            state: Mutex::new(State { queue: VecDeque::new(), in_device: 0, failed: false, closed: false, generation: 0 }),
             changed: Condvar::new(),
             counters: Counters::default(),
         });

@@ -49,11 +49,8 @@ pub fn direct_sign_loop(
             .map(|t| {
                 let (token, tkey) = (&token, &tkey);
                 s.spawn(move || -> Result<u64, SignError> {
-                    let session = token
-                        .module
-                        .ctx
-                        .open_ro_session(token.slot)
-                        .map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
+                    let session =
+                        token.module.ctx.open_ro_session(token.slot).map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
                     // The handle keyfence signs with (a session copy where the
                     // token makes one): the floor gets the same help.
                     let handle = tkey.handle.lock().unwrap_or_else(|e| e.into_inner()).handle;
@@ -61,18 +58,14 @@ pub fn direct_sign_loop(
                     while Instant::now() < until {
                         let msg = [t.to_be_bytes(), n.to_be_bytes()].concat();
                         let op = Operation::Sign { alg, input: Input::Message(msg) };
-                        sign_on(&session, handle, kind, &op)
-                            .map_err(|e| token.fail(TokenFailure::Refused, rv(&e)))??;
+                        sign_on(&session, handle, kind, &op).map_err(|e| token.fail(TokenFailure::Refused, rv(&e)))??;
                         n += 1;
                     }
                     Ok(n)
                 })
             })
             .collect();
-        workers
-            .into_iter()
-            .map(|w| w.join().unwrap_or_else(|_| Err(SignError::InvalidArgument("a thread panicked".into()))))
-            .collect()
+        workers.into_iter().map(|w| w.join().unwrap_or_else(|_| Err(SignError::InvalidArgument("a thread panicked".into())))).collect()
     });
     counts.into_iter().sum()
 }

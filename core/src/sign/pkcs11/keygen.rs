@@ -20,16 +20,14 @@ pub(crate) fn generate(uri: &Pkcs11Uri, kind: KeyKind, settings: &Pkcs11Settings
     let module = load_module(&settings.module_for(uri)?, settings.fixed)?;
     let token = Token::open(module, uri, settings.pin_for(uri)?, settings.fixed)?;
     let fail = |e: CkError| token.fail(TokenFailure::Refused, rv(&e));
-    let session =
-        token.module.ctx.open_rw_session(token.slot).map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
+    let session = token.module.ctx.open_rw_session(token.slot).map_err(|e| token.fail(TokenFailure::Unavailable, rv(&e)))?;
     token.login(&session)?;
     let mut label_and_id = vec![Attribute::Label(label.as_bytes().to_vec())];
     if let Some(id) = &uri.id {
         label_and_id.push(Attribute::Id(id.clone()));
     }
     for attr in &label_and_id {
-        let existing =
-            session.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), attr.clone()]).map_err(fail)?;
+        let existing = session.find_objects(&[Attribute::Class(ObjectClass::PRIVATE_KEY), attr.clone()]).map_err(fail)?;
         if !existing.is_empty() {
             return Err(SignError::InvalidArgument(format!(
                 "{}: a private key with this {} exists already",

@@ -78,14 +78,7 @@ fn pin_digest(pin: &str) -> [u8; 32] {
 fn refuses_pin(e: &CkError) -> bool {
     matches!(
         e,
-        CkError::Pkcs11(
-            RvError::PinIncorrect
-                | RvError::PinInvalid
-                | RvError::PinLenRange
-                | RvError::PinExpired
-                | RvError::PinLocked,
-            _
-        )
+        CkError::Pkcs11(RvError::PinIncorrect | RvError::PinInvalid | RvError::PinLenRange | RvError::PinExpired | RvError::PinLocked, _)
     )
 }
 
@@ -136,8 +129,7 @@ struct LoginMemory {
     changed: Condvar,
 }
 
-static LOGINS: LazyLock<LoginMemory> =
-    LazyLock::new(|| LoginMemory { states: Mutex::new(HashMap::new()), changed: Condvar::new() });
+static LOGINS: LazyLock<LoginMemory> = LazyLock::new(|| LoginMemory { states: Mutex::new(HashMap::new()), changed: Condvar::new() });
 
 impl LoginMemory {
     /// The refusal of the PIN `key` names, if it was refused.
@@ -222,12 +214,7 @@ impl Token {
     /// The key of the memory of refused PINs for logging into this token
     /// with `pin`.
     fn login_key(&self, pin: &Pin) -> LoginKey {
-        LoginKey {
-            module: self.module.path.clone(),
-            token: self.identity.clone(),
-            source: pin.source.clone(),
-            digest: pin.digest,
-        }
+        LoginKey { module: self.module.path.clone(), token: self.identity.clone(), source: pin.source.clone(), digest: pin.digest }
     }
 
     /// The error for a PIN refused before (`why`: the token's answer then).
@@ -296,12 +283,7 @@ mod tests {
     fn a_refusal_is_kept_until_the_pin_from_its_source_changes() {
         let key = |pin: &str| LoginKey {
             module: PathBuf::from("/unit-test/module.so"),
-            token: TokenIdentity {
-                label: "t".into(),
-                serial: "unit".into(),
-                model: "m".into(),
-                manufacturer: "k".into(),
-            },
+            token: TokenIdentity { label: "t".into(), serial: "unit".into(), model: "m".into(), manufacturer: "k".into() },
             source: PinSource::File(PathBuf::from("/unit-test/pin")),
             digest: pin_digest(pin),
         };
@@ -324,9 +306,6 @@ mod tests {
         drop(LOGINS.begin(key("3333")).unwrap());
         LOGINS.begin(key("3333")).unwrap().answered(None);
         assert!(LOGINS.refusal(&key("2222")).is_none());
-        assert!(
-            LOGINS.states.lock().unwrap().keys().all(|k| k.token.serial != "unit"),
-            "nothing is left of the test's logins"
-        );
+        assert!(LOGINS.states.lock().unwrap().keys().all(|k| k.token.serial != "unit"), "nothing is left of the test's logins");
     }
 }

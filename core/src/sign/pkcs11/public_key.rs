@@ -14,8 +14,7 @@ use crate::sign::types::{KeyKind, SignError, TokenFailure};
 /// `CKA_ID`, else same label). Nothing secret is read.
 pub(super) fn public_key(session: &Session, handle: ObjectHandle) -> Result<(KeyKind, Vec<u8>), SignError> {
     use openssl::pkey::PKey;
-    let unsupported =
-        |what: String| SignError::Token { token: String::new(), failure: TokenFailure::NotFound, reason: what };
+    let unsupported = |what: String| SignError::Token { token: String::new(), failure: TokenFailure::NotFound, reason: what };
     let attr = |h, t: AttributeType| -> Option<Attribute> { session.get_attributes(h, &[t]).ok()?.into_iter().next() };
     let key_type = match attr(handle, AttributeType::KeyType) {
         Some(Attribute::KeyType(t)) => t,
@@ -41,9 +40,7 @@ pub(super) fn public_key(session: &Session, handle: ObjectHandle) -> Result<(Key
         return Ok((KeyKind::Rsa { bits }, der));
     }
     if key_type != KeyType::EC && key_type != KeyType::EC_EDWARDS {
-        return Err(unsupported(format!(
-            "unsupported key type {key_type}; RSA, ECDSA (P-256, P-384) and Ed25519 are supported"
-        )));
+        return Err(unsupported(format!("unsupported key type {key_type}; RSA, ECDSA (P-256, P-384) and Ed25519 are supported")));
     }
     let params = match attr(handle, AttributeType::EcParams) {
         Some(Attribute::EcParams(p)) => p,
@@ -55,7 +52,10 @@ pub(super) fn public_key(session: &Session, handle: ObjectHandle) -> Result<(Key
         _ => 32,
     };
     let point = public_point(session, handle, expected).ok_or_else(|| {
-        unsupported("the token holds no public key object beside the private key (same CKA_ID or label): keyfence reads the public key from it".into())
+        unsupported(
+            "the token holds no public key object beside the private key (same CKA_ID or label): keyfence reads the public key from it"
+                .into(),
+        )
     })?;
     if key_type == KeyType::EC_EDWARDS {
         if params != ED25519_OID && params != ED25519_NAME {

@@ -51,13 +51,8 @@ pub(super) fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
 /// fixed settings: an agent, answering its clients), errors do not name
 /// the module's path: the dynamic loader's message, which does, is left out.
 pub(super) fn load_module(path: &Path, discreet: bool) -> Result<Arc<Module>, SignError> {
-    let shown = if discreet {
-        "this signer's PKCS#11 module".to_string()
-    } else {
-        format!("the PKCS#11 module {}", path.display())
-    };
-    let canonical =
-        std::fs::canonicalize(path).map_err(|e| SignError::Config(format!("{shown} cannot be opened: {e}")))?;
+    let shown = if discreet { "this signer's PKCS#11 module".to_string() } else { format!("the PKCS#11 module {}", path.display()) };
+    let canonical = std::fs::canonicalize(path).map_err(|e| SignError::Config(format!("{shown} cannot be opened: {e}")))?;
     with_registry(|r| {
         if let Some(m) = r.modules.iter().find(|m| m.path == canonical) {
             return Ok(m.clone());

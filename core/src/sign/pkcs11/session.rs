@@ -58,10 +58,7 @@ impl Token {
     /// Runs `f` on a logged-in session; after an error that may mean the
     /// token went away and came back, drops every session, logs in again
     /// and runs `f` once more (with `true`: find objects again).
-    pub(super) fn with_session<T>(
-        &self,
-        mut f: impl FnMut(&Session, u64, bool) -> Result<T, CkError>,
-    ) -> Result<T, SignError> {
+    pub(super) fn with_session<T>(&self, mut f: impl FnMut(&Session, u64, bool) -> Result<T, CkError>) -> Result<T, SignError> {
         let mut last = None;
         for retry in [false, true] {
             let (generation, session) = match self.checkout() {
@@ -87,9 +84,7 @@ impl Token {
                 Err(e) if reopens(&e) => {
                     drop(session);
                     self.reset(Some(generation));
-                    return Err(
-                        self.fail(TokenFailure::Unavailable, format!("{} (after opening the session again)", rv(&e)))
-                    );
+                    return Err(self.fail(TokenFailure::Unavailable, format!("{} (after opening the session again)", rv(&e))));
                 }
                 Err(e) => {
                     // The session itself is fine (a refused mechanism, a

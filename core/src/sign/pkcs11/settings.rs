@@ -76,9 +76,9 @@ impl Pkcs11Settings {
             // the client controls could point elsewhere by the time it is
             // opened.
             (Some(_), Some(fixed)) if self.fixed => Ok(fixed.clone()),
-            (Some(_), None) if self.fixed => Err(SignError::InvalidArgument(
-                "this signer was started without a PKCS#11 module, and loads none a client names".into(),
-            )),
+            (Some(_), None) if self.fixed => {
+                Err(SignError::InvalidArgument("this signer was started without a PKCS#11 module, and loads none a client names".into()))
+            }
             (Some(p), _) => Ok(p),
             (None, Some(m)) => Ok(m.clone()),
             (None, None) => Err(SignError::Config(
@@ -94,13 +94,10 @@ impl Pkcs11Settings {
         let file = match (&uri.pin_source, &self.pin_file) {
             (Some(p), Some(fixed)) if self.fixed && !same_file(p, fixed) => {
                 return Err(SignError::InvalidArgument(
-                    "this signer reads only the PIN file it was started with; the URI's pin-source names another"
-                        .into(),
+                    "this signer reads only the PIN file it was started with; the URI's pin-source names another".into(),
                 ))
             }
-            (Some(_), None) if self.fixed => {
-                return Err(SignError::InvalidArgument("this signer reads no PIN file a client names".into()))
-            }
+            (Some(_), None) if self.fixed => return Err(SignError::InvalidArgument("this signer reads no PIN file a client names".into())),
             (Some(_), Some(fixed)) if self.fixed => Some(fixed),
             (Some(p), _) => Some(p),
             (None, f) => f.as_ref(),
@@ -108,19 +105,12 @@ impl Pkcs11Settings {
         match file {
             Some(path) => {
                 // A fixed PIN file's path is not the client's to learn.
-                let shown = if self.fixed {
-                    "this signer's PIN file".to_string()
-                } else {
-                    format!("the PIN file {}", path.display())
-                };
+                let shown = if self.fixed { "this signer's PIN file".to_string() } else { format!("the PIN file {}", path.display()) };
                 let secret = read_pin(path, &shown)?;
                 let source = PinSource::File(std::fs::canonicalize(path).unwrap_or_else(|_| path.clone()));
                 Ok(Some(Pin::new(secret, source, shown)))
             }
-            None => Ok(self
-                .pin
-                .clone()
-                .map(|secret| Pin::new(secret, PinSource::Value, "the PIN setting (KEYFENCE_PKCS11_PIN)".into()))),
+            None => Ok(self.pin.clone().map(|secret| Pin::new(secret, PinSource::Value, "the PIN setting (KEYFENCE_PKCS11_PIN)".into()))),
         }
     }
 }
@@ -132,9 +122,7 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// The first line of `path`, without its line end; `shown` names the
 /// file in errors.
 fn read_pin(path: &Path, shown: &str) -> Result<Zeroizing<String>, SignError> {
-    let bytes = Zeroizing::new(
-        std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read {shown}: {e}")))?,
-    );
+    let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| SignError::InvalidArgument(format!("cannot read {shown}: {e}")))?);
     let text = std::str::from_utf8(&bytes).map_err(|_| SignError::InvalidArgument(format!("{shown} is not UTF-8")))?;
     let pin = text.split(['\n', '\r']).next().unwrap_or("");
     if pin.is_empty() {
@@ -162,10 +150,7 @@ fn p11_kit_module(name: &str) -> Result<PathBuf, SignError> {
             }
         }
     }
-    Err(SignError::Config(format!(
-        "no p11-kit module named `{name}` (looked for {name}.module in {})",
-        dirs.join(", ")
-    )))
+    Err(SignError::Config(format!("no p11-kit module named `{name}` (looked for {name}.module in {})", dirs.join(", "))))
 }
 
 /// Checks that the module `uri` and `settings` name is a file, without
@@ -194,8 +179,7 @@ mod tests {
         let (module_link, pin_link) = (dir.path().join("m-link"), dir.path().join("p-link"));
         std::os::unix::fs::symlink(&module, &module_link).unwrap();
         std::os::unix::fs::symlink(&pin, &pin_link).unwrap();
-        let settings =
-            Pkcs11Settings { module: Some(module.clone()), pin_file: Some(pin.clone()), pin: None, fixed: true };
+        let settings = Pkcs11Settings { module: Some(module.clone()), pin_file: Some(pin.clone()), pin: None, fixed: true };
         let uri = Pkcs11Uri::parse(&format!(
             "pkcs11:token=t;object=k?module-path={}&pin-source=file:{}",
             module_link.display(),

@@ -86,8 +86,7 @@ impl Token {
         uri: &Pkcs11Uri,
         unavailable: &dyn Fn(String) -> SignError,
     ) -> Result<(Vec<(Slot, TokenIdentity, bool)>, Vec<String>), SignError> {
-        let slots =
-            module.ctx.get_slots_with_token().map_err(|e| unavailable(format!("listing the slots: {}", rv(&e))))?;
+        let slots = module.ctx.get_slots_with_token().map_err(|e| unavailable(format!("listing the slots: {}", rv(&e))))?;
         let mut found = Vec::new();
         let mut seen = Vec::new();
         for slot in slots {
@@ -118,16 +117,10 @@ impl Token {
     /// `discreet` (a signer with fixed settings: an agent, answering a
     /// client), errors name neither the module's path nor the labels of
     /// tokens other than the one the URI selects.
-    pub(super) fn open(
-        module: Arc<Module>,
-        uri: &Pkcs11Uri,
-        pin: Option<Pin>,
-        discreet: bool,
-    ) -> Result<Arc<Token>, SignError> {
+    pub(super) fn open(module: Arc<Module>, uri: &Pkcs11Uri, pin: Option<Pin>, discreet: bool) -> Result<Arc<Token>, SignError> {
         let name = |label: &str| format!("pkcs11:token={label}");
         let asked = || uri.token.as_deref().map_or_else(|| "pkcs11:".to_string(), name);
-        let unavailable =
-            |reason: String| SignError::Token { token: asked(), failure: TokenFailure::Unavailable, reason };
+        let unavailable = |reason: String| SignError::Token { token: asked(), failure: TokenFailure::Unavailable, reason };
         // A token another process is writing (SoftHSM2 rewrites its files
         // at a login) can read as absent for a moment: the slots are
         // listed again, three times at most, before the token is missing.
@@ -141,16 +134,11 @@ impl Token {
             std::thread::sleep(std::time::Duration::from_millis(100));
         };
         let mut found = found;
-        let not_found =
-            |token: String, reason: String| SignError::Token { token, failure: TokenFailure::NotFound, reason };
+        let not_found = |token: String, reason: String| SignError::Token { token, failure: TokenFailure::NotFound, reason };
         let (slot, identity, login_required) = match found.len() {
             1 => found.remove(0),
-            0 if seen.is_empty() && discreet => {
-                return Err(unavailable("this signer's PKCS#11 module has no token".into()))
-            }
-            0 if seen.is_empty() => {
-                return Err(unavailable(format!("the module {} has no token", module.path.display())))
-            }
+            0 if seen.is_empty() && discreet => return Err(unavailable("this signer's PKCS#11 module has no token".into())),
+            0 if seen.is_empty() => return Err(unavailable(format!("the module {} has no token", module.path.display()))),
             0 if discreet => return Err(not_found(asked(), "this signer has no token that matches the URI".into())),
             0 => {
                 return Err(not_found(
@@ -158,12 +146,7 @@ impl Token {
                     format!("no token matches the URI in {} (its tokens: {})", module.path.display(), seen.join(", ")),
                 ))
             }
-            n if discreet => {
-                return Err(not_found(
-                    "pkcs11:".into(),
-                    format!("{n} tokens match the URI; add token=, serial= or slot-id="),
-                ))
-            }
+            n if discreet => return Err(not_found("pkcs11:".into(), format!("{n} tokens match the URI; add token=, serial= or slot-id="))),
             n => {
                 return Err(not_found(
                     "pkcs11:".into(),
@@ -202,9 +185,7 @@ impl Token {
         }
         with_registry(|r| {
             // Another thread may have opened it meanwhile.
-            if let Some(t) =
-                r.tokens.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.module, &module) && t.slot == slot)
-            {
+            if let Some(t) = r.tokens.iter().filter_map(Weak::upgrade).find(|t| Arc::ptr_eq(&t.module, &module) && t.slot == slot) {
                 return Ok(t);
             }
             let t = Arc::new(Token {
@@ -224,10 +205,7 @@ impl Token {
     }
 
     /// Finds the one private key `uri` names, and reads its public key.
-    fn find_key(
-        self: &Arc<Self>,
-        uri: &Pkcs11Uri,
-    ) -> Result<(Vec<Attribute>, ObjectHandle, KeyKind, Vec<u8>), SignError> {
+    fn find_key(self: &Arc<Self>, uri: &Pkcs11Uri) -> Result<(Vec<Attribute>, ObjectHandle, KeyKind, Vec<u8>), SignError> {
         if let Some(t) = uri.object_type.filter(|t| *t != ObjectType::Private) {
             return Err(SignError::InvalidArgument(format!(
                 "the URI names a {t:?} object; keyfence signs with private keys (`type=private`, or no type)"
@@ -254,16 +232,13 @@ impl Token {
                 [] => {
                     return Ok(Err(this.fail(
                         TokenFailure::NotFound,
-                        format!(
-                        "no private key with {described} on the token (is the PIN right, and the key a token object?)"
-                    ),
+                        format!("no private key with {described} on the token (is the PIN right, and the key a token object?)"),
                     )))
                 }
                 many => {
-                    return Ok(Err(this.fail(
-                        TokenFailure::NotFound,
-                        format!("{} private keys match {described}; add `id=` to the URI", many.len()),
-                    )))
+                    return Ok(Err(
+                        this.fail(TokenFailure::NotFound, format!("{} private keys match {described}; add `id=` to the URI", many.len()))
+                    ))
                 }
             };
             Ok(public_key(session, handle).map(|(kind, der)| (template.clone(), handle, kind, der, generation)))
@@ -286,10 +261,7 @@ impl Token {
                         // The key is gone from a token that answers: that
                         // key's error, with no reset of the token's sessions.
                         [] => return Ok(Err(self.fail(TokenFailure::NotFound, "the key is no longer on the token"))),
-                        many => {
-                            return Ok(Err(self
-                                .fail(TokenFailure::NotFound, format!("{} keys now match the key's URI", many.len()))))
-                        }
+                        many => return Ok(Err(self.fail(TokenFailure::NotFound, format!("{} keys now match the key's URI", many.len())))),
                     }
                 }
                 h.handle
@@ -388,9 +360,7 @@ pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<Private
     let pin = settings.pin_for(uri)?;
     let token = Token::open(module, uri, pin, settings.fixed)?;
     let (template, handle, kind, public_der) = token.find_key(uri).map_err(|e| match e {
-        SignError::Token { token: t, failure, reason } if t.is_empty() => {
-            SignError::Token { token: token.name.clone(), failure, reason }
-        }
+        SignError::Token { token: t, failure, reason } if t.is_empty() => SignError::Token { token: token.name.clone(), failure, reason },
         e => e,
     })?;
     let generation = token.sessions.lock().unwrap_or_else(|e| e.into_inner()).generation;
@@ -411,9 +381,7 @@ pub(crate) fn load(uri: &Pkcs11Uri, settings: &Pkcs11Settings) -> Result<Private
         Ok(true) => Ok(private),
         // The token failed, not the key: its own error.
         Err(e @ SignError::Token { failure: TokenFailure::Unavailable | TokenFailure::Login, .. }) => Err(e),
-        Ok(false) => {
-            Err(token.fail(TokenFailure::NotFound, "the private key and the public key read beside it do not match"))
-        }
+        Ok(false) => Err(token.fail(TokenFailure::NotFound, "the private key and the public key read beside it do not match")),
         Err(e) => Err(token.fail(TokenFailure::NotFound, format!("the key cannot sign a test message: {e}"))),
     }
 }
@@ -427,8 +395,7 @@ fn self_test(key: &PrivateKey) -> Result<bool, SignError> {
     use openssl::sign::{RsaPssSaltlen, Verifier};
     let msg = b"keyfence: does the token's key match its public key?";
     let der = key.public_key_der()?;
-    let public =
-        PKey::public_key_from_der(&der).map_err(crate::sign::local_key::crypto(crate::sign::CryptoOp::Sign))?;
+    let public = PKey::public_key_from_der(&der).map_err(crate::sign::local_key::crypto(crate::sign::CryptoOp::Sign))?;
     let algs: &[Algorithm] = match key.kind() {
         KeyKind::Rsa { .. } => &[Algorithm::RsaPkcs1Sha256, Algorithm::RsaPssSha256],
         KeyKind::EcP256 => &[Algorithm::EcdsaP256Sha256],

@@ -126,8 +126,7 @@ impl Pkcs11Uri {
         let (name, value, value_at) = split_attr(at, attr)?;
         let bytes = decode(value, value_at)?;
         let text = |bytes: Vec<u8>| {
-            String::from_utf8(bytes)
-                .map_err(|_| UriError { position: value_at, message: format!("`{name}` is not UTF-8") })
+            String::from_utf8(bytes).map_err(|_| UriError { position: value_at, message: format!("`{name}` is not UTF-8") })
         };
         let repeated = || UriError { position: at, message: format!("`{name}` is given twice") };
         match name {
@@ -138,10 +137,9 @@ impl Pkcs11Uri {
             "object" => set(&mut self.object, text(bytes)?).ok_or_else(repeated),
             "id" => set(&mut self.id, bytes).ok_or_else(repeated),
             "slot-id" => {
-                let n = text(bytes)?.parse::<u64>().map_err(|_| UriError {
-                    position: value_at,
-                    message: "`slot-id` is a decimal number".into(),
-                })?;
+                let n = text(bytes)?
+                    .parse::<u64>()
+                    .map_err(|_| UriError { position: value_at, message: "`slot-id` is a decimal number".into() })?;
                 set(&mut self.slot_id, n).ok_or_else(repeated)
             }
             "type" => {
@@ -164,8 +162,7 @@ impl Pkcs11Uri {
             // token is found by label, serial, manufacturer or slot here,
             // and these narrow nothing further, so they are accepted as
             // RFC 7512 allows and not matched.
-            "library-manufacturer" | "library-description" | "library-version" | "slot-description"
-            | "slot-manufacturer" => Ok(()),
+            "library-manufacturer" | "library-description" | "library-version" | "slot-description" | "slot-manufacturer" => Ok(()),
             n if n.starts_with("x-") => Ok(()),
             _ => Err(UriError {
                 position: at,
@@ -208,21 +205,14 @@ impl Pkcs11Uri {
             "module-path" => {
                 let bytes = decode(value, value_at)?;
                 if bytes.first() != Some(&b'/') {
-                    return Err(UriError {
-                        position: value_at,
-                        message: "`module-path` is an absolute file name".into(),
-                    });
+                    return Err(UriError { position: value_at, message: "`module-path` is an absolute file name".into() });
                 }
                 set(&mut self.module_path, path(bytes)).ok_or_else(repeated)
             }
             "module-name" => {
                 let name = String::from_utf8(decode(value, value_at)?)
                     .ok()
-                    .filter(|n| {
-                        !n.is_empty()
-                            && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
-                            && !n.starts_with('.')
-                    })
+                    .filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b)) && !n.starts_with('.'))
                     .ok_or_else(|| UriError {
                         position: value_at,
                         message: "`module-name` is a p11-kit module's name (letters, digits, `-`, `_`, `.`)".into(),
@@ -232,9 +222,7 @@ impl Pkcs11Uri {
             n if n.starts_with("x-") => Ok(()),
             _ => Err(UriError {
                 position: at,
-                message: format!(
-                    "unknown query attribute `{name}`; keyfence reads module-path, module-name, pin-source"
-                ),
+                message: format!("unknown query attribute `{name}`; keyfence reads module-path, module-name, pin-source"),
             }),
         }
     }
@@ -261,9 +249,7 @@ fn pieces(s: &str, sep: char, base: usize) -> impl Iterator<Item = (usize, &str)
 }
 
 fn split_attr(at: usize, attr: &str) -> Result<(&str, &str, usize), UriError> {
-    let eq = attr
-        .find('=')
-        .ok_or_else(|| UriError { position: at, message: format!("`{}` has no `=value`", shorten(attr)) })?;
+    let eq = attr.find('=').ok_or_else(|| UriError { position: at, message: format!("`{}` has no `=value`", shorten(attr)) })?;
     Ok((&attr[..eq], &attr[eq + 1..], at + eq + 1))
 }
 

@@ -115,11 +115,7 @@ impl ClientConn {
             }
             k => return Err(CallError::Connect(format!("unexpected hello reply kind {k:#04x}"))),
         };
-        stream
-            .get_ref()
-            .set_read_timeout(None)
-            .and_then(|()| stream.get_ref().set_write_timeout(None))
-            .map_err(|e| fail("socket", &e))?;
+        stream.get_ref().set_read_timeout(None).and_then(|()| stream.get_ref().set_write_timeout(None)).map_err(|e| fail("socket", &e))?;
         let (link, outbox) = Link::new(stream, decoder).map_err(|e| fail("socket", &e))?;
         let conn = Arc::new(ClientConn {
             outbox,

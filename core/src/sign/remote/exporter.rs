@@ -63,8 +63,8 @@ pub fn serve_metrics<F>(addr: SocketAddr, render: F) -> Result<MetricsEndpoint, 
 where
     F: Fn() -> String + Send + 'static,
 {
-    let listener = TcpListener::bind(addr)
-        .map_err(|e| SignError::io(Resource::Socket, format!("cannot listen on {addr} for metrics: {e}")))?;
+    let listener =
+        TcpListener::bind(addr).map_err(|e| SignError::io(Resource::Socket, format!("cannot listen on {addr} for metrics: {e}")))?;
     let addr = listener.local_addr().map_err(|e| SignError::io(Resource::Socket, e.to_string()))?;
     let stop = Arc::new(AtomicBool::new(false));
     let s = stop.clone();

@@ -132,8 +132,8 @@ impl KeyRing {
         machine_key: &std::path::Path,
         envelope: &std::path::Path,
     ) -> Result<KeyId, KeyRingError> {
-        let bytes = std::fs::read(envelope)
-            .map_err(|e| SignError::Config(format!("cannot read the envelope {}: {e}", envelope.display())))?;
+        let bytes =
+            std::fs::read(envelope).map_err(|e| SignError::Config(format!("cannot read the envelope {}: {e}", envelope.display())))?;
         self.open_isolated_bytes(machine, keys, store, machine_key, bytes)
     }
 

@@ -243,9 +243,7 @@ fn serve(mut link: Link, outbox: &Outbox, handler: &mut dyn Handler) -> String {
                     readable = false;
                 }
                 Err(e) if e.code() == SslErrorCode::ZERO_RETURN => return "the peer closed the connection".into(),
-                Err(e) if e.code() == SslErrorCode::SYSCALL && e.io_error().is_none() => {
-                    return "the peer closed the connection".into()
-                }
+                Err(e) if e.code() == SslErrorCode::SYSCALL && e.io_error().is_none() => return "the peer closed the connection".into(),
                 Err(e) => return format!("reading failed: {e}"),
             }
         }

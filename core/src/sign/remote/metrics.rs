@@ -117,9 +117,7 @@ pub(crate) fn request_stats(e: &mut Exposition, prefix: &str, label: &str, serie
     e.family(&total, "counter", "Requests, by how they ended.");
     for (value, s) in series {
         let c = &s.counts;
-        for (outcome, n) in
-            [("ok", c.ok), ("overloaded", c.overloaded), ("timed_out", c.timed_out), ("failed", c.failed)]
-        {
+        for (outcome, n) in [("ok", c.ok), ("overloaded", c.overloaded), ("timed_out", c.timed_out), ("failed", c.failed)] {
             e.sample(&total, &[(label, value), ("outcome", outcome)], n as f64);
         }
     }

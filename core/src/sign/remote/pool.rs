@@ -47,13 +47,7 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(
-        addr: SocketAddr,
-        server_name: String,
-        connector: SslConnector,
-        size: usize,
-        connect_timeout: Duration,
-    ) -> Self {
+    pub(crate) fn new(addr: SocketAddr, server_name: String, connector: SslConnector, size: usize, connect_timeout: Duration) -> Self {
         Pool {
             addr,
             server_name,

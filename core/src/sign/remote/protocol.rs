@@ -50,9 +50,7 @@ pub use crate::sign::wire::public_key::{encode as public_reply, parse as parse_p
 /// Why a server refused a request: the codes of [`crate::sign::wire`],
 /// of which a server [`sends`] all but two.
 pub use crate::sign::wire::ErrorCode as RemoteErrorCode;
-pub use crate::sign::wire::{
-    encode, error_body, error_body_with, BodyError, Decoder, Detail, Frame, FramingError, HEADER, MAX_FRAME,
-};
+pub use crate::sign::wire::{encode, error_body, error_body_with, BodyError, Decoder, Detail, Frame, FramingError, HEADER, MAX_FRAME};
 use crate::sign::wire::{hello, op};
 
 /// The first bytes of both hellos (not the key process's `KFKP`: a client
@@ -305,10 +303,7 @@ mod tests {
         assert!(parse_request(&frame(kind::OP, &op)).is_err(), "decrypt with an algorithm");
         assert!(parse_request(&frame(kind::OK, &[])).is_err(), "a reply is not a request");
         assert!(parse_request(&frame(kind::HELLO, &hello_request())).is_err(), "a second hello");
-        assert_eq!(
-            parse_error(&error_body(RemoteErrorCode::TenantLimit, "full")),
-            (RemoteErrorCode::TenantLimit, "full".into())
-        );
+        assert_eq!(parse_error(&error_body(RemoteErrorCode::TenantLimit, "full")), (RemoteErrorCode::TenantLimit, "full".into()));
         assert_eq!(parse_error(&[]).0, RemoteErrorCode::Internal);
         assert_eq!(parse_error(&[200]).0, RemoteErrorCode::Internal);
         for c in RemoteErrorCode::ALL {

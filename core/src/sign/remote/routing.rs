@@ -62,11 +62,7 @@ impl PeerConfig {
             Ok(a) => a,
             Err(_) => address
                 .to_socket_addrs()
-                .map_err(|e| {
-                    SignError::Config(format!(
-                        "peer {name}: address {address:?} is not host:port or does not resolve: {e}"
-                    ))
-                })?
+                .map_err(|e| SignError::Config(format!("peer {name}: address {address:?} is not host:port or does not resolve: {e}")))?
                 .next()
                 .ok_or_else(|| SignError::Config(format!("peer {name}: address {address:?} resolves to nothing")))?,
         };
@@ -112,19 +108,15 @@ impl PeerState {
     /// quarter new), so one slow probe does not reorder the peers.
     pub(crate) fn measured(&self, rtt: Duration) {
         let new = u64::try_from(rtt.as_nanos()).unwrap_or(UNKNOWN - 1).min(UNKNOWN - 1);
-        let _ = self.rtt_ns.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| {
-            Some(if old == UNKNOWN { new } else { (old / 4) * 3 + new / 4 })
-        });
+        let _ = self
+            .rtt_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |old| Some(if old == UNKNOWN { new } else { (old / 4) * 3 + new / 4 }));
     }
 
     /// This peer as the wrap layer's chooser sees it (unmeasured peers as
     /// infinitely far).
     pub(crate) fn as_peer(&self) -> Peer {
-        Peer {
-            name: self.config.name.clone(),
-            attributes: self.config.attributes.clone(),
-            latency: self.rtt().unwrap_or(Duration::MAX),
-        }
+        Peer { name: self.config.name.clone(), attributes: self.config.attributes.clone(), latency: self.rtt().unwrap_or(Duration::MAX) }
     }
 }
 

@@ -196,31 +196,15 @@ impl ServerMetrics {
         e.family(hs, "gauge", "Connections in their TLS handshake or hello now.");
         e.sample(hs, &[], self.handshakes as f64);
         for (name, help, v) in [
-            (
-                "keyfence_remote_server_connections_refused_total",
-                "Certified connections refused: too many open.",
-                self.connections_refused,
-            ),
-            (
-                "keyfence_remote_server_handshakes_timed_out_total",
-                "Handshakes closed at their deadline.",
-                self.handshakes_timed_out,
-            ),
+            ("keyfence_remote_server_connections_refused_total", "Certified connections refused: too many open.", self.connections_refused),
+            ("keyfence_remote_server_handshakes_timed_out_total", "Handshakes closed at their deadline.", self.handshakes_timed_out),
             (
                 "keyfence_remote_server_handshakes_refused_total",
                 "Connections closed at once: too many handshakes from one address, or handshake threads.",
                 self.handshakes_refused,
             ),
-            (
-                "keyfence_remote_server_handshakes_evicted_total",
-                "Handshakes closed to make room for a newer one.",
-                self.handshakes_evicted,
-            ),
-            (
-                "keyfence_remote_server_handshakes_failed_total",
-                "TLS handshakes or hellos that failed.",
-                self.handshakes_failed,
-            ),
+            ("keyfence_remote_server_handshakes_evicted_total", "Handshakes closed to make room for a newer one.", self.handshakes_evicted),
+            ("keyfence_remote_server_handshakes_failed_total", "TLS handshakes or hellos that failed.", self.handshakes_failed),
             ("keyfence_remote_server_malformed_total", "Frames answered malformed.", self.malformed),
         ] {
             e.family(name, "counter", help);
@@ -290,9 +274,7 @@ impl KeyServer {
     /// cannot start.
     pub fn start(config: ServerConfig, keys: KeyRing) -> Result<Self, SignError> {
         if config.tenant_in_flight == 0 || !(1..=p::MAX_IN_FLIGHT).contains(&config.connection_in_flight) {
-            return Err(SignError::Config(
-                "tenant_in_flight must be at least 1, connection_in_flight 1 to 65536".into(),
-            ));
+            return Err(SignError::Config("tenant_in_flight must be at least 1, connection_in_flight 1 to 65536".into()));
         }
         if config.tenant_queued_bytes < p::MAX_FRAME || config.queued_bytes < config.tenant_queued_bytes {
             return Err(SignError::Config(format!(
@@ -301,9 +283,7 @@ impl KeyServer {
             )));
         }
         if config.max_connections == 0 || config.max_handshakes == 0 || config.max_handshakes_per_address == 0 {
-            return Err(SignError::Config(
-                "max_connections, max_handshakes and max_handshakes_per_address must be at least 1".into(),
-            ));
+            return Err(SignError::Config("max_connections, max_handshakes and max_handshakes_per_address must be at least 1".into()));
         }
         if config.handshake_timeout.is_zero() {
             return Err(SignError::Config("handshake_timeout must be more than zero".into()));
@@ -322,11 +302,7 @@ impl KeyServer {
                 tenant_bytes: config.tenant_queued_bytes,
                 server_bytes: config.queued_bytes,
             }),
-            handshakes: Handshakes::new(
-                config.max_handshakes,
-                config.max_handshakes_per_address,
-                config.handshake_timeout,
-            ),
+            handshakes: Handshakes::new(config.max_handshakes, config.max_handshakes_per_address, config.handshake_timeout),
             config,
             acceptor,
             engine,
@@ -393,8 +369,7 @@ impl KeyServer {
         // Wake the accept thread.
         let _ = TcpStream::connect_timeout(&self.addr, Duration::from_millis(200));
         i.handshakes.close_all();
-        let conns: Vec<Arc<Outbox>> =
-            i.connections.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let conns: Vec<Arc<Outbox>> = i.connections.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
         for c in conns {
             c.close();
         }
@@ -438,9 +413,7 @@ fn accept(inner: &Arc<Inner>, listener: &TcpListener) {
         let (Ok(peer), Ok(clone)) = (stream.peer_addr(), stream.try_clone()) else { continue };
         let Ok(hs) = inner.handshakes.admit(peer.ip(), clone) else { continue };
         let i = inner.clone();
-        let spawned = std::thread::Builder::new()
-            .name("keyfence-serve-conn".into())
-            .spawn_quiet(move || connection(&i, stream, hs));
+        let spawned = std::thread::Builder::new().name("keyfence-serve-conn".into()).spawn_quiet(move || connection(&i, stream, hs));
         if spawned.is_err() {
             inner.handshakes.finish(hs);
             inner.handshakes.thread_done();
@@ -511,10 +484,7 @@ fn connection(inner: &Arc<Inner>, tcp: TcpStream, hs: u64) {
     let answer = match (hello.kind, p::parse_hello_request(&hello.body)) {
         (kind::HELLO, Ok(())) if tenant_name.is_err() => Err(p::error_body(
             RemoteErrorCode::NotAllowed,
-            &format!(
-                "{} (this server reads the tenant from: {source})",
-                tenant_name.as_ref().err().map_or("", String::as_str)
-            ),
+            &format!("{} (this server reads the tenant from: {source})", tenant_name.as_ref().err().map_or("", String::as_str)),
         )),
         (kind::HELLO, Ok(())) if open >= inner.config.max_connections => {
             inner.refused.fetch_add(1, Ordering::Relaxed);
@@ -738,14 +708,9 @@ impl Conn {
                 return refuse(RemoteErrorCode::TenantLimit, "this tenant has its maximum in flight on this server")
             }
             Err(Refused::TenantBytes) => {
-                return refuse(
-                    RemoteErrorCode::Overloaded,
-                    "this tenant has its maximum request bytes waiting on this server",
-                )
+                return refuse(RemoteErrorCode::Overloaded, "this tenant has its maximum request bytes waiting on this server")
             }
-            Err(Refused::ServerBytes) => {
-                return refuse(RemoteErrorCode::Overloaded, "this server has its maximum request bytes waiting")
-            }
+            Err(Refused::ServerBytes) => return refuse(RemoteErrorCode::Overloaded, "this server has its maximum request bytes waiting"),
         };
         self.unanswered.fetch_add(1, Ordering::AcqRel);
         let unanswered = Unanswered(self.unanswered.clone());
@@ -765,9 +730,7 @@ impl Conn {
                     error_frame(id, code, e)
                 }
             };
-            done_span.in_scope(|| {
-                tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered")
-            });
+            done_span.in_scope(|| tracing::debug!(ok = result.is_ok(), took_us = received.elapsed().as_micros() as u64, "answered"));
             drop((admitted, slot));
             link::send_batched(&outbox, &frame);
             drop(unanswered);

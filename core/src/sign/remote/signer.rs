@@ -31,9 +31,7 @@ use crate::sign::executor;
 use crate::sign::exposition::Exposition;
 use crate::sign::held_key::{Answer, HeldKey, KeyHolder};
 use crate::sign::threads::{Joined, Origin};
-use crate::sign::types::{
-    BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError, TokenFailure,
-};
+use crate::sign::types::{BackendFailure, CryptoOp, KeyKind, OpClass, Operation, Output, Resource, SignError, TokenFailure};
 use crate::sign::wire;
 use crate::sign::PrivateKey;
 use crate::wrap::{CanonicalPolicy, Envelope, Machine, Peer, RevocationList, MACHINE_LABEL};
@@ -306,13 +304,8 @@ impl RemoteSigner {
             .peers
             .iter()
             .map(|pc| {
-                let pool = Pool::new(
-                    pc.addr,
-                    pc.server_name.clone(),
-                    connector.clone(),
-                    config.connections_per_peer,
-                    config.connect_timeout,
-                );
+                let pool =
+                    Pool::new(pc.addr, pc.server_name.clone(), connector.clone(), config.connections_per_peer, config.connect_timeout);
                 PeerState::new(pc.clone(), pool, config.breaker)
             })
             .collect();
@@ -374,27 +367,17 @@ impl RemoteSigner {
         self.key_among(envelope, self.client.config.tenant, Some(revoked))
     }
 
-    fn key_among(
-        &self,
-        envelope: &Envelope,
-        tenant: u64,
-        revoked: Option<&RevocationList>,
-    ) -> Result<Arc<PrivateKey>, SignError> {
+    fn key_among(&self, envelope: &Envelope, tenant: u64, revoked: Option<&RevocationList>) -> Result<Arc<PrivateKey>, SignError> {
         let c = &self.client;
         let mut capable = routing::capable(&envelope.policy, &c.peers);
         if let Some(revoked) = revoked {
-            let is_revoked =
-                |i: &usize| c.peers[*i].config.attributes.get(MACHINE_LABEL).is_some_and(|id| revoked.contains(id));
-            let out: Vec<String> =
-                capable.iter().filter(|i| is_revoked(i)).map(|&i| c.peers[i].config.name.clone()).collect();
+            let is_revoked = |i: &usize| c.peers[*i].config.attributes.get(MACHINE_LABEL).is_some_and(|id| revoked.contains(id));
+            let out: Vec<String> = capable.iter().filter(|i| is_revoked(i)).map(|&i| c.peers[i].config.name.clone()).collect();
             capable.retain(|i| !is_revoked(i));
             if capable.is_empty() && !out.is_empty() {
                 return Err(backend_error(
                     BackendFailure::Refused,
-                    format!(
-                        "every peer that may hold the key is a revoked machine ({}): none is asked",
-                        out.join(", ")
-                    ),
+                    format!("every peer that may hold the key is a revoked machine ({}): none is asked", out.join(", ")),
                 ));
             }
         }
@@ -407,20 +390,14 @@ impl RemoteSigner {
     /// Asks the nearest of `key`'s peers for its public half (with the
     /// failover of an operation, bounded by `connect_timeout +
     /// request_timeout`), has `check` accept it, and gives a handle on it.
-    fn handle_on(
-        &self,
-        key: RemoteKey,
-        check: impl Fn(&[u8]) -> Result<(), SignError>,
-    ) -> Result<Arc<PrivateKey>, SignError> {
+    fn handle_on(&self, key: RemoteKey, check: impl Fn(&[u8]) -> Result<(), SignError>) -> Result<Arc<PrivateKey>, SignError> {
         let c = &self.client;
         let key = Arc::new(key);
         let deadline = Instant::now() + c.config.connect_timeout + c.config.request_timeout;
         let (kind, der) = c.route(&key, deadline, |peer, head, until| {
-            let frame =
-                peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
+            let frame = peer.pool.get(until).and_then(|conn| conn.call(|out, id| p::encode_public(out, id, head), until));
             attempt_of(frame, |f| {
-                p::parse_public_reply(&f.body)
-                    .map_err(|e| backend_error(BackendFailure::Protocol, format!("bad public-key reply: {e}")))
+                p::parse_public_reply(&f.body).map_err(|e| backend_error(BackendFailure::Protocol, format!("bad public-key reply: {e}")))
             })
         })?;
         check(&der)?;
@@ -445,10 +422,9 @@ impl RemoteSigner {
         let key = RemoteKey { key_id: id.0, capable: (0..c.peers.len()).collect(), tenant: c.config.tenant };
         self.handle_on(key, |der| match KeyId::of_public_key(der) {
             theirs if theirs == id => Ok(()),
-            theirs => Err(backend_error(
-                BackendFailure::Protocol,
-                format!("a peer answered for key {id} with a public key whose id is {theirs}"),
-            )),
+            theirs => {
+                Err(backend_error(BackendFailure::Protocol, format!("a peer answered for key {id} with a public key whose id is {theirs}")))
+            }
         })
     }
 
@@ -565,12 +541,8 @@ fn no_capable_peer(policy: &CanonicalPolicy) -> SignError {
 fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Result<T, SignError>) -> Attempt<T> {
     let frame = match frame {
         Ok(f) => f,
-        Err(CallError::Connect(why)) => {
-            return Attempt::Next { error: backend_error(BackendFailure::Unavailable, why), breaker: true }
-        }
-        Err(CallError::Lost(why)) => {
-            return Attempt::Next { error: backend_error(BackendFailure::Died, why), breaker: true }
-        }
+        Err(CallError::Connect(why)) => return Attempt::Next { error: backend_error(BackendFailure::Unavailable, why), breaker: true },
+        Err(CallError::Lost(why)) => return Attempt::Next { error: backend_error(BackendFailure::Died, why), breaker: true },
         Err(CallError::TimedOut) => {
             let e = backend_error(BackendFailure::GaveUp, "no reply within the request timeout");
             return Attempt::Next { error: e, breaker: true };
@@ -590,18 +562,15 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         };
     };
     match code {
-        RemoteErrorCode::Overloaded | RemoteErrorCode::TenantLimit | RemoteErrorCode::ShuttingDown => Attempt::Next {
-            error: SignError::PeerOverloaded { reason: format!("{}: {msg}", code.name()) },
-            breaker: false,
-        },
+        RemoteErrorCode::Overloaded | RemoteErrorCode::TenantLimit | RemoteErrorCode::ShuttingDown => {
+            Attempt::Next { error: SignError::PeerOverloaded { reason: format!("{}: {msg}", code.name()) }, breaker: false }
+        }
         RemoteErrorCode::UnknownKey | RemoteErrorCode::NotAllowed => {
             Attempt::Next { error: backend_error(BackendFailure::Refused, msg), breaker: false }
         }
         RemoteErrorCode::TimedOut => Attempt::Final(SignError::TimedOut { timeout: Duration::ZERO }),
         RemoteErrorCode::Crypto => Attempt::Final(SignError::Crypto { op: CryptoOp::Sign, reason: msg }),
-        RemoteErrorCode::Invalid => {
-            Attempt::Final(backend_error(BackendFailure::Refused, format!("invalid request: {msg}")))
-        }
+        RemoteErrorCode::Invalid => Attempt::Final(backend_error(BackendFailure::Refused, format!("invalid request: {msg}"))),
         RemoteErrorCode::Malformed | RemoteErrorCode::Version => {
             Attempt::Final(backend_error(BackendFailure::Protocol, format!("{}: {msg}", code.name())))
         }
@@ -612,8 +581,7 @@ fn attempt_of<T>(frame: Result<Frame, CallError>, ok: impl FnOnce(Frame) -> Resu
         // token's code reaches the caller if no peer signs.
         RemoteErrorCode::TokenUnavailable | RemoteErrorCode::TokenLogin => {
             let error = detail.rebuild(&msg).unwrap_or_else(|| {
-                let failure =
-                    if code == RemoteErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
+                let failure = if code == RemoteErrorCode::TokenLogin { TokenFailure::Login } else { TokenFailure::Unavailable };
                 SignError::Token { token: "pkcs11".into(), failure, reason: msg }
             });
             Attempt::Next { error, breaker: false }
@@ -694,11 +662,8 @@ impl Client {
         let order = routing::order(&r.key.capable, &self.peers, now);
         let fresh: Vec<usize> = order.iter().copied().filter(|i| !r.tried.contains(i)).collect();
         let candidates = if fresh.is_empty() { order } else { fresh };
-        let Some((i, permit)) = candidates.iter().find_map(|&i| self.peers[i].breaker.allow(now).map(|p| (i, p)))
-        else {
-            r.last.get_or_insert_with(|| {
-                backend_error(BackendFailure::Unavailable, "every capable peer's circuit breaker is open")
-            });
+        let Some((i, permit)) = candidates.iter().find_map(|&i| self.peers[i].breaker.allow(now).map(|p| (i, p))) else {
+            r.last.get_or_insert_with(|| backend_error(BackendFailure::Unavailable, "every capable peer's circuit breaker is open"));
             return None;
         };
         if r.made > 0 {
@@ -746,13 +711,10 @@ impl Client {
                 // The server's `timed_out` carries no duration: report
                 // the caller's own timeout.
                 let e = match e {
-                    SignError::TimedOut { .. } => {
-                        SignError::TimedOut { timeout: r.deadline.saturating_duration_since(r.start) }
-                    }
+                    SignError::TimedOut { .. } => SignError::TimedOut { timeout: r.deadline.saturating_duration_since(r.start) },
                     e => e,
                 };
-                let outcome =
-                    if e.kind() == crate::sign::ErrorKind::TimedOut { Outcome::TimedOut } else { Outcome::Failed };
+                let outcome = if e.kind() == crate::sign::ErrorKind::TimedOut { Outcome::TimedOut } else { Outcome::Failed };
                 peer.stats.end(outcome, sent.elapsed());
                 tracing::debug!(peer = %peer.config.name, error = %e, "final");
                 Step::Stop(e)
@@ -788,11 +750,7 @@ impl Client {
     /// Runs `attempt` on the capable peers of `r`'s key, nearest first,
     /// with failover, backoff, the retry budget and breakers, until one
     /// answers or the deadline; blocks throughout.
-    fn run_route<T>(
-        &self,
-        r: &mut Route,
-        attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
-    ) -> Result<T, SignError> {
+    fn run_route<T>(&self, r: &mut Route, attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>) -> Result<T, SignError> {
         let next = self.next_peer(r);
         self.run_route_from(r, next, attempt)
     }

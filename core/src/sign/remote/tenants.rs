@@ -76,9 +76,7 @@ impl TenantSource {
         // dropped here would leave `shop-a` the only DNS name of a
         // certificate that also gives `\xff.shop-b.example`.
         let names: Vec<Option<String>> = match self {
-            TenantSource::CommonName => {
-                cert.subject_name().entries_by_nid(Nid::COMMONNAME).map(|e| whole_text(e.data())).collect()
-            }
+            TenantSource::CommonName => cert.subject_name().entries_by_nid(Nid::COMMONNAME).map(|e| whole_text(e.data())).collect(),
             TenantSource::DnsName | TenantSource::Uri => {
                 let kind = if self == TenantSource::DnsName { openssl_sys::GEN_DNS } else { openssl_sys::GEN_URI };
                 cert.subject_alt_names()
@@ -317,9 +315,7 @@ pub(crate) struct Tenants {
 }
 
 fn reserve(counter: &AtomicUsize, n: usize, limit: usize) -> bool {
-    counter
-        .fetch_update(Ordering::AcqRel, Ordering::Acquire, |have| have.checked_add(n).filter(|t| *t <= limit))
-        .is_ok()
+    counter.fetch_update(Ordering::AcqRel, Ordering::Acquire, |have| have.checked_add(n).filter(|t| *t <= limit)).is_ok()
 }
 
 impl Tenants {
@@ -466,9 +462,7 @@ mod tests {
         let oid = openssl::asn1::Asn1Object::from_str("2.5.29.17").unwrap();
         let value = openssl::asn1::Asn1OctetString::new_from_bytes(&der).unwrap();
         let ext = openssl::x509::X509Extension::new_from_der(&oid, false, &value).unwrap();
-        let key =
-            PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap())
-                .unwrap();
+        let key = PKey::from_ec_key(EcKey::generate(&EcGroup::from_curve_name(Nid::X9_62_PRIME256V1).unwrap()).unwrap()).unwrap();
         let mut b = openssl::x509::X509Builder::new().unwrap();
         b.set_version(2).unwrap();
         b.set_pubkey(&key).unwrap();

@@ -61,8 +61,7 @@ fn configure(ctx: &mut SslContextBuilder, files: &TlsFiles) -> Result<(), SignEr
 /// # Errors
 /// [`SignError::Config`] naming the file that cannot be used.
 pub(crate) fn acceptor(files: &TlsFiles) -> Result<SslAcceptor, SignError> {
-    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls())
-        .map_err(|e| SignError::Config(format!("TLS context: {e}")))?;
+    let mut b = SslAcceptor::mozilla_intermediate_v5(SslMethod::tls()).map_err(|e| SignError::Config(format!("TLS context: {e}")))?;
     configure(&mut b, files)?;
     b.set_verify(SslVerifyMode::PEER | SslVerifyMode::FAIL_IF_NO_PEER_CERT);
     Ok(b.build())

@@ -161,10 +161,9 @@ impl Algorithm {
 
     pub(crate) fn family(self) -> Family {
         match self {
-            Algorithm::RsaPkcs1Md5Sha1
-            | Algorithm::RsaPkcs1Sha256
-            | Algorithm::RsaPkcs1Sha384
-            | Algorithm::RsaPkcs1Sha512 => Family::RsaPkcs1,
+            Algorithm::RsaPkcs1Md5Sha1 | Algorithm::RsaPkcs1Sha256 | Algorithm::RsaPkcs1Sha384 | Algorithm::RsaPkcs1Sha512 => {
+                Family::RsaPkcs1
+            }
             Algorithm::RsaPssSha256 | Algorithm::RsaPssSha384 | Algorithm::RsaPssSha512 => Family::RsaPss,
             Algorithm::EcdsaP256Sha256 => Family::EcdsaP256,
             Algorithm::EcdsaP384Sha384 => Family::EcdsaP384,
@@ -218,10 +217,7 @@ mod tests {
             assert_eq!(Algorithm::from_tls_code(a.tls_code()).unwrap(), a);
         }
         assert_eq!("RSA-PSS-SHA256".parse::<Algorithm>().unwrap(), Algorithm::RsaPssSha256);
-        assert!(matches!(
-            "rsa-sha1".parse::<Algorithm>().map_err(SignError::from),
-            Err(SignError::UnknownAlgorithm(_))
-        ));
+        assert!(matches!("rsa-sha1".parse::<Algorithm>().map_err(SignError::from), Err(SignError::UnknownAlgorithm(_))));
         // rsa_pkcs1_sha1 and ecdsa_secp521r1_sha512 are not signed with.
         assert_eq!(Algorithm::from_tls_code(0x0201).map_err(SignError::from), Err(SignError::UnknownTlsScheme(0x0201)));
         assert_eq!(Algorithm::from_tls_code(0x0603).map_err(SignError::from), Err(SignError::UnknownTlsScheme(0x0603)));

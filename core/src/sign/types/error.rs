@@ -74,14 +74,8 @@ pub enum ErrorKind {
 
 impl ErrorKind {
     /// Every kind, in a fixed order (the order of the metrics' counters).
-    pub const ALL: [ErrorKind; 6] = [
-        ErrorKind::Overloaded,
-        ErrorKind::TimedOut,
-        ErrorKind::Cancelled,
-        ErrorKind::ShutDown,
-        ErrorKind::Invalid,
-        ErrorKind::Failed,
-    ];
+    pub const ALL: [ErrorKind; 6] =
+        [ErrorKind::Overloaded, ErrorKind::TimedOut, ErrorKind::Cancelled, ErrorKind::ShutDown, ErrorKind::Invalid, ErrorKind::Failed];
 
     /// A short snake_case name (`overloaded`, `timed_out`, ...).
     pub fn name(self) -> &'static str {
@@ -492,10 +486,7 @@ mod tests {
             (SignError::HeldElsewhere { holder: "a".into(), requested: "b".into() }, ErrorCode::InvalidRequest),
             (SignError::Crypto { op: CryptoOp::Sign, reason: "r".into() }, ErrorCode::CryptoFailed),
             (SignError::backend("b", BackendFailure::Died, "r"), ErrorCode::BackendFailed),
-            (
-                SignError::Declined { code: ErrorCode::PolicyNotSatisfied, reason: "r".into() },
-                ErrorCode::PolicyNotSatisfied,
-            ),
+            (SignError::Declined { code: ErrorCode::PolicyNotSatisfied, reason: "r".into() }, ErrorCode::PolicyNotSatisfied),
             (SignError::Declined { code: ErrorCode::StoreIo, reason: "r".into() }, ErrorCode::StoreIo),
             (SignError::Config("c".into()), ErrorCode::InvalidConfig),
             (SignError::InvalidArgument("a".into()), ErrorCode::InvalidArgument),

@@ -307,11 +307,7 @@ mod tests {
         assert_eq!(error_body(ErrorCode::Internal, &odd).len(), 1 + 1023, "cut on a character boundary");
         assert_eq!(parse_error(&[], all), (ErrorCode::Internal, "an empty error reply".into()));
         let few = |c| c == ErrorCode::Malformed;
-        assert_eq!(
-            parse_error(&[3, b'x'], few),
-            (ErrorCode::Internal, "x".into()),
-            "a code the protocol does not send"
-        );
+        assert_eq!(parse_error(&[3, b'x'], few), (ErrorCode::Internal, "x".into()), "a code the protocol does not send");
         assert_eq!(parse_error(&[1, b'x'], few), (ErrorCode::Malformed, "x".into()));
         assert_eq!(parse_error(&[3, b'x'], all), (ErrorCode::Load, "x".into()));
     }
@@ -343,11 +339,7 @@ mod tests {
         let all = |_| true;
         assert_eq!(parse_error_with(&body, all), (ErrorCode::TokenLogin, "CKR_PIN_INCORRECT and more".into(), detail));
         // The documented bytes: code, message, NUL, then tag, length, value.
-        let plain = error_body_with(
-            ErrorCode::Load,
-            "no",
-            &Detail { code: Some(crate::ErrorCode::InvalidArgument), token: None },
-        );
+        let plain = error_body_with(ErrorCode::Load, "no", &Detail { code: Some(crate::ErrorCode::InvalidArgument), token: None });
         assert_eq!(plain, [3, b'n', b'o', 0, 1, 0, 4, 0, 0, 0, 1]);
         // No detail: the body as it always was.
         assert_eq!(error_body_with(ErrorCode::Load, "no", &Detail::default()), error_body(ErrorCode::Load, "no"));

@@ -32,12 +32,7 @@ pub fn hello(magic: [u8; 4], version: u16, fields: &[u32]) -> Vec<u8> {
 /// [`BodyError`] for a magic other than `magic`, a version other than
 /// `version` ([`WRONG_VERSION`]), or a body that is not exactly `N`
 /// fields long.
-pub fn parse_hello<const N: usize>(
-    body: &[u8],
-    magic: [u8; 4],
-    version: u16,
-    names: [&'static str; N],
-) -> Result<[u32; N], BodyError> {
+pub fn parse_hello<const N: usize>(body: &[u8], magic: [u8; 4], version: u16, names: [&'static str; N]) -> Result<[u32; N], BodyError> {
     let mut r = reader(body);
     if r.take(4, "hello magic")? != magic {
         return Err(BodyError::Value("hello magic"));

@@ -114,10 +114,7 @@ mod tests {
     fn unknown_codes_and_algorithms_are_refused() {
         let read_of = |b: &[u8]| read(&mut crate::sign::wire::frame::reader(b));
         assert!(read_of(&[1, 0x08]).is_err(), "short");
-        assert_eq!(
-            read_of(&[9, 0, 0]),
-            Err(BodyError::Value("op code (1 sign message, 2 sign digest, 3 raw RSA decrypt)"))
-        );
+        assert_eq!(read_of(&[9, 0, 0]), Err(BodyError::Value("op code (1 sign message, 2 sign digest, 3 raw RSA decrypt)")));
         assert_eq!(read_of(&[1, 0x12, 0x34]), Err(BodyError::Value("op algorithm")));
         assert!(read_of(&[3, 0x04, 0x03]).is_err(), "a decryption with an algorithm");
     }

@@ -138,8 +138,7 @@ pub(super) fn decode_shard(name: &str, b: &[u8]) -> Result<Vec<InventoryMachine>
             let value = r.text16(|| format!("value[{i}]")).map_err(codec(O))?;
             pairs.push((label, value));
         }
-        let attributes =
-            Attributes::try_from_pairs(pairs).map_err(|e| malformed(O, format!("{name}: machine {id}: {e}")))?;
+        let attributes = Attributes::try_from_pairs(pairs).map_err(|e| malformed(O, format!("{name}: machine {id}: {e}")))?;
         if out.iter().any(|m: &InventoryMachine| m.id == id) {
             return Err(malformed(O, format!("{name}: machine {id} is listed twice")));
         }
@@ -205,13 +204,9 @@ pub(super) fn read_all(store: &dyn Store) -> Result<Vec<InventoryMachine>> {
 /// `issue --attrs` takes them. The attributes returned carry the id as
 /// `machine`.
 fn parse_line(file: &str, line: usize, text: &str) -> Result<(String, Attributes)> {
-    let bad =
-        |field: &'static str, reason: String| WrapError::InvalidLine { file: file.to_owned(), line, field, reason };
+    let bad = |field: &'static str, reason: String| WrapError::InvalidLine { file: file.to_owned(), line, field, reason };
     let Some((id, attrs)) = text.split_once('\t') else {
-        return Err(bad(
-            "id",
-            "no tab: a line is the machine id, a tab, then its attributes (label=value,label=value)".into(),
-        ));
+        return Err(bad("id", "no tab: a line is the machine id, a tab, then its attributes (label=value,label=value)".into()));
     };
     let id = id.trim();
     revocation::check_machine_id(id).map_err(|e| bad("id", e.to_string()))?;
@@ -279,13 +274,7 @@ impl Authority {
     /// and keys of `generations`, in one commit that expects the shard and
     /// the authority's state (`state`) as read: a rotation or revocation
     /// committed meanwhile makes it a conflict, and `issue` starts over.
-    pub(super) fn record_issued(
-        &self,
-        state: Stamp,
-        id: &str,
-        attributes: &Attributes,
-        generations: &[u32],
-    ) -> Result<()> {
+    pub(super) fn record_issued(&self, state: Stamp, id: &str, attributes: &Attributes, generations: &[u32]) -> Result<()> {
         let shard = layout::inventory_shard(id);
         let (mut machines, stamp) = self.read_shard(&shard)?;
         let m = InventoryMachine {
@@ -323,10 +312,7 @@ impl Authority {
             }
             m.revoked = true;
             m.revoked_at = Some(now());
-            let batch = Batch {
-                expect: vec![(shard.clone(), stamp)],
-                ops: vec![Op::Put(shard.clone(), encode_shard(&machines))],
-            };
+            let batch = Batch { expect: vec![(shard.clone(), stamp)], ops: vec![Op::Put(shard.clone(), encode_shard(&machines))] };
             Ok(a.store.commit(&batch)?)
         })
     }
@@ -428,20 +414,14 @@ impl Authority {
     pub fn stranding(&self) -> Result<Stranding> {
         let (fresh, _) = self.latest()?;
         let this = fresh.as_ref().map_or(&self.state, |(state, _)| state);
-        let generation =
-            this.generations.iter().find(|g| g.state == crate::wrap::GenerationState::DecryptOnly).map(|g| g.number);
+        let generation = this.generations.iter().find(|g| g.state == crate::wrap::GenerationState::DecryptOnly).map(|g| g.number);
         Ok(Stranding { generation, machines: self.stranded_by(generation)? })
     }
 
     /// The machines (not revoked) whose newest key is of `generation`.
     pub(super) fn stranded_by(&self, generation: Option<u32>) -> Result<Vec<String>> {
         let Some(g) = generation else { return Ok(Vec::new()) };
-        Ok(self
-            .inventory()?
-            .into_iter()
-            .filter(|m| !m.revoked && m.newest_generation() == Some(g))
-            .map(|m| m.id)
-            .collect())
+        Ok(self.inventory()?.into_iter().filter(|m| !m.revoked && m.newest_generation() == Some(g)).map(|m| m.id).collect())
     }
 
     /// A shard's machines and the stamp read (`None`: absent).
@@ -455,11 +435,7 @@ impl Authority {
     /// Runs `f` again after a conflict (another writer changed what it
     /// read), up to [`RETRIES`] times with jittered pauses.
     pub(super) fn retrying<T>(&self, mut f: impl FnMut(&Self) -> Result<T>) -> Result<T> {
-        let mut backoff = Backoff::new(
-            std::time::Duration::from_millis(10),
-            std::time::Duration::from_millis(500),
-            Jitter::UpperHalf,
-        );
+        let mut backoff = Backoff::new(std::time::Duration::from_millis(10), std::time::Duration::from_millis(500), Jitter::UpperHalf);
         let mut tries = 0;
         loop {
             match f(self) {
@@ -502,10 +478,7 @@ mod tests {
         assert!(e.to_string().contains("belongs in"), "{e}");
         let bytes = encode_shard(&ms);
         for cut in [3, 8, bytes.len() - 1] {
-            assert!(matches!(
-                decode_shard(&shard, &bytes[..cut]),
-                Err(WrapError::Malformed { object: "inventory", .. })
-            ));
+            assert!(matches!(decode_shard(&shard, &bytes[..cut]), Err(WrapError::Malformed { object: "inventory", .. })));
         }
     }
 

@@ -71,10 +71,7 @@ impl Authority {
         let mut keys = Vec::new();
         let mut current = HashMap::new();
         for pid in pids {
-            let k = self
-                .state
-                .current(pid)
-                .ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?;
+            let k = self.state.current(pid).ok_or_else(|| StateError::Inconsistent("the policy key to re-wrap to is missing".into()))?;
             current.insert(*pid, k.version);
             keys.extend(self.state.keys.iter().filter(|k| k.policy_id() == pid).cloned());
         }
@@ -95,9 +92,7 @@ impl Authority {
                 // A page's names and values in one request on etcd; a
                 // closed channel (the re-wrap stopped) ends the scan.
                 let scanned = store.scan(layout::ENVELOPES, SCAN_PAGE, &mut |names, values| {
-                    read_tx
-                        .send(Ok((names, values)))
-                        .map_err(|_| StoreError::Conflict { key: layout::ENVELOPES.into() })
+                    read_tx.send(Ok((names, values))).map_err(|_| StoreError::Conflict { key: layout::ENVELOPES.into() })
                 });
                 if let Err(e) = scanned {
                     let _ = read_tx.send(Err(e));
@@ -116,12 +111,8 @@ impl Authority {
                             .map(|(name, bytes)| {
                                 // A panic is this envelope's error, not the
                                 // whole scope's (which would re-raise it).
-                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                                    rewrapper.rewrap_one(name, bytes.as_deref())
-                                }))
-                                .unwrap_or_else(|_| {
-                                    Err(StateError::Inconsistent("re-wrapping an envelope panicked".into()).into())
-                                })
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| rewrapper.rewrap_one(name, bytes.as_deref())))
+                                    .unwrap_or_else(|_| Err(StateError::Inconsistent("re-wrapping an envelope panicked".into()).into()))
                             })
                             .collect();
                         (chunk, outcomes)
@@ -193,14 +184,7 @@ impl Rewrapper {
             .iter()
             .find(|k| k.policy_id() == pid && k.version == version)
             .ok_or_else(|| StateError::Inconsistent("the policy key to seal under is missing".into()))?;
-        Ok(Rewrap::Done(Box::new(Envelope::seal(
-            &self.signer,
-            &env.secret_id,
-            &k.policy,
-            k.version,
-            &k.public,
-            &secret,
-        )?)))
+        Ok(Rewrap::Done(Box::new(Envelope::seal(&self.signer, &env.secret_id, &k.policy, k.version, &k.public, &secret)?)))
     }
 }
 

@@ -71,18 +71,14 @@ impl State {
         for _ in 0..n {
             let number = r.u32("generation").map_err(codec(O))?;
             let code = r.u8("state").map_err(codec(O))?;
-            let state = GenerationState::from_code(code)
-                .ok_or_else(|| malformed(O, format!("unknown generation state {code}")))?;
+            let state = GenerationState::from_code(code).ok_or_else(|| malformed(O, format!("unknown generation state {code}")))?;
             let pk = PublicKey::from_bytes(r.bytes32("public key").map_err(codec(O))?)?;
             let msk_bytes = r.bytes32("master secret key").map_err(codec(O))?;
             let msk = if msk_bytes.is_empty() { None } else { Some(MasterSecretKey::from_bytes(msk_bytes)?) };
             if state.is_live() != msk.is_some() {
                 return Err(malformed(
                     O,
-                    format!(
-                        "generation {number} is {state:?} but its master key is {}",
-                        if msk.is_some() { "present" } else { "missing" }
-                    ),
+                    format!("generation {number} is {state:?} but its master key is {}", if msk.is_some() { "present" } else { "missing" }),
                 ));
             }
             generations.push(Generation { number, state, pk, msk });

@@ -140,14 +140,7 @@ impl Txn {
     /// A change that has read nothing yet: its commits expect no state
     /// until it has read one ([`Authority::refresh`]).
     pub(super) fn new() -> Self {
-        Txn {
-            read: None,
-            base: View::default(),
-            staged: None,
-            writes: Batch::default(),
-            durable: false,
-            fence: FenceUse::Unused,
-        }
+        Txn { read: None, base: View::default(), staged: None, writes: Batch::default(), durable: false, fence: FenceUse::Unused }
     }
 
     /// Adds a write to the next commit (in place of an earlier write of
@@ -288,10 +281,7 @@ impl Authority {
     /// After `batch` committed: the stamps the next commit expects.
     fn committed(&mut self, t: &mut Txn, batch: &Batch, renewed: Option<Fence>) -> Result<()> {
         if batch.ops.iter().any(|o| o.key() == layout::STATE) {
-            let now = self
-                .store
-                .get_stamped(layout::STATE)?
-                .map(|(bytes, stamp)| (state::digest(&Zeroizing::new(bytes)), stamp));
+            let now = self.store.get_stamped(layout::STATE)?.map(|(bytes, stamp)| (state::digest(&Zeroizing::new(bytes)), stamp));
             match (now, &t.staged) {
                 (Some((digest, stamp)), Some((ours, view))) if digest == *ours => {
                     t.read = Some(stamp);
@@ -354,10 +344,8 @@ impl Authority {
         {
             return Ok(false);
         }
-        let ours: HashSet<[u8; 32]> =
-            self.state.keys.iter().map(|k| *k.policy_id()).chain(t.base.keys.iter().map(|(p, _)| *p)).collect();
-        let added: Vec<PolicyKey> =
-            fresh.keys.into_iter().filter(|k| !t.base.keys.contains(&(*k.policy_id(), k.version))).collect();
+        let ours: HashSet<[u8; 32]> = self.state.keys.iter().map(|k| *k.policy_id()).chain(t.base.keys.iter().map(|(p, _)| *p)).collect();
+        let added: Vec<PolicyKey> = fresh.keys.into_iter().filter(|k| !t.base.keys.contains(&(*k.policy_id(), k.version))).collect();
         if added.iter().any(|k| k.version != 1 || ours.contains(k.policy_id())) {
             return Ok(false);
         }
@@ -378,12 +366,8 @@ impl Authority {
         }
         // What this change adds over the state it read: generations made
         // live, machines revoked.
-        let adding: Vec<u32> = self
-            .state
-            .live()
-            .map(|g| g.number)
-            .filter(|n| !t.base.generations.iter().any(|(b, st)| b == n && st.is_live()))
-            .collect();
+        let adding: Vec<u32> =
+            self.state.live().map(|g| g.number).filter(|n| !t.base.generations.iter().any(|(b, st)| b == n && st.is_live())).collect();
         let revoking = self.state.revoked.iter().any(|r| !t.base.revoked.iter().any(|b| b.id == r.id));
         self.adopt(t, added, &adding, revoking)?;
         // This value no longer is the state it was decoded from.
@@ -404,11 +388,7 @@ impl Authority {
     /// that were never committed; forgetting which state it was read from
     /// makes the next operation read the committed one again instead of
     /// building on them.
-    pub(super) fn change<T>(
-        &mut self,
-        long: Option<&'static str>,
-        mut f: impl FnMut(&mut Self, &mut Txn) -> Result<T>,
-    ) -> Result<T> {
+    pub(super) fn change<T>(&mut self, long: Option<&'static str>, mut f: impl FnMut(&mut Self, &mut Txn) -> Result<T>) -> Result<T> {
         let _lock = self.store.lock(LOCK_WAIT)?;
         self.conflicts = Conflicts::default();
         let mut backoff = pauses();
@@ -433,12 +413,7 @@ impl Authority {
         }
     }
 
-    fn attempt<T>(
-        &mut self,
-        t: &mut Txn,
-        long: Option<&'static str>,
-        f: &mut impl FnMut(&mut Self, &mut Txn) -> Result<T>,
-    ) -> Result<T> {
+    fn attempt<T>(&mut self, t: &mut Txn, long: Option<&'static str>, f: &mut impl FnMut(&mut Self, &mut Txn) -> Result<T>) -> Result<T> {
         if let Some(operation) = long {
             if !self.store.lock_is_exclusive() {
                 self.take_fence(t, operation)?;
@@ -460,10 +435,8 @@ impl Authority {
             let expect = self.wait_for_fence(start, Fence::is_live)?;
             let mine = Fence::new(operation);
             let bytes = mine.encode();
-            let take = Batch {
-                expect: vec![(layout::FENCE.to_owned(), expect)],
-                ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())],
-            };
+            let take =
+                Batch { expect: vec![(layout::FENCE.to_owned(), expect)], ops: vec![Op::Put(layout::FENCE.to_owned(), bytes.clone())] };
             match self.store.commit(&take) {
                 Ok(()) => {}
                 Err(StoreError::Conflict { .. }) => continue,
@@ -489,12 +462,7 @@ impl Authority {
             match Fence::parse(&bytes) {
                 Some(f) if holds(&f) => {
                     if start.elapsed() >= FENCE_WAIT {
-                        return Err(StoreError::Fenced {
-                            operation: f.operation,
-                            process: f.process,
-                            waited: start.elapsed(),
-                        }
-                        .into());
+                        return Err(StoreError::Fenced { operation: f.operation, process: f.process, waited: start.elapsed() }.into());
                     }
                     std::thread::sleep(backoff.pause());
                 }
@@ -541,10 +509,7 @@ impl Authority {
     /// Lets the fence go; if that fails (the store is down), it expires
     /// within [`fence::TTL`].
     fn release_fence(&self, held: HeldFence) {
-        let release = Batch {
-            expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))],
-            ops: vec![Op::Delete(layout::FENCE.to_owned())],
-        };
+        let release = Batch { expect: vec![(layout::FENCE.to_owned(), Some(held.stamp))], ops: vec![Op::Delete(layout::FENCE.to_owned())] };
         let _ = self.store.commit(&release);
     }
 }

@@ -20,23 +20,15 @@ pub(crate) static TABLE: Table = Table {
     requests: REQUESTS,
     other_requests: "the key process does not take this request",
     sources: &[Source::File, Source::Bytes, Source::EnvelopeObjects, Source::Pkcs11],
-    other_sources:
-        "a key process opens no envelope on its own: its client sends the envelope with the store's objects (source 6)",
+    other_sources: "a key process opens no envelope on its own: its client sends the envelope with the store's objects (source 6)",
 };
 
 #[cfg(not(feature = "testing"))]
 const REQUESTS: &[u8] = &[kind::OP, kind::LOAD, kind::UNLOAD, kind::STATUS, kind::DROP_PRIVILEGES];
 /// Test builds add two requests their sandbox tests make.
 #[cfg(feature = "testing")]
-const REQUESTS: &[u8] = &[
-    kind::OP,
-    kind::LOAD,
-    kind::UNLOAD,
-    kind::STATUS,
-    kind::DROP_PRIVILEGES,
-    kind::TEST_CREATE_FILE,
-    kind::TEST_FORBIDDEN_CALL,
-];
+const REQUESTS: &[u8] =
+    &[kind::OP, kind::LOAD, kind::UNLOAD, kind::STATUS, kind::DROP_PRIVILEGES, kind::TEST_CREATE_FILE, kind::TEST_FORBIDDEN_CALL];
 
 /// The key process as a [`Service`].
 pub(crate) struct KeyProcessService;
@@ -50,30 +42,24 @@ impl Service for KeyProcessService {
         let failed = |msg: String| Refusal::new(ErrorCode::Load, msg);
         match source {
             LoadBody::File(path) => {
-                let bytes = Zeroizing::new(
-                    std::fs::read(path).map_err(|e| failed(format!("reading {}: {e}", path.display())))?,
-                );
+                let bytes = Zeroizing::new(std::fs::read(path).map_err(|e| failed(format!("reading {}: {e}", path.display())))?);
                 PrivateKey::from_bytes(&bytes).map_err(|e| failed(format!("{}: {e}", path.display())))
             }
             LoadBody::Bytes(bytes) => PrivateKey::from_bytes(bytes).map_err(|e| failed(e.to_string())),
-            LoadBody::EnvelopeObjects { machine_key, envelope, objects } => {
-                open_envelope(machine_key, envelope, objects)
-            }
+            LoadBody::EnvelopeObjects { machine_key, envelope, objects } => open_envelope(machine_key, envelope, objects),
             // With its detail: the client reports the load as it would in
             // process.
-            LoadBody::Pkcs11(uri) => crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env())
-                .map_err(|e| Refusal::load_failed(&e)),
-            LoadBody::AgentEnvelope(_) => {
-                Err(failed("a key process opens an envelope only with the machine key its client names".into()))
+            LoadBody::Pkcs11(uri) => {
+                crate::sign::pkcs11::load(uri, &crate::sign::pkcs11::Pkcs11Settings::from_env()).map_err(|e| Refusal::load_failed(&e))
             }
+            LoadBody::AgentEnvelope(_) => Err(failed("a key process opens an envelope only with the machine key its client names".into())),
         }
     }
 
     fn own_request(&self, request: u8, body: &[u8]) -> Result<Vec<u8>, (ErrorCode, String)> {
         match request {
             kind::DROP_PRIVILEGES => {
-                let (uid, gid) =
-                    p::parse_drop_privileges_request(body).map_err(|e| (ErrorCode::Malformed, e.to_string()))?;
+                let (uid, gid) = p::parse_drop_privileges_request(body).map_err(|e| (ErrorCode::Malformed, e.to_string()))?;
                 // Changing credentials can reset the dumpable flag: set it
                 // again before answering.
                 sys::drop_privileges(uid, gid)
@@ -115,9 +101,7 @@ fn open_envelope(machine_key: &Path, envelope: &[u8], objects: &[(String, Vec<u8
         detail: p::Detail { code: Some(e.code()), token: None },
     };
     let failed = |msg: String| Refusal::new(ErrorCode::Load, msg);
-    let mk = Zeroizing::new(
-        std::fs::read(machine_key).map_err(|e| failed(format!("reading {}: {e}", machine_key.display())))?,
-    );
+    let mk = Zeroizing::new(std::fs::read(machine_key).map_err(|e| failed(format!("reading {}: {e}", machine_key.display())))?);
     let mk = MachineKey::from_bytes(&mk).map_err(|e| refused(format!("{}: ", machine_key.display()), e))?;
     let (floor, objects): (Vec<_>, Vec<_>) = objects.iter().cloned().partition(|(name, _)| name == p::FLOOR_OBJECT);
     let machine = Machine::with_objects(mk, &objects).map_err(|e| refused(String::new(), e))?;

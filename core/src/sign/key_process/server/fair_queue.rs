@@ -104,14 +104,7 @@ impl<T> FairQueue<T> {
     /// in all.
     pub(crate) fn new(per_user: usize, total: usize) -> Self {
         FairQueue {
-            state: Mutex::new(State {
-                lanes: Vec::new(),
-                waiting: 0,
-                clock: 0,
-                arrivals: 0,
-                closed: false,
-                sleeping: 0,
-            }),
+            state: Mutex::new(State { lanes: Vec::new(), waiting: 0, clock: 0, arrivals: 0, closed: false, sleeping: 0 }),
             ready: Condvar::new(),
             per_user: per_user.max(1),
             total: total.max(1),
@@ -192,13 +185,8 @@ impl<T> FairQueue<T> {
     }
 
     fn take(s: &mut State<T>) -> Option<(T, Ticket)> {
-        let at = s
-            .lanes
-            .iter()
-            .enumerate()
-            .filter(|(_, l)| !l.jobs.is_empty())
-            .min_by_key(|(_, l)| (l.clock, l.since))
-            .map(|(at, _)| at)?;
+        let at =
+            s.lanes.iter().enumerate().filter(|(_, l)| !l.jobs.is_empty()).min_by_key(|(_, l)| (l.clock, l.since)).map(|(at, _)| at)?;
         let lane = &mut s.lanes[at];
         let job = lane.jobs.pop_front()?;
         let start = lane.clock;

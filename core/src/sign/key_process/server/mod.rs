@@ -129,12 +129,7 @@ pub(crate) struct UserShare {
 impl UserShare {
     /// A user's share with `memory` bytes to hold at most.
     pub(crate) fn new(memory: usize) -> Self {
-        UserShare {
-            in_flight: AtomicUsize::new(0),
-            keys: AtomicUsize::new(0),
-            connections: AtomicUsize::new(0),
-            memory: Pool::new(memory),
-        }
+        UserShare { in_flight: AtomicUsize::new(0), keys: AtomicUsize::new(0), connections: AtomicUsize::new(0), memory: Pool::new(memory) }
     }
 }
 
@@ -220,10 +215,7 @@ impl Conn {
             return None;
         }
         if keys.len() >= c.limits.connection_keys {
-            return Some(format!(
-                "this connection holds {} keys, the most the agent allows one connection",
-                keys.len()
-            ));
+            return Some(format!("this connection holds {} keys, the most the agent allows one connection", keys.len()));
         }
         let held = c.share.keys.load(Ordering::Acquire);
         (held >= c.limits.user_keys)
@@ -473,13 +465,7 @@ struct Reading {
     frame_timeout: Option<Duration>,
 }
 
-fn read_loop(
-    reader: &mut FromOwner<'_>,
-    decoder: &mut p::Decoder,
-    charge: &mut Charge,
-    how: &Reading,
-    conn: &Arc<Conn>,
-) -> io::Result<()> {
+fn read_loop(reader: &mut FromOwner<'_>, decoder: &mut p::Decoder, charge: &mut Charge, how: &Reading, conn: &Arc<Conn>) -> io::Result<()> {
     let mut frames = Vec::new();
     // When the frame still coming began to come.
     let mut began: Option<Instant> = None;
@@ -547,9 +533,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests)
             }
             #[cfg(feature = "testing")]
-            kind::TEST_CREATE_FILE | kind::TEST_FORBIDDEN_CALL => {
-                conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests)
-            }
+            kind::TEST_CREATE_FILE | kind::TEST_FORBIDDEN_CALL => conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests),
             other => conn.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
         };
     }
@@ -560,10 +544,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 Err(e) => return conn.err(id, ErrorCode::Malformed, &e.to_string()),
             };
             let in_flight = conn.in_flight.fetch_add(1, Ordering::AcqRel);
-            let user_in_flight = conn
-                .client
-                .as_ref()
-                .map(|c| (c.share.in_flight.fetch_add(1, Ordering::AcqRel), c.limits.user_in_flight));
+            let user_in_flight = conn.client.as_ref().map(|c| (c.share.in_flight.fetch_add(1, Ordering::AcqRel), c.limits.user_in_flight));
             if in_flight >= conn.max_in_flight.load(Ordering::Relaxed) {
                 conn.done();
                 return conn.err(id, ErrorCode::Busy, "more requests in flight than agreed in the hello");
@@ -573,9 +554,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 return conn.err(
                     id,
                     ErrorCode::Busy,
-                    &format!(
-                        "this user has {n} requests in flight over its connections, the most the agent takes ({max})"
-                    ),
+                    &format!("this user has {n} requests in flight over its connections, the most the agent takes ({max})"),
                 );
             }
             let charged = JOB_MEMORY + op.input_len();
@@ -616,12 +595,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             let mine_alone = user_in_flight.is_none_or(|(n, _)| n == 0);
             // What the offload device signs goes to the workers, which hand
             // it over, so that it joins the device's batches.
-            let offloaded = || {
-                workers
-                    .offload
-                    .as_ref()
-                    .is_some_and(|o| o.route(&job.key, &job.op) == crate::sign::offload::Route::Device)
-            };
+            let offloaded = || workers.offload.as_ref().is_some_and(|o| o.route(&job.key, &job.op) == crate::sign::offload::Route::Device);
             if alone && !rsa && mine_alone && queue.is_empty() && !offloaded() {
                 let reply = perform(&job);
                 job.conn.writer.send(&reply);
@@ -661,11 +635,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
             match workers.load.push(conn.user(), job) {
                 Ok(None) => {}
                 Ok(Some(evicted)) => {
-                    evicted.conn.err(
-                        evicted.id,
-                        ErrorCode::Busy,
-                        "key loads: another user needed the room in the queue",
-                    );
+                    evicted.conn.err(evicted.id, ErrorCode::Busy, "key loads: another user needed the room in the queue");
                 }
                 Err((full, job)) => {
                     let code = if full == Full::Closed { ErrorCode::Internal } else { ErrorCode::Busy };
@@ -687,11 +657,7 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
                 uid,
                 gid,
                 // Read again: a privilege drop may have changed it.
-                flags: if sys::is_dumpable() {
-                    conn.flags & !p::flags::NOT_DUMPABLE
-                } else {
-                    conn.flags | p::flags::NOT_DUMPABLE
-                },
+                flags: if sys::is_dumpable() { conn.flags & !p::flags::NOT_DUMPABLE } else { conn.flags | p::flags::NOT_DUMPABLE },
                 keys: conn.keys.read().unwrap_or_else(|e| e.into_inner()).len() as u32,
                 in_flight: conn.in_flight.load(Ordering::Relaxed) as u32,
             };

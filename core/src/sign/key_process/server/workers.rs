@@ -68,11 +68,7 @@ impl Job {
     /// Answers a job that lost its place in the queue to another user's.
     pub(super) fn refuse_busy(self) {
         self.conn.done();
-        self.conn.err(
-            self.id,
-            ErrorCode::Busy,
-            "the signing queue: another user needed the room (this user has the most waiting)",
-        );
+        self.conn.err(self.id, ErrorCode::Busy, "the signing queue: another user needed the room (this user has the most waiting)");
     }
 }
 
@@ -182,10 +178,8 @@ fn load_keys(queue: &FairQueue<LoadJob>) {
         let conn = &job.conn;
         // A loader that panics (a module's bug, a parser's) answers this
         // request and stays: two loader threads serve every client.
-        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            conn.service.load(&job.source, conn.client.as_deref())
-        }))
-        .unwrap_or_else(|_| Err(Refusal::new(ErrorCode::Internal, "loading the key panicked")));
+        let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| conn.service.load(&job.source, conn.client.as_deref())))
+            .unwrap_or_else(|_| Err(Refusal::new(ErrorCode::Internal, "loading the key panicked")));
         match loaded {
             Ok(key) => match key.public_key_der().map(|der| p::loaded_reply(key.kind(), &der)) {
                 Ok(body) => match conn.keep(job.key_id, key) {
@@ -285,11 +279,8 @@ const MAX_HOLD: Duration = Duration::from_micros(400);
 
 /// Runs one job; returns its reply frame.
 pub(super) fn perform(job: &Job) -> Zeroizing<Vec<u8>> {
-    let result = if Instant::now() >= job.deadline {
-        Err(SignError::TimedOut { timeout: Duration::ZERO })
-    } else {
-        job.key.perform(&job.op)
-    };
+    let result =
+        if Instant::now() >= job.deadline { Err(SignError::TimedOut { timeout: Duration::ZERO }) } else { job.key.perform(&job.op) };
     job.conn.done();
     reply_frame(job, result)
 }

@@ -282,8 +282,7 @@ impl Shared {
                     p.recharge();
                     p.writing = false;
                     p.stalled = true;
-                    p.stall_began =
-                        if sent > 0 { Some(Instant::now()) } else { p.stall_began.or(Some(Instant::now())) };
+                    p.stall_began = if sent > 0 { Some(Instant::now()) } else { p.stall_began.or(Some(Instant::now())) };
                     drop(p);
                     if let Some((stalls, _)) = &self.bounded {
                         stalls.watch(Stalled(self.clone()));

@@ -27,8 +27,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use landlock::{
-    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetStatus, Scope, ABI,
+    path_beneath_rules, Access, AccessFs, AccessNet, CompatLevel, Compatible, LandlockStatus, Ruleset, RulesetAttr, RulesetCreatedAttr,
+    RulesetStatus, Scope, ABI,
 };
 
 /// How far the file rules hold on this kernel.
@@ -118,9 +118,7 @@ fn softhsm_token_dir(conf: &str) -> Option<PathBuf> {
     conf.lines().find_map(|line| {
         let line = line.trim();
         let (key, value) = line.split_once('=')?;
-        (key.trim() == "directories.tokendir" && !line.starts_with('#'))
-            .then(|| PathBuf::from(value.trim()))
-            .filter(|p| p.is_absolute())
+        (key.trim() == "directories.tokendir" && !line.starts_with('#')).then(|| PathBuf::from(value.trim())).filter(|p| p.is_absolute())
     })
 }
 

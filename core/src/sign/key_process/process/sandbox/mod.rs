@@ -53,11 +53,10 @@ pub(crate) fn install() -> Installed {
         return Installed { syscalls: syscalls::install(false).is_ok(), files_abi: None, other_thread: false };
     }
     let alone = only_thread();
-    let files_abi =
-        match alone.as_ref().map_err(|_| ()).and_then(|()| files::confine(&files::token_dirs()).map_err(|_| ())) {
-            Ok(c) => c.map(|c| c.abi),
-            Err(()) => None,
-        };
+    let files_abi = match alone.as_ref().map_err(|_| ()).and_then(|()| files::confine(&files::token_dirs()).map_err(|_| ())) {
+        Ok(c) => c.map(|c| c.abi),
+        Err(()) => None,
+    };
     let syscalls = syscalls::install(files_abi.is_some()).is_ok();
     Installed { syscalls, files_abi, other_thread: alone.is_err() }
 }

@@ -24,9 +24,7 @@
 use std::collections::BTreeMap;
 use std::io;
 
-use seccompiler::{
-    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
-};
+use seccompiler::{BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch};
 
 /// Calls that kill the key process. Each is a way out (a connection, a
 /// program, another process's memory or descriptors, a kernel channel
@@ -68,24 +66,19 @@ pub(crate) const KILL: &[(i64, &str)] = &[
 /// A rule on argument `arg` (64 bits wide: a pointer) compared with `op`
 /// to `value`.
 fn qarg(arg: u8, op: SeccompCmpOp, value: u64) -> io::Result<SeccompCondition> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value)
-        .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
+    SeccompCondition::new(arg, SeccompCmpArgLen::Qword, op, value).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
 }
 
 /// A rule on argument `arg` (32 bits wide) compared with `op` to `value`.
 fn arg(arg: u8, op: SeccompCmpOp, value: u64) -> io::Result<SeccompCondition> {
-    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value)
-        .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
+    SeccompCondition::new(arg, SeccompCmpArgLen::Dword, op, value).map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
 }
 
 /// One rule per value: argument `at` equal to any of `values`.
 fn any_of(at: u8, values: &[u64]) -> io::Result<Vec<SeccompRule>> {
     values
         .iter()
-        .map(|v| {
-            SeccompRule::new(vec![arg(at, SeccompCmpOp::Eq, *v)?])
-                .map_err(|e| io::Error::other(format!("seccomp rule: {e}")))
-        })
+        .map(|v| SeccompRule::new(vec![arg(at, SeccompCmpOp::Eq, *v)?]).map_err(|e| io::Error::other(format!("seccomp rule: {e}"))))
         .collect()
 }
 
@@ -157,10 +150,7 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
         ],
     );
     // A thread, never a process: the flags must hold CLONE_THREAD.
-    m.insert(
-        libc::SYS_clone,
-        rule(vec![arg(0, SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64), libc::CLONE_THREAD as u64)?])?,
-    );
+    m.insert(libc::SYS_clone, rule(vec![arg(0, SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64), libc::CLONE_THREAD as u64)?])?);
     // Signals to itself only: glibc's setuid signals each of its threads
     // (tgkill), abort() raises one. Another process is outside.
     m.insert(libc::SYS_tgkill, any_of(0, &[u64::from(pid)])?);
@@ -288,16 +278,7 @@ pub(crate) fn allowed(files_confined: bool, pid: u32) -> io::Result<BTreeMap<i64
     #[allow(clippy::unnecessary_cast)]
     m.insert(
         libc::SYS_ioctl,
-        any_of(
-            1,
-            &[
-                libc::TCGETS as u64,
-                libc::FIONBIO as u64,
-                libc::FIOCLEX as u64,
-                libc::FIONCLEX as u64,
-                libc::FIONREAD as u64,
-            ],
-        )?,
+        any_of(1, &[libc::TCGETS as u64, libc::FIONBIO as u64, libc::FIOCLEX as u64, libc::FIONCLEX as u64, libc::FIONREAD as u64])?,
     );
     // Looking at files: stat and friends, and opening.
     any(
@@ -398,11 +379,9 @@ pub(crate) fn install(files_confined: bool) -> io::Result<()> {
         (allow, SeccompAction::Errno(libc::EPERM as u32), SeccompAction::Allow),
     ];
     for (rules, mismatch, matched) in filters {
-        let filter = SeccompFilter::new(rules, mismatch, matched, arch)
-            .map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
+        let filter = SeccompFilter::new(rules, mismatch, matched, arch).map_err(|e| io::Error::other(format!("seccomp filter: {e}")))?;
         let program: BpfProgram = filter.try_into().map_err(|e| io::Error::other(format!("seccomp filter: {e:?}")))?;
-        seccompiler::apply_filter_all_threads(&program)
-            .map_err(|e| io::Error::other(format!("installing the seccomp filter: {e}")))?;
+        seccompiler::apply_filter_all_threads(&program).map_err(|e| io::Error::other(format!("installing the seccomp filter: {e}")))?;
     }
     Ok(())
 }
