@@ -869,5 +869,29 @@ export declare namespace wrap {
     rewrapped: number
     /** Older policy key versions retired. */
     retired: number
+    /** Whether the store's history was compacted afterwards (etcd). */
+    compacted: boolean
+    /**
+     * Milliseconds from the call until every new wrap sealed to a version
+     * the machine cannot open (0 when nothing was re-keyed).
+     */
+    rekeyedAfterMs: number
+    /** The store's envelopes it could not re-wrap: they open nowhere now. */
+    skipped: Array<wrap.SkippedEnvelope>
+  }
+  /**
+   * An envelope in the store a revocation could not re-wrap: sealed to a
+   * retired policy key version now, it opens nowhere. Wrap its secret again.
+   */
+  export interface SkippedEnvelope {
+    /** Its name in the store (`envelopes/{secret id}`). */
+    name: string
+    /**
+     * Why, by a stable name: 'malformed', 'not_signed', 'retired_version',
+     * 'does_not_open' or 'misnamed'.
+     */
+    reason: string
+    /** Why, in words. */
+    message: string
   }
 }
