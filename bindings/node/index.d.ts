@@ -877,7 +877,7 @@ export declare namespace wrap {
      */
     rekeyedAfterMs: number
     /** The store's envelopes it could not re-wrap: they open nowhere now. */
-    skipped: Array<wrap.SkippedEnvelope>
+    skipped: Array<SkippedEnvelope>
   }
   /**
    * An envelope in the store a revocation could not re-wrap: sealed to a
