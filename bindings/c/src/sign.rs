@@ -307,6 +307,16 @@ pub unsafe extern "C" fn keyfence_engine_free(engine: *mut keyfence_engine) {
     unsafe { ffi::free(engine) }
 }
 
+/// `source` loaded by `engine`'s keys' home, or in this process when the
+/// engine is NULL: what every key-loading function does once it has read
+/// its arguments.
+fn load(engine: Option<&keyfence_engine>, source: KeySource) -> Result<Arc<PrivateKey>, Error> {
+    Ok(match engine {
+        Some(e) => e.0.load(source)?,
+        None => load_in_process(source)?,
+    })
+}
+
 /// Loads a private key from PEM or DER bytes (PKCS#1, PKCS#8, SEC1; RSA
 /// 2048-4096, ECDSA P-256/P-384, Ed25519) into `*out`. With `engine` NULL,
 /// or an engine without a key process, the key is held in this process;
@@ -332,10 +342,7 @@ pub unsafe extern "C" fn keyfence_key_from_pem(
     unsafe {
         key_out(out, || {
             let source = KeySource::Bytes(Zeroizing::new(pem?.to_vec()));
-            Ok(match engine {
-                Some(e) => e.0.load(source)?,
-                None => load_in_process(source)?,
-            })
+            load(engine, source)
         })
     }
 }
@@ -403,10 +410,7 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
     unsafe {
         key_out(out, || {
             let source = KeySource::Envelope { envelope: envelope?.to_vec(), machine: machine? };
-            Ok(match engine {
-                Some(e) => e.0.load(source)?,
-                None => load_in_process(source)?,
-            })
+            load(engine, source)
         })
     }
 }
@@ -473,10 +477,7 @@ pub unsafe extern "C" fn keyfence_key_load_pkcs11(
     unsafe {
         key_out(out, || {
             let source = KeySource::Pkcs11(uri?.to_owned());
-            Ok(match engine {
-                Some(e) => e.0.load(source)?,
-                None => load_in_process(source)?,
-            })
+            load(engine, source)
         })
     }
 }
