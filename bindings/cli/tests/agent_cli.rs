@@ -47,10 +47,10 @@ fn wait_listening(child: &mut Child) {
     assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "the agent did not start");
 }
 
-/// `keyfence sign --agent SOCKET` of `msg`, verified with `openssl`.
-fn signs_through(d: &Dir, socket: &Path) {
-    std::fs::write(d.0.join("msg"), b"signed by the agent").unwrap();
-    ok(&[
+/// `keyfence sign --agent SOCKET` of `msg` with the envelope `ec.env`
+/// (ECDSA P-256), the signature to `out`.
+fn agent_sign(d: &Dir, socket: &Path, out: &str) -> std::process::Output {
+    common::keyfence(&[
         "sign",
         "--agent",
         socket.to_str().unwrap(),
@@ -61,8 +61,15 @@ fn signs_through(d: &Dir, socket: &Path) {
         "--in",
         &d.p("msg"),
         "--out",
-        &d.p("msg.sig"),
-    ]);
+        &d.p(out),
+    ])
+}
+
+/// `keyfence sign --agent SOCKET` of `msg`, verified with `openssl`.
+fn signs_through(d: &Dir, socket: &Path) {
+    std::fs::write(d.0.join("msg"), b"signed by the agent").unwrap();
+    let o = agent_sign(d, socket, "msg.sig");
+    assert!(o.status.success(), "{}", stderr(&o));
     openssl(d, &["dgst", "-sha256", "-verify", "ec.pub", "-signature", "msg.sig", "msg"]);
 }
 
@@ -94,19 +101,7 @@ fn the_agent_signs_for_sign_and_for_the_key_files_it_backs() {
     assert!(!d.0.join("fr.kfk").exists());
     // No agent there: a clear error, at once.
     let start = Instant::now();
-    let o = common::keyfence(&[
-        "sign",
-        "--agent",
-        &d.p("nobody.sock"),
-        "--envelope",
-        &d.p("ec.env"),
-        "--alg",
-        "ecdsa-p256-sha256",
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("x.sig"),
-    ]);
+    let o = agent_sign(&d, &d.0.join("nobody.sock"), "x.sig");
     assert!(!o.status.success() && stderr(&o).contains("cannot connect to the agent"), "{}", stderr(&o));
     assert!(start.elapsed() < Duration::from_secs(10));
 }
@@ -244,19 +239,7 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     let mut running = Killed(agent(true).spawn().unwrap());
     wait_listening(&mut running.0);
     std::fs::write(d.0.join("msg"), b"m").unwrap();
-    let o = common::keyfence(&[
-        "sign",
-        "--agent",
-        socket.to_str().unwrap(),
-        "--envelope",
-        &d.p("ec.env"),
-        "--alg",
-        "ecdsa-p256-sha256",
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("msg.sig"),
-    ]);
+    let o = agent_sign(&d, &socket, "msg.sig");
     assert!(!o.status.success() && stderr(&o).contains("rolled back or replayed"), "{}", stderr(&o));
     drop(running);
 
@@ -272,19 +255,7 @@ fn the_agent_keeps_its_floor_in_its_state_folder_and_says_when_it_cannot() {
     ok(&["authority", "rotate", "--store", &s]);
     ok(&["authority", "export", "--store", &s, "--to", &served]);
     chown(&d.0.join("served"), "nobody");
-    let o = common::keyfence(&[
-        "sign",
-        "--agent",
-        socket.to_str().unwrap(),
-        "--envelope",
-        &d.p("ec.env"),
-        "--alg",
-        "ecdsa-p256-sha256",
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("msg.sig"),
-    ]);
+    let o = agent_sign(&d, &socket, "msg.sig");
     let err = stderr(&o);
     assert!(!o.status.success(), "{err}");
     assert!(err.contains("the newest lists cannot be kept there") && err.contains("machine.newest"), "{err}");
@@ -390,19 +361,7 @@ fn the_agent_raises_its_descriptor_limit_and_says_when_it_runs_out() {
     let until = Instant::now() + Duration::from_secs(10);
     loop {
         std::fs::write(d.0.join("msg"), b"m").unwrap();
-        let o = common::keyfence(&[
-            "sign",
-            "--agent",
-            socket.to_str().unwrap(),
-            "--envelope",
-            &d.p("ec.env"),
-            "--alg",
-            "ecdsa-p256-sha256",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            &d.p("msg.sig"),
-        ]);
+        let o = agent_sign(&d, &socket, "msg.sig");
         if o.status.success() {
             break;
         }
@@ -504,19 +463,7 @@ fn under_the_journal_the_agent_logs_priorities_answers_status_and_stops_on_sigte
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("revoked"), "{}", stderr(&o));
     std::fs::write(d.0.join("msg"), b"after the revocation").unwrap();
-    let o = common::keyfence(&[
-        "sign",
-        "--agent",
-        sock,
-        "--envelope",
-        &d.p("ec.env"),
-        "--alg",
-        "ecdsa-p256-sha256",
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("x.sig"),
-    ]);
+    let o = agent_sign(&d, &socket, "x.sig");
     assert_eq!(o.status.code(), Some(1), "a revoked machine's \"no\": {}", stderr(&o));
     assert!(stderr(&o).contains("is revoked: the agent opens no envelope"), "{}", stderr(&o));
 
