@@ -24,7 +24,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use keyfence::wrap::{EtcdConfig, EtcdStore, Store};
-use openssl_cli::openssl;
 
 /// How long a cluster may take to elect its first leader.
 const START_WAIT: Duration = Duration::from_secs(60);
@@ -86,35 +85,11 @@ pub struct Cluster {
 /// authentication too: etcd's JSON gateway dials the member's own gRPC
 /// port with it.
 fn make_pki(dir: &Path) {
-    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
-    openssl(dir, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=etcd test CA", "-days", "2", "-sha256", "-out", "ca.pem"]);
+    openssl_cli::make_ca(dir, "ca", "/CN=etcd test CA");
     for (name, ext) in
         [("server", "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth"), ("client", "extendedKeyUsage=clientAuth")]
     {
-        openssl(dir, &["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", &format!("{name}.key")]);
-        openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
-        std::fs::write(dir.join(format!("{name}.ext")), ext).unwrap();
-        openssl(
-            dir,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-sha256",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
+        openssl_cli::issue_cert_ext(dir, "ca", name, &format!("/CN={name}"), ext);
     }
 }
 

@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use crate::common::openssl;
 use keyfence::sign::remote::protocol as p;
 use keyfence::sign::remote::{KeyRing, KeyServer, PeerConfig, RemoteConfig, RemoteSigner, ServerConfig, TlsFiles};
 use keyfence::sign::{Backend, ClassConfig, EngineConfig};
@@ -35,52 +34,12 @@ pub fn issue_cert(dir: &Path, ca: &str, name: &str) {
 /// (`/CN=...`, or `/O=...` for none) and the subject alternative names
 /// `san` (`DNS:a,URI:spiffe://b`).
 pub fn issue_cert_with(dir: &Path, ca: &str, name: &str, subj: &str, san: &str) {
-    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-    openssl(dir, &["req", "-new", "-key", &format!("{name}.key"), "-subj", subj, "-out", &format!("{name}.csr")]);
-    std::fs::write(dir.join(format!("{name}.ext")), format!("subjectAltName={san}\n")).unwrap();
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            &format!("{ca}.pem"),
-            "-CAkey",
-            &format!("{ca}.key"),
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-sha256",
-            "-extfile",
-            &format!("{name}.ext"),
-            "-out",
-            &format!("{name}.pem"),
-        ],
-    );
+    crate::common::issue_cert_ext(dir, ca, name, subj, &format!("subjectAltName={san}"));
 }
 
 /// Makes a self-signed CA `NAME.pem`/`NAME.key`.
 pub fn make_ca(dir: &Path, name: &str) {
-    openssl(dir, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-    openssl(
-        dir,
-        &[
-            "req",
-            "-x509",
-            "-new",
-            "-key",
-            &format!("{name}.key"),
-            "-subj",
-            &format!("/CN={name}"),
-            "-days",
-            "2",
-            "-sha256",
-            "-out",
-            &format!("{name}.pem"),
-        ],
-    );
+    crate::common::make_ca(dir, name, &format!("/CN={name}"));
 }
 
 /// The test PKI: CA `ca` with servers `sfo1`, `iad1`, `fra1`, `nrt1`, a

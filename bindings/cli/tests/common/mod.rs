@@ -41,32 +41,9 @@ pub fn stderr(o: &Output) -> String {
 /// `NAME.pem` whose CN and DNS name are NAME, made with the `openssl`
 /// command line (as docs/remote.md makes a mesh's certificates).
 pub fn pki(d: &Dir, names: &[&str]) {
-    openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", "ca.key"]);
-    openssl(d, &["req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=keyfence test CA", "-days", "2", "-out", "ca.pem"]);
+    make_ca(&d.0, "ca", "/CN=keyfence test CA");
     for name in names {
-        openssl(d, &["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", &format!("{name}.key")]);
-        openssl(d, &["req", "-new", "-key", &format!("{name}.key"), "-subj", &format!("/CN={name}"), "-out", &format!("{name}.csr")]);
-        std::fs::write(d.0.join(format!("{name}.ext")), format!("subjectAltName=DNS:{name}\n")).unwrap();
-        openssl(
-            d,
-            &[
-                "x509",
-                "-req",
-                "-in",
-                &format!("{name}.csr"),
-                "-CA",
-                "ca.pem",
-                "-CAkey",
-                "ca.key",
-                "-CAcreateserial",
-                "-days",
-                "2",
-                "-extfile",
-                &format!("{name}.ext"),
-                "-out",
-                &format!("{name}.pem"),
-            ],
-        );
+        issue_cert_ext(&d.0, "ca", name, &format!("/CN={name}"), &format!("subjectAltName=DNS:{name}"));
     }
 }
 
