@@ -207,58 +207,17 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
             .unwrap(),
     );
     line_starting(&mut agent.0, "listening");
-    kf_ok(
-        &client_env,
-        &[
-            "sign",
-            "--agent",
-            &socket,
-            "--key",
-            "pkcs11:token=edge;object=tls-p256",
-            "--alg",
-            "ecdsa-p256-sha256",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            &d.p("agent.sig"),
-        ],
-    );
+    let agent_sign = |key: &str, out: &str| {
+        kf(&client_env, &["sign", "--agent", &socket, "--key", key, "--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", out])
+    };
+    let o = agent_sign("pkcs11:token=edge;object=tls-p256", &d.p("agent.sig"));
+    assert!(o.status.success(), "{}", stderr(&o));
     verify(&d, "ecdsa-p256-sha256", "p256.pub", "msg", "agent.sig");
     // A client may not make the agent load another library or read
     // another file.
-    let o = kf(
-        &client_env,
-        &[
-            "sign",
-            "--agent",
-            &socket,
-            "--key",
-            "pkcs11:token=edge;object=tls-p256?module-path=/tmp/evil.so",
-            "--alg",
-            "ecdsa-p256-sha256",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            &d.p("x"),
-        ],
-    );
+    let o = agent_sign("pkcs11:token=edge;object=tls-p256?module-path=/tmp/evil.so", &d.p("x"));
     assert!(!o.status.success() && stderr(&o).contains("loads only the PKCS#11 module it was started with"), "{}", stderr(&o));
-    let o = kf(
-        &client_env,
-        &[
-            "sign",
-            "--agent",
-            &socket,
-            "--key",
-            "pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/shadow",
-            "--alg",
-            "ecdsa-p256-sha256",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            &d.p("x"),
-        ],
-    );
+    let o = agent_sign("pkcs11:token=edge;object=tls-p256?pin-source=file:/etc/shadow", &d.p("x"));
     assert!(!o.status.success() && stderr(&o).contains("reads only the PIN file it was started with"), "{}", stderr(&o));
     // A key file for the provider, through the agent.
     kf_ok(&client_env, &["provider-key", "--pkcs11", "pkcs11:token=edge;object=tls-p256", "--agent", &socket, "--out", &d.p("p256.kfk")]);
@@ -279,58 +238,21 @@ fn the_agent_and_a_key_server_sign_with_token_keys() {
             .unwrap(),
     );
     let addr = line_starting(&mut server.0, "listening ").strip_prefix("listening ").unwrap().to_string();
+    let peer = format!("ks1,{addr},role=ks");
+    let tls = ["--tls-cert", &d.p("client.pem"), "--tls-key", &d.p("client.key"), "--tls-ca", &d.p("ca.pem")];
+    // Through the key server, with a budget: a key it does not hold is
+    // refused in time, not waited for.
+    let remote_sign = |public: &str, alg: &str, out: &str| {
+        let sign = ["sign", "--remote", "--public-key", &d.p(public), "--peer", &peer];
+        kf(&client_env, &[&sign[..], &tls, &["--alg", alg, "--in", &d.p("msg"), "--out", out, "--timeout-ms", "10000"]].concat())
+    };
     for (alg, public) in [("ecdsa-p256-sha256", "p256.pub"), ("rsa-pss-sha256", "rsa.pub")] {
-        kf_ok(
-            &client_env,
-            &[
-                "sign",
-                "--remote",
-                "--public-key",
-                &d.p(public),
-                "--peer",
-                &format!("ks1,{addr},role=ks"),
-                "--tls-cert",
-                &d.p("client.pem"),
-                "--tls-key",
-                &d.p("client.key"),
-                "--tls-ca",
-                &d.p("ca.pem"),
-                "--alg",
-                alg,
-                "--in",
-                &d.p("msg"),
-                "--out",
-                &d.p("remote.sig"),
-            ],
-        );
+        let o = remote_sign(public, alg, &d.p("remote.sig"));
+        assert!(o.status.success(), "{alg}: {}", stderr(&o));
         verify(&d, alg, public, "msg", "remote.sig");
     }
     // A public key the server does not hold: refused, in time.
     openssl(&d, &["pkey", "-in", &d.p("hsm/keys/tls-p384.pem"), "-pubout", "-out", "p384.pub"]);
-    let o = kf(
-        &client_env,
-        &[
-            "sign",
-            "--remote",
-            "--public-key",
-            &d.p("p384.pub"),
-            "--peer",
-            &format!("ks1,{addr},role=ks"),
-            "--tls-cert",
-            &d.p("client.pem"),
-            "--tls-key",
-            &d.p("client.key"),
-            "--tls-ca",
-            &d.p("ca.pem"),
-            "--alg",
-            "ecdsa-p384-sha384",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            &d.p("x"),
-            "--timeout-ms",
-            "3000",
-        ],
-    );
+    let o = remote_sign("p384.pub", "ecdsa-p384-sha384", &d.p("x"));
     assert!(!o.status.success() && stderr(&o).contains("does not hold that key"), "a key the server does not hold: {}", stderr(&o));
 }

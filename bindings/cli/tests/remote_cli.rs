@@ -56,35 +56,19 @@ fn serve_and_sign_remote_on_loopback() {
     let metrics = metrics.strip_prefix("metrics http://").unwrap().trim_end_matches("/metrics").to_string();
 
     let peer = format!("sfo1,{addr},country=US,region=NA");
+    // The client's certificate, key and CA, as every remote signature here
+    // dials.
+    let tls = ["--tls-cert", &d.p("client.pem"), "--tls-key", &d.p("client.key"), "--tls-ca", &d.p("ca.pem")];
     let sign = |out: &str| {
-        keyfence(&[
-            "sign",
-            "--remote",
-            "--envelope",
-            &d.p("key.env"),
-            "--peer",
-            &peer,
-            "--tls-cert",
-            &d.p("client.pem"),
-            "--tls-key",
-            &d.p("client.key"),
-            "--tls-ca",
-            &d.p("ca.pem"),
-            "--store",
-            &store,
-            "--machine-key",
-            &d.p("nrt1.machine"),
-            "--tenant",
-            "42",
-            "--alg",
-            "ecdsa-p256-sha256",
-            "--in",
-            &d.p("msg"),
-            "--out",
-            out,
-            "--timeout-ms",
-            "2000",
-        ])
+        keyfence(
+            &[
+                &["sign", "--remote", "--envelope", &d.p("key.env"), "--peer", &peer][..],
+                &tls,
+                &["--store", &store, "--machine-key", &d.p("nrt1.machine"), "--tenant", "42"],
+                &["--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", out, "--timeout-ms", "2000"],
+            ]
+            .concat(),
+        )
     };
     let o = sign(&d.p("msg.sig"));
     assert!(o.status.success(), "{}", stderr(&o));
@@ -122,30 +106,15 @@ fn serve_and_sign_remote_on_loopback() {
     // Allow-lists that cannot be read are usage errors (exit 2), before
     // the server listens.
     let serve_with = |extra: &[&str]| {
-        let mut args = vec![
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--seconds",
-            "1",
-            "--cert",
-            &d.p("sfo1.pem"),
-            "--key",
-            &d.p("sfo1.key"),
-            "--ca",
-            &d.p("ca.pem"),
-            "--store",
-            &store,
-            "--machine-key",
-            &d.p("sfo1.machine"),
-            "--envelopes",
-            &d.p("key.env"),
-        ]
-        .into_iter()
-        .map(String::from)
-        .collect::<Vec<_>>();
-        args.extend(extra.iter().map(|s| s.to_string()));
-        Command::new(env!("CARGO_BIN_EXE_keyfence")).args(&args).output().unwrap()
+        keyfence(
+            &[
+                &["serve", "--listen", "127.0.0.1:0", "--seconds", "1"][..],
+                &["--cert", &d.p("sfo1.pem"), "--key", &d.p("sfo1.key"), "--ca", &d.p("ca.pem")],
+                &["--store", &store, "--machine-key", &d.p("sfo1.machine"), "--envelopes", &d.p("key.env")],
+                extra,
+            ]
+            .concat(),
+        )
     };
     for bad in [
         &["--allow", "nobody"][..],
@@ -176,28 +145,15 @@ fn serve_and_sign_remote_on_loopback() {
     let mut lines2 = BufReader::new(child.stdout.take().unwrap()).lines();
     let strict = Server(child);
     let addr2 = lines2.next().unwrap().unwrap().strip_prefix("listening ").unwrap().to_string();
-    let o = keyfence(&[
-        "sign",
-        "--remote",
-        "--envelope",
-        &d.p("key.env"),
-        "--peer",
-        &format!("sfo1,{addr2},country=US,region=NA"),
-        "--tls-cert",
-        &d.p("client.pem"),
-        "--tls-key",
-        &d.p("client.key"),
-        "--tls-ca",
-        &d.p("ca.pem"),
-        "--alg",
-        "ecdsa-p256-sha256",
-        "--in",
-        &d.p("msg"),
-        "--out",
-        &d.p("refused.sig"),
-        "--timeout-ms",
-        "2000",
-    ]);
+    let peer2 = format!("sfo1,{addr2},country=US,region=NA");
+    let o = keyfence(
+        &[
+            &["sign", "--remote", "--envelope", &d.p("key.env"), "--peer", &peer2][..],
+            &tls,
+            &["--alg", "ecdsa-p256-sha256", "--in", &d.p("msg"), "--out", &d.p("refused.sig"), "--timeout-ms", "2000"],
+        ]
+        .concat(),
+    );
     assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
     assert!(stderr(&o).contains("tenant `client` may not use key"), "{}", stderr(&o));
     drop(strict);
