@@ -26,36 +26,40 @@ import sys
 LINE = re.compile(r"^\s*(.+?)\s+(\d+)/(\d+)\s+([\d.]+):\s+(?:[0-9a-f]+\s+)?(.*?)\s+\((.*)\)\s*$")
 
 
-def category(sym, dso):
-    if "kernel" in dso:
-        if re.search(r"sched|switch|futex|wake|ttwu|enqueue|dequeue|idle|update_curr|pick_next|hrtimer|tick|irq|raw_spin|rcu", sym):
-            return "kernel: scheduling, wake-ups"
-        if re.search(r"tcp|ip_|ipv4|skb|sock|unix|net|dev_|inet|__sys_(send|recv)|copy_(to|from)_iter|_copy|csum|loopback|nf_", sym):
-            return "kernel: socket I/O"
-        if re.search(r"poll|epoll", sym):
-            return "kernel: poll"
-        return "kernel: other (syscall entry, memory)"
-    if "vdso" in dso:
-        return "clock reads (vdso)"
-    if re.search(
+# Where a sample's time went, by its symbol: the first pattern that matches
+# names the category. Kernel symbols and user-space symbols are read apart.
+KERNEL = [
+    (r"sched|switch|futex|wake|ttwu|enqueue|dequeue|idle|update_curr|pick_next|hrtimer|tick|irq|raw_spin|rcu", "kernel: scheduling, wake-ups"),
+    (r"tcp|ip_|ipv4|skb|sock|unix|net|dev_|inet|__sys_(send|recv)|copy_(to|from)_iter|_copy|csum|loopback|nf_", "kernel: socket I/O"),
+    (r"poll|epoll", "kernel: poll"),
+]
+USER = [
+    (
         r"aes_gcm|gcm_|GCM|SSL_|^ssl|bssl::(ssl|tls|SSL|dtls|ssl3|SSLAEAD|SSLBuffer|SSLTranscript)|tls13|EVP_AEAD|"
         r"CRYPTO_gcm|chacha|poly1305|openssl::ssl|SslStream",
-        sym,
-    ):
-        return "TLS (records, AES-GCM)"
-    if re.search(
+        "TLS (records, AES-GCM)",
+    ),
+    (
         r"^(ecp_nistz256|__ecp_nistz256|ec_|bn_|BN_|ECDSA|ecdsa|sha256|sha512|SHA|ed25519|x25519|fe_|ge_|RSA|rsa_|"
         r"EVP_|EC_|copy_conditional|p256|RAND|rand_|CRYPTO_|ctr_drbg|CTR_DRBG|aes_hw|aes_nohw|vpaes|__bn|mulx4x|"
         r"bssl::|CBB|cbb|CBS|cbs|block_cipher_df|OPENSSL_|ERR_|aws_lc_|openssl::)",
-        sym,
-    ):
-        return "the signature (AWS-LC)"
-    if re.search(r"malloc|free|_int_|realloc|calloc|tcache|arena|alloc::alloc|__rust_(de)?alloc", sym):
-        return "allocation"
-    if re.search(r"memcpy|memmove|memset", sym):
-        return "copies"
-    if re.search(r"pthread|futex|__lll|park|unpark|Condvar|Mutex|crossbeam|std::sync", sym):
-        return "user: locks, channels, park"
+        "the signature (AWS-LC)",
+    ),
+    (r"malloc|free|_int_|realloc|calloc|tcache|arena|alloc::alloc|__rust_(de)?alloc", "allocation"),
+    (r"memcpy|memmove|memset", "copies"),
+    (r"pthread|futex|__lll|park|unpark|Condvar|Mutex|crossbeam|std::sync", "user: locks, channels, park"),
+]
+
+
+def category(sym, dso):
+    if "vdso" in dso:
+        return "clock reads (vdso)"
+    kernel = "kernel" in dso
+    for pattern, name in KERNEL if kernel else USER:
+        if re.search(pattern, sym):
+            return name
+    if kernel:
+        return "kernel: other (syscall entry, memory)"
     if "libc" in dso:
         return "libc other (syscall stubs)"
     return "user: keyfence and std"

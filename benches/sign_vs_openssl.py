@@ -30,6 +30,8 @@ import statistics
 import subprocess
 import sys
 
+from ratio_svg import ratio_svg
+
 # keyfence's case, openssl speed's name, and the summary line of
 # `openssl speed -mr` that carries its signatures per second: `+F2:N:BITS:
 # SIGN:VERIFY` (RSA), `+F4:N:BITS:SIGN:VERIFY` (ECDSA), `+F6:N:BITS:NAME:
@@ -128,28 +130,8 @@ def table(data):
 
 
 def svg(data):
-    width, left, top, bar = 560, 170, 30, 34
-    height = top + 40 + len(data) * (bar + 24)
-    scale = 300  # pixels for 1.0x
-    lines = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
-        f'<text x="{left}" y="18" font-size="13">keyfence CPU per signature / OpenSSL\'s (lower is faster)</text>',
-    ]
-    for i, r in enumerate(data):
-        y = top + 20 + i * (bar + 24)
-        ratio, rounds = r["ratio"], r["rounds"]
-        lines.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{r["alg"]}</text>')
-        lines.append(f'<rect x="{left}" y="{y}" width="{ratio * scale:.1f}" height="{bar}" fill="#4c72b0"/>')
-        lo, hi, mid = min(rounds) * scale + left, max(rounds) * scale + left, y + bar / 2
-        lines.append(f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="black"/>')
-        lines.append(f'<text x="{left + ratio * scale + 6:.1f}" y="{y - 3}">{ratio:.2f}x</text>')
     goal = data[0].get("target") if data else None
-    if goal:
-        target = left + goal * scale
-        lines.append(f'<line x1="{target}" y1="{top}" x2="{target}" y2="{height - 20}" stroke="#c44e52" stroke-dasharray="4 3"/>')
-        lines.append(f'<text x="{target + 4}" y="{height - 8}" fill="#c44e52">{goal}x target</text>')
-    lines.append("</svg>")
-    return "\n".join(lines) + "\n"
+    return ratio_svg(data, "keyfence CPU per signature / OpenSSL\'s (lower is faster)", goal, width=560, left=170, bar=34)
 
 
 def main():

@@ -16,6 +16,8 @@ import argparse
 import json
 import sys
 
+from ratio_svg import ratio_svg
+
 
 def rows(path):
     with open(path, encoding="utf-8") as f:
@@ -38,27 +40,8 @@ def table(data):
 
 
 def svg(data):
-    width, height, left, top, bar = 520, 260, 150, 30, 36
-    scale = 300  # pixels for 1.0x
-    lines = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" font-size="12">',
-        f'<text x="{left}" y="18" font-size="13">keyfence / pkcs11-provider, signatures per CPU-second (SoftHSM2)</text>',
-    ]
-    for i, r in enumerate(data):
-        y = top + 20 + i * (bar + 24)
-        ratio = r.get("ratio", 0)
-        rounds = r.get("rounds", []) or [ratio]
-        lines.append(f'<text x="{left - 8}" y="{y + bar / 2 + 4}" text-anchor="end">{r["alg"]}</text>')
-        lines.append(f'<rect x="{left}" y="{y}" width="{ratio * scale:.1f}" height="{bar}" fill="#4c72b0"/>')
-        lo, hi = min(rounds) * scale + left, max(rounds) * scale + left
-        mid = y + bar / 2
-        lines.append(f'<line x1="{lo:.1f}" y1="{mid}" x2="{hi:.1f}" y2="{mid}" stroke="black"/>')
-        lines.append(f'<text x="{left + ratio * scale + 6:.1f}" y="{y - 3}">{ratio:.2f}x</text>')
-    target = left + scale
-    lines.append(f'<line x1="{target}" y1="{top}" x2="{target}" y2="{height - 20}" stroke="#c44e52" stroke-dasharray="4 3"/>')
-    lines.append(f'<text x="{target + 4}" y="{height - 8}" fill="#c44e52">1.0x target</text>')
-    lines.append("</svg>")
-    return "\n".join(lines) + "\n"
+    title = "keyfence / pkcs11-provider, signatures per CPU-second (SoftHSM2)"
+    return ratio_svg(data, title, 1.0, width=520, left=150, bar=36, height=260)
 
 
 def main():
