@@ -14,16 +14,9 @@ const path = require('node:path')
 const util = require('node:util')
 const { execFileSync, spawn } = require('node:child_process')
 const kf = require('..')
+const { cli, repo } = require('../test-support/cli')
 
-const repo = path.resolve(__dirname, '..', '..', '..')
 const msg = Buffer.from('signed by the agent')
-
-// ./x test passes the command line `cargo test` built; alone, cargo builds it.
-function cli() {
-  if (process.env.KEYFENCE_CLI) return process.env.KEYFENCE_CLI
-  execFileSync('cargo', ['build', '--locked', '-q', '-p', 'keyfence-cli', '--bin', 'keyfence'], { cwd: repo, stdio: 'inherit' })
-  return path.join(process.env.CARGO_TARGET_DIR || path.join(repo, 'target'), 'debug', 'keyfence')
-}
 
 /**
  * A store and a machine key (country=US) only the agent reads, and what a

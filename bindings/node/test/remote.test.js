@@ -13,17 +13,10 @@ const path = require('node:path')
 const util = require('node:util')
 const { execFileSync } = require('node:child_process')
 const kf = require('..')
+const { cli, repo } = require('../test-support/cli')
 
-const repo = path.resolve(__dirname, '..', '..', '..')
 const msg = Buffer.from('a TLS handshake from Tokyo')
 const US = { country: 'US', region: 'NA' }
-
-// ./x test passes the command line `cargo test` built; alone, cargo builds it.
-function cli() {
-  if (process.env.KEYFENCE_CLI) return process.env.KEYFENCE_CLI
-  execFileSync('cargo', ['build', '--locked', '-q', '-p', 'keyfence-cli', '--bin', 'keyfence'], { cwd: repo, stdio: 'inherit' })
-  return path.join(process.env.CARGO_TARGET_DIR || path.join(repo, 'target'), 'debug', 'keyfence')
-}
 
 function server(t) {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'keyfence-remote-'))
