@@ -95,21 +95,24 @@ worker_of() { pgrep -P "$(cat "$1/master.pid")" nginx | head -1; }
 scalar="$(openssl pkey -in keys/ec256.pem -text -noout | sed -n '/^priv:/,/^pub:/p' | sed '1d;$d' | tr -d ' :\n')"
 scalar="${scalar: -64}"
 
+# serve_file_keys DIR CNF EC_PORT RSA_PORT: nginx in DIR with OPENSSL_CONF
+# CNF serves the EC and RSA key files on the two ports, and both answer.
+serve_file_keys() {
+    nginx_conf "$work/$1" "$3" keys/ec256.crt keys/ec256.kfk "$4" keys/rsa2048.crt keys/rsa2048.kfk
+    start_nginx "$work/$1" "$2"
+    wait_port "$3"
+    check_serves "$3" "$4"
+}
+
 echo "== nginx, keys in process"
 p1=$(free_port) p2=$(free_port)
-nginx_conf "$work/n1" "$p1" keys/ec256.crt keys/ec256.kfk "$p2" keys/rsa2048.crt keys/rsa2048.kfk
-start_nginx "$work/n1" local.cnf
-wait_port "$p1"
-check_serves "$p1" "$p2"
+serve_file_keys n1 local.cnf "$p1" "$p2"
 python3 "$here/memscan.py" "$(worker_of n1)" "$scalar" >/dev/null ||
     fail "the in-process worker does not hold the private scalar: the memory search cannot see keys"
 
 echo "== nginx, keys in the isolated key process"
 p3=$(free_port) p4=$(free_port)
-nginx_conf "$work/n2" "$p3" keys/ec256.crt keys/ec256.kfk "$p4" keys/rsa2048.crt keys/rsa2048.kfk
-start_nginx "$work/n2" isolated.cnf
-wait_port "$p3"
-check_serves "$p3" "$p4"
+serve_file_keys n2 isolated.cnf "$p3" "$p4"
 w=$(worker_of n2)
 pgrep -P "$w" -f keyfence-key-process >/dev/null || fail "the isolated worker has no key process"
 if python3 "$here/memscan.py" "$w" "$scalar" >/dev/null; then fail "the isolated nginx worker holds the private key"; fi
