@@ -196,15 +196,13 @@ impl EngineKeyMethod {
     }
 
     /// Runs the operations on `backend`.
-    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
-        self.backend = Some(backend);
-        self
+    pub fn with_backend(self, backend: Arc<dyn Backend>) -> Self {
+        EngineKeyMethod { backend: Some(backend), ..self }
     }
 
     /// Gives each operation `timeout` (the handshake fails when it passes).
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = Some(timeout);
-        self
+    pub fn with_timeout(self, timeout: Duration) -> Self {
+        EngineKeyMethod { timeout: Some(timeout), ..self }
     }
 
     /// Submits `req` and keeps its slot on the connection: "retry".
@@ -276,13 +274,7 @@ fn guarded(f: impl FnOnce() -> c_int) -> c_int {
 }
 
 unsafe extern "C" fn raw_sign(
-    ssl: *mut openssl_sys::SSL,
-    _out: *mut u8,
-    _out_len: *mut usize,
-    _max_out: usize,
-    algorithm: u16,
-    input: *const u8,
-    input_len: usize,
+    ssl: *mut openssl_sys::SSL, _out: *mut u8, _out_len: *mut usize, _max_out: usize, algorithm: u16, input: *const u8, input_len: usize,
 ) -> c_int {
     guarded(|| {
         // SAFETY: the TLS library passes the connection it calls for, and
@@ -295,12 +287,7 @@ unsafe extern "C" fn raw_sign(
 }
 
 unsafe extern "C" fn raw_decrypt(
-    ssl: *mut openssl_sys::SSL,
-    _out: *mut u8,
-    _out_len: *mut usize,
-    _max_out: usize,
-    input: *const u8,
-    input_len: usize,
+    ssl: *mut openssl_sys::SSL, _out: *mut u8, _out_len: *mut usize, _max_out: usize, input: *const u8, input_len: usize,
 ) -> c_int {
     guarded(|| {
         // SAFETY: as in `raw_sign`.
