@@ -61,15 +61,9 @@ class Authority:
     def rotate_master(self) -> int: ...
     def revoke(self, machine_id: str) -> _Revocation: ...
     def where(
-        self,
-        policy: str,
-        *,
-        by: Optional[str] = None,
-        traffic: Optional[Mapping[str, float]] = None,
-        latency: Optional[Mapping[Tuple[str, str], float]] = None,
-        near: Optional[str] = None,
-        warn_ratio: float = 4.0,
-        machines: bool = False,
+        self, policy: str, *, by: Optional[str] = None, traffic: Optional[Mapping[str, float]] = None,
+        latency: Optional[Mapping[Tuple[str, str], float]] = None, near: Optional[str] = None,
+        warn_ratio: float = 4.0, machines: bool = False,
     ) -> _WhereResult: ...
     def import_inventory(self, text: str, *, name: str = "inventory") -> int: ...
     def close(self) -> None: ...
