@@ -3,18 +3,9 @@
 # (DIR/env: SOFTHSM2_CONF, read once per process, and the module and PIN
 # file). Without SoftHSM2 it prints SKIPPED (SKIP_REGULAR_EXPRESSION),
 # unless KEYFENCE_REQUIRE_SERVERS is set: then the fixture fails.
-file(REMOVE_RECURSE "${WORK}")
-execute_process(COMMAND bash "${SOURCE_DIR}/vectors/softhsm-fixture.sh" "${WORK}" RESULT_VARIABLE rc ERROR_VARIABLE err)
-if(rc EQUAL 77)
-  message(STATUS "SKIPPED: ${err}")
-  return()
-elseif(NOT rc EQUAL 0)
-  message(FATAL_ERROR "the SoftHSM2 fixture failed (${rc}):\n${err}")
-endif()
+include("${CMAKE_CURRENT_LIST_DIR}/fixture.cmake")
+kf_fixture(softhsm-fixture.sh SoftHSM2)
 file(STRINGS "${WORK}/env" env)
 execute_process(COMMAND ${CMAKE_COMMAND} -E env ${env} "${TEST}" "${WORK}" "${KEY_PROCESS}"
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "${TEST} failed (${rc}):\n${out}\n${err}")
-endif()
-message(STATUS "${out}")
+kf_verdict()

@@ -230,9 +230,7 @@ static void wrap(void) {
     keyfence_bytes_free(&mk);
     keyfence_machine_free(m);
     keyfence_authority_free(auth);
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    kf_remove_tree(dir);
 }
 
 int main(void) {

@@ -251,12 +251,7 @@ int main(int argc, char **argv) {
     size_t env_len;
     uint8_t *env = read_file(argv[4], &env_len);
 
-    keyfence_engine_config *cfg = NULL;
-    OK(keyfence_engine_config_new(&cfg));
-    OK(keyfence_engine_config_set_isolated(cfg, key_process));
-    keyfence_engine *engine = NULL;
-    OK(keyfence_engine_new(cfg, &engine));
-    keyfence_engine_config_free(cfg);
+    keyfence_engine *engine = kf_isolated_engine(key_process);
     keyfence_private_key *key = NULL;
     OK(keyfence_key_from_envelope(engine, store, machine_key, env, env_len, &key));
     bool local = true;

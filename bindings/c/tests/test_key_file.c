@@ -31,6 +31,17 @@ static void expect_text(const keyfence_key_file *f, uint32_t which, const char *
     }
 }
 
+/* A version 2 file in `b`: a key held by the agent on
+ * /run/keyfence/agent.sock, with `spki` and `env`. Its length. */
+static size_t agent_file(uint8_t *b, const uint8_t *spki, size_t spki_len, const uint8_t *env, size_t env_len) {
+    size_t n = header(b);
+    b[5] = 2;
+    n = field(b, n, 1, "\x02", 1);
+    n = field(b, n, 10, "/run/keyfence/agent.sock", 24);
+    n = field(b, n, 2, spki, spki_len);
+    return field(b, n, 3, env, env_len);
+}
+
 static void refused(const uint8_t *body, size_t n, const char *needle) {
     keyfence_key_file *f = NULL;
     FAILS(KEYFENCE_INVALID_PRIVATE_KEY, keyfence_key_file_parse(body, n, &f));
@@ -98,12 +109,7 @@ int main(void) {
     keyfence_key_file_free(f);
 
     /* Version 2: a key held by an agent, named by its socket alone. */
-    n = header(b);
-    b[5] = 2;
-    n = field(b, n, 1, "\x02", 1);
-    n = field(b, n, 10, "/run/keyfence/agent.sock", 24);
-    n = field(b, n, 2, spki, sizeof spki);
-    n = field(b, n, 3, env, sizeof env);
+    n = agent_file(b, spki, sizeof spki, env, sizeof env);
     OK(keyfence_key_file_parse(b, n, &f));
     CHECK(keyfence_key_file_is_agent(f) && !keyfence_key_file_is_remote(f));
     expect_text(f, KEYFENCE_KEY_FILE_AGENT_SOCKET, "/run/keyfence/agent.sock");
@@ -138,12 +144,7 @@ int main(void) {
     CHECK(!keyfence_key_file_is_pkcs11(NULL));
 
     /* Malformed bodies, each refused with the field at fault. */
-    n = header(b);
-    b[5] = 2;
-    n = field(b, n, 1, "\x02", 1);
-    n = field(b, n, 10, "/run/keyfence/agent.sock", 24);
-    n = field(b, n, 2, spki, sizeof spki);
-    n = field(b, n, 3, env, sizeof env);
+    n = agent_file(b, spki, sizeof spki, env, sizeof env);
     refused(b, n - 2, "field 3 (envelope) at byte");
     refused(b, 9, "truncated inside the header of field 1 (mode)");
     refused((const uint8_t *)"KFKEY\x04", 6, "version 4 is not supported");

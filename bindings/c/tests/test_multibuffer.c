@@ -37,6 +37,23 @@ static bool grouped(const char *what) {
 
 /* OPS signatures of `pem`'s key submitted at once, so that they form
  * groups, each checked by OpenSSL. */
+/* What each completion of sign_many must be: a signature with `alg` that
+ * openssl verifies with `ossl` over the message in its user data. */
+struct expected {
+    EVP_PKEY *ossl;
+    const char *alg;
+};
+
+static void verify_completion(const keyfence_completion *c, void *arg) {
+    const struct expected *want = arg;
+    if (c->result != KEYFENCE_OK) {
+        fprintf(stderr, "%s: %s: %s\n", want->alg, keyfence_result_name(c->result), (const char *)c->message.data);
+        exit(1);
+    }
+    const char *m = c->user_data;
+    CHECK(kf_openssl_verify(want->ossl, m, strlen(m), c->signature.data, c->signature.len));
+}
+
 static void sign_many(keyfence_engine *e, EVP_PKEY *ossl, const char *pem, size_t pem_len, const char *alg) {
     keyfence_private_key *key = NULL;
     OK(keyfence_key_from_pem(e, (const uint8_t *)pem, pem_len, &key));
@@ -47,25 +64,8 @@ static void sign_many(keyfence_engine *e, EVP_PKEY *ossl, const char *pem, size_
         snprintf(msgs[i], sizeof msgs[i], "message %zu", i);
         OK(keyfence_engine_submit_to_queue(e, key, alg, (const uint8_t *)msgs[i], strlen(msgs[i]), 10000, q, msgs[i], NULL));
     }
-    size_t got = 0;
-    keyfence_completion c[16];
-    struct pollfd p = {keyfence_completion_queue_fd(q), POLLIN, 0};
-    while (got < OPS) {
-        CHECK(poll(&p, 1, 20000) == 1);
-        size_t n = 0;
-        OK(keyfence_completion_queue_drain(q, c, 16, &n));
-        for (size_t i = 0; i < n; i++) {
-            if (c[i].result != KEYFENCE_OK) {
-                fprintf(stderr, "%s: %s: %s\n", alg, keyfence_result_name(c[i].result), (const char *)c[i].message.data);
-                exit(1);
-            }
-            const char *m = c[i].user_data;
-            CHECK(kf_openssl_verify(ossl, m, strlen(m), c[i].signature.data, c[i].signature.len));
-            keyfence_bytes_free(&c[i].signature);
-            keyfence_bytes_free(&c[i].message);
-        }
-        got += n;
-    }
+    struct expected want = {ossl, alg};
+    kf_drain(q, OPS, 20000, verify_completion, &want);
     keyfence_completion_queue_free(q);
     keyfence_key_free(key);
 }

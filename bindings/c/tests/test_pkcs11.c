@@ -97,12 +97,7 @@ static void no_pin_in_message(const char *pin, const char *bad_pin) {
  * PIN the token refuses is not tried here: SoftHSM2 reports it through
  * syslog, whose socket the key process's sandbox forbids.) */
 static void isolated(const char *key_process) {
-    keyfence_engine_config *cfg = NULL;
-    keyfence_engine *e = NULL;
-    OK(keyfence_engine_config_new(&cfg));
-    OK(keyfence_engine_config_set_isolated(cfg, key_process));
-    OK(keyfence_engine_new(cfg, &e));
-    keyfence_engine_config_free(cfg);
+    keyfence_engine *e = kf_isolated_engine(key_process);
 
     /* The module and PIN file from the key process's environment, which it
      * inherited from this one. */

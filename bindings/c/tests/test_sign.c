@@ -14,6 +14,15 @@ static EVP_PKEY *ec_ossl, *rsa_ossl;
 static keyfence_private_key *ec_key, *rsa_key;
 static const char MSG[] = "a TLS 1.3 CertificateVerify input";
 
+/* `key` signs MSG with ECDSA P-256 through `e`, within `timeout_ms` (0:
+ * none), and openssl verifies the signature with `ossl`. */
+static void signs_p256(keyfence_engine *e, const keyfence_private_key *key, EVP_PKEY *ossl, uint32_t timeout_ms) {
+    keyfence_bytes sig = {0};
+    OK(keyfence_engine_sign(e, key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, timeout_ms, &sig));
+    CHECK(kf_openssl_verify(ossl, MSG, sizeof MSG, sig.data, sig.len));
+    keyfence_bytes_free(&sig);
+}
+
 static void keys(void) {
     char *pem;
     size_t n;
@@ -40,9 +49,7 @@ static void keys(void) {
 
 static void blocking(keyfence_engine *e) {
     keyfence_bytes sig = {0};
-    OK(keyfence_engine_sign(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
-    CHECK(kf_openssl_verify(ec_ossl, MSG, sizeof MSG, sig.data, sig.len));
-    keyfence_bytes_free(&sig);
+    signs_p256(e, ec_key, ec_ossl, 0);
     OK(keyfence_engine_sign(e, rsa_key, "rsa-pkcs1-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
     CHECK(sig.len == 256 && kf_openssl_verify(rsa_ossl, MSG, sizeof MSG, sig.data, sig.len));
     keyfence_bytes_free(&sig);
@@ -97,31 +104,20 @@ static void callback(keyfence_engine *e) {
     FAILS(KEYFENCE_INVALID_ARGUMENT, keyfence_engine_submit(e, ec_key, "ed25519", (const uint8_t *)MSG, 1, 0, NULL, &w, NULL));
 }
 
-/* Drains `q` until `want` completions arrived, polling its descriptor. */
-static size_t cancelled_seen;
+/* What the completions of a burst came to. */
+struct outcomes {
+    size_t ok, timed_out, cancelled;
+};
 
-static size_t collect(keyfence_completion_queue *q, size_t want, size_t *ok, size_t *timed_out) {
-    size_t got = 0;
-    keyfence_completion c[32];
-    struct pollfd p = {keyfence_completion_queue_fd(q), POLLIN, 0};
-    while (got < want) {
-        CHECK(poll(&p, 1, 10000) == 1);
-        size_t n = 0;
-        OK(keyfence_completion_queue_drain(q, c, 32, &n));
-        for (size_t i = 0; i < n; i++) {
-            if (c[i].result == KEYFENCE_OK) (*ok)++;
-            else if (c[i].result == KEYFENCE_TIMED_OUT) (*timed_out)++;
-            else if (c[i].result == KEYFENCE_CANCELLED) cancelled_seen++;
-            else {
-                fprintf(stderr, "completion: %s: %s\n", keyfence_result_name(c[i].result), (const char *)c[i].message.data);
-                exit(1);
-            }
-            keyfence_bytes_free(&c[i].signature);
-            keyfence_bytes_free(&c[i].message);
-        }
-        got += n;
+static void count(const keyfence_completion *c, void *arg) {
+    struct outcomes *o = arg;
+    if (c->result == KEYFENCE_OK) o->ok++;
+    else if (c->result == KEYFENCE_TIMED_OUT) o->timed_out++;
+    else if (c->result == KEYFENCE_CANCELLED) o->cancelled++;
+    else {
+        fprintf(stderr, "completion: %s: %s\n", keyfence_result_name(c->result), (const char *)c->message.data);
+        exit(1);
     }
-    return got;
 }
 
 /* One EC worker, a queue of 4: a burst is refused at once with
@@ -146,9 +142,9 @@ static void overload(void) {
         }
     }
     CHECK(refused > 0);
-    size_t ok = 0, late = 0;
-    collect(q, accepted, &ok, &late);
-    CHECK(ok + late == accepted);
+    struct outcomes o = {0};
+    kf_drain(q, accepted, 10000, count, &o);
+    CHECK(o.ok + o.timed_out == accepted && o.cancelled == 0);
     keyfence_class_metrics m;
     OK(keyfence_engine_metrics(e, KEYFENCE_CLASS_EC, &m));
     CHECK(m.queue_capacity == 4 && m.workers == 1 && m.overloaded == refused);
@@ -176,9 +172,9 @@ static void deadline(void) {
     OK(keyfence_completion_queue_new(&q));
     for (int i = 0; i < 100; i++)
         OK(keyfence_engine_submit_to_queue(e, rsa_key, "rsa-pss-sha256", (const uint8_t *)MSG, sizeof MSG, 1, q, (void *)(uintptr_t)i, NULL));
-    size_t ok = 0, late = 0;
-    collect(q, 100, &ok, &late);
-    CHECK(late > 0);
+    struct outcomes o = {0};
+    kf_drain(q, 100, 10000, count, &o);
+    CHECK(o.timed_out > 0);
     keyfence_completion_queue_free(q);
     keyfence_engine_free(e);
 }
@@ -199,10 +195,9 @@ static void cancel(void) {
         ended_by_us += c;
     }
     for (int i = 0; i < 40; i++) keyfence_operation_free(ops[i]);
-    size_t ok = 0, late = 0;
-    cancelled_seen = 0;
-    collect(q, 40, &ok, &late);
-    CHECK(ended_by_us > 0 && cancelled_seen == ended_by_us && ok + cancelled_seen == 40);
+    struct outcomes o = {0};
+    kf_drain(q, 40, 10000, count, &o);
+    CHECK(ended_by_us > 0 && o.cancelled == ended_by_us && o.ok + o.cancelled == 40);
     keyfence_completion_queue_free(q);
     keyfence_engine_free(e);
 }
@@ -210,22 +205,14 @@ static void cancel(void) {
 /* The same signatures with the key held by the key process. */
 static void isolated(const char *key_process) {
     for (int explicit_path = 0; explicit_path < 2; explicit_path++) {
-        keyfence_engine_config *cfg = NULL;
-        OK(keyfence_engine_config_new(&cfg));
-        OK(keyfence_engine_config_set_isolated(cfg, explicit_path ? key_process : NULL));
-        keyfence_engine *e = NULL;
-        OK(keyfence_engine_new(cfg, &e));
-        keyfence_engine_config_free(cfg);
+        keyfence_engine *e = kf_isolated_engine(explicit_path ? key_process : NULL);
         char *pem;
         size_t n;
         EVP_PKEY *k = kf_openssl_key("P-256", &pem, &n);
         keyfence_private_key *held = NULL;
         OK(keyfence_key_from_pem(e, (const uint8_t *)pem, n, &held));
         free(pem);
-        keyfence_bytes sig = {0};
-        OK(keyfence_engine_sign(e, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
-        CHECK(kf_openssl_verify(k, MSG, sizeof MSG, sig.data, sig.len));
-        keyfence_bytes_free(&sig);
+        signs_p256(e, held, k, 0);
         keyfence_key_free(held);
         keyfence_engine_free(e);
         EVP_PKEY_free(k);
@@ -248,12 +235,7 @@ static void isolated(const char *key_process) {
 static void forked(const char *key_process) {
     keyfence_engine *e = NULL;
     OK(keyfence_engine_new(NULL, &e));
-    keyfence_engine_config *cfg = NULL;
-    OK(keyfence_engine_config_new(&cfg));
-    OK(keyfence_engine_config_set_isolated(cfg, key_process));
-    keyfence_engine *iso = NULL;
-    OK(keyfence_engine_new(cfg, &iso));
-    keyfence_engine_config_free(cfg);
+    keyfence_engine *iso = kf_isolated_engine(key_process);
     char *pem;
     size_t n;
     EVP_PKEY *k = kf_openssl_key("P-256", &pem, &n);
@@ -271,9 +253,7 @@ static void forked(const char *key_process) {
     if (child == 0) {
         alarm(20);
         for (int round = 0; round < 2; round++) {
-            OK(keyfence_engine_sign(e, ec_key, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 1000, &sig));
-            CHECK(kf_openssl_verify(ec_ossl, MSG, sizeof MSG, sig.data, sig.len));
-            keyfence_bytes_free(&sig);
+            signs_p256(e, ec_key, ec_ossl, 1000);
         }
         FAILS(KEYFENCE_SHUT_DOWN,
               keyfence_engine_sign(iso, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 1000, &sig));
@@ -281,9 +261,7 @@ static void forked(const char *key_process) {
         MESSAGE_HAS("load the key again");
         keyfence_private_key *again = NULL;
         OK(keyfence_key_from_pem(iso, (const uint8_t *)pem, n, &again));
-        OK(keyfence_engine_sign(iso, again, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 1000, &sig));
-        CHECK(kf_openssl_verify(k, MSG, sizeof MSG, sig.data, sig.len));
-        keyfence_bytes_free(&sig);
+        signs_p256(iso, again, k, 1000);
         keyfence_key_free(again);
         keyfence_key_free(held);
         keyfence_engine_free(iso);
@@ -296,9 +274,7 @@ static void forked(const char *key_process) {
     CHECK(waitpid(child, &status, 0) == child);
     CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
     /* The parent's key process lived through the child's end. */
-    OK(keyfence_engine_sign(iso, held, "ecdsa-p256-sha256", (const uint8_t *)MSG, sizeof MSG, 0, &sig));
-    CHECK(kf_openssl_verify(k, MSG, sizeof MSG, sig.data, sig.len));
-    keyfence_bytes_free(&sig);
+    signs_p256(iso, held, k, 0);
     free(pem);
     EVP_PKEY_free(k);
     keyfence_key_free(held);

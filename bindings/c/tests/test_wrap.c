@@ -176,9 +176,7 @@ int main(void) {
     keyfence_authority_free(auth);
     keyfence_authority_free(NULL);
 
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    CHECK(system(cmd) == 0);
+    kf_remove_tree(dir);
     printf("test_wrap: ok\n");
     return 0;
 }
