@@ -54,12 +54,8 @@ fn generate(kind: KeyKind) -> PKey<Private> {
 
 /// One operation at a time, then 64 in flight, through `engine`.
 fn bench_path(
-    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
-    name: &str,
-    path: &str,
-    engine: &Engine,
-    key: &Arc<PrivateKey>,
-    alg: Algorithm,
+    g: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>, name: &str, path: &str, engine: &Engine,
+    key: &Arc<PrivateKey>, alg: Algorithm,
 ) {
     g.throughput(Throughput::Elements(1));
     g.bench_function(BenchmarkId::new(name, path), |b| b.iter(|| engine.sign(key, alg, &MSG).unwrap().wait().unwrap()));

@@ -106,9 +106,7 @@ where
 /// # Errors
 /// The operating system's refusal to start a thread.
 pub(crate) fn spawn_scoped<'scope, 'env, F, T>(
-    builder: Builder,
-    scope: &'scope Scope<'scope, 'env>,
-    f: F,
+    builder: Builder, scope: &'scope Scope<'scope, 'env>, f: F,
 ) -> io::Result<ScopedJoinHandle<'scope, T>>
 where
     F: FnOnce() -> T + Send + 'scope,

@@ -211,8 +211,7 @@ fn one_tenants_flood_is_refused_while_another_tenant_is_served() {
 }
 
 fn tls_connect(
-    files: Option<keyfence::sign::remote::TlsFiles>,
-    addr: std::net::SocketAddr,
+    files: Option<keyfence::sign::remote::TlsFiles>, addr: std::net::SocketAddr,
 ) -> Result<openssl::ssl::SslStream<TcpStream>, String> {
     use openssl::ssl::{SslConnector, SslFiletype, SslMethod};
     let pki = Pki::get();
@@ -762,10 +761,7 @@ impl keyfence::sign::Backend for Counting {
         self.inner.class(key, op)
     }
     fn perform(
-        &self,
-        key: &keyfence::sign::PrivateKey,
-        op: &keyfence::sign::Operation,
-        deadline: Instant,
+        &self, key: &keyfence::sign::PrivateKey, op: &keyfence::sign::Operation, deadline: Instant,
     ) -> Result<keyfence::sign::Output, SignError> {
         use std::sync::atomic::Ordering;
         self.running.fetch_add(1, Ordering::SeqCst);

@@ -91,10 +91,7 @@ const ECDSA_SECP256R1_SHA256: u16 = 0x0403;
 /// A real client that trusts `cert`, verifies `localhost`, sends
 /// "ping" and expects "pong".
 fn client(
-    addr: std::net::SocketAddr,
-    cert: X509,
-    version: SslVersion,
-    cipher: Option<&'static str>,
+    addr: std::net::SocketAddr, cert: X509, version: SslVersion, cipher: Option<&'static str>,
 ) -> std::thread::JoinHandle<Result<ClientView, String>> {
     std::thread::spawn(move || {
         let mut b = SslConnector::builder(SslMethod::tls()).unwrap();

@@ -314,9 +314,7 @@ fn random_policies_agree_with_a_second_evaluator(stores: &Stores) {
 /// with the smallest latency (unknown: farthest), ties to the value that
 /// sorts first.
 fn project_again(
-    groups: &BTreeMap<String, bool>,
-    traffic: &BTreeMap<String, f64>,
-    lat: &BTreeMap<(String, String), f64>,
+    groups: &BTreeMap<String, bool>, traffic: &BTreeMap<String, f64>, lat: &BTreeMap<(String, String), f64>,
 ) -> (BTreeMap<String, f64>, BTreeMap<String, Option<String>>) {
     let mut received: BTreeMap<String, f64> = groups.keys().map(|g| (g.clone(), 0.0)).collect();
     let mut dest = BTreeMap::new();

@@ -34,8 +34,7 @@ pub struct keyfence_abe_attribute_key(AttributeKey);
 /// `pk` and `msk` are writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_setup(
-    pk: *mut *mut keyfence_abe_public_key,
-    msk: *mut *mut keyfence_abe_master_key,
+    pk: *mut *mut keyfence_abe_public_key, msk: *mut *mut keyfence_abe_master_key,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let (pk_out, msk_out) = (ffi::out(pk, "pk")?, ffi::out(msk, "msk")?);
@@ -60,9 +59,7 @@ pub unsafe extern "C" fn keyfence_abe_setup(
 /// `msk` is a live handle; `attrs` a NUL-terminated string; `key` writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_keygen(
-    msk: *const keyfence_abe_master_key,
-    attrs: *const c_char,
-    key: *mut *mut keyfence_abe_attribute_key,
+    msk: *const keyfence_abe_master_key, attrs: *const c_char, key: *mut *mut keyfence_abe_attribute_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { keygen(msk, key, || policy::attributes(ffi::text(attrs, "attrs")?)) }
@@ -79,10 +76,7 @@ pub unsafe extern "C" fn keyfence_abe_keygen(
 /// `count` readable `keyfence_attribute`s; `key` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_keygen_pairs(
-    msk: *const keyfence_abe_master_key,
-    attrs: *const policy::keyfence_attribute,
-    count: usize,
-    key: *mut *mut keyfence_abe_attribute_key,
+    msk: *const keyfence_abe_master_key, attrs: *const policy::keyfence_attribute, count: usize, key: *mut *mut keyfence_abe_attribute_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { keygen(msk, key, || policy::pairs(attrs, count)) }
@@ -93,9 +87,7 @@ pub unsafe extern "C" fn keyfence_abe_keygen_pairs(
 /// # Safety
 /// `msk` is a live handle; `key` is writable.
 unsafe fn keygen(
-    msk: *const keyfence_abe_master_key,
-    key: *mut *mut keyfence_abe_attribute_key,
-    attrs: impl FnOnce() -> Result<Attributes, Error>,
+    msk: *const keyfence_abe_master_key, key: *mut *mut keyfence_abe_attribute_key, attrs: impl FnOnce() -> Result<Attributes, Error>,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(key, "key")?;
@@ -120,11 +112,7 @@ unsafe fn keygen(
 /// `len` readable bytes (or is NULL with `len == 0`); `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_encrypt(
-    pk: *const keyfence_abe_public_key,
-    policy: *const c_char,
-    msg: *const u8,
-    len: usize,
-    out: *mut keyfence_bytes,
+    pk: *const keyfence_abe_public_key, policy: *const c_char, msg: *const u8, len: usize, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
@@ -150,10 +138,7 @@ pub unsafe extern "C" fn keyfence_abe_encrypt(
 /// writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_decrypt(
-    key: *const keyfence_abe_attribute_key,
-    ct: *const u8,
-    len: usize,
-    out: *mut keyfence_bytes,
+    key: *const keyfence_abe_attribute_key, ct: *const u8, len: usize, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
@@ -193,11 +178,7 @@ pub unsafe extern "C" fn keyfence_abe_could_decrypt(attrs: *const c_char, ct: *c
 /// writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_could_decrypt_pairs(
-    attrs: *const policy::keyfence_attribute,
-    count: usize,
-    ct: *const u8,
-    len: usize,
-    could: *mut bool,
+    attrs: *const policy::keyfence_attribute, count: usize, ct: *const u8, len: usize, could: *mut bool,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { could_decrypt(ct, len, could, || policy::pairs(attrs, count)) }
@@ -244,11 +225,7 @@ pub unsafe extern "C" fn keyfence_abe_policy_of(ct: *const u8, len: usize, out: 
 /// As each `_from_bytes`: `b` points to `len` readable bytes, `out` is
 /// writable.
 unsafe fn from_bytes<K, H>(
-    b: *const u8,
-    len: usize,
-    out: *mut *mut H,
-    parse: fn(&[u8]) -> abe::Result<K>,
-    wrap: fn(K) -> H,
+    b: *const u8, len: usize, out: *mut *mut H, parse: fn(&[u8]) -> abe::Result<K>, wrap: fn(K) -> H,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
@@ -284,9 +261,7 @@ unsafe fn to_bytes<H>(key: *const H, out: *mut keyfence_bytes, encode: impl FnOn
 /// `b` points to `len` readable bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_public_key_from_bytes(
-    b: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_abe_public_key,
+    b: *const u8, len: usize, out: *mut *mut keyfence_abe_public_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { from_bytes(b, len, out, PublicKey::from_bytes, keyfence_abe_public_key) }
@@ -298,8 +273,7 @@ pub unsafe extern "C" fn keyfence_abe_public_key_from_bytes(
 /// `key` is a live handle; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_public_key_to_bytes(
-    key: *const keyfence_abe_public_key,
-    out: *mut keyfence_bytes,
+    key: *const keyfence_abe_public_key, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { to_bytes(key, out, |k| k.0.to_bytes()) }
@@ -324,9 +298,7 @@ pub unsafe extern "C" fn keyfence_abe_public_key_free(key: *mut keyfence_abe_pub
 /// `b` points to `len` readable bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_master_key_from_bytes(
-    b: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_abe_master_key,
+    b: *const u8, len: usize, out: *mut *mut keyfence_abe_master_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { from_bytes(b, len, out, MasterSecretKey::from_bytes, keyfence_abe_master_key) }
@@ -339,8 +311,7 @@ pub unsafe extern "C" fn keyfence_abe_master_key_from_bytes(
 /// `key` is a live handle; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_master_key_to_bytes(
-    key: *const keyfence_abe_master_key,
-    out: *mut keyfence_bytes,
+    key: *const keyfence_abe_master_key, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { to_bytes(key, out, |k| k.0.to_bytes().to_vec()) }
@@ -364,9 +335,7 @@ pub unsafe extern "C" fn keyfence_abe_master_key_free(key: *mut keyfence_abe_mas
 /// `b` points to `len` readable bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_attribute_key_from_bytes(
-    b: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_abe_attribute_key,
+    b: *const u8, len: usize, out: *mut *mut keyfence_abe_attribute_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { from_bytes(b, len, out, AttributeKey::from_bytes, keyfence_abe_attribute_key) }
@@ -379,8 +348,7 @@ pub unsafe extern "C" fn keyfence_abe_attribute_key_from_bytes(
 /// `key` is a live handle; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_abe_attribute_key_to_bytes(
-    key: *const keyfence_abe_attribute_key,
-    out: *mut keyfence_bytes,
+    key: *const keyfence_abe_attribute_key, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { to_bytes(key, out, |k| k.0.to_bytes().to_vec()) }

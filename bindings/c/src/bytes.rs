@@ -48,9 +48,7 @@ pub(crate) unsafe fn give(out: *mut keyfence_bytes, b: &[u8]) {
 /// # Safety
 /// `out` is NULL or writable.
 pub(crate) unsafe fn make<B: AsRef<[u8]>>(
-    out: *mut keyfence_bytes,
-    name: &str,
-    f: impl FnOnce() -> Result<B, Error>,
+    out: *mut keyfence_bytes, name: &str, f: impl FnOnce() -> Result<B, Error>,
 ) -> crate::keyfence_result {
     ffi::boundary(|| {
         let out = self::out(out, name)?;

@@ -81,17 +81,9 @@ unsafe fn optional<'a>(p: *const c_char, name: &str) -> Result<Option<&'a str>, 
 #[no_mangle]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn keyfence_authority_where(
-    authority: *const keyfence_authority,
-    policy_text: *const c_char,
-    by: *const c_char,
-    near: *const c_char,
-    traffic: *const keyfence_group_rate,
-    traffic_count: usize,
-    latency: *const keyfence_group_latency,
-    latency_count: usize,
-    warn_ratio: f64,
-    list_machines: bool,
-    json: *mut keyfence_bytes,
+    authority: *const keyfence_authority, policy_text: *const c_char, by: *const c_char, near: *const c_char,
+    traffic: *const keyfence_group_rate, traffic_count: usize, latency: *const keyfence_group_latency, latency_count: usize,
+    warn_ratio: f64, list_machines: bool, json: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
@@ -140,10 +132,7 @@ pub unsafe extern "C" fn keyfence_authority_where(
 /// `file_name` NULL or a NUL-terminated string; `added` NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_import_inventory(
-    authority: *const keyfence_authority,
-    text: *const c_char,
-    file_name: *const c_char,
-    added: *mut usize,
+    authority: *const keyfence_authority, text: *const c_char, file_name: *const c_char, added: *mut usize,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.

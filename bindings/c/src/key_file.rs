@@ -139,9 +139,7 @@ pub unsafe extern "C" fn keyfence_key_file_is_pkcs11(file: *const keyfence_key_f
 /// `file` is a live handle; `data` and `len` are writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_file_public_key(
-    file: *const keyfence_key_file,
-    data: *mut *const u8,
-    len: *mut usize,
+    file: *const keyfence_key_file, data: *mut *const u8, len: *mut usize,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { view(file, data, len, |f| &f.public_key) }
@@ -156,9 +154,7 @@ pub unsafe extern "C" fn keyfence_key_file_public_key(
 /// `file` is a live handle; `data` and `len` are writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_file_envelope(
-    file: *const keyfence_key_file,
-    data: *mut *const u8,
-    len: *mut usize,
+    file: *const keyfence_key_file, data: *mut *const u8, len: *mut usize,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { view(file, data, len, |f| &f.envelope) }
@@ -167,10 +163,7 @@ pub unsafe extern "C" fn keyfence_key_file_envelope(
 /// # Safety
 /// As the functions above.
 unsafe fn view(
-    file: *const keyfence_key_file,
-    data: *mut *const u8,
-    len: *mut usize,
-    field: impl Fn(&KeyFile) -> &Vec<u8>,
+    file: *const keyfence_key_file, data: *mut *const u8, len: *mut usize, field: impl Fn(&KeyFile) -> &Vec<u8>,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let (data, len) = (ffi::out(data, "data")?, ffi::out(len, "len")?);
@@ -233,11 +226,7 @@ pub unsafe extern "C" fn keyfence_key_file_peer_count(file: *const keyfence_key_
 /// `file` is a live handle; the four outputs are writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_file_peer(
-    file: *const keyfence_key_file,
-    index: usize,
-    name: *mut *const c_char,
-    addr: *mut *const c_char,
-    attrs: *mut *const c_char,
+    file: *const keyfence_key_file, index: usize, name: *mut *const c_char, addr: *mut *const c_char, attrs: *mut *const c_char,
     server_name: *mut *const c_char,
 ) -> keyfence_result {
     ffi::boundary(|| {

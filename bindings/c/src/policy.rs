@@ -74,9 +74,7 @@ pub(crate) unsafe fn pairs(attrs: *const keyfence_attribute, count: usize) -> Re
 /// `keyfence_attribute`s; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_attributes_text(
-    attrs: *const keyfence_attribute,
-    count: usize,
-    out: *mut keyfence_bytes,
+    attrs: *const keyfence_attribute, count: usize, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;
@@ -124,10 +122,7 @@ pub unsafe extern "C" fn keyfence_policy_check(policy: *const c_char, attrs: *co
 /// `satisfied` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_policy_check_pairs(
-    policy: *const c_char,
-    attrs: *const keyfence_attribute,
-    count: usize,
-    satisfied: *mut bool,
+    policy: *const c_char, attrs: *const keyfence_attribute, count: usize, satisfied: *mut bool,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { check(policy, satisfied, || pairs(attrs, count)) }
@@ -167,11 +162,7 @@ unsafe fn check(policy: *const c_char, satisfied: *mut bool, attrs: impl FnOnce(
 /// writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_policy_term(
-    label: *const c_char,
-    label_len: usize,
-    value: *const c_char,
-    value_len: usize,
-    out: *mut keyfence_bytes,
+    label: *const c_char, label_len: usize, value: *const c_char, value_len: usize, out: *mut keyfence_bytes,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(out, "out")?;

@@ -41,10 +41,7 @@ pub struct keyfence_remote(RemoteSigner);
 /// The three paths are NUL-terminated strings; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_config_new(
-    cert_file: *const c_char,
-    key_file: *const c_char,
-    ca_file: *const c_char,
-    out: *mut *mut keyfence_remote_config,
+    cert_file: *const c_char, key_file: *const c_char, ca_file: *const c_char, out: *mut *mut keyfence_remote_config,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
@@ -73,11 +70,7 @@ pub unsafe extern "C" fn keyfence_remote_config_new(
 /// `attrs` are NUL-terminated strings; `server_name` is NULL or one.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_config_add_peer(
-    config: *mut keyfence_remote_config,
-    name: *const c_char,
-    addr: *const c_char,
-    attrs: *const c_char,
-    server_name: *const c_char,
+    config: *mut keyfence_remote_config, name: *const c_char, addr: *const c_char, attrs: *const c_char, server_name: *const c_char,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
@@ -119,10 +112,7 @@ pub unsafe extern "C" fn keyfence_remote_config_set_tenant(config: *mut keyfence
 /// `config` is a live handle no other thread uses.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_config_set_limits(
-    config: *mut keyfence_remote_config,
-    connect_ms: u32,
-    request_ms: u32,
-    max_attempts: u32,
+    config: *mut keyfence_remote_config, connect_ms: u32, request_ms: u32, max_attempts: u32,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
@@ -175,10 +165,7 @@ pub unsafe extern "C" fn keyfence_remote_new(config: *const keyfence_remote_conf
 /// is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_key(
-    remote: *const keyfence_remote,
-    env: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_private_key,
+    remote: *const keyfence_remote, env: *const u8, len: usize, out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     let (r, env) = unsafe { (ffi::borrow(remote, "remote"), ffi::slice(env, len, "env")) };
@@ -201,11 +188,7 @@ pub unsafe extern "C" fn keyfence_remote_key(
 /// bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_remote_open_or_forward(
-    remote: *const keyfence_remote,
-    machine: *const keyfence_machine,
-    env: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_private_key,
+    remote: *const keyfence_remote, machine: *const keyfence_machine, env: *const u8, len: usize, out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     let (r, m, env) = unsafe { (ffi::borrow(remote, "remote"), ffi::borrow(machine, "machine"), ffi::slice(env, len, "env")) };

@@ -120,10 +120,7 @@ pub unsafe extern "C" fn keyfence_engine_config_new(out: *mut *mut keyfence_engi
 /// `config` is a live handle.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_config_set_class(
-    config: *mut keyfence_engine_config,
-    class: u32,
-    threads: u32,
-    queue_capacity: u32,
+    config: *mut keyfence_engine_config, class: u32, threads: u32, queue_capacity: u32,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
@@ -175,8 +172,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_timeout_ms(config: *mut keyf
 /// string.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_config_set_isolated(
-    config: *mut keyfence_engine_config,
-    key_process: *const c_char,
+    config: *mut keyfence_engine_config, key_process: *const c_char,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promise.
@@ -235,9 +231,7 @@ pub unsafe extern "C" fn keyfence_engine_config_set_agent(config: *mut keyfence_
 /// NUL-terminated string.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_config_set_offload(
-    config: *mut keyfence_engine_config,
-    mode: *const c_char,
-    crypto_mb: *const c_char,
+    config: *mut keyfence_engine_config, mode: *const c_char, crypto_mb: *const c_char,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises.
@@ -331,10 +325,7 @@ fn load(engine: Option<&keyfence_engine>, source: KeySource) -> Result<Arc<Priva
 /// bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_from_pem(
-    engine: *const keyfence_engine,
-    pem: *const u8,
-    len: usize,
-    out: *mut *mut keyfence_private_key,
+    engine: *const keyfence_engine, pem: *const u8, len: usize, out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
     let (engine, pem) = unsafe { (engine.as_ref(), ffi::slice(pem, len, "pem")) };
@@ -384,11 +375,7 @@ pub unsafe extern "C" fn keyfence_key_from_pem(
 /// points to `len` readable bytes; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_from_envelope(
-    engine: *const keyfence_engine,
-    store_dir: *const c_char,
-    machine_key_path: *const c_char,
-    env: *const u8,
-    len: usize,
+    engine: *const keyfence_engine, store_dir: *const c_char, machine_key_path: *const c_char, env: *const u8, len: usize,
     out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
@@ -467,9 +454,7 @@ pub unsafe extern "C" fn keyfence_key_from_envelope(
 /// `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_key_load_pkcs11(
-    engine: *const keyfence_engine,
-    uri: *const c_char,
-    out: *mut *mut keyfence_private_key,
+    engine: *const keyfence_engine, uri: *const c_char, out: *mut *mut keyfence_private_key,
 ) -> keyfence_result {
     // SAFETY: the caller's promises; NULL engine means in-process.
     let (engine, uri) = unsafe { (engine.as_ref(), ffi::text(uri, "uri")) };
@@ -538,11 +523,7 @@ pub(crate) unsafe fn key_out(out: *mut *mut keyfence_private_key, f: impl FnOnce
 /// As the submit functions: `key` live, `alg` a NUL-terminated string,
 /// `msg` `len` readable bytes.
 unsafe fn request(
-    key: *const keyfence_private_key,
-    alg: *const c_char,
-    msg: *const u8,
-    len: usize,
-    timeout_ms: u32,
+    key: *const keyfence_private_key, alg: *const c_char, msg: *const u8, len: usize, timeout_ms: u32,
 ) -> Result<Request, Error> {
     // SAFETY: the caller's promises, passed on.
     let (key, alg, msg) = unsafe { (ffi::borrow(key, "key")?, ffi::text(alg, "alg")?, ffi::slice(msg, len, "msg")?) };
@@ -567,12 +548,7 @@ unsafe fn request(
 /// `msg` points to `len` readable bytes; `signature` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_sign(
-    engine: *const keyfence_engine,
-    key: *const keyfence_private_key,
-    alg: *const c_char,
-    msg: *const u8,
-    len: usize,
-    timeout_ms: u32,
+    engine: *const keyfence_engine, key: *const keyfence_private_key, alg: *const c_char, msg: *const u8, len: usize, timeout_ms: u32,
     signature: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
@@ -608,15 +584,8 @@ unsafe impl Send for UserData {}
 /// with `user_data`; `op` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_submit(
-    engine: *const keyfence_engine,
-    key: *const keyfence_private_key,
-    alg: *const c_char,
-    msg: *const u8,
-    len: usize,
-    timeout_ms: u32,
-    callback: keyfence_sign_callback,
-    user_data: *mut c_void,
-    op: *mut *mut keyfence_operation,
+    engine: *const keyfence_engine, key: *const keyfence_private_key, alg: *const c_char, msg: *const u8, len: usize, timeout_ms: u32,
+    callback: keyfence_sign_callback, user_data: *mut c_void, op: *mut *mut keyfence_operation,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let cb = callback.ok_or_else(|| ffi::null("callback"))?;
@@ -687,15 +656,8 @@ pub unsafe extern "C" fn keyfence_completion_queue_fd(queue: *const keyfence_com
 /// or writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_submit_to_queue(
-    engine: *const keyfence_engine,
-    key: *const keyfence_private_key,
-    alg: *const c_char,
-    msg: *const u8,
-    len: usize,
-    timeout_ms: u32,
-    queue: *const keyfence_completion_queue,
-    user_data: *mut c_void,
-    op: *mut *mut keyfence_operation,
+    engine: *const keyfence_engine, key: *const keyfence_private_key, alg: *const c_char, msg: *const u8, len: usize, timeout_ms: u32,
+    queue: *const keyfence_completion_queue, user_data: *mut c_void, op: *mut *mut keyfence_operation,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
@@ -765,10 +727,7 @@ pub unsafe extern "C" fn keyfence_operation_free(op: *mut keyfence_operation) {
 /// `n` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_completion_queue_drain(
-    queue: *const keyfence_completion_queue,
-    out: *mut keyfence_completion,
-    cap: usize,
-    n: *mut usize,
+    queue: *const keyfence_completion_queue, out: *mut keyfence_completion, cap: usize, n: *mut usize,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let n_out = ffi::out(n, "n")?;
@@ -857,9 +816,7 @@ pub struct keyfence_class_metrics {
 /// `engine` is a live handle; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_engine_metrics(
-    engine: *const keyfence_engine,
-    class: u32,
-    out: *mut keyfence_class_metrics,
+    engine: *const keyfence_engine, class: u32, out: *mut keyfence_class_metrics,
 ) -> keyfence_result {
     let class = class_of(class);
     ffi::boundary(|| {

@@ -115,9 +115,7 @@ pub unsafe extern "C" fn keyfence_authority_open(store_name: *const c_char, out:
 /// `machine_key` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_issue(
-    authority: *const keyfence_authority,
-    attrs: *const c_char,
-    machine_key: *mut keyfence_bytes,
+    authority: *const keyfence_authority, attrs: *const c_char, machine_key: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { issue(authority, machine_key, || policy::attributes(ffi::text(attrs, "attrs")?)) }
@@ -134,10 +132,7 @@ pub unsafe extern "C" fn keyfence_authority_issue(
 /// is NULL with `count == 0`); `machine_key` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_issue_pairs(
-    authority: *const keyfence_authority,
-    attrs: *const policy::keyfence_attribute,
-    count: usize,
-    machine_key: *mut keyfence_bytes,
+    authority: *const keyfence_authority, attrs: *const policy::keyfence_attribute, count: usize, machine_key: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe { issue(authority, machine_key, || policy::pairs(attrs, count)) }
@@ -148,9 +143,7 @@ pub unsafe extern "C" fn keyfence_authority_issue_pairs(
 /// # Safety
 /// `authority` is a live handle; `machine_key` is writable.
 unsafe fn issue(
-    authority: *const keyfence_authority,
-    machine_key: *mut keyfence_bytes,
-    attrs: impl FnOnce() -> Result<Attributes, Error>,
+    authority: *const keyfence_authority, machine_key: *mut keyfence_bytes, attrs: impl FnOnce() -> Result<Attributes, Error>,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(machine_key, "machine_key")?;
@@ -176,11 +169,7 @@ unsafe fn issue(
 /// bytes; `envelope` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_wrap(
-    authority: *mut keyfence_authority,
-    policy: *const c_char,
-    secret: *const u8,
-    len: usize,
-    envelope: *mut keyfence_bytes,
+    authority: *mut keyfence_authority, policy: *const c_char, secret: *const u8, len: usize, envelope: *mut keyfence_bytes,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(envelope, "envelope")?;
@@ -240,9 +229,7 @@ pub unsafe extern "C" fn keyfence_authority_rotate_master(authority: *mut keyfen
 /// `machine_id` is a NUL-terminated string; `rewrapped` is NULL or writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_revoke(
-    authority: *mut keyfence_authority,
-    machine_id: *const c_char,
-    rewrapped: *mut usize,
+    authority: *mut keyfence_authority, machine_id: *const c_char, rewrapped: *mut usize,
 ) -> keyfence_result {
     ffi::boundary(|| {
         // SAFETY: the caller's promises, passed on.
@@ -272,9 +259,7 @@ pub unsafe extern "C" fn keyfence_authority_revoke(
 /// `machine_id` is a NUL-terminated string; `json` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_authority_revoke_report(
-    authority: *mut keyfence_authority,
-    machine_id: *const c_char,
-    json: *mut keyfence_bytes,
+    authority: *mut keyfence_authority, machine_id: *const c_char, json: *mut keyfence_bytes,
 ) -> keyfence_result {
     // SAFETY: the caller's promises, passed on.
     unsafe {
@@ -313,10 +298,7 @@ pub unsafe extern "C" fn keyfence_authority_free(authority: *mut keyfence_author
 /// string; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_machine_new(
-    key: *const u8,
-    len: usize,
-    store_name: *const c_char,
-    out: *mut *mut keyfence_machine,
+    key: *const u8, len: usize, store_name: *const c_char, out: *mut *mut keyfence_machine,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
@@ -360,11 +342,7 @@ pub unsafe extern "C" fn keyfence_machine_new(
 /// are NUL-terminated strings; `out` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_machine_new_with_state(
-    key: *const u8,
-    len: usize,
-    store_name: *const c_char,
-    state_path: *const c_char,
-    out: *mut *mut keyfence_machine,
+    key: *const u8, len: usize, store_name: *const c_char, state_path: *const c_char, out: *mut *mut keyfence_machine,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(out, "out")?;
@@ -455,10 +433,7 @@ pub unsafe extern "C" fn keyfence_machine_id(machine: *const keyfence_machine, i
 /// `could` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_machine_could_open(
-    machine: *const keyfence_machine,
-    env: *const u8,
-    len: usize,
-    could: *mut bool,
+    machine: *const keyfence_machine, env: *const u8, len: usize, could: *mut bool,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = ffi::out(could, "could")?;
@@ -489,10 +464,7 @@ pub unsafe extern "C" fn keyfence_machine_could_open(
 /// `secret` is writable.
 #[no_mangle]
 pub unsafe extern "C" fn keyfence_machine_open(
-    machine: *const keyfence_machine,
-    env: *const u8,
-    len: usize,
-    secret: *mut keyfence_bytes,
+    machine: *const keyfence_machine, env: *const u8, len: usize, secret: *mut keyfence_bytes,
 ) -> keyfence_result {
     ffi::boundary(|| {
         let out = bytes::out(secret, "secret")?;

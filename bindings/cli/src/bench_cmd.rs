@@ -296,10 +296,7 @@ fn measure_store(kind: &str, store: std::sync::Arc<dyn keyfence::wrap::Store>, j
 /// the new generation list, and returns the p50, p99 and max of their
 /// propagation delays, in milliseconds.
 fn propagation(
-    auth: &mut keyfence::wrap::Authority,
-    machine: &keyfence::wrap::Machine,
-    store: &std::sync::Arc<dyn keyfence::wrap::Store>,
-    n: usize,
+    auth: &mut keyfence::wrap::Authority, machine: &keyfence::wrap::Machine, store: &std::sync::Arc<dyn keyfence::wrap::Store>, n: usize,
 ) -> Result<(f64, f64, f64)> {
     use keyfence::wrap::{CacheConfig, Machine};
     use std::sync::Arc;

@@ -640,10 +640,7 @@ pub(crate) struct LoopbackServer {
 /// A key the authority cannot wrap, the server not starting or not saying
 /// where it listens, the client not starting.
 pub(crate) fn loopback_server(
-    scratch: &Path,
-    keys: &[(&str, &[u8])],
-    server_threads: Option<usize>,
-    connections: usize,
+    scratch: &Path, keys: &[(&str, &[u8])], server_threads: Option<usize>, connections: usize,
 ) -> Result<LoopbackServer> {
     let files = crate::pki::make(scratch, &["server", "client"])?;
     // An authority, a US machine key for the server, and US-only keys.

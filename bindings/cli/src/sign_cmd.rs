@@ -555,12 +555,7 @@ pub fn bench(args: BenchSignArgs) -> Result<ExitCode> {
 
 #[allow(clippy::too_many_arguments)]
 fn run_cases(
-    args: &BenchSignArgs,
-    threads: usize,
-    dur: Duration,
-    rig: &Rig,
-    cases: &[&Case],
-    keys: &[(PKey<Private>, Zeroizing<Vec<u8>>)],
+    args: &BenchSignArgs, threads: usize, dur: Duration, rig: &Rig, cases: &[&Case], keys: &[(PKey<Private>, Zeroizing<Vec<u8>>)],
     wanted: &dyn Fn(&str) -> bool,
 ) -> Result<ExitCode> {
     if !args.json {

@@ -142,8 +142,7 @@ fn keygen_job(master_key: &MasterKey, attrs: HashMap<String, String>) -> Job<abe
 /// `LIMIT_EXCEEDED` (attributes too many or too long for the key format).
 #[napi(namespace = "abe", ts_return_type = "Promise<AttributeKey>")]
 pub fn keygen(
-    master_key: &MasterKey,
-    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+    master_key: &MasterKey, #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
 ) -> AsyncTask<Job<abe::AttributeKey, AttributeKey>> {
     keygen_job(master_key, attrs).spawn()
 }
@@ -151,9 +150,7 @@ pub fn keygen(
 /// `keygen` on the calling thread.
 #[napi(namespace = "abe")]
 pub fn keygen_sync(
-    env: Env,
-    master_key: &MasterKey,
-    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
+    env: Env, master_key: &MasterKey, #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
 ) -> napi::Result<AttributeKey> {
     keygen_job(master_key, attrs).run_sync(&env)
 }
@@ -172,9 +169,7 @@ fn encrypt_job(public_key: &PublicKey, policy: String, message: Uint8Array) -> J
 /// `POLICY_TOO_LARGE`, `RESERVED_LABEL` or `LIMIT_EXCEEDED`.
 #[napi(namespace = "abe", ts_return_type = "Promise<Buffer>")]
 pub fn encrypt(
-    public_key: &PublicKey,
-    policy: String,
-    #[napi(ts_arg_type = "Bytes")] message: Uint8Array,
+    public_key: &PublicKey, policy: String, #[napi(ts_arg_type = "Bytes")] message: Uint8Array,
 ) -> AsyncTask<Job<Vec<u8>, Buffer>> {
     encrypt_job(public_key, policy, message).spawn()
 }
@@ -182,10 +177,7 @@ pub fn encrypt(
 /// `encrypt` on the calling thread.
 #[napi(namespace = "abe")]
 pub fn encrypt_sync(
-    env: Env,
-    public_key: &PublicKey,
-    policy: String,
-    #[napi(ts_arg_type = "Bytes")] message: Uint8Array,
+    env: Env, public_key: &PublicKey, policy: String, #[napi(ts_arg_type = "Bytes")] message: Uint8Array,
 ) -> napi::Result<Buffer> {
     encrypt_job(public_key, policy, message).run_sync(&env)
 }
@@ -209,8 +201,7 @@ fn decrypt_job(key: &AttributeKey, ciphertext: Uint8Array) -> Job<zeroize::Zeroi
 /// made for another authority. Never a wrong plaintext.
 #[napi(namespace = "abe", ts_return_type = "Promise<Buffer>")]
 pub fn decrypt(
-    key: &AttributeKey,
-    #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
+    key: &AttributeKey, #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
 ) -> AsyncTask<Job<zeroize::Zeroizing<Vec<u8>>, Buffer>> {
     decrypt_job(key, ciphertext).spawn()
 }
@@ -227,9 +218,7 @@ pub fn decrypt_sync(env: Env, key: &AttributeKey, #[napi(ts_arg_type = "Bytes")]
 /// Throws `KeyfenceError` code `INVALID_CIPHERTEXT` or `INVALID_ATTRIBUTES`.
 #[napi(namespace = "abe")]
 pub fn could_decrypt(
-    env: Env,
-    #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>,
-    #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
+    env: Env, #[napi(ts_arg_type = "Attributes")] attrs: HashMap<String, String>, #[napi(ts_arg_type = "Bytes")] ciphertext: Uint8Array,
 ) -> napi::Result<bool> {
     js(&env, policy::attributes(attrs).and_then(|a| Ok(abe::could_decrypt(&a, &ciphertext)?)))
 }

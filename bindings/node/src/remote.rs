@@ -118,9 +118,7 @@ impl RemoteSigner {
 }
 
 fn key_job(
-    signer: KfResult<core::RemoteSigner>,
-    envelope: Vec<u8>,
-    machine: Option<Arc<keyfence::wrap::Machine>>,
+    signer: KfResult<core::RemoteSigner>, envelope: Vec<u8>, machine: Option<Arc<keyfence::wrap::Machine>>,
 ) -> Job<Arc<keyfence::sign::PrivateKey>, PrivateKey> {
     Job::new(
         move || {

@@ -423,11 +423,7 @@ impl Engine {
     /// after `close`.
     #[napi(ts_args_type = "...args: [store: string, machineKey: string, envelope: Bytes] | [envelope: Bytes]")]
     pub fn load_envelope(
-        &self,
-        env: Env,
-        first: Either<String, Uint8Array>,
-        machine_key: Option<String>,
-        envelope: Option<Uint8Array>,
+        &self, env: Env, first: Either<String, Uint8Array>, machine_key: Option<String>, envelope: Option<Uint8Array>,
     ) -> napi::Result<PrivateKey> {
         let source = match (first, machine_key, envelope) {
             (Either::A(store), Some(machine_key), Some(envelope)) => KeySource::envelope(envelope.to_vec(), store, machine_key),
@@ -497,11 +493,7 @@ impl Engine {
     /// `SHUT_DOWN`.
     #[napi(ts_return_type = "Promise<Buffer>")]
     pub fn sign<'env>(
-        &self,
-        env: &'env Env,
-        key: &PrivateKey,
-        algorithm: String,
-        #[napi(ts_arg_type = "Bytes")] data: Uint8Array,
+        &self, env: &'env Env, key: &PrivateKey, algorithm: String, #[napi(ts_arg_type = "Bytes")] data: Uint8Array,
         options: Option<SignOptions>,
     ) -> napi::Result<Unknown<'env>> {
         Ok(self.submit(env, key, &algorithm, &data, options.and_then(|o| o.timeout_ms))?.0)
@@ -514,12 +506,7 @@ impl Engine {
     /// cancellable.
     #[napi(skip_typescript)]
     pub fn sign_cancellable<'env>(
-        &self,
-        env: &'env Env,
-        options: SignOptions,
-        key: &PrivateKey,
-        algorithm: String,
-        data: Uint8Array,
+        &self, env: &'env Env, options: SignOptions, key: &PrivateKey, algorithm: String, data: Uint8Array,
     ) -> napi::Result<Array<'env>> {
         let (promise, handle) = self.submit(env, key, &algorithm, &data, options.timeout_ms)?;
         let cancel: Function<(), bool> =
@@ -533,12 +520,7 @@ impl Engine {
     /// Submits one signature; the promise, and the operation's handle
     /// when the engine accepted it.
     fn submit<'env>(
-        &self,
-        env: &'env Env,
-        key: &PrivateKey,
-        algorithm: &str,
-        data: &[u8],
-        timeout_ms: Option<f64>,
+        &self, env: &'env Env, key: &PrivateKey, algorithm: &str, data: &[u8], timeout_ms: Option<f64>,
     ) -> napi::Result<(Unknown<'env>, Option<core::OpHandle>)> {
         let (pending, promise) = self.completions.begin(env)?;
         // The callback owns the promise's token; if the engine refuses the
@@ -571,11 +553,7 @@ impl Engine {
     /// Throws as `sign` rejects.
     #[napi]
     pub fn sign_sync(
-        &self,
-        env: Env,
-        key: &PrivateKey,
-        algorithm: String,
-        #[napi(ts_arg_type = "Bytes")] data: Uint8Array,
+        &self, env: Env, key: &PrivateKey, algorithm: String, #[napi(ts_arg_type = "Bytes")] data: Uint8Array,
         options: Option<SignSyncOptions>,
     ) -> napi::Result<Buffer> {
         let run = || -> KfResult<Buffer> {

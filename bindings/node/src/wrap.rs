@@ -96,9 +96,7 @@ pub struct SkippedEnvelope {
 impl Authority {
     /// Runs `f` on the authority, on whatever thread the job is on.
     fn with<T: Send + 'static, J>(
-        &self,
-        f: impl FnOnce(&mut core::Authority) -> KfResult<T> + Send + 'static,
-        to_js: fn(T) -> J,
+        &self, f: impl FnOnce(&mut core::Authority) -> KfResult<T> + Send + 'static, to_js: fn(T) -> J,
     ) -> Job<T, J> {
         let inner = self.inner.clone();
         Job::new(
@@ -330,10 +328,7 @@ impl Machine {
     /// names no store.
     #[napi(constructor)]
     pub fn new(
-        env: Env,
-        #[napi(ts_arg_type = "Bytes")] machine_key: Uint8Array,
-        dir: String,
-        options: Option<MachineOptions>,
+        env: Env, #[napi(ts_arg_type = "Bytes")] machine_key: Uint8Array, dir: String, options: Option<MachineOptions>,
     ) -> napi::Result<Self> {
         let made = || -> KfResult<Self> {
             let key = core::MachineKey::from_bytes(&machine_key)?;

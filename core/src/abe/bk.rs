@@ -51,11 +51,7 @@ fn keystream_xor(key: &[u8; 32], data: &mut [u8]) {
 /// Encrypts `msg` to `policy`, the header's wires on up to `threads`
 /// threads.
 pub(crate) fn encrypt<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    pk: &PublicKey,
-    policy: &AbePolicy,
-    msg: &[u8],
-    threads: usize,
+    rng: &mut R, pk: &PublicKey, policy: &AbePolicy, msg: &[u8], threads: usize,
 ) -> Result<Vec<u8>> {
     encrypt_header_with(rng, pk, policy, msg, threads, |_| {})
 }
@@ -64,12 +60,7 @@ pub(crate) fn encrypt<R: RngCore + CryptoRng + ?Sized>(
 /// it is encoded and MACed: tests use it to build ciphertexts a malicious
 /// encryptor could make, with a valid MAC.
 pub(crate) fn encrypt_header_with<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    pk: &PublicKey,
-    policy: &AbePolicy,
-    msg: &[u8],
-    threads: usize,
-    edit: impl FnOnce(&mut Header),
+    rng: &mut R, pk: &PublicKey, policy: &AbePolicy, msg: &[u8], threads: usize, edit: impl FnOnce(&mut Header),
 ) -> Result<Vec<u8>> {
     let mut seed = Zeroizing::new([0u8; SEED_LEN]);
     rng.fill_bytes(&mut seed[..]);

@@ -148,12 +148,7 @@ pub(crate) fn encode_gt(m: &Mat<Gt>) -> Vec<u8> {
 
 /// Decodes a matrix of the expected shape whose entries are `width` bytes.
 fn decode<T>(
-    bytes: &[u8],
-    shape: (usize, usize),
-    width: usize,
-    object: &'static str,
-    field: &str,
-    entry: impl Fn(&[u8]) -> Result<T, &'static str>,
+    bytes: &[u8], shape: (usize, usize), width: usize, object: &'static str, field: &str, entry: impl Fn(&[u8]) -> Result<T, &'static str>,
 ) -> Result<Mat<T>> {
     let err = codec(object);
     let mut r = Reader::new(bytes, Order::Little);

@@ -138,10 +138,7 @@ pub fn keygen_with_rng<R: RngCore + CryptoRng + ?Sized>(rng: &mut R, msk: &Maste
 }
 
 fn keygen_rng<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    msk: &MasterSecretKey,
-    attrs: &Attributes,
-    threads: usize,
+    rng: &mut R, msk: &MasterSecretKey, attrs: &Attributes, threads: usize,
 ) -> Result<AttributeKey> {
     // Sets built with `from_pairs` reach here unchecked; this is the one
     // door every key passes, whichever binding built the set.
@@ -235,20 +232,13 @@ pub fn encrypt_policy_with_threads(pk: &PublicKey, policy: &Policy, msg: &[u8], 
 /// As [`encrypt_policy`].
 #[cfg(any(test, feature = "testing"))]
 pub fn encrypt_policy_with_rng<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    pk: &PublicKey,
-    policy: &Policy,
-    msg: &[u8],
+    rng: &mut R, pk: &PublicKey, policy: &Policy, msg: &[u8],
 ) -> Result<Vec<u8>> {
     encrypt_rng(rng, pk, policy, msg, 1)
 }
 
 fn encrypt_rng<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    pk: &PublicKey,
-    policy: &Policy,
-    msg: &[u8],
-    threads: usize,
+    rng: &mut R, pk: &PublicKey, policy: &Policy, msg: &[u8], threads: usize,
 ) -> Result<Vec<u8>> {
     let p = AbePolicy::from_policy(policy)?;
     bk::encrypt(rng, pk, &p, msg, threads.max(1))

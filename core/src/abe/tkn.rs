@@ -112,10 +112,7 @@ pub(crate) fn setup<R: RngCore + CryptoRng + ?Sized>(rng: &mut R) -> Result<(Pub
 /// Boneh-Katz wildcard attribute, its per-attribute components on up to
 /// `threads` threads.
 pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    msk: &MasterSecretKey,
-    attrs: &BTreeMap<String, Scalar>,
-    threads: usize,
+    rng: &mut R, msk: &MasterSecretKey, attrs: &BTreeMap<String, Scalar>, threads: usize,
 ) -> Result<AttributeKey> {
     let mut all: BTreeMap<String, KeyAttr> = attrs.iter().map(|(l, v)| (l.clone(), KeyAttr { wild: false, value: *v })).collect();
     all.insert(BK_LABEL.into(), KeyAttr { wild: true, value: Scalar::ZERO });
@@ -164,11 +161,7 @@ pub(crate) fn keygen<R: RngCore + CryptoRng + ?Sized>(
 /// `Q_l = sum_t As_t (y U0 + U1)_{t,l}`, then `B* Q`: two 6-point and four
 /// 3-point multi-scalar multiplications instead of 4x3x2 products.
 fn k3_component(
-    msk: &MasterSecretKey,
-    a_s: &[Scalar; 3],
-    u0: &Mat<G1Affine>,
-    u1: Option<&Mat<G1Affine>>,
-    v0: &Mat<Scalar>,
+    msk: &MasterSecretKey, a_s: &[Scalar; 3], u0: &Mat<G1Affine>, u1: Option<&Mat<G1Affine>>, v0: &Mat<Scalar>,
     v1y: Option<(&Mat<Scalar>, Scalar)>,
 ) -> Mat<Wiped<G1Affine>> {
     let y = v1y.map_or(Scalar::ONE, |(_, y)| y);
@@ -227,10 +220,7 @@ pub(crate) struct Header {
 /// Boneh-Katz transform), the wires' components on up to `threads`
 /// threads. Returns the header and the element.
 pub(crate) fn encapsulate<R: RngCore + CryptoRng + ?Sized>(
-    rng: &mut R,
-    pk: &PublicKey,
-    policy: &AbePolicy,
-    threads: usize,
+    rng: &mut R, pk: &PublicKey, policy: &AbePolicy, threads: usize,
 ) -> (Header, Gt) {
     let (pi, d) = policy.occurrences();
     let r = [random_scalar(rng), random_scalar(rng)];
@@ -431,11 +421,7 @@ pub(crate) fn decapsulate<'a>(hdr: &LazyHeader<'a>, policy: &AbePolicy, key: &At
 /// Strict mode's extra work: every point of the header the key does not
 /// use, fully checked (the used ones are checked as they are decoded).
 fn check_unused<'a: 'env, 'env>(
-    hdr: &LazyHeader<'a>,
-    policy: &AbePolicy,
-    used: &[usize],
-    copies: &[bool],
-    crew: &Crew<'env>,
+    hdr: &LazyHeader<'a>, policy: &AbePolicy, used: &[usize], copies: &[bool], crew: &Crew<'env>,
 ) -> Result<()> {
     enum Job<'b> {
         G1(&'b [u8], String),
@@ -524,11 +510,7 @@ fn miller_lanes(pairs: usize, threads: usize) -> usize {
 /// runs alone once the helpers have left. The results, errors included,
 /// are those of one thread: every step returns its items in order.
 pub(crate) fn decapsulate_with<'a>(
-    hdr: &LazyHeader<'a>,
-    policy: &AbePolicy,
-    key: &AttributeKey,
-    used: &[usize],
-    opts: Decap,
+    hdr: &LazyHeader<'a>, policy: &AbePolicy, key: &AttributeKey, used: &[usize], opts: Decap,
 ) -> Result<(Gt, Deferred<'a>)> {
     let (pi, d) = policy.occurrences();
 

@@ -352,10 +352,7 @@ pub fn millis(ms: f64, name: &str) -> Result<Duration, SignError> {
 /// [`SignError::InvalidArgument`] for a timeout [`millis`] refuses or zero
 /// attempts; `config` is unchanged then.
 pub fn set_remote_limits(
-    config: &mut RemoteConfig,
-    connect_ms: Option<f64>,
-    request_ms: Option<f64>,
-    max_attempts: Option<u32>,
+    config: &mut RemoteConfig, connect_ms: Option<f64>, request_ms: Option<f64>, max_attempts: Option<u32>,
 ) -> Result<(), SignError> {
     let connect = connect_ms.map(|ms| millis(ms, "the connect timeout")).transpose()?;
     let request = request_ms.map(|ms| millis(ms, "the request timeout")).transpose()?;

@@ -101,12 +101,7 @@ pub(crate) fn check_policy(policy: &CanonicalPolicy) -> Result<()> {
 /// Checks that an object naming authority key `found`, whose signed bytes
 /// are `body` and signature `signature`, was made by `trusted`.
 pub(crate) fn check_signed(
-    object: &'static str,
-    context: &[u8],
-    trusted: &[u8; 32],
-    found: &[u8; 32],
-    body: &[u8],
-    signature: &[u8; SIGNATURE_LEN],
+    object: &'static str, context: &[u8], trusted: &[u8; 32], found: &[u8; 32], body: &[u8], signature: &[u8; SIGNATURE_LEN],
 ) -> Result<()> {
     if found != trusted {
         return Err(wrong_authority(object, found, trusted));
@@ -177,12 +172,7 @@ impl Envelope {
     /// Seals `secret` to policy key `version` of `policy`, whose public
     /// key is `public`, and signs it with `signer`.
     pub(crate) fn seal(
-        signer: &AuthorityKey,
-        secret_id: &[u8; 16],
-        policy: &CanonicalPolicy,
-        version: u32,
-        public: &[u8; 32],
-        secret: &[u8],
+        signer: &AuthorityKey, secret_id: &[u8; 16], policy: &CanonicalPolicy, version: u32, public: &[u8; 32], secret: &[u8],
     ) -> Result<Self> {
         check_policy(policy)?;
         limit("secret length", secret.len(), MAX_SECRET)?;

@@ -32,10 +32,7 @@ pub(crate) fn public_of(private: &[u8; 32]) -> Result<[u8; 32]> {
 
 /// Seals `plaintext` to `public` with `aad`; returns (enc, ciphertext).
 pub(crate) fn seal<R: RngCore + CryptoRng>(
-    public: &[u8; 32],
-    aad_prefix: &dyn Fn(&[u8]) -> Vec<u8>,
-    plaintext: &[u8],
-    rng: &mut R,
+    public: &[u8; 32], aad_prefix: &dyn Fn(&[u8]) -> Vec<u8>, plaintext: &[u8], rng: &mut R,
 ) -> Result<(Vec<u8>, Vec<u8>, Vec<u8>)> {
     let pk = KemPublic::from_bytes(public)
         .map_err(|_| WrapError::Malformed { object: "policy key", reason: "invalid X25519 public key".into() })?;

@@ -728,12 +728,7 @@ fn precheck(authority: &[u8; 32], attrs: &Attributes, env: &Envelope) -> Result<
 /// opened, and that generation. A copy that excludes machine `id` is
 /// [`WrapError::Revoked`], without CP-ABE work.
 fn sealed_copy(
-    store: &dyn Store,
-    seen: &Seen,
-    authority: &[u8; 32],
-    id: Option<&str>,
-    have: &[u32],
-    env: &Envelope,
+    store: &dyn Store, seen: &Seen, authority: &[u8; 32], id: Option<&str>, have: &[u32], env: &Envelope,
 ) -> Result<(SealedKey, u32)> {
     let live = seen.accept(store.get(layout::GENERATIONS)?.as_deref(), authority)?.live();
     let usable: Vec<u32> = have.iter().copied().filter(|g| live.contains(g)).collect();

@@ -46,14 +46,8 @@ fn plaintext(policy_id: &[u8; 32], version: u32, generation: u32, public: &[u8; 
 /// the result with `signer`.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn seal(
-    signer: &AuthorityKey,
-    abe_pk: &PublicKey,
-    generation: u32,
-    policy: &CanonicalPolicy,
-    version: u32,
-    public: &[u8; 32],
-    private: &[u8; 32],
-    excluded: &[String],
+    signer: &AuthorityKey, abe_pk: &PublicKey, generation: u32, policy: &CanonicalPolicy, version: u32, public: &[u8; 32],
+    private: &[u8; 32], excluded: &[String],
 ) -> Result<Zeroizing<Vec<u8>>> {
     check_policy(policy)?;
     let pt = plaintext(policy.id(), version, generation, public, private);
@@ -70,13 +64,7 @@ pub(crate) fn seal(
 /// machine, else `KFP3` with the excluded ids.
 #[allow(clippy::too_many_arguments)]
 fn unsigned(
-    authority: &[u8; 32],
-    policy_id: &[u8; 32],
-    version: u32,
-    generation: u32,
-    policy: &[u8],
-    excluded: &[String],
-    public: &[u8; 32],
+    authority: &[u8; 32], policy_id: &[u8; 32], version: u32, generation: u32, policy: &[u8], excluded: &[String], public: &[u8; 32],
     abe_ct: &[u8],
 ) -> Zeroizing<Vec<u8>> {
     let mut w = writer(if excluded.is_empty() { SEALED_MAGIC } else { SEALED_EXCLUDING_MAGIC });

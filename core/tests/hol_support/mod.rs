@@ -151,11 +151,7 @@ pub fn rounds(idle: &Engine, loaded: &Engine, key: &Arc<PrivateKey>, rounds: usi
 /// every one. Returns every series' (idle, loaded) medians; the last one
 /// decides.
 pub fn series(
-    idle: &Engine,
-    loaded: &Engine,
-    key: &Arc<PrivateKey>,
-    (rounds_n, samples): (usize, usize),
-    (ratio, floor): (f64, Duration),
+    idle: &Engine, loaded: &Engine, key: &Arc<PrivateKey>, (rounds_n, samples): (usize, usize), (ratio, floor): (f64, Duration),
 ) -> Vec<(Duration, Duration)> {
     let mut all = Vec::new();
     for _ in 0..3 {

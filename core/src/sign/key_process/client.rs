@@ -407,10 +407,7 @@ impl Conn {
     /// everything in flight at once (nothing waits for a dead process),
     /// reaps the process and says how it ended.
     pub(super) fn read_replies(
-        &self,
-        mut stream: UnixStream,
-        mut decoder: p::Decoder,
-        guard: Option<crate::sign::sys::ForkGuard>,
+        &self, mut stream: UnixStream, mut decoder: p::Decoder, guard: Option<crate::sign::sys::ForkGuard>,
     ) -> String {
         let mut buf = Zeroizing::new(vec![0u8; 64 * 1024]);
         let end: String = 'read: loop {

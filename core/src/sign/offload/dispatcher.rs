@@ -426,11 +426,7 @@ impl OffloadBackend {
     /// The key, operation and callback back, when the device is not for them.
     #[allow(clippy::type_complexity)]
     pub(crate) fn offer(
-        &self,
-        key: Arc<PrivateKey>,
-        op: Operation,
-        deadline: Instant,
-        done: Callback,
+        &self, key: Arc<PrivateKey>, op: Operation, deadline: Instant, done: Callback,
     ) -> Result<(), (Arc<PrivateKey>, Operation, Callback)> {
         let inner = &*self.inner;
         let (Some(_), Some(batcher)) = (self.device_for(&key, &op), inner.batcher.as_ref()) else {

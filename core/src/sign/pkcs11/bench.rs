@@ -22,11 +22,7 @@ use crate::sign::types::{Algorithm, Input, Operation, SignError, TokenFailure};
 /// # Errors
 /// As [`load`](super::load), or the token's refusal of a signature.
 pub fn direct_sign_loop(
-    uri: &str,
-    settings: &Pkcs11Settings,
-    alg: Algorithm,
-    threads: usize,
-    duration: std::time::Duration,
+    uri: &str, settings: &Pkcs11Settings, alg: Algorithm, threads: usize, duration: std::time::Duration,
 ) -> Result<u64, SignError> {
     let uri = &Pkcs11Uri::parse(uri).map_err(|e| SignError::InvalidArgument(e.to_string()))?;
     // Loading the key opens the module and the token and logs in (per

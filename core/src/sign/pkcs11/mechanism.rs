@@ -19,10 +19,7 @@ use crate::sign::types::{Family, Hash, Input, KeyKind, Operation, Output, SignEr
 /// which every token offers, rather than the hash-and-sign mechanisms
 /// fewer do).
 pub(super) fn sign_on(
-    session: &Session,
-    handle: ObjectHandle,
-    kind: KeyKind,
-    op: &Operation,
+    session: &Session, handle: ObjectHandle, kind: KeyKind, op: &Operation,
 ) -> Result<Result<Output, SignError>, CkError> {
     let (alg, input) = match op {
         Operation::DecryptRaw { ciphertext } => {

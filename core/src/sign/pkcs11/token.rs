@@ -82,9 +82,7 @@ impl Token {
     /// identity, whether it needs a login), and the labels of all of them.
     #[allow(clippy::type_complexity)]
     fn matching(
-        module: &Module,
-        uri: &Pkcs11Uri,
-        unavailable: &dyn Fn(String) -> SignError,
+        module: &Module, uri: &Pkcs11Uri, unavailable: &dyn Fn(String) -> SignError,
     ) -> Result<(Vec<(Slot, TokenIdentity, bool)>, Vec<String>), SignError> {
         let slots = module.ctx.get_slots_with_token().map_err(|e| unavailable(format!("listing the slots: {}", rv(&e))))?;
         let mut found = Vec::new();

@@ -80,10 +80,7 @@ impl ClientConn {
     /// `server_name`, exchanges hellos, and starts the connection's thread.
     /// Everything before the thread starts is bounded by `deadline`.
     pub(crate) fn connect(
-        connector: &SslConnector,
-        addr: SocketAddr,
-        server_name: &str,
-        deadline: Instant,
+        connector: &SslConnector, addr: SocketAddr, server_name: &str, deadline: Instant,
     ) -> Result<Arc<ClientConn>, CallError> {
         let left = || {
             let d = deadline.saturating_duration_since(Instant::now());
@@ -198,11 +195,7 @@ impl ClientConn {
     /// [`CallError::Lost`] when the connection ends first. `done` must
     /// not block: it runs where replies are read.
     pub(crate) fn send_async(
-        self: &Arc<Self>,
-        id: u64,
-        frame: &[u8],
-        until: Instant,
-        done: impl FnOnce(Result<Frame, CallError>) + Send + 'static,
+        self: &Arc<Self>, id: u64, frame: &[u8], until: Instant, done: impl FnOnce(Result<Frame, CallError>) + Send + 'static,
     ) {
         if let Err(e) = self.claim() {
             return done(Err(e));

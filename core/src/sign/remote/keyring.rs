@@ -125,11 +125,7 @@ impl KeyRing {
     /// As [`KeyRing::open`]; [`KeyRingError::Load`] when the file cannot
     /// be read or the key process refuses the key.
     pub fn open_isolated(
-        &mut self,
-        machine: &PublicMachine,
-        keys: &KeyProcess,
-        store: &std::path::Path,
-        machine_key: &std::path::Path,
+        &mut self, machine: &PublicMachine, keys: &KeyProcess, store: &std::path::Path, machine_key: &std::path::Path,
         envelope: &std::path::Path,
     ) -> Result<KeyId, KeyRingError> {
         let bytes =
@@ -142,12 +138,7 @@ impl KeyRing {
     /// # Errors
     /// As [`KeyRing::open_isolated`].
     pub fn open_isolated_bytes(
-        &mut self,
-        machine: &PublicMachine,
-        keys: &KeyProcess,
-        store: &std::path::Path,
-        machine_key: &std::path::Path,
-        envelope: Vec<u8>,
+        &mut self, machine: &PublicMachine, keys: &KeyProcess, store: &std::path::Path, machine_key: &std::path::Path, envelope: Vec<u8>,
     ) -> Result<KeyId, KeyRingError> {
         machine.can_open(&Envelope::parse(&envelope)?)?;
         let id = KeyId::of_envelope(&envelope);

@@ -757,9 +757,7 @@ impl Client {
 
     /// As [`Client::run_route`], with the next attempt already chosen.
     fn run_route_from<T>(
-        &self,
-        r: &mut Route,
-        mut next: Option<(usize, Permit, Duration)>,
+        &self, r: &mut Route, mut next: Option<(usize, Permit, Duration)>,
         mut attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
     ) -> Result<T, SignError> {
         let _entered = r.span.clone().entered();
@@ -779,10 +777,7 @@ impl Client {
 
     /// As [`Client::run_route`], for a new operation.
     fn route<T>(
-        &self,
-        key: &Arc<RemoteKey>,
-        deadline: Instant,
-        attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
+        &self, key: &Arc<RemoteKey>, deadline: Instant, attempt: impl FnMut(&PeerState, &Head, Instant) -> Attempt<T>,
     ) -> Result<T, SignError> {
         let mut r = self.begin(key.clone(), deadline);
         self.run_route(&mut r, attempt)

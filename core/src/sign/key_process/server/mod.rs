@@ -342,10 +342,7 @@ impl std::error::Error for NotOwner {}
 /// writer is closed before this returns, so that the last frame (an error
 /// saying why the connection ends) leaves first.
 pub(crate) fn serve_conn(
-    stream: &UnixStream,
-    writer: FrameWriter,
-    opts: ConnOptions,
-    workers: impl FnOnce(u32) -> io::Result<Arc<Workers>>,
+    stream: &UnixStream, writer: FrameWriter, opts: ConnOptions, workers: impl FnOnce(u32) -> io::Result<Arc<Workers>>,
 ) -> io::Result<()> {
     let mut reader = FromOwner { stream, owner: opts.owner, credited: false };
     let mut decoder = p::Decoder::new();

@@ -123,10 +123,7 @@ impl Workers {
     /// loaders, with `ops` room in each signing queue and `loads` for key
     /// loads waiting.
     pub(crate) fn start(
-        (rsa_threads, ec_threads): (usize, usize),
-        ops: Room,
-        loads: Room,
-        offload: Option<OffloadBackend>,
+        (rsa_threads, ec_threads): (usize, usize), ops: Room, loads: Room, offload: Option<OffloadBackend>,
     ) -> io::Result<Arc<Workers>> {
         let rsa = Arc::new(FairQueue::new(ops.per_user, ops.total));
         let ec = Arc::new(FairQueue::new(ops.per_user, ops.total));

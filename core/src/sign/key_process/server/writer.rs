@@ -105,9 +105,7 @@ impl FrameWriter {
     }
 
     fn make(
-        stream: Arc<UnixStream>,
-        bounded: Option<(Arc<dyn Stalls>, usize)>,
-        guard: Option<crate::sign::sys::ForkGuard>,
+        stream: Arc<UnixStream>, bounded: Option<(Arc<dyn Stalls>, usize)>, guard: Option<crate::sign::sys::ForkGuard>,
         charge: Option<Charge>,
     ) -> Self {
         let size = if bounded.is_some() { SMALL } else { LARGE };
