@@ -492,6 +492,13 @@ fn malformed_requests_get_error_replies_and_the_process_lives_on() {
         assert_eq!((reply.kind, reply.id), (kind::ERR, i as u64 + 1), "case {i}");
         assert_eq!(p::parse_error(&reply.body).0, ErrorCode::Malformed, "case {i}");
     }
+    // The agent's own request, which the key process's table leaves out:
+    // not allowed, saying what it takes (not "malformed": it is a request
+    // the protocol defines).
+    raw.send(kind::AGENT_STATUS, 40, &[]);
+    let reply = raw.read().expect("an error reply, not a closed connection");
+    let (code, msg) = p::parse_error(&reply.body);
+    assert_eq!((reply.kind, reply.id, code), (kind::ERR, 40, ErrorCode::NotAllowed), "{msg}");
     // An operation on a key that does not exist.
     let mut op = Vec::new();
     p::encode_op(&mut op, 50, 77, Duration::from_secs(1), &keyfence::sign::Operation::DecryptRaw { ciphertext: vec![0; 256] });

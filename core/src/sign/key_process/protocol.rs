@@ -77,6 +77,16 @@ pub mod kind {
     /// reply's one byte says whether it was created.
     #[cfg(feature = "testing")]
     pub const TEST_CREATE_FILE: u8 = 0x7d;
+
+    /// Every request this protocol defines, whichever service takes it: a
+    /// service refuses one its table leaves out as not allowed, and any
+    /// other kind as malformed.
+    #[cfg(not(feature = "testing"))]
+    pub const REQUESTS: &[u8] = &[OP, LOAD, UNLOAD, DROP_PRIVILEGES, STATUS, AGENT_STATUS];
+    /// Every request this protocol defines, whichever service takes it,
+    /// with the test builds' own.
+    #[cfg(feature = "testing")]
+    pub const REQUESTS: &[u8] = &[OP, LOAD, UNLOAD, DROP_PRIVILEGES, STATUS, AGENT_STATUS, TEST_FORBIDDEN_CALL, TEST_CREATE_FILE];
 }
 
 /// Hardening the key process confirms in its hello.

@@ -525,13 +525,10 @@ fn dispatch(frame: Frame, conn: &Arc<Conn>, alone: bool) {
     // The service's table first: what it leaves out is refused before any
     // work (a kind no protocol defines is malformed).
     if !conn.service.table().requests.contains(&frame.kind) {
-        return match frame.kind {
-            kind::OP | kind::LOAD | kind::UNLOAD | kind::STATUS | kind::DROP_PRIVILEGES => {
-                conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests)
-            }
-            #[cfg(feature = "testing")]
-            kind::TEST_CREATE_FILE | kind::TEST_FORBIDDEN_CALL => conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests),
-            other => conn.err(id, ErrorCode::Malformed, &format!("unknown request kind {other:#04x}")),
+        return if kind::REQUESTS.contains(&frame.kind) {
+            conn.err(id, ErrorCode::NotAllowed, conn.service.table().other_requests)
+        } else {
+            conn.err(id, ErrorCode::Malformed, &format!("unknown request kind {:#04x}", frame.kind))
         };
     }
     match frame.kind {
