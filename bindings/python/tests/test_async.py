@@ -26,19 +26,32 @@ def test_many_in_flight_from_one_loop(pems: Dict[str, bytes], pyca_keys: Dict[st
         pub.verify(s, b"%d" % i, ec.ECDSA(hashes.SHA256()))
 
 
-RSA_N = 800
+# Seconds of RSA work the batch below is sized to: long enough that a loop
+# blocked by the engine shows one gap far above the 10 ms timer's, on any CPU.
+RSA_WORK = 1.0
 
 
 def test_loop_stays_responsive_with_a_slow_backend(pems: Dict[str, bytes], pyca_keys: Dict[str, Any]) -> None:
-    """1,400 signatures behind one RSA worker (a slow backend: about a second
-    of work) while a 10 ms timer on the same loop keeps firing. Decided on
-    ratios a loaded machine cannot fake: a loop blocked by the engine would
-    show one gap as long as the whole batch."""
+    """A batch of RSA signatures sized to about a second of work on this
+    machine, behind one RSA worker (a slow backend), and 600 ECDSA ones,
+    while a 10 ms timer on the same loop keeps firing. Decided on ratios a
+    loaded machine cannot fake: a loop blocked by the engine would show one
+    gap as long as the whole batch."""
 
     async def main() -> None:
-        with sign.Engine(rsa_threads=1, queue_capacity=2048, timeout=60) as engine:
+        with sign.Engine(rsa_threads=1, queue_capacity=1 << 16, timeout=60) as engine:
             rsa_key = sign.PrivateKey.from_pem(pems["rsa2048"])
             ec_key = sign.PrivateKey.from_pem(pems["p256"])
+            # What one RSA signature costs here: 800 took 0.35 s on one
+            # machine and 0.19 s on one with AVX-512 IFMA, so a fixed count
+            # cannot promise the work is long enough. The fastest of three
+            # rounds: a load spike in one does not shrink the batch.
+            rounds = []
+            for _ in range(3):
+                t0 = time.monotonic()
+                await asyncio.gather(*(engine.sign(rsa_key, "rsa-pss-sha256", b"calibrate") for _ in range(100)))
+                rounds.append((time.monotonic() - t0) / 100)
+            rsa_n = min(40000, max(800, int(RSA_WORK / min(rounds))))
             loop = asyncio.get_running_loop()
             gaps: List[float] = []
             done = asyncio.Event()
@@ -53,18 +66,18 @@ def test_loop_stays_responsive_with_a_slow_backend(pems: Dict[str, bytes], pyca_
 
             t = asyncio.create_task(ticker())
             start = time.monotonic()
-            rsa_sigs = [engine.sign(rsa_key, "rsa-pss-sha256", b"%d" % i) for i in range(RSA_N)]
+            rsa_sigs = [engine.sign(rsa_key, "rsa-pss-sha256", b"%d" % i) for i in range(rsa_n)]
             ec_sigs = [engine.sign(ec_key, "ecdsa-p256-sha256", b"%d" % i) for i in range(600)]
             results = await asyncio.gather(*rsa_sigs, *ec_sigs)
             elapsed = time.monotonic() - start
             done.set()
             await t
             rsa_pub = pyca_keys["rsa2048"].public_key()
-            for i, s in enumerate(results[:RSA_N]):
+            for i, s in enumerate(results[:rsa_n]):
                 rsa_pub.verify(s, b"%d" % i, padding.PSS(padding.MGF1(hashes.SHA256()), 32), hashes.SHA256())
-            # 800 RSA-2048 signatures on one thread take well over 0.2 s
-            # on any machine (0.35 s on a fast core).
-            assert elapsed > 0.2, "the backend should have been slow"
+            # Long enough that a blocked loop's one gap (the whole batch)
+            # would break the bound below.
+            assert elapsed > 0.3, ("the backend should have been slow", rsa_n, rounds, elapsed)
             # The timer ran all along: no gap near the whole batch's time,
             # and ticks all through it.
             assert max(gaps) < max(0.25, elapsed / 4), (max(gaps), elapsed)
