@@ -131,7 +131,7 @@ def table(data):
 
 def svg(data):
     goal = data[0].get("target") if data else None
-    return ratio_svg(data, "keyfence CPU per signature / OpenSSL\'s (lower is faster)", goal, width=560, left=170, bar=34)
+    return ratio_svg(data, "keyfence CPU per signature / OpenSSL's (lower is faster)", goal, width=560, left=170, bar=34)
 
 
 def main():
