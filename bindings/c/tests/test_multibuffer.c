@@ -35,8 +35,6 @@ static bool grouped(const char *what) {
     return seen;
 }
 
-/* OPS signatures of `pem`'s key submitted at once, so that they form
- * groups, each checked by OpenSSL. */
 /* What each completion of sign_many must be: a signature with `alg` that
  * openssl verifies with `ossl` over the message in its user data. */
 struct expected {
@@ -54,6 +52,8 @@ static void verify_completion(const keyfence_completion *c, void *arg) {
     CHECK(kf_openssl_verify(want->ossl, m, strlen(m), c->signature.data, c->signature.len));
 }
 
+/* OPS signatures of `pem`'s key submitted at once, so that they form
+ * groups, each checked by OpenSSL. */
 static void sign_many(keyfence_engine *e, EVP_PKEY *ossl, const char *pem, size_t pem_len, const char *alg) {
     keyfence_private_key *key = NULL;
     OK(keyfence_key_from_pem(e, (const uint8_t *)pem, pem_len, &key));
